@@ -1,0 +1,185 @@
+"""What a running node sees (``NodeContext``) and what plugins are handed."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..events import Event
+    from .graph import Node
+    from .runner import _Invocation
+
+__all__ = ["NodeContext", "RunInfo", "NodeOutcome", "PauseSignal"]
+
+
+class PauseSignal(BaseException):
+    """Unwinds a run that waits for input or a job.
+
+    A ``BaseException`` so that ``except Exception`` in user code cannot swallow a pause.
+    ``origin`` is the path of the run that asked; ``waiting`` is "input" or "job".
+    """
+
+    def __init__(self, origin: str, waiting: str, ids: list[str]) -> None:
+        super().__init__(f"{origin} is waiting for {waiting}")
+        self.origin = origin
+        self.waiting = waiting
+        self.ids = ids
+
+
+@dataclass(slots=True)
+class RunInfo:
+    """One invocation, as plugins see it in ``before_run``/``after_run``.
+
+    Plugins may add W3C trace context to ``trace_context`` (it is stored on
+    ``RunStarted``); ``previous_trace_context`` is what the invocation this one resumes
+    stored, so a tracing plugin can link to it.
+    """
+
+    session_id: str
+    invocation_id: str
+    workflow: str
+    input: Any
+    resumed: bool
+    started_at: float
+    trace_context: dict[str, str] = field(default_factory=dict)
+    previous_trace_context: dict[str, str] = field(default_factory=dict)
+    plugin_state: dict[str, Any] = field(default_factory=dict)
+    replayed: int = 0
+    recovered: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeOutcome:
+    """How a node run ended, for ``after_node``.
+
+    ``status`` uses the span vocabulary: success, failure, timeout, cancellation, waiting.
+    ``event`` is the run's terminal event; ``error`` the exception for a failure.
+    """
+
+    status: str
+    event: Event
+    attempt_count: int
+    recovered: bool = False
+    error: BaseException | None = None
+    origin_path: str | None = None
+    duration_s: float = 0.0
+
+
+class NodeContext:
+    """Handed to a node's function as ``ctx``: identity, attempt, state and the engine's services."""
+
+    __slots__ = (
+        "_inv",
+        "session_id",
+        "invocation_id",
+        "path",
+        "node_name",
+        "node",
+        "kind",
+        "attempt",
+        "recovered",
+        "parent",
+        "input",
+        "trace_context",
+        "plugin_state",
+        "cancel_reason",
+        "started_at",
+        "_children",
+        "_requests",
+        "_jobs",
+    )
+
+    def __init__(
+        self,
+        inv: _Invocation,
+        node: Node,
+        path: str,
+        attempt: int,
+        parent: NodeContext | None,
+        input: Any,
+        recovered: bool,
+    ) -> None:
+        self._inv = inv
+        self.session_id: str = inv.session_id
+        self.invocation_id: str = inv.invocation_id
+        self.path = path
+        self.node = node
+        self.node_name: str = node.name
+        self.kind: str = node.kind
+        self.attempt = attempt
+        self.recovered = recovered
+        self.parent = parent
+        self.input = input  # for plugins' redaction hooks; never persisted by flowscope
+        #: W3C trace context of this run (``traceparent``), filled by a tracing plugin.
+        self.trace_context: dict[str, str] = {}
+        #: Scratch space for plugins (e.g. the span of this run), keyed by plugin.
+        self.plugin_state: dict[str, Any] = {}
+        self.cancel_reason: str | None = None
+        self.started_at = 0.0
+        self._children: dict[str, int] = {}
+        self._requests = 0
+        self._jobs = 0
+
+    @property
+    def parent_path(self) -> str:
+        return self.parent.path if self.parent is not None else ""
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """A dict persisted with the session (``StateUpdated`` events); JSON values only."""
+        return self._inv.state
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable for this node run across attempts, resumes and crashes."""
+        return hashlib.sha256(f"{self.session_id}\x00{self.path}".encode()).hexdigest()[:32]
+
+    def child_path(self, name: str) -> str:
+        """The next ``name@k`` path under this run (k counts runs of that name here)."""
+        k = self._children.get(name, 0) + 1
+        self._children[name] = k
+        return f"{self.path}/{name}@{k}"
+
+    async def request_input(self, prompt: str, payload: Any = None, interrupt_id: str | None = None) -> Any:
+        """Pause the run until ``resume(inputs={interrupt_id: value})``; then return ``value``.
+
+        The node runs again from its start on resume, and this call returns the supplied
+        value. Code before it therefore runs twice; put a side effect that must not repeat
+        in a dynamic child (``ctx.run_node``), which resume never re-runs once completed.
+        The default ``interrupt_id`` is the run's path (``path#2`` for its second request).
+        """
+        self._requests += 1
+        if interrupt_id is None:
+            interrupt_id = self.path if self._requests == 1 else f"{self.path}#{self._requests}"
+        return await self._inv.request_input(self, interrupt_id, prompt, payload)
+
+    async def run_node(self, node: Node, input: Any = None) -> Any:
+        """Run ``node`` as a dynamic child of this run and return its output.
+
+        Once the child has completed, resume returns its recorded output without running it.
+        """
+        return await self._inv.run_child(self, node, input)
+
+    async def await_job(
+        self,
+        dispatch: Callable[[Any], Any],
+        payload: Any = None,
+        expect_count: bool = False,
+        deadline_s: float | None = None,
+    ) -> Any:
+        """Hand work to an external worker and pause until it reports (see :mod:`flowscope.jobs`).
+
+        Returns the job's ``data`` once a result passes the guard. A failed or empty
+        result, or a ``dispatch`` that raises, becomes an actionable pause instead.
+        """
+        self._jobs += 1
+        return await self._inv.await_job(self, self._jobs, dispatch, payload, expect_count, deadline_s)
+
+    def heartbeat(self) -> None:
+        """Tell the store this run is alive now (the runner also does it every few seconds)."""
+        self._inv.heartbeat([self.path])
+
+    def __repr__(self) -> str:
+        return f"<NodeContext {self.path} attempt={self.attempt}>"

@@ -1,0 +1,242 @@
+"""Nodes and graphs: what a workflow is, before anything runs."""
+
+from __future__ import annotations
+
+import inspect
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from ..errors import WorkflowError
+
+__all__ = ["Node", "node", "JoinNode", "Workflow", "START", "Route", "RetryConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryConfig:
+    """How often and how soon a failed attempt is tried again.
+
+    ``max_attempts`` counts every attempt, the first included. ``exceptions`` lists the
+    exception class names (``type(e).__name__``) that may be retried; ``None`` means all.
+    The delay before retry *n* is ``initial_delay * backoff_factor**(n-1)``, capped at
+    ``max_delay`` and reduced by up to ``jitter`` (a fraction) at random, so that many
+    runs failing together do not retry in lockstep.
+    """
+
+    max_attempts: int = 1
+    initial_delay: float = 1.0
+    max_delay: float = 60.0
+    backoff_factor: float = 2.0
+    jitter: float = 0.1
+    exceptions: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("RetryConfig.max_attempts must be at least 1")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ValueError("RetryConfig.jitter is a fraction between 0 and 1")
+
+    def retries(self, error_type: str) -> bool:
+        """May a failure of this exception type name be retried at all?"""
+        return self.exceptions is None or error_type in self.exceptions
+
+    def delay(self, failures: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after the ``failures``-th failed attempt."""
+        d = min(self.max_delay, self.initial_delay * self.backoff_factor ** max(0, failures - 1))
+        if self.jitter:
+            d *= 1.0 - self.jitter * (rng or random).random()
+        return max(0.0, d)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Returned by a node to choose the outgoing edges labelled ``label``."""
+
+    label: str
+    output: Any = None
+
+
+class _Start:
+    __slots__ = ()
+    name = "__start__"
+
+    def __repr__(self) -> str:
+        return "START"
+
+
+START: Any = _Start()
+
+
+class Node:
+    """A unit of work in a workflow: a sync or async function of ``(ctx, input)`` or ``(input)``."""
+
+    kind = "function"
+
+    def __init__(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        retry: RetryConfig | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        if name is None:
+            if fn is None:
+                raise ValueError("a Node needs a name or a function")
+            name = fn.__name__
+        if not name or "/" in name or "@" in name:
+            raise ValueError(f"invalid node name {name!r}: it must be non-empty, without '/' or '@'")
+        if timeout is not None and timeout <= 0:
+            raise ValueError("timeout must be a positive number of seconds")
+        self.name = name
+        self.fn = fn
+        self.retry = retry
+        self.timeout = timeout
+        self._is_async = False
+        self._arity = 0
+        if fn is not None:
+            self._is_async = inspect.iscoroutinefunction(fn)
+            params = [
+                p
+                for p in inspect.signature(fn).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+            ]
+            if len(params) >= 2:
+                self._arity = 2
+            elif len(params) == 1:
+                self._arity = -1 if params[0].name == "ctx" else 1
+            else:
+                self._arity = 0
+
+    async def execute(self, ctx: Any, input: Any) -> Any:
+        """Run the body once (one attempt)."""
+        fn = self.fn
+        if fn is None:
+            return input
+        a = self._arity
+        if a == 2:
+            r = fn(ctx, input)
+        elif a == 1:
+            r = fn(input)
+        elif a == -1:
+            r = fn(ctx)
+        else:
+            r = fn()
+        if self._is_async or inspect.isawaitable(r):
+            r = await r
+        return r
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the underlying function directly (handy in unit tests of a node)."""
+        if self.fn is None:
+            raise TypeError(f"node {self.name!r} has no function")
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+def node(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    retry: RetryConfig | None = None,
+    timeout: float | None = None,
+) -> Any:
+    """Decorator making a :class:`Node` of a function: ``@node`` or ``@node(name=..., retry=...)``."""
+    if fn is not None:
+        return Node(fn, name=name, retry=retry, timeout=timeout)
+    return lambda f: Node(f, name=name, retry=retry, timeout=timeout)
+
+
+class JoinNode(Node):
+    """Waits for all its predecessors; its input is ``{predecessor_name: output}``.
+
+    A predecessor that routing skipped is left out once nothing else can run, so a
+    join after a route does not wait forever.
+    """
+
+    kind = "join"
+
+    def __init__(self, name: str, fn: Callable[..., Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(fn, name=name, **kwargs)
+
+
+class Workflow(Node):
+    """A graph of nodes. A workflow is itself a node and can be nested in another's edges.
+
+    ``edges`` is a list of chains: ``(START, a, b)`` links START→a→b; a tuple in a chain
+    fans out in parallel (``(a, (b, c))``) or fans in (``((b, c), join)``); a dict maps
+    route labels to targets (``(check, {"ok": send, "no": notify})``). ``max_steps`` bounds
+    the node runs of one pass through this graph, so a loop cannot run forever.
+    """
+
+    kind = "workflow"
+
+    def __init__(
+        self,
+        name: str,
+        edges: Iterable[Sequence[Any]],
+        *,
+        retry: RetryConfig | None = None,
+        timeout: float | None = None,
+        max_steps: int = 10_000,
+    ) -> None:
+        super().__init__(None, name=name, retry=retry, timeout=timeout)
+        self.max_steps = max_steps
+        self.nodes: dict[str, Node] = {}
+        self.order: dict[Node, int] = {}  # declaration order, for deterministic scheduling
+        # successors[node] = [(target, label or None), ...]; START is a key too
+        self.successors: dict[Any, list[tuple[Node, str | None]]] = {START: []}
+        self.predecessors: dict[Node, list[Node]] = {}
+        for chain in edges:
+            self._add_chain(chain)
+        if not self.successors[START]:
+            raise WorkflowError(f"workflow {name!r} has no edge from START")
+
+    def _register(self, n: Any) -> Node:
+        if n is START:
+            raise WorkflowError(f"workflow {self.name!r}: START can only begin a chain")
+        if not isinstance(n, Node):
+            raise WorkflowError(f"workflow {self.name!r}: {n!r} is not a node (decorate it with @node)")
+        known = self.nodes.get(n.name)
+        if known is not None and known is not n:
+            raise WorkflowError(f"workflow {self.name!r} has two different nodes named {n.name!r}")
+        if known is None:
+            self.nodes[n.name] = n
+            self.order[n] = len(self.order)
+            self.successors.setdefault(n, [])
+            self.predecessors.setdefault(n, [])
+        return n
+
+    def _link(self, src: Any, dst: Node, label: str | None) -> None:
+        edge = (dst, label)
+        if edge not in self.successors[src]:
+            self.successors[src].append(edge)
+            if src is not START and src not in self.predecessors[dst]:
+                self.predecessors[dst].append(src)
+
+    def _targets(self, element: Any) -> list[Node]:
+        if isinstance(element, (tuple, list)):
+            return [self._register(n) for n in element]
+        return [self._register(element)]
+
+    def _add_chain(self, chain: Sequence[Any]) -> None:
+        if not isinstance(chain, (tuple, list)) or len(chain) < 2:
+            raise WorkflowError(f"workflow {self.name!r}: an edge is a tuple of at least two elements, got {chain!r}")
+        first, *rest = chain
+        tails: list[Any] = [START] if first is START else self._targets(first)
+        for element in rest:
+            new_tails: list[Node] = []
+            if isinstance(element, dict):
+                for label, target in element.items():
+                    for dst in self._targets(target):
+                        for src in tails:
+                            self._link(src, dst, str(label))
+                        new_tails.append(dst)
+            else:
+                for dst in self._targets(element):
+                    for src in tails:
+                        self._link(src, dst, None)
+                    new_tails.append(dst)
+            tails = new_tails

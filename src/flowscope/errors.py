@@ -1,0 +1,137 @@
+"""Errors, control-flow signals and the one error classifier.
+
+``classify`` turns an exception into the (code, type, message) triple written on
+``NodeErrorEvent`` and ``NodeRetrying``; spans and metrics read those events, so a node
+failure is named the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from .events import UNKNOWN_ERROR
+
+__all__ = [
+    "FlowscopeError",
+    "WorkflowError",
+    "NodeTimeoutError",
+    "InvocationAbortedError",
+    "ConcurrencyConflict",
+    "OutputNotSerializableError",
+    "RecoveryLimitError",
+    "JobFailedError",
+    "StoreError",
+    "UnknownSessionError",
+    "ResumeError",
+    "ErrorInfo",
+    "classify",
+    "error_type_name",
+    "MAX_ERROR_MESSAGE",
+]
+
+MAX_ERROR_MESSAGE = 1024
+
+
+class FlowscopeError(Exception):
+    """Base class of the errors flowscope raises."""
+
+
+class WorkflowError(FlowscopeError):
+    """A workflow is malformed or finished in an inconsistent state (e.g. two terminal outputs)."""
+
+    error_code = "WORKFLOW_ERROR"
+
+
+class NodeTimeoutError(FlowscopeError):
+    """A node attempt ran longer than its ``timeout``."""
+
+    error_code = "NODE_TIMEOUT"
+
+
+class OutputNotSerializableError(FlowscopeError):
+    """A node returned an output the store cannot keep (not JSON-serialisable)."""
+
+    error_code = "OUTPUT_NOT_SERIALIZABLE"
+
+
+class RecoveryLimitError(FlowscopeError):
+    """A run was recovered after a crash more often than ``Runner(max_recoveries=...)`` allows."""
+
+    error_code = "RECOVERY_LIMIT"
+
+
+class JobFailedError(FlowscopeError):
+    """A long-running external job failed and the operator chose to abort."""
+
+    error_code = "JOB_FAILED"
+
+
+class ResumeError(FlowscopeError):
+    """``resume()`` was asked for something the session cannot give (unknown input or job id)."""
+
+
+class StoreError(FlowscopeError):
+    """The event store cannot be used: missing, corrupt or foreign database, bad row."""
+
+
+class UnknownSessionError(StoreError, KeyError):
+    """No events are stored for this session id."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "unknown session"
+
+
+class ConcurrencyConflict(StoreError):
+    """Another writer appended to the session first; nothing was written (R10)."""
+
+
+class InvocationAbortedError(BaseException):
+    """The invocation was aborted. A ``BaseException`` so ``except Exception`` cannot swallow it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """How a failure is named in events, spans and metrics."""
+
+    code: str
+    type: str
+    message: str
+
+
+def error_type_name(exc: BaseException) -> str:
+    """``type(e).__name__``: the name ``RetryConfig.exceptions`` matches and ``error_type`` shows."""
+    return type(exc).__name__
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__ must not hide the failure it describes
+        text = ""
+    if not text:
+        text = type(exc).__name__
+    return text[:MAX_ERROR_MESSAGE]
+
+
+def _code(exc: BaseException, mapping: Mapping[type, str] | None) -> str:
+    code = getattr(exc, "error_code", None)
+    if isinstance(code, str) and code:
+        return code
+    if mapping:
+        for klass in type(exc).__mro__:
+            mapped = mapping.get(klass)
+            if mapped:
+                return mapped
+    return UNKNOWN_ERROR
+
+
+def classify(exc: BaseException, mapping: Mapping[type, str] | None = None) -> ErrorInfo:
+    """Name a failure (R6).
+
+    The code is the exception's ``error_code`` attribute when it is a non-empty string,
+    else the first match of ``mapping`` along the MRO, else ``UNKNOWN_ERROR`` (never the
+    class name, which ``type`` already carries). The message is ``str(e)``, or the class
+    name when that is empty or raises, cut to 1,024 characters. No traceback, ever.
+    """
+    return ErrorInfo(_code(exc, mapping), error_type_name(exc), _message(exc))

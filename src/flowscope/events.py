@@ -1,0 +1,328 @@
+"""The event catalog: the persisted record of every workflow run.
+
+Events are immutable (frozen dataclasses). Every event carries ``type``, ``session_id``,
+``invocation_id``, ``seq`` (per session, gap-free from 1), ``ts`` (epoch seconds),
+``path`` and ``node`` (empty for run-level events). ``to_dict``/``from_dict`` and
+``encode``/``decode`` are the JSON codec; the JSON form carries ``schema_version``, and a
+``type`` this code does not know decodes to :class:`UnknownEvent` instead of failing, so
+an old reader can still open a log written by a newer writer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "UNKNOWN_ERROR",
+    "Event",
+    "RunStarted",
+    "RunFinished",
+    "NodeStarted",
+    "NodeRetrying",
+    "NodeCompleted",
+    "NodeErrorEvent",
+    "NodeErrorPropagated",
+    "NodeCancelled",
+    "NodePaused",
+    "InputRequested",
+    "InputReceived",
+    "JobDispatched",
+    "JobResultReceived",
+    "StateUpdated",
+    "UnknownEvent",
+    "EVENT_TYPES",
+    "TERMINAL_TYPES",
+    "to_dict",
+    "from_dict",
+    "encode",
+    "decode",
+    "EventDecodeError",
+]
+
+SCHEMA_VERSION = 1
+UNKNOWN_ERROR = "UNKNOWN_ERROR"
+
+_EVENT = dict(frozen=True, slots=True, kw_only=True)
+
+
+@dataclass(**_EVENT)
+class Event:
+    """Fields common to every event."""
+
+    type: ClassVar[str] = "event"
+    session_id: str = ""
+    invocation_id: str = ""
+    seq: int = 0
+    ts: float = 0.0
+    path: str = ""
+    node: str = ""
+
+
+@dataclass(**_EVENT)
+class RunStarted(Event):
+    """An invocation (a ``run`` or a ``resume``) begins."""
+
+    type: ClassVar[str] = "run_started"
+    workflow: str = ""
+    input: Any = None
+    resumed: bool = False
+    # The resume audit record, from the log at the start of a resume: completed runs
+    # that will be fast-forwarded, and runs left "running" by a dead process.
+    replayed: int = 0
+    recovered: int = 0
+    # Trace context of this invocation, filled by plugins in before_run (W3C traceparent).
+    trace_context: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(**_EVENT)
+class RunFinished(Event):
+    """An invocation ended: ``status`` is completed, failed, paused or cancelled.
+
+    ``replayed`` and ``recovered`` count the runs this invocation fast-forwarded from the
+    log and re-executed after a crash: the resume audit record (they are only known once
+    the walk is over, so they are written here as well as on ``RunStarted``).
+    """
+
+    type: ClassVar[str] = "run_finished"
+    status: str = "completed"
+    output: Any = None
+    error_code: str | None = None
+    error_path: str | None = None
+    replayed: int = 0
+    recovered: int = 0
+
+
+@dataclass(**_EVENT)
+class NodeStarted(Event):
+    """A node run begins (or begins again after a pause or a crash)."""
+
+    type: ClassVar[str] = "node_started"
+    attempt: int = 1
+    kind: str = "function"
+    parent_path: str = ""
+    recovered: bool = False
+
+
+@dataclass(**_EVENT)
+class NodeRetrying(Event):
+    """An attempt failed and another follows after ``delay_s``."""
+
+    type: ClassVar[str] = "node_retrying"
+    attempt: int = 1
+    error_type: str = ""
+    error_code: str = UNKNOWN_ERROR
+    error_message: str = ""
+    delay_s: float = 0.0
+
+
+@dataclass(**_EVENT)
+class NodeCompleted(Event):
+    """A node run finished. ``has_output=False`` is the completion marker."""
+
+    type: ClassVar[str] = "node_completed"
+    output: Any = None
+    has_output: bool = True
+    route: str | None = None
+    attempt_count: int = 1
+    completed: bool = True
+
+
+@dataclass(**_EVENT)
+class NodeErrorEvent(Event):
+    """A node run failed for good. Recorded once, at the deepest path."""
+
+    type: ClassVar[str] = "node_error"
+    error_code: str = UNKNOWN_ERROR
+    error_message: str = ""
+    error_type: str = ""
+    attempt_count: int = 1
+
+
+@dataclass(**_EVENT)
+class NodeErrorPropagated(Event):
+    """An enclosing run (nested workflow, parent of a dynamic child) failed because a
+    descendant did; the failure itself is the ``NodeErrorEvent`` at ``origin_path``.
+
+    This is the enclosing run's terminal event, so that every ``NodeStarted`` has one,
+    without writing the failure a second time (R5).
+    """
+
+    type: ClassVar[str] = "node_error_propagated"
+    origin_path: str = ""
+    error_code: str = UNKNOWN_ERROR
+    error_type: str = ""
+    attempt_count: int = 1
+
+
+@dataclass(**_EVENT)
+class NodeCancelled(Event):
+    """A run stopped because a sibling failed or the invocation was aborted."""
+
+    type: ClassVar[str] = "node_cancelled"
+    reason: str = "cancelled"
+
+
+@dataclass(**_EVENT)
+class NodePaused(Event):
+    """An enclosing run stopped because a descendant is waiting for input or a job."""
+
+    type: ClassVar[str] = "node_paused"
+    waiting: str = "input"  # "input" or "job"
+    origin_path: str = ""
+    interrupt_ids: tuple[str, ...] = ()
+
+
+@dataclass(**_EVENT)
+class InputRequested(Event):
+    """A node paused for input; ``resume(inputs={interrupt_id: value})`` answers it."""
+
+    type: ClassVar[str] = "input_requested"
+    interrupt_id: str = ""
+    prompt: str = ""
+    payload: Any = None
+
+
+@dataclass(**_EVENT)
+class InputReceived(Event):
+    """``resume()`` supplied the value for an open input request."""
+
+    type: ClassVar[str] = "input_received"
+    interrupt_id: str = ""
+    value: Any = None
+
+
+@dataclass(**_EVENT)
+class JobDispatched(Event):
+    """A long-running external job was handed to a worker; the run waits for its result."""
+
+    type: ClassVar[str] = "job_dispatched"
+    job_id: str = ""
+    dispatch_attempt: int = 1
+    idempotency_key: str = ""
+    trace_context: dict[str, str] = field(default_factory=dict)
+    deadline_s: float | None = None
+    expect_count: bool = False
+    job_key: str = ""  # which ``await_job`` call of the node run this dispatch serves
+
+
+@dataclass(**_EVENT)
+class JobResultReceived(Event):
+    """The external job reported. ``result`` is the guard's verdict: success, failed or empty."""
+
+    type: ClassVar[str] = "job_result"
+    job_id: str = ""
+    success: Any = None
+    count: Any = None
+    error: Any = None
+    data: Any = None
+    result: str = "failed"
+
+
+@dataclass(**_EVENT)
+class StateUpdated(Event):
+    """Keys of ``ctx.state`` a node run changed; the fold merges them in order."""
+
+    type: ClassVar[str] = "state_updated"
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(**_EVENT)
+class UnknownEvent(Event):
+    """An event whose ``type`` this version does not know. Kept verbatim, skipped by the fold."""
+
+    type: str = "unknown"  # type: ignore[misc]  # an instance field here, not a ClassVar
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.type: cls
+    for cls in (
+        RunStarted,
+        RunFinished,
+        NodeStarted,
+        NodeRetrying,
+        NodeCompleted,
+        NodeErrorEvent,
+        NodeErrorPropagated,
+        NodeCancelled,
+        NodePaused,
+        InputRequested,
+        InputReceived,
+        JobDispatched,
+        JobResultReceived,
+        StateUpdated,
+    )
+}
+
+#: Event types that end a node run (the run is no longer "running" after one of them).
+TERMINAL_TYPES = frozenset(
+    {
+        "node_completed",
+        "node_error",
+        "node_error_propagated",
+        "node_cancelled",
+        "node_paused",
+        "input_requested",
+        "job_dispatched",
+    }
+)
+
+COMMON_FIELDS = ("session_id", "invocation_id", "seq", "ts", "path", "node")
+_FIELDS: dict[type[Event], tuple[str, ...]] = {
+    cls: tuple(f.name for f in fields(cls)) for cls in EVENT_TYPES.values()
+}
+
+
+class EventDecodeError(ValueError):
+    """A stored event could not be decoded (corrupt JSON, missing fields)."""
+
+
+def to_dict(event: Event) -> dict[str, Any]:
+    """The JSON-ready form of an event, with ``type`` and ``schema_version``."""
+    if isinstance(event, UnknownEvent):
+        d = dict(event.data)
+        d.update({name: getattr(event, name) for name in COMMON_FIELDS})
+        d["type"] = event.type
+        return d
+    d = {name: getattr(event, name) for name in _FIELDS[type(event)]}
+    if "interrupt_ids" in d:
+        d["interrupt_ids"] = list(d["interrupt_ids"])
+    d["type"] = event.type
+    d["schema_version"] = SCHEMA_VERSION
+    return d
+
+
+def from_dict(d: dict[str, Any]) -> Event:
+    """Build an event from its dict form; an unknown ``type`` gives an :class:`UnknownEvent`."""
+    if not isinstance(d, dict) or not isinstance(d.get("type"), str):
+        raise EventDecodeError(f"not an event: expected an object with a string 'type', got {d!r:.80}")
+    cls = EVENT_TYPES.get(d["type"])
+    if cls is None:
+        common = {k: d[k] for k in COMMON_FIELDS if k in d}
+        rest = {k: v for k, v in d.items() if k not in COMMON_FIELDS and k != "type"}
+        return UnknownEvent(type=d["type"], data=rest, **common)
+    names = _FIELDS[cls]
+    kwargs = {k: d[k] for k in names if k in d}
+    if "interrupt_ids" in kwargs:
+        kwargs["interrupt_ids"] = tuple(kwargs["interrupt_ids"])
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # pragma: no cover - kwargs are filtered by name
+        raise EventDecodeError(f"bad {d['type']} event: {exc}") from None
+
+
+def encode(event: Event) -> str:
+    """One event as a compact JSON string."""
+    return json.dumps(to_dict(event), separators=(",", ":"))
+
+
+def decode(text: str | bytes) -> Event:
+    """The inverse of :func:`encode`."""
+    try:
+        d = json.loads(text)
+    except ValueError as exc:
+        raise EventDecodeError(f"corrupt event JSON: {exc}") from None
+    return from_dict(d)

@@ -1,0 +1,104 @@
+"""The failure contract for long-running external jobs.
+
+A job is handed to an outside worker and reports back later through
+``Runner.resume(session_id, jobs={job_id: result})``. Frameworks that treat "no
+exception" as success show a failed job as done, or as a spinner that never stops.
+Here one guard, :func:`check_result`, judges every result — the dispatch's own failure
+and the reported result alike — and a failure becomes an actionable pause (an input
+request with ``retry``/``abort``), never a crash and never a quiet success.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+__all__ = ["Job", "Verdict", "check_result", "dispatch_failure", "job_failed_payload", "job_ids", "JOB_ACTIONS"]
+
+JOB_ACTIONS = ("retry", "abort")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """What ``dispatch`` receives: hand ``job_id`` and ``idempotency_key`` to the worker.
+
+    ``idempotency_key`` is new for every dispatch attempt (a retry is a new job) but the
+    same if a crash makes the engine dispatch the same attempt again, so the worker can
+    drop the duplicate. ``traceparent`` (W3C) lets the worker join the node's trace.
+    """
+
+    job_id: str
+    idempotency_key: str
+    dispatch_attempt: int
+    payload: Any
+    traceparent: str | None
+    deadline_s: float | None
+    session_id: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The guard's judgement of a job result."""
+
+    result: str  # "success", "failed" or "empty"
+    problem: str = ""
+    fix: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.result == "success"
+
+
+def job_ids(session_id: str, job_key: str, dispatch_attempt: int) -> tuple[str, str]:
+    """Deterministic ``(job_id, idempotency_key)`` for one dispatch attempt of one job."""
+    digest = hashlib.sha256(f"{session_id}\x00{job_key}\x00{dispatch_attempt}".encode()).hexdigest()
+    return f"job-{digest[:20]}", f"idem-{digest[20:52]}"
+
+
+def check_result(result: Mapping[str, Any] | Any, expect_count: bool) -> Verdict:
+    """The one guard: success only when ``success is True`` (and ``count > 0`` with ``expect_count``)."""
+    if not isinstance(result, Mapping):
+        return Verdict(
+            "failed",
+            f"the job reported {type(result).__name__}, not a result object",
+            'report {"success": true, "data": ...} (and "count" when items are expected)',
+        )
+    success = result.get("success")
+    if success is not True:
+        error = result.get("error")
+        if "success" not in result:
+            problem = "the job's result has no 'success' field, so it cannot be trusted as a success"
+        elif error:
+            problem = f"the job failed: {str(error)[:500]}"
+        else:
+            problem = f"the job reported success={success!r}"
+        return Verdict("failed", problem, "fix the cause in the worker or its inputs, then answer 'retry'; or 'abort'")
+    if expect_count:
+        count = result.get("count")
+        if not isinstance(count, (int, float)) or isinstance(count, bool) or count <= 0:
+            return Verdict(
+                "empty",
+                f"the job reported success but count={count!r}: it produced nothing",
+                "check the job's inputs (an empty source, a filter that matched nothing), then answer 'retry'; or 'abort'",
+            )
+    return Verdict("success")
+
+
+def dispatch_failure(error_type: str, message: str) -> dict[str, Any]:
+    """The failed result recorded when ``dispatch`` itself raises (HTTP 401/5xx, refused)."""
+    return {"success": False, "error": f"dispatch failed: {error_type}: {message}"}
+
+
+def job_failed_payload(verdict: Verdict, job_id: str, dispatch_attempt: int) -> dict[str, Any]:
+    """The payload of the actionable pause a failed job becomes."""
+    return {
+        "kind": "job_failed",
+        "result": verdict.result,
+        "problem": verdict.problem,
+        "fix": verdict.fix,
+        "actions": list(JOB_ACTIONS),
+        "job_id": job_id,
+        "dispatch_attempt": dispatch_attempt,
+    }

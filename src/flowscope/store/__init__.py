@@ -1,0 +1,24 @@
+"""Event stores and the fold that rebuilds state from them."""
+
+from .base import EventStore, NodeRun, SessionInfo
+from .memory import MemoryEventStore
+from .projection import NodeState, WorkflowState, rebuild
+
+__all__ = [
+    "EventStore",
+    "NodeRun",
+    "SessionInfo",
+    "MemoryEventStore",
+    "SqliteEventStore",
+    "NodeState",
+    "WorkflowState",
+    "rebuild",
+]
+
+
+def __getattr__(name: str):  # the SQLite adapter imports sqlite-utils only when asked for
+    if name == "SqliteEventStore":
+        from .sqlite import SqliteEventStore
+
+        return SqliteEventStore
+    raise AttributeError(name)

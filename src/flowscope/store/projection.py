@@ -1,0 +1,220 @@
+"""The fold: events in, node state out.
+
+``rebuild(events)`` is the one function that turns a session's log into state. Resume
+uses it to decide what to fast-forward, re-run or recover; the CLI and audit use it to
+show runs; the SQLite store applies the same :meth:`NodeState.apply` to keep its
+``node_runs`` projection, so there is exactly one definition of what an event means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ..events import (
+    Event,
+    InputRequested,
+    JobDispatched,
+    JobResultReceived,
+    UnknownEvent,
+)
+
+__all__ = ["NodeState", "WorkflowState", "rebuild", "OPEN_STATES", "NODE_STATUSES"]
+
+NODE_STATUSES = ("running", "completed", "failed", "cancelled", "waiting_input", "waiting_job")
+OPEN_STATES = ("running", "waiting_input", "waiting_job")
+
+
+@dataclass(slots=True)
+class NodeState:
+    """What the log says about one node run (one path).
+
+    The fold's accumulator, so it is mutable; treat the states ``rebuild`` returns as
+    read-only. ``failures`` counts failed attempts in the current retry budget;
+    ``recoveries`` counts re-executions after a crash.
+    """
+
+    path: str
+    node: str = ""
+    kind: str = "function"
+    parent_path: str = ""
+    status: str = "running"
+    attempt: int = 0
+    failures: int = 0
+    retries: int = 0
+    recoveries: int = 0
+    output: Any = None
+    has_output: bool = False
+    route: str | None = None
+    error_code: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    origin_path: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    heartbeat_at: float | None = None
+    job_deadline_at: float | None = None
+    invocation_id: str = ""
+    inputs: dict[str, Any] = field(default_factory=dict)
+    requests: dict[str, InputRequested] = field(default_factory=dict)
+    jobs: dict[str, JobDispatched] = field(default_factory=dict)
+    job_results: dict[str, JobResultReceived] = field(default_factory=dict)
+
+    @property
+    def is_open(self) -> bool:
+        return self.status in OPEN_STATES
+
+    @property
+    def attempt_count(self) -> int:
+        return self.attempt
+
+    def apply(self, e: Event) -> None:
+        """Advance this state by one event of its path."""
+        t = e.type
+        if t == "node_started":
+            self.node = e.node
+            self.kind = e.kind  # type: ignore[attr-defined]
+            self.parent_path = e.parent_path  # type: ignore[attr-defined]
+            if self.status == "failed":
+                self.failures = 0  # an explicit resume of a failed run grants a fresh budget
+            self.status = "running"
+            self.attempt = e.attempt  # type: ignore[attr-defined]
+            if e.recovered:  # type: ignore[attr-defined]
+                self.recoveries += 1
+            if self.started_at is None:
+                self.started_at = e.ts
+            self.heartbeat_at = e.ts
+            self.ended_at = None
+            self.invocation_id = e.invocation_id
+            self.requests.clear()  # a re-executed run asks again for what it still needs
+            self.error_code = self.error_type = self.error_message = self.origin_path = None
+        elif t == "node_completed":
+            self.status = "completed"
+            self.output = e.output  # type: ignore[attr-defined]
+            self.has_output = e.has_output  # type: ignore[attr-defined]
+            self.route = e.route  # type: ignore[attr-defined]
+            self.attempt = max(self.attempt, e.attempt_count)  # type: ignore[attr-defined]
+            self.ended_at = e.ts
+            self.job_deadline_at = None
+        elif t == "node_retrying":
+            self.failures += 1
+            self.retries += 1
+            self.attempt = e.attempt + 1  # type: ignore[attr-defined]
+            self.heartbeat_at = e.ts
+        elif t == "node_error" or t == "node_error_propagated":
+            self.status = "failed"
+            self.failures += 1
+            self.error_code = e.error_code  # type: ignore[attr-defined]
+            self.error_type = e.error_type  # type: ignore[attr-defined]
+            self.error_message = getattr(e, "error_message", None)
+            self.origin_path = getattr(e, "origin_path", None) or e.path
+            self.attempt = max(self.attempt, e.attempt_count)  # type: ignore[attr-defined]
+            self.ended_at = e.ts
+            self.job_deadline_at = None
+        elif t == "node_cancelled":
+            self.status = "cancelled"
+            self.ended_at = e.ts
+            self.job_deadline_at = None
+        elif t == "node_paused":
+            self.status = "waiting_job" if e.waiting == "job" else "waiting_input"  # type: ignore[attr-defined]
+            self.origin_path = e.origin_path  # type: ignore[attr-defined]
+            self.ended_at = e.ts
+        elif t == "input_requested":
+            self.status = "waiting_input"
+            self.requests[e.interrupt_id] = e  # type: ignore[attr-defined]
+            self.ended_at = e.ts
+        elif t == "input_received":
+            self.inputs[e.interrupt_id] = e.value  # type: ignore[attr-defined]
+            self.requests.pop(e.interrupt_id, None)  # type: ignore[attr-defined]
+        elif t == "job_dispatched":
+            self.status = "waiting_job"
+            self.jobs[e.job_id] = e  # type: ignore[attr-defined]
+            deadline = e.deadline_s  # type: ignore[attr-defined]
+            self.job_deadline_at = e.ts + deadline if deadline is not None else None
+            self.ended_at = e.ts
+        elif t == "job_result":
+            self.job_results[e.job_id] = e  # type: ignore[attr-defined]
+            self.job_deadline_at = None
+
+    @property
+    def open_jobs(self) -> list[JobDispatched]:
+        """Dispatched jobs that have not reported yet."""
+        return [j for jid, j in self.jobs.items() if jid not in self.job_results]
+
+
+@dataclass(slots=True)
+class WorkflowState:
+    """A session as the log tells it: run-level facts plus one :class:`NodeState` per path."""
+
+    session_id: str = ""
+    workflow: str = ""
+    input: Any = None
+    status: str = "new"  # new, running, completed, failed, paused, cancelled
+    output: Any = None
+    error_code: str | None = None
+    error_path: str | None = None
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    trace_context: dict[str, str] = field(default_factory=dict)
+    invocations: int = 0
+    invocation_id: str = ""
+    last_seq: int = 0
+    started_at: float | None = None
+    updated_at: float | None = None
+    unknown_events: int = 0
+
+    @property
+    def pending(self) -> list[Event]:
+        """The open ``InputRequested`` and ``JobDispatched`` events the session waits on."""
+        out: list[Event] = []
+        for ns in self.nodes.values():
+            if ns.status == "waiting_input":
+                out.extend(ns.requests.values())
+            elif ns.status == "waiting_job":
+                out.extend(ns.open_jobs)
+        out.sort(key=lambda e: e.seq)
+        return out
+
+    def apply(self, e: Event) -> None:
+        """Advance the session by one event."""
+        self.last_seq = e.seq or self.last_seq + 1
+        self.updated_at = e.ts
+        if not self.session_id:
+            self.session_id = e.session_id
+        if type(e) is UnknownEvent:
+            self.unknown_events += 1  # kept in the log, skipped by the fold
+            return
+        if e.path:
+            ns = self.nodes.get(e.path)
+            if ns is None:
+                ns = self.nodes[e.path] = NodeState(path=e.path, node=e.node)
+            ns.apply(e)
+            if e.type == "state_updated":
+                self.state.update(e.values)  # type: ignore[attr-defined]
+            return
+        t = e.type
+        if t == "run_started":
+            if self.invocations == 0:
+                self.workflow = e.workflow  # type: ignore[attr-defined]
+                self.input = e.input  # type: ignore[attr-defined]
+                self.started_at = e.ts
+            self.invocations += 1
+            self.invocation_id = e.invocation_id
+            self.status = "running"
+            self.trace_context = dict(e.trace_context)  # type: ignore[attr-defined]
+        elif t == "run_finished":
+            self.status = e.status  # type: ignore[attr-defined]
+            self.output = e.output  # type: ignore[attr-defined]
+            self.error_code = e.error_code  # type: ignore[attr-defined]
+            self.error_path = e.error_path  # type: ignore[attr-defined]
+        elif t == "state_updated":
+            self.state.update(e.values)  # type: ignore[attr-defined]
+
+
+def rebuild(events: Iterable[Event]) -> WorkflowState:
+    """Fold a session's events (in ``seq`` order) into its :class:`WorkflowState`."""
+    state = WorkflowState()
+    apply = state.apply
+    for e in events:
+        apply(e)
+    return state
