@@ -123,6 +123,11 @@ class NodeContext:
         self._jobs = 0
 
     @property
+    def run(self) -> RunInfo:
+        """The invocation this run belongs to (workflow name, session, trace context)."""
+        return self._inv.run  # type: ignore[return-value]
+
+    @property
     def parent_path(self) -> str:
         return self.parent.path if self.parent is not None else ""
 

@@ -1,0 +1,34 @@
+"""Observability adapters: OpenTelemetry spans, Prometheus/OTel metrics, store-backed metrics.
+
+Names are imported lazily so that ``import flowscope.observability`` stays cheap and a
+user of one backend does not pay for the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "TracingPlugin",
+    "MetricsPlugin",
+    "StoreCollector",
+    "configure_tracing",
+    "serve_metrics",
+]
+
+_WHERE = {
+    "TracingPlugin": ".tracing",
+    "configure_tracing": ".setup",
+    "MetricsPlugin": ".metrics",
+    "StoreCollector": ".store_collector",
+    "serve_metrics": ".serve",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(name)
+    from importlib import import_module
+
+    return getattr(import_module(module, __name__), name)
