@@ -359,6 +359,14 @@ class Runner:
                 if not inv.aborting:
                     raise
                 raise InvocationAbortedError(f"invocation {inv.invocation_id} of session {session_id!r} was aborted") from None
+            except (PauseSignal, InvocationAbortedError):
+                raise
+            except BaseException as exc:
+                if inv.aborting:  # whatever the abort surfaced as (a timeout, say), it is an abort
+                    raise InvocationAbortedError(
+                        f"invocation {inv.invocation_id} of session {session_id!r} was aborted"
+                    ) from exc
+                raise
             result = RunResult("completed", out.output, session_id, inv.invocation_id, [], inv.replayed, inv.recovered)
             inv.finish("completed", output=out.output)
         except PauseSignal:
@@ -635,6 +643,10 @@ class _Invocation:
                     self.flush()  # the failed attempt is on record before the next one begins
                     await asyncio.sleep(delay)
                     ctx.attempt += 1
+                    # A new attempt walks its children again from the first: the same paths,
+                    # so the ones that completed are fast-forwarded, not re-run (R8).
+                    ctx._children.clear()
+                    ctx._requests = ctx._jobs = 0
         except PauseSignal as p:
             if p.origin == path and getattr(p, "event", None) is not None:
                 ev = p.event  # type: ignore[attr-defined]
