@@ -1,0 +1,452 @@
+"""``MetricsPlugin``: node and workflow runs as Prometheus or OpenTelemetry metrics.
+
+One table, :data:`INSTRUMENTS`, defines every instrument (name, kind, labels, help,
+buckets). It drives both backends:
+
+- **prometheus-client**: collectors registered on the given ``CollectorRegistry`` (the
+  default ``REGISTRY`` when neither ``registry`` nor ``meter_provider`` is given);
+- **OpenTelemetry**: instruments of a ``MeterProvider`` under dotted names
+  (``flowscope.node.runs``, ``flowscope.node.duration`` in ``s``, ...), which the
+  Collector's Prometheus exporter turns into the same series names.
+
+``MetricsPlugin(meter_provider=mp)`` uses OpenTelemetry only; pass ``registry=`` as
+well to feed both (scrape only one of them, or everything counts twice).
+
+Labels are bounded: workflow and node names, outcomes, error codes and types. Never a
+session id, an invocation id or a path. The ``workflow`` label is the invocation's
+top-level workflow, also for nodes of nested workflows. Node outcomes use the span
+vocabulary (success, failure, timeout, cancellation, waiting); workflow outcomes are
+``RunFinished.status`` (completed, failed, paused, cancelled).
+
+Duration histograms carry a ``trace_id`` exemplar (with ``span_id``) when a sampled
+span is current; with ``plugins=[TracingPlugin(), MetricsPlugin()]`` the node's span is
+current in ``after_node``, since ``after_*`` hooks run in reverse registration order.
+Exemplars show in the OpenMetrics exposition only.
+
+Several plugins on one registry (two runners on the default ``REGISTRY``, say) share
+the same collectors instead of failing with "Duplicated timeseries".
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.trace import get_current_span
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from ..plugins import Plugin
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engine.context import NodeContext, NodeOutcome, RunInfo
+    from ..engine.runner import RunResult
+    from ..events import Event
+
+__all__ = [
+    "MetricsPlugin",
+    "InstrumentSpec",
+    "INSTRUMENTS",
+    "DURATION_BUCKETS",
+    "ATTEMPT_BUCKETS",
+    "NODE_OUTCOMES",
+    "WORKFLOW_OUTCOMES",
+    "JOB_RESULTS",
+]
+
+#: Node durations from milliseconds (a function call) to hours (a human approval, a job).
+DURATION_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0,
+)  # fmt: skip
+#: Attempts per finished node run (1 = no retry).
+ATTEMPT_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 10.0)
+
+NODE_OUTCOMES = ("success", "failure", "timeout", "cancellation", "waiting")
+WORKFLOW_OUTCOMES = ("completed", "failed", "paused", "cancelled")
+JOB_RESULTS = ("success", "failed", "empty")
+
+#: Fallback label when an event's invocation is unknown to the plugin (it was added
+#: to the runner after the invocation began). Never an id.
+UNKNOWN_WORKFLOW = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class InstrumentSpec:
+    """One instrument, for both backends.
+
+    ``prom_name`` is the exposed Prometheus name (counters end in ``_total``);
+    ``otel_name`` the dotted OpenTelemetry name; ``kind`` is ``counter``,
+    ``histogram`` or ``updown`` (a Prometheus gauge, an OTel UpDownCounter);
+    ``unit`` is the OTel unit (``s``, or a ``{annotation}`` that exporters drop).
+    """
+
+    key: str
+    prom_name: str
+    otel_name: str
+    kind: str
+    labels: tuple[str, ...]
+    help: str
+    unit: str = ""
+    buckets: tuple[float, ...] | None = None
+
+
+INSTRUMENTS: tuple[InstrumentSpec, ...] = (
+    InstrumentSpec(
+        "node_runs", "flowscope_node_runs_total", "flowscope.node.runs", "counter",
+        ("workflow", "node", "outcome"),
+        "Finished node runs by outcome (success, failure, timeout, cancellation, waiting).",
+        "{run}",
+    ),
+    InstrumentSpec(
+        "node_duration", "flowscope_node_duration_seconds", "flowscope.node.duration", "histogram",
+        ("workflow", "node", "outcome"),
+        "Duration of node runs, all attempts included, in seconds.",
+        "s", DURATION_BUCKETS,
+    ),
+    InstrumentSpec(
+        "node_errors", "flowscope_node_errors_total", "flowscope.node.errors", "counter",
+        ("workflow", "node", "error_code", "error_type"),
+        "Node runs that failed for good (one per NodeErrorEvent, at the deepest path).",
+        "{error}",
+    ),
+    InstrumentSpec(
+        "node_retries", "flowscope_node_retries_total", "flowscope.node.retries", "counter",
+        ("workflow", "node", "error_type"),
+        "Failed node attempts that were retried.",
+        "{retry}",
+    ),
+    InstrumentSpec(
+        "node_attempts", "flowscope_node_attempts", "flowscope.node.attempts", "histogram",
+        ("workflow", "node"),
+        "Attempts per finished node run (success, failure or timeout).",
+        "{attempt}", ATTEMPT_BUCKETS,
+    ),
+    InstrumentSpec(
+        "nodes_running", "flowscope_nodes_running", "flowscope.nodes.running", "updown",
+        ("workflow", "node"),
+        "Node runs in progress in this process.",
+        "{run}",
+    ),
+    InstrumentSpec(
+        "workflow_runs", "flowscope_workflow_runs_total", "flowscope.workflow.runs", "counter",
+        ("workflow", "outcome"),
+        "Finished workflow invocations (run or resume) by outcome (completed, failed, paused, cancelled).",
+        "{run}",
+    ),
+    InstrumentSpec(
+        "workflow_duration", "flowscope_workflow_duration_seconds", "flowscope.workflow.duration", "histogram",
+        ("workflow", "outcome"),
+        "Duration of workflow invocations (run or resume), in seconds.",
+        "s", DURATION_BUCKETS,
+    ),
+    InstrumentSpec(
+        "job_results", "flowscope_job_results_total", "flowscope.job.results", "counter",
+        ("workflow", "node", "result"),
+        "Results of long-running external jobs by the guard's verdict (success, failed, empty).",
+        "{result}",
+    ),
+    InstrumentSpec(
+        "plugin_errors", "flowscope_plugin_errors_total", "flowscope.plugin.errors", "counter",
+        ("plugin", "hook"),
+        "Plugin hooks that raised (the workflow went on).",
+        "{error}",
+    ),
+)  # fmt: skip
+
+_SPECS = {s.key: s for s in INSTRUMENTS}
+
+
+# -- prometheus-client backend ---------------------------------------------------------------
+
+_PROM_CLASSES: dict[str, type] = {"counter": Counter, "histogram": Histogram, "updown": Gauge}
+# Collectors this module created, per registry, so that several plugins share them.
+_shared: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+_shared_lock = threading.Lock()
+
+
+def _prom_base_name(spec: InstrumentSpec) -> str:
+    # prometheus-client appends "_total" to counters itself
+    name = spec.prom_name
+    return name[: -len("_total")] if spec.kind == "counter" and name.endswith("_total") else name
+
+
+def _compatible(existing: Any, spec: InstrumentSpec) -> bool:
+    if not isinstance(existing, _PROM_CLASSES[spec.kind]):
+        return False
+    if tuple(getattr(existing, "_labelnames", ())) != spec.labels:
+        return False
+    if spec.buckets is not None:
+        bounds = tuple(getattr(existing, "_upper_bounds", ())[:-1])  # without +Inf
+        if bounds != spec.buckets:
+            return False
+    return True
+
+
+def _prom_collector(registry: CollectorRegistry, spec: InstrumentSpec) -> Any:
+    """The collector for ``spec`` on ``registry``: the one already there, or a new one."""
+    with _shared_lock:
+        try:
+            cache = _shared.setdefault(registry, {})
+        except TypeError:  # a registry that cannot be weakly referenced: no sharing cache
+            cache = {}
+        collector = cache.get(spec.key)
+        if collector is not None:
+            return collector
+        existing = getattr(registry, "_names_to_collectors", {}).get(spec.prom_name)
+        if existing is not None:
+            if not _compatible(existing, spec):
+                raise ValueError(
+                    f"the registry already has a metric {spec.prom_name!r} that is not flowscope's "
+                    f"(expected a {_PROM_CLASSES[spec.kind].__name__} with labels {list(spec.labels)}"
+                    f"{' and buckets ' + str(list(spec.buckets)) if spec.buckets else ''}); "
+                    "give MetricsPlugin its own CollectorRegistry or remove the other metric"
+                )
+            collector = existing
+        else:
+            cls = _PROM_CLASSES[spec.kind]
+            kwargs: dict[str, Any] = {"registry": registry}
+            if spec.buckets is not None:
+                kwargs["buckets"] = spec.buckets
+            collector = cls(_prom_base_name(spec), spec.help, spec.labels, **kwargs)
+        cache[spec.key] = collector
+        return collector
+
+
+# -- one labelled series, on one or both backends --------------------------------------------
+
+
+class _Series:
+    """A pre-bound label set of one instrument: the prometheus child and/or the OTel
+    instrument with its attribute dict. Cheap to call on every node run."""
+
+    __slots__ = ("_prom", "_otel", "_attrs")
+
+    def __init__(self, prom: Any, otel: Any, attrs: dict[str, str]) -> None:
+        self._prom = prom
+        self._otel = otel
+        self._attrs = attrs
+
+    def add(self, value: float = 1.0) -> None:
+        """Counter increment or up/down change (negative for a gauge going down)."""
+        if self._prom is not None:
+            self._prom.inc(value)
+        if self._otel is not None:
+            self._otel.add(value, self._attrs)
+
+    def record(self, value: float, exemplar: dict[str, str] | None = None) -> None:
+        """Histogram observation. The OTel SDK takes its exemplar from the current span."""
+        if self._prom is not None:
+            self._prom.observe(value, exemplar)
+        if self._otel is not None:
+            self._otel.record(value, self._attrs)
+
+
+class _Instrument:
+    __slots__ = ("spec", "prom", "otel", "_series", "_lock")
+
+    def __init__(self, spec: InstrumentSpec, prom: Any, otel: Any) -> None:
+        self.spec = spec
+        self.prom = prom
+        self.otel = otel
+        self._series: dict[tuple[str, ...], _Series] = {}
+        self._lock = threading.Lock()
+
+    def series(self, values: tuple[str, ...]) -> _Series:
+        s = self._series.get(values)
+        if s is None:
+            with self._lock:
+                s = self._series.get(values)
+                if s is None:
+                    prom = self.prom.labels(*values) if self.prom is not None else None
+                    attrs = dict(zip(self.spec.labels, values))
+                    s = self._series[values] = _Series(prom, self.otel, attrs)
+        return s
+
+
+def _otel_instrument(meter: Any, spec: InstrumentSpec) -> Any:
+    if spec.kind == "counter":
+        return meter.create_counter(spec.otel_name, unit=spec.unit, description=spec.help)
+    if spec.kind == "updown":
+        return meter.create_up_down_counter(spec.otel_name, unit=spec.unit, description=spec.help)
+    try:
+        return meter.create_histogram(
+            spec.otel_name,
+            unit=spec.unit,
+            description=spec.help,
+            explicit_bucket_boundaries_advisory=list(spec.buckets or ()),
+        )
+    except TypeError:  # opentelemetry-api < 1.23 has no bucket advisory
+        return meter.create_histogram(spec.otel_name, unit=spec.unit, description=spec.help)
+
+
+def _exemplar() -> dict[str, str] | None:
+    """``{"trace_id", "span_id"}`` (hex) of the current span when it is sampled."""
+    ctx = get_current_span().get_span_context()
+    if ctx.trace_flags & 0x01 and ctx.trace_id:
+        return {"trace_id": format(ctx.trace_id, "032x"), "span_id": format(ctx.span_id, "016x")}
+    return None
+
+
+def _version() -> str:
+    try:
+        from .. import __version__
+
+        return __version__
+    except Exception:  # pragma: no cover
+        return ""
+
+
+# -- the plugin --------------------------------------------------------------------------------
+
+
+class _NodeSeries:
+    """The pre-bound series of one (workflow, node): what a node run touches."""
+
+    __slots__ = ("running", "attempts", "by_outcome")
+
+    def __init__(self, running: _Series) -> None:
+        self.running = running
+        self.attempts: _Series | None = None  # bound on first use: no empty histogram series
+        self.by_outcome: dict[str, tuple[_Series, _Series]] = {}
+
+
+class MetricsPlugin(Plugin):
+    """Counts node runs, errors, retries, attempts, job results and workflow runs.
+
+    ``registry``: the prometheus-client ``CollectorRegistry`` to register on (default:
+    the global ``REGISTRY``, unless only ``meter_provider`` is given). ``meter_provider``:
+    an OpenTelemetry ``MeterProvider`` to record the same instruments under dotted names.
+    """
+
+    name = "metrics"
+
+    def __init__(self, registry: CollectorRegistry | None = None, meter_provider: Any = None) -> None:
+        if registry is None and meter_provider is None:
+            registry = REGISTRY
+        self.registry = registry
+        self.meter_provider = meter_provider
+        meter = meter_provider.get_meter("flowscope", _version()) if meter_provider is not None else None
+        self._instruments: dict[str, _Instrument] = {}
+        for spec in INSTRUMENTS:
+            prom = _prom_collector(registry, spec) if registry is not None else None
+            otel = _otel_instrument(meter, spec) if meter is not None else None
+            self._instruments[spec.key] = _Instrument(spec, prom, otel)
+        i = self._instruments
+        self._node_runs = i["node_runs"]
+        self._node_duration = i["node_duration"]
+        self._node_errors = i["node_errors"]
+        self._node_retries = i["node_retries"]
+        self._node_attempts = i["node_attempts"]
+        self._nodes_running = i["nodes_running"]
+        self._workflow_runs = i["workflow_runs"]
+        self._workflow_duration = i["workflow_duration"]
+        self._job_results = i["job_results"]
+        self._plugin_errors = i["plugin_errors"]
+        self._nodes: dict[tuple[str, str], _NodeSeries] = {}
+        # invocation id -> [workflow, RunFinished.status or None], from before_run/RunStarted
+        # to after_run: events carry only ids, and the label is the workflow name.
+        self._invocations: dict[str, list[Any]] = {}
+        self._on_event = {
+            "run_started": self._run_started,
+            "run_finished": self._run_finished,
+            "node_retrying": self._retrying,
+            "node_error": self._error,
+            "job_result": self._job_result,
+        }
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _node(self, workflow: str, node: str) -> _NodeSeries:
+        key = (workflow, node)
+        ns = self._nodes.get(key)
+        if ns is None:
+            ns = self._nodes[key] = _NodeSeries(self._nodes_running.series(key))
+        return ns
+
+    def _workflow_of(self, event: Event) -> str:
+        inv = self._invocations.get(event.invocation_id)
+        return inv[0] if inv is not None else UNKNOWN_WORKFLOW
+
+    # -- run hooks ---------------------------------------------------------------------------
+
+    def before_run(self, run: RunInfo) -> None:
+        self._invocations[run.invocation_id] = [run.workflow, None]
+
+    def after_run(self, run: RunInfo, result: RunResult | None, error: BaseException | None) -> None:
+        inv = self._invocations.pop(run.invocation_id, None)
+        status = inv[1] if inv is not None else None
+        if status is None:  # RunFinished was not appended (the store failed): say what it would
+            if result is not None:
+                status = result.status
+            elif error is not None and _is_cancellation(error):
+                status = "cancelled"
+            else:
+                status = "failed"
+        key = (run.workflow, status)
+        self._workflow_runs.series(key).add()
+        self._workflow_duration.series(key).record(max(0.0, time.time() - run.started_at), _exemplar())
+
+    # -- node hooks --------------------------------------------------------------------------
+
+    def before_node(self, ctx: NodeContext) -> None:
+        self._node(ctx.run.workflow, ctx.node_name).running.add(1.0)
+
+    def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
+        ns = self._node(ctx.run.workflow, ctx.node_name)
+        ns.running.add(-1.0)
+        status = outcome.status
+        pair = ns.by_outcome.get(status)
+        if pair is None:
+            key = (ctx.run.workflow, ctx.node_name, status)
+            pair = ns.by_outcome[status] = (self._node_runs.series(key), self._node_duration.series(key))
+        pair[0].add()
+        pair[1].record(outcome.duration_s, _exemplar())
+        if status == "success" or status == "failure" or status == "timeout":
+            attempts = ns.attempts
+            if attempts is None:
+                attempts = ns.attempts = self._node_attempts.series((ctx.run.workflow, ctx.node_name))
+            attempts.record(outcome.attempt_count)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def on_event(self, event: Event) -> None:
+        handler = self._on_event.get(event.type)
+        if handler is not None:
+            handler(event)
+
+    def _run_started(self, event: Any) -> None:
+        inv = self._invocations.get(event.invocation_id)
+        if inv is None:
+            self._invocations[event.invocation_id] = [event.workflow or UNKNOWN_WORKFLOW, None]
+
+    def _run_finished(self, event: Any) -> None:
+        inv = self._invocations.get(event.invocation_id)
+        if inv is not None:
+            inv[1] = event.status
+
+    def _retrying(self, event: Any) -> None:
+        self._node_retries.series((self._workflow_of(event), event.node, event.error_type)).add()
+
+    def _error(self, event: Any) -> None:
+        self._node_errors.series((self._workflow_of(event), event.node, event.error_code, event.error_type)).add()
+
+    def _job_result(self, event: Any) -> None:
+        self._job_results.series((self._workflow_of(event), event.node, event.result)).add()
+
+    def on_plugin_error(self, plugin: str, hook: str, error: BaseException) -> None:
+        self._plugin_errors.series((str(plugin), str(hook))).add()
+
+    def __repr__(self) -> str:
+        backends = [b for b, on in (("prometheus", self.registry), ("otel", self.meter_provider)) if on is not None]
+        return f"<MetricsPlugin {'+'.join(backends)}>"
+
+
+def _is_cancellation(error: BaseException) -> bool:
+    import asyncio
+
+    from ..errors import InvocationAbortedError
+
+    return isinstance(error, (asyncio.CancelledError, InvocationAbortedError))
