@@ -1,0 +1,174 @@
+"""One call to get spans out of a process: an SDK TracerProvider wired to OTLP and/or the console.
+
+```python
+from flowscope.observability import TracingPlugin, configure_tracing
+
+with configure_tracing("orders-worker", otlp_endpoint="http://localhost:4318") as tracing:
+    runner = Runner(wf, plugins=[TracingPlugin(tracer_provider=tracing.provider)])
+    runner.run_sync(...)
+# leaving the block flushes and shuts the exporters down
+```
+
+The standard OpenTelemetry environment variables are honoured: ``OTEL_EXPORTER_OTLP_ENDPOINT``
+/ ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` when no endpoint is passed,
+``OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL`` when no protocol is passed,
+``OTEL_TRACES_EXPORTER`` (``otlp``, ``console``, ``none``), ``OTEL_SERVICE_NAME`` (it wins over
+the ``service_name`` argument, so an operator can rename a service without a code change),
+``OTEL_RESOURCE_ATTRIBUTES``, and everything the SDK and the exporters read themselves
+(``OTEL_EXPORTER_OTLP_HEADERS``, ``..._TIMEOUT``, ``..._COMPRESSION``, ``..._INSECURE``,
+``..._CERTIFICATE``, ``OTEL_BSP_*``, ``OTEL_TRACES_SAMPLER``, ``OTEL_SDK_DISABLED``).
+
+The global tracer provider is left alone unless ``set_global=True``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["configure_tracing", "TracingHandle", "PROTOCOLS"]
+
+log = logging.getLogger("flowscope.observability.setup")
+
+PROTOCOLS = ("http/protobuf", "grpc")
+_HTTP_TRACES_PATH = "/v1/traces"
+
+
+def _env(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+class TracingHandle:
+    """What :func:`configure_tracing` returns: the provider, and how to flush and shut it down.
+
+    Usable as a context manager (shutdown on exit). ``shutdown()`` is idempotent.
+    """
+
+    def __init__(self, provider: Any, exporters: list[str], set_global: bool) -> None:
+        self.provider = provider
+        #: what the spans go to, e.g. ``["otlp grpc http://localhost:4317", "console"]``
+        self.exporters = exporters
+        self.is_global = set_global
+        self._closed = False
+
+    def plugin(self, **kwargs: Any) -> Any:
+        """A :class:`~flowscope.observability.TracingPlugin` on this provider."""
+        from .tracing import TracingPlugin
+
+        return TracingPlugin(tracer_provider=self.provider, **kwargs)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Export every finished span now; False if that did not finish in time."""
+        if self._closed:
+            return False
+        return bool(self.provider.force_flush(timeout_millis))
+
+    def shutdown(self) -> None:
+        """Flush and stop the exporters. Bounded by the exporters' own timeouts."""
+        if self._closed:
+            return
+        self._closed = True
+        self.provider.shutdown()
+
+    def __enter__(self) -> TracingHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"<TracingHandle exporters={self.exporters!r}{' closed' if self._closed else ''}>"
+
+
+def _http_endpoint(endpoint: str) -> str:
+    """A bare ``http://host:4318`` gets the traces path, as OTEL_EXPORTER_OTLP_ENDPOINT would."""
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    if parts.path in ("", "/"):
+        return parts._replace(path=_HTTP_TRACES_PATH).geturl()
+    return parts.geturl()
+
+
+def _otlp_exporter(protocol: str, endpoint: str | None, timeout: float | None, headers: dict[str, str] | None) -> Any:
+    kwargs: dict[str, Any] = {}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if headers:
+        kwargs["headers"] = headers
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter(endpoint=endpoint, **kwargs)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter(endpoint=_http_endpoint(endpoint) if endpoint else None, **kwargs)
+
+
+def configure_tracing(
+    service_name: str,
+    otlp_endpoint: str | None = None,
+    protocol: str | None = None,
+    console: bool = False,
+    *,
+    set_global: bool = False,
+    timeout: float | None = None,
+    headers: dict[str, str] | None = None,
+    resource_attributes: dict[str, Any] | None = None,
+) -> TracingHandle:
+    """Build an SDK ``TracerProvider`` with a ``service.name`` resource and batch exporters.
+
+    ``otlp_endpoint``: where to send spans (``http://host:4318`` for HTTP, the traces path
+    is added when the URL has none; ``http://host:4317`` for gRPC, ``https://`` for TLS).
+    When None, ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``/``OTEL_EXPORTER_OTLP_ENDPOINT`` are
+    used if set; otherwise no OTLP exporter is installed.
+    ``protocol``: ``"http/protobuf"`` (default) or ``"grpc"``; None reads
+    ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``/``OTEL_EXPORTER_OTLP_PROTOCOL``.
+    ``console``: also print finished spans to stdout.
+    ``timeout``: the exporter's timeout in seconds (default: ``OTEL_EXPORTER_OTLP_TIMEOUT`` or 10 s);
+    an unreachable collector delays ``shutdown()`` by at most about this much.
+    ``set_global``: also install the provider as the global one (``trace.set_tracer_provider``).
+    """
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+    if protocol is None:
+        protocol = _env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    if protocol == "http":
+        protocol = "http/protobuf"
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, not {protocol!r}")
+
+    wanted = {w.strip().lower() for w in (_env("OTEL_TRACES_EXPORTER") or "").split(",") if w.strip()}
+    use_otlp = otlp_endpoint is not None
+    env_endpoint = _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not use_otlp and "none" not in wanted and (env_endpoint is not None or "otlp" in wanted):
+        use_otlp = True  # the exporter reads the endpoint (or its default) from the environment itself
+    use_console = console or "console" in wanted
+
+    attrs: dict[str, Any] = dict(resource_attributes or {})
+    if not _env("OTEL_SERVICE_NAME"):
+        attrs[SERVICE_NAME] = service_name
+    provider = TracerProvider(resource=Resource.create(attrs))
+
+    described: list[str] = []
+    if use_otlp:
+        exporter = _otlp_exporter(protocol, otlp_endpoint, timeout, headers)
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+        described.append(f"otlp {protocol} {otlp_endpoint or env_endpoint or '(default endpoint)'}")
+    if use_console:
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        described.append("console")
+    if not described:
+        log.info("configure_tracing(%r): no exporter configured; spans are recorded but go nowhere", service_name)
+
+    if set_global:
+        from opentelemetry import trace
+
+        trace.set_tracer_provider(provider)
+    return TracingHandle(provider, described, set_global)
