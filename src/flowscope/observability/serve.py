@@ -1,0 +1,108 @@
+"""``serve_metrics``: a Prometheus endpoint for in-process metrics and the store.
+
+Serves ``/metrics`` on a daemon thread: everything in ``registry`` (the global
+``REGISTRY`` by default, where :class:`~flowscope.observability.MetricsPlugin` registers)
+plus, when ``store`` is given, a :class:`~flowscope.observability.StoreCollector` over
+it. The StoreCollector is added to a private registry that also forwards ``registry``,
+so nothing is registered twice and the caller's registry is left as it was.
+
+Content negotiation is prometheus-client's: a scraper that accepts
+``application/openmetrics-text`` (Prometheus does) gets OpenMetrics, the only format that
+carries exemplars; anything else gets the classic text format. ``?name[]=...`` restricts
+the output to the named series; gzip is used when accepted.
+
+The endpoint binds 127.0.0.1 unless told otherwise: node and workflow names are not
+secrets, but nothing here authenticates, so exposing it is a decision for the caller.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.exposition import start_http_server
+from prometheus_client.registry import Collector
+
+from .store_collector import StoreCollector
+
+__all__ = ["serve_metrics", "MetricsServer", "DEFAULT_PORT"]
+
+#: The port of ``flowscope serve-metrics`` (OpenTelemetry's Prometheus exporter default).
+DEFAULT_PORT = 9464
+
+
+class _Forward(Collector):
+    """Yields whatever another registry collects (no names of its own: no clash)."""
+
+    def __init__(self, registry: Any) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Any]:
+        return iter(self._registry.collect())
+
+    def describe(self) -> list[Any]:
+        return []
+
+
+@dataclass
+class MetricsServer:
+    """A running metrics endpoint: ``url`` to scrape, ``shutdown()`` to stop it."""
+
+    host: str
+    port: int
+    registry: CollectorRegistry
+    store_collector: StoreCollector | None
+    _server: Any = field(repr=False)
+    _thread: threading.Thread = field(repr=False)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop serving, close the socket and join the thread (idempotent)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> "MetricsServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def serve_metrics(
+    store: Any = None,
+    registry: CollectorRegistry | None = None,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    stale_after_s: float = 300.0,
+) -> MetricsServer:
+    """Serve ``/metrics`` for ``registry`` (default: the global ``REGISTRY``) and, when
+    ``store`` is given, a :class:`StoreCollector` over it; on a daemon thread.
+
+    ``port=0`` picks a free port (read it back from ``.port``). Returns a
+    :class:`MetricsServer`; call ``.shutdown()`` (or use it as a context manager) to stop.
+    """
+    source = REGISTRY if registry is None else registry
+    collector: StoreCollector | None = None
+    if store is None:
+        exposed = source
+    else:
+        try:  # "without names": ?name[]= filtering still reaches the forwarded registry
+            exposed = CollectorRegistry(auto_describe=False, support_collectors_without_names=True)
+        except TypeError:  # prometheus-client < 0.21
+            exposed = CollectorRegistry(auto_describe=False)
+        exposed.register(_Forward(source))
+        collector = StoreCollector(store, stale_after_s=stale_after_s)
+        exposed.register(collector)  # describe() only: the store is not read here
+    server, thread = start_http_server(port, addr=host, registry=exposed)
+    thread.name = f"flowscope-metrics-{server.server_port}"
+    return MetricsServer(host, server.server_port, exposed, collector, server, thread)

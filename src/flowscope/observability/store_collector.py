@@ -1,0 +1,216 @@
+"""``StoreCollector``: open, orphaned and overdue node runs, read from the store at scrape time.
+
+A prometheus-client custom collector. Because it reads the store's ``node_runs``
+projection (not this process's memory) it sees the runs of every worker that shares the
+store, including workers that died: a run left ``running`` by a killed process shows as
+open, then as orphaned once its heartbeat is older than ``stale_after_s``.
+
+======================================================== =====================================
+series                                                   labels
+======================================================== =====================================
+``flowscope_store_open_runs``                            workflow, node, state
+``flowscope_store_oldest_open_run_start_timestamp_seconds`` workflow, node, state
+``flowscope_store_orphaned_runs``                        workflow, node
+``flowscope_store_overdue_jobs``                         workflow, node
+``flowscope_store_up``                                   (none): 1 if the store answered
+======================================================== =====================================
+
+``state`` is ``running``, ``waiting_input`` or ``waiting_job``. A series seen once keeps
+being reported, with 0, after its runs have closed, so that ``rate()``, "absent" and
+alert resolution behave (0 for the oldest-start timestamp means "no open run": alert on
+``... > 0``). A store error at scrape time is logged and reported as
+``flowscope_store_up 0`` with no other ``flowscope_store_*`` sample; the scrape itself
+never fails. :meth:`describe` never touches the store.
+
+The collector asks the store for an aggregate when it offers one
+(``store.open_run_summary(now=..., stale_after_s=...)``, see :class:`OpenRunGroup`), which
+an SQL store answers with one ``GROUP BY`` over its status index; otherwise it folds
+``store.open_runs()`` itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["StoreCollector", "OpenRunGroup", "summarize_open_runs", "OPEN_STATES"]
+
+log = logging.getLogger("flowscope.observability.store_collector")
+
+OPEN_STATES = ("running", "waiting_input", "waiting_job")
+
+OPEN_RUNS = "flowscope_store_open_runs"
+OLDEST = "flowscope_store_oldest_open_run_start_timestamp_seconds"
+ORPHANED = "flowscope_store_orphaned_runs"
+OVERDUE = "flowscope_store_overdue_jobs"
+UP = "flowscope_store_up"
+
+_HELP = {
+    OPEN_RUNS: "Open node runs in the store by state (running, waiting_input, waiting_job), all processes.",
+    OLDEST: "Start time (epoch seconds) of the oldest open node run by state; 0 when there is none.",
+    ORPHANED: "Node runs marked running whose heartbeat is older than stale_after_s: their worker died.",
+    OVERDUE: "Node runs waiting for an external job that is past its deadline_s.",
+    UP: "1 if the store answered the last scrape, 0 if it failed (see the log).",
+}
+_LABELS = {
+    OPEN_RUNS: ("workflow", "node", "state"),
+    OLDEST: ("workflow", "node", "state"),
+    ORPHANED: ("workflow", "node"),
+    OVERDUE: ("workflow", "node"),
+    UP: (),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRunGroup:
+    """The open runs of one (workflow, node, state), aggregated.
+
+    What ``store.open_run_summary(now, stale_after_s)`` returns a list of (tuples in this
+    field order are accepted too): ``count`` runs, the earliest ``oldest_started_at``;
+    ``orphaned`` counts ``running`` runs whose heartbeat (or start, without one) is more
+    than ``stale_after_s`` before ``now``; ``overdue`` counts ``waiting_job`` runs whose
+    ``job_deadline_at`` is before ``now``.
+    """
+
+    workflow: str
+    node: str
+    state: str
+    count: int
+    oldest_started_at: float | None
+    orphaned: int = 0
+    overdue: int = 0
+
+
+def summarize_open_runs(runs: Iterable[Any], now: float, stale_after_s: float) -> list[OpenRunGroup]:
+    """Fold ``NodeRun`` records (``store.open_runs()``) into :class:`OpenRunGroup` rows.
+
+    The reference definition a store's ``open_run_summary`` must match.
+    """
+    acc: dict[tuple[str, str, str], list[Any]] = {}
+    stale_before = now - stale_after_s
+    for r in runs:
+        state = r.status
+        if state not in OPEN_STATES:
+            continue
+        key = (r.workflow or "", r.node or "", state)
+        a = acc.get(key)
+        if a is None:
+            a = acc[key] = [0, None, 0, 0]
+        a[0] += 1
+        started = r.started_at
+        if started is not None and (a[1] is None or started < a[1]):
+            a[1] = started
+        if state == "running":
+            beat = r.heartbeat_at if r.heartbeat_at is not None else started
+            if beat is None or beat < stale_before:
+                a[2] += 1
+        elif state == "waiting_job":
+            deadline = r.job_deadline_at
+            if deadline is not None and deadline < now:
+                a[3] += 1
+    return [OpenRunGroup(wf, node, state, *a) for (wf, node, state), a in acc.items()]
+
+
+class StoreCollector(Collector):
+    """A prometheus-client collector over an :class:`~flowscope.store.base.EventStore`.
+
+    ``stale_after_s``: a ``running`` run whose last heartbeat is older than this is
+    orphaned; keep it well above the runner's ``heartbeat_interval`` (5 s by default).
+    ``clock`` gives "now" in epoch seconds (``time.time``).
+
+    Register it on a registry (``registry.register(StoreCollector(store))``) or let
+    :func:`~flowscope.observability.serve.serve_metrics` do it.
+    """
+
+    def __init__(self, store: Any, stale_after_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
+        if stale_after_s < 0:
+            raise ValueError("stale_after_s must be >= 0")
+        self.store = store
+        self.stale_after_s = float(stale_after_s)
+        self.clock = clock
+        self._lock = threading.Lock()
+        # label sets reported so far: they report 0 rather than vanish
+        self._seen_open: set[tuple[str, str, str]] = set()
+        self._seen_orphaned: set[tuple[str, str]] = set()
+        self._seen_overdue: set[tuple[str, str]] = set()
+        self.last_error: BaseException | None = None
+        self.last_scrape_s: float | None = None
+
+    def __repr__(self) -> str:
+        return f"StoreCollector({self.store!r}, stale_after_s={self.stale_after_s:g})"
+
+    # -- the prometheus-client protocol ---------------------------------------------------
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The families this collector produces, without samples; the store is not read."""
+        for name in (OPEN_RUNS, OLDEST, ORPHANED, OVERDUE, UP):
+            yield GaugeMetricFamily(name, _HELP[name], labels=_LABELS[name])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        t0 = time.perf_counter()
+        now = self.clock()
+        try:
+            groups = self._groups(now)
+        except Exception as exc:  # a scrape must survive a locked, missing or broken store
+            self.last_error = exc
+            log.warning("flowscope StoreCollector could not read %r: %s: %s", self.store, type(exc).__name__, exc)
+            up = GaugeMetricFamily(UP, _HELP[UP])
+            up.add_metric((), 0.0)
+            yield up
+            return
+        self.last_error = None
+        yield from self._families(groups)
+        up = GaugeMetricFamily(UP, _HELP[UP])
+        up.add_metric((), 1.0)
+        yield up
+        self.last_scrape_s = time.perf_counter() - t0
+
+    # -- reading and shaping ----------------------------------------------------------------
+
+    def _groups(self, now: float) -> list[OpenRunGroup]:
+        summary = getattr(self.store, "open_run_summary", None)
+        if callable(summary):
+            rows = summary(now=now, stale_after_s=self.stale_after_s)
+            return [r if isinstance(r, OpenRunGroup) else OpenRunGroup(*r) for r in rows]
+        return summarize_open_runs(self.store.open_runs(), now, self.stale_after_s)
+
+    def _families(self, groups: list[OpenRunGroup]) -> list[GaugeMetricFamily]:
+        open_runs: dict[tuple[str, str, str], tuple[float, float]] = {}
+        orphaned: dict[tuple[str, str], float] = {}
+        overdue: dict[tuple[str, str], float] = {}
+        for g in groups:
+            if g.state not in OPEN_STATES:
+                continue
+            key = (str(g.workflow or ""), str(g.node or ""), g.state)
+            open_runs[key] = (float(g.count), float(g.oldest_started_at or 0.0))
+            wn = key[:2]
+            if g.state == "running":
+                orphaned[wn] = orphaned.get(wn, 0.0) + float(g.orphaned or 0)
+            elif g.state == "waiting_job":
+                overdue[wn] = overdue.get(wn, 0.0) + float(g.overdue or 0)
+        with self._lock:
+            self._seen_open.update(open_runs)
+            self._seen_orphaned.update(orphaned)
+            self._seen_overdue.update(overdue)
+            seen_open = sorted(self._seen_open)
+            seen_orphaned = sorted(self._seen_orphaned)
+            seen_overdue = sorted(self._seen_overdue)
+        f_open = GaugeMetricFamily(OPEN_RUNS, _HELP[OPEN_RUNS], labels=_LABELS[OPEN_RUNS])
+        f_oldest = GaugeMetricFamily(OLDEST, _HELP[OLDEST], labels=_LABELS[OLDEST])
+        for key in seen_open:
+            count, oldest = open_runs.get(key, (0.0, 0.0))
+            f_open.add_metric(key, count)
+            f_oldest.add_metric(key, oldest)
+        f_orphaned = GaugeMetricFamily(ORPHANED, _HELP[ORPHANED], labels=_LABELS[ORPHANED])
+        for key in seen_orphaned:
+            f_orphaned.add_metric(key, orphaned.get(key, 0.0))
+        f_overdue = GaugeMetricFamily(OVERDUE, _HELP[OVERDUE], labels=_LABELS[OVERDUE])
+        for key in seen_overdue:
+            f_overdue.add_metric(key, overdue.get(key, 0.0))
+        return [f_open, f_oldest, f_orphaned, f_overdue]

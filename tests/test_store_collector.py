@@ -1,0 +1,489 @@
+"""StoreCollector across processes on a SqliteEventStore file, and a real HTTP scrape of
+serve_metrics (DESIGN section 7, issue 5). Real processes, real SIGKILL, real waiting:
+no timestamp is faked."""
+
+from __future__ import annotations
+
+import gzip
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+from flowscope import START, Runner, Workflow, node
+from flowscope.errors import StoreError
+from flowscope.observability.metrics import MetricsPlugin
+from flowscope.observability.serve import serve_metrics
+from flowscope.observability.store_collector import OpenRunGroup, StoreCollector, summarize_open_runs
+from flowscope.store import MemoryEventStore, SqliteEventStore
+
+OPEN = "flowscope_store_open_runs"
+OLDEST = "flowscope_store_oldest_open_run_start_timestamp_seconds"
+ORPHANED = "flowscope_store_orphaned_runs"
+OVERDUE = "flowscope_store_overdue_jobs"
+UP = "flowscope_store_up"
+
+
+def scrape(collector: StoreCollector) -> dict[tuple[str, tuple], float]:
+    """One scrape, as {(name, sorted labels): value}."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in collector.collect()
+        for s in family.samples
+    }
+
+
+def sample(samples, name, **labels):
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def wait_for(predicate, timeout=20.0, interval=0.02, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def db(tmp_path):
+    return str(tmp_path / "flowscope.db")
+
+
+# ------------------------------------------------------------------ a worker killed with SIGKILL
+
+WORKER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from flowscope import START, Runner, Workflow, node
+    from flowscope.store import SqliteEventStore
+
+    @node
+    def fetch(x):
+        return x
+
+    @node
+    async def crunch(x):
+        print("crunching", flush=True)
+        await asyncio.sleep(600)
+
+    wf = Workflow("nightly", edges=[(START, fetch, crunch)])
+    runner = Runner(wf, store=SqliteEventStore(sys.argv[1]), heartbeat_interval=0.05)
+    asyncio.run(runner.run(1, session_id="worker-session"))
+    """
+)
+
+
+def test_a_killed_worker_leaves_a_running_run_that_becomes_orphaned(db, tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    SqliteEventStore(db).close()  # the schema exists before two processes open the file
+    proc = subprocess.Popen(
+        [sys.executable, str(script), db], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "crunching", proc.stderr.read()
+        store = SqliteEventStore(db)
+        collector = StoreCollector(store, stale_after_s=0.5)
+
+        # alive: running, heartbeats fresh, not orphaned
+        alive = scrape(collector)
+        assert sample(alive, UP) == 1
+        assert sample(alive, OPEN, workflow="nightly", node="crunch", state="running") == 1
+        assert sample(alive, OPEN, workflow="nightly", node="nightly", state="running") == 1
+        assert sample(alive, ORPHANED, workflow="nightly", node="crunch") == 0
+        started = {r.node: r.started_at for r in store.open_runs()}
+        assert sample(alive, OLDEST, workflow="nightly", node="crunch", state="running") == started["crunch"]
+        assert sample(alive, OPEN, workflow="nightly", node="fetch", state="running") is None  # it completed
+        time.sleep(0.7)  # longer than stale_after_s: a live worker's heartbeat keeps it fresh
+        assert sample(scrape(collector), ORPHANED, workflow="nightly", node="crunch") == 0
+
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+        killed_at = time.time()
+
+        # still "running" in the store: nobody wrote a terminal event
+        dead = scrape(collector)
+        assert sample(dead, OPEN, workflow="nightly", node="crunch", state="running") == 1
+        orphaned = wait_for(
+            lambda: (s := scrape(collector)) and sample(s, ORPHANED, workflow="nightly", node="crunch") == 1 and s,
+            timeout=10,
+            what="the run to become orphaned",
+        )
+        assert time.time() - killed_at < 5
+        heartbeat = {r.node: r.heartbeat_at for r in store.open_runs()}["crunch"]
+        assert time.time() - heartbeat > 0.5
+        assert sample(orphaned, ORPHANED, workflow="nightly", node="nightly") == 1  # its workflow run too
+        assert sample(orphaned, OPEN, workflow="nightly", node="crunch", state="running") == 1
+        store.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+# ------------------------------------------------------------------ pauses and jobs, seen from another process
+
+
+def run_in_subprocess(tmp_path, db, body: str) -> str:
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "from flowscope import START, Runner, Workflow, node\n"
+        "from flowscope.store import SqliteEventStore\n" + textwrap.dedent(body)
+    )
+    out = subprocess.run([sys.executable, str(script), db], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_a_paused_run_is_waiting_input_and_reports_zero_once_answered(db, tmp_path):
+    run_in_subprocess(
+        tmp_path,
+        db,
+        """
+        @node
+        async def approve(ctx, x):
+            return await ctx.request_input("ship it?")
+
+        wf = Workflow("release", edges=[(START, approve)])
+        r = asyncio.run(Runner(wf, store=SqliteEventStore(sys.argv[1])).run(1, session_id="p1"))
+        assert r.status == "paused"
+        """,
+    )
+    store = SqliteEventStore(db)
+    collector = StoreCollector(store, stale_after_s=0.5)
+    paused = scrape(collector)
+    assert sample(paused, OPEN, workflow="release", node="approve", state="waiting_input") == 1
+    assert sample(paused, OPEN, workflow="release", node="release", state="waiting_input") == 1
+    started = {r.node: r.started_at for r in store.open_runs()}
+    assert sample(paused, OLDEST, workflow="release", node="approve", state="waiting_input") == started["approve"]
+    time.sleep(0.6)  # waiting for a human is not orphaned, however long it takes
+    later = scrape(collector)
+    assert sample(later, ORPHANED, workflow="release", node="approve") is None
+    assert sample(later, OPEN, workflow="release", node="approve", state="waiting_input") == 1
+
+    @node
+    async def approve(ctx, x):
+        return await ctx.request_input("ship it?")
+
+    import asyncio
+
+    wf = Workflow("release", edges=[(START, approve)])
+    done = asyncio.run(Runner(wf, store=store).resume("p1", inputs={paused_iid(store): True}))
+    assert done.status == "completed"
+    closed = scrape(collector)
+    # seen before: reported as 0, not dropped
+    assert sample(closed, OPEN, workflow="release", node="approve", state="waiting_input") == 0
+    assert sample(closed, OLDEST, workflow="release", node="approve", state="waiting_input") == 0
+    assert sample(closed, OPEN, workflow="release", node="release", state="waiting_input") == 0
+    assert sample(closed, UP) == 1
+    store.close()
+
+
+def paused_iid(store) -> str:
+    [s] = store.sessions()
+    events = store.read(s.session_id)
+    return [e for e in events if e.type == "input_requested"][-1].interrupt_id
+
+
+def test_a_job_past_its_deadline_is_overdue(db, tmp_path):
+    run_in_subprocess(
+        tmp_path,
+        db,
+        """
+        @node
+        async def enrich(ctx, rows):
+            return await ctx.await_job(dispatch=lambda job: None, payload=rows, deadline_s=0.6)
+
+        wf = Workflow("etl", edges=[(START, enrich)])
+        r = asyncio.run(Runner(wf, store=SqliteEventStore(sys.argv[1])).run([1, 2], session_id="j1"))
+        assert r.status == "paused"
+        print(r.pending[0].job_id)
+        """,
+    )
+    store = SqliteEventStore(db)
+    collector = StoreCollector(store, stale_after_s=0.5)
+    [run] = [r for r in store.open_runs() if r.node == "enrich"]
+    assert run.status == "waiting_job" and run.job_deadline_at == pytest.approx(run.started_at + 0.6, abs=0.5)
+    first = scrape(collector)
+    assert sample(first, OPEN, workflow="etl", node="enrich", state="waiting_job") == 1
+    if time.time() < run.job_deadline_at:  # within its deadline: not overdue yet
+        assert sample(first, OVERDUE, workflow="etl", node="enrich") == 0
+    wait_for(lambda: time.time() > run.job_deadline_at + 0.01, what="the deadline")
+    late = scrape(collector)
+    assert sample(late, OVERDUE, workflow="etl", node="enrich") == 1
+    assert sample(late, OPEN, workflow="etl", node="enrich", state="waiting_job") == 1
+    assert sample(late, OVERDUE, workflow="etl", node="etl") == 0  # the enclosing run waits, owns no job
+    assert sample(late, ORPHANED, workflow="etl", node="enrich") is None  # waiting is not running
+    store.close()
+
+
+# ------------------------------------------------------------------ describe, errors, the fast path
+
+
+class ExplodingStore:
+    """Every method raises: describe() must not call any, collect() must survive."""
+
+    def __getattr__(self, name):
+        def boom(*args, **kwargs):
+            raise StoreError(f"database is locked ({name})")
+
+        return boom
+
+
+def test_describe_does_not_touch_the_store():
+    collector = StoreCollector(ExplodingStore())
+    families = list(collector.describe())
+    assert [f.name for f in families] == [OPEN, OLDEST, ORPHANED, OVERDUE, UP]
+    assert all(f.samples == [] for f in families)
+    registry = CollectorRegistry()  # registering calls describe()
+    registry.register(collector)
+    # a failing store at scrape time: logged, up 0, nothing else
+    assert registry.get_sample_value(UP) == 0
+    assert [s for f in registry.collect() for s in f.samples] == [
+        s for f in registry.collect() for s in f.samples if s.name == UP
+    ]
+    assert isinstance(collector.last_error, StoreError)
+
+
+def test_a_store_that_fails_then_recovers(caplog):
+    runs = [
+        _run("w", "a", "running", started_at=100.0, heartbeat_at=time.time()),
+    ]
+
+    class Flaky:
+        fail = False
+
+        def open_runs(self):
+            if self.fail:
+                raise StoreError("disk I/O error")
+            return runs
+
+    store = Flaky()
+    collector = StoreCollector(store, stale_after_s=60)
+    ok = scrape(collector)
+    assert sample(ok, UP) == 1 and sample(ok, OPEN, workflow="w", node="a", state="running") == 1
+    store.fail = True
+    with caplog.at_level("WARNING"):
+        bad = scrape(collector)
+    assert bad == {(UP, ()): 0.0}
+    assert "disk I/O error" in caplog.text
+    store.fail = False
+    again = scrape(collector)
+    assert sample(again, UP) == 1 and sample(again, OPEN, workflow="w", node="a", state="running") == 1
+
+
+def _run(workflow, node_name, status, started_at, heartbeat_at=None, job_deadline_at=None, path=None):
+    from flowscope.store.base import NodeRun
+
+    return NodeRun(
+        session_id="sid-secret", workflow=workflow, node=node_name, path=path or f"{workflow}@1/{node_name}@1",
+        kind="function", status=status, attempt=1, retries=0, recoveries=0, started_at=started_at,
+        ended_at=None, heartbeat_at=heartbeat_at, error_code=None, error_type=None, job_deadline_at=job_deadline_at,
+    )  # fmt: skip
+
+
+def test_summary_of_open_runs():
+    now = 1_000.0
+    runs = [
+        _run("w", "a", "running", 10.0, heartbeat_at=now - 5),  # fresh
+        _run("w", "a", "running", 5.0, heartbeat_at=now - 61),  # stale
+        _run("w", "a", "running", 7.0, heartbeat_at=None),  # never beat: its start counts
+        _run("w", "b", "waiting_input", 20.0),
+        _run("w", "c", "waiting_job", 30.0, job_deadline_at=now - 1),
+        _run("w", "c", "waiting_job", 31.0, job_deadline_at=now + 1),
+        _run("w", "c", "waiting_job", 32.0, job_deadline_at=None),
+        _run("w", "d", "completed", 1.0),  # not open
+    ]
+    groups = {(g.workflow, g.node, g.state): g for g in summarize_open_runs(runs, now, 60.0)}
+    assert groups == {
+        ("w", "a", "running"): OpenRunGroup("w", "a", "running", 3, 5.0, orphaned=2, overdue=0),
+        ("w", "b", "waiting_input"): OpenRunGroup("w", "b", "waiting_input", 1, 20.0),
+        ("w", "c", "waiting_job"): OpenRunGroup("w", "c", "waiting_job", 3, 30.0, orphaned=0, overdue=1),
+    }
+    samples = scrape(StoreCollector(_ListStore(runs), stale_after_s=60.0, clock=lambda: now))
+    assert sample(samples, OPEN, workflow="w", node="a", state="running") == 3
+    assert sample(samples, OLDEST, workflow="w", node="a", state="running") == 5.0
+    assert sample(samples, ORPHANED, workflow="w", node="a") == 2
+    assert sample(samples, OVERDUE, workflow="w", node="c") == 1
+    assert sample(samples, ORPHANED, workflow="w", node="b") is None
+    labels = {v for (_name, ls) in samples for _k, v in ls}
+    assert "sid-secret" not in labels and not any("@" in v or "/" in v for v in labels)
+
+
+class _ListStore:
+    def __init__(self, runs):
+        self.runs = runs
+
+    def open_runs(self):
+        return list(self.runs)
+
+
+def test_the_store_aggregate_is_used_when_the_store_has_one():
+    calls = []
+
+    class SummarisingStore:
+        def open_runs(self):
+            raise AssertionError("the aggregate should have been used")
+
+        def open_run_summary(self, now, stale_after_s):
+            calls.append((now, stale_after_s))
+            return [("w", "a", "running", 2, 50.0, 1, 0), OpenRunGroup("w", "j", "waiting_job", 1, 60.0, 0, 1)]
+
+    samples = scrape(StoreCollector(SummarisingStore(), stale_after_s=30, clock=lambda: 123.0))
+    assert calls == [(123.0, 30.0)]
+    assert sample(samples, OPEN, workflow="w", node="a", state="running") == 2
+    assert sample(samples, OLDEST, workflow="w", node="a", state="running") == 50.0
+    assert sample(samples, ORPHANED, workflow="w", node="a") == 1
+    assert sample(samples, OVERDUE, workflow="w", node="j") == 1
+
+
+def test_series_seen_before_report_zero(db):
+    store = SqliteEventStore(db)
+
+    @node
+    async def wait(ctx, x):
+        return await ctx.request_input("go?")
+
+    import asyncio
+
+    runner = Runner(Workflow("w", edges=[(START, wait)]), store=store)
+    paused = asyncio.run(runner.run(1, session_id="z"))
+    collector = StoreCollector(store)
+    assert sample(scrape(collector), OPEN, workflow="w", node="wait", state="waiting_input") == 1
+    asyncio.run(runner.resume("z", inputs={paused.pending[0].interrupt_id: "yes"}))
+    for _ in range(2):  # and it stays
+        s = scrape(collector)
+        assert sample(s, OPEN, workflow="w", node="wait", state="waiting_input") == 0
+        assert sample(s, OLDEST, workflow="w", node="wait", state="waiting_input") == 0
+    # a fresh collector never saw it: nothing to report
+    assert sample(scrape(StoreCollector(store)), OPEN, workflow="w", node="wait", state="waiting_input") is None
+    store.close()
+
+
+# ------------------------------------------------------------------ a real HTTP scrape
+
+
+def _get(url, accept=None, gzip_ok=False):
+    headers = {}
+    if accept:
+        headers["Accept"] = accept
+    if gzip_ok:
+        headers["Accept-Encoding"] = "gzip"
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
+        body = resp.read()
+        if resp.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        return resp.headers.get("Content-Type"), body.decode()
+
+
+def test_serve_metrics_over_http(db):
+    store = SqliteEventStore(db)
+    registry = CollectorRegistry()
+    tracer = TracerProvider(sampler=ALWAYS_ON).get_tracer("test")
+
+    @node
+    def fetch(x):
+        return x
+
+    @node
+    async def approve(ctx, x):
+        return await ctx.request_input("ok?")
+
+    import asyncio
+
+    runner = Runner(Workflow("shop", edges=[(START, fetch, approve)]), store=store, plugins=[MetricsPlugin(registry)])
+    with tracer.start_as_current_span("caller") as span:
+        asyncio.run(runner.run(1, session_id="http-session"))
+    trace_id = format(span.get_span_context().trace_id, "032x")
+
+    server = serve_metrics(store=store, registry=registry, port=0, stale_after_s=60)
+    try:
+        assert server.port > 0 and server.host == "127.0.0.1"
+        assert server.url == f"http://127.0.0.1:{server.port}/metrics"
+        assert server._server.socket.getsockname()[0] == "127.0.0.1"
+
+        ctype, text = _get(server.url)
+        assert ctype.startswith("text/plain")
+        families = {f.name: f for f in parse_text(text)}
+        assert "flowscope_node_runs" in families and "flowscope_store_open_runs" in families
+        runs = {(s.labels["node"], s.labels["outcome"]): s.value for s in families["flowscope_node_runs"].samples
+                if s.name == "flowscope_node_runs_total"}  # fmt: skip
+        assert runs == {("fetch", "success"): 1, ("approve", "waiting"): 1, ("shop", "waiting"): 1}
+        open_runs = {(s.labels["node"], s.labels["state"]): s.value for s in families["flowscope_store_open_runs"].samples}
+        assert open_runs == {("approve", "waiting_input"): 1, ("shop", "waiting_input"): 1}
+        assert [s.value for s in families["flowscope_store_up"].samples] == [1]
+        assert "trace_id" not in text  # no exemplars in the classic format
+
+        ctype, om = _get(server.url, accept="application/openmetrics-text; version=1.0.0; charset=utf-8", gzip_ok=True)
+        assert ctype.startswith("application/openmetrics-text")
+        assert om.endswith("# EOF\n")
+        om_families = {f.name: f for f in parse_openmetrics(om)}
+        exemplars = [s.exemplar for s in om_families["flowscope_node_duration_seconds"].samples if s.exemplar]
+        assert exemplars and {e.labels["trace_id"] for e in exemplars} == {trace_id}
+        assert om_families["flowscope_store_open_runs"].type == "gauge"
+
+        # the caller's registry was not touched: the store collector lives on a private one
+        assert registry.get_sample_value(UP) is None
+        for family in om_families.values():
+            for s in family.samples:
+                for value in s.labels.values():
+                    assert value != "http-session" and "@" not in value
+    finally:
+        server.shutdown()
+    server.shutdown()  # idempotent
+    with pytest.raises(OSError):
+        urllib.request.urlopen(server.url, timeout=2)
+    store.close()
+
+
+def test_serve_metrics_without_a_store_serves_the_registry_and_survives_a_broken_store():
+    registry = CollectorRegistry()
+    import asyncio
+
+    asyncio.run(Runner(Workflow("w", edges=[(START, node(lambda x: x, name="a"))]), plugins=[MetricsPlugin(registry)]).run(1))
+    with serve_metrics(registry=registry, port=0) as server:
+        assert server.store_collector is None
+        _, text = _get(server.url)
+        assert 'flowscope_node_runs_total{node="a",outcome="success",workflow="w"} 1.0' in text
+        assert "flowscope_store_up" not in text
+    with serve_metrics(store=ExplodingStore(), registry=registry, port=0) as server:
+        for _ in range(2):
+            _, text = _get(server.url)
+            families = {f.name: f for f in parse_text(text)}
+            assert [s.value for s in families["flowscope_store_up"].samples] == [0]
+            assert "flowscope_node_runs" in families
+
+
+def test_stale_after_must_be_positive():
+    with pytest.raises(ValueError):
+        StoreCollector(MemoryEventStore(), stale_after_s=-1)
+
+
+def test_memory_store_works_too():
+    import asyncio
+
+    store = MemoryEventStore()
+
+    @node
+    async def wait(ctx, x):
+        return await ctx.request_input("go?")
+
+    asyncio.run(Runner(Workflow("w", edges=[(START, wait)]), store=store).run(1))
+    s = scrape(StoreCollector(store))
+    assert sample(s, OPEN, workflow="w", node="wait", state="waiting_input") == 1
