@@ -419,7 +419,17 @@ class _Invocation:
         self.reported: dict[int, tuple[BaseException, str, str]] = {}
         self.aborting = False
         self.in_flight: dict[str, NodeContext] = {}
-        self.answered: set[str] = set()  # paths (and their ancestors) that got an input or a job result
+        # Paths (and their ancestors) of waiting runs that now have what they waited for:
+        # answered by this resume, or by an earlier one whose process died before the run
+        # went on. Only these are re-executed; the others keep waiting without a new event.
+        self.answered: set[str] = set()
+        for ns in ws.nodes.values():
+            if ns.origin_path not in (None, ns.path):
+                continue  # an enclosing run: ready when a descendant is
+            if (ns.status == "waiting_input" and not ns.requests) or (
+                ns.status == "waiting_job" and ns.jobs and not ns.open_jobs
+            ):
+                self._mark_answered(ns.path)
         self.replayed = 0
         self.recovered = 0
         self.on_event = on_event

@@ -1,0 +1,99 @@
+"""A worker process for the crash tests: runs (or resumes) one session on a SQLite file.
+
+    python crash_worker.py DB EFFECTS SESSION run|resume [KILL_AFTER_APPENDS]
+
+With KILL_AFTER_APPENDS=k the process sends itself SIGKILL right after its k-th append
+has committed: a real, uncatchable death at a chosen point. Side effects are lines
+appended (and fsynced) to EFFECTS, so they survive the kill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+from flowscope import START, JoinNode, RetryConfig, Runner, Workflow, node
+from flowscope.store import SqliteEventStore, rebuild
+
+
+def effect(path_file: str, what: str) -> None:
+    with open(path_file, "a") as f:
+        f.write(what + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def build(effects: str) -> Workflow:
+    hold = os.environ.get("CRASH_WORKER_HOLD")
+
+    def leaf(name, output=True):
+        async def fn(ctx, x):
+            if ctx.path == hold and not ctx.recovered:
+                open(effects + ".holding", "w").close()  # tell the test we are inside the body
+                await asyncio.sleep(30)  # ... and wait to be killed
+            effect(effects, ctx.path)
+            return None if not output else f"{name}({x})"
+
+        return node(fn, name=name)
+
+    @node(retry=RetryConfig(max_attempts=3, initial_delay=0, jitter=0))
+    def fetch(ctx, x):
+        if ctx.attempt == 1:
+            raise ConnectionError("first attempt always fails")
+        effect(effects, ctx.path)
+        return "orders"
+
+    child = leaf("charge")
+
+    @node
+    async def bill(ctx, x):
+        out = await ctx.run_node(child, x)
+        effect(effects, ctx.path)
+        return out
+
+    @node
+    async def approve(ctx, x):
+        answer = await ctx.request_input("ship?", interrupt_id="approval")
+        effect(effects, ctx.path)
+        return f"{x}:{answer}"
+
+    a, marker = leaf("pack"), leaf("notify", output=False)
+    join = JoinNode("join")
+    inner = Workflow("ship", edges=[(START, leaf("label"), leaf("dispatch"))])
+    return Workflow(
+        "orders",
+        edges=[(START, fetch, (a, marker, bill)), ((a, marker, bill), join), (join, inner, approve, leaf("report"))],
+    )
+
+
+class KillingStore(SqliteEventStore):
+    kill_after = 0
+    appends = 0
+
+    def append(self, session_id, events, expected_last_seq):
+        out = super().append(session_id, events, expected_last_seq)
+        KillingStore.appends += 1
+        if self.kill_after and KillingStore.appends >= self.kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+
+
+async def main() -> None:
+    db, effects, session, mode = sys.argv[1:5]
+    store = KillingStore(db)
+    store.kill_after = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    runner = Runner(build(effects), store=store, heartbeat_interval=0.05)
+    if mode == "run":
+        result = await runner.run("start", session_id=session)
+    else:
+        pending = rebuild(store.read(session)).pending
+        inputs = {e.interrupt_id: "yes" for e in pending if e.type == "input_requested"}
+        result = await runner.resume(session, inputs=inputs, force=True)
+    print(result.status)
+    print(KillingStore.appends, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,160 @@
+"""Crash recovery across real processes: SIGKILL at many points, resume in a new process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from flowscope.events import TERMINAL_TYPES
+from flowscope.store import SqliteEventStore, rebuild
+
+WORKER = str(Path(__file__).with_name("crash_worker.py"))
+
+
+def worker(*args, check=True):
+    proc = subprocess.run([sys.executable, WORKER, *map(str, args)], capture_output=True, text=True, timeout=60)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"worker {args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def effects_of(path: Path) -> Counter:
+    return Counter(path.read_text().split()) if path.exists() else Counter()
+
+
+def finish(db, effects, session):
+    """Resume in fresh processes until the session completes (it pauses once for approval)."""
+    for _ in range(5):
+        if rebuild(SqliteEventStore(db).read(session)).status == "completed":
+            return  # killed right after its RunFinished: nothing left to do
+        out = worker(db, effects, session, "resume").stdout.strip()
+        if out == "completed":
+            return
+    raise AssertionError("session did not complete")
+
+
+def uninterrupted(tmp_path):
+    db, effects = tmp_path / "base.db", tmp_path / "base.effects"
+    assert worker(db, effects, "s", "run").stdout.strip() == "paused"
+    appends_before_pause = SqliteEventStore(db).last_seq("s")
+    finish(db, effects, "s")
+    return db, effects, appends_before_pause
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """The uninterrupted run, once for the module: its effects are the reference."""
+    return uninterrupted(tmp_path_factory.mktemp("base"))
+
+
+def test_uninterrupted_run_does_every_effect_once(base):
+    db, effects, _ = base
+    counts = effects_of(effects)
+    assert counts and all(n == 1 for n in counts.values())
+    assert rebuild(SqliteEventStore(db).read("s")).status == "completed"
+
+
+# The first invocation of the worker appends in 12 transactions before it pauses for the
+# approval (group commit: one per scheduling step, plus the terminal events that must be
+# on record at once), the resume in 5. Killing after each of them (the last of each
+# invocation kills it after its RunFinished) gives 17 points, and a kill inside a node
+# body (below) and in the resumed crash runs add more: well over 20 distinct points.
+KILL_POINTS = list(range(1, 13))
+RESUME_KILL_POINTS = list(range(1, 6))
+
+
+def _check(db, effects, base_effects, killed_events):
+    store = SqliteEventStore(db)
+    events = store.read("s")
+    assert [e.seq for e in events] == list(range(1, len(events) + 1)), "the log has a gap"
+    state = rebuild(events)
+    assert state.status == "completed"
+    counts = effects_of(effects)
+    assert set(counts) == set(effects_of(base_effects)), "a different set of runs did work"
+    done_before_kill = {e.path for e in killed_events if e.type == "node_completed"}
+    for path in done_before_kill & set(counts):
+        assert counts[path] == 1, f"{path} completed before the kill but ran {counts[path]} times"
+    for path, n in counts.items():
+        assert n <= 2, f"{path} ran {n} times"
+    # every NodeStarted of an invocation that was not killed has its terminal event
+    killed_invocations = {e.invocation_id for e in killed_events}
+    for s in (e for e in events if e.type == "node_started" and e.invocation_id not in killed_invocations):
+        assert any(t.path == s.path and t.invocation_id == s.invocation_id and t.type in TERMINAL_TYPES for t in events)
+    return state
+
+
+@pytest.mark.parametrize("kill_after", KILL_POINTS)
+def test_sigkill_during_the_first_run_then_resume_in_a_new_process(tmp_path, kill_after, base):
+    _base_db, base_effects, _ = base
+    db, effects = tmp_path / "crash.db", tmp_path / "crash.effects"
+    proc = worker(db, effects, "s", "run", kill_after, check=False)
+    assert proc.returncode == -signal.SIGKILL
+    killed_events = SqliteEventStore(db).read("s")
+    assert len(killed_events) > 0
+    finish(db, effects, "s")
+    state = _check(db, effects, base_effects, killed_events)
+    started = [e for e in SqliteEventStore(db).read("s") if e.type == "run_started"]
+    if any(ns.recoveries for ns in state.nodes.values()):
+        assert started[1].recovered >= 1  # the resume audit record counts what it recovered
+
+
+@pytest.mark.parametrize("kill_after", RESUME_KILL_POINTS)
+def test_sigkill_during_the_resume_then_resume_again(tmp_path, kill_after, base):
+    _base_db, base_effects, _ = base
+    db, effects = tmp_path / "crash.db", tmp_path / "crash.effects"
+    assert worker(db, effects, "s", "run").stdout.strip() == "paused"
+    proc = worker(db, effects, "s", "resume", kill_after, check=False)
+    assert proc.returncode == -signal.SIGKILL
+    killed_events = SqliteEventStore(db).read("s")
+    finish(db, effects, "s")
+    _check(db, effects, base_effects, killed_events)
+
+
+def test_recovered_attempt_numbers_continue_after_a_crash(tmp_path):
+    # kill right after fetch's attempt 2 started (retrying is appended, then attempt 2 begins)
+    for k in range(1, 13):
+        db, effects = tmp_path / f"crash{k}.db", tmp_path / f"crash{k}.effects"
+        worker(db, effects, "s", "run", k, check=False)
+        state = rebuild(SqliteEventStore(db).read("s"))
+        fetch = state.nodes.get("orders@1/fetch@1")
+        if fetch is not None and fetch.status == "running" and fetch.attempt == 2:
+            break
+    else:
+        pytest.fail("no kill point left fetch running in attempt 2")
+    finish(db, effects, "s")
+    events = SqliteEventStore(db).read("s")
+    starts = [e for e in events if e.type == "node_started" and e.path == "orders@1/fetch@1"]
+    assert [s.attempt for s in starts] == [1, 3] and starts[1].recovered is True
+    done = [e for e in events if e.type == "node_completed" and e.path == "orders@1/fetch@1"]
+    assert done[0].attempt_count == 3
+
+
+@pytest.mark.parametrize("node_path", ["orders@1/pack@1", "orders@1/ship@1/label@1", "orders@1/bill@1/charge@1"])
+def test_sigkill_inside_a_node_body_from_outside(tmp_path, node_path, base):
+    """A kill from another process while a node body runs (not at an append boundary)."""
+    _base_db, base_effects, _ = base
+    db, effects = tmp_path / "crash.db", tmp_path / "crash.effects"
+    env = dict(os.environ, CRASH_WORKER_HOLD=node_path)
+    proc = subprocess.Popen([sys.executable, WORKER, str(db), str(effects), "s", "run"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hold = Path(str(effects) + ".holding")
+    import time
+
+    deadline = time.monotonic() + 30
+    while not hold.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    killed_events = SqliteEventStore(db).read("s")
+    state = rebuild(killed_events)
+    assert state.nodes[node_path].status == "running"  # started, never finished
+    finish(db, effects, "s")
+    final = _check(db, effects, base_effects, killed_events)
+    assert final.nodes[node_path].recoveries == 1
