@@ -1,0 +1,617 @@
+"""What only the SQLite adapter has to show: files, processes, schema, bad input."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flowscope.errors import ConcurrencyConflict, StoreError
+from flowscope.events import (
+    EVENT_TYPES,
+    JobDispatched,
+    NodeCompleted,
+    NodeStarted,
+    RunFinished,
+    RunStarted,
+    StateUpdated,
+    from_dict,
+    to_dict,
+)
+from flowscope.store import MemoryEventStore, NodeRun, SqliteEventStore, rebuild
+from flowscope.store import sqlite as sqlite_mod
+from flowscope.store.sqlite import EventNotSerializableError
+
+from test_store_contract import append_in_batches, node_ev, one_of_each, random_log
+
+SID = "s1"
+
+
+@pytest.fixture
+def db_path(tmp_path) -> Path:
+    return tmp_path / "flow.db"
+
+
+def started(sid=SID, ts=1.0, workflow="w"):
+    return RunStarted(session_id=sid, invocation_id="i1", ts=ts, workflow=workflow)
+
+
+def raw(path) -> sqlite3.Connection:
+    return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+
+def snapshot(store, sid=SID):
+    return (store.read(sid), store.last_seq(sid), store.sessions(), store.node_runs(), store.open_runs())
+
+
+# --------------------------------------------------------------------------- persistence
+
+
+def test_everything_survives_close_and_reopen(db_path):
+    rnd = random.Random(3)
+    log = random_log(rnd, SID, 200)
+    with SqliteEventStore(db_path) as s:
+        append_in_batches(s, SID, log, rnd)
+        s.heartbeat(SID, [r.path for r in s.open_runs() if r.status == "running"], ts=99999.0)
+        before = snapshot(s)
+    with SqliteEventStore(db_path) as s:
+        assert snapshot(s) == before
+        assert [e.seq for e in s.read(SID)] == list(range(1, len(log) + 1))
+        # and the log goes on where it stopped
+        s.append(SID, [RunFinished(session_id=SID, ts=5e6)], len(log))
+        assert s.last_seq(SID) == len(log) + 1
+
+
+def test_a_second_store_on_the_same_file_sees_the_appends(db_path):
+    a = SqliteEventStore(db_path)
+    b = SqliteEventStore(db_path)
+    a.append(SID, [started()], 0)
+    assert b.read(SID) == a.read(SID)
+    b.append(SID, [node_ev(NodeStarted, "w@1/x@1", ts=2.0)], 1)
+    assert [e.seq for e in a.read(SID)] == [1, 2]
+    assert a.node_runs() == b.node_runs()
+    a.close()
+    b.close()
+
+
+def test_an_empty_file_and_a_new_path_get_the_schema(tmp_path):
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    for p in (empty, tmp_path / "new.db"):
+        with SqliteEventStore(p) as s:
+            assert s.schema_version == sqlite_mod.SCHEMA_VERSION
+            assert {"meta", "events", "sessions", "node_runs"} <= set(s.db.table_names())
+        meta = dict(raw(p).execute("SELECT key, value FROM meta").fetchall())
+        assert meta == {"application": "flowscope", "schema_version": str(sqlite_mod.SCHEMA_VERSION)}
+
+
+def test_in_memory_database(tmp_path):
+    with SqliteEventStore(":memory:") as s:
+        s.append(SID, [started()], 0)
+        assert s.last_seq(SID) == 1
+
+
+def test_events_table_keeps_hot_fields_in_columns_and_the_rest_as_json(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, one_of_each(), 0)
+    c = raw(db_path)
+    row = c.execute(
+        "SELECT type, ts, invocation_id, path, node, json_extract(payload, '$.error_code'), payload "
+        "FROM events WHERE session_id = ? AND type = 'node_error'", (SID,)
+    ).fetchone()
+    assert row[:6] == ("node_error", 5.5, "inv-7", "wf@1/fetch@1", "fetch", "BAD_INPUT")
+    payload = json.loads(row[6])
+    assert set(payload) == {"error_code", "error_message", "error_type", "attempt_count"}
+    # the projection row for the same run
+    nr = c.execute("SELECT status, error_code, workflow FROM node_runs WHERE session_id = ?", (SID,)).fetchone()
+    assert nr == ("cancelled", "BAD_INPUT", "wf")
+
+
+def test_fast_decoding_equals_from_dict_for_every_type(db_path):
+    sample = one_of_each()
+    with SqliteEventStore(db_path) as s:
+        stored = s.append(SID, sample, 0)
+        for e in s.read(SID):
+            assert e == from_dict(to_dict(e))
+            assert type(e) is EVENT_TYPES[e.type]
+        assert s.read(SID) == stored
+
+
+def test_rows_from_older_and_newer_writers_decode_like_from_dict(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [node_ev(JobDispatched, "w@1/j@1", ts=1.0, job_id="j", job_key="k", deadline_s=5.0)], 0)
+    c = raw(db_path)
+    # an older writer did not know job_key; a newer one adds a field this version does not know
+    c.execute("UPDATE events SET payload = json_set(json_remove(payload, '$.job_key'), '$.shiny', 1)")
+    with SqliteEventStore(db_path) as s:
+        [e] = s.read(SID)
+    assert (e.job_key, e.job_id, e.deadline_s) == ("", "j", 5.0)
+    assert not hasattr(e, "shiny")
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def test_two_store_objects_racing_with_the_same_expected_seq(db_path):
+    a, b = SqliteEventStore(db_path), SqliteEventStore(db_path)
+    a.append(SID, [started()], 0)
+    barrier = threading.Barrier(2)
+    outcome: dict[str, list[str]] = {"a": [], "b": []}
+    rounds = 40
+
+    def writer(name, store):
+        for r in range(rounds):
+            barrier.wait()
+            last = store.last_seq(SID)
+            barrier.wait()
+            try:
+                store.append(SID, [StateUpdated(session_id=SID, ts=float(r), path="w@1/x@1", node="x",
+                                                values={"writer": name, "round": r})], last)
+                outcome[name].append("won")
+            except ConcurrencyConflict:
+                outcome[name].append("lost")
+
+    threads = [threading.Thread(target=writer, args=(n, st)) for n, st in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in range(rounds):
+        assert sorted((outcome["a"][r], outcome["b"][r])) == ["lost", "won"]
+    events = a.read(SID)
+    assert [e.seq for e in events] == list(range(1, rounds + 2))
+    assert [e.values["round"] for e in events[1:]] == list(range(rounds))
+    for e in events[1:]:
+        assert outcome[e.values["writer"]][e.values["round"]] == "won"
+    a.close()
+    b.close()
+
+
+def _race_worker(path, name, rounds, barrier, queue):  # runs in a separate process
+    store = SqliteEventStore(path)
+    results = []
+    for r in range(rounds):
+        barrier.wait()
+        last = store.last_seq(SID)
+        barrier.wait()
+        try:
+            store.append(SID, [StateUpdated(session_id=SID, ts=float(r), path="w@1/x@1", node="x",
+                                            values={"writer": name, "round": r})], last)
+            results.append("won")
+        except ConcurrencyConflict:
+            results.append("lost")
+    store.close()
+    queue.put((name, results))
+
+
+def test_two_processes_racing_appends_exactly_one_wins(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started()], 0)
+    ctx = multiprocessing.get_context("spawn")
+    rounds = 25
+    barrier = ctx.Barrier(2)
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_race_worker, args=(str(db_path), n, rounds, barrier, queue)) for n in ("p1", "p2")]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for r in range(rounds):
+        assert sorted((results["p1"][r], results["p2"][r])) == ["lost", "won"]
+    with SqliteEventStore(db_path) as s:
+        events = s.read(SID)
+        assert [e.seq for e in events] == list(range(1, rounds + 2))
+        assert [e.values["round"] for e in events[1:]] == list(range(rounds))  # nothing lost or duplicated
+        for e in events[1:]:
+            assert results[e.values["writer"]][e.values["round"]] == "won"
+        assert s.sessions()[0].last_seq == rounds + 1
+
+
+def test_a_writer_waits_for_another_process_lock_then_succeeds(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started()], 0)
+    holder = raw(db_path)
+    holder.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.3, lambda: holder.execute("COMMIT")).start()
+    with SqliteEventStore(db_path, busy_timeout=10) as s:
+        t0 = time.monotonic()
+        s.append(SID, [RunFinished(session_id=SID, ts=2.0)], 1)
+        assert time.monotonic() - t0 >= 0.2
+        assert s.last_seq(SID) == 2
+    holder.close()
+
+
+def test_a_lock_held_too_long_is_a_store_error_naming_the_file(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started()], 0)
+    holder = raw(db_path)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with SqliteEventStore(db_path, busy_timeout=0.2) as s:
+            with pytest.raises(StoreError) as exc:
+                s.append(SID, [RunFinished(session_id=SID, ts=2.0)], 1)
+            assert str(db_path) in str(exc.value) and "locked" in str(exc.value)
+            assert [e.seq for e in s.read(SID)] == [1]  # nothing written
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    with SqliteEventStore(db_path) as s:
+        assert s.last_seq(SID) == 1
+
+
+def test_threads_sharing_one_store(db_path):
+    s = SqliteEventStore(db_path)
+    errors = []
+
+    def work(k):
+        try:
+            sid = f"t{k}"
+            seq = 0
+            for i in range(30):
+                seq = s.append(sid, [node_ev(NodeStarted, f"w@1/n@{i}", sid=sid, ts=float(i))], seq)[-1].seq
+                s.read(sid)
+                s.open_runs()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(i.last_seq for i in s.sessions()) == [30] * 4
+    assert len(s.open_runs()) == 120
+    s.close()
+
+
+CRASH_SCRIPT = textwrap.dedent(
+    """
+    import sys, os
+    from flowscope.events import NodeStarted, NodeCompleted, RunStarted
+    from flowscope.store import SqliteEventStore
+    s = SqliteEventStore(sys.argv[1])
+    seq = s.append("c", [RunStarted(session_id="c", ts=1.0, workflow="w")], 0)[-1].seq
+    i = 0
+    while True:
+        i += 1
+        p = f"w@1/n@{i}"
+        seq = s.append("c", [NodeStarted(session_id="c", ts=float(i), path=p, node="n")], seq)[-1].seq
+        seq = s.append("c", [NodeCompleted(session_id="c", ts=float(i) + 0.5, path=p, node="n", output={"i": i}),
+                             NodeStarted(session_id="c", ts=float(i) + 0.5, path=p + "/x@1", node="x")], seq)[-1].seq
+        if i == 20:
+            print("ready", flush=True)
+    """
+)
+
+
+def test_a_writer_killed_mid_stream_leaves_a_consistent_file(db_path, tmp_path):
+    script = tmp_path / "writer.py"
+    script.write_text(CRASH_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(db_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with SqliteEventStore(db_path) as s:
+        events = s.read("c")
+        n = len(events)
+        assert n > 40 and [e.seq for e in events] == list(range(1, n + 1))
+        state = rebuild(events)
+        assert s.node_runs("c") == [NodeRun.from_state("c", "w", ns) for ns in state.nodes.values()]
+        assert s.last_seq("c") == n
+        # every committed batch is whole: a NodeCompleted is always followed by its child's NodeStarted
+        for a, b in zip(events, events[1:]):
+            if a.type == "node_completed":
+                assert b.type == "node_started" and b.path == a.path + "/x@1"
+        s.append("c", [NodeCompleted(session_id="c", ts=1e9, path="w@1/n@1/x@1", node="x")], n)
+
+
+# --------------------------------------------------------------------------- projections
+
+
+def test_rebuild_projections_equals_the_incremental_projection(db_path):
+    rnd = random.Random(11)
+    with SqliteEventStore(db_path) as s:
+        memory = MemoryEventStore()
+        for k in range(4):
+            sid = f"r{k}"
+            log = random_log(rnd, sid, rnd.randint(80, 160), t0=1000.0 * k)
+            append_in_batches(s, sid, log, random.Random(k))
+            memory.append(sid, log, 0)
+        total = sum(i.last_seq for i in s.sessions())
+        assert total >= 300
+        incremental = (s.sessions(), s.node_runs(), s.open_runs())
+        assert incremental == (memory.sessions(), memory.node_runs(), memory.open_runs())
+        c = raw(db_path)
+        # damage the projection, then rebuild it from the log
+        c.execute("UPDATE node_runs SET status = 'running', attempt = 99 WHERE rowid % 3 = 0")
+        c.execute("DELETE FROM node_runs WHERE rowid % 5 = 0")
+        c.execute("UPDATE sessions SET status = 'bogus', last_seq = 1")
+        assert (s.sessions(), s.node_runs()) != incremental[:2]
+        s.rebuild_projections()
+        assert (s.sessions(), s.node_runs(), s.open_runs()) == incremental
+        s.rebuild_projections()  # idempotent
+        assert (s.sessions(), s.node_runs(), s.open_runs()) == incremental
+        assert s.last_seq("r0") == incremental[0][[i.session_id for i in incremental[0]].index("r0")].last_seq
+
+
+def test_rebuild_projections_keeps_recorded_heartbeats(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started(), node_ev(NodeStarted, "w@1/a@1", ts=2.0)], 0)
+        s.heartbeat(SID, ["w@1/a@1"], ts=500.0)
+        s.rebuild_projections()
+        assert s.node_runs(SID)[0].heartbeat_at == 500.0
+
+
+def test_sqlite_projection_equals_memory_on_random_logs(db_path):
+    for seed in range(5):
+        rnd = random.Random(seed)
+        sid = f"seed{seed}"
+        log = random_log(rnd, sid, 150)
+        memory = MemoryEventStore()
+        with SqliteEventStore(db_path) as s:
+            append_in_batches(s, sid, log, random.Random(seed))
+            append_in_batches(memory, sid, log, random.Random(seed + 100))
+            assert s.read(sid) == memory.read(sid)
+            assert s.node_runs(sid) == memory.node_runs(sid)
+            assert [i for i in s.sessions() if i.session_id == sid] == memory.sessions()
+
+
+def test_open_runs_uses_the_status_index_not_a_scan(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started(), node_ev(NodeStarted, "w@1/a@1", ts=2.0)], 0)
+        statements: list[str] = []
+        s._conn.set_trace_callback(statements.append)
+        s.open_runs()
+        s._conn.set_trace_callback(None)
+        [sql] = [q for q in statements if q.lstrip().upper().startswith("SELECT")]
+        plan = " | ".join(r[-1] for r in raw(db_path).execute("EXPLAIN QUERY PLAN " + sql).fetchall())
+    assert "node_runs_status" in plan, plan
+    assert "events" not in plan, plan
+    assert "SCAN node_runs" not in plan or "USING INDEX" in plan, plan
+
+
+def test_pragmas_wal_and_synchronous(db_path):
+    with SqliteEventStore(db_path) as s:
+        assert s._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert s._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        assert s._conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+    with SqliteEventStore(db_path, durability="full") as s:
+        assert s._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        s.append(SID, [started()], 0)
+        assert s.last_seq(SID) == 1
+    assert raw(db_path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # persistent in the file
+    with pytest.raises(ValueError):
+        SqliteEventStore(db_path, durability="paranoid")
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_missing_file_read_only_names_the_file(tmp_path):
+    p = tmp_path / "missing.db"
+    with pytest.raises(StoreError) as exc:
+        SqliteEventStore(p, readonly=True)
+    assert str(p) in str(exc.value) and "does not exist" in str(exc.value)
+    assert not p.exists()
+
+
+def test_missing_directory_names_the_file(tmp_path):
+    p = tmp_path / "no" / "such" / "dir.db"
+    with pytest.raises(StoreError) as exc:
+        SqliteEventStore(p)
+    assert str(p) in str(exc.value)
+
+
+def test_a_directory_is_not_a_database(tmp_path):
+    with pytest.raises(StoreError) as exc:
+        SqliteEventStore(tmp_path)
+    assert str(tmp_path) in str(exc.value)
+
+
+@pytest.mark.parametrize("content", [b"hello, I am a text file\n" * 10, b"\x00" * 4096,
+                                     b"SQLite format 3\x00" + b"\xff" * 4000])
+def test_a_file_that_is_not_sqlite(tmp_path, content):
+    p = tmp_path / "notes.db"
+    p.write_bytes(content)
+    for readonly in (False, True):
+        with pytest.raises(StoreError) as exc:
+            SqliteEventStore(p, readonly=readonly)
+        assert str(p) in str(exc.value)
+        assert "is not a SQLite database" in str(exc.value) or "corrupt" in str(exc.value)
+    assert p.read_bytes() == content  # never modified
+
+
+def test_a_sqlite_file_of_another_application(tmp_path):
+    p = tmp_path / "other.db"
+    c = raw(p)
+    c.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    c.execute("INSERT INTO users (name) VALUES ('ann')")
+    c.close()
+    before = p.read_bytes()
+    for readonly in (False, True):
+        with pytest.raises(StoreError) as exc:
+            SqliteEventStore(p, readonly=readonly)
+        assert str(exc.value) == f"{p} is not a flowscope database (it has no flowscope meta table)"
+    assert p.read_bytes() == before
+    assert raw(p).execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # not switched to WAL
+
+
+@pytest.mark.parametrize("ddl,rows", [
+    ("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)", [("application", "someone-else"), ("schema_version", "1")]),
+    ("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)", []),
+    ("CREATE TABLE meta (id INTEGER, blob BLOB)", None),
+])
+def test_a_foreign_meta_table(tmp_path, ddl, rows):
+    p = tmp_path / "other.db"
+    c = raw(p)
+    c.execute(ddl)
+    if rows:
+        c.executemany("INSERT INTO meta VALUES (?, ?)", rows)
+    c.close()
+    with pytest.raises(StoreError) as exc:
+        SqliteEventStore(p)
+    assert str(exc.value).startswith(f"{p} is not a flowscope database")
+
+
+def test_a_schema_newer_than_the_code(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started()], 0)
+    newer = sqlite_mod.SCHEMA_VERSION + 1
+    raw(db_path).execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(newer),))
+    for readonly in (False, True):
+        with pytest.raises(StoreError) as exc:
+            SqliteEventStore(db_path, readonly=readonly)
+        assert str(exc.value) == (
+            f"{db_path} was written by a newer flowscope (schema {newer}, this version supports "
+            f"{sqlite_mod.SCHEMA_VERSION}): upgrade flowscope"
+        )
+
+
+@pytest.mark.parametrize("bad", ["{not json", '{"output": 1', "[1, 2]", '"text"', "", '{"a": 1}, {"b": 2}'])
+def test_a_corrupt_row_names_the_file_the_session_and_the_seq(db_path, bad):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started(), node_ev(NodeStarted, "w@1/a@1", ts=2.0),
+                       node_ev(NodeCompleted, "w@1/a@1", ts=3.0, output=1), RunFinished(session_id=SID, ts=4.0)], 0)
+        s.append("other", [started("other")], 0)
+        raw(db_path).execute("UPDATE events SET payload = ? WHERE session_id = ? AND seq = 3", (bad, SID))
+        with pytest.raises(StoreError) as exc:
+            s.read(SID)
+        msg = str(exc.value)
+        assert str(db_path) in msg and repr(SID) in msg and "seq 3" in msg, msg
+        assert not isinstance(exc.value.__cause__, sqlite3.Error)
+        assert [e.seq for e in s.read(SID, after_seq=3)] == [4]  # the rest of the log is still readable
+        assert len(s.read("other")) == 1
+
+
+def test_a_gap_in_the_log_is_reported(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started(), node_ev(NodeStarted, "w@1/a@1", ts=2.0), RunFinished(session_id=SID, ts=3.0)], 0)
+        raw(db_path).execute("DELETE FROM events WHERE seq = 2")
+        with pytest.raises(StoreError) as exc:
+            s.read(SID)
+        assert str(db_path) in str(exc.value) and "seq 2 is missing" in str(exc.value)
+
+
+def test_an_unserialisable_field_raises_and_writes_nothing(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started(), node_ev(NodeStarted, "w@1/a@1", ts=2.0)], 0)
+        before = snapshot(s)
+        bad = node_ev(NodeCompleted, "w@1/a@1", ts=3.0, output={"when": object()})
+        with pytest.raises(EventNotSerializableError) as exc:
+            s.append(SID, [node_ev(NodeStarted, "w@1/b@1", ts=2.5), bad], 2)
+        msg = str(exc.value)
+        assert isinstance(exc.value, StoreError) and isinstance(exc.value, TypeError)
+        assert str(db_path) in msg and "'output'" in msg and repr(SID) in msg and "w@1/a@1" in msg, msg
+        assert snapshot(s) == before
+        circular: list = []
+        circular.append(circular)
+        with pytest.raises(EventNotSerializableError):
+            s.append(SID, [node_ev(NodeCompleted, "w@1/a@1", ts=3.0, output=circular)], 2)
+        assert snapshot(s) == before
+        s.append(SID, [node_ev(NodeCompleted, "w@1/a@1", ts=3.0, output={"ok": 1})], 2)  # still usable
+
+
+def test_readonly_store_reads_but_never_writes(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started(), node_ev(NodeStarted, "w@1/a@1", ts=2.0)], 0)
+    writer = SqliteEventStore(db_path)
+    with SqliteEventStore(db_path, readonly=True) as ro:
+        assert ro.last_seq(SID) == 2 and ro.open_runs() == writer.open_runs()
+        for call in (lambda: ro.append(SID, [RunFinished(session_id=SID, ts=3.0)], 2),
+                     lambda: ro.heartbeat(SID, ["w@1/a@1"], ts=9.0),
+                     ro.rebuild_projections):
+            with pytest.raises(StoreError) as exc:
+                call()
+            assert str(db_path) in str(exc.value) and "read-only" in str(exc.value)
+        writer.append(SID, [RunFinished(session_id=SID, ts=3.0)], 2)
+        assert ro.last_seq(SID) == 3  # sees another connection's commits
+    writer.close()
+
+
+def test_a_closed_store_raises_store_error(db_path):
+    s = SqliteEventStore(db_path)
+    s.close()
+    s.close()  # idempotent
+    with pytest.raises(StoreError):
+        s.read(SID)
+    with pytest.raises(StoreError):
+        s.append(SID, [started()], 0)
+
+
+# --------------------------------------------------------------------------- schema migrations
+
+
+def test_a_version_0_database_is_migrated(db_path):
+    c = raw(db_path)
+    c.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    c.executemany("INSERT INTO meta VALUES (?, ?)", [("application", "flowscope"), ("schema_version", "0")])
+    c.close()
+    with SqliteEventStore(db_path) as s:
+        assert s.schema_version == sqlite_mod.SCHEMA_VERSION
+        s.append(SID, [started()], 0)
+        assert s.last_seq(SID) == 1
+
+
+def test_an_older_schema_is_migrated_once_and_keeps_the_data(db_path, monkeypatch):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started(), node_ev(NodeStarted, "w@1/a@1", ts=2.0)], 0)
+        before = snapshot(s)
+    calls = []
+
+    def add_note_column(db):
+        calls.append(1)
+        db["sessions"].add_column("note", str)
+
+    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", sqlite_mod.MIGRATIONS + [add_note_column])
+    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", len(sqlite_mod.MIGRATIONS))
+    with pytest.raises(StoreError) as exc:  # read-only cannot migrate
+        SqliteEventStore(db_path, readonly=True)
+    assert "migrate" in str(exc.value) and str(db_path) in str(exc.value)
+    with SqliteEventStore(db_path) as s:
+        assert calls == [1]
+        assert s.schema_version == 2
+        assert "note" in s.db["sessions"].columns_dict
+        assert snapshot(s) == before
+    with SqliteEventStore(db_path) as s:
+        assert calls == [1]  # not again
+    meta = dict(raw(db_path).execute("SELECT key, value FROM meta").fetchall())
+    assert meta["schema_version"] == "2"
+
+
+def test_a_failing_migration_leaves_the_file_as_it_was(db_path, monkeypatch):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started()], 0)
+
+    def broken(db):
+        db["sessions"].add_column("half_done", str)
+        raise sqlite3.OperationalError("disk I/O error (simulated)")
+
+    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", sqlite_mod.MIGRATIONS + [broken])
+    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", len(sqlite_mod.MIGRATIONS))
+    with pytest.raises(StoreError) as exc:
+        SqliteEventStore(db_path)
+    assert str(db_path) in str(exc.value) and "migrat" in str(exc.value)
+    c = raw(db_path)
+    assert dict(c.execute("SELECT key, value FROM meta").fetchall())["schema_version"] == "1"
+    assert "half_done" not in [r[1] for r in c.execute("PRAGMA table_info(sessions)")]
+
+
+def test_migrations_list_matches_the_schema_version():
+    assert len(sqlite_mod.MIGRATIONS) == sqlite_mod.SCHEMA_VERSION >= 1
