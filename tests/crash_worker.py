@@ -15,6 +15,7 @@ import signal
 import sys
 
 from flowscope import START, JoinNode, RetryConfig, Runner, Workflow, node
+from flowscope.errors import ConcurrencyConflict
 from flowscope.store import SqliteEventStore, rebuild
 
 
@@ -88,9 +89,19 @@ async def main() -> None:
     if mode == "run":
         result = await runner.run("start", session_id=session)
     else:
+        go = os.environ.get("CRASH_WORKER_GO")
+        if go:  # race another process: both read the session, then start together
+            events = store.read(session)
+            open(go + f".ready{os.getpid()}", "w").close()
+            while not os.path.exists(go):
+                await asyncio.sleep(0.001)
         pending = rebuild(store.read(session)).pending
         inputs = {e.interrupt_id: "yes" for e in pending if e.type == "input_requested"}
-        result = await runner.resume(session, inputs=inputs, force=True)
+        try:
+            result = await runner.resume(session, inputs=inputs, force=not go)
+        except ConcurrencyConflict as exc:
+            print("conflict", exc)
+            return
     print(result.status)
     print(KillingStore.appends, file=sys.stderr)
 

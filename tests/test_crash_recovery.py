@@ -158,3 +158,51 @@ def test_sigkill_inside_a_node_body_from_outside(tmp_path, node_path, base):
     finish(db, effects, "s")
     final = _check(db, effects, base_effects, killed_events)
     assert final.nodes[node_path].recoveries == 1
+
+
+def test_two_processes_resume_the_same_session_at_once(tmp_path, base):
+    """R10: exactly one completes it, the other gets ConcurrencyConflict; nothing doubled or lost."""
+    db, effects = tmp_path / "race.db", tmp_path / "race.effects"
+    assert worker(db, effects, "s", "run").stdout.strip() == "paused"
+    before = effects_of(effects)
+    go = tmp_path / "go"
+    env = dict(os.environ, CRASH_WORKER_GO=str(go))
+    procs = [
+        subprocess.Popen([sys.executable, WORKER, str(db), str(effects), "s", "resume"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    import time
+
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("go.ready*"))) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    go.touch()
+    outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert sorted(o.split()[0] for o in outs) == ["completed", "conflict"], outs
+    events = SqliteEventStore(db).read("s")
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert len([e for e in events if e.type == "input_received"]) == 1
+    assert len([e for e in events if e.type == "run_started"]) == 2  # the paused run and the winner
+    assert [e.status for e in events if e.type == "run_finished"] == ["paused", "completed"]
+    after = effects_of(effects) - before
+    assert after and all(n == 1 for n in after.values())  # the winner's work, once
+
+
+async def test_resume_refuses_a_session_another_process_is_still_running(tmp_path):
+    """A run with a recent sign of life is not taken over unless the caller says it is dead."""
+    from flowscope import Runner
+    from flowscope.errors import ConcurrencyConflict
+
+    sys.path.insert(0, str(Path(WORKER).parent))
+    import crash_worker
+
+    db, effects = tmp_path / "live.db", tmp_path / "live.effects"
+    worker(db, effects, "s", "run", 4, check=False)  # died a moment ago: looks alive for a while
+    runner = Runner(crash_worker.build(str(effects)), store=SqliteEventStore(db), heartbeat_interval=5)
+    before = SqliteEventStore(db).last_seq("s")
+    with pytest.raises(ConcurrencyConflict, match="being run by another process"):
+        await runner.resume("s")
+    assert SqliteEventStore(db).last_seq("s") == before
+    assert (await runner.resume("s", force=True)).status == "paused"

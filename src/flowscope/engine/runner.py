@@ -285,13 +285,16 @@ class Runner:
         if ws.status == "completed":
             raise ResumeError(f"session {session_id!r} already completed; there is nothing to resume")
         if ws.status == "running" and not force:
-            lease = 3 * self.heartbeat_interval
+            # Another invocation has started and not finished: alive if it wrote or
+            # heartbeated recently. Taking over a live run would run its nodes twice.
+            lease = 3 * max(self.heartbeat_interval, 1.0)
             now = time.time()
             beats = [r.heartbeat_at for r in self.store.node_runs(session_id) if r.status == "running" and r.heartbeat_at]
-            if beats and now - max(beats) < lease:
+            last = max([ws.updated_at or 0.0, *beats])
+            if now - last < lease:
                 raise ConcurrencyConflict(
-                    f"session {session_id!r} is being run by another process (heartbeat "
-                    f"{now - max(beats):.1f}s ago); wait for it, or pass force=True if that process is dead"
+                    f"session {session_id!r} is being run by another process (last sign of life "
+                    f"{now - last:.1f}s ago); wait for it, or pass force=True if that process is dead"
                 )
         return ws
 
@@ -411,6 +414,7 @@ class _Invocation:
         self.next_seq = ws.last_seq
         self.flushed_seq = ws.last_seq
         self.buffer: list[Event] = []
+        self.lost = False  # set when another writer appended first (R10)
         self.state = _TrackedState(ws.state)
         # id(exc) -> (exc, path, error_code): where a failure was recorded in this
         # invocation, so enclosing runs propagate it without recording it again (R5).
@@ -458,7 +462,13 @@ class _Invocation:
         if not self.buffer:
             return
         batch, self.buffer = self.buffer, []
-        self.store.append(self.session_id, batch, self.flushed_seq)
+        if self.lost:
+            return  # another writer owns the session now: write nothing more
+        try:
+            self.store.append(self.session_id, batch, self.flushed_seq)
+        except ConcurrencyConflict:
+            self.lost = True
+            raise
         self.flushed_seq = batch[-1].seq
         if self.plugins.has_on_event:
             call = self.plugins.call_sync
