@@ -114,19 +114,13 @@ class _RunSpan:
 
 
 class _NodeSpan:
-    __slots__ = ("span", "context", "token")
+    __slots__ = ("span", "context", "token", "run")
 
-    def __init__(self, span: Any, context: Any, token: Any) -> None:
+    def __init__(self, span: Any, context: Any, token: Any, run: _RunSpan | None) -> None:
         self.span = span
-        self.context = context
-        self.token = token
-
-
-def _traceparent(span_context: Any) -> str | None:
-    """W3C ``traceparent`` of a span context (what the propagator writes), or None if invalid."""
-    if not span_context.is_valid:
-        return None
-    return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
+        self.context = context  # what the node's children are parented on
+        self.token = token  # to detach in after_node
+        self.run = run
 
 
 class TracingPlugin(Plugin):
@@ -153,6 +147,7 @@ class TracingPlugin(Plugin):
         self.redact = redact
         #: invocation_id -> _RunSpan, so on_event can find open spans by (invocation, path)
         self._runs: dict[str, _RunSpan] = {}
+        self._names: dict[tuple[str, str], str] = {}  # (kind, node name) -> span name
 
     # -- invocations --------------------------------------------------------------------
 
@@ -216,39 +211,42 @@ class TracingPlugin(Plugin):
 
     def before_node(self, ctx: NodeContext) -> None:
         parent = ctx.parent
-        state: _RunSpan | None = ctx.run.plugin_state.get(_KEY)
-        if parent is not None:
-            pst = parent.plugin_state.get(_KEY)
-            parent_ctx = pst.context if pst is not None else (state.context if state is not None else None)
-        else:
-            parent_ctx = state.context if state is not None else None
-        if parent_ctx is None:
-            parent_ctx = otel_context.get_current()
+        pst = parent.plugin_state.get(_KEY) if parent is not None else None
+        if pst is not None:
+            state = pst.run
+            parent_ctx = pst.context
+        else:  # the root workflow run (or a parent we have no span for): under the invocation
+            state = ctx.run.plugin_state.get(_KEY)
+            parent_ctx = state.context if state is not None else otel_context.get_current()
         kind = ctx.kind
         name = ctx.node_name
-        attrs = {NODE_NAME: name, NODE_PATH: ctx.path, NODE_KIND: kind}
+        path = ctx.path
+        attrs = {NODE_NAME: name, NODE_PATH: path, NODE_KIND: kind}
         if self.redact is not None:
             text = self._redacted("input", ctx.input)
             if text is not None:
                 attrs[NODE_INPUT] = text
-        span = self._tracer.start_span(
-            ("invoke_workflow " if kind == "workflow" else "invoke_node ") + name,
-            context=parent_ctx,
-            kind=_INTERNAL,
-            attributes=attrs,
-        )
+        span_name = self._names.get((kind, name))
+        if span_name is None:
+            span_name = self._span_name(kind, name)
+        span = self._tracer.start_span(span_name, parent_ctx, _INTERNAL, attrs)
         sctx = trace.set_span_in_context(span, parent_ctx)
         # Attached in this task until after_node: user spans in the body nest under the node span.
-        ctx.plugin_state[_KEY] = _NodeSpan(span, sctx, otel_context.attach(sctx))
+        ctx.plugin_state[_KEY] = _NodeSpan(span, sctx, otel_context.attach(sctx), state)
         if state is not None:
-            state.open[ctx.path] = span
+            state.open[path] = span
         sc = span.get_span_context()
-        tp = _traceparent(sc)
-        if tp is not None:
+        if sc.is_valid:
             tc = ctx.trace_context
-            tc["traceparent"] = tp
+            tc["traceparent"] = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
             if sc.trace_state:
                 tc["tracestate"] = sc.trace_state.to_header()
+
+    def _span_name(self, kind: str, name: str) -> str:
+        span_name = ("invoke_workflow " if kind == "workflow" else "invoke_node ") + name
+        if len(self._names) < 10_000:  # node names are bounded; stay bounded if they are not
+            self._names[(kind, name)] = span_name
+        return span_name
 
     def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
         st: _NodeSpan | None = ctx.plugin_state.pop(_KEY, None)
@@ -256,17 +254,13 @@ class TracingPlugin(Plugin):
             return
         span = st.span
         try:
-            state: _RunSpan | None = ctx.run.plugin_state.get(_KEY)
-            if state is not None:
-                state.open.pop(ctx.path, None)
+            if st.run is not None:
+                st.run.open.pop(ctx.path, None)
             if span.is_recording():
                 self._finish(span, outcome)
         finally:
             span.end()
-            try:
-                otel_context.detach(st.token)
-            except Exception:  # pragma: no cover - detach only logs, but never let it escape
-                pass
+            otel_context.detach(st.token)  # logs (never raises) if the token is foreign
 
     def _finish(self, span: Any, outcome: NodeOutcome) -> None:
         ev = outcome.event
