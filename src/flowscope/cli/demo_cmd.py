@@ -1,0 +1,212 @@
+"""``flowscope demo``: the bundled workflows end to end, then what the log says about them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any, Callable
+
+import click
+
+from . import views
+from .progress import ProgressPlugin
+from .render import render_table, waterfall_lines
+
+__all__ = ["run_demo"]
+
+
+def _section(title: str) -> None:
+    click.echo("")
+    click.echo(click.style(f"== {title}", bold=True))
+
+
+def _ask_approval(request: Any) -> Any:
+    return click.confirm(f"  {request.prompt}", default=True)
+
+
+def _ask_job_failure(request: Any) -> Any:
+    payload = request.payload if isinstance(request.payload, dict) else {}
+    click.echo(f"  the geocoding job needs a decision: {payload.get('problem')}")
+    click.echo(f"  fix: {payload.get('fix')}")
+    return click.prompt("  retry or abort?", type=click.Choice(["retry", "abort"]), default="retry")
+
+
+def run_demo(
+    *,
+    db: str,
+    otlp_endpoint: str | None,
+    otlp_protocol: str | None,
+    interactive: bool,
+    metrics_port: int | None,
+    repeat: int,
+    stale_after: float,
+    prefix_for: Callable[[str], str],
+    open_store: Callable[..., Any],
+    wait_for_signal: Callable[[], None],
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from ..examples.demo import DemoDriver, batch_input, new_tag
+    from ..examples.worker import HANGING_PATH, kill_worker, start_worker, wait_until_running
+    from ..observability import MetricsPlugin
+
+    db_path = os.path.abspath(db)
+    store = open_store(db, create=True)
+    prefix = prefix_for(db)
+    tracing = None
+    server = None
+    proc = None
+    t_start = time.monotonic()
+    try:
+        registry = CollectorRegistry()
+        progress = ProgressPlugin(click.echo)
+        plugins: list[Any] = []
+        if otlp_endpoint:
+            from ..export import guess_protocol
+            from ..observability import configure_tracing
+
+            protocol = otlp_protocol or guess_protocol(otlp_endpoint)
+            try:
+                tracing = configure_tracing("flowscope-demo", otlp_endpoint=otlp_endpoint, protocol=protocol, timeout=5.0)
+            except ValueError as exc:
+                from . import CliError
+
+                raise CliError(f"--otlp-endpoint {otlp_endpoint}: {exc}") from None
+            plugins.append(tracing.plugin())
+        plugins += [MetricsPlugin(registry=registry), progress]
+
+        click.echo(f"flowscope demo: database {db}" + (f", spans to {otlp_endpoint} ({protocol})" if tracing else ""))
+        if metrics_port is not None:
+            from ..observability import serve_metrics
+
+            try:
+                server = serve_metrics(
+                    store=store, registry=registry, host="127.0.0.1", port=metrics_port, stale_after_s=stale_after
+                )
+            except OSError as exc:
+                from . import CliError
+
+                raise CliError(f"cannot listen on 127.0.0.1:{metrics_port}: {exc.strerror or exc}") from None
+            click.echo(f"metrics (in-process and store): {server.url}")
+
+        tag = new_tag()
+        worker_session = f"demo-{tag}-export"
+        # The worker that will be killed starts now, in its own process, while the batches run.
+        proc = start_worker(db_path, worker_session, hang_s=30.0, heartbeat_s=0.2)
+
+        driver = DemoDriver(
+            store,
+            plugins,
+            echo=click.echo,
+            ask_approval=_ask_approval if interactive else None,
+            ask_job_failure=_ask_job_failure if interactive else None,
+        )
+        main_session = f"demo-{tag}-orders"
+        failed_session = f"demo-{tag}-declined"
+        reports = []
+
+        async def batches() -> None:
+            for i in range(repeat):
+                suffix = "" if i == 0 else f"-{i + 1}"
+                progress.enabled = i == 0
+                for session, scenario, title in (
+                    (main_session + suffix, "normal", "a batch of orders, end to end"),
+                    (failed_session + suffix, "card_declined", "a second batch, with a card that is declined"),
+                ):
+                    if i == 0:
+                        _section(f"{title}: session {session}")
+                    rep = await driver.run_batch(session, batch_input(f"B-{tag}{suffix}-{scenario[:4]}", scenario))
+                    reports.append(rep)
+                    if rep.status == "completed":
+                        line = click.style("completed", fg="green") + f" after {rep.invocations} invocation(s): {rep.output}"
+                    elif rep.status == "failed":
+                        line = click.style("failed", fg="red") + f" (as intended) after {rep.invocations} invocation(s): {rep.error}"
+                    else:
+                        line = click.style(rep.status, fg="yellow") + f" after {rep.invocations} invocation(s)"
+                    click.echo(("  => " if i == 0 else f"  run {i + 1}/{repeat} {session}: ") + line)
+
+        asyncio.run(batches())
+
+        _section(f"a worker killed mid-run: session {worker_session}")
+        running = wait_until_running(store, worker_session, proc, timeout=30.0)
+        pid = proc.pid
+        err = kill_worker(proc)
+        if running:
+            click.echo(f"  worker pid {pid} started nightly_export; killed with SIGKILL inside {HANGING_PATH}")
+            click.echo("  its run stays 'running' in the store with no end, and its heartbeat stops:")
+            click.echo(f"  after {stale_after:g}s it is orphaned (flowscope stuck, flowscope_store_orphaned_runs)")
+        else:
+            detail = f": {err.splitlines()[-1]}" if err else ""
+            click.echo(click.style(f"  warning: the worker did not reach {HANGING_PATH} before it was stopped{detail}", fg="yellow"))
+
+        if tracing is not None:
+            tracing.force_flush(10_000)
+
+        _section(f"the main run, from the event log ({prefix} show {main_session})")
+        ws = views.load_session(store, main_session)
+        from . import session_header
+
+        for line in session_header(ws) + [""] + waterfall_lines(views.show_rows(ws), end_ts=ws.updated_at):
+            click.echo(line)
+
+        _section(f"the attempt audit of this demo ({prefix} audit --format json)")
+        demo_sessions = [main_session, failed_session, worker_session]
+        runs = [r for sid in demo_sessions for r in store.node_runs(sid)]
+        rows = views.audit_rows(runs)
+        click.echo(
+            render_table(
+                rows,
+                [
+                    ("WORKFLOW", lambda r: r["workflow"]),
+                    ("NODE", lambda r: r["node"]),
+                    ("RUNS", lambda r: r["runs"]),
+                    ("ATTEMPTS", lambda r: r["attempts"]),
+                    ("RETRIES", lambda r: r["retries"]),
+                    ("OK", lambda r: r["completed"]),
+                    ("FAILED", lambda r: r["failed"]),
+                    ("OPEN", lambda r: r["open"]),
+                    ("ERRORS", lambda r: r["error_codes"] or ""),
+                ],
+            )
+        )
+
+        elapsed = time.monotonic() - t_start
+        _section(f"done in {elapsed:.1f}s; next, try")
+        stale = f"{stale_after:g}s"
+        hints = [
+            (f"{prefix} runs", "every session in the database"),
+            (f"{prefix} show {main_session}", "the waterfall above"),
+            (f"{prefix} show {failed_session}", "the PAYMENT_DECLINED failure, where it began"),
+            (f"{prefix} audit --format json", "attempts, retries, recoveries, errors per node"),
+            (f"{prefix} stuck --older-than 0s --stale-after {stale}", "the killed worker's orphaned run"),
+            (f"{prefix} resume {worker_session} --force", "recover it: a new attempt, finished nodes kept"),
+            (f"{prefix} export {main_session} -o spans.json", "its spans as OTLP JSON, rebuilt from the log"),
+            (f"{prefix} serve-metrics", "Prometheus metrics over the store on 127.0.0.1:9464"),
+        ]
+        width = max(len(c) for c, _ in hints)
+        for command, what in hints:
+            click.echo(f"  {command.ljust(width)}   # {what}")
+        click.echo("")
+        click.echo("  The same spans in Jaeger (UI on http://localhost:16686):")
+        click.echo("    docker run -d --name jaeger -p 16686:16686 -p 4317:4317 -p 4318:4318 jaegertracing/all-in-one")
+        click.echo(f"    {prefix} demo --otlp-endpoint http://localhost:4318")
+        click.echo(f"    {prefix} export {main_session} --otlp-endpoint http://localhost:4318")
+        click.echo("  The full stack (collector, Jaeger, Tempo, Prometheus, Grafana): docs/operations.md")
+
+        if server is not None:
+            if tracing is not None:
+                tracing.shutdown()
+                tracing = None
+            click.echo("")
+            click.echo(f"serving metrics at {server.url} until Ctrl-C or SIGTERM")
+            wait_for_signal()
+            click.echo("stopped")
+    finally:
+        if proc is not None and proc.poll() is None:
+            kill_worker(proc)
+        if server is not None:
+            server.shutdown()
+        if tracing is not None:
+            tracing.shutdown()
+        store.close()

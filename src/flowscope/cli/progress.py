@@ -1,0 +1,73 @@
+"""Progress lines while a workflow runs (``flowscope demo``, ``flowscope resume``)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..plugins import Plugin
+
+__all__ = ["ProgressPlugin"]
+
+
+def _short(path: str) -> str:
+    """``order_fulfilment@1/reserve_stock@1/check_stock@1`` -> indented ``check_stock@1``."""
+    parts = path.split("/")
+    return "  " * (len(parts) - 1) + parts[-1]
+
+
+class ProgressPlugin(Plugin):
+    """Prints one line per notable event, as it is appended."""
+
+    name = "progress"
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self.echo = echo
+        self.enabled = True
+
+    def on_event(self, e: Any) -> None:
+        if not self.enabled:
+            return
+        line = self.line(e)
+        if line:
+            self.echo(line)
+
+    @staticmethod
+    def line(e: Any) -> str | None:
+        t = e.type
+        where = f"{_short(e.path):<28}" if e.path else ""
+
+        def say(marker: str, text: str) -> str:
+            return f"  {marker:<9} {text}"
+
+        if t == "run_started":
+            if e.resumed:
+                extra = f", {e.recovered} crashed run(s) to re-execute" if e.recovered else ""
+                return say("resume", f"invocation {e.invocation_id[:8]}: {e.replayed} finished run(s) kept from the log{extra}")
+            return say("run", f"invocation {e.invocation_id[:8]} of {e.workflow}")
+        if t == "node_completed":
+            note = "   returned nothing: completion marker" if not e.has_output else ""
+            return say("ok", f"{where} attempt {e.attempt_count}{note}")
+        if t == "node_retrying":
+            return say(
+                "retry",
+                f"{where} attempt {e.attempt} failed: {e.error_type} [{e.error_code}] "
+                f"{e.error_message}; next attempt in {e.delay_s:.2f}s",
+            )
+        if t == "node_error":
+            return say("FAILED", f"{where} {e.error_type} [{e.error_code}] {e.error_message}")
+        if t == "node_cancelled":
+            return say("cancelled", f"{where} ({e.reason})")
+        if t == "job_dispatched":
+            return say("job", f"{where} dispatched {e.job_id} (dispatch attempt {e.dispatch_attempt})")
+        if t == "job_result":
+            return say("job", f"{where} {e.job_id} reported success={e.success} count={e.count}: {e.result}")
+        if t == "input_requested":
+            payload = e.payload if isinstance(e.payload, dict) else {}
+            if payload.get("kind") == "job_failed":
+                return say("pause", f"{where} {payload.get('problem')}; asks {e.interrupt_id!r}: retry or abort")
+            return say("pause", f"{where} asks {e.interrupt_id!r}: {e.prompt}")
+        if t == "input_received":
+            return say("answer", f"{where} {e.interrupt_id!r} = {e.value!r}")
+        if t == "run_finished":
+            return say(e.status, f"invocation {e.invocation_id[:8]}")
+        return None

@@ -1,0 +1,224 @@
+"""Formatting rows for the terminal (table), for programs (JSON) and for spreadsheets (CSV)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import click
+
+__all__ = [
+    "fmt_time",
+    "fmt_duration",
+    "render_table",
+    "render_json",
+    "render_csv",
+    "waterfall_lines",
+    "STATUS_COLORS",
+]
+
+STATUS_COLORS = {
+    "completed": "green",
+    "success": "green",
+    "failed": "red",
+    "orphaned": "red",
+    "overdue": "red",
+    "cancelled": "bright_black",
+    "paused": "yellow",
+    "waiting_input": "yellow",
+    "waiting_job": "yellow",
+    "running": "cyan",
+}
+
+_BAR = {
+    "completed": "=",
+    "failed": "x",
+    "cancelled": "-",
+    "waiting_input": "~",
+    "waiting_job": "~",
+    "running": "?",
+}
+
+
+def fmt_time(ts: float | None) -> str:
+    """Local time, to the second."""
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def fmt_duration(s: float | None) -> str:
+    """``12ms``, ``1.23s``, ``4m05s``, ``2h03m``, ``3d04h``."""
+    if s is None:
+        return "-"
+    if s < 0:
+        s = 0.0
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    if s < 60:
+        return f"{s:.2f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    if s < 86400:
+        return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    return f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_cell(v) for v in value) or "-"
+    return str(value)
+
+
+Column = tuple[str, Callable[[dict[str, Any]], Any]]
+
+
+def render_table(
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[Column],
+    *,
+    color_key: str | None = None,
+    empty: str = "(nothing)",
+    max_width: int = 80,
+) -> str:
+    """A plain, aligned table. ``columns`` are ``(header, row -> value)``; the last column is not padded."""
+    if not rows:
+        return empty
+    cells = [[_cell(fn(r)) for _h, fn in columns] for r in rows]
+    for line in cells:  # keep one very long cell from wrecking the layout
+        for i, c in enumerate(line):
+            if len(c) > max_width and i < len(line) - 1:
+                line[i] = c[: max_width - 3] + "..."
+    headers = [h for h, _fn in columns]
+    widths = [max(len(h), *(len(line[i]) for line in cells)) for i, h in enumerate(headers)]
+    color_col = None
+    if color_key is not None:
+        color_col = next((i for i, (h, _f) in enumerate(columns) if h.lower() == color_key.lower()), None)
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    for line in cells:
+        parts = []
+        for i, (c, w) in enumerate(zip(line, widths)):
+            text = c if i == len(line) - 1 else c.ljust(w)
+            if i == color_col and c in STATUS_COLORS:
+                text = click.style(text, fg=STATUS_COLORS[c])
+            parts.append(text)
+        out.append("  ".join(parts).rstrip())
+    return "\n".join(out)
+
+
+def render_json(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
+    """A JSON list of objects with exactly ``keys``, in that order."""
+    return json.dumps([{k: r.get(k) for k in keys} for r in rows], indent=2, ensure_ascii=False)
+
+
+def _csv_value(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return ";".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ";".join(
+            ":".join(str(x) for x in v.values()) if isinstance(v, dict) else str(v) for v in value
+        )
+    return value
+
+
+def render_csv(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
+    """CSV with a header row of ``keys``; lists are ``;``-joined, dicts ``k=v;...``."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(keys)
+    for r in rows:
+        w.writerow([_csv_value(r.get(k)) for k in keys])
+    return buf.getvalue().rstrip("\n")
+
+
+# --------------------------------------------------------------------------- waterfall
+
+
+def _detail(r: dict[str, Any]) -> str:
+    bits: list[str] = []
+    status = r["status"]
+    if status == "failed":
+        origin = r.get("origin_path")
+        if origin and origin != r["path"]:
+            bits.append(f"{r.get('error_code')} (from {origin.rsplit('/', 1)[-1]})")
+        else:
+            msg = r.get("error_message") or ""
+            if len(msg) > 70:
+                msg = msg[:67] + "..."
+            bits.append(f"{r.get('error_code')} {r.get('error_type')}: {msg}")
+    if r.get("retries"):
+        bits.append(f"{r['retries']} retr{'y' if r['retries'] == 1 else 'ies'}")
+    if r.get("recoveries"):
+        bits.append(f"recovered {r['recoveries']}x after a crash")
+    if status == "completed" and r.get("has_output") is False and r.get("kind") != "workflow":
+        bits.append("returned nothing (completion marker)")
+    jobs = r.get("jobs") or ()
+    if jobs:
+        bits.append("jobs: " + ", ".join(f"{j['job_id']} {j['result']}" for j in jobs))
+    # a failed job's actionable pause has the interrupt id PATH#jobN.K: the jobs say it already
+    answered = [
+        i
+        for i in r.get("interrupts") or ()
+        if i not in (r.get("open_interrupts") or ()) and not (jobs and "#job" in i)
+    ]
+    if answered:
+        bits.append("paused for " + ", ".join(answered) + " (answered)")
+    if r.get("open_interrupts"):
+        bits.append("WAITING for " + ", ".join(r["open_interrupts"]))
+    if status == "running":
+        bits.append("no end recorded: running, or its worker died (flowscope stuck)")
+    return "; ".join(bits)
+
+
+def waterfall_lines(rows: Sequence[dict[str, Any]], *, width: int = 32, end_ts: float | None = None) -> list[str]:
+    """The session's node runs as an indented timeline with proportional bars."""
+    if not rows:
+        return ["(no node runs)"]
+    starts = [r["started_at"] for r in rows if r.get("started_at") is not None]
+    ends = [r["ended_at"] for r in rows if r.get("ended_at") is not None]
+    t0 = min(starts) if starts else 0.0
+    t1 = max(ends + starts + ([end_ts] if end_ts is not None else []))
+    span = max(t1 - t0, 1e-6)
+    table_rows = []
+    for r in rows:
+        start = r.get("started_at")
+        end = r.get("ended_at") if r.get("ended_at") is not None else t1
+        bar = ""
+        if start is not None:
+            a = int((start - t0) / span * width)
+            b = max(a + 1, int(math.ceil((end - t0) / span * width)))
+            b = min(b, width)
+            a = min(a, width - 1)
+            bar = "|" + " " * a + _BAR.get(r["status"], "=") * (b - a) + " " * (width - b) + "|"
+        name = "  " * r["depth"] + r["path"].rsplit("/", 1)[-1]
+        table_rows.append({**r, "_name": name, "_bar": bar, "_detail": _detail(r)})
+    columns: list[Column] = [
+        ("NODE", lambda r: r["_name"]),
+        ("START", lambda r: "+" + fmt_duration(r.get("start_offset_s")) if r.get("start_offset_s") is not None else "-"),
+        ("DURATION", lambda r: fmt_duration(r.get("duration_s"))),
+        ("STATUS", lambda r: r["status"]),
+        ("ATT", lambda r: r["attempts"]),
+        ("TIMELINE", lambda r: r["_bar"]),
+        ("DETAIL", lambda r: r["_detail"]),
+    ]
+    return render_table(table_rows, columns, color_key="STATUS", max_width=120).split("\n")
+
+
+def join_lines(lines: Iterable[str]) -> str:
+    return "\n".join(lines)

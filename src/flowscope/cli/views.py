@@ -1,0 +1,468 @@
+"""What the listing commands show, as rows of plain data (dicts with stable keys).
+
+Every row comes from the store's projections (``sessions()``, ``node_runs()``,
+``open_runs()``) or from :func:`flowscope.store.rebuild` over a session's log: the one fold
+that interprets events. Nothing here reads event fields itself. The keys are documented in
+``docs/cli.md``; renderers (table, JSON, CSV) only format them.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Iterable
+
+from ..errors import UnknownSessionError
+from ..store.base import EventStore, NodeRun
+from ..store.projection import OPEN_STATES, NodeState, WorkflowState, rebuild
+
+__all__ = [
+    "RUN_KEYS",
+    "SHOW_KEYS",
+    "AUDIT_KEYS",
+    "AUDIT_RUN_KEYS",
+    "STUCK_KEYS",
+    "parse_duration",
+    "load_session",
+    "runs_rows",
+    "show_rows",
+    "audit_rows",
+    "audit_run_rows",
+    "stuck_rows",
+    "RESUME_LEASE_S",
+]
+
+#: A resume refuses a session whose runs heartbeat more recently than this (3 x the
+#: runner's default 5 s heartbeat interval) unless forced.
+RESUME_LEASE_S = 15.0
+
+RUN_KEYS = (
+    "session_id",
+    "workflow",
+    "status",
+    "started_at",
+    "updated_at",
+    "duration_s",
+    "invocations",
+    "events",
+    "node_runs",
+    "open_runs",
+    "failed_runs",
+    "error_code",
+)
+
+SHOW_KEYS = (
+    "session_id",
+    "workflow",
+    "path",
+    "parent_path",
+    "node",
+    "kind",
+    "depth",
+    "status",
+    "attempts",
+    "retries",
+    "recoveries",
+    "started_at",
+    "ended_at",
+    "start_offset_s",
+    "duration_s",
+    "has_output",
+    "error_code",
+    "error_type",
+    "error_message",
+    "origin_path",
+    "interrupts",
+    "open_interrupts",
+    "jobs",
+)
+
+AUDIT_KEYS = (
+    "workflow",
+    "node",
+    "kind",
+    "runs",
+    "completed",
+    "failed",
+    "errors",
+    "cancelled",
+    "open",
+    "attempts",
+    "max_attempt",
+    "retries",
+    "recoveries",
+    "error_codes",
+)
+
+AUDIT_RUN_KEYS = (
+    "session_id",
+    "workflow",
+    "node",
+    "path",
+    "kind",
+    "status",
+    "attempts",
+    "retries",
+    "recoveries",
+    "error_code",
+    "error_type",
+    "started_at",
+    "ended_at",
+)
+
+STUCK_KEYS = (
+    "session_id",
+    "workflow",
+    "node",
+    "path",
+    "state",
+    "status",
+    "attempt",
+    "started_at",
+    "age_s",
+    "heartbeat_at",
+    "heartbeat_age_s",
+    "job_deadline_at",
+    "waiting_on",
+    "action",
+)
+
+_UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*(ms|sec|min|s|m|h|d|w)?", re.IGNORECASE)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``"15m"``, ``"90s"``, ``"1h30m"``, ``"500ms"``, ``"2d"`` or a bare number of seconds."""
+    s = str(text).strip().lower()
+    if not s:
+        raise ValueError("empty duration")
+    pos = 0
+    total = 0.0
+    while pos < len(s):
+        m = _PART.match(s, pos)
+        if m is None:
+            raise ValueError(f"{text!r} is not a duration (use e.g. 90s, 15m, 1h30m, 500ms, or seconds)")
+        total += float(m.group(1)) * _UNITS[(m.group(2) or "s").lower()]
+        pos = m.end()
+        while pos < len(s) and s[pos] == " ":
+            pos += 1
+    return total
+
+
+def _round(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def load_session(store: EventStore, session_id: str) -> WorkflowState:
+    """The session's state from its log (the fold), or :class:`UnknownSessionError`."""
+    events = store.read(session_id)
+    if not events:
+        raise UnknownSessionError(f"no session {session_id!r} in {_where(store)}: `flowscope runs` lists the sessions")
+    return rebuild(events)
+
+
+def _where(store: EventStore) -> str:
+    path = getattr(store, "path", None)
+    return str(path) if path else "the store"
+
+
+def _origin_failures(runs: Iterable[NodeRun]) -> set[tuple[str, str]]:
+    """(session, path) of failed runs that are where a failure began: no failed run below them.
+
+    An enclosing workflow (or the parent of a failed dynamic child) is failed too, with the
+    same error code; counting it again would double the errors.
+    """
+    failed: dict[str, list[str]] = {}
+    for r in runs:
+        if r.status == "failed":
+            failed.setdefault(r.session_id, []).append(r.path)
+    out: set[tuple[str, str]] = set()
+    for sid, paths in failed.items():
+        for p in paths:
+            prefix = p + "/"
+            if not any(q.startswith(prefix) for q in paths):
+                out.add((sid, p))
+    return out
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def runs_rows(
+    store: EventStore, *, limit: int | None = None, status: str | None = None, workflow: str | None = None
+) -> list[dict[str, Any]]:
+    """One row per session, most recently updated first."""
+    sessions = store.sessions()
+    if status:
+        sessions = [s for s in sessions if s.status == status]
+    if workflow:
+        sessions = [s for s in sessions if s.workflow == workflow]
+    if limit:
+        sessions = sessions[:limit]
+    if not sessions:
+        return []
+    wanted = {s.session_id for s in sessions}
+    runs = [r for r in store.node_runs() if r.session_id in wanted] if len(wanted) > 20 else [
+        r for sid in wanted for r in store.node_runs(sid)
+    ]
+    origins = _origin_failures(runs)
+    per: dict[str, dict[str, Any]] = {sid: {"node_runs": 0, "open_runs": 0, "failed_runs": 0, "error_code": None} for sid in wanted}
+    for r in runs:
+        acc = per[r.session_id]
+        acc["node_runs"] += 1
+        if r.status in OPEN_STATES:
+            acc["open_runs"] += 1
+        if (r.session_id, r.path) in origins:
+            acc["failed_runs"] += 1
+            if acc["error_code"] is None:
+                acc["error_code"] = r.error_code
+    rows = []
+    for s in sessions:
+        duration = (s.updated_at - s.started_at) if s.started_at is not None and s.updated_at is not None else None
+        rows.append(
+            {
+                "session_id": s.session_id,
+                "workflow": s.workflow,
+                "status": s.status,
+                "started_at": s.started_at,
+                "updated_at": s.updated_at,
+                "duration_s": _round(duration),
+                "invocations": s.invocations,
+                "events": s.last_seq,
+                **per[s.session_id],
+            }
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------- show
+
+
+def _tree(ws: WorkflowState) -> list[tuple[NodeState, int]]:
+    """Node states depth-first, children in the order they first appear in the log."""
+    children: dict[str, list[NodeState]] = {}
+    for ns in ws.nodes.values():
+        parent = ns.parent_path if ns.parent_path in ws.nodes else ""
+        children.setdefault(parent, []).append(ns)
+    out: list[tuple[NodeState, int]] = []
+    seen: set[str] = set()
+
+    def walk(parent: str, depth: int) -> None:
+        for ns in children.get(parent, ()):
+            if ns.path in seen:
+                continue
+            seen.add(ns.path)
+            out.append((ns, depth))
+            walk(ns.path, depth + 1)
+
+    walk("", 0)
+    for ns in ws.nodes.values():  # anything not reached (a broken parent link) still shows
+        if ns.path not in seen:
+            out.append((ns, ns.path.count("/")))
+    return out
+
+
+def show_rows(ws: WorkflowState) -> list[dict[str, Any]]:
+    """The session's node runs as a timeline (depth-first by path)."""
+    t0 = ws.started_at
+    rows = []
+    for ns, depth in _tree(ws):
+        start = ns.started_at
+        end = ns.ended_at
+        jobs = []
+        for job_id, job in ns.jobs.items():
+            res = ns.job_results.get(job_id)
+            jobs.append(
+                {
+                    "job_id": job_id,
+                    "dispatch_attempt": job.dispatch_attempt,
+                    "result": res.result if res is not None else "pending",
+                }
+            )
+        rows.append(
+            {
+                "session_id": ws.session_id,
+                "workflow": ws.workflow,
+                "path": ns.path,
+                "parent_path": ns.parent_path,
+                "node": ns.node,
+                "kind": ns.kind,
+                "depth": depth,
+                "status": ns.status,
+                "attempts": ns.attempt,
+                "retries": ns.retries,
+                "recoveries": ns.recoveries,
+                "started_at": start,
+                "ended_at": end,
+                "start_offset_s": _round(start - t0) if start is not None and t0 is not None else None,
+                "duration_s": _round(end - start) if start is not None and end is not None else None,
+                "has_output": ns.has_output if ns.status == "completed" else None,
+                "error_code": ns.error_code,
+                "error_type": ns.error_type,
+                "error_message": ns.error_message,
+                "origin_path": ns.origin_path if ns.status == "failed" or ns.is_open else None,
+                "interrupts": sorted(set(ns.inputs) | set(ns.requests)),
+                "open_interrupts": sorted(ns.requests) if ns.status == "waiting_input" else [],
+                "jobs": jobs,
+            }
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def audit_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
+    """Attempts, retries, recoveries and errors per workflow and node."""
+    origins = _origin_failures(runs)
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in runs:
+        key = (r.workflow, r.node)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = {
+                "workflow": r.workflow,
+                "node": r.node,
+                "kind": r.kind,
+                "runs": 0,
+                "completed": 0,
+                "failed": 0,
+                "errors": 0,
+                "cancelled": 0,
+                "open": 0,
+                "attempts": 0,
+                "max_attempt": 0,
+                "retries": 0,
+                "recoveries": 0,
+                "error_codes": {},
+            }
+        g["runs"] += 1
+        if r.status == "completed":
+            g["completed"] += 1
+        elif r.status == "failed":
+            g["failed"] += 1
+            if (r.session_id, r.path) in origins:
+                g["errors"] += 1
+                code = r.error_code or "UNKNOWN_ERROR"
+                g["error_codes"][code] = g["error_codes"].get(code, 0) + 1
+        elif r.status == "cancelled":
+            g["cancelled"] += 1
+        elif r.status in OPEN_STATES:
+            g["open"] += 1
+        g["attempts"] += r.attempt
+        g["max_attempt"] = max(g["max_attempt"], r.attempt)
+        g["retries"] += r.retries
+        g["recoveries"] += r.recoveries
+    return list(groups.values())
+
+
+def audit_run_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
+    """One row per node run (``flowscope audit --by run``)."""
+    return [
+        {
+            "session_id": r.session_id,
+            "workflow": r.workflow,
+            "node": r.node,
+            "path": r.path,
+            "kind": r.kind,
+            "status": r.status,
+            "attempts": r.attempt,
+            "retries": r.retries,
+            "recoveries": r.recoveries,
+            "error_code": r.error_code,
+            "error_type": r.error_type,
+            "started_at": r.started_at,
+            "ended_at": r.ended_at,
+        }
+        for r in runs
+    ]
+
+
+# --------------------------------------------------------------------------- stuck
+
+
+def classify_open_run(r: NodeRun, now: float, stale_after_s: float) -> str:
+    """running, orphaned, waiting_input, waiting_job or overdue (as the StoreCollector counts)."""
+    if r.status == "running":
+        beat = r.heartbeat_at if r.heartbeat_at is not None else r.started_at
+        return "orphaned" if beat is None or beat < now - stale_after_s else "running"
+    if r.status == "waiting_job":
+        return "overdue" if r.job_deadline_at is not None and r.job_deadline_at < now else "waiting_job"
+    return r.status
+
+
+def stuck_rows(
+    store: EventStore,
+    older_than_s: float,
+    stale_after_s: float,
+    *,
+    include_parents: bool = False,
+    states: Iterable[str] | None = None,
+    now: float | None = None,
+) -> list[dict[str, Any]]:
+    """Open runs older than ``older_than_s``, oldest first, classified.
+
+    By default an enclosing run (a workflow node, or the parent of a dynamic child) is
+    left out when a run below it is listed: the innermost run is the one to act on.
+    """
+    now = time.time() if now is None else now
+    all_open = store.open_runs()
+    runs = [r for r in all_open if r.started_at is None or now - r.started_at >= older_than_s]
+    if not include_parents:
+        open_paths: dict[str, list[str]] = {}
+        for r in all_open:
+            open_paths.setdefault(r.session_id, []).append(r.path)
+        runs = [
+            r for r in runs if not any(p.startswith(r.path + "/") for p in open_paths.get(r.session_id, ()))
+        ]
+    wanted = set(states) if states else None
+    rows = []
+    states_cache: dict[str, WorkflowState] = {}
+    for r in runs:
+        state = classify_open_run(r, now, stale_after_s)
+        if wanted is not None and state not in wanted:
+            continue
+        waiting_on: list[str] = []
+        if r.status in ("waiting_input", "waiting_job"):
+            ws = states_cache.get(r.session_id)
+            if ws is None:
+                ws = states_cache[r.session_id] = rebuild(store.read(r.session_id))
+            ns = ws.nodes.get(r.path)
+            if ns is not None:
+                waiting_on = sorted(ns.requests) if r.status == "waiting_input" else [j.job_id for j in ns.open_jobs]
+        beat_age = now - r.heartbeat_at if r.heartbeat_at is not None else None
+        rows.append(
+            {
+                "session_id": r.session_id,
+                "workflow": r.workflow,
+                "node": r.node,
+                "path": r.path,
+                "state": state,
+                "status": r.status,
+                "attempt": r.attempt,
+                "started_at": r.started_at,
+                "age_s": _round(now - r.started_at) if r.started_at is not None else None,
+                "heartbeat_at": r.heartbeat_at if r.status == "running" else None,
+                "heartbeat_age_s": _round(beat_age) if r.status == "running" and beat_age is not None else None,
+                "job_deadline_at": r.job_deadline_at,
+                "waiting_on": waiting_on,
+                "action": _action(r, state, waiting_on, beat_age),
+            }
+        )
+    return rows
+
+
+def _action(r: NodeRun, state: str, waiting_on: list[str], beat_age: float | None) -> str:
+    sid = r.session_id
+    if state == "orphaned":
+        force = " --force" if beat_age is not None and beat_age < RESUME_LEASE_S else ""
+        return f"flowscope resume {sid}{force}"
+    if state == "running":
+        return "alive (fresh heartbeat): check the worker; it is slow, blocked or looping"
+    if state == "waiting_input":
+        iid = waiting_on[0] if waiting_on else "ID"
+        return f"flowscope resume {sid} --input '{iid}=JSON'"
+    if state in ("waiting_job", "overdue"):
+        jid = waiting_on[0] if waiting_on else "JOB_ID"
+        return f"flowscope resume {sid} --job '{jid}=JSON'"
+    return f"flowscope show {sid}"
