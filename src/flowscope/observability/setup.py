@@ -123,7 +123,8 @@ def configure_tracing(
     """Build an SDK ``TracerProvider`` with a ``service.name`` resource and batch exporters.
 
     ``otlp_endpoint``: where to send spans (``http://host:4318`` for HTTP, the traces path
-    is added when the URL has none; ``http://host:4317`` for gRPC, ``https://`` for TLS).
+    is added when the URL has none; ``http://host:4317`` for gRPC, ``https://`` for TLS; a
+    gRPC endpoint without a scheme uses TLS unless ``OTEL_EXPORTER_OTLP_INSECURE=true``).
     When None, ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``/``OTEL_EXPORTER_OTLP_ENDPOINT`` are
     used if set; otherwise no OTLP exporter is installed.
     ``protocol``: ``"http/protobuf"`` (default) or ``"grpc"``; None reads
