@@ -524,7 +524,10 @@ async def test_exemplar_is_the_node_span_with_a_tracing_plugin(m):
         assert by_node[name] == {"trace_id": format(sc.trace_id, "032x"), "span_id": format(sc.span_id, "016x")}
 
 
-async def test_exemplar_with_the_real_tracing_plugin():
+@pytest.mark.parametrize("metrics_first", [False, True], ids=["tracing-first", "metrics-first"])
+async def test_exemplars_with_the_real_tracing_plugin(metrics_first):
+    """The node's own span, and the invocation's span for the workflow duration, in
+    either plugin order (the run's traceparent is used, not only the current span)."""
     tracing = pytest.importorskip("flowscope.observability.tracing")
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -532,21 +535,70 @@ async def test_exemplar_with_the_real_tracing_plugin():
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=ALWAYS_ON)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    try:
-        plugin = tracing.TracingPlugin(tracer_provider=provider)
-    except TypeError:  # pragma: no cover - a different constructor
-        pytest.skip("TracingPlugin takes no tracer_provider")
+    plugin = tracing.TracingPlugin(tracer_provider=provider)
     m = Metrics()
-    await Runner(chain("orders", ok), store=m.store, plugins=[plugin, m.plugin]).run(1)
-    spans = {s.name: s for s in exporter.get_finished_spans()}
-    ex = {
-        s.labels["node"]: s.exemplar.labels["trace_id"]
+    plugins = [m.plugin, plugin] if metrics_first else [plugin, m.plugin]
+
+    @node
+    def fails(x):
+        raise ValueError("x")
+
+    await Runner(chain("orders", ok), store=m.store, plugins=plugins).run(1)
+    with pytest.raises(ValueError):
+        await Runner(chain("billing", fails), store=m.store, plugins=plugins).run(1)
+    finished = exporter.get_finished_spans()
+    node_spans = {
+        (s.attributes["flowscope.node.path"].split("@")[0], s.attributes["flowscope.node.name"]): s
+        for s in finished
+        if "flowscope.node.path" in s.attributes
+    }
+
+    def ids(span):
+        return {"trace_id": format(span.context.trace_id, "032x"), "span_id": format(span.context.span_id, "016x")}
+
+    node_ex = {
+        (s.labels["workflow"], s.labels["node"]): s.exemplar.labels
         for f in m.registry.collect()
         for s in f.samples
         if s.name == "flowscope_node_duration_seconds_bucket" and s.exemplar is not None
     }
-    assert ex["ok"] == format(spans["invoke_node ok"].context.trace_id, "032x")
+    assert set(node_spans) == {("orders", "ok"), ("orders", "orders"), ("billing", "fails"), ("billing", "billing")}
+    assert node_ex == {key: ids(span) for key, span in node_spans.items()}
+    invocations = {
+        s.attributes["gen_ai.workflow.name"]: s
+        for s in finished
+        if s.attributes.get("gen_ai.operation.name") == "invoke_workflow" and "flowscope.node.path" not in s.attributes
+    }
+    wf_ex = {
+        s.labels["workflow"]: s.exemplar.labels
+        for f in m.registry.collect()
+        for s in f.samples
+        if s.name == "flowscope_workflow_duration_seconds_bucket" and s.exemplar is not None
+    }
+    assert wf_ex == {name: ids(span) for name, span in invocations.items()}
     m.check_invariants()
+
+
+async def test_exemplar_from_the_runs_traceparent(m):
+    """A tracing plugin that only fills ctx.trace_context (no current span) is enough;
+    an unsampled traceparent gives no exemplar."""
+    sampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    unsampled = "00-1af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-00"
+
+    class Propagating(Plugin):
+        name = "propagating"
+
+        def before_node(self, ctx):
+            ctx.trace_context["traceparent"] = sampled if ctx.node_name == "ok" else unsampled
+
+    await m.runner(chain("orders", ok), Propagating()).run(1)
+    ex = {
+        s.labels["node"]: s.exemplar.labels
+        for f in m.registry.collect()
+        for s in f.samples
+        if s.name == "flowscope_node_duration_seconds_bucket" and s.exemplar is not None
+    }
+    assert ex == {"ok": {"trace_id": "0af7651916cd43dd8448eb211c80319c", "span_id": "b7ad6b7169203331"}}
 
 
 async def test_no_exemplar_without_a_sampled_span(m):

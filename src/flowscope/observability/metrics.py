@@ -18,10 +18,12 @@ top-level workflow, also for nodes of nested workflows. Node outcomes use the sp
 vocabulary (success, failure, timeout, cancellation, waiting); workflow outcomes are
 ``RunFinished.status`` (completed, failed, paused, cancelled).
 
-Duration histograms carry a ``trace_id`` exemplar (with ``span_id``) when a sampled
-span is current; with ``plugins=[TracingPlugin(), MetricsPlugin()]`` the node's span is
-current in ``after_node``, since ``after_*`` hooks run in reverse registration order.
-Exemplars show in the OpenMetrics exposition only.
+Duration histograms carry a ``trace_id`` exemplar (with ``span_id``) of the run's own
+span: the W3C ``traceparent`` a tracing plugin put in ``ctx.trace_context`` /
+``run.trace_context``, or else the current span (with ``plugins=[TracingPlugin(),
+MetricsPlugin()]`` the node's span is current in ``after_node``, since ``after_*`` hooks
+run in reverse registration order), when it is sampled. Exemplars show in the
+OpenMetrics exposition only.
 
 Several plugins on one registry (two runners on the default ``REGISTRY``, say) share
 the same collectors instead of failing with "Duplicated timeseries".
@@ -282,12 +284,55 @@ def _otel_instrument(meter: Any, spec: InstrumentSpec) -> Any:
         return meter.create_histogram(spec.otel_name, unit=spec.unit, description=spec.help)
 
 
-def _exemplar() -> dict[str, str] | None:
+_last_exemplar: tuple[Any, dict[str, str] | None] = (None, None)
+_last_traceparent: tuple[str | None, dict[str, str] | None] = (None, None)
+
+
+def _current_span_exemplar() -> dict[str, str] | None:
     """``{"trace_id", "span_id"}`` (hex) of the current span when it is sampled."""
+    global _last_exemplar
     ctx = get_current_span().get_span_context()
+    last = _last_exemplar
+    if last[0] is ctx:  # the same span as last time: no formatting
+        return last[1]
     if ctx.trace_flags & 0x01 and ctx.trace_id:
-        return {"trace_id": format(ctx.trace_id, "032x"), "span_id": format(ctx.span_id, "016x")}
-    return None
+        ex: dict[str, str] | None = {"trace_id": format(ctx.trace_id, "032x"), "span_id": format(ctx.span_id, "016x")}
+    else:
+        ex = None
+    _last_exemplar = (ctx, ex)
+    return ex
+
+
+def _traceparent_exemplar(tp: str) -> dict[str, str] | None:
+    """The exemplar of a W3C ``traceparent`` (``00-<trace>-<span>-<flags>``) if sampled."""
+    global _last_traceparent
+    last = _last_traceparent
+    if last[0] == tp:
+        return last[1]
+    ex = None
+    parts = tp.split("-")
+    if len(parts) >= 4 and len(parts[1]) == 32 and len(parts[2]) == 16 and len(parts[3]) == 2:
+        try:
+            sampled = int(parts[3], 16) & 0x01
+            valid = int(parts[1], 16) != 0 and int(parts[2], 16) != 0
+        except ValueError:
+            sampled = valid = False
+        if sampled and valid:
+            ex = {"trace_id": parts[1].lower(), "span_id": parts[2].lower()}
+    _last_traceparent = (tp, ex)
+    return ex
+
+
+def _exemplar(trace_context: dict[str, str] | None = None) -> dict[str, str] | None:
+    """The trace of this run: its own ``traceparent`` (set by a tracing plugin in
+    ``before_*``, whatever the plugin order), else the current span, if sampled."""
+    if trace_context:
+        tp = trace_context.get("traceparent")
+        if tp:
+            ex = _traceparent_exemplar(tp)
+            if ex is not None:
+                return ex
+    return _current_span_exemplar()
 
 
 def _version() -> str:
@@ -387,7 +432,7 @@ class MetricsPlugin(Plugin):
                 status = "failed"
         key = (run.workflow, status)
         self._workflow_runs.series(key).add()
-        self._workflow_duration.series(key).record(max(0.0, time.time() - run.started_at), _exemplar())
+        self._workflow_duration.series(key).record(max(0.0, time.time() - run.started_at), _exemplar(run.trace_context))
 
     # -- node hooks --------------------------------------------------------------------------
 
@@ -403,7 +448,7 @@ class MetricsPlugin(Plugin):
             key = (ctx.run.workflow, ctx.node_name, status)
             pair = ns.by_outcome[status] = (self._node_runs.series(key), self._node_duration.series(key))
         pair[0].add()
-        pair[1].record(outcome.duration_s, _exemplar())
+        pair[1].record(outcome.duration_s, _exemplar(ctx.trace_context))
         if status == "success" or status == "failure" or status == "timeout":
             attempts = ns.attempts
             if attempts is None:
