@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import pytest
 
-oteltest_sink = pytest.importorskip("oteltest.sink", reason="the OTLP receiver comes from the 'oteltest' test dependency")
+import oteltest.sink as oteltest_sink  # the OTLP receiver: the "oteltest" test dependency
 from oteltest.sink.handler import RequestHandler  # noqa: E402
 
 from flowscope import START, RetryConfig, Runner, Workflow, node  # noqa: E402
