@@ -160,19 +160,23 @@ _NOT_PAYLOAD = _COMMON | {"type", "schema_version"}
 _MISSING = object()
 
 
-def _make_builder(cls: type[Event]) -> Callable[..., Event] | None:
+def _make_builder(cls: type[Event], strict: bool) -> Callable[..., Event] | None:
     """A fast constructor for ``cls`` from the hot columns and the payload dict.
 
     Equivalent to ``from_dict`` (missing fields take their defaults, unknown keys are
     ignored, ``interrupt_ids`` becomes a tuple) but sets the slots directly instead of
     going through the frozen dataclass ``__init__``, which is most of the cost of a
-    100,000-event resume. Returns None (use ``from_dict``) if the class is not a plain
-    slotted dataclass.
+    100,000-event resume. The ``strict`` variant expects every field in the payload (what
+    this version writes) and raises ``KeyError`` otherwise; the other fills in defaults
+    (rows from an older writer). Returns None (use ``from_dict``) if the class is not a
+    plain slotted dataclass.
     """
     if hasattr(cls, "__post_init__"):
         return None
     g: dict[str, Any] = {"new": object.__new__, "cls": cls, "MISSING": _MISSING, "tuple": tuple}
-    lines = ["def build(sid, seq, ts, inv, path, node, d):", " o = new(cls)", " get = d.get"]
+    lines = ["def build(sid, seq, ts, inv, path, node, d):", " o = new(cls)"]
+    if not strict:
+        lines.append(" get = d.get")
     values = {"session_id": "sid", "seq": "seq", "ts": "ts", "invocation_id": "inv", "path": "path", "node": "node"}
     for i, f in enumerate(dataclasses.fields(cls)):
         desc = next((k.__dict__[f.name] for k in cls.__mro__ if f.name in k.__dict__), None)
@@ -182,7 +186,9 @@ def _make_builder(cls: type[Event]) -> Callable[..., Event] | None:
         if f.name in values:
             lines.append(f" s{i}(o, {values[f.name]})")
             continue
-        if f.default is not dataclasses.MISSING:
+        if strict:
+            value = f"d[{f.name!r}]"
+        elif f.default is not dataclasses.MISSING:
             g[f"d{i}"] = f.default
             value = f"get({f.name!r}, d{i})"
         elif f.default_factory is not dataclasses.MISSING:
@@ -200,12 +206,14 @@ def _make_builder(cls: type[Event]) -> Callable[..., Event] | None:
     return g["build"]
 
 
-_BUILDERS: dict[str, Callable[..., Event]] = {}
+_BUILDERS: dict[str, Callable[..., Event]] = {}  # strict: the payload has every field
+_TOLERANT_BUILDERS: dict[str, Callable[..., Event]] = {}  # missing fields take their defaults
 for _type, _cls in EVENT_TYPES.items():
-    _builder = _make_builder(_cls)
-    if _builder is not None:
-        _BUILDERS[_type] = _builder
-del _type, _cls, _builder
+    _strict, _tolerant = _make_builder(_cls, True), _make_builder(_cls, False)
+    if _strict is not None and _tolerant is not None:
+        _BUILDERS[_type] = _strict
+        _TOLERANT_BUILDERS[_type] = _tolerant
+del _type, _cls, _strict, _tolerant
 
 
 @contextmanager
@@ -568,7 +576,10 @@ class SqliteEventStore(EventStore):
                 seq += 1
                 build = builders.get(typ)
                 if build is not None and type(d) is dict:
-                    append(build(session_id, seq, ts, inv, path, node, d))
+                    try:
+                        append(build(session_id, seq, ts, inv, path, node, d))
+                    except KeyError:  # a row written before a field was added
+                        append(_TOLERANT_BUILDERS[typ](session_id, seq, ts, inv, path, node, d))
                 else:
                     append(self._decode_slow(session_id, seq, typ, ts, inv, path, node, payloads[seq - after_seq - 1]))
             return out
