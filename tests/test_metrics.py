@@ -478,15 +478,17 @@ async def test_duration_exemplars_carry_the_current_trace_id(m):
     assert "trace_id" not in generate_latest(m.registry).decode()  # classic text has no exemplars
     # the OTel SDK picks its exemplar from the same current span
     data = m.reader.get_metrics_data()
-    otel_ex = [
-        ex
+    points = [
+        dp
         for rm in data.resource_metrics
         for sm in rm.scope_metrics
         for metric in sm.metrics
         if metric.name == "flowscope.node.duration"
         for dp in metric.data.data_points
-        for ex in dp.exemplars
     ]
+    if not hasattr(points[0], "exemplars"):  # pragma: no cover - opentelemetry-sdk < 1.28
+        return
+    otel_ex = [ex for dp in points for ex in dp.exemplars]
     assert otel_ex and {format(ex.trace_id, "032x") for ex in otel_ex} == {trace_id}
 
 
@@ -684,6 +686,16 @@ async def test_two_plugins_on_one_registry_share_the_collectors():
     assert registry.get_sample_value(
         "flowscope_node_runs_total", {"workflow": "orders", "node": "ok", "outcome": "success"}
     ) == 2
+
+
+async def test_two_plugins_on_one_meter_provider_share_the_instruments():
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    a, b = MetricsPlugin(meter_provider=provider), MetricsPlugin(meter_provider=provider)
+    await Runner(chain("orders", ok), plugins=[a]).run(1)
+    await Runner(chain("orders", ok), plugins=[b]).run(2)
+    samples = otel_as_prometheus(reader)
+    assert samples[("flowscope_node_runs_total", (("node", "ok"), ("outcome", "success"), ("workflow", "orders")))] == 2
 
 
 def test_default_registry_twice_does_not_crash():
