@@ -74,7 +74,9 @@ def to_cli_error(exc: BaseException) -> CliError:
     if isinstance(exc, UnknownSessionError):
         return CliError(msg)
     if isinstance(exc, ConcurrencyConflict):
-        return CliError(f"{msg} (from the command line: flowscope resume SESSION --force)")
+        if "force=True" in msg:
+            return CliError(msg.replace("pass force=True", "pass --force"))
+        return CliError(msg)
     if isinstance(exc, StoreError):
         return CliError(msg)
     if isinstance(exc, ResumeError):
@@ -190,7 +192,9 @@ def open_store(db: str | None, *, write: bool = False, create: bool = False) -> 
         return SqliteEventStore(path, readonly=not (write or create))
     except StoreError as exc:
         msg = _one_line(exc)
-        if "not a flowscope database" in msg or "not a SQLite database" in msg or "corrupt" in msg:
+        if "corrupt" in msg or "malformed" in msg:
+            raise CliError(f"{msg}: restore it from a backup (or try `sqlite3 {path} .recover`)") from None
+        if "not a flowscope database" in msg or "not a SQLite database" in msg:
             raise CliError(f"{msg}: {_HINT}") from None
         raise CliError(msg) from None
 

@@ -1,0 +1,517 @@
+"""The `flowscope` command, driven with click's CliRunner and through the installed console
+script in a subprocess: every command, every format, every error case."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from flowscope import Runner
+from flowscope.cli import cli, views
+from flowscope.examples.demo import batch_input, order_fulfilment
+from flowscope.examples.worker import kill_worker, start_worker, wait_until_running
+from flowscope.export import load_otlp_json
+from flowscope.store import SqliteEventStore
+
+FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+STALE = "0.5s"
+
+
+def run_cli(*args: str, cwd: str | os.PathLike | None = None, env: dict | None = None, timeout: float = 60):
+    """The console script in a subprocess."""
+    full_env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
+    full_env.update(env or {})
+    return subprocess.run([FLOWSCOPE, *args], capture_output=True, text=True, cwd=cwd, env=full_env, timeout=timeout)
+
+
+def invoke(*args: str, env: dict | None = None, input: str | None = None):
+    """The click command in this process."""
+    return CliRunner().invoke(cli, list(args), env=env, input=input, catch_exceptions=False)
+
+
+def copy_db(src: Path, dst: Path) -> Path:
+    with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+        a.backup(b)
+    return dst
+
+
+def assert_one_line_error(result, *fragments: str) -> str:
+    """Exit code 2, one line on stderr naming the problem, never a traceback."""
+    code = result.returncode if hasattr(result, "returncode") else result.exit_code
+    out = result.stdout or ""
+    err = result.stderr or ""
+    assert code == 2, (code, out, err)
+    assert "Traceback" not in out + err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("flowscope: error: ")
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory):
+    """A database filled by `flowscope demo` (run once, through the console script)."""
+    d = tmp_path_factory.mktemp("clidemo")
+    db = d / "demo.db"
+    proc = run_cli("--db", str(db), "demo", "--stale-after", STALE)
+    assert proc.returncode == 0, proc.stderr
+    with SqliteEventStore(db, readonly=True) as store:
+        sessions = {s.session_id: s for s in store.sessions()}
+    ids = {
+        "orders": next(s for s in sessions if s.endswith("-orders")),
+        "declined": next(s for s in sessions if s.endswith("-declined")),
+        "export": next(s for s in sessions if s.endswith("-export")),
+    }
+    time.sleep(0.6)  # the killed worker's heartbeat goes stale (--stale-after 0.5s)
+    return db, ids
+
+
+@pytest.fixture
+def paused_db(tmp_path):
+    """A session of the bundled workflow waiting for its geocoding job."""
+    db = tmp_path / "paused.db"
+    with SqliteEventStore(db) as store:
+        result = Runner(order_fulfilment, store=store).run_sync(batch_input("B-9"), session_id="paused-1")
+    assert result.status == "paused"
+    (job,) = result.pending
+    return db, "paused-1", job.job_id
+
+
+@pytest.fixture
+def bad_dbs(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("these are my notes, not a database\n")
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    other = tmp_path / "other-app.db"
+    with sqlite3.connect(other) as c:
+        c.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    corrupt = tmp_path / "corrupt.db"
+    with SqliteEventStore(corrupt) as s:
+        Runner(order_fulfilment, store=s).run_sync(batch_input("B-c"), session_id="c")
+    raw = bytearray(corrupt.read_bytes())
+    raw[200:] = b"\xa5" * (len(raw) - 200)
+    corrupt.write_bytes(bytes(raw))
+    return {
+        "missing": (tmp_path / "nope" / "missing.db", "no flowscope database at"),
+        "text": (text, "not a SQLite database"),
+        "empty": (empty, "not a flowscope database"),
+        "other": (other, "not a flowscope database"),
+        "corrupt": (corrupt, "corrupt"),
+    }
+
+
+# --------------------------------------------------------------------------- listing commands
+
+
+def listing(ids):
+    return {
+        "runs": (["runs"], views.RUN_KEYS),
+        "show": (["show", ids["declined"]], views.SHOW_KEYS),
+        "audit": (["audit"], views.AUDIT_KEYS),
+        "audit-by-run": (["audit", "--by", "run", "--session", ids["orders"]], views.AUDIT_RUN_KEYS),
+        "stuck": (["stuck", "--older-than", "0s", "--stale-after", STALE], views.STUCK_KEYS),
+    }
+
+
+LISTINGS = ["runs", "show", "audit", "audit-by-run", "stuck"]
+
+
+def check_listing(name, fmt, text, keys, ids):
+    if fmt == "json":
+        rows = json.loads(text)
+        assert isinstance(rows, list) and rows
+        assert all(list(r) == list(keys) for r in rows)
+        return rows
+    if fmt == "csv":
+        rows = list(csv.DictReader(io.StringIO(text)))
+        assert rows and list(rows[0]) == list(keys)
+        return rows
+    # table
+    expected = {
+        "runs": ["SESSION", ids["orders"], "completed", "PAYMENT_DECLINED"],
+        "show": ["NODE", "charge_card@2", "PAYMENT_DECLINED", "failed at"],
+        "audit": ["WORKFLOW", "fetch_orders", "PAYMENT_DECLINED=1"],
+        "audit-by-run": ["PATH", "order_fulfilment@1/fetch_orders@1"],
+        "stuck": ["STATE", "orphaned", "nightly_export@1/export_rows@1"],
+    }[name]
+    for e in expected:
+        assert e in text, (e, text)
+    return None
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "csv"])
+@pytest.mark.parametrize("name", LISTINGS)
+def test_listing_commands_in_process(demo_db, name, fmt):
+    db, ids = demo_db
+    args, keys = listing(ids)[name]
+    result = invoke("--db", str(db), *args, "--format", fmt)
+    assert result.exit_code == 0, result.output
+    check_listing(name, fmt, result.stdout, keys, ids)
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "csv"])
+@pytest.mark.parametrize("name", LISTINGS)
+def test_listing_commands_through_the_console_script(demo_db, name, fmt):
+    db, ids = demo_db
+    args, keys = listing(ids)[name]
+    proc = run_cli(*args, "--db", str(db), "--format", fmt)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    check_listing(name, fmt, proc.stdout, keys, ids)
+
+
+def test_json_keys_are_documented():
+    text = DOCS.read_text()
+    for keys in (views.RUN_KEYS, views.SHOW_KEYS, views.AUDIT_KEYS, views.AUDIT_RUN_KEYS, views.STUCK_KEYS):
+        for key in keys:
+            assert f"`{key}`" in text, key
+
+
+def test_show_json_has_the_timeline_of_the_failed_run(demo_db):
+    db, ids = demo_db
+    rows = json.loads(invoke("--db", str(db), "show", ids["declined"], "--format", "json").stdout)
+    by_path = {r["path"]: r for r in rows}
+    bad = by_path["order_fulfilment@1/ship@1/charge_card@2"]
+    assert (bad["status"], bad["error_code"], bad["error_type"]) == ("failed", "PAYMENT_DECLINED", "PaymentDeclined")
+    assert "declined" in bad["error_message"] and bad["depth"] == 2
+    ship = by_path["order_fulfilment@1/ship@1"]
+    assert ship["status"] == "failed" and ship["origin_path"] == bad["path"]
+    assert by_path["order_fulfilment@1/fetch_orders@1"]["attempts"] == 2
+    assert by_path["order_fulfilment@1/fetch_orders@1"]["retries"] == 1
+    assert by_path["order_fulfilment@1/approve@1"]["interrupts"] == ["approval"]
+    jobs = by_path["order_fulfilment@1/enrich_addresses@1"]["jobs"]
+    assert [j["result"] for j in jobs] == ["empty", "success"]
+    assert [r["path"] for r in rows][0] == "order_fulfilment@1"
+    assert all(r["start_offset_s"] >= 0 for r in rows)
+
+
+def test_runs_filters(demo_db):
+    db, ids = demo_db
+    rows = json.loads(invoke("--db", str(db), "runs", "--status", "failed", "--format", "json").stdout)
+    assert [r["session_id"] for r in rows] == [ids["declined"]]
+    assert rows[0]["error_code"] == "PAYMENT_DECLINED" and rows[0]["failed_runs"] == 1
+    rows = json.loads(invoke("--db", str(db), "runs", "--workflow", "nightly_export", "--format", "json").stdout)
+    assert [r["session_id"] for r in rows] == [ids["export"]]
+    rows = json.loads(invoke("--db", str(db), "runs", "--limit", "1", "--format", "json").stdout)
+    assert len(rows) == 1
+
+
+def test_stuck_thresholds_and_states(demo_db):
+    db, ids = demo_db
+    result = invoke("--db", str(db), "stuck", "--format", "json")  # default: older than 15m
+    assert json.loads(result.stdout) == []
+    assert "nothing stuck" in invoke("--db", str(db), "stuck").stdout
+    rows = json.loads(invoke("--db", str(db), "stuck", "--older-than", "0s", "--stale-after", "1h", "--format", "json").stdout)
+    assert [r["state"] for r in rows] == ["running"]  # alive by a 1h standard
+    rows = json.loads(
+        invoke("--db", str(db), "stuck", "--older-than", "0", "--stale-after", STALE, "--all", "--format", "json").stdout
+    )
+    assert {r["path"] for r in rows} == {"nightly_export@1", "nightly_export@1/export_rows@1"}
+    rows = json.loads(
+        invoke("--db", str(db), "stuck", "--older-than", "0", "--stale-after", STALE, "--state", "waiting_input", "--format", "json").stdout
+    )
+    assert rows == []
+
+
+def test_stuck_reports_waiting_jobs_with_their_ids(paused_db):
+    db, sid, job_id = paused_db
+    rows = json.loads(invoke("--db", str(db), "stuck", "--older-than", "0s", "--format", "json").stdout)
+    (row,) = rows
+    assert (row["state"], row["session_id"], row["waiting_on"]) == ("waiting_job", sid, [job_id])
+    assert f"--job '{job_id}=JSON'" in row["action"]
+
+
+# --------------------------------------------------------------------------- --db resolution
+
+
+def test_db_from_option_env_and_default(demo_db, tmp_path):
+    db, ids = demo_db
+    # per-command option, global option, environment, ./flowscope.db
+    assert ids["orders"] in invoke("runs", "--db", str(db)).stdout
+    assert ids["orders"] in invoke("--db", str(db), "runs").stdout
+    assert ids["orders"] in invoke("runs", env={"FLOWSCOPE_DB": str(db)}).stdout
+    copy_db(db, tmp_path / "flowscope.db")
+    proc = run_cli("runs", cwd=tmp_path)
+    assert proc.returncode == 0 and ids["orders"] in proc.stdout
+    proc = run_cli("runs", cwd=tmp_path / ".", env={"FLOWSCOPE_DB": str(tmp_path / "absent.db")})
+    assert_one_line_error(proc, "absent.db")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+READ_COMMANDS = [
+    ["runs"],
+    ["show", "s1"],
+    ["audit"],
+    ["stuck"],
+    ["export", "s1"],
+    ["resume", "s1", "--input", "approval=true"],
+]
+
+
+@pytest.mark.parametrize("kind", ["missing", "text", "empty", "other", "corrupt"])
+@pytest.mark.parametrize("command", READ_COMMANDS, ids=lambda c: c[0])
+def test_bad_databases_give_one_line_and_exit_2(bad_dbs, kind, command):
+    path, fragment = bad_dbs[kind]
+    result = invoke("--db", str(path), *command)
+    assert_one_line_error(result, fragment, str(path.name))
+    assert not (kind == "missing" and path.exists())  # a read command never creates the file
+
+
+@pytest.mark.parametrize("kind", ["missing", "text", "other", "corrupt"])
+def test_bad_databases_through_the_console_script(bad_dbs, kind):
+    path, fragment = bad_dbs[kind]
+    for command in (["runs"], ["stuck", "--format", "json"], ["show", "x"], ["serve-metrics", "--port", "0"]):
+        assert_one_line_error(run_cli("--db", str(path), *command), fragment)
+    if kind != "missing":  # demo creates a missing file, but never writes into a foreign one
+        assert_one_line_error(run_cli("--db", str(path), "demo"), fragment)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["show", "no-such-session"], ["export", "no-such-session"], ["resume", "no-such-session"], ["audit", "--session", "no-such-session"]],
+    ids=lambda c: c[0],
+)
+def test_unknown_session(demo_db, command):
+    db, _ = demo_db
+    assert_one_line_error(invoke("--db", str(db), *command), "no-such-session", "flowscope runs")
+    assert_one_line_error(run_cli("--db", str(db), *command), "no-such-session")
+
+
+def test_resume_argument_errors(paused_db):
+    db, sid, job_id = paused_db
+    d = str(db)
+    assert_one_line_error(run_cli("--db", d, "resume", sid, "--input", "approval=yes"), "not valid JSON", "approval=\"yes\"")
+    assert_one_line_error(invoke("--db", d, "resume", sid, "--job", f"{job_id}={{success: true}}"), "not valid JSON")
+    assert_one_line_error(invoke("--db", d, "resume", sid, "--input", "approval"), "expects ID=JSON")
+    assert_one_line_error(invoke("--db", d, "resume", sid, "--input", "nope=1"), "no open input request 'nope'")
+    assert_one_line_error(run_cli("--db", d, "resume", sid, "--job", "job-unknown={}"), "no dispatched job 'job-unknown'")
+    assert_one_line_error(invoke("--db", d, "resume", sid), "waiting for job " + job_id, "--job")
+    assert_one_line_error(invoke("--db", d, "resume", sid, "--job", f"{job_id}={{}}", "--workflow", "nosuchmodule:wf"), "cannot import")
+    assert_one_line_error(invoke("--db", d, "resume", sid, "--job", f"{job_id}={{}}", "--workflow", "flowscope.examples.worker:nightly_export"), "order_fulfilment")
+    with SqliteEventStore(db, readonly=True) as store:
+        assert [e.type for e in store.read(sid)][-1] == "run_finished"  # nothing was appended
+        assert len(store.read(sid)) == store.last_seq(sid)
+
+
+def test_resume_walks_a_session_to_the_end_through_every_pause(paused_db):
+    db, sid, job_id = paused_db
+    d = str(db)
+    proc = run_cli("--db", d, "resume", sid, "--job", f'{job_id}={{"success": true, "count": 0}}')
+    assert proc.returncode == 0, proc.stderr
+    assert "paused again" in proc.stdout and "retry or abort" in proc.stdout
+    iid = re.search(r"--input '([^=]+)=JSON'", proc.stdout).group(1)
+    result = invoke("--db", d, "resume", sid, "--input", f'{iid}="retry"')
+    assert result.exit_code == 0, result.output
+    new_job = re.search(r"--job '(job-[0-9a-f]+)=", result.stdout).group(1)
+    assert new_job != job_id
+    result = invoke("--db", d, "resume", sid, "--job", f'{new_job}={{"success": true, "count": 3, "data": {{"geocoded": [1, 2, 3]}}}}')
+    assert result.exit_code == 0 and "'approval'" in result.stdout
+    proc = run_cli("--db", d, "resume", sid, "--input", "approval=true")
+    assert proc.returncode == 0, proc.stderr
+    assert "completed" in proc.stdout and '"status": "shipped"' in proc.stdout
+    assert_one_line_error(invoke("--db", d, "resume", sid), "already completed")
+
+
+def test_resume_of_a_failing_session_exits_1(demo_db, tmp_path):
+    db, ids = demo_db
+    copy = copy_db(db, tmp_path / "copy.db")
+    proc = run_cli("--db", str(copy), "resume", ids["declined"])
+    assert proc.returncode == 1, proc.stderr
+    assert "PAYMENT_DECLINED" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    rows = json.loads(invoke("--db", str(copy), "show", ids["declined"], "--format", "json").stdout)
+    (bad,) = [r for r in rows if r["path"].endswith("charge_card@2")]
+    assert bad["attempts"] == 2  # numbering continues after an operator's resume (R9)
+
+
+def test_resume_recovers_a_killed_worker(tmp_path):
+    db = tmp_path / "worker.db"
+    with SqliteEventStore(db) as store:
+        proc = start_worker(str(db), "crash-1", hang_s=30, heartbeat_s=0.2)
+        try:
+            assert wait_until_running(store, "crash-1", proc)
+        finally:
+            kill_worker(proc)
+    # its heartbeat is fresh: another process might still own it
+    assert_one_line_error(invoke("--db", str(db), "resume", "crash-1"), "--force")
+    proc = run_cli("--db", str(db), "resume", "crash-1", "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert "completed" in proc.stdout and "recovered" in proc.stdout
+    rows = json.loads(invoke("--db", str(db), "audit", "--session", "crash-1", "--by", "run", "--format", "json").stdout)
+    (export_rows,) = [r for r in rows if r["node"] == "export_rows"]
+    assert (export_rows["status"], export_rows["attempts"], export_rows["recoveries"]) == ("completed", 2, 1)
+    (snapshot,) = [r for r in rows if r["node"] == "snapshot"]
+    assert snapshot["attempts"] == 1  # finished before the crash: not run again
+
+
+def test_usage_errors_exit_2_without_traceback(demo_db):
+    db, _ = demo_db
+    for args in (["stuck", "--older-than", "5 parsecs"], ["runs", "--format", "xml"], ["nonsense"], ["show"]):
+        proc = run_cli("--db", str(db), *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_an_unexpected_error_is_one_line_too(demo_db, monkeypatch):
+    db, _ = demo_db
+
+    def broken(*a, **k):
+        raise RuntimeError("boom\nwith a second line")
+
+    monkeypatch.setattr(views, "runs_rows", broken)
+    line = assert_one_line_error(invoke("--db", str(db), "runs"), "unexpected RuntimeError", "boom with a second line")
+    assert "FLOWSCOPE_DEBUG" in line
+
+
+def test_help_and_version():
+    for command in ([], ["demo"], ["runs"], ["show"], ["audit"], ["stuck"], ["resume"], ["serve-metrics"], ["export"]):
+        result = invoke(*command, "--help")
+        assert result.exit_code == 0 and "Usage:" in result.stdout
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and "0.1.0" in proc.stdout
+
+
+# --------------------------------------------------------------------------- export
+
+
+def test_export_stdout_file_and_determinism(demo_db, tmp_path):
+    db, ids = demo_db
+    proc = run_cli("--db", str(db), "export", ids["orders"])
+    assert proc.returncode == 0, proc.stderr
+    req = load_otlp_json(proc.stdout)
+    names = [s.name for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert "invoke_workflow order_fulfilment" in names and "invoke_node send_confirmations" in names
+    out = tmp_path / "spans.json"
+    result = invoke("--db", str(db), "export", ids["orders"], "-o", str(out))
+    assert result.exit_code == 0
+    assert out.read_text() == proc.stdout  # a second export is byte-identical
+    proc2 = run_cli("--db", str(db), "export", ids["orders"], "--output", str(tmp_path / "again.json"))
+    assert proc2.returncode == 0 and (tmp_path / "again.json").read_bytes() == out.read_bytes()
+
+
+def test_export_of_the_killed_workers_session_marks_the_crashed_runs(demo_db):
+    db, ids = demo_db
+    req = load_otlp_json(invoke("--db", str(db), "export", ids["export"]).stdout)
+    spans = {s.name: s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans}
+    attrs = {kv.key: kv.value.bool_value for kv in spans["invoke_node export_rows"].attributes}
+    assert attrs.get("flowscope.export.incomplete") is True
+
+
+def test_export_to_an_otlp_endpoint(demo_db):
+    import http.server
+    import threading
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received = []
+
+    class Sink(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            req = ExportTraceServiceRequest()
+            req.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append((self.path, req))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        db, ids = demo_db
+        proc = run_cli("--db", str(db), "export", ids["declined"], "--otlp-endpoint", f"http://127.0.0.1:{server.server_port}")
+        assert proc.returncode == 0, proc.stderr
+        assert "sent" in proc.stderr + proc.stdout
+    finally:
+        server.shutdown()
+        server.server_close()
+    ((path, req),) = received
+    assert path == "/v1/traces"
+    stdout_json = load_otlp_json(invoke("--db", str(db), "export", ids["declined"]).stdout)
+    assert req == stdout_json  # what was sent is exactly what the JSON export says
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_export_to_an_unreachable_endpoint_is_one_line(demo_db):
+    db, ids = demo_db
+    port = _free_port()
+    proc = run_cli("--db", str(db), "export", ids["orders"], "--otlp-endpoint", f"http://127.0.0.1:{port}", "--timeout", "1")
+    assert_one_line_error(proc, "could not send", f"127.0.0.1:{port}")
+
+
+# --------------------------------------------------------------------------- serve-metrics
+
+
+def _read_url(proc: subprocess.Popen, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        m = re.search(r"(http://\S+/metrics)", line)
+        if m:
+            return m.group(1)
+    raise AssertionError("no metrics URL printed: " + (proc.stderr.read() if proc.poll() is not None else ""))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_metrics_serves_the_store_until_signalled(demo_db, sig):
+    db, _ = demo_db
+    proc = subprocess.Popen(
+        [FLOWSCOPE, "--db", str(db), "serve-metrics", "--port", "0", "--stale-after", STALE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = _read_url(proc)
+        assert url.startswith("http://127.0.0.1:")
+        body = urllib.request.urlopen(url, timeout=10).read().decode()
+        assert re.search(r'flowscope_store_orphaned_runs\{node="export_rows",workflow="nightly_export"\} 1\.0', body), body
+        assert 'flowscope_store_open_runs{node="export_rows",state="running",workflow="nightly_export"} 1.0' in body
+        proc.send_signal(sig)
+        assert proc.wait(timeout=10) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_metrics_port_in_use(demo_db):
+    db, _ = demo_db
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert_one_line_error(run_cli("--db", str(db), "serve-metrics", "--port", str(port)), f"127.0.0.1:{port}")

@@ -1,0 +1,256 @@
+"""`flowscope demo`: what it shows, and what its database holds afterwards."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from flowscope.cli import cli
+from flowscope.store import SqliteEventStore, rebuild
+
+FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
+
+
+def run_cli(*args: str, timeout: float = 60, cwd=None):
+    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
+    return subprocess.run([FLOWSCOPE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def invoke(*args: str, input: str | None = None):
+    return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
+
+
+def sessions_of(db: Path) -> dict[str, str]:
+    with SqliteEventStore(db, readonly=True) as store:
+        ids = [s.session_id for s in store.sessions()]
+    out = {}
+    for suffix in ("orders", "declined", "export"):
+        out[suffix] = next(s for s in ids if s.endswith("-" + suffix))
+    return out
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """`flowscope demo` through the console script, in a fresh directory (default ./flowscope.db)."""
+    d = tmp_path_factory.mktemp("demo")
+    t0 = time.monotonic()
+    proc = run_cli("demo", "--stale-after", "0.3s", cwd=d)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    db = d / "flowscope.db"
+    assert db.exists()
+    time.sleep(0.4)  # the killed worker's heartbeat goes stale
+    return db, proc.stdout, sessions_of(db), elapsed
+
+
+def test_the_demo_is_quick_and_says_what_happened(demo):
+    db, out, ids, elapsed = demo
+    assert elapsed < 20
+    for text in (
+        f"session {ids['orders']}",
+        "retry",
+        "INVENTORY_UNAVAILABLE",
+        "returned nothing: completion marker",
+        "count=0: empty",
+        "retry or abort",
+        "approval",
+        "PAYMENT_DECLINED",
+        "killed with SIGKILL",
+        # the waterfall of the main run, the audit, the next commands
+        "TIMELINE",
+        "  fetch_orders@1",
+        "    check_stock@1",
+        "ATTEMPTS",
+        f"flowscope show {ids['orders']}",
+        "flowscope stuck --older-than 0s --stale-after 0.3s",
+        f"flowscope resume {ids['export']}",
+        f"flowscope export {ids['orders']}",
+        "flowscope serve-metrics",
+        "flowscope demo --otlp-endpoint http://localhost:4318",
+        "--otlp-endpoint http://localhost:4318",
+    ):
+        assert text in out, text
+    assert "Traceback" not in out
+
+
+def test_the_demo_database_holds_everything_it_promises(demo):
+    db, _out, ids, _ = demo
+    with SqliteEventStore(db, readonly=True) as store:
+        main = store.read(ids["orders"])
+        declined = store.read(ids["declined"])
+        crashed = store.read(ids["export"])
+        ws = rebuild(main)
+    types = [e.type for e in main]
+    # a flaky node that succeeds on a retry
+    (retry,) = [e for e in main if e.type == "node_retrying"]
+    assert retry.node == "fetch_orders" and retry.error_code == "INVENTORY_UNAVAILABLE"
+    assert ws.nodes["order_fulfilment@1/fetch_orders@1"].status == "completed"
+    assert ws.nodes["order_fulfilment@1/fetch_orders@1"].attempt == 2
+    # the completion marker
+    (marker,) = [e for e in main if e.type == "node_completed" and e.node == "send_confirmations"]
+    assert marker.has_output is False
+    # parallel branches, a join and a nested workflow
+    assert ws.nodes["order_fulfilment@1/reserve_stock@1"].kind == "workflow"
+    assert ws.nodes["order_fulfilment@1/reserve_stock@1/hold_items@1"].status == "completed"
+    assert ws.nodes["order_fulfilment@1/ready@1"].kind == "join"
+    # the job: empty first, the actionable pause answered "retry", then a second dispatch that succeeds
+    dispatched = [e for e in main if e.type == "job_dispatched"]
+    assert [d.dispatch_attempt for d in dispatched] == [1, 2]
+    assert [r.result for r in main if r.type == "job_result"] == ["empty", "success"]
+    (failed_job,) = [e for e in main if e.type == "input_requested" and e.payload.get("kind") == "job_failed"]
+    assert failed_job.payload["actions"] == ["retry", "abort"]
+    answers = {e.interrupt_id: e.value for e in main if e.type == "input_received"}
+    assert answers == {failed_job.interrupt_id: "retry", "approval": True}
+    # pauses and resumes: five invocations
+    assert [e.resumed for e in main if e.type == "run_started"] == [False, True, True, True, True]
+    assert types[-1] == "run_finished" and ws.status == "completed"
+    # a node that fails with a coded error, in a second session
+    (err,) = [e for e in declined if e.type == "node_error"]
+    assert (err.node, err.error_code, err.error_type) == ("charge_card", "PAYMENT_DECLINED", "PaymentDeclined")
+    assert rebuild(declined).status == "failed"
+    # a worker that died mid-run
+    state = rebuild(crashed)
+    assert state.status == "running"
+    assert state.nodes["nightly_export@1/export_rows@1"].status == "running"
+    assert state.nodes["nightly_export@1/snapshot@1"].status == "completed"
+
+
+def test_audit_and_stuck_json_report_them(demo):
+    db, _out, ids, _ = demo
+    audit = json.loads(run_cli("--db", str(db), "audit", "--format", "json").stdout)
+    by_node = {(r["workflow"], r["node"]): r for r in audit}
+    fetch = by_node[("order_fulfilment", "fetch_orders")]
+    assert fetch["retries"] == 2 and fetch["attempts"] == 4 and fetch["max_attempt"] == 2
+    charge = by_node[("order_fulfilment", "charge_card")]
+    assert charge["errors"] == 1 and charge["error_codes"] == {"PAYMENT_DECLINED": 1}
+    assert by_node[("order_fulfilment", "ship")]["failed"] == 1 and by_node[("order_fulfilment", "ship")]["errors"] == 0
+    assert by_node[("nightly_export", "export_rows")]["open"] == 1
+    assert by_node[("order_fulfilment", "send_confirmations")]["completed"] == 1
+    stuck = json.loads(run_cli("--db", str(db), "stuck", "--older-than", "0s", "--stale-after", "0.3s", "--format", "json").stdout)
+    (row,) = stuck
+    assert (row["session_id"], row["path"], row["state"]) == (ids["export"], "nightly_export@1/export_rows@1", "orphaned")
+    assert row["heartbeat_age_s"] >= 0.3
+
+
+def test_the_demo_in_process_with_interactive_answers(tmp_path):
+    db = tmp_path / "i.db"
+    # per batch: the failed job (retry or abort?), then the approval (y/n)
+    result = invoke("--db", str(db), "demo", "--interactive", input="retry\ny\nretry\nn\n")
+    assert result.exit_code == 0, result.output
+    assert "retry or abort?" in result.stdout and "Ship 3 orders" in result.stdout
+    ids = sessions_of(db)
+    with SqliteEventStore(db, readonly=True) as store:
+        rejected = rebuild(store.read(ids["declined"]))
+    # the second batch was rejected by the operator: it never reached the declined card
+    assert rejected.status == "completed" and rejected.output["status"] == "cancelled"
+
+
+def test_repeat_runs_the_workflows_again(tmp_path):
+    db = tmp_path / "r.db"
+    result = invoke("--db", str(db), "demo", "--repeat", "3")
+    assert result.exit_code == 0, result.output
+    with SqliteEventStore(db, readonly=True) as store:
+        sessions = store.sessions()
+    by_workflow = {}
+    for s in sessions:
+        by_workflow.setdefault(s.workflow, []).append(s.status)
+    assert sorted(by_workflow["order_fulfilment"]) == ["completed"] * 3 + ["failed"] * 3
+    assert by_workflow["nightly_export"] == ["running"]
+    assert "run 3/3" in result.stdout
+
+
+def test_the_demo_sends_spans_to_an_otlp_endpoint(tmp_path):
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received = []
+
+    class Sink(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            req = ExportTraceServiceRequest()
+            req.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append(req)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = invoke("--db", str(tmp_path / "o.db"), "demo", "--otlp-endpoint", f"http://127.0.0.1:{server.server_port}")
+        assert result.exit_code == 0, result.output
+    finally:
+        server.shutdown()
+        server.server_close()
+    spans = [s for r in received for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    services = {
+        kv.value.string_value for r in received for rs in r.resource_spans for kv in rs.resource.attributes if kv.key == "service.name"
+    }
+    names = {s.name for s in spans}
+    assert services == {"flowscope-demo"}
+    assert {"invoke_workflow order_fulfilment", "invoke_node fetch_orders", "invoke_workflow reserve_stock"} <= names
+    assert any(s.status.code == 2 and s.name == "invoke_node charge_card" for s in spans)
+
+
+def test_metrics_port_serves_during_and_after_the_run_until_sigterm(tmp_path):
+    db = tmp_path / "m.db"
+    proc = subprocess.Popen(
+        [FLOWSCOPE, "--db", str(db), "demo", "--metrics-port", "0", "--stale-after", "0.2s", "--repeat", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = None
+        serving = False
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not serving:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            m = re.search(r"(http://127\.0\.0\.1:\d+/metrics)", line)
+            if m and url is None:
+                url = m.group(1)
+            serving = "until Ctrl-C or SIGTERM" in line
+        assert url and serving, proc.stderr.read() if proc.poll() is not None else "no URL"
+        time.sleep(0.3)
+        body = urllib.request.urlopen(url, timeout=10).read().decode()
+        # the in-process metrics of the runs ...
+        assert re.search(r'flowscope_node_runs_total\{node="fetch_orders",outcome="success",workflow="order_fulfilment"\} 4\.0', body)
+        assert re.search(r'flowscope_node_retries_total\{error_type="InventoryUnavailable",node="fetch_orders",workflow="order_fulfilment"\} 4\.0', body)
+        assert 'flowscope_node_errors_total{error_code="PAYMENT_DECLINED",error_type="PaymentDeclined",node="charge_card",workflow="order_fulfilment"} 2.0' in body
+        assert re.search(r'flowscope_job_results_total\{node="enrich_addresses",result="empty",workflow="order_fulfilment"\} 4\.0', body)
+        # ... and the store collector, which sees the killed worker's orphaned run
+        assert 'flowscope_store_orphaned_runs{node="export_rows",workflow="nightly_export"} 1.0' in body
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_demo_refuses_a_foreign_database(tmp_path):
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as c:
+        c.execute("CREATE TABLE t (x)")
+    proc = run_cli("--db", str(other), "demo")
+    assert proc.returncode == 2 and "not a flowscope database" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
