@@ -86,7 +86,7 @@ class PluginDispatcher:
         for plugin, fn in self._hooks[hook]:
             try:
                 result = fn(*args)
-                if inspect.isawaitable(result):
+                if result is not None and inspect.isawaitable(result):
                     await result
             except Exception as exc:  # R11: a plugin never fails the run
                 self._failed(plugin, hook, exc)
@@ -97,7 +97,7 @@ class PluginDispatcher:
         for plugin, fn in self._hooks[hook]:
             try:
                 result = fn(*args)
-                if inspect.isawaitable(result):
+                if result is not None and inspect.isawaitable(result):
                     import asyncio
 
                     task = asyncio.ensure_future(result)

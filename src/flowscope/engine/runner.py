@@ -685,6 +685,11 @@ class _Invocation:
             ev = self.emit(NodeCancelled, path, node.name, reason="aborted")
             outcome = NodeOutcome("cancellation", ev, ctx.attempt, ctx.recovered, None, None, time.perf_counter() - t0)
             raise
+        except (KeyboardInterrupt, SystemExit):
+            # the process is going down: record that the run stopped, not that it failed
+            ev = self.emit(NodeCancelled, path, node.name, reason="interrupted")
+            outcome = NodeOutcome("cancellation", ev, ctx.attempt, ctx.recovered, None, None, time.perf_counter() - t0)
+            raise
         except Exception as exc:
             if self.aborting:  # e.g. a timeout that fired only because the run is being aborted (R3)
                 ev = self.emit(NodeCancelled, path, node.name, reason="aborted")
