@@ -233,8 +233,7 @@ def _gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+_dumps = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps would build an encoder per call
 
 
 # --------------------------------------------------------------------------- SQL
@@ -636,38 +635,60 @@ class SqliteEventStore(EventStore):
     # ------------------------------------------------------------------ the port
 
     def append(self, session_id: str, events: Sequence[Event], expected_last_seq: int) -> list[Event]:
-        encoded = [self._encode(session_id, e) for e in events]
-        with self._write("append events") as conn:
-            row = conn.execute(_SQL_SESSION, (session_id,)).fetchone()
-            last = row[4] if row is not None else 0
-            numbered = number_events(session_id, events, last, expected_last_seq)
-            if not numbered:
-                return numbered
-            conn.executemany(
-                _SQL_INSERT_EVENT, [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)]
-            )
-            ws = WorkflowState(session_id=session_id)
-            if row is not None:
-                ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations = row
-            workflow_before = ws.workflow
-            paths = list(dict.fromkeys(e.path for e in numbered if e.path and type(e) is not UnknownEvent))
-            if row is not None and paths:
-                for i in range(0, len(paths), _PATHS_PER_QUERY):
-                    chunk = paths[i : i + _PATHS_PER_QUERY]
-                    sql = _SQL_LOAD_NODES + "(" + ", ".join("?" * len(chunk)) + ")"
-                    for r in conn.execute(sql, (session_id, *chunk)):
-                        ws.nodes[r[0]] = _node_state(r)
-            apply = ws.apply
-            for e in numbered:
-                apply(e)  # the one definition of what an event means (projection.py)
-            nodes = ws.nodes
-            workflow = ws.workflow
-            conn.executemany(
-                _SQL_UPSERT_NODE, [_node_row(session_id, workflow, nodes[p]) for p in paths if p in nodes]
-            )
-            if workflow != workflow_before and row is not None:
-                conn.execute("UPDATE node_runs SET workflow = ? WHERE session_id = ?", (workflow, session_id))
-            conn.execute(_SQL_UPSERT_SESSION, _session_row(ws))
+        encoded = [self._encode(session_id, e) for e in events]  # fails before anything is locked
+        if self.readonly:
+            raise StoreError(f"{self.path} is open read-only: cannot append events")
+        with self._lock:  # the hot path: the same as _write(), without the context-manager overhead
+            conn = self._conn
+            if conn is None:
+                raise StoreError(f"{self.path}: the store is closed")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    numbered = self._append_in_transaction(conn, session_id, events, encoded, expected_last_seq)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise self._error(exc, "append events") from exc
+        return numbered
+
+    def _append_in_transaction(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        events: Sequence[Event],
+        encoded: list[tuple[Any, ...]],
+        expected_last_seq: int,
+    ) -> list[Event]:
+        row = conn.execute(_SQL_SESSION, (session_id,)).fetchone()
+        last = row[4] if row is not None else 0
+        numbered = number_events(session_id, events, last, expected_last_seq)  # may raise: nothing written
+        if not numbered:
+            return numbered
+        conn.executemany(_SQL_INSERT_EVENT, [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)])
+        ws = WorkflowState(session_id=session_id)
+        if row is not None:
+            ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations = row
+        workflow_before = ws.workflow
+        paths = list(dict.fromkeys(e.path for e in numbered if e.path and type(e) is not UnknownEvent))
+        if row is not None and paths:
+            for i in range(0, len(paths), _PATHS_PER_QUERY):
+                chunk = paths[i : i + _PATHS_PER_QUERY]
+                sql = _SQL_LOAD_NODES + "(" + ", ".join("?" * len(chunk)) + ")"
+                for r in conn.execute(sql, (session_id, *chunk)):
+                    ws.nodes[r[0]] = _node_state(r)
+        apply = ws.apply
+        for e in numbered:
+            apply(e)  # the one definition of what an event means (projection.py)
+        nodes = ws.nodes
+        workflow = ws.workflow
+        conn.executemany(_SQL_UPSERT_NODE, [_node_row(session_id, workflow, nodes[p]) for p in paths if p in nodes])
+        if workflow != workflow_before and row is not None:
+            conn.execute("UPDATE node_runs SET workflow = ? WHERE session_id = ?", (workflow, session_id))
+        conn.execute(_SQL_UPSERT_SESSION, _session_row(ws))
         return numbered
 
     def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
