@@ -220,6 +220,32 @@ def test_two_processes_racing_appends_exactly_one_wins(db_path):
         assert s.sessions()[0].last_seq == rounds + 1
 
 
+def _create_worker(path, name, barrier, queue):  # runs in a separate process
+    barrier.wait()
+    try:
+        with SqliteEventStore(path) as store:
+            store.append(name, [started(name)], 0)
+        queue.put((name, "ok"))
+    except Exception as exc:  # pragma: no cover - reported by the test
+        queue.put((name, repr(exc)))
+
+
+def test_processes_creating_the_same_new_file_at_once(db_path):
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(3)
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_create_worker, args=(str(db_path), f"p{i}", barrier, queue)) for i in range(3)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert results == {"p0": "ok", "p1": "ok", "p2": "ok"}
+    with SqliteEventStore(db_path) as s:
+        assert sorted(i.session_id for i in s.sessions()) == ["p0", "p1", "p2"]
+        assert s.schema_version == sqlite_mod.SCHEMA_VERSION
+
+
 def test_a_writer_waits_for_another_process_lock_then_succeeds(db_path):
     with SqliteEventStore(db_path) as s:
         s.append(SID, [started()], 0)

@@ -276,6 +276,14 @@ _SQL_SESSIONS = (
 _PATHS_PER_QUERY = 500
 
 
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:  # pragma: no cover - the error that led here matters more
+            pass
+
+
 def _node_state(row: Sequence[Any]) -> NodeState:
     return NodeState(**dict(zip(_NODE_STATE_COLUMNS, row)))
 
@@ -453,8 +461,7 @@ class SqliteEventStore(EventStore):
                 )
             conn.execute("COMMIT")
         except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            _rollback(conn)
             if isinstance(exc, sqlite3.Error):
                 raise self._error(exc, f"migrating the schema from version {version} to {SCHEMA_VERSION}") from exc
             raise
@@ -515,11 +522,7 @@ class SqliteEventStore(EventStore):
                 yield conn
                 conn.execute("COMMIT")
             except BaseException:
-                if conn.in_transaction:
-                    try:
-                        conn.execute("ROLLBACK")
-                    except sqlite3.Error:  # pragma: no cover - the original error matters more
-                        pass
+                _rollback(conn)
                 raise
 
     def close(self) -> None:
@@ -614,7 +617,8 @@ class SqliteEventStore(EventStore):
     def _bad_row(self, session_id: str, seq: int, problem: str) -> StoreError:
         return StoreError(f"{self.path}: bad event in session {session_id!r} at seq {seq}: {problem}")
 
-    def _fetch(self, conn: sqlite3.Connection, session_id: str, after_seq: int, last_seq: int) -> list[Event]:
+    def _fetch(self, conn: sqlite3.Connection, session_id: str, after_seq: int, last_seq: int) -> list[tuple[Any, ...]]:
+        """The rows of seq ``after_seq + 1 .. last_seq``; a missing one is reported, not skipped."""
         rows = conn.execute(_SQL_READ, (session_id, after_seq, last_seq)).fetchall()
         if len(rows) != last_seq - after_seq:
             seqs = [r[0] for r in conn.execute(
@@ -648,8 +652,7 @@ class SqliteEventStore(EventStore):
                     numbered = self._append_in_transaction(conn, session_id, events, encoded, expected_last_seq)
                     conn.execute("COMMIT")
                 except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
+                    _rollback(conn)
                     raise
             except sqlite3.Error as exc:
                 raise self._error(exc, "append events") from exc
