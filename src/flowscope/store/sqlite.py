@@ -265,8 +265,9 @@ _SQL_LOAD_NODES = f"SELECT {', '.join(_NODE_STATE_COLUMNS)} FROM node_runs WHERE
 # In NodeRun field order, so that rows map positionally.
 _NODE_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(NodeRun))
 _SQL_NODE_RUNS = f"SELECT {', '.join(_NODE_RUN_FIELDS)} FROM node_runs"
-_OPEN_IN = "(" + ", ".join(f"'{s}'" for s in OPEN_STATES) + ")"
-_SQL_OPEN_RUNS = f"{_SQL_NODE_RUNS} WHERE status IN {_OPEN_IN} ORDER BY started_at, rowid"
+_SQL_OPEN_RUNS = (
+    f"{_SQL_NODE_RUNS} WHERE status IN ({', '.join('?' for _ in OPEN_STATES)}) ORDER BY started_at, rowid"
+)
 _SQL_HEARTBEAT = (
     "UPDATE node_runs SET heartbeat_at = ? WHERE session_id = ? AND path = ? AND status = 'running'"
 )
@@ -733,7 +734,7 @@ class SqliteEventStore(EventStore):
 
     def open_runs(self) -> list[NodeRun]:
         with self._op("query open runs") as conn:
-            rows = conn.execute(_SQL_OPEN_RUNS).fetchall()
+            rows = conn.execute(_SQL_OPEN_RUNS, OPEN_STATES).fetchall()
         return [NodeRun(*r) for r in rows]
 
     # ------------------------------------------------------------------ maintenance
