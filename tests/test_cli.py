@@ -515,3 +515,48 @@ def test_serve_metrics_port_in_use(demo_db):
         s.listen()
         port = s.getsockname()[1]
         assert_one_line_error(run_cli("--db", str(db), "serve-metrics", "--port", str(port)), f"127.0.0.1:{port}")
+
+
+def test_stuck_classifies_waiting_input_waiting_job_and_overdue(tmp_path):
+    from flowscope import START, Workflow, node
+
+    @node
+    async def ask(ctx, x):
+        return await ctx.request_input("go?", interrupt_id="go")
+
+    def job_workflow(name, deadline):
+        @node(name=f"{name}_job")
+        async def wait_for_job(ctx, x):
+            return await ctx.await_job(dispatch=lambda job: None, payload=x, deadline_s=deadline)
+
+        return Workflow(name, edges=[(START, wait_for_job)])
+
+    db = tmp_path / "open.db"
+    with SqliteEventStore(db) as store:
+        Runner(Workflow("asks", edges=[(START, ask)]), store=store).run_sync(1, session_id="s-input")
+        Runner(job_workflow("slowjob", 3600), store=store).run_sync(1, session_id="s-job")
+        Runner(job_workflow("latejob", 0.01), store=store).run_sync(1, session_id="s-late")
+    time.sleep(0.05)
+    rows = json.loads(invoke("--db", str(db), "stuck", "--older-than", "0s", "--format", "json").stdout)
+    by_session = {r["session_id"]: r for r in rows}
+    assert set(by_session) == {"s-input", "s-job", "s-late"}
+    assert (by_session["s-input"]["state"], by_session["s-input"]["waiting_on"]) == ("waiting_input", ["go"])
+    assert by_session["s-input"]["action"] == "flowscope resume s-input --input 'go=JSON'"
+    assert by_session["s-job"]["state"] == "waiting_job" and by_session["s-job"]["job_deadline_at"] is not None
+    assert by_session["s-late"]["state"] == "overdue"
+    only = json.loads(invoke("--db", str(db), "stuck", "--older-than", "0s", "--state", "overdue", "--format", "json").stdout)
+    assert [r["session_id"] for r in only] == ["s-late"]
+    table = invoke("--db", str(db), "show", "s-input").stdout
+    assert "WAITING for go" in table and "flowscope resume s-input --input 'go=JSON'" in table
+
+
+def test_parse_duration():
+    assert views.parse_duration("15m") == 900
+    assert views.parse_duration("1h30m") == 5400
+    assert views.parse_duration("500ms") == 0.5
+    assert views.parse_duration("2d") == 172800
+    assert views.parse_duration("0.5") == 0.5
+    assert views.parse_duration("90s") == 90
+    for bad in ("", "soon", "5x", "-1s"):
+        with pytest.raises(ValueError):
+            views.parse_duration(bad)

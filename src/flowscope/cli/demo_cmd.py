@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from typing import Any, Callable
 
@@ -53,6 +54,7 @@ def run_demo(
 
     db_path = os.path.abspath(db)
     store = open_store(db, create=True)
+    previous_term = _term_as_interrupt()
     prefix = prefix_for(db)
     tracing = None
     server = None
@@ -74,6 +76,13 @@ def run_demo(
 
                 raise CliError(f"--otlp-endpoint {otlp_endpoint}: {exc}") from None
             plugins.append(tracing.plugin())
+            problem = _unreachable(otlp_endpoint)
+            if problem:
+                click.echo(
+                    click.style(f"warning: {problem}: the spans will be dropped", fg="yellow")
+                    + " (start a collector or Jaeger first: docs/operations.md)",
+                    err=True,
+                )
         plugins += [MetricsPlugin(registry=registry), progress]
 
         click.echo(f"flowscope demo: database {db}" + (f", spans to {otlp_endpoint} ({protocol})" if tracing else ""))
@@ -210,3 +219,31 @@ def run_demo(
         if tracing is not None:
             tracing.shutdown()
         store.close()
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+
+
+def _unreachable(endpoint: str) -> str | None:
+    """Why nothing can receive spans at ``endpoint`` (a TCP connect fails), or None."""
+    import socket
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+        host = parts.hostname or "localhost"
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        return f"{endpoint} is not a URL ({exc})"
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return None
+    except OSError as exc:
+        return f"nothing answers at {host}:{port} ({exc.strerror or exc})"
+
+
+def _term_as_interrupt() -> Any:
+    """While the demo runs, SIGTERM stops it like Ctrl-C (the worker is killed, the store closed)."""
+    try:
+        return signal.signal(signal.SIGTERM, signal.default_int_handler)
+    except ValueError:  # not the main thread (embedded use): leave signals alone
+        return None

@@ -9,6 +9,17 @@ from ..plugins import Plugin
 __all__ = ["ProgressPlugin"]
 
 
+def _silence_stdout() -> None:
+    import os
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - no real stdout
+        pass
+
+
 def _short(path: str) -> str:
     """``order_fulfilment@1/reserve_stock@1/check_stock@1`` -> indented ``check_stock@1``."""
     parts = path.split("/")
@@ -29,7 +40,11 @@ class ProgressPlugin(Plugin):
             return
         line = self.line(e)
         if line:
-            self.echo(line)
+            try:
+                self.echo(line)
+            except BrokenPipeError:  # `flowscope demo | head`: stop printing, let the run finish
+                self.enabled = False
+                _silence_stdout()
 
     @staticmethod
     def line(e: Any) -> str | None:

@@ -202,9 +202,7 @@ def runs_rows(
     if not sessions:
         return []
     wanted = {s.session_id for s in sessions}
-    runs = [r for r in store.node_runs() if r.session_id in wanted] if len(wanted) > 20 else [
-        r for sid in wanted for r in store.node_runs(sid)
-    ]
+    runs = [r for s in sessions for r in store.node_runs(s.session_id)]  # indexed by session
     origins = _origin_failures(runs)
     per: dict[str, dict[str, Any]] = {sid: {"node_runs": 0, "open_runs": 0, "failed_runs": 0, "error_code": None} for sid in wanted}
     for r in runs:
