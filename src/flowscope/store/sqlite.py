@@ -640,6 +640,8 @@ class SqliteEventStore(EventStore):
     # ------------------------------------------------------------------ the port
 
     def append(self, session_id: str, events: Sequence[Event], expected_last_seq: int) -> list[Event]:
+        if not isinstance(events, (list, tuple)):
+            events = list(events)  # iterated twice below
         encoded = [self._encode(session_id, e) for e in events]  # fails before anything is locked
         if self.readonly:
             raise StoreError(f"{self.path} is open read-only: cannot append events")
