@@ -83,6 +83,7 @@ def demo_db(tmp_path_factory):
         "orders": next(s for s in sessions if s.endswith("-orders")),
         "declined": next(s for s in sessions if s.endswith("-declined")),
         "export": next(s for s in sessions if s.endswith("-export")),
+        "lost": next(s for s in sessions if s.endswith("-lost")),
     }
     time.sleep(0.6)  # the killed worker's heartbeat goes stale (--stale-after 0.5s)
     return db, ids
@@ -225,11 +226,20 @@ def test_stuck_thresholds_and_states(demo_db):
     assert json.loads(result.stdout) == []
     assert "nothing stuck" in invoke("--db", str(db), "stuck").stdout
     rows = json.loads(invoke("--db", str(db), "stuck", "--older-than", "0s", "--stale-after", "1h", "--format", "json").stdout)
-    assert [r["state"] for r in rows] == ["running"]  # alive by a 1h standard
+    assert {r["session_id"]: r["state"] for r in rows} == {ids["export"]: "running", ids["lost"]: "overdue"}
     rows = json.loads(
         invoke("--db", str(db), "stuck", "--older-than", "0", "--stale-after", STALE, "--all", "--format", "json").stdout
     )
-    assert {r["path"] for r in rows} == {"nightly_export@1", "nightly_export@1/export_rows@1"}
+    assert {r["path"] for r in rows} == {
+        "nightly_export@1",
+        "nightly_export@1/export_rows@1",
+        "order_fulfilment@1",
+        "order_fulfilment@1/enrich_addresses@1",
+    }
+    rows = json.loads(
+        invoke("--db", str(db), "stuck", "--older-than", "0", "--stale-after", STALE, "--state", "orphaned", "--format", "json").stdout
+    )
+    assert [(r["session_id"], r["path"]) for r in rows] == [(ids["export"], "nightly_export@1/export_rows@1")]
     rows = json.loads(
         invoke("--db", str(db), "stuck", "--older-than", "0", "--stale-after", STALE, "--state", "waiting_input", "--format", "json").stdout
     )

@@ -37,7 +37,7 @@ def sessions_of(db: Path) -> dict[str, str]:
     with SqliteEventStore(db, readonly=True) as store:
         ids = [s.session_id for s in store.sessions()]
     out = {}
-    for suffix in ("orders", "declined", "export"):
+    for suffix in ("orders", "declined", "lost", "export"):
         out[suffix] = next(s for s in ids if s.endswith("-" + suffix))
     return out
 
@@ -77,6 +77,7 @@ def test_the_demo_is_quick_and_says_what_happened(demo):
         f"flowscope show {ids['orders']}",
         "flowscope stuck --older-than 0s --stale-after 0.3s",
         f"flowscope resume {ids['export']}",
+        f"flowscope resume {ids['lost']} --job 'job-",
         f"flowscope export {ids['orders']}",
         "flowscope serve-metrics",
         "flowscope demo --otlp-endpoint http://localhost:4318",
@@ -121,6 +122,11 @@ def test_the_demo_database_holds_everything_it_promises(demo):
     (err,) = [e for e in declined if e.type == "node_error"]
     assert (err.node, err.error_code, err.error_type) == ("charge_card", "PAYMENT_DECLINED", "PaymentDeclined")
     assert rebuild(declined).status == "failed"
+    # a job the worker never reports: the session waits on it
+    with SqliteEventStore(db, readonly=True) as store:
+        lost = rebuild(store.read(ids["lost"]))
+    assert lost.status == "paused" and [p.type for p in lost.pending] == ["job_dispatched"]
+    assert lost.pending[0].deadline_s == 0.3
     # a worker that died mid-run
     state = rebuild(crashed)
     assert state.status == "running"
@@ -133,16 +139,21 @@ def test_audit_and_stuck_json_report_them(demo):
     audit = json.loads(run_cli("--db", str(db), "audit", "--format", "json").stdout)
     by_node = {(r["workflow"], r["node"]): r for r in audit}
     fetch = by_node[("order_fulfilment", "fetch_orders")]
-    assert fetch["retries"] == 2 and fetch["attempts"] == 4 and fetch["max_attempt"] == 2
+    assert fetch["retries"] == 3 and fetch["attempts"] == 6 and fetch["max_attempt"] == 2  # three batches
     charge = by_node[("order_fulfilment", "charge_card")]
     assert charge["errors"] == 1 and charge["error_codes"] == {"PAYMENT_DECLINED": 1}
     assert by_node[("order_fulfilment", "ship")]["failed"] == 1 and by_node[("order_fulfilment", "ship")]["errors"] == 0
     assert by_node[("nightly_export", "export_rows")]["open"] == 1
     assert by_node[("order_fulfilment", "send_confirmations")]["completed"] == 1
     stuck = json.loads(run_cli("--db", str(db), "stuck", "--older-than", "0s", "--stale-after", "0.3s", "--format", "json").stdout)
-    (row,) = stuck
-    assert (row["session_id"], row["path"], row["state"]) == (ids["export"], "nightly_export@1/export_rows@1", "orphaned")
-    assert row["heartbeat_age_s"] >= 0.3
+    by_state = {r["state"]: r for r in stuck}
+    assert set(by_state) == {"orphaned", "overdue"}
+    orphan, overdue = by_state["orphaned"], by_state["overdue"]
+    assert (orphan["session_id"], orphan["path"]) == (ids["export"], "nightly_export@1/export_rows@1")
+    assert orphan["heartbeat_age_s"] >= 0.3
+    assert (overdue["session_id"], overdue["path"]) == (ids["lost"], "order_fulfilment@1/enrich_addresses@1")
+    assert overdue["waiting_on"] and overdue["waiting_on"][0].startswith("job-")
+    assert by_node[("order_fulfilment", "enrich_addresses")]["open"] == 1
 
 
 def test_the_demo_in_process_with_interactive_answers(tmp_path):
@@ -167,7 +178,7 @@ def test_repeat_runs_the_workflows_again(tmp_path):
     by_workflow = {}
     for s in sessions:
         by_workflow.setdefault(s.workflow, []).append(s.status)
-    assert sorted(by_workflow["order_fulfilment"]) == ["completed"] * 3 + ["failed"] * 3
+    assert sorted(by_workflow["order_fulfilment"]) == ["completed"] * 3 + ["failed"] * 3 + ["paused"]
     assert by_workflow["nightly_export"] == ["running"]
     assert "run 3/3" in result.stdout
 
@@ -230,12 +241,14 @@ def test_metrics_port_serves_during_and_after_the_run_until_sigterm(tmp_path):
         time.sleep(0.3)
         body = urllib.request.urlopen(url, timeout=10).read().decode()
         # the in-process metrics of the runs ...
-        assert re.search(r'flowscope_node_runs_total\{node="fetch_orders",outcome="success",workflow="order_fulfilment"\} 4\.0', body)
-        assert re.search(r'flowscope_node_retries_total\{error_type="InventoryUnavailable",node="fetch_orders",workflow="order_fulfilment"\} 4\.0', body)
+        # (2 repeats x 2 batches, and the batch whose job is lost)
+        assert re.search(r'flowscope_node_runs_total\{node="fetch_orders",outcome="success",workflow="order_fulfilment"\} 5\.0', body)
+        assert re.search(r'flowscope_node_retries_total\{error_type="InventoryUnavailable",node="fetch_orders",workflow="order_fulfilment"\} 5\.0', body)
         assert 'flowscope_node_errors_total{error_code="PAYMENT_DECLINED",error_type="PaymentDeclined",node="charge_card",workflow="order_fulfilment"} 2.0' in body
         assert re.search(r'flowscope_job_results_total\{node="enrich_addresses",result="empty",workflow="order_fulfilment"\} 4\.0', body)
         # ... and the store collector, which sees the killed worker's orphaned run
         assert 'flowscope_store_orphaned_runs{node="export_rows",workflow="nightly_export"} 1.0' in body
+        assert 'flowscope_store_overdue_jobs{node="enrich_addresses",workflow="order_fulfilment"} 1.0' in body
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
         assert "Traceback" not in proc.stderr.read()

@@ -135,7 +135,22 @@ def run_demo(
                         line = click.style(rep.status, fg="yellow") + f" after {rep.invocations} invocation(s)"
                     click.echo(("  => " if i == 0 else f"  run {i + 1}/{repeat} {session}: ") + line)
 
+        lost_session = f"demo-{tag}-lost"
+
+        async def lost_job() -> Any:
+            _section(f"a third batch, whose geocoding job the worker loses: session {lost_session}")
+            progress.enabled = True
+            rep = await driver.run_batch(
+                lost_session, batch_input(f"B-{tag}-lost", "normal", geocoding_deadline_s=stale_after), answer=False
+            )
+            return rep
+
         asyncio.run(batches())
+        lost = asyncio.run(lost_job())
+        lost_jobs = [p.job_id for p in lost.extra.get("pending", []) if p.type == "job_dispatched"]
+        if lost_jobs:
+            click.echo(f"  the worker never reports {lost_jobs[0]}: the session waits (waiting_job), and is")
+            click.echo(f"  overdue once the job is past its deadline_s={stale_after:g}s (flowscope stuck, flowscope_store_overdue_jobs)")
 
         _section(f"a worker killed mid-run: session {worker_session}")
         running = wait_until_running(store, worker_session, proc, timeout=30.0)
@@ -160,7 +175,7 @@ def run_demo(
             click.echo(line)
 
         _section(f"the attempt audit of this demo ({prefix} audit --format json)")
-        demo_sessions = [main_session, failed_session, worker_session]
+        demo_sessions = [main_session, failed_session, lost_session, worker_session]
         runs = [r for sid in demo_sessions for r in store.node_runs(sid)]
         rows = views.audit_rows(runs)
         click.echo(
@@ -188,14 +203,21 @@ def run_demo(
             (f"{prefix} show {main_session}", "the waterfall above"),
             (f"{prefix} show {failed_session}", "the PAYMENT_DECLINED failure, where it began"),
             (f"{prefix} audit --format json", "attempts, retries, recoveries, errors per node"),
-            (f"{prefix} stuck --older-than 0s --stale-after {stale}", "the killed worker's orphaned run"),
-            (f"{prefix} resume {worker_session} --force", "recover it: a new attempt, finished nodes kept"),
+            (f"{prefix} stuck --older-than 0s --stale-after {stale}", "the killed worker's orphaned run, the overdue job"),
+            (f"{prefix} resume {worker_session} --force", "recover the orphaned run: a new attempt, finished nodes kept"),
             (f"{prefix} export {main_session} -o spans.json", "its spans as OTLP JSON, rebuilt from the log"),
             (f"{prefix} serve-metrics", "Prometheus metrics over the store on 127.0.0.1:9464"),
         ]
-        width = max(len(c) for c, _ in hints)
+        if lost_jobs:
+            result = '{"success": true, "count": 3, "data": {"geocoded": [1, 2, 3]}}'
+            hints.insert(6, (f"{prefix} resume {lost_session} --job '{lost_jobs[0]}={result}'", "report the lost job"))
+        width = min(56, max(len(c) for c, _ in hints))
         for command, what in hints:
-            click.echo(f"  {command.ljust(width)}   # {what}")
+            if len(command) > width:
+                click.echo(f"  {command}")
+                click.echo(f"  {'':<{width}}   # {what}")
+            else:
+                click.echo(f"  {command:<{width}}   # {what}")
         click.echo("")
         click.echo("  The same spans in Jaeger (UI on http://localhost:16686):")
         click.echo("    docker run -d --name jaeger -p 16686:16686 -p 4317:4317 -p 4318:4318 jaegertracing/all-in-one")

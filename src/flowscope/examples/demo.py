@@ -71,9 +71,10 @@ _CUSTOMERS = [
 ]
 
 
-def batch_input(batch: str, scenario: str = "normal") -> dict[str, Any]:
-    """The run input of one batch. ``scenario="card_declined"`` makes one card fail."""
-    return {"batch": batch, "warehouse": "eu-west-1", "scenario": scenario}
+def batch_input(batch: str, scenario: str = "normal", geocoding_deadline_s: float = 3600.0) -> dict[str, Any]:
+    """The run input of one batch. ``scenario="card_declined"`` makes one card fail;
+    ``geocoding_deadline_s`` is how long the geocoding job may take before it is overdue."""
+    return {"batch": batch, "warehouse": "eu-west-1", "scenario": scenario, "geocoding_deadline_s": geocoding_deadline_s}
 
 
 def _orders(batch: dict[str, Any]) -> list[dict[str, Any]]:
@@ -114,7 +115,12 @@ async def fetch_orders(ctx, batch):
     await asyncio.sleep(0.02)
     if ctx.attempt == 1:
         raise InventoryUnavailable("inventory API did not answer within 2s (HTTP 504)")
-    return {"batch": batch["batch"], "warehouse": batch["warehouse"], "orders": _orders(batch)}
+    return {
+        "batch": batch["batch"],
+        "warehouse": batch["warehouse"],
+        "orders": _orders(batch),
+        "geocoding_deadline_s": batch.get("geocoding_deadline_s", 3600.0),
+    }
 
 
 @node
@@ -148,7 +154,7 @@ async def enrich_addresses(ctx, data):
         dispatch=dispatch_geocoding,
         payload={"batch": data["batch"], "addresses": [o["address"] for o in data["orders"]]},
         expect_count=True,
-        deadline_s=3600,
+        deadline_s=data.get("geocoding_deadline_s", 3600.0),
     )
     return {"geocoded": len(result.get("geocoded", [])) if isinstance(result, dict) else 0}
 
@@ -289,12 +295,17 @@ class DemoDriver:
                 inputs[p.interrupt_id] = value
         return inputs, jobs
 
-    async def run_batch(self, session_id: str, run_input: dict[str, Any]) -> SessionReport:
-        """Run one batch to its end, answering every pause. A failure is reported, not raised."""
+    async def run_batch(self, session_id: str, run_input: dict[str, Any], *, answer: bool = True) -> SessionReport:
+        """Run one batch to its end, answering every pause (``answer=False``: stop at the
+        first pause, as if the job's worker lost it). A failure is reported, not raised."""
         report = SessionReport(session_id, order_fulfilment.name, run_input.get("scenario", "normal"), "running")
         try:
             result = await self.runner.run(run_input, session_id=session_id)
             report.invocations = 1
+            if result.status == "paused" and not answer:
+                report.status = "paused"
+                report.extra["pending"] = result.pending
+                return report
             while result.status == "paused":
                 if report.invocations >= self.max_invocations:
                     report.status = "paused"
