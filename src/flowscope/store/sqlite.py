@@ -6,8 +6,11 @@ One file holds everything, in WAL mode so readers never block the writer:
     key/value: ``application`` (``"flowscope"``) and ``schema_version``.
 ``events``
     the log: ``(session_id, seq)`` is the primary key; ``type``, ``ts``,
-    ``invocation_id``, ``path`` and ``node`` are columns, the event's other fields are a
-    JSON object in ``payload``.
+    ``invocation_id``, ``path`` and ``node`` are columns, the event's other fields (all of
+    them, defaults included, as :func:`flowscope.events.to_dict` gives them) are a JSON
+    object in ``payload``, so ``json_extract(payload, '$.error_code')`` works in ad-hoc
+    SQL. The file's ``schema_version`` covers the payload format too. Events of a type
+    this version does not know are stored and read back as ``UnknownEvent``.
 ``sessions``
     one row per session (workflow, status, started/updated, ``last_seq``, invocations).
 ``node_runs``
@@ -22,6 +25,11 @@ processes may use one file, each through its own ``SqliteEventStore``; a writer 
 the file locked waits up to ``busy_timeout`` seconds. A store object may be shared by
 threads (calls are serialised by a lock), but not across ``fork()``: open a new one in the
 child.
+
+``read()`` is the resume path, so it is tuned: one JSON parse for all payloads of the
+read (a corrupt row falls back to row-by-row parsing to name its seq), events built by
+setting their slots directly (equivalent to ``from_dict``), and the cyclic GC paused
+while the ~10 objects per event are created.
 """
 
 from __future__ import annotations
