@@ -22,6 +22,8 @@ class MemoryEventStore(EventStore):
     def append(self, session_id: str, events: Sequence[Event], expected_last_seq: int) -> list[Event]:
         log = self._events.get(session_id)
         numbered = number_events(session_id, events, len(log) if log else 0, expected_last_seq)
+        if not numbered:
+            return numbered
         if log is None:
             log = self._events[session_id] = []
             self._states[session_id] = WorkflowState(session_id=session_id)
