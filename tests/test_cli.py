@@ -3,7 +3,6 @@ script in a subprocess: every command, every format, every error case."""
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import io
 import json

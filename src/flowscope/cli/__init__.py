@@ -9,16 +9,14 @@ session or an argument is one line on stderr and exit code 2, never a traceback
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shlex
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, Callable, NoReturn
 
 import click
 
@@ -563,7 +561,7 @@ def resume(
         click.echo(f"resuming {session} ({ws.workflow}, {ws.status})")
         try:
             result = runner.resume_sync(session, inputs=answers, jobs=results, force=force)
-        except (StoreError, ResumeError, WorkflowError):
+        except (StoreError, ResumeError):  # nothing ran: a problem with the session or the store
             raise
         except Exception as exc:  # the workflow failed: the node's own exception
             after = views.load_session(store, session)
@@ -575,7 +573,7 @@ def resume(
             if tracing is not None:
                 tracing.shutdown()
     if result.status == "paused":
-        click.echo(click.style(f"paused again", fg="yellow") + f" ({session})")
+        click.echo(click.style("paused again", fg="yellow") + f" ({session})")
         for p in result.pending:
             if p.type == "input_requested":
                 click.echo(f"  input {p.interrupt_id!r}: {p.prompt}")

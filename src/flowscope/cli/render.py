@@ -7,7 +7,7 @@ import io
 import json
 import math
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import click
 
@@ -218,7 +218,3 @@ def waterfall_lines(rows: Sequence[dict[str, Any]], *, width: int = 32, end_ts: 
         ("DETAIL", lambda r: r["_detail"]),
     ]
     return render_table(table_rows, columns, color_key="STATUS", max_width=120).split("\n")
-
-
-def join_lines(lines: Iterable[str]) -> str:
-    return "\n".join(lines)
