@@ -1,0 +1,197 @@
+"""LangGraph peers: the benchmark workflows as LangGraph ``StateGraph``s.
+
+State is ``{"x": int}``; every trivial node returns ``{"x": x + 1}``. Runs use the sync
+``invoke`` (measured faster than ``ainvoke`` for these graphs, so the comparison favours
+LangGraph). Configurations:
+
+- no checkpointer;
+- ``SqliteSaver`` on a temp file (WAL, as ``setup()`` makes it), default durability
+  (``"async"``: checkpoints written in the background while the next step runs);
+- ``SqliteSaver``, ``durability="sync"`` (each checkpoint written before the next step).
+
+The pause workflow calls ``interrupt()`` in node 100 and resumes with
+``Command(resume=...)``; it needs a checkpointer, so it is n/a without one.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import sqlite3
+import uuid
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, TypedDict
+
+__all__ = ["LangGraphConfig", "langgraph_configs", "available", "versions"]
+
+
+def available() -> str | None:
+    try:
+        import langgraph.graph  # noqa: F401
+        from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: F401
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+class S(TypedDict):
+    x: int
+
+
+class FS(TypedDict):
+    x: int
+    r: Annotated[list, operator.add]
+
+
+def _inc(s: dict) -> dict:
+    return {"x": s["x"] + 1}
+
+
+def _chain_graph(n: int, ask_at: int | None = None) -> Any:
+    from langgraph.graph import END, START, StateGraph
+
+    g = StateGraph(S)
+    prev = START
+    for i in range(n):
+        name = f"n{i}"
+        if i == ask_at:
+            name = "ask"
+            g.add_node(name, _ask)
+        else:
+            g.add_node(name, _inc)
+        g.add_edge(prev, name)
+        prev = name
+    g.add_edge(prev, END)
+    return g
+
+
+def _ask(s: dict) -> dict:
+    from langgraph.types import interrupt
+
+    interrupt({"prompt": "continue?", "payload": s["x"]})
+    return {"x": s["x"] + 1}
+
+
+def _branch(s: dict) -> dict:
+    return {"r": [s["x"] + 1]}
+
+
+def _join(s: dict) -> dict:
+    return {"x": len(s["r"])}
+
+
+def _count(s: dict) -> dict:
+    return {"x": s["x"]}
+
+
+def _fanout_graph(n: int) -> Any:
+    from langgraph.graph import END, START, StateGraph
+
+    g = StateGraph(FS)
+    names = [f"b{i}" for i in range(n)]
+    for name in names:
+        g.add_node(name, _branch)
+        g.add_edge(START, name)
+    g.add_node("join", _join)
+    g.add_edge(names, "join")  # waits for all of them
+    g.add_node("count", _count)
+    g.add_edge("join", "count")
+    g.add_edge("count", END)
+    return g
+
+
+def _nested_graph(inner: int, length: int, checkpointer: Any) -> Any:
+    from langgraph.graph import END, START, StateGraph
+
+    g = StateGraph(S)
+    prev = START
+    for j in range(inner):
+        # compiled without a checkpointer: a subgraph uses its parent's
+        sub = _chain_graph(length).compile()
+        name = f"inner{j}"
+        g.add_node(name, sub)
+        g.add_edge(prev, name)
+        prev = name
+    g.add_edge(prev, END)
+    return g
+
+
+@dataclass
+class LangGraphConfig:
+    key: str
+    label: str
+    sqlite: bool = False
+    durability: str | None = None  # None: LangGraph's default ("async")
+
+    def make(self, wf_key: str, spec: Any, tmpdir: str) -> tuple[Callable[[], Any] | None, str | None, Callable[[], None]]:
+        """``(run, n/a reason, close)``: ``run()`` executes the workflow once and returns its output."""
+        from workflows import FAN, INNER, INNER_LEN, PAUSE_LEN
+
+        saver = None
+        conn = None
+        if self.sqlite:
+            from langgraph.checkpoint.sqlite import SqliteSaver
+
+            conn = sqlite3.connect(os.path.join(tmpdir, f"{self.key}-{wf_key}.db"), check_same_thread=False)
+            saver = SqliteSaver(conn)
+            saver.setup()
+
+        def close() -> None:
+            if conn is not None:
+                conn.close()
+
+        kw: dict[str, Any] = {}
+        if self.durability is not None:
+            kw["durability"] = self.durability
+        if wf_key.startswith("chain"):
+            graph = _chain_graph(int(wf_key[len("chain") :])).compile(checkpointer=saver)
+        elif wf_key == "fanout50":
+            graph = _fanout_graph(FAN).compile(checkpointer=saver)
+        elif wf_key == "nested":
+            graph = _nested_graph(INNER, INNER_LEN, saver).compile(checkpointer=saver)
+        elif wf_key == "pause200":
+            if saver is None:
+                close()
+                return None, "interrupt() needs a checkpointer: LangGraph cannot pause and resume without one", close
+            graph = _chain_graph(PAUSE_LEN, ask_at=PAUSE_LEN // 2).compile(checkpointer=saver)
+        else:
+            raise KeyError(wf_key)
+        limit = spec.nodes * 2 + 100
+
+        if wf_key == "pause200":
+            from langgraph.types import Command
+
+            def run() -> Any:
+                cfg = {"recursion_limit": limit, "configurable": {"thread_id": uuid.uuid4().hex}}
+                first = graph.invoke({"x": 0}, cfg, **kw)
+                if "__interrupt__" not in first:
+                    raise AssertionError(f"LangGraph did not pause: {first!r}")
+                return graph.invoke(Command(resume=5), cfg, **kw)["x"]
+
+        else:
+
+            def run() -> Any:
+                cfg = {"recursion_limit": limit, "configurable": {"thread_id": uuid.uuid4().hex}}
+                return graph.invoke({"x": 0}, cfg, **kw)["x"]
+
+        return run, None, close
+
+
+def langgraph_configs() -> list[LangGraphConfig]:
+    return [
+        LangGraphConfig("lg_plain", "LangGraph, no checkpointer"),
+        LangGraphConfig("lg_sqlite", "LangGraph + SqliteSaver (default durability, async)", sqlite=True),
+        LangGraphConfig("lg_sqlite_sync", 'LangGraph + SqliteSaver (durability="sync")', sqlite=True, durability="sync"),
+    ]
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for p in ("langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite", "langchain-core"):
+        try:
+            out[p] = version(p)
+        except PackageNotFoundError:
+            out[p] = "not installed"
+    return out
