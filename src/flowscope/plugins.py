@@ -66,6 +66,7 @@ class PluginDispatcher:
 
     def __init__(self, plugins: Iterable[Plugin] = ()) -> None:
         self.plugins = list(plugins)
+        self.names = tuple(getattr(p, "name", type(p).__name__) for p in self.plugins)
         self.errors: Counter[tuple[str, str]] = Counter()
         self._hooks: dict[str, list[tuple[Plugin, Any]]] = {}
         for hook in (*HOOKS, "on_plugin_error"):

@@ -48,6 +48,9 @@ class RunInfo:
     plugin_state: dict[str, Any] = field(default_factory=dict)
     replayed: int = 0
     recovered: int = 0
+    #: Names of the plugins of this runner, so a metrics plugin can start their error
+    #: counters at zero (a series that exists before the first error makes alerts work).
+    plugins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -326,6 +326,7 @@ class Runner:
             previous_trace_context=dict(ws.trace_context),
             replayed=sum(1 for ns in ws.nodes.values() if ns.status == "completed"),
             recovered=sum(1 for ns in ws.nodes.values() if ns.status == "running"),
+            plugins=self.plugins.names,
         )
         inv.run = run
         plugins = self.plugins

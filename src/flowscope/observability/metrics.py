@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.trace import get_current_span
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from ..plugins import Plugin
+from ..plugins import HOOKS, Plugin
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.context import NodeContext, NodeOutcome, RunInfo
@@ -390,6 +390,7 @@ class MetricsPlugin(Plugin):
         self._workflow_duration = i["workflow_duration"]
         self._job_results = i["job_results"]
         self._plugin_errors = i["plugin_errors"]
+        self._known_plugins: tuple[str, ...] = ()
         self._nodes: dict[tuple[str, str], _NodeSeries] = {}
         # invocation id -> [workflow, RunFinished.status or None], from before_run/RunStarted
         # to after_run: events carry only ids, and the label is the workflow name.
@@ -419,6 +420,13 @@ class MetricsPlugin(Plugin):
 
     def before_run(self, run: RunInfo) -> None:
         self._invocations[run.invocation_id] = [run.workflow, None]
+        if run.plugins != self._known_plugins:
+            # Start each plugin's error counters at 0: the series exists before the first
+            # error, so the dashboard shows 0 rather than "no data" and increase() sees it.
+            self._known_plugins = run.plugins
+            for name in run.plugins:
+                for hook in HOOKS:
+                    self._plugin_errors.series((str(name), hook)).add(0)
 
     def after_run(self, run: RunInfo, result: RunResult | None, error: BaseException | None) -> None:
         inv = self._invocations.pop(run.invocation_id, None)
