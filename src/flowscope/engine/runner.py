@@ -678,23 +678,19 @@ class _Invocation:
             outcome = NodeOutcome("waiting", ev, ctx.attempt, ctx.recovered, None, p.origin, time.perf_counter() - t0)
             raise
         except asyncio.CancelledError:
-            ev = self.emit(NodeCancelled, path, node.name, reason=self._cancel_reason(ctx))
-            outcome = NodeOutcome("cancellation", ev, ctx.attempt, ctx.recovered, None, None, time.perf_counter() - t0)
+            outcome = self._cancelled(ctx, self._cancel_reason(ctx), t0)
             raise
         except InvocationAbortedError:
             self.aborting = True
-            ev = self.emit(NodeCancelled, path, node.name, reason="aborted")
-            outcome = NodeOutcome("cancellation", ev, ctx.attempt, ctx.recovered, None, None, time.perf_counter() - t0)
+            outcome = self._cancelled(ctx, "aborted", t0)
             raise
         except (KeyboardInterrupt, SystemExit):
             # the process is going down: record that the run stopped, not that it failed
-            ev = self.emit(NodeCancelled, path, node.name, reason="interrupted")
-            outcome = NodeOutcome("cancellation", ev, ctx.attempt, ctx.recovered, None, None, time.perf_counter() - t0)
+            outcome = self._cancelled(ctx, "interrupted", t0)
             raise
         except Exception as exc:
             if self.aborting:  # e.g. a timeout that fired only because the run is being aborted (R3)
-                ev = self.emit(NodeCancelled, path, node.name, reason="aborted")
-                outcome = NodeOutcome("cancellation", ev, ctx.attempt, ctx.recovered, None, None, time.perf_counter() - t0)
+                outcome = self._cancelled(ctx, "aborted", t0)
                 raise
             status = "timeout" if isinstance(exc, NodeTimeoutError) else "failure"
             prior = self.reported.get(id(exc))
@@ -746,6 +742,11 @@ class _Invocation:
                 self._emit_state(ctx)
             if hooks and outcome is not None:
                 await plugins.call("after_node", ctx, outcome)
+
+    def _cancelled(self, ctx: NodeContext, reason: str, t0: float) -> NodeOutcome:
+        """Record that a run stopped without failing (cancellation is not failure, R3)."""
+        ev = self.emit(NodeCancelled, ctx.path, ctx.node_name, reason=reason)
+        return NodeOutcome("cancellation", ev, ctx.attempt, ctx.recovered, None, None, time.perf_counter() - t0)
 
     def _emit_state(self, ctx: NodeContext) -> None:
         changes = self.state.take_changes()
