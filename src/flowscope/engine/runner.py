@@ -346,7 +346,7 @@ class Runner:
         for cls, path, node, fields in answers:
             inv.emit(cls, path, node, **fields)
         self._active[session_id] = inv
-        heartbeats = asyncio.ensure_future(inv.heartbeat_loop()) if self.heartbeat_interval > 0 else None
+        heartbeats = _Heartbeats(inv, self.heartbeat_interval) if self.heartbeat_interval > 0 else None
         result: RunResult | None = None
         error: BaseException | None = None
         try:
@@ -399,6 +399,34 @@ class Runner:
                 if plugins.wants("after_run"):
                     await plugins.call("after_run", run, result, error)
         return result
+
+
+class _Heartbeats:
+    """Refreshes the heartbeat of the runs in flight every ``interval`` seconds.
+
+    A timer on the loop rather than a task: a task costs two trips through the event
+    loop to start and to cancel, a visible share of a short run's fixed cost.
+    """
+
+    __slots__ = ("inv", "interval", "loop", "handle")
+
+    def __init__(self, inv: "_Invocation", interval: float) -> None:
+        self.inv = inv
+        self.interval = interval
+        self.loop = asyncio.get_running_loop()
+        self.handle = self.loop.call_later(interval, self._beat)
+
+    def _beat(self) -> None:
+        running = list(self.inv.in_flight)
+        if running:
+            try:
+                self.inv.heartbeat(running)
+            except Exception:  # a missed heartbeat must not kill the run
+                log.warning("heartbeat failed for session %s", self.inv.session_id, exc_info=True)
+        self.handle = self.loop.call_later(self.interval, self._beat)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
 
 
 class _Invocation:
@@ -494,17 +522,6 @@ class _Invocation:
 
     def heartbeat(self, paths: Iterable[str]) -> None:
         self.store.heartbeat(self.session_id, list(paths))
-
-    async def heartbeat_loop(self) -> None:
-        interval = self.runner.heartbeat_interval
-        while True:
-            await asyncio.sleep(interval)
-            running = [p for p, c in self.in_flight.items()]
-            if running:
-                try:
-                    self.heartbeat(running)
-                except Exception:  # a missed heartbeat must not kill the run
-                    log.warning("heartbeat failed for session %s", self.session_id, exc_info=True)
 
     # -- answers supplied to resume() -----------------------------------------------------------
 

@@ -13,11 +13,39 @@ __all__ = ["MemoryEventStore"]
 
 
 class MemoryEventStore(EventStore):
-    """Keeps each session's events in a list and its state folded as they arrive."""
+    """Keeps each session's events in a list; folds them into its state when asked.
+
+    The fold is lazy: the runner folds every event it emits into its own state already,
+    so folding again on every append would double the per-event cost of a run on the
+    memory store. ``sessions()``, ``node_runs()``, ``open_runs()`` and ``heartbeat()``
+    catch the fold up first.
+    """
 
     def __init__(self) -> None:
         self._events: dict[str, list[Event]] = {}
-        self._states: dict[str, WorkflowState] = {}
+        self._folds: dict[str, WorkflowState] = {}
+        self._folded: dict[str, int] = {}  # how many of a session's events are folded
+
+    @property
+    def _states(self) -> dict[str, WorkflowState]:
+        for sid in self._events:
+            self._state(sid)
+        return self._folds
+
+    def _state(self, session_id: str) -> WorkflowState | None:
+        log = self._events.get(session_id)
+        if log is None:
+            return None
+        state = self._folds.get(session_id)
+        if state is None:
+            state = self._folds[session_id] = WorkflowState(session_id=session_id)
+        done = self._folded.get(session_id, 0)
+        if done < len(log):
+            apply = state.apply
+            for e in log[done:]:
+                apply(e)
+            self._folded[session_id] = len(log)
+        return state
 
     def append(self, session_id: str, events: Sequence[Event], expected_last_seq: int) -> list[Event]:
         log = self._events.get(session_id)
@@ -26,11 +54,7 @@ class MemoryEventStore(EventStore):
             return numbered
         if log is None:
             log = self._events[session_id] = []
-            self._states[session_id] = WorkflowState(session_id=session_id)
         log.extend(numbered)
-        apply = self._states[session_id].apply
-        for e in numbered:
-            apply(e)
         return numbered
 
     def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
@@ -48,7 +72,7 @@ class MemoryEventStore(EventStore):
         return out
 
     def heartbeat(self, session_id: str, paths: Iterable[str], ts: float | None = None) -> None:
-        state = self._states.get(session_id)
+        state = self._state(session_id)
         if state is None:
             return
         now = time.time() if ts is None else ts
@@ -58,12 +82,13 @@ class MemoryEventStore(EventStore):
                 ns.heartbeat_at = now
 
     def node_runs(self, session_id: str | None = None) -> list[NodeRun]:
-        sids = [session_id] if session_id is not None else list(self._states)
+        states = self._states
+        sids = [session_id] if session_id is not None else list(states)
         return [
-            NodeRun.from_state(sid, self._states[sid].workflow, ns)
+            NodeRun.from_state(sid, states[sid].workflow, ns)
             for sid in sids
-            if sid in self._states
-            for ns in self._states[sid].nodes.values()
+            if sid in states
+            for ns in states[sid].nodes.values()
         ]
 
     def open_runs(self) -> list[NodeRun]:
