@@ -640,3 +640,31 @@ def test_a_failing_migration_leaves_the_file_as_it_was(db_path, monkeypatch):
 
 def test_migrations_list_matches_the_schema_version():
     assert len(sqlite_mod.MIGRATIONS) == sqlite_mod.SCHEMA_VERSION >= 1
+
+
+# --------------------------------------------------------------------------- the node-state cache
+
+
+def test_cached_node_states_are_dropped_when_another_writer_appended(db_path):
+    """An append reuses the node states it wrote last time only while nobody else appended."""
+    from flowscope.events import NodeCompleted, NodeRetrying, NodeStarted
+
+    a, b = SqliteEventStore(db_path), SqliteEventStore(db_path)
+    a.append(SID, [started(), node_ev(NodeStarted, "w@1/x@1", 2.0, attempt=1)], 0)
+    b.append(SID, [node_ev(NodeRetrying, "w@1/x@1", 3.0, attempt=1), node_ev(NodeStarted, "w@1/y@1", 3.5)], 2)
+    a.append(SID, [node_ev(NodeCompleted, "w@1/x@1", 4.0, attempt_count=2), node_ev(NodeCompleted, "w@1/y@1", 4.5)], 4)
+    incremental = {r.path: r for r in a.node_runs(SID)}
+    assert incremental["w@1/x@1"].retries == 1 and incremental["w@1/x@1"].attempt == 2  # b's retry kept
+    a.rebuild_projections()
+    assert {r.path: r for r in a.node_runs(SID)} == incremental
+
+
+def test_an_append_from_cached_state_never_moves_a_heartbeat_back(db_path):
+    from flowscope.events import NodeRetrying, NodeStarted
+
+    store = SqliteEventStore(db_path)
+    store.append(SID, [started(), node_ev(NodeStarted, "w@1/x@1", 2.0), node_ev(NodeStarted, "w@1/y@1", 2.0)], 0)
+    store.heartbeat(SID, ["w@1/x@1"], ts=50.0)
+    store.append(SID, [node_ev(NodeRetrying, "w@1/x@1", 3.0, attempt=1)], 3)  # cached heartbeat is 2.0
+    (row,) = [r for r in store.node_runs(SID) if r.path == "w@1/x@1"]
+    assert row.heartbeat_at == 50.0 and row.retries == 1

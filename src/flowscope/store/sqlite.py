@@ -165,6 +165,12 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 _COMMON = frozenset(COMMON_FIELDS)
 _NOT_PAYLOAD = _COMMON | {"type", "schema_version"}
+#: Payload fields per catalog class: what ``to_dict`` gives minus the hot columns (JSON
+#: writes the one tuple field, ``interrupt_ids``, as a list, just as ``to_dict`` does).
+_PAYLOAD_FIELDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls) if f.name not in _NOT_PAYLOAD)
+    for cls in EVENT_TYPES.values()
+}
 _MISSING = object()
 
 
@@ -267,7 +273,11 @@ _SQL_UPSERT_NODE = (
     f"INSERT INTO node_runs ({', '.join(_NODE_ROW_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _NODE_ROW_COLUMNS)}) "
     "ON CONFLICT (session_id, path) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in _NODE_ROW_COLUMNS[1:] if c != "path")
+    + ", ".join(f"{c} = excluded.{c}" for c in _NODE_ROW_COLUMNS[1:] if c not in ("path", "heartbeat_at"))
+    # heartbeats are written outside the log (heartbeat()): an upsert from a cached state
+    # must not move one backwards
+    + ", heartbeat_at = CASE WHEN node_runs.heartbeat_at IS NULL OR excluded.heartbeat_at > node_runs.heartbeat_at"
+    " THEN excluded.heartbeat_at ELSE node_runs.heartbeat_at END"
 )
 _SQL_LOAD_NODES = f"SELECT {', '.join(_NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = ? AND path IN "
 # In NodeRun field order, so that rows map positionally.
@@ -283,6 +293,7 @@ _SQL_SESSIONS = (
     f"SELECT session_id, {_SESSION_COLUMNS} FROM sessions ORDER BY coalesce(updated_at, 0.0) DESC, rowid"
 )
 _PATHS_PER_QUERY = 500
+_NODE_CACHE_SESSIONS = 16  # sessions whose node states an append keeps for the next one
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -355,6 +366,9 @@ class SqliteEventStore(EventStore):
         self.readonly = readonly
         self.busy_timeout = busy_timeout
         self._lock = threading.RLock()
+        # session -> (last_seq, complete, {path: NodeState}) as of this object's last append
+        self._node_cache: dict[str, tuple[int, bool, dict[str, NodeState]]] = {}
+        self._pending_cache: tuple[str, tuple[int, bool, dict[str, NodeState]]] | None = None
         self._conn: sqlite3.Connection | None = None
         self._check_file()
         conn = self._connect()
@@ -542,11 +556,13 @@ class SqliteEventStore(EventStore):
 
     def _encode(self, session_id: str, e: Event) -> tuple[Any, ...]:
         """The columns of one event, its payload as JSON (raising before anything is written)."""
-        d = to_dict(e)
-        if type(e) is UnknownEvent:
-            payload = {k: v for k, v in d.items() if k not in _COMMON and k != "type"}
+        names = _PAYLOAD_FIELDS.get(type(e))
+        if names is not None:  # the hot path: the class's own fields, in declaration order
+            payload = {k: getattr(e, k) for k in names}
+        elif type(e) is UnknownEvent:
+            payload = {k: v for k, v in to_dict(e).items() if k not in _COMMON and k != "type"}
         else:
-            payload = {k: v for k, v in d.items() if k not in _NOT_PAYLOAD}
+            payload = {k: v for k, v in to_dict(e).items() if k not in _NOT_PAYLOAD}
         try:
             text = _dumps(payload)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
@@ -659,12 +675,19 @@ class SqliteEventStore(EventStore):
                 raise StoreError(f"{self.path}: the store is closed")
             try:
                 conn.execute("BEGIN IMMEDIATE")
+                self._pending_cache = None
                 try:
                     numbered = self._append_in_transaction(conn, session_id, events, encoded, expected_last_seq)
                     conn.execute("COMMIT")
                 except BaseException:
-                    _rollback(conn)
+                    _rollback(conn)  # the cache entry was popped: the next append reads the rows
                     raise
+                if self._pending_cache is not None:  # committed: keep the states for the next append
+                    sid, entry = self._pending_cache
+                    cache = self._node_cache
+                    cache[sid] = entry
+                    while len(cache) > _NODE_CACHE_SESSIONS:
+                        cache.pop(next(iter(cache)))
             except sqlite3.Error as exc:
                 raise self._error(exc, "append events") from exc
         return numbered
@@ -684,16 +707,28 @@ class SqliteEventStore(EventStore):
             return numbered
         conn.executemany(_SQL_INSERT_EVENT, [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)])
         ws = WorkflowState(session_id=session_id)
+        # The node states this store object wrote last time are still the rows' states if
+        # nobody appended since (same last_seq): no need to read them back. ``complete``
+        # says the cache holds every row of the session (we created it), so a path it
+        # lacks is new and needs no lookup either.
+        cached = self._node_cache.pop(session_id, None)
+        if row is None:
+            complete, nodes = True, {}
+        elif cached is not None and cached[0] == last:
+            complete, nodes = cached[1], cached[2]
+        else:
+            complete, nodes = False, {}
+        ws.nodes = nodes
         if row is not None:
             ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations = row
         workflow_before = ws.workflow
         paths = list(dict.fromkeys(e.path for e in numbered if e.path and type(e) is not UnknownEvent))
-        if row is not None and paths:
-            for i in range(0, len(paths), _PATHS_PER_QUERY):
-                chunk = paths[i : i + _PATHS_PER_QUERY]
-                sql = _SQL_LOAD_NODES + "(" + ", ".join("?" * len(chunk)) + ")"
-                for r in conn.execute(sql, (session_id, *chunk)):
-                    ws.nodes[r[0]] = _node_state(r)
+        missing = [] if complete else [p for p in paths if p not in nodes]
+        for i in range(0, len(missing), _PATHS_PER_QUERY):
+            chunk = missing[i : i + _PATHS_PER_QUERY]
+            sql = _SQL_LOAD_NODES + "(" + ", ".join("?" * len(chunk)) + ")"
+            for r in conn.execute(sql, (session_id, *chunk)):
+                nodes[r[0]] = _node_state(r)
         apply = ws.apply
         for e in numbered:
             apply(e)  # the one definition of what an event means (projection.py)
@@ -703,6 +738,7 @@ class SqliteEventStore(EventStore):
         if workflow != workflow_before and row is not None:
             conn.execute("UPDATE node_runs SET workflow = ? WHERE session_id = ?", (workflow, session_id))
         conn.execute(_SQL_UPSERT_SESSION, _session_row(ws))
+        self._pending_cache = (session_id, (numbered[-1].seq, complete, nodes))
         return numbered
 
     def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
@@ -756,6 +792,7 @@ class SqliteEventStore(EventStore):
         events, so a run still ``running`` keeps the newer of its recorded heartbeat and the
         one the log implies.
         """
+        self._node_cache.clear()
         with self._write("rebuild the projections") as conn:
             heartbeats = {
                 (sid, path): hb
