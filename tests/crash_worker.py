@@ -85,7 +85,7 @@ async def main() -> None:
     db, effects, session, mode = sys.argv[1:5]
     store = KillingStore(db)
     store.kill_after = int(sys.argv[5]) if len(sys.argv) > 5 else 0
-    runner = Runner(build(effects), store=store, heartbeat_interval=0.05)
+    runner = Runner(build(effects), store=store, heartbeat_interval=0.05, snapshot_every=1)
     if mode == "run":
         result = await runner.run("start", session_id=session)
     else:

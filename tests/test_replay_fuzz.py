@@ -81,7 +81,7 @@ async def _one_case(case: int, tmp_path) -> None:
 
         def make_runner():
             store = next(stores, inner)  # the first "process" crashes; the next ones run on
-            return Runner(wf, store=store, heartbeat_interval=0, seed=1)
+            return Runner(wf, store=store, heartbeat_interval=0, snapshot_every=1, seed=1)
 
         effects_dead_reset = crashing
     else:
@@ -91,7 +91,7 @@ async def _one_case(case: int, tmp_path) -> None:
         def make_runner():
             plugins = [aborter] if first[0] else []
             first[0] = False
-            runner = Runner(wf, store=inner, plugins=plugins, heartbeat_interval=0, seed=1)
+            runner = Runner(wf, store=inner, plugins=plugins, heartbeat_interval=0, snapshot_every=1, seed=1)
             aborter.runner = runner
             return runner
 

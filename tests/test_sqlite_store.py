@@ -611,13 +611,13 @@ def test_an_older_schema_is_migrated_once_and_keeps_the_data(db_path, monkeypatc
     assert "migrate" in str(exc.value) and str(db_path) in str(exc.value)
     with SqliteEventStore(db_path) as s:
         assert calls == [1]
-        assert s.schema_version == 2
+        assert s.schema_version == len(sqlite_mod.MIGRATIONS)
         assert "note" in s.db["sessions"].columns_dict
         assert snapshot(s) == before
     with SqliteEventStore(db_path) as s:
         assert calls == [1]  # not again
     meta = dict(raw(db_path).execute("SELECT key, value FROM meta").fetchall())
-    assert meta["schema_version"] == "2"
+    assert meta["schema_version"] == str(len(sqlite_mod.MIGRATIONS))
 
 
 def test_a_failing_migration_leaves_the_file_as_it_was(db_path, monkeypatch):
@@ -634,7 +634,7 @@ def test_a_failing_migration_leaves_the_file_as_it_was(db_path, monkeypatch):
         SqliteEventStore(db_path)
     assert str(db_path) in str(exc.value) and "migrat" in str(exc.value)
     c = raw(db_path)
-    assert dict(c.execute("SELECT key, value FROM meta").fetchall())["schema_version"] == "1"
+    assert dict(c.execute("SELECT key, value FROM meta").fetchall())["schema_version"] == str(len(sqlite_mod.MIGRATIONS) - 1)
     assert "half_done" not in [r[1] for r in c.execute("PRAGMA table_info(sessions)")]
 
 

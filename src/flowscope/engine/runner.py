@@ -16,6 +16,7 @@ anything after it runs.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import random
@@ -56,7 +57,7 @@ from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_
 from ..plugins import Plugin, PluginDispatcher
 from ..store.base import EventStore
 from ..store.memory import MemoryEventStore
-from ..store.projection import WorkflowState, rebuild
+from ..store.projection import WorkflowState, rebuild, restore_state, snapshot_state
 from .context import NodeContext, NodeOutcome, PauseSignal, RunInfo
 from .graph import START, Node, Route, Workflow
 
@@ -149,6 +150,9 @@ class Runner:
     ``heartbeat_interval`` is how often in-flight runs refresh their heartbeat; a session
     whose running invocation has a heartbeat younger than three intervals is considered
     live and ``resume()`` refuses it (pass ``force=True`` to override).
+    ``snapshot_every``: when an invocation leaves a session resumable and its log has grown
+    by this many events since the last snapshot, the fold is saved so that the next resume
+    reads the snapshot and the events after it, not the whole log.
     """
 
     def __init__(
@@ -160,6 +164,7 @@ class Runner:
         error_codes: Mapping[type, str] | None = None,
         max_recoveries: int = 3,
         heartbeat_interval: float = 5.0,
+        snapshot_every: int = 1000,
         seed: int | None = None,
     ) -> None:
         if not isinstance(workflow, Workflow):
@@ -169,6 +174,7 @@ class Runner:
         self.plugins = PluginDispatcher(plugins)
         self.error_codes = dict(error_codes or {})
         self.max_recoveries = max_recoveries
+        self.snapshot_every = snapshot_every
         self.heartbeat_interval = heartbeat_interval
         self.rng = random.Random(seed)
         self._active: dict[str, _Invocation] = {}
@@ -271,12 +277,16 @@ class Runner:
                     f"session {session_id!r} already exists: resume it with resume() or run with a new session_id"
                 )
             return WorkflowState(session_id=session_id)
-        events = self.store.read(session_id)
-        if not events:
-            from ..errors import UnknownSessionError
+        ws = self._load_snapshot(session_id)
+        if ws is None:
+            events = self.store.read(session_id)
+            if not events:
+                from ..errors import UnknownSessionError
 
-            raise UnknownSessionError(f"no session {session_id!r} in the store: check the id (flowscope runs lists them)")
-        ws = rebuild(events)
+                raise UnknownSessionError(
+                    f"no session {session_id!r} in the store: check the id (flowscope runs lists them)"
+                )
+            ws = rebuild(events)
         if ws.workflow and ws.workflow != self.workflow.name:
             raise ResumeError(
                 f"session {session_id!r} ran workflow {ws.workflow!r}, not {self.workflow.name!r}: "
@@ -297,6 +307,46 @@ class Runner:
                     f"{now - last:.1f}s ago); wait for it, or pass force=True if that process is dead"
                 )
         return ws
+
+    def _load_snapshot(self, session_id: str) -> WorkflowState | None:
+        """The session's state from its last snapshot plus the events after it, or None.
+
+        A snapshot is only a cache of the fold: one that cannot be read is ignored (and the
+        whole log folded instead), never trusted half-way.
+        """
+        snap = self.store.load_snapshot(session_id)
+        if snap is None:
+            return None
+        seq, data = snap
+        enabled = gc.isenabled()
+        gc.disable()  # a snapshot is many small objects and no cycles
+        try:
+            ws = restore_state(json.loads(data))
+            if ws.last_seq != seq:
+                raise ValueError(f"it claims seq {ws.last_seq}, stored as {seq}")
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("ignoring the snapshot of session %s (%s); folding the whole log", session_id, exc)
+            return None
+        finally:
+            if enabled:
+                gc.enable()
+        apply = ws.apply
+        for e in self.store.read(session_id, seq):
+            apply(e)
+        return ws
+
+    def _save_snapshot(self, inv: _Invocation) -> None:
+        """After an invocation that left the session resumable, keep its fold if the log has
+        grown by ``snapshot_every`` events since the last snapshot."""
+        ws = inv.ws
+        if inv.lost or inv.buffer or inv.flushed_seq != ws.last_seq:
+            return  # the live state is not exactly what the log holds
+        if ws.last_seq - inv.snapshot_seq < self.snapshot_every:
+            return
+        try:
+            self.store.save_snapshot(inv.session_id, ws.last_seq, json.dumps(snapshot_state(ws), separators=(",", ":")))
+        except Exception:  # a snapshot is an optimisation: never fail the run for it
+            log.warning("could not save a snapshot of session %s", inv.session_id, exc_info=True)
 
     async def _invoke(
         self,
@@ -395,6 +445,8 @@ class Runner:
                 heartbeats.cancel()
             try:
                 inv.flush()
+                if result is None or result.status != "completed":
+                    self._save_snapshot(inv)
             finally:
                 if plugins.wants("after_run"):
                     await plugins.call("after_run", run, result, error)
@@ -441,6 +493,7 @@ class _Invocation:
         self.invocation_id = uuid.uuid4().hex
         self.ws = ws
         self.next_seq = ws.last_seq
+        self.snapshot_seq = ws.snapshot_seq
         self.flushed_seq = ws.last_seq
         self.buffer: list[Event] = []
         self.lost = False  # set when another writer appended first (R10)
@@ -815,7 +868,11 @@ class _Invocation:
                 raise WorkflowError(
                     f"workflow {wf.name!r} ran more than max_steps={wf.max_steps} node runs: a loop that does not end?"
                 )
-            results = await self._step(acts, ctx)
+            if len(acts) == 1:  # a chain: no step machinery (the common case, and the replay path)
+                n, inp = acts[0]
+                results: Any = (await self.execute(n, inp, ctx, ctx.child_path(n.name)),)
+            else:
+                results = await self._step(acts, ctx)
             nxt: list[tuple[Node, Any]] = []
             for (n, _inp), r in zip(acts, results):
                 fired = False
@@ -850,10 +907,7 @@ class _Invocation:
         return _NodeResult(None, None, False)
 
     async def _step(self, acts: list[tuple[Node, Any]], parent: NodeContext) -> list[_NodeResult]:
-        """Run the activations of one step, in parallel when there are several."""
-        if len(acts) == 1:
-            n, inp = acts[0]
-            return [await self.execute(n, inp, parent, parent.child_path(n.name))]
+        """Run the activations of one step in parallel."""
         prepared: list[Any] = []
         for n, inp in acts:
             try:

@@ -132,6 +132,14 @@ class EventStore(ABC):
     def open_runs(self) -> list[NodeRun]:
         """Runs that are running, waiting for input or waiting for a job, oldest first."""
 
+    def save_snapshot(self, session_id: str, seq: int, data: str) -> None:
+        """Keep ``data``, the JSON of the session's state after event ``seq``, to speed up
+        the next resume. Optional: a store that keeps none ignores it."""
+
+    def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
+        """The last snapshot saved for the session as ``(seq, data)``, or None."""
+        return None
+
     def has_session(self, session_id: str) -> bool:
         return self.last_seq(session_id) > 0
 

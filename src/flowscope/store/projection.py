@@ -9,18 +9,29 @@ show runs; the SQLite store applies the same :meth:`NodeState.apply` to keep its
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
 
 from ..events import (
     Event,
+    from_dict,
+    to_dict,
     InputRequested,
     JobDispatched,
     JobResultReceived,
     UnknownEvent,
 )
 
-__all__ = ["NodeState", "WorkflowState", "rebuild", "OPEN_STATES", "NODE_STATUSES"]
+__all__ = [
+    "NodeState",
+    "WorkflowState",
+    "rebuild",
+    "snapshot_state",
+    "restore_state",
+    "OPEN_STATES",
+    "NODE_STATUSES",
+    "SNAPSHOT_FORMAT",
+]
 
 NODE_STATUSES = ("running", "completed", "failed", "cancelled", "waiting_input", "waiting_job")
 OPEN_STATES = ("running", "waiting_input", "waiting_job")
@@ -163,6 +174,8 @@ class WorkflowState:
     started_at: float | None = None
     updated_at: float | None = None
     unknown_events: int = 0
+    #: The seq of the snapshot this state was restored from (0: folded from the log alone).
+    snapshot_seq: int = field(default=0, compare=False)
 
     @property
     def pending(self) -> list[Event]:
@@ -225,3 +238,71 @@ def rebuild(events: Iterable[Event]) -> WorkflowState:
         if enabled:
             gc.enable()
     return state
+
+
+# -- snapshots ---------------------------------------------------------------------------------
+#
+# A snapshot is the fold of a session's first ``last_seq`` events, so that resuming a long
+# session reads the snapshot and the events after it instead of the whole log. It is only
+# ever a cache: ``restore_state(snapshot_state(rebuild(events)))`` equals
+# ``rebuild(events)``, and a snapshot that cannot be used is ignored.
+
+SNAPSHOT_FORMAT = 2
+_NODE_FIELDS = tuple(f.name for f in fields(NodeState))
+_NODE_SCALARS = _NODE_FIELDS[: _NODE_FIELDS.index("inputs")]  # positional, in field order
+_INVOCATION = _NODE_SCALARS.index("invocation_id")
+_RUN_FIELDS = tuple(f.name for f in fields(WorkflowState) if f.name not in ("nodes", "snapshot_seq"))
+
+
+def snapshot_state(ws: WorkflowState) -> dict[str, Any]:
+    """A JSON-ready form of a session's state (nodes as compact rows)."""
+    rows = []
+    # Each invocation id once, rows refer to it by index: a third of a large snapshot's
+    # bytes otherwise, and JSON decoding time follows the bytes.
+    invocations: dict[str, int] = {}
+    for ns in ws.nodes.values():
+        row: list[Any] = [getattr(ns, f) for f in _NODE_SCALARS]
+        row[_INVOCATION] = invocations.setdefault(ns.invocation_id, len(invocations))
+        if ns.inputs or ns.requests or ns.jobs or ns.job_results:
+            row.append(
+                [
+                    ns.inputs,
+                    [to_dict(e) for e in ns.requests.values()],
+                    [to_dict(e) for e in ns.jobs.values()],
+                    [to_dict(e) for e in ns.job_results.values()],
+                ]
+            )
+        rows.append(row)
+    d = {f: getattr(ws, f) for f in _RUN_FIELDS}
+    d["format"] = SNAPSHOT_FORMAT
+    d["invocation_ids"] = list(invocations)
+    d["nodes"] = rows
+    return d
+
+
+def restore_state(d: dict[str, Any]) -> WorkflowState:
+    """The inverse of :func:`snapshot_state`; raises ``ValueError`` on a snapshot it cannot read."""
+    if not isinstance(d, dict) or d.get("format") != SNAPSHOT_FORMAT:
+        raise ValueError("unknown snapshot format")
+    ws = WorkflowState(**{f: d[f] for f in _RUN_FIELDS})
+    ws.snapshot_seq = ws.last_seq
+    nodes = ws.nodes
+    n = len(_NODE_SCALARS)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        ids = d["invocation_ids"]
+        for row in d["nodes"]:
+            row[_INVOCATION] = ids[row[_INVOCATION]]
+            ns = NodeState(*row) if len(row) == n else NodeState(*row[:n])
+            if len(row) > n:
+                inputs, requests, jobs, results = row[n]
+                ns.inputs = inputs
+                ns.requests = {e.interrupt_id: e for e in map(from_dict, requests)}  # type: ignore[attr-defined]
+                ns.jobs = {e.job_id: e for e in map(from_dict, jobs)}  # type: ignore[attr-defined]
+                ns.job_results = {e.job_id: e for e in map(from_dict, results)}  # type: ignore[attr-defined]
+            nodes[ns.path] = ns
+    finally:
+        if enabled:
+            gc.enable()
+    return ws

@@ -157,7 +157,12 @@ def _migrate_0_to_1(db: sqlite_utils.Database) -> None:
 
 #: ``MIGRATIONS[i]`` takes a database at schema ``i`` to schema ``i + 1``; each runs in the
 #: transaction that records the new version, so a failed migration leaves the file as it was.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_0_to_1]
+def _migrate_1_to_2(db: sqlite_utils.Database) -> None:
+    """Snapshots of a session's folded state, so a long session resumes without reading its whole log."""
+    db["snapshots"].create({"session_id": str, "seq": int, "data": str}, pk="session_id", not_null={"seq", "data"})
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_0_to_1, _migrate_1_to_2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -769,6 +774,22 @@ class SqliteEventStore(EventStore):
             return
         with self._write("record heartbeats") as conn:
             conn.executemany(_SQL_HEARTBEAT, params)
+
+    def save_snapshot(self, session_id: str, seq: int, data: str) -> None:
+        with self._write("save a snapshot") as conn:
+            row = conn.execute(_SQL_LAST_SEQ, (session_id,)).fetchone()
+            if row is None or seq > row[0]:
+                raise StoreError(f"{self.path}: a snapshot of session {session_id!r} at seq {seq} is ahead of its log")
+            conn.execute(
+                "INSERT INTO snapshots (session_id, seq, data) VALUES (?, ?, ?) "
+                "ON CONFLICT (session_id) DO UPDATE SET seq = excluded.seq, data = excluded.data",
+                (session_id, seq, data),
+            )
+
+    def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
+        with self._op("read a snapshot") as conn:
+            row = conn.execute("SELECT seq, data FROM snapshots WHERE session_id = ?", (session_id,)).fetchone()
+        return (row[0], row[1]) if row is not None else None
 
     def node_runs(self, session_id: str | None = None) -> list[NodeRun]:
         with self._op("read node runs") as conn:
