@@ -79,6 +79,7 @@ CONTRACT: dict[str, tuple[str, tuple[str, ...], dict[str, set[str]]]] = {
         "gauge", ("workflow", "node", "state"), {"state": {"running", "waiting_input", "waiting_job"}}),
     "flowscope_store_orphaned_runs": ("gauge", ("workflow", "node"), {}),
     "flowscope_store_overdue_jobs": ("gauge", ("workflow", "node"), {}),
+    "flowscope_store_up": ("gauge", (), {}),  # 1 when the StoreCollector could read the store
 }
 NODE_DURATION_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
                          1800, 3600, 7200)
