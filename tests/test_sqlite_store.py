@@ -668,3 +668,35 @@ def test_an_append_from_cached_state_never_moves_a_heartbeat_back(db_path):
     store.append(SID, [node_ev(NodeRetrying, "w@1/x@1", 3.0, attempt=1)], 3)  # cached heartbeat is 2.0
     (row,) = [r for r in store.node_runs(SID) if r.path == "w@1/x@1"]
     assert row.heartbeat_at == 50.0 and row.retries == 1
+
+
+def test_open_run_summary_matches_folding_open_runs(db_path):
+    """The scrape's GROUP BY gives exactly what the reference fold of open_runs() gives."""
+    from flowscope.events import InputRequested, JobDispatched, NodeCompleted, NodeStarted
+    from flowscope.observability.store_collector import OpenRunGroup, summarize_open_runs
+
+    store = SqliteEventStore(db_path)
+    rnd = random.Random(7)
+    for i in range(60):
+        sid = f"s{i}"
+        evs = [RunStarted(session_id=sid, invocation_id="i", ts=float(i), workflow=rnd.choice(["a", "b"]))]
+        for j in range(rnd.randint(1, 4)):
+            path = f"w@1/{rnd.choice(['x', 'y', 'z'])}@{j + 1}"
+            evs.append(node_ev(NodeStarted, path, 10.0 + i + j, sid=sid))
+            end = rnd.choice(["done", "running", "input", "job", "job_late"])
+            if end == "done":
+                evs.append(node_ev(NodeCompleted, path, 11.0 + i, sid=sid))
+            elif end == "input":
+                evs.append(node_ev(InputRequested, path, 11.0 + i, sid=sid, interrupt_id="q"))
+            elif end.startswith("job"):
+                deadline = 5.0 if end == "job_late" else 1e9
+                evs.append(node_ev(JobDispatched, path, 11.0 + i, sid=sid, job_id=f"j{i}{j}", deadline_s=deadline))
+        store.append(sid, evs, 0)
+    store.heartbeat("s3", [r.path for r in store.node_runs("s3")], ts=1000.0)
+    now, stale = 100.0, 50.0
+    expected = sorted(summarize_open_runs(store.open_runs(), now, stale), key=lambda g: (g.workflow, g.node, g.state))
+    got = [OpenRunGroup(*r) for r in store.open_run_summary(now=now, stale_after_s=stale)]
+    assert got == expected and any(g.orphaned for g in got) and any(g.overdue for g in got)
+    plan = " ".join(str(r) for r in raw(db_path).execute(
+        "EXPLAIN QUERY PLAN " + sqlite_mod._SQL_OPEN_SUMMARY, {"now": now, "stale_before": now - stale}))
+    assert "node_runs_open" in plan

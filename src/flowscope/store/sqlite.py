@@ -160,6 +160,13 @@ def _migrate_0_to_1(db: sqlite_utils.Database) -> None:
 def _migrate_1_to_2(db: sqlite_utils.Database) -> None:
     """Snapshots of a session's folded state, so a long session resumes without reading its whole log."""
     db["snapshots"].create({"session_id": str, "seq": int, "data": str}, pk="session_id", not_null={"seq", "data"})
+    # The StoreCollector's scrape: one GROUP BY over the open runs, answered from this
+    # index alone (a covering, partial index: finished runs are not in it).
+    db.execute(
+        "CREATE INDEX node_runs_open ON node_runs "
+        "(status, workflow, node, started_at, heartbeat_at, job_deadline_at) "
+        "WHERE status IN ('running', 'waiting_input', 'waiting_job')"
+    )
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_0_to_1, _migrate_1_to_2]
@@ -290,6 +297,13 @@ _NODE_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(NodeRun))
 _SQL_NODE_RUNS = f"SELECT {', '.join(_NODE_RUN_FIELDS)} FROM node_runs"
 _SQL_OPEN_RUNS = (
     f"{_SQL_NODE_RUNS} WHERE status IN ({', '.join('?' for _ in OPEN_STATES)}) ORDER BY started_at, rowid"
+)
+_SQL_OPEN_SUMMARY = (
+    "SELECT workflow, node, status, count(*), min(started_at), "
+    "sum(status = 'running' AND coalesce(heartbeat_at, started_at, 0) < :stale_before), "
+    "sum(status = 'waiting_job' AND job_deadline_at IS NOT NULL AND job_deadline_at < :now) "
+    "FROM node_runs WHERE status IN ('running', 'waiting_input', 'waiting_job') "
+    "GROUP BY workflow, node, status ORDER BY workflow, node, status"
 )
 _SQL_HEARTBEAT = (
     "UPDATE node_runs SET heartbeat_at = ? WHERE session_id = ? AND path = ? AND status = 'running'"
@@ -774,6 +788,17 @@ class SqliteEventStore(EventStore):
             return
         with self._write("record heartbeats") as conn:
             conn.executemany(_SQL_HEARTBEAT, params)
+
+    def open_run_summary(self, now: float, stale_after_s: float) -> list[tuple[Any, ...]]:
+        """Open runs aggregated per (workflow, node, state), for the StoreCollector's scrape.
+
+        Rows of ``(workflow, node, state, count, oldest_started_at, orphaned, overdue)``:
+        ``orphaned`` counts running runs whose heartbeat (or start, without one) is more than
+        ``stale_after_s`` before ``now``; ``overdue`` counts jobs past their deadline. The
+        same numbers as folding :meth:`open_runs`, without one object per open run.
+        """
+        with self._op("summarise open runs") as conn:
+            return conn.execute(_SQL_OPEN_SUMMARY, {"now": now, "stale_before": now - stale_after_s}).fetchall()
 
     def save_snapshot(self, session_id: str, seq: int, data: str) -> None:
         with self._write("save a snapshot") as conn:
