@@ -65,7 +65,7 @@ def build(effects: str) -> Workflow:
     inner = Workflow("ship", edges=[(START, leaf("label"), leaf("dispatch"))])
     return Workflow(
         "orders",
-        edges=[(START, fetch, (a, marker, bill)), ((a, marker, bill), join), (join, inner, approve, leaf("report"))],
+        edges=[(START, fetch, (a, marker, bill)), ((a, marker, bill), join), (join, inner, approve, leaf("report"), leaf("archive"), leaf("close"))],
     )
 
 

@@ -60,13 +60,31 @@ def test_uninterrupted_run_does_every_effect_once(base):
     assert rebuild(SqliteEventStore(db).read("s")).status == "completed"
 
 
-# The first invocation of the worker appends in 12 transactions before it pauses for the
-# approval (group commit: one per scheduling step, plus the terminal events that must be
-# on record at once), the resume in 5. Killing after each of them (the last of each
-# invocation kills it after its RunFinished) gives 17 points, and a kill inside a node
-# body (below) and in the resumed crash runs add more: well over 20 distinct points.
-KILL_POINTS = list(range(1, 13))
-RESUME_KILL_POINTS = list(range(1, 6))
+def _appends_per_invocation() -> tuple[int, int]:
+    """How many transactions the worker's first run and its resume append (counted once,
+    at collection, so that every one of them is a kill point whatever group commit does)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        counts = []
+        for mode in ("run", "resume"):
+            proc = subprocess.run([sys.executable, WORKER, f"{d}/c.db", f"{d}/c.eff", "s", mode],
+                                  capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+            counts.append(int(proc.stderr.split()[-1]))
+    return counts[0], counts[1]
+
+
+# Killing after each append of the first run (it pauses for the approval) and of the
+# resume (the last of each kills it right after its RunFinished), and the kills from
+# outside inside node bodies (below), give at least 20 points (checked below).
+RUN_APPENDS, RESUME_APPENDS = _appends_per_invocation()
+KILL_POINTS = list(range(1, RUN_APPENDS + 1))
+RESUME_KILL_POINTS = list(range(1, RESUME_APPENDS + 1))
+
+
+def test_there_are_at_least_twenty_kill_points():
+    assert len(KILL_POINTS) + len(RESUME_KILL_POINTS) + len(IN_BODY_KILLS) >= 20
 
 
 def _check(db, effects, base_effects, killed_events):
@@ -118,7 +136,7 @@ def test_sigkill_during_the_resume_then_resume_again(tmp_path, kill_after, base)
 
 def test_recovered_attempt_numbers_continue_after_a_crash(tmp_path):
     # kill right after fetch's attempt 2 started (retrying is appended, then attempt 2 begins)
-    for k in range(1, 13):
+    for k in KILL_POINTS:
         db, effects = tmp_path / f"crash{k}.db", tmp_path / f"crash{k}.effects"
         worker(db, effects, "s", "run", k, check=False)
         state = rebuild(SqliteEventStore(db).read("s"))
@@ -135,7 +153,11 @@ def test_recovered_attempt_numbers_continue_after_a_crash(tmp_path):
     assert done[0].attempt_count == 3
 
 
-@pytest.mark.parametrize("node_path", ["orders@1/pack@1", "orders@1/ship@1/label@1", "orders@1/bill@1/charge@1"])
+IN_BODY_KILLS = ["orders@1/pack@1", "orders@1/notify@1", "orders@1/bill@1/charge@1",
+                 "orders@1/ship@1/label@1", "orders@1/ship@1/dispatch@1"]
+
+
+@pytest.mark.parametrize("node_path", IN_BODY_KILLS)
 def test_sigkill_inside_a_node_body_from_outside(tmp_path, node_path, base):
     """A kill from another process while a node body runs (not at an append boundary)."""
     _base_db, base_effects, _ = base

@@ -400,7 +400,8 @@ class Runner:
         result: RunResult | None = None
         error: BaseException | None = None
         try:
-            inv.flush()
+            # RunStarted is appended with the first NodeStarted, before any node body runs
+            # (a process that loses a race for the session fails there, having run nothing).
             root = self.workflow
             inv.root_task = asyncio.ensure_future(inv.execute(root, input, None, f"{root.name}@1"))
             try:
@@ -672,7 +673,8 @@ class _Invocation:
         r = self.prepare(node, input, parent, path)
         if isinstance(r, _NodeResult):
             return r
-        self.flush()
+        if node.kind != "workflow":  # a workflow's body is its children, which flush before they run
+            self.flush()
         return await self.run_prepared(r, input)
 
     async def run_child(self, parent: NodeContext, node: Node, input: Any) -> Any:

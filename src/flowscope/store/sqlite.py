@@ -70,7 +70,6 @@ __all__ = [
 
 APPLICATION = "flowscope"
 DURABILITY = {"normal": "NORMAL", "full": "FULL"}
-_SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 class EventNotSerializableError(StoreError, TypeError):
@@ -428,13 +427,13 @@ class SqliteEventStore(EventStore):
             if not p.parent.is_dir():
                 raise StoreError(f"cannot create flowscope database {self.path}: directory {p.parent} does not exist")
             return
-        try:
-            with open(p, "rb") as fh:
-                header = fh.read(len(_SQLITE_HEADER))
-        except OSError as exc:
-            raise StoreError(f"cannot read {self.path}: {exc.strerror or exc}") from exc
-        if header and header != _SQLITE_HEADER:
-            raise StoreError(f"{self.path} is not a SQLite database")
+        # No peeking at the header with open()/close() here: closing any descriptor of a
+        # database file drops every POSIX lock this process holds on it, including those of
+        # other connections still open in this process, and another process can then
+        # checkpoint the WAL under them ("database disk image is malformed"). SQLite's own
+        # "file is not a database" error says the same thing safely (see _error).
+        if not os.access(p, os.R_OK):
+            raise StoreError(f"cannot read {self.path}: permission denied")
 
     def _connect(self) -> sqlite3.Connection:
         try:
