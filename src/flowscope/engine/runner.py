@@ -22,6 +22,7 @@ import logging
 import random
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
@@ -57,7 +58,7 @@ from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_
 from ..plugins import Plugin, PluginDispatcher
 from ..store.base import EventStore
 from ..store.memory import MemoryEventStore
-from ..store.projection import WorkflowState, rebuild, restore_state, snapshot_state
+from ..store.projection import NodeState, WorkflowState, rebuild, restore_state, snapshot_state
 from .context import NodeContext, NodeOutcome, PauseSignal, RunInfo
 from .graph import START, Node, Route, Workflow
 
@@ -366,6 +367,7 @@ class Runner:
         answers = inv.validate_answers(inputs or {}, jobs or {}) if resume else []
         if resume:
             input = ws.input
+        statuses = Counter(ns.status for ns in ws.nodes.values())
         run = RunInfo(
             session_id=session_id,
             invocation_id=inv.invocation_id,
@@ -374,8 +376,8 @@ class Runner:
             resumed=resume,
             started_at=time.time(),
             previous_trace_context=dict(ws.trace_context),
-            replayed=sum(1 for ns in ws.nodes.values() if ns.status == "completed"),
-            recovered=sum(1 for ns in ws.nodes.values() if ns.status == "running"),
+            replayed=statuses["completed"],
+            recovered=statuses["running"],
             plugins=self.plugins.names,
         )
         inv.run = run
@@ -643,8 +645,7 @@ class _Invocation:
         else:
             status = ns.status
             if status == "completed":
-                self.replayed += 1
-                return _NodeResult(ns.output, ns.route, ns.has_output)
+                return self.replay(ns)
             if status == "waiting_input" or status == "waiting_job":
                 if path not in self.answered:  # nothing new for it: it keeps waiting, silently
                     raise PauseSignal(ns.origin_path or path, "job" if status == "waiting_job" else "input", [])
@@ -667,6 +668,11 @@ class _Invocation:
         )
         self.in_flight[path] = ctx
         return ctx
+
+    def replay(self, ns: NodeState) -> _NodeResult:
+        """A completed run's recorded result: resume fast-forwards it, never runs it (R8)."""
+        self.replayed += 1
+        return _NodeResult(ns.output, ns.route, ns.has_output)
 
     async def execute(self, node: Node, input: Any, parent: NodeContext | None, path: str) -> _NodeResult:
         """Prepare and run one node activation inline."""
@@ -860,6 +866,7 @@ class _Invocation:
     async def run_graph(self, wf: Workflow, ctx: NodeContext, input: Any) -> _NodeResult:
         """One pass through a workflow's graph, a step at a time."""
         successors = wf.successors
+        nodes = self.ws.nodes
         acts: list[tuple[Node, Any]] = [(n, input) for n, _label in successors[START]]
         joins: dict[Node, dict[str, Any]] = {}
         terminals: list[tuple[str, Any]] = []
@@ -872,7 +879,12 @@ class _Invocation:
                 )
             if len(acts) == 1:  # a chain: no step machinery (the common case, and the replay path)
                 n, inp = acts[0]
-                results: Any = (await self.execute(n, inp, ctx, ctx.child_path(n.name)),)
+                path = ctx.child_path(n.name)
+                ns = nodes.get(path)
+                if ns is not None and ns.status == "completed":
+                    results: Any = (self.replay(ns),)  # no coroutine for a recorded run
+                else:
+                    results = (await self.execute(n, inp, ctx, path),)
             else:
                 results = await self._step(acts, ctx)
             nxt: list[tuple[Node, Any]] = []
