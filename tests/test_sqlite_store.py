@@ -398,7 +398,7 @@ def test_sqlite_projection_equals_memory_on_random_logs(db_path):
             assert [i for i in s.sessions() if i.session_id == sid] == memory.sessions()
 
 
-def test_open_runs_uses_the_status_index_not_a_scan(db_path):
+def test_open_runs_uses_the_open_runs_index_not_a_scan(db_path):
     with SqliteEventStore(db_path) as s:
         s.append(SID, [started(), node_ev(NodeStarted, "w@1/a@1", ts=2.0)], 0)
         statements: list[str] = []
@@ -407,7 +407,7 @@ def test_open_runs_uses_the_status_index_not_a_scan(db_path):
         s._conn.set_trace_callback(None)
         [sql] = [q for q in statements if q.lstrip().upper().startswith("SELECT")]
         plan = " | ".join(r[-1] for r in raw(db_path).execute("EXPLAIN QUERY PLAN " + sql).fetchall())
-    assert "node_runs_status" in plan, plan
+    assert "node_runs_open" in plan, plan
     assert "events" not in plan, plan
     assert "SCAN node_runs" not in plan or "USING INDEX" in plan, plan
 

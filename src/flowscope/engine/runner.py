@@ -367,7 +367,7 @@ class Runner:
         answers = inv.validate_answers(inputs or {}, jobs or {}) if resume else []
         if resume:
             input = ws.input
-        statuses = Counter(ns.status for ns in ws.nodes.values())
+        statuses = inv.statuses
         run = RunInfo(
             session_id=session_id,
             invocation_id=inv.invocation_id,
@@ -512,12 +512,16 @@ class _Invocation:
         # answered by this resume, or by an earlier one whose process died before the run
         # went on. Only these are re-executed; the others keep waiting without a new event.
         self.answered: set[str] = set()
+        #: How many runs the log has in each status (the resume audit record counts them).
+        self.statuses: Counter[str] = Counter()
         for ns in ws.nodes.values():
+            status = ns.status
+            self.statuses[status] += 1
+            if status != "waiting_input" and status != "waiting_job":
+                continue
             if ns.origin_path not in (None, ns.path):
                 continue  # an enclosing run: ready when a descendant is
-            if (ns.status == "waiting_input" and not ns.requests) or (
-                ns.status == "waiting_job" and ns.jobs and not ns.open_jobs
-            ):
+            if (status == "waiting_input" and not ns.requests) or (status == "waiting_job" and ns.jobs and not ns.open_jobs):
                 self._mark_answered(ns.path)
         self.replayed = 0
         self.recovered = 0
