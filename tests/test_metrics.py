@@ -530,7 +530,7 @@ async def test_exemplar_is_the_node_span_with_a_tracing_plugin(m):
 async def test_exemplars_with_the_real_tracing_plugin(metrics_first):
     """The node's own span, and the invocation's span for the workflow duration, in
     either plugin order (the run's traceparent is used, not only the current span)."""
-    tracing = pytest.importorskip("flowscope.observability.tracing")
+    from flowscope.observability import tracing
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 

@@ -564,7 +564,7 @@ def run_process(tmp_path, mode):
 
 
 def test_resume_in_a_new_process_links_to_the_paused_invocation_and_attempts_continue(tmp_path):
-    pytest.importorskip("flowscope.store.sqlite")
+    import flowscope.store.sqlite  # noqa: F401  (the resume below runs on it)
     first = run_process(tmp_path, "run")
     second = run_process(tmp_path, "resume")
     assert (first["status"], second["status"]) == ("paused", "completed")
