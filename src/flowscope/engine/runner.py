@@ -16,7 +16,6 @@ anything after it runs.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import random
@@ -319,18 +318,13 @@ class Runner:
         if snap is None:
             return None
         seq, data = snap
-        enabled = gc.isenabled()
-        gc.disable()  # a snapshot is many small objects and no cycles
         try:
-            ws = restore_state(json.loads(data))
+            ws = restore_state(data)
             if ws.last_seq != seq:
                 raise ValueError(f"it claims seq {ws.last_seq}, stored as {seq}")
         except (ValueError, TypeError, KeyError) as exc:
             log.warning("ignoring the snapshot of session %s (%s); folding the whole log", session_id, exc)
             return None
-        finally:
-            if enabled:
-                gc.enable()
         apply = ws.apply
         for e in self.store.read(session_id, seq):
             apply(e)

@@ -35,7 +35,6 @@ while the ~10 objects per event are created.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import os
 import sqlite3
@@ -58,7 +57,7 @@ from ..events import (
     to_dict,
 )
 from .base import EventStore, NodeRun, SessionInfo, number_events
-from .projection import OPEN_STATES, NodeState, WorkflowState
+from .projection import OPEN_STATES, NodeState, WorkflowState, gc_paused
 
 __all__ = [
     "SqliteEventStore",
@@ -243,21 +242,6 @@ for _type, _cls in EVENT_TYPES.items():
 del _type, _cls, _strict, _tolerant
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while a read builds ~10 objects per event.
-
-    None of them can form a cycle, and with 100,000 events the generational collections
-    that the allocations trigger would cost a third of the read.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps would build an encoder per call
@@ -614,7 +598,7 @@ class SqliteEventStore(EventStore):
         """Events from ``(type, ts, invocation_id, path, node, payload)`` rows with seq after_seq+1..."""
         if not rows:
             return []
-        with _gc_paused():
+        with gc_paused():
             types, tss, invs, paths, nodes, payloads = zip(*rows)
             try:
                 dicts = json.loads("[" + ",".join(payloads) + "]")
@@ -775,7 +759,7 @@ class SqliteEventStore(EventStore):
             if row is None or row[0] <= after:
                 return []
             # Bounded by last_seq: a concurrent append beyond it cannot tear the result.
-            with _gc_paused():
+            with gc_paused():
                 rows = self._fetch(conn, session_id, after, row[0])
         return self._decode(session_id, after, rows)
 
