@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.trace import get_current_span
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from .. import __version__
 from ..plugins import HOOKS, Plugin
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -335,15 +336,6 @@ def _exemplar(trace_context: dict[str, str] | None = None) -> dict[str, str] | N
     return _current_span_exemplar()
 
 
-def _version() -> str:
-    try:
-        from .. import __version__
-
-        return __version__
-    except Exception:  # pragma: no cover
-        return ""
-
-
 # -- the plugin --------------------------------------------------------------------------------
 
 
@@ -373,7 +365,7 @@ class MetricsPlugin(Plugin):
             registry = REGISTRY
         self.registry = registry
         self.meter_provider = meter_provider
-        meter = meter_provider.get_meter("flowscope", _version()) if meter_provider is not None else None
+        meter = meter_provider.get_meter("flowscope", __version__) if meter_provider is not None else None
         self._instruments: dict[str, _Instrument] = {}
         for spec in INSTRUMENTS:
             prom = _prom_collector(registry, spec) if registry is not None else None

@@ -34,6 +34,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from .. import __version__
 from ..errors import InvocationAbortedError, classify
 from ..events import (
     InputRequested,
@@ -91,15 +92,6 @@ RETRY_DELAY = "flowscope.retry.delay_s"
 RETRY_EVENT = "node.retry"
 
 
-def _version() -> str:
-    try:
-        from .. import __version__
-
-        return __version__
-    except Exception:  # pragma: no cover
-        return ""
-
-
 class _RunSpan:
     """The invocation span and what we learn about the invocation while it runs."""
 
@@ -142,7 +134,7 @@ class TracingPlugin(Plugin):
         record_stacktrace: bool = False,
         redact: Redactor | None = None,
     ) -> None:
-        self._tracer = trace.get_tracer("flowscope", _version(), tracer_provider=tracer_provider)
+        self._tracer = trace.get_tracer("flowscope", __version__, tracer_provider=tracer_provider)
         self.record_stacktrace = record_stacktrace
         self.redact = redact
         #: invocation_id -> _RunSpan, so on_event can find open spans by (invocation, path)

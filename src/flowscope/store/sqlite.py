@@ -623,27 +623,22 @@ class SqliteEventStore(EventStore):
             return out
 
     def _decode_payloads(self, session_id: str, after_seq: int, payloads: Sequence[Any]) -> list[Any]:
-        out = []
-        for i, text in enumerate(payloads):
-            seq = after_seq + i + 1
-            try:
-                d = json.loads(text)
-            except (ValueError, TypeError) as exc:
-                raise self._bad_row(session_id, seq, f"corrupt payload JSON ({exc})") from None
-            if type(d) is not dict:
-                raise self._bad_row(session_id, seq, f"payload is not a JSON object: {text!r:.80}")
-            out.append(d)
-        return out
+        return [self._payload(session_id, after_seq + i + 1, text) for i, text in enumerate(payloads)]
 
-    def _decode_slow(
-        self, session_id: str, seq: int, typ: Any, ts: Any, inv: Any, path: Any, node: Any, text: Any
-    ) -> Event:
+    def _payload(self, session_id: str, seq: int, text: Any) -> dict[str, Any]:
+        """One row's payload as a dict, or a StoreError naming the file, session and seq."""
         try:
             d = json.loads(text)
         except (ValueError, TypeError) as exc:
             raise self._bad_row(session_id, seq, f"corrupt payload JSON ({exc})") from None
         if type(d) is not dict:
             raise self._bad_row(session_id, seq, f"payload is not a JSON object: {text!r:.80}")
+        return d
+
+    def _decode_slow(
+        self, session_id: str, seq: int, typ: Any, ts: Any, inv: Any, path: Any, node: Any, text: Any
+    ) -> Event:
+        d = self._payload(session_id, seq, text)
         d.update(type=typ, session_id=session_id, seq=seq, ts=ts, invocation_id=inv, path=path, node=node)
         try:
             return from_dict(d)
