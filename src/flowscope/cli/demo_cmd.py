@@ -12,7 +12,7 @@ import click
 
 from . import views
 from .progress import ProgressPlugin
-from .render import render_table, waterfall_lines
+from .render import waterfall_lines
 
 __all__ = ["run_demo"]
 
@@ -169,7 +169,7 @@ def run_demo(
 
         _section(f"the main run, from the event log ({prefix} show {main_session})")
         ws = views.load_session(store, main_session)
-        from . import session_header
+        from . import _audit_table, session_header
 
         for line in session_header(ws) + [""] + waterfall_lines(views.show_rows(ws), end_ts=ws.updated_at):
             click.echo(line)
@@ -178,22 +178,7 @@ def run_demo(
         demo_sessions = [main_session, failed_session, lost_session, worker_session]
         runs = [r for sid in demo_sessions for r in store.node_runs(sid)]
         rows = views.audit_rows(runs)
-        click.echo(
-            render_table(
-                rows,
-                [
-                    ("WORKFLOW", lambda r: r["workflow"]),
-                    ("NODE", lambda r: r["node"]),
-                    ("RUNS", lambda r: r["runs"]),
-                    ("ATTEMPTS", lambda r: r["attempts"]),
-                    ("RETRIES", lambda r: r["retries"]),
-                    ("OK", lambda r: r["completed"]),
-                    ("FAILED", lambda r: r["failed"]),
-                    ("OPEN", lambda r: r["open"]),
-                    ("ERRORS", lambda r: r["error_codes"] or ""),
-                ],
-            )
-        )
+        click.echo(_audit_table(rows, "node"))  # the same table as `flowscope audit`
 
         elapsed = time.monotonic() - t_start
         _section(f"done in {elapsed:.1f}s; next, try")
