@@ -9,6 +9,7 @@ in :attr:`PluginDispatcher.errors` and reported to every plugin's ``on_plugin_er
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections import Counter
@@ -99,8 +100,6 @@ class PluginDispatcher:
             try:
                 result = fn(*args)
                 if result is not None and inspect.isawaitable(result):
-                    import asyncio
-
                     task = asyncio.ensure_future(result)
                     task.add_done_callback(lambda t, p=plugin, h=hook: self._task_done(t, p, h))
             except Exception as exc:

@@ -489,7 +489,6 @@ class _Invocation:
         self.session_id = session_id
         self.invocation_id = uuid.uuid4().hex
         self.ws = ws
-        self.next_seq = ws.last_seq
         self.snapshot_seq = ws.snapshot_seq
         self.flushed_seq = ws.last_seq
         self.buffer: list[Event] = []
@@ -526,11 +525,10 @@ class _Invocation:
     # -- the record -----------------------------------------------------------------------
 
     def emit(self, cls: type[Event], path: str, node: str, **fields: Any) -> Event:
-        self.next_seq += 1
         e = cls(
             session_id=self.session_id,
             invocation_id=self.invocation_id,
-            seq=self.next_seq,
+            seq=self.ws.last_seq + 1,  # the live fold is always at the last emitted event
             ts=time.time(),
             path=path,
             node=node,
