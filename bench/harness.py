@@ -365,7 +365,7 @@ class Bench:
     def _resume(self) -> None:
         """Resume of a paused session with about 100,000 events (a 50,000-node chain paused at its end)."""
         from flowscope.store.sqlite import SqliteEventStore
-        from flowscope.store.projection import rebuild
+        from flowscope.fold import rebuild
 
         target = 10_000 if self.quick else 100_000
         sb = _module("store_bench")

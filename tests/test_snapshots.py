@@ -9,7 +9,7 @@ import pytest
 
 from flowscope import START, Runner, Workflow, node
 from flowscope.store import MemoryEventStore, SqliteEventStore, rebuild
-from flowscope.store.projection import restore_state, snapshot_state
+from flowscope.fold import restore_state, snapshot_state
 
 from fuzz_workflows import Effects, build_workflow, drive
 

@@ -30,7 +30,7 @@ from flowscope.events import (
     UnknownEvent,
 )
 from flowscope.store import MemoryEventStore, NodeRun, SessionInfo, rebuild
-from flowscope.store.projection import OPEN_STATES
+from flowscope.fold import OPEN_STATES
 
 SID = "s1"
 INV = "inv-1"

@@ -22,6 +22,13 @@ __all__ = [
     "RecoveryLimitError",
     "JobFailedError",
     "StoreError",
+    "StoreLocked",
+    "StoreCorrupt",
+    "NotAFlowscopeDatabase",
+    "StoreSchemaTooNew",
+    "StoreReadOnly",
+    "StoreDiskFull",
+    "StoreUnavailable",
     "UnknownSessionError",
     "ResumeError",
     "ErrorInfo",
@@ -73,6 +80,34 @@ class ResumeError(FlowscopeError):
 
 class StoreError(FlowscopeError):
     """The event store cannot be used: missing, corrupt or foreign database, bad row."""
+
+
+class StoreLocked(StoreError):
+    """Another connection held a lock past the store's busy timeout; retry later."""
+
+
+class StoreCorrupt(StoreError):
+    """The database file is damaged (a torn page, a bad header); restore it from a backup."""
+
+
+class NotAFlowscopeDatabase(StoreError):
+    """The file or database exists but was not written by flowscope (or is not a database at all)."""
+
+
+class StoreSchemaTooNew(StoreError):
+    """The database was migrated by a newer flowscope; upgrade this one before using it."""
+
+
+class StoreReadOnly(StoreError):
+    """The store cannot be written: a read-only file, mount or role."""
+
+
+class StoreDiskFull(StoreError):
+    """The disk (or the database's quota) is full; free space and resume."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or opened (a missing file, a server that does not answer)."""
 
 
 class UnknownSessionError(StoreError, KeyError):

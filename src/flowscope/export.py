@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from urllib.parse import urlsplit
 
 from .events import TERMINAL_TYPES, Event
-from .store.projection import WorkflowState
+from .fold import WorkflowState
 
 if TYPE_CHECKING:  # pragma: no cover
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest

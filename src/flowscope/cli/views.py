@@ -14,7 +14,8 @@ from typing import Any, Iterable
 
 from ..errors import UnknownSessionError
 from ..store.base import EventStore, NodeRun
-from ..store.projection import OPEN_STATES, NodeState, WorkflowState, rebuild
+from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
+from ..fold import OPEN_STATES, NodeState, WorkflowState, rebuild
 
 __all__ = [
     "RUN_KEYS",
@@ -29,12 +30,10 @@ __all__ = [
     "audit_rows",
     "audit_run_rows",
     "stuck_rows",
-    "RESUME_LEASE_S",
 ]
 
 #: A resume refuses a session whose runs heartbeat more recently than this (3 x the
 #: runner's default 5 s heartbeat interval) unless forced.
-RESUME_LEASE_S = 15.0
 
 RUN_KEYS = (
     "session_id",
@@ -453,7 +452,7 @@ def stuck_rows(
 def _action(r: NodeRun, state: str, waiting_on: list[str], beat_age: float | None) -> str:
     sid = r.session_id
     if state == "orphaned":
-        force = " --force" if beat_age is not None and beat_age < RESUME_LEASE_S else ""
+        force = " --force" if beat_age is not None and beat_age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S) else ""
         return f"flowscope resume {sid}{force}"
     if state == "running":
         return "alive (fresh heartbeat): check the worker; it is slow, blocked or looping"

@@ -1,7 +1,7 @@
 """The runner: walks a workflow, records every node run, resumes from the record.
 
 One :class:`_Invocation` per ``run``/``resume`` call does the work. It keeps the
-session's :class:`~flowscope.store.projection.WorkflowState` live (every event it emits
+session's :class:`~flowscope.fold.WorkflowState` live (every event it emits
 is folded at once), so deciding whether a path is completed, waiting, crashed or new is
 a dict lookup, the same way on the first run and on a resume from another process.
 
@@ -57,7 +57,8 @@ from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_
 from ..plugins import Plugin, PluginDispatcher
 from ..store.base import EventStore
 from ..store.memory import MemoryEventStore
-from ..store.projection import NodeState, WorkflowState, rebuild, restore_state, snapshot_state
+from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
+from ..fold import NodeState, WorkflowState, rebuild, restore_state, snapshot_state
 from .context import NodeContext, NodeOutcome, PauseSignal, RunInfo
 from .graph import START, Node, Route, Workflow
 
@@ -163,7 +164,7 @@ class Runner:
         *,
         error_codes: Mapping[type, str] | None = None,
         max_recoveries: int = 3,
-        heartbeat_interval: float = 5.0,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
         snapshot_every: int = 1000,
         seed: int | None = None,
     ) -> None:
@@ -297,7 +298,7 @@ class Runner:
         if ws.status == "running" and not force:
             # Another invocation has started and not finished: alive if it wrote or
             # heartbeated recently. Taking over a live run would run its nodes twice.
-            lease = 3 * max(self.heartbeat_interval, 1.0)
+            lease = resume_lease_s(self.heartbeat_interval)
             now = time.time()
             beats = [r.heartbeat_at for r in self.store.node_runs(session_id) if r.status == "running" and r.heartbeat_at]
             last = max([ws.updated_at or 0.0, *beats])

@@ -2,7 +2,7 @@
 
 from .base import EventStore, NodeRun, SessionInfo
 from .memory import MemoryEventStore
-from .projection import NodeState, WorkflowState, rebuild
+from ..fold import NodeState, WorkflowState, rebuild
 
 __all__ = [
     "EventStore",

@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 from ..errors import ConcurrencyConflict
 from ..events import Event
-from .projection import NodeState
+from ..fold import NodeState
 
 __all__ = ["EventStore", "SessionInfo", "NodeRun", "number_events"]
 

@@ -7,7 +7,7 @@ from typing import Iterable, Sequence
 
 from ..events import Event
 from .base import EventStore, NodeRun, SessionInfo, number_events
-from .projection import OPEN_STATES, WorkflowState
+from ..fold import OPEN_STATES, WorkflowState
 
 __all__ = ["MemoryEventStore"]
 

@@ -15,7 +15,7 @@ One file holds everything, in WAL mode so readers never block the writer:
     one row per session (workflow, status, started/updated, ``last_seq``, invocations).
 ``node_runs``
     the projection: the latest state of every node run, kept by the same
-    :meth:`NodeState.apply <flowscope.store.projection.NodeState.apply>` the fold uses,
+    :meth:`NodeState.apply <flowscope.fold.NodeState.apply>` the fold uses,
     updated in the transaction that appends the events, indexed by status so the
     open-runs and stuck queries never scan the log.
 
@@ -57,7 +57,7 @@ from ..events import (
     to_dict,
 )
 from .base import EventStore, NodeRun, SessionInfo, number_events
-from .projection import OPEN_STATES, NodeState, WorkflowState, gc_paused
+from ..fold import OPEN_STATES, NodeState, WorkflowState, gc_paused
 
 __all__ = [
     "SqliteEventStore",

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Iterator
 
-from ..events import (
+from .events import (
     Event,
     from_dict,
     to_dict,
