@@ -1,0 +1,173 @@
+"""The layout is the architecture: no import cycles, and the engine imports nothing above it.
+
+The imports of every module under ``src/flowscope`` are read with ``ast`` (imports inside
+functions and under ``if TYPE_CHECKING:`` included, since a typing-only cycle is still a
+knot a reader has to untie), resolved to module names, and checked against the layers
+described in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+PACKAGE = "flowscope"
+
+# What the engine may never import: the adapters above it, and the libraries they wrap.
+ENGINE = "flowscope.engine"
+ENGINE_FORBIDDEN_PREFIXES = (
+    "flowscope.observability",
+    "flowscope.cli",
+    "flowscope.export",
+    "flowscope.adapters",
+    "opentelemetry",
+    "prometheus_client",
+    "sqlite3",
+    "sqlite_utils",
+    "psycopg",
+    "psycopg_pool",
+    "click",
+)
+# The store package holds the port (store.base) and the adapters; only the port is allowed.
+ENGINE_ALLOWED_STORE = {"flowscope.store.base"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted((SRC / PACKAGE).rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module ``name`` imports, anywhere in its body, as absolute module names."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for stmt in ast.walk(tree):
+        if isinstance(stmt, ast.Import):
+            found.update(alias.name for alias in stmt.names)
+        elif isinstance(stmt, ast.ImportFrom):
+            if stmt.level:
+                base_parts = package.split(".")
+                if stmt.level > 1:
+                    base_parts = base_parts[: -(stmt.level - 1)]
+                base = ".".join(base_parts)
+                target = f"{base}.{stmt.module}" if stmt.module else base
+            else:
+                target = stmt.module or ""
+            for alias in stmt.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in known else target)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: {m for m in imports_of(name, path, known) if m != name} for name, path in mods.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+
+    def visit(v: str) -> None:
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in edges:
+                continue  # third-party or stdlib
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def engine_violations(edges: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for mod, targets in edges.items():
+        if mod != ENGINE and not mod.startswith(ENGINE + "."):
+            continue
+        for t in sorted(targets):
+            forbidden = any(t == p or t.startswith(p + ".") for p in ENGINE_FORBIDDEN_PREFIXES)
+            store = (t == "flowscope.store" or t.startswith("flowscope.store.")) and t not in ENGINE_ALLOWED_STORE
+            if forbidden or store:
+                bad.append(f"{mod} imports {t}")
+    return bad
+
+
+def test_the_walker_sees_the_package():
+    edges = graph()
+    # A walker that found nothing would pass every check below vacuously.
+    assert "flowscope.engine.runner" in edges and "flowscope.cli" in edges
+    assert "flowscope.events" in edges["flowscope.fold"]
+    assert sum(len(t) for t in edges.values()) > 50
+
+
+def test_no_import_cycles_typing_imports_included():
+    assert cycles(graph()) == []
+
+
+def test_the_engine_imports_no_store_adapter_observability_or_cli():
+    assert engine_violations(graph()) == []
+
+
+def test_the_checks_catch_what_they_claim(tmp_path):
+    """The two checks fail on a cycle and on an engine import of an adapter."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert engine_violations({"flowscope.engine.runner": {"flowscope.store.sqlite", "flowscope.store.base"}}) == [
+        "flowscope.engine.runner imports flowscope.store.sqlite"
+    ]
+    # TYPE_CHECKING imports count.
+    src = tmp_path / "m.py"
+    src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .cli import app\n")
+    assert "flowscope.engine.cli.app" in imports_of("flowscope.engine.m", src, {"flowscope.engine.cli.app"})
+
+
+@pytest.mark.parametrize("mod", ["flowscope.engine", "flowscope.fold", "flowscope.events"])
+def test_lower_layers_import_without_the_adapters(mod):
+    """Importing the engine, the fold or the catalog pulls in no OpenTelemetry, Prometheus or CLI."""
+    import subprocess
+    import sys
+
+    code = (
+        f"import sys, {mod}\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('opentelemetry', 'prometheus_client', 'click')"
+        " or m.startswith(('flowscope.observability', 'flowscope.cli', 'flowscope.store.sqlite'))]\n"
+        "print(','.join(sorted(bad)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
