@@ -1,0 +1,146 @@
+"""Who runs a session: the owner record, its lease, and whether its process still lives.
+
+An owner is a process, named so that it can be recognised from another process and
+another host: a ``worker_id``, the ``host`` (``FLOWSCOPE_HOST`` or the hostname), the
+``pid`` and that process's start time, so that a pid the kernel has reused for another
+program is never taken for the owner. A :class:`Lease` is an owner's claim on one session
+until ``expires_at``, under an ``epoch`` that every takeover advances (the fence).
+The rule that turns these into "alive" or "orphaned" lives in :mod:`flowscope.liveness`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping
+
+__all__ = ["Owner", "Lease", "this_host", "this_process", "process_start_time", "process_alive"]
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The process that runs (or last ran) a session."""
+
+    worker_id: str
+    host: str
+    pid: int
+    #: The process's start time in epoch seconds (None where the platform cannot say).
+    started_at: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"worker_id": self.worker_id, "host": self.host, "pid": self.pid, "started_at": self.started_at}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Owner":
+        started = data.get("started_at")
+        return cls(
+            worker_id=str(data.get("worker_id") or ""),
+            host=str(data.get("host") or ""),
+            pid=int(data.get("pid") or 0),
+            started_at=float(started) if started is not None else None,
+        )
+
+    def describe(self) -> str:
+        """``worker-id on host pid 1234``, for messages."""
+        return f"{self.worker_id} on {self.host} pid {self.pid}"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """An owner's hold on a session until ``expires_at``, under fencing ``epoch``."""
+
+    session_id: str
+    owner: Owner
+    epoch: int
+    expires_at: float
+
+
+def this_host() -> str:
+    """``FLOWSCOPE_HOST`` when set (containers, tests posing as several hosts), else the hostname."""
+    return os.environ.get("FLOWSCOPE_HOST") or socket.gethostname()
+
+
+@lru_cache(maxsize=1)
+def _boot_time() -> float | None:
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def process_start_time(pid: int) -> float | None:
+    """When process ``pid`` started, in epoch seconds, or None if unknown or not running.
+
+    Read from ``/proc/<pid>/stat`` (field 22, clock ticks since boot). Two reads of the
+    same process agree to the tick, so a different value means a different process.
+    """
+    boot = _boot_time()
+    if boot is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ")".
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        ticks = int(fields[19])
+    except (IndexError, ValueError):
+        return None
+    return round(boot + ticks / os.sysconf("SC_CLK_TCK"), 2)
+
+
+def process_alive(pid: int, started_at: float | None) -> bool:
+    """Whether the process ``pid`` that started at ``started_at`` is still running here.
+
+    A zombie (killed, not yet reaped) counts as gone. A pid now used by a process that
+    started at another time is a different process, so the owner is gone.
+    """
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by another user
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+        state = raw[raw.rfind(b")") + 2 :].split()[0]
+        if state in (b"Z", b"X"):
+            return False
+    except (OSError, IndexError):
+        pass
+    if started_at is None:
+        return True
+    now_started = process_start_time(pid)
+    return now_started is None or abs(now_started - started_at) < 1.0
+
+
+@lru_cache(maxsize=1)
+def _this_pid_start() -> tuple[int, float | None]:
+    pid = os.getpid()
+    return pid, process_start_time(pid)
+
+
+def this_process(worker_id: str | None = None) -> Owner:
+    """The owner record of the calling process (a new ``worker_id`` unless one is given)."""
+    pid, started = _this_pid_start()
+    if pid != os.getpid():  # forked since the cache was filled
+        _this_pid_start.cache_clear()
+        pid, started = _this_pid_start()
+    return Owner(
+        worker_id=worker_id or f"{this_host()}-{pid}-{uuid.uuid4().hex[:8]}",
+        host=this_host(),
+        pid=pid,
+        started_at=started,
+    )
