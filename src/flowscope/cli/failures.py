@@ -24,6 +24,7 @@ from ..errors import (
     StoreReadOnly,
     StoreSchemaTooNew,
     StoreUnavailable,
+    UnknownSessionError,
 )
 from ..events import EventDecodeError
 
@@ -34,6 +35,7 @@ __all__ = [
     "CliError",
     "STORE_ERROR_ADVICE",
     "one_line",
+    "unknown_session",
     "to_cli_error",
 ]
 
@@ -75,6 +77,11 @@ STORE_ERROR_ADVICE: dict[type[StoreError], str] = {
 def one_line(exc: BaseException) -> str:
     """``str(exc)`` with its whitespace (newlines included) folded, or the class name."""
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def unknown_session(session_id: str, where: str) -> UnknownSessionError:
+    """The error for a session id with no events in the database at ``where``."""
+    return UnknownSessionError(f"no session {session_id!r} in {where}: `flowscope runs` lists the sessions")
 
 
 def _store_error(exc: StoreError, db: str | None) -> CliError:

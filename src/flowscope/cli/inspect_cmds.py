@@ -6,10 +6,9 @@ from pathlib import Path
 
 import click
 
-from ..errors import UnknownSessionError
 from . import views
 from .app import DURATION, db_option, emit, format_option, open_store, otlp_protocol_option, resolve_db
-from .failures import CliError
+from .failures import CliError, unknown_session
 from .render import waterfall_lines
 from .tables import audit_table, pending_hint, runs_table, session_header, stuck_table
 
@@ -67,7 +66,7 @@ def audit(db: str | None, fmt: str, sessions: tuple[str, ...], workflow: str | N
         if sessions:
             for sid in sessions:
                 if not store.has_session(sid):
-                    raise UnknownSessionError(f"no session {sid!r} in {store.path}: `flowscope runs` lists the sessions")
+                    raise unknown_session(sid, store.path)
             node_runs = [r for sid in sessions for r in store.node_runs(sid)]
         else:
             node_runs = store.node_runs()
@@ -143,7 +142,7 @@ def export(
     with open_store(db) as store:
         events = store.read(session)
     if not events:
-        raise UnknownSessionError(f"no session {session!r} in {resolve_db(db)}: `flowscope runs` lists the sessions")
+        raise unknown_session(session, resolve_db(db))
     if otlp_endpoint:
         spans = session_spans(events, service_name)
         try:

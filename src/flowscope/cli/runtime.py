@@ -30,7 +30,7 @@ def configure_cli_tracing(endpoint: str | None, protocol: str | None, service: s
     """A tracer provider sending to ``--otlp-endpoint`` (None without one); a bad URL is a CliError."""
     if not endpoint:
         return None
-    from ..observability import configure_tracing
+    from ..observability.setup import configure_tracing
 
     try:
         return configure_tracing(service, otlp_endpoint=endpoint, protocol=resolve_otlp_protocol(endpoint, protocol), timeout=5.0)
@@ -42,7 +42,7 @@ def start_metrics_server(
     store: Any, registry: CollectorRegistry, *, host: str, port: int, stale_after: float
 ) -> MetricsServer:
     """Serve ``registry`` and the store's metrics on ``host:port``; a port in use is a CliError."""
-    from ..observability import serve_metrics
+    from ..observability.serve import serve_metrics
 
     try:
         return serve_metrics(store=store, registry=registry, host=host, port=port, stale_after_s=stale_after)
