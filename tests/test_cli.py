@@ -569,3 +569,102 @@ def test_parse_duration():
     for bad in ("", "soon", "5x", "-1s"):
         with pytest.raises(ValueError):
             views.parse_duration(bad)
+
+
+# --------------------------------------------------------------------------- store errors, by class
+
+from flowscope import errors as fs_errors  # noqa: E402
+
+#: What each typed store error must say after its own message, for `runs` on PATH.
+STORE_ERROR_ADVICE = {
+    fs_errors.StoreLocked: "retry in a moment",
+    fs_errors.StoreCorrupt: "restore it from a backup (or try `sqlite3 {path} .recover`)",
+    fs_errors.NotAFlowscopeDatabase: "point --db (or FLOWSCOPE_DB) at a flowscope database",
+    fs_errors.StoreSchemaTooNew: "upgrade flowscope",
+    fs_errors.StoreReadOnly: "permissions",
+    fs_errors.StoreDiskFull: "free disk space",
+    fs_errors.StoreUnavailable: "point --db (or FLOWSCOPE_DB) at a flowscope database",
+}
+
+
+def raising_store(exc: BaseException, *, on: str = "open"):
+    """A store class that raises ``exc`` when opened, or from ``sessions()``/``read()``.
+
+    The SQLite adapter of this tree still raises plain StoreError with a message; this fake
+    stands in for an adapter that raises the typed subclasses, at the one place the CLI
+    opens a store (flowscope.store.sqlite.SqliteEventStore).
+    """
+
+    class RaisingStore:
+        def __init__(self, path, readonly=False):
+            if on == "open":
+                raise exc
+            self.path = path
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            self.close()
+
+        def close(self):
+            pass
+
+        def sessions(self, *a, **k):
+            raise exc
+
+        def read(self, *a, **k):
+            raise exc
+
+    return RaisingStore
+
+
+@pytest.mark.parametrize("klass", list(STORE_ERROR_ADVICE), ids=lambda k: k.__name__)
+@pytest.mark.parametrize("on", ["open", "read"])
+def test_each_store_error_class_gives_its_line_and_exit_2(tmp_path, monkeypatch, klass, on):
+    db = tmp_path / "flows.db"
+    with SqliteEventStore(db):
+        pass
+    monkeypatch.setattr("flowscope.store.sqlite.SqliteEventStore", raising_store(klass(f"{db} said no"), on=on))
+    command = ["runs"] if on == "open" else ["show", "s1"]
+    advice = STORE_ERROR_ADVICE[klass].format(path=db)
+    line = assert_one_line_error(invoke("--db", str(db), *command), f"{db} said no: ", advice)
+    if klass is not fs_errors.StoreCorrupt:
+        assert "backup" not in line
+
+
+def test_a_plain_store_error_prints_its_own_message(tmp_path, monkeypatch):
+    db = tmp_path / "corrupt" / "flows.db"
+    db.parent.mkdir()
+    with SqliteEventStore(db):
+        pass
+    message = f"{db} is corrupt, malformed and not a flowscope database (words, not a class)"
+    monkeypatch.setattr("flowscope.store.sqlite.SqliteEventStore", raising_store(fs_errors.StoreError(message)))
+    line = assert_one_line_error(invoke("--db", str(db), "runs"))
+    assert line == f"flowscope: error: {message}"
+
+
+def test_a_folder_named_corrupt_gets_no_corruption_advice(tmp_path):
+    folder = tmp_path / "corrupt"
+    folder.mkdir()
+    good = folder / "flows.db"
+    with SqliteEventStore(good) as store:
+        Runner(order_fulfilment, store=store).run_sync(batch_input("B-ok"), session_id="fine-1")
+    proc = run_cli("--db", str(good), "runs", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["session_id"] for r in json.loads(proc.stdout)] == ["fine-1"]
+    # a valid flowscope database written by a newer flowscope: not corrupt either
+    newer = folder / "newer.db"
+    copy_db(good, newer)
+    with sqlite3.connect(newer) as c:
+        c.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
+    line = assert_one_line_error(run_cli("--db", str(newer), "runs"), "newer flowscope", "newer.db")
+    assert "backup" not in line and ".recover" not in line
+    # a missing file under such a folder, for a read command and for the demo (which creates it)
+    missing = folder / "missing.db"
+    line = assert_one_line_error(run_cli("--db", str(missing), "runs"), "no flowscope database at", "missing.db")
+    assert "backup" not in line and ".recover" not in line
+    nowhere = tmp_path / "gone" / "corrupt" / "flows.db"
+    line = assert_one_line_error(run_cli("--db", str(nowhere), "demo"), "flows.db")
+    assert "backup" not in line and ".recover" not in line
+    assert not nowhere.parent.exists()

@@ -6,15 +6,56 @@ import asyncio
 import os
 import signal
 import time
-from typing import Any, Callable
+from typing import Any
 
 import click
 
+from ..events import JobDispatched
 from . import views
+from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option, resolve_db
 from .progress import ProgressPlugin
 from .render import waterfall_lines
+from .runtime import configure_cli_tracing, resolve_otlp_protocol, start_metrics_server, wait_for_signal
+from .tables import audit_table, session_header
 
-__all__ = ["run_demo"]
+__all__ = ["demo", "run_demo", "COMMANDS"]
+
+
+@click.command()
+@db_option
+@click.option("--otlp-endpoint", metavar="URL", help="Send spans to a collector, Jaeger or Tempo (e.g. http://localhost:4318).")
+@otlp_protocol_option
+@click.option("--interactive", is_flag=True, help="Ask you for the approval (and the failed job's retry) instead of answering automatically.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT", help="Serve metrics (in-process and store) on 127.0.0.1:PORT, and keep serving after the run until Ctrl-C/SIGTERM.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Run the demo workflows this many times (traffic for dashboards).")
+@click.option("--stale-after", type=DURATION, default="5s", show_default=True, help="When the killed worker's run counts as orphaned (for the metrics endpoint and the hints).")
+def demo(
+    db: str | None,
+    otlp_endpoint: str | None,
+    otlp_protocol: str | None,
+    interactive: bool,
+    metrics_port: int | None,
+    repeat: int,
+    stale_after: float,
+) -> None:
+    """Run the bundled order-fulfilment demo end to end on a SQLite file (no server needed).
+
+    \b
+    It shows, in one go: a flaky node that succeeds on a retry; parallel branches and a
+    join; a nested workflow; a long-running job whose first result is empty and is
+    retried through the actionable pause; a human approval; a node that returns nothing
+    (the completion marker); a second batch that fails with PAYMENT_DECLINED; and a
+    worker killed mid-run, so that `flowscope stuck` has something to find.
+    """
+    run_demo(
+        db=resolve_db(db),
+        otlp_endpoint=otlp_endpoint,
+        otlp_protocol=otlp_protocol,
+        interactive=interactive,
+        metrics_port=metrics_port,
+        repeat=repeat,
+        stale_after=stale_after,
+    )
 
 
 def _section(title: str) -> None:
@@ -42,10 +83,8 @@ def run_demo(
     metrics_port: int | None,
     repeat: int,
     stale_after: float,
-    prefix_for: Callable[[str], str],
-    open_store: Callable[..., Any],
-    wait_for_signal: Callable[[], None],
 ) -> None:
+    """The demo on the database at ``db`` (created if missing), printing as it goes."""
     from prometheus_client import CollectorRegistry
 
     from ..examples.demo import DemoDriver, batch_input, new_tag
@@ -55,7 +94,7 @@ def run_demo(
     db_path = os.path.abspath(db)
     store = open_store(db, create=True)
     previous_term = _term_as_interrupt()
-    prefix = prefix_for(db)
+    prefix = command_prefix(db)
     tracing = None
     server = None
     proc = None
@@ -64,18 +103,11 @@ def run_demo(
         registry = CollectorRegistry()
         progress = ProgressPlugin(click.echo)
         plugins: list[Any] = []
-        if otlp_endpoint:
-            from ..export import guess_protocol
-            from ..observability import configure_tracing
-
-            protocol = otlp_protocol or guess_protocol(otlp_endpoint)
-            try:
-                tracing = configure_tracing("flowscope-demo", otlp_endpoint=otlp_endpoint, protocol=protocol, timeout=5.0)
-            except ValueError as exc:
-                from . import CliError
-
-                raise CliError(f"--otlp-endpoint {otlp_endpoint}: {exc}") from None
+        tracing = configure_cli_tracing(otlp_endpoint, otlp_protocol, "flowscope-demo")
+        spans_to = ""
+        if tracing is not None and otlp_endpoint:
             plugins.append(tracing.plugin())
+            spans_to = f", spans to {otlp_endpoint} ({resolve_otlp_protocol(otlp_endpoint, otlp_protocol)})"
             problem = _unreachable(otlp_endpoint)
             if problem:
                 click.echo(
@@ -85,18 +117,9 @@ def run_demo(
                 )
         plugins += [MetricsPlugin(registry=registry), progress]
 
-        click.echo(f"flowscope demo: database {db}" + (f", spans to {otlp_endpoint} ({protocol})" if tracing else ""))
+        click.echo(f"flowscope demo: database {db}" + spans_to)
         if metrics_port is not None:
-            from ..observability import serve_metrics
-
-            try:
-                server = serve_metrics(
-                    store=store, registry=registry, host="127.0.0.1", port=metrics_port, stale_after_s=stale_after
-                )
-            except OSError as exc:
-                from . import CliError
-
-                raise CliError(f"cannot listen on 127.0.0.1:{metrics_port}: {exc.strerror or exc}") from None
+            server = start_metrics_server(store, registry, host="127.0.0.1", port=metrics_port, stale_after=stale_after)
             click.echo(f"metrics (in-process and store): {server.url}")
 
         tag = new_tag()
@@ -147,7 +170,7 @@ def run_demo(
 
         asyncio.run(batches())
         lost = asyncio.run(lost_job())
-        lost_jobs = [p.job_id for p in lost.extra.get("pending", []) if p.type == "job_dispatched"]
+        lost_jobs = [p.job_id for p in lost.extra.get("pending", []) if isinstance(p, JobDispatched)]
         if lost_jobs:
             click.echo(f"  the worker never reports {lost_jobs[0]}: the session waits (waiting_job), and is")
             click.echo(f"  overdue once the job is past its deadline_s={stale_after:g}s (flowscope stuck, flowscope_store_overdue_jobs)")
@@ -169,8 +192,6 @@ def run_demo(
 
         _section(f"the main run, from the event log ({prefix} show {main_session})")
         ws = views.load_session(store, main_session)
-        from . import _audit_table, session_header
-
         for line in session_header(ws) + [""] + waterfall_lines(views.show_rows(ws), end_ts=ws.updated_at):
             click.echo(line)
 
@@ -178,7 +199,7 @@ def run_demo(
         demo_sessions = [main_session, failed_session, lost_session, worker_session]
         runs = [r for sid in demo_sessions for r in store.node_runs(sid)]
         rows = views.audit_rows(runs)
-        click.echo(_audit_table(rows, "node"))  # the same table as `flowscope audit`
+        click.echo(audit_table(rows, "node"))  # the same table as `flowscope audit`
 
         elapsed = time.monotonic() - t_start
         _section(f"done in {elapsed:.1f}s; next, try")
@@ -254,3 +275,6 @@ def _term_as_interrupt() -> Any:
         return signal.signal(signal.SIGTERM, signal.default_int_handler)
     except ValueError:  # not the main thread (embedded use): leave signals alone
         return None
+
+
+COMMANDS = (demo,)

@@ -5,19 +5,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..plugins import Plugin
+from .app import silence_stdout
 
 __all__ = ["ProgressPlugin"]
-
-
-def _silence_stdout() -> None:
-    import os
-    import sys
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # pragma: no cover - no real stdout
-        pass
 
 
 def _short(path: str) -> str:
@@ -44,7 +34,7 @@ class ProgressPlugin(Plugin):
                 self.echo(line)
             except BrokenPipeError:  # `flowscope demo | head`: stop printing, let the run finish
                 self.enabled = False
-                _silence_stdout()
+                silence_stdout()
 
     @staticmethod
     def line(e: Any) -> str | None:

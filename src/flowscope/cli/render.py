@@ -192,13 +192,13 @@ def waterfall_lines(rows: Sequence[dict[str, Any]], *, width: int = 32, end_ts: 
         return ["(no node runs)"]
     starts = [r["started_at"] for r in rows if r.get("started_at") is not None]
     ends = [r["ended_at"] for r in rows if r.get("ended_at") is not None]
-    t0 = min(starts) if starts else 0.0
-    t1 = max(ends + starts + ([end_ts] if end_ts is not None else []))
+    t0: float = min(starts) if starts else 0.0
+    t1: float = max(ends + starts + ([end_ts] if end_ts is not None else []))
     span = max(t1 - t0, 1e-6)
     table_rows = []
     for r in rows:
         start = r.get("started_at")
-        end = r.get("ended_at") if r.get("ended_at") is not None else t1
+        end: float = r["ended_at"] if r.get("ended_at") is not None else t1
         bar = ""
         if start is not None:
             a = int((start - t0) / span * width)

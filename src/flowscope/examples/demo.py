@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import JoinNode, Plugin, RetryConfig, Route, Runner, START, Workflow, node
+from .. import JoinNode, NodeContext, Plugin, RetryConfig, Route, Runner, START, Workflow, node
 
 __all__ = [
     "order_fulfilment",
@@ -111,7 +111,7 @@ def geocoding_result(dispatch_attempt: int, count: int = 3) -> dict[str, Any]:
 
 
 @node(retry=RetryConfig(max_attempts=3, initial_delay=0.05, jitter=0.0, exceptions=["InventoryUnavailable"]))
-async def fetch_orders(ctx, batch):
+async def fetch_orders(ctx: NodeContext, batch: Any) -> Any:
     await asyncio.sleep(0.02)
     if ctx.attempt == 1:
         raise InventoryUnavailable("inventory API did not answer within 2s (HTTP 504)")
@@ -124,7 +124,7 @@ async def fetch_orders(ctx, batch):
 
 
 @node
-async def validate_orders(ctx, data):
+async def validate_orders(ctx: NodeContext, data: Any) -> Any:
     await asyncio.sleep(0.005)
     for order in data["orders"]:
         if order["amount"] <= 0:
@@ -133,13 +133,13 @@ async def validate_orders(ctx, data):
 
 
 @node
-async def check_stock(ctx, data):
+async def check_stock(ctx: NodeContext, data: Any) -> Any:
     await asyncio.sleep(0.015)
     return {**data, "in_stock": [o["id"] for o in data["orders"]]}
 
 
 @node
-async def hold_items(ctx, data):
+async def hold_items(ctx: NodeContext, data: Any) -> Any:
     await asyncio.sleep(0.01)
     return {**data, "reservations": [f"R-{oid}" for oid in data["in_stock"]]}
 
@@ -149,7 +149,7 @@ reserve_stock = Workflow("reserve_stock", edges=[(START, check_stock, hold_items
 
 
 @node
-async def enrich_addresses(ctx, data):
+async def enrich_addresses(ctx: NodeContext, data: Any) -> Any:
     result = await ctx.await_job(
         dispatch=dispatch_geocoding,
         payload={"batch": data["batch"], "addresses": [o["address"] for o in data["orders"]]},
@@ -163,7 +163,7 @@ ready = JoinNode("ready")
 
 
 @node
-async def approve(ctx, joined):
+async def approve(ctx: NodeContext, joined: Any) -> Any:
     data = joined["reserve_stock"]
     answer = await ctx.request_input(
         f"Ship {len(data['orders'])} orders of batch {data['batch']} for {data['total']:.2f} EUR?",
@@ -175,7 +175,7 @@ async def approve(ctx, joined):
 
 
 @node
-async def charge_card(ctx, order):
+async def charge_card(ctx: NodeContext, order: Any) -> Any:
     await asyncio.sleep(0.005)
     if order["card"].startswith("tok_declined"):
         raise PaymentDeclined(f"card ending {order['card'][-4:]} declined for order {order['id']}: insufficient funds")
@@ -183,7 +183,7 @@ async def charge_card(ctx, order):
 
 
 @node
-async def ship(ctx, data):
+async def ship(ctx: NodeContext, data: Any) -> Any:
     # Charging a card must never happen twice: each charge is a dynamic child, which a
     # resume fast-forwards once it has completed instead of running it again.
     charges = [await ctx.run_node(charge_card, order) for order in data["orders"]]
@@ -191,7 +191,7 @@ async def ship(ctx, data):
 
 
 @node
-async def send_confirmations(ctx, shipped):
+async def send_confirmations(ctx: NodeContext, shipped: Any) -> Any:
     await asyncio.sleep(0.01)
     # The e-mails are out; there is nothing to return. The run still records a
     # NodeCompleted (has_output=False): the completion marker.
@@ -199,13 +199,13 @@ async def send_confirmations(ctx, shipped):
 
 
 @node
-async def close_batch(ctx, shipped):
+async def close_batch(ctx: NodeContext, shipped: Any) -> Any:
     await asyncio.sleep(0.005)
     return {"batch": shipped["batch"], "status": "shipped", "orders": len(shipped["charges"])}
 
 
 @node
-def cancel_batch(ctx, data):
+def cancel_batch(ctx: NodeContext, data: Any) -> Any:
     return {"batch": data["batch"], "status": "cancelled", "orders": 0}
 
 

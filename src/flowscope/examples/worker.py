@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from .. import START, Runner, Workflow, node
+from .. import START, NodeContext, Runner, Workflow, node
 
 __all__ = ["nightly_export", "export_input", "start_worker", "wait_until_running", "kill_worker", "main"]
 
@@ -33,13 +33,13 @@ def export_input(hang_s: float = 0.0) -> dict[str, Any]:
 
 
 @node
-async def snapshot(ctx, request):
+async def snapshot(ctx: NodeContext, request: Any) -> Any:
     await asyncio.sleep(0.01)
     return {**request, "snapshot": f"snap-{ctx.idempotency_key[:8]}", "rows": 1200}
 
 
 @node
-async def export_rows(ctx, snap):
+async def export_rows(ctx: NodeContext, snap: Any) -> Any:
     hang = float(snap.get("simulate_hang_s") or 0.0)
     partitions = int(snap.get("partitions") or 1)
     for _part in range(partitions):
@@ -50,7 +50,7 @@ async def export_rows(ctx, snap):
 
 
 @node
-async def publish_report(ctx, exported):
+async def publish_report(ctx: NodeContext, exported: Any) -> Any:
     await asyncio.sleep(0.005)
     return {"exported_rows": exported["rows"], "files": len(exported["files"])}
 
@@ -61,7 +61,7 @@ nightly_export = Workflow("nightly_export", edges=[(START, snapshot, export_rows
 HANGING_PATH = "nightly_export@1/export_rows@1"
 
 
-def start_worker(db: str, session_id: str, hang_s: float = 30.0, heartbeat_s: float = 0.2) -> subprocess.Popen:
+def start_worker(db: str, session_id: str, hang_s: float = 30.0, heartbeat_s: float = 0.2) -> subprocess.Popen[bytes]:
     """Start ``python -m flowscope.examples.worker`` on ``db`` (the caller kills it)."""
     cmd = [
         sys.executable,
@@ -81,7 +81,7 @@ def start_worker(db: str, session_id: str, hang_s: float = 30.0, heartbeat_s: fl
     )
 
 
-def wait_until_running(store: Any, session_id: str, proc: subprocess.Popen, timeout: float = 20.0) -> bool:
+def wait_until_running(store: Any, session_id: str, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> bool:
     """Poll the store until the worker's ``export_rows`` run is ``running`` (True), or the
     worker exited or the timeout passed (False)."""
     deadline = time.monotonic() + timeout
@@ -95,7 +95,7 @@ def wait_until_running(store: Any, session_id: str, proc: subprocess.Popen, time
     return False
 
 
-def kill_worker(proc: subprocess.Popen) -> str:
+def kill_worker(proc: subprocess.Popen[bytes]) -> str:
     """SIGKILL the worker (no cleanup, no final events: a real crash); its stderr, if any."""
     if proc.poll() is None:
         try:

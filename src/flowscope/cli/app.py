@@ -1,0 +1,229 @@
+"""The ``flowscope`` click group, the options its commands share, and the one error handler.
+
+Every command works on a SQLite store: ``--db PATH``, else ``$FLOWSCOPE_DB``, else
+``./flowscope.db``. The commands live in :mod:`.inspect_cmds`, :mod:`.operate_cmds` and
+:mod:`.demo_cmd`; ``flowscope.cli`` adds them to :data:`cli`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypeVar
+
+import click
+
+from ..errors import NotAFlowscopeDatabase, StoreUnavailable
+from . import views
+from .failures import EXIT_ERROR, to_cli_error
+from .render import render_csv, render_json
+
+if TYPE_CHECKING:
+    from ..store.sqlite import SqliteEventStore
+
+__all__ = [
+    "DEFAULT_DB",
+    "ENV_DB",
+    "FORMATS",
+    "DURATION",
+    "Duration",
+    "FlowscopeGroup",
+    "cli",
+    "db_option",
+    "format_option",
+    "otlp_protocol_option",
+    "resolve_db",
+    "open_store",
+    "emit",
+    "command_prefix",
+    "silence_stdout",
+    "main",
+]
+
+DEFAULT_DB = "flowscope.db"
+ENV_DB = "FLOWSCOPE_DB"
+FORMATS = ("table", "json", "csv")
+
+#: Where open_store leaves the path it opened, in the click context's shared ``meta``, so
+#: the error handler can name it in advice ("try `sqlite3 PATH .recover`").
+_OPENED_DB = "flowscope.db_path"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null: its reader went away (``flowscope runs | head``)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - no real stdout (CliRunner)
+        pass
+
+
+class FlowscopeGroup(click.Group):
+    """Converts any exception escaping a command into a one-line :class:`~.failures.CliError`."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except KeyboardInterrupt:
+            click.echo("flowscope: interrupted", err=True)
+            ctx.exit(130)
+        except BrokenPipeError:  # `flowscope runs | head`
+            silence_stdout()
+            ctx.exit(0)
+        except Exception as exc:
+            if os.environ.get("FLOWSCOPE_DEBUG"):
+                raise
+            raise to_cli_error(exc, ctx.meta.get(_OPENED_DB)) from None
+
+
+class Duration(click.ParamType):
+    """``15m``, ``90s``, ``1h30m``, ``500ms`` or a number of seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            return views.parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()
+
+# --------------------------------------------------------------------------- shared options
+
+
+def db_option(f: F) -> F:
+    """``--db PATH`` on a command (it overrides the group's ``--db``)."""
+    return click.option(
+        "--db",
+        "db",
+        default=None,
+        metavar="PATH",
+        help=f"The SQLite database (default: ${ENV_DB}, else ./{DEFAULT_DB}).",
+    )(f)
+
+
+def format_option(f: F) -> F:
+    """``--format table|json|csv`` on a listing command."""
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(FORMATS),
+        default="table",
+        show_default=True,
+        help="table for people; json (a list of objects, keys in docs/cli.md) or csv for programs.",
+    )(f)
+
+
+def otlp_protocol_option(f: F) -> F:
+    """``--otlp-protocol`` beside a command's ``--otlp-endpoint``."""
+    return click.option(
+        "--otlp-protocol",
+        type=click.Choice(["http/protobuf", "grpc"]),
+        default=None,
+        help="OTLP protocol (default: grpc for port 4317, else http/protobuf).",
+    )(f)
+
+
+# --------------------------------------------------------------------------- the store
+
+
+def resolve_db(db: str | None) -> str:
+    """The command's ``--db``, else the group's (which reads ``$FLOWSCOPE_DB``), else the default."""
+    if db:
+        return db
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        if ctx.obj and ctx.obj.get("db"):
+            return str(ctx.obj["db"])
+        ctx = ctx.parent
+    return os.environ.get(ENV_DB) or DEFAULT_DB
+
+
+def open_store(db: str | None, *, write: bool = False, create: bool = False) -> SqliteEventStore:
+    """Open the SQLite store. Read commands never create or modify the file.
+
+    Problems raise the typed store errors of :mod:`flowscope.errors`; the group's handler
+    turns them into one line.
+    """
+    from ..store.sqlite import SqliteEventStore
+
+    path = resolve_db(db)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[_OPENED_DB] = path
+    p = Path(path)
+    if not create and not p.exists():
+        raise StoreUnavailable(f"no flowscope database at {path}")
+    if p.is_dir():
+        raise NotAFlowscopeDatabase(f"{path} is a directory, not a flowscope database")
+    if p.exists() and p.stat().st_size == 0 and not create:
+        raise NotAFlowscopeDatabase(f"{path} is an empty file, not a flowscope database")
+    return SqliteEventStore(path, readonly=not (write or create))
+
+
+def emit(rows: list[dict[str, Any]], fmt: str, keys: tuple[str, ...], table: Callable[[], str]) -> None:
+    """Print ``rows`` as JSON or CSV (with ``keys``), or the ``table`` people read."""
+    if fmt == "json":
+        click.echo(render_json(rows, keys))
+    elif fmt == "csv":
+        click.echo(render_csv(rows, keys))
+    else:
+        click.echo(table())
+
+
+def command_prefix(db: str) -> str:
+    """``flowscope`` or ``flowscope --db PATH`` for the hints we print."""
+    if db == (os.environ.get(ENV_DB) or DEFAULT_DB):
+        return "flowscope"
+    return f"flowscope --db {shlex.quote(db)}"
+
+
+# --------------------------------------------------------------------------- the group
+
+
+@click.group(cls=FlowscopeGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "--db",
+    "db",
+    envvar=ENV_DB,
+    default=DEFAULT_DB,
+    show_default=True,
+    metavar="PATH",
+    help=f"The SQLite database of flowscope events (also ${ENV_DB}).",
+)
+@click.version_option(package_name="flowscope", prog_name="flowscope")
+@click.pass_context
+def cli(ctx: click.Context, db: str) -> None:
+    """flowscope: run, inspect, audit, resume and export workflow runs.
+
+    \b
+    Start here:   flowscope demo
+    Then:         flowscope runs | show SESSION | audit | stuck | resume SESSION | export SESSION
+    Docs:         docs/cli.md, docs/concepts.md, docs/operations.md
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["db"] = db
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """The ``flowscope`` console script (importing ``flowscope.cli`` has added the commands)."""
+    try:
+        cli.main(args=argv, prog_name="flowscope", standalone_mode=True)
+    except SystemExit:
+        raise
+    except Exception as exc:  # pragma: no cover - the group catches these already
+        if os.environ.get("FLOWSCOPE_DEBUG"):
+            raise
+        to_cli_error(exc).show()
+        sys.exit(EXIT_ERROR)
+    sys.exit(0)  # pragma: no cover - standalone_mode always exits

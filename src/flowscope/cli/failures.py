@@ -1,0 +1,120 @@
+"""How an exception becomes the CLI's one line on stderr and its exit code.
+
+Errors are told apart by class, never by the words of their message: a typed store error
+(:mod:`flowscope.errors`) gets its own message followed by what to do about it, from
+:data:`STORE_ERRORS`; a plain :class:`~flowscope.errors.StoreError` prints its own message.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import IO, Any
+
+import click
+
+from ..errors import (
+    ConcurrencyConflict,
+    FlowscopeError,
+    NotAFlowscopeDatabase,
+    ResumeError,
+    StoreCorrupt,
+    StoreDiskFull,
+    StoreError,
+    StoreLocked,
+    StoreReadOnly,
+    StoreSchemaTooNew,
+    StoreUnavailable,
+    UnknownSessionError,
+)
+from ..events import EventDecodeError
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_FAILED",
+    "DB_HINT",
+    "CliError",
+    "STORE_ERROR_ADVICE",
+    "one_line",
+    "unknown_session",
+    "to_cli_error",
+]
+
+#: A problem the user can fix (a bad database, session or argument).
+EXIT_ERROR = 2
+#: The workflow itself failed (``flowscope resume``).
+EXIT_FAILED = 1
+
+DB_HINT = "point --db (or FLOWSCOPE_DB) at a flowscope database, or run `flowscope demo` to create one"
+
+
+class CliError(click.ClickException):
+    """A problem the user can fix: printed as one line on stderr, exit code 2."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"flowscope: error: {self.message}", err=True)
+
+
+#: The one table: store error class -> what to do, printed after the error's own message
+#: (which says what is wrong); ``{db}`` is the database the command opened. Every row exits
+#: with EXIT_ERROR, like every CliError. Looked up along the exception's MRO, so a subclass
+#: an adapter adds inherits its parent's row; a class with no row prints its message alone.
+STORE_ERROR_ADVICE: dict[type[StoreError], str] = {
+    StoreLocked: "another process holds the database; retry in a moment, or stop the other writer",
+    StoreCorrupt: "restore it from a backup (or try `sqlite3 {db} .recover`)",
+    NotAFlowscopeDatabase: DB_HINT,
+    StoreSchemaTooNew: "upgrade flowscope (pip install -U flowscope) to use this database",
+    StoreReadOnly: "check the permissions of the file and its folder (SQLite writes -wal and -shm files beside it)",
+    StoreDiskFull: "free disk space, then run the command again (flowscope resume continues a session)",
+    StoreUnavailable: DB_HINT,
+}
+
+
+def one_line(exc: BaseException) -> str:
+    """``str(exc)`` with its whitespace (newlines included) folded, or the class name."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def unknown_session(session_id: str, where: str) -> UnknownSessionError:
+    """The error for a session id with no events in the database at ``where``."""
+    return UnknownSessionError(f"no session {session_id!r} in {where}: `flowscope runs` lists the sessions")
+
+
+def _store_error(exc: StoreError, db: str | None) -> CliError:
+    msg = one_line(exc)
+    for klass in type(exc).__mro__:
+        advice = STORE_ERROR_ADVICE.get(klass)
+        if advice is not None:
+            return CliError(f"{msg}: {advice.format(db=shlex.quote(db) if db else 'FILE')}")
+    if isinstance(exc, ConcurrencyConflict):  # the engine's wording names the API's flag
+        return CliError(msg.replace("pass force=True", "pass --force"))
+    return CliError(msg)
+
+
+def to_cli_error(exc: BaseException, db: str | None = None) -> CliError:
+    """Turn an exception from flowscope (or anything else) into one actionable line.
+
+    ``db`` is the database the command opened, when known (the corruption advice names it).
+    """
+    if isinstance(exc, CliError):
+        return exc
+    if isinstance(exc, StoreError):  # UnknownSessionError and ConcurrencyConflict included
+        return _store_error(exc, db)
+    msg = one_line(exc)
+    if isinstance(exc, ResumeError):
+        return CliError(msg)
+    if isinstance(exc, FlowscopeError):
+        return CliError(f"{type(exc).__name__}: {msg}")
+    if isinstance(exc, EventDecodeError):
+        return CliError(f"the database holds an event this flowscope cannot read: {msg}")
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        return CliError(f"{exc.strerror or msg}{where}")
+    return CliError(
+        f"unexpected {type(exc).__name__}: {msg} (this is a bug in flowscope or in the workflow; "
+        "FLOWSCOPE_DEBUG=1 shows the traceback)"
+    )

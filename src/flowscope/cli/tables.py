@@ -1,0 +1,123 @@
+"""The tables people read: one function per listing, shared by the commands and the demo.
+
+The rows come from :mod:`.views`; :mod:`.render` draws them. ``flowscope demo`` prints the
+same header, waterfall and audit table as ``flowscope show`` and ``flowscope audit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..events import InputRequested, JobDispatched
+from ..fold import WorkflowState
+from .render import fmt_duration, fmt_time, render_table
+
+__all__ = ["runs_table", "session_header", "pending_hint", "audit_table", "stuck_table"]
+
+
+def runs_table(rows: list[dict[str, Any]]) -> str:
+    """``flowscope runs``: one line per session."""
+    if not rows:
+        return "no sessions yet: run `flowscope demo`, or point --db at your database"
+    return render_table(
+        rows,
+        [
+            ("SESSION", lambda r: r["session_id"]),
+            ("WORKFLOW", lambda r: r["workflow"]),
+            ("STATUS", lambda r: r["status"]),
+            ("STARTED", lambda r: fmt_time(r["started_at"])),
+            ("DURATION", lambda r: fmt_duration(r["duration_s"])),
+            ("INVOCATIONS", lambda r: r["invocations"]),
+            ("EVENTS", lambda r: r["events"]),
+            ("OPEN", lambda r: r["open_runs"]),
+            ("ERROR", lambda r: r["error_code"] or ""),
+        ],
+        color_key="STATUS",
+    )
+
+
+def session_header(ws: WorkflowState) -> list[str]:
+    """The lines above a session's waterfall: status, counts, and where it failed."""
+    status = click.style(ws.status, fg={"completed": "green", "failed": "red", "paused": "yellow"}.get(ws.status))
+    dur = (ws.updated_at - ws.started_at) if ws.started_at is not None and ws.updated_at is not None else None
+    lines = [
+        f"session {ws.session_id}   workflow {ws.workflow}   {status}   "
+        f"{ws.invocations} invocation(s)   {ws.last_seq} events",
+        f"started {fmt_time(ws.started_at)}, last event {fmt_duration(dur)} later",
+    ]
+    if ws.status == "failed":
+        ns = ws.nodes.get(ws.error_path) if ws.error_path else None
+        msg = f": {ns.error_message}" if ns is not None and ns.error_message else ""
+        lines.append(click.style(f"failed at {ws.error_path}: {ws.error_code}{msg}", fg="red"))
+    return lines
+
+
+def pending_hint(ws: WorkflowState) -> list[str]:
+    """What a paused session waits on, each with the ``flowscope resume`` that answers it."""
+    pending = ws.pending
+    if not pending:
+        return []
+    out = ["", "waiting on:"]
+    for p in pending:
+        if isinstance(p, InputRequested):
+            out.append(f"  input {p.interrupt_id!r}: {p.prompt}   -> flowscope resume {ws.session_id} --input '{p.interrupt_id}=JSON'")
+        elif isinstance(p, JobDispatched):
+            out.append(f"  job {p.job_id} ({p.path})   -> flowscope resume {ws.session_id} --job '{p.job_id}=JSON'")
+    return out
+
+
+def audit_table(rows: list[dict[str, Any]], by: str) -> str:
+    """``flowscope audit``: one row per workflow and node (``by="node"``) or per node run."""
+    if by == "run":
+        return render_table(
+            rows,
+            [
+                ("SESSION", lambda r: r["session_id"]),
+                ("PATH", lambda r: r["path"]),
+                ("STATUS", lambda r: r["status"]),
+                ("ATTEMPTS", lambda r: r["attempts"]),
+                ("RETRIES", lambda r: r["retries"]),
+                ("RECOVERIES", lambda r: r["recoveries"]),
+                ("ERROR", lambda r: r["error_code"] or ""),
+            ],
+            color_key="STATUS",
+            empty="no node runs",
+        )
+    return render_table(
+        rows,
+        [
+            ("WORKFLOW", lambda r: r["workflow"]),
+            ("NODE", lambda r: r["node"]),
+            ("RUNS", lambda r: r["runs"]),
+            ("ATTEMPTS", lambda r: r["attempts"]),
+            ("MAX", lambda r: r["max_attempt"]),
+            ("RETRIES", lambda r: r["retries"]),
+            ("RECOVERIES", lambda r: r["recoveries"]),
+            ("OK", lambda r: r["completed"]),
+            ("FAILED", lambda r: r["failed"]),
+            ("OPEN", lambda r: r["open"]),
+            ("ERRORS", lambda r: r["error_codes"] or ""),
+        ],
+        empty="no node runs",
+    )
+
+
+def stuck_table(rows: list[dict[str, Any]]) -> str:
+    """``flowscope stuck``: open runs with their state and the next thing to do."""
+    return render_table(
+        rows,
+        [
+            ("SESSION", lambda r: r["session_id"]),
+            ("PATH", lambda r: r["path"]),
+            ("STATE", lambda r: r["state"]),
+            ("AGE", lambda r: fmt_duration(r["age_s"])),
+            ("HEARTBEAT", lambda r: (fmt_duration(r["heartbeat_age_s"]) + " ago") if r["heartbeat_age_s"] is not None else "-"),
+            ("ATT", lambda r: r["attempt"]),
+            ("WAITING ON", lambda r: r["waiting_on"] or ""),
+            ("NEXT", lambda r: r["action"]),
+        ],
+        color_key="STATE",
+        empty="nothing stuck",
+    )
