@@ -186,6 +186,7 @@ class FlowscopeADK:
             done = copies.get(id(node))
             if done is not None:
                 return done
+            new: Any
             if isinstance(node, ObservedFunctionNode):
                 new = node
             elif type(node) is FunctionNode:
@@ -316,10 +317,11 @@ class FlowscopeADK:
             self.recorder.retrying(run.ctx, run.ctx.attempt, error, delay)
             return
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
-        if isinstance(exc, DynamicNodeFailError):  # a dynamic child failed: it holds the error event
+        child = exc.error_node_path if isinstance(exc, DynamicNodeFailError) else None
+        if child and self.recorder.node_state(inv.run.session_id, child) is not None:  # the child holds the error event
             info = classify(error)
-            self.recorder.propagate(inv, run.ctx, exc.error_node_path, info.code, info.type)
-            self._errors.setdefault(ctx.invocation_id, exc.error_node_path)
+            self.recorder.propagate(inv, run.ctx, child, info.code, info.type)
+            self._errors.setdefault(ctx.invocation_id, child)
         else:
             self.recorder.fail(inv, run.ctx, error, run.ctx.attempt)
             self._errors.setdefault(ctx.invocation_id, ctx.node_path)
