@@ -29,7 +29,8 @@ from flowscope.events import (
     to_dict,
 )
 from flowscope.store import MemoryEventStore, NodeRun, SqliteEventStore, rebuild
-from flowscope.store import sqlite as sqlite_mod
+from flowscope.store.sqlite import queries as queries_mod
+from flowscope.store.sqlite import schema as sqlite_mod
 from flowscope.store.sqlite import EventNotSerializableError
 
 from test_store_contract import append_in_batches, node_ev, one_of_each, random_log
@@ -89,10 +90,10 @@ def test_an_empty_file_and_a_new_path_get_the_schema(tmp_path):
     empty.write_bytes(b"")
     for p in (empty, tmp_path / "new.db"):
         with SqliteEventStore(p) as s:
-            assert s.schema_version == sqlite_mod.SCHEMA_VERSION
+            assert s.schema_version == sqlite_mod.DB_SCHEMA_VERSION
             assert {"meta", "events", "sessions", "node_runs"} <= set(s.db.table_names())
         meta = dict(raw(p).execute("SELECT key, value FROM meta").fetchall())
-        assert meta == {"application": "flowscope", "schema_version": str(sqlite_mod.SCHEMA_VERSION)}
+        assert meta == {"application": "flowscope", "schema_version": str(sqlite_mod.DB_SCHEMA_VERSION)}
 
 
 def test_in_memory_database(tmp_path):
@@ -242,7 +243,7 @@ def test_processes_creating_the_same_new_file_at_once(db_path):
     assert results == {"p0": "ok", "p1": "ok", "p2": "ok"}
     with SqliteEventStore(db_path) as s:
         assert sorted(i.session_id for i in s.sessions()) == ["p0", "p1", "p2"]
-        assert s.schema_version == sqlite_mod.SCHEMA_VERSION
+        assert s.schema_version == sqlite_mod.DB_SCHEMA_VERSION
 
 
 def test_a_writer_waits_for_another_process_lock_then_succeeds(db_path):
@@ -498,14 +499,14 @@ def test_a_foreign_meta_table(tmp_path, ddl, rows):
 def test_a_schema_newer_than_the_code(db_path):
     with SqliteEventStore(db_path) as s:
         s.append(SID, [started()], 0)
-    newer = sqlite_mod.SCHEMA_VERSION + 1
+    newer = sqlite_mod.DB_SCHEMA_VERSION + 1
     raw(db_path).execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(newer),))
     for readonly in (False, True):
         with pytest.raises(StoreError) as exc:
             SqliteEventStore(db_path, readonly=readonly)
         assert str(exc.value) == (
             f"{db_path} was written by a newer flowscope (schema {newer}, this version supports "
-            f"{sqlite_mod.SCHEMA_VERSION}): upgrade flowscope"
+            f"{sqlite_mod.DB_SCHEMA_VERSION}): upgrade flowscope"
         )
 
 
@@ -589,7 +590,7 @@ def test_a_version_0_database_is_migrated(db_path):
     c.executemany("INSERT INTO meta VALUES (?, ?)", [("application", "flowscope"), ("schema_version", "0")])
     c.close()
     with SqliteEventStore(db_path) as s:
-        assert s.schema_version == sqlite_mod.SCHEMA_VERSION
+        assert s.schema_version == sqlite_mod.DB_SCHEMA_VERSION
         s.append(SID, [started()], 0)
         assert s.last_seq(SID) == 1
 
@@ -605,7 +606,7 @@ def test_an_older_schema_is_migrated_once_and_keeps_the_data(db_path, monkeypatc
         db["sessions"].add_column("note", str)
 
     monkeypatch.setattr(sqlite_mod, "MIGRATIONS", sqlite_mod.MIGRATIONS + [add_note_column])
-    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", len(sqlite_mod.MIGRATIONS))
+    monkeypatch.setattr(sqlite_mod, "DB_SCHEMA_VERSION", len(sqlite_mod.MIGRATIONS))
     with pytest.raises(StoreError) as exc:  # read-only cannot migrate
         SqliteEventStore(db_path, readonly=True)
     assert "migrate" in str(exc.value) and str(db_path) in str(exc.value)
@@ -629,7 +630,7 @@ def test_a_failing_migration_leaves_the_file_as_it_was(db_path, monkeypatch):
         raise sqlite3.OperationalError("disk I/O error (simulated)")
 
     monkeypatch.setattr(sqlite_mod, "MIGRATIONS", sqlite_mod.MIGRATIONS + [broken])
-    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", len(sqlite_mod.MIGRATIONS))
+    monkeypatch.setattr(sqlite_mod, "DB_SCHEMA_VERSION", len(sqlite_mod.MIGRATIONS))
     with pytest.raises(StoreError) as exc:
         SqliteEventStore(db_path)
     assert str(db_path) in str(exc.value) and "migrat" in str(exc.value)
@@ -639,7 +640,7 @@ def test_a_failing_migration_leaves_the_file_as_it_was(db_path, monkeypatch):
 
 
 def test_migrations_list_matches_the_schema_version():
-    assert len(sqlite_mod.MIGRATIONS) == sqlite_mod.SCHEMA_VERSION >= 1
+    assert len(sqlite_mod.MIGRATIONS) == sqlite_mod.DB_SCHEMA_VERSION >= 1
 
 
 # --------------------------------------------------------------------------- the node-state cache
@@ -673,7 +674,7 @@ def test_an_append_from_cached_state_never_moves_a_heartbeat_back(db_path):
 def test_open_run_summary_matches_folding_open_runs(db_path):
     """The scrape's GROUP BY gives exactly what the reference fold of open_runs() gives."""
     from flowscope.events import InputRequested, JobDispatched, NodeCompleted, NodeStarted
-    from flowscope.observability.store_collector import OpenRunGroup, summarize_open_runs
+    from flowscope.observability.store_collector import summarize_open_runs
 
     store = SqliteEventStore(db_path)
     rnd = random.Random(7)
@@ -695,8 +696,8 @@ def test_open_run_summary_matches_folding_open_runs(db_path):
     store.heartbeat("s3", [r.path for r in store.node_runs("s3")], ts=1000.0)
     now, stale = 100.0, 50.0
     expected = sorted(summarize_open_runs(store.open_runs(), now, stale), key=lambda g: (g.workflow, g.node, g.state))
-    got = [OpenRunGroup(*r) for r in store.open_run_summary(now=now, stale_after_s=stale)]
+    got = store.open_run_summary(now=now, stale_after_s=stale)
     assert got == expected and any(g.orphaned for g in got) and any(g.overdue for g in got)
     plan = " ".join(str(r) for r in raw(db_path).execute(
-        "EXPLAIN QUERY PLAN " + sqlite_mod._SQL_OPEN_SUMMARY, {"now": now, "stale_before": now - stale}))
+        "EXPLAIN QUERY PLAN " + queries_mod.SQL_OPEN_SUMMARY, {"now": now, "stale_before": now - stale}))
     assert "node_runs_open" in plan
