@@ -159,9 +159,9 @@ class StoreCollector(Collector):
             f_open.add_metric(key, count)
             f_oldest.add_metric(key, oldest)
         f_orphaned = GaugeMetricFamily(ORPHANED, _HELP[ORPHANED], labels=_LABELS[ORPHANED])
-        for key in seen_orphaned:
-            f_orphaned.add_metric(key, orphaned.get(key, 0.0))
+        for wn in seen_orphaned:
+            f_orphaned.add_metric(wn, orphaned.get(wn, 0.0))
         f_overdue = GaugeMetricFamily(OVERDUE, _HELP[OVERDUE], labels=_LABELS[OVERDUE])
-        for key in seen_overdue:
-            f_overdue.add_metric(key, overdue.get(key, 0.0))
+        for wn in seen_overdue:
+            f_overdue.add_metric(wn, overdue.get(wn, 0.0))
         return [f_open, f_oldest, f_orphaned, f_overdue]

@@ -82,7 +82,7 @@ OPEN_WHERE = "status IN (" + ", ".join(f"'{state}'" for state in OPEN_STATES) + 
 
 def _migrate_0_to_1(db: sqlite_utils.Database) -> None:
     """The first schema: the log, the sessions and the node-runs projection."""
-    db["events"].create(
+    db.table("events").create(
         {
             "session_id": str,
             "seq": int,
@@ -96,7 +96,7 @@ def _migrate_0_to_1(db: sqlite_utils.Database) -> None:
         pk=("session_id", "seq"),
         not_null={"session_id", "seq", "type", "payload"},
     )
-    db["sessions"].create(
+    db.table("sessions").create(
         {
             "session_id": str,
             "workflow": str,
@@ -109,7 +109,7 @@ def _migrate_0_to_1(db: sqlite_utils.Database) -> None:
         pk="session_id",
         not_null={"session_id", "last_seq"},
     )
-    db["node_runs"].create(
+    db.table("node_runs").create(
         {
             "session_id": str,
             "path": str,
@@ -133,12 +133,12 @@ def _migrate_0_to_1(db: sqlite_utils.Database) -> None:
         not_null={"session_id", "path", "status"},
     )
     # open_runs(), the stuck/orphaned/overdue queries and audits by status.
-    db["node_runs"].create_index(["status", "started_at"], index_name="node_runs_status")
+    db.table("node_runs").create_index(["status", "started_at"], index_name="node_runs_status")
 
 
 def _migrate_1_to_2(db: sqlite_utils.Database) -> None:
     """Snapshots of a session's folded state, so a long session resumes without reading its whole log."""
-    db["snapshots"].create({"session_id": str, "seq": int, "data": str}, pk="session_id", not_null={"seq", "data"})
+    db.table("snapshots").create({"session_id": str, "seq": int, "data": str}, pk="session_id", not_null={"seq", "data"})
     # Open runs (stuck, orphaned, overdue; the StoreCollector's scrape) through a partial
     # index that holds only them: finished runs, nearly every row, are not in it, so an
     # append touches it only when a run opens or closes, and a heartbeat never does. It
@@ -249,7 +249,7 @@ def ensure_schema(
         version = _check_version(conn, db, path)  # another process may have migrated meanwhile
         if version < DB_SCHEMA_VERSION:
             if "meta" not in db.table_names():
-                db["meta"].create({"key": str, "value": str}, pk="key")
+                db.table("meta").create({"key": str, "value": str}, pk="key")
             for step in range(version, DB_SCHEMA_VERSION):
                 MIGRATIONS[step](db)
             conn.executemany(
