@@ -1,5 +1,5 @@
 """StoreCollector across processes on a SqliteEventStore file, and a real HTTP scrape of
-serve_metrics (DESIGN section 7, issue 5). Real processes, real SIGKILL, real waiting:
+serve_metrics (docs/design.md, issue 5). Real processes, real SIGKILL, real waiting:
 no timestamp is faked."""
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ def test_a_store_that_fails_then_recovers(caplog):
         _run("w", "a", "running", started_at=100.0, heartbeat_at=time.time()),
     ]
 
-    class Flaky:
+    class Flaky(MemoryEventStore):
         fail = False
 
         def open_runs(self):
@@ -326,8 +326,11 @@ def test_summary_of_open_runs():
     assert "sid-secret" not in labels and not any("@" in v or "/" in v for v in labels)
 
 
-class _ListStore:
+class _ListStore(MemoryEventStore):
+    """A store whose open runs are given: open_run_summary is the port's default."""
+
     def __init__(self, runs):
+        super().__init__()
         self.runs = runs
 
     def open_runs(self):
@@ -337,7 +340,7 @@ class _ListStore:
 def test_the_store_aggregate_is_used_when_the_store_has_one():
     calls = []
 
-    class SummarisingStore:
+    class SummarisingStore(MemoryEventStore):
         def open_runs(self):
             raise AssertionError("the aggregate should have been used")
 

@@ -14,7 +14,16 @@ from typing import Any, Iterable
 
 from ..errors import UnknownSessionError
 from ..store.base import EventStore, NodeRun
-from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
+from ..liveness import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    ORPHANED,
+    OVERDUE,
+    RUNNING,
+    WAITING_INPUT,
+    WAITING_JOB,
+    classify_open_run,
+    resume_lease_s,
+)
 from ..fold import OPEN_STATES, NodeState, WorkflowState, rebuild
 
 __all__ = [
@@ -31,9 +40,6 @@ __all__ = [
     "audit_run_rows",
     "stuck_rows",
 ]
-
-#: A resume refuses a session whose runs heartbeat more recently than this (3 x the
-#: runner's default 5 s heartbeat interval) unless forced.
 
 RUN_KEYS = (
     "session_id",
@@ -378,16 +384,6 @@ def audit_run_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- stuck
 
 
-def classify_open_run(r: NodeRun, now: float, stale_after_s: float) -> str:
-    """running, orphaned, waiting_input, waiting_job or overdue (as the StoreCollector counts)."""
-    if r.status == "running":
-        beat = r.heartbeat_at if r.heartbeat_at is not None else r.started_at
-        return "orphaned" if beat is None or beat < now - stale_after_s else "running"
-    if r.status == "waiting_job":
-        return "overdue" if r.job_deadline_at is not None and r.job_deadline_at < now else "waiting_job"
-    return r.status
-
-
 def stuck_rows(
     store: EventStore,
     older_than_s: float,
@@ -397,7 +393,7 @@ def stuck_rows(
     states: Iterable[str] | None = None,
     now: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Open runs older than ``older_than_s``, oldest first, classified.
+    """Open runs older than ``older_than_s``, oldest first, classified by :mod:`flowscope.liveness`.
 
     By default an enclosing run (a workflow node, or the parent of a dynamic child) is
     left out when a run below it is listed: the innermost run is the one to act on.
@@ -416,7 +412,7 @@ def stuck_rows(
     rows = []
     states_cache: dict[str, WorkflowState] = {}
     for r in runs:
-        state = classify_open_run(r, now, stale_after_s)
+        state = classify_open_run(r.status, r.started_at, r.heartbeat_at, r.job_deadline_at, now, stale_after_s)
         if wanted is not None and state not in wanted:
             continue
         waiting_on: list[str] = []
@@ -451,15 +447,15 @@ def stuck_rows(
 
 def _action(r: NodeRun, state: str, waiting_on: list[str], beat_age: float | None) -> str:
     sid = r.session_id
-    if state == "orphaned":
+    if state == ORPHANED:
         force = " --force" if beat_age is not None and beat_age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S) else ""
         return f"flowscope resume {sid}{force}"
-    if state == "running":
+    if state == RUNNING:
         return "alive (fresh heartbeat): check the worker; it is slow, blocked or looping"
-    if state == "waiting_input":
+    if state == WAITING_INPUT:
         iid = waiting_on[0] if waiting_on else "ID"
         return f"flowscope resume {sid} --input '{iid}=JSON'"
-    if state in ("waiting_job", "overdue"):
+    if state in (WAITING_JOB, OVERDUE):
         jid = waiting_on[0] if waiting_on else "JOB_ID"
         return f"flowscope resume {sid} --job '{jid}=JSON'"
     return f"flowscope show {sid}"

@@ -22,10 +22,11 @@ alert resolution behave (0 for the oldest-start timestamp means "no open run": a
 ``flowscope_store_up 0`` with no other ``flowscope_store_*`` sample; the scrape itself
 never fails. :meth:`describe` never touches the store.
 
-The collector asks the store for an aggregate when it offers one
-(``store.open_run_summary(now=..., stale_after_s=...)``, see :class:`OpenRunGroup`), which
-an SQL store answers with one ``GROUP BY`` over its status index; otherwise it folds
-``store.open_runs()`` itself.
+The collector asks the store for the aggregate
+(:meth:`EventStore.open_run_summary <flowscope.store.base.EventStore.open_run_summary>`,
+rows of :class:`~flowscope.store.base.OpenRunGroup`): an SQL store answers it with one
+``GROUP BY`` over its open-runs index, any other folds ``open_runs()``. Orphaned and
+overdue are :mod:`flowscope.liveness`'s definitions.
 """
 
 from __future__ import annotations
@@ -33,17 +34,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..fold import OPEN_STATES
+from ..store.base import EventStore, OpenRunGroup, summarize_open_runs
+
 __all__ = ["StoreCollector", "OpenRunGroup", "summarize_open_runs", "OPEN_STATES"]
 
 log = logging.getLogger("flowscope.observability.store_collector")
-
-OPEN_STATES = ("running", "waiting_input", "waiting_job")
 
 OPEN_RUNS = "flowscope_store_open_runs"
 OLDEST = "flowscope_store_oldest_open_run_start_timestamp_seconds"
@@ -67,56 +68,6 @@ _LABELS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class OpenRunGroup:
-    """The open runs of one (workflow, node, state), aggregated.
-
-    What ``store.open_run_summary(now, stale_after_s)`` returns a list of (tuples in this
-    field order are accepted too): ``count`` runs, the earliest ``oldest_started_at``;
-    ``orphaned`` counts ``running`` runs whose heartbeat (or start, without one) is more
-    than ``stale_after_s`` before ``now``; ``overdue`` counts ``waiting_job`` runs whose
-    ``job_deadline_at`` is before ``now``.
-    """
-
-    workflow: str
-    node: str
-    state: str
-    count: int
-    oldest_started_at: float | None
-    orphaned: int = 0
-    overdue: int = 0
-
-
-def summarize_open_runs(runs: Iterable[Any], now: float, stale_after_s: float) -> list[OpenRunGroup]:
-    """Fold ``NodeRun`` records (``store.open_runs()``) into :class:`OpenRunGroup` rows.
-
-    The reference definition a store's ``open_run_summary`` must match.
-    """
-    acc: dict[tuple[str, str, str], list[Any]] = {}
-    stale_before = now - stale_after_s
-    for r in runs:
-        state = r.status
-        if state not in OPEN_STATES:
-            continue
-        key = (r.workflow or "", r.node or "", state)
-        a = acc.get(key)
-        if a is None:
-            a = acc[key] = [0, None, 0, 0]
-        a[0] += 1
-        started = r.started_at
-        if started is not None and (a[1] is None or started < a[1]):
-            a[1] = started
-        if state == "running":
-            beat = r.heartbeat_at if r.heartbeat_at is not None else started
-            if beat is None or beat < stale_before:
-                a[2] += 1
-        elif state == "waiting_job":
-            deadline = r.job_deadline_at
-            if deadline is not None and deadline < now:
-                a[3] += 1
-    return [OpenRunGroup(wf, node, state, *a) for (wf, node, state), a in acc.items()]
-
-
 class StoreCollector(Collector):
     """A prometheus-client collector over an :class:`~flowscope.store.base.EventStore`.
 
@@ -128,7 +79,7 @@ class StoreCollector(Collector):
     :func:`~flowscope.observability.serve.serve_metrics` do it.
     """
 
-    def __init__(self, store: Any, stale_after_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: EventStore, stale_after_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
         if stale_after_s < 0:
             raise ValueError("stale_after_s must be >= 0")
         self.store = store
@@ -174,11 +125,11 @@ class StoreCollector(Collector):
     # -- reading and shaping ----------------------------------------------------------------
 
     def _groups(self, now: float) -> list[OpenRunGroup]:
-        summary = getattr(self.store, "open_run_summary", None)
-        if callable(summary):
-            rows = summary(now=now, stale_after_s=self.stale_after_s)
-            return [r if isinstance(r, OpenRunGroup) else OpenRunGroup(*r) for r in rows]
-        return summarize_open_runs(self.store.open_runs(), now, self.stale_after_s)
+        rows: Iterable[OpenRunGroup | tuple[Any, ...]] = self.store.open_run_summary(
+            now=now, stale_after_s=self.stale_after_s
+        )
+        # Adapters written before OpenRunGroup existed return plain tuples in its field order.
+        return [r if isinstance(r, OpenRunGroup) else OpenRunGroup(*r) for r in rows]
 
     def _families(self, groups: list[OpenRunGroup]) -> list[GaugeMetricFamily]:
         open_runs: dict[tuple[str, str, str], tuple[float, float]] = {}
@@ -208,9 +159,9 @@ class StoreCollector(Collector):
             f_open.add_metric(key, count)
             f_oldest.add_metric(key, oldest)
         f_orphaned = GaugeMetricFamily(ORPHANED, _HELP[ORPHANED], labels=_LABELS[ORPHANED])
-        for key in seen_orphaned:
-            f_orphaned.add_metric(key, orphaned.get(key, 0.0))
+        for wn in seen_orphaned:
+            f_orphaned.add_metric(wn, orphaned.get(wn, 0.0))
         f_overdue = GaugeMetricFamily(OVERDUE, _HELP[OVERDUE], labels=_LABELS[OVERDUE])
-        for key in seen_overdue:
-            f_overdue.add_metric(key, overdue.get(key, 0.0))
+        for wn in seen_overdue:
+            f_overdue.add_metric(wn, overdue.get(wn, 0.0))
         return [f_open, f_oldest, f_orphaned, f_overdue]

@@ -16,7 +16,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # the SQLite adapter imports sqlite-utils only when asked for
+def __getattr__(name: str) -> type[EventStore]:  # the SQLite adapter imports sqlite-utils only when asked for
     if name == "SqliteEventStore":
         from .sqlite import SqliteEventStore
 

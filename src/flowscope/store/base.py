@@ -1,7 +1,8 @@
 """The ``EventStore`` port: what the engine, the CLI and the collectors need from a store.
 
 Methods are synchronous on purpose: an embedded SQLite call takes microseconds and
-belongs on the event loop, not in a thread. Adapters: :mod:`.memory`, :mod:`.sqlite`.
+belongs on the event loop, not in a thread. Adapters: :mod:`.memory`, :mod:`.sqlite`;
+:mod:`.testing` holds the contract every adapter must pass.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..errors import ConcurrencyConflict
 from ..events import Event
-from ..fold import NodeState
+from ..fold import OPEN_STATES, NodeState
+from ..liveness import ORPHANED, OVERDUE, classify_open_run
 
-__all__ = ["EventStore", "SessionInfo", "NodeRun", "number_events"]
+__all__ = ["EventStore", "SessionInfo", "NodeRun", "OpenRunGroup", "number_events", "summarize_open_runs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,52 @@ class NodeRun:
             error_type=ns.error_type,
             job_deadline_at=ns.job_deadline_at,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRunGroup:
+    """The open runs of one (workflow, node, state), aggregated.
+
+    What :meth:`EventStore.open_run_summary` returns a list of: ``count`` runs, the
+    earliest ``oldest_started_at``; ``orphaned`` counts ``running`` runs and ``overdue``
+    counts ``waiting_job`` runs as :func:`flowscope.liveness.classify_open_run` names them.
+    """
+
+    workflow: str
+    node: str
+    state: str
+    count: int
+    oldest_started_at: float | None
+    orphaned: int = 0
+    overdue: int = 0
+
+
+def summarize_open_runs(runs: Iterable[NodeRun], now: float, stale_after_s: float) -> list[OpenRunGroup]:
+    """Fold ``NodeRun`` records (``store.open_runs()``) into :class:`OpenRunGroup` rows.
+
+    The reference definition a store's ``open_run_summary`` must match; groups come in
+    the order their first run comes.
+    """
+    # key -> [count, oldest_started_at, orphaned, overdue]
+    acc: dict[tuple[str, str, str], list[Any]] = {}
+    for r in runs:
+        state = r.status
+        if state not in OPEN_STATES:
+            continue
+        key = (r.workflow or "", r.node or "", state)
+        a = acc.get(key)
+        if a is None:
+            a = acc[key] = [0, None, 0, 0]
+        a[0] += 1
+        started = r.started_at
+        if started is not None and (a[1] is None or started < a[1]):
+            a[1] = started
+        cls = classify_open_run(state, started, r.heartbeat_at, r.job_deadline_at, now, stale_after_s)
+        if cls == ORPHANED:
+            a[2] += 1
+        elif cls == OVERDUE:
+            a[3] += 1
+    return [OpenRunGroup(wf, node, state, *a) for (wf, node, state), a in acc.items()]
 
 
 def number_events(session_id: str, events: Sequence[Event], last_seq: int, expected_last_seq: int) -> list[Event]:
@@ -131,6 +179,14 @@ class EventStore(ABC):
     @abstractmethod
     def open_runs(self) -> list[NodeRun]:
         """Runs that are running, waiting for input or waiting for a job, oldest first."""
+
+    def open_run_summary(self, now: float, stale_after_s: float) -> list[OpenRunGroup]:
+        """Open runs aggregated per (workflow, node, state), for a metrics scrape.
+
+        The default folds :meth:`open_runs` (:func:`summarize_open_runs`); a store with a
+        query language answers it with one aggregate query and must give the same groups.
+        """
+        return summarize_open_runs(self.open_runs(), now, stale_after_s)
 
     def save_snapshot(self, session_id: str, seq: int, data: str) -> None:
         """Keep ``data``, the JSON of the session's state after event ``seq``, to speed up

@@ -1,0 +1,348 @@
+"""``SqliteEventStore``: the adapter (append, reads, the projection cache, snapshots).
+
+Every append is one ``BEGIN IMMEDIATE`` transaction: the last-seq check (optimistic
+concurrency), the insert and the projection update are atomic across processes. Several
+processes may use one file, each through its own ``SqliteEventStore``; a writer that finds
+the file locked waits up to ``busy_timeout`` seconds. A store object may be shared by
+threads (calls are serialised by a lock), but not across ``fork()``: open a new one in the
+child. The file layout is in :mod:`.schema`, the row format in :mod:`.codec`.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Sequence
+
+import sqlite_utils
+
+from ...errors import StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
+from ...events import Event, UnknownEvent
+from ...fold import NodeState, WorkflowState, gc_paused
+from ...liveness import stale_before
+from ..base import EventStore, NodeRun, OpenRunGroup, SessionInfo, number_events
+from . import queries as q
+from . import schema
+from .codec import decode, encode
+from .faults import store_error
+
+__all__ = ["SqliteEventStore"]
+
+_PATHS_PER_QUERY = 500  # below SQLite's limit on bound parameters
+_NODE_CACHE_SESSIONS = 16  # sessions whose node states an append keeps for the next one
+
+#: session -> (last_seq, complete, {path: NodeState}) as of this object's last append.
+_CacheEntry = tuple[int, bool, dict[str, NodeState]]
+
+
+class SqliteEventStore(EventStore):
+    """An :class:`EventStore` in one SQLite file, in WAL mode so readers never block the writer.
+
+    ``durability="normal"`` (``synchronous=NORMAL`` in WAL mode: a commit survives a
+    process crash; an OS crash or power loss may lose the last transactions, never corrupt
+    the file) or ``"full"`` (fsync on every commit). ``readonly=True`` opens an existing
+    file without ever writing to it. ``busy_timeout`` (seconds) is how long a writer waits
+    for another process's transaction before giving up with :class:`StoreLocked`.
+
+    Opening a file that is missing (read-only), not SQLite, another application's
+    database, or from a newer flowscope raises a :class:`StoreError` subclass naming the
+    file; an older schema is migrated; a new or empty file gets the schema.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        durability: str = "normal",
+        readonly: bool = False,
+        *,
+        busy_timeout: float = 5.0,
+    ) -> None:
+        if durability not in schema.DURABILITY:
+            raise ValueError(f"durability must be 'normal' or 'full', not {durability!r}")
+        self.path = os.fspath(path)
+        self.durability = durability
+        self.readonly = readonly
+        self.busy_timeout = busy_timeout
+        self._lock = threading.RLock()
+        self._node_cache: dict[str, _CacheEntry] = {}
+        self._pending_cache: tuple[str, _CacheEntry] | None = None
+        self._conn: sqlite3.Connection | None = None
+        new_file = self.path == ":memory:" or not os.path.exists(self.path) or os.path.getsize(self.path) == 0
+        schema.check_file(self.path, readonly)
+        conn = schema.connect(self.path, readonly, busy_timeout)
+        self._conn = conn
+        try:
+            if new_file and not readonly:
+                conn.execute(f"PRAGMA page_size = {schema.PAGE_SIZE}")
+            self.db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            schema.ensure_schema(conn, self.db, self.path, readonly, busy_timeout)
+            pragma = "PRAGMA journal_mode" if readonly else "PRAGMA journal_mode = WAL"
+            self.journal_mode = str(conn.execute(pragma).fetchone()[0]).lower()
+            conn.execute(f"PRAGMA synchronous = {schema.DURABILITY[durability]}")
+        except StoreError:
+            self._close_quietly()
+            raise
+        except sqlite3.Error as exc:
+            self._close_quietly()
+            raise store_error(exc, self.path, "open it", busy_timeout) from exc
+
+    def __repr__(self) -> str:
+        return f"SqliteEventStore({self.path!r})"
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version of the open file (always ``DB_SCHEMA_VERSION`` once open)."""
+        with self._op("read the schema version") as conn:
+            return schema.read_version(conn, self.db, self.path)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _closed(self) -> StoreUnavailable:
+        return StoreUnavailable(f"{self.path}: the store is closed; open a new SqliteEventStore")
+
+    def _read_only(self, action: str) -> StoreReadOnly:
+        return StoreReadOnly(f"{self.path} is open read-only: cannot {action}; open it without readonly=True")
+
+    @contextmanager
+    def _op(self, action: str) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise self._closed()
+            try:
+                yield conn
+            except sqlite3.Error as exc:
+                raise store_error(exc, self.path, action, self.busy_timeout) from exc
+
+    @contextmanager
+    def _write(self, action: str) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on any error."""
+        if self.readonly:
+            raise self._read_only(action)
+        with self._op(action) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                schema.rollback(conn)
+                raise
+
+    def _close_quietly(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sqlite3.Error:  # pragma: no cover
+                pass
+            self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_quietly()
+
+    def _fetch(self, conn: sqlite3.Connection, session_id: str, after_seq: int, last_seq: int) -> list[Any]:
+        """The rows of seq ``after_seq + 1 .. last_seq``; a missing one is reported, not skipped."""
+        rows = conn.execute(q.SQL_READ, (session_id, after_seq, last_seq)).fetchall()
+        if len(rows) != last_seq - after_seq:
+            expected = after_seq + 1
+            for (s,) in conn.execute(q.SQL_READ_SEQS, (session_id, after_seq, last_seq)):
+                if s != expected:
+                    break
+                expected += 1
+            raise StoreCorrupt(
+                f"{self.path}: the log of session {session_id!r} has a gap: seq {expected} is missing "
+                f"(the session is at seq {last_seq}); restore the file from a backup"
+            )
+        return rows
+
+    # ------------------------------------------------------------------ appending
+
+    def append(self, session_id: str, events: Sequence[Event], expected_last_seq: int) -> list[Event]:
+        if not isinstance(events, (list, tuple)):
+            events = list(events)  # iterated twice below
+        encoded = [encode(self.path, session_id, e) for e in events]  # fails before anything is locked
+        if self.readonly:
+            raise self._read_only("append events")
+        with self._lock:  # the hot path: the same as _write(), without the context-manager overhead
+            conn = self._conn
+            if conn is None:
+                raise self._closed()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                self._pending_cache = None
+                try:
+                    numbered = self._append_in_transaction(conn, session_id, events, encoded, expected_last_seq)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    schema.rollback(conn)  # the cache entry was popped: the next append reads the rows
+                    raise
+                if self._pending_cache is not None:  # committed: keep the states for the next append
+                    sid, entry = self._pending_cache
+                    cache = self._node_cache
+                    cache[sid] = entry
+                    while len(cache) > _NODE_CACHE_SESSIONS:
+                        cache.pop(next(iter(cache)))
+            except sqlite3.Error as exc:
+                raise store_error(exc, self.path, "append events", self.busy_timeout) from exc
+        return numbered
+
+    def _append_in_transaction(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        events: Sequence[Event],
+        encoded: list[tuple[str, float, str, str, str, str]],
+        expected_last_seq: int,
+    ) -> list[Event]:
+        row = conn.execute(q.SQL_SESSION, (session_id,)).fetchone()
+        last = row[4] if row is not None else 0
+        numbered = number_events(session_id, events, last, expected_last_seq)  # may raise: nothing written
+        if not numbered:
+            return numbered
+        conn.executemany(q.SQL_INSERT_EVENT, [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)])
+        ws = WorkflowState(session_id=session_id)
+        nodes, complete = self._cached_nodes(session_id, row is None, last)
+        ws.nodes = nodes
+        if row is not None:
+            ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations = row
+        workflow_before = ws.workflow
+        paths = list(dict.fromkeys(e.path for e in numbered if e.path and type(e) is not UnknownEvent))
+        missing = [] if complete else [p for p in paths if p not in nodes]
+        for i in range(0, len(missing), _PATHS_PER_QUERY):
+            chunk = missing[i : i + _PATHS_PER_QUERY]
+            sql = q.SQL_LOAD_NODES + "(" + ", ".join("?" * len(chunk)) + ")"
+            for r in conn.execute(sql, (session_id, *chunk)):
+                nodes[r[0]] = q.node_state(r)
+        apply = ws.apply
+        for e in numbered:
+            apply(e)  # the one definition of what an event means (flowscope.fold)
+        nodes = ws.nodes
+        workflow = ws.workflow
+        conn.executemany(q.SQL_UPSERT_NODE, [q.node_row(session_id, workflow, nodes[p]) for p in paths if p in nodes])
+        if workflow != workflow_before and row is not None:
+            conn.execute("UPDATE node_runs SET workflow = ? WHERE session_id = ?", (workflow, session_id))
+        conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws))
+        self._pending_cache = (session_id, (numbered[-1].seq, complete, nodes))
+        return numbered
+
+    def _cached_nodes(self, session_id: str, new_session: bool, last: int) -> tuple[dict[str, NodeState], bool]:
+        """The node states to fold into, and whether they are all of the session's rows.
+
+        The states this store object wrote last time are still the rows' states if nobody
+        appended since (same last_seq): no need to read them back. ``complete`` says the
+        cache holds every row of the session (we created it), so a path it lacks is new
+        and needs no lookup either. The entry is popped: a failed append leaves none.
+        """
+        cached = self._node_cache.pop(session_id, None)
+        if new_session:
+            return {}, True
+        if cached is not None and cached[0] == last:
+            return cached[2], cached[1]
+        return {}, False
+
+    # ------------------------------------------------------------------ reading
+
+    def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
+        after = after_seq if after_seq > 0 else 0
+        with self._op("read events") as conn:
+            row = conn.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone()
+            if row is None or row[0] <= after:
+                return []
+            # Bounded by last_seq: a concurrent append beyond it cannot tear the result.
+            with gc_paused():
+                rows = self._fetch(conn, session_id, after, row[0])
+        return decode(self.path, session_id, after, rows)
+
+    def last_seq(self, session_id: str) -> int:
+        with self._op("read the last seq") as conn:
+            row = conn.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone()
+        return row[0] if row is not None else 0
+
+    def sessions(self) -> list[SessionInfo]:
+        with self._op("list sessions") as conn:
+            rows = conn.execute(q.SQL_SESSIONS).fetchall()
+        return [SessionInfo(*r) for r in rows]
+
+    def heartbeat(self, session_id: str, paths: Iterable[str], ts: float | None = None) -> None:
+        now = time.time() if ts is None else ts
+        params = [(now, session_id, p) for p in paths]
+        if not params:
+            return
+        with self._write("record heartbeats") as conn:
+            conn.executemany(q.SQL_HEARTBEAT, params)
+
+    def node_runs(self, session_id: str | None = None) -> list[NodeRun]:
+        with self._op("read node runs") as conn:
+            if session_id is None:
+                rows = conn.execute(q.SQL_NODE_RUNS + " ORDER BY rowid").fetchall()
+            else:
+                rows = conn.execute(q.SQL_NODE_RUNS + " WHERE session_id = ? ORDER BY rowid", (session_id,)).fetchall()
+        return [NodeRun(*r) for r in rows]
+
+    def open_runs(self) -> list[NodeRun]:
+        with self._op("query open runs") as conn:
+            rows = conn.execute(q.SQL_OPEN_RUNS).fetchall()
+        return [NodeRun(*r) for r in rows]
+
+    def open_run_summary(self, now: float, stale_after_s: float) -> list[OpenRunGroup]:
+        """The port's summary in one ``GROUP BY`` over the open-runs index, without one
+        object per open run; ordered by (workflow, node, state)."""
+        params = {"now": now, "stale_before": stale_before(now, stale_after_s)}
+        with self._op("summarise open runs") as conn:
+            rows = conn.execute(q.SQL_OPEN_SUMMARY, params).fetchall()
+        return [OpenRunGroup(*r) for r in rows]
+
+    # ------------------------------------------------------------------ snapshots
+
+    def save_snapshot(self, session_id: str, seq: int, data: str) -> None:
+        with self._write("save a snapshot") as conn:
+            row = conn.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone()
+            if row is None or seq > row[0]:
+                raise StoreError(f"{self.path}: a snapshot of session {session_id!r} at seq {seq} is ahead of its log")
+            conn.execute(q.SQL_SAVE_SNAPSHOT, (session_id, seq, data))
+
+    def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
+        with self._op("read a snapshot") as conn:
+            row = conn.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone()
+        return (row[0], row[1]) if row is not None else None
+
+    # ------------------------------------------------------------------ maintenance
+
+    def rebuild_projections(self) -> None:
+        """Recompute ``sessions`` and ``node_runs`` from the log, in one transaction.
+
+        The result equals what the appends maintained incrementally. Heartbeats are not
+        events, so a run still ``running`` keeps the newer of its recorded heartbeat and the
+        one the log implies.
+        """
+        self._node_cache.clear()
+        with self._write("rebuild the projections") as conn:
+            heartbeats = {
+                (sid, path): hb
+                for sid, path, hb in conn.execute(
+                    "SELECT session_id, path, heartbeat_at FROM node_runs WHERE status = 'running'"
+                )
+            }
+            conn.execute("DELETE FROM node_runs")
+            conn.execute("DELETE FROM sessions")
+            sessions = conn.execute(
+                "SELECT session_id, max(seq) FROM events GROUP BY session_id ORDER BY min(rowid)"
+            ).fetchall()
+            for session_id, last in sessions:
+                events = decode(self.path, session_id, 0, self._fetch(conn, session_id, 0, last))
+                ws = WorkflowState(session_id=session_id)
+                apply = ws.apply
+                for e in events:
+                    apply(e)
+                rows = []
+                for ns in ws.nodes.values():
+                    hb = heartbeats.get((session_id, ns.path))
+                    if ns.status == "running" and hb is not None and (ns.heartbeat_at is None or hb > ns.heartbeat_at):
+                        ns.heartbeat_at = hb
+                    rows.append(q.node_row(session_id, ws.workflow, ns))
+                conn.executemany(q.SQL_UPSERT_NODE, rows)
+                conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws))
