@@ -1,8 +1,13 @@
 """Event stores and the fold that rebuilds state from them."""
 
+from typing import TYPE_CHECKING
+
 from .base import EventStore, NodeRun, SessionInfo
 from .memory import MemoryEventStore
 from ..fold import NodeState, WorkflowState, rebuild
+
+if TYPE_CHECKING:  # for type checkers; at run time __getattr__ below imports it on first use
+    from .sqlite import SqliteEventStore
 
 __all__ = [
     "EventStore",
