@@ -88,7 +88,7 @@ class Attempts(Recorder):
             outcome = self._cancelled(ctx, "interrupted", t0)
             raise
         except Exception as exc:
-            if self.aborting:  # e.g. a timeout that fired only because the run is being aborted (R3)
+            if self.aborting:  # e.g. a timeout that fired only because the run is being aborted (R3, docs/design.md)
                 outcome = self._cancelled(ctx, "aborted", t0)
             elif self._recorded_below(exc, path):
                 outcome = self._propagated(ctx, exc, t0)

@@ -51,7 +51,7 @@ class Invocation(Attempts, Pauses):
                 if path not in self.answered:  # nothing new for it: it keeps waiting, silently
                     raise PauseSignal(ns.origin_path or path, "job" if status == "waiting_job" else "input", [])
                 attempt = ns.attempt or 1  # continuing after a pause is the same attempt (R9, docs/design.md)
-            elif status == "running":  # its process died mid-run: a new attempt (R9)
+            elif status == "running":  # its process died mid-run: a new attempt (R9, docs/design.md)
                 attempt = ns.attempt + 1
                 recovered = True
                 self.recovered += 1

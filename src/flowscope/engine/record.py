@@ -17,7 +17,7 @@ import random
 import time
 import uuid
 from collections import Counter
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar, overload
 
 from ..errors import ConcurrencyConflict, OutputNotSerializableError
 from ..events import Event, RunFinished
@@ -85,7 +85,13 @@ class TrackedState(dict[str, Any]):
             self[key] = default
         return self[key]
 
-    def pop(self, key: str, *default: Any) -> Any:  # type: ignore[override]  # typeshed's overloads of dict.pop cannot be matched by one signature
+    @overload
+    def pop(self, key: str, /) -> Any: ...
+
+    @overload
+    def pop(self, key: str, default: Any, /) -> Any: ...
+
+    def pop(self, key: str, /, *default: Any) -> Any:
         if key in self:
             self.dirty.add(key)
         return super().pop(key, *default)

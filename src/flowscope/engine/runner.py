@@ -129,7 +129,7 @@ class Runner:
 
     async def stream(self, input: Any = None, *, session_id: str | None = None) -> AsyncIterator[Event]:
         """Run and yield every event as it is appended; a failure is raised after its
-        ``NodeErrorEvent`` has been yielded (R2)."""
+        ``NodeErrorEvent`` has been yielded (R2, docs/design.md)."""
         sid = session_id or uuid.uuid4().hex
         async for e in self._stream(lambda cb: self._invoke(sid, input, resume=False, on_event=cb)):
             yield e
