@@ -34,7 +34,7 @@ from .context import PauseSignal, RunResult
 from .graph import Workflow
 from .hooks import Plugin, PluginDispatcher
 from .invocation import Invocation
-from .record import Heartbeats, check_json
+from .record import Heartbeats, NodeResult, check_json
 
 __all__ = ["Runner", "RunResult"]
 
@@ -304,32 +304,25 @@ class Runner:
         result: RunResult | None = None
         error: BaseException | None = None
         try:
-            # RunStarted is appended with the first NodeStarted, before any node body runs
-            # (a process that loses a race for the session fails there, having run nothing).
-            root = self.workflow
-            inv.root_task = asyncio.ensure_future(inv.execute(root, input, None, f"{root.name}@1"))
-            try:
-                out = await asyncio.shield(inv.root_task)
-            except asyncio.CancelledError:
-                if not inv.root_task.done():  # our caller was cancelled: cancel the run with it
-                    inv.root_task.cancel()
-                    await asyncio.gather(inv.root_task, return_exceptions=True)
-                    raise
-                if not inv.aborting:
-                    raise
-                raise InvocationAbortedError(f"invocation {inv.invocation_id} of session {session_id!r} was aborted") from None
-            except (PauseSignal, InvocationAbortedError):
-                raise
-            except BaseException as exc:
-                if inv.aborting:  # whatever the abort surfaced as (a timeout, say), it is an abort
-                    raise InvocationAbortedError(
-                        f"invocation {inv.invocation_id} of session {session_id!r} was aborted"
-                    ) from exc
-                raise
-            result = RunResult("completed", out.output, session_id, inv.invocation_id, [], inv.replayed, inv.recovered)
+            out = await self._walk(inv, input)
+            result = RunResult(
+                status="completed",
+                output=out.output,
+                session_id=session_id,
+                invocation_id=inv.invocation_id,
+                replayed=inv.replayed,
+                recovered=inv.recovered,
+            )
             inv.finish("completed", output=out.output)
         except PauseSignal:
-            result = RunResult("paused", None, session_id, inv.invocation_id, [], inv.replayed, inv.recovered)
+            result = RunResult(
+                status="paused",
+                output=None,
+                session_id=session_id,
+                invocation_id=inv.invocation_id,
+                replayed=inv.replayed,
+                recovered=inv.recovered,
+            )
             inv.finish("paused")
             result.pending = inv.ws.pending
         except (asyncio.CancelledError, InvocationAbortedError) as exc:
@@ -356,3 +349,31 @@ class Runner:
                 if plugins.wants("after_run"):
                     await plugins.call("after_run", run, result, error)
         return result
+
+    async def _walk(self, inv: Invocation, input: Any) -> NodeResult:
+        """Run the root workflow as a task that :meth:`abort` can cancel; whatever an abort
+        surfaces as (a cancellation, a timeout) is raised as ``InvocationAbortedError``."""
+        # RunStarted is appended with the first NodeStarted, before any node body runs
+        # (a process that loses a race for the session fails there, having run nothing).
+        root = self.workflow
+        task = inv.root_task = asyncio.ensure_future(inv.execute(root, input, None, f"{root.name}@1"))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():  # our caller was cancelled: cancel the run with it
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                raise
+            if not inv.aborting:
+                raise
+            raise _aborted(inv) from None
+        except (PauseSignal, InvocationAbortedError):
+            raise
+        except BaseException as exc:
+            if inv.aborting:
+                raise _aborted(inv) from exc
+            raise
+
+
+def _aborted(inv: Invocation) -> InvocationAbortedError:
+    return InvocationAbortedError(f"invocation {inv.invocation_id} of session {inv.session_id!r} was aborted")
