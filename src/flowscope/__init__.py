@@ -20,6 +20,11 @@ from .engine import (
     node,
 )
 from .plugins import Plugin
+from .store.memory import MemoryEventStore as _MemoryEventStore
+
+# The composition root: the engine knows only the EventStore port, so the package that
+# ships both decides which store a Runner built without one gets.
+Runner.default_store = _MemoryEventStore
 
 __all__ = [
     "Workflow",

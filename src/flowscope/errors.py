@@ -118,7 +118,7 @@ class UnknownSessionError(StoreError, KeyError):
 
 
 class ConcurrencyConflict(StoreError):
-    """Another writer appended to the session first; nothing was written (R10)."""
+    """Another writer appended to the session first; nothing was written (R10, docs/design.md)."""
 
 
 class InvocationAbortedError(BaseException):
@@ -162,7 +162,7 @@ def _code(exc: BaseException, mapping: Mapping[type, str] | None) -> str:
 
 
 def classify(exc: BaseException, mapping: Mapping[type, str] | None = None) -> ErrorInfo:
-    """Name a failure (R6).
+    """Name a failure (R6, docs/design.md).
 
     The code is the exception's ``error_code`` attribute when it is a non-empty string,
     else the first match of ``mapping`` along the MRO, else ``UNKNOWN_ERROR`` (never the

@@ -147,7 +147,7 @@ class NodeErrorPropagated(Event):
     descendant did; the failure itself is the ``NodeErrorEvent`` at ``origin_path``.
 
     This is the enclosing run's terminal event, so that every ``NodeStarted`` has one,
-    without writing the failure a second time (R5).
+    without writing the failure a second time (R5, docs/design.md).
     """
 
     type: ClassVar[str] = "node_error_propagated"
