@@ -173,7 +173,7 @@ def test_export_shows_what_the_demo_promises(demo_run):
     assert declined["attrs"]["flowscope.error.code"] == "PAYMENT_DECLINED"
     assert [e[0] for e in declined["events"]] == ["exception"]
     (ship,) = by_path["order_fulfilment@1/ship@1"]
-    assert ship["status"] == "ERROR" and ship["events"] == []  # no second exception event (R5)
+    assert ship["status"] == "ERROR" and ship["events"] == []  # no second exception event (R5 in docs/design.md)
     assert ship["attrs"]["flowscope.error.origin_path"] == "order_fulfilment@1/ship@1/charge_card@2"
     waits = [s for s in by_path["order_fulfilment@1/enrich_addresses@1"] if s["attrs"]["flowscope.node.outcome"] == "waiting"]
     assert waits and all(s["status"] == "UNSET" and s["attrs"]["flowscope.interrupt.id"] for s in waits)

@@ -224,10 +224,13 @@ class TracingPlugin(Plugin):
         if error is not None and type(ev) is NodeErrorPropagated:  # the message of the failure it carries
             origin_message = classify(error).message
         end = sp.node_end(ev, outcome.attempt_count, outcome.recovered, origin_message)
-        stack = None
-        if self.record_stacktrace and error is not None and end.events:
-            stack = "".join(traceback.format_exception(error))
-        _apply(span, end, stack)
+        if end.events or end.error is not None:
+            stack = None
+            if self.record_stacktrace and error is not None and end.events:
+                stack = "".join(traceback.format_exception(error))
+            _apply(span, end, stack)
+        else:  # most node runs: attributes only
+            span.set_attributes(end.attributes)
         if self.redact is not None and isinstance(ev, NodeCompleted):
             text = self._redacted("output", ev.output)
             if text is not None:
