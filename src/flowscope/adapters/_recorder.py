@@ -323,13 +323,13 @@ class Recorder:
             if status == "completed":
                 self.complete(inv, ctx, output if path == inv.root_path else None, path == inv.root_path and output is not None)
             elif status == "paused":
-                ids = tuple(e.interrupt_id for e in self.session(sid).pending if isinstance(e, InputRequested) and e.path.startswith(path + "/"))  # type: ignore[attr-defined]
+                ids = tuple(e.interrupt_id for e in self.session(sid).pending if isinstance(e, InputRequested) and e.path.startswith(path + "/"))
                 origin = next((e.path for e in self.session(sid).pending if e.path.startswith(path + "/")), "")
                 self.pause(inv, ctx, origin, ids)
             elif status == "failed" and info is not None and error_path and error_path.startswith(path + "/"):
                 self.propagate(inv, ctx, error_path, info.code, info.type)
-            elif status == "failed" and info is not None and path == error_path:
-                self.fail(inv, ctx, error, ctx.attempt)  # type: ignore[arg-type]
+            elif status == "failed" and error is not None and path == error_path:
+                self.fail(inv, ctx, error, ctx.attempt)
             else:
                 self.cancel(inv, ctx, "aborted" if status == "cancelled" else "cancelled")
         finished = RunFinished(

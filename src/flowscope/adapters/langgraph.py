@@ -30,6 +30,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.types import Command
 
+from ..events import InputRequested
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin
 from ..store.base import EventStore
@@ -179,7 +180,7 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
         resumed = ws.invocations > 0 and ws.status in ("paused", "running", "failed", "cancelled")
         answers: dict[str, Any] = {}
         if isinstance(inputs, Command) and inputs.resume is not None:
-            open_ids = [e.interrupt_id for e in ws.pending if e.type == "input_requested"]  # type: ignore[attr-defined]
+            open_ids = [e.interrupt_id for e in ws.pending if isinstance(e, InputRequested)]
             value = inputs.resume
             if isinstance(value, dict) and value and set(value) <= set(open_ids):
                 answers = dict(value)
