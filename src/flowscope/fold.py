@@ -38,6 +38,8 @@ __all__ = [
 
 NODE_STATUSES = ("running", "completed", "failed", "cancelled", "waiting_input", "waiting_job")
 OPEN_STATES = ("running", "waiting_input", "waiting_job")
+#: Events that ``answer()`` appends outside an invocation (``invocation_id`` ``answer-...``).
+_ANSWER_TYPES = ("input_received", "job_result")
 
 
 @dataclass(slots=True)
@@ -164,7 +166,7 @@ class WorkflowState:
     session_id: str = ""
     workflow: str = ""
     input: Any = None
-    status: str = "new"  # new, running, completed, failed, paused, cancelled
+    status: str = "new"  # new, queued, running, completed, failed, paused, answered, cancelled
     output: Any = None
     error_code: str | None = None
     error_path: str | None = None
@@ -208,6 +210,8 @@ class WorkflowState:
             ns.apply(e)
             if e.type == "state_updated":
                 self.state.update(e.values)  # type: ignore[attr-defined]
+            elif self.status == "paused" and e.invocation_id.startswith("answer-") and e.type in _ANSWER_TYPES:
+                self.status = "answered"  # recorded by answer(), for the next invocation to consume
             return
         t = e.type
         if t == "run_started":
@@ -219,6 +223,10 @@ class WorkflowState:
             self.invocation_id = e.invocation_id
             self.status = "running"
             self.trace_context = dict(e.trace_context)  # type: ignore[attr-defined]
+        elif t == "run_submitted":
+            self.workflow = e.workflow  # type: ignore[attr-defined]
+            self.input = e.input  # type: ignore[attr-defined]
+            self.status = "queued"
         elif t == "run_finished":
             self.status = e.status  # type: ignore[attr-defined]
             self.output = e.output  # type: ignore[attr-defined]
