@@ -365,9 +365,8 @@ def test_resume_recovers_a_killed_worker(tmp_path):
             assert wait_until_running(store, "crash-1", proc)
         finally:
             kill_worker(proc)
-    # its heartbeat is fresh: another process might still own it
-    assert_one_line_error(invoke("--db", str(db), "resume", "crash-1"), "--force")
-    proc = run_cli("--db", str(db), "resume", "crash-1", "--force")
+    # its heartbeat is fresh, but its owner's process is dead (issue 13): no --force needed
+    proc = run_cli("--db", str(db), "resume", "crash-1")
     assert proc.returncode == 0, proc.stderr
     assert "completed" in proc.stdout and "recovered" in proc.stdout
     rows = json.loads(invoke("--db", str(db), "audit", "--session", "crash-1", "--by", "run", "--format", "json").stdout)
