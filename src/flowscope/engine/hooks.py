@@ -28,7 +28,16 @@ __all__ = ["Plugin", "PluginDispatcher", "HOOKS"]
 
 log = logging.getLogger("flowscope.plugins")
 
-HOOKS = ("before_run", "after_run", "before_node", "after_node", "on_node_error", "on_event")
+HOOKS = (
+    "before_run",
+    "after_run",
+    "before_node",
+    "after_node",
+    "on_node_error",
+    "on_event",
+    "on_worker_claim",
+    "on_lease_lost",
+)
 
 
 class Plugin:
@@ -53,6 +62,13 @@ class Plugin:
 
     def on_event(self, event: Event) -> Any:
         """Every event, after it is appended to the store."""
+
+    def on_worker_claim(self, claim: Any) -> Any:
+        """A worker took a session (a ``flowscope.store.base.Claim``: ``workflow``,
+        ``reason`` queued/answered/orphaned) and is about to run it. Called by the worker."""
+
+    def on_lease_lost(self, session_id: str, workflow: str) -> Any:
+        """An invocation lost its lease to another owner and stopped (before ``after_run``)."""
 
     def on_plugin_error(self, plugin: str, hook: str, error: BaseException) -> Any:
         """Another plugin's hook raised (already logged)."""
