@@ -14,7 +14,7 @@ from . import views
 from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option
 from .failures import EXIT_FAILED, CliError, one_line
 from .runtime import configure_cli_tracing, start_metrics_server, wait_for_signal
-from .worker_cmds import record_answers
+from .worker_cmds import cwd_importable, record_answers
 
 __all__ = ["resume", "serve_metrics_cmd", "parse_answers", "COMMANDS"]
 
@@ -48,6 +48,7 @@ def _resolve_workflow(name: str, spec: str | None) -> Any:
 
     try:
         if spec:
+            cwd_importable()
             wf = load_workflow(spec)
         else:
             wf = bundled_workflow(name)

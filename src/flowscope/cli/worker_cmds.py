@@ -33,7 +33,7 @@ from .failures import CliError
 if TYPE_CHECKING:
     from ..store.sqlite import SqliteEventStore
 
-__all__ = ["worker_cmd", "start", "load_workflows", "worker_hint", "worker_command", "submit_by_name", "record_answers", "COMMANDS"]
+__all__ = ["worker_cmd", "start", "load_workflows", "worker_hint", "worker_command", "submit_by_name", "record_answers", "cwd_importable", "COMMANDS"]
 
 #: How recently a worker must have recorded itself to count as serving a workflow: one
 #: default lease (workers record themselves every third of theirs).
@@ -45,9 +45,7 @@ def load_workflows(specs: tuple[str, ...]) -> list[Any]:
     the current directory importable; a bad spec is a CliError."""
     from ..engine import Workflow
 
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+    cwd_importable()
     out: list[Any] = []
     for spec in specs:
         module_name, _, attr = spec.partition(":")
@@ -62,6 +60,13 @@ def load_workflows(specs: tuple[str, ...]) -> list[Any]:
                 raise CliError(f"{spec}: a {type(item).__name__}, not a flowscope Workflow (or a list of them)")
             out.append(item)
     return out
+
+
+def cwd_importable() -> None:
+    """Make the current directory importable, as ``python -m`` does (console scripts do not)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def _import_attr(module_name: str, attr: str) -> Any:
