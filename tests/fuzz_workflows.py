@@ -177,6 +177,25 @@ class CrashingStore(EventStore):
     def open_runs(self) -> list[NodeRun]:
         return self.inner.open_runs()
 
+    # the ownership port (issue 13): passed through; a crash is simulated on appends only
+    def acquire(self, *args: Any, **kw: Any) -> Any:
+        return self.inner.acquire(*args, **kw)
+
+    def renew(self, *args: Any, **kw: Any) -> Any:
+        return self.inner.renew(*args, **kw)
+
+    def release(self, *args: Any, **kw: Any) -> None:
+        self.inner.release(*args, **kw)
+
+    def claim(self, *args: Any, **kw: Any) -> Any:
+        return self.inner.claim(*args, **kw)
+
+    def workers_seen(self, *args: Any, **kw: Any) -> None:
+        self.inner.workers_seen(*args, **kw)
+
+    def workers(self) -> Any:
+        return self.inner.workers()
+
 
 def answers(store: EventStore, session_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """What the outside world would answer for everything the session waits on."""

@@ -350,8 +350,8 @@ class EventStore(ABC):
         """Take up to ``limit`` sessions of ``workflows`` that :func:`claim_reason` allows.
 
         Each gets epoch + 1 and ``owner``'s lease, all in one atomic step, so two claimers
-        never get the same session. Oldest first: queued by submit time, answered by
-        their last event, orphaned by their lease's end. With ``max_recoveries``, a session
+        never get the same session. Oldest first: queued by submit time, answered and
+        orphaned by their last event. With ``max_recoveries``, a session
         already taken over as orphaned more than that many times is left alone (it shows
         as orphaned in ``flowscope stuck``).
         """

@@ -211,7 +211,7 @@ class MemoryEventStore(EventStore):
                 reason = claim_reason(s.status, own.owner, own.lease_expires_at, now)
                 if reason is None or (reason == "orphaned" and max_recoveries is not None and own.recoveries > max_recoveries):
                     continue
-                since = {"queued": own.submitted_at, "answered": s.updated_at, "orphaned": own.lease_expires_at}[reason]
+                since = {"queued": own.submitted_at, "answered": s.updated_at, "orphaned": s.updated_at}[reason]
                 found.append((since or 0.0, sid, s.workflow, reason))
             found.sort()
             out: list[Claim] = []

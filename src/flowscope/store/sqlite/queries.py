@@ -145,10 +145,10 @@ SQL_CLAIM_ANSWERED = (
     "ORDER BY updated_at"
 )
 SQL_CLAIM_ORPHANED = (
-    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, lease_expires_at FROM sessions "
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at FROM sessions "
     f"WHERE status = 'running' AND owner IS NOT NULL AND {_FREE} "
     "AND workflow IN (SELECT value FROM json_each(:workflows)) "
-    "ORDER BY lease_expires_at"
+    "ORDER BY updated_at"
 )
 SQL_QUEUED_SUMMARY = (
     "SELECT workflow, count(*), min(submitted_at) FROM sessions WHERE status = 'queued' "
