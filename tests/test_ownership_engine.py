@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,10 +17,12 @@ import pytest
 
 from flowscope import Runner
 from flowscope.errors import ConcurrencyConflict
+from flowscope.liveness import owner_alive
 from flowscope.store.sqlite import SqliteEventStore
 
 HERE = Path(__file__).resolve().parent
 PROC = str(HERE / "ownership_proc.py")
+FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
 pytestmark = pytest.mark.slow
 
@@ -54,36 +57,50 @@ def completions(events) -> Counter[str]:
     return Counter(e.path for e in events if e.type == "node_completed")
 
 
-def test_a_killed_owner_is_orphaned_at_once_and_resumed_without_force(tmp_path):
+def kill_mid_node(tmp_path: Path) -> tuple[Path, Path, int]:
     db, effects = tmp_path / "kill.db", tmp_path / "kill.effects"
     owner = start(db, effects, "run-hang", 15.0)
     wait_for(Path(str(effects) + ".hanging"), owner)
     owner.send_signal(signal.SIGKILL)
     owner.wait(timeout=10)
-    # The lease has ~15 s left, but its owner is a dead process on this host: orphaned.
-    stuck = subprocess.run(
-        [sys.executable, "-m", "flowscope.cli", "stuck", "--db", str(db), "--format", "json"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-    )
+    return db, effects, owner.pid
+
+
+def test_a_killed_owner_is_orphaned_at_once_and_resumed_without_force(tmp_path):
+    db, effects, pid = kill_mid_node(tmp_path)
+    info = SqliteEventStore(db).session_info("s")
+    assert info is not None and info.status == "running" and info.owner is not None and info.owner.pid == pid
+    now = time.time()
+    assert info.lease_expires_at is not None and info.lease_expires_at > now + 10  # the lease has ~15 s left...
+    assert not owner_alive(info.owner, info.lease_expires_at, now)  # ...but its process is gone: orphaned
     launched = time.time()
     resumer = start(db, effects, "resume", 15.0)
     out, err = resumer.communicate(timeout=60)
     assert out.split()[:2] == ["completed", "4"], (out, err)
-    # the new process took the session as soon as it was up: no lease to wait out
+    # the new process took the session as soon as it was up: no lease to wait out, no force
     events = SqliteEventStore(db).read("s")
     started = [e for e in events if e.type == "run_started"]
     assert len(started) == 2 and started[1].resumed
     assert started[1].ts - launched < 1.0
-    assert completions(events) == Counter({p: 1 for p in completions(events)})
-    hang = [(pid, a) for pid, path, a in effects_of(effects) if "/hang@" in path]
-    assert [a for _, a in hang] == [1, 2] and hang[0][0] != hang[1][0]
-    if stuck.returncode == 0 and stuck.stdout.strip():
-        listed = json.loads(stuck.stdout)
-        rows = listed if isinstance(listed, list) else listed.get("runs", [])
-        states = {r.get("path"): r.get("state") or r.get("status") for r in rows if r.get("session_id") == "s"}
-        assert "orphaned" in states.values(), listed
+    assert sorted(completions(events).values()) == [1, 1, 1, 1]
+    hang = [(p, a) for p, path, a in effects_of(effects) if "/hang@" in path]
+    assert [a for _, a in hang] == [1, 2] and hang[0][0] == pid and hang[1][0] != pid
+
+
+@pytest.mark.xfail(
+    strict=True, reason="`flowscope stuck` applies flowscope.liveness.owner_alive in the CLI branch (h-own-worker)"
+)
+def test_flowscope_stuck_lists_a_killed_owners_run_as_orphaned(tmp_path):
+    db, _effects, _pid = kill_mid_node(tmp_path)
+    stuck = subprocess.run(
+        [FLOWSCOPE, "stuck", "--db", str(db), "--format", "json", "--older-than", "0s"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = json.loads(stuck.stdout)
+    states = {r["path"]: r["state"] for r in rows if r["session_id"] == "s"}
+    assert states.get("owned@1/hang@1") == "orphaned" and set(states.values()) == {"orphaned"}, rows
 
 
 def test_a_sync_node_that_blocks_the_loop_keeps_its_lease(tmp_path):

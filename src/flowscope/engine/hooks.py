@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..events import Event, NodeErrorEvent
+    from ..store.base import Claim
     from .context import NodeContext, NodeOutcome, RunInfo, RunResult
 
 __all__ = ["Plugin", "PluginDispatcher", "HOOKS"]
@@ -64,9 +65,9 @@ class Plugin:
     def on_event(self, event: Event) -> Any:
         """Every event, after it is appended to the store."""
 
-    def on_worker_claim(self, claim: Any) -> Any:
-        """A worker took a session (a ``flowscope.store.base.Claim``: ``workflow``,
-        ``reason`` queued/answered/orphaned) and is about to run it. Called by the worker."""
+    def on_worker_claim(self, claim: Claim) -> Any:
+        """A worker took a session (``claim.workflow``, ``claim.reason``: queued, answered
+        or orphaned) and is about to run it. Called by the worker, never by the engine."""
 
     def on_lease_lost(self, session_id: str, workflow: str) -> Any:
         """An invocation lost its lease to another owner and stopped (before ``after_run``)."""

@@ -265,12 +265,10 @@ class Runner:
             ws = self._load(session_id, resume)
             if lease is None:
                 lease = self.store.acquire(session_id, self.owner, self.lease_s, force=force)
-                if resume:
-                    late = self.store.read(session_id, ws.last_seq)
-                    if late:
-                        for e in late:
-                            ws.apply(e)
-                        self._check(ws)
+                if resume and self.store.last_seq(session_id) != ws.last_seq:
+                    for e in self.store.read(session_id, ws.last_seq):
+                        ws.apply(e)
+                    self._check(ws)
         except BaseException:
             if lease is not None:
                 self._release(lease)
