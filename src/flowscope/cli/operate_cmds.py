@@ -83,10 +83,10 @@ def resume(
 ) -> None:
     """Continue a paused, failed or crashed session from the store.
 
-    Without --workflow, --input/--job are recorded in the store (no code needed) for a
-    worker of the session's workflow to pick up, and the command says whether one was
-    seen. With --workflow MODULE:ATTR (or, without answers, a bundled workflow) the
-    session runs here: finished node runs are kept (fast-forwarded from the log), a run
+    Without the workflow's code (no --workflow, not a bundled workflow), --input/--job are
+    recorded in the store for a worker of the session's workflow to pick up, and the
+    command says whether one was seen. With --workflow MODULE:ATTR (or a bundled
+    workflow) the session runs here: finished node runs are kept (fast-forwarded from the log), a run
     whose worker died is re-executed as a new attempt. Exit code 0 when the answers were
     recorded or the session completed or paused again, 1 when it failed.
     """
@@ -109,8 +109,8 @@ def resume(
             raise CliError(
                 f"session {session!r} is paused waiting for {waiting or 'nothing'}: answer with --input ID=JSON or --job ID=JSON"
             )
-        if workflow_spec is None and (answers or results or not _is_bundled(ws.workflow)):
-            record_answers(store, session, ws, answers, results)  # no code: through the store
+        if workflow_spec is None and not _is_bundled(ws.workflow):
+            record_answers(store, session, ws, answers, results)  # no code here: through the store
             return
         wf = _resolve_workflow(ws.workflow, workflow_spec)
         tracing = configure_cli_tracing(otlp_endpoint, otlp_protocol, "flowscope")
