@@ -225,8 +225,8 @@ def test_stuck_thresholds_and_states(demo_db):
     assert json.loads(result.stdout) == []
     assert "nothing stuck" in invoke("--db", str(db), "stuck").stdout
     rows = json.loads(invoke("--db", str(db), "stuck", "--older-than", "0s", "--stale-after", "1h", "--format", "json").stdout)
-    # the demo's killed worker is a dead owner on this host: orphaned at once, whatever
-    # --stale-after says (issue 13); the heartbeat rule is only for runs with no owner
+    # issue 13: the killed worker's owner process is gone, so its run is orphaned at once,
+    # whatever --stale-after says (that threshold is only for sessions without an owner)
     assert {r["session_id"]: r["state"] for r in rows} == {ids["export"]: "orphaned", ids["lost"]: "overdue"}
     rows = json.loads(
         invoke("--db", str(db), "stuck", "--older-than", "0", "--stale-after", STALE, "--all", "--format", "json").stdout
@@ -367,7 +367,8 @@ def test_resume_recovers_a_killed_worker(tmp_path):
             assert wait_until_running(store, "crash-1", proc)
         finally:
             kill_worker(proc)
-    # its heartbeat is fresh, but its owner's process is dead (issue 13): no --force needed
+    # issue 13: its owner's process is gone (same host), so it is orphaned at once and a
+    # plain resume takes it over, without --force and without waiting for its heartbeat
     proc = run_cli("--db", str(db), "resume", "crash-1")
     assert proc.returncode == 0, proc.stderr
     assert "completed" in proc.stdout and "recovered" in proc.stdout

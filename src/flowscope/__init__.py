@@ -23,7 +23,7 @@ from .answers import AnswerReceipt, answer
 from .plugins import Plugin
 from .store.memory import MemoryEventStore as _MemoryEventStore
 
-# Worker (flowscope.worker, issue 13) is imported and exported here by the worker's author.
+from .worker import Worker
 
 # The composition root: the engine knows only the EventStore port, so the package that
 # ships both decides which store a Runner built without one gets.
@@ -43,6 +43,7 @@ __all__ = [
     "Runner",
     "RunResult",
     "Plugin",
+    "Worker",
     "answer",
     "AnswerReceipt",
     "__version__",

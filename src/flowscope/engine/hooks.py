@@ -38,6 +38,7 @@ HOOKS = (
     "on_event",
     "on_worker_claim",
     "on_lease_lost",
+    "on_worker_release",
 )
 
 
@@ -70,6 +71,10 @@ class Plugin:
 
     def on_lease_lost(self, session_id: str, workflow: str) -> Any:
         """An invocation lost its lease to another owner and stopped (before ``after_run``)."""
+
+    def on_worker_release(self, claim: Any) -> Any:
+        """A worker is done with a claimed session (it completed, paused, failed, lost its
+        lease or was handed back). Called by the worker, once per ``on_worker_claim``."""
 
     def on_plugin_error(self, plugin: str, hook: str, error: BaseException) -> Any:
         """Another plugin's hook raised (already logged)."""
