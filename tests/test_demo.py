@@ -21,6 +21,9 @@ from click.testing import CliRunner
 from flowscope.cli import cli
 from flowscope.store import SqliteEventStore, rebuild
 
+# Every test here starts processes or servers, or runs the demo end to end.
+pytestmark = pytest.mark.slow
+
 FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
 

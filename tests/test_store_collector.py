@@ -88,6 +88,7 @@ WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_killed_worker_leaves_a_running_run_that_becomes_orphaned(db, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -154,6 +155,7 @@ def run_in_subprocess(tmp_path, db, body: str) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.slow
 def test_a_paused_run_is_waiting_input_and_reports_zero_once_answered(db, tmp_path):
     run_in_subprocess(
         tmp_path,
@@ -204,6 +206,7 @@ def paused_iid(store) -> str:
     return [e for e in events if e.type == "input_requested"][-1].interrupt_id
 
 
+@pytest.mark.slow
 def test_a_job_past_its_deadline_is_overdue(db, tmp_path):
     run_in_subprocess(
         tmp_path,
@@ -398,6 +401,7 @@ def _get(url, accept=None, gzip_ok=False):
         return resp.headers.get("Content-Type"), body.decode()
 
 
+@pytest.mark.slow
 def test_serve_metrics_over_http(db):
     store = SqliteEventStore(db)
     registry = CollectorRegistry()
@@ -458,6 +462,7 @@ def test_serve_metrics_over_http(db):
     store.close()
 
 
+@pytest.mark.slow
 def test_serve_metrics_without_a_store_serves_the_registry_and_survives_a_broken_store():
     registry = CollectorRegistry()
     import asyncio
