@@ -23,7 +23,6 @@ __all__ = ["store_error", "connect_error", "is_connection_lost", "one_line"]
 _LOCKED = {"40001", "40P01", "55P03"}
 #: The server is shutting down, restarting or not yet accepting connections.
 _GOING_AWAY = {"57P01", "57P02", "57P03", "57P05"}
-_READ_ONLY = {"25006", "42501"}
 
 
 def one_line(exc: BaseException) -> str:
@@ -59,8 +58,10 @@ def store_error(exc: BaseException, where: str, action: str) -> StoreError:
             f"lost the connection to PostgreSQL at {where} while trying to {action}: "
             "the server restarted or the network dropped; retry (a run resumes where its log ends)"
         )
-    if state in _READ_ONLY:
-        return StoreReadOnly(f"PostgreSQL at {where} refuses writes ({state}): cannot {action}; use a writable role or server")
+    if state == "25006":
+        return StoreReadOnly(f"PostgreSQL at {where} refuses writes ({state}): cannot {action}; use a writable server")
+    if state == "42501":
+        return StoreReadOnly(f"PostgreSQL at {where}: this role may not {action} ({state}): grant it the privileges")
     if state == "53100":
         return StoreDiskFull(f"PostgreSQL at {where}: the server's disk is full: cannot {action}; free space and retry")
     if klass == "53":

@@ -150,7 +150,8 @@ DB_SCHEMA_VERSION = len(MIGRATIONS)
 def read_version(conn: psycopg.Connection[Any], where: str) -> int:
     """The schema version recorded in the database's schema (0 for an empty one)."""
     tables = {r[0] for r in conn.execute(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+        # pg_tables, not information_schema: that one hides the tables this role may not read
+        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
     )}
     if "meta" not in tables:
         if tables:
