@@ -183,7 +183,8 @@ def _check(version: int, where: str) -> int:
 
 def ensure_schema(conn: psycopg.Connection[Any], where: str, schema: str, readonly: bool) -> int:
     """Check the schema version and migrate to :data:`DB_SCHEMA_VERSION`; returns the
-    version found. ``conn`` is in autocommit mode; the migration is one transaction."""
+    version found (under the migration lock, when one was needed: 0 for the one opener
+    that made the tables, the current version for those that waited for it). ``conn`` is in autocommit mode; the migration is one transaction."""
     exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is not None
     version = _check(read_version(conn, where), where) if exists else 0
     if version == DB_SCHEMA_VERSION:
@@ -209,4 +210,4 @@ def ensure_schema(conn: psycopg.Connection[Any], where: str, schema: str, readon
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (APPLICATION, str(DB_SCHEMA_VERSION)),
             )
-    return version
+    return found
