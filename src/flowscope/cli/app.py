@@ -1,7 +1,8 @@
 """The ``flowscope`` click group, the options its commands share, and the one error handler.
 
-Every command works on a SQLite store: ``--db PATH``, else ``$FLOWSCOPE_DB``, else
-``./flowscope.db``. The commands live in :mod:`.inspect_cmds`, :mod:`.operate_cmds` and
+Every command works on a SQLite file or a PostgreSQL database: ``--db PATH`` or
+``--db postgresql://...``, else ``$FLOWSCOPE_DB``, else ``./flowscope.db``. A URL is only
+ever printed through :func:`shown_db` (its password masked). The commands live in :mod:`.inspect_cmds`, :mod:`.operate_cmds` and
 :mod:`.demo_cmd`; ``flowscope.cli`` adds them to :data:`cli`.
 """
 
@@ -21,6 +22,7 @@ from .failures import EXIT_ERROR, to_cli_error
 from .render import render_csv, render_json
 
 if TYPE_CHECKING:
+    from ..store.postgres import PostgresEventStore
     from ..store.sqlite import SqliteEventStore
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "otlp_protocol_option",
     "resolve_db",
     "open_store",
+    "shown_db",
     "emit",
     "command_prefix",
     "silence_stdout",
@@ -102,13 +105,13 @@ DURATION = Duration()
 
 
 def db_option(f: F) -> F:
-    """``--db PATH`` on a command (it overrides the group's ``--db``)."""
+    """``--db PATH|URL`` on a command (it overrides the group's ``--db``)."""
     return click.option(
         "--db",
         "db",
         default=None,
-        metavar="PATH",
-        help=f"The SQLite database (default: ${ENV_DB}, else ./{DEFAULT_DB}).",
+        metavar="PATH|URL",
+        help=f"A SQLite file or a postgresql:// URL (default: ${ENV_DB}, else ./{DEFAULT_DB}).",
     )(f)
 
 
@@ -149,18 +152,36 @@ def resolve_db(db: str | None) -> str:
     return os.environ.get(ENV_DB) or DEFAULT_DB
 
 
-def open_store(db: str | None, *, write: bool = False, create: bool = False) -> SqliteEventStore:
-    """Open the SQLite store. Read commands never create or modify the file.
+def shown_db(db: str) -> str:
+    """``db`` as messages and hints print it: a PostgreSQL URL's password masked."""
+    from ..store.postgres.dsn import redact
+
+    return redact(db)
+
+
+def open_store(db: str | None, *, write: bool = False, create: bool = False) -> SqliteEventStore | PostgresEventStore:
+    """Open the store ``db`` names: a SQLite file, or a PostgreSQL database for a
+    ``postgresql://`` URL. Read commands never create or modify anything.
 
     Problems raise the typed store errors of :mod:`flowscope.errors`; the group's handler
     turns them into one line.
     """
-    from ..store.sqlite import SqliteEventStore
+    from ..store.postgres.dsn import is_postgres_url
 
     path = resolve_db(db)
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
-        ctx.meta[_OPENED_DB] = path
+        ctx.meta[_OPENED_DB] = shown_db(path)
+    if is_postgres_url(path):
+        try:
+            from ..store.postgres import PostgresEventStore
+        except ImportError:
+            raise StoreUnavailable(
+                f"{shown_db(path)} is a PostgreSQL URL, and psycopg is not installed: pip install 'flowscope[postgres]'"
+            ) from None
+        return PostgresEventStore(path, readonly=not (write or create))
+    from ..store.sqlite import SqliteEventStore
+
     p = Path(path)
     if not create and not p.exists():
         raise StoreUnavailable(f"no flowscope database at {path}")
@@ -182,10 +203,11 @@ def emit(rows: list[dict[str, Any]], fmt: str, keys: tuple[str, ...], table: Cal
 
 
 def command_prefix(db: str) -> str:
-    """``flowscope`` or ``flowscope --db PATH`` for the hints we print."""
-    if db == (os.environ.get(ENV_DB) or DEFAULT_DB):
+    """``flowscope`` or ``flowscope --db PATH`` for the hints we print (a URL's password masked:
+    keep it in PGPASSWORD or ~/.pgpass and the hint runs as printed)."""
+    if db in (os.environ.get(ENV_DB) or DEFAULT_DB, shown_db(os.environ.get(ENV_DB) or DEFAULT_DB)):
         return "flowscope"
-    return f"flowscope --db {shlex.quote(db)}"
+    return f"flowscope --db {shlex.quote(shown_db(db))}"
 
 
 # --------------------------------------------------------------------------- the group
@@ -198,8 +220,8 @@ def command_prefix(db: str) -> str:
     envvar=ENV_DB,
     default=DEFAULT_DB,
     show_default=True,
-    metavar="PATH",
-    help=f"The SQLite database of flowscope events (also ${ENV_DB}).",
+    metavar="PATH|URL",
+    help=f"The flowscope database: a SQLite file or a postgresql:// URL (also ${ENV_DB}).",
 )
 @click.version_option(package_name="flowscope", prog_name="flowscope")
 @click.pass_context

@@ -12,7 +12,8 @@ import click
 
 from ..events import JobDispatched
 from . import views
-from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option, resolve_db
+from ..store.postgres.dsn import is_postgres_url
+from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option, resolve_db, shown_db
 from .progress import ProgressPlugin
 from .render import waterfall_lines
 from .runtime import configure_cli_tracing, resolve_otlp_protocol, start_metrics_server, wait_for_signal
@@ -91,7 +92,7 @@ def run_demo(
     from ..examples.worker import HANGING_PATH, kill_worker, start_worker, wait_until_running
     from ..observability import MetricsPlugin
 
-    db_path = os.path.abspath(db)
+    db_path = db if is_postgres_url(db) else os.path.abspath(db)
     store = open_store(db, create=True)
     previous_term = _term_as_interrupt()
     prefix = command_prefix(db)
@@ -117,7 +118,7 @@ def run_demo(
                 )
         plugins += [MetricsPlugin(registry=registry), progress]
 
-        click.echo(f"flowscope demo: database {db}" + spans_to)
+        click.echo(f"flowscope demo: database {shown_db(db)}" + spans_to)
         if metrics_port is not None:
             server = start_metrics_server(store, registry, host="127.0.0.1", port=metrics_port, stale_after=stale_after)
             click.echo(f"metrics (in-process and store): {server.url}")

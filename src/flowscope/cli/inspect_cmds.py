@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from . import views
-from .app import DURATION, db_option, emit, format_option, open_store, otlp_protocol_option, resolve_db
+from .app import DURATION, db_option, emit, format_option, open_store, otlp_protocol_option, resolve_db, shown_db
 from .failures import CliError, unknown_session
 from .render import waterfall_lines
 from .tables import audit_table, pending_hint, runs_table, session_header, stuck_table
@@ -143,7 +143,7 @@ def export(
     with open_store(db) as store:
         events = store.read(session)
     if not events:
-        raise unknown_session(session, resolve_db(db))
+        raise unknown_session(session, shown_db(resolve_db(db)))
     if otlp_endpoint:
         spans = session_spans(events, service_name)
         try:

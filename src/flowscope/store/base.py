@@ -8,6 +8,7 @@ belongs on the event loop, not in a thread. Adapters: :mod:`.memory`, :mod:`.sql
 from __future__ import annotations
 
 import dataclasses
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Literal, Mapping, Sequence
@@ -379,6 +380,14 @@ class EventStore(ABC):
             if s.submitted_at is not None and (a[1] is None or s.submitted_at < a[1]):
                 a[1] = s.submitted_at
         return [QueuedGroup(wf, n, oldest) for wf, (n, oldest) in sorted(acc.items())]
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds, or less if the store learns that a session became
+        claimable (an append made one queued or answered, a lease was released); True if
+        woken so. A worker calls it between claims, off the event loop. The default sleeps
+        (polling); a store with notifications (PostgreSQL's LISTEN) wakes at once."""
+        time.sleep(timeout)
+        return False
 
     def save_snapshot(self, session_id: str, seq: int, data: str) -> None:
         """Keep ``data``, the JSON of the session's state after event ``seq``, to speed up
