@@ -20,6 +20,8 @@ __all__ = [
     "ConcurrencyConflict",
     "LeaseLost",
     "OutputNotSerializableError",
+    "StateNotSerializableError",
+    "RouteNotFoundError",
     "RecoveryLimitError",
     "JobFailedError",
     "StoreError",
@@ -61,6 +63,18 @@ class OutputNotSerializableError(FlowscopeError):
     """A node returned an output the store cannot keep (not JSON-serialisable)."""
 
     error_code = "OUTPUT_NOT_SERIALIZABLE"
+
+
+class StateNotSerializableError(FlowscopeError):
+    """A node set a ``ctx.state`` value (or key) the store cannot keep (not JSON)."""
+
+    error_code = "STATE_NOT_SERIALIZABLE"
+
+
+class RouteNotFoundError(FlowscopeError):
+    """A node returned a ``Route`` whose label matches none of its outgoing edges."""
+
+    error_code = "ROUTE_NOT_FOUND"
 
 
 class RecoveryLimitError(FlowscopeError):

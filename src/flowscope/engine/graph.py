@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import WorkflowError
 
-__all__ = ["Node", "node", "JoinNode", "Workflow", "START", "Route", "RetryConfig"]
+__all__ = ["Node", "node", "JoinNode", "Workflow", "START", "Route", "RetryConfig", "label_matches"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +50,21 @@ class RetryConfig:
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Returned by a node to choose the outgoing edges labelled ``label``."""
+    """Returned by a node to choose the outgoing edges labelled ``label``.
 
-    label: str
+    A label matches an edge's label when both are equal and of the same type, as the edges
+    declare them (``Route(1)`` takes the edge keyed ``1``, not ``"1"``). A label that matches
+    no outgoing edge fails the node with ``ROUTE_NOT_FOUND`` (R12, docs/design.md).
+    """
+
+    label: str | int
     output: Any = None
+
+
+def label_matches(edge_label: str | int | None, route: str | int | None) -> bool:
+    """Does an edge fire for a run that chose ``route``? An unlabelled edge always fires;
+    a labelled one when the route equals it and has its type (``True`` is not ``1``)."""
+    return edge_label is None or (edge_label == route and type(edge_label) is type(route))
 
 
 class _Start:
@@ -198,7 +209,7 @@ class Workflow(Node):
         self.nodes: dict[str, Node] = {}
         self.order: dict[Node, int] = {}  # declaration order, for deterministic scheduling
         # successors[node] = [(target, label or None), ...]; START is a key too
-        self.successors: dict[Any, list[tuple[Node, str | None]]] = {START: []}
+        self.successors: dict[Any, list[tuple[Node, str | int | None]]] = {START: []}
         self.predecessors: dict[Node, list[Node]] = {}
         for chain in edges:
             self._add_chain(chain)
@@ -220,7 +231,7 @@ class Workflow(Node):
             self.predecessors.setdefault(n, [])
         return n
 
-    def _link(self, src: Any, dst: Node, label: str | None) -> None:
+    def _link(self, src: Any, dst: Node, label: str | int | None) -> None:
         edge = (dst, label)
         if edge not in self.successors[src]:
             self.successors[src].append(edge)
@@ -241,9 +252,14 @@ class Workflow(Node):
             new_tails: list[Node] = []
             if isinstance(element, dict):
                 for label, target in element.items():
+                    if type(label) is not str and type(label) is not int:
+                        raise WorkflowError(
+                            f"workflow {self.name!r}: route label {label!r} is a {type(label).__name__}; "
+                            "a label is a str or an int"
+                        )
                     for dst in self._targets(target):
                         for src in tails:
-                            self._link(src, dst, str(label))
+                            self._link(src, dst, label)
                         new_tails.append(dst)
             else:
                 for dst in self._targets(element):

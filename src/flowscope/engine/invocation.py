@@ -22,7 +22,7 @@ from ..events import NodeCancelled, NodeStarted
 from ..fold import NodeState
 from .attempts import Attempts
 from .context import NodeContext, PauseSignal
-from .graph import START, Node, Workflow
+from .graph import START, Node, Workflow, label_matches
 from .pauses import Pauses
 from .record import NodeResult
 
@@ -119,7 +119,7 @@ class Invocation(Attempts, Pauses):
             for (n, _inp), r in zip(acts, results):
                 fired = False
                 for target, label in successors[n]:
-                    if label is not None and label != r.route:
+                    if label is not None and not label_matches(label, r.route):
                         continue
                     fired = True
                     if target.kind == "join":

@@ -40,7 +40,7 @@ from .hooks import Plugin, PluginDispatcher
 from .invocation import Invocation
 from .lease import LeaseKeeper
 from .pauses import Answer, validate_answers
-from .record import Halted, NodeResult, check_json
+from .record import Halted, NodeResult, json_value
 
 __all__ = ["Runner", "RunResult"]
 
@@ -111,7 +111,7 @@ class Runner:
 
     async def run(self, input: Any = None, *, session_id: str | None = None) -> RunResult:
         """Run the workflow in a new session. A failure raises the node's original exception."""
-        check_json(input, "the run input")
+        input = json_value(input, "the run input")
         return await self._invoke(session_id or uuid.uuid4().hex, input, resume=False)
 
     async def resume(
@@ -137,7 +137,7 @@ class Runner:
     def submit(self, input: Any = None, session_id: str | None = None) -> str:
         """Record a run to be started later (by a worker, or :meth:`resume`), without
         running it; returns its session id. The session must be new."""
-        check_json(input, "the run input")
+        input = json_value(input, "the run input")
         sid = session_id or uuid.uuid4().hex
         if self.store.last_seq(sid) > 0:
             raise WorkflowError(f"session {sid!r} already exists: submit with a new session_id")
