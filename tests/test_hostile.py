@@ -144,3 +144,103 @@ async def test_output_nested_10000_deep_is_not_serializable_and_not_retried(db):
     (err,) = of_type(events, "node_error")
     assert (err.error_code, err.attempt_count) == ("OUTPUT_NOT_SERIALIZABLE", 1)
     assert of_type(events, "node_retrying") == []
+
+
+# -- messages that leave the process -------------------------------------------------------------
+
+SECRETS = ("hunter2", "sk-live-0123456789abcdef", "AKIAIOSFODNN7EXAMPLE", "eyJhbGciOi.payload.sig", "/srv/app/secret-dir")
+
+
+def leaky(x):
+    if x == "file":
+        open("/srv/app/secret-dir/config.yaml")  # FileNotFoundError naming the path
+    raise RuntimeError(
+        "POST https://bob:hunter2@api.example.com/v1 failed; key sk-live-0123456789abcdef, "
+        "aws AKIAIOSFODNN7EXAMPLE, Authorization: Bearer eyJhbGciOi.payload.sig, password=hunter2"
+    )
+
+
+@pytest.mark.parametrize("case", ["credentials", "file"])
+async def test_messages_are_redacted_in_store_spans_export_and_cli(tmp_path, case):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from flowscope.observability import TracingPlugin
+    from test_cli import invoke
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    path = tmp_path / "r.db"
+    inner = Workflow("inner", edges=[(START, node(leaky, name="leak", retry=RetryConfig(max_attempts=2, initial_delay=0)))])
+    wf = Workflow("w", edges=[(START, inner)])
+    with pytest.raises((RuntimeError, FileNotFoundError)):
+        await Runner(wf, store=SqliteEventStore(path), plugins=[TracingPlugin(tracer_provider=provider)]).run(case, session_id="s")
+    texts = {"sqlite file": path.read_bytes().decode("utf-8", "replace")}
+    for span in exporter.get_finished_spans():
+        texts[f"span {span.name}"] = " ".join(
+            [str(dict(span.attributes or {})), str(span.status.description)]
+            + [str(dict(ev.attributes or {})) for ev in span.events]
+        )
+    texts["export"] = invoke("--db", str(path), "export", "s").stdout
+    texts["show"] = invoke("--db", str(path), "show", "s", "--format", "json").stdout
+    for where, text in texts.items():
+        for secret in SECRETS:
+            assert secret not in text, (where, secret)
+    err = of_type(SqliteEventStore(path).read("s"), "node_error")[0]
+    assert "<path>" in err.error_message if case == "file" else "***" in err.error_message
+    retrying = of_type(SqliteEventStore(path).read("s"), "node_retrying")[0]
+    assert retrying.error_message == err.error_message
+
+
+async def test_runner_redact_hook_replaces_the_default_and_a_failing_one_withholds(db):
+    wf = Workflow("w", edges=[(START, node(leaky, name="leak"))])
+    with pytest.raises(RuntimeError):
+        await Runner(wf, store=db, redact=lambda s: s.replace("bob", "B")[:20]).run(0, session_id="a")
+    assert of_type(db.read("a"), "node_error")[0].error_message == "POST https://B:hunte"
+
+    def broken(s):
+        raise ValueError("redactor bug")
+
+    with pytest.raises(RuntimeError):
+        await Runner(wf, store=db, redact=broken).run(0, session_id="b")
+    msg = of_type(db.read("b"), "node_error")[0].error_message
+    assert msg == "RuntimeError (message withheld: the redaction failed)"
+
+
+def test_default_redaction_keeps_run_paths_and_plain_text():
+    from flowscope.errors import redact_message
+
+    assert redact_message("w@1/check@1 failed: 1 / 2 and/or ./rel/x at http://host:80/metrics") == (
+        "w@1/check@1 failed: 1 / 2 and/or ./rel/x at http://host:80/metrics"
+    )
+    assert redact_message("open '/etc/passwd' and ~/.ssh/id and C:\\Users\\bob\\f.txt") == (
+        "open '<path>' and <path> and <path>"
+    )
+
+
+# -- hostile exceptions --------------------------------------------------------------------------
+
+
+class CodeRaises(Exception):
+    @property
+    def error_code(self):
+        raise RuntimeError("error_code is broken")
+
+
+async def test_exception_whose_error_code_raises_is_unknown_error_at_its_own_path(db):
+    def bad(x):
+        raise CodeRaises("boom")
+
+    inner = Workflow("inner", edges=[(START, node(bad, name="leaf"))])
+    wf = Workflow("w", edges=[(START, inner)])
+    with pytest.raises(CodeRaises):
+        await Runner(wf, store=db).run(0, session_id="s")
+    events = db.read("s")
+    (err,) = of_type(events, "node_error")
+    assert (err.path, err.error_type, err.error_code, err.error_message) == ("w@1/inner@1/leaf@1", "CodeRaises", "UNKNOWN_ERROR", "boom")
+    started = {e.path for e in of_type(events, "node_started")}
+    ended = {e.path for e in events if e.type in ("node_completed", "node_error", "node_error_propagated", "node_cancelled")}
+    assert started == ended  # every NodeStarted has its one terminal event
+    assert rebuild(events).nodes["w@1/inner@1/leaf@1"].status == "failed"

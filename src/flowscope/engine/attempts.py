@@ -25,7 +25,6 @@ from ..errors import (
     RecoveryLimitError,
     RouteNotFoundError,
     StateNotSerializableError,
-    classify,
 )
 from ..events import NodeCancelled, NodeCompleted, NodeErrorEvent, NodeErrorPropagated, NodePaused, NodeRetrying, StateUpdated
 from .context import NodeContext, NodeOutcome, PauseSignal
@@ -187,7 +186,7 @@ class Attempts(Recorder):
         retry = ctx.node.retry
         if retry is None or failures >= retry.max_attempts or not retry.retries(type(exc).__name__):
             return None
-        info = classify(exc, self.error_codes)
+        info = self.classify(exc)
         delay = retry.delay(failures, self.rng)
         self.emit(
             NodeRetrying,
@@ -240,7 +239,7 @@ class Attempts(Recorder):
     def _propagated(self, ctx: NodeContext, exc: Exception, t0: float) -> NodeOutcome:
         """A descendant's failure ends this run too: recorded at the deepest path already,
         it is propagated without a second record (R5, docs/design.md)."""
-        _, origin, code = self.reported[id(exc)]
+        _, origin, code, message = self.reported[id(exc)]
         ev = self.emit(
             NodeErrorPropagated,
             ctx.path,
@@ -256,6 +255,7 @@ class Attempts(Recorder):
             attempt_count=ctx.attempt,
             recovered=ctx.recovered,
             error=exc,
+            error_message=message,
             origin_path=origin,
             duration_s=time.perf_counter() - t0,
         )
@@ -263,7 +263,7 @@ class Attempts(Recorder):
     def _failed(self, ctx: NodeContext, exc: Exception, t0: float) -> NodeOutcome:
         """The run failed here: record the failure, and flush it so it is on record before
         it propagates (R1, docs/design.md)."""
-        info = classify(exc, self.error_codes)
+        info = self.classify(exc)
         ev = self.emit(
             NodeErrorEvent,
             ctx.path,
@@ -273,13 +273,14 @@ class Attempts(Recorder):
             error_type=info.type,
             attempt_count=ctx.attempt,
         )
-        self.reported[id(exc)] = (exc, ctx.path, info.code)
+        self.reported[id(exc)] = (exc, ctx.path, info.code, info.message)
         outcome = NodeOutcome(
             status="timeout" if isinstance(exc, NodeTimeoutError) else "failure",
             event=ev,
             attempt_count=ctx.attempt,
             recovered=ctx.recovered,
             error=exc,
+            error_message=info.message,
             origin_path=ctx.path,
             duration_s=time.perf_counter() - t0,
         )

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import Any, Callable, Mapping
 
-from ..errors import JobFailedError, ResumeError, classify
+from ..errors import JobFailedError, ResumeError
 from ..events import Event, InputReceived, InputRequested, JobDispatched, JobResultReceived
 from ..fold import WorkflowState
 from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids
@@ -104,7 +104,7 @@ class Pauses(Recorder):
             if asyncio.iscoroutine(r) or isinstance(r, asyncio.Future):
                 await r
         except Exception as exc:  # an HTTP 401/5xx, a refused connection: a failed result, not a crash
-            info = classify(exc, self.error_codes)
+            info = self.classify(exc)
             failed = dispatch_failure(info.type, info.message)
         ev = self.emit(
             JobDispatched,

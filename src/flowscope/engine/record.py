@@ -24,7 +24,7 @@ import uuid
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping, TypeVar, overload
 
-from ..errors import OutputNotSerializableError, StateNotSerializableError
+from ..errors import ErrorInfo, OutputNotSerializableError, Redactor, StateNotSerializableError, classify
 from ..events import Event, RunFinished
 from ..fold import WorkflowState
 from ..ownership import Lease
@@ -201,6 +201,7 @@ class Recorder:
         store: EventStore,
         plugins: PluginDispatcher,
         error_codes: Mapping[type, str],
+        redact: Redactor,
         max_recoveries: int,
         rng: random.Random,
         session_id: str,
@@ -217,6 +218,7 @@ class Recorder:
         self.plugins = plugins
         self.hooks = plugins.has_node_hooks
         self.error_codes = error_codes
+        self.redact = redact  # every message recorded passes through it (R13, docs/design.md)
         self.max_recoveries = max_recoveries
         self.rng = rng
         self.session_id = session_id
@@ -228,11 +230,11 @@ class Recorder:
         #: Why this invocation can record no more (a failed append, a lost lease), or None.
         self.halted: BaseException | None = None
         self.state = TrackedState(ws.state)
-        # id(exc) -> (exc, path, error_code): where a failure was recorded in this
+        # id(exc) -> (exc, path, error_code, error_message): where a failure was recorded in this
         # invocation, so enclosing runs propagate it without recording it again
         # (R5, docs/design.md). Keyed per invocation: the same exception object raised
         # in another invocation is a new failure and is recorded again.
-        self.reported: dict[int, tuple[BaseException, str, str]] = {}
+        self.reported: dict[int, tuple[BaseException, str, str, str]] = {}
         self.aborting = False
         self.abort_reason = "aborted"  # the NodeCancelled reason of an abort (Runner.abort)
         self.in_flight: dict[str, NodeContext] = {}
@@ -267,6 +269,10 @@ class Recorder:
             recovered=self.statuses["running"],
             plugins=plugins.names,
         )
+
+    def classify(self, exc: BaseException) -> ErrorInfo:
+        """How this invocation names a failure: its error codes, its redaction."""
+        return classify(exc, self.error_codes, self.redact)
 
     def mark_answered(self, path: str) -> None:
         """A waiting run at ``path`` (and so each of its ancestors) may go on."""

@@ -26,8 +26,9 @@ from ..errors import (
     LeaseLost,
     ResumeError,
     UnknownSessionError,
+    Redactor,
     WorkflowError,
-    classify,
+    redact_message,
 )
 from ..events import Event, RunStarted, RunSubmitted
 from ..fold import WorkflowState, rebuild, restore_state, snapshot_state
@@ -51,6 +52,9 @@ class Runner:
     """Runs a workflow over an event store, with plugins.
 
     ``error_codes`` maps exception types to error codes (matched along the MRO).
+    ``redact`` (str -> str) is applied to every error message before it is recorded, so
+    events, spans, metrics, exports and the CLI only ever see its result; the default,
+    :func:`flowscope.errors.redact_message`, masks absolute paths and credential shapes.
     ``max_recoveries`` bounds how often a run that kills its worker is re-executed.
     ``lease_s``: every invocation holds a lease on its session in the store, renewed every
     ``lease_s / 3`` by a daemon thread (so a node that blocks the loop keeps it); while
@@ -78,6 +82,7 @@ class Runner:
         plugins: Iterable[Plugin] = (),
         *,
         error_codes: Mapping[type, str] | None = None,
+        redact: Redactor | None = None,
         max_recoveries: int = 3,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
         snapshot_every: int = 1000,
@@ -98,6 +103,7 @@ class Runner:
         self.store: EventStore = store
         self.plugins = PluginDispatcher(plugins)
         self.error_codes = dict(error_codes or {})
+        self.redact: Redactor = redact_message if redact is None else redact
         self.max_recoveries = max_recoveries
         self.snapshot_every = snapshot_every
         self.heartbeat_interval = heartbeat_interval
@@ -343,6 +349,7 @@ class Runner:
             store=self.store,
             plugins=self.plugins,
             error_codes=self.error_codes,
+            redact=self.redact,
             max_recoveries=self.max_recoveries,
             rng=self.rng,
             session_id=session_id,
@@ -430,9 +437,12 @@ class Runner:
         except BaseException as exc:
             reported = inv.reported.get(id(exc))
             if reported is not None and reported[0] is exc:
+                run.error_message = reported[3]
                 inv.finish("failed", error_code=reported[2], error_path=reported[1])
             else:
-                inv.finish("failed", error_code=classify(exc, self.error_codes).code)
+                info = inv.classify(exc)
+                run.error_message = info.message
+                inv.finish("failed", error_code=info.code)
             raise
         finally:
             inv.flush()  # a failure to append RunFinished halts the invocation like any other

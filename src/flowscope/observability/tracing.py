@@ -189,12 +189,12 @@ class TracingPlugin(Plugin):
                 outcome = "cancelled"
             else:
                 outcome = "failed"
-                info = classify(error)
+                info = classify(error)  # the message shown is the one recorded (redacted, R13)
                 attrs: dict[str, Any] = {ERROR_TYPE: info.type, ERROR_CODE: state.error_code or info.code}
                 if state.error_path:
                     attrs[ERROR_ORIGIN_PATH] = state.error_path
                 span.set_attributes(attrs)
-                span.set_status(Status(StatusCode.ERROR, info.message))
+                span.set_status(Status(StatusCode.ERROR, run.error_message or info.type))
             span.set_attribute(RUN_OUTCOME, outcome)
         finally:
             span.end()
@@ -285,7 +285,7 @@ class TracingPlugin(Plugin):
             attrs[ERROR_CODE] = ev.error_code
             attrs[ERROR_ORIGIN_PATH] = ev.origin_path
             span.set_attributes(attrs)
-            message = classify(outcome.error).message if outcome.error is not None else ev.error_type
+            message = outcome.error_message or ev.error_type  # as recorded: redacted (R13)
             span.set_status(Status(StatusCode.ERROR, message))
         else:
             interrupt = None
