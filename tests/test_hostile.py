@@ -244,3 +244,55 @@ async def test_exception_whose_error_code_raises_is_unknown_error_at_its_own_pat
     ended = {e.path for e in events if e.type in ("node_completed", "node_error", "node_error_propagated", "node_cancelled")}
     assert started == ended  # every NodeStarted has its one terminal event
     assert rebuild(events).nodes["w@1/inner@1/leaf@1"].status == "failed"
+
+
+# -- names and ids -------------------------------------------------------------------------------
+
+BAD_IDS = ["bad\ud800id", "nul\x00id", "x" * 257, "tab\tid", 42]
+
+
+@pytest.mark.parametrize("sid", BAD_IDS)
+async def test_session_id_that_cannot_be_stored_is_a_value_error_before_anything_is_appended(db, sid):
+    wf = Workflow("w", edges=[(START, node(lambda x: x, name="a"))])
+    runner = Runner(wf, store=db)
+    before = db.list_sessions() if hasattr(db, "list_sessions") else None
+    for call in (lambda: runner.run(1, session_id=sid), lambda: runner.resume(sid)):
+        with pytest.raises(ValueError, match="session id"):
+            await call()
+    with pytest.raises(ValueError, match="session id"):
+        runner.submit(1, session_id=sid)
+    if before is not None:
+        assert db.list_sessions() == before
+    with sqlite3.connect(db.path) as conn:
+        assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("name", ["bad\ud800name", "nul\x00name", "n" * 201, "line\nbreak"])
+def test_node_name_that_cannot_be_stored_is_a_value_error_naming_the_problem(name):
+    with pytest.raises(ValueError, match="node name") as info:
+        node(lambda x: x, name=name)
+    assert any(w in str(info.value) for w in ("surrogate", "control character", "characters long"))
+    with pytest.raises(ValueError, match="node name"):
+        Workflow(name, edges=[(START, node(lambda x: x, name="a"))])
+
+
+# -- wide fan-outs -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_a_20000_wide_fan_out_runs_max_steps_bounds_loops_not_width(db):
+    from flowscope import JoinNode
+
+    width = 20_000
+    src = node(lambda x: x, name="src")
+    branches = tuple(node(lambda x, i=i: i, name=f"b{i}") for i in range(width))
+    join = JoinNode("join", lambda d: sum(d.values()))
+    wf = Workflow("wide", edges=[(START, src, branches, join)])
+    result = await Runner(wf, store=db).run(0, session_id="s")
+    assert result.output == sum(range(width))
+    assert len(of_type(db.read("s"), "node_completed")) == width + 3
+    # ... and a loop is still stopped by max_steps (steps, not runs)
+    again = node(lambda n: Route("again", n + 1), name="again")
+    loop = Workflow("loop", edges=[(START, again, {"again": again})], max_steps=50)
+    with pytest.raises(Exception, match="max_steps=50"):
+        await Runner(loop, store=db).run(0, session_id="loop")

@@ -99,10 +99,10 @@ class Invocation(Attempts, Pauses):
         terminals: list[tuple[str, Any]] = []
         steps = 0
         while acts:
-            steps += len(acts)
+            steps += 1  # a step, however wide: max_steps bounds loops, not fan-outs
             if steps > wf.max_steps:
                 raise WorkflowError(
-                    f"workflow {wf.name!r} ran more than max_steps={wf.max_steps} node runs: a loop that does not end?"
+                    f"workflow {wf.name!r} ran more than max_steps={wf.max_steps} steps: a loop that does not end?"
                 )
             results: tuple[NodeResult, ...] | list[NodeResult]
             if len(acts) == 1:  # a chain: no step machinery (the common case, and the replay path)

@@ -36,7 +36,7 @@ from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..ownership import Lease, this_process
 from ..store.base import EventStore
 from .context import PauseSignal, RunResult
-from .graph import Workflow
+from .graph import MAX_SESSION_ID, Workflow, check_name
 from .hooks import Plugin, PluginDispatcher
 from .invocation import Invocation
 from .lease import LeaseKeeper
@@ -144,7 +144,7 @@ class Runner:
         """Record a run to be started later (by a worker, or :meth:`resume`), without
         running it; returns its session id. The session must be new."""
         input = json_value(input, "the run input")
-        sid = session_id or uuid.uuid4().hex
+        sid = check_name(session_id or uuid.uuid4().hex, "session id", MAX_SESSION_ID)
         if self.store.last_seq(sid) > 0:
             raise WorkflowError(f"session {sid!r} already exists: submit with a new session_id")
         event = RunSubmitted(
@@ -334,6 +334,7 @@ class Runner:
         lease: Lease | None = None,
         on_event: Callable[[Event], None] | None = None,
     ) -> RunResult:
+        check_name(session_id, "session id", MAX_SESSION_ID)  # before anything is read or appended
         if session_id in self._active:
             raise ConcurrencyConflict(f"session {session_id!r} is already running in this runner")
         ws, lease = self._take(session_id, resume, force, lease)
