@@ -296,3 +296,117 @@ async def test_a_20000_wide_fan_out_runs_max_steps_bounds_loops_not_width(db):
     loop = Workflow("loop", edges=[(START, again, {"again": again})], max_steps=50)
     with pytest.raises(Exception, match="max_steps=50"):
         await Runner(loop, store=db).run(0, session_id="loop")
+
+
+# -- no phantom failures -------------------------------------------------------------------------
+
+
+async def test_a_resume_that_loses_a_race_counts_one_conflict_and_no_failure(tmp_path):
+    import asyncio
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+    from prometheus_client import CollectorRegistry
+
+    from flowscope.errors import ConcurrencyConflict
+    from flowscope.observability import MetricsPlugin, TracingPlugin
+
+    path = tmp_path / "race.db"
+    gate = asyncio.Event()
+    calls = []
+
+    @node
+    async def ask(ctx, x):
+        return await ctx.request_input("go?")
+
+    @node
+    async def slow(x):
+        calls.append(x)
+        if len(calls) == 1:  # the first resume waits here while the second one wins
+            await gate.wait()
+        return x
+
+    wf = Workflow("w", edges=[(START, ask, slow)])
+    await Runner(wf, store=SqliteEventStore(path)).run(0, session_id="s")
+
+    def observed():
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        registry = CollectorRegistry()
+        return registry, exporter, [TracingPlugin(tracer_provider=provider), MetricsPlugin(registry=registry)]
+
+    reg_a, spans_a, plugins_a = observed()
+    reg_c, spans_c, plugins_c = observed()
+    loser = asyncio.ensure_future(Runner(wf, store=SqliteEventStore(path), plugins=plugins_a).resume("s", inputs={"w@1/ask@1": 1}))
+    while not calls:
+        await asyncio.sleep(0.01)
+    with pytest.raises(ConcurrencyConflict):  # refused at the start: the first resume's owner is alive
+        await Runner(wf, store=SqliteEventStore(path), plugins=plugins_c).resume("s")
+    winner = await Runner(wf, store=SqliteEventStore(path)).resume("s", force=True)
+    assert winner.status == "completed"
+    before = SqliteEventStore(path).read("s")
+    gate.set()
+    with pytest.raises(ConcurrencyConflict):
+        await loser
+    assert SqliteEventStore(path).read("s") == before  # the loser appended nothing more
+
+    for reg, spans in ((reg_a, spans_a), (reg_c, spans_c)):
+        assert reg.get_sample_value("flowscope_resume_conflicts_total", {"workflow": "w"}) == 1
+        assert not reg.get_sample_value("flowscope_workflow_runs_total", {"workflow": "w", "outcome": "failed"})
+        for outcome in ("failure", "timeout"):
+            for n in ("ask", "slow", "w"):
+                assert not reg.get_sample_value("flowscope_node_runs_total", {"workflow": "w", "node": n, "outcome": outcome})
+        assert [s.name for s in spans.get_finished_spans() if s.status.status_code == StatusCode.ERROR] == []
+        assert "UNKNOWN_ERROR" not in str([dict(s.attributes or {}) for s in spans.get_finished_spans()])
+
+
+# -- bounded labels ------------------------------------------------------------------------------
+
+
+class OddCode(Exception):
+    def __init__(self, code):
+        super().__init__(f"code {code[:10]}")
+        self.error_code = code
+
+
+async def test_metric_labels_are_bounded_codes_look_like_codes_and_series_fold_into_other(db):
+    from prometheus_client import CollectorRegistry
+
+    from flowscope.observability import MetricsPlugin
+
+    registry = CollectorRegistry()
+    metrics = MetricsPlugin(registry=registry, max_series=20)
+    codes = ["lower_case", "HAS SPACE", "A" * 65, "9STARTS_WITH_DIGIT", "OK_CODE"]
+
+    def fail(code):
+        def fn(x):
+            raise OddCode(code)
+
+        return fn
+
+    for i, code in enumerate(codes):
+        wf = Workflow("w", edges=[(START, node(fail(code), name="f"))])
+        with pytest.raises(OddCode):
+            await Runner(wf, store=db, plugins=[metrics]).run(0, session_id=f"c{i}")
+    labels = {s.labels["error_code"] for m in registry.collect() if m.name == "flowscope_node_errors" for s in m.samples}
+    assert labels == {"INVALID_ERROR_CODE", "OK_CODE"}
+    kept = [of_type(db.read(f"c{i}"), "node_error")[0].error_code for i in range(len(codes))]
+    assert kept == codes  # the events keep the original codes
+
+    @node
+    async def fan(ctx, n):
+        for i in range(n):
+            await ctx.run_node(node(lambda x: x, name=f"child{i}"), i)
+        return n
+
+    await Runner(Workflow("dyn", edges=[(START, fan)]), store=db, plugins=[metrics]).run(100, session_id="dyn")
+    for metric in ("flowscope_node_runs", "flowscope_node_duration_seconds", "flowscope_nodes_running"):
+        (m,) = [m for m in registry.collect() if m.name == metric]
+        label_sets = {tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")) for s in m.samples}
+        assert len(label_sets) <= 21, metric  # max_series, plus the one _other set
+        assert any(dict(ls).get("node") == "_other" for ls in label_sets), metric
+    overflow = registry.get_sample_value("flowscope_metrics_overflow_total", {"metric": "flowscope_node_runs_total"})
+    assert overflow and overflow >= 80

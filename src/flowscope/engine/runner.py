@@ -281,6 +281,10 @@ class Runner:
             raise
         return ws, lease
 
+    async def _conflict(self, session_id: str) -> None:
+        if self.plugins.wants("on_resume_conflict"):
+            await self.plugins.call("on_resume_conflict", session_id, self.workflow.name)
+
     def _release(self, lease: Lease) -> None:
         try:
             self.store.release(lease)
@@ -337,7 +341,11 @@ class Runner:
         check_name(session_id, "session id", MAX_SESSION_ID)  # before anything is read or appended
         if session_id in self._active:
             raise ConcurrencyConflict(f"session {session_id!r} is already running in this runner")
-        ws, lease = self._take(session_id, resume, force, lease)
+        try:
+            ws, lease = self._take(session_id, resume, force, lease)
+        except ConcurrencyConflict:  # refused at the start: a lost race, not a failure
+            await self._conflict(session_id)
+            raise
         try:
             answers = validate_answers(ws, inputs or {}, jobs or {}) if inputs or jobs else []
         except BaseException:
@@ -380,6 +388,8 @@ class Runner:
             result, error = None, halted
             if isinstance(halted, LeaseLost) and plugins.wants("on_lease_lost"):
                 await plugins.call("on_lease_lost", session_id, self.workflow.name)
+        if isinstance(error, ConcurrencyConflict):
+            await self._conflict(session_id)
         if plugins.wants("after_run"):
             await plugins.call("after_run", inv.run, result, error)
         if error is not None:

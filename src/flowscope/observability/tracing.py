@@ -35,7 +35,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .. import __version__
-from ..errors import InvocationAbortedError, classify
+from ..errors import ConcurrencyConflict, InvocationAbortedError, classify
 from ..events import (
     InputRequested,
     JobDispatched,
@@ -185,8 +185,8 @@ class TracingPlugin(Plugin):
                     state.open.pop(path, None)
             if error is None:
                 outcome = result.status if result is not None else "completed"
-            elif isinstance(error, (InvocationAbortedError, asyncio.CancelledError)):
-                outcome = "cancelled"
+            elif isinstance(error, (InvocationAbortedError, asyncio.CancelledError, ConcurrencyConflict)):
+                outcome = "cancelled"  # a lost race recorded nothing: no failure (issue 14)
             else:
                 outcome = "failed"
                 info = classify(error)  # the message shown is the one recorded (redacted, R13)
