@@ -410,3 +410,188 @@ async def test_metric_labels_are_bounded_codes_look_like_codes_and_series_fold_i
         assert any(dict(ls).get("node") == "_other" for ls in label_sets), metric
     overflow = registry.get_sample_value("flowscope_metrics_overflow_total", {"metric": "flowscope_node_runs_total"})
     assert overflow and overflow >= 80
+
+
+# -- the store file under operations -------------------------------------------------------------
+
+
+async def paused_sessions(path, ids=("sess-a", "sess-b")):
+    @node
+    async def ask(ctx, x):
+        return await ctx.request_input("go?")
+
+    wf = Workflow("w", edges=[(START, ask)])
+    for sid in ids:
+        with SqliteEventStore(path) as store:
+            await Runner(wf, store=store).run(1, session_id=sid)
+    return wf
+
+
+async def test_read_only_commands_open_a_wal_database_on_read_only_storage(tmp_path):
+    import os
+    import shutil
+    import subprocess
+
+    from test_cli import invoke
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    path = folder / "f.db"
+    await paused_sessions(path)
+    assert not (folder / "f.db-shm").exists()  # closed cleanly: SQLite must create it to read
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr to make the folder immutable")
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("this filesystem has no immutable flag")
+    try:
+        result = invoke("--db", str(path), "runs", "--format", "json")
+        assert result.exit_code == 0, result.output
+        assert {r["session_id"] for r in __import__("json").loads(result.stdout)} == {"sess-a", "sess-b"}
+        assert invoke("--db", str(path), "stuck", "--older-than", "0s").exit_code == 0
+        assert SqliteEventStore(path, readonly=True).read("sess-a")
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+async def test_store_collector_follows_a_replaced_or_deleted_file(tmp_path):
+    import os
+    import shutil
+
+    from prometheus_client import CollectorRegistry
+
+    from flowscope.observability import StoreCollector
+
+    path, other = tmp_path / "live.db", tmp_path / "backup.db"
+    await paused_sessions(path, ids=("one",))
+    await paused_sessions(other, ids=("two", "three"))
+    store = SqliteEventStore(path, readonly=True)
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(store))
+
+    def waiting():
+        return registry.get_sample_value(
+            "flowscope_store_open_runs", {"workflow": "w", "node": "ask", "state": "waiting_input"}
+        )
+
+    assert (waiting(), registry.get_sample_value("flowscope_store_up")) == (1, 1)
+    os.replace(shutil.copy(other, tmp_path / "restored.db"), path)  # a restore from backup
+    assert (waiting(), registry.get_sample_value("flowscope_store_up")) == (2, 1)
+    os.remove(path)
+    assert registry.get_sample_value("flowscope_store_up") == 0
+
+
+async def test_one_corrupt_payload_row_makes_stuck_skip_that_session_with_a_warning(tmp_path):
+    from test_cli import invoke
+
+    path = tmp_path / "c.db"
+    await paused_sessions(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE events SET payload = '{bad' WHERE session_id = 'sess-a' AND seq = 2")
+    result = CliRunnerMixed().invoke("--db", str(path), "stuck", "--older-than", "0s", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert {r["session_id"] for r in __import__("json").loads(result.stdout)} == {"sess-b"}
+    assert "warning: skipped session 'sess-a'" in result.stderr and "seq 2" in result.stderr
+
+
+class CliRunnerMixed:
+    """click's CliRunner with stderr kept apart from stdout."""
+
+    def invoke(self, *args):
+        from click.testing import CliRunner
+
+        from flowscope.cli import cli
+
+        try:
+            runner = CliRunner(mix_stderr=False)
+        except TypeError:  # click >= 8.2 always keeps them apart
+            runner = CliRunner()
+        return runner.invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_a_bit_flipped_session_id_gives_a_one_line_error(tmp_path):
+    import asyncio
+    import os
+    import subprocess
+
+    from test_cli import FLOWSCOPE
+
+    path = tmp_path / "b.db"
+    asyncio.run(paused_sessions(path, ids=("sess-a",)))
+    flipped = b"sess-" + bytes([ord("a") ^ 0x80])  # one bit: not UTF-8 any more
+    env = dict(os.environ)
+    for command in ("show", "export", "resume"):
+        proc = subprocess.run(
+            [FLOWSCOPE, "--db", str(path), command, flipped],
+            capture_output=True, env=env, timeout=60,
+        )
+        err = proc.stderr.decode("utf-8", "replace").strip()
+        assert proc.returncode == 2, (command, err)
+        assert len(err.splitlines()) == 1 and err.startswith("flowscope: error:"), (command, err)
+        assert "unexpected" not in err and "Traceback" not in err, (command, err)
+
+
+# -- the CLI's own output ------------------------------------------------------------------------
+
+HOSTILE_MODULE = '''
+from flowscope import START, Workflow, node
+
+
+class StrRaises(Exception):
+    def __str__(self):
+        raise RuntimeError("__str__ is broken")
+
+
+@node
+async def ask(ctx, x):
+    return await ctx.request_input("how to fail?")
+
+
+@node
+def boom(how):
+    if how == "str":
+        raise StrRaises()
+    if how == "huge":
+        raise RuntimeError("x" * 5_000_000)
+    raise RuntimeError("/var/lib/corrupt/locked.db: database is locked, disk is full")
+
+
+wf = Workflow("hostile", edges=[(START, ask, boom)])
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["str", "huge", "path"])
+def test_cli_resume_failure_is_exit_1_with_a_short_classified_line(tmp_path, how):
+    import asyncio
+    import importlib
+    import subprocess
+    import sys
+
+    from test_cli import FLOWSCOPE
+
+    (tmp_path / "hostile_wf.py").write_text(HOSTILE_MODULE)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        wf = importlib.import_module("hostile_wf").wf
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("hostile_wf", None)
+    path = tmp_path / "cli.db"
+    with SqliteEventStore(path) as store:
+        asyncio.run(Runner(wf, store=store).run(None, session_id="s"))
+    proc = subprocess.run(
+        [FLOWSCOPE, "--db", str(path), "resume", "s", "--input", f'ask@1="{how}"'.replace("ask@1", "hostile@1/ask@1"),
+         "--workflow", "hostile_wf:wf"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-2000:]
+    assert "this is a bug" not in out and "unexpected" not in out
+    failed = [line for line in out.splitlines() if line.startswith("failed at")]
+    assert len(failed) == 1 and failed[0].startswith("failed at hostile@1/boom@1: UNKNOWN_ERROR: "), out[-2000:]
+    assert all(len(line) <= 1200 for line in out.splitlines())
+    assert len(out) < 10_000
+    if how == "str":
+        assert failed[0].endswith(": StrRaises")
+    if how == "path":
+        assert "/var/lib" not in out and "<path>" in failed[0]
