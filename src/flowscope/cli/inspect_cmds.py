@@ -8,7 +8,7 @@ import click
 
 from . import views
 from .app import DURATION, db_option, emit, format_option, open_store, otlp_protocol_option, resolve_db, shown_db
-from .failures import CliError, unknown_session
+from .failures import CliError, one_line, unknown_session
 from .render import waterfall_lines
 from .tables import audit_table, pending_hint, runs_table, session_header, stuck_table
 
@@ -112,8 +112,14 @@ def stuck(db: str | None, fmt: str, older_than: float, stale_after: float, state
     overdue        waiting for a job that is past its deadline_s
     """
     with open_store(db) as store:
-        rows = views.stuck_rows(store, older_than, stale_after, include_parents=include_parents, states=states or None)
+        rows = views.stuck_rows(
+            store, older_than, stale_after, include_parents=include_parents, states=states or None, on_skip=_warn_skipped
+        )
     emit(rows, fmt, views.STUCK_KEYS, lambda: stuck_table(rows))
+
+
+def _warn_skipped(session_id: str, exc: Exception) -> None:
+    click.echo(f"flowscope: warning: skipped session {session_id!r}: {one_line(exc)}", err=True)
 
 
 @click.command()

@@ -7,12 +7,12 @@ from typing import Any
 
 import click
 
-from ..errors import ResumeError, StoreError
+from ..errors import ResumeError, StoreError, classify
 from ..events import InputRequested, JobDispatched
 from ..plugins import Plugin
 from . import views
 from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option
-from .failures import EXIT_FAILED, CliError, one_line
+from .failures import EXIT_FAILED, CliError, failure_line
 from .runtime import configure_cli_tracing, start_metrics_server, wait_for_signal
 from .worker_cmds import cwd_importable, record_answers
 
@@ -125,8 +125,10 @@ def resume(
             raise
         except Exception as exc:  # the workflow failed: the node's own exception
             after = views.load_session(store, session)
-            code = after.error_code or getattr(exc, "error_code", None) or "UNKNOWN_ERROR"
-            click.echo(click.style(f"failed at {after.error_path}: {code}: {one_line(exc)}", fg="red"))
+            origin = after.nodes.get(after.error_path or "")
+            code = after.error_code or classify(exc).code
+            line = failure_line(exc, origin.error_message if origin is not None else None)
+            click.echo(click.style(f"failed at {after.error_path}: {code}: {line}", fg="red"))
             click.echo(f"see: {command_prefix(store.path)} show {session}")
             raise click.exceptions.Exit(EXIT_FAILED) from None
         finally:

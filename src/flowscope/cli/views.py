@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from ..errors import UnknownSessionError
+from ..errors import StoreCorrupt, UnknownSessionError
 from ..store.base import EventStore, NodeRun, SessionInfo
 from ..liveness import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -407,8 +407,12 @@ def stuck_rows(
     include_parents: bool = False,
     states: Iterable[str] | None = None,
     now: float | None = None,
+    on_skip: Callable[[str, StoreCorrupt], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Open runs older than ``older_than_s``, oldest first, classified by :mod:`flowscope.liveness`.
+
+    A session whose log cannot be read (a corrupt row) is left out, and ``on_skip`` told
+    why, so that one bad row does not hide every other stuck run of the database.
 
     By default an enclosing run (a workflow node, or the parent of a dynamic child) is
     left out when a run below it is listed: the innermost run is the one to act on.
@@ -427,7 +431,10 @@ def stuck_rows(
     rows = []
     states_cache: dict[str, WorkflowState] = {}
     infos: dict[str, SessionInfo | None] = {}
+    skipped: set[str] = set()
     for r in runs:
+        if r.session_id in skipped:
+            continue
         if r.session_id not in infos:
             infos[r.session_id] = store.session_info(r.session_id)
         info = infos[r.session_id]
@@ -442,7 +449,13 @@ def stuck_rows(
         if r.status in ("waiting_input", "waiting_job"):
             ws = states_cache.get(r.session_id)
             if ws is None:
-                ws = states_cache[r.session_id] = rebuild(store.read(r.session_id))
+                try:
+                    ws = states_cache[r.session_id] = rebuild(store.read(r.session_id))
+                except StoreCorrupt as exc:
+                    skipped.add(r.session_id)
+                    if on_skip is not None:
+                        on_skip(r.session_id, exc)
+                    continue
             ns = ws.nodes.get(r.path)
             if ns is not None:
                 waiting_on = sorted(ns.requests) if r.status == "waiting_input" else [j.job_id for j in ns.open_jobs]
@@ -466,6 +479,8 @@ def stuck_rows(
                 "owner": owner_row(info),
             }
         )
+    if skipped:
+        rows = [row for row in rows if row["session_id"] not in skipped]
     return rows
 
 

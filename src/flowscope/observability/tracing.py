@@ -38,7 +38,7 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .. import __version__
-from ..errors import InvocationAbortedError, classify
+from ..errors import ConcurrencyConflict, InvocationAbortedError, classify
 from ..events import NodeCompleted, NodeErrorPropagated, NodeRetrying, RunFinished
 from ..plugins import Plugin
 from . import spans as sp
@@ -151,12 +151,12 @@ class TracingPlugin(Plugin):
             failure = None
             if error is None:
                 outcome = result.status if result is not None else "completed"
-            elif isinstance(error, (InvocationAbortedError, asyncio.CancelledError)):
-                outcome = "cancelled"
+            elif isinstance(error, (InvocationAbortedError, asyncio.CancelledError, ConcurrencyConflict)):
+                outcome = "cancelled"  # a lost race recorded nothing: no failure (issue 14)
             else:
                 outcome = "failed"
-                info = classify(error)
-                failure = sp.RunError(info.type, state.error_code or info.code, info.message, state.error_path)
+                info = classify(error)  # the message shown is the one recorded (redacted, R13)
+                failure = sp.RunError(info.type, state.error_code or info.code, run.error_message or info.type, state.error_path)
             _apply(span, sp.invocation_end(outcome, failure))
         finally:
             span.end()
@@ -221,8 +221,8 @@ class TracingPlugin(Plugin):
         ev = outcome.event
         error = outcome.error
         origin_message = None
-        if error is not None and type(ev) is NodeErrorPropagated:  # the message of the failure it carries
-            origin_message = classify(error).message
+        if type(ev) is NodeErrorPropagated:  # the message of the failure it carries, as recorded (redacted, R13)
+            origin_message = outcome.error_message or ev.error_type
         end = sp.node_end(ev, outcome.attempt_count, outcome.recovered, origin_message)
         if end.events or end.error is not None:
             stack = None

@@ -400,6 +400,11 @@ class EventStore(ABC):
     def has_session(self, session_id: str) -> bool:
         return self.last_seq(session_id) > 0
 
+    def refresh(self) -> None:
+        """Follow the storage if it was replaced under this store (a file restored from a
+        backup) or raise ``StoreUnavailable`` if it is gone; a long-lived reader (the
+        metrics endpoint) calls it before each read. Nothing to do for most adapters."""
+
     def close(self) -> None:
         """Release resources; the store is not used afterwards."""
 

@@ -57,6 +57,17 @@ _NODE_CACHE_SESSIONS = 16  # sessions whose node states an append keeps for the 
 _CacheEntry = tuple[int, bool, dict[str, NodeState]]
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``, None if there is none (or it is in memory)."""
+    if path == ":memory:":
+        return None
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 class SqliteEventStore(EventStore):
     """An :class:`EventStore` in one SQLite file, in WAL mode so readers never block the writer.
 
@@ -89,6 +100,7 @@ class SqliteEventStore(EventStore):
         self._node_cache: dict[str, _CacheEntry] = {}
         self._pending_cache: tuple[str, _CacheEntry] | None = None
         self._conn: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None
         new_file = self.path == ":memory:" or not os.path.exists(self.path) or os.path.getsize(self.path) == 0
         schema.check_file(self.path, readonly)
         conn = schema.connect(self.path, readonly, busy_timeout)
@@ -108,6 +120,32 @@ class SqliteEventStore(EventStore):
         except sqlite3.Error as exc:
             self._close_quietly()
             raise store_error(exc, self.path, "open it", busy_timeout) from exc
+        self._identity = _identity(self.path)
+
+    def refresh(self) -> None:
+        """Reopen the file if the one at :attr:`path` is not the one open (another inode or
+        device: restored from a backup, moved into place); ``StoreUnavailable`` if there
+        is none. Checked with one ``stat``, so a scrape can call it every time."""
+        if self._identity is None:
+            return
+        now = _identity(self.path)
+        if now is None:
+            raise StoreUnavailable(f"{self.path} is gone: the flowscope database was deleted or moved")
+        if now == self._identity:
+            return
+        fresh = SqliteEventStore(self.path, self.durability, self.readonly, busy_timeout=self.busy_timeout)
+        with self._lock:
+            old = self._conn
+            self._conn, self.db, self.journal_mode = fresh._conn, fresh.db, fresh.journal_mode
+            self._identity = fresh._identity
+            self._node_cache.clear()
+            self._pending_cache = None
+            fresh._conn = None
+        if old is not None:
+            try:
+                old.close()  # the replaced inode: its locks are not the new file's
+            except sqlite3.Error:  # pragma: no cover
+                pass
 
     def __repr__(self) -> str:
         return f"SqliteEventStore({self.path!r})"
