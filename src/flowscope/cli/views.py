@@ -16,6 +16,7 @@ from ..errors import UnknownSessionError
 from ..store.base import EventStore, NodeRun
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
 from ..fold import OPEN_STATES, NodeState, WorkflowState, rebuild
+from .history import RetryReasons, SessionHistory, request_row, retry_label
 
 __all__ = [
     "RUN_KEYS",
@@ -74,12 +75,17 @@ SHOW_KEYS = (
     "interrupts",
     "open_interrupts",
     "jobs",
+    "heartbeat_at",
+    "requests",
+    "retried",
+    "segments",
 )
 
 AUDIT_KEYS = (
     "workflow",
     "node",
     "kind",
+    "root",
     "runs",
     "completed",
     "failed",
@@ -91,6 +97,7 @@ AUDIT_KEYS = (
     "retries",
     "recoveries",
     "error_codes",
+    "retry_errors",
 )
 
 AUDIT_RUN_KEYS = (
@@ -105,6 +112,7 @@ AUDIT_RUN_KEYS = (
     "recoveries",
     "error_code",
     "error_type",
+    "retried",
     "started_at",
     "ended_at",
 )
@@ -259,8 +267,12 @@ def _tree(ws: WorkflowState) -> list[tuple[NodeState, int]]:
     return out
 
 
-def show_rows(ws: WorkflowState) -> list[dict[str, Any]]:
-    """The session's node runs as a timeline (depth-first by path)."""
+def show_rows(ws: WorkflowState, history: SessionHistory | None = None) -> list[dict[str, Any]]:
+    """The session's node runs as a timeline (depth-first by path).
+
+    ``history`` (from :func:`.history.session_history` over the same log) adds each run's
+    retried attempts and its segments, one per invocation that ran it.
+    """
     t0 = ws.started_at
     rows = []
     for ns, depth in _tree(ws):
@@ -273,6 +285,7 @@ def show_rows(ws: WorkflowState) -> list[dict[str, Any]]:
                 {
                     "job_id": job_id,
                     "dispatch_attempt": job.dispatch_attempt,
+                    "idempotency_key": job.idempotency_key,
                     "result": res.result if res is not None else "pending",
                 }
             )
@@ -301,6 +314,10 @@ def show_rows(ws: WorkflowState) -> list[dict[str, Any]]:
                 "interrupts": sorted(set(ns.inputs) | set(ns.requests)),
                 "open_interrupts": sorted(ns.requests) if ns.status == "waiting_input" else [],
                 "jobs": jobs,
+                "heartbeat_at": ns.heartbeat_at if ns.status == "running" else None,
+                "requests": [request_row(req) for req in ns.requests.values()] if ns.status == "waiting_input" else [],
+                "retried": list(history.retried.get(ns.path, ())) if history is not None else [],
+                "segments": list(history.segments.get(ns.path, ())) if history is not None else [],
             }
         )
     return rows
@@ -309,18 +326,25 @@ def show_rows(ws: WorkflowState) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- audit
 
 
-def audit_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
-    """Attempts, retries, recoveries and errors per workflow and node."""
+def audit_rows(runs: list[NodeRun], retried: RetryReasons | None = None) -> list[dict[str, Any]]:
+    """Attempts, retries, recoveries and errors per workflow, path kind and node.
+
+    A workflow's root run and a node of the same name are two rows: the key is
+    (workflow, root or not, kind, node), never the name alone. ``retried`` (from
+    :func:`.history.retry_reasons`) adds the error type and code of every retried attempt.
+    """
     origins = _origin_failures(runs)
-    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, bool, str, str], dict[str, Any]] = {}
     for r in runs:
-        key = (r.workflow, r.node)
+        root = "/" not in r.path
+        key = (r.workflow, root, r.kind, r.node)
         g = groups.get(key)
         if g is None:
             g = groups[key] = {
                 "workflow": r.workflow,
                 "node": r.node,
                 "kind": r.kind,
+                "root": root,
                 "runs": 0,
                 "completed": 0,
                 "failed": 0,
@@ -332,6 +356,7 @@ def audit_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
                 "retries": 0,
                 "recoveries": 0,
                 "error_codes": {},
+                "retry_errors": {},
             }
         g["runs"] += 1
         if r.status == "completed":
@@ -350,10 +375,13 @@ def audit_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
         g["max_attempt"] = max(g["max_attempt"], r.attempt)
         g["retries"] += r.retries
         g["recoveries"] += r.recoveries
+        for attempt in (retried or {}).get((r.session_id, r.path), ()):
+            label = retry_label(attempt)
+            g["retry_errors"][label] = g["retry_errors"].get(label, 0) + 1
     return list(groups.values())
 
 
-def audit_run_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
+def audit_run_rows(runs: list[NodeRun], retried: RetryReasons | None = None) -> list[dict[str, Any]]:
     """One row per node run (``flowscope audit --by run``)."""
     return [
         {
@@ -368,6 +396,7 @@ def audit_run_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
             "recoveries": r.recoveries,
             "error_code": r.error_code,
             "error_type": r.error_type,
+            "retried": list((retried or {}).get((r.session_id, r.path), ())),
             "started_at": r.started_at,
             "ended_at": r.ended_at,
         }

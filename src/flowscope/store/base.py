@@ -11,11 +11,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..errors import ConcurrencyConflict
+from ..errors import ConcurrencyConflict, StoreError
 from ..events import Event
 from ..fold import NodeState
 
-__all__ = ["EventStore", "SessionInfo", "NodeRun", "number_events"]
+__all__ = ["EventStore", "SessionInfo", "NodeRun", "number_events", "FINISHED_SESSION_STATUSES"]
+
+#: Session statuses that are over for good: only such sessions may be deleted.
+FINISHED_SESSION_STATUSES = ("completed", "failed", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +141,24 @@ class EventStore(ABC):
 
     def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
         """The last snapshot saved for the session as ``(seq, data)``, or None."""
+        return None
+
+    # ------------------------------------------------------------------ pruning (flowscope prune)
+
+    def delete_sessions(self, session_ids: Iterable[str]) -> list[str]:
+        """Delete whole sessions (log, projections, snapshot) in one transaction; return the
+        ids deleted, in the order given.
+
+        Only a session whose status is in :data:`FINISHED_SESSION_STATUSES` and that has no
+        open run (running, waiting_input, waiting_job) is deleted; any other id, or one
+        that does not exist, is skipped, so a racing resume never loses its log. A store
+        that cannot delete raises :class:`~flowscope.errors.StoreError`.
+        """
+        raise StoreError(f"{type(self).__name__} cannot delete sessions")
+
+    def storage_bytes(self) -> int | None:
+        """Bytes the store's data occupies now (what ``delete_sessions`` frees), or None if
+        the store cannot tell."""
         return None
 
     def has_session(self, session_id: str) -> bool:

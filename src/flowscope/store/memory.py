@@ -6,7 +6,7 @@ import time
 from typing import Iterable, Sequence
 
 from ..events import Event
-from .base import EventStore, NodeRun, SessionInfo, number_events
+from .base import FINISHED_SESSION_STATUSES, EventStore, NodeRun, SessionInfo, number_events
 from ..fold import OPEN_STATES, WorkflowState
 
 __all__ = ["MemoryEventStore"]
@@ -95,3 +95,19 @@ class MemoryEventStore(EventStore):
         runs = [r for r in self.node_runs() if r.status in OPEN_STATES]
         runs.sort(key=lambda r: r.started_at or 0.0)
         return runs
+
+    # ------------------------------------------------------------------ pruning
+
+    def delete_sessions(self, session_ids: Iterable[str]) -> list[str]:
+        deleted = []
+        for sid in dict.fromkeys(session_ids):
+            state = self._state(sid)
+            if state is None or state.status not in FINISHED_SESSION_STATUSES:
+                continue
+            if any(ns.is_open for ns in state.nodes.values()):
+                continue
+            del self._events[sid]
+            self._folds.pop(sid, None)
+            self._folded.pop(sid, None)
+            deleted.append(sid)
+        return deleted

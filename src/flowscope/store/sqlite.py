@@ -56,7 +56,7 @@ from ..events import (
     from_dict,
     to_dict,
 )
-from .base import EventStore, NodeRun, SessionInfo, number_events
+from .base import FINISHED_SESSION_STATUSES, EventStore, NodeRun, SessionInfo, number_events
 from ..fold import OPEN_STATES, NodeState, WorkflowState, gc_paused
 
 __all__ = [
@@ -293,6 +293,15 @@ _SQL_OPEN_SUMMARY = (
 _SQL_HEARTBEAT = (
     "UPDATE node_runs SET heartbeat_at = ? WHERE session_id = ? AND path = ? AND status = 'running'"
 )
+#: Sessions among the given ids that may be deleted: finished, and no open run (pruning).
+_SQL_PRUNABLE = (
+    "SELECT session_id FROM sessions WHERE status IN ("
+    + ", ".join("?" * len(FINISHED_SESSION_STATUSES))
+    + ") AND session_id IN ({marks}) "
+    f"AND session_id NOT IN (SELECT session_id FROM node_runs WHERE {_OPEN_WHERE})"
+)
+#: Every table keyed by session, in the order a prune deletes from them.
+_PRUNE_TABLES = ("events", "node_runs", "snapshots", "sessions")
 _SQL_SESSIONS = (
     f"SELECT session_id, {_SESSION_COLUMNS} FROM sessions ORDER BY coalesce(updated_at, 0.0) DESC, rowid"
 )
@@ -815,6 +824,40 @@ class SqliteEventStore(EventStore):
         with self._op("query open runs") as conn:
             rows = conn.execute(_SQL_OPEN_RUNS).fetchall()
         return [NodeRun(*r) for r in rows]
+
+    # ------------------------------------------------------------------ pruning (flowscope prune)
+    # One block, for the move into store/sqlite/: delete_sessions() and storage_bytes(),
+    # with the two statements they use (_SQL_PRUNABLE, _PRUNE_TABLES) just below them.
+
+    def delete_sessions(self, session_ids: Iterable[str]) -> list[str]:
+        ids = list(dict.fromkeys(session_ids))
+        deleted: list[str] = []
+        with self._write("delete sessions") as conn:
+            for i in range(0, len(ids), _PATHS_PER_QUERY):
+                chunk = ids[i : i + _PATHS_PER_QUERY]
+                marks = ", ".join("?" * len(chunk))
+                # the guard is re-checked inside the transaction: a resume that started
+                # after the caller chose the sessions keeps its log
+                prunable = {r[0] for r in conn.execute(_SQL_PRUNABLE.format(marks=marks), (*FINISHED_SESSION_STATUSES, *chunk))}
+                gone = [sid for sid in chunk if sid in prunable]
+                if not gone:
+                    continue
+                gone_marks = ", ".join("?" * len(gone))
+                for table in _PRUNE_TABLES:
+                    conn.execute(f"DELETE FROM {table} WHERE session_id IN ({gone_marks})", gone)  # noqa: S608 - table names are constants
+                deleted.extend(gone)
+        for sid in deleted:
+            self._node_cache.pop(sid, None)
+        return deleted
+
+    def storage_bytes(self) -> int | None:
+        """Bytes of the file's pages in use (deleted rows' pages become free pages that new
+        events reuse; the file itself shrinks only with ``VACUUM``)."""
+        with self._op("measure the database") as conn:
+            page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+        return int((pages - free) * page_size)
 
     # ------------------------------------------------------------------ maintenance
 
