@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import re
 import time
 from typing import Any, Callable, Sequence
 
@@ -69,9 +70,13 @@ def fmt_time(ts: float | None, *, zone: bool = False) -> str:
     return f"{text} {zone_name()}" if zone else text
 
 
+_BREAKS = re.compile(r"\s*[\r\n\v\f]+\s*")
+
+
 def one_line_text(text: str) -> str:
-    """Whitespace folded, newlines included: one cell never breaks a table's lines."""
-    return " ".join(text.split())
+    """Line breaks (and the blanks around them) as one space: one cell never breaks a
+    table's lines; other spacing (a timeline bar's) is kept."""
+    return _BREAKS.sub(" ", text)
 
 
 def fmt_duration(s: float | None) -> str:
