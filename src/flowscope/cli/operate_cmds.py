@@ -151,7 +151,9 @@ def resume(
             )
         _check_answers(ws, answers, results)
         wf = _resolve_workflow(ws.workflow, workflow_spec)
-        tracing = configure_cli_tracing(otlp_endpoint, otlp_protocol, "flowscope")
+        tracing = configure_cli_tracing(
+            otlp_endpoint, otlp_protocol, "flowscope", warn=lambda text: click.echo(f"warning: {text}", err=True)
+        )
         plugins: list[Plugin] = [ProgressPlugin(click.echo)]
         if tracing is not None:
             plugins.insert(0, tracing.plugin())
