@@ -23,15 +23,15 @@ from .session_ops import CANCEL_REASON, cancel_events, live_owner, prune_candida
 
 __all__ = ["resume", "cancel", "prune", "serve_metrics_cmd", "parse_answers", "JOB_RESULT_KEYS", "COMMANDS"]
 
-#: The keys of a job result (docs/cli.md): ``success`` is required, the others optional.
+#: The keys a job result may have (docs/cli.md); only ``success: true`` makes it a success.
 JOB_RESULT_KEYS = ("success", "count", "error", "data")
 
 
 def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
     """``ID=JSON`` pairs of ``--input``/``--job`` as a dict; a bad pair is a CliError saying how to quote it.
 
-    A ``--job`` value must be a JSON object with ``success`` and at most the other
-    :data:`JOB_RESULT_KEYS`: anything else would be consumed as a failed result.
+    The shape of a ``--job`` value is checked by :func:`_check_answers`, once its id is
+    known to be a job of the session.
     """
     out: dict[str, Any] = {}
     for raw in values:
@@ -46,20 +46,19 @@ def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
                 f"{option} {key}: {text!r} is not valid JSON ({exc}); "
                 f"quote a string as JSON: {option} '{key}=\"{text}\"'"
             ) from None
-        if option == "--job":
-            _check_job_result(key, out[key])
     return out
 
 
 def _check_job_result(job_id: str, value: Any) -> None:
+    """A job result is a JSON object whose keys are among :data:`JOB_RESULT_KEYS`: anything
+    else would be consumed as a failed result. (Without ``success: true`` the job guard
+    makes it an actionable pause, as for a worker's report.)"""
     example = f"--job '{job_id}={{\"success\": true, \"count\": 3, \"data\": {{...}}}}'"
     if not isinstance(value, dict):
         raise CliError(f"--job {job_id}: a job result is a JSON object, not {type(value).__name__} {json.dumps(value)[:40]}: {example}")
     unknown = sorted(set(value) - set(JOB_RESULT_KEYS))
     if unknown:
         raise CliError(f"--job {job_id}: unknown key(s) {', '.join(unknown)}; a job result has {', '.join(JOB_RESULT_KEYS)}: {example}")
-    if "success" not in value:
-        raise CliError(f"--job {job_id}: the result has no \"success\" key (true or false): {example}")
 
 
 def _waiting_on(ws: WorkflowState) -> str:
@@ -85,6 +84,7 @@ def _check_answers(ws: WorkflowState, answers: dict[str, Any], results: dict[str
         if jid not in jobs:
             hint = " (an input request: pass it with --input)" if jid in open_inputs else ""
             raise CliError(f"session {ws.session_id!r} has no dispatched job {jid!r}{hint}; it waits on {waiting}")
+        _check_job_result(jid, results[jid])
 
 
 def _resolve_workflow(name: str, spec: str | None) -> Any:
@@ -172,6 +172,7 @@ def resume(
         finally:
             if tracing is not None:
                 tracing.shutdown()
+        kept, recovered = _resume_record(store, session, result.invocation_id)
     if result.status == "paused":
         click.echo(click.style("paused again", fg="yellow") + f" ({session})")
         for p in result.pending:
@@ -185,7 +186,6 @@ def resume(
         out = json.dumps(result.output, ensure_ascii=False)
         if len(out) > 300:
             out = out[:297] + "..."
-        kept, recovered = _resume_record(store, session, result.invocation_id)
         click.echo(click.style("completed", fg="green") + f" ({session}, {kept} finished run(s) kept, {recovered} recovered): {out}")
 
 
