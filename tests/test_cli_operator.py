@@ -145,6 +145,7 @@ def copy_demo(demo, dst: Path) -> Path:
 # --------------------------------------------------------------------------- defects
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_audit_keeps_a_root_run_and_a_node_of_the_same_name_apart(work):
     run_flow(work, "slow", "s1")
     rows = as_json(flowscope("--db", "ops.db", "audit", "--format", "json", cwd=work))
@@ -154,6 +155,7 @@ def test_audit_keeps_a_root_run_and_a_node_of_the_same_name_apart(work):
     assert sum(1 for line in table if line.split()[:2] == ["slow", "slow"]) == 2
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_a_multi_line_error_message_keeps_show_on_one_line_per_run(work):
     run_flow(work, "slow", "s1")
     proc = flowscope("--db", "ops.db", "show", "s1", cwd=work)
@@ -166,6 +168,7 @@ def test_a_multi_line_error_message_keeps_show_on_one_line_per_run(work):
     assert len(table) == 3  # the heading, slow@1 (the root) and its node
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_a_run_resumed_46s_later_is_drawn_as_segments_with_the_pause_as_a_gap(work):
     run_flow(work, "orders", "o1", "--resume-later")
     proc = flowscope("--db", "ops.db", "show", "o1", cwd=work)
@@ -199,6 +202,7 @@ def test_resume_finds_the_workflow_module_in_the_current_directory(work):
     assert proc.returncode == 0 and "completed" in proc.stdout, proc.stderr
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_messages_say_what_is_true(demo, tmp_path):
     d, ids = demo
     proc = flowscope("runs", "--status", "cancelled", cwd=d)
@@ -210,6 +214,7 @@ def test_messages_say_what_is_true(demo, tmp_path):
     assert "flowscope demo" not in line and str(tmp_path / "flowscope.db") in line
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_a_job_result_must_be_an_object_with_the_documented_keys(demo, tmp_path):
     d = copy_demo(demo, tmp_path)
     sid = demo[1]["lost"]
@@ -323,6 +328,7 @@ def test_a_demo_longer_than_30s_still_kills_its_worker_mid_run(tmp_path):
 # --------------------------------------------------------------------------- show and audit say more
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_show_and_audit_list_the_type_and_code_of_every_retried_attempt(work):
     run_flow(work, "orders", "o4")
     rows = as_json(flowscope("--db", "ops.db", "show", "o4", "--format", "json", cwd=work))
@@ -335,6 +341,7 @@ def test_show_and_audit_list_the_type_and_code_of_every_retried_attempt(work):
     assert next(r for r in by_run if r["node"] == "fetch")["retried"][0]["error_code"] == "FLAKY_UPSTREAM"
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_show_gives_the_heartbeat_the_idempotency_key_and_the_fix(demo):
     d, ids = demo
     export = as_json(flowscope("show", ids["export"], "--format", "json", cwd=d))
@@ -347,6 +354,7 @@ def test_show_gives_the_heartbeat_the_idempotency_key_and_the_fix(demo):
     assert f"idempotency key {job['idempotency_key']}" in flowscope("show", ids["lost"], cwd=d).stdout
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_show_prints_the_fix_of_a_failed_jobs_pause(demo, tmp_path):
     d = copy_demo(demo, tmp_path)
     sid = demo[1]["lost"]
@@ -362,6 +370,7 @@ def test_show_prints_the_fix_of_a_failed_jobs_pause(demo, tmp_path):
 # --------------------------------------------------------------------------- new commands and flags
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_events_prints_the_log_with_payloads_redacted_unless_asked(demo):
     d, ids = demo
     rows = as_json(flowscope("events", ids["orders"], "--format", "json", cwd=d))
@@ -380,6 +389,7 @@ def test_events_prints_the_log_with_payloads_redacted_unless_asked(demo):
     one_line_error(flowscope("events", "nope", cwd=d), "no session 'nope'")
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_cancel_ends_a_paused_session_for_good(demo, tmp_path):
     d = copy_demo(demo, tmp_path)
     sid = demo[1]["lost"]
@@ -396,6 +406,7 @@ def test_cancel_ends_a_paused_session_for_good(demo, tmp_path):
     one_line_error(flowscope("cancel", demo[1]["orders"], cwd=d), "already completed")
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_cancel_refuses_a_session_with_a_live_owner_unless_forced(demo, tmp_path):
     d = copy_demo(demo, tmp_path)
     sid = demo[1]["export"]  # the killed worker's session; heartbeat it as if it were alive
@@ -407,6 +418,7 @@ def test_cancel_refuses_a_session_with_a_live_owner_unless_forced(demo, tmp_path
     assert _sessions(d / "flowscope.db")[sid] == "cancelled"
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_prune_deletes_old_finished_sessions_only_and_says_what_it_freed(demo, tmp_path):
     d = copy_demo(demo, tmp_path)
     ids = demo[1]
@@ -425,6 +437,7 @@ def test_prune_deletes_old_finished_sessions_only_and_says_what_it_freed(demo, t
         assert store.read(ids["declined"]) == [] and store.node_runs(ids["declined"]) == []
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_stuck_fail_if_any_exits_1_when_something_is_listed(demo):
     d, _ = demo
     proc = flowscope("stuck", "--older-than", "0s", "--stale-after", "0.5s", "--fail-if-any", cwd=d)
@@ -451,6 +464,7 @@ def test_show_follow_redraws_until_the_session_ends(work):
     one_line_error(flowscope("--db", "ops.db", "show", "f1", "--follow", "--format", "json", cwd=work), "--follow")
 
 
+@pytest.mark.slow  # over a second: several console-script runs
 def test_utc_prints_every_time_in_utc_and_tables_name_the_zone(demo):
     d, ids = demo
     tokyo = {"TZ": "Asia/Tokyo"}
