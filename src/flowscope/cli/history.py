@@ -59,6 +59,7 @@ def session_history(events: Sequence[Event]) -> SessionHistory:
     retried: dict[str, list[dict[str, Any]]] = {}
     segments: dict[str, list[dict[str, Any]]] = {}
     open_segment: dict[str, dict[str, Any]] = {}
+    seg: dict[str, Any] | None
     windows: dict[str, list[float]] = {}
     for e in events:
         w = windows.setdefault(e.invocation_id, [e.ts, e.ts])

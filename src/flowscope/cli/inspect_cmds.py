@@ -76,7 +76,8 @@ def show(session: str, db: str | None, fmt: str, follow: bool, interval: float) 
             raise CliError("--follow redraws the table: drop --format, or poll `flowscope show --format json`")
         _follow(db, session, interval)
         return
-    with open_store(db) as store:
+    store = open_store(db)
+    with store:
         _ws, rows, table = _session_view(store, session)
     emit(rows, fmt, views.SHOW_KEYS, table)
 
@@ -87,7 +88,8 @@ def _follow(db: str | None, session: str, interval: float) -> None:
     last = -1
     try:
         while True:
-            with open_store(db) as store:
+            store = open_store(db)
+            with store:
                 seq = store.last_seq(session)
                 if seq != last:
                     ws, _rows, table = _session_view(store, session)
@@ -196,7 +198,8 @@ def events(session: str, db: str | None, fmt: str, show_payloads: bool) -> None:
     a request's payload, a job's data, state values) are printed as their size, like the
     spans leave them out, unless --show-payloads.
     """
-    with open_store(db) as store:
+    store = open_store(db)
+    with store:
         log = store.read(session)
         if not log:
             raise unknown_session(session, store.path)
