@@ -60,13 +60,13 @@ FLOWS = textwrap.dedent(
     @node
     async def wait_a_bit(ctx, x):
         import asyncio
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(1.5)
         return x
 
     @node
     async def wait_more(ctx, x):
         import asyncio
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(1.5)
         return x
 
     inner = Workflow("inner", edges=[(START, prep, prep2)])
@@ -451,7 +451,12 @@ def test_show_follow_redraws_until_the_session_ends(work):
     runner = subprocess.Popen([sys.executable, "flows.py", "ops.db", "stepper", "f1"], cwd=work)
     try:
         deadline = time.monotonic() + 20
-        while not (work / "ops.db").exists() or flowscope("--db", "ops.db", "runs", cwd=work).stdout.find("f1") < 0:
+        while True:
+            try:
+                if "f1" in _sessions(work / "ops.db"):
+                    break
+            except Exception:  # not created yet, or its schema half-way: look again
+                pass
             assert time.monotonic() < deadline
             time.sleep(0.05)
         proc = flowscope("--db", "ops.db", "show", "f1", "--follow", "--interval", "0.1s", cwd=work, timeout=30)
