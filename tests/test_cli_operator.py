@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from flowscope.errors import LeaseLost
+from flowscope.events import RunFinished
+from flowscope.ownership import this_process
 from flowscope.store import SqliteEventStore
 
 FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
@@ -409,13 +412,26 @@ def test_cancel_ends_a_paused_session_for_good(demo, tmp_path):
 @pytest.mark.slow  # over a second: several console-script runs
 def test_cancel_refuses_a_session_with_a_live_owner_unless_forced(demo, tmp_path):
     d = copy_demo(demo, tmp_path)
-    sid = demo[1]["export"]  # the killed worker's session; heartbeat it as if it were alive
+    sid = demo[1]["export"]  # the killed worker's session; a live owner (this process) takes its lease
+    alive = this_process("w-alive")
     with SqliteEventStore(d / "flowscope.db") as store:
-        store.heartbeat(sid, ["nightly_export@1/export_rows@1"], ts=time.time())
-    one_line_error(flowscope("cancel", sid, cwd=d), "being run by a live process", "--force")
+        taken = store.acquire(sid, alive, 60.0, force=True)
+        before = store.last_seq(sid)
+    one_line_error(flowscope("cancel", sid, cwd=d), "being run by a live process", "--force",
+                   f"{alive.host} pid {alive.pid}", "renewed")
+    with SqliteEventStore(d / "flowscope.db") as store:  # refused: nothing appended, the owner keeps its epoch
+        info = store.session_info(sid)
+        assert store.last_seq(sid) == before and info is not None and (info.owner, info.epoch) == (alive, taken.epoch)
     proc = flowscope("cancel", sid, "--force", cwd=d)
     assert proc.returncode == 0, proc.stderr
+    assert "--force: took the session from" in proc.stderr
     assert _sessions(d / "flowscope.db")[sid] == "cancelled"
+    with SqliteEventStore(d / "flowscope.db") as store:  # the live owner is fenced off, the cancel's lease released
+        info = store.session_info(sid)
+        assert info is not None and info.epoch == taken.epoch + 1 and info.lease_expires_at == 0
+        with pytest.raises(LeaseLost):
+            store.append(sid, [RunFinished(session_id=sid, invocation_id="late", ts=time.time(), status="completed")],
+                         store.last_seq(sid), epoch=taken.epoch)
 
 
 @pytest.mark.slow  # over a second: several console-script runs

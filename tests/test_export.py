@@ -173,7 +173,7 @@ def test_export_shows_what_the_demo_promises(demo_run):
     assert declined["attrs"]["flowscope.error.code"] == "PAYMENT_DECLINED"
     assert [e[0] for e in declined["events"]] == ["exception"]
     (ship,) = by_path["order_fulfilment@1/ship@1"]
-    assert ship["status"] == "ERROR" and ship["events"] == []  # no second exception event (R5)
+    assert ship["status"] == "ERROR" and ship["events"] == []  # no second exception event (R5 in docs/design.md)
     assert ship["attrs"]["flowscope.error.origin_path"] == "order_fulfilment@1/ship@1/charge_card@2"
     waits = [s for s in by_path["order_fulfilment@1/enrich_addresses@1"] if s["attrs"]["flowscope.node.outcome"] == "waiting"]
     assert waits and all(s["status"] == "UNSET" and s["attrs"]["flowscope.interrupt.id"] for s in waits)
@@ -252,6 +252,91 @@ async def test_export_matches_live_for_nested_retry_cancellation_and_timeout():
     timeout = tree_from_proto(export_request(store.read("timeout")))
     (slow,) = [s for k, s in timeout.items() if k[1].endswith("too_slow@1")]
     assert slow["attrs"]["flowscope.node.outcome"] == "timeout" and slow["status"] == "ERROR"
+
+
+def everything_workflow():
+    """One session with every kind of span end: a retry, a pause in a dynamic child of a
+    nested workflow, then (on resume) a failure there that cancels its sibling."""
+    state = {"flaky": 0}
+
+    @node(retry=RetryConfig(max_attempts=2, initial_delay=0, jitter=0))
+    def flaky(ctx, x):
+        state["flaky"] += 1
+        if state["flaky"] == 1:
+            raise ValueError("flaky once")
+        return x
+
+    @node
+    async def ask_then_fail(ctx, x):
+        answer = await ctx.request_input("ok?", interrupt_id="q1")
+        await asyncio.sleep(0.01)
+        raise RuntimeError(f"refused: {answer}")
+
+    @node
+    async def spawn(ctx, x):
+        return await ctx.run_node(ask_then_fail, x)  # a dynamic child
+
+    @node
+    async def slow(ctx, x):
+        await ctx.request_input("wait?", interrupt_id="q2")
+        await asyncio.sleep(5)  # cancelled when its sibling fails
+        return x
+
+    @node
+    def after(ctx, x):
+        return x
+
+    inner = Workflow("inner_all", edges=[(START, (spawn, slow), JoinNode("inner_join"))])
+    return Workflow("everything", edges=[(START, flaky, inner, after)])
+
+
+def _event_times_from_proto(request):
+    return sorted((s.name, e.name, e.time_unix_nano) for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans for e in s.events)
+
+
+def _event_times_from_sdk(spans):
+    return sorted((s.name, e.name, e.timestamp) for s in spans for e in s.events)
+
+
+async def test_live_and_exported_spans_agree_for_retry_pause_dynamic_child_failure_and_cancellation():
+    provider, exporter = live_provider()
+    store = MemoryEventStore()
+    runner = Runner(everything_workflow(), store=store, plugins=[TracingPlugin(tracer_provider=provider)])
+    paused = await runner.run(1, session_id="all")
+    assert paused.status == "paused"
+    with pytest.raises(RuntimeError):
+        await runner.resume("all", inputs={"q1": "no", "q2": "go"})
+    live_spans = _session_spans(exporter.get_finished_spans(), "all")
+    request = load_otlp_json(export_json(store.read("all")))
+    live, exported = tree_from_sdk(live_spans), tree_from_proto(request)
+    assert_same_spans(live, exported)
+    # span events carry the time of the event they come from, live and exported alike
+    assert _event_times_from_sdk(live_spans) == _event_times_from_proto(request)
+
+    # what the session had to show, so that the comparison above is not vacuous
+    outcomes = {(k[0], k[1]): s["attrs"].get("flowscope.node.outcome") for k, s in exported.items() if k[1]}
+    (first,) = [k[0] for k, s in exported.items() if k[1] == "" and not s["links"]]
+    (second,) = {k[0] for k in exported} - {first}
+    by_path = {}
+    for (inv, path, _n), s in exported.items():
+        by_path.setdefault(path, []).append((inv, s))
+    (flaky,) = by_path["everything@1/flaky@1"]
+    assert [e[0] for e in flaky[1]["events"]] == ["node.retry"] and flaky[1]["attrs"]["flowscope.node.attempt_count"] == 2
+    child = "everything@1/inner_all@1/spawn@1/ask_then_fail@1"
+    assert sorted(s["attrs"]["flowscope.node.outcome"] for _inv, s in by_path[child]) == ["failure", "waiting"]
+    failed = next(s for _inv, s in by_path[child] if s["status"] == "ERROR")
+    assert [e[0] for e in failed["events"]] == ["exception"] and failed["message"] == "refused: no"
+    assert failed["parent"][1] == "everything@1/inner_all@1/spawn@1"  # the dynamic child under its parent
+    spawn_spans = [s for _inv, s in by_path["everything@1/inner_all@1/spawn@1"]]
+    assert {s["name"] for s in spawn_spans} == {"invoke_node spawn"}
+    (nested,) = {s["name"] for _inv, s in by_path["everything@1/inner_all@1"]}
+    assert nested == "invoke_workflow inner_all"
+    propagated = [s for _inv, s in by_path["everything@1/inner_all@1"] if s["status"] == "ERROR"]
+    assert propagated and propagated[0]["events"] == [] and propagated[0]["message"] == "refused: no"
+    assert outcomes[(second, "everything@1/inner_all@1/slow@1")] == "cancellation"
+    assert outcomes[(first, "everything@1/inner_all@1/slow@1")] == "waiting"
+    resumed = exported[(second, "", 1)]
+    assert resumed["links"] == [(first, "", 1)] and resumed["attrs"]["flowscope.run.outcome"] == "failed"
 
 
 # --------------------------------------------------------------------------- determinism and format

@@ -1,5 +1,5 @@
 """MetricsPlugin: exact sample values on a fresh registry per test, the same numbers through
-the OpenTelemetry backend, exemplars, bounded labels (DESIGN section 7, issue 5)."""
+the OpenTelemetry backend, exemplars, bounded labels (docs/design.md, "Metrics"; issue 5)."""
 
 from __future__ import annotations
 

@@ -301,7 +301,9 @@ async def test_every_node_started_has_exactly_one_terminal_event(store):
     from flowscope.events import TERMINAL_TYPES
 
     events = store.read("s")
-    for started in of_type(events, "node_started"):
+    starts = of_type(events, "node_started")
+    assert {e.path for e in starts} == {"outer@1", "outer@1/inner@1", "outer@1/inner@1/a@1", "outer@1/inner@1/bad@1"}
+    for started in starts:
         terminals = [e for e in events if e.path == started.path and e.type in TERMINAL_TYPES]
         assert len(terminals) == 1, started.path
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -16,7 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from flowscope.errors import ConcurrencyConflict, StoreError
+from flowscope.errors import (
+    ConcurrencyConflict,
+    NotAFlowscopeDatabase,
+    StoreCorrupt,
+    StoreDiskFull,
+    StoreError,
+    StoreLocked,
+    StoreReadOnly,
+    StoreSchemaTooNew,
+    StoreUnavailable,
+)
 from flowscope.events import (
     EVENT_TYPES,
     JobDispatched,
@@ -29,7 +41,8 @@ from flowscope.events import (
     to_dict,
 )
 from flowscope.store import MemoryEventStore, NodeRun, SqliteEventStore, rebuild
-from flowscope.store import sqlite as sqlite_mod
+from flowscope.store.sqlite import queries as queries_mod
+from flowscope.store.sqlite import schema as sqlite_mod
 from flowscope.store.sqlite import EventNotSerializableError
 
 from test_store_contract import append_in_batches, node_ev, one_of_each, random_log
@@ -89,10 +102,10 @@ def test_an_empty_file_and_a_new_path_get_the_schema(tmp_path):
     empty.write_bytes(b"")
     for p in (empty, tmp_path / "new.db"):
         with SqliteEventStore(p) as s:
-            assert s.schema_version == sqlite_mod.SCHEMA_VERSION
+            assert s.schema_version == sqlite_mod.DB_SCHEMA_VERSION
             assert {"meta", "events", "sessions", "node_runs"} <= set(s.db.table_names())
         meta = dict(raw(p).execute("SELECT key, value FROM meta").fetchall())
-        assert meta == {"application": "flowscope", "schema_version": str(sqlite_mod.SCHEMA_VERSION)}
+        assert meta == {"application": "flowscope", "schema_version": str(sqlite_mod.DB_SCHEMA_VERSION)}
 
 
 def test_in_memory_database(tmp_path):
@@ -242,7 +255,7 @@ def test_processes_creating_the_same_new_file_at_once(db_path):
     assert results == {"p0": "ok", "p1": "ok", "p2": "ok"}
     with SqliteEventStore(db_path) as s:
         assert sorted(i.session_id for i in s.sessions()) == ["p0", "p1", "p2"]
-        assert s.schema_version == sqlite_mod.SCHEMA_VERSION
+        assert s.schema_version == sqlite_mod.DB_SCHEMA_VERSION
 
 
 def test_a_writer_waits_for_another_process_lock_then_succeeds(db_path):
@@ -498,14 +511,14 @@ def test_a_foreign_meta_table(tmp_path, ddl, rows):
 def test_a_schema_newer_than_the_code(db_path):
     with SqliteEventStore(db_path) as s:
         s.append(SID, [started()], 0)
-    newer = sqlite_mod.SCHEMA_VERSION + 1
+    newer = sqlite_mod.DB_SCHEMA_VERSION + 1
     raw(db_path).execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(newer),))
     for readonly in (False, True):
         with pytest.raises(StoreError) as exc:
             SqliteEventStore(db_path, readonly=readonly)
         assert str(exc.value) == (
             f"{db_path} was written by a newer flowscope (schema {newer}, this version supports "
-            f"{sqlite_mod.SCHEMA_VERSION}): upgrade flowscope"
+            f"{sqlite_mod.DB_SCHEMA_VERSION}): upgrade flowscope"
         )
 
 
@@ -589,7 +602,7 @@ def test_a_version_0_database_is_migrated(db_path):
     c.executemany("INSERT INTO meta VALUES (?, ?)", [("application", "flowscope"), ("schema_version", "0")])
     c.close()
     with SqliteEventStore(db_path) as s:
-        assert s.schema_version == sqlite_mod.SCHEMA_VERSION
+        assert s.schema_version == sqlite_mod.DB_SCHEMA_VERSION
         s.append(SID, [started()], 0)
         assert s.last_seq(SID) == 1
 
@@ -605,7 +618,7 @@ def test_an_older_schema_is_migrated_once_and_keeps_the_data(db_path, monkeypatc
         db["sessions"].add_column("note", str)
 
     monkeypatch.setattr(sqlite_mod, "MIGRATIONS", sqlite_mod.MIGRATIONS + [add_note_column])
-    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", len(sqlite_mod.MIGRATIONS))
+    monkeypatch.setattr(sqlite_mod, "DB_SCHEMA_VERSION", len(sqlite_mod.MIGRATIONS))
     with pytest.raises(StoreError) as exc:  # read-only cannot migrate
         SqliteEventStore(db_path, readonly=True)
     assert "migrate" in str(exc.value) and str(db_path) in str(exc.value)
@@ -629,7 +642,7 @@ def test_a_failing_migration_leaves_the_file_as_it_was(db_path, monkeypatch):
         raise sqlite3.OperationalError("disk I/O error (simulated)")
 
     monkeypatch.setattr(sqlite_mod, "MIGRATIONS", sqlite_mod.MIGRATIONS + [broken])
-    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", len(sqlite_mod.MIGRATIONS))
+    monkeypatch.setattr(sqlite_mod, "DB_SCHEMA_VERSION", len(sqlite_mod.MIGRATIONS))
     with pytest.raises(StoreError) as exc:
         SqliteEventStore(db_path)
     assert str(db_path) in str(exc.value) and "migrat" in str(exc.value)
@@ -639,7 +652,7 @@ def test_a_failing_migration_leaves_the_file_as_it_was(db_path, monkeypatch):
 
 
 def test_migrations_list_matches_the_schema_version():
-    assert len(sqlite_mod.MIGRATIONS) == sqlite_mod.SCHEMA_VERSION >= 1
+    assert len(sqlite_mod.MIGRATIONS) == sqlite_mod.DB_SCHEMA_VERSION >= 1
 
 
 # --------------------------------------------------------------------------- the node-state cache
@@ -673,7 +686,7 @@ def test_an_append_from_cached_state_never_moves_a_heartbeat_back(db_path):
 def test_open_run_summary_matches_folding_open_runs(db_path):
     """The scrape's GROUP BY gives exactly what the reference fold of open_runs() gives."""
     from flowscope.events import InputRequested, JobDispatched, NodeCompleted, NodeStarted
-    from flowscope.observability.store_collector import OpenRunGroup, summarize_open_runs
+    from flowscope.observability.store_collector import summarize_open_runs
 
     store = SqliteEventStore(db_path)
     rnd = random.Random(7)
@@ -695,8 +708,163 @@ def test_open_run_summary_matches_folding_open_runs(db_path):
     store.heartbeat("s3", [r.path for r in store.node_runs("s3")], ts=1000.0)
     now, stale = 100.0, 50.0
     expected = sorted(summarize_open_runs(store.open_runs(), now, stale), key=lambda g: (g.workflow, g.node, g.state))
-    got = [OpenRunGroup(*r) for r in store.open_run_summary(now=now, stale_after_s=stale)]
+    got = store.open_run_summary(now=now, stale_after_s=stale)
     assert got == expected and any(g.orphaned for g in got) and any(g.overdue for g in got)
     plan = " ".join(str(r) for r in raw(db_path).execute(
-        "EXPLAIN QUERY PLAN " + sqlite_mod._SQL_OPEN_SUMMARY, {"now": now, "stale_before": now - stale}))
+        "EXPLAIN QUERY PLAN " + queries_mod.SQL_OPEN_SUMMARY, {"now": now, "stale_before": now - stale}))
     assert "node_runs_open" in plan
+
+
+# --------------------------------------------------------------------------- typed store errors, from real faults
+
+
+def _filled(path, n=400):
+    with SqliteEventStore(path) as s:
+        s.append(SID, [started()] + [node_ev(NodeCompleted, f"w@1/n@{i}", ts=float(i), output={"x": "y" * 200})
+                                     for i in range(n)], 0)
+
+
+def _assert_typed(exc_info, cls, path, code_name):
+    err = exc_info.value
+    assert type(err) is cls, (type(err), err)
+    assert str(path) in str(err) and "\n" not in str(err)
+    assert isinstance(err.__cause__, sqlite3.Error) and err.__cause__.sqlite_errorname == code_name
+
+
+def test_a_file_of_random_bytes_is_not_a_flowscope_database(tmp_path):
+    p = tmp_path / "noise.db"
+    p.write_bytes(random.Random(5).randbytes(8192))
+    for readonly in (False, True):
+        with pytest.raises(NotAFlowscopeDatabase) as exc:
+            SqliteEventStore(p, readonly=readonly)
+        _assert_typed(exc, NotAFlowscopeDatabase, p, "SQLITE_NOTADB")
+
+
+def test_damaged_pages_are_store_corrupt(db_path):
+    _filled(db_path)
+    size = db_path.stat().st_size
+    with open(db_path, "r+b") as f:  # overwrite pages in the middle of the file, the header intact
+        f.seek(size // 2)
+        f.write(b"\xde\xad\xbe\xef" * 2048)
+    with pytest.raises(StoreCorrupt) as exc:
+        with SqliteEventStore(db_path) as s:
+            s.read(SID)
+    _assert_typed(exc, StoreCorrupt, db_path, "SQLITE_CORRUPT")
+    assert "backup" in str(exc.value)
+
+
+def test_a_truncated_file_is_store_corrupt(db_path):
+    _filled(db_path)
+    with open(db_path, "r+b") as f:
+        f.truncate(db_path.stat().st_size // 2)
+    with pytest.raises(StoreCorrupt) as exc:
+        with SqliteEventStore(db_path) as s:
+            s.read(SID)
+    _assert_typed(exc, StoreCorrupt, db_path, "SQLITE_CORRUPT")
+
+
+@pytest.fixture
+def unwritable(db_path):
+    """``db_path`` with data, made unwritable for real: chmod for a user, chattr +i for root
+    (root ignores file modes). SQLite then opens it read-only by itself."""
+    _filled(db_path, n=3)
+    if os.geteuid() != 0:
+        db_path.chmod(0o444)
+        yield db_path
+        db_path.chmod(0o644)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(db_path)], capture_output=True).returncode:
+        pytest.skip("running as root without chattr +i: no way to make a file unwritable")
+    try:
+        yield db_path
+    finally:
+        subprocess.run(["chattr", "-i", str(db_path)], check=True)
+
+
+def test_an_unwritable_file_is_store_read_only(unwritable):
+    with SqliteEventStore(unwritable) as s:
+        assert s.last_seq(SID) == 4  # reading works
+        with pytest.raises(StoreReadOnly) as exc:
+            s.append(SID, [RunFinished(session_id=SID, ts=9.0)], 4)
+        _assert_typed(exc, StoreReadOnly, unwritable, "SQLITE_READONLY")
+        assert s.last_seq(SID) == 4
+
+
+def test_a_full_database_is_store_disk_full(db_path):
+    _filled(db_path, n=3)
+    with SqliteEventStore(db_path) as s:
+        pages = s._conn.execute("PRAGMA page_count").fetchone()[0]
+        s._conn.execute(f"PRAGMA max_page_count = {pages}")  # the file may not grow: a full disk
+        seq = s.last_seq(SID)
+        with pytest.raises(StoreDiskFull) as exc:
+            for i in range(200):
+                seq = s.append(SID, [node_ev(NodeCompleted, f"w@1/m@{i}", ts=1.0, output={"x": "z" * 3000})], seq)[-1].seq
+        _assert_typed(exc, StoreDiskFull, db_path, "SQLITE_FULL")
+        assert s.last_seq(SID) == seq  # the failed append wrote nothing
+        assert [e.seq for e in s.read(SID)] == list(range(1, seq + 1))
+
+
+def test_a_lock_held_past_busy_timeout_is_store_locked_whatever_the_path_says(tmp_path):
+    folder = tmp_path / "corrupt"  # a folder name must not change the advice
+    folder.mkdir()
+    p = folder / "flow.db"
+    with SqliteEventStore(p) as s:
+        s.append(SID, [started()], 0)
+    holder = raw(p)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with SqliteEventStore(p, busy_timeout=0.1) as s:
+            for call in (lambda: s.append(SID, [RunFinished(session_id=SID, ts=2.0)], 1),
+                         lambda: s.heartbeat(SID, ["w@1/a@1"], ts=3.0)):
+                with pytest.raises(StoreLocked) as exc:
+                    call()
+                _assert_typed(exc, StoreLocked, p, "SQLITE_BUSY")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_a_newer_schema_is_store_schema_too_new(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started()], 0)
+    raw(db_path).execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(sqlite_mod.DB_SCHEMA_VERSION + 1),))
+    for readonly in (False, True):
+        with pytest.raises(StoreSchemaTooNew):
+            SqliteEventStore(db_path, readonly=readonly)
+
+
+def test_another_applications_database_is_not_a_flowscope_database(tmp_path):
+    p = tmp_path / "corrupt" / "locked.db"  # words in the path change nothing
+    p.parent.mkdir()
+    c = raw(p)
+    c.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    c.close()
+    for readonly in (False, True):
+        with pytest.raises(NotAFlowscopeDatabase):
+            SqliteEventStore(p, readonly=readonly)
+    with pytest.raises(NotAFlowscopeDatabase):
+        SqliteEventStore(tmp_path)  # a directory
+
+
+def test_missing_files_are_store_unavailable(tmp_path):
+    with pytest.raises(StoreUnavailable):
+        SqliteEventStore(tmp_path / "missing.db", readonly=True)
+    with pytest.raises(StoreUnavailable):
+        SqliteEventStore(tmp_path / "no" / "dir.db")
+    s = SqliteEventStore(tmp_path / "x.db")
+    s.close()
+    with pytest.raises(StoreUnavailable):
+        s.read(SID)
+
+
+def test_sqlite_codes_map_to_classes_not_messages(tmp_path):
+    """The mapping reads the SQLite code of a real error; its text does not matter."""
+    from flowscope.store.sqlite.faults import store_error
+
+    with pytest.raises(sqlite3.Error) as cantopen:
+        sqlite3.connect(f"file:{tmp_path}/no/such/dir/x.db?mode=ro", uri=True)
+    err = store_error(cantopen.value, "x.db", "open it", 1.0)
+    assert type(err) is StoreUnavailable and "x.db" in str(err)
+    # an error raised by Python code has no SQLite code: a plain StoreError, even if it says "locked"
+    err = store_error(sqlite3.OperationalError("database is locked, corrupt, readonly, full"), "x.db", "read", 1.0)
+    assert type(err) is StoreError

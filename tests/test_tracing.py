@@ -1,4 +1,4 @@
-"""TracingPlugin (issue 4, DESIGN.md section 7 "Spans").
+"""TracingPlugin (issue 4; docs/design.md, "Spans").
 
 Every test builds a FRESH SDK TracerProvider with an InMemorySpanExporter behind a
 SimpleSpanProcessor and hands it to the plugin: the global provider is never touched.

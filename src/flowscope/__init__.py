@@ -19,7 +19,15 @@ from .engine import (
     Workflow,
     node,
 )
+from .answers import AnswerReceipt, answer
 from .plugins import Plugin
+from .store.memory import MemoryEventStore as _MemoryEventStore
+
+from .worker import Worker
+
+# The composition root: the engine knows only the EventStore port, so the package that
+# ships both decides which store a Runner built without one gets.
+Runner.default_store = _MemoryEventStore
 
 __all__ = [
     "Workflow",
@@ -35,6 +43,9 @@ __all__ = [
     "Runner",
     "RunResult",
     "Plugin",
+    "Worker",
+    "answer",
+    "AnswerReceipt",
     "__version__",
 ]
 

@@ -18,6 +18,7 @@ __all__ = [
     "NodeTimeoutError",
     "InvocationAbortedError",
     "ConcurrencyConflict",
+    "LeaseLost",
     "OutputNotSerializableError",
     "RecoveryLimitError",
     "JobFailedError",
@@ -118,7 +119,12 @@ class UnknownSessionError(StoreError, KeyError):
 
 
 class ConcurrencyConflict(StoreError):
-    """Another writer appended to the session first; nothing was written (R10)."""
+    """Another writer appended to the session first; nothing was written (R10, docs/design.md)."""
+
+
+class LeaseLost(ConcurrencyConflict):
+    """The caller's lease on the session was superseded: another owner took the session
+    over (its epoch advanced), so this append or renewal was refused and nothing was written."""
 
 
 class InvocationAbortedError(BaseException):
@@ -162,7 +168,7 @@ def _code(exc: BaseException, mapping: Mapping[type, str] | None) -> str:
 
 
 def classify(exc: BaseException, mapping: Mapping[type, str] | None = None) -> ErrorInfo:
-    """Name a failure (R6).
+    """Name a failure (R6, docs/design.md).
 
     The code is the exception's ``error_code`` attribute when it is a non-empty string,
     else the first match of ``mapping`` along the MRO, else ``UNKNOWN_ERROR`` (never the

@@ -18,6 +18,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "UNKNOWN_ERROR",
     "Event",
+    "RunSubmitted",
     "RunStarted",
     "RunFinished",
     "NodeStarted",
@@ -147,7 +148,7 @@ class NodeErrorPropagated(Event):
     descendant did; the failure itself is the ``NodeErrorEvent`` at ``origin_path``.
 
     This is the enclosing run's terminal event, so that every ``NodeStarted`` has one,
-    without writing the failure a second time (R5).
+    without writing the failure a second time (R5, docs/design.md).
     """
 
     type: ClassVar[str] = "node_error_propagated"
@@ -230,6 +231,15 @@ class StateUpdated(Event):
 
 
 @dataclass(**_EVENT)
+class RunSubmitted(Event):
+    """A run was recorded to be started later by a worker (``Runner.submit``); nothing ran yet."""
+
+    type: ClassVar[str] = "run_submitted"
+    workflow: str = ""
+    input: Any = None
+
+
+@dataclass(**_EVENT)
 class UnknownEvent(Event):
     """An event whose ``type`` this version does not know. Kept verbatim, skipped by the fold."""
 
@@ -254,6 +264,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         JobDispatched,
         JobResultReceived,
         StateUpdated,
+        RunSubmitted,
     )
 }
 

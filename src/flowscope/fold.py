@@ -12,17 +12,31 @@ import gc
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from .events import (
     Event,
-    from_dict,
-    to_dict,
+    InputReceived,
     InputRequested,
     JobDispatched,
     JobResultReceived,
+    NodeCancelled,
+    NodeCompleted,
+    NodeErrorEvent,
+    NodeErrorPropagated,
+    NodePaused,
+    NodeRetrying,
+    NodeStarted,
+    RunFinished,
+    RunStarted,
+    RunSubmitted,
+    StateUpdated,
     UnknownEvent,
+    from_dict,
+    to_dict,
 )
+
+E = TypeVar("E", bound=Event)
 
 __all__ = [
     "NodeState",
@@ -38,6 +52,8 @@ __all__ = [
 
 NODE_STATUSES = ("running", "completed", "failed", "cancelled", "waiting_input", "waiting_job")
 OPEN_STATES = ("running", "waiting_input", "waiting_job")
+#: Events that ``answer()`` appends outside an invocation (``invocation_id`` ``answer-...``).
+_ANSWER_TYPES = (InputReceived, JobResultReceived)
 
 
 @dataclass(slots=True)
@@ -84,77 +100,113 @@ class NodeState:
         return self.attempt
 
     def apply(self, e: Event) -> None:
-        """Advance this state by one event of its path."""
-        t = e.type
-        if t == "node_started":
-            self.node = e.node
-            self.kind = e.kind  # type: ignore[attr-defined]
-            self.parent_path = e.parent_path  # type: ignore[attr-defined]
-            if self.status == "failed":
-                self.failures = 0  # an explicit resume of a failed run grants a fresh budget
-            self.status = "running"
-            self.attempt = e.attempt  # type: ignore[attr-defined]
-            if e.recovered:  # type: ignore[attr-defined]
-                self.recoveries += 1
-            if self.started_at is None:
-                self.started_at = e.ts
-            self.heartbeat_at = e.ts
-            self.ended_at = None
-            self.invocation_id = e.invocation_id
-            self.requests.clear()  # a re-executed run asks again for what it still needs
-            self.error_code = self.error_type = self.error_message = self.origin_path = None
-        elif t == "node_completed":
-            self.status = "completed"
-            self.output = e.output  # type: ignore[attr-defined]
-            self.has_output = e.has_output  # type: ignore[attr-defined]
-            self.route = e.route  # type: ignore[attr-defined]
-            self.attempt = max(self.attempt, e.attempt_count)  # type: ignore[attr-defined]
-            self.ended_at = e.ts
-            self.job_deadline_at = None
-        elif t == "node_retrying":
-            self.failures += 1
-            self.retries += 1
-            self.attempt = e.attempt + 1  # type: ignore[attr-defined]
-            self.heartbeat_at = e.ts
-        elif t == "node_error" or t == "node_error_propagated":
-            self.status = "failed"
-            self.failures += 1
-            self.error_code = e.error_code  # type: ignore[attr-defined]
-            self.error_type = e.error_type  # type: ignore[attr-defined]
-            self.error_message = getattr(e, "error_message", None)
-            self.origin_path = getattr(e, "origin_path", None) or e.path
-            self.attempt = max(self.attempt, e.attempt_count)  # type: ignore[attr-defined]
-            self.ended_at = e.ts
-            self.job_deadline_at = None
-        elif t == "node_cancelled":
-            self.status = "cancelled"
-            self.ended_at = e.ts
-            self.job_deadline_at = None
-        elif t == "node_paused":
-            self.status = "waiting_job" if e.waiting == "job" else "waiting_input"  # type: ignore[attr-defined]
-            self.origin_path = e.origin_path  # type: ignore[attr-defined]
-            self.ended_at = e.ts
-        elif t == "input_requested":
-            self.status = "waiting_input"
-            self.requests[e.interrupt_id] = e  # type: ignore[attr-defined]
-            self.ended_at = e.ts
-        elif t == "input_received":
-            self.inputs[e.interrupt_id] = e.value  # type: ignore[attr-defined]
-            self.requests.pop(e.interrupt_id, None)  # type: ignore[attr-defined]
-        elif t == "job_dispatched":
-            self.status = "waiting_job"
-            self.jobs[e.job_id] = e  # type: ignore[attr-defined]
-            deadline = e.deadline_s  # type: ignore[attr-defined]
-            self.job_deadline_at = e.ts + deadline if deadline is not None else None
-            self.ended_at = e.ts
-        elif t == "job_result":
-            self.job_results[e.job_id] = e  # type: ignore[attr-defined]
-            self.job_deadline_at = None
+        """Advance this state by one event of its path (events that say nothing about a
+        node run, such as ``StateUpdated``, leave it as it is)."""
+        handler = _NODE_HANDLERS.get(type(e))
+        if handler is not None:
+            handler(self, e)
+
+    # One handler per event class, typed by it; _NODE_HANDLERS below maps class to handler.
+
+    def _started(self, e: NodeStarted) -> None:
+        self.node = e.node
+        self.kind = e.kind
+        self.parent_path = e.parent_path
+        if self.status == "failed":
+            self.failures = 0  # an explicit resume of a failed run grants a fresh budget
+        self.status = "running"
+        self.attempt = e.attempt
+        if e.recovered:
+            self.recoveries += 1
+        if self.started_at is None:
+            self.started_at = e.ts
+        self.heartbeat_at = e.ts
+        self.ended_at = None
+        self.invocation_id = e.invocation_id
+        self.requests.clear()  # a re-executed run asks again for what it still needs
+        self.error_code = self.error_type = self.error_message = self.origin_path = None
+
+    def _completed(self, e: NodeCompleted) -> None:
+        self.status = "completed"
+        self.output = e.output
+        self.has_output = e.has_output
+        self.route = e.route
+        self.attempt = max(self.attempt, e.attempt_count)
+        self.ended_at = e.ts
+        self.job_deadline_at = None
+
+    def _retrying(self, e: NodeRetrying) -> None:
+        self.failures += 1
+        self.retries += 1
+        self.attempt = e.attempt + 1
+        self.heartbeat_at = e.ts
+
+    def _failed(self, e: NodeErrorEvent | NodeErrorPropagated) -> None:
+        self.status = "failed"
+        self.failures += 1
+        self.error_code = e.error_code
+        self.error_type = e.error_type
+        if isinstance(e, NodeErrorEvent):
+            self.error_message = e.error_message
+            self.origin_path = e.path
+        else:
+            self.error_message = None
+            self.origin_path = e.origin_path or e.path
+        self.attempt = max(self.attempt, e.attempt_count)
+        self.ended_at = e.ts
+        self.job_deadline_at = None
+
+    def _cancelled(self, e: NodeCancelled) -> None:
+        self.status = "cancelled"
+        self.ended_at = e.ts
+        self.job_deadline_at = None
+
+    def _paused(self, e: NodePaused) -> None:
+        self.status = "waiting_job" if e.waiting == "job" else "waiting_input"
+        self.origin_path = e.origin_path
+        self.ended_at = e.ts
+
+    def _input_requested(self, e: InputRequested) -> None:
+        self.status = "waiting_input"
+        self.requests[e.interrupt_id] = e
+        self.ended_at = e.ts
+
+    def _input_received(self, e: InputReceived) -> None:
+        self.inputs[e.interrupt_id] = e.value
+        self.requests.pop(e.interrupt_id, None)
+
+    def _job_dispatched(self, e: JobDispatched) -> None:
+        self.status = "waiting_job"
+        self.jobs[e.job_id] = e
+        deadline = e.deadline_s
+        self.job_deadline_at = e.ts + deadline if deadline is not None else None
+        self.ended_at = e.ts
+
+    def _job_result(self, e: JobResultReceived) -> None:
+        self.job_results[e.job_id] = e
+        self.job_deadline_at = None
 
     @property
     def open_jobs(self) -> list[JobDispatched]:
         """Dispatched jobs that have not reported yet."""
         return [j for jid, j in self.jobs.items() if jid not in self.job_results]
+
+
+#: How each event class advances a node run. Keyed by exact class: one dict lookup per
+#: event, and each handler's argument is typed by its class, so no handler guesses fields.
+_NODE_HANDLERS: dict[type[Event], Callable[[NodeState, Any], None]] = {
+    NodeStarted: NodeState._started,
+    NodeCompleted: NodeState._completed,
+    NodeRetrying: NodeState._retrying,
+    NodeErrorEvent: NodeState._failed,
+    NodeErrorPropagated: NodeState._failed,
+    NodeCancelled: NodeState._cancelled,
+    NodePaused: NodeState._paused,
+    InputRequested: NodeState._input_requested,
+    InputReceived: NodeState._input_received,
+    JobDispatched: NodeState._job_dispatched,
+    JobResultReceived: NodeState._job_result,
+}
 
 
 @dataclass(slots=True)
@@ -164,7 +216,7 @@ class WorkflowState:
     session_id: str = ""
     workflow: str = ""
     input: Any = None
-    status: str = "new"  # new, running, completed, failed, paused, cancelled
+    status: str = "new"  # new, queued, running, completed, failed, paused, answered, cancelled
     output: Any = None
     error_code: str | None = None
     error_path: str | None = None
@@ -205,27 +257,34 @@ class WorkflowState:
             ns = self.nodes.get(e.path)
             if ns is None:
                 ns = self.nodes[e.path] = NodeState(path=e.path, node=e.node)
-            ns.apply(e)
-            if e.type == "state_updated":
-                self.state.update(e.values)  # type: ignore[attr-defined]
+            handler = _NODE_HANDLERS.get(type(e))  # NodeState.apply, inlined: the replay's hot loop
+            if handler is not None:
+                handler(ns, e)
+                if self.status == "paused" and type(e) in _ANSWER_TYPES and e.invocation_id.startswith("answer-"):
+                    self.status = "answered"  # recorded by answer(), for the next invocation to consume
+            elif type(e) is StateUpdated:
+                self.state.update(e.values)
             return
-        t = e.type
-        if t == "run_started":
+        if isinstance(e, RunStarted):
             if self.invocations == 0:
-                self.workflow = e.workflow  # type: ignore[attr-defined]
-                self.input = e.input  # type: ignore[attr-defined]
+                self.workflow = e.workflow
+                self.input = e.input
                 self.started_at = e.ts
             self.invocations += 1
             self.invocation_id = e.invocation_id
             self.status = "running"
-            self.trace_context = dict(e.trace_context)  # type: ignore[attr-defined]
-        elif t == "run_finished":
-            self.status = e.status  # type: ignore[attr-defined]
-            self.output = e.output  # type: ignore[attr-defined]
-            self.error_code = e.error_code  # type: ignore[attr-defined]
-            self.error_path = e.error_path  # type: ignore[attr-defined]
-        elif t == "state_updated":
-            self.state.update(e.values)  # type: ignore[attr-defined]
+            self.trace_context = dict(e.trace_context)
+        elif isinstance(e, RunFinished):
+            self.status = e.status
+            self.output = e.output
+            self.error_code = e.error_code
+            self.error_path = e.error_path
+        elif isinstance(e, RunSubmitted):
+            self.workflow = e.workflow
+            self.input = e.input
+            self.status = "queued"
+        elif isinstance(e, StateUpdated):
+            self.state.update(e.values)
 
 
 @contextmanager
@@ -296,6 +355,17 @@ def snapshot_state(ws: WorkflowState) -> dict[str, Any]:
     return d
 
 
+def _decode_all(cls: type[E], items: Iterable[dict[str, Any]]) -> list[E]:
+    """Decode the events a snapshot keeps for a node run, each of the class expected."""
+    out: list[E] = []
+    for d in items:
+        e = from_dict(d)
+        if not isinstance(e, cls):
+            raise ValueError(f"expected a {cls.type} event in the snapshot, found {e.type}")
+        out.append(e)
+    return out
+
+
 def restore_state(text: str | bytes) -> WorkflowState:
     """The inverse of :func:`snapshot_state` from its JSON text; raises ``ValueError`` (or
     ``TypeError``/``KeyError``) on a snapshot it cannot read."""
@@ -314,8 +384,8 @@ def restore_state(text: str | bytes) -> WorkflowState:
             if len(row) > n:
                 inputs, requests, jobs, results = row[n]
                 ns.inputs = inputs
-                ns.requests = {e.interrupt_id: e for e in map(from_dict, requests)}  # type: ignore[attr-defined]
-                ns.jobs = {e.job_id: e for e in map(from_dict, jobs)}  # type: ignore[attr-defined]
-                ns.job_results = {e.job_id: e for e in map(from_dict, results)}  # type: ignore[attr-defined]
+                ns.requests = {e.interrupt_id: e for e in _decode_all(InputRequested, requests)}
+                ns.jobs = {e.job_id: e for e in _decode_all(JobDispatched, jobs)}
+                ns.job_results = {e.job_id: e for e in _decode_all(JobResultReceived, results)}
             nodes[ns.path] = ns
     return ws

@@ -217,7 +217,7 @@ def run_demo(
         if running:
             click.echo(f"  worker pid {pid} started nightly_export; killed with SIGKILL inside {HANGING_PATH}")
             click.echo("  its run stays 'running' in the store with no end, and its heartbeat stops:")
-            click.echo(f"  after {stale_after:g}s it is orphaned (flowscope stuck, flowscope_store_orphaned_runs)")
+            click.echo("  its owner's process is gone, so it is orphaned at once (flowscope stuck, flowscope_store_orphaned_runs)")
         else:
             run = next((r for r in store.node_runs(worker_session) if r.path == HANGING_PATH), None)
             where = f"{HANGING_PATH} was {run.status} when it was stopped" if run is not None else f"it never reached {HANGING_PATH}"
@@ -231,7 +231,7 @@ def run_demo(
         log = store.read(main_session)
         ws = rebuild(log)
         history = session_history(log)
-        waterfall = waterfall_lines(views.show_rows(ws, history), end_ts=ws.updated_at, windows=history.windows)
+        waterfall = waterfall_lines(views.show_rows(ws, history=history), end_ts=ws.updated_at, windows=history.windows)
         for line in session_header(ws) + [""] + waterfall:
             click.echo(line)
 
@@ -251,7 +251,7 @@ def run_demo(
             (f"{prefix} show {failed_session}", "the PAYMENT_DECLINED failure, where it began"),
             (f"{prefix} audit --format json", "attempts, retries, recoveries, errors per node"),
             (f"{prefix} stuck --older-than 0s --stale-after {stale}", "the killed worker's orphaned run, the overdue job"),
-            (f"{prefix} resume {worker_session} --force", "recover the orphaned run: a new attempt, finished nodes kept"),
+            (f"{prefix} resume {worker_session}", "recover the orphaned run (no --force): a new attempt, finished nodes kept"),
             (f"{prefix} export {main_session} -o spans.json", "its spans as OTLP JSON, rebuilt from the log"),
             (f"{prefix} serve-metrics", "Prometheus metrics over the store on 127.0.0.1:9464"),
         ]

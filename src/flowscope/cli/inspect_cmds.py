@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 
 from ..fold import WorkflowState, rebuild
+from ..store.base import FINISHED_SESSION_STATUSES
 from . import views
 from .app import DURATION, db_option, emit, format_option, open_store, otlp_protocol_option, resolve_db
 from .failures import EXIT_FAILED, CliError, unknown_session
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
 
 __all__ = ["runs", "show", "audit", "stuck", "events", "export", "COMMANDS"]
 
-#: When a followed session is over: ``show --follow`` stops there.
-_FINAL = ("completed", "failed", "cancelled")
 
 
 @click.command()
@@ -43,13 +42,13 @@ def runs(db: str | None, fmt: str, limit: int, status: str | None, workflow: str
 
 def _session_view(store: SqliteEventStore, session: str) -> tuple[WorkflowState, list[dict[str, Any]], Callable[[], str]]:
     """A session's state, its ``show`` rows and the table people read (header, waterfall,
-    what it waits on), from one read of its log."""
+    what it waits on), from one read of its log and its owner."""
     log = store.read(session)
     if not log:
         raise unknown_session(session, store.path)
     ws = rebuild(log)
     history = session_history(log)
-    rows = views.show_rows(ws, history)
+    rows = views.show_rows(ws, store.session_info(session), history)
 
     def table() -> str:
         waterfall = waterfall_lines(rows, end_ts=ws.updated_at, windows=history.windows)
@@ -98,7 +97,7 @@ def _follow(db: str | None, session: str, interval: float) -> None:
                         click.clear()
                     click.echo(table())
                     click.echo(click.style(f"-- {fmt_time(time.time(), zone=True)}: {ws.status}, {last} events", dim=True))
-                    if ws.status in _FINAL:
+                    if ws.status in FINISHED_SESSION_STATUSES:  # over: --follow stops
                         return
                     click.echo("")
             time.sleep(max(interval, 0.05))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from typing import Any
 
 import click
@@ -19,7 +17,8 @@ from .app import DURATION, command_prefix, db_option, emit, format_option, open_
 from .failures import EXIT_FAILED, CliError, one_line
 from .render import fmt_duration, fmt_time, render_table, zone_name
 from .runtime import configure_cli_tracing, start_metrics_server, wait_for_signal
-from .session_ops import CANCEL_REASON, cancel_events, live_owner, prune_candidates
+from .session_ops import CANCEL_REASON, SessionFinished, SessionOwned, cancel_session, live_owner, prune_candidates
+from .worker_cmds import cwd_importable, record_answers
 
 __all__ = ["resume", "cancel", "prune", "serve_metrics_cmd", "parse_answers", "JOB_RESULT_KEYS", "COMMANDS"]
 
@@ -87,14 +86,18 @@ def _check_answers(ws: WorkflowState, answers: dict[str, Any], results: dict[str
         _check_job_result(jid, results[jid])
 
 
+def _is_bundled(name: str) -> bool:
+    from ..examples import BUNDLED
+
+    return name in BUNDLED
+
+
 def _resolve_workflow(name: str, spec: str | None) -> Any:
     from ..examples import bundled_workflow, load_workflow
 
     try:
         if spec:
-            # like `python -m`: a module in the current directory is importable
-            if os.getcwd() not in sys.path and "" not in sys.path:
-                sys.path.insert(0, os.getcwd())
+            cwd_importable()
             wf = load_workflow(spec)
         else:
             wf = bundled_workflow(name)
@@ -113,8 +116,8 @@ def _resolve_workflow(name: str, spec: str | None) -> Any:
 @db_option
 @click.option("--input", "inputs", multiple=True, metavar="ID=JSON", help="Answer the input request ID (repeatable), e.g. approval=true.")
 @click.option("--job", "jobs", multiple=True, metavar="ID=JSON", help='Deliver the result of job ID (repeatable), e.g. JOB=\'{"success": true, "count": 3}\'.')
-@click.option("--workflow", "workflow_spec", metavar="MODULE:ATTR", help="The workflow to resume with (default: the bundled workflow of that name).")
-@click.option("--force", is_flag=True, help="Resume even if the session's heartbeat is recent (its worker is known to be dead).")
+@click.option("--workflow", "workflow_spec", metavar="MODULE:ATTR", help="Run the session here with this workflow's code (without it, --input/--job are recorded for a worker).")
+@click.option("--force", is_flag=True, help="Take the session from its owner even if that owner looks alive (it is known to be dead).")
 @click.option("--otlp-endpoint", metavar="URL", help="Send the spans of this invocation to an OTLP endpoint.")
 @otlp_protocol_option
 def resume(
@@ -129,9 +132,12 @@ def resume(
 ) -> None:
     """Continue a paused, failed or crashed session from the store.
 
-    Finished node runs are kept (fast-forwarded from the log), a run whose worker died is
-    re-executed as a new attempt, and --input/--job answer what the session waits on.
-    Exit code 0 when the session completed or paused again, 1 when it failed.
+    Without the workflow's code (no --workflow, not a bundled workflow), --input/--job are
+    recorded in the store for a worker of the session's workflow to pick up, and the
+    command says whether one was seen. With --workflow MODULE:ATTR (or a bundled
+    workflow) the session runs here: finished node runs are kept (fast-forwarded from the log), a run
+    whose worker died is re-executed as a new attempt. Exit code 0 when the answers were
+    recorded or the session completed or paused again, 1 when it failed.
     """
     from .. import Runner
     from .progress import ProgressPlugin
@@ -150,6 +156,9 @@ def resume(
                 f"session {session!r} is paused waiting for {_waiting_on(ws) or 'nothing'}: answer with --input ID=JSON or --job ID=JSON"
             )
         _check_answers(ws, answers, results)
+        if workflow_spec is None and not _is_bundled(ws.workflow):
+            record_answers(store, session, ws, answers, results)  # no code here: through the store
+            return
         wf = _resolve_workflow(ws.workflow, workflow_spec)
         tracing = configure_cli_tracing(
             otlp_endpoint, otlp_protocol, "flowscope", warn=lambda text: click.echo(f"warning: {text}", err=True)
@@ -202,27 +211,27 @@ def _resume_record(store: Any, session: str, invocation_id: str) -> tuple[int, i
 @click.argument("session")
 @db_option
 @click.option("--reason", default=CANCEL_REASON, show_default=True, help="Why: recorded on every cancelled run.")
-@click.option("--force", is_flag=True, help="Cancel even if a process heartbeated the session recently (you know it is dead).")
+@click.option("--force", is_flag=True, help="Cancel even if a live owner holds the session's lease (you know it is dead).")
 def cancel(session: str, db: str | None, reason: str, force: bool) -> None:
     """End a paused or orphaned session for good.
 
     Every open run gets a NodeCancelled (with --reason) and the session a RunFinished
-    with status cancelled, in one append; `resume` refuses it afterwards. A session a
-    live process is running (a fresh heartbeat) is refused unless --force.
+    with status cancelled, in one append under a fresh lease (the owner's epoch is
+    fenced off); `resume` refuses it afterwards. A session whose owner is alive (its
+    lease is current and its process exists) is refused unless --force.
     """
     store = open_store(db, write=True)
     with store:
         ws = views.load_session(store, session)
-        if ws.status in FINISHED_SESSION_STATUSES:
-            raise CliError(f"session {session!r} is already {ws.status}; there is nothing to cancel")
-        age = live_owner(store, ws)
-        if age is not None and not force:
-            raise CliError(
-                f"session {session!r} is being run by a live process (last sign of life {age:.1f}s ago): "
-                "stop it first, or pass --force if it is dead"
-            )
-        events = cancel_events(ws, " ".join(reason.split()) or CANCEL_REASON)
-        store.append(session, events, ws.last_seq)
+        held = live_owner(store, session) if force else None
+        try:
+            ws, events = cancel_session(store, ws, " ".join(reason.split()) or CANCEL_REASON, force=force)
+        except SessionFinished as exc:
+            raise CliError(str(exc)) from None
+        except SessionOwned as exc:
+            raise CliError(f"{exc} (it is being run by a live process), or pass --force if it is dead") from None
+    if held is not None and held.owner is not None:
+        click.echo(f"warning: --force: took the session from {held.owner.describe()}, whose lease was current", err=True)
     runs = len(events) - 2
     click.echo(click.style("cancelled", fg="bright_black") + f" {session} ({ws.workflow}, was {ws.status}): {runs} open run(s) cancelled")
 
@@ -245,7 +254,8 @@ PRUNE_KEYS = ("session_id", "workflow", "status", "updated_at", "events")
 def prune(db: str | None, fmt: str, older_than: float, statuses: tuple[str, ...], dry_run: bool) -> None:
     """Delete whole finished sessions (completed, failed, cancelled) older than --older-than.
 
-    A session with an open run (running, paused, waiting for a job) is never deleted. The
+    A session with an open run (running, paused, waiting for a job) or a live owner is
+    never deleted. The
     freed pages are reused by new events; `sqlite3 DB VACUUM` shrinks the file itself.
     """
     store = open_store(db, write=not dry_run)

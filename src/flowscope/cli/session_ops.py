@@ -1,9 +1,9 @@
 """What ``flowscope cancel`` and ``flowscope prune`` do to a store, apart from printing.
 
 :func:`live_owner` is the one place the CLI asks "is a process still running this
-session?" (cancel refuses then, unless forced). It applies the rule ``resume()`` applies
-today (:func:`flowscope.liveness.resume_lease_s` over the session's last write and its
-runs' heartbeats); an ownership lease can replace it here alone.
+session?": the ownership rule ``resume()`` applies (the session's recorded owner and
+lease, :func:`flowscope.liveness.owner_alive`), so cancel refuses exactly the sessions a
+resume would refuse. :func:`cancel_session` appends the cancel through the fence.
 """
 
 from __future__ import annotations
@@ -13,27 +13,50 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterable
 
+from ..errors import ConcurrencyConflict
 from ..events import Event, NodeCancelled, RunFinished, RunStarted
-from ..fold import WorkflowState
-from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
+from ..fold import WorkflowState, rebuild
+from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S, owner_alive, resume_lease_s
+from ..ownership import this_process
 from ..store.base import FINISHED_SESSION_STATUSES, EventStore, SessionInfo
 
-__all__ = ["CANCEL_REASON", "live_owner", "cancel_events", "PruneCandidate", "prune_candidates"]
+__all__ = [
+    "CANCEL_REASON",
+    "SessionOwned",
+    "SessionFinished",
+    "live_owner",
+    "cancel_events",
+    "cancel_session",
+    "PruneCandidate",
+    "prune_candidates",
+]
 
 #: The ``NodeCancelled.reason`` of a run ended by ``flowscope cancel`` without ``--reason``.
 CANCEL_REASON = "cancelled by an operator (flowscope cancel)"
 
 
-def live_owner(store: EventStore, ws: WorkflowState, now: float | None = None) -> float | None:
-    """Seconds since the session's last sign of life if a process may still be running it
-    (within the resume lease of the default heartbeat interval), else None."""
-    if ws.status != "running":
+class SessionOwned(Exception):
+    """A live owner holds the session: cancel refuses it without ``force``. The message is
+    the store's (:func:`flowscope.store.base.owned_elsewhere`: host, pid and lease age)."""
+
+
+class SessionFinished(Exception):
+    """The session is already over (its status is in ``FINISHED_SESSION_STATUSES``)."""
+
+    def __init__(self, session_id: str, status: str) -> None:
+        super().__init__(f"session {session_id!r} is already {status}; there is nothing to cancel")
+        self.status = status
+
+
+def live_owner(store: EventStore, session_id: str, now: float | None = None) -> SessionInfo | None:
+    """The session as the store lists it if a live owner holds its lease
+    (:func:`~flowscope.liveness.owner_alive`), else None (no owner, released, expired, or
+    its process is gone)."""
+    info = store.session_info(session_id)
+    if info is None:
         return None
     now = time.time() if now is None else now
-    beats = [r.heartbeat_at for r in store.node_runs(ws.session_id) if r.status == "running" and r.heartbeat_at]
-    last = max([ws.updated_at or 0.0, *beats])
-    age = now - last
-    return age if age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S) else None
+    return info if owner_alive(info.owner, info.lease_expires_at, now) else None
 
 
 def cancel_events(ws: WorkflowState, reason: str, now: float | None = None) -> list[Event]:
@@ -48,6 +71,36 @@ def cancel_events(ws: WorkflowState, reason: str, now: float | None = None) -> l
         out.append(NodeCancelled(session_id=sid, invocation_id=inv, ts=now, path=ns.path, node=ns.node, reason=reason))
     out.append(RunFinished(session_id=sid, invocation_id=inv, ts=now, status="cancelled"))
     return out
+
+
+def cancel_session(
+    store: EventStore, ws: WorkflowState, reason: str, *, force: bool = False
+) -> tuple[WorkflowState, list[Event]]:
+    """End the session for good, through the fence: acquire it (refused with
+    :class:`SessionOwned` while a live owner holds it, unless ``force``), append
+    :func:`cancel_events` under the new epoch, release. Returns the state it cancelled
+    (folded again if the session moved meanwhile) and the events appended.
+
+    Taking the session first advances its epoch, so an owner thought dead that wakes up
+    appends nothing more (``LeaseLost``); the append itself is checked against that epoch.
+    """
+    sid = ws.session_id
+    if ws.status in FINISHED_SESSION_STATUSES:
+        raise SessionFinished(sid, ws.status)
+    try:
+        lease = store.acquire(sid, this_process(), resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S), force=force)
+    except ConcurrencyConflict as exc:
+        raise SessionOwned(str(exc)) from None
+    try:
+        if store.last_seq(sid) != ws.last_seq:  # the owner appended before we took it
+            ws = rebuild(store.read(sid))
+            if ws.status in FINISHED_SESSION_STATUSES:
+                raise SessionFinished(sid, ws.status)
+        events = cancel_events(ws, reason)
+        store.append(sid, events, ws.last_seq, epoch=lease.epoch)
+    finally:
+        store.release(lease)
+    return ws, events
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,17 @@ import time
 from typing import Any, Iterable
 
 from ..errors import UnknownSessionError
-from ..store.base import EventStore, NodeRun
-from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
+from ..store.base import EventStore, NodeRun, SessionInfo
+from ..liveness import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    ORPHANED,
+    OVERDUE,
+    RUNNING,
+    WAITING_INPUT,
+    WAITING_JOB,
+    classify_open_run,
+    resume_lease_s,
+)
 from ..fold import OPEN_STATES, NodeState, WorkflowState, rebuild
 from .history import RetryReasons, SessionHistory, request_row, retry_label
 
@@ -33,9 +42,6 @@ __all__ = [
     "stuck_rows",
 ]
 
-#: A resume refuses a session whose runs heartbeat more recently than this (3 x the
-#: runner's default 5 s heartbeat interval) unless forced.
-
 RUN_KEYS = (
     "session_id",
     "workflow",
@@ -49,6 +55,7 @@ RUN_KEYS = (
     "open_runs",
     "failed_runs",
     "error_code",
+    "owner",
 )
 
 SHOW_KEYS = (
@@ -79,6 +86,7 @@ SHOW_KEYS = (
     "requests",
     "retried",
     "segments",
+    "owner",
 )
 
 AUDIT_KEYS = (
@@ -132,6 +140,7 @@ STUCK_KEYS = (
     "job_deadline_at",
     "waiting_on",
     "action",
+    "owner",
 )
 
 _UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -166,6 +175,14 @@ def load_session(store: EventStore, session_id: str) -> WorkflowState:
     if not events:
         raise UnknownSessionError(f"no session {session_id!r} in {_where(store)}: `flowscope runs` lists the sessions")
     return rebuild(events)
+
+
+def owner_row(info: SessionInfo | None) -> dict[str, Any] | None:
+    """The session's ``owner`` as the listings show it, or None if no owner ever took it."""
+    if info is None or info.owner is None:
+        return None
+    o = info.owner
+    return {"worker_id": o.worker_id, "host": o.host, "pid": o.pid, "lease_expires_at": info.lease_expires_at}
 
 
 def _where(store: EventStore) -> str:
@@ -235,6 +252,7 @@ def runs_rows(
                 "invocations": s.invocations,
                 "events": s.last_seq,
                 **per[s.session_id],
+                "owner": owner_row(s),
             }
         )
     return rows
@@ -267,13 +285,17 @@ def _tree(ws: WorkflowState) -> list[tuple[NodeState, int]]:
     return out
 
 
-def show_rows(ws: WorkflowState, history: SessionHistory | None = None) -> list[dict[str, Any]]:
+def show_rows(
+    ws: WorkflowState, info: SessionInfo | None = None, history: SessionHistory | None = None
+) -> list[dict[str, Any]]:
     """The session's node runs as a timeline (depth-first by path).
 
+    ``info`` (the store's :class:`SessionInfo`) gives each row the session's ``owner``;
     ``history`` (from :func:`.history.session_history` over the same log) adds each run's
     retried attempts and its segments, one per invocation that ran it.
     """
     t0 = ws.started_at
+    owner = owner_row(info)
     rows = []
     for ns, depth in _tree(ws):
         start = ns.started_at
@@ -318,6 +340,7 @@ def show_rows(ws: WorkflowState, history: SessionHistory | None = None) -> list[
                 "requests": [request_row(req) for req in ns.requests.values()] if ns.status == "waiting_input" else [],
                 "retried": list(history.retried.get(ns.path, ())) if history is not None else [],
                 "segments": list(history.segments.get(ns.path, ())) if history is not None else [],
+                "owner": owner,
             }
         )
     return rows
@@ -407,16 +430,6 @@ def audit_run_rows(runs: list[NodeRun], retried: RetryReasons | None = None) -> 
 # --------------------------------------------------------------------------- stuck
 
 
-def classify_open_run(r: NodeRun, now: float, stale_after_s: float) -> str:
-    """running, orphaned, waiting_input, waiting_job or overdue (as the StoreCollector counts)."""
-    if r.status == "running":
-        beat = r.heartbeat_at if r.heartbeat_at is not None else r.started_at
-        return "orphaned" if beat is None or beat < now - stale_after_s else "running"
-    if r.status == "waiting_job":
-        return "overdue" if r.job_deadline_at is not None and r.job_deadline_at < now else "waiting_job"
-    return r.status
-
-
 def stuck_rows(
     store: EventStore,
     older_than_s: float,
@@ -426,7 +439,7 @@ def stuck_rows(
     states: Iterable[str] | None = None,
     now: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Open runs older than ``older_than_s``, oldest first, classified.
+    """Open runs older than ``older_than_s``, oldest first, classified by :mod:`flowscope.liveness`.
 
     By default an enclosing run (a workflow node, or the parent of a dynamic child) is
     left out when a run below it is listed: the innermost run is the one to act on.
@@ -444,8 +457,16 @@ def stuck_rows(
     wanted = set(states) if states else None
     rows = []
     states_cache: dict[str, WorkflowState] = {}
+    infos: dict[str, SessionInfo | None] = {}
     for r in runs:
-        state = classify_open_run(r, now, stale_after_s)
+        if r.session_id not in infos:
+            infos[r.session_id] = store.session_info(r.session_id)
+        info = infos[r.session_id]
+        state = classify_open_run(
+            r.status, r.started_at, r.heartbeat_at, r.job_deadline_at, now, stale_after_s,
+            owner=info.owner if info is not None else None,
+            lease_expires_at=info.lease_expires_at if info is not None else None,
+        )
         if wanted is not None and state not in wanted:
             continue
         waiting_on: list[str] = []
@@ -472,23 +493,29 @@ def stuck_rows(
                 "heartbeat_age_s": _round(beat_age) if r.status == "running" and beat_age is not None else None,
                 "job_deadline_at": r.job_deadline_at,
                 "waiting_on": waiting_on,
-                "action": _action(r, state, waiting_on, beat_age),
+                "action": _action(r, state, waiting_on, beat_age, info),
+                "owner": owner_row(info),
             }
         )
     return rows
 
 
-def _action(r: NodeRun, state: str, waiting_on: list[str], beat_age: float | None) -> str:
+def _action(r: NodeRun, state: str, waiting_on: list[str], beat_age: float | None, info: SessionInfo | None) -> str:
     sid = r.session_id
-    if state == "orphaned":
-        force = " --force" if beat_age is not None and beat_age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S) else ""
-        return f"flowscope resume {sid}{force}"
-    if state == "running":
+    owner = info.owner if info is not None else None
+    if state == ORPHANED:
+        # An owned session is free once orphaned; one without an owner is refused to a
+        # resume while its heartbeat looks fresh.
+        fresh = owner is None and beat_age is not None and beat_age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S)
+        return f"flowscope resume {sid}{' --force' if fresh else ''}"
+    if state == RUNNING:
+        if owner is not None:
+            return f"alive ({owner.describe()} holds the lease): check that worker; it is slow, blocked or looping"
         return "alive (fresh heartbeat): check the worker; it is slow, blocked or looping"
-    if state == "waiting_input":
+    if state == WAITING_INPUT:
         iid = waiting_on[0] if waiting_on else "ID"
         return f"flowscope resume {sid} --input '{iid}=JSON'"
-    if state in ("waiting_job", "overdue"):
+    if state in (WAITING_JOB, OVERDUE):
         jid = waiting_on[0] if waiting_on else "JOB_ID"
         return f"flowscope resume {sid} --job '{jid}=JSON'"
     return f"flowscope show {sid}"

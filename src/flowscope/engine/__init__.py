@@ -1,7 +1,13 @@
 """The workflow engine: graphs, nodes, contexts and the runner.
 
 It knows nothing of OpenTelemetry, Prometheus or SQL: it talks to a store through the
-``EventStore`` port and to everything else through plugins.
+``EventStore`` port and to everything else through the hook port (``hooks.py``).
+
+Modules, each importing only those listed before it: ``graph`` (what a workflow is),
+``context`` (what a node and a plugin see), ``hooks`` (the plugin port), ``record`` (an
+invocation's state, emit and flush), ``attempts`` and ``pauses`` (a node run's attempts;
+input and jobs), ``invocation`` (scheduling a graph in steps), ``runner`` (the public
+``Runner``: load, resume, snapshots).
 """
 
 from .context import NodeContext, NodeOutcome, PauseSignal, RunInfo

@@ -1,31 +1,38 @@
-"""What a running node sees (``NodeContext``) and what plugins are handed."""
+"""What a running node sees (``NodeContext``) and what plugins are handed.
+
+These are the engine's records (``RunInfo``, ``NodeOutcome``, ``RunResult``) and the
+context's view of the invocation that runs it (:class:`RunServices`), so that the hook
+port and the invocation both depend on this module and it depends on neither.
+"""
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..events import Event
     from .graph import Node
-    from .runner import _Invocation
 
-__all__ = ["NodeContext", "RunInfo", "NodeOutcome", "PauseSignal"]
+__all__ = ["NodeContext", "RunInfo", "NodeOutcome", "RunResult", "PauseSignal", "RunServices"]
 
 
 class PauseSignal(BaseException):
     """Unwinds a run that waits for input or a job.
 
     A ``BaseException`` so that ``except Exception`` in user code cannot swallow a pause.
-    ``origin`` is the path of the run that asked; ``waiting`` is "input" or "job".
+    ``origin`` is the path of the run that asked; ``waiting`` is "input" or "job";
+    ``event`` is the event that asked (``InputRequested``, ``JobDispatched``), which is
+    then the asking run's terminal event, or None for a run that keeps waiting.
     """
 
-    def __init__(self, origin: str, waiting: str, ids: list[str]) -> None:
+    def __init__(self, origin: str, waiting: str, ids: list[str], event: Event | None = None) -> None:
         super().__init__(f"{origin} is waiting for {waiting}")
         self.origin = origin
         self.waiting = waiting
         self.ids = ids
+        self.event = event
 
 
 @dataclass(slots=True)
@@ -70,6 +77,52 @@ class NodeOutcome:
     duration_s: float = 0.0
 
 
+@dataclass(slots=True)
+class RunResult:
+    """How an invocation ended without an exception: ``completed`` or ``paused``."""
+
+    status: str
+    output: Any
+    session_id: str
+    invocation_id: str
+    pending: list[Event] = field(default_factory=list)
+    replayed: int = 0
+    recovered: int = 0
+
+
+class RunServices(Protocol):
+    """What a :class:`NodeContext` asks of the invocation running it (the engine's
+    ``Invocation`` provides it; this port keeps the context from importing it)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def invocation_id(self) -> str: ...
+
+    @property
+    def run(self) -> RunInfo: ...
+
+    @property
+    def state(self) -> dict[str, Any]: ...
+
+    async def request_input(self, ctx: NodeContext, interrupt_id: str, prompt: str, payload: Any) -> Any: ...
+
+    async def run_child(self, parent: NodeContext, node: Node, input: Any) -> Any: ...
+
+    async def await_job(
+        self,
+        ctx: NodeContext,
+        n: int,
+        dispatch: Callable[[Any], Any],
+        payload: Any,
+        expect_count: bool,
+        deadline_s: float | None,
+    ) -> Any: ...
+
+    def heartbeat(self, paths: list[str]) -> None: ...
+
+
 class NodeContext:
     """Handed to a node's function as ``ctx``: identity, attempt, state and the engine's services."""
 
@@ -96,7 +149,7 @@ class NodeContext:
 
     def __init__(
         self,
-        inv: _Invocation,
+        inv: RunServices,
         node: Node,
         path: str,
         attempt: int,
@@ -128,7 +181,7 @@ class NodeContext:
     @property
     def run(self) -> RunInfo:
         """The invocation this run belongs to (workflow name, session, trace context)."""
-        return self._inv.run  # type: ignore[return-value]
+        return self._inv.run
 
     @property
     def parent_path(self) -> str:

@@ -1,5 +1,11 @@
 """Observability adapters: OpenTelemetry spans, Prometheus/OTel metrics, store-backed metrics.
 
+Spans: ``spans`` (the one mapping from events to span names, attributes, status, span
+events), applied live by ``tracing`` and after the fact by ``log_spans`` (the walk over a
+session's log) and ``export`` (OTLP encoding and sending); ``otlp`` (endpoints, protocol,
+exporter) and ``setup`` (``configure_tracing``). Metrics: ``metrics``, ``store_collector``,
+``serve``.
+
 Names are imported lazily so that ``import flowscope.observability`` stays cheap and a
 user of one backend does not pay for the other.
 """

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Iterator
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import start_http_server
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from ..store.base import EventStore
 from .store_collector import StoreCollector
 
 __all__ = ["serve_metrics", "MetricsServer", "DEFAULT_PORT"]
@@ -36,13 +39,13 @@ DEFAULT_PORT = 9464
 class _Forward(Collector):
     """Yields whatever another registry collects (no names of its own: no clash)."""
 
-    def __init__(self, registry: Any) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         return iter(self._registry.collect())
 
-    def describe(self) -> list[Any]:
+    def describe(self) -> list[Metric]:
         return []
 
 
@@ -54,7 +57,7 @@ class MetricsServer:
     port: int
     registry: CollectorRegistry
     store_collector: StoreCollector | None
-    _server: Any = field(repr=False)
+    _server: WSGIServer | None = field(repr=False)
     _thread: threading.Thread = field(repr=False)
 
     @property
@@ -79,7 +82,7 @@ class MetricsServer:
 
 
 def serve_metrics(
-    store: Any = None,
+    store: EventStore | None = None,
     registry: CollectorRegistry | None = None,
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,

@@ -24,24 +24,20 @@ The global tracer provider is left alone unless ``set_global=True``.
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
+
+from . import otlp
+from .otlp import PROTOCOLS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from .tracing import TracingPlugin
 
 __all__ = ["configure_tracing", "TracingHandle", "PROTOCOLS"]
 
 log = logging.getLogger("flowscope.observability.setup")
 
-PROTOCOLS = ("http/protobuf", "grpc")
-_HTTP_TRACES_PATH = "/v1/traces"
-
-
-def _env(*names: str) -> str | None:
-    for name in names:
-        value = os.environ.get(name, "").strip()
-        if value:
-            return value
-    return None
 
 
 class TracingHandle:
@@ -50,14 +46,14 @@ class TracingHandle:
     Usable as a context manager (shutdown on exit). ``shutdown()`` is idempotent.
     """
 
-    def __init__(self, provider: Any, exporters: list[str], set_global: bool) -> None:
+    def __init__(self, provider: TracerProvider, exporters: list[str], set_global: bool) -> None:
         self.provider = provider
         #: what the spans go to, e.g. ``["otlp grpc http://localhost:4317", "console"]``
         self.exporters = exporters
         self.is_global = set_global
         self._closed = False
 
-    def plugin(self, **kwargs: Any) -> Any:
+    def plugin(self, **kwargs: Any) -> TracingPlugin:
         """A :class:`~flowscope.observability.TracingPlugin` on this provider."""
         from .tracing import TracingPlugin
 
@@ -84,29 +80,6 @@ class TracingHandle:
 
     def __repr__(self) -> str:
         return f"<TracingHandle exporters={self.exporters!r}{' closed' if self._closed else ''}>"
-
-
-def _http_endpoint(endpoint: str) -> str:
-    """A bare ``http://host:4318`` gets the traces path, as OTEL_EXPORTER_OTLP_ENDPOINT would."""
-    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    if parts.path in ("", "/"):
-        return parts._replace(path=_HTTP_TRACES_PATH).geturl()
-    return parts.geturl()
-
-
-def _otlp_exporter(protocol: str, endpoint: str | None, timeout: float | None, headers: dict[str, str] | None) -> Any:
-    kwargs: dict[str, Any] = {}
-    if timeout is not None:
-        kwargs["timeout"] = timeout
-    if headers:
-        kwargs["headers"] = headers
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-
-        return GrpcExporter(endpoint=endpoint, **kwargs)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-
-    return HttpExporter(endpoint=_http_endpoint(endpoint) if endpoint else None, **kwargs)
 
 
 def configure_tracing(
@@ -138,28 +111,23 @@ def configure_tracing(
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
-    if protocol is None:
-        protocol = _env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
-    if protocol == "http":
-        protocol = "http/protobuf"
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, not {protocol!r}")
+    protocol = otlp.resolve_protocol(protocol)
 
-    wanted = {w.strip().lower() for w in (_env("OTEL_TRACES_EXPORTER") or "").split(",") if w.strip()}
+    wanted = {w.strip().lower() for w in (otlp.env("OTEL_TRACES_EXPORTER") or "").split(",") if w.strip()}
     use_otlp = otlp_endpoint is not None
-    env_endpoint = _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+    env_endpoint = otlp.env_traces_endpoint()
     if not use_otlp and "none" not in wanted and (env_endpoint is not None or "otlp" in wanted):
         use_otlp = True  # the exporter reads the endpoint (or its default) from the environment itself
     use_console = console or "console" in wanted
 
     attrs: dict[str, Any] = dict(resource_attributes or {})
-    if not _env("OTEL_SERVICE_NAME"):
+    if not otlp.env("OTEL_SERVICE_NAME"):
         attrs[SERVICE_NAME] = service_name
     provider = TracerProvider(resource=Resource.create(attrs))
 
     described: list[str] = []
     if use_otlp:
-        exporter = _otlp_exporter(protocol, otlp_endpoint, timeout, headers)
+        exporter = otlp.span_exporter(protocol, otlp_endpoint, timeout=timeout, headers=headers)
         provider.add_span_processor(BatchSpanProcessor(exporter))
         described.append(f"otlp {protocol} {otlp_endpoint or env_endpoint or '(default endpoint)'}")
     if use_console:

@@ -3,7 +3,10 @@
 A prometheus-client custom collector. Because it reads the store's ``node_runs``
 projection (not this process's memory) it sees the runs of every worker that shares the
 store, including workers that died: a run left ``running`` by a killed process shows as
-open, then as orphaned once its heartbeat is older than ``stale_after_s``.
+open, and as orphaned by :mod:`flowscope.liveness`'s rule: at once when its owner was a
+process on this host that is gone, when its owner's lease has ended, or (sessions without
+an owner) once its heartbeat is older than ``stale_after_s``. Queued sessions (submitted,
+not yet started by a worker) come from :meth:`EventStore.queued_summary`.
 
 ======================================================== =====================================
 series                                                   labels
@@ -12,6 +15,8 @@ series                                                   labels
 ``flowscope_store_oldest_open_run_start_timestamp_seconds`` workflow, node, state
 ``flowscope_store_orphaned_runs``                        workflow, node
 ``flowscope_store_overdue_jobs``                         workflow, node
+``flowscope_store_queued_sessions``                      workflow
+``flowscope_store_oldest_queued_timestamp_seconds``      workflow
 ``flowscope_store_up``                                   (none): 1 if the store answered
 ======================================================== =====================================
 
@@ -22,10 +27,11 @@ alert resolution behave (0 for the oldest-start timestamp means "no open run": a
 ``flowscope_store_up 0`` with no other ``flowscope_store_*`` sample; the scrape itself
 never fails. :meth:`describe` never touches the store.
 
-The collector asks the store for an aggregate when it offers one
-(``store.open_run_summary(now=..., stale_after_s=...)``, see :class:`OpenRunGroup`), which
-an SQL store answers with one ``GROUP BY`` over its status index; otherwise it folds
-``store.open_runs()`` itself.
+The collector asks the store for the aggregate
+(:meth:`EventStore.open_run_summary <flowscope.store.base.EventStore.open_run_summary>`,
+rows of :class:`~flowscope.store.base.OpenRunGroup`): an SQL store answers it with one
+``GROUP BY`` over its open-runs index, any other folds ``open_runs()``. Orphaned and
+overdue are :mod:`flowscope.liveness`'s definitions.
 """
 
 from __future__ import annotations
@@ -33,29 +39,34 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..fold import OPEN_STATES
+from ..store.base import EventStore, OpenRunGroup, QueuedGroup, summarize_open_runs
+
 __all__ = ["StoreCollector", "OpenRunGroup", "summarize_open_runs", "OPEN_STATES"]
 
 log = logging.getLogger("flowscope.observability.store_collector")
-
-OPEN_STATES = ("running", "waiting_input", "waiting_job")
 
 OPEN_RUNS = "flowscope_store_open_runs"
 OLDEST = "flowscope_store_oldest_open_run_start_timestamp_seconds"
 ORPHANED = "flowscope_store_orphaned_runs"
 OVERDUE = "flowscope_store_overdue_jobs"
+QUEUED = "flowscope_store_queued_sessions"
+OLDEST_QUEUED = "flowscope_store_oldest_queued_timestamp_seconds"
 UP = "flowscope_store_up"
 
 _HELP = {
     OPEN_RUNS: "Open node runs in the store by state (running, waiting_input, waiting_job), all processes.",
     OLDEST: "Start time (epoch seconds) of the oldest open node run by state; 0 when there is none.",
-    ORPHANED: "Node runs marked running whose heartbeat is older than stale_after_s: their worker died.",
+    ORPHANED: "Node runs marked running whose owner is gone (lease ended, or its process on this host died; "
+    "without an owner: heartbeat older than stale_after_s).",
     OVERDUE: "Node runs waiting for an external job that is past its deadline_s.",
+    QUEUED: "Sessions submitted and not yet started by a worker, by workflow.",
+    OLDEST_QUEUED: "Submit time (epoch seconds) of the oldest queued session by workflow; 0 when there is none.",
     UP: "1 if the store answered the last scrape, 0 if it failed (see the log).",
 }
 _LABELS = {
@@ -63,58 +74,10 @@ _LABELS = {
     OLDEST: ("workflow", "node", "state"),
     ORPHANED: ("workflow", "node"),
     OVERDUE: ("workflow", "node"),
+    QUEUED: ("workflow",),
+    OLDEST_QUEUED: ("workflow",),
     UP: (),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class OpenRunGroup:
-    """The open runs of one (workflow, node, state), aggregated.
-
-    What ``store.open_run_summary(now, stale_after_s)`` returns a list of (tuples in this
-    field order are accepted too): ``count`` runs, the earliest ``oldest_started_at``;
-    ``orphaned`` counts ``running`` runs whose heartbeat (or start, without one) is more
-    than ``stale_after_s`` before ``now``; ``overdue`` counts ``waiting_job`` runs whose
-    ``job_deadline_at`` is before ``now``.
-    """
-
-    workflow: str
-    node: str
-    state: str
-    count: int
-    oldest_started_at: float | None
-    orphaned: int = 0
-    overdue: int = 0
-
-
-def summarize_open_runs(runs: Iterable[Any], now: float, stale_after_s: float) -> list[OpenRunGroup]:
-    """Fold ``NodeRun`` records (``store.open_runs()``) into :class:`OpenRunGroup` rows.
-
-    The reference definition a store's ``open_run_summary`` must match.
-    """
-    acc: dict[tuple[str, str, str], list[Any]] = {}
-    stale_before = now - stale_after_s
-    for r in runs:
-        state = r.status
-        if state not in OPEN_STATES:
-            continue
-        key = (r.workflow or "", r.node or "", state)
-        a = acc.get(key)
-        if a is None:
-            a = acc[key] = [0, None, 0, 0]
-        a[0] += 1
-        started = r.started_at
-        if started is not None and (a[1] is None or started < a[1]):
-            a[1] = started
-        if state == "running":
-            beat = r.heartbeat_at if r.heartbeat_at is not None else started
-            if beat is None or beat < stale_before:
-                a[2] += 1
-        elif state == "waiting_job":
-            deadline = r.job_deadline_at
-            if deadline is not None and deadline < now:
-                a[3] += 1
-    return [OpenRunGroup(wf, node, state, *a) for (wf, node, state), a in acc.items()]
 
 
 class StoreCollector(Collector):
@@ -128,7 +91,7 @@ class StoreCollector(Collector):
     :func:`~flowscope.observability.serve.serve_metrics` do it.
     """
 
-    def __init__(self, store: Any, stale_after_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: EventStore, stale_after_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
         if stale_after_s < 0:
             raise ValueError("stale_after_s must be >= 0")
         self.store = store
@@ -139,6 +102,7 @@ class StoreCollector(Collector):
         self._seen_open: set[tuple[str, str, str]] = set()
         self._seen_orphaned: set[tuple[str, str]] = set()
         self._seen_overdue: set[tuple[str, str]] = set()
+        self._seen_queued: set[str] = set()
         self.last_error: BaseException | None = None
         self.last_scrape_s: float | None = None
 
@@ -149,7 +113,7 @@ class StoreCollector(Collector):
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         """The families this collector produces, without samples; the store is not read."""
-        for name in (OPEN_RUNS, OLDEST, ORPHANED, OVERDUE, UP):
+        for name in (OPEN_RUNS, OLDEST, ORPHANED, OVERDUE, QUEUED, OLDEST_QUEUED, UP):
             yield GaugeMetricFamily(name, _HELP[name], labels=_LABELS[name])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -157,6 +121,7 @@ class StoreCollector(Collector):
         now = self.clock()
         try:
             groups = self._groups(now)
+            queued = self.store.queued_summary()
         except Exception as exc:  # a scrape must survive a locked, missing or broken store
             self.last_error = exc
             log.warning("flowscope StoreCollector could not read %r: %s: %s", self.store, type(exc).__name__, exc)
@@ -166,6 +131,7 @@ class StoreCollector(Collector):
             return
         self.last_error = None
         yield from self._families(groups)
+        yield from self._queued_families(queued)
         up = GaugeMetricFamily(UP, _HELP[UP])
         up.add_metric((), 1.0)
         yield up
@@ -174,11 +140,11 @@ class StoreCollector(Collector):
     # -- reading and shaping ----------------------------------------------------------------
 
     def _groups(self, now: float) -> list[OpenRunGroup]:
-        summary = getattr(self.store, "open_run_summary", None)
-        if callable(summary):
-            rows = summary(now=now, stale_after_s=self.stale_after_s)
-            return [r if isinstance(r, OpenRunGroup) else OpenRunGroup(*r) for r in rows]
-        return summarize_open_runs(self.store.open_runs(), now, self.stale_after_s)
+        rows: Iterable[OpenRunGroup | tuple[Any, ...]] = self.store.open_run_summary(
+            now=now, stale_after_s=self.stale_after_s
+        )
+        # Adapters written before OpenRunGroup existed return plain tuples in its field order.
+        return [r if isinstance(r, OpenRunGroup) else OpenRunGroup(*r) for r in rows]
 
     def _families(self, groups: list[OpenRunGroup]) -> list[GaugeMetricFamily]:
         open_runs: dict[tuple[str, str, str], tuple[float, float]] = {}
@@ -208,9 +174,22 @@ class StoreCollector(Collector):
             f_open.add_metric(key, count)
             f_oldest.add_metric(key, oldest)
         f_orphaned = GaugeMetricFamily(ORPHANED, _HELP[ORPHANED], labels=_LABELS[ORPHANED])
-        for key in seen_orphaned:
-            f_orphaned.add_metric(key, orphaned.get(key, 0.0))
+        for wn in seen_orphaned:
+            f_orphaned.add_metric(wn, orphaned.get(wn, 0.0))
         f_overdue = GaugeMetricFamily(OVERDUE, _HELP[OVERDUE], labels=_LABELS[OVERDUE])
-        for key in seen_overdue:
-            f_overdue.add_metric(key, overdue.get(key, 0.0))
+        for wn in seen_overdue:
+            f_overdue.add_metric(wn, overdue.get(wn, 0.0))
         return [f_open, f_oldest, f_orphaned, f_overdue]
+
+    def _queued_families(self, queued: list[QueuedGroup]) -> list[GaugeMetricFamily]:
+        now_queued = {str(g.workflow or ""): (float(g.count), float(g.oldest_submitted_at or 0.0)) for g in queued}
+        with self._lock:
+            self._seen_queued.update(now_queued)
+            seen = sorted(self._seen_queued)
+        f_queued = GaugeMetricFamily(QUEUED, _HELP[QUEUED], labels=_LABELS[QUEUED])
+        f_oldest = GaugeMetricFamily(OLDEST_QUEUED, _HELP[OLDEST_QUEUED], labels=_LABELS[OLDEST_QUEUED])
+        for wf in seen:
+            count, oldest = now_queued.get(wf, (0.0, 0.0))
+            f_queued.add_metric((wf,), count)
+            f_oldest.add_metric((wf,), oldest)
+        return [f_queued, f_oldest]

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans for workflow runs (DESIGN.md section 7, "Spans").
+"""OpenTelemetry spans for workflow runs, as live spans (the catalog: ``docs/design.md``, "Spans").
 
 :class:`TracingPlugin` turns every invocation and every node run into a span, using only
 the OpenTelemetry *API*: give it a ``tracer_provider`` (an SDK ``TracerProvider``, see
@@ -13,7 +13,9 @@ Span tree of one invocation::
         invoke_workflow billing               (a nested workflow)
           invoke_node charge
 
-The node span's context is attached while the node body runs, so spans a user creates in
+What goes on each span (names, attributes, status, span events) comes from
+:mod:`flowscope.observability.spans`, the mapping ``flowscope export`` uses too; this module
+only applies it to SDK spans at the right moments. The node span's context is attached while the node body runs, so spans a user creates in
 a node nest under it, and its W3C ``traceparent`` is handed to long-running jobs.
 Node input and output never reach a span unless ``redact`` opts in.
 
@@ -31,26 +33,21 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .. import __version__
 from ..errors import InvocationAbortedError, classify
-from ..events import (
-    InputRequested,
-    JobDispatched,
-    NodeCompleted,
-    NodeErrorEvent,
-    NodeErrorPropagated,
-    NodePaused,
-    NodeRetrying,
-    RunFinished,
-)
+from ..events import NodeCompleted, NodeErrorPropagated, NodeRetrying, RunFinished
 from ..plugins import Plugin
+from . import spans as sp
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.context import NodeContext, NodeOutcome, RunInfo
     from ..engine.runner import RunResult
+    from contextvars import Token
+
     from ..events import Event
 
 __all__ = ["TracingPlugin", "Redactor"]
@@ -65,42 +62,16 @@ _KEY = "tracing"  # our slot in ctx.plugin_state / run.plugin_state
 _INTERNAL = SpanKind.INTERNAL
 _propagator = TraceContextTextMapPropagator()
 
-# -- attribute names (the telemetry catalog; tests and dashboards depend on the spelling) --
-GEN_AI_OPERATION = "gen_ai.operation.name"
-GEN_AI_WORKFLOW = "gen_ai.workflow.name"
-GEN_AI_CONVERSATION = "gen_ai.conversation.id"
-INVOCATION_ID = "flowscope.invocation.id"
-RUN_RESUMED = "flowscope.run.resumed"
-RUN_OUTCOME = "flowscope.run.outcome"
-NODE_NAME = "flowscope.node.name"
-NODE_PATH = "flowscope.node.path"
-NODE_KIND = "flowscope.node.kind"
-NODE_OUTCOME = "flowscope.node.outcome"
-NODE_ATTEMPT_COUNT = "flowscope.node.attempt_count"
-NODE_COMPLETED = "flowscope.node.completed"
-NODE_HAS_OUTPUT = "flowscope.node.has_output"
-NODE_RECOVERED = "flowscope.node.recovered"
-NODE_ATTEMPT = "flowscope.node.attempt"
-NODE_INPUT = "flowscope.node.input"
-NODE_OUTPUT = "flowscope.node.output"
-INTERRUPT_ID = "flowscope.interrupt.id"
-ERROR_TYPE = "error.type"
-ERROR_CODE = "flowscope.error.code"
-ERROR_MESSAGE = "flowscope.error.message"
-ERROR_ORIGIN_PATH = "flowscope.error.origin_path"
-RETRY_DELAY = "flowscope.retry.delay_s"
-RETRY_EVENT = "node.retry"
-
 
 class _RunSpan:
     """The invocation span and what we learn about the invocation while it runs."""
 
     __slots__ = ("span", "context", "open", "error_code", "error_path")
 
-    def __init__(self, span: Any, context: Any) -> None:
+    def __init__(self, span: Span, context: Context) -> None:
         self.span = span
         self.context = context  # parent context of the root workflow run's span
-        self.open: dict[str, Any] = {}  # path -> node span still open (for on_event)
+        self.open: dict[str, Span] = {}  # path -> node span still open (for on_event)
         self.error_code: str | None = None
         self.error_path: str | None = None
 
@@ -108,7 +79,7 @@ class _RunSpan:
 class _NodeSpan:
     __slots__ = ("span", "context", "token", "run")
 
-    def __init__(self, span: Any, context: Any, token: Any, run: _RunSpan | None) -> None:
+    def __init__(self, span: Span, context: Context, token: Token[Context], run: _RunSpan | None) -> None:
         self.span = span
         self.context = context  # what the node's children are parented on
         self.token = token  # to detach in after_node
@@ -130,7 +101,7 @@ class TracingPlugin(Plugin):
 
     def __init__(
         self,
-        tracer_provider: Any = None,
+        tracer_provider: TracerProvider | None = None,
         record_stacktrace: bool = False,
         redact: Redactor | None = None,
     ) -> None:
@@ -146,22 +117,16 @@ class TracingPlugin(Plugin):
     def before_run(self, run: RunInfo) -> None:
         links = None
         prev = run.previous_trace_context
-        if prev:
+        if prev:  # a resume links to the invocation it resumes
             sc = trace.get_current_span(_propagator.extract(prev)).get_span_context()
             if sc.is_valid:
                 links = [Link(sc)]
         parent = otel_context.get_current()
         span = self._tracer.start_span(
-            f"invoke_workflow {run.workflow}",
+            sp.invocation_span_name(run.workflow),
             context=parent,
             kind=_INTERNAL,
-            attributes={
-                GEN_AI_OPERATION: "invoke_workflow",
-                GEN_AI_WORKFLOW: run.workflow,
-                GEN_AI_CONVERSATION: run.session_id,
-                INVOCATION_ID: run.invocation_id,
-                RUN_RESUMED: bool(run.resumed),
-            },
+            attributes=sp.invocation_attributes(run.workflow, run.session_id, run.invocation_id, run.resumed),
             links=links,
         )
         ctx = trace.set_span_in_context(span, parent)
@@ -179,10 +144,11 @@ class TracingPlugin(Plugin):
         try:
             for path, leftover in list(state.open.items()):  # only if a node run never got after_node
                 try:
-                    leftover.set_attribute(NODE_OUTCOME, "cancellation")
+                    leftover.set_attributes(sp.unfinished_node_end(invocation_finished=True).attributes)
                     leftover.end()
                 finally:
                     state.open.pop(path, None)
+            failure = None
             if error is None:
                 outcome = result.status if result is not None else "completed"
             elif isinstance(error, (InvocationAbortedError, asyncio.CancelledError)):
@@ -190,12 +156,8 @@ class TracingPlugin(Plugin):
             else:
                 outcome = "failed"
                 info = classify(error)
-                attrs: dict[str, Any] = {ERROR_TYPE: info.type, ERROR_CODE: state.error_code or info.code}
-                if state.error_path:
-                    attrs[ERROR_ORIGIN_PATH] = state.error_path
-                span.set_attributes(attrs)
-                span.set_status(Status(StatusCode.ERROR, info.message))
-            span.set_attribute(RUN_OUTCOME, outcome)
+                failure = sp.RunError(info.type, state.error_code or info.code, info.message, state.error_path)
+            _apply(span, sp.invocation_end(outcome, failure))
         finally:
             span.end()
 
@@ -203,7 +165,8 @@ class TracingPlugin(Plugin):
 
     def before_node(self, ctx: NodeContext) -> None:
         parent = ctx.parent
-        pst = parent.plugin_state.get(_KEY) if parent is not None else None
+        pst: _NodeSpan | None = parent.plugin_state.get(_KEY) if parent is not None else None
+        state: _RunSpan | None
         if pst is not None:
             state = pst.run
             parent_ctx = pst.context
@@ -213,11 +176,11 @@ class TracingPlugin(Plugin):
         kind = ctx.kind
         name = ctx.node_name
         path = ctx.path
-        attrs = {NODE_NAME: name, NODE_PATH: path, NODE_KIND: kind}
+        attrs = sp.node_attributes(name, path, kind)
         if self.redact is not None:
             text = self._redacted("input", ctx.input)
             if text is not None:
-                attrs[NODE_INPUT] = text
+                attrs[sp.NODE_INPUT] = text
         span_name = self._names.get((kind, name))
         if span_name is None:
             span_name = self._span_name(kind, name)
@@ -235,7 +198,7 @@ class TracingPlugin(Plugin):
                 tc["tracestate"] = sc.trace_state.to_header()
 
     def _span_name(self, kind: str, name: str) -> str:
-        span_name = ("invoke_workflow " if kind == "workflow" else "invoke_node ") + name
+        span_name = sp.node_span_name(kind, name)
         if len(self._names) < 10_000:  # node names are bounded; stay bounded if they are not
             self._names[(kind, name)] = span_name
         return span_name
@@ -254,54 +217,31 @@ class TracingPlugin(Plugin):
             span.end()
             otel_context.detach(st.token)  # logs (never raises) if the token is foreign
 
-    def _finish(self, span: Any, outcome: NodeOutcome) -> None:
+    def _finish(self, span: Span, outcome: NodeOutcome) -> None:
         ev = outcome.event
-        t = type(ev)
-        completed = t is NodeCompleted
-        attrs: dict[str, Any] = {
-            NODE_OUTCOME: outcome.status,
-            NODE_ATTEMPT_COUNT: outcome.attempt_count,
-            NODE_COMPLETED: completed,
-            NODE_HAS_OUTPUT: completed and ev.has_output,
-            NODE_RECOVERED: bool(outcome.recovered),
-        }
-        if completed:
-            if self.redact is not None:
-                text = self._redacted("output", ev.output)
-                if text is not None:
-                    attrs[NODE_OUTPUT] = text
-            span.set_attributes(attrs)
-        elif t is NodeErrorEvent:
-            attrs[ERROR_TYPE] = ev.error_type
-            attrs[ERROR_CODE] = ev.error_code
-            span.set_attributes(attrs)
-            exc_attrs = {"exception.type": ev.error_type, "exception.message": ev.error_message}
-            if self.record_stacktrace and outcome.error is not None:
-                exc_attrs["exception.stacktrace"] = "".join(traceback.format_exception(outcome.error))
-            span.add_event("exception", exc_attrs)
-            span.set_status(Status(StatusCode.ERROR, ev.error_message))
-        elif t is NodeErrorPropagated:
-            attrs[ERROR_TYPE] = ev.error_type
-            attrs[ERROR_CODE] = ev.error_code
-            attrs[ERROR_ORIGIN_PATH] = ev.origin_path
-            span.set_attributes(attrs)
-            message = classify(outcome.error).message if outcome.error is not None else ev.error_type
-            span.set_status(Status(StatusCode.ERROR, message))
-        else:
-            interrupt = None
-            if t is InputRequested:
-                interrupt = ev.interrupt_id
-            elif t is JobDispatched:
-                interrupt = ev.job_id
-            elif t is NodePaused:
-                interrupt = ",".join(ev.interrupt_ids)
-            if interrupt:
-                attrs[INTERRUPT_ID] = interrupt
-            span.set_attributes(attrs)  # cancellation (and waiting) leave the status UNSET
+        error = outcome.error
+        origin_message = None
+        if error is not None and type(ev) is NodeErrorPropagated:  # the message of the failure it carries
+            origin_message = classify(error).message
+        end = sp.node_end(ev, outcome.attempt_count, outcome.recovered, origin_message)
+        if end.events or end.error is not None:
+            stack = None
+            if self.record_stacktrace and error is not None and end.events:
+                stack = "".join(traceback.format_exception(error))
+            _apply(span, end, stack)
+        else:  # most node runs: attributes only
+            span.set_attributes(end.attributes)
+        if self.redact is not None and isinstance(ev, NodeCompleted):
+            text = self._redacted("output", ev.output)
+            if text is not None:
+                span.set_attribute(sp.NODE_OUTPUT, text)
 
     def _redacted(self, kind: str, value: Any) -> str | None:
+        redact = self.redact
+        if redact is None:
+            return None
         try:
-            text = self.redact(kind, value)  # type: ignore[misc]
+            text = redact(kind, value)
         except Exception as exc:  # a broken redactor records nothing rather than leak or break the span
             log.warning("redact(%r, ...) raised %s; nothing recorded", kind, type(exc).__name__)
             return None
@@ -312,24 +252,27 @@ class TracingPlugin(Plugin):
     # -- events -------------------------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
-        t = type(event)
-        if t is NodeRetrying:
+        if type(event) is NodeRetrying:
             state = self._runs.get(event.invocation_id)
             span = state.open.get(event.path) if state is not None else None
             if span is not None:
-                span.add_event(
-                    RETRY_EVENT,
-                    {
-                        NODE_ATTEMPT: event.attempt,
-                        ERROR_TYPE: event.error_type,
-                        ERROR_CODE: event.error_code,
-                        ERROR_MESSAGE: event.error_message,
-                        RETRY_DELAY: float(event.delay_s),
-                    },
-                    timestamp=int(event.ts * 1e9),
-                )
-        elif t is RunFinished:
+                se = sp.retry_event(event)
+                span.add_event(se.name, se.attributes, timestamp=se.time_ns)
+        elif type(event) is RunFinished:
             state = self._runs.get(event.invocation_id)
             if state is not None:
                 state.error_code = event.error_code
                 state.error_path = event.error_path
+
+
+def _apply(span: Span, end: sp.SpanEnd, stacktrace: str | None = None) -> None:
+    """Put a :class:`~flowscope.observability.spans.SpanEnd` on a live span (``stacktrace``,
+    when given, goes on its ``exception`` event)."""
+    span.set_attributes(end.attributes)
+    for se in end.events:
+        attrs = se.attributes
+        if stacktrace is not None and se.name == sp.EXCEPTION_EVENT:
+            attrs = {**attrs, sp.EXCEPTION_STACKTRACE: stacktrace}
+        span.add_event(se.name, attrs, timestamp=se.time_ns)
+    if end.error is not None:
+        span.set_status(Status(StatusCode.ERROR, end.error))

@@ -1,0 +1,484 @@
+"""The recorder both bridges share: flowscope's event catalog written for another engine's runs.
+
+A bridge observes an engine (ADK, LangGraph) and tells the :class:`Recorder` what happened:
+an invocation began, a node run started, an attempt failed and another follows, a run
+completed, failed, was cancelled or paused for input, the invocation ended. The recorder
+appends the matching events to the store (the log the CLI, the fold and the collectors
+read), keeps the session's fold up to date so a bridge can ask what the log already says
+about a path, calls the flowscope plugins (tracing, metrics) with the same hooks the
+flowscope engine calls, and refreshes the heartbeat of the runs in flight from a thread of
+its own, so a node that blocks the event loop or runs in a worker thread stays "alive".
+
+Recording never fails the workflow it observes: a store or plugin error is logged and the
+engine carries on (the log then misses those events, which ``flowscope stuck`` shows).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from .. import NodeOutcome, RunInfo
+from ..errors import ConcurrencyConflict, classify
+from ..events import (
+    Event,
+    InputReceived,
+    InputRequested,
+    NodeCancelled,
+    NodeCompleted,
+    NodeErrorEvent,
+    NodeErrorPropagated,
+    NodePaused,
+    NodeRetrying,
+    NodeStarted,
+    RunFinished,
+    RunStarted,
+)
+from ..fold import NodeState, WorkflowState, rebuild
+from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
+from ..plugins import Plugin, PluginDispatcher
+from ..store.base import EventStore
+
+__all__ = ["Recorder", "BridgeNodeContext", "BridgeResult", "Invocation", "jsonable", "parent_of", "name_of"]
+
+log = logging.getLogger("flowscope.adapters")
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as the store can keep it: itself if JSON-serialisable, a pydantic model's
+    dump, else a marker naming its type (the engine's output stays untouched)."""
+    try:
+        json.dumps(value, allow_nan=False)
+        return value
+    except (TypeError, ValueError):
+        pass
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        try:
+            out = dump(mode="json")
+            json.dumps(out, allow_nan=False)
+            return out
+        except Exception:  # a model that does not dump to JSON falls through to the marker
+            pass
+    return {"unserializable": type(value).__name__}
+
+
+def parent_of(path: str) -> str:
+    """``"wf@1/a@2"`` -> ``"wf@1"``; a top-level path has no parent (``""``)."""
+    return path.rsplit("/", 1)[0] if "/" in path else ""
+
+
+def name_of(path: str) -> str:
+    """The node name of a path's last ``name@k`` segment."""
+    return path.rsplit("/", 1)[-1].rsplit("@", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeResult:
+    """What ``after_run`` hooks are handed (the fields of ``RunResult`` plugins read)."""
+
+    status: str
+    output: Any
+    session_id: str
+    invocation_id: str
+    pending: tuple[Event, ...] = ()
+
+
+class BridgeNodeContext:
+    """A node run as plugins see it: the attributes of ``flowscope.NodeContext`` that
+    hooks read, filled from the other engine's context instead of flowscope's runner."""
+
+    __slots__ = (
+        "session_id",
+        "invocation_id",
+        "path",
+        "node_name",
+        "kind",
+        "attempt",
+        "recovered",
+        "parent",
+        "input",
+        "trace_context",
+        "plugin_state",
+        "cancel_reason",
+        "started_at",
+        "run",
+        "state",
+        "_recorder",
+    )
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        inv: Invocation,
+        path: str,
+        kind: str,
+        attempt: int,
+        recovered: bool,
+        parent: BridgeNodeContext | None,
+        input: Any,
+    ) -> None:
+        self._recorder = recorder
+        self.session_id = inv.run.session_id
+        self.invocation_id = inv.run.invocation_id
+        self.path = path
+        self.node_name = name_of(path)
+        self.kind = kind
+        self.attempt = attempt
+        self.recovered = recovered
+        self.parent = parent
+        self.input = input  # for plugins' redaction hooks only; never persisted
+        self.trace_context: dict[str, str] = {}
+        self.plugin_state: dict[str, Any] = {}
+        self.cancel_reason: str | None = None
+        self.started_at = time.perf_counter()
+        self.run = inv.run
+        self.state: dict[str, Any] = {}
+
+    @property
+    def parent_path(self) -> str:
+        return self.parent.path if self.parent is not None else ""
+
+    def heartbeat(self) -> None:
+        self._recorder.heartbeat(self.session_id, [self.path])
+
+    def __repr__(self) -> str:
+        return f"<BridgeNodeContext {self.path} attempt={self.attempt}>"
+
+
+@dataclass(slots=True)
+class _Session:
+    """The recorder's view of one session: its fold and the seq to append after."""
+
+    ws: WorkflowState
+    last_seq: int
+
+
+@dataclass(slots=True)
+class Invocation:
+    """One invocation of the other engine (a run or a resume) being recorded."""
+
+    run: RunInfo
+    root_path: str
+    open: dict[str, BridgeNodeContext] = field(default_factory=dict)
+    finished: bool = False
+
+
+class Recorder:
+    """Appends flowscope's events for an engine's runs and calls the plugins' hooks.
+
+    Thread-safe (LangGraph calls back from worker threads): one lock guards the sessions'
+    folds and the appends. ``heartbeat_interval`` (seconds, 0 turns heartbeats off) is
+    how often the runs in flight are marked alive.
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        plugins: Iterable[Plugin] = (),
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
+    ) -> None:
+        self.store = store
+        self.plugins = PluginDispatcher(plugins)
+        self.heartbeat_interval = heartbeat_interval
+        self._lock = threading.RLock()
+        self._sessions: dict[str, _Session] = {}
+        self._beating: dict[tuple[str, str], None] = {}  # (session, path) of runs in flight
+        self._beat_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- the log -----------------------------------------------------------------------
+
+    def session(self, session_id: str) -> WorkflowState:
+        """The session's state as the log tells it (folded once, then kept up to date)."""
+        with self._lock:
+            return self._session(session_id).ws
+
+    def node_state(self, session_id: str, path: str) -> NodeState | None:
+        with self._lock:
+            return self._session(session_id).ws.nodes.get(path)
+
+    def _session(self, session_id: str, reload: bool = False) -> _Session:
+        s = self._sessions.get(session_id)
+        if s is None or reload:
+            events = self.store.read(session_id)
+            ws = rebuild(events)
+            s = self._sessions[session_id] = _Session(ws, ws.last_seq)
+        return s
+
+    def _append(self, session_id: str, events: Sequence[Event]) -> list[Event]:
+        with self._lock:
+            s = self._session(session_id)
+            try:
+                try:
+                    stored = self.store.append(session_id, events, expected_last_seq=s.last_seq)
+                except ConcurrencyConflict:
+                    # Another writer appended to this session (a second process recording
+                    # the same engine session): continue after what it wrote.
+                    s = self._session(session_id, reload=True)
+                    stored = self.store.append(session_id, events, expected_last_seq=s.last_seq)
+            except Exception as exc:  # recording never fails the observed workflow
+                log.warning("could not record %d event(s) for session %s: %s: %s", len(events), session_id, type(exc).__name__, exc)
+                return []
+            for e in stored:
+                s.ws.apply(e)
+            if stored:
+                s.last_seq = stored[-1].seq
+        if self.plugins.has_on_event:
+            for e in stored:
+                self.plugins.call_sync("on_event", e)
+        return stored
+
+    # -- invocations -------------------------------------------------------------------
+
+    def begin_run(
+        self,
+        session_id: str,
+        invocation_id: str,
+        workflow: str,
+        input: Any,
+        resumed: bool,
+        root_path: str,
+        answers: dict[str, Any] | None = None,
+    ) -> Invocation:
+        """``RunStarted``, an ``InputReceived`` per answered open request, and the root
+        workflow's ``NodeStarted``."""
+        with self._lock:
+            ws = self._session(session_id).ws
+            replayed = sum(1 for ns in ws.nodes.values() if ns.status == "completed") if resumed else 0
+            recovered = sum(1 for ns in ws.nodes.values() if ns.status == "running" and ns.kind != "workflow") if resumed else 0
+            previous = dict(ws.trace_context) if resumed else {}
+            pending = [e for e in ws.pending if isinstance(e, InputRequested)]
+            root_attempt = ws.nodes[root_path].attempt if root_path in ws.nodes else 1
+        run = RunInfo(
+            session_id=session_id,
+            invocation_id=invocation_id,
+            workflow=workflow,
+            input=input,
+            resumed=resumed,
+            started_at=time.time(),
+            previous_trace_context=previous,
+            replayed=replayed,
+            recovered=recovered,
+            plugins=self.plugins.names,
+        )
+        self.plugins.call_sync("before_run", run)
+        self._append(
+            session_id,
+            [
+                RunStarted(
+                    session_id=session_id,
+                    invocation_id=invocation_id,
+                    ts=run.started_at,
+                    workflow=workflow,
+                    input=jsonable(input),
+                    resumed=resumed,
+                    replayed=replayed,
+                    recovered=recovered,
+                    trace_context=dict(run.trace_context),
+                )
+            ],
+        )
+        inv = Invocation(run, root_path)
+        received = [
+            InputReceived(
+                session_id=session_id,
+                invocation_id=invocation_id,
+                ts=time.time(),
+                path=req.path,
+                node=req.node,
+                interrupt_id=req.interrupt_id,
+                value=jsonable(answers[req.interrupt_id]),
+            )
+            for req in pending
+            if answers and req.interrupt_id in answers
+        ]
+        if received:
+            self._append(session_id, received)
+        self.start_node(inv, root_path, "workflow", max(root_attempt, 1), False, input)
+        return inv
+
+    def finish_run(
+        self,
+        inv: Invocation,
+        status: str,
+        output: Any = None,
+        error: BaseException | None = None,
+        error_path: str | None = None,
+    ) -> None:
+        """Close the runs still open (children first) and append ``RunFinished``."""
+        if inv.finished:
+            return
+        inv.finished = True
+        sid = inv.run.session_id
+        info = classify(error) if error is not None else None
+        for path in sorted(inv.open, key=lambda p: p.count("/"), reverse=True):
+            ctx = inv.open.get(path)
+            if ctx is None:
+                continue
+            if status == "completed":
+                self.complete(inv, ctx, output if path == inv.root_path else None, path == inv.root_path and output is not None)
+            elif status == "paused":
+                ids = tuple(e.interrupt_id for e in self.session(sid).pending if isinstance(e, InputRequested) and e.path.startswith(path + "/"))
+                origin = next((e.path for e in self.session(sid).pending if e.path.startswith(path + "/")), "")
+                self.pause(inv, ctx, origin, ids)
+            elif status == "failed" and info is not None and error_path and error_path.startswith(path + "/"):
+                self.propagate(inv, ctx, error_path, info.code, info.type)
+            elif status == "failed" and error is not None and path == error_path:
+                self.fail(inv, ctx, error, ctx.attempt)
+            else:
+                self.cancel(inv, ctx, "aborted" if status == "cancelled" else "cancelled")
+        finished = RunFinished(
+            session_id=sid,
+            invocation_id=inv.run.invocation_id,
+            ts=time.time(),
+            status=status,
+            output=jsonable(output) if status == "completed" else None,
+            error_code=info.code if info is not None and status == "failed" else None,
+            error_path=error_path if status == "failed" else None,
+            replayed=inv.run.replayed,
+            recovered=inv.run.recovered,
+        )
+        self._append(sid, [finished])
+        pending = tuple(self.session(sid).pending) if status == "paused" else ()
+        result = BridgeResult(status, output, sid, inv.run.invocation_id, pending) if status != "failed" else None
+        self.plugins.call_sync("after_run", inv.run, result, error if status in ("failed", "cancelled") else None)
+
+    # -- node runs ---------------------------------------------------------------------
+
+    def start_node(
+        self,
+        inv: Invocation,
+        path: str,
+        kind: str,
+        attempt: int,
+        recovered: bool,
+        input: Any = None,
+    ) -> BridgeNodeContext:
+        """``NodeStarted`` for a node run (its enclosing workflow runs first, if they have
+        not started in this invocation) and the ``before_node`` hooks."""
+        parent_path = parent_of(path)
+        parent = inv.open.get(parent_path) if parent_path else None
+        if parent_path and parent is None:
+            ns = self.node_state(inv.run.session_id, parent_path)
+            parent = self.start_node(inv, parent_path, "workflow", max(ns.attempt, 1) if ns else 1, False)
+        ctx = BridgeNodeContext(self, inv, path, kind, attempt, recovered, parent, input)
+        if self.plugins.wants("before_node"):
+            self.plugins.call_sync("before_node", ctx)
+        inv.open[path] = ctx
+        self._append(
+            inv.run.session_id,
+            [
+                NodeStarted(
+                    session_id=inv.run.session_id,
+                    invocation_id=inv.run.invocation_id,
+                    ts=time.time(),
+                    path=path,
+                    node=ctx.node_name,
+                    attempt=attempt,
+                    kind=kind,
+                    parent_path=parent_path,
+                    recovered=recovered,
+                )
+            ],
+        )
+        if kind != "workflow":
+            self._beat(inv.run.session_id, path, True)
+        return ctx
+
+    def _event(self, ctx: BridgeNodeContext, cls: type[Event], **fields: Any) -> Event:
+        return cls(session_id=ctx.session_id, invocation_id=ctx.invocation_id, ts=time.time(), path=ctx.path, node=ctx.node_name, **fields)
+
+    def retrying(self, ctx: BridgeNodeContext, attempt: int, error: BaseException, delay_s: float) -> None:
+        """``NodeRetrying``: attempt ``attempt`` failed and another follows."""
+        info = classify(error)
+        ev = self._event(ctx, NodeRetrying, attempt=attempt, error_type=info.type, error_code=info.code, error_message=info.message, delay_s=float(delay_s))
+        self._append(ctx.session_id, [ev])
+        ctx.attempt = attempt + 1
+
+    def complete(self, inv: Invocation, ctx: BridgeNodeContext, output: Any, has_output: bool, attempt_count: int | None = None) -> None:
+        """``NodeCompleted``; ``has_output=False`` is the completion marker."""
+        count = attempt_count if attempt_count is not None else ctx.attempt
+        ev = self._event(ctx, NodeCompleted, output=jsonable(output) if has_output else None, has_output=has_output, attempt_count=count)
+        self._end(inv, ctx, ev, NodeOutcome("success", ev, count, ctx.recovered, None, None, self._elapsed(ctx)))
+
+    def fail(self, inv: Invocation, ctx: BridgeNodeContext, error: BaseException, attempt_count: int) -> None:
+        """The one ``NodeErrorEvent`` of a run that failed for good (the deepest path)."""
+        info = classify(error)
+        ev = self._event(ctx, NodeErrorEvent, error_code=info.code, error_message=info.message, error_type=info.type, attempt_count=attempt_count)
+        status = "timeout" if isinstance(error, TimeoutError) else "failure"
+        self._end(inv, ctx, ev, NodeOutcome(status, ev, attempt_count, ctx.recovered, error, ctx.path, self._elapsed(ctx)), error_event=True)
+
+    def propagate(self, inv: Invocation, ctx: BridgeNodeContext, origin_path: str, code: str, error_type: str) -> None:
+        """An enclosing run failed because a descendant did (no second ``NodeErrorEvent``)."""
+        ev = self._event(ctx, NodeErrorPropagated, origin_path=origin_path, error_code=code, error_type=error_type, attempt_count=ctx.attempt)
+        self._end(inv, ctx, ev, NodeOutcome("failure", ev, ctx.attempt, ctx.recovered, None, origin_path, self._elapsed(ctx)))
+
+    def cancel(self, inv: Invocation, ctx: BridgeNodeContext, reason: str = "cancelled") -> None:
+        ctx.cancel_reason = reason
+        ev = self._event(ctx, NodeCancelled, reason=reason)
+        self._end(inv, ctx, ev, NodeOutcome("cancellation", ev, ctx.attempt, ctx.recovered, None, None, self._elapsed(ctx)))
+
+    def request_input(self, inv: Invocation, ctx: BridgeNodeContext, requests: Sequence[tuple[str, str, Any]]) -> None:
+        """One ``InputRequested`` per ``(interrupt_id, prompt, payload)``: the run pauses."""
+        evs = [self._event(ctx, InputRequested, interrupt_id=i, prompt=p, payload=jsonable(v)) for i, p, v in requests]
+        if evs:
+            self._end(inv, ctx, evs, NodeOutcome("waiting", evs[-1], ctx.attempt, ctx.recovered, None, ctx.path, self._elapsed(ctx)))
+
+    def pause(self, inv: Invocation, ctx: BridgeNodeContext, origin_path: str, interrupt_ids: tuple[str, ...]) -> None:
+        """An enclosing run stops because a descendant waits for input."""
+        ev = self._event(ctx, NodePaused, waiting="input", origin_path=origin_path, interrupt_ids=interrupt_ids)
+        self._end(inv, ctx, ev, NodeOutcome("waiting", ev, ctx.attempt, ctx.recovered, None, origin_path, self._elapsed(ctx)))
+
+    @staticmethod
+    def _elapsed(ctx: BridgeNodeContext) -> float:
+        return time.perf_counter() - ctx.started_at
+
+    def _end(self, inv: Invocation, ctx: BridgeNodeContext, ev: Event | list[Event], outcome: NodeOutcome, error_event: bool = False) -> None:
+        inv.open.pop(ctx.path, None)
+        self._beat(ctx.session_id, ctx.path, False)
+        self._append(ctx.session_id, ev if isinstance(ev, list) else [ev])
+        if error_event and self.plugins.wants("on_node_error"):
+            self.plugins.call_sync("on_node_error", ctx, outcome.event)
+        if self.plugins.wants("after_node"):
+            self.plugins.call_sync("after_node", ctx, outcome)
+
+    # -- heartbeats --------------------------------------------------------------------
+
+    def heartbeat(self, session_id: str, paths: Iterable[str]) -> None:
+        try:
+            self.store.heartbeat(session_id, list(paths))
+        except Exception as exc:  # a missed heartbeat must not fail the run
+            log.warning("heartbeat failed for session %s: %s", session_id, type(exc).__name__)
+
+    def _beat(self, session_id: str, path: str, on: bool) -> None:
+        with self._lock:
+            if on:
+                self._beating[(session_id, path)] = None
+                if self.heartbeat_interval > 0 and self._beat_thread is None:
+                    self._beat_thread = threading.Thread(target=self._beat_loop, name="flowscope-bridge-heartbeat", daemon=True)
+                    self._beat_thread.start()
+            else:
+                self._beating.pop((session_id, path), None)
+
+    def _beat_loop(self) -> None:
+        # A thread, not a task: a node that blocks the event loop (a sync ADK function) or
+        # runs in a worker thread (LangGraph) is still alive, and its heartbeat says so.
+        while not self._stop.wait(self.heartbeat_interval):
+            with self._lock:
+                by_session: dict[str, list[str]] = {}
+                for sid, path in self._beating:
+                    by_session.setdefault(sid, []).append(path)
+            for sid, paths in by_session.items():
+                self.heartbeat(sid, paths)
+
+    def close(self) -> None:
+        """Stop the heartbeat thread (the store stays open: it is the caller's)."""
+        self._stop.set()
+        thread = self._beat_thread
+        if thread is not None:
+            thread.join(timeout=5)

@@ -1,0 +1,354 @@
+"""Bridge for the Agent Development Kit (google-adk 2.13): flowscope's log for ADK workflows.
+
+``FlowscopeADK(store, plugins=())`` records flowscope's event catalog for the runs of an
+ADK ``Workflow`` without patching ADK, through the two extension points ADK has:
+
+- ``.plugin``, an ADK plugin for ``Runner(plugins=[...])``: ``on_user_message`` (the
+  answers a resume carries), ``before_run`` (``RunStarted``), ``on_event`` (the outputs of
+  enclosing workflows), ``after_run`` and ``on_run_error`` (``RunFinished``);
+- ``instrument(workflow)``, which returns the workflow with every ``FunctionNode`` replaced
+  by an :class:`ObservedFunctionNode`: a subclass whose ``_run_impl`` sees each attempt
+  from inside (``ctx.node_path``, ``ctx.attempt_count``, the session and invocation) and
+  records ``NodeStarted``, ``NodeRetrying`` (ADK's own retry predicate tells a retried
+  failure from a final one), ``NodeCompleted`` (with the completion marker for a run that
+  returns nothing), ``NodeErrorEvent``, ``NodeCancelled`` and ``InputRequested``.
+
+Two things the log adds to ADK: attempt numbers continue across ADK resumes (ADK restarts
+its counter at 1), and a node the log shows completed is not run again when ADK resumes
+the invocation (ADK re-runs a node that returned nothing: the seed's double email).
+Nested ``Workflow`` nodes are not wrapped (ADK checks their type); their events come from
+their children. See docs/bridges.md for what is exact and what is approximated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncGenerator, Iterable
+
+from google.adk.events.event import Event as AdkEvent
+from google.adk.events.request_input import RequestInput
+from google.adk.plugins.base_plugin import BasePlugin
+from google.adk.utils._function_call_names import REQUEST_INPUT_FUNCTION_CALL_NAME
+from google.adk.workflow import FunctionNode, Workflow
+from google.adk.workflow._errors import DynamicNodeFailError
+from google.adk.workflow._graph import Edge
+from google.adk.workflow._node_state import NodeState as AdkNodeState
+from google.adk.workflow.utils._retry_utils import _get_retry_delay, _should_retry_node
+from pydantic import PrivateAttr
+
+from ..errors import classify
+from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
+from ..plugins import Plugin
+from ..store.base import EventStore
+from ._recorder import BridgeNodeContext, Invocation, Recorder
+
+__all__ = ["FlowscopeADK", "ObservedFunctionNode", "FlowscopeADKPlugin"]
+
+log = logging.getLogger("flowscope.adapters.adk")
+
+_SEP = "#"  # flowscope invocation id of the k-th ADK run of one ADK invocation: "<adk id>#k"
+
+
+def _adk_invocation(invocation_id: str) -> str:
+    """The ADK invocation id a flowscope invocation id records (ADK keeps it on resume)."""
+    return invocation_id.split(_SEP, 1)[0]
+
+
+class _Run:
+    """One ADK node run in flight: its flowscope context and ADK's attempt offset."""
+
+    __slots__ = ("ctx", "offset")
+
+    def __init__(self, ctx: BridgeNodeContext, offset: int) -> None:
+        self.ctx = ctx
+        self.offset = offset  # flowscope attempt = offset + ADK's ctx.attempt_count
+
+
+class ObservedFunctionNode(FunctionNode):
+    """A ``FunctionNode`` that records each of its attempts in the flowscope log."""
+
+    _flowscope: Any = PrivateAttr(default=None)
+
+    async def _run_impl(self, *, ctx: Any, node_input: Any) -> AsyncGenerator[Any, None]:
+        bridge: FlowscopeADK | None = self._flowscope
+        if bridge is None:  # pragma: no cover - only if built by hand without instrument()
+            async for item in super()._run_impl(ctx=ctx, node_input=node_input):
+                yield item
+            return
+        run = bridge._attempt(self, ctx, node_input)
+        if run is None:  # the log shows this run completed: ADK's resume must not repeat it
+            ns = bridge.recorder.node_state(ctx.session.id, ctx.node_path)
+            if ns is not None and ns.has_output:
+                yield AdkEvent(output=ns.output)
+            return
+        requests: list[tuple[str, str, Any]] = []
+        output: Any = None
+        has_output = False
+        try:
+            async for item in super()._run_impl(ctx=ctx, node_input=node_input):
+                if isinstance(item, RequestInput):
+                    requests.append((item.interrupt_id, item.message or "", item.payload))
+                elif isinstance(item, AdkEvent):
+                    if item.output is not None:
+                        output, has_output = item.output, True
+                    requests.extend(_requests_in(item))
+                yield item
+        except (asyncio.CancelledError, GeneratorExit):
+            bridge._cancelled(run, ctx)
+            raise
+        except Exception as exc:
+            bridge._failed(self, run, ctx, exc)
+            raise
+        if requests:
+            bridge._requested(run, ctx, requests)
+        else:
+            bridge._completed(run, ctx, output, has_output)
+
+
+def _requests_in(event: AdkEvent) -> list[tuple[str, str, Any]]:
+    """The ``adk_request_input`` calls an event carries (a node may yield one directly)."""
+    out: list[tuple[str, str, Any]] = []
+    content = event.content
+    for part in (content.parts or []) if content is not None else []:
+        call = part.function_call
+        if call is not None and call.name == REQUEST_INPUT_FUNCTION_CALL_NAME and call.id:
+            args = dict(call.args or {})
+            out.append((call.id, str(args.get("message") or ""), args.get("payload")))
+    return out
+
+
+class FlowscopeADKPlugin(BasePlugin):
+    """The ADK plugin half of the bridge: invocation boundaries and enclosing workflows."""
+
+    def __init__(self, bridge: FlowscopeADK) -> None:
+        super().__init__(name="flowscope")
+        self._bridge = bridge
+
+    async def on_user_message_callback(self, *, invocation_context: Any, user_message: Any) -> None:
+        self._bridge._messages[invocation_context.invocation_id] = user_message
+        return None
+
+    async def before_run_callback(self, *, invocation_context: Any) -> None:
+        self._bridge._begin(invocation_context)
+        return None
+
+    async def on_event_callback(self, *, invocation_context: Any, event: Any) -> None:
+        self._bridge._on_event(invocation_context, event)
+        return None
+
+    async def after_run_callback(self, *, invocation_context: Any) -> None:
+        self._bridge._end(invocation_context, None)
+
+    async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
+        self._bridge._end(invocation_context, error)
+
+
+class FlowscopeADK:
+    """Records an ADK workflow's runs in a flowscope store (see the module docstring).
+
+    ``store``: any :class:`~flowscope.store.EventStore` (SQLite for the CLI).
+    ``plugins``: flowscope plugins (``TracingPlugin``, ``MetricsPlugin``), called with the
+    same hooks the flowscope engine calls. One bridge per root workflow.
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        plugins: Iterable[Plugin] = (),
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
+    ) -> None:
+        self.recorder = Recorder(store, plugins, heartbeat_interval)
+        self.plugin = FlowscopeADKPlugin(self)
+        self.workflow: Workflow | None = None
+        self._invs: dict[str, Invocation] = {}  # ADK invocation id -> the one being recorded
+        self._runs: dict[tuple[str, str], _Run] = {}  # (ADK invocation id, path) -> run in flight
+        self._outputs: dict[str, Any] = {}  # ADK invocation id -> the root workflow's output
+        self._errors: dict[str, str] = {}  # ADK invocation id -> path of the failure
+        self._messages: dict[str, Any] = {}  # ADK invocation id -> the user message
+
+    # -- instrumenting -----------------------------------------------------------------
+
+    def instrument(self, workflow: Workflow) -> Workflow:
+        """A copy of ``workflow`` whose function nodes (nested workflows included) are
+        :class:`ObservedFunctionNode`\\ s; give it to ADK's ``Runner(node=...)``."""
+        observed = self._instrument(workflow)
+        self.workflow = observed
+        return observed
+
+    def _instrument(self, workflow: Workflow) -> Workflow:
+        graph = workflow.graph
+        if graph is None:
+            return workflow
+        copies: dict[int, Any] = {}
+
+        def observed(node: Any) -> Any:
+            done = copies.get(id(node))
+            if done is not None:
+                return done
+            new: Any
+            if isinstance(node, ObservedFunctionNode):
+                new = node
+            elif type(node) is FunctionNode:
+                new = node.model_copy()
+                object.__setattr__(new, "__class__", ObservedFunctionNode)  # same fields, one override
+                new._flowscope = self
+            elif isinstance(node, Workflow):
+                new = self._instrument(node)
+            else:  # other node kinds (agents, tools, joins) run as they are
+                new = node
+            copies[id(node)] = new
+            return new
+
+        edges = [Edge(from_node=observed(e.from_node), to_node=observed(e.to_node), route=e.route) for e in graph.edges]
+        out = workflow.model_copy(update={"edges": edges, "graph": None})
+        out.graph = out._build_graph()
+        return out
+
+    def _node_at(self, path: str) -> Any:
+        """The instrumented node a path names (by the names of its segments), or None."""
+        node: Any = self.workflow
+        for segment in path.split("/")[1:]:
+            graph = getattr(node, "graph", None)
+            if graph is None:
+                return None
+            name = segment.rsplit("@", 1)[0]
+            node = next((n for n in graph.nodes if n.name == name), None)
+        return node
+
+    # -- invocations -------------------------------------------------------------------
+
+    def _begin(self, ic: Any) -> Invocation:
+        adk_id = ic.invocation_id
+        sid = ic.session.id
+        ws = self.recorder.session(sid)
+        resumed = bool(ws.invocation_id) and _adk_invocation(ws.invocation_id) == adk_id
+        if resumed:
+            k = ws.invocation_id.split(_SEP, 1)
+            invocation_id = f"{adk_id}{_SEP}{int(k[1]) + 1 if len(k) == 2 else 2}"
+        else:
+            invocation_id = adk_id
+        root = self.workflow.name if self.workflow is not None else getattr(getattr(ic, "agent", None), "name", "workflow")
+        message = self._messages.pop(adk_id, None)
+        answers = _answers(message)
+        text = " ".join(p.text for p in (message.parts or []) if p.text) or None if message is not None else None
+        inv = self.recorder.begin_run(sid, invocation_id, root, text, resumed, f"{root}@1", answers)
+        self._invs[adk_id] = inv
+        # A node that asked for input and does not re-run on resume takes the answer as its
+        # output (ADK does this without running it): record that run here.
+        for req in [e for e in ws.nodes.values() if e.status == "waiting_input"] if answers else []:
+            ids = [i for i in req.inputs if i in answers]
+            node = self._node_at(req.path)
+            if ids and node is not None and not getattr(node, "rerun_on_resume", True):
+                ctx = self.recorder.start_node(inv, req.path, "function", max(req.attempt, 1), False)
+                self.recorder.complete(inv, ctx, answers[ids[-1]], True)
+        return inv
+
+    def _inv(self, ctx: Any) -> Invocation:
+        inv = self._invs.get(ctx.invocation_id)
+        if inv is None:  # the plugin is not in Runner(plugins=...): record what we can
+            log.warning("FlowscopeADK.plugin is not registered with the ADK Runner; run boundaries are not recorded")
+            inv = self._begin(ctx._invocation_context)
+        return inv
+
+    def _on_event(self, ic: Any, event: Any) -> None:
+        info = event.node_info
+        inv = self._invs.get(ic.invocation_id)
+        if inv is None or info is None or not info.output_for:
+            return
+        for path in info.output_for:
+            if path == info.path:
+                continue  # the node's own output: recorded by its ObservedFunctionNode
+            if path == inv.root_path:
+                self._outputs[ic.invocation_id] = event.output
+                continue
+            ctx = inv.open.get(path)
+            if ctx is not None and ctx.kind == "workflow":  # a nested workflow's output
+                self.recorder.complete(inv, ctx, event.output, event.output is not None)
+
+    def _end(self, ic: Any, error: BaseException | None) -> None:
+        adk_id = ic.invocation_id
+        inv = self._invs.pop(adk_id, None)
+        output = self._outputs.pop(adk_id, None)
+        error_path = self._errors.pop(adk_id, None)
+        for key in [k for k in self._runs if k[0] == adk_id]:
+            del self._runs[key]
+        if inv is None:
+            return
+        if error is not None:
+            status = "cancelled" if isinstance(error, asyncio.CancelledError) else "failed"
+            self.recorder.finish_run(inv, status, error=error, error_path=error_path or inv.root_path)
+        elif any(e.invocation_id == inv.run.invocation_id for e in self.recorder.session(inv.run.session_id).pending):
+            self.recorder.finish_run(inv, "paused")
+        else:
+            self.recorder.finish_run(inv, "completed", output)
+
+    # -- attempts (called from ObservedFunctionNode._run_impl) -------------------------
+
+    def _attempt(self, node: FunctionNode, ctx: Any, node_input: Any) -> _Run | None:
+        """Begin an ADK attempt; None when the log shows this run already completed."""
+        inv = self._inv(ctx)
+        path = ctx.node_path
+        key = (ctx.invocation_id, path)
+        run = self._runs.get(key)
+        if run is not None:  # ADK's next attempt of a run we follow
+            run.ctx.attempt = run.offset + ctx.attempt_count
+            return run
+        ns = self.recorder.node_state(inv.run.session_id, path)
+        attempt, recovered = 1, False
+        if ns is not None and _adk_invocation(ns.invocation_id) == ctx.invocation_id:
+            if ns.status == "completed":
+                return None
+            if ns.status == "waiting_input":
+                attempt = ns.attempt  # re-executing after an input pause continues the attempt
+            else:  # failed, cancelled, or running when its process died
+                attempt, recovered = ns.attempt + 1, ns.status == "running"
+        offset = attempt - ctx.attempt_count
+        bctx = self.recorder.start_node(inv, path, "function", attempt, recovered, node_input)
+        run = self._runs[key] = _Run(bctx, offset)
+        return run
+
+    def _failed(self, node: FunctionNode, run: _Run, ctx: Any, exc: Exception) -> None:
+        inv = self._inv(ctx)
+        error: BaseException = exc.error if isinstance(exc, DynamicNodeFailError) else exc
+        if _should_retry_node(error, node.retry_config, AdkNodeState(attempt_count=ctx.attempt_count)):
+            config = node.retry_config.model_copy(update={"jitter": 0.0}) if node.retry_config is not None else None
+            delay = _get_retry_delay(config, AdkNodeState(attempt_count=ctx.attempt_count))
+            self.recorder.retrying(run.ctx, run.ctx.attempt, error, delay)
+            return
+        self._runs.pop((ctx.invocation_id, ctx.node_path), None)
+        child = exc.error_node_path if isinstance(exc, DynamicNodeFailError) else None
+        if child and self.recorder.node_state(inv.run.session_id, child) is not None:  # the child holds the error event
+            info = classify(error)
+            self.recorder.propagate(inv, run.ctx, child, info.code, info.type)
+            self._errors.setdefault(ctx.invocation_id, child)
+        else:
+            self.recorder.fail(inv, run.ctx, error, run.ctx.attempt)
+            self._errors.setdefault(ctx.invocation_id, ctx.node_path)
+
+    def _cancelled(self, run: _Run, ctx: Any) -> None:
+        self._runs.pop((ctx.invocation_id, ctx.node_path), None)
+        self.recorder.cancel(self._inv(ctx), run.ctx)
+
+    def _requested(self, run: _Run, ctx: Any, requests: list[tuple[str, str, Any]]) -> None:
+        self._runs.pop((ctx.invocation_id, ctx.node_path), None)
+        self.recorder.request_input(self._inv(ctx), run.ctx, requests)
+
+    def _completed(self, run: _Run, ctx: Any, output: Any, has_output: bool) -> None:
+        self._runs.pop((ctx.invocation_id, ctx.node_path), None)
+        self.recorder.complete(self._inv(ctx), run.ctx, output, has_output)
+
+    def close(self) -> None:
+        """Stop the heartbeat thread (the store is the caller's to close)."""
+        self.recorder.close()
+
+
+def _answers(message: Any) -> dict[str, Any]:
+    """``{interrupt_id: response}`` for the ``adk_request_input`` responses a message carries."""
+    out: dict[str, Any] = {}
+    for part in (message.parts or []) if message is not None else []:
+        resp = part.function_response
+        if resp is not None and resp.name == REQUEST_INPUT_FUNCTION_CALL_NAME and resp.id:
+            out[resp.id] = resp.response
+    return out
+

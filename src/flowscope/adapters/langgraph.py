@@ -1,0 +1,259 @@
+"""Bridge for LangGraph (1.2): flowscope's log for the runs of a compiled graph.
+
+``FlowscopeCallbackHandler(store, plugins=(), workflow=None)`` is a LangChain callback
+handler; pass it in ``config={"callbacks": [handler], "configurable": {"thread_id": ...}}``.
+LangGraph calls ``on_chain_start/end/error`` for the graph run and for every attempt of
+every task (a new LangChain run id per attempt, the task id in the metadata's
+``langgraph_checkpoint_ns``). From those the handler records:
+
+- the thread id as the session; each ``invoke``/``stream`` as an invocation (``RunStarted``
+  .. ``RunFinished``); the graph as the root workflow run ``graph@1``;
+- a task as a node run ``graph@1/node@k`` (k counts the runs of that node in the thread),
+  its attempts under a ``RetryPolicy`` (a failed attempt followed by another start of the
+  same task is a ``NodeRetrying``; the last failed attempt, once the graph gives up, the
+  one ``NodeErrorEvent`` with every attempt counted);
+- an interrupt (``GraphInterrupt``) as an ``InputRequested``: a pause, not an error; a
+  ``Command(resume=...)`` as the ``InputReceived`` of the open requests, and the
+  interrupted task, which LangGraph runs again, continues the same attempt;
+- a heartbeat for every task in flight, so a process killed mid-node leaves an open run
+  that ``flowscope stuck`` lists and the ``StoreCollector`` counts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Iterable
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langgraph.errors import GraphBubbleUp, GraphInterrupt
+from langgraph.types import Command
+
+from ..events import InputRequested
+from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
+from ..plugins import Plugin
+from ..store.base import EventStore
+from ._recorder import BridgeNodeContext, Invocation, Recorder
+
+__all__ = ["FlowscopeCallbackHandler"]
+
+
+class _Task:
+    """One LangGraph task (one node run) in this invocation."""
+
+    __slots__ = ("ctx", "run_id", "depth", "error", "done")
+
+    def __init__(self, ctx: BridgeNodeContext, run_id: UUID, depth: int) -> None:
+        self.ctx = ctx
+        self.run_id = run_id  # LangChain run id of the current attempt
+        self.depth = depth  # segments of the checkpoint namespace (1 for a top-level task)
+        self.error: tuple[BaseException, float] | None = None  # failed attempt, retry not yet known
+        self.done = False
+
+
+class _Graph:
+    """One graph invocation being recorded."""
+
+    __slots__ = ("inv", "tasks", "interrupted")
+
+    def __init__(self, inv: Invocation) -> None:
+        self.inv = inv
+        self.tasks: dict[str, _Task] = {}  # checkpoint namespace -> task
+        self.interrupted = False
+
+
+def _prompt(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        for key in ("prompt", "question", "message"):
+            if isinstance(value.get(key), str):
+                return value[key]
+    return ""
+
+
+class FlowscopeCallbackHandler(BaseCallbackHandler):
+    """Records a LangGraph graph's runs in a flowscope store (see the module docstring).
+
+    ``workflow``: the workflow name to record (a string, or a graph whose ``name`` is
+    used); by default the name LangGraph gives the graph run. ``plugins``: flowscope
+    plugins (``TracingPlugin``, ``MetricsPlugin``). One handler may serve many threads.
+    """
+
+    run_inline = True  # called in the order LangGraph reports, never from an executor
+    raise_error = False
+
+    def __init__(
+        self,
+        store: EventStore,
+        plugins: Iterable[Plugin] = (),
+        workflow: Any = None,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
+    ) -> None:
+        super().__init__()
+        self.recorder = Recorder(store, plugins, heartbeat_interval)
+        self.workflow: str | None = workflow if workflow is None or isinstance(workflow, str) else str(getattr(workflow, "name", "") or "") or None
+        self._lock = threading.RLock()
+        self._graphs: dict[UUID, _Graph] = {}  # root run id -> invocation
+        # Every chain run we saw under a graph -> (root run id, the task it runs in or None).
+        self._runs: dict[UUID, tuple[UUID, _Task | None]] = {}
+
+    # -- LangChain callbacks -----------------------------------------------------------
+
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        md = metadata or {}
+        with self._lock:
+            if parent_run_id is None:
+                self._begin(run_id, inputs, md, kwargs.get("name"))
+                return
+            seen = self._runs.get(parent_run_id)
+            if seen is None:
+                return  # not under a graph run we record
+            root, task = seen
+            g = self._graphs.get(root)
+            if g is None:
+                return
+            ns = md.get("langgraph_checkpoint_ns") or ""
+            node = md.get("langgraph_node")
+            depth = ns.count("|") + 1 if ns else 0
+            parent_depth = task.depth if task is not None else 0
+            is_task = bool(node) and kwargs.get("name") == node and depth == parent_depth + 1 and ns.rsplit("|", 1)[-1].startswith(f"{node}:")
+            if not is_task:
+                self._runs[run_id] = seen
+                return
+            self._runs[run_id] = (root, self._task_start(g, task, ns, str(node), depth, run_id, inputs))
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        with self._lock:
+            g = self._graphs.get(run_id)
+            if g is not None:
+                self._finish(run_id, g, outputs, None)
+                return
+            task = self._task_of(run_id)
+            if task is not None:
+                task.done = True
+                g = self._graph_of(run_id)
+                if g is not None:
+                    self.recorder.complete(g.inv, task.ctx, outputs, outputs is not None)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        with self._lock:
+            g = self._graphs.get(run_id)
+            if g is not None:
+                self._finish(run_id, g, None, error)
+                return
+            task = self._task_of(run_id)
+            g = self._graph_of(run_id)
+            if task is None or g is None:
+                return
+            if isinstance(error, GraphInterrupt):
+                interrupts = error.args[0] if error.args else ()
+                requests = [(str(i.id), _prompt(i.value), i.value) for i in interrupts]
+                task.done = True
+                g.interrupted = True
+                self.recorder.request_input(g.inv, task.ctx, requests)
+            elif isinstance(error, GraphBubbleUp):  # a Command for the parent graph: the task is done
+                task.done = True
+                self.recorder.complete(g.inv, task.ctx, None, False)
+            else:
+                # Retried or final? Only the next start of the same task tells: LangGraph's
+                # retry policy decides, and we record what it decided.
+                task.error = (error, time.time())
+
+    # -- graph runs --------------------------------------------------------------------
+
+    def _begin(self, run_id: UUID, inputs: Any, md: dict[str, Any], name: Any) -> None:
+        session_id = str(md.get("thread_id") or run_id)
+        workflow = self.workflow or str(name or "graph")
+        ws = self.recorder.session(session_id)
+        resumed = ws.invocations > 0 and ws.status in ("paused", "running", "failed", "cancelled")
+        answers: dict[str, Any] = {}
+        if isinstance(inputs, Command) and inputs.resume is not None:
+            open_ids = [e.interrupt_id for e in ws.pending if isinstance(e, InputRequested)]
+            value = inputs.resume
+            if isinstance(value, dict) and value and set(value) <= set(open_ids):
+                answers = dict(value)
+            else:  # one value for the interrupt(s) LangGraph resumes
+                answers = {i: value for i in open_ids}
+            recorded_input: Any = {"resume": value}
+        else:
+            recorded_input = inputs
+        inv = self.recorder.begin_run(session_id, str(run_id), workflow, recorded_input, resumed, f"{workflow}@1", answers)
+        self._graphs[run_id] = _Graph(inv)
+        self._runs[run_id] = (run_id, None)
+
+    def _finish(self, run_id: UUID, g: _Graph, outputs: Any, error: BaseException | None) -> None:
+        del self._graphs[run_id]
+        for key in [k for k, (root, _) in self._runs.items() if root == run_id]:
+            del self._runs[key]
+        if error is None:
+            status = "paused" if g.interrupted else "completed"
+            self.recorder.finish_run(g.inv, status, outputs if status == "completed" else None)
+            return
+        if isinstance(error, GraphInterrupt):
+            self.recorder.finish_run(g.inv, "paused")
+            return
+        error_path = None
+        for task in g.tasks.values():
+            if task.error is not None and not task.done:  # the attempt the graph gave up on
+                task.done = True
+                self.recorder.fail(g.inv, task.ctx, task.error[0], task.ctx.attempt)
+                error_path = error_path or task.ctx.path
+        if isinstance(error, (KeyboardInterrupt,)) or type(error).__name__ == "CancelledError":
+            self.recorder.finish_run(g.inv, "cancelled", error=error)
+        else:
+            self.recorder.finish_run(g.inv, "failed", error=error, error_path=error_path or g.inv.root_path)
+
+    # -- tasks -------------------------------------------------------------------------
+
+    def _task_start(self, g: _Graph, parent: _Task | None, ns: str, node: str, depth: int, run_id: UUID, inputs: Any) -> _Task:
+        task = g.tasks.get(ns)
+        if task is not None:  # another attempt of a task we follow
+            task.run_id = run_id
+            if task.error is not None:
+                exc, failed_at = task.error
+                task.error = None
+                self.recorder.retrying(task.ctx, task.ctx.attempt, exc, max(0.0, time.time() - failed_at))
+            return task
+        inv = g.inv
+        parent_path = parent.ctx.path if parent is not None else inv.root_path
+        ws = self.recorder.session(inv.run.session_id)
+        same = [ns_ for ns_ in ws.nodes.values() if ns_.node == node and ns_.parent_path == parent_path]
+        # The interrupted (or crashed) run of this node, from an earlier invocation of the
+        # thread, is the one LangGraph runs again: the same path, the attempt continued.
+        resumed = next((s for s in same if s.status in ("waiting_input", "running") and s.invocation_id != inv.run.invocation_id), None)
+        if resumed is not None:
+            path = resumed.path
+            crashed = resumed.status == "running"
+            attempt = resumed.attempt + 1 if crashed else max(resumed.attempt, 1)
+        else:
+            path = f"{parent_path}/{node}@{len(same) + 1}"
+            crashed, attempt = False, 1
+        ctx = self.recorder.start_node(inv, path, "function", attempt, crashed, inputs)
+        task = g.tasks[ns] = _Task(ctx, run_id, depth)
+        return task
+
+    def _task_of(self, run_id: UUID) -> _Task | None:
+        seen = self._runs.get(run_id)
+        if seen is None or seen[1] is None or seen[1].run_id != run_id:
+            return None
+        return seen[1]
+
+    def _graph_of(self, run_id: UUID) -> _Graph | None:
+        seen = self._runs.get(run_id)
+        return self._graphs.get(seen[0]) if seen is not None else None
+
+    def close(self) -> None:
+        """Stop the heartbeat thread (the store is the caller's to close)."""
+        self.recorder.close()

@@ -1,0 +1,343 @@
+"""Attempts: running one prepared node run to its end, and recording how it ended.
+
+:meth:`Attempts.run_prepared` runs the body (within its timeout) as often as its retry
+budget allows, then appends exactly one terminal event: ``NodeCompleted``, a pause's
+event, ``NodeCancelled``, ``NodeErrorEvent`` at the deepest failing path, or
+``NodeErrorPropagated`` above it. Each ``except`` branch hands the terminal event to a
+small method that builds the :class:`~flowscope.engine.context.NodeOutcome` for
+``after_node``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+import time
+from typing import Any
+
+from ..errors import (
+    InvocationAbortedError,
+    LeaseLost,
+    NodeTimeoutError,
+    OutputNotSerializableError,
+    RecoveryLimitError,
+    classify,
+)
+from ..events import NodeCancelled, NodeCompleted, NodeErrorEvent, NodeErrorPropagated, NodePaused, NodeRetrying, StateUpdated
+from .context import NodeContext, NodeOutcome, PauseSignal
+from .graph import Node, Route, Workflow
+from .record import Halted, NodeResult, Recorder, check_json
+
+__all__ = ["Attempts"]
+
+log = logging.getLogger("flowscope.engine")
+
+
+class Attempts(Recorder):
+    """The part of an invocation that runs node bodies: attempts, retries, timeouts."""
+
+    async def run_graph(self, wf: Workflow, ctx: NodeContext, input: Any) -> NodeResult:
+        """The body of a nested workflow: its graph, run by the scheduler."""
+        raise NotImplementedError  # abstract: Invocation (invocation.py) schedules graphs
+
+    async def run_prepared(self, ctx: NodeContext, input: Any) -> NodeResult:
+        """Run a prepared node run through its attempts and record how it ended."""
+        node = ctx.node
+        path = ctx.path
+        plugins = self.plugins
+        hooks = self.hooks
+        if hooks:
+            await plugins.call("before_node", ctx)
+        ctx.started_at = t0 = time.perf_counter()
+        ns = self.ws.nodes[path]
+        failures = ns.failures  # failed attempts already spent from this run's budget (R9, docs/design.md)
+        outcome: NodeOutcome | None = None
+        try:
+            if ctx.recovered and ns.recoveries > self.max_recoveries:
+                raise RecoveryLimitError(
+                    f"{path} was recovered {ns.recoveries} times after its process died "
+                    f"(max_recoveries={self.max_recoveries}); it may be killing its worker"
+                )
+            while True:
+                try:
+                    result = self._result(node, path, await self._attempt(node, ctx, input))
+                    break
+                except Exception as exc:
+                    failures += 1
+                    delay = self._retry_delay(ctx, exc, failures)
+                    if delay is None:
+                        raise
+                    self.flush()  # the failed attempt is on record before the next one begins
+                    await asyncio.sleep(delay)
+                    ctx.attempt += 1
+                    # A new attempt walks its children again from the first: the same paths,
+                    # so the ones that completed are fast-forwarded, not re-run (R8, docs/design.md).
+                    ctx._children.clear()
+                    ctx._requests = ctx._jobs = 0
+        except PauseSignal as p:
+            outcome = self._paused(ctx, p, t0)
+            raise
+        except asyncio.CancelledError:
+            outcome = self._cancelled(ctx, self._cancel_reason(ctx), t0)
+            raise
+        except InvocationAbortedError:
+            self.aborting = True
+            outcome = self._cancelled(ctx, self.abort_reason, t0)
+            raise
+        except Halted:
+            # the invocation can record no more: its runs stop, as cancellations
+            outcome = self._cancelled(ctx, self._cancel_reason(ctx), t0)
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            # the process is going down: record that the run stopped, not that it failed
+            outcome = self._cancelled(ctx, "interrupted", t0)
+            raise
+        except Exception as exc:
+            if self.aborting:  # e.g. a timeout that fired only because the run is being aborted (R3, docs/design.md)
+                outcome = self._cancelled(ctx, self.abort_reason, t0)
+            elif self._recorded_below(exc, path):
+                outcome = self._propagated(ctx, exc, t0)
+            else:
+                outcome = self._failed(ctx, exc, t0)
+                if hooks:
+                    await plugins.call("on_node_error", ctx, outcome.event)
+            raise
+        else:
+            ev = self.emit(
+                NodeCompleted,
+                path,
+                node.name,
+                output=result.output,
+                has_output=result.has_output,
+                route=result.route,
+                attempt_count=ctx.attempt,
+            )
+            if hooks:
+                outcome = NodeOutcome(
+                    status="success",
+                    event=ev,
+                    attempt_count=ctx.attempt,
+                    recovered=ctx.recovered,
+                    duration_s=time.perf_counter() - t0,
+                )
+            return result
+        finally:
+            del self.in_flight[path]
+            if self.state.dirty:
+                self._emit_state(ctx)
+            if hooks and outcome is not None:
+                await plugins.call("after_node", ctx, outcome)
+
+    # -- one attempt ---------------------------------------------------------------------
+
+    async def _attempt(self, node: Node, ctx: NodeContext, input: Any) -> Any:
+        """One attempt at the node's body (a nested workflow's body is its graph),
+        within the node's timeout.
+
+        A sync body with a ``timeout`` runs in a thread of its own (with a copy of the
+        context), since a timeout cannot interrupt code that holds the event loop. When
+        the timeout fires the thread is abandoned, not stopped: it runs on, and whatever
+        it returns or raises is discarded. Make such bodies idempotent, or async.
+        Sync bodies without a timeout run inline on the loop.
+        """
+        timeout = node.timeout
+        if timeout is None:
+            if isinstance(node, Workflow):
+                return await self.run_graph(node, ctx, input)
+            return await node.execute(ctx, input)
+        if isinstance(node, Workflow):
+            body = self.run_graph(node, ctx, input)
+        elif node.is_sync:
+            body = _in_thread(node, ctx, input)
+        else:
+            body = node.execute(ctx, input)
+        cm = asyncio.timeout(timeout)
+        try:
+            async with cm:
+                return await body
+        except TimeoutError:
+            if cm.expired() and not self.aborting:
+                raise NodeTimeoutError(f"{node.name} timed out after {timeout:g}s") from None
+            raise
+
+    @staticmethod
+    def _result(node: Node, path: str, out: Any) -> NodeResult:
+        if type(out) is NodeResult:  # a nested workflow's own result
+            return out
+        route = None
+        if isinstance(out, Route):
+            route = out.label
+            out = out.output
+        check_json(out, f"the output of node {node.name!r} ({path})")
+        return NodeResult(out, route, out is not None)
+
+    def _retry_delay(self, ctx: NodeContext, exc: Exception, failures: int) -> float | None:
+        """If the attempt that raised ``exc`` is retried, record ``NodeRetrying`` and return
+        the delay before the next attempt; None if the failure is final (R4, docs/design.md)."""
+        if self.aborting or isinstance(exc, (OutputNotSerializableError, RecoveryLimitError)):
+            return None
+        retry = ctx.node.retry
+        if retry is None or failures >= retry.max_attempts or not retry.retries(type(exc).__name__):
+            return None
+        info = classify(exc, self.error_codes)
+        delay = retry.delay(failures, self.rng)
+        self.emit(
+            NodeRetrying,
+            ctx.path,
+            ctx.node_name,
+            attempt=ctx.attempt,
+            error_type=info.type,
+            error_code=info.code,
+            error_message=info.message,
+            delay_s=delay,
+        )
+        return delay
+
+    # -- how a run ended: each builds the outcome for after_node -------------------------
+
+    def _paused(self, ctx: NodeContext, p: PauseSignal, t0: float) -> NodeOutcome:
+        """The run waits: its terminal event is the request it made, or ``NodePaused`` for
+        a run whose descendant asked."""
+        if p.origin == ctx.path and p.event is not None:
+            ev = p.event
+        else:
+            ev = self.emit(
+                NodePaused, ctx.path, ctx.node_name, waiting=p.waiting, origin_path=p.origin, interrupt_ids=tuple(p.ids)
+            )
+        return NodeOutcome(
+            status="waiting",
+            event=ev,
+            attempt_count=ctx.attempt,
+            recovered=ctx.recovered,
+            origin_path=p.origin,
+            duration_s=time.perf_counter() - t0,
+        )
+
+    def _cancelled(self, ctx: NodeContext, reason: str, t0: float) -> NodeOutcome:
+        """The run stopped without failing (cancellation is not failure, R3, docs/design.md)."""
+        ev = self.emit(NodeCancelled, ctx.path, ctx.node_name, reason=reason)
+        return NodeOutcome(
+            status="cancellation",
+            event=ev,
+            attempt_count=ctx.attempt,
+            recovered=ctx.recovered,
+            duration_s=time.perf_counter() - t0,
+        )
+
+    def _recorded_below(self, exc: BaseException, path: str) -> bool:
+        """Was ``exc`` already recorded by a descendant of ``path`` in this invocation?"""
+        prior = self.reported.get(id(exc))
+        return prior is not None and prior[0] is exc and prior[1].startswith(path + "/")
+
+    def _propagated(self, ctx: NodeContext, exc: Exception, t0: float) -> NodeOutcome:
+        """A descendant's failure ends this run too: recorded at the deepest path already,
+        it is propagated without a second record (R5, docs/design.md)."""
+        _, origin, code = self.reported[id(exc)]
+        ev = self.emit(
+            NodeErrorPropagated,
+            ctx.path,
+            ctx.node_name,
+            origin_path=origin,
+            error_code=code,
+            error_type=type(exc).__name__,
+            attempt_count=ctx.attempt,
+        )
+        return NodeOutcome(
+            status="timeout" if isinstance(exc, NodeTimeoutError) else "failure",
+            event=ev,
+            attempt_count=ctx.attempt,
+            recovered=ctx.recovered,
+            error=exc,
+            origin_path=origin,
+            duration_s=time.perf_counter() - t0,
+        )
+
+    def _failed(self, ctx: NodeContext, exc: Exception, t0: float) -> NodeOutcome:
+        """The run failed here: record the failure, and flush it so it is on record before
+        it propagates (R1, docs/design.md)."""
+        info = classify(exc, self.error_codes)
+        ev = self.emit(
+            NodeErrorEvent,
+            ctx.path,
+            ctx.node_name,
+            error_code=info.code,
+            error_message=info.message,
+            error_type=info.type,
+            attempt_count=ctx.attempt,
+        )
+        self.reported[id(exc)] = (exc, ctx.path, info.code)
+        outcome = NodeOutcome(
+            status="timeout" if isinstance(exc, NodeTimeoutError) else "failure",
+            event=ev,
+            attempt_count=ctx.attempt,
+            recovered=ctx.recovered,
+            error=exc,
+            origin_path=ctx.path,
+            duration_s=time.perf_counter() - t0,
+        )
+        self.flush()
+        return outcome
+
+    # -- after every run -----------------------------------------------------------------
+
+    def _emit_state(self, ctx: NodeContext) -> None:
+        """Record the keys of ``ctx.state`` the run changed; a change JSON cannot hold is
+        logged and dropped, never fails the run."""
+        changes = self.state.take_changes()
+        try:
+            check_json(changes, f"ctx.state changed by {ctx.path}")
+        except OutputNotSerializableError as exc:
+            log.error("%s; the change is not persisted", exc)
+            return
+        self.emit(StateUpdated, ctx.path, ctx.node_name, values=changes)
+
+    def _cancel_reason(self, ctx: NodeContext) -> str:
+        """Why a cancelled run stopped: the abort, a lost lease or store fault, or the
+        first reason set on it or an ancestor."""
+        if self.aborting:
+            return self.abort_reason
+        if self.halted is not None:
+            return "lease_lost" if isinstance(self.halted, LeaseLost) else "store_error"
+        c: NodeContext | None = ctx
+        while c is not None:
+            if c.cancel_reason:
+                return c.cancel_reason
+            c = c.parent
+        return "cancelled"
+
+
+async def _in_thread(node: Node, ctx: NodeContext, input: Any) -> Any:
+    """Call a sync node body in a daemon thread of its own and await its result.
+
+    Not the loop's default executor: an abandoned body would hold one of its few
+    threads for good, and its threads are joined at exit. A daemon thread does neither.
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+    run = contextvars.copy_context().run
+
+    def settle(ok: bool, value: Any) -> None:
+        if fut.done():  # timed out and abandoned: the result is discarded
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def work() -> None:
+        try:
+            outcome = (True, run(node.call, ctx, input))
+        except BaseException as exc:  # handed to the loop, raised there
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop has closed since: nobody waits for it
+            pass
+
+    threading.Thread(target=work, name=f"flowscope-node-{node.name}", daemon=True).start()
+    result = await fut
+    if asyncio.iscoroutine(result):  # a sync function that returned a coroutine
+        result = await result
+    return result

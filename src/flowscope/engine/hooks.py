@@ -1,0 +1,148 @@
+"""The hook port: the before/after hooks every node run passes through.
+
+It lives in the engine and is typed by the engine's own records (``context.py``), so the
+engine calls out through it without knowing who listens; :mod:`flowscope.plugins`
+re-exports it for plugin authors.
+
+A plugin overrides any of the hooks below; each may be sync or async. ``before_*`` hooks
+run in registration order and ``after_*`` hooks in reverse, so plugins nest like context
+managers. A hook that raises never fails the workflow (R11, docs/design.md): the error
+is logged, counted in :attr:`PluginDispatcher.errors` and reported to every plugin's
+``on_plugin_error`` (the metrics plugin turns it into ``flowscope_plugin_errors_total``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import Counter
+from functools import partial
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..events import Event, NodeErrorEvent
+    from ..store.base import Claim
+    from .context import NodeContext, NodeOutcome, RunInfo, RunResult
+
+__all__ = ["Plugin", "PluginDispatcher", "HOOKS"]
+
+log = logging.getLogger("flowscope.plugins")
+
+HOOKS = (
+    "before_run",
+    "after_run",
+    "before_node",
+    "after_node",
+    "on_node_error",
+    "on_event",
+    "on_worker_claim",
+    "on_lease_lost",
+    "on_worker_release",
+)
+
+
+class Plugin:
+    """Base class: override the hooks you need. ``name`` labels the plugin in logs and metrics."""
+
+    name = "plugin"
+
+    def before_run(self, run: RunInfo) -> Any:
+        """Before ``RunStarted`` is appended; may add to ``run.trace_context``."""
+
+    def after_run(self, run: RunInfo, result: RunResult | None, error: BaseException | None) -> Any:
+        """After ``RunFinished`` is appended."""
+
+    def before_node(self, ctx: NodeContext) -> Any:
+        """Once per node run, before its first attempt; may add to ``ctx.trace_context``."""
+
+    def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> Any:
+        """Once per node run, after its terminal event."""
+
+    def on_node_error(self, ctx: NodeContext, event: NodeErrorEvent) -> Any:
+        """With the ``NodeErrorEvent`` of a failed run (once, at the deepest path)."""
+
+    def on_event(self, event: Event) -> Any:
+        """Every event, after it is appended to the store."""
+
+    def on_worker_claim(self, claim: Claim) -> Any:
+        """A worker took a session (``claim.workflow``, ``claim.reason``: queued, answered
+        or orphaned) and is about to run it. Called by the worker, never by the engine."""
+
+    def on_lease_lost(self, session_id: str, workflow: str) -> Any:
+        """An invocation lost its lease to another owner and stopped (before ``after_run``)."""
+
+    def on_worker_release(self, claim: Any) -> Any:
+        """A worker is done with a claimed session (it completed, paused, failed, lost its
+        lease or was handed back). Called by the worker, once per ``on_worker_claim``."""
+
+    def on_plugin_error(self, plugin: str, hook: str, error: BaseException) -> Any:
+        """Another plugin's hook raised (already logged)."""
+
+
+def _overrides(plugin: Plugin, hook: str) -> bool:
+    return getattr(type(plugin), hook, None) is not getattr(Plugin, hook)
+
+
+class PluginDispatcher:
+    """Calls the hooks of a list of plugins, skipping those a plugin does not override.
+
+    The engine only ever talks to this class. Lists of bound hooks are computed once, so
+    a run with no plugins pays nothing per node.
+    """
+
+    def __init__(self, plugins: Iterable[Plugin] = ()) -> None:
+        self.plugins = list(plugins)
+        self.names = tuple(getattr(p, "name", type(p).__name__) for p in self.plugins)
+        self.errors: Counter[tuple[str, str]] = Counter()
+        self._hooks: dict[str, list[tuple[Plugin, Any]]] = {}
+        for hook in (*HOOKS, "on_plugin_error"):
+            bound = [(p, getattr(p, hook)) for p in self.plugins if _overrides(p, hook)]
+            if hook.startswith("after_"):
+                bound.reverse()
+            self._hooks[hook] = bound
+        self.has_on_event = bool(self._hooks["on_event"])
+        self.has_node_hooks = bool(
+            self._hooks["before_node"] or self._hooks["after_node"] or self._hooks["on_node_error"]
+        )
+
+    def wants(self, hook: str) -> bool:
+        return bool(self._hooks[hook])
+
+    async def call(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` on every plugin that has it, in hook order, isolating failures."""
+        for plugin, fn in self._hooks[hook]:
+            try:
+                result = fn(*args)
+                if result is not None and inspect.isawaitable(result):
+                    await result
+            except Exception as exc:  # R11 (docs/design.md): a plugin never fails the run
+                self._failed(plugin, hook, exc)
+
+    def call_sync(self, hook: str, *args: Any) -> None:
+        """Like :meth:`call` for places that cannot await; an async hook's coroutine is
+        scheduled on the running loop instead of awaited."""
+        for plugin, fn in self._hooks[hook]:
+            try:
+                result = fn(*args)
+                if result is not None and inspect.isawaitable(result):
+                    task = asyncio.ensure_future(result)
+                    task.add_done_callback(partial(self._task_done, plugin=plugin, hook=hook))
+            except Exception as exc:
+                self._failed(plugin, hook, exc)
+
+    def _task_done(self, task: asyncio.Future[Any], *, plugin: Plugin, hook: str) -> None:
+        if not task.cancelled():
+            exc = task.exception()
+            if exc is not None:
+                self._failed(plugin, hook, exc)
+
+    def _failed(self, plugin: Plugin, hook: str, exc: BaseException) -> None:
+        name = getattr(plugin, "name", type(plugin).__name__)
+        self.errors[(name, hook)] += 1
+        log.warning("plugin %r raised in %s: %s: %s", name, hook, type(exc).__name__, exc)
+        for other, fn in self._hooks["on_plugin_error"]:
+            try:
+                fn(name, hook, exc)
+            except Exception:  # a broken error hook is only logged, never recursed into
+                log.exception("plugin %r raised in on_plugin_error", getattr(other, "name", other))

@@ -1,0 +1,170 @@
+"""Pauses: input requests, external jobs, and the answers ``resume()`` brings to them.
+
+A run that waits raises :class:`~flowscope.engine.context.PauseSignal` carrying the event
+that asked; the attempt loop makes that event the run's terminal event. On resume the
+run executes again from its start, and each ``request_input``/``await_job`` call replays
+its answer from the log instead of asking again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable, Mapping
+
+from ..errors import JobFailedError, ResumeError, classify
+from ..events import Event, InputReceived, InputRequested, JobDispatched, JobResultReceived
+from ..fold import WorkflowState
+from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids
+from ..store.base import FINISHED_SESSION_STATUSES
+from .context import NodeContext, PauseSignal
+from .record import Recorder, check_json
+
+__all__ = ["Pauses", "Answer", "validate_answers", "FINISHED"]
+
+log = logging.getLogger("flowscope.engine")
+
+#: An event to append for an answer given to ``resume()``: class, path, node, fields.
+Answer = tuple[type[Event], str, str, dict[str, Any]]
+
+#: Session statuses that take no more answers (the finished ones, one copy in the store port).
+FINISHED = FINISHED_SESSION_STATUSES
+
+
+class Pauses(Recorder):
+    """The part of an invocation that asks for input and waits for jobs."""
+
+    async def request_input(self, ctx: NodeContext, interrupt_id: str, prompt: str, payload: Any) -> Any:
+        """The recorded answer to this request, or a pause that asks for it."""
+        ns = self.ws.nodes[ctx.path]
+        if interrupt_id in ns.inputs:
+            return ns.inputs[interrupt_id]
+        check_json(payload, f"the payload of input request {interrupt_id!r}")
+        ev = self.emit(InputRequested, ctx.path, ctx.node_name, interrupt_id=interrupt_id, prompt=str(prompt), payload=payload)
+        raise PauseSignal(ctx.path, "input", [interrupt_id], ev)
+
+    async def await_job(
+        self,
+        ctx: NodeContext,
+        n: int,
+        dispatch: Callable[[Job], Any],
+        payload: Any,
+        expect_count: bool,
+        deadline_s: float | None,
+    ) -> Any:
+        """Replay this ``await_job`` call's history from the log, then take the next step:
+        dispatch, keep waiting, return the data, or pause on a failed result."""
+        path = ctx.path
+        key = f"{path}#job{n}"
+        ns = self.ws.nodes[path]
+        history = [j for j in ns.jobs.values() if j.job_key == key]
+        i = 0
+        while True:
+            if i == len(history):
+                history.append(await self._dispatch(ctx, key, i + 1, dispatch, payload, expect_count, deadline_s))
+            job = history[i]
+            res = ns.job_results.get(job.job_id)
+            if res is None:  # in flight: never dispatch the same attempt twice
+                raise PauseSignal(path, "job", [job.job_id])
+            if res.result == "success":
+                return res.data
+            verdict = check_result({"success": res.success, "count": res.count, "error": res.error}, job.expect_count)
+            iid = f"{key}.{job.dispatch_attempt}"
+            decision = ns.inputs.get(iid)
+            if decision is None:
+                ev = self.emit(
+                    InputRequested,
+                    path,
+                    ctx.node_name,
+                    interrupt_id=iid,
+                    prompt=f"job {job.job_id} {verdict.result}: {verdict.problem}",
+                    payload=job_failed_payload(verdict, job.job_id, job.dispatch_attempt),
+                )
+                raise PauseSignal(path, "input", [iid], ev)
+            if decision == "abort":
+                raise JobFailedError(f"job {job.job_id} {verdict.result}: {verdict.problem}; aborted by the operator")
+            i += 1  # "retry": the next dispatch attempt (a new job, a new idempotency key)
+
+    async def _dispatch(
+        self,
+        ctx: NodeContext,
+        key: str,
+        attempt: int,
+        dispatch: Callable[[Job], Any],
+        payload: Any,
+        expect_count: bool,
+        deadline_s: float | None,
+    ) -> JobDispatched:
+        """Hand a job to ``dispatch`` and record it; a dispatch that raises is recorded as
+        a failed result at once (returned), otherwise the run pauses for the result."""
+        job_id, idem = job_ids(self.session_id, key, attempt)
+        job = Job(job_id, idem, attempt, payload, ctx.trace_context.get("traceparent"), deadline_s, self.session_id, ctx.path)
+        failed: dict[str, Any] | None = None
+        try:
+            r = dispatch(job)
+            if asyncio.iscoroutine(r) or isinstance(r, asyncio.Future):
+                await r
+        except Exception as exc:  # an HTTP 401/5xx, a refused connection: a failed result, not a crash
+            info = classify(exc, self.error_codes)
+            failed = dispatch_failure(info.type, info.message)
+        ev = self.emit(
+            JobDispatched,
+            ctx.path,
+            ctx.node_name,
+            job_id=job_id,
+            dispatch_attempt=attempt,
+            idempotency_key=idem,
+            trace_context=dict(ctx.trace_context),
+            deadline_s=deadline_s,
+            expect_count=expect_count,
+            job_key=key,
+        )
+        if failed is not None:
+            self.emit(JobResultReceived, ctx.path, ctx.node_name, job_id=job_id, success=False, error=failed["error"], result="failed")
+            return ev
+        raise PauseSignal(ctx.path, "job", [job_id], ev)
+
+
+def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping[str, Any]) -> list[Answer]:
+    """Check answers (input values by interrupt id, job results by job id) against the
+    session's open requests, and return the events that record them.
+
+    The one rule ``resume(inputs=, jobs=)`` and :func:`flowscope.answer` share. It raises
+    :class:`~flowscope.errors.ResumeError` before anything is appended for an unknown id,
+    an input already answered, a job already reported, or a value JSON cannot hold.
+    """
+    out: list[Answer] = []
+    nodes = ws.nodes
+    sid = ws.session_id
+    for iid, value in inputs.items():
+        targets = [ns for ns in nodes.values() if ns.status == "waiting_input" and iid in ns.requests]
+        if not targets:
+            if any(iid in ns.inputs for ns in nodes.values()):
+                raise ResumeError(f"input {iid!r} of session {sid!r} was already answered; an answer is given once")
+            open_ids = sorted({i for ns in nodes.values() if ns.status == "waiting_input" for i in ns.requests})
+            raise ResumeError(f"session {sid!r} has no open input request {iid!r} (open: {', '.join(open_ids) or 'none'})")
+        check_json(value, f"the input for {iid!r}")
+        for ns in targets:
+            payload = ns.requests[iid].payload
+            if isinstance(payload, dict) and payload.get("kind") == "job_failed" and value not in payload.get("actions", ()):
+                raise ResumeError(f"input {iid!r} answers a failed job: give one of {payload.get('actions')}, not {value!r}")
+            out.append((InputReceived, ns.path, ns.node, {"interrupt_id": iid, "value": value}))
+    for job_id, result in jobs.items():
+        owner = next((ns for ns in nodes.values() if job_id in ns.jobs), None)
+        if owner is None:
+            raise ResumeError(f"session {sid!r} has no dispatched job {job_id!r}: check the job id")
+        if job_id in owner.job_results:
+            raise ResumeError(f"job {job_id!r} of session {sid!r} already reported its result; a result is reported once")
+        check_json(result, f"the result of job {job_id!r}")
+        verdict = check_result(result, owner.jobs[job_id].expect_count)
+        r = result if isinstance(result, Mapping) else {}
+        fields = {
+            "job_id": job_id,
+            "success": r.get("success"),
+            "count": r.get("count"),
+            "error": r.get("error"),
+            "data": r.get("data"),
+            "result": verdict.result,
+        }
+        out.append((JobResultReceived, owner.path, owner.node, fields))
+    return out

@@ -1,0 +1,185 @@
+"""Spans rebuilt from the event log, as OTLP: ``flowscope export SESSION``.
+
+The log records every invocation and every node run with timestamps, so the spans
+:class:`~flowscope.observability.TracingPlugin` produces live can be rebuilt after the
+fact: for a run that had no tracing, for spans a collector dropped, or for a worker that
+was killed before its batch processor flushed (its crashed runs are exported too, marked
+``flowscope.export.incomplete``).
+
+The rebuilt spans (:mod:`flowscope.observability.log_spans`) carry what the live ones
+carry, from the same mapping (:mod:`flowscope.observability.spans`): names, attributes,
+parentage, span events, status and links. Their ids are **deterministic**, so exporting a
+session twice gives identical output, and spans sent twice deduplicate in the backend.
+This module turns them into SDK spans, OTLP requests and OTLP/JSON, and sends them.
+
+Output is OTLP/JSON, the JSON encoding of ``ExportTraceServiceRequest`` that OTLP/HTTP
+receivers accept (``POST /v1/traces`` with ``Content-Type: application/json``): the
+protobuf JSON mapping with lowerCamelCase names, enums as integers, and trace and span ids
+as hex strings as the OTLP specification requires (the plain protobuf mapping would use
+base64). :func:`load_otlp_json` reads it back into the protobuf class.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from .. import __version__
+from ..events import Event
+from . import otlp
+from .log_spans import rebuild, span_id_for, trace_id_for
+from .otlp import guess_protocol
+from .spans import INCOMPLETE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.sdk.trace import ReadableSpan
+
+__all__ = [
+    "session_spans",
+    "export_request",
+    "export_json",
+    "to_otlp_json",
+    "load_otlp_json",
+    "send_spans",
+    "trace_id_for",
+    "span_id_for",
+    "guess_protocol",
+    "ExportError",
+    "INCOMPLETE",
+]
+
+class ExportError(Exception):
+    """The spans could not be sent to the endpoint."""
+
+
+# --------------------------------------------------------------------------- OTLP
+
+
+def session_spans(events: Iterable[Event], service_name: str = "flowscope") -> list[ReadableSpan]:
+    """The session's spans as SDK ``ReadableSpan`` objects (what an exporter takes)."""
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import Event as SpanEvent
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+    resource = Resource({SERVICE_NAME: service_name})  # no detectors: the same output everywhere
+    scope = InstrumentationScope("flowscope", __version__)
+    flags = TraceFlags(TraceFlags.SAMPLED)
+
+    def context(trace_id: int, span_id: int) -> SpanContext:
+        return SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags)
+
+    out = []
+    for s in rebuild(events):
+        status = Status(StatusCode.ERROR, s.error) if s.error is not None else Status(StatusCode.UNSET)
+        out.append(
+            ReadableSpan(
+                name=s.name,
+                context=context(s.trace_id, s.span_id),
+                parent=context(s.trace_id, s.parent_id) if s.parent_id else None,
+                resource=resource,
+                attributes=dict(s.attributes),
+                events=[SpanEvent(e.name, dict(e.attributes), e.time_ns) for e in s.events],
+                links=[Link(context(tid, sid)) for tid, sid in s.links],
+                kind=SpanKind.INTERNAL,
+                status=status,
+                start_time=int(round(s.start * 1e9)),
+                end_time=int(round(s.end * 1e9)),
+                instrumentation_scope=scope,
+            )
+        )
+    return out
+
+
+def export_request(events: Iterable[Event], service_name: str = "flowscope") -> ExportTraceServiceRequest:
+    """The session's spans as an OTLP ``ExportTraceServiceRequest`` (what the exporters send)."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    return encode_spans(session_spans(events, service_name))
+
+
+_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+def _map_ids(d: dict[str, Any], fn: Callable[[str], str]) -> None:
+    for rs in d.get("resourceSpans", ()):
+        for ss in rs.get("scopeSpans", ()):
+            for span in ss.get("spans", ()):
+                for k in _ID_KEYS:
+                    if span.get(k):
+                        span[k] = fn(span[k])
+                for link in span.get("links", ()):
+                    for k in ("traceId", "spanId"):
+                        if link.get(k):
+                            link[k] = fn(link[k])
+
+
+def to_otlp_json(request: ExportTraceServiceRequest) -> str:
+    """OTLP/JSON text of a request: camelCase names, integer enums, hex ids (OTLP spec)."""
+    from google.protobuf import json_format  # untyped: see the mypy overrides in pyproject.toml
+
+    d = json_format.MessageToDict(request, use_integers_for_enums=True)
+    _map_ids(d, lambda b64: base64.b64decode(b64).hex())
+    return json.dumps(d, indent=2, ensure_ascii=False) + "\n"
+
+
+def export_json(events: Iterable[Event], service_name: str = "flowscope") -> str:
+    """OTLP/JSON of the session's spans; the same log always gives the same text."""
+    return to_otlp_json(export_request(events, service_name))
+
+
+def _hex_to_b64(value: str) -> str:
+    if len(value) in (16, 32) and all(c in "0123456789abcdefABCDEF" for c in value):
+        return base64.b64encode(bytes.fromhex(value)).decode()
+    return value  # already base64 (the plain protobuf JSON mapping)
+
+
+def load_otlp_json(text: str | bytes) -> ExportTraceServiceRequest:
+    """Parse OTLP/JSON (hex ids, or base64 ids as the plain protobuf mapping has them)
+    into an ``ExportTraceServiceRequest``, with ``google.protobuf.json_format``."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    d = json.loads(text)
+    _map_ids(d, _hex_to_b64)
+    return json_format.ParseDict(d, ExportTraceServiceRequest())
+
+
+# --------------------------------------------------------------------------- sending
+
+
+def send_spans(spans: list[ReadableSpan], endpoint: str, protocol: str | None = None, timeout: float = 10.0) -> None:
+    """Send spans with the real OTLP exporter (HTTP/protobuf or gRPC). Raises :class:`ExportError`."""
+    protocol = protocol or guess_protocol(endpoint)
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    try:
+        protocol = otlp.resolve_protocol(protocol)
+    except ValueError:
+        raise ExportError(f"unknown OTLP protocol {protocol!r}: use grpc or http/protobuf") from None
+    target = endpoint if protocol == otlp.GRPC else otlp.http_traces_url(endpoint)
+    exporter = otlp.span_exporter(protocol, endpoint, timeout=timeout, plaintext_unless_https=True)
+    quiet = [logging.getLogger(n) for n in ("opentelemetry.exporter", "opentelemetry.sdk")]
+    levels = [q.level for q in quiet]
+    for q in quiet:  # the exporters log retries and tracebacks; the caller reports one line
+        q.setLevel(logging.CRITICAL)
+    try:
+        result = exporter.export(spans)
+    except Exception as exc:  # pragma: no cover - exporters return FAILURE rather than raise
+        raise ExportError(f"could not send spans to {target} ({protocol}): {type(exc).__name__}: {exc}") from None
+    finally:
+        try:
+            exporter.shutdown()
+        except Exception:  # pragma: no cover
+            pass
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
+    if result is not SpanExportResult.SUCCESS:
+        raise ExportError(
+            f"could not send {len(spans)} spans to {target} ({protocol}): the endpoint refused them or did not answer "
+            f"within {timeout:g}s; is the collector running there?"
+        )

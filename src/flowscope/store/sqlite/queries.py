@@ -1,0 +1,225 @@
+"""The SQL the store runs, and the rows it reads and writes.
+
+Every statement takes its values as parameters; the only text built from names is from
+our own constants (column names, the open states).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from ...fold import NodeState, WorkflowState
+from ..base import FINISHED_SESSION_STATUSES, NodeRun
+from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
+
+__all__ = [
+    "SQL_SESSION",
+    "SQL_LAST_SEQ",
+    "SQL_INSERT_EVENT",
+    "SQL_READ",
+    "SQL_READ_SEQS",
+    "SQL_UPSERT_SESSION",
+    "SQL_UPSERT_NODE",
+    "SQL_LOAD_NODES",
+    "SQL_NODE_RUNS",
+    "SQL_OPEN_RUNS",
+    "SQL_OPEN_SUMMARY",
+    "SQL_HEARTBEAT",
+    "SQL_SESSIONS",
+    "SQL_OPEN_SAME_HOST",
+    "SQL_SESSION_INFO",
+    "SQL_OWNERSHIP",
+    "SQL_TAKE",
+    "SQL_RENEW",
+    "SQL_RELEASE",
+    "SQL_CLAIM_QUEUED",
+    "SQL_CLAIM_ANSWERED",
+    "SQL_CLAIM_ORPHANED",
+    "SQL_QUEUED_SUMMARY",
+    "SQL_WORKER_SEEN",
+    "SQL_WORKERS_FORGET",
+    "SQL_WORKERS",
+    "SQL_SAVE_SNAPSHOT",
+    "SQL_LOAD_SNAPSHOT",
+    "SQL_PRUNABLE",
+    "PRUNE_TABLES",
+    "SQL_PRUNE",
+    "SQL_STORAGE_BYTES",
+    "node_state",
+    "node_row",
+    "session_row",
+]
+
+_SESSION_COLUMNS = "workflow, status, started_at, updated_at, last_seq, invocations"
+#: The fold's columns (a row made by acquire() before the first append has none yet)
+#: and the fence, for an append.
+SQL_SESSION = (
+    "SELECT coalesce(workflow, ''), coalesce(status, 'new'), started_at, updated_at, last_seq, "
+    "coalesce(invocations, 0), epoch, owner FROM sessions WHERE session_id = ?"
+)
+SQL_LAST_SEQ = "SELECT last_seq FROM sessions WHERE session_id = ?"
+SQL_INSERT_EVENT = (
+    "INSERT INTO events (session_id, seq, type, ts, invocation_id, path, node, payload) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SQL_READ = (
+    "SELECT type, ts, invocation_id, path, node, payload FROM events "
+    "WHERE session_id = ? AND seq > ? AND seq <= ? ORDER BY seq"
+)
+SQL_READ_SEQS = "SELECT seq FROM events WHERE session_id = ? AND seq > ? AND seq <= ? ORDER BY seq"
+SQL_UPSERT_SESSION = (
+    f"INSERT INTO sessions (session_id, {_SESSION_COLUMNS}, submitted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (session_id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _SESSION_COLUMNS.split(", "))
+    + ", submitted_at = coalesce(sessions.submitted_at, excluded.submitted_at)"
+)
+_NODE_ROW_COLUMNS = ("session_id", "workflow") + NODE_STATE_COLUMNS
+SQL_UPSERT_NODE = (
+    f"INSERT INTO node_runs ({', '.join(_NODE_ROW_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _NODE_ROW_COLUMNS)}) "
+    "ON CONFLICT (session_id, path) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _NODE_ROW_COLUMNS[1:] if c not in ("path", "heartbeat_at"))
+    # heartbeats are written outside the log (heartbeat()): an upsert from a cached state
+    # must not move one backwards
+    + ", heartbeat_at = CASE WHEN node_runs.heartbeat_at IS NULL OR excluded.heartbeat_at > node_runs.heartbeat_at"
+    " THEN excluded.heartbeat_at ELSE node_runs.heartbeat_at END"
+)
+#: Followed by ``(?, ?, ...)``, one placeholder per path.
+SQL_LOAD_NODES = f"SELECT {', '.join(NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = ? AND path IN "
+# In NodeRun field order, so that rows map positionally.
+_NODE_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(NodeRun))
+SQL_NODE_RUNS = f"SELECT {', '.join(_NODE_RUN_FIELDS)} FROM node_runs"
+SQL_OPEN_RUNS = f"{SQL_NODE_RUNS} WHERE {OPEN_WHERE} ORDER BY started_at, rowid"
+# flowscope.liveness in SQL, for the scrape: orphaned = a running run whose last heartbeat
+# (its start, without one) is missing or before :stale_before (liveness.stale_before);
+# overdue = a waiting job with a deadline before :now (liveness.is_overdue). The store
+# contract checks that this and liveness.classify_open_run agree case by case.
+# A run of a session with an owner is orphaned by the owner rule instead
+# (liveness.owner_alive): here, when its lease has ended; SQL_OPEN_SAME_HOST lists the
+# running runs of this host's owners whose lease has not, for the process check in Python.
+_LAST_BEAT = "coalesce(n.heartbeat_at, n.started_at)"
+_OPEN_WHERE_N = OPEN_WHERE.replace("status", "n.status", 1)
+SQL_OPEN_SUMMARY = (
+    "SELECT n.workflow, n.node, n.status, count(*), min(n.started_at), "
+    "sum(n.status = 'running' AND CASE WHEN s.owner IS NULL "
+    f"THEN ({_LAST_BEAT} IS NULL OR {_LAST_BEAT} < :stale_before) "
+    "ELSE (s.lease_expires_at IS NULL OR s.lease_expires_at <= :now) END), "
+    "sum(n.status = 'waiting_job' AND n.job_deadline_at IS NOT NULL AND n.job_deadline_at < :now) "
+    f"FROM node_runs AS n LEFT JOIN sessions AS s ON s.session_id = n.session_id WHERE {_OPEN_WHERE_N} "
+    "GROUP BY n.workflow, n.node, n.status ORDER BY n.workflow, n.node, n.status"
+)
+SQL_OPEN_SAME_HOST = (
+    "SELECT n.workflow, n.node, s.owner, s.lease_expires_at, count(*) "
+    "FROM sessions AS s JOIN node_runs AS n ON n.session_id = s.session_id "
+    "WHERE s.status = 'running' AND s.lease_expires_at > :now AND s.owner IS NOT NULL "
+    "AND json_extract(s.owner, '$.host') = :host AND n.status = 'running' "
+    "GROUP BY n.workflow, n.node, s.owner, s.lease_expires_at"
+)
+SQL_HEARTBEAT = "UPDATE node_runs SET heartbeat_at = ? WHERE session_id = ? AND path = ? AND status = 'running'"
+_INFO_COLUMNS = f"session_id, {_SESSION_COLUMNS}, owner, epoch, lease_expires_at, submitted_at"
+#: In SessionInfo field order; rows made by acquire() alone (no event yet) are no session.
+SQL_SESSIONS = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 ORDER BY coalesce(updated_at, 0.0) DESC, rowid"
+SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = ? AND last_seq > 0"
+
+# -- ownership
+SQL_OWNERSHIP = "SELECT owner, epoch, lease_expires_at, lease_renewed_at FROM sessions WHERE session_id = ?"
+SQL_TAKE = (
+    "INSERT INTO sessions (session_id, last_seq, owner, epoch, lease_expires_at, lease_renewed_at) "
+    "VALUES (:sid, 0, :owner, 1, :expires, :now) "
+    "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, epoch = sessions.epoch + 1, "
+    "lease_expires_at = excluded.lease_expires_at, lease_renewed_at = excluded.lease_renewed_at, "
+    "recoveries = sessions.recoveries + :recovered "
+    "RETURNING epoch"
+)
+SQL_RENEW = "UPDATE sessions SET lease_expires_at = ?, lease_renewed_at = ? WHERE session_id = ? AND epoch = ?"
+SQL_RELEASE = "UPDATE sessions SET lease_expires_at = 0 WHERE session_id = ? AND epoch = ?"
+# Claim candidates, one statement per reason, each through its partial index, oldest
+# first; rows a live owner holds are filtered out in Python (base.claim_reason). The
+# same-host term lets through leases that are current but may belong to a dead process.
+_FREE = "(lease_expires_at IS NULL OR lease_expires_at <= :now OR json_extract(owner, '$.host') = :host)"
+SQL_CLAIM_QUEUED = (
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, submitted_at FROM sessions "
+    f"WHERE status = 'queued' AND workflow IN (SELECT value FROM json_each(:workflows)) AND {_FREE} "
+    "ORDER BY submitted_at"
+)
+SQL_CLAIM_ANSWERED = (
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at FROM sessions "
+    f"WHERE status = 'answered' AND workflow IN (SELECT value FROM json_each(:workflows)) AND {_FREE} "
+    "ORDER BY updated_at"
+)
+SQL_CLAIM_ORPHANED = (
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at FROM sessions "
+    f"WHERE status = 'running' AND owner IS NOT NULL AND {_FREE} "
+    "AND workflow IN (SELECT value FROM json_each(:workflows)) "
+    "ORDER BY updated_at"
+)
+SQL_QUEUED_SUMMARY = (
+    "SELECT workflow, count(*), min(submitted_at) FROM sessions WHERE status = 'queued' "
+    "GROUP BY workflow ORDER BY workflow"
+)
+SQL_WORKER_SEEN = (
+    "INSERT INTO workers (worker_id, host, pid, started_at, workflows, seen_at) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (worker_id) DO UPDATE SET host = excluded.host, pid = excluded.pid, "
+    "started_at = excluded.started_at, workflows = excluded.workflows, seen_at = excluded.seen_at"
+)
+SQL_WORKERS_FORGET = "DELETE FROM workers WHERE seen_at < ?"
+SQL_WORKERS = "SELECT worker_id, host, pid, workflows, seen_at FROM workers ORDER BY seen_at DESC, worker_id"
+SQL_SAVE_SNAPSHOT = (
+    "INSERT INTO snapshots (session_id, seq, data) VALUES (?, ?, ?) "
+    "ON CONFLICT (session_id) DO UPDATE SET seq = excluded.seq, data = excluded.data"
+)
+SQL_LOAD_SNAPSHOT = "SELECT seq, data FROM snapshots WHERE session_id = ?"
+
+# -- pruning (flowscope prune): ``:ids`` is a JSON array of session ids
+#: Sessions among ``:ids`` that may be deleted: finished and without an open run, with
+#: their owner and lease, for the owner rule (liveness.owner_alive) in Python.
+SQL_PRUNABLE = (
+    "SELECT session_id, owner, lease_expires_at FROM sessions "
+    "WHERE session_id IN (SELECT value FROM json_each(:ids)) "
+    "AND status IN (" + ", ".join(f"'{status}'" for status in FINISHED_SESSION_STATUSES) + ") "
+    f"AND session_id NOT IN (SELECT session_id FROM node_runs WHERE {OPEN_WHERE})"
+)
+#: Every table keyed by session, in the order a prune deletes from them; ``sessions``
+#: holds the owner, epoch and lease too. ``workers`` is per worker and stays.
+PRUNE_TABLES = ("events", "node_runs", "snapshots", "sessions")
+SQL_PRUNE = tuple(f"DELETE FROM {table} WHERE session_id IN (SELECT value FROM json_each(:ids))" for table in PRUNE_TABLES)
+#: Bytes of the file's pages in use: deleted rows' pages become free pages that new
+#: events reuse (the file itself shrinks only with ``VACUUM``).
+SQL_STORAGE_BYTES = (
+    "SELECT (p.page_count - f.freelist_count) * s.page_size "
+    "FROM pragma_page_count() AS p, pragma_freelist_count() AS f, pragma_page_size() AS s"
+)
+
+
+def node_state(row: Sequence[Any]) -> NodeState:
+    """A NodeState from a row of ``SQL_LOAD_NODES``."""
+    return NodeState(**dict(zip(NODE_STATE_COLUMNS, row)))
+
+
+def node_row(session_id: str, workflow: str, ns: NodeState) -> tuple[Any, ...]:
+    """The parameters of ``SQL_UPSERT_NODE`` for one node state."""
+    return (
+        session_id,
+        workflow,
+        ns.path,
+        ns.node,
+        ns.kind,
+        ns.parent_path,
+        ns.status,
+        ns.attempt,
+        ns.failures,
+        ns.retries,
+        ns.recoveries,
+        ns.started_at,
+        ns.ended_at,
+        ns.heartbeat_at,
+        ns.error_code,
+        ns.error_type,
+        ns.job_deadline_at,
+    )
+
+
+def session_row(ws: WorkflowState, submitted_at: float | None = None) -> tuple[Any, ...]:
+    """The parameters of ``SQL_UPSERT_SESSION`` (``submitted_at`` is kept once set)."""
+    return (ws.session_id, ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations, submitted_at)

@@ -1,0 +1,302 @@
+"""The file: its tables, its migrations, and opening and checking a database.
+
+``meta``
+    key/value: ``application`` (``"flowscope"``) and ``schema_version`` (the
+    :data:`DB_SCHEMA_VERSION` of the tables *and* of the payload format; not to be
+    confused with :data:`flowscope.events.SCHEMA_VERSION`, the version of an event's JSON).
+``events``
+    the log: ``(session_id, seq)`` is the primary key; ``type``, ``ts``,
+    ``invocation_id``, ``path`` and ``node`` are columns, the event's other fields are a
+    JSON object in ``payload`` (see :mod:`.codec`).
+``sessions``
+    one row per session (workflow, status, started/updated, ``last_seq``, invocations).
+``node_runs``
+    the projection: the latest state of every node run, kept by the fold's
+    ``NodeState.apply`` in the transaction that appends the events.
+``snapshots``
+    one folded state per session, so a long session resumes without reading its log.
+``workers``
+    one row per worker (``workers_seen``): host, pid, the workflows it serves, when seen.
+
+Ownership lives in ``sessions`` beside the fold's columns (schema 3): ``owner`` (the
+:class:`~flowscope.ownership.Owner` as JSON), the fencing ``epoch``, ``lease_expires_at``
+and ``lease_renewed_at``, ``submitted_at`` and ``recoveries`` (orphan takeovers by
+``claim``). Partial indexes hold the queued, answered and running sessions, so a claim
+and the queued summary read only those, never the log or the finished sessions.
+
+Opening refuses a directory, a missing file (read-only), a file that is not SQLite,
+another application's database and a newer schema, each with its own
+:class:`~flowscope.errors.StoreError` subclass; an older schema is migrated.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Callable
+
+import sqlite_utils
+
+from ...errors import NotAFlowscopeDatabase, StoreCorrupt, StoreError, StoreReadOnly, StoreSchemaTooNew, StoreUnavailable
+from ...fold import OPEN_STATES
+from .faults import store_error
+
+__all__ = [
+    "APPLICATION",
+    "DB_SCHEMA_VERSION",
+    "MIGRATIONS",
+    "NODE_STATE_COLUMNS",
+    "OPEN_WHERE",
+    "DURABILITY",
+    "check_file",
+    "connect",
+    "read_version",
+    "ensure_schema",
+    "rollback",
+]
+
+APPLICATION = "flowscope"
+#: ``synchronous`` per durability setting (see ``SqliteEventStore``).
+DURABILITY = {"normal": "NORMAL", "full": "FULL"}
+#: Small pages: an append rewrites a handful of B-tree pages (the event, the node run, the
+#: session and their indexes) and every one of them goes to the WAL whole, so 1 KiB pages
+#: make the per-step commit ~20% cheaper than 4 KiB.
+PAGE_SIZE = 1024
+
+#: The ``node_runs`` columns that hold a NodeState (besides session_id and workflow).
+NODE_STATE_COLUMNS = (
+    "path",
+    "node",
+    "kind",
+    "parent_path",
+    "status",
+    "attempt",
+    "failures",
+    "retries",
+    "recoveries",
+    "started_at",
+    "ended_at",
+    "heartbeat_at",
+    "error_code",
+    "error_type",
+    "job_deadline_at",
+)
+
+#: The open states as literal SQL (our constants, not input): only a literal WHERE lets
+#: SQLite use the partial index ``node_runs_open``, whose condition is this same text.
+OPEN_WHERE = "status IN (" + ", ".join(f"'{state}'" for state in OPEN_STATES) + ")"
+
+
+def _migrate_0_to_1(db: sqlite_utils.Database) -> None:
+    """The first schema: the log, the sessions and the node-runs projection."""
+    db.table("events").create(
+        {
+            "session_id": str,
+            "seq": int,
+            "type": str,
+            "ts": float,
+            "invocation_id": str,
+            "path": str,
+            "node": str,
+            "payload": str,
+        },
+        pk=("session_id", "seq"),
+        not_null={"session_id", "seq", "type", "payload"},
+    )
+    db.table("sessions").create(
+        {
+            "session_id": str,
+            "workflow": str,
+            "status": str,
+            "started_at": float,
+            "updated_at": float,
+            "last_seq": int,
+            "invocations": int,
+        },
+        pk="session_id",
+        not_null={"session_id", "last_seq"},
+    )
+    db.table("node_runs").create(
+        {
+            "session_id": str,
+            "path": str,
+            "workflow": str,
+            "node": str,
+            "kind": str,
+            "parent_path": str,
+            "status": str,
+            "attempt": int,
+            "failures": int,
+            "retries": int,
+            "recoveries": int,
+            "started_at": float,
+            "ended_at": float,
+            "heartbeat_at": float,
+            "error_code": str,
+            "error_type": str,
+            "job_deadline_at": float,
+        },
+        pk=("session_id", "path"),
+        not_null={"session_id", "path", "status"},
+    )
+    # open_runs(), the stuck/orphaned/overdue queries and audits by status.
+    db.table("node_runs").create_index(["status", "started_at"], index_name="node_runs_status")
+
+
+def _migrate_1_to_2(db: sqlite_utils.Database) -> None:
+    """Snapshots of a session's folded state, so a long session resumes without reading its whole log."""
+    db.table("snapshots").create({"session_id": str, "seq": int, "data": str}, pk="session_id", not_null={"seq", "data"})
+    # Open runs (stuck, orphaned, overdue; the StoreCollector's scrape) through a partial
+    # index that holds only them: finished runs, nearly every row, are not in it, so an
+    # append touches it only when a run opens or closes, and a heartbeat never does. It
+    # replaces the index on the status of every row.
+    db.execute("DROP INDEX IF EXISTS node_runs_status")
+    db.execute(f"CREATE INDEX node_runs_open ON node_runs (status, workflow, node) WHERE {OPEN_WHERE}")
+
+
+def _migrate_2_to_3(db: sqlite_utils.Database) -> None:
+    """Run ownership (issue 13): owner, lease and fence per session; queued runs; workers.
+
+    Existing sessions get no owner (epoch 0): the liveness rule falls back to their
+    heartbeats, as before.
+    """
+    for column in (
+        "owner TEXT",
+        "epoch INTEGER NOT NULL DEFAULT 0",
+        "lease_expires_at REAL",
+        "lease_renewed_at REAL",
+        "submitted_at REAL",
+        "recoveries INTEGER NOT NULL DEFAULT 0",
+    ):
+        db.execute(f"ALTER TABLE sessions ADD COLUMN {column}")
+    # claim() and queued_summary(): one small index per claimable state. An append to a
+    # running session leaves the queued and answered ones untouched.
+    db.execute("CREATE INDEX sessions_queued ON sessions (workflow, submitted_at) WHERE status = 'queued'")
+    db.execute("CREATE INDEX sessions_answered ON sessions (workflow, updated_at) WHERE status = 'answered'")
+    # Orphan candidates: running sessions by the end of their lease.
+    db.execute("CREATE INDEX sessions_running ON sessions (lease_expires_at) WHERE status = 'running'")
+    db.table("workers").create(
+        {"worker_id": str, "host": str, "pid": int, "started_at": float, "workflows": str, "seen_at": float},
+        pk="worker_id",
+        not_null={"worker_id", "seen_at"},
+    )
+    db.execute("CREATE INDEX workers_seen ON workers (seen_at)")
+
+
+#: ``MIGRATIONS[i]`` takes a database at schema ``i`` to schema ``i + 1``; each runs in the
+#: transaction that records the new version, so a failed migration leaves the file as it was.
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_0_to_1, _migrate_1_to_2, _migrate_2_to_3]
+#: The version of this file format (tables and payloads) that this code writes.
+DB_SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if any, keeping the error that led here."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:  # pragma: no cover - the error that led here matters more
+            pass
+
+
+def check_file(path: str, readonly: bool) -> None:
+    """Refuse, before SQLite sees it, a path that cannot be a flowscope database."""
+    if path == ":memory:":
+        if readonly:
+            raise StoreError("an in-memory flowscope store cannot be opened read-only: drop readonly=True")
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise NotAFlowscopeDatabase(f"{path} is a directory, not a flowscope database")
+    if not p.exists():
+        if readonly:
+            raise StoreUnavailable(f"flowscope database {path} does not exist: check the path")
+        if not p.parent.is_dir():
+            raise StoreUnavailable(
+                f"cannot create flowscope database {path}: directory {p.parent} does not exist; create it first"
+            )
+        return
+    # No peeking at the header with open()/close() here: closing any descriptor of a
+    # database file drops every POSIX lock this process holds on it, including those of
+    # other connections still open in this process, and another process can then
+    # checkpoint the WAL under them ("database disk image is malformed"). SQLite's own
+    # SQLITE_NOTADB says the same thing safely (see faults.store_error).
+    if not os.access(p, os.R_OK):
+        raise StoreUnavailable(f"cannot read {path}: permission denied; check its permissions")
+
+
+def connect(path: str, readonly: bool, busy_timeout: float) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit), shareable by threads."""
+    try:
+        if readonly:
+            uri = Path(path).resolve().as_uri() + "?mode=ro"
+            return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=busy_timeout)
+        return sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_timeout)
+    except sqlite3.Error as exc:
+        raise store_error(exc, path, "open it", busy_timeout) from exc
+
+
+def read_version(conn: sqlite3.Connection, db: sqlite_utils.Database, path: str) -> int:
+    """The schema version recorded in the file (0 for a new, empty database)."""
+    tables = set(db.table_names())
+    if "meta" not in tables:
+        if tables - {"sqlite_sequence", "sqlite_stat1", "sqlite_stat4"}:
+            raise NotAFlowscopeDatabase(f"{path} is not a flowscope database (it has no flowscope meta table)")
+        return 0
+    try:
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    except sqlite3.OperationalError as exc:
+        raise NotAFlowscopeDatabase(f"{path} is not a flowscope database (unexpected meta table: {exc})") from exc
+    if meta.get("application") != APPLICATION:
+        raise NotAFlowscopeDatabase(f"{path} is not a flowscope database")
+    try:
+        return int(meta.get("schema_version", 0))
+    except (TypeError, ValueError):
+        raise StoreCorrupt(
+            f"{path}: corrupt flowscope meta table (schema_version={meta.get('schema_version')!r}): "
+            "restore it from a backup"
+        ) from None
+
+
+def _check_version(conn: sqlite3.Connection, db: sqlite_utils.Database, path: str) -> int:
+    version = read_version(conn, db, path)
+    if version > DB_SCHEMA_VERSION:
+        raise StoreSchemaTooNew(
+            f"{path} was written by a newer flowscope (schema {version}, "
+            f"this version supports {DB_SCHEMA_VERSION}): upgrade flowscope"
+        )
+    return version
+
+
+def ensure_schema(
+    conn: sqlite3.Connection, db: sqlite_utils.Database, path: str, readonly: bool, busy_timeout: float
+) -> None:
+    """Check the file's schema and migrate it to :data:`DB_SCHEMA_VERSION` (a new file gets it all)."""
+    version = _check_version(conn, db, path)
+    if version == DB_SCHEMA_VERSION:
+        return
+    if readonly:
+        raise StoreReadOnly(
+            f"{path} has flowscope schema {version}; this version uses schema {DB_SCHEMA_VERSION}: "
+            "open it once without readonly to migrate it"
+        )
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _check_version(conn, db, path)  # another process may have migrated meanwhile
+        if version < DB_SCHEMA_VERSION:
+            if "meta" not in db.table_names():
+                db.table("meta").create({"key": str, "value": str}, pk="key")
+            for step in range(version, DB_SCHEMA_VERSION):
+                MIGRATIONS[step](db)
+            conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [("application", APPLICATION), ("schema_version", str(DB_SCHEMA_VERSION))],
+            )
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        rollback(conn)
+        if isinstance(exc, sqlite3.Error):
+            action = f"migrate the schema from version {version} to {DB_SCHEMA_VERSION}"
+            raise store_error(exc, path, action, busy_timeout) from exc
+        raise

@@ -1,0 +1,533 @@
+"""``SqliteEventStore``: the adapter (append, reads, the projection cache, snapshots, pruning).
+
+Every append is one ``BEGIN IMMEDIATE`` transaction: the last-seq check (optimistic
+concurrency), the insert and the projection update are atomic across processes. Several
+processes may use one file, each through its own ``SqliteEventStore``; a writer that finds
+the file locked waits up to ``busy_timeout`` seconds. A store object may be shared by
+threads (calls are serialised by a lock; a lease is renewed from another thread than the
+event loop's), but not across ``fork()``: open a new one in the child. Acquiring, renewing
+and claiming sessions are ``BEGIN IMMEDIATE`` transactions too, so the fence (the epoch an
+append is checked against) and a claim are atomic across processes. The file layout is in :mod:`.schema`, the row format in :mod:`.codec`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Collection, Iterable, Iterator, Sequence
+
+import sqlite_utils
+
+from ...errors import StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
+from ...events import Event, RunSubmitted, UnknownEvent
+from ...fold import NodeState, WorkflowState, gc_paused
+from ...liveness import owner_alive, stale_before
+from ...ownership import Lease, Owner, this_host
+from ..base import (
+    WORKER_RETENTION_S,
+    Claim,
+    ClaimReason,
+    EventStore,
+    NodeRun,
+    OpenRunGroup,
+    QueuedGroup,
+    SessionInfo,
+    WorkerInfo,
+    claim_reason,
+    lease_lost,
+    number_events,
+    owned_elsewhere,
+)
+from . import queries as q
+from . import schema
+from .codec import decode, encode
+from .faults import store_error
+
+__all__ = ["SqliteEventStore"]
+
+_PATHS_PER_QUERY = 500  # below SQLite's limit on bound parameters
+_NODE_CACHE_SESSIONS = 16  # sessions whose node states an append keeps for the next one
+
+#: session -> (last_seq, complete, {path: NodeState}) as of this object's last append.
+_CacheEntry = tuple[int, bool, dict[str, NodeState]]
+
+
+class SqliteEventStore(EventStore):
+    """An :class:`EventStore` in one SQLite file, in WAL mode so readers never block the writer.
+
+    ``durability="normal"`` (``synchronous=NORMAL`` in WAL mode: a commit survives a
+    process crash; an OS crash or power loss may lose the last transactions, never corrupt
+    the file) or ``"full"`` (fsync on every commit). ``readonly=True`` opens an existing
+    file without ever writing to it. ``busy_timeout`` (seconds) is how long a writer waits
+    for another process's transaction before giving up with :class:`StoreLocked`.
+
+    Opening a file that is missing (read-only), not SQLite, another application's
+    database, or from a newer flowscope raises a :class:`StoreError` subclass naming the
+    file; an older schema is migrated; a new or empty file gets the schema.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        durability: str = "normal",
+        readonly: bool = False,
+        *,
+        busy_timeout: float = 5.0,
+    ) -> None:
+        if durability not in schema.DURABILITY:
+            raise ValueError(f"durability must be 'normal' or 'full', not {durability!r}")
+        self.path = os.fspath(path)
+        self.durability = durability
+        self.readonly = readonly
+        self.busy_timeout = busy_timeout
+        self._lock = threading.RLock()
+        self._node_cache: dict[str, _CacheEntry] = {}
+        self._pending_cache: tuple[str, _CacheEntry] | None = None
+        self._conn: sqlite3.Connection | None = None
+        new_file = self.path == ":memory:" or not os.path.exists(self.path) or os.path.getsize(self.path) == 0
+        schema.check_file(self.path, readonly)
+        conn = schema.connect(self.path, readonly, busy_timeout)
+        self._conn = conn
+        try:
+            if new_file and not readonly:
+                conn.execute(f"PRAGMA page_size = {schema.PAGE_SIZE}")
+            self.db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            schema.ensure_schema(conn, self.db, self.path, readonly, busy_timeout)
+            pragma = "PRAGMA journal_mode" if readonly else "PRAGMA journal_mode = WAL"
+            self.journal_mode = str(conn.execute(pragma).fetchone()[0]).lower()
+            conn.execute(f"PRAGMA synchronous = {schema.DURABILITY[durability]}")
+        except StoreError:
+            self._close_quietly()
+            raise
+        except sqlite3.Error as exc:
+            self._close_quietly()
+            raise store_error(exc, self.path, "open it", busy_timeout) from exc
+
+    def __repr__(self) -> str:
+        return f"SqliteEventStore({self.path!r})"
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version of the open file (always ``DB_SCHEMA_VERSION`` once open)."""
+        with self._op("read the schema version") as conn:
+            return schema.read_version(conn, self.db, self.path)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _closed(self) -> StoreUnavailable:
+        return StoreUnavailable(f"{self.path}: the store is closed; open a new SqliteEventStore")
+
+    def _read_only(self, action: str) -> StoreReadOnly:
+        return StoreReadOnly(f"{self.path} is open read-only: cannot {action}; open it without readonly=True")
+
+    @contextmanager
+    def _op(self, action: str) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise self._closed()
+            try:
+                yield conn
+            except sqlite3.Error as exc:
+                raise store_error(exc, self.path, action, self.busy_timeout) from exc
+
+    @contextmanager
+    def _write(self, action: str) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on any error."""
+        if self.readonly:
+            raise self._read_only(action)
+        with self._op(action) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                schema.rollback(conn)
+                raise
+
+    def _close_quietly(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sqlite3.Error:  # pragma: no cover
+                pass
+            self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_quietly()
+
+    def _fetch(self, conn: sqlite3.Connection, session_id: str, after_seq: int, last_seq: int) -> list[Any]:
+        """The rows of seq ``after_seq + 1 .. last_seq``; a missing one is reported, not skipped."""
+        rows = conn.execute(q.SQL_READ, (session_id, after_seq, last_seq)).fetchall()
+        if len(rows) != last_seq - after_seq:
+            expected = after_seq + 1
+            for (s,) in conn.execute(q.SQL_READ_SEQS, (session_id, after_seq, last_seq)):
+                if s != expected:
+                    break
+                expected += 1
+            raise StoreCorrupt(
+                f"{self.path}: the log of session {session_id!r} has a gap: seq {expected} is missing "
+                f"(the session is at seq {last_seq}); restore the file from a backup"
+            )
+        return rows
+
+    # ------------------------------------------------------------------ appending
+
+    def append(
+        self, session_id: str, events: Sequence[Event], expected_last_seq: int, *, epoch: int | None = None
+    ) -> list[Event]:
+        if not isinstance(events, (list, tuple)):
+            events = list(events)  # iterated twice below
+        encoded = [encode(self.path, session_id, e) for e in events]  # fails before anything is locked
+        if self.readonly:
+            raise self._read_only("append events")
+        with self._lock:  # the hot path: the same as _write(), without the context-manager overhead
+            conn = self._conn
+            if conn is None:
+                raise self._closed()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                self._pending_cache = None
+                try:
+                    numbered = self._append_in_transaction(conn, session_id, events, encoded, expected_last_seq, epoch)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    schema.rollback(conn)  # the cache entry was popped: the next append reads the rows
+                    raise
+                if self._pending_cache is not None:  # committed: keep the states for the next append
+                    sid, entry = self._pending_cache
+                    cache = self._node_cache
+                    cache[sid] = entry
+                    while len(cache) > _NODE_CACHE_SESSIONS:
+                        cache.pop(next(iter(cache)))
+            except sqlite3.Error as exc:
+                raise store_error(exc, self.path, "append events", self.busy_timeout) from exc
+        return numbered
+
+    def _append_in_transaction(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        events: Sequence[Event],
+        encoded: list[tuple[str, float, str, str, str, str]],
+        expected_last_seq: int,
+        epoch: int | None,
+    ) -> list[Event]:
+        row = conn.execute(q.SQL_SESSION, (session_id,)).fetchone()
+        if epoch is not None and (row[6] if row is not None else 0) != epoch:  # the fence: nothing written
+            raise lease_lost(session_id, row[6] if row else 0, _owner(row[7]) if row else None, epoch)
+        last = row[4] if row is not None else 0
+        numbered = number_events(session_id, events, last, expected_last_seq)  # may raise: nothing written
+        if not numbered:
+            return numbered
+        conn.executemany(q.SQL_INSERT_EVENT, [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)])
+        ws = WorkflowState(session_id=session_id)
+        new_session = last == 0  # no row, or one acquire() made before the first event
+        nodes, complete = self._cached_nodes(session_id, new_session, last)
+        ws.nodes = nodes
+        if row is not None:
+            ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations = row[:6]
+        workflow_before = ws.workflow
+        paths = list(dict.fromkeys(e.path for e in numbered if e.path and type(e) is not UnknownEvent))
+        missing = [] if complete else [p for p in paths if p not in nodes]
+        for i in range(0, len(missing), _PATHS_PER_QUERY):
+            chunk = missing[i : i + _PATHS_PER_QUERY]
+            sql = q.SQL_LOAD_NODES + "(" + ", ".join("?" * len(chunk)) + ")"
+            for r in conn.execute(sql, (session_id, *chunk)):
+                nodes[r[0]] = q.node_state(r)
+        apply = ws.apply
+        for e in numbered:
+            apply(e)  # the one definition of what an event means (flowscope.fold)
+        nodes = ws.nodes
+        workflow = ws.workflow
+        conn.executemany(q.SQL_UPSERT_NODE, [q.node_row(session_id, workflow, nodes[p]) for p in paths if p in nodes])
+        if workflow != workflow_before and not new_session:
+            conn.execute("UPDATE node_runs SET workflow = ? WHERE session_id = ?", (workflow, session_id))
+        submitted = _submitted_at(numbered) if new_session else None  # RunSubmitted starts a session
+        conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, submitted))
+        self._pending_cache = (session_id, (numbered[-1].seq, complete, nodes))
+        return numbered
+
+    def _cached_nodes(self, session_id: str, new_session: bool, last: int) -> tuple[dict[str, NodeState], bool]:
+        """The node states to fold into, and whether they are all of the session's rows.
+
+        The states this store object wrote last time are still the rows' states if nobody
+        appended since (same last_seq): no need to read them back. ``complete`` says the
+        cache holds every row of the session (we created it), so a path it lacks is new
+        and needs no lookup either. The entry is popped: a failed append leaves none.
+        """
+        cached = self._node_cache.pop(session_id, None)
+        if new_session:
+            return {}, True
+        if cached is not None and cached[0] == last:
+            return cached[2], cached[1]
+        return {}, False
+
+    # ------------------------------------------------------------------ reading
+
+    def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
+        after = after_seq if after_seq > 0 else 0
+        with self._op("read events") as conn:
+            row = conn.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone()
+            if row is None or row[0] <= after:
+                return []
+            # Bounded by last_seq: a concurrent append beyond it cannot tear the result.
+            with gc_paused():
+                rows = self._fetch(conn, session_id, after, row[0])
+        return decode(self.path, session_id, after, rows)
+
+    def last_seq(self, session_id: str) -> int:
+        with self._op("read the last seq") as conn:
+            row = conn.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone()
+        return row[0] if row is not None else 0
+
+    def sessions(self) -> list[SessionInfo]:
+        with self._op("list sessions") as conn:
+            rows = conn.execute(q.SQL_SESSIONS).fetchall()
+        return [_session_info(r) for r in rows]
+
+    def session_info(self, session_id: str) -> SessionInfo | None:
+        with self._op("read a session") as conn:
+            row = conn.execute(q.SQL_SESSION_INFO, (session_id,)).fetchone()
+        return _session_info(row) if row is not None else None
+
+    def heartbeat(self, session_id: str, paths: Iterable[str], ts: float | None = None) -> None:
+        now = time.time() if ts is None else ts
+        params = [(now, session_id, p) for p in paths]
+        if not params:
+            return
+        with self._write("record heartbeats") as conn:
+            conn.executemany(q.SQL_HEARTBEAT, params)
+
+    def node_runs(self, session_id: str | None = None) -> list[NodeRun]:
+        with self._op("read node runs") as conn:
+            if session_id is None:
+                rows = conn.execute(q.SQL_NODE_RUNS + " ORDER BY rowid").fetchall()
+            else:
+                rows = conn.execute(q.SQL_NODE_RUNS + " WHERE session_id = ? ORDER BY rowid", (session_id,)).fetchall()
+        return [NodeRun(*r) for r in rows]
+
+    def open_runs(self) -> list[NodeRun]:
+        with self._op("query open runs") as conn:
+            rows = conn.execute(q.SQL_OPEN_RUNS).fetchall()
+        return [NodeRun(*r) for r in rows]
+
+    def open_run_summary(self, now: float, stale_after_s: float) -> list[OpenRunGroup]:
+        """The port's summary in one ``GROUP BY`` over the open-runs index, without one
+        object per open run; ordered by (workflow, node, state)."""
+        params = {"now": now, "stale_before": stale_before(now, stale_after_s)}
+        host = this_host()
+        with self._op("summarise open runs") as conn:
+            rows = conn.execute(q.SQL_OPEN_SUMMARY, params).fetchall()
+            same_host = conn.execute(q.SQL_OPEN_SAME_HOST, {"now": now, "host": host}).fetchall()
+        dead: dict[tuple[str, str], int] = {}
+        alive: dict[str, bool] = {}  # owner JSON -> the rule's answer, one process check each
+        for workflow, node, owner_json, lease, count in same_host:
+            key = f"{owner_json}@{lease}"
+            if key not in alive:
+                alive[key] = owner_alive(_owner(owner_json), lease, now, host=host)
+            if not alive[key]:
+                dead[(workflow, node)] = dead.get((workflow, node), 0) + count
+        groups = [OpenRunGroup(*r) for r in rows]
+        if dead:
+            groups = [
+                dataclasses.replace(g, orphaned=g.orphaned + dead.get((g.workflow, g.node), 0)) if g.state == "running" else g
+                for g in groups
+            ]
+        return groups
+
+    # ------------------------------------------------------------------ ownership
+
+    def acquire(
+        self, session_id: str, owner: Owner, lease_s: float, *, force: bool = False, now: float | None = None
+    ) -> Lease:
+        now = time.time() if now is None else now
+        with self._write("acquire a session") as conn:
+            row = conn.execute(q.SQL_OWNERSHIP, (session_id,)).fetchone()
+            held = _owner(row[0]) if row is not None else None
+            if not force and held is not None and held.worker_id != owner.worker_id and owner_alive(held, row[2], now):
+                raise owned_elsewhere(session_id, held, row[2], row[3], now)
+            epoch = self._take(conn, session_id, owner, lease_s, now, recovered=False)
+        return Lease(session_id, owner, epoch, now + lease_s)
+
+    def _take(
+        self, conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float, *, recovered: bool
+    ) -> int:
+        params = {
+            "sid": session_id,
+            "owner": json.dumps(owner.to_dict()),
+            "expires": now + lease_s,
+            "now": now,
+            "recovered": int(recovered),
+        }
+        epoch: int = conn.execute(q.SQL_TAKE, params).fetchone()[0]
+        return epoch
+
+    def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
+        now = time.time() if now is None else now
+        with self._write("renew a lease") as conn:
+            cur = conn.execute(q.SQL_RENEW, (now + lease_s, now, lease.session_id, lease.epoch))
+            if cur.rowcount != 1:
+                row = conn.execute(q.SQL_OWNERSHIP, (lease.session_id,)).fetchone()
+                raise lease_lost(lease.session_id, row[1] if row else 0, _owner(row[0]) if row else None, lease.epoch)
+        return dataclasses.replace(lease, expires_at=now + lease_s)
+
+    def release(self, lease: Lease) -> None:
+        with self._write("release a lease") as conn:
+            conn.execute(q.SQL_RELEASE, (lease.session_id, lease.epoch))
+
+    def claim(
+        self,
+        owner: Owner,
+        workflows: Collection[str],
+        lease_s: float,
+        *,
+        limit: int,
+        max_recoveries: int | None = None,
+        now: float | None = None,
+    ) -> list[Claim]:
+        now = time.time() if now is None else now
+        if limit <= 0 or not workflows:
+            return []
+        host = this_host()
+        params = {"now": now, "host": host, "workflows": json.dumps(sorted(set(workflows)))}
+        with self._write("claim sessions") as conn:
+            found: list[tuple[float, str, str, ClaimReason]] = []
+            for sql, status in ((q.SQL_CLAIM_QUEUED, "queued"), (q.SQL_CLAIM_ANSWERED, "answered"),
+                                (q.SQL_CLAIM_ORPHANED, "running")):
+                taken = 0
+                for sid, workflow, owner_json, lease, recoveries, since in conn.execute(sql, params):
+                    reason = claim_reason(status, _owner(owner_json), lease, now, host=host)
+                    if reason is None or (reason == "orphaned" and max_recoveries is not None and recoveries > max_recoveries):
+                        continue
+                    found.append((since or 0.0, sid, workflow, reason))
+                    taken += 1
+                    if taken >= limit:  # the cursor is lazy: reading stops here
+                        break
+            found.sort()
+            claims = []
+            for _since, sid, workflow, reason in found[:limit]:
+                epoch = self._take(conn, sid, owner, lease_s, now, recovered=reason == "orphaned")
+                claims.append(Claim(sid, workflow, reason, Lease(sid, owner, epoch, now + lease_s)))
+        return claims
+
+    def workers_seen(self, owner: Owner, workflows: Collection[str], ts: float | None = None) -> None:
+        now = time.time() if ts is None else ts
+        row = (owner.worker_id, owner.host, owner.pid, owner.started_at, json.dumps(sorted(workflows)), now)
+        with self._write("record a worker") as conn:
+            conn.execute(q.SQL_WORKER_SEEN, row)
+            conn.execute(q.SQL_WORKERS_FORGET, (now - WORKER_RETENTION_S,))
+
+    def workers(self) -> list[WorkerInfo]:
+        with self._op("list workers") as conn:
+            rows = conn.execute(q.SQL_WORKERS).fetchall()
+        return [WorkerInfo(wid, host, pid, tuple(json.loads(wfs or "[]")), seen) for wid, host, pid, wfs, seen in rows]
+
+    def queued_summary(self) -> list[QueuedGroup]:
+        with self._op("summarise queued sessions") as conn:
+            rows = conn.execute(q.SQL_QUEUED_SUMMARY).fetchall()
+        return [QueuedGroup(*r) for r in rows]
+
+    # ------------------------------------------------------------------ snapshots
+
+    def save_snapshot(self, session_id: str, seq: int, data: str) -> None:
+        with self._write("save a snapshot") as conn:
+            row = conn.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone()
+            if row is None or seq > row[0]:
+                raise StoreError(f"{self.path}: a snapshot of session {session_id!r} at seq {seq} is ahead of its log")
+            conn.execute(q.SQL_SAVE_SNAPSHOT, (session_id, seq, data))
+
+    def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
+        with self._op("read a snapshot") as conn:
+            row = conn.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone()
+        return (row[0], row[1]) if row is not None else None
+
+    # ------------------------------------------------------------------ pruning (flowscope prune)
+
+    def delete_sessions(self, session_ids: Iterable[str]) -> list[str]:
+        ids = list(dict.fromkeys(session_ids))
+        if not ids:
+            return []
+        now = time.time()
+        host = this_host()
+        with self._write("delete sessions") as conn:
+            # the guard is re-checked inside the transaction: a resume or a takeover that
+            # started after the caller chose the sessions keeps its log
+            rows = conn.execute(q.SQL_PRUNABLE, {"ids": json.dumps(ids)}).fetchall()
+            prunable = {sid for sid, owner, lease in rows if not owner_alive(_owner(owner), lease, now, host=host)}
+            deleted = [sid for sid in ids if sid in prunable]
+            if deleted:
+                params = {"ids": json.dumps(deleted)}
+                for sql in q.SQL_PRUNE:
+                    conn.execute(sql, params)
+        for sid in deleted:
+            self._node_cache.pop(sid, None)
+        return deleted
+
+    def storage_bytes(self) -> int | None:
+        """Bytes of the file's pages in use (deleted rows' pages become free pages that new
+        events reuse; the file itself shrinks only with ``VACUUM``)."""
+        with self._op("measure the database") as conn:
+            return int(conn.execute(q.SQL_STORAGE_BYTES).fetchone()[0])
+
+    # ------------------------------------------------------------------ maintenance
+
+    def rebuild_projections(self) -> None:
+        """Recompute ``sessions`` and ``node_runs`` from the log, in one transaction.
+
+        The result equals what the appends maintained incrementally. Heartbeats are not
+        events, so a run still ``running`` keeps the newer of its recorded heartbeat and the
+        one the log implies.
+        """
+        self._node_cache.clear()
+        with self._write("rebuild the projections") as conn:
+            heartbeats = {
+                (sid, path): hb
+                for sid, path, hb in conn.execute(
+                    "SELECT session_id, path, heartbeat_at FROM node_runs WHERE status = 'running'"
+                )
+            }
+            conn.execute("DELETE FROM node_runs")
+            # sessions rows stay: their ownership columns are not in the log; the upserts
+            # below rewrite every column the log defines
+            conn.execute("UPDATE sessions SET submitted_at = NULL")
+            sessions = conn.execute(
+                "SELECT session_id, max(seq) FROM events GROUP BY session_id ORDER BY min(rowid)"
+            ).fetchall()
+            for session_id, last in sessions:
+                events = decode(self.path, session_id, 0, self._fetch(conn, session_id, 0, last))
+                ws = WorkflowState(session_id=session_id)
+                apply = ws.apply
+                for e in events:
+                    apply(e)
+                rows = []
+                for ns in ws.nodes.values():
+                    hb = heartbeats.get((session_id, ns.path))
+                    if ns.status == "running" and hb is not None and (ns.heartbeat_at is None or hb > ns.heartbeat_at):
+                        ns.heartbeat_at = hb
+                    rows.append(q.node_row(session_id, ws.workflow, ns))
+                conn.executemany(q.SQL_UPSERT_NODE, rows)
+                conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, _submitted_at(events)))
+
+
+def _owner(text: str | None) -> Owner | None:
+    """The ``owner`` column (JSON) as an :class:`Owner`."""
+    return Owner.from_dict(json.loads(text)) if text else None
+
+
+def _session_info(row: Sequence[Any]) -> SessionInfo:
+    """A row of ``SQL_SESSIONS`` / ``SQL_SESSION_INFO``."""
+    sid, workflow, status, started, updated, last_seq, invocations, owner, epoch, lease, submitted = row
+    return SessionInfo(sid, workflow, status, started, updated, last_seq, invocations, _owner(owner), epoch, lease, submitted)
+
+
+def _submitted_at(events: Iterable[Event]) -> float | None:
+    """When the first ``RunSubmitted`` of ``events`` was written, if there is one."""
+    return next((e.ts for e in events if type(e) is RunSubmitted), None)
