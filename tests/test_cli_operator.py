@@ -499,3 +499,39 @@ def test_utc_prints_every_time_in_utc_and_tables_name_the_zone(demo):
     show = flowscope("--utc", "show", ids["orders"], cwd=d, env=tokyo).stdout
     assert re.search(r"started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", show)
     assert "TIME (UTC)" in flowscope("--utc", "events", ids["orders"], cwd=d, env=tokyo).stdout
+
+
+def test_cancel_session_of_an_orphan_goes_through_the_fence():
+    """An orphaned session (its owner's process is gone) is cancelled without --force:
+    the cancel takes the lease (epoch + 1), appends under it and releases it, so the dead
+    owner, were it to wake up, writes nothing more."""
+    from flowscope.events import NodeStarted, RunStarted
+    from flowscope.fold import rebuild
+    from flowscope.store import MemoryEventStore
+    from flowscope.cli.session_ops import SessionFinished, SessionOwned, cancel_session, live_owner
+    from flowscope.store.testing import dead_owner
+
+    store = MemoryEventStore()
+    gone = dead_owner()
+    lease = store.acquire("s", gone, 3600.0)
+    store.append("s", [RunStarted(session_id="s", invocation_id="i", ts=1.0, workflow="w"),
+                       NodeStarted(session_id="s", invocation_id="i", ts=2.0, path="w@1/a@1", node="a")], 0,
+                 epoch=lease.epoch)
+    assert live_owner(store, "s") is None  # the lease is current but its process is gone
+    ws, events = cancel_session(store, rebuild(store.read("s")), "withdrawn")
+    assert [e.type for e in events] == ["run_started", "node_cancelled", "run_finished"]
+    info = store.session_info("s")
+    assert info is not None and info.status == "cancelled" and info.epoch == lease.epoch + 1
+    assert info.lease_expires_at == 0 and info.owner != gone
+    with pytest.raises(LeaseLost):
+        store.append("s", [RunFinished(session_id="s", invocation_id="i", ts=3.0, status="completed")], 4, epoch=lease.epoch)
+    with pytest.raises(SessionFinished):
+        cancel_session(store, rebuild(store.read("s")), "again")
+    # a live owner (this process) is refused, naming it, and keeps its epoch
+    me = this_process("w-me")
+    held = store.acquire("t", me, 60.0)
+    store.append("t", [RunStarted(session_id="t", invocation_id="j", ts=1.0, workflow="w")], 0, epoch=held.epoch)
+    assert live_owner(store, "t") is not None
+    with pytest.raises(SessionOwned, match=f"{me.host} pid {me.pid}"):
+        cancel_session(store, rebuild(store.read("t")), "no")
+    assert store.session_info("t").epoch == held.epoch and store.last_seq("t") == 1
