@@ -18,8 +18,8 @@ import click
 
 from ..errors import NotAFlowscopeDatabase, StoreUnavailable
 from . import views
-from .failures import EXIT_ERROR, to_cli_error
-from .render import render_csv, render_json
+from .failures import EXIT_ERROR, CliError, to_cli_error
+from .render import render_csv, render_json, use_utc
 
 if TYPE_CHECKING:
     from ..store.postgres import PostgresEventStore
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_DB",
     "ENV_DB",
+    "ENV_UTC",
     "FORMATS",
     "DURATION",
     "Duration",
@@ -47,6 +48,7 @@ __all__ = [
 
 DEFAULT_DB = "flowscope.db"
 ENV_DB = "FLOWSCOPE_DB"
+ENV_UTC = "FLOWSCOPE_UTC"
 FORMATS = ("table", "json", "csv")
 
 #: Where open_store leaves the path it opened, in the click context's shared ``meta``, so
@@ -186,7 +188,8 @@ def open_store(db: str | None, *, write: bool = False, create: bool = False) -> 
     if not create and not p.exists():
         raise StoreUnavailable(f"no flowscope database at {path}")
     if p.is_dir():
-        raise NotAFlowscopeDatabase(f"{path} is a directory, not a flowscope database")
+        # not DB_HINT: running `flowscope demo` with this --db would fail the same way
+        raise CliError(f"{path} is a directory: --db takes a file, e.g. --db {shlex.quote(str(p / DEFAULT_DB))}")
     if p.exists() and p.stat().st_size == 0 and not create:
         raise NotAFlowscopeDatabase(f"{path} is an empty file, not a flowscope database")
     return SqliteEventStore(path, readonly=not (write or create))
@@ -213,7 +216,12 @@ def command_prefix(db: str) -> str:
 # --------------------------------------------------------------------------- the group
 
 
-@click.group(cls=FlowscopeGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=FlowscopeGroup,
+    invoke_without_command=True,
+    no_args_is_help=False,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.option(
     "--db",
     "db",
@@ -223,9 +231,15 @@ def command_prefix(db: str) -> str:
     metavar="PATH|URL",
     help=f"The flowscope database: a SQLite file or a postgresql:// URL (also ${ENV_DB}).",
 )
+@click.option(
+    "--utc",
+    is_flag=True,
+    envvar=ENV_UTC,
+    help=f"Print every time in UTC instead of local time (also {ENV_UTC}=1); tables name the zone.",
+)
 @click.version_option(package_name="flowscope", prog_name="flowscope")
 @click.pass_context
-def cli(ctx: click.Context, db: str) -> None:
+def cli(ctx: click.Context, db: str, utc: bool) -> None:
     """flowscope: run, inspect, audit, resume and export workflow runs.
 
     \b
@@ -235,12 +249,31 @@ def cli(ctx: click.Context, db: str) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["db"] = db
+    use_utc(utc)
+    if ctx.invoked_subcommand is None:  # bare `flowscope`: the overview, and success
+        click.echo(ctx.get_help())
+        ctx.exit(0)
+
+
+def _usage_line(exc: click.UsageError) -> str:
+    """A usage error as the CLI's one line: what is wrong, and the help to read."""
+    where = exc.ctx.command_path if exc.ctx is not None else "flowscope"
+    return f"flowscope: error: {' '.join(exc.format_message().split())} (see `{where} --help`)"
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """The ``flowscope`` console script (importing ``flowscope.cli`` has added the commands)."""
     try:
-        cli.main(args=argv, prog_name="flowscope", standalone_mode=True)
+        code = cli.main(args=argv, prog_name="flowscope", standalone_mode=False)
+    except click.UsageError as exc:  # click's own four lines (usage, try, blank, error) as one
+        click.echo(_usage_line(exc), err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:  # Ctrl-C or Ctrl-D at a prompt
+        click.echo("flowscope: interrupted", err=True)
+        sys.exit(130)
     except SystemExit:
         raise
     except Exception as exc:  # pragma: no cover - the group catches these already
@@ -248,4 +281,4 @@ def main(argv: list[str] | None = None) -> NoReturn:
             raise
         to_cli_error(exc).show()
         sys.exit(EXIT_ERROR)
-    sys.exit(0)  # pragma: no cover - standalone_mode always exits
+    sys.exit(code if isinstance(code, int) else 0)

@@ -25,6 +25,7 @@ from ..liveness import (
     resume_lease_s,
 )
 from ..fold import OPEN_STATES, NodeState, WorkflowState, rebuild
+from .history import RetryReasons, SessionHistory, request_row, retry_label
 
 __all__ = [
     "RUN_KEYS",
@@ -81,6 +82,10 @@ SHOW_KEYS = (
     "interrupts",
     "open_interrupts",
     "jobs",
+    "heartbeat_at",
+    "requests",
+    "retried",
+    "segments",
     "owner",
 )
 
@@ -88,6 +93,7 @@ AUDIT_KEYS = (
     "workflow",
     "node",
     "kind",
+    "root",
     "runs",
     "completed",
     "failed",
@@ -99,6 +105,7 @@ AUDIT_KEYS = (
     "retries",
     "recoveries",
     "error_codes",
+    "retry_errors",
 )
 
 AUDIT_RUN_KEYS = (
@@ -113,6 +120,7 @@ AUDIT_RUN_KEYS = (
     "recoveries",
     "error_code",
     "error_type",
+    "retried",
     "started_at",
     "ended_at",
 )
@@ -277,9 +285,15 @@ def _tree(ws: WorkflowState) -> list[tuple[NodeState, int]]:
     return out
 
 
-def show_rows(ws: WorkflowState, info: SessionInfo | None = None) -> list[dict[str, Any]]:
-    """The session's node runs as a timeline (depth-first by path); ``info`` (the store's
-    :class:`SessionInfo`) gives each row the session's ``owner``."""
+def show_rows(
+    ws: WorkflowState, info: SessionInfo | None = None, history: SessionHistory | None = None
+) -> list[dict[str, Any]]:
+    """The session's node runs as a timeline (depth-first by path).
+
+    ``info`` (the store's :class:`SessionInfo`) gives each row the session's ``owner``;
+    ``history`` (from :func:`.history.session_history` over the same log) adds each run's
+    retried attempts and its segments, one per invocation that ran it.
+    """
     t0 = ws.started_at
     owner = owner_row(info)
     rows = []
@@ -293,6 +307,7 @@ def show_rows(ws: WorkflowState, info: SessionInfo | None = None) -> list[dict[s
                 {
                     "job_id": job_id,
                     "dispatch_attempt": job.dispatch_attempt,
+                    "idempotency_key": job.idempotency_key,
                     "result": res.result if res is not None else "pending",
                 }
             )
@@ -321,6 +336,10 @@ def show_rows(ws: WorkflowState, info: SessionInfo | None = None) -> list[dict[s
                 "interrupts": sorted(set(ns.inputs) | set(ns.requests)),
                 "open_interrupts": sorted(ns.requests) if ns.status == "waiting_input" else [],
                 "jobs": jobs,
+                "heartbeat_at": ns.heartbeat_at if ns.status == "running" else None,
+                "requests": [request_row(req) for req in ns.requests.values()] if ns.status == "waiting_input" else [],
+                "retried": list(history.retried.get(ns.path, ())) if history is not None else [],
+                "segments": list(history.segments.get(ns.path, ())) if history is not None else [],
                 "owner": owner,
             }
         )
@@ -330,18 +349,25 @@ def show_rows(ws: WorkflowState, info: SessionInfo | None = None) -> list[dict[s
 # --------------------------------------------------------------------------- audit
 
 
-def audit_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
-    """Attempts, retries, recoveries and errors per workflow and node."""
+def audit_rows(runs: list[NodeRun], retried: RetryReasons | None = None) -> list[dict[str, Any]]:
+    """Attempts, retries, recoveries and errors per workflow, path kind and node.
+
+    A workflow's root run and a node of the same name are two rows: the key is
+    (workflow, root or not, kind, node), never the name alone. ``retried`` (from
+    :func:`.history.retry_reasons`) adds the error type and code of every retried attempt.
+    """
     origins = _origin_failures(runs)
-    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, bool, str, str], dict[str, Any]] = {}
     for r in runs:
-        key = (r.workflow, r.node)
+        root = "/" not in r.path
+        key = (r.workflow, root, r.kind, r.node)
         g = groups.get(key)
         if g is None:
             g = groups[key] = {
                 "workflow": r.workflow,
                 "node": r.node,
                 "kind": r.kind,
+                "root": root,
                 "runs": 0,
                 "completed": 0,
                 "failed": 0,
@@ -353,6 +379,7 @@ def audit_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
                 "retries": 0,
                 "recoveries": 0,
                 "error_codes": {},
+                "retry_errors": {},
             }
         g["runs"] += 1
         if r.status == "completed":
@@ -371,10 +398,13 @@ def audit_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
         g["max_attempt"] = max(g["max_attempt"], r.attempt)
         g["retries"] += r.retries
         g["recoveries"] += r.recoveries
+        for attempt in (retried or {}).get((r.session_id, r.path), ()):
+            label = retry_label(attempt)
+            g["retry_errors"][label] = g["retry_errors"].get(label, 0) + 1
     return list(groups.values())
 
 
-def audit_run_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
+def audit_run_rows(runs: list[NodeRun], retried: RetryReasons | None = None) -> list[dict[str, Any]]:
     """One row per node run (``flowscope audit --by run``)."""
     return [
         {
@@ -389,6 +419,7 @@ def audit_run_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
             "recoveries": r.recoveries,
             "error_code": r.error_code,
             "error_type": r.error_type,
+            "retried": list((retried or {}).get((r.session_id, r.path), ())),
             "started_at": r.started_at,
             "ended_at": r.ended_at,
         }

@@ -16,6 +16,7 @@ from ..errors import JobFailedError, ResumeError
 from ..events import Event, InputReceived, InputRequested, JobDispatched, JobResultReceived
 from ..fold import WorkflowState
 from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids
+from ..store.base import FINISHED_SESSION_STATUSES
 from .context import NodeContext, PauseSignal
 from .record import Recorder, json_value
 
@@ -26,8 +27,8 @@ log = logging.getLogger("flowscope.engine")
 #: An event to append for an answer given to ``resume()``: class, path, node, fields.
 Answer = tuple[type[Event], str, str, dict[str, Any]]
 
-#: Session statuses that take no more answers.
-FINISHED = ("completed", "failed", "cancelled")
+#: Session statuses that take no more answers (the finished ones, one copy in the store port).
+FINISHED = FINISHED_SESSION_STATUSES
 
 
 class Pauses(Recorder):

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Literal, Mapping, Sequence
 
-from ..errors import ConcurrencyConflict, LeaseLost
+from ..errors import ConcurrencyConflict, LeaseLost, StoreError
 from ..events import Event
 from ..fold import OPEN_STATES, NodeState
 from ..liveness import ORPHANED, OVERDUE, classify_open_run, owner_alive
@@ -34,12 +34,15 @@ __all__ = [
     "owned_elsewhere",
     "lease_lost",
     "WORKER_RETENTION_S",
+    "FINISHED_SESSION_STATUSES",
 ]
 
 #: Why :meth:`EventStore.claim` took a session.
 ClaimReason = Literal["queued", "answered", "orphaned"]
 #: How long a worker that stopped recording itself stays in :meth:`EventStore.workers`.
 WORKER_RETENTION_S = 86400.0
+#: Session statuses that are over for good: only such sessions may be deleted.
+FINISHED_SESSION_STATUSES = ("completed", "failed", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +398,25 @@ class EventStore(ABC):
 
     def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
         """The last snapshot saved for the session as ``(seq, data)``, or None."""
+        return None
+
+    # ------------------------------------------------------------------ pruning (flowscope prune)
+
+    def delete_sessions(self, session_ids: Iterable[str]) -> list[str]:
+        """Delete whole sessions (log, projections, snapshot, owner and lease) in one
+        transaction; return the ids deleted, in the order given.
+
+        Only a session whose status is in :data:`FINISHED_SESSION_STATUSES`, that has no
+        open run (running, waiting_input, waiting_job) and no live owner
+        (:func:`~flowscope.liveness.owner_alive`) is deleted; any other id, or one that
+        does not exist, is skipped, so a racing resume never loses its log. A store that
+        cannot delete raises :class:`~flowscope.errors.StoreError`.
+        """
+        raise StoreError(f"{type(self).__name__} cannot delete sessions")
+
+    def storage_bytes(self) -> int | None:
+        """Bytes the store's data occupies now (what ``delete_sessions`` frees), or None if
+        the store cannot tell."""
         return None
 
     def has_session(self, session_id: str) -> bool:

@@ -1,4 +1,4 @@
-"""``SqliteEventStore``: the adapter (append, reads, the projection cache, snapshots).
+"""``SqliteEventStore``: the adapter (append, reads, the projection cache, snapshots, pruning).
 
 Every append is one ``BEGIN IMMEDIATE`` transaction: the last-seq check (optimistic
 concurrency), the insert and the projection update are atomic across processes. Several
@@ -486,6 +486,34 @@ class SqliteEventStore(EventStore):
         with self._op("read a snapshot") as conn:
             row = conn.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone()
         return (row[0], row[1]) if row is not None else None
+
+    # ------------------------------------------------------------------ pruning (flowscope prune)
+
+    def delete_sessions(self, session_ids: Iterable[str]) -> list[str]:
+        ids = list(dict.fromkeys(session_ids))
+        if not ids:
+            return []
+        now = time.time()
+        host = this_host()
+        with self._write("delete sessions") as conn:
+            # the guard is re-checked inside the transaction: a resume or a takeover that
+            # started after the caller chose the sessions keeps its log
+            rows = conn.execute(q.SQL_PRUNABLE, {"ids": json.dumps(ids)}).fetchall()
+            prunable = {sid for sid, owner, lease in rows if not owner_alive(_owner(owner), lease, now, host=host)}
+            deleted = [sid for sid in ids if sid in prunable]
+            if deleted:
+                params = {"ids": json.dumps(deleted)}
+                for sql in q.SQL_PRUNE:
+                    conn.execute(sql, params)
+        for sid in deleted:
+            self._node_cache.pop(sid, None)
+        return deleted
+
+    def storage_bytes(self) -> int | None:
+        """Bytes of the file's pages in use (deleted rows' pages become free pages that new
+        events reuse; the file itself shrinks only with ``VACUUM``)."""
+        with self._op("measure the database") as conn:
+            return int(conn.execute(q.SQL_STORAGE_BYTES).fetchone()[0])
 
     # ------------------------------------------------------------------ maintenance
 
