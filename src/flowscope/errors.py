@@ -173,7 +173,8 @@ def error_type_name(exc: BaseException) -> str:
 # what precedes it so that relative run paths ("w@1/check@1") and URLs' own paths stay.
 _REDACTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^\s/@:]+:[^\s/@]+@"), r"\1***:***@"),
-    (re.compile(r"\b(Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]+", re.IGNORECASE), r"\1 ***"),
+    # An Authorization header's scheme and credentials ("token revoked" is prose, not one).
+    (re.compile(r"\b((?i:bearer|basic)|Token)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 ***"),
     (re.compile(r"\bsk-[A-Za-z0-9_-]{6,}"), "sk-***"),
     (re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{12,}"), r"\1***"),
     (
