@@ -89,6 +89,21 @@ def test_every_command_takes_a_url_and_never_prints_its_password(pw_url: str, tm
         wout, werr = worker.communicate(timeout=30)
     assert worker.returncode == 0, werr[-1000:]
     assert PASSWORD not in wout + werr
+    # prune by URL: the completed sessions go, the paused and orphaned ones stay
+    dry = run("--db", pw_url, "prune", "--older-than", "0s", "--status", "completed", "--dry-run", "--format", "json")
+    assert dry.returncode == 0, dry.stderr
+    doomed = {r["session_id"] for r in json.loads(dry.stdout)}
+    assert "cli-ask" in doomed and orders in doomed, doomed
+    pruned = run("--db", pw_url, "prune", "--older-than", "0s", "--status", "completed")
+    assert pruned.returncode == 0 and f"deleted {len(doomed)} session(s)" in pruned.stdout, pruned.stdout + pruned.stderr
+    assert "freed" in pruned.stdout, pruned.stdout
+    assert run("--db", pw_url, "show", "cli-ask").returncode == 2
+    left = {r["session"] if "session" in r else r["session_id"]: r["status"]
+            for r in json.loads(run("--db", pw_url, "runs", "--format", "json").stdout)}
+    assert left and not doomed & set(left) and "completed" not in left.values(), left
+    stuck_after = run("--db", pw_url, "stuck", "--older-than", "0s", "--format", "json")
+    key = lambda r: (r["session_id"], r["path"])  # noqa: E731
+    assert sorted(map(key, json.loads(stuck_after.stdout))) == sorted(map(key, json.loads(stuck.stdout)))  # kept
 
 
 def test_wrong_password_and_unreachable_are_one_line_errors(pg_cluster: PgCluster):

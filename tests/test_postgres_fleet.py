@@ -8,7 +8,7 @@ every session completed; the log has no gap or duplicate (``read`` checks seq 1.
 every completed node run has exactly one side effect at its completed attempt and any
 other at a lower attempt (a retry, or a run cut off by a kill); attempts never go back;
 a same-host worker takes a killed worker's sessions over before their lease ends, and
-the other host only after it.
+the other host only after it (host-b stays down until host-a has taken its sessions).
 """
 
 from __future__ import annotations
@@ -94,6 +94,8 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
     watched: list[tuple[str, str, dict[str, float], float]] = []
     taken: dict[tuple[int, str], tuple[float, str]] = {}  # (watch#, session) -> (when, by host)
     host_b_down_until: float | None = None
+    split: list[int] = []  # the watches of the two host-b workers killed at once
+    host_b_down_s = 0.0
     t0 = time.monotonic()
 
     def kill(i: int) -> None:
@@ -111,7 +113,7 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
             watched.append((wid, HOSTS[i], held, now))
 
     try:
-        next_kill = time.monotonic() + 2.0
+        next_kill = float("inf")  # set at the split: random kills follow it
         split_done = False
         while True:
             infos = store.sessions()
@@ -141,18 +143,30 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
                     answered.add(sid)
                     futures.append(pool.submit(cli, url, env, "resume", sid, *args))
             mono = time.monotonic()
-            if not split_done and mono - t0 > 3.0 and _serving(store, infos, [workers[2].pid, workers[3].pid]):
+            if not split_done and _serving(store, infos, [workers[2].pid, workers[3].pid]):
                 # both host-b workers at once: only host-a is left, and must wait for the leases
+                first = len(watched)
                 kill(2)
                 kill(3)
+                split = list(range(first, len(watched)))
                 split_done = True
                 host_b_down_until = mono + LEASE_S + 1.5
-            if host_b_down_until is not None and mono >= host_b_down_until:
+                next_kill = mono + 1.0
+            # host-b stays down until host-a has taken every session it held over (host-a
+            # claims queued sessions first, so that may take longer than the lease): a
+            # restarted host-b worker would otherwise take its own host's orphans at once
+            if host_b_down_until is not None and mono >= host_b_down_until and all(
+                    (n, sid) in taken for n in split for sid in watched[n][2]):
+                if not any(watched[n][2] for n in split):
+                    split_done = False  # they held nothing any more when killed: split again
                 workers[2] = start_worker(url, log, "host-b", wlog)
                 workers[3] = start_worker(url, log, "host-b", wlog)
                 host_b_down_until = None
-            if mono >= next_kill and host_b_down_until is None:
-                victim = rnd.randrange(len(workers))
+                host_b_down_s = time.time() - watched[split[0]][3] if split else 0.0
+            if split_done and mono >= next_kill:
+                # random kills start after the split (so that it finds both host-b workers
+                # serving); while host-b is down, only host-a's workers (a same-host takeover)
+                victim = rnd.randrange(2 if host_b_down_until is not None else len(workers))
                 kill(victim)
                 workers[victim] = start_worker(url, log, HOSTS[victim], wlog)
                 next_kill = mono + rnd.uniform(1.0, 2.0)
@@ -194,8 +208,10 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
                 assert when >= lease_end - 0.05, (sid, "taken by another host before its lease ended",
                                                   when - killed_at, lease_end - killed_at)
                 other_host_after += 1
-    assert same_host_fast > 0, "no same-host takeover before the lease ended"
-    assert other_host_after > 0, ("the host-b sessions were never taken over by host-a",
+    assert same_host_fast > 0, ("no same-host takeover before the lease ended",
+                                [(w, h, len(held)) for w, h, held, _ in watched])
+    assert other_host_after > 0, ("the host-b sessions were never taken over by host-a", split,
+                                  [(n, sid, taken.get((n, sid))) for n in split for sid in watched[n][2]][:6],
                                   [(w, h, len(held)) for w, h, held, _ in watched])
 
     # -- every session completed; no event lost or duplicated; side effects once
@@ -239,4 +255,5 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
     store.close()
     print(f"\nfleet: 500 sessions, 4 workers on 2 hosts, {kills} kills, {len(lines)} side effects, "
           f"{retried} retried, {cut} cut off after their effect, {same_host_fast} same-host takeovers "
-          f"before the lease, {other_host_after} other-host takeovers after it, {elapsed:.1f}s")
+          f"before the lease, {other_host_after} other-host takeovers after it (host-b down {host_b_down_s:.1f}s), "
+          f"{elapsed:.1f}s")

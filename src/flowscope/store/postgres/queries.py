@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..base import NodeRun
+from ..base import FINISHED_SESSION_STATUSES, NodeRun
 from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
@@ -41,6 +41,13 @@ __all__ = [
     "SQL_LOAD_SNAPSHOT",
     "SQL_NOTIFY",
     "CLAIM_ORDER",
+    "SQL_PRUNE_LOCK",
+    "SQL_PRUNABLE",
+    "PRUNE_TABLES",
+    "SQL_PRUNE",
+    "SQL_PRUNE_VACUUM",
+    "STORED_TABLES",
+    "SQL_STORAGE_BYTES",
 ]
 
 _SESSION_COLUMNS = ("workflow", "status", "started_at", "updated_at", "last_seq", "invocations")
@@ -175,3 +182,32 @@ SQL_SAVE_SNAPSHOT = (
 SQL_LOAD_SNAPSHOT = "SELECT seq, data FROM snapshots WHERE session_id = %s"
 #: Wake listening workers (the payload is the workflow's name); sent at commit.
 SQL_NOTIFY = "SELECT pg_notify(%s, %s)"
+
+# -- pruning (flowscope prune): ``%(ids)s`` is a text[] of session ids
+#: Lock the sessions' rows first, in one order (two prunes never deadlock): an append,
+#: acquire or claim of one of them waits, or (SKIP LOCKED) passes it over, until the
+#: prune commits. SQL_PRUNABLE then runs on a snapshot taken after the locks, so it sees
+#: every append that committed before them.
+SQL_PRUNE_LOCK = "SELECT session_id FROM sessions WHERE session_id = ANY(%(ids)s) ORDER BY session_id FOR UPDATE"
+#: Sessions among ``%(ids)s`` that may be deleted: finished and without an open run, with
+#: their owner and lease, for the owner rule (liveness.owner_alive) in Python.
+SQL_PRUNABLE = (
+    "SELECT s.session_id, s.owner, s.lease_expires_at FROM sessions AS s "
+    "WHERE s.session_id = ANY(%(ids)s) "
+    "AND s.status IN (" + ", ".join(f"'{status}'" for status in FINISHED_SESSION_STATUSES) + ") "
+    f"AND NOT EXISTS (SELECT 1 FROM node_runs AS n WHERE n.session_id = s.session_id AND {_OPEN_WHERE_N})"
+)
+#: Every table keyed by session, in the order a prune deletes from them; ``sessions``
+#: holds the owner, epoch and lease too. ``workers`` is per worker and stays.
+PRUNE_TABLES = ("events", "node_runs", "snapshots", "sessions")
+SQL_PRUNE = tuple(f"DELETE FROM {table} WHERE session_id = ANY(%(ids)s)" for table in PRUNE_TABLES)
+#: After a prune's commit (VACUUM cannot run in a transaction): makes the deleted rows'
+#: space reusable by new rows now, rather than when autovacuum gets to the tables.
+SQL_PRUNE_VACUUM = f"VACUUM {', '.join(PRUNE_TABLES)}"
+#: Every table of the schema, for SQL_STORAGE_BYTES.
+STORED_TABLES = ("meta",) + PRUNE_TABLES + ("workers",)
+#: Bytes of the live rows (``pg_column_size`` of each), not of the files: PostgreSQL keeps a deleted row's space in the table for new rows (after VACUUM)
+#: and returns it to the file system only with VACUUM FULL, as SQLite keeps free pages.
+SQL_STORAGE_BYTES = "SELECT " + " + ".join(
+    f"(SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM {table} AS t)" for table in STORED_TABLES
+)

@@ -568,6 +568,49 @@ class PostgresEventStore(EventStore):
         row = self._run("read a snapshot", lambda c: c.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone(), retry=True)
         return (int(row[0]), str(row[1])) if row is not None else None
 
+    # ------------------------------------------------------------------ pruning (flowscope prune)
+
+    def delete_sessions(self, session_ids: Iterable[str]) -> list[str]:
+        """The port's prune in one transaction that locks the sessions' rows, then checks
+        the guard (finished, no open run, no live owner) and deletes; a plain ``VACUUM``
+        of the tables follows the commit, so new rows reuse the space at once."""
+        ids = list(dict.fromkeys(session_ids))
+        if not ids:
+            return []
+        self._writable("delete sessions")
+        now = time.time()
+        host = this_host()
+
+        def prune(conn: Conn) -> list[str]:
+            with conn.transaction():
+                conn.execute(q.SQL_PRUNE_LOCK, {"ids": ids})
+                # after the locks: a resume or a takeover that committed first keeps its log
+                rows = conn.execute(q.SQL_PRUNABLE, {"ids": ids}).fetchall()
+                prunable = {sid for sid, owner, lease in rows if not owner_alive(_owner(owner), lease, now, host=host)}
+                deleted = [sid for sid in ids if sid in prunable]
+                if deleted:
+                    for statement in q.SQL_PRUNE:
+                        conn.execute(statement, {"ids": deleted})
+            return deleted
+
+        deleted = self._run("delete sessions", prune)  # no retry: a lost commit would report nothing deleted
+        with self._cache_lock:
+            for sid in deleted:
+                self._node_cache.pop(sid, None)
+        if deleted:
+            try:
+                self._run("vacuum the pruned tables", lambda c: c.execute(q.SQL_PRUNE_VACUUM))
+            except StoreError:
+                pass  # the deletion is committed; autovacuum frees the space later instead
+        return deleted
+
+    def storage_bytes(self) -> int | None:
+        """Bytes of the live rows of every flowscope table (what ``delete_sessions``
+        frees), not of the files: PostgreSQL reuses a deleted row's space for new rows and
+        shrinks a file only with ``VACUUM FULL``. It reads every row: an operator's query."""
+        row = self._run("measure the database", lambda c: c.execute(q.SQL_STORAGE_BYTES).fetchone(), retry=True)
+        return int(row[0]) if row is not None else None
+
 
 def _owner(data: Any) -> Owner | None:
     """The ``owner`` column (jsonb, read as a dict) as an :class:`Owner`."""
