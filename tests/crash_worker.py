@@ -73,8 +73,8 @@ class KillingStore(SqliteEventStore):
     kill_after = 0
     appends = 0
 
-    def append(self, session_id, events, expected_last_seq):
-        out = super().append(session_id, events, expected_last_seq)
+    def append(self, session_id, events, expected_last_seq, **kw):
+        out = super().append(session_id, events, expected_last_seq, **kw)
         KillingStore.appends += 1
         if self.kill_after and KillingStore.appends >= self.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)

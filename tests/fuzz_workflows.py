@@ -147,16 +147,38 @@ class CrashingStore(EventStore):
     def dead(self) -> bool:
         return self.crashed_at_seq is not None
 
-    def append(self, session_id: str, events: Any, expected_last_seq: int) -> list[Event]:
+    def append(self, session_id: str, events: Any, expected_last_seq: int, *, epoch: int | None = None) -> list[Event]:
         if self.dead:
             raise SimulatedCrash()
         if expected_last_seq + len(events) >= self.crash_at:
             if self.commit_last:
-                self.inner.append(session_id, events, expected_last_seq)
+                self.inner.append(session_id, events, expected_last_seq, epoch=epoch)
             self.crashed_at_seq = self.inner.last_seq(session_id)
             self.effects.dead = True
             raise SimulatedCrash()
-        return self.inner.append(session_id, events, expected_last_seq)
+        return self.inner.append(session_id, events, expected_last_seq, epoch=epoch)
+
+    # ownership: the inner store's (a dead process renews and releases nothing)
+    def acquire(self, session_id: str, owner: Any, lease_s: float, *, force: bool = False, now: float | None = None) -> Any:
+        return self.inner.acquire(session_id, owner, lease_s, force=force, now=now)
+
+    def renew(self, lease: Any, lease_s: float, *, now: float | None = None) -> Any:
+        if self.dead:
+            raise SimulatedCrash()
+        return self.inner.renew(lease, lease_s, now=now)
+
+    def release(self, lease: Any) -> None:
+        # A dead process's lease would expire; releasing it stands in for waiting that out.
+        self.inner.release(lease)
+
+    def claim(self, owner: Any, workflows: Any, lease_s: float, **kw: Any) -> Any:
+        return self.inner.claim(owner, workflows, lease_s, **kw)
+
+    def workers_seen(self, owner: Any, workflows: Any, ts: float | None = None) -> None:
+        self.inner.workers_seen(owner, workflows, ts)
+
+    def workers(self) -> Any:
+        return self.inner.workers()
 
     def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
         return self.inner.read(session_id, after_seq)
@@ -176,6 +198,25 @@ class CrashingStore(EventStore):
 
     def open_runs(self) -> list[NodeRun]:
         return self.inner.open_runs()
+
+    # the ownership port (issue 13): passed through; a crash is simulated on appends only
+    def acquire(self, *args: Any, **kw: Any) -> Any:
+        return self.inner.acquire(*args, **kw)
+
+    def renew(self, *args: Any, **kw: Any) -> Any:
+        return self.inner.renew(*args, **kw)
+
+    def release(self, *args: Any, **kw: Any) -> None:
+        self.inner.release(*args, **kw)
+
+    def claim(self, *args: Any, **kw: Any) -> Any:
+        return self.inner.claim(*args, **kw)
+
+    def workers_seen(self, *args: Any, **kw: Any) -> None:
+        self.inner.workers_seen(*args, **kw)
+
+    def workers(self) -> Any:
+        return self.inner.workers()
 
 
 def answers(store: EventStore, session_id: str) -> tuple[dict[str, Any], dict[str, Any]]:

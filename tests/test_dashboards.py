@@ -80,6 +80,13 @@ CONTRACT: dict[str, tuple[str, tuple[str, ...], dict[str, set[str]]]] = {
     "flowscope_store_orphaned_runs": ("gauge", ("workflow", "node"), {}),
     "flowscope_store_overdue_jobs": ("gauge", ("workflow", "node"), {}),
     "flowscope_store_up": ("gauge", (), {}),  # 1 when the StoreCollector could read the store
+    # issue 13: the queue (from the store) and the workers (in-process, MetricsPlugin of a Worker)
+    "flowscope_store_queued_sessions": ("gauge", ("workflow",), {}),
+    "flowscope_store_oldest_queued_timestamp_seconds": ("gauge", ("workflow",), {}),
+    "flowscope_worker_claims_total": ("counter", ("workflow", "reason"),
+                                      {"reason": {"queued", "answered", "orphaned"}}),
+    "flowscope_worker_leases_lost_total": ("counter", ("workflow",), {}),
+    "flowscope_worker_active_sessions": ("gauge", ("workflow",), {}),
 }
 NODE_DURATION_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
                          1800, 3600, 7200)
@@ -227,7 +234,7 @@ def assert_no_problems(problems: list[str]) -> None:
 # ====================================================================== promtool
 REQUIRED_ALERTS = {"FlowscopeNodeStuckRunning", "FlowscopeRunOrphaned", "FlowscopeJobOverdue",
                    "FlowscopeJobEmptyResults", "FlowscopeNodeErrorRateHigh",
-                   "FlowscopeUnknownErrorCodes"}
+                   "FlowscopeUnknownErrorCodes", "FlowscopeQueuedWorkNotPickedUp"}
 
 
 def test_promtool_check_rules(promtool):
@@ -435,6 +442,20 @@ def test_operations_guide_is_a_runbook():
     assert_no_problems(problems)
 
 
+def test_operations_alert_table_matches_the_rules():
+    """The table under "## Alerts" lists every rule once, with its severity and `for`."""
+    text = OPERATIONS.read_text()
+    section = text[text.index("## Alerts"):text.index("### ", text.index("## Alerts"))]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("Flowscope"):
+            assert cells[0] not in rows, f"{cells[0]} listed twice"
+            rows[cells[0]] = (cells[1], cells[3])
+    expected = {r["alert"]: (r["labels"]["severity"], r["for"]) for r in alert_rules(load_yaml(ALERTS))}
+    assert rows == expected
+
+
 # ====================================================================== Grafana
 def check_datasources(doc: dict[str, Any]) -> list[str]:
     problems = []
@@ -605,6 +626,12 @@ def test_dashboard_shows_what_an_sre_needs():
     assert has(r'error_code="UNKNOWN_ERROR"'), "share of UNKNOWN_ERROR"
     assert has(r"by \(state\).*flowscope_store_open_runs"), "open runs by state"
     assert has(r"time\(\) - .*flowscope_store_oldest_open_run_start_timestamp_seconds"), "oldest age"
+    # issue 13: the queue and the workers
+    assert has(r"by \(workflow\).*flowscope_store_queued_sessions"), "queued sessions by workflow"
+    assert has(r"time\(\) - .*flowscope_store_oldest_queued_timestamp_seconds"), "oldest queued age"
+    assert has(r"by \(workflow, reason\).*flowscope_worker_claims_total"), "claims by reason"
+    assert has(r"flowscope_worker_leases_lost_total"), "leases lost"
+    assert has(r"by \([^)]*instance[^)]*\).*flowscope_worker_active_sessions"), "active sessions per worker"
     for quantile in ("0.5", "0.95"):
         assert any(f"histogram_quantile({quantile}" in q.expr and "by (le, node)" in q.expr
                    and "flowscope_node_duration_seconds_bucket" in q.expr for q in queries), quantile
@@ -1018,6 +1045,15 @@ def contract_registry():
     m["flowscope_store_orphaned_runs"].labels("demo", "enrich").set(1)
     m["flowscope_store_orphaned_runs"].labels("demo", "slow").set(0)
     m["flowscope_store_overdue_jobs"].labels("demo", "enrich").set(0)
+    # the queue: demo has a session waiting for 10 minutes, reports nothing queued
+    m["flowscope_store_queued_sessions"].labels("demo").set(2)
+    m["flowscope_store_oldest_queued_timestamp_seconds"].labels("demo").set(now - 600)
+    m["flowscope_store_queued_sessions"].labels("reports").set(0)
+    m["flowscope_store_oldest_queued_timestamp_seconds"].labels("reports").set(0)
+    for reason in ("queued", "answered", "orphaned"):
+        m["flowscope_worker_claims_total"].labels("demo", reason).inc(2)
+    m["flowscope_worker_leases_lost_total"].labels("demo").inc()
+    m["flowscope_worker_active_sessions"].labels("demo").set(3)
     return reg, m
 
 
@@ -1060,6 +1096,9 @@ def test_real_prometheus_scrapes_the_contract_and_evaluates_dashboard_and_alerts
             by_name = {r["alert"]: r["expr"] for r in rules}
             orphaned = prom.query(by_name["FlowscopeRunOrphaned"])
             assert [(s["metric"]["node"], s["value"][1]) for s in orphaned] == [("enrich", "1")]
+            queued = prom.query(by_name["FlowscopeQueuedWorkNotPickedUp"])
+            assert [s["metric"]["workflow"] for s in queued] == ["demo"]  # not reports (0: none)
+            assert 550 < float(queued[0]["value"][1]) < 700
             stuck = prom.query(by_name["FlowscopeNodeStuckRunning"])
             assert [s["metric"]["node"] for s in stuck] == ["slow"]  # enrich is orphaned instead
             assert 3500 < float(stuck[0]["value"][1]) < 3700

@@ -156,6 +156,26 @@ def test_audit_and_stuck_json_report_them(demo):
     assert by_node[("order_fulfilment", "enrich_addresses")]["open"] == 1
 
 
+def test_the_killed_worker_is_orphaned_at_once_and_every_hint_runs_as_printed(tmp_path):
+    """Issue 13: no --stale-after wait for the dead worker; each `flowscope ...` line the
+    demo prints under "next, try" (but serve-metrics, which serves until stopped) exits 0."""
+    proc = run_cli("demo", cwd=tmp_path)  # the default --stale-after (5s): not waited for
+    assert proc.returncode == 0, proc.stderr
+    ids = sessions_of(tmp_path / "flowscope.db")
+    assert "orphaned at once" in proc.stdout
+    stuck = json.loads(run_cli("stuck", "--older-than", "0s", "--format", "json", cwd=tmp_path).stdout)
+    assert {r["session_id"]: r["state"] for r in stuck if r["state"] == "orphaned"} == {ids["export"]: "orphaned"}
+    hints = [line.strip().split("   #")[0].strip() for line in proc.stdout.split("next, try")[1].splitlines()]
+    commands = [h for h in hints if h.startswith("flowscope ") and "serve-metrics" not in h
+                and "--otlp-endpoint" not in h]
+    assert any(f"resume {ids['export']}" in c for c in commands) and any("--job" in c for c in commands)
+    for command in commands:
+        result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                                env={k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"})
+        assert result.returncode == 0, (command, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr
+
+
 def test_the_demo_in_process_with_interactive_answers(tmp_path):
     db = tmp_path / "i.db"
     # per batch: the failed job (retry or abort?), then the approval (y/n)

@@ -36,6 +36,7 @@ SAMPLES = [
     ev.JobDispatched(**COMMON, job_id="j1", dispatch_attempt=2, idempotency_key="k", trace_context={"traceparent": "t"}, deadline_s=60.0, expect_count=True, job_key="wf@1/a@1#job1"),
     ev.JobResultReceived(**COMMON, job_id="j1", success=True, count=0, error=None, data={"rows": []}, result="empty"),
     ev.StateUpdated(**COMMON, values={"k": [1, 2]}),
+    ev.RunSubmitted(**COMMON, workflow="wf", input={"x": 2}),
 ]
 
 

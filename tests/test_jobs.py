@@ -166,7 +166,7 @@ async def test_a_deliberate_raise_in_user_code_is_a_node_failure_not_a_job_failu
     assert not any(e.type == "input_requested" for e in events)
 
 
-async def test_unknown_job_id_is_a_clear_error_and_a_duplicate_result_is_ignored(store):
+async def test_unknown_job_id_is_a_clear_error_and_a_duplicate_result_is_refused(store):
     worker = Worker()
     runner = Runner(enrich_workflow(worker, expect_count=False), store=store)
     await runner.run([1], session_id="s")
@@ -194,8 +194,10 @@ async def test_a_result_delivered_twice_while_still_paused_is_appended_once(stor
     await runner.run(None, session_id="s")
     first = worker.jobs[0].job_id
     await runner.resume("s", jobs={first: {"success": True, "data": 1}})
-    again = await runner.resume("s", jobs={first: {"success": True, "data": 1}})  # a redelivery
-    assert again.status == "paused"
+    before = store.last_seq("s")
+    with pytest.raises(ResumeError, match="already reported"):  # a redelivery (issue 13: an error, not dropped)
+        await runner.resume("s", jobs={first: {"success": True, "data": 1}})
+    assert store.last_seq("s") == before  # no empty invocation appended
     assert len([r for r in of_type(store.read("s"), "job_result") if r.job_id == first]) == 1
     assert len(worker.jobs) == 2
     done = await runner.resume("s", jobs={worker.jobs[1].job_id: {"success": True, "data": 2}})

@@ -31,6 +31,8 @@ OLDEST = "flowscope_store_oldest_open_run_start_timestamp_seconds"
 ORPHANED = "flowscope_store_orphaned_runs"
 OVERDUE = "flowscope_store_overdue_jobs"
 UP = "flowscope_store_up"
+QUEUED = "flowscope_store_queued_sessions"
+OLDEST_QUEUED = "flowscope_store_oldest_queued_timestamp_seconds"
 
 
 def scrape(collector: StoreCollector) -> dict[tuple[str, tuple], float]:
@@ -249,7 +251,7 @@ class ExplodingStore:
 def test_describe_does_not_touch_the_store():
     collector = StoreCollector(ExplodingStore())
     families = list(collector.describe())
-    assert [f.name for f in families] == [OPEN, OLDEST, ORPHANED, OVERDUE, UP]
+    assert [f.name for f in families] == [OPEN, OLDEST, ORPHANED, OVERDUE, QUEUED, OLDEST_QUEUED, UP]
     assert all(f.samples == [] for f in families)
     registry = CollectorRegistry()  # registering calls describe()
     registry.register(collector)

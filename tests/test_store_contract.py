@@ -26,6 +26,11 @@ class TestSqliteEventStore(EventStoreContract):
 
         return SqliteEventStore(self.tmp_path / "x.db")
 
+    def open_again(self, store: EventStore) -> EventStore:
+        from flowscope.store import SqliteEventStore
+
+        return SqliteEventStore(self.tmp_path / "x.db")  # a second connection, as another process has
+
 
 def test_catalog_sample_covers_every_type_with_non_default_values():
     sample = one_of_each()

@@ -19,8 +19,11 @@ from .engine import (
     Workflow,
     node,
 )
+from .answers import AnswerReceipt, answer
 from .plugins import Plugin
 from .store.memory import MemoryEventStore as _MemoryEventStore
+
+from .worker import Worker
 
 # The composition root: the engine knows only the EventStore port, so the package that
 # ships both decides which store a Runner built without one gets.
@@ -40,6 +43,9 @@ __all__ = [
     "Runner",
     "RunResult",
     "Plugin",
+    "Worker",
+    "answer",
+    "AnswerReceipt",
     "__version__",
 ]
 

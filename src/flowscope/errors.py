@@ -18,6 +18,7 @@ __all__ = [
     "NodeTimeoutError",
     "InvocationAbortedError",
     "ConcurrencyConflict",
+    "LeaseLost",
     "OutputNotSerializableError",
     "RecoveryLimitError",
     "JobFailedError",
@@ -119,6 +120,11 @@ class UnknownSessionError(StoreError, KeyError):
 
 class ConcurrencyConflict(StoreError):
     """Another writer appended to the session first; nothing was written (R10, docs/design.md)."""
+
+
+class LeaseLost(ConcurrencyConflict):
+    """The caller's lease on the session was superseded: another owner took the session
+    over (its epoch advanced), so this append or renewal was refused and nothing was written."""
 
 
 class InvocationAbortedError(BaseException):

@@ -18,6 +18,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "UNKNOWN_ERROR",
     "Event",
+    "RunSubmitted",
     "RunStarted",
     "RunFinished",
     "NodeStarted",
@@ -230,6 +231,15 @@ class StateUpdated(Event):
 
 
 @dataclass(**_EVENT)
+class RunSubmitted(Event):
+    """A run was recorded to be started later by a worker (``Runner.submit``); nothing ran yet."""
+
+    type: ClassVar[str] = "run_submitted"
+    workflow: str = ""
+    input: Any = None
+
+
+@dataclass(**_EVENT)
 class UnknownEvent(Event):
     """An event whose ``type`` this version does not know. Kept verbatim, skipped by the fold."""
 
@@ -254,6 +264,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         JobDispatched,
         JobResultReceived,
         StateUpdated,
+        RunSubmitted,
     )
 }
 

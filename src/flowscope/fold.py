@@ -29,6 +29,7 @@ from .events import (
     NodeStarted,
     RunFinished,
     RunStarted,
+    RunSubmitted,
     StateUpdated,
     UnknownEvent,
     from_dict,
@@ -51,6 +52,8 @@ __all__ = [
 
 NODE_STATUSES = ("running", "completed", "failed", "cancelled", "waiting_input", "waiting_job")
 OPEN_STATES = ("running", "waiting_input", "waiting_job")
+#: Events that ``answer()`` appends outside an invocation (``invocation_id`` ``answer-...``).
+_ANSWER_TYPES = (InputReceived, JobResultReceived)
 
 
 @dataclass(slots=True)
@@ -213,7 +216,7 @@ class WorkflowState:
     session_id: str = ""
     workflow: str = ""
     input: Any = None
-    status: str = "new"  # new, running, completed, failed, paused, cancelled
+    status: str = "new"  # new, queued, running, completed, failed, paused, answered, cancelled
     output: Any = None
     error_code: str | None = None
     error_path: str | None = None
@@ -257,6 +260,8 @@ class WorkflowState:
             handler = _NODE_HANDLERS.get(type(e))  # NodeState.apply, inlined: the replay's hot loop
             if handler is not None:
                 handler(ns, e)
+                if self.status == "paused" and type(e) in _ANSWER_TYPES and e.invocation_id.startswith("answer-"):
+                    self.status = "answered"  # recorded by answer(), for the next invocation to consume
             elif type(e) is StateUpdated:
                 self.state.update(e.values)
             return
@@ -274,6 +279,10 @@ class WorkflowState:
             self.output = e.output
             self.error_code = e.error_code
             self.error_path = e.error_path
+        elif isinstance(e, RunSubmitted):
+            self.workflow = e.workflow
+            self.input = e.input
+            self.status = "queued"
         elif isinstance(e, StateUpdated):
             self.state.update(e.values)
 

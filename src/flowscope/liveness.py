@@ -1,7 +1,10 @@
 """The one liveness rule: when is an open run alive, orphaned or overdue.
 
-``resume()``, ``flowscope stuck``, the ``StoreCollector`` and the stores' SQL all ask
-the questions answered here, so a run is called the same thing everywhere. An SQL store
+``resume()``, ``flowscope stuck``, the ``StoreCollector``, a worker's claim and the
+stores' SQL all ask the questions answered here, so a run is called the same thing
+everywhere. A session with an owner recorded is alive while :func:`owner_alive` says so
+(its lease is current and, on this host, its process exists); a session without one
+(written by a bridge or an older flowscope) falls back to the age of its heartbeats. An SQL store
 may evaluate the same predicates in a query for speed; it takes its cut-off from
 :func:`stale_before` and the store contract (:mod:`flowscope.store.testing`) checks that
 its answers equal :func:`classify_open_run` on a table of cases.
@@ -9,7 +12,10 @@ its answers equal :func:`classify_open_run` on a table of cases.
 
 from __future__ import annotations
 
+from .ownership import Owner, process_alive, this_host
+
 __all__ = [
+    "owner_alive",
     "DEFAULT_HEARTBEAT_INTERVAL_S",
     "resume_lease_s",
     "RUNNING",
@@ -45,6 +51,21 @@ def resume_lease_s(heartbeat_interval: float) -> float:
     return 3 * max(heartbeat_interval, 1.0)
 
 
+def owner_alive(owner: Owner | None, lease_expires_at: float | None, now: float, *, host: str | None = None) -> bool:
+    """Whether ``owner`` still holds its lease on a session: the one ownership rule.
+
+    False without an owner or a lease, once the lease has expired (``lease_expires_at <=
+    now``; a released lease is 0), and at once when the owner is on this host (``host``,
+    default :func:`~flowscope.ownership.this_host`) and its process is gone. An owner on
+    another host is taken at its lease's word.
+    """
+    if owner is None or lease_expires_at is None or lease_expires_at <= now:
+        return False
+    if owner.host == (host or this_host()) and not process_alive(owner.pid, owner.started_at):
+        return False
+    return True
+
+
 def stale_before(now: float, stale_after_s: float) -> float:
     """The cut-off: a running run whose last sign of life is strictly before this is orphaned."""
     return now - stale_after_s
@@ -69,13 +90,22 @@ def classify_open_run(
     deadline: float | None,
     now: float,
     stale_after_s: float,
+    *,
+    owner: Owner | None = None,
+    lease_expires_at: float | None = None,
+    host: str | None = None,
 ) -> str:
     """``running``, ``orphaned``, ``waiting_input``, ``waiting_job`` or ``overdue``.
 
     ``state`` is the run's status in the fold (one of ``flowscope.fold.OPEN_STATES``);
     ``deadline`` is its job's ``job_deadline_at``. Any other status is returned as is.
+    ``owner`` and ``lease_expires_at`` are its session's: a running run of a session with
+    an owner is orphaned exactly when :func:`owner_alive` is false; without an owner, when
+    its heartbeat is older than ``stale_after_s`` (:func:`is_orphaned`).
     """
     if state == RUNNING:
+        if owner is not None:
+            return RUNNING if owner_alive(owner, lease_expires_at, now, host=host) else ORPHANED
         return ORPHANED if is_orphaned(started_at, last_heartbeat, now, stale_after_s) else RUNNING
     if state == WAITING_JOB:
         return OVERDUE if is_overdue(deadline, now) else WAITING_JOB

@@ -11,17 +11,18 @@ session or an argument is one line on stderr and exit code 2, never a traceback
 - :mod:`.inspect_cmds`: runs, show, audit, stuck, export (read the store)
 - :mod:`.operate_cmds`: resume, serve-metrics (act on it)
 - :mod:`.demo_cmd`: demo
+- :mod:`.worker_cmds`: worker, start (run ownership: workers serve submitted runs)
 - :mod:`.views` (rows), :mod:`.tables` and :mod:`.render` (drawing them), :mod:`.progress`,
   :mod:`.runtime` (tracing, metrics server, signals)
 """
 
 from __future__ import annotations
 
-from . import demo_cmd, inspect_cmds, operate_cmds, views
+from . import demo_cmd, inspect_cmds, operate_cmds, views, worker_cmds
 from .app import DEFAULT_DB, ENV_DB, cli, main
 from .failures import CliError
 
 __all__ = ["main", "cli", "CliError", "DEFAULT_DB", "ENV_DB", "views"]
 
-for _command in (*inspect_cmds.COMMANDS, *operate_cmds.COMMANDS, *demo_cmd.COMMANDS):
+for _command in (*inspect_cmds.COMMANDS, *operate_cmds.COMMANDS, *worker_cmds.COMMANDS, *demo_cmd.COMMANDS):
     cli.add_command(_command)

@@ -182,7 +182,7 @@ def run_demo(
         if running:
             click.echo(f"  worker pid {pid} started nightly_export; killed with SIGKILL inside {HANGING_PATH}")
             click.echo("  its run stays 'running' in the store with no end, and its heartbeat stops:")
-            click.echo(f"  after {stale_after:g}s it is orphaned (flowscope stuck, flowscope_store_orphaned_runs)")
+            click.echo("  its owner's process is gone, so it is orphaned at once (flowscope stuck, flowscope_store_orphaned_runs)")
         else:
             detail = f": {err.splitlines()[-1]}" if err else ""
             click.echo(click.style(f"  warning: the worker did not reach {HANGING_PATH} before it was stopped{detail}", fg="yellow"))
@@ -210,7 +210,7 @@ def run_demo(
             (f"{prefix} show {failed_session}", "the PAYMENT_DECLINED failure, where it began"),
             (f"{prefix} audit --format json", "attempts, retries, recoveries, errors per node"),
             (f"{prefix} stuck --older-than 0s --stale-after {stale}", "the killed worker's orphaned run, the overdue job"),
-            (f"{prefix} resume {worker_session} --force", "recover the orphaned run: a new attempt, finished nodes kept"),
+            (f"{prefix} resume {worker_session}", "recover the orphaned run (no --force): a new attempt, finished nodes kept"),
             (f"{prefix} export {main_session} -o spans.json", "its spans as OTLP JSON, rebuilt from the log"),
             (f"{prefix} serve-metrics", "Prometheus metrics over the store on 127.0.0.1:9464"),
         ]

@@ -40,7 +40,8 @@ def show(session: str, db: str | None, fmt: str) -> None:
     """
     with open_store(db) as store:
         ws = views.load_session(store, session)
-    rows = views.show_rows(ws)
+        info = store.session_info(session)
+    rows = views.show_rows(ws, info)
 
     def table() -> str:
         return "\n".join(session_header(ws) + [""] + waterfall_lines(rows, end_ts=ws.updated_at) + pending_hint(ws))

@@ -14,6 +14,7 @@ from . import views
 from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option
 from .failures import EXIT_FAILED, CliError, one_line
 from .runtime import configure_cli_tracing, start_metrics_server, wait_for_signal
+from .worker_cmds import cwd_importable, record_answers
 
 __all__ = ["resume", "serve_metrics_cmd", "parse_answers", "COMMANDS"]
 
@@ -36,11 +37,18 @@ def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
     return out
 
 
+def _is_bundled(name: str) -> bool:
+    from ..examples import BUNDLED
+
+    return name in BUNDLED
+
+
 def _resolve_workflow(name: str, spec: str | None) -> Any:
     from ..examples import bundled_workflow, load_workflow
 
     try:
         if spec:
+            cwd_importable()
             wf = load_workflow(spec)
         else:
             wf = bundled_workflow(name)
@@ -59,8 +67,8 @@ def _resolve_workflow(name: str, spec: str | None) -> Any:
 @db_option
 @click.option("--input", "inputs", multiple=True, metavar="ID=JSON", help="Answer the input request ID (repeatable), e.g. approval=true.")
 @click.option("--job", "jobs", multiple=True, metavar="ID=JSON", help='Deliver the result of job ID (repeatable), e.g. JOB=\'{"success": true, "count": 3}\'.')
-@click.option("--workflow", "workflow_spec", metavar="MODULE:ATTR", help="The workflow to resume with (default: the bundled workflow of that name).")
-@click.option("--force", is_flag=True, help="Resume even if the session's heartbeat is recent (its worker is known to be dead).")
+@click.option("--workflow", "workflow_spec", metavar="MODULE:ATTR", help="Run the session here with this workflow's code (without it, --input/--job are recorded for a worker).")
+@click.option("--force", is_flag=True, help="Take the session from its owner even if that owner looks alive (it is known to be dead).")
 @click.option("--otlp-endpoint", metavar="URL", help="Send the spans of this invocation to an OTLP endpoint.")
 @otlp_protocol_option
 def resume(
@@ -75,9 +83,12 @@ def resume(
 ) -> None:
     """Continue a paused, failed or crashed session from the store.
 
-    Finished node runs are kept (fast-forwarded from the log), a run whose worker died is
-    re-executed as a new attempt, and --input/--job answer what the session waits on.
-    Exit code 0 when the session completed or paused again, 1 when it failed.
+    Without the workflow's code (no --workflow, not a bundled workflow), --input/--job are
+    recorded in the store for a worker of the session's workflow to pick up, and the
+    command says whether one was seen. With --workflow MODULE:ATTR (or a bundled
+    workflow) the session runs here: finished node runs are kept (fast-forwarded from the log), a run
+    whose worker died is re-executed as a new attempt. Exit code 0 when the answers were
+    recorded or the session completed or paused again, 1 when it failed.
     """
     from .. import Runner
     from .progress import ProgressPlugin
@@ -98,6 +109,9 @@ def resume(
             raise CliError(
                 f"session {session!r} is paused waiting for {waiting or 'nothing'}: answer with --input ID=JSON or --job ID=JSON"
             )
+        if workflow_spec is None and not _is_bundled(ws.workflow):
+            record_answers(store, session, ws, answers, results)  # no code here: through the store
+            return
         wf = _resolve_workflow(ws.workflow, workflow_spec)
         tracing = configure_cli_tracing(otlp_endpoint, otlp_protocol, "flowscope")
         plugins: list[Plugin] = [ProgressPlugin(click.echo)]

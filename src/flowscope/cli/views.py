@@ -13,7 +13,7 @@ import time
 from typing import Any, Iterable
 
 from ..errors import UnknownSessionError
-from ..store.base import EventStore, NodeRun
+from ..store.base import EventStore, NodeRun, SessionInfo
 from ..liveness import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     ORPHANED,
@@ -54,6 +54,7 @@ RUN_KEYS = (
     "open_runs",
     "failed_runs",
     "error_code",
+    "owner",
 )
 
 SHOW_KEYS = (
@@ -80,6 +81,7 @@ SHOW_KEYS = (
     "interrupts",
     "open_interrupts",
     "jobs",
+    "owner",
 )
 
 AUDIT_KEYS = (
@@ -130,6 +132,7 @@ STUCK_KEYS = (
     "job_deadline_at",
     "waiting_on",
     "action",
+    "owner",
 )
 
 _UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -164,6 +167,14 @@ def load_session(store: EventStore, session_id: str) -> WorkflowState:
     if not events:
         raise UnknownSessionError(f"no session {session_id!r} in {_where(store)}: `flowscope runs` lists the sessions")
     return rebuild(events)
+
+
+def owner_row(info: SessionInfo | None) -> dict[str, Any] | None:
+    """The session's ``owner`` as the listings show it, or None if no owner ever took it."""
+    if info is None or info.owner is None:
+        return None
+    o = info.owner
+    return {"worker_id": o.worker_id, "host": o.host, "pid": o.pid, "lease_expires_at": info.lease_expires_at}
 
 
 def _where(store: EventStore) -> str:
@@ -233,6 +244,7 @@ def runs_rows(
                 "invocations": s.invocations,
                 "events": s.last_seq,
                 **per[s.session_id],
+                "owner": owner_row(s),
             }
         )
     return rows
@@ -265,9 +277,11 @@ def _tree(ws: WorkflowState) -> list[tuple[NodeState, int]]:
     return out
 
 
-def show_rows(ws: WorkflowState) -> list[dict[str, Any]]:
-    """The session's node runs as a timeline (depth-first by path)."""
+def show_rows(ws: WorkflowState, info: SessionInfo | None = None) -> list[dict[str, Any]]:
+    """The session's node runs as a timeline (depth-first by path); ``info`` (the store's
+    :class:`SessionInfo`) gives each row the session's ``owner``."""
     t0 = ws.started_at
+    owner = owner_row(info)
     rows = []
     for ns, depth in _tree(ws):
         start = ns.started_at
@@ -307,6 +321,7 @@ def show_rows(ws: WorkflowState) -> list[dict[str, Any]]:
                 "interrupts": sorted(set(ns.inputs) | set(ns.requests)),
                 "open_interrupts": sorted(ns.requests) if ns.status == "waiting_input" else [],
                 "jobs": jobs,
+                "owner": owner,
             }
         )
     return rows
@@ -411,8 +426,16 @@ def stuck_rows(
     wanted = set(states) if states else None
     rows = []
     states_cache: dict[str, WorkflowState] = {}
+    infos: dict[str, SessionInfo | None] = {}
     for r in runs:
-        state = classify_open_run(r.status, r.started_at, r.heartbeat_at, r.job_deadline_at, now, stale_after_s)
+        if r.session_id not in infos:
+            infos[r.session_id] = store.session_info(r.session_id)
+        info = infos[r.session_id]
+        state = classify_open_run(
+            r.status, r.started_at, r.heartbeat_at, r.job_deadline_at, now, stale_after_s,
+            owner=info.owner if info is not None else None,
+            lease_expires_at=info.lease_expires_at if info is not None else None,
+        )
         if wanted is not None and state not in wanted:
             continue
         waiting_on: list[str] = []
@@ -439,18 +462,24 @@ def stuck_rows(
                 "heartbeat_age_s": _round(beat_age) if r.status == "running" and beat_age is not None else None,
                 "job_deadline_at": r.job_deadline_at,
                 "waiting_on": waiting_on,
-                "action": _action(r, state, waiting_on, beat_age),
+                "action": _action(r, state, waiting_on, beat_age, info),
+                "owner": owner_row(info),
             }
         )
     return rows
 
 
-def _action(r: NodeRun, state: str, waiting_on: list[str], beat_age: float | None) -> str:
+def _action(r: NodeRun, state: str, waiting_on: list[str], beat_age: float | None, info: SessionInfo | None) -> str:
     sid = r.session_id
+    owner = info.owner if info is not None else None
     if state == ORPHANED:
-        force = " --force" if beat_age is not None and beat_age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S) else ""
-        return f"flowscope resume {sid}{force}"
+        # An owned session is free once orphaned; one without an owner is refused to a
+        # resume while its heartbeat looks fresh.
+        fresh = owner is None and beat_age is not None and beat_age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S)
+        return f"flowscope resume {sid}{' --force' if fresh else ''}"
     if state == RUNNING:
+        if owner is not None:
+            return f"alive ({owner.describe()} holds the lease): check that worker; it is slow, blocked or looping"
         return "alive (fresh heartbeat): check the worker; it is slow, blocked or looping"
     if state == WAITING_INPUT:
         iid = waiting_on[0] if waiting_on else "ID"

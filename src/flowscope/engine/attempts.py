@@ -11,12 +11,15 @@ small method that builds the :class:`~flowscope.engine.context.NodeOutcome` for
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
+import threading
 import time
 from typing import Any
 
 from ..errors import (
     InvocationAbortedError,
+    LeaseLost,
     NodeTimeoutError,
     OutputNotSerializableError,
     RecoveryLimitError,
@@ -25,7 +28,7 @@ from ..errors import (
 from ..events import NodeCancelled, NodeCompleted, NodeErrorEvent, NodeErrorPropagated, NodePaused, NodeRetrying, StateUpdated
 from .context import NodeContext, NodeOutcome, PauseSignal
 from .graph import Node, Route, Workflow
-from .record import NodeResult, Recorder, check_json
+from .record import Halted, NodeResult, Recorder, check_json
 
 __all__ = ["Attempts"]
 
@@ -81,7 +84,11 @@ class Attempts(Recorder):
             raise
         except InvocationAbortedError:
             self.aborting = True
-            outcome = self._cancelled(ctx, "aborted", t0)
+            outcome = self._cancelled(ctx, self.abort_reason, t0)
+            raise
+        except Halted:
+            # the invocation can record no more: its runs stop, as cancellations
+            outcome = self._cancelled(ctx, self._cancel_reason(ctx), t0)
             raise
         except (KeyboardInterrupt, SystemExit):
             # the process is going down: record that the run stopped, not that it failed
@@ -89,7 +96,7 @@ class Attempts(Recorder):
             raise
         except Exception as exc:
             if self.aborting:  # e.g. a timeout that fired only because the run is being aborted (R3, docs/design.md)
-                outcome = self._cancelled(ctx, "aborted", t0)
+                outcome = self._cancelled(ctx, self.abort_reason, t0)
             elif self._recorded_below(exc, path):
                 outcome = self._propagated(ctx, exc, t0)
             else:
@@ -127,11 +134,25 @@ class Attempts(Recorder):
 
     async def _attempt(self, node: Node, ctx: NodeContext, input: Any) -> Any:
         """One attempt at the node's body (a nested workflow's body is its graph),
-        within the node's timeout."""
-        body = self.run_graph(node, ctx, input) if isinstance(node, Workflow) else node.execute(ctx, input)
+        within the node's timeout.
+
+        A sync body with a ``timeout`` runs in a thread of its own (with a copy of the
+        context), since a timeout cannot interrupt code that holds the event loop. When
+        the timeout fires the thread is abandoned, not stopped: it runs on, and whatever
+        it returns or raises is discarded. Make such bodies idempotent, or async.
+        Sync bodies without a timeout run inline on the loop.
+        """
         timeout = node.timeout
         if timeout is None:
-            return await body
+            if isinstance(node, Workflow):
+                return await self.run_graph(node, ctx, input)
+            return await node.execute(ctx, input)
+        if isinstance(node, Workflow):
+            body = self.run_graph(node, ctx, input)
+        elif node.is_sync:
+            body = _in_thread(node, ctx, input)
+        else:
+            body = node.execute(ctx, input)
         cm = asyncio.timeout(timeout)
         try:
             async with cm:
@@ -273,12 +294,50 @@ class Attempts(Recorder):
         self.emit(StateUpdated, ctx.path, ctx.node_name, values=changes)
 
     def _cancel_reason(self, ctx: NodeContext) -> str:
-        """Why a cancelled run stopped: the abort, or the first reason set on it or an ancestor."""
+        """Why a cancelled run stopped: the abort, a lost lease or store fault, or the
+        first reason set on it or an ancestor."""
         if self.aborting:
-            return "aborted"
+            return self.abort_reason
+        if self.halted is not None:
+            return "lease_lost" if isinstance(self.halted, LeaseLost) else "store_error"
         c: NodeContext | None = ctx
         while c is not None:
             if c.cancel_reason:
                 return c.cancel_reason
             c = c.parent
         return "cancelled"
+
+
+async def _in_thread(node: Node, ctx: NodeContext, input: Any) -> Any:
+    """Call a sync node body in a daemon thread of its own and await its result.
+
+    Not the loop's default executor: an abandoned body would hold one of its few
+    threads for good, and its threads are joined at exit. A daemon thread does neither.
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+    run = contextvars.copy_context().run
+
+    def settle(ok: bool, value: Any) -> None:
+        if fut.done():  # timed out and abandoned: the result is discarded
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def work() -> None:
+        try:
+            outcome = (True, run(node.call, ctx, input))
+        except BaseException as exc:  # handed to the loop, raised there
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop has closed since: nobody waits for it
+            pass
+
+    threading.Thread(target=work, name=f"flowscope-node-{node.name}", daemon=True).start()
+    result = await fut
+    if asyncio.iscoroutine(result):  # a sync function that returned a coroutine
+        result = await result
+    return result

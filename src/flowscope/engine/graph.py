@@ -108,20 +108,31 @@ class Node:
             else:
                 self._arity = 0
 
-    async def execute(self, ctx: Any, input: Any) -> Any:
-        """Run the body once (one attempt)."""
+    @property
+    def is_sync(self) -> bool:
+        """A plain function body (not a coroutine function, not a graph, not the identity)."""
+        return self.fn is not None and not self._is_async
+
+    def call(self, ctx: Any, input: Any) -> Any:
+        """Call the function with the arguments it takes; a coroutine function's call
+        returns its coroutine."""
         fn = self.fn
         if fn is None:
             return input
         a = self._arity
         if a == 2:
-            r = fn(ctx, input)
-        elif a == 1:
-            r = fn(input)
-        elif a == -1:
-            r = fn(ctx)
-        else:
-            r = fn()
+            return fn(ctx, input)
+        if a == 1:
+            return fn(input)
+        if a == -1:
+            return fn(ctx)
+        return fn()
+
+    async def execute(self, ctx: Any, input: Any) -> Any:
+        """Run the body once (one attempt)."""
+        if self.fn is None:
+            return input
+        r = self.call(ctx, input)
         if self._is_async or inspect.isawaitable(r):
             r = await r
         return r

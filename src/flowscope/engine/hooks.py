@@ -22,13 +22,24 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..events import Event, NodeErrorEvent
+    from ..store.base import Claim
     from .context import NodeContext, NodeOutcome, RunInfo, RunResult
 
 __all__ = ["Plugin", "PluginDispatcher", "HOOKS"]
 
 log = logging.getLogger("flowscope.plugins")
 
-HOOKS = ("before_run", "after_run", "before_node", "after_node", "on_node_error", "on_event")
+HOOKS = (
+    "before_run",
+    "after_run",
+    "before_node",
+    "after_node",
+    "on_node_error",
+    "on_event",
+    "on_worker_claim",
+    "on_lease_lost",
+    "on_worker_release",
+)
 
 
 class Plugin:
@@ -53,6 +64,17 @@ class Plugin:
 
     def on_event(self, event: Event) -> Any:
         """Every event, after it is appended to the store."""
+
+    def on_worker_claim(self, claim: Claim) -> Any:
+        """A worker took a session (``claim.workflow``, ``claim.reason``: queued, answered
+        or orphaned) and is about to run it. Called by the worker, never by the engine."""
+
+    def on_lease_lost(self, session_id: str, workflow: str) -> Any:
+        """An invocation lost its lease to another owner and stopped (before ``after_run``)."""
+
+    def on_worker_release(self, claim: Any) -> Any:
+        """A worker is done with a claimed session (it completed, paused, failed, lost its
+        lease or was handed back). Called by the worker, once per ``on_worker_claim``."""
 
     def on_plugin_error(self, plugin: str, hook: str, error: BaseException) -> Any:
         """Another plugin's hook raised (already logged)."""

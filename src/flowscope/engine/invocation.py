@@ -183,7 +183,7 @@ class Invocation(Attempts, Pauses):
                         results[i] = exc
                     elif failure is None:
                         failure = exc
-                        reason = "aborted" if self.aborting else "sibling_failed"
+                        reason = self.abort_reason if self.aborting else "sibling_failed"
                         for other in pending:
                             cast(NodeContext, prepared[tasks[other]]).cancel_reason = reason
                             other.cancel()

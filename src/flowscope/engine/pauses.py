@@ -14,16 +14,20 @@ from typing import Any, Callable, Mapping
 
 from ..errors import JobFailedError, ResumeError, classify
 from ..events import Event, InputReceived, InputRequested, JobDispatched, JobResultReceived
+from ..fold import WorkflowState
 from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids
 from .context import NodeContext, PauseSignal
 from .record import Recorder, check_json
 
-__all__ = ["Pauses", "Answer"]
+__all__ = ["Pauses", "Answer", "validate_answers", "FINISHED"]
 
 log = logging.getLogger("flowscope.engine")
 
 #: An event to append for an answer given to ``resume()``: class, path, node, fields.
 Answer = tuple[type[Event], str, str, dict[str, Any]]
+
+#: Session statuses that take no more answers.
+FINISHED = ("completed", "failed", "cancelled")
 
 
 class Pauses(Recorder):
@@ -119,43 +123,47 @@ class Pauses(Recorder):
             return ev
         raise PauseSignal(ctx.path, "job", [job_id], ev)
 
-    def validate_answers(self, inputs: Mapping[str, Any], jobs: Mapping[str, Any]) -> list[Answer]:
-        """Check every input and job result supplied to ``resume()`` before anything is
-        appended, and return the events that record them."""
-        out: list[Answer] = []
-        nodes = self.ws.nodes
-        for iid, value in inputs.items():
-            targets = [ns for ns in nodes.values() if ns.status == "waiting_input" and iid in ns.requests]
-            if not targets:
-                open_ids = sorted({i for ns in nodes.values() if ns.status == "waiting_input" for i in ns.requests})
-                raise ResumeError(
-                    f"session {self.session_id!r} has no open input request {iid!r} (open: {', '.join(open_ids) or 'none'})"
-                )
-            check_json(value, f"the input for {iid!r}")
-            for ns in targets:
-                payload = ns.requests[iid].payload
-                if isinstance(payload, dict) and payload.get("kind") == "job_failed" and value not in payload.get("actions", ()):
-                    raise ResumeError(f"input {iid!r} answers a failed job: give one of {payload.get('actions')}, not {value!r}")
-                out.append((InputReceived, ns.path, ns.node, {"interrupt_id": iid, "value": value}))
-                self.mark_answered(ns.path)
-        for job_id, result in jobs.items():
-            owner = next((ns for ns in nodes.values() if job_id in ns.jobs), None)
-            if owner is None:
-                raise ResumeError(f"session {self.session_id!r} has no dispatched job {job_id!r}: check the job id")
-            if job_id in owner.job_results:
-                log.info("job %s of session %s already reported; ignoring the duplicate result", job_id, self.session_id)
-                continue
-            check_json(result, f"the result of job {job_id!r}")
-            verdict = check_result(result, owner.jobs[job_id].expect_count)
-            r = result if isinstance(result, Mapping) else {}
-            fields = {
-                "job_id": job_id,
-                "success": r.get("success"),
-                "count": r.get("count"),
-                "error": r.get("error"),
-                "data": r.get("data"),
-                "result": verdict.result,
-            }
-            out.append((JobResultReceived, owner.path, owner.node, fields))
-            self.mark_answered(owner.path)
-        return out
+
+def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping[str, Any]) -> list[Answer]:
+    """Check answers (input values by interrupt id, job results by job id) against the
+    session's open requests, and return the events that record them.
+
+    The one rule ``resume(inputs=, jobs=)`` and :func:`flowscope.answer` share. It raises
+    :class:`~flowscope.errors.ResumeError` before anything is appended for an unknown id,
+    an input already answered, a job already reported, or a value JSON cannot hold.
+    """
+    out: list[Answer] = []
+    nodes = ws.nodes
+    sid = ws.session_id
+    for iid, value in inputs.items():
+        targets = [ns for ns in nodes.values() if ns.status == "waiting_input" and iid in ns.requests]
+        if not targets:
+            if any(iid in ns.inputs for ns in nodes.values()):
+                raise ResumeError(f"input {iid!r} of session {sid!r} was already answered; an answer is given once")
+            open_ids = sorted({i for ns in nodes.values() if ns.status == "waiting_input" for i in ns.requests})
+            raise ResumeError(f"session {sid!r} has no open input request {iid!r} (open: {', '.join(open_ids) or 'none'})")
+        check_json(value, f"the input for {iid!r}")
+        for ns in targets:
+            payload = ns.requests[iid].payload
+            if isinstance(payload, dict) and payload.get("kind") == "job_failed" and value not in payload.get("actions", ()):
+                raise ResumeError(f"input {iid!r} answers a failed job: give one of {payload.get('actions')}, not {value!r}")
+            out.append((InputReceived, ns.path, ns.node, {"interrupt_id": iid, "value": value}))
+    for job_id, result in jobs.items():
+        owner = next((ns for ns in nodes.values() if job_id in ns.jobs), None)
+        if owner is None:
+            raise ResumeError(f"session {sid!r} has no dispatched job {job_id!r}: check the job id")
+        if job_id in owner.job_results:
+            raise ResumeError(f"job {job_id!r} of session {sid!r} already reported its result; a result is reported once")
+        check_json(result, f"the result of job {job_id!r}")
+        verdict = check_result(result, owner.jobs[job_id].expect_count)
+        r = result if isinstance(result, Mapping) else {}
+        fields = {
+            "job_id": job_id,
+            "success": r.get("success"),
+            "count": r.get("count"),
+            "error": r.get("error"),
+            "data": r.get("data"),
+            "result": verdict.result,
+        }
+        out.append((JobResultReceived, owner.path, owner.node, fields))
+    return out

@@ -6,6 +6,11 @@
 the state is always at the last emitted event. Events are buffered and appended in one
 transaction per flush (group commit); the scheduler flushes before a node body starts,
 so a terminal event is durable before anything after it runs.
+
+An invocation that cannot record any more (an append failed, or its lease was lost) is
+*halted*: it appends nothing more, its in-memory state is never used again, and the
+signal :class:`Halted` unwinds its runs as cancellations up to the runner, which raises
+the original error to the caller.
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ import uuid
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping, TypeVar, overload
 
-from ..errors import ConcurrencyConflict, OutputNotSerializableError
+from ..errors import OutputNotSerializableError
 from ..events import Event, RunFinished
 from ..fold import WorkflowState
+from ..ownership import Lease
 from ..store.base import EventStore
 from .context import NodeContext, RunInfo
 from .hooks import PluginDispatcher
 
-__all__ = ["Recorder", "Heartbeats", "TrackedState", "NodeResult", "check_json"]
+__all__ = ["Recorder", "Halted", "TrackedState", "NodeResult", "check_json"]
 
 log = logging.getLogger("flowscope.engine")
 
@@ -47,6 +53,16 @@ def check_json(value: Any, what: str) -> None:
             f"{what} is a {type(value).__name__} that is not JSON-serialisable ({exc}); "
             "return JSON data: dict, list, str, number, bool or None"
         ) from None
+
+
+class Halted(BaseException):
+    """Unwinds an invocation that can record no more; ``error`` is why (the store's own
+    exception, or ``LeaseLost``). A ``BaseException`` so that ``except Exception`` in a
+    node body cannot swallow it and go on running work that would not be recorded."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(f"the invocation stopped: {type(error).__name__}")
+        self.error = error
 
 
 class NodeResult:
@@ -123,8 +139,11 @@ class Recorder:
         input: Any,
         resumed: bool,
         on_event: Callable[[Event], None] | None,
+        lease: Lease,
     ) -> None:
         self.store = store
+        self.lease = lease  # renewed by the runner's lease keeper, from its thread
+        self.epoch = lease.epoch  # every append is fenced by it
         self.plugins = plugins
         self.hooks = plugins.has_node_hooks
         self.error_codes = error_codes
@@ -136,7 +155,8 @@ class Recorder:
         self.snapshot_seq = ws.snapshot_seq
         self.flushed_seq = ws.last_seq
         self.buffer: list[Event] = []
-        self.lost = False  # set when another writer appended first (R10, docs/design.md)
+        #: Why this invocation can record no more (a failed append, a lost lease), or None.
+        self.halted: BaseException | None = None
         self.state = TrackedState(ws.state)
         # id(exc) -> (exc, path, error_code): where a failure was recorded in this
         # invocation, so enclosing runs propagate it without recording it again
@@ -144,6 +164,7 @@ class Recorder:
         # in another invocation is a new failure and is recorded again.
         self.reported: dict[int, tuple[BaseException, str, str]] = {}
         self.aborting = False
+        self.abort_reason = "aborted"  # the NodeCancelled reason of an abort (Runner.abort)
         self.in_flight: dict[str, NodeContext] = {}
         # Paths (and their ancestors) of waiting runs that now have what they waited for:
         # answered by this resume, or by an earlier one whose process died before the run
@@ -184,7 +205,8 @@ class Recorder:
             self.answered.add("/".join(parts[:i]))
 
     def emit(self, cls: type[E], path: str, node: str, **fields: Any) -> E:
-        """Buffer a new event and fold it into the live state."""
+        """Buffer a new event and fold it into the live state (a halted invocation only
+        builds it: nothing more is recorded)."""
         e = cls(
             session_id=self.session_id,
             invocation_id=self.invocation_id,
@@ -194,22 +216,26 @@ class Recorder:
             node=node,
             **fields,
         )
-        self.buffer.append(e)
-        self.ws.apply(e)
+        if self.halted is None:
+            self.buffer.append(e)
+            self.ws.apply(e)
         return e
 
     def flush(self) -> None:
-        """Append everything buffered in one transaction, then tell plugins and streams."""
-        if not self.buffer:
+        """Append everything buffered in one transaction, then tell plugins and streams.
+
+        If the append raises, the invocation halts: the store's error is kept and
+        :class:`Halted` raised, and nothing is appended after it.
+        """
+        batch = self.buffer
+        if not batch or self.halted is not None:
             return
-        batch, self.buffer = self.buffer, []
-        if self.lost:
-            return  # another writer owns the session now: write nothing more
         try:
-            self.store.append(self.session_id, batch, self.flushed_seq)
-        except ConcurrencyConflict:
-            self.lost = True
-            raise
+            self.store.append(self.session_id, batch, self.flushed_seq, epoch=self.epoch)
+        except BaseException as exc:  # a lock, a full disk, a lost lease: all end the invocation
+            self.halt(exc)
+            raise Halted(exc) from exc
+        self.buffer = []
         self.flushed_seq = batch[-1].seq
         if self.plugins.has_on_event:
             call = self.plugins.call_sync
@@ -218,6 +244,22 @@ class Recorder:
         if self.on_event is not None:
             for e in batch:
                 self.on_event(e)
+
+    def halt(self, error: BaseException) -> None:
+        """Record nothing more: ``error`` is what the caller will get."""
+        if self.halted is None:
+            self.halted = error
+        self.buffer = []
+
+    def lose_lease(self, exc: BaseException) -> None:
+        """Called on the loop when the lease keeper finds the lease taken over: halt, and
+        cancel the runs (a cancellation, never a failure)."""
+        if self.halted is not None:
+            return
+        self.halt(exc)
+        task = self.root_task
+        if task is not None and not task.done():
+            task.cancel()
 
     def finish(self, status: str, output: Any = None, error_code: str | None = None, error_path: str | None = None) -> None:
         """Emit the invocation's ``RunFinished`` (the caller flushes it)."""
@@ -235,31 +277,3 @@ class Recorder:
 
     def heartbeat(self, paths: Iterable[str]) -> None:
         self.store.heartbeat(self.session_id, list(paths))
-
-
-class Heartbeats:
-    """Refreshes the heartbeat of the runs in flight every ``interval`` seconds.
-
-    A timer on the loop rather than a task: a task costs two trips through the event
-    loop to start and to cancel, a visible share of a short run's fixed cost.
-    """
-
-    __slots__ = ("inv", "interval", "loop", "handle")
-
-    def __init__(self, inv: Recorder, interval: float) -> None:
-        self.inv = inv
-        self.interval = interval
-        self.loop = asyncio.get_running_loop()
-        self.handle = self.loop.call_later(interval, self._beat)
-
-    def _beat(self) -> None:
-        running = list(self.inv.in_flight)
-        if running:
-            try:
-                self.inv.heartbeat(running)
-            except Exception:  # a missed heartbeat must not kill the run
-                log.warning("heartbeat failed for session %s", self.inv.session_id, exc_info=True)
-        self.handle = self.loop.call_later(self.interval, self._beat)
-
-    def cancel(self) -> None:
-        self.handle.cancel()

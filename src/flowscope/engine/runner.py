@@ -1,8 +1,10 @@
 """The runner: the public face of the engine, over an event store and plugins.
 
 :class:`Runner` loads a session (from its last snapshot and the events after it, or the
-whole log), refuses to take over one that another process is running, and hands the walk
-to one :class:`~flowscope.engine.invocation.Invocation` per ``run``/``resume`` call.
+whole log), takes its lease in the store (refused while another live owner holds it; see
+:mod:`flowscope.liveness`), and hands the walk to one
+:class:`~flowscope.engine.invocation.Invocation` per ``run``/``resume`` call. Every append
+is fenced by the lease's epoch; :mod:`.lease` keeps the lease from a thread of its own.
 Everything an invocation does is in the modules it is built from: ``invocation.py``
 (scheduling), ``attempts.py`` (attempts and terminal events), ``pauses.py`` (input and
 jobs), ``record.py`` (emit and flush).
@@ -21,20 +23,24 @@ from typing import Any, AsyncIterator, Callable, ClassVar, Iterable, Mapping
 from ..errors import (
     ConcurrencyConflict,
     InvocationAbortedError,
+    LeaseLost,
     ResumeError,
     UnknownSessionError,
     WorkflowError,
     classify,
 )
-from ..events import Event, RunStarted
+from ..events import Event, RunStarted, RunSubmitted
 from ..fold import WorkflowState, rebuild, restore_state, snapshot_state
-from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
+from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
+from ..ownership import Lease, this_process
 from ..store.base import EventStore
 from .context import PauseSignal, RunResult
 from .graph import Workflow
 from .hooks import Plugin, PluginDispatcher
 from .invocation import Invocation
-from .record import Heartbeats, NodeResult, check_json
+from .lease import LeaseKeeper
+from .pauses import Answer, validate_answers
+from .record import Halted, NodeResult, check_json
 
 __all__ = ["Runner", "RunResult"]
 
@@ -46,9 +52,13 @@ class Runner:
 
     ``error_codes`` maps exception types to error codes (matched along the MRO).
     ``max_recoveries`` bounds how often a run that kills its worker is re-executed.
-    ``heartbeat_interval`` is how often in-flight runs refresh their heartbeat; a session
-    whose running invocation has a heartbeat younger than three intervals is considered
-    live and ``resume()`` refuses it (pass ``force=True`` to override).
+    ``lease_s``: every invocation holds a lease on its session in the store, renewed every
+    ``lease_s / 3`` by a daemon thread (so a node that blocks the loop keeps it); while
+    the owner lives and its lease runs, another ``resume()`` is refused with
+    ``ConcurrencyConflict`` (``force=True`` takes it anyway). ``worker_id`` names this
+    runner's owner (:attr:`owner`) in the store; a new one is made if omitted.
+    ``heartbeat_interval``: how often the same thread refreshes the heartbeat of the runs
+    in flight (at most once per renewal; 0 turns heartbeats off).
     ``snapshot_every``: when an invocation leaves a session resumable and its log has grown
     by this many events since the last snapshot, the fold is saved so that the next resume
     reads the snapshot and the events after it, not the whole log.
@@ -72,7 +82,11 @@ class Runner:
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
         snapshot_every: int = 1000,
         seed: int | None = None,
+        lease_s: float = 15.0,
+        worker_id: str | None = None,
     ) -> None:
+        if lease_s <= 0:
+            raise ValueError("lease_s must be a positive number of seconds")
         if not isinstance(workflow, Workflow):
             raise TypeError("Runner needs a Workflow")
         self.workflow = workflow
@@ -89,6 +103,9 @@ class Runner:
         self.heartbeat_interval = heartbeat_interval
         self.rng = random.Random(seed)
         self._active: dict[str, Invocation] = {}
+        self.lease_s = lease_s
+        self.owner = this_process(worker_id)
+        self._keeper = LeaseKeeper(self.store, lease_s, heartbeat_interval, f"flowscope-lease-{workflow.name}")
 
     # -- public API -------------------------------------------------------------------
 
@@ -104,13 +121,36 @@ class Runner:
         jobs: Mapping[str, Any] | None = None,
         *,
         force: bool = False,
+        lease: Lease | None = None,
     ) -> RunResult:
-        """Continue a paused, failed or crashed session from the store alone.
+        """Continue a paused, failed or crashed session from the store alone, or start a
+        queued one (:meth:`submit`).
 
         ``inputs`` answers open input requests by interrupt id; ``jobs`` delivers results of
-        dispatched jobs by job id. Completed runs are fast-forwarded, never re-executed.
+        dispatched jobs by job id; answers recorded by :func:`flowscope.answer` are
+        consumed as if given here. Completed runs are fast-forwarded, never re-executed.
+        ``lease``: a lease already taken (a worker's ``store.claim()``) to run under,
+        instead of acquiring one; ``force`` takes the session from a live owner.
         """
-        return await self._invoke(session_id, None, resume=True, inputs=inputs, jobs=jobs, force=force)
+        return await self._invoke(session_id, None, resume=True, inputs=inputs, jobs=jobs, force=force, lease=lease)
+
+    def submit(self, input: Any = None, session_id: str | None = None) -> str:
+        """Record a run to be started later (by a worker, or :meth:`resume`), without
+        running it; returns its session id. The session must be new."""
+        check_json(input, "the run input")
+        sid = session_id or uuid.uuid4().hex
+        if self.store.last_seq(sid) > 0:
+            raise WorkflowError(f"session {sid!r} already exists: submit with a new session_id")
+        event = RunSubmitted(
+            session_id=sid,
+            invocation_id=f"submit-{uuid.uuid4().hex}",
+            seq=1,
+            ts=time.time(),
+            workflow=self.workflow.name,
+            input=input,
+        )
+        self.store.append(sid, [event], 0)
+        return sid
 
     def run_sync(self, input: Any = None, *, session_id: str | None = None) -> RunResult:
         """:meth:`run` for scripts without an event loop."""
@@ -141,17 +181,20 @@ class Runner:
         jobs: Mapping[str, Any] | None = None,
         *,
         force: bool = False,
+        lease: Lease | None = None,
     ) -> AsyncIterator[Event]:
         """:meth:`resume`, yielding every event as it is appended."""
         async for e in self._stream(
-            lambda cb: self._invoke(session_id, None, resume=True, inputs=inputs, jobs=jobs, force=force, on_event=cb)
+            lambda cb: self._invoke(
+                session_id, None, resume=True, inputs=inputs, jobs=jobs, force=force, lease=lease, on_event=cb
+            )
         ):
             yield e
 
-    def abort(self, session_id: str) -> bool:
+    def abort(self, session_id: str, reason: str = "aborted") -> bool:
         """Abort the invocation running for ``session_id`` in this process.
 
-        Its runs are cancelled (``NodeCancelled``, reason ``aborted``, never an error) and
+        Its runs are cancelled (``NodeCancelled`` with ``reason``, never an error) and
         ``run()``/``resume()`` raise :class:`InvocationAbortedError`. Returns False if no
         invocation of that session is running here.
         """
@@ -159,6 +202,7 @@ class Runner:
         if inv is None or inv.root_task is None or inv.root_task.done():
             return False
         inv.aborting = True
+        inv.abort_reason = reason
         inv.root_task.cancel()
         return True
 
@@ -181,7 +225,7 @@ class Runner:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
 
-    def _load(self, session_id: str, resume: bool, force: bool) -> WorkflowState:
+    def _load(self, session_id: str, resume: bool) -> WorkflowState:
         if not resume:
             if self.store.last_seq(session_id) > 0:
                 raise WorkflowError(
@@ -196,26 +240,46 @@ class Runner:
                     f"no session {session_id!r} in the store: check the id (flowscope runs lists them)"
                 )
             ws = rebuild(events)
+        self._check(ws)
+        return ws
+
+    def _check(self, ws: WorkflowState) -> None:
+        """Refuse to resume a session of another workflow, or one that has completed."""
         if ws.workflow and ws.workflow != self.workflow.name:
             raise ResumeError(
-                f"session {session_id!r} ran workflow {ws.workflow!r}, not {self.workflow.name!r}: "
+                f"session {ws.session_id!r} ran workflow {ws.workflow!r}, not {self.workflow.name!r}: "
                 "resume it with a Runner for that workflow"
             )
         if ws.status == "completed":
-            raise ResumeError(f"session {session_id!r} already completed; there is nothing to resume")
-        if ws.status == "running" and not force:
-            # Another invocation has started and not finished: alive if it wrote or
-            # heartbeated recently. Taking over a live run would run its nodes twice.
-            lease = resume_lease_s(self.heartbeat_interval)
-            now = time.time()
-            beats = [r.heartbeat_at for r in self.store.node_runs(session_id) if r.status == "running" and r.heartbeat_at]
-            last = max([ws.updated_at or 0.0, *beats])
-            if now - last < lease:
-                raise ConcurrencyConflict(
-                    f"session {session_id!r} is being run by another process (last sign of life "
-                    f"{now - last:.1f}s ago); wait for it, or pass force=True if that process is dead"
-                )
-        return ws
+            raise ResumeError(f"session {ws.session_id!r} already completed; there is nothing to resume")
+
+    def _take(self, session_id: str, resume: bool, force: bool, lease: Lease | None) -> tuple[WorkflowState, Lease]:
+        """Load the session and hold its lease: the one given, or one acquired now.
+
+        Acquiring comes after the load's checks and before anything is appended; the
+        events another owner appended in between are folded in (and checked) after it.
+        """
+        if lease is not None and lease.session_id != session_id:
+            raise ValueError(f"the lease is for session {lease.session_id!r}, not {session_id!r}")
+        try:
+            ws = self._load(session_id, resume)
+            if lease is None:
+                lease = self.store.acquire(session_id, self.owner, self.lease_s, force=force)
+                if resume and self.store.last_seq(session_id) != ws.last_seq:
+                    for e in self.store.read(session_id, ws.last_seq):
+                        ws.apply(e)
+                    self._check(ws)
+        except BaseException:
+            if lease is not None:
+                self._release(lease)
+            raise
+        return ws, lease
+
+    def _release(self, lease: Lease) -> None:
+        try:
+            self.store.release(lease)
+        except Exception:  # best effort: an expired lease frees the session anyway
+            log.warning("could not release the lease of session %s", lease.session_id, exc_info=True)
 
     def _load_snapshot(self, session_id: str) -> WorkflowState | None:
         """The session's state from its last snapshot plus the events after it, or None.
@@ -243,7 +307,7 @@ class Runner:
         """After an invocation that left the session resumable, keep its fold if the log has
         grown by ``snapshot_every`` events since the last snapshot."""
         ws = inv.ws
-        if inv.lost or inv.buffer or inv.flushed_seq != ws.last_seq:
+        if inv.halted is not None or inv.buffer or inv.flushed_seq != ws.last_seq:
             return  # the live state is not exactly what the log holds
         if ws.last_seq - inv.snapshot_seq < self.snapshot_every:
             return
@@ -261,11 +325,18 @@ class Runner:
         inputs: Mapping[str, Any] | None = None,
         jobs: Mapping[str, Any] | None = None,
         force: bool = False,
+        lease: Lease | None = None,
         on_event: Callable[[Event], None] | None = None,
     ) -> RunResult:
         if session_id in self._active:
             raise ConcurrencyConflict(f"session {session_id!r} is already running in this runner")
-        ws = self._load(session_id, resume, force)
+        ws, lease = self._take(session_id, resume, force, lease)
+        try:
+            answers = validate_answers(ws, inputs or {}, jobs or {}) if inputs or jobs else []
+        except BaseException:
+            self._release(lease)
+            raise
+        first = not resume or ws.status == "queued"  # a submitted run starts as a first run
         if resume:
             input = ws.input
         inv = Invocation(
@@ -278,10 +349,38 @@ class Runner:
             ws=ws,
             workflow=self.workflow.name,
             input=input,
-            resumed=resume,
+            resumed=not first,
             on_event=on_event,
+            lease=lease,
         )
-        answers = inv.validate_answers(inputs or {}, jobs or {}) if resume else []
+        self._active[session_id] = inv
+        self._keeper.add(inv)
+        result: RunResult | None = None
+        error: BaseException | None = None
+        try:
+            result = await self._drive(inv, input, not first, answers)
+        except BaseException as exc:
+            error = exc
+        self._active.pop(session_id, None)
+        self._keeper.remove(inv)
+        self._release(inv.lease)
+        plugins = self.plugins
+        halted = inv.halted
+        if halted is not None:
+            # A failed append or a lost lease: that is what the caller gets, whatever
+            # the runs did after it (they stopped, and nothing more was recorded).
+            result, error = None, halted
+            if isinstance(halted, LeaseLost) and plugins.wants("on_lease_lost"):
+                await plugins.call("on_lease_lost", session_id, self.workflow.name)
+        if plugins.wants("after_run"):
+            await plugins.call("after_run", inv.run, result, error)
+        if error is not None:
+            raise error
+        assert result is not None
+        return result
+
+    async def _drive(self, inv: Invocation, input: Any, resumed: bool, answers: list[Answer]) -> RunResult:
+        """Record the invocation's start, walk the graph, record how it ended."""
         run = inv.run
         plugins = self.plugins
         if plugins.wants("before_run"):
@@ -292,23 +391,21 @@ class Runner:
             "",
             workflow=self.workflow.name,
             input=input,
-            resumed=resume,
+            resumed=resumed,
             replayed=run.replayed,
             recovered=run.recovered,
             trace_context=dict(run.trace_context),
         )
         for cls, path, node, fields in answers:
             inv.emit(cls, path, node, **fields)
-        self._active[session_id] = inv
-        heartbeats = Heartbeats(inv, self.heartbeat_interval) if self.heartbeat_interval > 0 else None
+            inv.mark_answered(path)
         result: RunResult | None = None
-        error: BaseException | None = None
         try:
             out = await self._walk(inv, input)
             result = RunResult(
                 status="completed",
                 output=out.output,
-                session_id=session_id,
+                session_id=inv.session_id,
                 invocation_id=inv.invocation_id,
                 replayed=inv.replayed,
                 recovered=inv.recovered,
@@ -318,19 +415,19 @@ class Runner:
             result = RunResult(
                 status="paused",
                 output=None,
-                session_id=session_id,
+                session_id=inv.session_id,
                 invocation_id=inv.invocation_id,
                 replayed=inv.replayed,
                 recovered=inv.recovered,
             )
             inv.finish("paused")
             result.pending = inv.ws.pending
-        except (asyncio.CancelledError, InvocationAbortedError) as exc:
-            error = exc
+        except Halted:
+            raise
+        except (asyncio.CancelledError, InvocationAbortedError):
             inv.finish("cancelled")
             raise
         except BaseException as exc:
-            error = exc
             reported = inv.reported.get(id(exc))
             if reported is not None and reported[0] is exc:
                 inv.finish("failed", error_code=reported[2], error_path=reported[1])
@@ -338,16 +435,9 @@ class Runner:
                 inv.finish("failed", error_code=classify(exc, self.error_codes).code)
             raise
         finally:
-            self._active.pop(session_id, None)
-            if heartbeats is not None:
-                heartbeats.cancel()
-            try:
-                inv.flush()
-                if result is None or result.status != "completed":
-                    self._save_snapshot(inv)
-            finally:
-                if plugins.wants("after_run"):
-                    await plugins.call("after_run", run, result, error)
+            inv.flush()  # a failure to append RunFinished halts the invocation like any other
+            if result is None or result.status != "completed":
+                self._save_snapshot(inv)
         return result
 
     async def _walk(self, inv: Invocation, input: Any) -> NodeResult:
@@ -364,10 +454,12 @@ class Runner:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
                 raise
+            if inv.halted is not None:  # the lease was lost: the runs were cancelled for it
+                raise Halted(inv.halted) from None
             if not inv.aborting:
                 raise
             raise _aborted(inv) from None
-        except (PauseSignal, InvocationAbortedError):
+        except (PauseSignal, InvocationAbortedError, Halted):
             raise
         except BaseException as exc:
             if inv.aborting:

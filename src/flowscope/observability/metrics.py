@@ -57,6 +57,8 @@ __all__ = [
     "NODE_OUTCOMES",
     "WORKFLOW_OUTCOMES",
     "JOB_RESULTS",
+    "WORKER_INSTRUMENTS",
+    "CLAIM_REASONS",
 ]
 
 #: Node durations from milliseconds (a function call) to hours (a human approval, a job).
@@ -158,6 +160,30 @@ INSTRUMENTS: tuple[InstrumentSpec, ...] = (
         "{error}",
     ),
 )  # fmt: skip
+
+#: The instruments of a :class:`~flowscope.worker.Worker` (issue 13). They are created on
+#: the first worker hook, so a process that runs no worker exposes none of them.
+WORKER_INSTRUMENTS: tuple[InstrumentSpec, ...] = (
+    InstrumentSpec(
+        "worker_claims", "flowscope_worker_claims_total", "flowscope.worker.claims", "counter",
+        ("workflow", "reason"),
+        "Sessions a worker claimed, by reason (queued, answered, orphaned).",
+        "{session}",
+    ),
+    InstrumentSpec(
+        "worker_leases_lost", "flowscope_worker_leases_lost_total", "flowscope.worker.leases_lost", "counter",
+        ("workflow",),
+        "Invocations that lost their lease to another owner and stopped without appending.",
+        "{session}",
+    ),
+    InstrumentSpec(
+        "worker_active", "flowscope_worker_active_sessions", "flowscope.worker.active_sessions", "updown",
+        ("workflow",),
+        "Sessions this worker is running now.",
+        "{session}",
+    ),
+)  # fmt: skip
+CLAIM_REASONS = ("queued", "answered", "orphaned")
 
 _SPECS = {s.key: s for s in INSTRUMENTS}
 
@@ -366,6 +392,8 @@ class MetricsPlugin(Plugin):
         self.registry = registry
         self.meter_provider = meter_provider
         meter = meter_provider.get_meter("flowscope", __version__) if meter_provider is not None else None
+        self._meter = meter
+        self._worker: dict[str, _Instrument] | None = None  # WORKER_INSTRUMENTS, on first use
         self._instruments: dict[str, _Instrument] = {}
         for spec in INSTRUMENTS:
             prom = _prom_collector(registry, spec) if registry is not None else None
@@ -483,6 +511,38 @@ class MetricsPlugin(Plugin):
 
     def on_plugin_error(self, plugin: str, hook: str, error: BaseException) -> None:
         self._plugin_errors.series((str(plugin), str(hook))).add()
+
+    # -- worker hooks --------------------------------------------------------------------------
+
+    def _worker_instruments(self, workflow: str) -> dict[str, _Instrument]:
+        w = self._worker
+        if w is None:
+            w = self._worker = {
+                spec.key: _Instrument(
+                    spec,
+                    _prom_collector(self.registry, spec) if self.registry is not None else None,
+                    _otel_instrument(self._meter, spec) if self._meter is not None else None,
+                )
+                for spec in WORKER_INSTRUMENTS
+            }
+        # Every series of the workflow starts at 0, so increase() sees the first claim
+        # and the dashboard shows 0 rather than "no data".
+        for reason in CLAIM_REASONS:
+            w["worker_claims"].series((workflow, reason)).add(0)
+        w["worker_leases_lost"].series((workflow,)).add(0)
+        w["worker_active"].series((workflow,)).add(0)
+        return w
+
+    def on_worker_claim(self, claim: Any) -> None:
+        w = self._worker_instruments(claim.workflow)
+        w["worker_claims"].series((claim.workflow, claim.reason)).add()
+        w["worker_active"].series((claim.workflow,)).add(1.0)
+
+    def on_worker_release(self, claim: Any) -> None:
+        self._worker_instruments(claim.workflow)["worker_active"].series((claim.workflow,)).add(-1.0)
+
+    def on_lease_lost(self, session_id: str, workflow: str) -> None:
+        self._worker_instruments(workflow)["worker_leases_lost"].series((workflow,)).add()
 
     def __repr__(self) -> str:
         backends = [b for b, on in (("prometheus", self.registry), ("otel", self.meter_provider)) if on is not None]

@@ -3,7 +3,10 @@
 A prometheus-client custom collector. Because it reads the store's ``node_runs``
 projection (not this process's memory) it sees the runs of every worker that shares the
 store, including workers that died: a run left ``running`` by a killed process shows as
-open, then as orphaned once its heartbeat is older than ``stale_after_s``.
+open, and as orphaned by :mod:`flowscope.liveness`'s rule: at once when its owner was a
+process on this host that is gone, when its owner's lease has ended, or (sessions without
+an owner) once its heartbeat is older than ``stale_after_s``. Queued sessions (submitted,
+not yet started by a worker) come from :meth:`EventStore.queued_summary`.
 
 ======================================================== =====================================
 series                                                   labels
@@ -12,6 +15,8 @@ series                                                   labels
 ``flowscope_store_oldest_open_run_start_timestamp_seconds`` workflow, node, state
 ``flowscope_store_orphaned_runs``                        workflow, node
 ``flowscope_store_overdue_jobs``                         workflow, node
+``flowscope_store_queued_sessions``                      workflow
+``flowscope_store_oldest_queued_timestamp_seconds``      workflow
 ``flowscope_store_up``                                   (none): 1 if the store answered
 ======================================================== =====================================
 
@@ -40,7 +45,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..fold import OPEN_STATES
-from ..store.base import EventStore, OpenRunGroup, summarize_open_runs
+from ..store.base import EventStore, OpenRunGroup, QueuedGroup, summarize_open_runs
 
 __all__ = ["StoreCollector", "OpenRunGroup", "summarize_open_runs", "OPEN_STATES"]
 
@@ -50,13 +55,18 @@ OPEN_RUNS = "flowscope_store_open_runs"
 OLDEST = "flowscope_store_oldest_open_run_start_timestamp_seconds"
 ORPHANED = "flowscope_store_orphaned_runs"
 OVERDUE = "flowscope_store_overdue_jobs"
+QUEUED = "flowscope_store_queued_sessions"
+OLDEST_QUEUED = "flowscope_store_oldest_queued_timestamp_seconds"
 UP = "flowscope_store_up"
 
 _HELP = {
     OPEN_RUNS: "Open node runs in the store by state (running, waiting_input, waiting_job), all processes.",
     OLDEST: "Start time (epoch seconds) of the oldest open node run by state; 0 when there is none.",
-    ORPHANED: "Node runs marked running whose heartbeat is older than stale_after_s: their worker died.",
+    ORPHANED: "Node runs marked running whose owner is gone (lease ended, or its process on this host died; "
+    "without an owner: heartbeat older than stale_after_s).",
     OVERDUE: "Node runs waiting for an external job that is past its deadline_s.",
+    QUEUED: "Sessions submitted and not yet started by a worker, by workflow.",
+    OLDEST_QUEUED: "Submit time (epoch seconds) of the oldest queued session by workflow; 0 when there is none.",
     UP: "1 if the store answered the last scrape, 0 if it failed (see the log).",
 }
 _LABELS = {
@@ -64,6 +74,8 @@ _LABELS = {
     OLDEST: ("workflow", "node", "state"),
     ORPHANED: ("workflow", "node"),
     OVERDUE: ("workflow", "node"),
+    QUEUED: ("workflow",),
+    OLDEST_QUEUED: ("workflow",),
     UP: (),
 }
 
@@ -90,6 +102,7 @@ class StoreCollector(Collector):
         self._seen_open: set[tuple[str, str, str]] = set()
         self._seen_orphaned: set[tuple[str, str]] = set()
         self._seen_overdue: set[tuple[str, str]] = set()
+        self._seen_queued: set[str] = set()
         self.last_error: BaseException | None = None
         self.last_scrape_s: float | None = None
 
@@ -100,7 +113,7 @@ class StoreCollector(Collector):
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         """The families this collector produces, without samples; the store is not read."""
-        for name in (OPEN_RUNS, OLDEST, ORPHANED, OVERDUE, UP):
+        for name in (OPEN_RUNS, OLDEST, ORPHANED, OVERDUE, QUEUED, OLDEST_QUEUED, UP):
             yield GaugeMetricFamily(name, _HELP[name], labels=_LABELS[name])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -108,6 +121,7 @@ class StoreCollector(Collector):
         now = self.clock()
         try:
             groups = self._groups(now)
+            queued = self.store.queued_summary()
         except Exception as exc:  # a scrape must survive a locked, missing or broken store
             self.last_error = exc
             log.warning("flowscope StoreCollector could not read %r: %s: %s", self.store, type(exc).__name__, exc)
@@ -117,6 +131,7 @@ class StoreCollector(Collector):
             return
         self.last_error = None
         yield from self._families(groups)
+        yield from self._queued_families(queued)
         up = GaugeMetricFamily(UP, _HELP[UP])
         up.add_metric((), 1.0)
         yield up
@@ -165,3 +180,16 @@ class StoreCollector(Collector):
         for wn in seen_overdue:
             f_overdue.add_metric(wn, overdue.get(wn, 0.0))
         return [f_open, f_oldest, f_orphaned, f_overdue]
+
+    def _queued_families(self, queued: list[QueuedGroup]) -> list[GaugeMetricFamily]:
+        now_queued = {str(g.workflow or ""): (float(g.count), float(g.oldest_submitted_at or 0.0)) for g in queued}
+        with self._lock:
+            self._seen_queued.update(now_queued)
+            seen = sorted(self._seen_queued)
+        f_queued = GaugeMetricFamily(QUEUED, _HELP[QUEUED], labels=_LABELS[QUEUED])
+        f_oldest = GaugeMetricFamily(OLDEST_QUEUED, _HELP[OLDEST_QUEUED], labels=_LABELS[OLDEST_QUEUED])
+        for wf in seen:
+            count, oldest = now_queued.get(wf, (0.0, 0.0))
+            f_queued.add_metric((wf,), count)
+            f_oldest.add_metric((wf,), oldest)
+        return [f_queued, f_oldest]

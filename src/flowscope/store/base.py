@@ -10,14 +10,35 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Collection, Iterable, Literal, Mapping, Sequence
 
-from ..errors import ConcurrencyConflict
+from ..errors import ConcurrencyConflict, LeaseLost
 from ..events import Event
 from ..fold import OPEN_STATES, NodeState
-from ..liveness import ORPHANED, OVERDUE, classify_open_run
+from ..liveness import ORPHANED, OVERDUE, classify_open_run, owner_alive
+from ..ownership import Lease, Owner
 
-__all__ = ["EventStore", "SessionInfo", "NodeRun", "OpenRunGroup", "number_events", "summarize_open_runs"]
+__all__ = [
+    "EventStore",
+    "SessionInfo",
+    "NodeRun",
+    "OpenRunGroup",
+    "Claim",
+    "ClaimReason",
+    "WorkerInfo",
+    "QueuedGroup",
+    "number_events",
+    "summarize_open_runs",
+    "claim_reason",
+    "owned_elsewhere",
+    "lease_lost",
+    "WORKER_RETENTION_S",
+]
+
+#: Why :meth:`EventStore.claim` took a session.
+ClaimReason = Literal["queued", "answered", "orphaned"]
+#: How long a worker that stopped recording itself stays in :meth:`EventStore.workers`.
+WORKER_RETENTION_S = 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +52,14 @@ class SessionInfo:
     updated_at: float | None
     last_seq: int
     invocations: int
+    #: Who runs (or last ran) the session; None if no owner ever took it.
+    owner: Owner | None = None
+    #: The fencing epoch: every takeover (acquire, claim) advances it.
+    epoch: int = 0
+    #: When the owner's lease ends (0 once released; None without an owner).
+    lease_expires_at: float | None = None
+    #: When the run was submitted to be started by a worker (``RunSubmitted``), else None.
+    submitted_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +121,92 @@ class OpenRunGroup:
     overdue: int = 0
 
 
-def summarize_open_runs(runs: Iterable[NodeRun], now: float, stale_after_s: float) -> list[OpenRunGroup]:
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A session :meth:`EventStore.claim` took for its caller, and the lease it holds."""
+
+    session_id: str
+    workflow: str
+    reason: ClaimReason
+    lease: Lease
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker as it last recorded itself (:meth:`EventStore.workers_seen`)."""
+
+    worker_id: str
+    host: str
+    pid: int
+    workflows: tuple[str, ...]
+    seen_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedGroup:
+    """Queued sessions of one workflow (:meth:`EventStore.queued_summary`)."""
+
+    workflow: str
+    count: int
+    oldest_submitted_at: float | None
+
+
+def claim_reason(
+    status: str, owner: Owner | None, lease_expires_at: float | None, now: float, *, host: str | None = None
+) -> ClaimReason | None:
+    """Why a worker may claim a session in this state, or None: the claim rule, one copy.
+
+    ``queued`` and ``answered`` sessions nobody holds, and ``running`` sessions whose
+    recorded owner is no longer alive (:func:`~flowscope.liveness.owner_alive`). A running
+    session without an owner (a bridge, an older flowscope) is never claimed: only
+    ``flowscope resume`` takes it over.
+    """
+    if status == "queued":
+        return None if owner_alive(owner, lease_expires_at, now, host=host) else "queued"
+    if status == "answered":
+        return None if owner_alive(owner, lease_expires_at, now, host=host) else "answered"
+    if status == "running" and owner is not None and not owner_alive(owner, lease_expires_at, now, host=host):
+        return "orphaned"
+    return None
+
+
+def owned_elsewhere(
+    session_id: str, owner: Owner, lease_expires_at: float | None, renewed_at: float | None, now: float
+) -> ConcurrencyConflict:
+    """The error :meth:`EventStore.acquire` raises for a session a live owner holds."""
+    renewed = f"lease renewed {now - renewed_at:.1f}s ago, " if renewed_at is not None else ""
+    left = (lease_expires_at or 0.0) - now
+    return ConcurrencyConflict(
+        f"session {session_id!r} is owned by {owner.describe()} ({renewed}expires in {left:.1f}s); "
+        "wait for it, or stop that process"
+    )
+
+
+def lease_lost(session_id: str, current_epoch: int, current_owner: Owner | None, epoch: int) -> LeaseLost:
+    """The error for an append or renewal under ``epoch`` when the session is at ``current_epoch``."""
+    by = f" by {current_owner.describe()}" if current_owner is not None else ""
+    return LeaseLost(
+        f"session {session_id!r} was taken over{by} (its epoch is {current_epoch}, this lease's is {epoch}); "
+        "nothing was written"
+    )
+
+
+def summarize_open_runs(
+    runs: Iterable[NodeRun],
+    now: float,
+    stale_after_s: float,
+    owners: Mapping[str, tuple[Owner | None, float | None]] | None = None,
+    *,
+    host: str | None = None,
+) -> list[OpenRunGroup]:
     """Fold ``NodeRun`` records (``store.open_runs()``) into :class:`OpenRunGroup` rows.
 
+    ``owners`` maps a session id to its ``(owner, lease_expires_at)``: the runs of a
+    session found there are classified by the owner rule, the others by their heartbeat.
     The reference definition a store's ``open_run_summary`` must match; groups come in
     the order their first run comes.
     """
+    owners = owners or {}
     # key -> [count, oldest_started_at, orphaned, overdue]
     acc: dict[tuple[str, str, str], list[Any]] = {}
     for r in runs:
@@ -112,7 +221,11 @@ def summarize_open_runs(runs: Iterable[NodeRun], now: float, stale_after_s: floa
         started = r.started_at
         if started is not None and (a[1] is None or started < a[1]):
             a[1] = started
-        cls = classify_open_run(state, started, r.heartbeat_at, r.job_deadline_at, now, stale_after_s)
+        owner, lease = owners.get(r.session_id, (None, None))
+        cls = classify_open_run(
+            state, started, r.heartbeat_at, r.job_deadline_at, now, stale_after_s,
+            owner=owner, lease_expires_at=lease, host=host,
+        )
         if cls == ORPHANED:
             a[2] += 1
         elif cls == OVERDUE:
@@ -149,11 +262,15 @@ class EventStore(ABC):
     """An append-only, per-session event log with a node-runs projection."""
 
     @abstractmethod
-    def append(self, session_id: str, events: Sequence[Event], expected_last_seq: int) -> list[Event]:
+    def append(
+        self, session_id: str, events: Sequence[Event], expected_last_seq: int, *, epoch: int | None = None
+    ) -> list[Event]:
         """Append ``events`` atomically if the session is at ``expected_last_seq``.
 
         Raises :class:`~flowscope.errors.ConcurrencyConflict` (writing nothing) otherwise.
-        Returns the events as stored, each with its ``seq``.
+        With ``epoch`` (the caller's :attr:`Lease.epoch`), raises
+        :class:`~flowscope.errors.LeaseLost` and writes nothing if the session's epoch is
+        another: it was taken over. Returns the events as stored, each with its ``seq``.
         """
 
     @abstractmethod
@@ -183,10 +300,85 @@ class EventStore(ABC):
     def open_run_summary(self, now: float, stale_after_s: float) -> list[OpenRunGroup]:
         """Open runs aggregated per (workflow, node, state), for a metrics scrape.
 
-        The default folds :meth:`open_runs` (:func:`summarize_open_runs`); a store with a
-        query language answers it with one aggregate query and must give the same groups.
+        The default folds :meth:`open_runs` (:func:`summarize_open_runs`) with the owners
+        of :meth:`sessions`; a store with a query language answers it with aggregate
+        queries and must give the same groups.
         """
-        return summarize_open_runs(self.open_runs(), now, stale_after_s)
+        owners = {s.session_id: (s.owner, s.lease_expires_at) for s in self.sessions() if s.owner is not None}
+        return summarize_open_runs(self.open_runs(), now, stale_after_s, owners)
+
+    def session_info(self, session_id: str) -> SessionInfo | None:
+        """One session as :meth:`sessions` lists it, or None. The default scans :meth:`sessions`."""
+        return next((s for s in self.sessions() if s.session_id == session_id), None)
+
+    # -- ownership: owners, leases and the fence (flowscope.ownership, flowscope.liveness)
+
+    @abstractmethod
+    def acquire(
+        self, session_id: str, owner: Owner, lease_s: float, *, force: bool = False, now: float | None = None
+    ) -> Lease:
+        """Take the session (it need not exist yet) for ``owner`` until ``now + lease_s``.
+
+        If another owner (another ``worker_id``) holds it and is alive
+        (:func:`~flowscope.liveness.owner_alive`) and not ``force``, raises
+        :class:`~flowscope.errors.ConcurrencyConflict` naming its host, pid and lease
+        (:func:`owned_elsewhere`). Otherwise advances the epoch and records the owner and
+        lease, atomically; re-acquiring by the same owner advances the epoch too.
+        """
+
+    @abstractmethod
+    def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
+        """Extend ``lease`` to ``now + lease_s``; :class:`~flowscope.errors.LeaseLost` if the
+        session's epoch is no longer ``lease.epoch``. Callable from any thread."""
+
+    @abstractmethod
+    def release(self, lease: Lease) -> None:
+        """End ``lease`` (expiry 0, the owner stays recorded) if its epoch is still current;
+        a superseded lease is ignored."""
+
+    @abstractmethod
+    def claim(
+        self,
+        owner: Owner,
+        workflows: Collection[str],
+        lease_s: float,
+        *,
+        limit: int,
+        max_recoveries: int | None = None,
+        now: float | None = None,
+    ) -> list[Claim]:
+        """Take up to ``limit`` sessions of ``workflows`` that :func:`claim_reason` allows.
+
+        Each gets epoch + 1 and ``owner``'s lease, all in one atomic step, so two claimers
+        never get the same session. Oldest first: queued by submit time, answered and
+        orphaned by their last event. With ``max_recoveries``, a session
+        already taken over as orphaned more than that many times is left alone (it shows
+        as orphaned in ``flowscope stuck``).
+        """
+
+    @abstractmethod
+    def workers_seen(self, owner: Owner, workflows: Collection[str], ts: float | None = None) -> None:
+        """Record that worker ``owner`` serves ``workflows`` as of ``ts`` (now); workers not
+        seen for :data:`WORKER_RETENTION_S` are forgotten."""
+
+    @abstractmethod
+    def workers(self) -> list[WorkerInfo]:
+        """The workers recorded by :meth:`workers_seen`, most recently seen first."""
+
+    def queued_summary(self) -> list[QueuedGroup]:
+        """Queued sessions per workflow: count and oldest submit time, by workflow name.
+
+        The default groups :meth:`sessions`; an SQL store answers from an index.
+        """
+        acc: dict[str, list[Any]] = {}
+        for s in self.sessions():
+            if s.status != "queued":
+                continue
+            a = acc.setdefault(s.workflow, [0, None])
+            a[0] += 1
+            if s.submitted_at is not None and (a[1] is None or s.submitted_at < a[1]):
+                a[1] = s.submitted_at
+        return [QueuedGroup(wf, n, oldest) for wf, (n, oldest) in sorted(acc.items())]
 
     def save_snapshot(self, session_id: str, seq: int, data: str) -> None:
         """Keep ``data``, the JSON of the session's state after event ``seq``, to speed up

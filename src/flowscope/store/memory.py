@@ -2,14 +2,43 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
-from typing import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Collection, Iterable, Sequence
 
-from ..events import Event
-from .base import EventStore, NodeRun, SessionInfo, number_events
+from ..events import Event, RunSubmitted
+from ..liveness import owner_alive
+from ..ownership import Lease, Owner
+from .base import (
+    WORKER_RETENTION_S,
+    Claim,
+    ClaimReason,
+    EventStore,
+    NodeRun,
+    SessionInfo,
+    WorkerInfo,
+    claim_reason,
+    number_events,
+    lease_lost,
+    owned_elsewhere,
+)
 from ..fold import OPEN_STATES, WorkflowState
 
 __all__ = ["MemoryEventStore"]
+
+
+@dataclass(slots=True)
+class _Ownership:
+    """What the store keeps beside a session's log: its owner, lease and fence."""
+
+    owner: Owner | None = None
+    epoch: int = 0
+    lease_expires_at: float | None = None
+    lease_renewed_at: float | None = None
+    submitted_at: float | None = None
+    recoveries: int = 0  # times claim() took it over as orphaned
 
 
 class MemoryEventStore(EventStore):
@@ -18,13 +47,17 @@ class MemoryEventStore(EventStore):
     The fold is lazy: the runner folds every event it emits into its own state already,
     so folding again on every append would double the per-event cost of a run on the
     memory store. ``sessions()``, ``node_runs()``, ``open_runs()`` and ``heartbeat()``
-    catch the fold up first.
+    catch the fold up first. A lock makes the ownership calls atomic (a lease is renewed
+    from another thread than the event loop's).
     """
 
     def __init__(self) -> None:
         self._events: dict[str, list[Event]] = {}
         self._folds: dict[str, WorkflowState] = {}
         self._folded: dict[str, int] = {}  # how many of a session's events are folded
+        self._own: dict[str, _Ownership] = {}
+        self._workers: dict[str, WorkerInfo] = {}
+        self._lock = threading.RLock()
 
     @property
     def _states(self) -> dict[str, WorkflowState]:
@@ -47,15 +80,26 @@ class MemoryEventStore(EventStore):
             self._folded[session_id] = len(log)
         return state
 
-    def append(self, session_id: str, events: Sequence[Event], expected_last_seq: int) -> list[Event]:
-        log = self._events.get(session_id)
-        numbered = number_events(session_id, events, len(log) if log else 0, expected_last_seq)
-        if not numbered:
+    def append(
+        self, session_id: str, events: Sequence[Event], expected_last_seq: int, *, epoch: int | None = None
+    ) -> list[Event]:
+        with self._lock:
+            own = self._own.get(session_id)
+            if epoch is not None and (own.epoch if own is not None else 0) != epoch:
+                raise lease_lost(session_id, own.epoch if own else 0, own.owner if own else None, epoch)
+            log = self._events.get(session_id)
+            numbered = number_events(session_id, events, len(log) if log else 0, expected_last_seq)
+            if not numbered:
+                return numbered
+            if log is None:
+                log = self._events[session_id] = []
+            log.extend(numbered)
+            for e in numbered:
+                if type(e) is RunSubmitted:
+                    own = self._own.setdefault(session_id, _Ownership())
+                    if own.submitted_at is None:
+                        own.submitted_at = e.ts
             return numbered
-        if log is None:
-            log = self._events[session_id] = []
-        log.extend(numbered)
-        return numbered
 
     def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
         return list(self._events.get(session_id, ())[after_seq:])
@@ -63,35 +107,130 @@ class MemoryEventStore(EventStore):
     def last_seq(self, session_id: str) -> int:
         return len(self._events.get(session_id, ()))
 
+    def _info(self, sid: str, s: WorkflowState) -> SessionInfo:
+        own = self._own.get(sid) or _Ownership()
+        return SessionInfo(
+            sid, s.workflow, s.status, s.started_at, s.updated_at, s.last_seq, s.invocations,
+            own.owner, own.epoch, own.lease_expires_at, own.submitted_at,
+        )
+
     def sessions(self) -> list[SessionInfo]:
-        out = [
-            SessionInfo(sid, s.workflow, s.status, s.started_at, s.updated_at, s.last_seq, s.invocations)
-            for sid, s in self._states.items()
-        ]
+        with self._lock:
+            out = [self._info(sid, s) for sid, s in self._states.items()]
         out.sort(key=lambda s: s.updated_at or 0.0, reverse=True)
         return out
 
+    def session_info(self, session_id: str) -> SessionInfo | None:
+        with self._lock:
+            state = self._state(session_id)
+            return None if state is None else self._info(session_id, state)
+
     def heartbeat(self, session_id: str, paths: Iterable[str], ts: float | None = None) -> None:
-        state = self._state(session_id)
-        if state is None:
-            return
-        now = time.time() if ts is None else ts
-        for path in paths:
-            ns = state.nodes.get(path)
-            if ns is not None and ns.status == "running":
-                ns.heartbeat_at = now
+        with self._lock:
+            state = self._state(session_id)
+            if state is None:
+                return
+            now = time.time() if ts is None else ts
+            for path in paths:
+                ns = state.nodes.get(path)
+                if ns is not None and ns.status == "running":
+                    ns.heartbeat_at = now
 
     def node_runs(self, session_id: str | None = None) -> list[NodeRun]:
-        states = self._states
-        sids = [session_id] if session_id is not None else list(states)
-        return [
-            NodeRun.from_state(sid, states[sid].workflow, ns)
-            for sid in sids
-            if sid in states
-            for ns in states[sid].nodes.values()
-        ]
+        with self._lock:
+            states = self._states
+            sids = [session_id] if session_id is not None else list(states)
+            return [
+                NodeRun.from_state(sid, states[sid].workflow, ns)
+                for sid in sids
+                if sid in states
+                for ns in states[sid].nodes.values()
+            ]
 
     def open_runs(self) -> list[NodeRun]:
         runs = [r for r in self.node_runs() if r.status in OPEN_STATES]
         runs.sort(key=lambda r: r.started_at or 0.0)
         return runs
+
+    # ------------------------------------------------------------------ ownership
+
+    def acquire(
+        self, session_id: str, owner: Owner, lease_s: float, *, force: bool = False, now: float | None = None
+    ) -> Lease:
+        now = time.time() if now is None else now
+        with self._lock:
+            own = self._own.setdefault(session_id, _Ownership())
+            held = own.owner
+            if (
+                not force
+                and held is not None
+                and held.worker_id != owner.worker_id
+                and owner_alive(held, own.lease_expires_at, now)
+            ):
+                raise owned_elsewhere(session_id, held, own.lease_expires_at, own.lease_renewed_at, now)
+            return self._take(session_id, own, owner, lease_s, now)
+
+    def _take(self, session_id: str, own: _Ownership, owner: Owner, lease_s: float, now: float) -> Lease:
+        own.owner, own.epoch = owner, own.epoch + 1
+        own.lease_expires_at, own.lease_renewed_at = now + lease_s, now
+        return Lease(session_id, owner, own.epoch, now + lease_s)
+
+    def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
+        now = time.time() if now is None else now
+        with self._lock:
+            own = self._own.get(lease.session_id)
+            if own is None or own.epoch != lease.epoch:
+                raise lease_lost(lease.session_id, own.epoch if own else 0, own.owner if own else None, lease.epoch)
+            own.lease_expires_at, own.lease_renewed_at = now + lease_s, now
+            return dataclasses.replace(lease, expires_at=now + lease_s)
+
+    def release(self, lease: Lease) -> None:
+        with self._lock:
+            own = self._own.get(lease.session_id)
+            if own is not None and own.epoch == lease.epoch:
+                own.lease_expires_at = 0.0
+
+    def claim(
+        self,
+        owner: Owner,
+        workflows: Collection[str],
+        lease_s: float,
+        *,
+        limit: int,
+        max_recoveries: int | None = None,
+        now: float | None = None,
+    ) -> list[Claim]:
+        now = time.time() if now is None else now
+        wanted = set(workflows)
+        with self._lock:
+            found: list[tuple[float, str, str, ClaimReason]] = []  # (since, session, workflow, reason)
+            for sid, s in self._states.items():
+                if s.workflow not in wanted:
+                    continue
+                own = self._own.get(sid) or _Ownership()
+                reason = claim_reason(s.status, own.owner, own.lease_expires_at, now)
+                if reason is None or (reason == "orphaned" and max_recoveries is not None and own.recoveries > max_recoveries):
+                    continue
+                since = {"queued": own.submitted_at, "answered": s.updated_at, "orphaned": s.updated_at}[reason]
+                found.append((since or 0.0, sid, s.workflow, reason))
+            found.sort()
+            out: list[Claim] = []
+            for _since, sid, workflow, reason in found[: max(limit, 0)]:
+                own = self._own.setdefault(sid, _Ownership())
+                if reason == "orphaned":
+                    own.recoveries += 1
+                lease = self._take(sid, own, owner, lease_s, now)
+                out.append(Claim(sid, workflow, reason, lease))
+            return out
+
+    def workers_seen(self, owner: Owner, workflows: Collection[str], ts: float | None = None) -> None:
+        now = time.time() if ts is None else ts
+        with self._lock:
+            self._workers[owner.worker_id] = WorkerInfo(owner.worker_id, owner.host, owner.pid, tuple(sorted(workflows)), now)
+            for wid in [w for w, info in self._workers.items() if info.seen_at < now - WORKER_RETENTION_S]:
+                del self._workers[wid]
+
+    def workers(self) -> list[WorkerInfo]:
+        with self._lock:
+            return sorted(self._workers.values(), key=lambda w: w.seen_at, reverse=True)
+

@@ -27,6 +27,19 @@ __all__ = [
     "SQL_OPEN_SUMMARY",
     "SQL_HEARTBEAT",
     "SQL_SESSIONS",
+    "SQL_OPEN_SAME_HOST",
+    "SQL_SESSION_INFO",
+    "SQL_OWNERSHIP",
+    "SQL_TAKE",
+    "SQL_RENEW",
+    "SQL_RELEASE",
+    "SQL_CLAIM_QUEUED",
+    "SQL_CLAIM_ANSWERED",
+    "SQL_CLAIM_ORPHANED",
+    "SQL_QUEUED_SUMMARY",
+    "SQL_WORKER_SEEN",
+    "SQL_WORKERS_FORGET",
+    "SQL_WORKERS",
     "SQL_SAVE_SNAPSHOT",
     "SQL_LOAD_SNAPSHOT",
     "node_state",
@@ -35,7 +48,12 @@ __all__ = [
 ]
 
 _SESSION_COLUMNS = "workflow, status, started_at, updated_at, last_seq, invocations"
-SQL_SESSION = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?"
+#: The fold's columns (a row made by acquire() before the first append has none yet)
+#: and the fence, for an append.
+SQL_SESSION = (
+    "SELECT coalesce(workflow, ''), coalesce(status, 'new'), started_at, updated_at, last_seq, "
+    "coalesce(invocations, 0), epoch, owner FROM sessions WHERE session_id = ?"
+)
 SQL_LAST_SEQ = "SELECT last_seq FROM sessions WHERE session_id = ?"
 SQL_INSERT_EVENT = (
     "INSERT INTO events (session_id, seq, type, ts, invocation_id, path, node, payload) "
@@ -47,9 +65,10 @@ SQL_READ = (
 )
 SQL_READ_SEQS = "SELECT seq FROM events WHERE session_id = ? AND seq > ? AND seq <= ? ORDER BY seq"
 SQL_UPSERT_SESSION = (
-    f"INSERT INTO sessions (session_id, {_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    f"INSERT INTO sessions (session_id, {_SESSION_COLUMNS}, submitted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (session_id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in _SESSION_COLUMNS.split(", "))
+    + ", submitted_at = coalesce(sessions.submitted_at, excluded.submitted_at)"
 )
 _NODE_ROW_COLUMNS = ("session_id", "workflow") + NODE_STATE_COLUMNS
 SQL_UPSERT_NODE = (
@@ -72,16 +91,76 @@ SQL_OPEN_RUNS = f"{SQL_NODE_RUNS} WHERE {OPEN_WHERE} ORDER BY started_at, rowid"
 # (its start, without one) is missing or before :stale_before (liveness.stale_before);
 # overdue = a waiting job with a deadline before :now (liveness.is_overdue). The store
 # contract checks that this and liveness.classify_open_run agree case by case.
-_LAST_BEAT = "coalesce(heartbeat_at, started_at)"
+# A run of a session with an owner is orphaned by the owner rule instead
+# (liveness.owner_alive): here, when its lease has ended; SQL_OPEN_SAME_HOST lists the
+# running runs of this host's owners whose lease has not, for the process check in Python.
+_LAST_BEAT = "coalesce(n.heartbeat_at, n.started_at)"
+_OPEN_WHERE_N = OPEN_WHERE.replace("status", "n.status", 1)
 SQL_OPEN_SUMMARY = (
-    "SELECT workflow, node, status, count(*), min(started_at), "
-    f"sum(status = 'running' AND ({_LAST_BEAT} IS NULL OR {_LAST_BEAT} < :stale_before)), "
-    "sum(status = 'waiting_job' AND job_deadline_at IS NOT NULL AND job_deadline_at < :now) "
-    f"FROM node_runs WHERE {OPEN_WHERE} "
-    "GROUP BY workflow, node, status ORDER BY workflow, node, status"
+    "SELECT n.workflow, n.node, n.status, count(*), min(n.started_at), "
+    "sum(n.status = 'running' AND CASE WHEN s.owner IS NULL "
+    f"THEN ({_LAST_BEAT} IS NULL OR {_LAST_BEAT} < :stale_before) "
+    "ELSE (s.lease_expires_at IS NULL OR s.lease_expires_at <= :now) END), "
+    "sum(n.status = 'waiting_job' AND n.job_deadline_at IS NOT NULL AND n.job_deadline_at < :now) "
+    f"FROM node_runs AS n LEFT JOIN sessions AS s ON s.session_id = n.session_id WHERE {_OPEN_WHERE_N} "
+    "GROUP BY n.workflow, n.node, n.status ORDER BY n.workflow, n.node, n.status"
+)
+SQL_OPEN_SAME_HOST = (
+    "SELECT n.workflow, n.node, s.owner, s.lease_expires_at, count(*) "
+    "FROM sessions AS s JOIN node_runs AS n ON n.session_id = s.session_id "
+    "WHERE s.status = 'running' AND s.lease_expires_at > :now AND s.owner IS NOT NULL "
+    "AND json_extract(s.owner, '$.host') = :host AND n.status = 'running' "
+    "GROUP BY n.workflow, n.node, s.owner, s.lease_expires_at"
 )
 SQL_HEARTBEAT = "UPDATE node_runs SET heartbeat_at = ? WHERE session_id = ? AND path = ? AND status = 'running'"
-SQL_SESSIONS = f"SELECT session_id, {_SESSION_COLUMNS} FROM sessions ORDER BY coalesce(updated_at, 0.0) DESC, rowid"
+_INFO_COLUMNS = f"session_id, {_SESSION_COLUMNS}, owner, epoch, lease_expires_at, submitted_at"
+#: In SessionInfo field order; rows made by acquire() alone (no event yet) are no session.
+SQL_SESSIONS = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 ORDER BY coalesce(updated_at, 0.0) DESC, rowid"
+SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = ? AND last_seq > 0"
+
+# -- ownership
+SQL_OWNERSHIP = "SELECT owner, epoch, lease_expires_at, lease_renewed_at FROM sessions WHERE session_id = ?"
+SQL_TAKE = (
+    "INSERT INTO sessions (session_id, last_seq, owner, epoch, lease_expires_at, lease_renewed_at) "
+    "VALUES (:sid, 0, :owner, 1, :expires, :now) "
+    "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, epoch = sessions.epoch + 1, "
+    "lease_expires_at = excluded.lease_expires_at, lease_renewed_at = excluded.lease_renewed_at, "
+    "recoveries = sessions.recoveries + :recovered "
+    "RETURNING epoch"
+)
+SQL_RENEW = "UPDATE sessions SET lease_expires_at = ?, lease_renewed_at = ? WHERE session_id = ? AND epoch = ?"
+SQL_RELEASE = "UPDATE sessions SET lease_expires_at = 0 WHERE session_id = ? AND epoch = ?"
+# Claim candidates, one statement per reason, each through its partial index, oldest
+# first; rows a live owner holds are filtered out in Python (base.claim_reason). The
+# same-host term lets through leases that are current but may belong to a dead process.
+_FREE = "(lease_expires_at IS NULL OR lease_expires_at <= :now OR json_extract(owner, '$.host') = :host)"
+SQL_CLAIM_QUEUED = (
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, submitted_at FROM sessions "
+    f"WHERE status = 'queued' AND workflow IN (SELECT value FROM json_each(:workflows)) AND {_FREE} "
+    "ORDER BY submitted_at"
+)
+SQL_CLAIM_ANSWERED = (
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at FROM sessions "
+    f"WHERE status = 'answered' AND workflow IN (SELECT value FROM json_each(:workflows)) AND {_FREE} "
+    "ORDER BY updated_at"
+)
+SQL_CLAIM_ORPHANED = (
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at FROM sessions "
+    f"WHERE status = 'running' AND owner IS NOT NULL AND {_FREE} "
+    "AND workflow IN (SELECT value FROM json_each(:workflows)) "
+    "ORDER BY updated_at"
+)
+SQL_QUEUED_SUMMARY = (
+    "SELECT workflow, count(*), min(submitted_at) FROM sessions WHERE status = 'queued' "
+    "GROUP BY workflow ORDER BY workflow"
+)
+SQL_WORKER_SEEN = (
+    "INSERT INTO workers (worker_id, host, pid, started_at, workflows, seen_at) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (worker_id) DO UPDATE SET host = excluded.host, pid = excluded.pid, "
+    "started_at = excluded.started_at, workflows = excluded.workflows, seen_at = excluded.seen_at"
+)
+SQL_WORKERS_FORGET = "DELETE FROM workers WHERE seen_at < ?"
+SQL_WORKERS = "SELECT worker_id, host, pid, workflows, seen_at FROM workers ORDER BY seen_at DESC, worker_id"
 SQL_SAVE_SNAPSHOT = (
     "INSERT INTO snapshots (session_id, seq, data) VALUES (?, ?, ?) "
     "ON CONFLICT (session_id) DO UPDATE SET seq = excluded.seq, data = excluded.data"
@@ -117,6 +196,6 @@ def node_row(session_id: str, workflow: str, ns: NodeState) -> tuple[Any, ...]:
     )
 
 
-def session_row(ws: WorkflowState) -> tuple[Any, ...]:
-    """The parameters of ``SQL_UPSERT_SESSION``."""
-    return (ws.session_id, ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations)
+def session_row(ws: WorkflowState, submitted_at: float | None = None) -> tuple[Any, ...]:
+    """The parameters of ``SQL_UPSERT_SESSION`` (``submitted_at`` is kept once set)."""
+    return (ws.session_id, ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations, submitted_at)

@@ -15,6 +15,14 @@
     ``NodeState.apply`` in the transaction that appends the events.
 ``snapshots``
     one folded state per session, so a long session resumes without reading its log.
+``workers``
+    one row per worker (``workers_seen``): host, pid, the workflows it serves, when seen.
+
+Ownership lives in ``sessions`` beside the fold's columns (schema 3): ``owner`` (the
+:class:`~flowscope.ownership.Owner` as JSON), the fencing ``epoch``, ``lease_expires_at``
+and ``lease_renewed_at``, ``submitted_at`` and ``recoveries`` (orphan takeovers by
+``claim``). Partial indexes hold the queued, answered and running sessions, so a claim
+and the queued summary read only those, never the log or the finished sessions.
 
 Opening refuses a directory, a missing file (read-only), a file that is not SQLite,
 another application's database and a newer schema, each with its own
@@ -147,9 +155,38 @@ def _migrate_1_to_2(db: sqlite_utils.Database) -> None:
     db.execute(f"CREATE INDEX node_runs_open ON node_runs (status, workflow, node) WHERE {OPEN_WHERE}")
 
 
+def _migrate_2_to_3(db: sqlite_utils.Database) -> None:
+    """Run ownership (issue 13): owner, lease and fence per session; queued runs; workers.
+
+    Existing sessions get no owner (epoch 0): the liveness rule falls back to their
+    heartbeats, as before.
+    """
+    for column in (
+        "owner TEXT",
+        "epoch INTEGER NOT NULL DEFAULT 0",
+        "lease_expires_at REAL",
+        "lease_renewed_at REAL",
+        "submitted_at REAL",
+        "recoveries INTEGER NOT NULL DEFAULT 0",
+    ):
+        db.execute(f"ALTER TABLE sessions ADD COLUMN {column}")
+    # claim() and queued_summary(): one small index per claimable state. An append to a
+    # running session leaves the queued and answered ones untouched.
+    db.execute("CREATE INDEX sessions_queued ON sessions (workflow, submitted_at) WHERE status = 'queued'")
+    db.execute("CREATE INDEX sessions_answered ON sessions (workflow, updated_at) WHERE status = 'answered'")
+    # Orphan candidates: running sessions by the end of their lease.
+    db.execute("CREATE INDEX sessions_running ON sessions (lease_expires_at) WHERE status = 'running'")
+    db.table("workers").create(
+        {"worker_id": str, "host": str, "pid": int, "started_at": float, "workflows": str, "seen_at": float},
+        pk="worker_id",
+        not_null={"worker_id", "seen_at"},
+    )
+    db.execute("CREATE INDEX workers_seen ON workers (seen_at)")
+
+
 #: ``MIGRATIONS[i]`` takes a database at schema ``i`` to schema ``i + 1``; each runs in the
 #: transaction that records the new version, so a failed migration leaves the file as it was.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_0_to_1, _migrate_1_to_2]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_0_to_1, _migrate_1_to_2, _migrate_2_to_3]
 #: The version of this file format (tables and payloads) that this code writes.
 DB_SCHEMA_VERSION = len(MIGRATIONS)
 

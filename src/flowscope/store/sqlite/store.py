@@ -4,26 +4,45 @@ Every append is one ``BEGIN IMMEDIATE`` transaction: the last-seq check (optimis
 concurrency), the insert and the projection update are atomic across processes. Several
 processes may use one file, each through its own ``SqliteEventStore``; a writer that finds
 the file locked waits up to ``busy_timeout`` seconds. A store object may be shared by
-threads (calls are serialised by a lock), but not across ``fork()``: open a new one in the
-child. The file layout is in :mod:`.schema`, the row format in :mod:`.codec`.
+threads (calls are serialised by a lock; a lease is renewed from another thread than the
+event loop's), but not across ``fork()``: open a new one in the child. Acquiring, renewing
+and claiming sessions are ``BEGIN IMMEDIATE`` transactions too, so the fence (the epoch an
+append is checked against) and a claim are atomic across processes. The file layout is in :mod:`.schema`, the row format in :mod:`.codec`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Collection, Iterable, Iterator, Sequence
 
 import sqlite_utils
 
 from ...errors import StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
-from ...events import Event, UnknownEvent
+from ...events import Event, RunSubmitted, UnknownEvent
 from ...fold import NodeState, WorkflowState, gc_paused
-from ...liveness import stale_before
-from ..base import EventStore, NodeRun, OpenRunGroup, SessionInfo, number_events
+from ...liveness import owner_alive, stale_before
+from ...ownership import Lease, Owner, this_host
+from ..base import (
+    WORKER_RETENTION_S,
+    Claim,
+    ClaimReason,
+    EventStore,
+    NodeRun,
+    OpenRunGroup,
+    QueuedGroup,
+    SessionInfo,
+    WorkerInfo,
+    claim_reason,
+    lease_lost,
+    number_events,
+    owned_elsewhere,
+)
 from . import queries as q
 from . import schema
 from .codec import decode, encode
@@ -161,7 +180,9 @@ class SqliteEventStore(EventStore):
 
     # ------------------------------------------------------------------ appending
 
-    def append(self, session_id: str, events: Sequence[Event], expected_last_seq: int) -> list[Event]:
+    def append(
+        self, session_id: str, events: Sequence[Event], expected_last_seq: int, *, epoch: int | None = None
+    ) -> list[Event]:
         if not isinstance(events, (list, tuple)):
             events = list(events)  # iterated twice below
         encoded = [encode(self.path, session_id, e) for e in events]  # fails before anything is locked
@@ -175,7 +196,7 @@ class SqliteEventStore(EventStore):
                 conn.execute("BEGIN IMMEDIATE")
                 self._pending_cache = None
                 try:
-                    numbered = self._append_in_transaction(conn, session_id, events, encoded, expected_last_seq)
+                    numbered = self._append_in_transaction(conn, session_id, events, encoded, expected_last_seq, epoch)
                     conn.execute("COMMIT")
                 except BaseException:
                     schema.rollback(conn)  # the cache entry was popped: the next append reads the rows
@@ -197,18 +218,22 @@ class SqliteEventStore(EventStore):
         events: Sequence[Event],
         encoded: list[tuple[str, float, str, str, str, str]],
         expected_last_seq: int,
+        epoch: int | None,
     ) -> list[Event]:
         row = conn.execute(q.SQL_SESSION, (session_id,)).fetchone()
+        if epoch is not None and (row[6] if row is not None else 0) != epoch:  # the fence: nothing written
+            raise lease_lost(session_id, row[6] if row else 0, _owner(row[7]) if row else None, epoch)
         last = row[4] if row is not None else 0
         numbered = number_events(session_id, events, last, expected_last_seq)  # may raise: nothing written
         if not numbered:
             return numbered
         conn.executemany(q.SQL_INSERT_EVENT, [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)])
         ws = WorkflowState(session_id=session_id)
-        nodes, complete = self._cached_nodes(session_id, row is None, last)
+        new_session = last == 0  # no row, or one acquire() made before the first event
+        nodes, complete = self._cached_nodes(session_id, new_session, last)
         ws.nodes = nodes
         if row is not None:
-            ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations = row
+            ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations = row[:6]
         workflow_before = ws.workflow
         paths = list(dict.fromkeys(e.path for e in numbered if e.path and type(e) is not UnknownEvent))
         missing = [] if complete else [p for p in paths if p not in nodes]
@@ -223,9 +248,10 @@ class SqliteEventStore(EventStore):
         nodes = ws.nodes
         workflow = ws.workflow
         conn.executemany(q.SQL_UPSERT_NODE, [q.node_row(session_id, workflow, nodes[p]) for p in paths if p in nodes])
-        if workflow != workflow_before and row is not None:
+        if workflow != workflow_before and not new_session:
             conn.execute("UPDATE node_runs SET workflow = ? WHERE session_id = ?", (workflow, session_id))
-        conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws))
+        submitted = _submitted_at(numbered) if new_session else None  # RunSubmitted starts a session
+        conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, submitted))
         self._pending_cache = (session_id, (numbered[-1].seq, complete, nodes))
         return numbered
 
@@ -265,7 +291,12 @@ class SqliteEventStore(EventStore):
     def sessions(self) -> list[SessionInfo]:
         with self._op("list sessions") as conn:
             rows = conn.execute(q.SQL_SESSIONS).fetchall()
-        return [SessionInfo(*r) for r in rows]
+        return [_session_info(r) for r in rows]
+
+    def session_info(self, session_id: str) -> SessionInfo | None:
+        with self._op("read a session") as conn:
+            row = conn.execute(q.SQL_SESSION_INFO, (session_id,)).fetchone()
+        return _session_info(row) if row is not None else None
 
     def heartbeat(self, session_id: str, paths: Iterable[str], ts: float | None = None) -> None:
         now = time.time() if ts is None else ts
@@ -292,9 +323,117 @@ class SqliteEventStore(EventStore):
         """The port's summary in one ``GROUP BY`` over the open-runs index, without one
         object per open run; ordered by (workflow, node, state)."""
         params = {"now": now, "stale_before": stale_before(now, stale_after_s)}
+        host = this_host()
         with self._op("summarise open runs") as conn:
             rows = conn.execute(q.SQL_OPEN_SUMMARY, params).fetchall()
-        return [OpenRunGroup(*r) for r in rows]
+            same_host = conn.execute(q.SQL_OPEN_SAME_HOST, {"now": now, "host": host}).fetchall()
+        dead: dict[tuple[str, str], int] = {}
+        alive: dict[str, bool] = {}  # owner JSON -> the rule's answer, one process check each
+        for workflow, node, owner_json, lease, count in same_host:
+            key = f"{owner_json}@{lease}"
+            if key not in alive:
+                alive[key] = owner_alive(_owner(owner_json), lease, now, host=host)
+            if not alive[key]:
+                dead[(workflow, node)] = dead.get((workflow, node), 0) + count
+        groups = [OpenRunGroup(*r) for r in rows]
+        if dead:
+            groups = [
+                dataclasses.replace(g, orphaned=g.orphaned + dead.get((g.workflow, g.node), 0)) if g.state == "running" else g
+                for g in groups
+            ]
+        return groups
+
+    # ------------------------------------------------------------------ ownership
+
+    def acquire(
+        self, session_id: str, owner: Owner, lease_s: float, *, force: bool = False, now: float | None = None
+    ) -> Lease:
+        now = time.time() if now is None else now
+        with self._write("acquire a session") as conn:
+            row = conn.execute(q.SQL_OWNERSHIP, (session_id,)).fetchone()
+            held = _owner(row[0]) if row is not None else None
+            if not force and held is not None and held.worker_id != owner.worker_id and owner_alive(held, row[2], now):
+                raise owned_elsewhere(session_id, held, row[2], row[3], now)
+            epoch = self._take(conn, session_id, owner, lease_s, now, recovered=False)
+        return Lease(session_id, owner, epoch, now + lease_s)
+
+    def _take(
+        self, conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float, *, recovered: bool
+    ) -> int:
+        params = {
+            "sid": session_id,
+            "owner": json.dumps(owner.to_dict()),
+            "expires": now + lease_s,
+            "now": now,
+            "recovered": int(recovered),
+        }
+        epoch: int = conn.execute(q.SQL_TAKE, params).fetchone()[0]
+        return epoch
+
+    def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
+        now = time.time() if now is None else now
+        with self._write("renew a lease") as conn:
+            cur = conn.execute(q.SQL_RENEW, (now + lease_s, now, lease.session_id, lease.epoch))
+            if cur.rowcount != 1:
+                row = conn.execute(q.SQL_OWNERSHIP, (lease.session_id,)).fetchone()
+                raise lease_lost(lease.session_id, row[1] if row else 0, _owner(row[0]) if row else None, lease.epoch)
+        return dataclasses.replace(lease, expires_at=now + lease_s)
+
+    def release(self, lease: Lease) -> None:
+        with self._write("release a lease") as conn:
+            conn.execute(q.SQL_RELEASE, (lease.session_id, lease.epoch))
+
+    def claim(
+        self,
+        owner: Owner,
+        workflows: Collection[str],
+        lease_s: float,
+        *,
+        limit: int,
+        max_recoveries: int | None = None,
+        now: float | None = None,
+    ) -> list[Claim]:
+        now = time.time() if now is None else now
+        if limit <= 0 or not workflows:
+            return []
+        host = this_host()
+        params = {"now": now, "host": host, "workflows": json.dumps(sorted(set(workflows)))}
+        with self._write("claim sessions") as conn:
+            found: list[tuple[float, str, str, ClaimReason]] = []
+            for sql, status in ((q.SQL_CLAIM_QUEUED, "queued"), (q.SQL_CLAIM_ANSWERED, "answered"),
+                                (q.SQL_CLAIM_ORPHANED, "running")):
+                taken = 0
+                for sid, workflow, owner_json, lease, recoveries, since in conn.execute(sql, params):
+                    reason = claim_reason(status, _owner(owner_json), lease, now, host=host)
+                    if reason is None or (reason == "orphaned" and max_recoveries is not None and recoveries > max_recoveries):
+                        continue
+                    found.append((since or 0.0, sid, workflow, reason))
+                    taken += 1
+                    if taken >= limit:  # the cursor is lazy: reading stops here
+                        break
+            found.sort()
+            claims = []
+            for _since, sid, workflow, reason in found[:limit]:
+                epoch = self._take(conn, sid, owner, lease_s, now, recovered=reason == "orphaned")
+                claims.append(Claim(sid, workflow, reason, Lease(sid, owner, epoch, now + lease_s)))
+        return claims
+
+    def workers_seen(self, owner: Owner, workflows: Collection[str], ts: float | None = None) -> None:
+        now = time.time() if ts is None else ts
+        row = (owner.worker_id, owner.host, owner.pid, owner.started_at, json.dumps(sorted(workflows)), now)
+        with self._write("record a worker") as conn:
+            conn.execute(q.SQL_WORKER_SEEN, row)
+            conn.execute(q.SQL_WORKERS_FORGET, (now - WORKER_RETENTION_S,))
+
+    def workers(self) -> list[WorkerInfo]:
+        with self._op("list workers") as conn:
+            rows = conn.execute(q.SQL_WORKERS).fetchall()
+        return [WorkerInfo(wid, host, pid, tuple(json.loads(wfs or "[]")), seen) for wid, host, pid, wfs, seen in rows]
+
+    def queued_summary(self) -> list[QueuedGroup]:
+        with self._op("summarise queued sessions") as conn:
+            rows = conn.execute(q.SQL_QUEUED_SUMMARY).fetchall()
+        return [QueuedGroup(*r) for r in rows]
 
     # ------------------------------------------------------------------ snapshots
 
@@ -328,7 +467,9 @@ class SqliteEventStore(EventStore):
                 )
             }
             conn.execute("DELETE FROM node_runs")
-            conn.execute("DELETE FROM sessions")
+            # sessions rows stay: their ownership columns are not in the log; the upserts
+            # below rewrite every column the log defines
+            conn.execute("UPDATE sessions SET submitted_at = NULL")
             sessions = conn.execute(
                 "SELECT session_id, max(seq) FROM events GROUP BY session_id ORDER BY min(rowid)"
             ).fetchall()
@@ -345,4 +486,20 @@ class SqliteEventStore(EventStore):
                         ns.heartbeat_at = hb
                     rows.append(q.node_row(session_id, ws.workflow, ns))
                 conn.executemany(q.SQL_UPSERT_NODE, rows)
-                conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws))
+                conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, _submitted_at(events)))
+
+
+def _owner(text: str | None) -> Owner | None:
+    """The ``owner`` column (JSON) as an :class:`Owner`."""
+    return Owner.from_dict(json.loads(text)) if text else None
+
+
+def _session_info(row: Sequence[Any]) -> SessionInfo:
+    """A row of ``SQL_SESSIONS`` / ``SQL_SESSION_INFO``."""
+    sid, workflow, status, started, updated, last_seq, invocations, owner, epoch, lease, submitted = row
+    return SessionInfo(sid, workflow, status, started, updated, last_seq, invocations, _owner(owner), epoch, lease, submitted)
+
+
+def _submitted_at(events: Iterable[Event]) -> float | None:
+    """When the first ``RunSubmitted`` of ``events`` was written, if there is one."""
+    return next((e.ts for e in events if type(e) is RunSubmitted), None)

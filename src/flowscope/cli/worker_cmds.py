@@ -1,0 +1,275 @@
+"""The commands of run ownership: ``worker`` serves workflows, ``start`` submits a run.
+
+``flowscope worker MODULE:ATTR ...`` imports the workflows (the current directory is
+importable, as with ``python -m``) and runs a :class:`~flowscope.worker.Worker` on the
+database until SIGTERM or Ctrl-C, then drains and exits 0. ``flowscope start WORKFLOW``
+records a run by the workflow's name, without its code, for a worker to pick up.
+:func:`worker_hint` is what ``resume`` says about workers when it records answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from typing import Any
+
+from typing import TYPE_CHECKING
+
+import click
+
+from ..errors import WorkflowError
+from ..events import RunSubmitted
+from ..fold import WorkflowState
+from ..store.base import EventStore
+from .app import DURATION, command_prefix, db_option, open_store
+from .failures import CliError
+
+if TYPE_CHECKING:
+    from ..store.sqlite import SqliteEventStore
+
+__all__ = ["worker_cmd", "start", "load_workflows", "worker_hint", "worker_command", "submit_by_name", "record_answers", "cwd_importable", "COMMANDS"]
+
+#: How recently a worker must have recorded itself to count as serving a workflow: one
+#: default lease (workers record themselves every third of theirs).
+SEEN_WITHIN_S = 15.0
+
+
+def load_workflows(specs: tuple[str, ...]) -> list[Any]:
+    """The workflows ``MODULE:ATTR`` name (each a Workflow or a list/tuple of them), with
+    the current directory importable; a bad spec is a CliError."""
+    from ..engine import Workflow
+
+    cwd_importable()
+    out: list[Any] = []
+    for spec in specs:
+        module_name, _, attr = spec.partition(":")
+        try:
+            obj = _import_attr(module_name, attr)
+        except ValueError as exc:
+            raise CliError(f"{spec}: {exc}") from None
+        for item in list(obj) if isinstance(obj, (list, tuple)) else [obj]:
+            if not isinstance(item, Workflow) and callable(item):
+                item = item()  # a factory of no arguments
+            if not isinstance(item, Workflow):
+                raise CliError(f"{spec}: a {type(item).__name__}, not a flowscope Workflow (or a list of them)")
+            out.append(item)
+    return out
+
+
+def cwd_importable() -> None:
+    """Make the current directory importable, as ``python -m`` does (console scripts do not)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def _import_attr(module_name: str, attr: str) -> Any:
+    from importlib import import_module
+
+    if not module_name or not attr:
+        raise ValueError("expected module:attribute (e.g. myapp.flows:orders)")
+    try:
+        obj: Any = import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def worker_command(workflow: str, prefix: str = "flowscope") -> str:
+    """The ``flowscope worker`` command line for ``workflow``: its module:attr when bundled."""
+    from ..examples import BUNDLED
+
+    return f"{prefix} worker {BUNDLED.get(workflow, 'MODULE:ATTR')}"
+
+
+def worker_hint(store: EventStore, workflow: str, now: float | None = None, prefix: str = "flowscope") -> tuple[bool, str]:
+    """Whether a worker for ``workflow`` recorded itself within :data:`SEEN_WITHIN_S`, and
+    the sentence that says so (with the command to start one when none was)."""
+    now = time.time() if now is None else now
+    seen = [w for w in store.workers() if workflow in w.workflows and now - w.seen_at <= SEEN_WITHIN_S]
+    if seen:
+        w = max(seen, key=lambda w: w.seen_at)
+        return True, (
+            f"a worker will pick it up: {w.worker_id} on {w.host} pid {w.pid} serves {workflow!r} "
+            f"(seen {max(0.0, now - w.seen_at):.1f}s ago)"
+        )
+    return False, (
+        f"no worker for {workflow!r} seen in the last {SEEN_WITHIN_S:g}s: "
+        f"start one with {worker_command(workflow, prefix)}"
+    )
+
+
+def record_answers(
+    store: SqliteEventStore, session: str, ws: WorkflowState, inputs: dict[str, Any], jobs: dict[str, Any]
+) -> None:
+    """``flowscope resume`` without the workflow's code: record the answers with
+    :func:`flowscope.answer` and say whether a worker will pick the session up."""
+    from ..answers import answer
+    from ..examples import BUNDLED
+    from ..liveness import owner_alive
+
+    prefix = command_prefix(store.path)
+    here = f"{prefix} resume {session}" + ("" if ws.workflow in BUNDLED else " --workflow MODULE:ATTR")
+    if not inputs and not jobs:
+        info = store.session_info(session)
+        orphaned = ws.status == "running" and info is not None and not owner_alive(info.owner, info.lease_expires_at, time.time())
+        seen, hint = worker_hint(store, ws.workflow, prefix=prefix)
+        if seen and (ws.status in ("queued", "answered") or orphaned):
+            click.echo(f"nothing to record for {session} ({ws.workflow}, {ws.status}); {hint}")
+            return
+        raise CliError(
+            f"session {session!r} ({ws.workflow}, {ws.status}) has nothing to record and its workflow's code is "
+            f"not here: run it in this process with {here}"
+            + (f", or start a worker with {worker_command(ws.workflow, prefix)}" if ws.status in ("queued", "answered") or orphaned else "")
+        )
+    receipt = answer(store, session, inputs or None, jobs or None)
+    what = ", ".join([*(f"input {i}" for i in receipt.inputs), *(f"job {j}" for j in receipt.jobs)])
+    click.echo(f"recorded {what} for {session} ({receipt.workflow})")
+    seen, hint = worker_hint(store, receipt.workflow, prefix=prefix)
+    click.echo(hint)
+    if not seen:
+        click.echo(f"or run it in this process: {here}")
+
+
+def submit_by_name(store: EventStore, workflow: str, input: Any, session_id: str | None = None) -> str:
+    """Record a run of ``workflow`` (by name: no code needed) to be started by a worker.
+
+    The same ``RunSubmitted`` that ``Runner.submit`` appends; the session must be new.
+    """
+    sid = session_id or uuid.uuid4().hex
+    if store.last_seq(sid) > 0:
+        raise WorkflowError(f"session {sid!r} already exists: submit with a new --session")
+    event = RunSubmitted(
+        session_id=sid,
+        invocation_id=f"submit-{uuid.uuid4().hex}",
+        seq=1,
+        ts=time.time(),
+        workflow=workflow,
+        input=input,
+    )
+    store.append(sid, [event], 0)
+    return sid
+
+
+@click.command("start")
+@click.argument("workflow")
+@db_option
+@click.option("--input", "input_json", default="null", metavar="JSON", help="The run input, as JSON (default null).")
+@click.option("--session", "session_id", metavar="ID", help="The session id (default: a new random one).")
+def start(workflow: str, db: str | None, input_json: str, session_id: str | None) -> None:
+    """Submit a run of WORKFLOW (its name: no code needed) for a worker to start.
+
+    Prints the session id. `flowscope worker MODULE:ATTR` serving WORKFLOW picks it up.
+    """
+    try:
+        value = json.loads(input_json)
+    except ValueError as exc:
+        raise CliError(f"--input: {input_json!r} is not valid JSON ({exc}); quote a string as JSON: --input '\"text\"'") from None
+    store = open_store(db, write=True, create=True)
+    with store:
+        sid = submit_by_name(store, workflow, value, session_id)
+        prefix = command_prefix(store.path)
+        _seen, hint = worker_hint(store, workflow, prefix=prefix)
+        click.echo(sid)
+        click.echo(f"queued {workflow} as session {sid}; {hint}", err=True)
+        click.echo(f"see: {prefix} show {sid}", err=True)
+
+
+@click.command("worker")
+@click.argument("specs", nargs=-1, required=True, metavar="MODULE:ATTR...")
+@db_option
+@click.option("--concurrency", type=click.IntRange(1, None), default=64, show_default=True, help="Sessions run at once.")
+@click.option("--lease", "lease_s", type=DURATION, default="15s", show_default=True, help="The lease each session is held under (renewed every third).")
+@click.option("--drain", "drain_s", type=DURATION, default="30s", show_default=True, help="On SIGTERM, how long sessions in hand may run on before they are handed back.")
+@click.option("--poll", "poll_s", type=DURATION, default="500ms", show_default=True, help="How often to look for work when there was none.")
+@click.option("--worker-id", metavar="ID", help="This worker's id (default: host-pid-random).")
+@click.option("--max-recoveries", type=click.IntRange(0, None), default=3, show_default=True, help="Orphaned sessions recovered more often are left alone.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve this worker's Prometheus metrics on 127.0.0.1:PORT.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning", show_default=True)
+def worker_cmd(
+    specs: tuple[str, ...],
+    db: str | None,
+    concurrency: int,
+    lease_s: float,
+    drain_s: float,
+    poll_s: float,
+    worker_id: str | None,
+    max_recoveries: int,
+    metrics_port: int | None,
+    log_level: str,
+) -> None:
+    """Serve the workflows MODULE:ATTR (a Workflow, or a list of them) from the database.
+
+    Claims queued sessions (`flowscope start`), sessions answered with `flowscope resume`
+    and sessions whose owner died, until SIGTERM or Ctrl-C; then stops claiming, lets the
+    sessions in hand run for up to --drain, hands back the rest and exits 0.
+    """
+    from ..plugins import Plugin
+    from ..worker import Worker
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    workflows = load_workflows(specs)
+    store = open_store(db, write=True, create=True)
+    server = None
+    with store:
+        plugins: list[Plugin] = []
+        if metrics_port is not None:
+            from prometheus_client import CollectorRegistry, start_http_server
+
+            from ..observability.metrics import MetricsPlugin
+
+            registry = CollectorRegistry(auto_describe=True)
+            plugins.append(MetricsPlugin(registry=registry))
+            try:
+                server = start_http_server(metrics_port, addr="127.0.0.1", registry=registry)
+            except OSError as exc:
+                raise CliError(f"cannot listen on 127.0.0.1:{metrics_port}: {exc.strerror or exc}") from None
+        w = Worker(
+            store,
+            workflows,
+            plugins,
+            concurrency=concurrency,
+            lease_s=lease_s,
+            drain_s=drain_s,
+            poll_s=poll_s,
+            worker_id=worker_id,
+            max_recoveries=max_recoveries,
+        )
+        names = ", ".join(sorted(w.workflows))
+        click.echo(f"worker {w.owner.worker_id} (pid {w.owner.pid}) serving {names} from {store.path}; SIGTERM or Ctrl-C drains", err=True)
+        asyncio.run(_serve(w))
+        done = ", ".join(f"{k} {v}" for k, v in sorted(w.outcomes.items())) or "no sessions"
+        click.echo(f"worker {w.owner.worker_id} stopped ({done})", err=True)
+    if isinstance(server, tuple):  # prometheus-client >= 0.20 returns (server, thread)
+        server[0].shutdown()
+
+
+async def _serve(w: Any) -> None:
+    """Run the worker with SIGTERM and SIGINT calling its stop()."""
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, w.stop)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover - not the main thread
+            pass
+    try:
+        await w.run()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+COMMANDS = (worker_cmd, start)

@@ -1,0 +1,134 @@
+"""The lease keeper: one daemon thread per Runner that keeps its invocations' leases.
+
+Every ``lease_s / 3`` seconds it renews the lease of each active invocation and writes
+the heartbeats of its in-flight runs. It runs off the event loop on purpose: a node that
+blocks the loop (a sync body, a long computation) keeps its lease while its process
+lives, so no other process takes over a live run. A renewal that raises ``LeaseLost``
+hands the loss to the invocation's loop (``call_soon_threadsafe``), which cancels it.
+The thread starts with the first active invocation and ends after a period with none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any, Callable, Mapping, Protocol
+
+from ..errors import LeaseLost
+from ..ownership import Lease
+from ..store.base import EventStore
+
+__all__ = ["LeaseKeeper", "Leased"]
+
+log = logging.getLogger("flowscope.engine")
+
+
+class Leased(Protocol):
+    """What the keeper needs of an invocation: its lease, the runs in flight, and a way
+    to tell it, on its own loop, that the lease is gone."""
+
+    lease: Lease
+
+    @property
+    def in_flight(self) -> Mapping[str, Any]: ...
+
+    def lose_lease(self, exc: LeaseLost) -> None: ...
+
+
+class LeaseKeeper:
+    """Renews the leases of a Runner's active invocations from a daemon thread."""
+
+    def __init__(self, store: EventStore, lease_s: float, heartbeat_interval: float, name: str) -> None:
+        self.store = store
+        self.lease_s = lease_s
+        self.period = lease_s / 3
+        # Heartbeats of in-flight runs (for stores' stale-run views) every
+        # heartbeat_interval; 0 turns them off. The thread ticks at the shorter of the two.
+        self.heartbeat_interval = heartbeat_interval
+        self.name = name
+        self._lock = threading.Lock()
+        self._active: dict[int, tuple[Leased, asyncio.AbstractEventLoop]] = {}
+        self._busy = threading.Lock()  # held through a round of renewals
+        self._thread: threading.Thread | None = None
+
+    def add(self, inv: Leased) -> None:
+        """Keep ``inv``'s lease from now on (called on the invocation's loop)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            self._active[id(inv)] = (inv, loop)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+
+    def remove(self, inv: Leased) -> None:
+        """Stop keeping ``inv``'s lease. Returns once no renewal of it is in progress, so
+        a release that follows is never undone by a late renewal."""
+        with self._lock:
+            self._active.pop(id(inv), None)
+        with self._busy:
+            pass
+
+    def _run(self) -> None:
+        hb = self.heartbeat_interval
+        tick = min(self.period, hb) if hb > 0 else self.period
+        last_renew = last_beat = time.monotonic()
+        idle = False
+        while True:
+            time.sleep(tick)
+            with self._lock:
+                if not self._active:
+                    if idle:  # a whole tick without work: end (the next add starts anew)
+                        self._thread = None
+                        return
+                    idle = True
+                    continue
+                idle = False
+            now = time.monotonic()
+            renew = now - last_renew >= self.period * 0.99
+            beat = hb > 0 and now - last_beat >= hb * 0.99
+            if not (renew or beat):
+                continue
+            with self._busy:
+                with self._lock:
+                    items = list(self._active.items())
+                for key, (inv, loop) in items:
+                    with self._lock:
+                        if key not in self._active:
+                            continue  # removed since the round began
+                    self._keep(key, inv, loop, renew, beat)
+            if renew:
+                last_renew = now
+            if beat:
+                last_beat = now
+
+    def _keep(self, key: int, inv: Leased, loop: asyncio.AbstractEventLoop, renew: bool, beat: bool) -> None:
+        if renew:
+            try:
+                inv.lease = self.store.renew(inv.lease, self.lease_s)
+            except LeaseLost as exc:
+                with self._lock:
+                    self._active.pop(key, None)
+                _call_on(loop, inv.lose_lease, exc)
+                return
+            except Exception:  # a store hiccup: the lease still has two thirds of its time
+                log.warning("could not renew the lease of session %s", inv.lease.session_id, exc_info=True)
+        if not beat:
+            return
+        try:
+            paths = list(inv.in_flight)  # a copy made under the GIL; the loop mutates it
+        except RuntimeError:  # changed size while copying: beat next time
+            return
+        if paths:
+            try:
+                self.store.heartbeat(inv.lease.session_id, paths)
+            except Exception:  # a missed heartbeat must not kill the run
+                log.warning("heartbeat failed for session %s", inv.lease.session_id, exc_info=True)
+
+
+def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[[LeaseLost], None], exc: LeaseLost) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, exc)
+    except RuntimeError:  # the loop is closed: the invocation is over anyway
+        pass

@@ -1,0 +1,266 @@
+"""The worker: a process that serves the sessions of its workflows from a shared store.
+
+A :class:`Worker` polls :meth:`EventStore.claim <flowscope.store.base.EventStore.claim>`
+for sessions of its workflows that are ``queued`` (submitted with ``Runner.submit`` or
+``flowscope start``), ``answered`` (answers recorded with ``flowscope.answer`` or
+``flowscope resume`` without the code) or orphaned (their owner died), and runs each in
+its own task with the lease the claim took. The store makes a claim atomic across
+processes, so N workers on one database never run a session twice at once; the lease and
+its epoch (the fence) make a worker that stalls past its lease append nothing more.
+
+``stop()`` (SIGTERM or SIGINT under ``flowscope worker``) drains: no more claims; the
+sessions in hand run on for up to ``drain_s`` (most complete or pause); those still
+running are handed back, fenced (the epoch is advanced under an already-expired lease,
+so their invocation stops with ``LeaseLost`` and appends nothing) and left for another
+worker to claim at once, their cut-off node runs to be re-executed as new attempts.
+Paused sessions stay paused. See docs/workers.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any, Iterable, Mapping
+
+from .engine import Runner, Workflow
+from .engine.hooks import Plugin, PluginDispatcher
+from .errors import InvocationAbortedError, LeaseLost
+from .ownership import Owner, this_process
+from .store.base import Claim, EventStore
+
+__all__ = ["Worker", "DRAIN_REASON"]
+
+log = logging.getLogger("flowscope.worker")
+
+#: ``NodeCancelled.reason`` of node runs a draining worker stops.
+DRAIN_REASON = "worker_draining"
+
+
+def _by_name(workflows: Iterable[Workflow] | Mapping[str, Workflow]) -> dict[str, Workflow]:
+    items = list(workflows.values()) if isinstance(workflows, Mapping) else list(workflows)
+    out: dict[str, Workflow] = {}
+    for wf in items:
+        if not isinstance(wf, Workflow):
+            raise TypeError(f"Worker serves Workflow objects, got {type(wf).__name__}")
+        if wf.name in out and out[wf.name] is not wf:
+            raise ValueError(f"two different workflows are named {wf.name!r}: a worker serves one per name")
+        out[wf.name] = wf
+    if not out:
+        raise ValueError("Worker needs at least one workflow")
+    return out
+
+
+class Worker:
+    """Serves the sessions of ``workflows`` from ``store`` until :meth:`stop`.
+
+    ``concurrency``: at most this many sessions at once. ``lease_s``: the lease every
+    claim takes (renewed every ``lease_s / 3`` off the event loop by the runners).
+    ``drain_s``: how long :meth:`stop` lets sessions in hand run on. ``poll_s``: how
+    often the store is asked for work when there was none. ``max_recoveries``: an
+    orphaned session already recovered that many times is left alone (it shows in
+    ``flowscope stuck``), and a run may be re-executed after a crash that often.
+    ``plugins`` are given to every runner; their ``on_worker_claim``/``on_worker_release``
+    hooks see each claim (``MetricsPlugin`` turns them into ``flowscope_worker_*``).
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        workflows: Iterable[Workflow] | Mapping[str, Workflow],
+        plugins: Iterable[Plugin] = (),
+        concurrency: int = 64,
+        lease_s: float = 15.0,
+        drain_s: float = 30.0,
+        *,
+        poll_s: float = 0.5,
+        worker_id: str | None = None,
+        max_recoveries: int = 3,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if lease_s <= 0 or poll_s <= 0 or drain_s < 0:
+            raise ValueError("lease_s and poll_s must be positive, drain_s not negative")
+        self.store = store
+        self.workflows = _by_name(workflows)
+        self.plugins = list(plugins)
+        self.concurrency = concurrency
+        self.lease_s = float(lease_s)
+        self.drain_s = float(drain_s)
+        self.poll_s = float(poll_s)
+        self.max_recoveries = max_recoveries
+        self.owner: Owner = this_process(worker_id)
+        self.runners = {
+            name: Runner(
+                wf,
+                store,
+                self.plugins,
+                max_recoveries=max_recoveries,
+                lease_s=self.lease_s,
+                worker_id=self.owner.worker_id,
+            )
+            for name, wf in self.workflows.items()
+        }
+        self._hooks = PluginDispatcher(self.plugins)
+        self._active: dict[str, tuple[Claim, asyncio.Task[None]]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._stop = threading.Event()
+        #: Sessions this worker finished serving, by how: completed, paused, failed,
+        #: lease_lost, handed_back, refused (read by tests and the CLI's summary line).
+        self.outcomes: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.owner.describe()} {sorted(self.workflows)} active={len(self._active)}>"
+
+    @property
+    def active(self) -> int:
+        """How many sessions this worker runs now."""
+        return len(self._active)
+
+    # -- control ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming and drain; :meth:`run` returns once done. Safe from any thread
+        and from a signal handler."""
+        self._stop.set()
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop closed meanwhile: run() is over anyway
+                pass
+
+    async def run(self) -> None:
+        """Serve until :meth:`stop`, then drain (see the module docstring)."""
+        if self._loop is not None:
+            raise RuntimeError("this Worker is already running")
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        names = sorted(self.workflows)
+        next_seen = 0.0
+        try:
+            while not self._stop.is_set():
+                now = time.time()
+                if now >= next_seen:
+                    self._record_seen(names, now)
+                    next_seen = now + self.lease_s / 3
+                claims = self._claim(names)
+                for claim in claims:
+                    self._start(claim)
+                free = self.concurrency - len(self._active)
+                if claims and free > 0:
+                    await asyncio.sleep(0)  # there may be more: ask again at once
+                    continue
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.poll_s)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            await self._drain()
+            self._loop = None
+
+    # -- claiming --------------------------------------------------------------------------
+
+    def _record_seen(self, names: list[str], now: float) -> None:
+        try:
+            self.store.workers_seen(self.owner, names, ts=now)
+        except Exception as exc:  # a worker survives a store that is briefly unavailable
+            log.warning("could not record worker %s: %s: %s", self.owner.worker_id, type(exc).__name__, exc)
+
+    def _claim(self, names: list[str]) -> list[Claim]:
+        free = self.concurrency - len(self._active)
+        if free <= 0:
+            return []
+        try:
+            return self.store.claim(
+                self.owner, names, self.lease_s, limit=free, max_recoveries=self.max_recoveries
+            )
+        except Exception as exc:
+            log.warning("claim failed: %s: %s", type(exc).__name__, exc)
+            return []
+
+    def _start(self, claim: Claim) -> None:
+        task = asyncio.ensure_future(self._serve(claim))
+        self._active[claim.session_id] = (claim, task)
+
+    def _count(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    async def _serve(self, claim: Claim) -> None:
+        """Run one claimed session to its next stop (completed, paused, failed, lost)."""
+        sid = claim.session_id
+        await self._hooks.call("on_worker_claim", claim)
+        try:
+            runner = self.runners[claim.workflow]
+            result = await runner.resume(sid, lease=claim.lease)
+            self._count(result.status)
+            log.info("session %s (%s, %s): %s", sid, claim.workflow, claim.reason, result.status)
+        except LeaseLost as exc:
+            self._count("lease_lost" if not self._stop.is_set() else "handed_back")
+            log.warning("session %s: lease lost: %s", sid, exc)
+        except InvocationAbortedError:
+            self._count("handed_back")
+            log.info("session %s: stopped by the drain", sid)
+        except asyncio.CancelledError:
+            self._count("handed_back")
+            raise
+        except Exception as exc:  # the workflow's own failure, or a session that cannot run
+            self._count("failed")
+            log.warning("session %s (%s, %s) failed: %s: %s", sid, claim.workflow, claim.reason, type(exc).__name__, exc)
+        finally:
+            self._active.pop(sid, None)
+            await self._hooks.call("on_worker_release", claim)
+            if self._wake is not None:
+                self._wake.set()
+
+    # -- draining --------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Let the sessions in hand run on for ``drain_s``, then hand back the rest."""
+        tasks = [task for _claim, task in self._active.values()]
+        if tasks:
+            log.info("draining %d session(s) for up to %gs", len(tasks), self.drain_s)
+            await asyncio.wait(tasks, timeout=self.drain_s)
+        left = list(self._active.values())
+        for claim, _task in left:
+            self._hand_back(claim)
+        if left:
+            await asyncio.wait([task for _claim, task in left], timeout=max(5.0, self.lease_s))
+        for claim, task in list(self._active.values()):  # a node that ignores cancellation
+            task.cancel()
+        await asyncio.gather(*(task for _c, task in left), return_exceptions=True)
+
+    def _hand_back(self, claim: Claim) -> None:
+        """Fence our own invocation and leave the session claimable at once.
+
+        Re-acquiring under a lease that is already over advances the epoch: the running
+        invocation's next append or renewal raises ``LeaseLost`` and writes nothing, and
+        the session is orphaned (owner alive, lease expired) for the next claimer. The
+        abort then stops its node runs now instead of at their next append.
+        """
+        sid = claim.session_id
+        try:
+            self.store.acquire(sid, self.owner, 0.0, force=True)
+        except Exception as exc:
+            log.warning("could not hand back session %s: %s: %s", sid, type(exc).__name__, exc)
+        self.runners[claim.workflow].abort(sid, reason=DRAIN_REASON)
+
+    # -- convenience -----------------------------------------------------------------------
+
+    def run_sync(self) -> None:
+        """:meth:`run` for scripts without an event loop."""
+        asyncio.run(self.run())
+
+    def describe(self) -> dict[str, Any]:
+        """What this worker is, for logs and the CLI."""
+        return {
+            "worker_id": self.owner.worker_id,
+            "host": self.owner.host,
+            "pid": self.owner.pid,
+            "workflows": sorted(self.workflows),
+            "concurrency": self.concurrency,
+            "lease_s": self.lease_s,
+        }

@@ -1,0 +1,203 @@
+"""Worker chaos (issue 13, "Must show"): three ``flowscope worker`` processes on one SQLite
+file, 100 submitted sessions, one worker SIGKILLed and restarted every second.
+
+Sessions are chains, fan-outs with a join, a node retried after a failure, input pauses
+answered with ``flowscope resume SESSION --input go=true`` and jobs reported with
+``flowscope resume SESSION --job ID=JSON`` (neither has the workflow's code), submitted
+with ``Runner.submit`` and ``flowscope start``. Every node appends a line (session, path,
+attempt) to a file after its work (tests/chaos_workflows.py). At the end:
+
+- every session completed, with the output its workflow computes;
+- every node run that completed has exactly one line at its completed attempt, and any
+  other line of it is at a lower attempt: a retried attempt (its NodeRetrying is in the
+  log) or one cut off by a kill; no attempt ran twice; attempts never go back, in the
+  side effects or in the log;
+- nothing is left open: ``flowscope stuck --format json`` is empty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from flowscope import Runner
+from flowscope.events import InputRequested, JobDispatched
+from flowscope.store import SqliteEventStore, rebuild
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import chaos_workflows as cw  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
+N_WORKERS = 3
+LEASE = "2s"
+
+pytestmark = pytest.mark.slow
+
+
+def env_for(log: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
+    env["CHAOS_LOG"] = str(log)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def start_worker(db: Path, env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [FLOWSCOPE, "--db", str(db), "worker", "tests.chaos_workflows:ALL", "--lease", LEASE,
+         "--poll", "50ms", "--concurrency", "16", "--max-recoveries", "100", "--drain", "5s"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(out, "ab"),
+    )
+
+
+def cli(db: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FLOWSCOPE, "--db", str(db), *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_three_workers_one_killed_every_second_complete_every_session_once(tmp_path):
+    db, log, wlog = tmp_path / "chaos.db", tmp_path / "effects.jsonl", tmp_path / "workers.log"
+    env = env_for(log)
+    os.environ["CHAOS_LOG"] = str(log)  # Runner.submit below runs nothing, but be safe
+    # -- 100 sessions: 95 with Runner.submit, 5 with `flowscope start` (by name, no code)
+    plan = [cw.chain] * 30 + [cw.fanout] * 20 + [cw.retrying] * 20 + [cw.asking] * 15 + [cw.job] * 15
+    expected: dict[str, object] = {}
+    with SqliteEventStore(db) as store:
+        for i, wf in enumerate(plan[:-5]):
+            sid = Runner(wf, store).submit(i, session_id=f"s{i:03d}-{wf.name}")
+            expected[sid] = wf
+    for i, wf in enumerate(plan[-5:], start=len(plan) - 5):
+        sid = f"s{i:03d}-{wf.name}"
+        r = cli(db, env, "start", wf.name, "--input", str(i), "--session", sid)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == sid
+        expected[sid] = wf
+    assert len(expected) == 100
+
+    workers = [start_worker(db, env, wlog) for _ in range(N_WORKERS)]
+    answered: set[str] = set()
+    answer_results: list[subprocess.CompletedProcess[str]] = []
+    kills = 0
+    t0 = time.monotonic()
+    pool = ThreadPoolExecutor(max_workers=3)
+    futures = []
+    try:
+        next_kill = time.monotonic() + 1.0
+        with SqliteEventStore(db, readonly=True) as store:
+            while True:
+                statuses = {s.session_id: s.status for s in store.sessions()}
+                if all(statuses.get(sid) == "completed" for sid in expected):
+                    break
+                assert time.monotonic() - t0 < 75, (
+                    f"not done after 75s: {sorted((s, st) for s, st in statuses.items() if st != 'completed')[:10]}\n"
+                    + wlog.read_text()[-3000:])
+                for sid, status in statuses.items():
+                    if status != "paused" or sid in answered:
+                        continue
+                    ws = rebuild(store.read(sid))
+                    args: list[str] = []
+                    for p in ws.pending:
+                        if isinstance(p, InputRequested):
+                            args += ["--input", f"{p.interrupt_id}=true"]
+                        elif isinstance(p, JobDispatched):
+                            args += ["--job", f'{p.job_id}={{"success": true, "count": 1, "data": {{"n": 1}}}}']
+                    if args:
+                        answered.add(sid)
+                        futures.append(pool.submit(cli, db, env, "resume", sid, *args))
+                if time.monotonic() >= next_kill:
+                    victim = kills % N_WORKERS
+                    workers[victim].send_signal(signal.SIGKILL)
+                    workers[victim].wait(10)
+                    kills += 1
+                    workers[victim] = start_worker(db, env, wlog)
+                    next_kill += 1.0
+                time.sleep(0.1)
+        answer_results = [f.result(timeout=60) for f in futures]
+        elapsed = time.monotonic() - t0
+        # SIGTERM only workers that are serving (a worker still importing has no handler yet)
+        with SqliteEventStore(db, readonly=True) as store:
+            deadline = time.monotonic() + 20
+            while {w.pid for w in workers} - {info.pid for info in store.workers()}:
+                assert time.monotonic() < deadline, "a restarted worker never recorded itself"
+                time.sleep(0.1)
+    finally:
+        pool.shutdown(wait=False)
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(20)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait(10)
+
+    # the workers still alive drain and exit 0 on SIGTERM
+    assert all(w.returncode == 0 for w in workers), [w.returncode for w in workers]
+    assert kills >= 5, f"only {kills} kills: the sessions finished too fast to test anything"
+    # every answer went through the store, without the code, and said so
+    assert len(answer_results) == 30
+    for r in answer_results:
+        assert r.returncode == 0, r.stderr
+        assert "recorded" in r.stdout and "worker" in r.stdout, r.stdout
+
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    by_run: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for x in lines:
+        by_run[(x["session"], x["path"])].append(x["attempt"])
+    re_executed = retried = checked_runs = cut_after_effect = 0
+    with SqliteEventStore(db, readonly=True) as store:
+        for sid, wf in expected.items():
+            events = store.read(sid)
+            ws = rebuild(events)
+            assert ws.status == "completed", (sid, ws.status)
+            assert ws.output is not None
+            # attempts in the log never go back, per node run
+            last: dict[str, int] = {}
+            for e in events:
+                attempt = getattr(e, "attempt", None)
+                if e.type in ("node_started", "node_retrying", "node_completed") and attempt is not None:
+                    assert attempt >= last.get(e.path, 0), (sid, e.path, e.type, attempt, last.get(e.path))
+                    last[e.path] = attempt
+            retry_attempts = {(e.path, e.attempt) for e in events if e.type == "node_retrying"}
+            checked = 0
+            for path, ns in ws.nodes.items():
+                if ns.kind != "function":
+                    continue
+                checked += 1
+                assert (sid, path) in by_run, (sid, path, "completed without its side effect")
+                attempts = by_run[(sid, path)]
+                assert ns.status == "completed", (sid, path, ns.status)
+                # no attempt executed twice; attempts only go up; the last is the completed one
+                assert len(set(attempts)) == len(attempts), (sid, path, attempts)
+                assert attempts == sorted(attempts), (sid, path, attempts)
+                assert attempts[-1] == ns.attempt, (sid, path, attempts, ns.attempt)
+                for a in attempts[:-1]:
+                    if (path, a) in retry_attempts:
+                        retried += 1
+                    else:
+                        cut_after_effect += 1  # killed between its side effect and its completion
+                # attempts that neither completed nor were retried: cut off by a kill, run again
+                re_executed += sum(1 for a in range(1, ns.attempt) if (path, a) not in retry_attempts)
+            assert checked >= 3, (sid, checked)  # every workflow has three nodes or more
+            checked_runs += checked
+
+    stuck = cli(db, env, "stuck", "--older-than", "0s", "--format", "json")
+    assert stuck.returncode == 0, stuck.stderr
+    assert json.loads(stuck.stdout) == []
+    assert retried >= 20  # every retrying session's flaky node failed once
+    assert checked_runs == len(by_run)  # no side effect of a run the log does not have
+    print(f"\nchaos: 100 sessions, {kills} kills, {len(lines)} side effects, {retried} retried attempts, "
+          f"{re_executed} attempts cut off by a kill and run again ({cut_after_effect} after their side effect), "
+          f"{checked_runs} node runs checked, {elapsed:.1f}s")
+    assert re_executed > 0, "no kill cut a node off mid-flight: the test proved nothing about recovery"
