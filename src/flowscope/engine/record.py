@@ -196,6 +196,7 @@ class Recorder:
             replayed=self.statuses["completed"],
             recovered=self.statuses["running"],
             plugins=plugins.names,
+            store=store,
         )
 
     def mark_answered(self, path: str) -> None:

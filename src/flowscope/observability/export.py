@@ -31,6 +31,7 @@ from ..events import Event
 from . import otlp
 from .log_spans import rebuild, span_id_for, trace_id_for
 from .otlp import guess_protocol
+from .shipping import readable_span
 from .spans import INCOMPLETE
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,40 +60,15 @@ class ExportError(Exception):
 
 
 def session_spans(events: Iterable[Event], service_name: str = "flowscope") -> list[ReadableSpan]:
-    """The session's spans as SDK ``ReadableSpan`` objects (what an exporter takes)."""
+    """The session's spans as SDK ``ReadableSpan`` objects (what an exporter takes): the
+    records of :func:`~flowscope.observability.log_spans.rebuild`, converted as the live
+    plugin converts them (:func:`~flowscope.observability.shipping.readable_span`)."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.trace import Event as SpanEvent
-    from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-    from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
     resource = Resource({SERVICE_NAME: service_name})  # no detectors: the same output everywhere
     scope = InstrumentationScope("flowscope", __version__)
-    flags = TraceFlags(TraceFlags.SAMPLED)
-
-    def context(trace_id: int, span_id: int) -> SpanContext:
-        return SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags)
-
-    out = []
-    for s in rebuild(events):
-        status = Status(StatusCode.ERROR, s.error) if s.error is not None else Status(StatusCode.UNSET)
-        out.append(
-            ReadableSpan(
-                name=s.name,
-                context=context(s.trace_id, s.span_id),
-                parent=context(s.trace_id, s.parent_id) if s.parent_id else None,
-                resource=resource,
-                attributes=dict(s.attributes),
-                events=[SpanEvent(e.name, dict(e.attributes), e.time_ns) for e in s.events],
-                links=[Link(context(tid, sid)) for tid, sid in s.links],
-                kind=SpanKind.INTERNAL,
-                status=status,
-                start_time=int(round(s.start * 1e9)),
-                end_time=int(round(s.end * 1e9)),
-                instrumentation_scope=scope,
-            )
-        )
-    return out
+    return [readable_span(r, resource, scope) for r in rebuild(events)]
 
 
 def export_request(events: Iterable[Event], service_name: str = "flowscope") -> ExportTraceServiceRequest:

@@ -14,6 +14,9 @@ from ..base import NodeRun
 from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
+    "SQL_CREATE_SPAN_EXPORTS",
+    "SQL_EXPORTED_SEQ",
+    "SQL_SET_EXPORTED_SEQ",
     "SQL_SESSION",
     "SQL_LAST_SEQ",
     "SQL_INSERT_EVENT",
@@ -199,3 +202,14 @@ def node_row(session_id: str, workflow: str, ns: NodeState) -> tuple[Any, ...]:
 def session_row(ws: WorkflowState, submitted_at: float | None = None) -> tuple[Any, ...]:
     """The parameters of ``SQL_UPSERT_SESSION`` (``submitted_at`` is kept once set)."""
     return (ws.session_id, ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations, submitted_at)
+
+# -- the span-shipping watermark (issue 15): a table of its own, created on the first write,
+# so that files without it stay valid and the schema version is unchanged.
+SQL_CREATE_SPAN_EXPORTS = (
+    "CREATE TABLE IF NOT EXISTS span_exports (session_id TEXT PRIMARY KEY, exported_seq INTEGER NOT NULL) WITHOUT ROWID"
+)
+SQL_EXPORTED_SEQ = "SELECT exported_seq FROM span_exports WHERE session_id = ?"
+SQL_SET_EXPORTED_SEQ = (
+    "INSERT INTO span_exports (session_id, exported_seq) VALUES (?, ?) "
+    "ON CONFLICT(session_id) DO UPDATE SET exported_seq = max(exported_seq, excluded.exported_seq)"
+)

@@ -23,13 +23,14 @@ from typing import Any, Collection, Iterable, Iterator, Sequence
 
 import sqlite_utils
 
-from ...errors import StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
+from ...errors import ConcurrencyConflict, LeaseLost, StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
 from ...events import Event, RunSubmitted, UnknownEvent
 from ...fold import NodeState, WorkflowState, gc_paused
 from ...liveness import owner_alive, stale_before
 from ...ownership import Lease, Owner, this_host
 from ..base import (
     WORKER_RETENTION_S,
+    AppendBatch,
     Claim,
     ClaimReason,
     EventStore,
@@ -448,6 +449,75 @@ class SqliteEventStore(EventStore):
         with self._op("read a snapshot") as conn:
             row = conn.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone()
         return (row[0], row[1]) if row is not None else None
+
+    # ------------------------------------------------------------------ group commit, span shipping (issue 15)
+
+    def append_many(self, batches: Sequence[AppendBatch]) -> list[list[Event] | BaseException]:
+        """Every batch in one ``BEGIN IMMEDIATE`` transaction (one fsync for many sessions).
+        A batch refused by its fence or its expected ``seq`` is skipped (its exception is its
+        result); an error of the store itself rolls everything back and is raised."""
+        if len(batches) == 1:
+            sid, events, expected, epoch = batches[0]
+            try:
+                return [self.append(sid, events, expected, epoch=epoch)]
+            except (ConcurrencyConflict, LeaseLost) as exc:
+                return [exc]
+        prepared = []
+        for sid, events, expected, epoch in batches:
+            evs = events if isinstance(events, (list, tuple)) else list(events)
+            prepared.append((sid, evs, [encode(self.path, sid, e) for e in evs], expected, epoch))
+        if self.readonly:
+            raise self._read_only("append events")
+        out: list[list[Event] | BaseException] = []
+        kept: list[tuple[str, _CacheEntry]] = []
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise self._closed()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for sid, evs, encoded, expected, epoch in prepared:
+                        self._pending_cache = None
+                        conn.execute("SAVEPOINT batch")
+                        try:
+                            out.append(self._append_in_transaction(conn, sid, evs, encoded, expected, epoch))
+                        except (ConcurrencyConflict, LeaseLost) as exc:
+                            conn.execute("ROLLBACK TO batch")
+                            out.append(exc)
+                        else:
+                            if self._pending_cache is not None:
+                                kept.append(self._pending_cache)
+                        conn.execute("RELEASE batch")
+                    conn.execute("COMMIT")
+                except BaseException:
+                    self._pending_cache = None
+                    for sid, *_ in prepared:  # the states of a rolled-back append are not the log's
+                        self._node_cache.pop(sid, None)
+                    schema.rollback(conn)
+                    raise
+                self._pending_cache = None
+                cache = self._node_cache
+                for sid, entry in kept:
+                    cache[sid] = entry
+                while len(cache) > _NODE_CACHE_SESSIONS:
+                    cache.pop(next(iter(cache)))
+            except sqlite3.Error as exc:
+                raise store_error(exc, self.path, "append events", self.busy_timeout) from exc
+        return out
+
+    def exported_seq(self, session_id: str) -> int:
+        with self._op("read the span watermark") as conn:
+            try:
+                row = conn.execute(q.SQL_EXPORTED_SEQ, (session_id,)).fetchone()
+            except sqlite3.OperationalError:  # no span was ever shipped from this file: no table yet
+                return 0
+        return int(row[0]) if row is not None else 0
+
+    def set_exported_seq(self, session_id: str, seq: int) -> None:
+        with self._write("advance the span watermark") as conn:
+            conn.execute(q.SQL_CREATE_SPAN_EXPORTS)
+            conn.execute(q.SQL_SET_EXPORTED_SEQ, (session_id, seq))
 
     # ------------------------------------------------------------------ maintenance
 
