@@ -24,6 +24,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from .. import __version__
@@ -35,7 +36,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from opentelemetry.context import Context
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import ReadableSpan
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     from ..store.base import EventStore
@@ -190,7 +190,7 @@ class _Mark:
 LEDGER = Ledger()
 
 
-class WatermarkExporter:
+class WatermarkExporter(SpanExporter):
     """A ``SpanExporter`` around another: after the inner ``export()`` returned SUCCESS,
     the sessions' watermarks advance over the spans it sent (:class:`Ledger`)."""
 
@@ -200,8 +200,6 @@ class WatermarkExporter:
         ledger.active = True
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
         result = self.inner.export(spans)
         self.ledger.exported(spans, result is SpanExportResult.SUCCESS)
         return result
