@@ -57,9 +57,9 @@ def _wait_for(cond, timeout: float, what: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("k, shipper", [(1, "resume"), (3, "resume"), (6, "resume"), (3, "follow")])
 def test_sigkill_after_k_node_runs_every_finished_span_reaches_the_receiver_once_with_the_ids_its_body_saw(
-    k, tmp_path, monkeypatch
+    k, shipper, tmp_path, monkeypatch
 ):
     db, contexts = tmp_path / "flowscope.db", tmp_path / "contexts.jsonl"
     env = dict(os.environ, PYTHONPATH=SRC, OTEL_BSP_SCHEDULE_DELAY="20")
@@ -79,10 +79,16 @@ def test_sigkill_after_k_node_runs_every_finished_span_reaches_the_receiver_once
         store = SqliteEventStore(db)
         watermark = store.exported_seq("s")
         store.close()
-        # the next process to open the session ships what the killed one did not
-        done = subprocess.run([*args, "resume"], env=env, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.split() == ["completed", "8"]
+        if shipper == "resume":  # the next process to open the session ships what the killed one did not
+            done = subprocess.run([*args, "resume"], env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.split() == ["completed", "8"]
+        else:  # flowscope export --follow tails the store (twice over: the second pass sends nothing)
+            cmd = [sys.executable, "-c", "from flowscope.cli import main; main()", "export", "--follow", "--rounds", "2"]
+            done = subprocess.run(
+                [*cmd, "--interval", "0.05", "--db", str(db), "--otlp-endpoint", endpoint], env=env, capture_output=True, text=True, timeout=120
+            )
+            assert done.returncode == 0, done.stderr
         received = [s for _r, _sc, s in collected.spans()]
 
     ids = [(s.trace_id.hex(), s.span_id.hex()) for s in received]
@@ -109,6 +115,9 @@ def test_sigkill_after_k_node_runs_every_finished_span_reaches_the_receiver_once
     assert cut["flowscope.export.incomplete"] is True and "flowscope.node.outcome" not in cut
     (inv,) = [s for s in dead if attrs(s.attributes).get("gen_ai.operation.name") == "invoke_workflow"]
     assert attrs(inv.attributes)["flowscope.export.incomplete"] is True
+    if shipper == "follow":
+        assert len(received) == k + 2
+        return
     # the resume: a new trace linked to the killed one, the cut-off run recovered
     (resumed,) = [s for s in received if s.trace_id.hex() != dead_trace and not s.parent_span_id]
     assert [(l.trace_id.hex(), l.span_id.hex()) for l in resumed.links] == [(dead_trace, inv.span_id.hex())]
