@@ -73,6 +73,8 @@ NODE_OUTCOMES = ("success", "failure", "timeout", "cancellation", "waiting")
 WORKFLOW_OUTCOMES = ("completed", "failed", "paused", "cancelled")
 JOB_RESULTS = ("success", "failed", "empty")
 
+_KEY = "metrics"  # our slot in ctx.plugin_state
+
 #: Fallback label when an event's invocation is unknown to the plugin (it was added
 #: to the runner after the invocation began). Never an id.
 UNKNOWN_WORKFLOW = "unknown"
@@ -425,11 +427,16 @@ class MetricsPlugin(Plugin):
 
     # -- helpers ---------------------------------------------------------------------------
 
+    def _bind(self, instrument: _Instrument, values: tuple[str, ...]) -> _Series:
+        """The one place a labelled series is bound (once per label set; the node path
+        keeps what it binds): a label-bounding policy wraps this."""
+        return instrument.series(values)
+
     def _node(self, workflow: str, node: str) -> _NodeSeries:
         key = (workflow, node)
         ns = self._nodes.get(key)
         if ns is None:
-            ns = self._nodes[key] = _NodeSeries(self._nodes_running.series(key))
+            ns = self._nodes[key] = _NodeSeries(self._bind(self._nodes_running, key))
         return ns
 
     def _workflow_of(self, event: Event) -> str:
@@ -465,22 +472,27 @@ class MetricsPlugin(Plugin):
     # -- node hooks --------------------------------------------------------------------------
 
     def before_node(self, ctx: NodeContext) -> None:
-        self._node(ctx.run.workflow, ctx.node_name).running.add(1.0)
+        # Bound once per (workflow, node): the run carries its series to after_node.
+        ns = ctx.plugin_state[_KEY] = self._node(ctx.run.workflow, ctx.node_name)
+        ns.running.add(1.0)
 
     def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
-        ns = self._node(ctx.run.workflow, ctx.node_name)
+        ns: _NodeSeries | None = ctx.plugin_state.pop(_KEY, None)
+        if ns is None:  # the plugin was added after before_node ran
+            ns = self._node(ctx.run.workflow, ctx.node_name)
+            ns.running.add(1.0)
         ns.running.add(-1.0)
         status = outcome.status
         pair = ns.by_outcome.get(status)
-        if pair is None:
+        if pair is None:  # once per (workflow, node, outcome)
             key = (ctx.run.workflow, ctx.node_name, status)
-            pair = ns.by_outcome[status] = (self._node_runs.series(key), self._node_duration.series(key))
+            pair = ns.by_outcome[status] = (self._bind(self._node_runs, key), self._bind(self._node_duration, key))
         pair[0].add()
         pair[1].record(outcome.duration_s, _exemplar(ctx.trace_context))
         if status == "success" or status == "failure" or status == "timeout":
             attempts = ns.attempts
             if attempts is None:
-                attempts = ns.attempts = self._node_attempts.series((ctx.run.workflow, ctx.node_name))
+                attempts = ns.attempts = self._bind(self._node_attempts, (ctx.run.workflow, ctx.node_name))
             attempts.record(outcome.attempt_count)
 
     # -- events ------------------------------------------------------------------------------
