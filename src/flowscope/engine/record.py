@@ -22,7 +22,7 @@ import random
 import time
 import uuid
 from collections import Counter
-from typing import Any, Callable, Iterable, Mapping, TypeVar, overload
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, overload
 
 from ..errors import OutputNotSerializableError
 from ..events import Event, RunFinished
@@ -244,7 +244,7 @@ class Recorder:
         if self.halted is not None:
             raise Halted(self.halted) from self.halted
 
-    def committed(self, batch: list[Event], error: BaseException | None) -> None:
+    def committed(self, batch: Sequence[Event], error: BaseException | None) -> None:
         """The committer settled ``batch``: halt on ``error``, else tell plugins and streams."""
         if error is not None:  # a lock, a full disk, a lost lease: all end the invocation
             self.halt(error)

@@ -192,33 +192,31 @@ class SpanWalk:
             if e.ts > inv.last_ts:
                 inv.last_ts = e.ts
             inv.last_seq = e.seq
-        cls = type(e)
-        if cls is RunStarted:
-            self._start_invocation(e)  # type: ignore[arg-type]  # narrowed by the class check
+        if isinstance(e, RunStarted):
+            self._start_invocation(e)
             return
         if inv is None:
-            if cls is NodeErrorEvent:
-                self.errors[e.path] = (e.error_type, e.error_message)  # type: ignore[attr-defined]
+            if isinstance(e, NodeErrorEvent):
+                self.errors[e.path] = (e.error_type, e.error_message)
             return  # outside any invocation we saw begin: nothing to hang it on
-        if cls is RunFinished:
-            self._finish_invocation(inv, e)  # type: ignore[arg-type]
-        elif cls is NodeStarted:
-            self._start_node(inv, e)  # type: ignore[arg-type]
+        if isinstance(e, RunFinished):
+            self._finish_invocation(inv, e)
+        elif isinstance(e, NodeStarted):
+            self._start_node(inv, e)
         elif e.path:
             span = inv.open.get(e.path)
             if span is None:
                 return
-            if cls is NodeRetrying:
-                span.events.append(sp.retry_event(e))  # type: ignore[arg-type]
-                span.attempt = e.attempt + 1  # type: ignore[attr-defined]
+            if isinstance(e, NodeRetrying):
+                span.events.append(sp.retry_event(e))
+                span.attempt = e.attempt + 1
             elif e.type in TERMINAL_TYPES:
                 span.terminal = e
-                if cls is NodeErrorEvent:
-                    err = (e.error_type, e.error_message)  # type: ignore[attr-defined]
-                    inv.errors[e.path] = self.errors[e.path] = err
+                if isinstance(e, NodeErrorEvent):
+                    inv.errors[e.path] = self.errors[e.path] = (e.error_type, e.error_message)
                 if e.path == inv.root:
                     inv.root_end = self._node_end(inv, span)
-                elif cls is not JobDispatched:
+                elif not isinstance(e, JobDispatched):
                     # A JobDispatched whose dispatch failed is followed by the job's result and
                     # an InputRequested in the same run: that span ends with the last of them.
                     del inv.open[e.path]

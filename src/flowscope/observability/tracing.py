@@ -95,8 +95,9 @@ class TracingPlugin(Plugin):
     """Spans for invocations and node runs, exactly as in the telemetry catalog.
 
     ``tracer_provider``: the provider to use (default: the global one, resolved at the
-    first run). ``record_stacktrace``: kept for compatibility; the log never holds a
-    stack trace (R6), so spans built from it carry none. ``redact``: ``redact(kind,
+    first run). ``record_stacktrace``: add ``exception.stacktrace`` to the ``exception``
+    span event of a failed node (off by default: stack traces carry file paths and code;
+    the log never holds one, so a span shipped after a crash has none). ``redact``: ``redact(kind,
     value) -> str | None`` with kind ``"input"``/``"output"``; what it returns is recorded
     as ``flowscope.node.input``/``flowscope.node.output`` on the live span (the log does
     not keep it, so a span shipped after a crash has none). Without it no node input or
