@@ -248,7 +248,7 @@ async def test_the_watermark_moves_only_over_spans_an_exporter_accepted(store_ki
     ledger = Ledger()
     provider = provider_with(WatermarkExporter(inner, ledger))
     plugin = TracingPlugin(tracer_provider=provider)
-    plugin.shipper.ledger = ledger
+    assert plugin.shipper.ledger is ledger
     wf = Workflow("w", edges=[(START, node(lambda x: x, name="a"), node(lambda x: x, name="b"))])
     await Runner(wf, store=store, plugins=[plugin]).run(1, session_id="ok")
     assert store.exported_seq("ok") == store.last_seq("ok")  # RunFinished ended the last span
@@ -256,3 +256,7 @@ async def test_the_watermark_moves_only_over_spans_an_exporter_accepted(store_ki
     await Runner(wf, store=store, plugins=[plugin]).run(1, session_id="refused")
     assert store.exported_seq("refused") == 0
     assert len(inner.got) == 6
+    # a provider without a WatermarkExporter records nothing, so a resume ships nothing again
+    plain = InMemorySpanExporter()
+    other = TracingPlugin(tracer_provider=provider_with(plain))
+    assert other.shipper.ledger is None

@@ -113,16 +113,22 @@ class Ledger:
     """Spans handed to processors and not yet accepted by a :class:`WatermarkExporter`,
     by session, so that each session's watermark moves only over exported spans.
 
-    One per process (:data:`LEDGER`): the plugin registers, the exporter (in the batch
-    processor's thread) confirms. Off until a ``WatermarkExporter`` exists, so a process
-    without one keeps nothing.
+    The plugin registers, the exporter (in the batch processor's thread) confirms; only a
+    provider with a ``WatermarkExporter`` registers anything (:attr:`Shipper.ledger`).
     """
 
     def __init__(self) -> None:
-        self.active = False
         self._lock = threading.Lock()
         self._spans: dict[tuple[int, int], tuple[str, int]] = {}  # (trace, span) -> (session, end seq)
         self._sessions: dict[str, _Mark] = {}
+        self._writing: dict[str, int] = {}  # session -> a watermark being written to its store
+
+    def shipped(self, session_id: str, records: Sequence[SpanRecord]) -> list[SpanRecord]:
+        """The records this process has not handed over already (pending, or exported with
+        the watermark's write still under way): what a catch-up may send."""
+        with self._lock:
+            mark = self._writing.get(session_id, 0)
+            return [r for r in records if r.end_seq > mark and (r.trace_id, r.span_id) not in self._spans]
 
     def register(self, store: EventStore, records: Sequence[SpanRecord]) -> None:
         with self._lock:
@@ -166,6 +172,7 @@ class Ledger:
                     upto = min(upto, min(mark.pending) - 1)
                 if upto > mark.written:
                     mark.written = upto
+                    self._writing[session] = upto
                     writes.append((mark.store, session, upto))
                 if not mark.pending:
                     del self._sessions[session]
@@ -174,6 +181,9 @@ class Ledger:
                 store.set_exported_seq(session, seq)
             except Exception as exc:  # the next opener ships these again: duplicates, never a loss
                 log.warning("could not record that the spans of session %s were exported: %s", session, exc)
+            with self._lock:
+                if self._writing.get(session) == seq and session not in self._sessions:
+                    del self._writing[session]
 
 
 class _Mark:
@@ -197,7 +207,6 @@ class WatermarkExporter(SpanExporter):
     def __init__(self, inner: SpanExporter, ledger: Ledger = LEDGER) -> None:
         self.inner = inner
         self.ledger = ledger
-        ledger.active = True
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         result = self.inner.export(spans)
@@ -214,18 +223,35 @@ class WatermarkExporter(SpanExporter):
 class Shipper:
     """A provider's processors, sampler and resource, as the tracing plugin uses them."""
 
-    def __init__(self, provider: Any, ledger: Ledger = LEDGER) -> None:
+    def __init__(self, provider: Any) -> None:
         from opentelemetry.sdk.trace import TracerProvider as SdkProvider
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         self.provider = provider
-        self.ledger = ledger
+        self._seen: Any = None  # the processors tuple the ledger was looked up in
+        self._ledger: Ledger | None = None
         sdk = isinstance(provider, SdkProvider) and not getattr(provider, "_disabled", False)
         self.enabled = sdk
         self._processor = provider._active_span_processor if sdk else None
         self._sampler = provider.sampler if sdk else None
         self._resource = provider.resource if sdk else None
         self._scope = InstrumentationScope("flowscope", __version__)
+
+    @property
+    def ledger(self) -> Ledger | None:
+        """The ledger of the provider's :class:`WatermarkExporter`, if it has one: without
+        one nothing records what was exported, so nothing is shipped after a crash."""
+        processor = self._processor
+        procs = getattr(processor, "_span_processors", None)
+        if procs is not self._seen:  # add_span_processor replaces the tuple
+            self._seen = procs
+            self._ledger = None
+            for p in procs or ():
+                exporter = getattr(p, "span_exporter", None)  # Batch and Simple span processors have it
+                if isinstance(exporter, WatermarkExporter):
+                    self._ledger = exporter.ledger
+                    break
+        return self._ledger
 
     def sample(self, trace_id: int, name: str, parent: Context) -> tuple[bool, TraceState]:
         """The provider's sampler's decision for a new invocation's trace."""
@@ -243,8 +269,9 @@ class Shipper:
         todo = [r for r in records if r.sampled]
         if not todo:
             return
-        if store is not None and self.ledger.active:
-            self.ledger.register(store, todo)
+        ledger = self.ledger
+        if store is not None and ledger is not None:
+            ledger.register(store, todo)
         resource, scope = self._resource, self._scope
         assert resource is not None
         on_end = processor.on_end
@@ -260,7 +287,7 @@ class Shipper:
         """Before a resumed invocation: ship what the processes before this one did not
         (their cut-off run as incomplete) and return the ids of the invocation it resumes."""
         link = _link_of(session_id, previous)
-        if store is None or not self.ledger.active:
+        if store is None or self.ledger is None:
             return link
         try:
             mark = store.exported_seq(session_id)
@@ -270,6 +297,9 @@ class Shipper:
         except Exception as exc:  # telemetry never fails the run
             log.warning("could not read session %s to ship its spans: %s", session_id, exc)
             return link
+        ledger = self.ledger
+        if ledger is not None:  # not what this process handed over already
+            records = ledger.shipped(session_id, records)
         self.ship(records, store)
         return last or link
 
