@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -62,12 +63,12 @@ def readable_span(
     from opentelemetry.sdk.trace import Event as SpanEvent
     from opentelemetry.sdk.trace import ReadableSpan
 
-    state = TraceState.from_header([r.trace_state]) if r.trace_state else _EMPTY_STATE
+    state = _trace_state(r.trace_state) if r.trace_state else _EMPTY_STATE
     ctx = SpanContext(r.trace_id, r.span_id, False, _SAMPLED, state)
     parent = SpanContext(r.trace_id, r.parent_id, False, _SAMPLED, state) if r.parent_id else None
-    attributes = dict(r.attributes)
+    attributes = r.attributes  # the SDK keeps its own copy
     if extra:
-        attributes.update(extra)
+        attributes = {**attributes, **extra}
     events: list[Any] = []
     if r.events:
         for e in r.events:
@@ -89,6 +90,11 @@ def readable_span(
         end_time=int(round(r.end * 1e9)),
         instrumentation_scope=scope,
     )
+
+
+@lru_cache(maxsize=256)
+def _trace_state(header: str) -> TraceState:
+    return TraceState.from_header([header])
 
 
 def unshipped(events: Iterable[Event], watermark: int, ended: bool) -> tuple[list[SpanRecord], tuple[int, int] | None]:

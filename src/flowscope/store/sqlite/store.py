@@ -52,7 +52,7 @@ from .faults import store_error
 __all__ = ["SqliteEventStore"]
 
 _PATHS_PER_QUERY = 500  # below SQLite's limit on bound parameters
-_NODE_CACHE_SESSIONS = 16  # sessions whose node states an append keeps for the next one
+_NODE_CACHE_SESSIONS = 4096  # sessions whose node states an append keeps for the next one (group commit: many at once)
 
 #: session -> (last_seq, complete, {path: NodeState}) as of this object's last append.
 _CacheEntry = tuple[int, bool, dict[str, NodeState]]
