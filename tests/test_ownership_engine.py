@@ -87,9 +87,6 @@ def test_a_killed_owner_is_orphaned_at_once_and_resumed_without_force(tmp_path):
     assert [a for _, a in hang] == [1, 2] and hang[0][0] == pid and hang[1][0] != pid
 
 
-@pytest.mark.xfail(
-    strict=True, reason="`flowscope stuck` applies flowscope.liveness.owner_alive in the CLI branch (h-own-worker)"
-)
 def test_flowscope_stuck_lists_a_killed_owners_run_as_orphaned(tmp_path):
     db, _effects, _pid = kill_mid_node(tmp_path)
     stuck = subprocess.run(
