@@ -14,6 +14,7 @@ from ..base import NodeRun
 from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
+    "SQL_SESSIONS_IN",
     "SQL_CREATE_SPAN_EXPORTS",
     "SQL_EXPORTED_SEQ",
     "SQL_SET_EXPORTED_SEQ",
@@ -212,4 +213,9 @@ SQL_EXPORTED_SEQ = "SELECT exported_seq FROM span_exports WHERE session_id = ?"
 SQL_SET_EXPORTED_SEQ = (
     "INSERT INTO span_exports (session_id, exported_seq) VALUES (?, ?) "
     "ON CONFLICT(session_id) DO UPDATE SET exported_seq = max(exported_seq, excluded.exported_seq)"
+)
+#: SQL_SESSION for many sessions at once (group commit): append "(?, ?, ...)".
+SQL_SESSIONS_IN = (
+    "SELECT session_id, coalesce(workflow, ''), coalesce(status, 'new'), started_at, updated_at, last_seq, "
+    "coalesce(invocations, 0), epoch, owner FROM sessions WHERE session_id IN "
 )

@@ -220,15 +220,23 @@ class SqliteEventStore(EventStore):
         encoded: list[tuple[str, float, str, str, str, str]],
         expected_last_seq: int,
         epoch: int | None,
+        bulk: _Bulk | None = None,
     ) -> list[Event]:
-        row = conn.execute(q.SQL_SESSION, (session_id,)).fetchone()
+        """Append one batch in the open transaction. With ``bulk`` (group commit), the
+        session's row comes from it and the rows to write are added to it, written for
+        every session at once by :meth:`append_many`."""
+        row = bulk.rows.get(session_id) if bulk is not None else conn.execute(q.SQL_SESSION, (session_id,)).fetchone()
         if epoch is not None and (row[6] if row is not None else 0) != epoch:  # the fence: nothing written
             raise lease_lost(session_id, row[6] if row else 0, _owner(row[7]) if row else None, epoch)
         last = row[4] if row is not None else 0
         numbered = number_events(session_id, events, last, expected_last_seq)  # may raise: nothing written
         if not numbered:
             return numbered
-        conn.executemany(q.SQL_INSERT_EVENT, [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)])
+        rows = [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)]
+        if bulk is None:
+            conn.executemany(q.SQL_INSERT_EVENT, rows)
+        else:
+            bulk.events.extend(rows)
         ws = WorkflowState(session_id=session_id)
         new_session = last == 0  # no row, or one acquire() made before the first event
         nodes, complete = self._cached_nodes(session_id, new_session, last)
@@ -248,11 +256,18 @@ class SqliteEventStore(EventStore):
             apply(e)  # the one definition of what an event means (flowscope.fold)
         nodes = ws.nodes
         workflow = ws.workflow
-        conn.executemany(q.SQL_UPSERT_NODE, [q.node_row(session_id, workflow, nodes[p]) for p in paths if p in nodes])
+        node_rows = [q.node_row(session_id, workflow, nodes[p]) for p in paths if p in nodes]
+        if bulk is None:
+            conn.executemany(q.SQL_UPSERT_NODE, node_rows)
+        else:
+            bulk.nodes.extend(node_rows)
         if workflow != workflow_before and not new_session:
             conn.execute("UPDATE node_runs SET workflow = ? WHERE session_id = ?", (workflow, session_id))
         submitted = _submitted_at(numbered) if new_session else None  # RunSubmitted starts a session
-        conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, submitted))
+        if bulk is None:
+            conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, submitted))
+        else:
+            bulk.sessions.append(q.session_row(ws, submitted))
         self._pending_cache = (session_id, (numbered[-1].seq, complete, nodes))
         return numbered
 
@@ -472,6 +487,9 @@ class SqliteEventStore(EventStore):
             raise self._read_only("append events")
         out: list[list[Event] | BaseException] = []
         kept: list[tuple[str, _CacheEntry]] = []
+        # Each session once (the usual case): its rows are collected and written for all
+        # sessions with one statement per table. A refused batch has written nothing.
+        bulk = _Bulk() if len({p[0] for p in prepared}) == len(prepared) else None
         with self._lock:
             conn = self._conn
             if conn is None:
@@ -479,18 +497,31 @@ class SqliteEventStore(EventStore):
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
+                    if bulk is not None:
+                        ids = [p[0] for p in prepared]
+                        for i in range(0, len(ids), _PATHS_PER_QUERY):
+                            chunk = ids[i : i + _PATHS_PER_QUERY]
+                            for r in conn.execute(q.SQL_SESSIONS_IN + "(" + ", ".join("?" * len(chunk)) + ")", chunk):
+                                bulk.rows[r[0]] = r[1:]
                     for sid, evs, encoded, expected, epoch in prepared:
                         self._pending_cache = None
-                        conn.execute("SAVEPOINT batch")
+                        if bulk is None:
+                            conn.execute("SAVEPOINT batch")
                         try:
-                            out.append(self._append_in_transaction(conn, sid, evs, encoded, expected, epoch))
+                            out.append(self._append_in_transaction(conn, sid, evs, encoded, expected, epoch, bulk))
                         except (ConcurrencyConflict, LeaseLost) as exc:
-                            conn.execute("ROLLBACK TO batch")
+                            if bulk is None:
+                                conn.execute("ROLLBACK TO batch")
                             out.append(exc)
                         else:
                             if self._pending_cache is not None:
                                 kept.append(self._pending_cache)
-                        conn.execute("RELEASE batch")
+                        if bulk is None:
+                            conn.execute("RELEASE batch")
+                    if bulk is not None:
+                        conn.executemany(q.SQL_INSERT_EVENT, bulk.events)
+                        conn.executemany(q.SQL_UPSERT_NODE, bulk.nodes)
+                        conn.executemany(q.SQL_UPSERT_SESSION, bulk.sessions)
                     conn.execute("COMMIT")
                 except BaseException:
                     self._pending_cache = None
@@ -559,6 +590,18 @@ class SqliteEventStore(EventStore):
                     rows.append(q.node_row(session_id, ws.workflow, ns))
                 conn.executemany(q.SQL_UPSERT_NODE, rows)
                 conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, _submitted_at(events)))
+
+
+class _Bulk:
+    """The rows of a group commit (:meth:`SqliteEventStore.append_many`), written at once."""
+
+    __slots__ = ("rows", "events", "nodes", "sessions")
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Any] = {}  # session id -> its SQL_SESSION row, read for all at once
+        self.events: list[Any] = []
+        self.nodes: list[Any] = []
+        self.sessions: list[Any] = []
 
 
 def _owner(text: str | None) -> Owner | None:
