@@ -260,3 +260,26 @@ async def test_the_watermark_moves_only_over_spans_an_exporter_accepted(store_ki
     plain = InMemorySpanExporter()
     other = TracingPlugin(tracer_provider=provider_with(plain))
     assert other.shipper.ledger is None
+
+
+def test_after_a_refused_export_the_watermark_of_that_session_stays_put_in_this_process():
+    from flowscope.observability.log_spans import SpanRecord
+
+    store = MemoryEventStore()
+    ledger = Ledger()
+
+    def rec(span_id: int, seq: int) -> SpanRecord:
+        return SpanRecord("s", 1, span_id, None, 0.0, 1.0, {}, end_seq=seq, session_id="x")
+
+    class Ctx:
+        def __init__(self, span_id: int) -> None:
+            self.context = type("C", (), {"trace_id": 1, "span_id": span_id})()
+
+    ledger.register(store, [rec(1, 3)])
+    ledger.exported([Ctx(1)], ok=False)
+    ledger.register(store, [rec(2, 7)])
+    ledger.exported([Ctx(2)], ok=True)
+    assert store.exported_seq("x") == 0  # the refused span at seq 3 is sent again by the next opener
+    ledger.register(store, [rec(3, 2)])
+    ledger.exported([Ctx(3)], ok=True)
+    assert store.exported_seq("x") == 0

@@ -120,7 +120,9 @@ class Ledger:
     by session, so that each session's watermark moves only over exported spans.
 
     The plugin registers, the exporter (in the batch processor's thread) confirms; only a
-    provider with a ``WatermarkExporter`` registers anything (:attr:`Shipper.ledger`).
+    provider with a ``WatermarkExporter`` registers anything (:attr:`Shipper.ledger`). A
+    span the batch processor drops (its queue full) is never confirmed: its session's
+    watermark stops there, and the span stays registered until the process ends.
     """
 
     def __init__(self) -> None:
@@ -128,6 +130,9 @@ class Ledger:
         self._spans: dict[tuple[int, int], tuple[str, int]] = {}  # (trace, span) -> (session, end seq)
         self._sessions: dict[str, _Mark] = {}
         self._writing: dict[str, int] = {}  # session -> a watermark being written to its store
+        #: sessions an exporter refused spans of: their watermark stays where it was in this
+        #: process, so the next opener sends from there (duplicates rather than a loss)
+        self._refused: set[str] = set()
 
     def shipped(self, session_id: str, records: Sequence[SpanRecord]) -> list[SpanRecord]:
         """The records this process has not handed over already (pending, or exported with
@@ -142,6 +147,7 @@ class Ledger:
                 mark = self._sessions.get(r.session_id)
                 if mark is None:
                     mark = self._sessions[r.session_id] = _Mark(store)
+                    mark.failed = r.session_id in self._refused
                 mark.pending[r.end_seq] = mark.pending.get(r.end_seq, 0) + 1
                 self._spans[(r.trace_id, r.span_id)] = (r.session_id, r.end_seq)
 
@@ -166,6 +172,7 @@ class Ledger:
                     del mark.pending[seq]
                 if not ok:
                     mark.failed = True
+                    self._refused.add(session)
                 elif seq > mark.done:
                     mark.done = seq
                 touched.add(session)
