@@ -17,3 +17,18 @@ def store():
 
 def of_type(events, type_name):
     return [e for e in events if e.type == type_name]
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """A PostgreSQL cluster of this test session (tests/pg_cluster.py), started on first use.
+
+    Never skipped: without the server binaries it errors with the line that installs them.
+    """
+    from pg_cluster import PgCluster
+
+    cluster = PgCluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -158,28 +158,6 @@ class CrashingStore(EventStore):
             raise SimulatedCrash()
         return self.inner.append(session_id, events, expected_last_seq, epoch=epoch)
 
-    # ownership: the inner store's (a dead process renews and releases nothing)
-    def acquire(self, session_id: str, owner: Any, lease_s: float, *, force: bool = False, now: float | None = None) -> Any:
-        return self.inner.acquire(session_id, owner, lease_s, force=force, now=now)
-
-    def renew(self, lease: Any, lease_s: float, *, now: float | None = None) -> Any:
-        if self.dead:
-            raise SimulatedCrash()
-        return self.inner.renew(lease, lease_s, now=now)
-
-    def release(self, lease: Any) -> None:
-        # A dead process's lease would expire; releasing it stands in for waiting that out.
-        self.inner.release(lease)
-
-    def claim(self, owner: Any, workflows: Any, lease_s: float, **kw: Any) -> Any:
-        return self.inner.claim(owner, workflows, lease_s, **kw)
-
-    def workers_seen(self, owner: Any, workflows: Any, ts: float | None = None) -> None:
-        self.inner.workers_seen(owner, workflows, ts)
-
-    def workers(self) -> Any:
-        return self.inner.workers()
-
     def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
         return self.inner.read(session_id, after_seq)
 

@@ -293,6 +293,7 @@ def test_bad_databases_give_one_line_and_exit_2(bad_dbs, kind, command):
     assert not (kind == "missing" and path.exists())  # a read command never creates the file
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["missing", "text", "other", "corrupt"])
 def test_bad_databases_through_the_console_script(bad_dbs, kind):
     path, fragment = bad_dbs[kind]
@@ -329,6 +330,7 @@ def test_resume_argument_errors(paused_db):
         assert len(store.read(sid)) == store.last_seq(sid)
 
 
+@pytest.mark.slow
 def test_resume_walks_a_session_to_the_end_through_every_pause(paused_db):
     db, sid, job_id = paused_db
     d = str(db)
@@ -359,6 +361,7 @@ def test_resume_of_a_failing_session_exits_1(demo_db, tmp_path):
     assert bad["attempts"] == 2  # numbering continues after an operator's resume (R9)
 
 
+@pytest.mark.slow
 def test_resume_recovers_a_killed_worker(tmp_path):
     db = tmp_path / "worker.db"
     with SqliteEventStore(db) as store:
@@ -379,6 +382,7 @@ def test_resume_recovers_a_killed_worker(tmp_path):
     assert snapshot["attempts"] == 1  # finished before the crash: not run again
 
 
+@pytest.mark.slow
 def test_usage_errors_exit_2_without_traceback(demo_db):
     db, _ = demo_db
     for args in (["stuck", "--older-than", "5 parsecs"], ["runs", "--format", "xml"], ["nonsense"], ["show"]):
@@ -432,6 +436,7 @@ def test_export_of_the_killed_workers_session_marks_the_crashed_runs(demo_db):
     assert attrs.get("flowscope.export.incomplete") is True
 
 
+@pytest.mark.slow
 def test_export_to_an_otlp_endpoint(demo_db):
     import http.server
     import threading
@@ -473,6 +478,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_export_to_an_unreachable_endpoint_is_one_line(demo_db):
     db, ids = demo_db
     port = _free_port()
@@ -495,6 +501,7 @@ def _read_url(proc: subprocess.Popen, timeout: float = 20) -> str:
     raise AssertionError("no metrics URL printed: " + (proc.stderr.read() if proc.poll() is not None else ""))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_metrics_serves_the_store_until_signalled(demo_db, sig):
     db, _ = demo_db
@@ -646,6 +653,7 @@ def test_a_plain_store_error_prints_its_own_message(tmp_path, monkeypatch):
     assert line == f"flowscope: error: {message}"
 
 
+@pytest.mark.slow
 def test_a_folder_named_corrupt_gets_no_corruption_advice(tmp_path):
     folder = tmp_path / "corrupt"
     folder.mkdir()

@@ -14,6 +14,9 @@ import pytest
 from flowscope.events import TERMINAL_TYPES
 from flowscope.store import SqliteEventStore, rebuild
 
+# Every test here starts processes or servers, or runs the demo end to end.
+pytestmark = pytest.mark.slow
+
 WORKER = str(Path(__file__).with_name("crash_worker.py"))
 
 

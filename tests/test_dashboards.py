@@ -237,6 +237,7 @@ REQUIRED_ALERTS = {"FlowscopeNodeStuckRunning", "FlowscopeRunOrphaned", "Flowsco
                    "FlowscopeUnknownErrorCodes", "FlowscopeQueuedWorkNotPickedUp"}
 
 
+@pytest.mark.slow
 def test_promtool_check_rules(promtool):
     result = run_promtool(promtool, "check", "rules", str(ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -244,12 +245,14 @@ def test_promtool_check_rules(promtool):
     assert f"SUCCESS: {n_rules} rules found" in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_promtool_test_rules(promtool):
     result = run_promtool(promtool, "test", "rules", str(ALERT_TESTS))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", PROMETHEUS_CONFIGS, ids=lambda p: p.name)
 def test_promtool_check_config(promtool, config):
     result = run_promtool(promtool, "check", "config", str(config))
@@ -328,6 +331,7 @@ def _mutation_fails(promtool: str, tmp_path: Path, alert: str, mutate: Callable[
     return run_promtool(promtool, "test", "rules", str(test_file))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alert", sorted(r["alert"] for r in alert_rules(load_yaml(ALERTS))))
 def test_alert_unit_tests_fail_when_the_rule_is_broken(promtool, tmp_path, alert):
     coverage = alert_test_coverage(alert, load_yaml(ALERT_TESTS))
@@ -352,6 +356,7 @@ def test_alert_unit_tests_fail_when_the_rule_is_broken(promtool, tmp_path, alert
         assert alert in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_dashboard_queries_are_valid_promql(promtool, tmp_path):
     """promtool parses every (rendered) panel query as a recording rule expression."""
     rules = [{"record": f"flowscope_dashboard_check_{i}", "expr": q.rendered()}
@@ -1064,6 +1069,7 @@ def test_harness_needs_the_prometheus_binary():
         pytest.fail(str(err), pytrace=False)
 
 
+@pytest.mark.slow
 def test_real_prometheus_scrapes_the_contract_and_evaluates_dashboard_and_alerts():
     from prometheus_client import start_http_server
 

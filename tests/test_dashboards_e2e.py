@@ -44,8 +44,13 @@ from typing import Any
 
 import yaml
 
+import pytest
+
 from prom_harness import PrometheusServer, dashboard_queries, find_prometheus, free_port
 from test_dashboards import ALERTS, DASHBOARD, alert_rules, promql_metric_names
+
+# Every test here starts processes or servers, or runs the demo end to end.
+pytestmark = pytest.mark.slow
 
 FLOWSCOPE = Path(sys.executable).parent / "flowscope"
 

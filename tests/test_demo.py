@@ -21,6 +21,9 @@ from click.testing import CliRunner
 from flowscope.cli import cli
 from flowscope.store import SqliteEventStore, rebuild
 
+# Every test here starts processes or servers, or runs the demo end to end.
+pytestmark = pytest.mark.slow
+
 FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
 
@@ -169,9 +172,11 @@ def test_the_killed_worker_is_orphaned_at_once_and_every_hint_runs_as_printed(tm
     commands = [h for h in hints if h.startswith("flowscope ") and "serve-metrics" not in h
                 and "--otlp-endpoint" not in h]
     assert any(f"resume {ids['export']}" in c for c in commands) and any("--job" in c for c in commands)
+    # The hints are shell lines: run them with this interpreter's console script first on PATH.
+    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     for command in commands:
-        result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                                env={k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"})
+        result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
         assert result.returncode == 0, (command, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
 

@@ -8,7 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from flowscope.store import SqliteEventStore, rebuild
+
+# Every test here starts processes or servers, or runs the demo end to end.
+pytestmark = pytest.mark.slow
 
 WORKER = str(Path(__file__).with_name("job_worker.py"))
 

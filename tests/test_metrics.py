@@ -631,6 +631,8 @@ def test_catalog_names_kinds_labels_buckets():
         "flowscope_workflow_duration_seconds": ("histogram", ("workflow", "outcome")),
         "flowscope_job_results": ("counter", ("workflow", "node", "result")),
         "flowscope_plugin_errors": ("counter", ("plugin", "hook")),
+        "flowscope_resume_conflicts": ("counter", ("workflow",)),  # issue 14
+        "flowscope_metrics_overflow": ("counter", ("metric",)),  # issue 14
     }
     assert {name: f.type for name, f in families.items()} == {k: v[0] for k, v in expected.items()}
     for spec in INSTRUMENTS:
@@ -662,6 +664,7 @@ async def test_otel_dotted_names_and_units(m):
         "flowscope.node.runs", "flowscope.node.duration", "flowscope.node.errors", "flowscope.node.retries",
         "flowscope.node.attempts", "flowscope.nodes.running", "flowscope.workflow.runs",
         "flowscope.workflow.duration", "flowscope.job.results", "flowscope.plugin.errors",
+        "flowscope.resume.conflicts", "flowscope.metrics.overflow",  # issue 14
     }  # fmt: skip
 
 

@@ -25,6 +25,9 @@ from flowscope import START, RetryConfig, Runner, Workflow, node  # noqa: E402
 from flowscope.observability import TracingPlugin, configure_tracing  # noqa: E402
 from flowscope.store import MemoryEventStore  # noqa: E402
 
+# Every test here starts processes or servers, or runs the demo end to end.
+pytestmark = pytest.mark.slow
+
 PROTOCOLS = ["http/protobuf", "grpc"]
 SERVICE = "flowscope-otlp-test"
 

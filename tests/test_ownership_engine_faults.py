@@ -185,6 +185,7 @@ class Gate:
         return Workflow("gated", edges=[(START, wait, after)])
 
 
+@pytest.mark.slow
 async def test_a_live_owner_is_refused_with_host_pid_and_lease_age_and_force_fences_it_off():
     store = MemoryEventStore()
     gate = Gate()
@@ -249,6 +250,7 @@ async def test_a_lease_taken_over_while_a_node_runs_cancels_the_run_and_raises_l
     assert statuses == [("wait", "cancellation"), ("gated", "cancellation")]
 
 
+@pytest.mark.slow
 async def test_a_sync_node_with_a_timeout_is_cut_off_without_holding_up_its_sibling():
     store = MemoryEventStore()
     finished = threading.Event()

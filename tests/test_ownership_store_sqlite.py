@@ -54,6 +54,7 @@ def _claimer(path, name, barrier, queue):  # runs in a separate process
     queue.put((name, got))
 
 
+@pytest.mark.slow
 def test_two_processes_claiming_the_same_queued_sessions_each_get_distinct_ones(db_path):
     sids = [f"s{i:03d}" for i in range(200)]
     with SqliteEventStore(db_path) as s:

@@ -27,6 +27,7 @@ from fuzz_workflows import CrashingStore, Effects, build_workflow, drive
 
 CASES = int(os.environ.get("FLOWSCOPE_FUZZ_CASES", "200"))
 SQLITE_EVERY = 5  # every fifth case runs over a real SQLite file
+POSTGRES_EVERY = 10  # and every tenth (case % 10 == 3) over PostgreSQL (the session's cluster)
 
 
 def _completed_paths(events):
@@ -47,7 +48,12 @@ class AbortAt(Plugin):
             self.runner.abort(event.session_id)
 
 
-def _store(case, tmp_path):
+def _store(case, tmp_path, request=None):
+    if request is not None and case % POSTGRES_EVERY == 3:
+        from flowscope.store import PostgresEventStore
+
+        pg = request.getfixturevalue("pg_cluster")  # started on the first Postgres case only
+        return PostgresEventStore(pg.url(), schema=pg.new_schema("fuzz"), max_size=4)
     if case % SQLITE_EVERY == 0:
         from flowscope.store import SqliteEventStore
 
@@ -55,7 +61,7 @@ def _store(case, tmp_path):
     return MemoryEventStore()
 
 
-async def _one_case(case: int, tmp_path) -> None:
+async def _one_case(case: int, tmp_path, request=None) -> None:
     seed = 1000 + case
     rng = random.Random(seed * 7919)
 
@@ -70,7 +76,7 @@ async def _one_case(case: int, tmp_path) -> None:
     # -- the interrupted run ------------------------------------------------------------------
     effects = Effects()
     wf = build_workflow(seed, effects)
-    inner = _store(case, tmp_path)
+    inner = _store(case, tmp_path, request)
     point = rng.randint(1, len(base_events))
     mode = rng.choice(["crash", "crash", "abort"])
     info = f"case={case} seed={seed} mode={mode} point={point} (FLOWSCOPE_FUZZ_ONLY={case} pytest tests/test_replay_fuzz.py)"
@@ -122,9 +128,11 @@ async def _one_case(case: int, tmp_path) -> None:
 
 
 ONLY = os.environ.get("FLOWSCOPE_FUZZ_ONLY")
-CASE_IDS = [int(ONLY)] if ONLY else list(range(CASES))
+# The first FAST_CASES run in the fast loop; the rest with the full suite.
+FAST_CASES = 20
+CASE_IDS = [int(ONLY)] if ONLY else [c if c < FAST_CASES else pytest.param(c, marks=pytest.mark.slow) for c in range(CASES)]
 
 
 @pytest.mark.parametrize("case", CASE_IDS)
-async def test_replay_fuzz(case, tmp_path):
-    await _one_case(case, tmp_path)
+async def test_replay_fuzz(case, tmp_path, request):
+    await _one_case(case, tmp_path, request)

@@ -242,6 +242,7 @@ def _create_worker(path, name, barrier, queue):  # runs in a separate process
         queue.put((name, repr(exc)))
 
 
+@pytest.mark.slow
 def test_processes_creating_the_same_new_file_at_once(db_path):
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(3)
@@ -336,6 +337,7 @@ CRASH_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_writer_killed_mid_stream_leaves_a_consistent_file(db_path, tmp_path):
     script = tmp_path / "writer.py"
     script.write_text(CRASH_SCRIPT)

@@ -88,6 +88,7 @@ WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_killed_worker_leaves_a_running_run_that_becomes_orphaned(db, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -125,8 +126,9 @@ def test_a_killed_worker_leaves_a_running_run_that_becomes_orphaned(db, tmp_path
             what="the run to become orphaned",
         )
         assert time.time() - killed_at < 5
-        heartbeat = {r.node: r.heartbeat_at for r in store.open_runs()}["crunch"]
-        assert time.time() - heartbeat > 0.5
+        # issue 13: its owner is a dead process on this host, so it is orphaned at once,
+        # without waiting for its heartbeat to go stale
+        assert sample(dead, ORPHANED, workflow="nightly", node="crunch") == 1
         assert sample(orphaned, ORPHANED, workflow="nightly", node="nightly") == 1  # its workflow run too
         assert sample(orphaned, OPEN, workflow="nightly", node="crunch", state="running") == 1
         store.close()
@@ -153,6 +155,7 @@ def run_in_subprocess(tmp_path, db, body: str) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.slow
 def test_a_paused_run_is_waiting_input_and_reports_zero_once_answered(db, tmp_path):
     run_in_subprocess(
         tmp_path,
@@ -203,6 +206,7 @@ def paused_iid(store) -> str:
     return [e for e in events if e.type == "input_requested"][-1].interrupt_id
 
 
+@pytest.mark.slow
 def test_a_job_past_its_deadline_is_overdue(db, tmp_path):
     run_in_subprocess(
         tmp_path,
@@ -397,6 +401,7 @@ def _get(url, accept=None, gzip_ok=False):
         return resp.headers.get("Content-Type"), body.decode()
 
 
+@pytest.mark.slow
 def test_serve_metrics_over_http(db):
     store = SqliteEventStore(db)
     registry = CollectorRegistry()
@@ -457,6 +462,7 @@ def test_serve_metrics_over_http(db):
     store.close()
 
 
+@pytest.mark.slow
 def test_serve_metrics_without_a_store_serves_the_registry_and_survives_a_broken_store():
     registry = CollectorRegistry()
     import asyncio

@@ -573,6 +573,7 @@ def run_process(tmp_path, mode):
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_resume_in_a_new_process_links_to_the_paused_invocation_and_attempts_continue(tmp_path):
     import flowscope.store.sqlite  # noqa: F401  (the resume below runs on it)
     first = run_process(tmp_path, "run")

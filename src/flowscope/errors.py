@@ -7,8 +7,9 @@ failure is named the same way everywhere.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from .events import UNKNOWN_ERROR
 
@@ -20,6 +21,8 @@ __all__ = [
     "ConcurrencyConflict",
     "LeaseLost",
     "OutputNotSerializableError",
+    "StateNotSerializableError",
+    "RouteNotFoundError",
     "RecoveryLimitError",
     "JobFailedError",
     "StoreError",
@@ -35,10 +38,18 @@ __all__ = [
     "ErrorInfo",
     "classify",
     "error_type_name",
+    "redact_message",
+    "Redactor",
     "MAX_ERROR_MESSAGE",
+    "MAX_ERROR_CODE",
 ]
 
 MAX_ERROR_MESSAGE = 1024
+#: An ``error_code`` longer than this is cut on the event (metrics take codes of 64 at most).
+MAX_ERROR_CODE = 128
+
+#: ``Runner(redact=...)``: a message in, the message as it may leave the process out.
+Redactor = Callable[[str], str]
 
 
 class FlowscopeError(Exception):
@@ -61,6 +72,18 @@ class OutputNotSerializableError(FlowscopeError):
     """A node returned an output the store cannot keep (not JSON-serialisable)."""
 
     error_code = "OUTPUT_NOT_SERIALIZABLE"
+
+
+class StateNotSerializableError(FlowscopeError):
+    """A node set a ``ctx.state`` value (or key) the store cannot keep (not JSON)."""
+
+    error_code = "STATE_NOT_SERIALIZABLE"
+
+
+class RouteNotFoundError(FlowscopeError):
+    """A node returned a ``Route`` whose label matches none of its outgoing edges."""
+
+    error_code = "ROUTE_NOT_FOUND"
 
 
 class RecoveryLimitError(FlowscopeError):
@@ -145,20 +168,62 @@ def error_type_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _message(exc: BaseException) -> str:
+# The default redaction (R13, docs/design.md): credential shapes first (a URL's user:password
+# before its path is looked at), then absolute file paths. Each pattern is anchored on
+# what precedes it so that relative run paths ("w@1/check@1") and URLs' own paths stay.
+_REDACTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^\s/@:]+:[^\s/@]+@"), r"\1***:***@"),
+    # An Authorization header's scheme and credentials ("token revoked" is prose, not one).
+    (re.compile(r"\b((?i:bearer|basic)|Token)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 ***"),
+    (re.compile(r"\bsk-[A-Za-z0-9_-]{6,}"), "sk-***"),
+    (re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{12,}"), r"\1***"),
+    (
+        re.compile(
+            r"\b(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key)(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&]+)",
+            re.IGNORECASE,
+        ),
+        r"\1\2***",
+    ),
+    (re.compile(r"(?<![\w.@~:/-])~?/[^\s/'\"]+(?:/[^\s/'\"]*)*"), "<path>"),
+    (re.compile(r"(?<![\w])(?:[A-Za-z]:\\|\\\\)[^\s'\"]+"), "<path>"),
+)
+
+
+def redact_message(text: str) -> str:
+    """The default redaction: absolute file paths become ``<path>``, and credential shapes
+    (``Bearer ...``, ``sk-...``, ``AKIA...``, ``password=...``, a URL's ``user:password@``)
+    become ``***``. Every message flowscope records passes through it (or through
+    ``Runner(redact=...)``), so events, spans, metrics, exports and the CLI get it once."""
+    for pattern, repl in _REDACTIONS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def _message(exc: BaseException, redact: Redactor) -> str:
     try:
         text = str(exc)
     except Exception:  # a broken __str__ must not hide the failure it describes
         text = ""
-    if not text:
-        text = type(exc).__name__
-    return text[:MAX_ERROR_MESSAGE]
+    if not isinstance(text, str) or not text:
+        return type(exc).__name__
+    # Bound the work of the redaction on a huge message, then redact, then cut.
+    text = text[: 8 * MAX_ERROR_MESSAGE]
+    try:
+        text = redact(text)
+    except Exception:  # a redactor that fails must not let the raw message out
+        return f"{type(exc).__name__} (message withheld: the redaction failed)"
+    if not isinstance(text, str):
+        return f"{type(exc).__name__} (message withheld: the redaction did not return a str)"
+    return text[:MAX_ERROR_MESSAGE] or type(exc).__name__
 
 
 def _code(exc: BaseException, mapping: Mapping[type, str] | None) -> str:
-    code = getattr(exc, "error_code", None)
-    if isinstance(code, str) and code:
-        return code
+    try:  # a hostile exception's error_code property may raise: then it has none
+        code = getattr(exc, "error_code", None)
+        if isinstance(code, str) and code:
+            return str.__str__(code)[:MAX_ERROR_CODE]
+    except Exception:
+        pass
     if mapping:
         for klass in type(exc).__mro__:
             mapped = mapping.get(klass)
@@ -167,12 +232,16 @@ def _code(exc: BaseException, mapping: Mapping[type, str] | None) -> str:
     return UNKNOWN_ERROR
 
 
-def classify(exc: BaseException, mapping: Mapping[type, str] | None = None) -> ErrorInfo:
-    """Name a failure (R6, docs/design.md).
+def classify(
+    exc: BaseException, mapping: Mapping[type, str] | None = None, redact: Redactor = redact_message
+) -> ErrorInfo:
+    """Name a failure (R6, R13, docs/design.md).
 
-    The code is the exception's ``error_code`` attribute when it is a non-empty string,
-    else the first match of ``mapping`` along the MRO, else ``UNKNOWN_ERROR`` (never the
-    class name, which ``type`` already carries). The message is ``str(e)``, or the class
-    name when that is empty or raises, cut to 1,024 characters. No traceback, ever.
+    The code is the exception's ``error_code`` attribute when it is a non-empty string
+    (cut to ``MAX_ERROR_CODE``; one that raises counts as none), else the first match of
+    ``mapping`` along the MRO, else ``UNKNOWN_ERROR`` (never the class name, which
+    ``type`` already carries). The message is ``str(e)``, or the class name when that is
+    empty or raises, passed through ``redact`` and cut to 1,024 characters. No traceback,
+    ever.
     """
-    return ErrorInfo(_code(exc, mapping), error_type_name(exc), _message(exc))
+    return ErrorInfo(_code(exc, mapping), error_type_name(exc), _message(exc, redact))

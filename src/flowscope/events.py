@@ -126,7 +126,7 @@ class NodeCompleted(Event):
     type: ClassVar[str] = "node_completed"
     output: Any = None
     has_output: bool = True
-    route: str | None = None
+    route: str | int | None = None
     attempt_count: int = 1
     completed: bool = True
 

@@ -76,7 +76,7 @@ class NodeState:
     recoveries: int = 0
     output: Any = None
     has_output: bool = False
-    route: str | None = None
+    route: str | int | None = None
     error_code: str | None = None
     error_type: str | None = None
     error_message: str | None = None

@@ -140,6 +140,7 @@ class Worker:
         self._wake = asyncio.Event()
         names = sorted(self.workflows)
         next_seen = 0.0
+        waiter: asyncio.Future[bool] | None = None
         try:
             while not self._stop.is_set():
                 now = time.time()
@@ -154,10 +155,14 @@ class Worker:
                     await asyncio.sleep(0)  # there may be more: ask again at once
                     continue
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), self.poll_s)
-                except asyncio.TimeoutError:
-                    pass
+                # Woken by a session of ours ending, or by the store (a NOTIFY on
+                # PostgreSQL); store.wait_for_work blocks, so it waits in a thread, and a
+                # wait still running from the last round is waited on again, not doubled.
+                if waiter is None or waiter.done():
+                    waiter = asyncio.ensure_future(asyncio.to_thread(self.store.wait_for_work, self.poll_s))
+                woken = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait((woken, waiter), timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
         finally:
             await self._drain()
             self._loop = None

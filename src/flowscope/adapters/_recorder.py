@@ -404,35 +404,35 @@ class Recorder:
         """``NodeCompleted``; ``has_output=False`` is the completion marker."""
         count = attempt_count if attempt_count is not None else ctx.attempt
         ev = self._event(ctx, NodeCompleted, output=jsonable(output) if has_output else None, has_output=has_output, attempt_count=count)
-        self._end(inv, ctx, ev, NodeOutcome("success", ev, count, ctx.recovered, None, None, self._elapsed(ctx)))
+        self._end(inv, ctx, ev, NodeOutcome(status="success", event=ev, attempt_count=count, recovered=ctx.recovered, duration_s=self._elapsed(ctx)))
 
     def fail(self, inv: Invocation, ctx: BridgeNodeContext, error: BaseException, attempt_count: int) -> None:
         """The one ``NodeErrorEvent`` of a run that failed for good (the deepest path)."""
         info = classify(error)
         ev = self._event(ctx, NodeErrorEvent, error_code=info.code, error_message=info.message, error_type=info.type, attempt_count=attempt_count)
         status = "timeout" if isinstance(error, TimeoutError) else "failure"
-        self._end(inv, ctx, ev, NodeOutcome(status, ev, attempt_count, ctx.recovered, error, ctx.path, self._elapsed(ctx)), error_event=True)
+        self._end(inv, ctx, ev, NodeOutcome(status=status, event=ev, attempt_count=attempt_count, recovered=ctx.recovered, error=error, origin_path=ctx.path, duration_s=self._elapsed(ctx)), error_event=True)
 
     def propagate(self, inv: Invocation, ctx: BridgeNodeContext, origin_path: str, code: str, error_type: str) -> None:
         """An enclosing run failed because a descendant did (no second ``NodeErrorEvent``)."""
         ev = self._event(ctx, NodeErrorPropagated, origin_path=origin_path, error_code=code, error_type=error_type, attempt_count=ctx.attempt)
-        self._end(inv, ctx, ev, NodeOutcome("failure", ev, ctx.attempt, ctx.recovered, None, origin_path, self._elapsed(ctx)))
+        self._end(inv, ctx, ev, NodeOutcome(status="failure", event=ev, attempt_count=ctx.attempt, recovered=ctx.recovered, origin_path=origin_path, duration_s=self._elapsed(ctx)))
 
     def cancel(self, inv: Invocation, ctx: BridgeNodeContext, reason: str = "cancelled") -> None:
         ctx.cancel_reason = reason
         ev = self._event(ctx, NodeCancelled, reason=reason)
-        self._end(inv, ctx, ev, NodeOutcome("cancellation", ev, ctx.attempt, ctx.recovered, None, None, self._elapsed(ctx)))
+        self._end(inv, ctx, ev, NodeOutcome(status="cancellation", event=ev, attempt_count=ctx.attempt, recovered=ctx.recovered, duration_s=self._elapsed(ctx)))
 
     def request_input(self, inv: Invocation, ctx: BridgeNodeContext, requests: Sequence[tuple[str, str, Any]]) -> None:
         """One ``InputRequested`` per ``(interrupt_id, prompt, payload)``: the run pauses."""
         evs = [self._event(ctx, InputRequested, interrupt_id=i, prompt=p, payload=jsonable(v)) for i, p, v in requests]
         if evs:
-            self._end(inv, ctx, evs, NodeOutcome("waiting", evs[-1], ctx.attempt, ctx.recovered, None, ctx.path, self._elapsed(ctx)))
+            self._end(inv, ctx, evs, NodeOutcome(status="waiting", event=evs[-1], attempt_count=ctx.attempt, recovered=ctx.recovered, origin_path=ctx.path, duration_s=self._elapsed(ctx)))
 
     def pause(self, inv: Invocation, ctx: BridgeNodeContext, origin_path: str, interrupt_ids: tuple[str, ...]) -> None:
         """An enclosing run stops because a descendant waits for input."""
         ev = self._event(ctx, NodePaused, waiting="input", origin_path=origin_path, interrupt_ids=interrupt_ids)
-        self._end(inv, ctx, ev, NodeOutcome("waiting", ev, ctx.attempt, ctx.recovered, None, origin_path, self._elapsed(ctx)))
+        self._end(inv, ctx, ev, NodeOutcome(status="waiting", event=ev, attempt_count=ctx.attempt, recovered=ctx.recovered, origin_path=origin_path, duration_s=self._elapsed(ctx)))
 
     @staticmethod
     def _elapsed(ctx: BridgeNodeContext) -> float:

@@ -1,7 +1,8 @@
 """The ``flowscope`` click group, the options its commands share, and the one error handler.
 
-Every command works on a SQLite store: ``--db PATH``, else ``$FLOWSCOPE_DB``, else
-``./flowscope.db``. The commands live in :mod:`.inspect_cmds`, :mod:`.operate_cmds` and
+Every command works on a SQLite file or a PostgreSQL database: ``--db PATH`` or
+``--db postgresql://...``, else ``$FLOWSCOPE_DB``, else ``./flowscope.db``. A URL is only
+ever printed through :func:`shown_db` (its password masked). The commands live in :mod:`.inspect_cmds`, :mod:`.operate_cmds` and
 :mod:`.demo_cmd`; ``flowscope.cli`` adds them to :data:`cli`.
 """
 
@@ -17,15 +18,17 @@ import click
 
 from ..errors import NotAFlowscopeDatabase, StoreUnavailable
 from . import views
-from .failures import EXIT_ERROR, to_cli_error
-from .render import render_csv, render_json
+from .failures import EXIT_ERROR, CliError, to_cli_error
+from .render import render_csv, render_json, use_utc
 
 if TYPE_CHECKING:
+    from ..store.postgres import PostgresEventStore
     from ..store.sqlite import SqliteEventStore
 
 __all__ = [
     "DEFAULT_DB",
     "ENV_DB",
+    "ENV_UTC",
     "FORMATS",
     "DURATION",
     "Duration",
@@ -36,6 +39,7 @@ __all__ = [
     "otlp_protocol_option",
     "resolve_db",
     "open_store",
+    "shown_db",
     "emit",
     "command_prefix",
     "silence_stdout",
@@ -44,6 +48,7 @@ __all__ = [
 
 DEFAULT_DB = "flowscope.db"
 ENV_DB = "FLOWSCOPE_DB"
+ENV_UTC = "FLOWSCOPE_UTC"
 FORMATS = ("table", "json", "csv")
 
 #: Where open_store leaves the path it opened, in the click context's shared ``meta``, so
@@ -102,13 +107,13 @@ DURATION = Duration()
 
 
 def db_option(f: F) -> F:
-    """``--db PATH`` on a command (it overrides the group's ``--db``)."""
+    """``--db PATH|URL`` on a command (it overrides the group's ``--db``)."""
     return click.option(
         "--db",
         "db",
         default=None,
-        metavar="PATH",
-        help=f"The SQLite database (default: ${ENV_DB}, else ./{DEFAULT_DB}).",
+        metavar="PATH|URL",
+        help=f"A SQLite file or a postgresql:// URL (default: ${ENV_DB}, else ./{DEFAULT_DB}).",
     )(f)
 
 
@@ -149,23 +154,42 @@ def resolve_db(db: str | None) -> str:
     return os.environ.get(ENV_DB) or DEFAULT_DB
 
 
-def open_store(db: str | None, *, write: bool = False, create: bool = False) -> SqliteEventStore:
-    """Open the SQLite store. Read commands never create or modify the file.
+def shown_db(db: str) -> str:
+    """``db`` as messages and hints print it: a PostgreSQL URL's password masked."""
+    from ..store.postgres.dsn import redact
+
+    return redact(db)
+
+
+def open_store(db: str | None, *, write: bool = False, create: bool = False) -> SqliteEventStore | PostgresEventStore:
+    """Open the store ``db`` names: a SQLite file, or a PostgreSQL database for a
+    ``postgresql://`` URL. Read commands never create or modify anything.
 
     Problems raise the typed store errors of :mod:`flowscope.errors`; the group's handler
     turns them into one line.
     """
-    from ..store.sqlite import SqliteEventStore
+    from ..store.postgres.dsn import is_postgres_url
 
     path = resolve_db(db)
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
-        ctx.meta[_OPENED_DB] = path
+        ctx.meta[_OPENED_DB] = shown_db(path)
+    if is_postgres_url(path):
+        try:
+            from ..store.postgres import PostgresEventStore
+        except ImportError:
+            raise StoreUnavailable(
+                f"{shown_db(path)} is a PostgreSQL URL, and psycopg is not installed: pip install 'flowscope[postgres]'"
+            ) from None
+        return PostgresEventStore(path, readonly=not (write or create))
+    from ..store.sqlite import SqliteEventStore
+
     p = Path(path)
     if not create and not p.exists():
         raise StoreUnavailable(f"no flowscope database at {path}")
     if p.is_dir():
-        raise NotAFlowscopeDatabase(f"{path} is a directory, not a flowscope database")
+        # not DB_HINT: running `flowscope demo` with this --db would fail the same way
+        raise CliError(f"{path} is a directory: --db takes a file, e.g. --db {shlex.quote(str(p / DEFAULT_DB))}")
     if p.exists() and p.stat().st_size == 0 and not create:
         raise NotAFlowscopeDatabase(f"{path} is an empty file, not a flowscope database")
     return SqliteEventStore(path, readonly=not (write or create))
@@ -182,28 +206,40 @@ def emit(rows: list[dict[str, Any]], fmt: str, keys: tuple[str, ...], table: Cal
 
 
 def command_prefix(db: str) -> str:
-    """``flowscope`` or ``flowscope --db PATH`` for the hints we print."""
-    if db == (os.environ.get(ENV_DB) or DEFAULT_DB):
+    """``flowscope`` or ``flowscope --db PATH`` for the hints we print (a URL's password masked:
+    keep it in PGPASSWORD or ~/.pgpass and the hint runs as printed)."""
+    if db in (os.environ.get(ENV_DB) or DEFAULT_DB, shown_db(os.environ.get(ENV_DB) or DEFAULT_DB)):
         return "flowscope"
-    return f"flowscope --db {shlex.quote(db)}"
+    return f"flowscope --db {shlex.quote(shown_db(db))}"
 
 
 # --------------------------------------------------------------------------- the group
 
 
-@click.group(cls=FlowscopeGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=FlowscopeGroup,
+    invoke_without_command=True,
+    no_args_is_help=False,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.option(
     "--db",
     "db",
     envvar=ENV_DB,
     default=DEFAULT_DB,
     show_default=True,
-    metavar="PATH",
-    help=f"The SQLite database of flowscope events (also ${ENV_DB}).",
+    metavar="PATH|URL",
+    help=f"The flowscope database: a SQLite file or a postgresql:// URL (also ${ENV_DB}).",
+)
+@click.option(
+    "--utc",
+    is_flag=True,
+    envvar=ENV_UTC,
+    help=f"Print every time in UTC instead of local time (also {ENV_UTC}=1); tables name the zone.",
 )
 @click.version_option(package_name="flowscope", prog_name="flowscope")
 @click.pass_context
-def cli(ctx: click.Context, db: str) -> None:
+def cli(ctx: click.Context, db: str, utc: bool) -> None:
     """flowscope: run, inspect, audit, resume and export workflow runs.
 
     \b
@@ -213,12 +249,31 @@ def cli(ctx: click.Context, db: str) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["db"] = db
+    use_utc(utc)
+    if ctx.invoked_subcommand is None:  # bare `flowscope`: the overview, and success
+        click.echo(ctx.get_help())
+        ctx.exit(0)
+
+
+def _usage_line(exc: click.UsageError) -> str:
+    """A usage error as the CLI's one line: what is wrong, and the help to read."""
+    where = exc.ctx.command_path if exc.ctx is not None else "flowscope"
+    return f"flowscope: error: {' '.join(exc.format_message().split())} (see `{where} --help`)"
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """The ``flowscope`` console script (importing ``flowscope.cli`` has added the commands)."""
     try:
-        cli.main(args=argv, prog_name="flowscope", standalone_mode=True)
+        code = cli.main(args=argv, prog_name="flowscope", standalone_mode=False)
+    except click.UsageError as exc:  # click's own four lines (usage, try, blank, error) as one
+        click.echo(_usage_line(exc), err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:  # Ctrl-C or Ctrl-D at a prompt
+        click.echo("flowscope: interrupted", err=True)
+        sys.exit(130)
     except SystemExit:
         raise
     except Exception as exc:  # pragma: no cover - the group catches these already
@@ -226,4 +281,4 @@ def main(argv: list[str] | None = None) -> NoReturn:
             raise
         to_cli_error(exc).show()
         sys.exit(EXIT_ERROR)
-    sys.exit(0)  # pragma: no cover - standalone_mode always exits
+    sys.exit(code if isinstance(code, int) else 0)

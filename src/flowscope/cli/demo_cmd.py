@@ -6,19 +6,25 @@ import asyncio
 import os
 import signal
 import time
-from typing import Any
+from typing import Any, Callable
 
 import click
 
 from ..events import JobDispatched
+from ..fold import rebuild
 from . import views
-from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option, resolve_db
+from ..store.postgres.dsn import is_postgres_url
+from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option, resolve_db, shown_db
 from .progress import ProgressPlugin
 from .render import waterfall_lines
 from .runtime import configure_cli_tracing, resolve_otlp_protocol, start_metrics_server, wait_for_signal
+from .history import retry_reasons, session_history
 from .tables import audit_table, session_header
 
-__all__ = ["demo", "run_demo", "COMMANDS"]
+__all__ = ["demo", "run_demo", "DemoStopped", "WORKER_HANG_S", "COMMANDS"]
+
+#: How long the doomed worker's node hangs (it is killed long before: a day is "forever").
+WORKER_HANG_S = 86400.0
 
 
 @click.command()
@@ -63,6 +69,41 @@ def _section(title: str) -> None:
     click.echo(click.style(f"== {title}", bold=True))
 
 
+class DemoStopped(KeyboardInterrupt):
+    """Ctrl-C or Ctrl-D at an ``--interactive`` prompt: the demo stops, the session stays
+    paused. A KeyboardInterrupt, so the driver's handler of node failures lets it through."""
+
+
+def _asking(ask: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``ask`` with Ctrl-C and Ctrl-D meaning "stop the demo" on the first press.
+
+    The prompt runs inside ``asyncio.run``, whose SIGINT handler only cancels the main
+    task on a first Ctrl-C (unseen while blocked in input()); the default handler is put
+    back for the prompt. click reports either key as ``Abort``.
+    """
+
+    def asked(request: Any) -> Any:
+        try:
+            previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        except ValueError:  # not the main thread
+            previous = None
+        try:
+            return ask(request)
+        except (click.exceptions.Abort, KeyboardInterrupt, EOFError):
+            click.echo("")
+            click.echo(
+                click.style(f"stopped at the prompt: session {request.session_id} stays paused", fg="yellow")
+                + f" (flowscope show {request.session_id}; flowscope resume {request.session_id} --input '{request.interrupt_id}=JSON')",
+                err=True,
+            )
+            raise DemoStopped() from None
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    return asked
+
+
 def _ask_approval(request: Any) -> Any:
     return click.confirm(f"  {request.prompt}", default=True)
 
@@ -91,7 +132,7 @@ def run_demo(
     from ..examples.worker import HANGING_PATH, kill_worker, start_worker, wait_until_running
     from ..observability import MetricsPlugin
 
-    db_path = os.path.abspath(db)
+    db_path = db if is_postgres_url(db) else os.path.abspath(db)
     store = open_store(db, create=True)
     previous_term = _term_as_interrupt()
     prefix = command_prefix(db)
@@ -103,36 +144,31 @@ def run_demo(
         registry = CollectorRegistry()
         progress = ProgressPlugin(click.echo)
         plugins: list[Any] = []
-        tracing = configure_cli_tracing(otlp_endpoint, otlp_protocol, "flowscope-demo")
+        tracing = configure_cli_tracing(otlp_endpoint, otlp_protocol, "flowscope-demo", warn=_warn)
         spans_to = ""
         if tracing is not None and otlp_endpoint:
             plugins.append(tracing.plugin())
             spans_to = f", spans to {otlp_endpoint} ({resolve_otlp_protocol(otlp_endpoint, otlp_protocol)})"
-            problem = _unreachable(otlp_endpoint)
-            if problem:
-                click.echo(
-                    click.style(f"warning: {problem}: the spans will be dropped", fg="yellow")
-                    + " (start a collector or Jaeger first: docs/operations.md)",
-                    err=True,
-                )
         plugins += [MetricsPlugin(registry=registry), progress]
 
-        click.echo(f"flowscope demo: database {db}" + spans_to)
+        click.echo(f"flowscope demo: database {shown_db(db)}" + spans_to)
         if metrics_port is not None:
             server = start_metrics_server(store, registry, host="127.0.0.1", port=metrics_port, stale_after=stale_after)
             click.echo(f"metrics (in-process and store): {server.url}")
 
         tag = new_tag()
         worker_session = f"demo-{tag}-export"
-        # The worker that will be killed starts now, in its own process, while the batches run.
-        proc = start_worker(db_path, worker_session, hang_s=30.0, heartbeat_s=0.2)
+        # The worker that will be killed starts now, in its own process, while the batches
+        # run; its first export attempt hangs far longer than any demo (--repeat, prompts)
+        # takes, so it is still inside the node when it is killed.
+        proc = start_worker(db_path, worker_session, hang_s=WORKER_HANG_S, heartbeat_s=0.2)
 
         driver = DemoDriver(
             store,
             plugins,
             echo=click.echo,
-            ask_approval=_ask_approval if interactive else None,
-            ask_job_failure=_ask_job_failure if interactive else None,
+            ask_approval=_asking(_ask_approval) if interactive else None,
+            ask_job_failure=_asking(_ask_job_failure) if interactive else None,
         )
         main_session = f"demo-{tag}-orders"
         failed_session = f"demo-{tag}-declined"
@@ -184,21 +220,27 @@ def run_demo(
             click.echo("  its run stays 'running' in the store with no end, and its heartbeat stops:")
             click.echo("  its owner's process is gone, so it is orphaned at once (flowscope stuck, flowscope_store_orphaned_runs)")
         else:
+            run = next((r for r in store.node_runs(worker_session) if r.path == HANGING_PATH), None)
+            where = f"{HANGING_PATH} was {run.status} when it was stopped" if run is not None else f"it never reached {HANGING_PATH}"
             detail = f": {err.splitlines()[-1]}" if err else ""
-            click.echo(click.style(f"  warning: the worker did not reach {HANGING_PATH} before it was stopped{detail}", fg="yellow"))
+            click.echo(click.style(f"  warning: no orphaned run this time: {where}{detail}", fg="yellow"))
 
         if tracing is not None:
-            tracing.force_flush(10_000)
+            tracing.force_flush(3_000)
 
         _section(f"the main run, from the event log ({prefix} show {main_session})")
-        ws = views.load_session(store, main_session)
-        for line in session_header(ws) + [""] + waterfall_lines(views.show_rows(ws), end_ts=ws.updated_at):
+        log = store.read(main_session)
+        ws = rebuild(log)
+        history = session_history(log)
+        waterfall = waterfall_lines(views.show_rows(ws, history=history), end_ts=ws.updated_at, windows=history.windows)
+        for line in session_header(ws) + [""] + waterfall:
             click.echo(line)
 
-        _section(f"the attempt audit of this demo ({prefix} audit --format json)")
-        demo_sessions = [main_session, failed_session, lost_session, worker_session]
+        demo_sessions = [rep.session_id for rep in reports] + [lost_session, worker_session]
         runs = [r for sid in demo_sessions for r in store.node_runs(sid)]
-        rows = views.audit_rows(runs)
+        repeats = f", all {repeat} repeats" if repeat > 1 else ""
+        _section(f"the attempt audit of this demo ({prefix} audit; --format json for programs{repeats})")
+        rows = views.audit_rows(runs, retry_reasons(store, runs))
         click.echo(audit_table(rows, "node"))  # the same table as `flowscope audit`
 
         elapsed = time.monotonic() - t_start
@@ -251,22 +293,8 @@ def run_demo(
             signal.signal(signal.SIGTERM, previous_term)
 
 
-def _unreachable(endpoint: str) -> str | None:
-    """Why nothing can receive spans at ``endpoint`` (a TCP connect fails), or None."""
-    import socket
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-        host = parts.hostname or "localhost"
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError as exc:
-        return f"{endpoint} is not a URL ({exc})"
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return None
-    except OSError as exc:
-        return f"nothing answers at {host}:{port} ({exc.strerror or exc})"
+def _warn(text: str) -> None:
+    click.echo(click.style(f"warning: {text}", fg="yellow"), err=True)
 
 
 def _term_as_interrupt() -> Any:

@@ -25,6 +25,8 @@ from ..errors import (
     StoreSchemaTooNew,
     StoreUnavailable,
     UnknownSessionError,
+    MAX_ERROR_MESSAGE,
+    classify,
 )
 from ..events import EventDecodeError
 
@@ -35,6 +37,7 @@ __all__ = [
     "CliError",
     "STORE_ERROR_ADVICE",
     "one_line",
+    "failure_line",
     "unknown_session",
     "to_cli_error",
 ]
@@ -53,7 +56,7 @@ class CliError(click.ClickException):
     exit_code = EXIT_ERROR
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(str(message).split()))
+        super().__init__(_cap(" ".join(str(message)[: 8 * MAX_ERROR_MESSAGE].split())))
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"flowscope: error: {self.message}", err=True)
@@ -74,9 +77,25 @@ STORE_ERROR_ADVICE: dict[type[StoreError], str] = {
 }
 
 
+def _cap(text: str) -> str:
+    """At most ``MAX_ERROR_MESSAGE`` characters: the CLI never prints a 5 MB message."""
+    return text if len(text) <= MAX_ERROR_MESSAGE else text[: MAX_ERROR_MESSAGE - 3] + "..."
+
+
 def one_line(exc: BaseException) -> str:
-    """``str(exc)`` with its whitespace (newlines included) folded, or the class name."""
-    return " ".join(str(exc).split()) or type(exc).__name__
+    """``str(exc)`` with its whitespace (newlines included) folded and cut to 1,024
+    characters, or the class name when it is empty or ``str()`` itself raises."""
+    try:
+        text = str(exc)
+    except Exception:  # a hostile __str__: the class still names the problem
+        text = ""
+    return _cap(" ".join(text[: 8 * MAX_ERROR_MESSAGE].split())) or type(exc).__name__
+
+
+def failure_line(exc: BaseException, recorded: str | None) -> str:
+    """The one line for a workflow failure: the message as the runner recorded it
+    (redacted, R13), else the exception classified the same way."""
+    return _cap(" ".join((recorded or classify(exc).message).split()))
 
 
 def unknown_session(session_id: str, where: str) -> UnknownSessionError:
@@ -111,6 +130,8 @@ def to_cli_error(exc: BaseException, db: str | None = None) -> CliError:
         return CliError(f"{type(exc).__name__}: {msg}")
     if isinstance(exc, EventDecodeError):
         return CliError(f"the database holds an event this flowscope cannot read: {msg}")
+    if isinstance(exc, UnicodeError):  # a bit-flipped or mistyped argument: not UTF-8 text
+        return CliError(f"an argument is not valid UTF-8 text ({type(exc).__name__}); check it for a typo or a corrupted byte")
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
         return CliError(f"{exc.strerror or msg}{where}")

@@ -1,18 +1,29 @@
-"""The commands that read the store and never write it: runs, show, audit, stuck, export."""
+"""The commands that read the store and never write it: runs, show, audit, stuck, events, export."""
 
 from __future__ import annotations
 
+import shlex
+import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
+from ..fold import WorkflowState, rebuild
+from ..store.base import FINISHED_SESSION_STATUSES
 from . import views
-from .app import DURATION, db_option, emit, format_option, open_store, otlp_protocol_option, resolve_db
-from .failures import CliError, unknown_session
-from .render import waterfall_lines
+from .app import DURATION, db_option, emit, format_option, open_store, otlp_protocol_option, resolve_db, shown_db
+from .failures import EXIT_FAILED, CliError, one_line, unknown_session
+from .history import EVENT_KEYS, event_rows, retry_reasons, session_history
+from .render import fmt_time, render_table, waterfall_lines, zone_name
 from .tables import audit_table, pending_hint, runs_table, session_header, stuck_table
 
-__all__ = ["runs", "show", "audit", "stuck", "export", "COMMANDS"]
+if TYPE_CHECKING:
+    from ..store.base import EventStore
+
+__all__ = ["runs", "show", "audit", "stuck", "events", "export", "COMMANDS"]
+
 
 
 @click.command()
@@ -25,28 +36,73 @@ def runs(db: str | None, fmt: str, limit: int, status: str | None, workflow: str
     """List sessions, most recently updated first."""
     with open_store(db) as store:
         rows = views.runs_rows(store, limit=limit or None, status=status, workflow=workflow)
-    emit(rows, fmt, views.RUN_KEYS, lambda: runs_table(rows))
+    filters = " ".join(f"{opt} {shlex.quote(v)}" for opt, v in (("--status", status), ("--workflow", workflow)) if v)
+    emit(rows, fmt, views.RUN_KEYS, lambda: runs_table(rows, filters))
+
+
+def _session_view(store: EventStore, session: str, where: str) -> tuple[WorkflowState, list[dict[str, Any]], Callable[[], str]]:
+    """A session's state, its ``show`` rows and the table people read (header, waterfall,
+    what it waits on), from one read of its log and its owner."""
+    log = store.read(session)
+    if not log:
+        raise unknown_session(session, where)
+    ws = rebuild(log)
+    history = session_history(log)
+    rows = views.show_rows(ws, store.session_info(session), history)
+
+    def table() -> str:
+        waterfall = waterfall_lines(rows, end_ts=ws.updated_at, windows=history.windows)
+        return "\n".join(session_header(ws) + [""] + waterfall + pending_hint(ws))
+
+    return ws, rows, table
 
 
 @click.command()
-@click.argument("session", required=False)
+@click.argument("session")
 @db_option
 @format_option
-def show(session: str, db: str | None, fmt: str) -> None:
+@click.option("--follow", "-f", is_flag=True, help="Redraw the table as the session advances, until it ends or Ctrl-C.")
+@click.option("--interval", type=DURATION, default="1s", show_default=True, help="With --follow: how often to look for new events.")
+def show(session: str, db: str | None, fmt: str, follow: bool, interval: float) -> None:
     """Waterfall of a session's node runs, from its event log.
 
     Paths indented by depth, start offset, duration, status, attempts, errors (code and
-    message), pauses (interrupt ids) and jobs (job ids and results).
+    message), retried attempts (type and code), pauses (interrupt ids, and a failed job's
+    fix), jobs (ids, idempotency keys and results) and the last heartbeat of a running run.
     """
-    with open_store(db) as store:
-        ws = views.load_session(store, session)
-        info = store.session_info(session)
-    rows = views.show_rows(ws, info)
-
-    def table() -> str:
-        return "\n".join(session_header(ws) + [""] + waterfall_lines(rows, end_ts=ws.updated_at) + pending_hint(ws))
-
+    if follow:
+        if fmt != "table":
+            raise CliError("--follow redraws the table: drop --format, or poll `flowscope show --format json`")
+        _follow(db, session, interval)
+        return
+    store = open_store(db)
+    with store:
+        _ws, rows, table = _session_view(store, session, shown_db(resolve_db(db)))
     emit(rows, fmt, views.SHOW_KEYS, table)
+
+
+def _follow(db: str | None, session: str, interval: float) -> None:
+    """Draw the session's table, then again each time its log grows, until it is over."""
+    tty = sys.stdout.isatty()
+    last = -1
+    try:
+        while True:
+            store = open_store(db)
+            with store:
+                seq = store.last_seq(session)
+                if seq != last:
+                    ws, _rows, table = _session_view(store, session, shown_db(resolve_db(db)))
+                    last = ws.last_seq
+                    if tty:
+                        click.clear()
+                    click.echo(table())
+                    click.echo(click.style(f"-- {fmt_time(time.time(), zone=True)}: {ws.status}, {last} events", dim=True))
+                    if ws.status in FINISHED_SESSION_STATUSES:  # over: --follow stops
+                        return
+                    click.echo("")
+            time.sleep(max(interval, 0.05))
+    except KeyboardInterrupt:  # the way to stop following a session that is still going
+        return
 
 
 @click.command()
@@ -58,26 +114,28 @@ def show(session: str, db: str | None, fmt: str) -> None:
 def audit(db: str | None, fmt: str, sessions: tuple[str, ...], workflow: str | None, by: str) -> None:
     """Attempts, retries, recoveries and errors per workflow and node.
 
-    From the store's node_runs projection (never a scan of the log). ERRORS counts the
-    failures where they began; an enclosing workflow that failed because of them is in
-    FAILED only.
+    From the store's node_runs projection; the type and code of every retried attempt
+    come from the logs of the sessions that retried. A workflow's root run and a node of
+    the same name are separate rows (KIND). ERRORS counts the failures where they began;
+    an enclosing workflow that failed because of them is in FAILED only.
     """
     store = open_store(db)
     with store:
         if sessions:
             for sid in sessions:
                 if not store.has_session(sid):
-                    raise unknown_session(sid, store.path)
+                    raise unknown_session(sid, shown_db(resolve_db(db)))
             node_runs = [r for sid in sessions for r in store.node_runs(sid)]
         else:
             node_runs = store.node_runs()
-    if workflow:
-        node_runs = [r for r in node_runs if r.workflow == workflow]
+        if workflow:
+            node_runs = [r for r in node_runs if r.workflow == workflow]
+        retried = retry_reasons(store, node_runs)
     if by == "run":
-        rows = views.audit_run_rows(node_runs)
+        rows = views.audit_run_rows(node_runs, retried)
         keys: tuple[str, ...] = views.AUDIT_RUN_KEYS
     else:
-        rows = views.audit_rows(node_runs)
+        rows = views.audit_rows(node_runs, retried)
         keys = views.AUDIT_KEYS
     emit(rows, fmt, keys, lambda: audit_table(rows, by))
 
@@ -101,7 +159,16 @@ def audit(db: str | None, fmt: str, sessions: tuple[str, ...], workflow: str | N
     help="Only these states (repeatable).",
 )
 @click.option("--all", "include_parents", is_flag=True, help="Also list enclosing runs (workflow nodes, parents of dynamic children).")
-def stuck(db: str | None, fmt: str, older_than: float, stale_after: float, states: tuple[str, ...], include_parents: bool) -> None:
+@click.option("--fail-if-any", is_flag=True, help="Exit 1 when anything is listed (for cron and CI checks).")
+def stuck(
+    db: str | None,
+    fmt: str,
+    older_than: float,
+    stale_after: float,
+    states: tuple[str, ...],
+    include_parents: bool,
+    fail_if_any: bool,
+) -> None:
     """Open runs older than a threshold: running, orphaned, waiting_input, waiting_job, overdue.
 
     \b
@@ -112,8 +179,58 @@ def stuck(db: str | None, fmt: str, older_than: float, stale_after: float, state
     overdue        waiting for a job that is past its deadline_s
     """
     with open_store(db) as store:
-        rows = views.stuck_rows(store, older_than, stale_after, include_parents=include_parents, states=states or None)
+        rows = views.stuck_rows(
+            store, older_than, stale_after, include_parents=include_parents, states=states or None, on_skip=_warn_skipped
+        )
     emit(rows, fmt, views.STUCK_KEYS, lambda: stuck_table(rows))
+    if fail_if_any and rows:
+        raise click.exceptions.Exit(EXIT_FAILED)
+
+
+@click.command()
+@click.argument("session")
+@db_option
+@format_option
+@click.option("--show-payloads", is_flag=True, help="Print inputs, outputs, answers and job data as written (they may hold personal data).")
+def events(session: str, db: str | None, fmt: str, show_payloads: bool) -> None:
+    """The session's event log itself: every event, every field, in order.
+
+    For when the waterfall is not enough. Payloads (a node's input and output, an answer,
+    a request's payload, a job's data, state values) are printed as their size, like the
+    spans leave them out, unless --show-payloads.
+    """
+    store = open_store(db)
+    with store:
+        log = store.read(session)
+        if not log:
+            raise unknown_session(session, shown_db(resolve_db(db)))
+    rows = event_rows(log, show_payloads=show_payloads)
+
+    def table() -> str:
+        return render_table(
+            rows,
+            [
+                ("SEQ", lambda r: r["seq"]),
+                (f"TIME ({zone_name()})", lambda r: fmt_time(r["ts"]) + f".{int(r['ts'] * 1000) % 1000:03d}"),
+                ("TYPE", lambda r: r["type"]),
+                ("INVOCATION", lambda r: r["invocation_id"][:8]),
+                ("PATH", lambda r: r["path"] or "-"),
+                ("FIELDS", lambda r: _fields_cell(r["fields"])),
+            ],
+            max_width=120,
+        )
+
+    emit(rows, fmt, EVENT_KEYS, table)
+
+
+def _fields_cell(fields: dict[str, Any]) -> str:
+    import json
+
+    return " ".join(f"{k}={json.dumps(v, ensure_ascii=False, default=str)}" for k, v in fields.items())
+
+
+def _warn_skipped(session_id: str, exc: Exception) -> None:
+    click.echo(f"flowscope: warning: skipped session {session_id!r}: {one_line(exc)}", err=True)
 
 
 @click.command()
@@ -151,7 +268,7 @@ def export(
     from ..export import ExportError, export_request, send_spans, session_spans, to_otlp_json
 
     if follow:
-        _follow(db, otlp_endpoint, otlp_protocol, service_name, timeout, interval, rounds)
+        _export_follow(db, otlp_endpoint, otlp_protocol, service_name, timeout, interval, rounds)
         return
     if session is None:
         raise CliError("export needs a SESSION (or --follow --otlp-endpoint URL to tail every session)")
@@ -159,7 +276,7 @@ def export(
     with open_store(db) as store:
         events = store.read(session)
     if not events:
-        raise unknown_session(session, resolve_db(db))
+        raise unknown_session(session, shown_db(resolve_db(db)))
     if otlp_endpoint:
         spans = session_spans(events, service_name)
         try:
@@ -180,7 +297,7 @@ def export(
             click.echo(text, nl=False)
 
 
-def _follow(
+def _export_follow(
     db: str | None, endpoint: str | None, protocol: str | None, service_name: str, timeout: float, interval: float, rounds: int | None
 ) -> None:
     from ..export import ExportError
@@ -212,4 +329,4 @@ def _follow(
         exporter.shutdown()
 
 
-COMMANDS = (runs, show, audit, stuck, export)
+COMMANDS = (runs, show, audit, stuck, events, export)

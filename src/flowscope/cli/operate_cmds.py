@@ -1,4 +1,4 @@
-"""The commands that act: ``resume`` a session, ``serve-metrics`` over the store."""
+"""The commands that act: ``resume``, ``cancel`` and ``prune`` sessions, ``serve-metrics``."""
 
 from __future__ import annotations
 
@@ -7,20 +7,31 @@ from typing import Any
 
 import click
 
-from ..errors import ResumeError, StoreError
+from ..errors import ResumeError, StoreError, classify
 from ..events import InputRequested, JobDispatched
+from ..fold import WorkflowState
 from ..plugins import Plugin
+from ..store.base import FINISHED_SESSION_STATUSES
 from . import views
-from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option
-from .failures import EXIT_FAILED, CliError, one_line
+from .app import DURATION, command_prefix, db_option, emit, format_option, open_store, otlp_protocol_option
+from .failures import EXIT_FAILED, CliError, failure_line
+from .render import fmt_duration, fmt_time, render_table, zone_name
 from .runtime import configure_cli_tracing, start_metrics_server, wait_for_signal
+from .session_ops import CANCEL_REASON, SessionFinished, SessionOwned, cancel_session, live_owner, prune_candidates
 from .worker_cmds import cwd_importable, record_answers
 
-__all__ = ["resume", "serve_metrics_cmd", "parse_answers", "COMMANDS"]
+__all__ = ["resume", "cancel", "prune", "serve_metrics_cmd", "parse_answers", "JOB_RESULT_KEYS", "COMMANDS"]
+
+#: The keys a job result may have (docs/cli.md); only ``success: true`` makes it a success.
+JOB_RESULT_KEYS = ("success", "count", "error", "data")
 
 
 def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
-    """``ID=JSON`` pairs of ``--input``/``--job`` as a dict; a bad pair is a CliError saying how to quote it."""
+    """``ID=JSON`` pairs of ``--input``/``--job`` as a dict; a bad pair is a CliError saying how to quote it.
+
+    The shape of a ``--job`` value is checked by :func:`_check_answers`, once its id is
+    known to be a job of the session.
+    """
     out: dict[str, Any] = {}
     for raw in values:
         key, sep, text = raw.partition("=")
@@ -35,6 +46,44 @@ def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
                 f"quote a string as JSON: {option} '{key}=\"{text}\"'"
             ) from None
     return out
+
+
+def _check_job_result(job_id: str, value: Any) -> None:
+    """A job result is a JSON object whose keys are among :data:`JOB_RESULT_KEYS`: anything
+    else would be consumed as a failed result. (Without ``success: true`` the job guard
+    makes it an actionable pause, as for a worker's report.)"""
+    example = f"--job '{job_id}={{\"success\": true, \"count\": 3, \"data\": {{...}}}}'"
+    if not isinstance(value, dict):
+        raise CliError(f"--job {job_id}: a job result is a JSON object, not {type(value).__name__} {json.dumps(value)[:40]}: {example}")
+    unknown = sorted(set(value) - set(JOB_RESULT_KEYS))
+    if unknown:
+        raise CliError(f"--job {job_id}: unknown key(s) {', '.join(unknown)}; a job result has {', '.join(JOB_RESULT_KEYS)}: {example}")
+
+
+def _waiting_on(ws: WorkflowState) -> str:
+    """``input 'approval', job job-1``: what a session waits on, for messages."""
+    return ", ".join(
+        f"input {p.interrupt_id!r}" if isinstance(p, InputRequested) else f"job {p.job_id}"
+        for p in ws.pending
+        if isinstance(p, (InputRequested, JobDispatched))
+    )
+
+
+def _check_answers(ws: WorkflowState, answers: dict[str, Any], results: dict[str, Any]) -> None:
+    """Each --input names an open input request and each --job a dispatched job, or a
+    CliError says what the session does wait on (nothing is appended then)."""
+    open_inputs = {p.interrupt_id for p in ws.pending if isinstance(p, InputRequested)}
+    jobs = {jid for ns in ws.nodes.values() for jid in ns.jobs}
+    waiting = _waiting_on(ws) or "nothing"
+    for iid in answers:
+        if iid not in open_inputs:
+            hint = " (a job id: pass it with --job)" if iid in jobs else ""
+            raise CliError(f"session {ws.session_id!r} has no open input request {iid!r}{hint}; it waits on {waiting}")
+    for jid in results:
+        if jid not in jobs:
+            hint = " (an input request: pass it with --input)" if jid in open_inputs else ""
+            raise CliError(f"session {ws.session_id!r} has no dispatched job {jid!r}{hint}; it waits on {waiting}")
+        _check_job_result(jid, results[jid])
 
 
 def _is_bundled(name: str) -> bool:
@@ -100,20 +149,20 @@ def resume(
         ws = views.load_session(store, session)
         if ws.status == "completed":
             raise CliError(f"session {session!r} already completed; there is nothing to resume")
+        if ws.status == "cancelled":
+            raise CliError(f"session {session!r} was cancelled; it is over for good (flowscope runs --status cancelled)")
         if ws.status == "paused" and not answers and not results:
-            waiting = ", ".join(
-                f"input {p.interrupt_id}" if isinstance(p, InputRequested) else f"job {p.job_id}"
-                for p in ws.pending
-                if isinstance(p, (InputRequested, JobDispatched))
-            )
             raise CliError(
-                f"session {session!r} is paused waiting for {waiting or 'nothing'}: answer with --input ID=JSON or --job ID=JSON"
+                f"session {session!r} is paused waiting for {_waiting_on(ws) or 'nothing'}: answer with --input ID=JSON or --job ID=JSON"
             )
+        _check_answers(ws, answers, results)
         if workflow_spec is None and not _is_bundled(ws.workflow):
             record_answers(store, session, ws, answers, results)  # no code here: through the store
             return
         wf = _resolve_workflow(ws.workflow, workflow_spec)
-        tracing = configure_cli_tracing(otlp_endpoint, otlp_protocol, "flowscope")
+        tracing = configure_cli_tracing(
+            otlp_endpoint, otlp_protocol, "flowscope", warn=lambda text: click.echo(f"warning: {text}", err=True)
+        )
         plugins: list[Plugin] = [ProgressPlugin(click.echo)]
         if tracing is not None:
             plugins.insert(0, tracing.plugin())
@@ -125,13 +174,16 @@ def resume(
             raise
         except Exception as exc:  # the workflow failed: the node's own exception
             after = views.load_session(store, session)
-            code = after.error_code or getattr(exc, "error_code", None) or "UNKNOWN_ERROR"
-            click.echo(click.style(f"failed at {after.error_path}: {code}: {one_line(exc)}", fg="red"))
+            origin = after.nodes.get(after.error_path or "")
+            code = after.error_code or classify(exc).code
+            line = failure_line(exc, origin.error_message if origin is not None else None)
+            click.echo(click.style(f"failed at {after.error_path}: {code}: {line}", fg="red"))
             click.echo(f"see: {command_prefix(store.path)} show {session}")
             raise click.exceptions.Exit(EXIT_FAILED) from None
         finally:
             if tracing is not None:
                 tracing.shutdown()
+        kept, recovered = _resume_record(store, session, result.invocation_id)
     if result.status == "paused":
         click.echo(click.style("paused again", fg="yellow") + f" ({session})")
         for p in result.pending:
@@ -145,7 +197,108 @@ def resume(
         out = json.dumps(result.output, ensure_ascii=False)
         if len(out) > 300:
             out = out[:297] + "..."
-        click.echo(click.style("completed", fg="green") + f" ({session}, {result.replayed} run(s) kept, {result.recovered} recovered): {out}")
+        click.echo(click.style("completed", fg="green") + f" ({session}, {kept} finished run(s) kept, {recovered} recovered): {out}")
+
+
+def _resume_record(store: Any, session: str, invocation_id: str) -> tuple[int, int]:
+    """The invocation's resume audit record as its ``RunStarted`` wrote it (the progress
+    line printed the same numbers): finished runs kept from the log, crashed runs re-run."""
+    for e in reversed(store.read(session)):
+        if e.type == "run_started" and e.invocation_id == invocation_id:
+            return e.replayed, e.recovered
+    return 0, 0
+
+
+@click.command()
+@click.argument("session")
+@db_option
+@click.option("--reason", default=CANCEL_REASON, show_default=True, help="Why: recorded on every cancelled run.")
+@click.option("--force", is_flag=True, help="Cancel even if a live owner holds the session's lease (you know it is dead).")
+def cancel(session: str, db: str | None, reason: str, force: bool) -> None:
+    """End a paused or orphaned session for good.
+
+    Every open run gets a NodeCancelled (with --reason) and the session a RunFinished
+    with status cancelled, in one append under a fresh lease (the owner's epoch is
+    fenced off); `resume` refuses it afterwards. A session whose owner is alive (its
+    lease is current and its process exists) is refused unless --force.
+    """
+    store = open_store(db, write=True)
+    with store:
+        ws = views.load_session(store, session)
+        held = live_owner(store, session) if force else None
+        try:
+            ws, events = cancel_session(store, ws, " ".join(reason.split()) or CANCEL_REASON, force=force)
+        except SessionFinished as exc:
+            raise CliError(str(exc)) from None
+        except SessionOwned as exc:
+            raise CliError(f"{exc} (it is being run by a live process), or pass --force if it is dead") from None
+    if held is not None and held.owner is not None:
+        click.echo(f"warning: --force: took the session from {held.owner.describe()}, whose lease was current", err=True)
+    runs = len(events) - 2
+    click.echo(click.style("cancelled", fg="bright_black") + f" {session} ({ws.workflow}, was {ws.status}): {runs} open run(s) cancelled")
+
+
+PRUNE_KEYS = ("session_id", "workflow", "status", "updated_at", "events")
+
+
+@click.command()
+@db_option
+@format_option
+@click.option("--older-than", type=DURATION, required=True, help="Only sessions whose last event is older than this (e.g. 30d).")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(list(FINISHED_SESSION_STATUSES)),
+    help="Only sessions with this status (repeatable; default: all three).",
+)
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+def prune(db: str | None, fmt: str, older_than: float, statuses: tuple[str, ...], dry_run: bool) -> None:
+    """Delete whole finished sessions (completed, failed, cancelled) older than --older-than.
+
+    A session with an open run (running, paused, waiting for a job) or a live owner is
+    never deleted. The
+    freed pages are reused by new events; `sqlite3 DB VACUUM` shrinks the file itself.
+    """
+    store = open_store(db, write=not dry_run)
+    with store:
+        candidates = prune_candidates(store, older_than, statuses or None)
+        before = store.storage_bytes()
+        deleted = set(store.delete_sessions([c.session_id for c in candidates])) if not dry_run and candidates else set()
+        after = store.storage_bytes()
+    chosen = [c for c in candidates if dry_run or c.session_id in deleted]
+    rows = [
+        {"session_id": c.session_id, "workflow": c.workflow, "status": c.status, "updated_at": c.updated_at, "events": c.events}
+        for c in chosen
+    ]
+    events = sum(c.events for c in chosen)
+    if fmt != "table":
+        emit(rows, fmt, PRUNE_KEYS, lambda: "")
+        return
+    if rows:
+        click.echo(
+            render_table(
+                rows,
+                [
+                    ("SESSION", lambda r: r["session_id"]),
+                    ("WORKFLOW", lambda r: r["workflow"]),
+                    ("STATUS", lambda r: r["status"]),
+                    (f"LAST EVENT ({zone_name()})", lambda r: fmt_time(r["updated_at"])),
+                    ("EVENTS", lambda r: r["events"]),
+                ],
+                color_key="STATUS",
+            )
+        )
+    age = fmt_duration(older_than)
+    if dry_run:
+        click.echo(f"would delete {len(rows)} session(s), {events} event(s), last updated more than {age} ago (--dry-run: nothing deleted)")
+        return
+    freed = ""
+    if before is not None and after is not None:
+        freed = f"; freed {max(before - after, 0) / 1024:.0f} KiB of {before / 1024:.0f} KiB in use"
+    skipped = len(candidates) - len(rows)
+    note = f" ({skipped} skipped: resumed meanwhile)" if skipped else ""
+    click.echo(f"deleted {len(rows)} session(s), {events} event(s), last updated more than {age} ago{freed}{note}")
 
 
 @click.command("serve-metrics")
@@ -175,4 +328,4 @@ def serve_metrics_cmd(db: str | None, host: str, port: int, stale_after: float) 
         store.close()
 
 
-COMMANDS = (resume, serve_metrics_cmd)
+COMMANDS = (resume, cancel, prune, serve_metrics_cmd)

@@ -6,14 +6,18 @@ import csv
 import io
 import json
 import math
+import re
 import time
 from typing import Any, Callable, Sequence
 
 import click
 
 __all__ = [
+    "use_utc",
+    "zone_name",
     "fmt_time",
     "fmt_duration",
+    "one_line_text",
     "render_table",
     "render_json",
     "render_csv",
@@ -44,11 +48,35 @@ _BAR = {
 }
 
 
-def fmt_time(ts: float | None) -> str:
-    """Local time, to the second."""
+#: Whether every time the CLI prints is in UTC (``--utc``, ``FLOWSCOPE_UTC=1``) or local.
+_UTC = [False]
+
+
+def use_utc(on: bool) -> None:
+    """Print times in UTC from now on (``on``) or in local time; set once by the group."""
+    _UTC[0] = bool(on)
+
+
+def zone_name() -> str:
+    """``UTC`` or the local zone's abbreviation (``CET``), for headers that print times."""
+    return "UTC" if _UTC[0] else (time.strftime("%Z") or "local")
+
+
+def fmt_time(ts: float | None, *, zone: bool = False) -> str:
+    """The time to the second, in UTC or local time (see :func:`use_utc`); ``zone`` names it."""
     if ts is None:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    text = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts) if _UTC[0] else time.localtime(ts))
+    return f"{text} {zone_name()}" if zone else text
+
+
+_BREAKS = re.compile(r"\s*[\r\n\v\f]+\s*")
+
+
+def one_line_text(text: str) -> str:
+    """Line breaks (and the blanks around them) as one space: one cell never breaks a
+    table's lines; other spacing (a timeline bar's) is kept."""
+    return _BREAKS.sub(" ", text)
 
 
 def fmt_duration(s: float | None) -> str:
@@ -76,10 +104,10 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        return one_line_text(", ".join(f"{k}={v}" for k, v in value.items())) or "-"
     if isinstance(value, (list, tuple)):
         return ", ".join(_cell(v) for v in value) or "-"
-    return str(value)
+    return one_line_text(str(value))
 
 
 Column = tuple[str, Callable[[dict[str, Any]], Any]]
@@ -149,6 +177,10 @@ def render_csv(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
 
 # --------------------------------------------------------------------------- waterfall
 
+#: An idle stretch between two invocations longer than this (seconds) is drawn as one
+#: ``:`` column instead of to scale: a run resumed an hour later must not squash the rest.
+GAP_S = 1.0
+
 
 def _detail(r: dict[str, Any]) -> str:
     bits: list[str] = []
@@ -158,14 +190,22 @@ def _detail(r: dict[str, Any]) -> str:
         if origin and origin != r["path"]:
             bits.append(f"{r.get('error_code')} (from {origin.rsplit('/', 1)[-1]})")
         else:
-            msg = r.get("error_message") or ""
+            msg = one_line_text(r.get("error_message") or "")
             if len(msg) > 70:
                 msg = msg[:67] + "..."
             bits.append(f"{r.get('error_code')} {r.get('error_type')}: {msg}")
     if r.get("retries"):
-        bits.append(f"{r['retries']} retr{'y' if r['retries'] == 1 else 'ies'}")
+        reasons = r.get("retried") or ()
+        why = ""
+        if reasons:
+            why = " (" + ", ".join(f"{a['attempt']}: {a['error_type'] or 'Exception'} [{a['error_code']}]" for a in reasons) + ")"
+        bits.append(f"{r['retries']} retr{'y' if r['retries'] == 1 else 'ies'}{why}")
     if r.get("recoveries"):
         bits.append(f"recovered {r['recoveries']}x after a crash")
+    segments = r.get("segments") or ()
+    if len(segments) > 1:
+        active = sum((s["ended_at"] or s["started_at"]) - s["started_at"] for s in segments)
+        bits.append(f"ran in {len(segments)} invocations, {fmt_duration(active)} active")
     if status == "completed" and r.get("has_output") is False and r.get("kind") != "workflow":
         bits.append("returned nothing (completion marker)")
     jobs = r.get("jobs") or ()
@@ -182,30 +222,88 @@ def _detail(r: dict[str, Any]) -> str:
     if r.get("open_interrupts"):
         bits.append("WAITING for " + ", ".join(r["open_interrupts"]))
     if status == "running":
-        bits.append("no end recorded: running, or its worker died (flowscope stuck)")
+        beat = r.get("heartbeat_at")
+        seen = f", last heartbeat {fmt_time(beat)}" if beat is not None else ""
+        bits.append(f"no end recorded: running, or its worker died (flowscope stuck){seen}")
     return "; ".join(bits)
 
 
-def waterfall_lines(rows: Sequence[dict[str, Any]], *, width: int = 32, end_ts: float | None = None) -> list[str]:
-    """The session's node runs as an indented timeline with proportional bars."""
+class _Axis:
+    """Time -> column: the invocations' windows to scale, each idle gap longer than
+    :data:`GAP_S` between them as a single column."""
+
+    def __init__(self, t0: float, t1: float, windows: Sequence[tuple[float, float]], width: int) -> None:
+        # the busy stretches: [t0, t1] split at every long idle gap between windows
+        cuts: list[tuple[float, float]] = []
+        merged: list[list[float]] = []
+        for a, b in sorted(windows):
+            if merged and a - merged[-1][1] <= GAP_S:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        for (_a, b), (c, _d) in zip(merged, merged[1:]):
+            if b >= t0 and c <= t1:
+                cuts.append((b, c))
+        self.cuts = cuts
+        self.width = width
+        busy = (t1 - t0) - sum(c - b for b, c in cuts)
+        cols = max(width - len(cuts), len(cuts) + 1)
+        self.scale = cols / max(busy, 1e-6)
+        self.t0 = t0
+
+    def x(self, t: float) -> float:
+        """The column of time ``t`` (fractional; gaps count one column each)."""
+        pos = (t - self.t0) * self.scale
+        for b, c in self.cuts:
+            if t >= c:
+                pos -= (c - b) * self.scale
+                pos += 1
+            elif t > b:  # inside an idle gap: its column
+                pos -= (t - b) * self.scale
+                pos += (t - b) / (c - b)
+        return pos
+
+    def gap_columns(self) -> list[int]:
+        return [int(self.x(c)) - 1 for _b, c in self.cuts]
+
+
+def waterfall_lines(
+    rows: Sequence[dict[str, Any]],
+    *,
+    width: int = 32,
+    end_ts: float | None = None,
+    windows: Sequence[tuple[float, float]] = (),
+) -> list[str]:
+    """The session's node runs as an indented timeline with proportional bars.
+
+    A run with several ``segments`` (it ran in several invocations: paused, then resumed)
+    is drawn as one bar piece per segment; ``windows`` (the invocations' start and end)
+    let a long idle gap between invocations shrink to one ``:`` column.
+    """
     if not rows:
         return ["(no node runs)"]
     starts = [r["started_at"] for r in rows if r.get("started_at") is not None]
     ends = [r["ended_at"] for r in rows if r.get("ended_at") is not None]
     t0: float = min(starts) if starts else 0.0
     t1: float = max(ends + starts + ([end_ts] if end_ts is not None else []))
-    span = max(t1 - t0, 1e-6)
+    axis = _Axis(t0, t1, windows, width)
+    gaps = set(axis.gap_columns())
     table_rows = []
     for r in rows:
         start = r.get("started_at")
-        end: float = r["ended_at"] if r.get("ended_at") is not None else t1
         bar = ""
         if start is not None:
-            a = int((start - t0) / span * width)
-            b = max(a + 1, int(math.ceil((end - t0) / span * width)))
-            b = min(b, width)
-            a = min(a, width - 1)
-            bar = "|" + " " * a + _BAR.get(r["status"], "=") * (b - a) + " " * (width - b) + "|"
+            cells = [":" if i in gaps else " " for i in range(width)]
+            segments = r.get("segments") or [{"started_at": start, "ended_at": r.get("ended_at")}]
+            mark = _BAR.get(r["status"], "=")
+            for seg in segments:
+                seg_end: float = seg["ended_at"] if seg.get("ended_at") is not None else t1
+                a = min(int(axis.x(seg["started_at"])), width - 1)
+                b = min(max(a + 1, int(math.ceil(axis.x(seg_end)))), width)
+                for i in range(a, b):
+                    if i not in gaps:
+                        cells[i] = mark
+            bar = "|" + "".join(cells) + "|"
         name = "  " * r["depth"] + r["path"].rsplit("/", 1)[-1]
         table_rows.append({**r, "_name": name, "_bar": bar, "_detail": _detail(r)})
     columns: list[Column] = [

@@ -3,6 +3,7 @@ metrics server, and waiting for Ctrl-C or SIGTERM (``resume``, ``serve-metrics``
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from types import FrameType
@@ -16,7 +17,18 @@ if TYPE_CHECKING:
     from ..observability.serve import MetricsServer
     from ..observability.setup import TracingHandle
 
-__all__ = ["resolve_otlp_protocol", "configure_cli_tracing", "start_metrics_server", "wait_for_signal"]
+__all__ = [
+    "EXPORT_TIMEOUT_S",
+    "resolve_otlp_protocol",
+    "unreachable",
+    "configure_cli_tracing",
+    "start_metrics_server",
+    "wait_for_signal",
+]
+
+#: The OTLP exporter's timeout for the CLI's own runs: a collector that stops answering
+#: mid-run costs at most this per batch, not the SDK's default 10 s of retries.
+EXPORT_TIMEOUT_S = 1.0
 
 
 def resolve_otlp_protocol(endpoint: str, protocol: str | None) -> str:
@@ -26,14 +38,74 @@ def resolve_otlp_protocol(endpoint: str, protocol: str | None) -> str:
     return protocol or guess_protocol(endpoint)
 
 
-def configure_cli_tracing(endpoint: str | None, protocol: str | None, service: str) -> TracingHandle | None:
-    """A tracer provider sending to ``--otlp-endpoint`` (None without one); a bad URL is a CliError."""
+def unreachable(endpoint: str) -> str | None:
+    """Why nothing can receive spans at ``endpoint`` (a TCP connect fails), or None."""
+    import socket
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+        host = parts.hostname or "localhost"
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        return f"{endpoint} is not a URL ({exc})"
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return None
+    except OSError as exc:
+        return f"nothing answers at {host}:{port} ({exc.strerror or exc})"
+
+
+class _FirstExportProblem(logging.Handler):
+    """The OpenTelemetry SDK's export warnings as one line on stderr, once per process:
+    its retry lines (``Transient error HTTPConnectionPool(...)``) would land in the middle
+    of the CLI's output."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(logging.WARNING)
+        self.endpoint = endpoint
+        self.said = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.said:
+            return
+        self.said = True
+        import click
+
+        click.echo(f"warning: spans could not be sent to {self.endpoint}; later ones may be dropped too", err=True)
+
+
+def _quiet_sdk(endpoint: str) -> None:
+    otel = logging.getLogger("opentelemetry")
+    for h in list(otel.handlers):
+        if isinstance(h, _FirstExportProblem):
+            otel.removeHandler(h)
+    otel.addHandler(_FirstExportProblem(endpoint))
+    otel.propagate = False
+
+
+def configure_cli_tracing(
+    endpoint: str | None, protocol: str | None, service: str, *, warn: Callable[[str], None] | None = None
+) -> TracingHandle | None:
+    """A tracer provider sending to ``--otlp-endpoint`` (None without one); a bad URL is a CliError.
+
+    An endpoint where nothing answers is said once through ``warn`` and not used (None):
+    the run goes on at full speed instead of stalling in the SDK's retries.
+    """
     if not endpoint:
         return None
     from ..observability.setup import configure_tracing
 
+    problem = unreachable(endpoint)
+    if problem is not None:
+        if warn is not None:
+            warn(f"{problem}: the spans will be dropped (start a collector or Jaeger first: docs/operations.md)")
+        return None
+    _quiet_sdk(endpoint)
     try:
-        return configure_tracing(service, otlp_endpoint=endpoint, protocol=resolve_otlp_protocol(endpoint, protocol), timeout=5.0)
+        return configure_tracing(
+            service, otlp_endpoint=endpoint, protocol=resolve_otlp_protocol(endpoint, protocol), timeout=EXPORT_TIMEOUT_S
+        )
     except ValueError as exc:
         raise CliError(f"--otlp-endpoint {endpoint}: {exc}") from None
 

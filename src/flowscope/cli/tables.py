@@ -12,14 +12,17 @@ import click
 
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
-from .render import fmt_duration, fmt_time, render_table
+from .render import fmt_duration, fmt_time, one_line_text, render_table, zone_name
 
 __all__ = ["runs_table", "session_header", "pending_hint", "audit_table", "stuck_table"]
 
 
-def runs_table(rows: list[dict[str, Any]]) -> str:
-    """``flowscope runs``: one line per session."""
+def runs_table(rows: list[dict[str, Any]], filters: str = "") -> str:
+    """``flowscope runs``: one line per session; ``filters`` (e.g. ``--status cancelled``)
+    are the options that narrowed the list, named when nothing matched them."""
     if not rows:
+        if filters:
+            return f"no sessions match {filters} (`flowscope runs` lists them all)"
         return "no sessions yet: run `flowscope demo`, or point --db at your database"
     return render_table(
         rows,
@@ -27,7 +30,7 @@ def runs_table(rows: list[dict[str, Any]]) -> str:
             ("SESSION", lambda r: r["session_id"]),
             ("WORKFLOW", lambda r: r["workflow"]),
             ("STATUS", lambda r: r["status"]),
-            ("STARTED", lambda r: fmt_time(r["started_at"])),
+            (f"STARTED ({zone_name()})", lambda r: fmt_time(r["started_at"])),
             ("DURATION", lambda r: fmt_duration(r["duration_s"])),
             ("INVOCATIONS", lambda r: r["invocations"]),
             ("EVENTS", lambda r: r["events"]),
@@ -45,11 +48,11 @@ def session_header(ws: WorkflowState) -> list[str]:
     lines = [
         f"session {ws.session_id}   workflow {ws.workflow}   {status}   "
         f"{ws.invocations} invocation(s)   {ws.last_seq} events",
-        f"started {fmt_time(ws.started_at)}, last event {fmt_duration(dur)} later",
+        f"started {fmt_time(ws.started_at, zone=True)}, last event {fmt_duration(dur)} later",
     ]
     if ws.status == "failed":
         ns = ws.nodes.get(ws.error_path) if ws.error_path else None
-        msg = f": {ns.error_message}" if ns is not None and ns.error_message else ""
+        msg = f": {one_line_text(ns.error_message)}" if ns is not None and ns.error_message else ""
         lines.append(click.style(f"failed at {ws.error_path}: {ws.error_code}{msg}", fg="red"))
     return lines
 
@@ -62,9 +65,14 @@ def pending_hint(ws: WorkflowState) -> list[str]:
     out = ["", "waiting on:"]
     for p in pending:
         if isinstance(p, InputRequested):
-            out.append(f"  input {p.interrupt_id!r}: {p.prompt}   -> flowscope resume {ws.session_id} --input '{p.interrupt_id}=JSON'")
+            prompt = one_line_text(p.prompt)
+            out.append(f"  input {p.interrupt_id!r}: {prompt}   -> flowscope resume {ws.session_id} --input '{p.interrupt_id}=JSON'")
+            payload = p.payload if isinstance(p.payload, dict) else {}
+            if payload.get("fix"):
+                out.append(f"    fix: {one_line_text(str(payload['fix']))}")
         elif isinstance(p, JobDispatched):
             out.append(f"  job {p.job_id} ({p.path})   -> flowscope resume {ws.session_id} --job '{p.job_id}=JSON'")
+            out.append(f"    idempotency key {p.idempotency_key or '-'}; dispatched {fmt_time(p.ts, zone=True)}")
     return out
 
 
@@ -81,6 +89,7 @@ def audit_table(rows: list[dict[str, Any]], by: str) -> str:
                 ("RETRIES", lambda r: r["retries"]),
                 ("RECOVERIES", lambda r: r["recoveries"]),
                 ("ERROR", lambda r: r["error_code"] or ""),
+                ("RETRIED", lambda r: ", ".join(f"{a['attempt']}: {a['error_type']} [{a['error_code']}]" for a in r["retried"])),
             ],
             color_key="STATUS",
             empty="no node runs",
@@ -90,6 +99,7 @@ def audit_table(rows: list[dict[str, Any]], by: str) -> str:
         [
             ("WORKFLOW", lambda r: r["workflow"]),
             ("NODE", lambda r: r["node"]),
+            ("KIND", lambda r: ("root " if r["root"] else "") + r["kind"]),
             ("RUNS", lambda r: r["runs"]),
             ("ATTEMPTS", lambda r: r["attempts"]),
             ("MAX", lambda r: r["max_attempt"]),
@@ -99,6 +109,7 @@ def audit_table(rows: list[dict[str, Any]], by: str) -> str:
             ("FAILED", lambda r: r["failed"]),
             ("OPEN", lambda r: r["open"]),
             ("ERRORS", lambda r: r["error_codes"] or ""),
+            ("RETRIED FOR", lambda r: r["retry_errors"] or ""),
         ],
         empty="no node runs",
     )

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from ..errors import UnknownSessionError
+from ..errors import StoreCorrupt, UnknownSessionError
 from ..store.base import EventStore, NodeRun, SessionInfo
 from ..liveness import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -25,6 +25,7 @@ from ..liveness import (
     resume_lease_s,
 )
 from ..fold import OPEN_STATES, NodeState, WorkflowState, rebuild
+from .history import RetryReasons, SessionHistory, request_row, retry_label
 
 __all__ = [
     "RUN_KEYS",
@@ -81,6 +82,10 @@ SHOW_KEYS = (
     "interrupts",
     "open_interrupts",
     "jobs",
+    "heartbeat_at",
+    "requests",
+    "retried",
+    "segments",
     "owner",
 )
 
@@ -88,6 +93,7 @@ AUDIT_KEYS = (
     "workflow",
     "node",
     "kind",
+    "root",
     "runs",
     "completed",
     "failed",
@@ -99,6 +105,7 @@ AUDIT_KEYS = (
     "retries",
     "recoveries",
     "error_codes",
+    "retry_errors",
 )
 
 AUDIT_RUN_KEYS = (
@@ -113,6 +120,7 @@ AUDIT_RUN_KEYS = (
     "recoveries",
     "error_code",
     "error_type",
+    "retried",
     "started_at",
     "ended_at",
 )
@@ -277,9 +285,15 @@ def _tree(ws: WorkflowState) -> list[tuple[NodeState, int]]:
     return out
 
 
-def show_rows(ws: WorkflowState, info: SessionInfo | None = None) -> list[dict[str, Any]]:
-    """The session's node runs as a timeline (depth-first by path); ``info`` (the store's
-    :class:`SessionInfo`) gives each row the session's ``owner``."""
+def show_rows(
+    ws: WorkflowState, info: SessionInfo | None = None, history: SessionHistory | None = None
+) -> list[dict[str, Any]]:
+    """The session's node runs as a timeline (depth-first by path).
+
+    ``info`` (the store's :class:`SessionInfo`) gives each row the session's ``owner``;
+    ``history`` (from :func:`.history.session_history` over the same log) adds each run's
+    retried attempts and its segments, one per invocation that ran it.
+    """
     t0 = ws.started_at
     owner = owner_row(info)
     rows = []
@@ -293,6 +307,7 @@ def show_rows(ws: WorkflowState, info: SessionInfo | None = None) -> list[dict[s
                 {
                     "job_id": job_id,
                     "dispatch_attempt": job.dispatch_attempt,
+                    "idempotency_key": job.idempotency_key,
                     "result": res.result if res is not None else "pending",
                 }
             )
@@ -321,6 +336,10 @@ def show_rows(ws: WorkflowState, info: SessionInfo | None = None) -> list[dict[s
                 "interrupts": sorted(set(ns.inputs) | set(ns.requests)),
                 "open_interrupts": sorted(ns.requests) if ns.status == "waiting_input" else [],
                 "jobs": jobs,
+                "heartbeat_at": ns.heartbeat_at if ns.status == "running" else None,
+                "requests": [request_row(req) for req in ns.requests.values()] if ns.status == "waiting_input" else [],
+                "retried": list(history.retried.get(ns.path, ())) if history is not None else [],
+                "segments": list(history.segments.get(ns.path, ())) if history is not None else [],
                 "owner": owner,
             }
         )
@@ -330,18 +349,25 @@ def show_rows(ws: WorkflowState, info: SessionInfo | None = None) -> list[dict[s
 # --------------------------------------------------------------------------- audit
 
 
-def audit_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
-    """Attempts, retries, recoveries and errors per workflow and node."""
+def audit_rows(runs: list[NodeRun], retried: RetryReasons | None = None) -> list[dict[str, Any]]:
+    """Attempts, retries, recoveries and errors per workflow, path kind and node.
+
+    A workflow's root run and a node of the same name are two rows: the key is
+    (workflow, root or not, kind, node), never the name alone. ``retried`` (from
+    :func:`.history.retry_reasons`) adds the error type and code of every retried attempt.
+    """
     origins = _origin_failures(runs)
-    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, bool, str, str], dict[str, Any]] = {}
     for r in runs:
-        key = (r.workflow, r.node)
+        root = "/" not in r.path
+        key = (r.workflow, root, r.kind, r.node)
         g = groups.get(key)
         if g is None:
             g = groups[key] = {
                 "workflow": r.workflow,
                 "node": r.node,
                 "kind": r.kind,
+                "root": root,
                 "runs": 0,
                 "completed": 0,
                 "failed": 0,
@@ -353,6 +379,7 @@ def audit_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
                 "retries": 0,
                 "recoveries": 0,
                 "error_codes": {},
+                "retry_errors": {},
             }
         g["runs"] += 1
         if r.status == "completed":
@@ -371,10 +398,13 @@ def audit_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
         g["max_attempt"] = max(g["max_attempt"], r.attempt)
         g["retries"] += r.retries
         g["recoveries"] += r.recoveries
+        for attempt in (retried or {}).get((r.session_id, r.path), ()):
+            label = retry_label(attempt)
+            g["retry_errors"][label] = g["retry_errors"].get(label, 0) + 1
     return list(groups.values())
 
 
-def audit_run_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
+def audit_run_rows(runs: list[NodeRun], retried: RetryReasons | None = None) -> list[dict[str, Any]]:
     """One row per node run (``flowscope audit --by run``)."""
     return [
         {
@@ -389,6 +419,7 @@ def audit_run_rows(runs: list[NodeRun]) -> list[dict[str, Any]]:
             "recoveries": r.recoveries,
             "error_code": r.error_code,
             "error_type": r.error_type,
+            "retried": list((retried or {}).get((r.session_id, r.path), ())),
             "started_at": r.started_at,
             "ended_at": r.ended_at,
         }
@@ -407,8 +438,12 @@ def stuck_rows(
     include_parents: bool = False,
     states: Iterable[str] | None = None,
     now: float | None = None,
+    on_skip: Callable[[str, StoreCorrupt], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Open runs older than ``older_than_s``, oldest first, classified by :mod:`flowscope.liveness`.
+
+    A session whose log cannot be read (a corrupt row) is left out, and ``on_skip`` told
+    why, so that one bad row does not hide every other stuck run of the database.
 
     By default an enclosing run (a workflow node, or the parent of a dynamic child) is
     left out when a run below it is listed: the innermost run is the one to act on.
@@ -427,7 +462,10 @@ def stuck_rows(
     rows = []
     states_cache: dict[str, WorkflowState] = {}
     infos: dict[str, SessionInfo | None] = {}
+    skipped: set[str] = set()
     for r in runs:
+        if r.session_id in skipped:
+            continue
         if r.session_id not in infos:
             infos[r.session_id] = store.session_info(r.session_id)
         info = infos[r.session_id]
@@ -442,7 +480,13 @@ def stuck_rows(
         if r.status in ("waiting_input", "waiting_job"):
             ws = states_cache.get(r.session_id)
             if ws is None:
-                ws = states_cache[r.session_id] = rebuild(store.read(r.session_id))
+                try:
+                    ws = states_cache[r.session_id] = rebuild(store.read(r.session_id))
+                except StoreCorrupt as exc:
+                    skipped.add(r.session_id)
+                    if on_skip is not None:
+                        on_skip(r.session_id, exc)
+                    continue
             ns = ws.nodes.get(r.path)
             if ns is not None:
                 waiting_on = sorted(ns.requests) if r.status == "waiting_input" else [j.job_id for j in ns.open_jobs]
@@ -466,6 +510,8 @@ def stuck_rows(
                 "owner": owner_row(info),
             }
         )
+    if skipped:
+        rows = [row for row in rows if row["session_id"] not in skipped]
     return rows
 
 

@@ -31,6 +31,7 @@ from .app import DURATION, command_prefix, db_option, open_store
 from .failures import CliError
 
 if TYPE_CHECKING:
+    from ..store.postgres import PostgresEventStore
     from ..store.sqlite import SqliteEventStore
 
 __all__ = ["worker_cmd", "start", "load_workflows", "worker_hint", "worker_command", "submit_by_name", "record_answers", "cwd_importable", "COMMANDS"]
@@ -111,7 +112,7 @@ def worker_hint(store: EventStore, workflow: str, now: float | None = None, pref
 
 
 def record_answers(
-    store: SqliteEventStore, session: str, ws: WorkflowState, inputs: dict[str, Any], jobs: dict[str, Any]
+    store: SqliteEventStore | PostgresEventStore, session: str, ws: WorkflowState, inputs: dict[str, Any], jobs: dict[str, Any]
 ) -> None:
     """``flowscope resume`` without the workflow's code: record the answers with
     :func:`flowscope.answer` and say whether a worker will pick the session up."""

@@ -23,12 +23,13 @@ from ..errors import (
     NodeTimeoutError,
     OutputNotSerializableError,
     RecoveryLimitError,
-    classify,
+    RouteNotFoundError,
+    StateNotSerializableError,
 )
 from ..events import NodeCancelled, NodeCompleted, NodeErrorEvent, NodeErrorPropagated, NodePaused, NodeRetrying, StateUpdated
 from .context import NodeContext, NodeOutcome, PauseSignal
-from .graph import Node, Route, Workflow
-from .record import Halted, NodeResult, Recorder, check_json
+from .graph import Node, Route, Workflow, label_matches
+from .record import Halted, NodeResult, Recorder, json_value
 
 __all__ = ["Attempts"]
 
@@ -62,7 +63,9 @@ class Attempts(Recorder):
                 )
             while True:
                 try:
-                    result = self._result(node, path, await self._attempt(node, ctx, input))
+                    result = self._result(ctx, await self._attempt(node, ctx, input))
+                    if self.state.dirty:
+                        self.state.check_changes()
                     break
                 except Exception as exc:
                     failures += 1
@@ -164,25 +167,27 @@ class Attempts(Recorder):
             raise
 
     @staticmethod
-    def _result(node: Node, path: str, out: Any) -> NodeResult:
+    def _result(ctx: NodeContext, out: Any) -> NodeResult:
+        """What the attempt returned, as the store keeps it (R12, docs/design.md)."""
         if type(out) is NodeResult:  # a nested workflow's own result
             return out
         route = None
         if isinstance(out, Route):
             route = out.label
             out = out.output
-        check_json(out, f"the output of node {node.name!r} ({path})")
+            _check_route(ctx, route)
+        out = json_value(out, f"the output of node {ctx.node_name!r} ({ctx.path})")
         return NodeResult(out, route, out is not None)
 
     def _retry_delay(self, ctx: NodeContext, exc: Exception, failures: int) -> float | None:
         """If the attempt that raised ``exc`` is retried, record ``NodeRetrying`` and return
         the delay before the next attempt; None if the failure is final (R4, docs/design.md)."""
-        if self.aborting or isinstance(exc, (OutputNotSerializableError, RecoveryLimitError)):
+        if self.aborting or isinstance(exc, _NOT_RETRIED):
             return None
         retry = ctx.node.retry
         if retry is None or failures >= retry.max_attempts or not retry.retries(type(exc).__name__):
             return None
-        info = classify(exc, self.error_codes)
+        info = self.classify(exc)
         delay = retry.delay(failures, self.rng)
         self.emit(
             NodeRetrying,
@@ -235,7 +240,7 @@ class Attempts(Recorder):
     def _propagated(self, ctx: NodeContext, exc: Exception, t0: float) -> NodeOutcome:
         """A descendant's failure ends this run too: recorded at the deepest path already,
         it is propagated without a second record (R5, docs/design.md)."""
-        _, origin, code = self.reported[id(exc)]
+        _, origin, code, message = self.reported[id(exc)]
         ev = self.emit(
             NodeErrorPropagated,
             ctx.path,
@@ -251,6 +256,7 @@ class Attempts(Recorder):
             attempt_count=ctx.attempt,
             recovered=ctx.recovered,
             error=exc,
+            error_message=message,
             origin_path=origin,
             duration_s=time.perf_counter() - t0,
         )
@@ -258,7 +264,7 @@ class Attempts(Recorder):
     def _failed(self, ctx: NodeContext, exc: Exception, t0: float) -> NodeOutcome:
         """The run failed here: record the failure (the caller flushes it, so it is on record
         before it propagates, R1 in docs/design.md)."""
-        info = classify(exc, self.error_codes)
+        info = self.classify(exc)
         ev = self.emit(
             NodeErrorEvent,
             ctx.path,
@@ -268,13 +274,14 @@ class Attempts(Recorder):
             error_type=info.type,
             attempt_count=ctx.attempt,
         )
-        self.reported[id(exc)] = (exc, ctx.path, info.code)
+        self.reported[id(exc)] = (exc, ctx.path, info.code, info.message)
         outcome = NodeOutcome(
             status="timeout" if isinstance(exc, NodeTimeoutError) else "failure",
             event=ev,
             attempt_count=ctx.attempt,
             recovered=ctx.recovered,
             error=exc,
+            error_message=info.message,
             origin_path=ctx.path,
             duration_s=time.perf_counter() - t0,
         )
@@ -283,15 +290,14 @@ class Attempts(Recorder):
     # -- after every run -----------------------------------------------------------------
 
     def _emit_state(self, ctx: NodeContext) -> None:
-        """Record the keys of ``ctx.state`` the run changed; a change JSON cannot hold is
-        logged and dropped, never fails the run."""
-        changes = self.state.take_changes()
-        try:
-            check_json(changes, f"ctx.state changed by {ctx.path}")
-        except OutputNotSerializableError as exc:
-            log.error("%s; the change is not persisted", exc)
-            return
-        self.emit(StateUpdated, ctx.path, ctx.node_name, values=changes)
+        """Record the keys of ``ctx.state`` the run changed. A value JSON cannot hold has
+        failed the run already (``STATE_NOT_SERIALIZABLE``); only that key is dropped, the
+        valid changes are kept."""
+        changes, bad = self.state.take_changes()
+        if bad:
+            log.error("ctx.state keys %s set by %s are not JSON-serialisable; not persisted", bad, ctx.path)
+        if changes:
+            self.emit(StateUpdated, ctx.path, ctx.node_name, values=changes)
 
     def _cancel_reason(self, ctx: NodeContext) -> str:
         """Why a cancelled run stopped: the abort, a lost lease or store fault, or the
@@ -306,6 +312,28 @@ class Attempts(Recorder):
                 return c.cancel_reason
             c = c.parent
         return "cancelled"
+
+
+#: Failures that would fail the same way again: never retried.
+_NOT_RETRIED = (OutputNotSerializableError, StateNotSerializableError, RouteNotFoundError, RecoveryLimitError)
+
+
+def _check_route(ctx: NodeContext, route: str | int) -> None:
+    """Raise ``RouteNotFoundError`` if no outgoing edge of this graph node fires for
+    ``route``. A dynamic child (``ctx.run_node``) or the root has no edges: its route is
+    only recorded."""
+    parent = ctx.parent
+    if parent is None or not isinstance(parent.node, Workflow):
+        return
+    wf = parent.node
+    edges = wf.successors.get(ctx.node, ())
+    if any(label_matches(label, route) for _target, label in edges):
+        return
+    labels = sorted({repr(label) for _target, label in edges if label is not None}) or ["none"]
+    raise RouteNotFoundError(
+        f"node {ctx.node_name!r} ({ctx.path}) returned Route({route!r}), but no edge from it in "
+        f"workflow {wf.name!r} has that label (its labels: {', '.join(labels)})"
+    )
 
 
 async def _in_thread(node: Node, ctx: NodeContext, input: Any) -> Any:

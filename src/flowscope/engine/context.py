@@ -56,6 +56,9 @@ class RunInfo:
     plugin_state: dict[str, Any] = field(default_factory=dict)
     replayed: int = 0
     recovered: int = 0
+    #: A failed invocation's message as recorded (redacted, R13, docs/design.md): what a
+    #: plugin may show; the exception ``after_run`` gets is the raw one.
+    error_message: str | None = None
     #: Names of the plugins of this runner, so a metrics plugin can start their error
     #: counters at zero (a series that exists before the first error makes alerts work).
     plugins: tuple[str, ...] = ()
@@ -77,6 +80,8 @@ class NodeOutcome:
     attempt_count: int
     recovered: bool = False
     error: BaseException | None = None
+    #: The failure's message as recorded (redacted, R13): what may leave the process.
+    error_message: str | None = None
     origin_path: str | None = None
     duration_s: float = 0.0
 

@@ -4,12 +4,51 @@ from __future__ import annotations
 
 import inspect
 import random
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import WorkflowError
 
-__all__ = ["Node", "node", "JoinNode", "Workflow", "START", "Route", "RetryConfig"]
+__all__ = [
+    "Node",
+    "node",
+    "JoinNode",
+    "Workflow",
+    "START",
+    "Route",
+    "RetryConfig",
+    "label_matches",
+    "check_name",
+    "MAX_NODE_NAME",
+    "MAX_SESSION_ID",
+]
+
+#: The longest node (or workflow) name, in characters: names are in every path.
+MAX_NODE_NAME = 200
+#: The longest session id, in characters.
+MAX_SESSION_ID = 256
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def check_name(value: object, what: str, limit: int) -> str:
+    """``value`` if every store can keep it as a name or id, else a ``ValueError`` naming
+    the problem: not a str, empty, longer than ``limit`` characters, a control character
+    (NUL included: PostgreSQL text cannot hold one) or a lone surrogate (not UTF-8)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    if len(value) > limit:
+        raise ValueError(f"{what} is {len(value)} characters long; at most {limit} are allowed")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} {value[:40]!r} contains a lone surrogate: it is not valid UTF-8") from None
+    bad = _CONTROL.search(value)
+    if bad is not None:
+        raise ValueError(f"{what} {value[:40]!r} contains the control character {bad.group()!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +89,21 @@ class RetryConfig:
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Returned by a node to choose the outgoing edges labelled ``label``."""
+    """Returned by a node to choose the outgoing edges labelled ``label``.
 
-    label: str
+    A label matches an edge's label when both are equal and of the same type, as the edges
+    declare them (``Route(1)`` takes the edge keyed ``1``, not ``"1"``). A label that matches
+    no outgoing edge fails the node with ``ROUTE_NOT_FOUND`` (R12, docs/design.md).
+    """
+
+    label: str | int
     output: Any = None
+
+
+def label_matches(edge_label: str | int | None, route: str | int | None) -> bool:
+    """Does an edge fire for a run that chose ``route``? An unlabelled edge always fires;
+    a labelled one when the route equals it and has its type (``True`` is not ``1``)."""
+    return edge_label is None or (edge_label == route and type(edge_label) is type(route))
 
 
 class _Start:
@@ -84,7 +134,8 @@ class Node:
             if fn is None:
                 raise ValueError("a Node needs a name or a function")
             name = fn.__name__
-        if not name or "/" in name or "@" in name:
+        check_name(name, "node name", MAX_NODE_NAME)
+        if "/" in name or "@" in name:
             raise ValueError(f"invalid node name {name!r}: it must be non-empty, without '/' or '@'")
         if timeout is not None and timeout <= 0:
             raise ValueError("timeout must be a positive number of seconds")
@@ -179,7 +230,8 @@ class Workflow(Node):
     ``edges`` is a list of chains: ``(START, a, b)`` links START→a→b; a tuple in a chain
     fans out in parallel (``(a, (b, c))``) or fans in (``((b, c), join)``); a dict maps
     route labels to targets (``(check, {"ok": send, "no": notify})``). ``max_steps`` bounds
-    the node runs of one pass through this graph, so a loop cannot run forever.
+    the steps of one pass through this graph (a step runs every node activated together,
+    however many), so a loop cannot run forever while a wide fan-out is one step.
     """
 
     kind = "workflow"
@@ -198,8 +250,10 @@ class Workflow(Node):
         self.nodes: dict[str, Node] = {}
         self.order: dict[Node, int] = {}  # declaration order, for deterministic scheduling
         # successors[node] = [(target, label or None), ...]; START is a key too
-        self.successors: dict[Any, list[tuple[Node, str | None]]] = {START: []}
+        self.successors: dict[Any, list[tuple[Node, str | int | None]]] = {START: []}
         self.predecessors: dict[Node, list[Node]] = {}
+        self._edges: set[tuple[int, int, type, Any]] = set()
+        self._preds: set[tuple[int, int]] = set()
         for chain in edges:
             self._add_chain(chain)
         if not self.successors[START]:
@@ -220,12 +274,16 @@ class Workflow(Node):
             self.predecessors.setdefault(n, [])
         return n
 
-    def _link(self, src: Any, dst: Node, label: str | None) -> None:
-        edge = (dst, label)
-        if edge not in self.successors[src]:
-            self.successors[src].append(edge)
-            if src is not START and src not in self.predecessors[dst]:
-                self.predecessors[dst].append(src)
+    def _link(self, src: Any, dst: Node, label: str | int | None) -> None:
+        # Membership through sets: a fan-out of 20,000 is 20,000 links, not 20,000² compares.
+        key = (id(src), id(dst), type(label), label)
+        if key in self._edges:
+            return
+        self._edges.add(key)
+        self.successors[src].append((dst, label))
+        if src is not START and (id(src), id(dst)) not in self._preds:
+            self._preds.add((id(src), id(dst)))
+            self.predecessors[dst].append(src)
 
     def _targets(self, element: Any) -> list[Node]:
         if isinstance(element, (tuple, list)):
@@ -241,9 +299,14 @@ class Workflow(Node):
             new_tails: list[Node] = []
             if isinstance(element, dict):
                 for label, target in element.items():
+                    if type(label) is not str and type(label) is not int:
+                        raise WorkflowError(
+                            f"workflow {self.name!r}: route label {label!r} is a {type(label).__name__}; "
+                            "a label is a str or an int"
+                        )
                     for dst in self._targets(target):
                         for src in tails:
-                            self._link(src, dst, str(label))
+                            self._link(src, dst, label)
                         new_tails.append(dst)
             else:
                 for dst in self._targets(element):

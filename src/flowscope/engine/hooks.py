@@ -38,6 +38,7 @@ HOOKS = (
     "on_event",
     "on_worker_claim",
     "on_lease_lost",
+    "on_resume_conflict",
     "on_worker_release",
 )
 
@@ -71,6 +72,11 @@ class Plugin:
 
     def on_lease_lost(self, session_id: str, workflow: str) -> Any:
         """An invocation lost its lease to another owner and stopped (before ``after_run``)."""
+
+    def on_resume_conflict(self, session_id: str, workflow: str) -> Any:
+        """A ``run``/``resume`` lost a race for its session (``ConcurrencyConflict``: another
+        owner or writer got there first) and appended nothing; called once per lost race,
+        which is no failure (before ``after_run``, when the invocation had begun)."""
 
     def on_worker_release(self, claim: Any) -> Any:
         """A worker is done with a claimed session (it completed, paused, failed, lost its

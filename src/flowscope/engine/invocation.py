@@ -22,7 +22,7 @@ from ..events import NodeCancelled, NodeStarted
 from ..fold import NodeState
 from .attempts import Attempts
 from .context import NodeContext, PauseSignal
-from .graph import START, Node, Workflow
+from .graph import START, Node, Workflow, label_matches
 from .pauses import Pauses
 from .record import NodeResult
 
@@ -99,10 +99,10 @@ class Invocation(Attempts, Pauses):
         terminals: list[tuple[str, Any]] = []
         steps = 0
         while acts:
-            steps += len(acts)
+            steps += 1  # a step, however wide: max_steps bounds loops, not fan-outs
             if steps > wf.max_steps:
                 raise WorkflowError(
-                    f"workflow {wf.name!r} ran more than max_steps={wf.max_steps} node runs: a loop that does not end?"
+                    f"workflow {wf.name!r} ran more than max_steps={wf.max_steps} steps: a loop that does not end?"
                 )
             results: tuple[NodeResult, ...] | list[NodeResult]
             if len(acts) == 1:  # a chain: no step machinery (the common case, and the replay path)
@@ -119,7 +119,7 @@ class Invocation(Attempts, Pauses):
             for (n, _inp), r in zip(acts, results):
                 fired = False
                 for target, label in successors[n]:
-                    if label is not None and label != r.route:
+                    if label is not None and not label_matches(label, r.route):
                         continue
                     fired = True
                     if target.kind == "join":

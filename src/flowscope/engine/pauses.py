@@ -12,12 +12,13 @@ import asyncio
 import logging
 from typing import Any, Callable, Mapping
 
-from ..errors import JobFailedError, ResumeError, classify
+from ..errors import JobFailedError, ResumeError
 from ..events import Event, InputReceived, InputRequested, JobDispatched, JobResultReceived
 from ..fold import WorkflowState
 from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids
+from ..store.base import FINISHED_SESSION_STATUSES
 from .context import NodeContext, PauseSignal
-from .record import Recorder, check_json
+from .record import Recorder, json_value
 
 __all__ = ["Pauses", "Answer", "validate_answers", "FINISHED"]
 
@@ -26,8 +27,8 @@ log = logging.getLogger("flowscope.engine")
 #: An event to append for an answer given to ``resume()``: class, path, node, fields.
 Answer = tuple[type[Event], str, str, dict[str, Any]]
 
-#: Session statuses that take no more answers.
-FINISHED = ("completed", "failed", "cancelled")
+#: Session statuses that take no more answers (the finished ones, one copy in the store port).
+FINISHED = FINISHED_SESSION_STATUSES
 
 
 class Pauses(Recorder):
@@ -38,7 +39,7 @@ class Pauses(Recorder):
         ns = self.ws.nodes[ctx.path]
         if interrupt_id in ns.inputs:
             return ns.inputs[interrupt_id]
-        check_json(payload, f"the payload of input request {interrupt_id!r}")
+        payload = json_value(payload, f"the payload of input request {interrupt_id!r}")
         ev = self.emit(InputRequested, ctx.path, ctx.node_name, interrupt_id=interrupt_id, prompt=str(prompt), payload=payload)
         raise PauseSignal(ctx.path, "input", [interrupt_id], ev)
 
@@ -104,7 +105,7 @@ class Pauses(Recorder):
             if asyncio.iscoroutine(r) or isinstance(r, asyncio.Future):
                 await r
         except Exception as exc:  # an HTTP 401/5xx, a refused connection: a failed result, not a crash
-            info = classify(exc, self.error_codes)
+            info = self.classify(exc)
             failed = dispatch_failure(info.type, info.message)
         ev = self.emit(
             JobDispatched,
@@ -142,7 +143,7 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
                 raise ResumeError(f"input {iid!r} of session {sid!r} was already answered; an answer is given once")
             open_ids = sorted({i for ns in nodes.values() if ns.status == "waiting_input" for i in ns.requests})
             raise ResumeError(f"session {sid!r} has no open input request {iid!r} (open: {', '.join(open_ids) or 'none'})")
-        check_json(value, f"the input for {iid!r}")
+        value = json_value(value, f"the input for {iid!r}")
         for ns in targets:
             payload = ns.requests[iid].payload
             if isinstance(payload, dict) and payload.get("kind") == "job_failed" and value not in payload.get("actions", ()):
@@ -154,7 +155,7 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
             raise ResumeError(f"session {sid!r} has no dispatched job {job_id!r}: check the job id")
         if job_id in owner.job_results:
             raise ResumeError(f"job {job_id!r} of session {sid!r} already reported its result; a result is reported once")
-        check_json(result, f"the result of job {job_id!r}")
+        result = json_value(result, f"the result of job {job_id!r}")
         verdict = check_result(result, owner.jobs[job_id].expect_count)
         r = result if isinstance(result, Mapping) else {}
         fields = {

@@ -24,7 +24,7 @@ import uuid
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, overload
 
-from ..errors import OutputNotSerializableError
+from ..errors import ErrorInfo, OutputNotSerializableError, Redactor, StateNotSerializableError, classify
 from ..events import Event, RunFinished
 from ..fold import WorkflowState
 from ..ownership import Lease
@@ -33,26 +33,71 @@ from .commit import GroupCommit
 from .context import NodeContext, RunInfo
 from .hooks import PluginDispatcher
 
-__all__ = ["Recorder", "Halted", "TrackedState", "NodeResult", "check_json"]
+__all__ = ["Recorder", "Halted", "TrackedState", "NodeResult", "json_value"]
 
 log = logging.getLogger("flowscope.engine")
 
 E = TypeVar("E", bound=Event)
 
-_SCALARS = (type(None), str, int, float, bool)
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_loads = json.loads
+_JSON_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
 
 
-def check_json(value: Any, what: str) -> None:
-    """Refuse what JSON cannot hold, naming the culprit: the store keeps outputs as JSON
-    (R12, docs/design.md)."""
-    if type(value) in _SCALARS:
-        return
+_BIG = 1 << 63
+_MAX_NATIVE_DEPTH = 64
+
+
+def _native(v: Any, depth: int) -> bool:
+    """Is ``v`` already what a JSON round trip would give back (same types, same value)?
+
+    Exact types only (a str or int subclass is converted by the round trip), finite floats,
+    ints JSON readers agree on, str keys; shallow enough that a cycle cannot hide. Cheaper
+    than the round trip for the small dicts and lists nodes usually return.
+    """
+    t = type(v)
+    if t is str or t is bool or v is None:
+        return True
+    if t is int:
+        return -_BIG <= v < _BIG
+    if t is float:
+        return v - v == 0.0  # finite: nan - nan and inf - inf are nan
+    if depth >= _MAX_NATIVE_DEPTH:
+        return False
+    if t is dict:
+        d = depth + 1
+        for k, x in v.items():
+            if type(k) is not str or not _native(x, d):
+                return False
+        return True
+    if t is list:
+        d = depth + 1
+        for x in v:
+            if not _native(x, d):
+                return False
+        return True
+    return False
+
+
+def json_value(value: Any, what: str, error: type[Exception] = OutputNotSerializableError) -> Any:
+    """The value as the store keeps it, or ``error`` naming ``what`` (R12, docs/design.md).
+
+    Values pass the JSON boundary once, here, when they are recorded: what a node, a
+    ``RunResult`` or a resumed run sees is this value, live and after resume alike (a
+    tuple is a list, an int key a str key). NaN and ±Infinity are refused (they are not
+    JSON), and so is anything nested too deep to encode. JSON scalars are returned as they
+    and containers of them are returned as they are, without a round trip (a type check
+    per element: the common case).
+    """
+    if _native(value, 0):
+        return value
     try:
-        json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise OutputNotSerializableError(
-            f"{what} is a {type(value).__name__} that is not JSON-serialisable ({exc}); "
-            "return JSON data: dict, list, str, number, bool or None"
+        return _loads(_dumps(value))
+    except _JSON_ERRORS as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise error(
+            f"{what} is a {type(value).__name__} that is not JSON-serialisable ({reason:.200}); "
+            "return JSON data: dict with str keys, list, str, finite number, bool or None"
         ) from None
 
 
@@ -72,7 +117,7 @@ class NodeResult:
 
     __slots__ = ("output", "route", "has_output")
 
-    def __init__(self, output: Any, route: str | None, has_output: bool) -> None:
+    def __init__(self, output: Any, route: str | int | None, has_output: bool) -> None:
         self.output = output
         self.route = route
         self.has_output = has_output
@@ -86,7 +131,13 @@ class TrackedState(dict[str, Any]):
         self.dirty: set[str] = set()
 
     def __setitem__(self, key: str, value: Any) -> None:
-        super().__setitem__(key, value)
+        # Refused where it is set, so the node that set it fails, naming the key; the
+        # value kept is the one the store will hold (R12, docs/design.md).
+        if type(key) is not str:
+            raise StateNotSerializableError(
+                f"ctx.state key {key!r} is a {type(key).__name__}: state keys are str (JSON object keys)"
+            )
+        super().__setitem__(key, json_value(value, f"ctx.state[{key!r}]", StateNotSerializableError))
         self.dirty.add(key)
 
     def __delitem__(self, key: str) -> None:
@@ -117,10 +168,29 @@ class TrackedState(dict[str, Any]):
         self.dirty.update(self.keys())
         super().clear()
 
-    def take_changes(self) -> dict[str, Any]:
-        changes = {k: self.get(k) for k in self.dirty}
+    def check_changes(self) -> None:
+        """Raise ``StateNotSerializableError`` naming the first changed key whose value JSON
+        cannot hold any more (a list mutated after it was set), else keep the changed
+        values as the store will (the same rule as when they were set)."""
+        for k in self.dirty:
+            if k in self:
+                v = dict.__getitem__(self, k)
+                if type(v) is dict or type(v) is list:
+                    dict.__setitem__(self, k, json_value(v, f"ctx.state[{k!r}]", StateNotSerializableError))
+
+    def take_changes(self) -> tuple[dict[str, Any], list[str]]:
+        """The changed keys the store can keep, and the keys it cannot (dropped)."""
+        changes: dict[str, Any] = {}
+        bad: list[str] = []
+        for k in self.dirty:
+            v = self.get(k)
+            try:
+                changes[k] = json_value(v, k, StateNotSerializableError)
+            except StateNotSerializableError:
+                bad.append(k)
+                dict.pop(self, k, None)  # the live state keeps what the log will hold
         self.dirty.clear()
-        return changes
+        return changes, bad
 
 
 class Recorder:
@@ -132,6 +202,7 @@ class Recorder:
         store: EventStore,
         plugins: PluginDispatcher,
         error_codes: Mapping[type, str],
+        redact: Redactor,
         max_recoveries: int,
         rng: random.Random,
         session_id: str,
@@ -150,6 +221,7 @@ class Recorder:
         self.plugins = plugins
         self.hooks = plugins.has_node_hooks
         self.error_codes = error_codes
+        self.redact = redact  # every message recorded passes through it (R13, docs/design.md)
         self.max_recoveries = max_recoveries
         self.rng = rng
         self.session_id = session_id
@@ -162,11 +234,11 @@ class Recorder:
         #: Why this invocation can record no more (a failed append, a lost lease), or None.
         self.halted: BaseException | None = None
         self.state = TrackedState(ws.state)
-        # id(exc) -> (exc, path, error_code): where a failure was recorded in this
+        # id(exc) -> (exc, path, error_code, error_message): where a failure was recorded in this
         # invocation, so enclosing runs propagate it without recording it again
         # (R5, docs/design.md). Keyed per invocation: the same exception object raised
         # in another invocation is a new failure and is recorded again.
-        self.reported: dict[int, tuple[BaseException, str, str]] = {}
+        self.reported: dict[int, tuple[BaseException, str, str, str]] = {}
         self.aborting = False
         self.abort_reason = "aborted"  # the NodeCancelled reason of an abort (Runner.abort)
         self.in_flight: dict[str, NodeContext] = {}
@@ -202,6 +274,10 @@ class Recorder:
             plugins=plugins.names,
             store=store,
         )
+
+    def classify(self, exc: BaseException) -> ErrorInfo:
+        """How this invocation names a failure: its error codes, its redaction."""
+        return classify(exc, self.error_codes, self.redact)
 
     def mark_answered(self, path: str) -> None:
         """A waiting run at ``path`` (and so each of its ancestors) may go on."""

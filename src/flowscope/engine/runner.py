@@ -26,8 +26,9 @@ from ..errors import (
     LeaseLost,
     ResumeError,
     UnknownSessionError,
+    Redactor,
     WorkflowError,
-    classify,
+    redact_message,
 )
 from ..events import Event, RunStarted, RunSubmitted
 from ..fold import WorkflowState, rebuild, restore_state, snapshot_state
@@ -35,13 +36,13 @@ from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..ownership import Lease, this_process
 from ..store.base import EventStore
 from .context import PauseSignal, RunResult
-from .graph import Workflow
 from .commit import GroupCommit
+from .graph import MAX_SESSION_ID, Workflow, check_name
 from .hooks import Plugin, PluginDispatcher
 from .invocation import Invocation
 from .lease import LeaseKeeper
 from .pauses import Answer, validate_answers
-from .record import Halted, NodeResult, check_json
+from .record import Halted, NodeResult, json_value
 
 __all__ = ["Runner", "RunResult"]
 
@@ -52,6 +53,9 @@ class Runner:
     """Runs a workflow over an event store, with plugins.
 
     ``error_codes`` maps exception types to error codes (matched along the MRO).
+    ``redact`` (str -> str) is applied to every error message before it is recorded, so
+    events, spans, metrics, exports and the CLI only ever see its result; the default,
+    :func:`flowscope.errors.redact_message`, masks absolute paths and credential shapes.
     ``max_recoveries`` bounds how often a run that kills its worker is re-executed.
     ``lease_s``: every invocation holds a lease on its session in the store, renewed every
     ``lease_s / 3`` by a daemon thread (so a node that blocks the loop keeps it); while
@@ -79,6 +83,7 @@ class Runner:
         plugins: Iterable[Plugin] = (),
         *,
         error_codes: Mapping[type, str] | None = None,
+        redact: Redactor | None = None,
         max_recoveries: int = 3,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
         snapshot_every: int = 1000,
@@ -99,6 +104,7 @@ class Runner:
         self.store: EventStore = store
         self.plugins = PluginDispatcher(plugins)
         self.error_codes = dict(error_codes or {})
+        self.redact: Redactor = redact_message if redact is None else redact
         self.max_recoveries = max_recoveries
         self.snapshot_every = snapshot_every
         self.heartbeat_interval = heartbeat_interval
@@ -113,7 +119,7 @@ class Runner:
 
     async def run(self, input: Any = None, *, session_id: str | None = None) -> RunResult:
         """Run the workflow in a new session. A failure raises the node's original exception."""
-        check_json(input, "the run input")
+        input = json_value(input, "the run input")
         return await self._invoke(session_id or uuid.uuid4().hex, input, resume=False)
 
     async def resume(
@@ -139,8 +145,8 @@ class Runner:
     def submit(self, input: Any = None, session_id: str | None = None) -> str:
         """Record a run to be started later (by a worker, or :meth:`resume`), without
         running it; returns its session id. The session must be new."""
-        check_json(input, "the run input")
-        sid = session_id or uuid.uuid4().hex
+        input = json_value(input, "the run input")
+        sid = check_name(session_id or uuid.uuid4().hex, "session id", MAX_SESSION_ID)
         if self.store.last_seq(sid) > 0:
             raise WorkflowError(f"session {sid!r} already exists: submit with a new session_id")
         event = RunSubmitted(
@@ -277,6 +283,10 @@ class Runner:
             raise
         return ws, lease
 
+    async def _conflict(self, session_id: str) -> None:
+        if self.plugins.wants("on_resume_conflict"):
+            await self.plugins.call("on_resume_conflict", session_id, self.workflow.name)
+
     def _release(self, lease: Lease) -> None:
         try:
             self.store.release(lease)
@@ -330,9 +340,14 @@ class Runner:
         lease: Lease | None = None,
         on_event: Callable[[Event], None] | None = None,
     ) -> RunResult:
+        check_name(session_id, "session id", MAX_SESSION_ID)  # before anything is read or appended
         if session_id in self._active:
             raise ConcurrencyConflict(f"session {session_id!r} is already running in this runner")
-        ws, lease = self._take(session_id, resume, force, lease)
+        try:
+            ws, lease = self._take(session_id, resume, force, lease)
+        except ConcurrencyConflict:  # refused at the start: a lost race, not a failure
+            await self._conflict(session_id)
+            raise
         try:
             answers = validate_answers(ws, inputs or {}, jobs or {}) if inputs or jobs else []
         except BaseException:
@@ -345,6 +360,7 @@ class Runner:
             store=self.store,
             plugins=self.plugins,
             error_codes=self.error_codes,
+            redact=self.redact,
             max_recoveries=self.max_recoveries,
             rng=self.rng,
             session_id=session_id,
@@ -377,6 +393,8 @@ class Runner:
             result, error = None, halted
             if isinstance(halted, LeaseLost) and plugins.wants("on_lease_lost"):
                 await plugins.call("on_lease_lost", session_id, self.workflow.name)
+        if isinstance(error, ConcurrencyConflict):
+            await self._conflict(session_id)
         if plugins.wants("after_run"):
             await plugins.call("after_run", inv.run, result, error)
         if error is not None:
@@ -435,9 +453,12 @@ class Runner:
         except BaseException as exc:
             reported = inv.reported.get(id(exc))
             if reported is not None and reported[0] is exc:
+                run.error_message = reported[3]
                 inv.finish("failed", error_code=reported[2], error_path=reported[1])
             else:
-                inv.finish("failed", error_code=classify(exc, self.error_codes).code)
+                info = inv.classify(exc)
+                run.error_message = info.message
+                inv.finish("failed", error_code=info.code)
             raise
         finally:
             await inv.flush()  # a failure to append RunFinished halts the invocation like any other

@@ -111,15 +111,16 @@ def kill_worker(proc: subprocess.Popen[bytes]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flowscope.examples.worker", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", required=True, help="the SQLite file")
+    parser.add_argument("--db", required=True, help="the SQLite file, or a postgresql:// URL")
     parser.add_argument("--session", required=True, help="the session id to start")
     parser.add_argument("--hang", type=float, default=30.0, help="seconds the first attempt of export_rows takes")
     parser.add_argument("--heartbeat", type=float, default=0.2, help="the runner's heartbeat interval in seconds")
     args = parser.parse_args(argv)
 
-    from ..store import SqliteEventStore
+    from ..store import EventStore, PostgresEventStore, SqliteEventStore
+    from ..store.postgres.dsn import is_postgres_url
 
-    store = SqliteEventStore(args.db)
+    store: EventStore = PostgresEventStore(args.db) if is_postgres_url(args.db) else SqliteEventStore(args.db)
     try:
         runner = Runner(nightly_export, store=store, heartbeat_interval=args.heartbeat)
         result = runner.run_sync(export_input(args.hang), session_id=args.session)

@@ -35,13 +35,14 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from opentelemetry.trace import get_current_span
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from .. import __version__
 from ..plugins import HOOKS, Plugin
+from .labels import DEFAULT_MAX_SERIES, LabelBudget, code_label
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.context import NodeContext, NodeOutcome, RunInfo
@@ -161,6 +162,18 @@ INSTRUMENTS: tuple[InstrumentSpec, ...] = (
         "Plugin hooks that raised (the workflow went on).",
         "{error}",
     ),
+    InstrumentSpec(
+        "resume_conflicts", "flowscope_resume_conflicts_total", "flowscope.resume.conflicts", "counter",
+        ("workflow",),
+        "Invocations (run or resume) that lost a race for their session and appended nothing (no failure).",
+        "{conflict}",
+    ),
+    InstrumentSpec(
+        "metrics_overflow", "flowscope_metrics_overflow_total", "flowscope.metrics.overflow", "counter",
+        ("metric",),
+        "Observations folded into the _other label set because the metric reached max_series label sets.",
+        "{observation}",
+    ),
 )  # fmt: skip
 
 #: The instruments of a :class:`~flowscope.worker.Worker` (issue 13). They are created on
@@ -276,12 +289,13 @@ class _Series:
 
 
 class _Instrument:
-    __slots__ = ("spec", "prom", "otel", "_series", "_lock")
+    __slots__ = ("spec", "prom", "otel", "budget", "_series", "_lock")
 
-    def __init__(self, spec: InstrumentSpec, prom: Any, otel: Any) -> None:
+    def __init__(self, spec: InstrumentSpec, prom: Any, otel: Any, budget: LabelBudget | None = None) -> None:
         self.spec = spec
         self.prom = prom
         self.otel = otel
+        self.budget = budget  # None: the labels are bounded by construction
         self._series: dict[tuple[str, ...], _Series] = {}
         self._lock = threading.Lock()
 
@@ -291,10 +305,51 @@ class _Instrument:
             with self._lock:
                 s = self._series.get(values)
                 if s is None:
-                    prom = self.prom.labels(*values) if self.prom is not None else None
-                    attrs = dict(zip(self.spec.labels, values))
-                    s = self._series[values] = _Series(prom, self.otel, attrs)
+                    key = values
+                    if self.budget is not None:
+                        key = self.budget.admit(self.spec.prom_name, values, len(self._series))
+                        s = self._series.get(key)
+                    if s is None:
+                        prom = self.prom.labels(*key) if self.prom is not None else None
+                        s = self._series[key] = _Series(prom, self.otel, dict(zip(self.spec.labels, key)))
         return s
+
+    def bind(self, values: tuple[str, ...]) -> _Series:
+        """``series(values)`` for a caller that keeps it: a label set folded into ``_other``
+        comes wrapped so that each later observation counts one overflow too, as a lookup
+        would (the bind itself counted the first)."""
+        s = self.series(values)
+        budget = self.budget
+        if budget is None or budget.on_overflow is None or values in self._series:
+            return s
+        return _FoldedSeries(s, self.spec.prom_name, budget.on_overflow)
+
+
+class _FoldedSeries(_Series):
+    """The ``_other`` series as bound for a label set beyond the budget (see
+    :meth:`_Instrument.bind`)."""
+
+    __slots__ = ("_metric", "_count", "_bound")
+
+    def __init__(self, other: _Series, metric: str, count: Callable[[str], None]) -> None:
+        super().__init__(other._prom, other._otel, other._attrs)
+        self._metric = metric
+        self._count = count
+        self._bound = True  # the first observation was counted when bound
+
+    def _overflow(self) -> None:
+        if self._bound:
+            self._bound = False
+        else:
+            self._count(self._metric)
+
+    def add(self, value: float = 1.0) -> None:
+        self._overflow()
+        _Series.add(self, value)
+
+    def record(self, value: float, exemplar: dict[str, str] | None = None) -> None:
+        self._overflow()
+        _Series.record(self, value, exemplar)
 
 
 def _otel_instrument(meter: Any, spec: InstrumentSpec) -> Any:
@@ -384,11 +439,15 @@ class MetricsPlugin(Plugin):
     ``registry``: the prometheus-client ``CollectorRegistry`` to register on (default:
     the global ``REGISTRY``, unless only ``meter_provider`` is given). ``meter_provider``:
     an OpenTelemetry ``MeterProvider`` to record the same instruments under dotted names.
+    ``max_series``: the label sets each metric keeps; new ones beyond it are folded into
+    ``_other`` and counted in ``flowscope_metrics_overflow_total{metric}`` (R13).
     """
 
     name = "metrics"
 
-    def __init__(self, registry: CollectorRegistry | None = None, meter_provider: Any = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, meter_provider: Any = None, *, max_series: int = DEFAULT_MAX_SERIES
+    ) -> None:
         if registry is None and meter_provider is None:
             registry = REGISTRY
         self.registry = registry
@@ -397,11 +456,15 @@ class MetricsPlugin(Plugin):
         self._meter = meter
         self._worker: dict[str, _Instrument] | None = None  # WORKER_INSTRUMENTS, on first use
         self._instruments: dict[str, _Instrument] = {}
+        self.budget = LabelBudget(max_series, self._overflowed)  # R13: at most max_series label sets per metric
         for spec in INSTRUMENTS:
             prom = _prom_collector(registry, spec) if registry is not None else None
             otel = _otel_instrument(meter, spec) if meter is not None else None
-            self._instruments[spec.key] = _Instrument(spec, prom, otel)
+            budget = None if spec.key == "metrics_overflow" else self.budget  # its labels are metric names
+            self._instruments[spec.key] = _Instrument(spec, prom, otel, budget)
         i = self._instruments
+        self._resume_conflicts = i["resume_conflicts"]
+        self._overflow = i["metrics_overflow"]
         self._node_runs = i["node_runs"]
         self._node_duration = i["node_duration"]
         self._node_errors = i["node_errors"]
@@ -428,9 +491,12 @@ class MetricsPlugin(Plugin):
     # -- helpers ---------------------------------------------------------------------------
 
     def _bind(self, instrument: _Instrument, values: tuple[str, ...]) -> _Series:
-        """The one place a labelled series is bound (once per label set; the node path
-        keeps what it binds): a label-bounding policy wraps this."""
-        return instrument.series(values)
+        """The one place a labelled series is bound for the node path, which keeps it (once
+        per label set): bounded by the metric's budget like every other lookup."""
+        return instrument.bind(values)
+
+    def _overflowed(self, metric: str) -> None:
+        self._overflow.series((metric,)).add()
 
     def _node(self, workflow: str, node: str) -> _NodeSeries:
         key = (workflow, node)
@@ -461,6 +527,8 @@ class MetricsPlugin(Plugin):
         if status is None:  # RunFinished was not appended (the store failed): say what it would
             if result is not None:
                 status = result.status
+            elif error is not None and _is_conflict(error):
+                return  # a lost race: counted once by on_resume_conflict, never as a failure
             elif error is not None and _is_cancellation(error):
                 status = "cancelled"
             else:
@@ -516,10 +584,14 @@ class MetricsPlugin(Plugin):
         self._node_retries.series((self._workflow_of(event), event.node, event.error_type)).add()
 
     def _error(self, event: Any) -> None:
-        self._node_errors.series((self._workflow_of(event), event.node, event.error_code, event.error_type)).add()
+        key = (self._workflow_of(event), event.node, code_label(event.error_code), event.error_type)
+        self._node_errors.series(key).add()
 
     def _job_result(self, event: Any) -> None:
         self._job_results.series((self._workflow_of(event), event.node, event.result)).add()
+
+    def on_resume_conflict(self, session_id: str, workflow: str) -> None:
+        self._resume_conflicts.series((workflow,)).add()
 
     def on_plugin_error(self, plugin: str, hook: str, error: BaseException) -> None:
         self._plugin_errors.series((str(plugin), str(hook))).add()
@@ -534,6 +606,7 @@ class MetricsPlugin(Plugin):
                     spec,
                     _prom_collector(self.registry, spec) if self.registry is not None else None,
                     _otel_instrument(self._meter, spec) if self._meter is not None else None,
+                    self.budget,
                 )
                 for spec in WORKER_INSTRUMENTS
             }
@@ -559,6 +632,12 @@ class MetricsPlugin(Plugin):
     def __repr__(self) -> str:
         backends = [b for b, on in (("prometheus", self.registry), ("otel", self.meter_provider)) if on is not None]
         return f"<MetricsPlugin {'+'.join(backends)}>"
+
+
+def _is_conflict(error: BaseException) -> bool:
+    from ..errors import ConcurrencyConflict
+
+    return isinstance(error, ConcurrencyConflict)
 
 
 def _is_cancellation(error: BaseException) -> bool:

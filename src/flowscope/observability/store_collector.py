@@ -120,6 +120,7 @@ class StoreCollector(Collector):
         t0 = time.perf_counter()
         now = self.clock()
         try:
+            self.store.refresh()  # a file replaced or deleted since the last scrape
             groups = self._groups(now)
             queued = self.store.queued_summary()
         except Exception as exc:  # a scrape must survive a locked, missing or broken store

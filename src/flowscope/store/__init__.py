@@ -7,6 +7,7 @@ from .memory import MemoryEventStore
 from ..fold import NodeState, WorkflowState, rebuild
 
 if TYPE_CHECKING:  # for type checkers; at run time __getattr__ below imports it on first use
+    from .postgres import PostgresEventStore
     from .sqlite import SqliteEventStore
 
 __all__ = [
@@ -15,15 +16,20 @@ __all__ = [
     "SessionInfo",
     "MemoryEventStore",
     "SqliteEventStore",
+    "PostgresEventStore",
     "NodeState",
     "WorkflowState",
     "rebuild",
 ]
 
 
-def __getattr__(name: str) -> type[EventStore]:  # the SQLite adapter imports sqlite-utils only when asked for
+def __getattr__(name: str) -> type[EventStore]:  # adapters import their drivers only when asked for
     if name == "SqliteEventStore":
         from .sqlite import SqliteEventStore
 
         return SqliteEventStore
+    if name == "PostgresEventStore":  # psycopg: the `postgres` extra
+        from .postgres import PostgresEventStore
+
+        return PostgresEventStore
     raise AttributeError(name)

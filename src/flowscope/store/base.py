@@ -8,11 +8,12 @@ belongs on the event loop, not in a thread. Adapters: :mod:`.memory`, :mod:`.sql
 from __future__ import annotations
 
 import dataclasses
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Literal, Mapping, Sequence
 
-from ..errors import ConcurrencyConflict, LeaseLost
+from ..errors import ConcurrencyConflict, LeaseLost, StoreError
 from ..events import Event
 from ..fold import OPEN_STATES, NodeState
 from ..liveness import ORPHANED, OVERDUE, classify_open_run, owner_alive
@@ -34,6 +35,7 @@ __all__ = [
     "lease_lost",
     "WORKER_RETENTION_S",
     "AppendBatch",
+    "FINISHED_SESSION_STATUSES",
 ]
 
 #: One session's part of :meth:`EventStore.append_many`: (session_id, events, expected_last_seq, epoch).
@@ -42,6 +44,8 @@ AppendBatch = tuple[str, Sequence[Event], int, "int | None"]
 ClaimReason = Literal["queued", "answered", "orphaned"]
 #: How long a worker that stopped recording itself stays in :meth:`EventStore.workers`.
 WORKER_RETENTION_S = 86400.0
+#: Session statuses that are over for good: only such sessions may be deleted.
+FINISHED_SESSION_STATUSES = ("completed", "failed", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,12 +387,39 @@ class EventStore(ABC):
                 a[1] = s.submitted_at
         return [QueuedGroup(wf, n, oldest) for wf, (n, oldest) in sorted(acc.items())]
 
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds, or less if the store learns that a session became
+        claimable (an append made one queued or answered, a lease was released); True if
+        woken so. A worker calls it between claims, off the event loop. The default sleeps
+        (polling); a store with notifications (PostgreSQL's LISTEN) wakes at once."""
+        time.sleep(timeout)
+        return False
+
     def save_snapshot(self, session_id: str, seq: int, data: str) -> None:
         """Keep ``data``, the JSON of the session's state after event ``seq``, to speed up
         the next resume. Optional: a store that keeps none ignores it."""
 
     def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
         """The last snapshot saved for the session as ``(seq, data)``, or None."""
+        return None
+
+    # ------------------------------------------------------------------ pruning (flowscope prune)
+
+    def delete_sessions(self, session_ids: Iterable[str]) -> list[str]:
+        """Delete whole sessions (log, projections, snapshot, owner and lease) in one
+        transaction; return the ids deleted, in the order given.
+
+        Only a session whose status is in :data:`FINISHED_SESSION_STATUSES`, that has no
+        open run (running, waiting_input, waiting_job) and no live owner
+        (:func:`~flowscope.liveness.owner_alive`) is deleted; any other id, or one that
+        does not exist, is skipped, so a racing resume never loses its log. A store that
+        cannot delete raises :class:`~flowscope.errors.StoreError`.
+        """
+        raise StoreError(f"{type(self).__name__} cannot delete sessions")
+
+    def storage_bytes(self) -> int | None:
+        """Bytes the store's data occupies now (what ``delete_sessions`` frees), or None if
+        the store cannot tell."""
         return None
 
     def has_session(self, session_id: str) -> bool:
@@ -421,6 +452,11 @@ class EventStore(ABC):
         marks = self.__dict__.setdefault("_exported_seqs", {})
         if seq > marks.get(session_id, 0):
             marks[session_id] = seq
+
+    def refresh(self) -> None:
+        """Follow the storage if it was replaced under this store (a file restored from a
+        backup) or raise ``StoreUnavailable`` if it is gone; a long-lived reader (the
+        metrics endpoint) calls it before each read. Nothing to do for most adapters."""
 
     def close(self) -> None:
         """Release resources; the store is not used afterwards."""

@@ -12,6 +12,7 @@ from ..events import Event, RunSubmitted
 from ..liveness import owner_alive
 from ..ownership import Lease, Owner
 from .base import (
+    FINISHED_SESSION_STATUSES,
     WORKER_RETENTION_S,
     Claim,
     ClaimReason,
@@ -234,3 +235,25 @@ class MemoryEventStore(EventStore):
         with self._lock:
             return sorted(self._workers.values(), key=lambda w: w.seen_at, reverse=True)
 
+    # ------------------------------------------------------------------ pruning
+
+    def delete_sessions(self, session_ids: Iterable[str]) -> list[str]:
+        deleted = []
+        now = time.time()
+        with self._lock:
+            for sid in dict.fromkeys(session_ids):
+                state = self._state(sid)
+                if state is None or state.status not in FINISHED_SESSION_STATUSES:
+                    continue
+                if any(ns.is_open for ns in state.nodes.values()):
+                    continue
+                own = self._own.get(sid)
+                if own is not None and owner_alive(own.owner, own.lease_expires_at, now):
+                    continue
+                del self._events[sid]
+                self._folds.pop(sid, None)
+                self._folded.pop(sid, None)
+                self._own.pop(sid, None)
+                self.__dict__.get("_exported_seqs", {}).pop(sid, None)  # the span watermark (EventStore's default)
+                deleted.append(sid)
+        return deleted

@@ -1005,3 +1005,106 @@ class EventStoreContract:
         owned = {sid: o for sid, o in owners.items() if o[0] is not None}
         assert sorted(store.open_run_summary(now, 60.0), key=key) == sorted(
             summarize_open_runs(store.open_runs(), now, 60.0, owned), key=key)
+
+    # ------------------------------------------------------------------ pruning: delete_sessions (issue 18)
+
+    def test_delete_sessions_removes_whole_finished_sessions_only(self, store: EventStore) -> None:
+        for sid, status in (("done", "completed"), ("bad", "failed"), ("gone", "cancelled")):
+            _finished_session(store, sid, status, with_snapshot=True)
+        store.append("open", [ev(RunStarted, sid="open", workflow="w", ts=1.0),
+                              node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid="open"),
+                              node_ev(InputRequested, "w@1/a@1", ts=3.0, sid="open", interrupt_id="x"),
+                              ev(RunFinished, sid="open", status="paused", ts=4.0)], 0)
+        keep = store.read("open")
+        assert store.delete_sessions(["open", "done", "nope", "bad", "done"]) == ["done", "bad"]
+        for sid in ("done", "bad"):
+            assert store.read(sid) == [] and store.last_seq(sid) == 0 and not store.has_session(sid)
+            assert store.node_runs(sid) == [] and store.load_snapshot(sid) is None
+        assert {s.session_id for s in store.sessions()} == {"gone", "open"}
+        assert store.read("open") == keep  # a paused session is never deleted
+        assert [r.session_id for r in store.open_runs()] == ["open"]
+        # a deleted id starts again from seq 1
+        _finished_session(store, "done", "completed")
+        assert store.last_seq("done") == 4
+
+    def test_delete_sessions_never_deletes_a_failed_session_with_an_open_run(self, store: EventStore) -> None:
+        store.append("f", [ev(RunStarted, sid="f", workflow="w", ts=1.0),
+                           node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid="f"),
+                           node_ev(NodeStarted, "w@1/b@1", ts=2.0, sid="f"),
+                           node_ev(NodeErrorEvent, "w@1/b@1", ts=3.0, sid="f"),
+                           ev(RunFinished, sid="f", status="failed", ts=4.0)], 0)
+        assert store.delete_sessions(["f"]) == []
+        assert store.last_seq("f") == 5
+
+    def test_delete_sessions_removes_the_owner_and_spares_a_live_one(self, store: EventStore) -> None:
+        now = time.time()
+        me = this_process("w-prune")  # this very process: alive while its lease lasts
+        for sid in ("released", "held", "dead", "far-expired"):
+            _finished_session(store, sid, "completed")
+        store.release(store.acquire("released", me, 15.0, now=now))
+        store.acquire("held", me, 15.0, now=now)  # finished, but its owner still holds it
+        store.acquire("dead", dead_owner(), 3600.0, now=now)  # the owner's process is gone
+        store.acquire("far-expired", other_host_owner(), 10.0, now=now - 60.0)
+        store.workers_seen(me, ["w"], ts=now)
+        assert store.delete_sessions(["released", "held", "dead", "far-expired"]) == ["released", "dead", "far-expired"]
+        assert {s.session_id for s in store.sessions()} == {"held"}
+        for sid in ("released", "dead", "far-expired"):
+            assert store.session_info(sid) is None
+            # the owner row went with the log: a new session of that id starts at epoch 1
+            assert store.acquire(sid, me, 15.0, now=now).epoch == 1
+        info = store.session_info("held")
+        assert info is not None and info.owner == me and info.epoch == 1
+        assert [w.worker_id for w in store.workers()] == [me.worker_id]  # workers are per worker: kept
+
+    def test_storage_bytes_shrink_when_sessions_are_deleted(self, store: EventStore) -> None:
+        for i in range(20):
+            _finished_session(store, f"s{i}", "completed")
+        before = store.storage_bytes()
+        store.delete_sessions([f"s{i}" for i in range(20)])
+        after = store.storage_bytes()
+        if before is None:  # the memory store cannot tell
+            assert after is None
+        else:
+            assert after is not None and after < before
+
+    # ------------------------------------------------------------------ group commit, span watermark (issue 15)
+
+    def test_append_many_keeps_the_good_batches_and_returns_each_refusal(self, store: EventStore) -> None:
+        store.append("b", [ev(RunSubmitted, sid="b", workflow="w", ts=1.0)], 0)
+        lease = store.acquire("c", this_process(), 30.0)
+        store.append("c", [ev(RunSubmitted, sid="c", workflow="w", ts=1.0)], 0, epoch=lease.epoch)
+        out = store.append_many([
+            ("d", [ev(RunStarted, sid="d", workflow="w", ts=2.0)], 0, None),
+            ("a", [ev(RunStarted, sid="a", workflow="w", ts=2.0), node_ev(NodeStarted, "w@1/x@1", ts=3.0, sid="a")], 0, None),
+            ("b", [ev(RunStarted, sid="b", workflow="w", ts=2.0)], 0, None),  # the session is at 1: a conflict
+            ("c", [ev(RunStarted, sid="c", workflow="w", ts=2.0)], 1, lease.epoch + 1),  # a superseded epoch: fenced
+            ("a", [node_ev(NodeCompleted, "w@1/x@1", ts=4.0, sid="a")], 2, None),  # the same session again, in order
+        ])  # fmt: skip
+        assert len(out) == 5
+        assert isinstance(out[2], ConcurrencyConflict) and isinstance(out[3], LeaseLost)
+        assert [[e.seq for e in r] for r in (out[0], out[1], out[4]) if isinstance(r, list)] == [[1], [1, 2], [3]]
+        assert [store.last_seq(s) for s in "abcd"] == [3, 1, 1, 1]
+        assert [e.type for e in store.read("a")] == ["run_started", "node_started", "node_completed"]
+        assert run_of(store, "w@1/x@1", sid="a").status == "completed"  # the projection kept up
+        assert store.read("b")[0].type == "run_submitted" and len(store.read("c")) == 1
+
+    def test_the_span_watermark_only_moves_forward_and_goes_with_a_pruned_session(self, store: EventStore) -> None:
+        assert store.exported_seq("s") == 0
+        _finished_session(store, "s", "completed")
+        store.set_exported_seq("s", 3)
+        store.set_exported_seq("s", 1)  # never moves back
+        assert (store.exported_seq("s"), store.exported_seq("other")) == (3, 0)
+        store.set_exported_seq("s", 4)
+        assert store.exported_seq("s") == 4
+        assert store.delete_sessions(["s"]) == ["s"]
+        assert store.exported_seq("s") == 0  # a new session of that id ships its spans
+
+
+def _finished_session(store: EventStore, sid: str, status: str, with_snapshot: bool = False) -> None:
+    """A session of four events that ended with ``status`` (a prune candidate)."""
+    store.append(sid, [ev(RunStarted, sid=sid, workflow="w", ts=1.0),
+                       node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid=sid),
+                       node_ev(NodeCompleted, "w@1/a@1", ts=3.0, sid=sid),
+                       ev(RunFinished, sid=sid, status=status, ts=4.0)], 0)
+    if with_snapshot:
+        store.save_snapshot(sid, 4, '{"format": 0}')

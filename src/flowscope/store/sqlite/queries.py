@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from ...fold import NodeState, WorkflowState
-from ..base import NodeRun
+from ..base import FINISHED_SESSION_STATUSES, NodeRun
 from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
@@ -46,6 +46,12 @@ __all__ = [
     "SQL_WORKERS",
     "SQL_SAVE_SNAPSHOT",
     "SQL_LOAD_SNAPSHOT",
+    "SQL_PRUNABLE",
+    "PRUNE_TABLES",
+    "SQL_PRUNE",
+    "SQL_HAS_SPAN_EXPORTS",
+    "SQL_PRUNE_SPAN_EXPORTS",
+    "SQL_STORAGE_BYTES",
     "node_state",
     "node_row",
     "session_row",
@@ -170,6 +176,30 @@ SQL_SAVE_SNAPSHOT = (
     "ON CONFLICT (session_id) DO UPDATE SET seq = excluded.seq, data = excluded.data"
 )
 SQL_LOAD_SNAPSHOT = "SELECT seq, data FROM snapshots WHERE session_id = ?"
+
+# -- pruning (flowscope prune): ``:ids`` is a JSON array of session ids
+#: Sessions among ``:ids`` that may be deleted: finished and without an open run, with
+#: their owner and lease, for the owner rule (liveness.owner_alive) in Python.
+SQL_PRUNABLE = (
+    "SELECT session_id, owner, lease_expires_at FROM sessions "
+    "WHERE session_id IN (SELECT value FROM json_each(:ids)) "
+    "AND status IN (" + ", ".join(f"'{status}'" for status in FINISHED_SESSION_STATUSES) + ") "
+    f"AND session_id NOT IN (SELECT session_id FROM node_runs WHERE {OPEN_WHERE})"
+)
+#: Every table keyed by session, in the order a prune deletes from them; ``sessions``
+#: holds the owner, epoch and lease too. ``workers`` is per worker and stays.
+PRUNE_TABLES = ("events", "node_runs", "snapshots", "sessions")
+SQL_PRUNE = tuple(f"DELETE FROM {table} WHERE session_id IN (SELECT value FROM json_each(:ids))" for table in PRUNE_TABLES)
+#: A pruned session's span watermark goes too (a new session under the same id ships its
+#: spans); ``span_exports`` exists only once a span was shipped from this file.
+SQL_HAS_SPAN_EXPORTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'span_exports'"
+SQL_PRUNE_SPAN_EXPORTS = "DELETE FROM span_exports WHERE session_id IN (SELECT value FROM json_each(:ids))"
+#: Bytes of the file's pages in use: deleted rows' pages become free pages that new
+#: events reuse (the file itself shrinks only with ``VACUUM``).
+SQL_STORAGE_BYTES = (
+    "SELECT (p.page_count - f.freelist_count) * s.page_size "
+    "FROM pragma_page_count() AS p, pragma_freelist_count() AS f, pragma_page_size() AS s"
+)
 
 
 def node_state(row: Sequence[Any]) -> NodeState:

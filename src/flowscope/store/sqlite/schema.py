@@ -40,7 +40,7 @@ import sqlite_utils
 
 from ...errors import NotAFlowscopeDatabase, StoreCorrupt, StoreError, StoreReadOnly, StoreSchemaTooNew, StoreUnavailable
 from ...fold import OPEN_STATES
-from .faults import store_error
+from .faults import primary_code, store_error
 
 __all__ = [
     "APPLICATION",
@@ -230,11 +230,35 @@ def connect(path: str, readonly: bool, busy_timeout: float) -> sqlite3.Connectio
     """A connection in autocommit mode (transactions are explicit), shareable by threads."""
     try:
         if readonly:
-            uri = Path(path).resolve().as_uri() + "?mode=ro"
-            return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=busy_timeout)
+            return _connect_read_only(path, busy_timeout)
         return sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_timeout)
     except sqlite3.Error as exc:
         raise store_error(exc, path, "open it", busy_timeout) from exc
+
+
+def _connect_read_only(path: str, busy_timeout: float) -> sqlite3.Connection:
+    """``mode=ro``; on storage that cannot be written (a read-only mount, an immutable
+    folder), where SQLite cannot create the WAL's ``-shm`` file beside the database,
+    ``immutable=1``: nobody can be writing a file that cannot be written."""
+    uri = Path(path).resolve().as_uri()
+    conn = sqlite3.connect(uri + "?mode=ro", uri=True, isolation_level=None, check_same_thread=False, timeout=busy_timeout)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError as exc:
+        if primary_code(exc) not in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY) or _writable(path):
+            conn.close()
+            raise
+        conn.close()  # no writer can hold a lock on a file nobody can write
+    return sqlite3.connect(
+        uri + "?mode=ro&immutable=1", uri=True, isolation_level=None, check_same_thread=False, timeout=busy_timeout
+    )
+
+
+def _writable(path: str) -> bool:
+    """Can this process write the database file and create files beside it?"""
+    folder = os.path.dirname(os.path.abspath(path))
+    return os.access(path, os.W_OK) and os.access(folder, os.W_OK)
 
 
 def read_version(conn: sqlite3.Connection, db: sqlite_utils.Database, path: str) -> int:

@@ -1,4 +1,4 @@
-"""``SqliteEventStore``: the adapter (append, reads, the projection cache, snapshots).
+"""``SqliteEventStore``: the adapter (append, reads, the projection cache, snapshots, pruning).
 
 Every append is one ``BEGIN IMMEDIATE`` transaction: the last-seq check (optimistic
 concurrency), the insert and the projection update are atomic across processes. Several
@@ -58,6 +58,17 @@ _NODE_CACHE_SESSIONS = 4096  # sessions whose node states an append keeps for th
 _CacheEntry = tuple[int, bool, dict[str, NodeState]]
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``, None if there is none (or it is in memory)."""
+    if path == ":memory:":
+        return None
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 class SqliteEventStore(EventStore):
     """An :class:`EventStore` in one SQLite file, in WAL mode so readers never block the writer.
 
@@ -90,6 +101,7 @@ class SqliteEventStore(EventStore):
         self._node_cache: dict[str, _CacheEntry] = {}
         self._pending_cache: tuple[str, _CacheEntry] | None = None
         self._conn: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None
         new_file = self.path == ":memory:" or not os.path.exists(self.path) or os.path.getsize(self.path) == 0
         schema.check_file(self.path, readonly)
         conn = schema.connect(self.path, readonly, busy_timeout)
@@ -109,6 +121,32 @@ class SqliteEventStore(EventStore):
         except sqlite3.Error as exc:
             self._close_quietly()
             raise store_error(exc, self.path, "open it", busy_timeout) from exc
+        self._identity = _identity(self.path)
+
+    def refresh(self) -> None:
+        """Reopen the file if the one at :attr:`path` is not the one open (another inode or
+        device: restored from a backup, moved into place); ``StoreUnavailable`` if there
+        is none. Checked with one ``stat``, so a scrape can call it every time."""
+        if self._identity is None:
+            return
+        now = _identity(self.path)
+        if now is None:
+            raise StoreUnavailable(f"{self.path} is gone: the flowscope database was deleted or moved")
+        if now == self._identity:
+            return
+        fresh = SqliteEventStore(self.path, self.durability, self.readonly, busy_timeout=self.busy_timeout)
+        with self._lock:
+            old = self._conn
+            self._conn, self.db, self.journal_mode = fresh._conn, fresh.db, fresh.journal_mode
+            self._identity = fresh._identity
+            self._node_cache.clear()
+            self._pending_cache = None
+            fresh._conn = None
+        if old is not None:
+            try:
+                old.close()  # the replaced inode: its locks are not the new file's
+            except sqlite3.Error:  # pragma: no cover
+                pass
 
     def __repr__(self) -> str:
         return f"SqliteEventStore({self.path!r})"
@@ -551,6 +589,36 @@ class SqliteEventStore(EventStore):
         with self._write("advance the span watermark") as conn:
             conn.execute(q.SQL_CREATE_SPAN_EXPORTS)
             conn.execute(q.SQL_SET_EXPORTED_SEQ, (session_id, seq))
+
+    # ------------------------------------------------------------------ pruning (flowscope prune)
+
+    def delete_sessions(self, session_ids: Iterable[str]) -> list[str]:
+        ids = list(dict.fromkeys(session_ids))
+        if not ids:
+            return []
+        now = time.time()
+        host = this_host()
+        with self._write("delete sessions") as conn:
+            # the guard is re-checked inside the transaction: a resume or a takeover that
+            # started after the caller chose the sessions keeps its log
+            rows = conn.execute(q.SQL_PRUNABLE, {"ids": json.dumps(ids)}).fetchall()
+            prunable = {sid for sid, owner, lease in rows if not owner_alive(_owner(owner), lease, now, host=host)}
+            deleted = [sid for sid in ids if sid in prunable]
+            if deleted:
+                params = {"ids": json.dumps(deleted)}
+                for sql in q.SQL_PRUNE:
+                    conn.execute(sql, params)
+                if conn.execute(q.SQL_HAS_SPAN_EXPORTS).fetchone() is not None:
+                    conn.execute(q.SQL_PRUNE_SPAN_EXPORTS, params)
+        for sid in deleted:
+            self._node_cache.pop(sid, None)
+        return deleted
+
+    def storage_bytes(self) -> int | None:
+        """Bytes of the file's pages in use (deleted rows' pages become free pages that new
+        events reuse; the file itself shrinks only with ``VACUUM``)."""
+        with self._op("measure the database") as conn:
+            return int(conn.execute(q.SQL_STORAGE_BYTES).fetchone()[0])
 
     # ------------------------------------------------------------------ maintenance
 

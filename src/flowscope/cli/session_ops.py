@@ -1,0 +1,135 @@
+"""What ``flowscope cancel`` and ``flowscope prune`` do to a store, apart from printing.
+
+:func:`live_owner` is the one place the CLI asks "is a process still running this
+session?": the ownership rule ``resume()`` applies (the session's recorded owner and
+lease, :func:`flowscope.liveness.owner_alive`), so cancel refuses exactly the sessions a
+resume would refuse. :func:`cancel_session` appends the cancel through the fence.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..errors import ConcurrencyConflict
+from ..events import Event, NodeCancelled, RunFinished, RunStarted
+from ..fold import WorkflowState, rebuild
+from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S, owner_alive, resume_lease_s
+from ..ownership import this_process
+from ..store.base import FINISHED_SESSION_STATUSES, EventStore, SessionInfo
+
+__all__ = [
+    "CANCEL_REASON",
+    "SessionOwned",
+    "SessionFinished",
+    "live_owner",
+    "cancel_events",
+    "cancel_session",
+    "PruneCandidate",
+    "prune_candidates",
+]
+
+#: The ``NodeCancelled.reason`` of a run ended by ``flowscope cancel`` without ``--reason``.
+CANCEL_REASON = "cancelled by an operator (flowscope cancel)"
+
+
+class SessionOwned(Exception):
+    """A live owner holds the session: cancel refuses it without ``force``. The message is
+    the store's (:func:`flowscope.store.base.owned_elsewhere`: host, pid and lease age)."""
+
+
+class SessionFinished(Exception):
+    """The session is already over (its status is in ``FINISHED_SESSION_STATUSES``)."""
+
+    def __init__(self, session_id: str, status: str) -> None:
+        super().__init__(f"session {session_id!r} is already {status}; there is nothing to cancel")
+        self.status = status
+
+
+def live_owner(store: EventStore, session_id: str, now: float | None = None) -> SessionInfo | None:
+    """The session as the store lists it if a live owner holds its lease
+    (:func:`~flowscope.liveness.owner_alive`), else None (no owner, released, expired, or
+    its process is gone)."""
+    info = store.session_info(session_id)
+    if info is None:
+        return None
+    now = time.time() if now is None else now
+    return info if owner_alive(info.owner, info.lease_expires_at, now) else None
+
+
+def cancel_events(ws: WorkflowState, reason: str, now: float | None = None) -> list[Event]:
+    """The events that end ``ws`` for good: an invocation of its own that records a
+    ``NodeCancelled`` for every open run (innermost first) and ``RunFinished(cancelled)``."""
+    now = time.time() if now is None else now
+    inv = uuid.uuid4().hex
+    sid = ws.session_id
+    out: list[Event] = [RunStarted(session_id=sid, invocation_id=inv, ts=now, workflow=ws.workflow, resumed=True)]
+    open_runs = sorted((ns for ns in ws.nodes.values() if ns.is_open), key=lambda ns: -ns.path.count("/"))
+    for ns in open_runs:
+        out.append(NodeCancelled(session_id=sid, invocation_id=inv, ts=now, path=ns.path, node=ns.node, reason=reason))
+    out.append(RunFinished(session_id=sid, invocation_id=inv, ts=now, status="cancelled"))
+    return out
+
+
+def cancel_session(
+    store: EventStore, ws: WorkflowState, reason: str, *, force: bool = False
+) -> tuple[WorkflowState, list[Event]]:
+    """End the session for good, through the fence: acquire it (refused with
+    :class:`SessionOwned` while a live owner holds it, unless ``force``), append
+    :func:`cancel_events` under the new epoch, release. Returns the state it cancelled
+    (folded again if the session moved meanwhile) and the events appended.
+
+    Taking the session first advances its epoch, so an owner thought dead that wakes up
+    appends nothing more (``LeaseLost``); the append itself is checked against that epoch.
+    """
+    sid = ws.session_id
+    if ws.status in FINISHED_SESSION_STATUSES:
+        raise SessionFinished(sid, ws.status)
+    try:
+        lease = store.acquire(sid, this_process(), resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S), force=force)
+    except ConcurrencyConflict as exc:
+        raise SessionOwned(str(exc)) from None
+    try:
+        if store.last_seq(sid) != ws.last_seq:  # the owner appended before we took it
+            ws = rebuild(store.read(sid))
+            if ws.status in FINISHED_SESSION_STATUSES:
+                raise SessionFinished(sid, ws.status)
+        events = cancel_events(ws, reason)
+        store.append(sid, events, ws.last_seq, epoch=lease.epoch)
+    finally:
+        store.release(lease)
+    return ws, events
+
+
+@dataclass(frozen=True, slots=True)
+class PruneCandidate:
+    """A finished session old enough to delete."""
+
+    session_id: str
+    workflow: str
+    status: str
+    updated_at: float | None
+    events: int
+
+
+def prune_candidates(
+    store: EventStore, older_than_s: float, statuses: Iterable[str] | None = None, now: float | None = None
+) -> list[PruneCandidate]:
+    """Finished sessions (``statuses``, default all finished ones) last updated more than
+    ``older_than_s`` ago that have no open run, oldest first."""
+    now = time.time() if now is None else now
+    wanted = set(statuses) if statuses else set(FINISHED_SESSION_STATUSES)
+    with_open = {r.session_id for r in store.open_runs()}
+
+    def old(s: SessionInfo) -> bool:
+        return s.updated_at is not None and now - s.updated_at >= older_than_s
+
+    out = [
+        PruneCandidate(s.session_id, s.workflow, s.status, s.updated_at, s.last_seq)
+        for s in store.sessions()
+        if s.status in wanted and s.status in FINISHED_SESSION_STATUSES and old(s) and s.session_id not in with_open
+    ]
+    out.sort(key=lambda c: c.updated_at or 0.0)
+    return out

@@ -1,0 +1,221 @@
+"""The SQL the PostgreSQL store runs. Every value is a parameter; the only text built
+from names comes from our own constants (column names, the open states)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..base import FINISHED_SESSION_STATUSES, NodeRun
+from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
+
+__all__ = [
+    "SQL_SESSION_FOR_UPDATE",
+    "SQL_LAST_SEQ",
+    "SQL_INSERT_EVENT",
+    "SQL_READ",
+    "SQL_READ_SEQS",
+    "SQL_UPSERT_SESSION",
+    "SQL_UPSERT_NODE",
+    "SQL_LOAD_NODES",
+    "SQL_NODE_RUNS",
+    "SQL_OPEN_RUNS",
+    "SQL_OPEN_SUMMARY",
+    "SQL_OPEN_SAME_HOST",
+    "SQL_HEARTBEAT",
+    "SQL_SESSIONS",
+    "SQL_SESSION_INFO",
+    "SQL_OWNERSHIP_FOR_UPDATE",
+    "SQL_NEW_OWNED",
+    "SQL_TAKE",
+    "SQL_RENEW",
+    "SQL_OWNERSHIP",
+    "SQL_RELEASE",
+    "SQL_CLAIM_FREE",
+    "SQL_CLAIM_SAME_HOST",
+    "SQL_CLAIM_LOCK",
+    "SQL_QUEUED_SUMMARY",
+    "SQL_WORKER_SEEN",
+    "SQL_WORKERS_FORGET",
+    "SQL_WORKERS",
+    "SQL_SAVE_SNAPSHOT",
+    "SQL_LOAD_SNAPSHOT",
+    "SQL_NOTIFY",
+    "SQL_EXPORTED_SEQ",
+    "SQL_SET_EXPORTED_SEQ",
+    "CLAIM_ORDER",
+    "SQL_PRUNE_LOCK",
+    "SQL_PRUNABLE",
+    "PRUNE_TABLES",
+    "SQL_PRUNE",
+    "SQL_PRUNE_VACUUM",
+    "STORED_TABLES",
+    "SQL_STORAGE_BYTES",
+]
+
+_SESSION_COLUMNS = ("workflow", "status", "started_at", "updated_at", "last_seq", "invocations")
+#: The fold's columns and the fence, locking the row for the append's transaction.
+SQL_SESSION_FOR_UPDATE = (
+    "SELECT coalesce(workflow, ''), coalesce(status, 'new'), started_at, updated_at, last_seq, invocations, "
+    "epoch, owner FROM sessions WHERE session_id = %s FOR UPDATE"
+)
+SQL_LAST_SEQ = "SELECT last_seq FROM sessions WHERE session_id = %s"
+SQL_INSERT_EVENT = (
+    "INSERT INTO events (session_id, seq, type, ts, invocation_id, path, node, payload) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+)
+SQL_READ = (
+    "SELECT type, ts, invocation_id, path, node, payload FROM events "
+    "WHERE session_id = %s AND seq > %s AND seq <= %s ORDER BY seq"
+)
+SQL_READ_SEQS = "SELECT seq FROM events WHERE session_id = %s AND seq > %s AND seq <= %s ORDER BY seq"
+SQL_UPSERT_SESSION = (
+    f"INSERT INTO sessions (session_id, {', '.join(_SESSION_COLUMNS)}, submitted_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (session_id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _SESSION_COLUMNS)
+    + ", submitted_at = coalesce(sessions.submitted_at, excluded.submitted_at)"
+)
+_NODE_ROW_COLUMNS = ("session_id", "workflow") + NODE_STATE_COLUMNS
+SQL_UPSERT_NODE = (
+    f"INSERT INTO node_runs ({', '.join(_NODE_ROW_COLUMNS)}) "
+    f"VALUES ({', '.join('%s' for _ in _NODE_ROW_COLUMNS)}) "
+    "ON CONFLICT (session_id, path) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _NODE_ROW_COLUMNS[1:] if c not in ("path", "heartbeat_at"))
+    # heartbeats are written outside the log: an upsert from a cached state never moves one back
+    + ", heartbeat_at = greatest(node_runs.heartbeat_at, excluded.heartbeat_at)"
+)
+SQL_LOAD_NODES = f"SELECT {', '.join(NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = %s AND path = ANY(%s)"
+_NODE_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(NodeRun))
+SQL_NODE_RUNS = f"SELECT {', '.join(_NODE_RUN_FIELDS)} FROM node_runs"
+SQL_OPEN_RUNS = f"{SQL_NODE_RUNS} WHERE {OPEN_WHERE} ORDER BY started_at, id"
+# flowscope.liveness in SQL (as the SQLite store's SQL_OPEN_SUMMARY): a running run of a
+# session without owner is orphaned when its last sign of life is before stale_before; with
+# an owner, when the lease has ended (SQL_OPEN_SAME_HOST lists this host's live leases for
+# the process check in Python); a waiting job is overdue past its deadline.
+_LAST_BEAT = "coalesce(n.heartbeat_at, n.started_at)"
+_OPEN_WHERE_N = OPEN_WHERE.replace("status", "n.status", 1)
+SQL_OPEN_SUMMARY = (
+    "SELECT n.workflow, n.node, n.status, count(*), min(n.started_at), "
+    "count(*) FILTER (WHERE n.status = 'running' AND CASE WHEN s.owner IS NULL "
+    f"THEN ({_LAST_BEAT} IS NULL OR {_LAST_BEAT} < %(stale_before)s) "
+    "ELSE (s.lease_expires_at IS NULL OR s.lease_expires_at <= %(now)s) END), "
+    "count(*) FILTER (WHERE n.status = 'waiting_job' AND n.job_deadline_at < %(now)s) "
+    f"FROM node_runs AS n LEFT JOIN sessions AS s ON s.session_id = n.session_id WHERE {_OPEN_WHERE_N} "
+    "GROUP BY n.workflow, n.node, n.status ORDER BY n.workflow, n.node, n.status"
+)
+SQL_OPEN_SAME_HOST = (
+    "SELECT n.workflow, n.node, s.owner, s.lease_expires_at, count(*) "
+    "FROM sessions AS s JOIN node_runs AS n ON n.session_id = s.session_id "
+    "WHERE s.status = 'running' AND s.lease_expires_at > %(now)s AND s.owner->>'host' = %(host)s "
+    "AND n.status = 'running' GROUP BY n.workflow, n.node, s.owner, s.lease_expires_at"
+)
+SQL_HEARTBEAT = (
+    "UPDATE node_runs SET heartbeat_at = %s WHERE session_id = %s AND path = ANY(%s) AND status = 'running'"
+)
+_INFO_COLUMNS = f"session_id, {', '.join(_SESSION_COLUMNS)}, owner, epoch, lease_expires_at, submitted_at"
+#: In SessionInfo field order; rows made by acquire() alone (no event yet) are no session.
+SQL_SESSIONS = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 ORDER BY coalesce(updated_at, 0) DESC, id"
+SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = %s AND last_seq > 0"
+
+# -- ownership
+SQL_OWNERSHIP_FOR_UPDATE = (
+    "SELECT owner, epoch, lease_expires_at, lease_renewed_at FROM sessions WHERE session_id = %s FOR UPDATE"
+)
+SQL_OWNERSHIP = "SELECT owner, epoch FROM sessions WHERE session_id = %s"
+#: A session acquired before its first event: epoch 1. Nothing if another made it first.
+SQL_NEW_OWNED = (
+    "INSERT INTO sessions (session_id, owner, epoch, lease_expires_at, lease_renewed_at) "
+    "VALUES (%s, %s, 1, %s, %s) ON CONFLICT (session_id) DO NOTHING RETURNING epoch"
+)
+#: Take sessions (locked by the caller): epoch + 1, the owner and the lease.
+SQL_TAKE = (
+    "UPDATE sessions SET owner = %(owner)s, epoch = epoch + 1, lease_expires_at = %(expires)s, "
+    "lease_renewed_at = %(now)s, recoveries = recoveries + (session_id = ANY(%(recovered)s))::int "
+    "WHERE session_id = ANY(%(sids)s) RETURNING session_id, epoch"
+)
+SQL_RENEW = (
+    "UPDATE sessions SET lease_expires_at = %s, lease_renewed_at = %s WHERE session_id = %s AND epoch = %s "
+    "RETURNING 1"
+)
+SQL_RELEASE = (
+    "UPDATE sessions SET lease_expires_at = 0 WHERE session_id = %s AND epoch = %s RETURNING status, workflow"
+)
+#: What orders the candidates of each claim reason, oldest first (the SQLite store's order).
+CLAIM_ORDER = {"queued": "submitted_at", "answered": "updated_at", "running": "lease_expires_at"}
+_CLAIM_COLUMNS = "session_id, workflow, owner, lease_expires_at, recoveries, {order}, epoch"
+#: Claimable at once: no lease, or an ended one. SKIP LOCKED: rows another claimer (or an
+#: append) holds are passed over, never waited for; two claimers never take the same row.
+SQL_CLAIM_FREE = {
+    status: (
+        f"SELECT {_CLAIM_COLUMNS.format(order=order)} FROM sessions "
+        f"WHERE status = '{status}' AND workflow = ANY(%(workflows)s) "
+        "AND (lease_expires_at IS NULL OR lease_expires_at <= %(now)s) "
+        + ("AND owner IS NOT NULL AND recoveries <= %(max_recoveries)s " if status == "running" else "")
+        + f"ORDER BY {order} LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+    )
+    for status, order in CLAIM_ORDER.items()
+}
+#: Live leases of this host's owners: their processes are checked in Python (a dead one's
+#: sessions are claimable at once), then the rows locked with SQL_CLAIM_LOCK.
+SQL_CLAIM_SAME_HOST = (
+    f"SELECT {_CLAIM_COLUMNS.format(order='coalesce(submitted_at, updated_at, lease_expires_at)')}, status "
+    "FROM sessions WHERE status IN ('queued', 'answered', 'running') AND workflow = ANY(%(workflows)s) "
+    "AND lease_expires_at > %(now)s AND owner->>'host' = %(host)s"
+)
+#: Lock the same-host candidates whose epoch has not moved since they were read.
+SQL_CLAIM_LOCK = (
+    "SELECT session_id FROM sessions "
+    "WHERE (session_id, epoch) IN (SELECT * FROM unnest(%s::text[], %s::bigint[])) FOR UPDATE SKIP LOCKED"
+)
+SQL_QUEUED_SUMMARY = (
+    "SELECT workflow, count(*), min(submitted_at) FROM sessions WHERE status = 'queued' "
+    "GROUP BY workflow ORDER BY workflow"
+)
+SQL_WORKER_SEEN = (
+    "INSERT INTO workers (worker_id, host, pid, started_at, workflows, seen_at) VALUES (%s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT (worker_id) DO UPDATE SET host = excluded.host, pid = excluded.pid, "
+    "started_at = excluded.started_at, workflows = excluded.workflows, seen_at = excluded.seen_at"
+)
+SQL_WORKERS_FORGET = "DELETE FROM workers WHERE seen_at < %s"
+SQL_WORKERS = "SELECT worker_id, host, pid, workflows, seen_at FROM workers ORDER BY seen_at DESC, worker_id"
+SQL_SAVE_SNAPSHOT = (
+    "INSERT INTO snapshots (session_id, seq, data) VALUES (%s, %s, %s) "
+    "ON CONFLICT (session_id) DO UPDATE SET seq = excluded.seq, data = excluded.data"
+)
+SQL_LOAD_SNAPSHOT = "SELECT seq, data FROM snapshots WHERE session_id = %s"
+#: Wake listening workers (the payload is the workflow's name); sent at commit.
+SQL_NOTIFY = "SELECT pg_notify(%s, %s)"
+
+# -- pruning (flowscope prune): ``%(ids)s`` is a text[] of session ids
+#: Lock the sessions' rows first, in one order (two prunes never deadlock): an append,
+#: acquire or claim of one of them waits, or (SKIP LOCKED) passes it over, until the
+#: prune commits. SQL_PRUNABLE then runs on a snapshot taken after the locks, so it sees
+#: every append that committed before them.
+SQL_PRUNE_LOCK = "SELECT session_id FROM sessions WHERE session_id = ANY(%(ids)s) ORDER BY session_id FOR UPDATE"
+#: Sessions among ``%(ids)s`` that may be deleted: finished and without an open run, with
+#: their owner and lease, for the owner rule (liveness.owner_alive) in Python.
+SQL_PRUNABLE = (
+    "SELECT s.session_id, s.owner, s.lease_expires_at FROM sessions AS s "
+    "WHERE s.session_id = ANY(%(ids)s) "
+    "AND s.status IN (" + ", ".join(f"'{status}'" for status in FINISHED_SESSION_STATUSES) + ") "
+    f"AND NOT EXISTS (SELECT 1 FROM node_runs AS n WHERE n.session_id = s.session_id AND {_OPEN_WHERE_N})"
+)
+#: Every table keyed by session, in the order a prune deletes from them; ``sessions``
+#: holds the owner, epoch and lease too. ``workers`` is per worker and stays.
+PRUNE_TABLES = ("events", "node_runs", "snapshots", "span_exports", "sessions")
+SQL_PRUNE = tuple(f"DELETE FROM {table} WHERE session_id = ANY(%(ids)s)" for table in PRUNE_TABLES)
+#: After a prune's commit (VACUUM cannot run in a transaction): makes the deleted rows'
+#: space reusable by new rows now, rather than when autovacuum gets to the tables.
+SQL_PRUNE_VACUUM = f"VACUUM {', '.join(PRUNE_TABLES)}"
+#: Every table of the schema, for SQL_STORAGE_BYTES.
+STORED_TABLES = ("meta",) + PRUNE_TABLES + ("workers",)
+#: Bytes of the live rows (``pg_column_size`` of each), not of the files: PostgreSQL keeps a deleted row's space in the table for new rows (after VACUUM)
+#: and returns it to the file system only with VACUUM FULL, as SQLite keeps free pages.
+SQL_STORAGE_BYTES = "SELECT " + " + ".join(
+    f"(SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM {table} AS t)" for table in STORED_TABLES
+)
+#: The span-shipping watermark of a session; advancing it never moves it back.
+SQL_EXPORTED_SEQ = "SELECT exported_seq FROM span_exports WHERE session_id = %s"
+SQL_SET_EXPORTED_SEQ = (
+    "INSERT INTO span_exports (session_id, exported_seq) VALUES (%s, %s) "
+    "ON CONFLICT (session_id) DO UPDATE SET exported_seq = greatest(span_exports.exported_seq, excluded.exported_seq)"
+)

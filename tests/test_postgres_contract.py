@@ -1,0 +1,17 @@
+"""The shared store contract (flowscope.store.testing) on PostgreSQL: a fresh schema per test."""
+
+from __future__ import annotations
+
+import pytest
+
+from flowscope.store import EventStore, PostgresEventStore
+from flowscope.store.testing import EventStoreContract
+
+
+class TestPostgresContract(EventStoreContract):
+    @pytest.fixture(autouse=True)
+    def _cluster(self, pg_cluster):
+        self.pg = pg_cluster
+
+    def create_store(self) -> EventStore:
+        return PostgresEventStore(self.pg.url(), schema=self.pg.new_schema(), max_size=4)

@@ -1,0 +1,293 @@
+"""PostgresEventStore beyond the shared contract: faults named in one line (never the
+password), migrations applied once by concurrent openers, claim races, the fence, NOTIFY
+waking a waiter, thread safety, and a server restart in the middle of a run."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from flowscope import Runner, Workflow, node
+from flowscope.errors import (
+    ConcurrencyConflict,
+    LeaseLost,
+    NotAFlowscopeDatabase,
+    StoreReadOnly,
+    StoreSchemaTooNew,
+    StoreUnavailable,
+)
+from flowscope.events import NodeStarted, RunSubmitted
+from flowscope.ownership import Owner
+from flowscope.store import PostgresEventStore, rebuild
+from flowscope.store.postgres import DB_SCHEMA_VERSION, redact, server
+from flowscope.store.testing import ev
+
+from pg_cluster import PASSWORD, PASSWORD_ROLE, PgCluster
+
+
+@pytest.fixture
+def url(pg_cluster: PgCluster) -> str:
+    return pg_cluster.new_database()
+
+
+def owner(wid: str, host: str = "host-x", pid: int = 999_999) -> Owner:
+    return Owner(worker_id=wid, host=host, pid=pid, started_at=1.0)
+
+
+def submit(store: PostgresEventStore, sid: str, workflow: str = "wf", ts: float = 1000.0) -> None:
+    store.append(sid, [ev(RunSubmitted, sid, workflow=workflow, input=1, ts=ts)], 0)
+
+
+# ---------------------------------------------------------------- naming the server
+
+
+def test_redact_and_server_never_show_the_password():
+    u = "postgresql://alice:top%20secret@db.example:6543/orders?sslmode=require&password=x2"
+    assert "secret" not in redact(u) and "x2" not in redact(u)
+    assert redact(u).startswith("postgresql://alice:***@db.example:6543/orders")
+    assert server(u) == "db.example:6543/orders"
+    assert redact("host=h password='a b' dbname=d") == "host=h password=*** dbname=d"
+    assert redact("postgresql://bob@h/d") == "postgresql://bob@h/d"
+
+
+def test_unreachable_server_is_one_line_naming_host_port_and_db():
+    with pytest.raises(StoreUnavailable) as info:
+        PostgresEventStore("postgresql://flowscope:hunter2@127.0.0.1:1/orders", timeout=2)
+    msg = str(info.value)
+    assert "127.0.0.1:1/orders" in msg and "nothing answers" in msg
+    assert "hunter2" not in msg and "\n" not in msg
+
+
+def test_wrong_credentials(pg_cluster: PgCluster):
+    bad = pg_cluster.url(user=PASSWORD_ROLE, password="not-" + PASSWORD)
+    with pytest.raises(StoreUnavailable) as info:
+        PostgresEventStore(bad)
+    msg = str(info.value)
+    assert f"127.0.0.1:{pg_cluster.port}/flowscope" in msg and "refused" in msg
+    assert PASSWORD not in msg and "not-" not in msg and "\n" not in msg
+    # the right password works (scram over TCP)
+    with pg_cluster.admin(pg_cluster.url().rsplit("/", 1)[1]) as a:
+        a.execute(f"CREATE SCHEMA IF NOT EXISTS pw AUTHORIZATION {PASSWORD_ROLE}")
+    with PostgresEventStore(pg_cluster.url(user=PASSWORD_ROLE, password=PASSWORD), schema="pw") as s:
+        assert "s3cret" not in repr(s) and "s3cret" not in s.path and s.sessions() == []
+
+
+def test_a_database_of_another_application_is_refused(url: str):
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("CREATE TABLE invoices (id int)")
+    with pytest.raises(NotAFlowscopeDatabase) as info:
+        PostgresEventStore(url)
+    assert "invoices" in str(info.value) and server(url) in str(info.value)
+    with psycopg.connect(url, autocommit=True) as c:  # its meta table, someone else's
+        c.execute("DROP TABLE invoices")
+        c.execute("CREATE TABLE meta (key text primary key, value text)")
+        c.execute("INSERT INTO meta VALUES ('application', 'billing')")
+    with pytest.raises(NotAFlowscopeDatabase):
+        PostgresEventStore(url)
+
+
+def test_a_newer_schema_is_refused(url: str):
+    PostgresEventStore(url).close()
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(DB_SCHEMA_VERSION + 1),))
+    with pytest.raises(StoreSchemaTooNew) as info:
+        PostgresEventStore(url)
+    assert "upgrade flowscope" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_concurrent_openers_migrate_once(url: str):
+    barrier = threading.Barrier(6)
+
+    def open_one(_: int) -> int:
+        barrier.wait()
+        with PostgresEventStore(url, min_size=1, max_size=1) as s:
+            return s.schema_version_found
+
+    with ThreadPoolExecutor(6) as pool:
+        found = list(pool.map(open_one, range(6)))
+    assert sorted(found) == [0] + [DB_SCHEMA_VERSION] * 5  # one migrated, five found it done
+    with psycopg.connect(url) as c:
+        assert c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(DB_SCHEMA_VERSION),)
+
+
+def test_a_schema_1_database_is_migrated_to_the_span_watermark_table_keeping_its_log(url: str):
+    with PostgresEventStore(url) as s:  # a database as issue 16 wrote it: schema 1, one session
+        s.append("old", [ev(RunSubmitted, sid="old", workflow="w", ts=1.0)], 0)
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("DROP TABLE span_exports")
+        c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    with PostgresEventStore(url) as s:
+        assert s.schema_version_found == 1 and s.schema_version == DB_SCHEMA_VERSION == 2
+        assert s.last_seq("old") == 1 and s.exported_seq("old") == 0
+        s.set_exported_seq("old", 1)
+    with PostgresEventStore(url, readonly=True) as s:  # kept in the database, readable by a reader
+        assert s.exported_seq("old") == 1
+        with pytest.raises(StoreReadOnly):
+            s.set_exported_seq("old", 2)
+
+
+# ---------------------------------------------------------------- fences and claims
+
+
+def test_two_workers_claiming_the_same_queued_session_at_once_one_wins(url: str):
+    with PostgresEventStore(url) as s:
+        submit(s, "q1")
+    stores = [PostgresEventStore(url) for _ in range(8)]
+    try:
+        barrier = threading.Barrier(len(stores))
+
+        def claim(i: int) -> list:
+            barrier.wait()
+            return stores[i].claim(owner(f"w{i}"), ["wf"], 15.0, limit=5)
+
+        with ThreadPoolExecutor(len(stores)) as pool:
+            results = list(pool.map(claim, range(len(stores))))
+        winners = [i for i, r in enumerate(results) if r]
+        assert len(winners) == 1 and [c.session_id for c in results[winners[0]]] == ["q1"]
+        won = results[winners[0]][0]
+        # the losers append nothing: a loser that writes under its own (absent) lease is fenced
+        loser = stores[(winners[0] + 1) % len(stores)]
+        with pytest.raises(LeaseLost):
+            loser.append("q1", [ev(NodeStarted, "q1", path="wf/a", node="a")], 1, epoch=won.lease.epoch + 1)
+        assert loser.last_seq("q1") == 1
+        stores[winners[0]].append("q1", [ev(NodeStarted, "q1", path="wf/a", node="a")], 1, epoch=won.lease.epoch)
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_an_append_under_a_superseded_epoch_writes_nothing(url: str):
+    with PostgresEventStore(url) as s:
+        first = s.acquire("f1", owner("a"), 15.0)
+        s.append("f1", [ev(NodeStarted, "f1", path="wf/a", node="a")], 0, epoch=first.epoch)
+        second = s.acquire("f1", owner("b"), 15.0, force=True)
+        with pytest.raises(LeaseLost):
+            s.append("f1", [ev(NodeStarted, "f1", path="wf/b", node="b")], 1, epoch=first.epoch)
+        with pytest.raises(LeaseLost):
+            s.renew(first, 15.0)
+        assert s.last_seq("f1") == 1 and second.epoch == first.epoch + 1
+
+
+def test_concurrent_appends_to_a_new_session_one_wins(url: str):
+    stores = [PostgresEventStore(url) for _ in range(4)]
+    try:
+        barrier = threading.Barrier(4)
+
+        def append(i: int) -> str:
+            barrier.wait()
+            try:
+                stores[i].append("n1", [ev(NodeStarted, "n1", path=f"wf/{i}", node=str(i))], 0)
+                return "ok"
+            except ConcurrencyConflict:
+                return "conflict"
+
+        with ThreadPoolExecutor(4) as pool:
+            outcomes = sorted(pool.map(append, range(4)))
+        assert outcomes == ["conflict"] * 3 + ["ok"]
+        assert stores[0].last_seq("n1") == 1
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_a_notify_wakes_a_waiter_at_once(url: str):
+    with PostgresEventStore(url) as waiter, PostgresEventStore(url) as writer:
+        waiter.wait_for_work(0.01)  # starts the listener
+        deadline = time.monotonic() + 5
+        while waiter.wait_for_work(0.05) and time.monotonic() < deadline:
+            pass  # drain the listener's first "look once"
+        got: list[float] = []
+
+        def wait() -> None:
+            t = time.monotonic()
+            if waiter.wait_for_work(5.0):
+                got.append(time.monotonic() - t)
+
+        t = threading.Thread(target=wait)
+        t.start()
+        time.sleep(0.2)
+        submit(writer, "w1")
+        t.join(6)
+        assert got and got[0] < 1.0, got  # woken by the NOTIFY, not by the 5 s timeout
+        assert waiter.wait_for_work(0.1) is False  # nothing new
+
+
+def test_renewals_from_threads_while_appending(url: str):
+    with PostgresEventStore(url, max_size=4) as s:
+        leases = [s.acquire(f"t{i}", owner(f"w{i}"), 15.0) for i in range(8)]
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def renew() -> None:
+            while not stop.is_set():
+                try:
+                    for lease in leases:
+                        s.renew(lease, 15.0)
+                        s.heartbeat(lease.session_id, ["wf/a"])
+                except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+                    errors.append(exc)
+                    return
+
+        threads = [threading.Thread(target=renew) for _ in range(3)]
+        for th in threads:
+            th.start()
+        for n in range(20):
+            for lease in leases:
+                s.append(lease.session_id, [ev(NodeStarted, lease.session_id, path=f"wf/{n}", node="x")], n,
+                         epoch=lease.epoch)
+        stop.set()
+        for th in threads:
+            th.join()
+        assert not errors
+        assert all(s.last_seq(lease.session_id) == 20 for lease in leases)
+
+
+# ---------------------------------------------------------------- the server restarted mid-run
+
+
+COUNTS: dict[str, int] = {}
+
+
+def _step(name: str):
+    async def body(ctx, x):
+        COUNTS[name] = COUNTS.get(name, 0) + 1
+        if name == "s3" and ctx.attempt == 1 and RESTART.get("cluster") is not None:
+            cluster = RESTART.pop("cluster")
+            await asyncio.to_thread(cluster.restart)
+        return (x or 0) + 1
+
+    body.__name__ = name
+    return node(body, name=name)
+
+
+RESTART: dict[str, PgCluster] = {}
+STEPS = [_step(f"s{i}") for i in range(1, 6)]
+
+
+def test_a_run_cut_by_a_server_restart_resumes_with_nothing_completed_run_twice(pg_cluster: PgCluster):
+    from flowscope import START
+
+    wf = Workflow("pg_restart_chain", edges=[(START, *STEPS)])
+    url = pg_cluster.new_database()
+    COUNTS.clear()
+    RESTART["cluster"] = pg_cluster
+    with PostgresEventStore(url) as s:
+        runner = Runner(wf, store=s, heartbeat_interval=0)
+        with pytest.raises(StoreUnavailable) as info:
+            asyncio.run(runner.run(0, session_id="r1"))
+        msg = str(info.value)
+        assert server(url) in msg and "\n" not in msg
+        pg_cluster.wait_ready()
+        done = {p for p, ns in rebuild(s.read("r1")).nodes.items() if ns.status == "completed"}
+        assert done, "nothing completed before the restart: the test proved nothing"
+        result = asyncio.run(Runner(wf, store=s, heartbeat_interval=0).resume("r1"))
+        assert result.status == "completed" and result.output == 5
+        ws = rebuild(s.read("r1"))
+        for path in done:  # completed before the cut: never run again
+            assert ws.nodes[path].attempt == 1
+        assert COUNTS["s1"] == 1 and COUNTS["s2"] == 1
