@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TracerProvider, TraceState
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TracerProvider, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ..events import NodeCompleted
