@@ -427,6 +427,7 @@ async def paused_sessions(path, ids=("sess-a", "sess-b")):
     return wf
 
 
+@pytest.mark.slow
 async def test_read_only_commands_open_a_wal_database_on_read_only_storage(tmp_path):
     import os
     import shutil
@@ -508,6 +509,7 @@ class CliRunnerMixed:
         return runner.invoke(cli, list(args), catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_a_bit_flipped_session_id_gives_a_one_line_error(tmp_path):
     import asyncio
     import os

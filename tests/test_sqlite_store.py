@@ -209,6 +209,7 @@ def _race_worker(path, name, rounds, barrier, queue):  # runs in a separate proc
     queue.put((name, results))
 
 
+@pytest.mark.slow
 def test_two_processes_racing_appends_exactly_one_wins(db_path):
     with SqliteEventStore(db_path) as s:
         s.append(SID, [started()], 0)
