@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from flowscope.cli import views
 from flowscope.events import NodeStarted, RunStarted
 from flowscope.ownership import this_process
