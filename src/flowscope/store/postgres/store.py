@@ -17,6 +17,7 @@ SQLite store's codec, so a log reads the same from either store.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import threading
 import time
@@ -62,9 +63,9 @@ Conn = psycopg.Connection[Any]
 #: ``synchronous_commit`` values a store may set for its connections (None: the server's).
 SYNCHRONOUS_COMMIT = ("on", "off", "local", "remote_write", "remote_apply")
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-_NODE_CACHE_SESSIONS = 64  # sessions whose node states an append keeps for the next one
-#: session -> (last_seq, complete, {path: NodeState}) as of this object's last append there.
-_CacheEntry = tuple[int, bool, dict[str, NodeState]]
+_NODE_CACHE_SESSIONS = 64  # sessions whose state an append keeps for the next one
+#: Node runs an append loads at most to know all of a session's (more: the ones it touches).
+_FULL_LOAD_MAX = 2000
 _CLAIMABLE = ("queued", "answered")
 
 
@@ -110,7 +111,7 @@ class PostgresEventStore(EventStore):
         self._channel = f"flowscope.{schema}"
         self._conninfo, self._target = self._build_conninfo(dsn, schema, readonly, timeout, synchronous_commit, application_name)
         self._cache_lock = threading.Lock()
-        self._node_cache: dict[str, _CacheEntry] = {}
+        self._node_cache: dict[str, _Cached] = {}
         self._pool: ConnectionPool[Conn] | None = None
         self._closing = threading.Event()
         self._wake = threading.Condition()
@@ -224,8 +225,13 @@ class PostgresEventStore(EventStore):
             cached = self._node_cache.pop(session_id, None)  # a failed append leaves none
         with self._op("append events") as conn:
             try:
-                with conn.pipeline(), conn.transaction():
-                    numbered, entry = self._append_tx(conn, session_id, events, encoded, expected_last_seq, epoch, cached)
+                done = None
+                if cached is not None and events and cached.last_seq == expected_last_seq:
+                    done = self._append_cached(conn, session_id, events, encoded, epoch, cached)
+                    cached = None  # tried: its node states may have moved on with the fold
+                if done is None:
+                    with conn.pipeline(), conn.transaction():
+                        done = self._append_tx(conn, session_id, events, encoded, expected_last_seq, epoch, cached)
             except psycopg.errors.UniqueViolation as exc:
                 if exc.diag.constraint_name != "events_pkey":
                     raise
@@ -233,6 +239,7 @@ class PostgresEventStore(EventStore):
                     f"session {session_id!r}: another process appended first (seq {expected_last_seq + 1} exists); "
                     "reload the session and retry"
                 ) from None
+        numbered, entry = done
         if entry is not None:
             with self._cache_lock:
                 cache = self._node_cache
@@ -240,6 +247,54 @@ class PostgresEventStore(EventStore):
                 while len(cache) > _NODE_CACHE_SESSIONS:
                     cache.pop(next(iter(cache)))
         return numbered
+
+    def _append_cached(
+        self,
+        conn: Conn,
+        session_id: str,
+        events: Sequence[Event],
+        encoded: list[tuple[str, float, str, str, str, str]],
+        epoch: int | None,
+        cached: _Cached,
+    ) -> tuple[list[Event], _Cached] | None:
+        """The append in one statement (:data:`~.queries.SQL_APPEND_CACHED`), folded on the
+        state this store wrote last; None, with nothing written, when the session's row is
+        no longer that state or the fence fails: the caller takes the locking path."""
+        numbered = number_events(session_id, events, cached.last_seq, cached.last_seq)  # may raise: nothing sent
+        nodes = cached.nodes
+        paths = list(dict.fromkeys(e.path for e in numbered if e.path and type(e) is not UnknownEvent))
+        if not cached.complete and any(p not in nodes for p in paths):
+            return None  # a node state to read first
+        ws = WorkflowState(session_id=session_id)
+        ws.nodes = nodes
+        ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.invocations = cached.session
+        ws.last_seq = cached.last_seq
+        status_before = ws.status
+        apply = ws.apply
+        for e in numbered:
+            apply(e)  # the one definition of what an event means (flowscope.fold)
+        if ws.workflow != cached.session[0]:
+            return None  # rare (another workflow's run in this session): the locking path renames the runs
+        keys, columns = q.EVENT_KEYS, sch.NODE_STATE_COLUMNS
+        try:  # allow_nan=False: JSON has no NaN, and the column types would refuse its text
+            events_json = json.dumps([dict(zip(keys, (e.seq,) + enc)) for e, enc in zip(numbered, encoded)], allow_nan=False)
+            nodes_json = json.dumps(
+                [dict(zip(columns, _node_row(session_id, ws.workflow, ws.nodes[p])[2:])) for p in paths if p in ws.nodes],
+                allow_nan=False,
+            )
+        except ValueError:
+            return None  # a NaN or an infinity: the locking path sends it as a float
+        params = {
+            "sid": session_id, "row_id": cached.row_id, "expected": cached.last_seq, "epoch": epoch,
+            "status": ws.status, "started_at": ws.started_at, "updated_at": ws.updated_at,
+            "last_seq": ws.last_seq, "invocations": ws.invocations, "workflow": ws.workflow,
+            "channel": self._channel, "notify": ws.status in _CLAIMABLE and ws.status != status_before,
+            "events": events_json, "nodes": nodes_json,
+        }
+        row = conn.execute(q.SQL_APPEND_CACHED, params, prepare=True).fetchone()
+        if row is None or row[0] != 1:
+            return None
+        return numbered, _Cached(cached.row_id, ws.last_seq, cached.complete, ws.nodes, _session_columns(ws))
 
     def _append_tx(
         self,
@@ -249,8 +304,10 @@ class PostgresEventStore(EventStore):
         encoded: list[tuple[str, float, str, str, str, str]],
         expected_last_seq: int,
         epoch: int | None,
-        cached: _CacheEntry | None,
-    ) -> tuple[list[Event], _CacheEntry | None]:
+        cached: _Cached | None,
+    ) -> tuple[list[Event], _Cached | None]:
+        """The append in a transaction that locks the session's row first: a new session,
+        one this store has no state of, or one whose cached append did not match."""
         cur = conn.cursor()
         row = cur.execute(q.SQL_SESSION_FOR_UPDATE, (session_id,)).fetchone()  # the row stays locked
         current_epoch = row[6] if row is not None else 0
@@ -263,10 +320,12 @@ class PostgresEventStore(EventStore):
         new_session = last == 0
         if new_session:
             nodes, complete = {}, True
-        elif cached is not None and cached[0] == last:  # nobody appended since our last append
-            nodes, complete = cached[2], cached[1]
-        else:
-            nodes, complete = {}, False
+        elif cached is not None and cached.last_seq == last and cached.row_id == row[8]:  # nobody appended since
+            nodes, complete = cached.nodes, cached.complete
+        else:  # all the session's node states, unless there are many: then the ones touched
+            found = cur.execute(q.SQL_LOAD_ALL_NODES, (session_id, _FULL_LOAD_MAX + 1)).fetchall()
+            complete = len(found) <= _FULL_LOAD_MAX
+            nodes = {r[0]: NodeState(**dict(zip(sch.NODE_STATE_COLUMNS, r))) for r in found} if complete else {}
         ws = WorkflowState(session_id=session_id)
         ws.nodes = nodes
         if row is not None:
@@ -287,13 +346,14 @@ class PostgresEventStore(EventStore):
         if ws.workflow != workflow_before and not new_session:
             cur.execute("UPDATE node_runs SET workflow = %s WHERE session_id = %s", (ws.workflow, session_id))
         submitted = next((e.ts for e in numbered if type(e) is RunSubmitted), None) if new_session else None
-        cur.execute(
+        made = cur.execute(
             q.SQL_UPSERT_SESSION,
             (session_id, ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations, submitted),
-        )
+        ).fetchone()
         if ws.status in _CLAIMABLE and ws.status != status_before:
             cur.execute(q.SQL_NOTIFY, (self._channel, ws.workflow))  # delivered at commit
-        return numbered, (numbered[-1].seq, complete, nodes)
+        row_id = int(made[0]) if made is not None else 0
+        return numbered, _Cached(row_id, numbered[-1].seq, complete, nodes, _session_columns(ws))
 
     # ------------------------------------------------------------------ reading
 
@@ -610,6 +670,22 @@ class PostgresEventStore(EventStore):
         shrinks a file only with ``VACUUM FULL``. It reads every row: an operator's query."""
         row = self._run("measure the database", lambda c: c.execute(q.SQL_STORAGE_BYTES).fetchone(), retry=True)
         return int(row[0]) if row is not None else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cached:
+    """A session as this store's last append there left it: the next append folds on it
+    and sends one statement, which checks in the database that the row is still this one."""
+
+    row_id: int  #: ``sessions.id``: a session pruned and made again is another row
+    last_seq: int
+    complete: bool  #: ``nodes`` holds every node run of the session (else only some)
+    nodes: dict[str, NodeState]  #: the fold's node states, moved on by the next append
+    session: tuple[str, str, float | None, float | None, int]  #: workflow, status, started_at, updated_at, invocations
+
+
+def _session_columns(ws: WorkflowState) -> tuple[str, str, float | None, float | None, int]:
+    return ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.invocations
 
 
 def _owner(data: Any) -> Owner | None:
