@@ -1,8 +1,12 @@
 """``PostgresEventStore``: the store for a fleet of workers on many hosts, on one database.
 
-Every append is one transaction that locks its session's row (``SELECT ... FOR UPDATE``):
-the last-seq check, the epoch fence, the events (primary key ``(session_id, seq)``), the
-``node_runs`` projection and the session's row commit together or not at all. Claims take
+Every append is one transaction that locks its session's row: the last-seq check, the
+epoch fence, the events (primary key ``(session_id, seq)``), the ``node_runs`` projection
+and the session's row commit together or not at all. A store's first append to a session
+locks the row with ``SELECT ... FOR UPDATE`` and reads what the fold needs; it keeps the
+state it wrote, and its next append there is one prepared statement (one round trip)
+whose update of the row, conditional on the row, seq and epoch it expects, takes the lock
+and gates the inserts: on a mismatch nothing is written and the locking path runs. Claims take
 rows with ``FOR UPDATE SKIP LOCKED``, so concurrent claimers on any host never get the
 same session and never wait for each other. An append that makes a session claimable
 (queued, answered) sends a ``NOTIFY``; :meth:`PostgresEventStore.wait_for_work` listens,
@@ -231,7 +235,9 @@ class PostgresEventStore(EventStore):
                     cached = None  # tried: its node states may have moved on with the fold
                 if done is None:
                     with conn.pipeline(), conn.transaction():
-                        done = self._append_tx(conn, session_id, events, encoded, expected_last_seq, epoch, cached)
+                        numbered, entry = self._append_tx(conn, session_id, events, encoded, expected_last_seq, epoch, cached)
+                else:
+                    numbered, entry = done
             except psycopg.errors.UniqueViolation as exc:
                 if exc.diag.constraint_name != "events_pkey":
                     raise
@@ -239,7 +245,6 @@ class PostgresEventStore(EventStore):
                     f"session {session_id!r}: another process appended first (seq {expected_last_seq + 1} exists); "
                     "reload the session and retry"
                 ) from None
-        numbered, entry = done
         if entry is not None:
             with self._cache_lock:
                 cache = self._node_cache
@@ -320,7 +325,7 @@ class PostgresEventStore(EventStore):
         new_session = last == 0
         if new_session:
             nodes, complete = {}, True
-        elif cached is not None and cached.last_seq == last and cached.row_id == row[8]:  # nobody appended since
+        elif cached is not None and row is not None and cached.last_seq == last and cached.row_id == row[8]:  # nobody appended since
             nodes, complete = cached.nodes, cached.complete
         else:  # all the session's node states, unless there are many: then the ones touched
             found = cur.execute(q.SQL_LOAD_ALL_NODES, (session_id, _FULL_LOAD_MAX + 1)).fetchall()
