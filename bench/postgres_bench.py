@@ -7,8 +7,8 @@ server's durable defaults (fsync on, ``synchronous_commit=on``):
    with ``langgraph-checkpoint-postgres`` (``PostgresSaver``) on the same server, in the
    same run, interleaved (LangGraph's default durability, and ``durability="sync"``);
 3. a ``StoreCollector`` scrape over 1,000,000 events (10,000 sessions of 100 events):
-   mostly finished sessions with ~1% running (~1,000 open runs), then every session
-   running (~50,000 open runs).
+   mostly finished sessions with ~1% running (~1,000 open runs); the same open runs among
+   100,000 sessions of 10 events; then every session running (~50,000 open runs).
 
     python bench/postgres_bench.py [--quick] [--reps 7]
 
@@ -249,12 +249,14 @@ def main(argv: list[str] | None = None) -> int:
                              f"{lg * 1e3:.3f} ms ({lg / fs:.1f}x flowscope; {lg / fs_off:.1f}x with it off)"))
         for row in rows[-4:]:
             print(row)
-        sessions_m = 2_000 if args.quick else 10_000
-        for open_sessions in (sessions_m // 55, sessions_m):  # ~1% running (~1,000 open runs at 1M), then all
+        k = 5 if args.quick else 1  # the quick run: a fifth of the sessions
+        # (sessions, events each, running sessions): ~1% running (~1,000 open runs); the
+        # same open runs among 10x the sessions (the scrape must not grow with them); all running
+        for sessions_m, per, open_sessions in ((10_000, 100, 181), (100_000, 10, 1_000), (10_000, 100, 10_000)):
             url = cluster.new_database("million")
-            open_runs = build_million(url, sessions=sessions_m, open_sessions=open_sessions)
-            rows.append((f"StoreCollector scrape, {sessions_m * 100:,} events, {open_runs:,} open runs",
-                         f"{scrape_ms(url, 20):.1f} ms"))
+            open_runs = build_million(url, sessions=sessions_m // k, per_session=per, open_sessions=open_sessions // k)
+            rows.append((f"StoreCollector scrape, {sessions_m // k * per:,} events in {sessions_m // k:,} sessions, "
+                         f"{open_runs:,} open runs", f"{scrape_ms(url, 20):.1f} ms"))
             print(rows[-1])
     finally:
         cluster.stop()

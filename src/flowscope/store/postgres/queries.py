@@ -24,6 +24,7 @@ __all__ = [
     "SQL_OPEN_RUNS",
     "SQL_OPEN_SUMMARY",
     "SQL_OPEN_SAME_HOST",
+    "SQL_SUMMARY_PLANNER",
     "SQL_HEARTBEAT",
     "SQL_SESSIONS",
     "SQL_SESSION_INFO",
@@ -142,6 +143,12 @@ SQL_OPEN_SUMMARY = (
     f"FROM node_runs AS n LEFT JOIN sessions AS s ON s.session_id = n.session_id WHERE {_OPEN_WHERE_N} "
     "GROUP BY n.workflow, n.node, n.status ORDER BY n.workflow, n.node, n.status"
 )
+#: Run before SQL_OPEN_SUMMARY, in its transaction: the default random_page_cost (4, a
+#: spinning disk's) makes the planner read every session to join a few hundred open runs
+#: (a hash join: O(sessions)); the open runs and their sessions' rows are hot pages, and at
+#: an SSD's cost it looks each one up (O(open runs)), keeping the hash join where most
+#: sessions have an open run. Measured: 1,000 open runs in 100,000 sessions, 13 -> 3 ms.
+SQL_SUMMARY_PLANNER = "SET LOCAL random_page_cost = 1.1"
 SQL_OPEN_SAME_HOST = (
     "SELECT n.workflow, n.node, s.owner, s.lease_expires_at, count(*) "
     "FROM sessions AS s JOIN node_runs AS n ON n.session_id = s.session_id "

@@ -424,12 +424,17 @@ class PostgresEventStore(EventStore):
 
     def open_run_summary(self, now: float, stale_after_s: float) -> list[OpenRunGroup]:
         """The port's summary in one ``GROUP BY`` over the open-runs index (the SQLite
-        store's query), plus this host's live leases checked against their processes."""
+        store's query), plus this host's live leases checked against their processes: it
+        reads the open runs and their sessions' rows, not every session's."""
         host = this_host()
 
         def fetch(conn: Conn) -> tuple[list[Any], list[Any]]:
-            rows = conn.execute(q.SQL_OPEN_SUMMARY, {"now": now, "stale_before": stale_before(now, stale_after_s)}).fetchall()
-            same = conn.execute(q.SQL_OPEN_SAME_HOST, {"now": now, "host": host}).fetchall()
+            with conn.transaction():
+                conn.execute(q.SQL_SUMMARY_PLANNER)
+                # prepare=False: a plan for these values, never a generic one cached on the connection
+                params = {"now": now, "stale_before": stale_before(now, stale_after_s)}
+                rows = conn.execute(q.SQL_OPEN_SUMMARY, params, prepare=False).fetchall()
+                same = conn.execute(q.SQL_OPEN_SAME_HOST, {"now": now, "host": host}, prepare=False).fetchall()
             return rows, same
 
         rows, same_host = self._run("summarise open runs", fetch, retry=True)
