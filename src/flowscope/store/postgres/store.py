@@ -429,13 +429,14 @@ class PostgresEventStore(EventStore):
         host = this_host()
 
         def fetch(conn: Conn) -> tuple[list[Any], list[Any]]:
-            with conn.transaction():
+            # one round trip (pipelined) for the planner setting, both queries and the commit;
+            # prepare=False: a plan for these values, never a generic one cached on the connection
+            params = {"now": now, "stale_before": stale_before(now, stale_after_s)}
+            with conn.pipeline(), conn.transaction():
                 conn.execute(q.SQL_SUMMARY_PLANNER)
-                # prepare=False: a plan for these values, never a generic one cached on the connection
-                params = {"now": now, "stale_before": stale_before(now, stale_after_s)}
-                rows = conn.execute(q.SQL_OPEN_SUMMARY, params, prepare=False).fetchall()
-                same = conn.execute(q.SQL_OPEN_SAME_HOST, {"now": now, "host": host}, prepare=False).fetchall()
-            return rows, same
+                summary = conn.execute(q.SQL_OPEN_SUMMARY, params, prepare=False)
+                same_host = conn.execute(q.SQL_OPEN_SAME_HOST, {"now": now, "host": host}, prepare=False)
+            return summary.fetchall(), same_host.fetchall()
 
         rows, same_host = self._run("summarise open runs", fetch, retry=True)
         dead: dict[tuple[str, str], int] = {}
