@@ -28,12 +28,17 @@ def effect(path_file: str, what: str) -> None:
 
 def build(effects: str) -> Workflow:
     hold = os.environ.get("CRASH_WORKER_HOLD")
+    # a race: the winner holds its lease this long inside "report", so the other process
+    # meets the lease (not a session that is already over) however late it is scheduled
+    linger = float(os.environ.get("CRASH_WORKER_LINGER") or 0)
 
     def leaf(name, output=True):
         async def fn(ctx, x):
             if ctx.path == hold and not ctx.recovered:
                 open(effects + ".holding", "w").close()  # tell the test we are inside the body
                 await asyncio.sleep(30)  # ... and wait to be killed
+            if name == "report" and linger:
+                await asyncio.sleep(linger)
             effect(effects, ctx.path)
             return None if not output else f"{name}({x})"
 

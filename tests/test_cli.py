@@ -172,6 +172,7 @@ def test_listing_commands_in_process(demo_db, name, fmt):
     check_listing(name, fmt, result.stdout, keys, ids)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])
 @pytest.mark.parametrize("name", LISTINGS)
 def test_listing_commands_through_the_console_script(demo_db, name, fmt):
@@ -258,6 +259,7 @@ def test_stuck_reports_waiting_jobs_with_their_ids(paused_db):
 # --------------------------------------------------------------------------- --db resolution
 
 
+@pytest.mark.slow
 def test_db_from_option_env_and_default(demo_db, tmp_path):
     db, ids = demo_db
     # per-command option, global option, environment, ./flowscope.db
@@ -303,6 +305,7 @@ def test_bad_databases_through_the_console_script(bad_dbs, kind):
         assert_one_line_error(run_cli("--db", str(path), "demo"), fragment)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command",
     [["show", "no-such-session"], ["export", "no-such-session"], ["resume", "no-such-session"], ["audit", "--session", "no-such-session"]],
@@ -314,6 +317,7 @@ def test_unknown_session(demo_db, command):
     assert_one_line_error(run_cli("--db", str(db), *command), "no-such-session")
 
 
+@pytest.mark.slow
 def test_resume_argument_errors(paused_db):
     db, sid, job_id = paused_db
     d = str(db)
@@ -350,6 +354,7 @@ def test_resume_walks_a_session_to_the_end_through_every_pause(paused_db):
     assert_one_line_error(invoke("--db", d, "resume", sid), "already completed")
 
 
+@pytest.mark.slow
 def test_resume_of_a_failing_session_exits_1(demo_db, tmp_path):
     db, ids = demo_db
     copy = copy_db(db, tmp_path / "copy.db")
@@ -402,6 +407,7 @@ def test_an_unexpected_error_is_one_line_too(demo_db, monkeypatch):
     assert "FLOWSCOPE_DEBUG" in line
 
 
+@pytest.mark.slow
 def test_help_and_version():
     for command in ([], ["demo"], ["runs"], ["show"], ["audit"], ["stuck"], ["resume"], ["serve-metrics"], ["export"]):
         result = invoke(*command, "--help")
@@ -413,6 +419,7 @@ def test_help_and_version():
 # --------------------------------------------------------------------------- export
 
 
+@pytest.mark.slow
 def test_export_stdout_file_and_determinism(demo_db, tmp_path):
     db, ids = demo_db
     proc = run_cli("--db", str(db), "export", ids["orders"])
@@ -526,6 +533,7 @@ def test_serve_metrics_serves_the_store_until_signalled(demo_db, sig):
             proc.wait()
 
 
+@pytest.mark.slow
 def test_serve_metrics_port_in_use(demo_db):
     db, _ = demo_db
     with socket.socket() as s:

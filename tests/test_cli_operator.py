@@ -189,6 +189,7 @@ def test_a_run_resumed_46s_later_is_drawn_as_segments_with_the_pause_as_a_gap(wo
     assert approve["segments"][1]["started_at"] - approve["segments"][0]["ended_at"] > 45
 
 
+@pytest.mark.slow
 def test_one_resume_prints_one_kept_count(work):
     run_flow(work, "orders", "o2")
     proc = flowscope("--db", "ops.db", "resume", "o2", "--input", "approval=true", "--workflow", "flows:orders", cwd=work)
@@ -199,6 +200,7 @@ def test_one_resume_prints_one_kept_count(work):
     assert started.group(1) == finished.group(1) == "4"  # fetch, inner, prep, prep2
 
 
+@pytest.mark.slow
 def test_resume_finds_the_workflow_module_in_the_current_directory(work):
     run_flow(work, "orders", "o3")
     proc = flowscope("--db", "ops.db", "resume", "o3", "--input", "approval=true", "--workflow", "flows:orders", cwd=work)
@@ -230,6 +232,7 @@ def test_a_job_result_must_be_an_object_with_the_documented_keys(demo, tmp_path)
         assert store.last_seq(sid) == before  # nothing consumed
 
 
+@pytest.mark.slow
 def test_usage_errors_are_one_line_and_bare_flowscope_is_help(tmp_path):
     for args, fragment in ((["nonsense"], "No such command 'nonsense'"), (["show"], "Missing argument 'SESSION'"), (["runs", "--bogus"], "--bogus")):
         one_line_error(flowscope(*args, cwd=tmp_path), fragment, "--help`")

@@ -191,7 +191,7 @@ def test_two_processes_resume_the_same_session_at_once(tmp_path, base):
     assert worker(db, effects, "s", "run").stdout.strip() == "paused"
     before = effects_of(effects)
     go = tmp_path / "go"
-    env = dict(os.environ, CRASH_WORKER_GO=str(go))
+    env = dict(os.environ, CRASH_WORKER_GO=str(go), CRASH_WORKER_LINGER="1.5")
     procs = [
         subprocess.Popen([sys.executable, WORKER, str(db), str(effects), "s", "resume"], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

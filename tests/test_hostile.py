@@ -13,7 +13,7 @@ import sqlite3
 
 import pytest
 
-from conftest import of_type
+from conftest import unavailable, of_type
 from flowscope import START, RetryConfig, Route, Runner, Workflow, node
 from flowscope.errors import OutputNotSerializableError, RouteNotFoundError, StateNotSerializableError
 from flowscope.store import SqliteEventStore, rebuild
@@ -427,6 +427,7 @@ async def paused_sessions(path, ids=("sess-a", "sess-b")):
     return wf
 
 
+@pytest.mark.slow
 async def test_read_only_commands_open_a_wal_database_on_read_only_storage(tmp_path):
     import os
     import shutil
@@ -440,9 +441,9 @@ async def test_read_only_commands_open_a_wal_database_on_read_only_storage(tmp_p
     await paused_sessions(path)
     assert not (folder / "f.db-shm").exists()  # closed cleanly: SQLite must create it to read
     if os.geteuid() != 0 or shutil.which("chattr") is None:
-        pytest.skip("needs root and chattr to make the folder immutable")
+        unavailable("needs root and chattr to make the folder immutable")
     if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
-        pytest.skip("this filesystem has no immutable flag")
+        unavailable("this filesystem has no immutable flag")
     try:
         result = invoke("--db", str(path), "runs", "--format", "json")
         assert result.exit_code == 0, result.output
@@ -508,6 +509,7 @@ class CliRunnerMixed:
         return runner.invoke(cli, list(args), catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_a_bit_flipped_session_id_gives_a_one_line_error(tmp_path):
     import asyncio
     import os

@@ -157,6 +157,7 @@ def test_the_checks_catch_what_they_claim(tmp_path):
     assert "flowscope.engine.cli.app" in imports_of("flowscope.engine.m", src, {"flowscope.engine.cli.app"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mod", ["flowscope.engine", "flowscope.fold", "flowscope.events"])
 def test_lower_layers_import_without_the_adapters(mod):
     """Importing the engine, the fold or the catalog pulls in no OpenTelemetry, Prometheus or CLI."""

@@ -17,6 +17,7 @@ from flowscope.store.testing import dead_owner, ev, node_ev
 FLOWSCOPE = os.path.join(os.path.dirname(sys.executable), "flowscope")  # the console script
 
 
+@pytest.mark.slow
 def test_a_dead_owner_is_orphaned_at_once_and_every_listing_names_the_owner(tmp_path):
     db = tmp_path / "v.db"
     now = time.time()

@@ -8,6 +8,7 @@ from flowscope.store import EventStore, PostgresEventStore
 from flowscope.store.testing import EventStoreContract
 
 
+@pytest.mark.slow  # a real PostgreSQL cluster, started by the test session
 class TestPostgresContract(EventStoreContract):
     @pytest.fixture(autouse=True)
     def _cluster(self, pg_cluster):

@@ -17,6 +17,7 @@ from flowscope.errors import (
     ConcurrencyConflict,
     LeaseLost,
     NotAFlowscopeDatabase,
+    StoreReadOnly,
     StoreSchemaTooNew,
     StoreUnavailable,
 )
@@ -27,6 +28,9 @@ from flowscope.store.postgres import DB_SCHEMA_VERSION, redact, server
 from flowscope.store.testing import ev
 
 from pg_cluster import PASSWORD, PASSWORD_ROLE, PgCluster
+
+# A real PostgreSQL cluster, started by the test session: the full suite, not the fast loop.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -112,6 +116,22 @@ def test_concurrent_openers_migrate_once(url: str):
     assert sorted(found) == [0] + [DB_SCHEMA_VERSION] * 5  # one migrated, five found it done
     with psycopg.connect(url) as c:
         assert c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(DB_SCHEMA_VERSION),)
+
+
+def test_a_schema_1_database_is_migrated_to_the_span_watermark_table_keeping_its_log(url: str):
+    with PostgresEventStore(url) as s:  # a database as issue 16 wrote it: schema 1, one session
+        s.append("old", [ev(RunSubmitted, sid="old", workflow="w", ts=1.0)], 0)
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("DROP TABLE span_exports")
+        c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    with PostgresEventStore(url) as s:
+        assert s.schema_version_found == 1 and s.schema_version == DB_SCHEMA_VERSION == 2
+        assert s.last_seq("old") == 1 and s.exported_seq("old") == 0
+        s.set_exported_seq("old", 1)
+    with PostgresEventStore(url, readonly=True) as s:  # kept in the database, readable by a reader
+        assert s.exported_seq("old") == 1
+        with pytest.raises(StoreReadOnly):
+            s.set_exported_seq("old", 2)
 
 
 # ---------------------------------------------------------------- fences and claims

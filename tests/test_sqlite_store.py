@@ -45,6 +45,8 @@ from flowscope.store.sqlite import queries as queries_mod
 from flowscope.store.sqlite import schema as sqlite_mod
 from flowscope.store.sqlite import EventNotSerializableError
 
+from conftest import unavailable
+
 from test_store_contract import append_in_batches, node_ev, one_of_each, random_log
 
 SID = "s1"
@@ -207,6 +209,7 @@ def _race_worker(path, name, rounds, barrier, queue):  # runs in a separate proc
     queue.put((name, results))
 
 
+@pytest.mark.slow
 def test_two_processes_racing_appends_exactly_one_wins(db_path):
     with SqliteEventStore(db_path) as s:
         s.append(SID, [started()], 0)
@@ -776,7 +779,7 @@ def unwritable(db_path):
         db_path.chmod(0o644)
         return
     if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(db_path)], capture_output=True).returncode:
-        pytest.skip("running as root without chattr +i: no way to make a file unwritable")
+        unavailable("running as root without chattr +i: no way to make a file unwritable")
     try:
         yield db_path
     finally:

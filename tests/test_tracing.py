@@ -83,6 +83,8 @@ async def test_invocation_and_node_spans_names_and_attributes(store, tracing):
     inv = tracing.invocation()
     assert inv.name == "invoke_workflow orders"
     assert inv.kind.name == "INTERNAL"
+    # One span for the invocation and its top workflow's run, with both sets of attributes
+    # (issue 15: before, the invocation span had an identical child for the root run).
     assert dict(inv.attributes) == {
         "gen_ai.operation.name": "invoke_workflow",
         "gen_ai.workflow.name": "orders",
@@ -90,15 +92,23 @@ async def test_invocation_and_node_spans_names_and_attributes(store, tracing):
         "flowscope.invocation.id": result.invocation_id,
         "flowscope.run.resumed": False,
         "flowscope.run.outcome": "completed",
+        "flowscope.node.name": "orders",
+        "flowscope.node.path": "orders@1",
+        "flowscope.node.kind": "workflow",
+        "flowscope.node.outcome": "success",
+        "flowscope.node.attempt_count": 1,
+        "flowscope.node.completed": True,
+        "flowscope.node.has_output": True,
+        "flowscope.node.recovered": False,
     }
     assert inv.status.status_code is StatusCode.UNSET
     assert inv.parent is None
+    assert len(tracing.spans) == 3
 
     nodes = tracing.nodes()
     assert set(nodes) == {"orders@1", "orders@1/fetch@1", "orders@1/check@1"}
     root = nodes["orders@1"]
-    assert root.name == "invoke_workflow orders"
-    assert parent_id(root) == inv.context.span_id
+    assert root is inv
     fetch = nodes["orders@1/fetch@1"]
     assert fetch.name == "invoke_node fetch"
     assert dict(fetch.attributes) == {
@@ -147,7 +157,7 @@ async def test_nested_workflows_dynamic_children_and_parallel_siblings_nest_by_p
     n = tracing.nodes()
     sid = {p: s.context.span_id for p, s in n.items()}
     expected_parent = {
-        "w@1": tracing.invocation().context.span_id,
+        "w@1": None,  # the top workflow's run is the invocation's span
         "w@1/src@1": sid["w@1"],
         "w@1/a@1": sid["w@1"],  # parallel branches are siblings
         "w@1/b@1": sid["w@1"],
@@ -184,7 +194,7 @@ async def test_concurrent_invocations_on_one_plugin_keep_their_own_trees(store, 
     assert invs["one"].context.trace_id != invs["two"].context.trace_id
     for inv in invs.values():
         tree = [s for s in tracing.spans if s.context.trace_id == inv.context.trace_id]
-        assert sorted(s.attributes.get("flowscope.node.path", "") for s in tree) == ["", "w@1", "w@1/after@1", "w@1/step@1"]
+        assert sorted(s.attributes.get("flowscope.node.path", "") for s in tree) == ["w@1", "w@1/after@1", "w@1/step@1"]
 
 
 # -- retries -----------------------------------------------------------------------------------------------------------------
@@ -598,7 +608,7 @@ def test_resume_in_a_new_process_links_to_the_paused_invocation_and_attempts_con
     # prep completed in the first process: fast-forwarded, no span in the second
     assert set(nodes1) == {"orders@1", "orders@1/prep@1", "orders@1/approve@1"}
     assert set(nodes2) == {"orders@1", "orders@1/approve@1", "orders@1/ship@1"}
-    assert nodes2["orders@1"]["parent"] == inv2["span_id"]
+    assert nodes2["orders@1"] == inv2  # one span for the invocation and its top workflow's run (issue 15)
     assert nodes2["orders@1/approve@1"]["parent"] == nodes2["orders@1"]["span_id"]
 
 

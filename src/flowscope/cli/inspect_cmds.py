@@ -234,28 +234,44 @@ def _warn_skipped(session_id: str, exc: Exception) -> None:
 
 
 @click.command()
-@click.argument("session")
+@click.argument("session", required=False)
 @db_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write the OTLP JSON here (default: stdout).")
 @click.option("--otlp-endpoint", metavar="URL", help="Send the spans to this OTLP endpoint instead (e.g. http://localhost:4318).")
 @otlp_protocol_option
 @click.option("--service-name", default="flowscope", show_default=True, help="The service.name resource attribute.")
 @click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for the endpoint.")
+@click.option("--follow", is_flag=True, help="Tail the store and send spans as they are appended (needs --otlp-endpoint).")
+@click.option("--interval", type=float, default=1.0, show_default=True, help="With --follow: seconds between passes.")
+@click.option("--rounds", type=int, default=None, hidden=True, help="With --follow: stop after this many passes.")
 def export(
-    session: str,
+    session: str | None,
     db: str | None,
     output: str | None,
     otlp_endpoint: str | None,
     otlp_protocol: str | None,
     service_name: str,
     timeout: float,
+    follow: bool,
+    interval: float,
+    rounds: int | None,
 ) -> None:
     """Spans of a session rebuilt from its event log, as OTLP JSON or sent to an endpoint.
 
     The span ids are derived from the session, invocation and path: exporting twice gives
     the same output. The spans mirror what TracingPlugin records live (docs/telemetry.md).
+
+    With --follow (and no SESSION): send the spans of every session as the log ends them,
+    from each session's shipping watermark, so spans a killed worker never sent arrive
+    once, with the ids its node bodies saw.
     """
     from ..export import ExportError, export_request, send_spans, session_spans, to_otlp_json
+
+    if follow:
+        _export_follow(db, otlp_endpoint, otlp_protocol, service_name, timeout, interval, rounds)
+        return
+    if session is None:
+        raise CliError("export needs a SESSION (or --follow --otlp-endpoint URL to tail every session)")
 
     with open_store(db) as store:
         events = store.read(session)
@@ -279,6 +295,38 @@ def export(
             click.echo(f"wrote {output}", err=True)
         else:
             click.echo(text, nl=False)
+
+
+def _export_follow(
+    db: str | None, endpoint: str | None, protocol: str | None, service_name: str, timeout: float, interval: float, rounds: int | None
+) -> None:
+    from ..export import ExportError
+    from ..observability import otlp
+    from ..observability.export import follow
+
+    if not endpoint:
+        raise CliError("--follow sends spans: give --otlp-endpoint URL (e.g. http://localhost:4318)")
+    try:
+        proto = otlp.resolve_protocol(protocol or otlp.guess_protocol(endpoint))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    exporter = otlp.span_exporter(proto, endpoint, timeout=timeout, plaintext_unless_https=True)
+    try:
+        with open_store(db, write=True) as store:
+            follow(
+                store,
+                exporter,
+                service_name=service_name,
+                interval=interval,
+                rounds=rounds,
+                on_sent=lambda n: click.echo(f"sent {n} spans to {endpoint}", err=True),
+            )
+    except ExportError as exc:
+        raise CliError(str(exc)) from None
+    except KeyboardInterrupt:
+        pass
+    finally:
+        exporter.shutdown()
 
 
 COMMANDS = (runs, show, audit, stuck, events, export)

@@ -72,7 +72,7 @@ class Attempts(Recorder):
                     delay = self._retry_delay(ctx, exc, failures)
                     if delay is None:
                         raise
-                    self.flush()  # the failed attempt is on record before the next one begins
+                    await self.flush()  # the failed attempt is on record before the next one begins
                     await asyncio.sleep(delay)
                     ctx.attempt += 1
                     # A new attempt walks its children again from the first: the same paths,
@@ -104,6 +104,7 @@ class Attempts(Recorder):
                 outcome = self._propagated(ctx, exc, t0)
             else:
                 outcome = self._failed(ctx, exc, t0)
+                await self.flush()  # the failure is on record before it propagates (R1, docs/design.md)
                 if hooks:
                     await plugins.call("on_node_error", ctx, outcome.event)
             raise
@@ -261,8 +262,8 @@ class Attempts(Recorder):
         )
 
     def _failed(self, ctx: NodeContext, exc: Exception, t0: float) -> NodeOutcome:
-        """The run failed here: record the failure, and flush it so it is on record before
-        it propagates (R1, docs/design.md)."""
+        """The run failed here: record the failure (the caller flushes it, so it is on record
+        before it propagates, R1 in docs/design.md)."""
         info = self.classify(exc)
         ev = self.emit(
             NodeErrorEvent,
@@ -284,7 +285,6 @@ class Attempts(Recorder):
             origin_path=ctx.path,
             duration_s=time.perf_counter() - t0,
         )
-        self.flush()
         return outcome
 
     # -- after every run -----------------------------------------------------------------

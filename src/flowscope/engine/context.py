@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..events import Event
+    from ..store.base import EventStore
     from .graph import Node
 
 __all__ = ["NodeContext", "RunInfo", "NodeOutcome", "RunResult", "PauseSignal", "RunServices"]
@@ -61,6 +62,9 @@ class RunInfo:
     #: Names of the plugins of this runner, so a metrics plugin can start their error
     #: counters at zero (a series that exists before the first error makes alerts work).
     plugins: tuple[str, ...] = ()
+    #: The session's store, for plugins that keep something of their own there (the
+    #: tracing plugin's span-shipping watermark).
+    store: EventStore | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,7 @@ class Invocation(Attempts, Pauses):
         if isinstance(r, NodeResult):
             return r
         if node.kind != "workflow":  # a workflow's body is its children, which flush before they run
-            self.flush()
+            await self.flush()
         return await self.run_prepared(r, input)
 
     async def run_child(self, parent: NodeContext, node: Node, input: Any) -> Any:
@@ -161,7 +161,7 @@ class Invocation(Attempts, Pauses):
                 prepared.append(self.prepare(n, inp, parent, parent.child_path(n.name)))
             except PauseSignal as p:
                 prepared.append(p)
-        self.flush()  # every NodeStarted of the step in one transaction
+        await self.flush()  # every NodeStarted of the step in one transaction
         results: list[Any] = list(prepared)
         tasks: dict[asyncio.Task[NodeResult], int] = {}  # a task runs the context prepared[i]
         for i, r in enumerate(prepared):
@@ -188,7 +188,7 @@ class Invocation(Attempts, Pauses):
                             cast(NodeContext, prepared[tasks[other]]).cancel_reason = reason
                             other.cancel()
                 if pending:
-                    self.flush()  # finished branches are on record while the others run
+                    await self.flush()  # finished branches are on record while the others run
         finally:
             if pending:  # we are being cancelled: take the branches down with us
                 for other in pending:

@@ -22,13 +22,14 @@ import random
 import time
 import uuid
 from collections import Counter
-from typing import Any, Callable, Iterable, Mapping, TypeVar, overload
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, overload
 
 from ..errors import ErrorInfo, OutputNotSerializableError, Redactor, StateNotSerializableError, classify
 from ..events import Event, RunFinished
 from ..fold import WorkflowState
 from ..ownership import Lease
 from ..store.base import EventStore
+from .commit import GroupCommit
 from .context import NodeContext, RunInfo
 from .hooks import PluginDispatcher
 
@@ -211,8 +212,10 @@ class Recorder:
         resumed: bool,
         on_event: Callable[[Event], None] | None,
         lease: Lease,
+        commits: GroupCommit | None = None,
     ) -> None:
         self.store = store
+        self.commits = commits if commits is not None else GroupCommit(store)
         self.lease = lease  # renewed by the runner's lease keeper, from its thread
         self.epoch = lease.epoch  # every append is fenced by it
         self.plugins = plugins
@@ -226,6 +229,7 @@ class Recorder:
         self.ws = ws
         self.snapshot_seq = ws.snapshot_seq
         self.flushed_seq = ws.last_seq
+        self.submitted_seq = ws.last_seq  # the last seq handed to the committer
         self.buffer: list[Event] = []
         #: Why this invocation can record no more (a failed append, a lost lease), or None.
         self.halted: BaseException | None = None
@@ -268,6 +272,7 @@ class Recorder:
             replayed=self.statuses["completed"],
             recovered=self.statuses["running"],
             plugins=plugins.names,
+            store=store,
         )
 
     def classify(self, exc: BaseException) -> ErrorInfo:
@@ -297,21 +302,29 @@ class Recorder:
             self.ws.apply(e)
         return e
 
-    def flush(self) -> None:
-        """Append everything buffered in one transaction, then tell plugins and streams.
+    async def flush(self) -> None:
+        """Append everything buffered in one transaction (shared with other sessions ready
+        in the same loop turn, ``commit.py``) and return once it is committed.
 
-        If the append raises, the invocation halts: the store's error is kept and
+        If the append fails, the invocation halts: the store's error is kept and
         :class:`Halted` raised, and nothing is appended after it.
         """
         batch = self.buffer
         if not batch or self.halted is not None:
             return
-        try:
-            self.store.append(self.session_id, batch, self.flushed_seq, epoch=self.epoch)
-        except BaseException as exc:  # a lock, a full disk, a lost lease: all end the invocation
-            self.halt(exc)
-            raise Halted(exc) from exc
         self.buffer = []
+        expected, self.submitted_seq = self.submitted_seq, batch[-1].seq
+        fut = self.commits.submit(self, self.session_id, batch, expected, self.epoch)
+        if fut is not None:
+            await fut
+        if self.halted is not None:
+            raise Halted(self.halted) from self.halted
+
+    def committed(self, batch: Sequence[Event], error: BaseException | None) -> None:
+        """The committer settled ``batch``: halt on ``error``, else tell plugins and streams."""
+        if error is not None:  # a lock, a full disk, a lost lease: all end the invocation
+            self.halt(error)
+            return
         self.flushed_seq = batch[-1].seq
         if self.plugins.has_on_event:
             call = self.plugins.call_sync

@@ -36,6 +36,7 @@ from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..ownership import Lease, this_process
 from ..store.base import EventStore
 from .context import PauseSignal, RunResult
+from .commit import GroupCommit
 from .graph import MAX_SESSION_ID, Workflow, check_name
 from .hooks import Plugin, PluginDispatcher
 from .invocation import Invocation
@@ -111,6 +112,7 @@ class Runner:
         self._active: dict[str, Invocation] = {}
         self.lease_s = lease_s
         self.owner = this_process(worker_id)
+        self._commits = GroupCommit(self.store)  # appends of concurrent sessions share transactions
         self._keeper = LeaseKeeper(self.store, lease_s, heartbeat_interval, f"flowscope-lease-{workflow.name}")
 
     # -- public API -------------------------------------------------------------------
@@ -368,8 +370,10 @@ class Runner:
             resumed=not first,
             on_event=on_event,
             lease=lease,
+            commits=self._commits,
         )
         self._active[session_id] = inv
+        self._commits.active += 1
         self._keeper.add(inv)
         result: RunResult | None = None
         error: BaseException | None = None
@@ -378,6 +382,7 @@ class Runner:
         except BaseException as exc:
             error = exc
         self._active.pop(session_id, None)
+        self._commits.active -= 1
         self._keeper.remove(inv)
         self._release(inv.lease)
         plugins = self.plugins
@@ -456,7 +461,7 @@ class Runner:
                 inv.finish("failed", error_code=info.code)
             raise
         finally:
-            inv.flush()  # a failure to append RunFinished halts the invocation like any other
+            await inv.flush()  # a failure to append RunFinished halts the invocation like any other
             if result is None or result.status != "completed":
                 self._save_snapshot(inv)
         return result

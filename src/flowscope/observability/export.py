@@ -31,11 +31,15 @@ from ..events import Event
 from . import otlp
 from .log_spans import rebuild, span_id_for, trace_id_for
 from .otlp import guess_protocol
+from .shipping import readable_span, unshipped
 from .spans import INCOMPLETE
 
 if TYPE_CHECKING:  # pragma: no cover
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    from ..store.base import EventStore
 
 __all__ = [
     "session_spans",
@@ -49,6 +53,8 @@ __all__ = [
     "guess_protocol",
     "ExportError",
     "INCOMPLETE",
+    "ship_store",
+    "follow",
 ]
 
 class ExportError(Exception):
@@ -59,40 +65,15 @@ class ExportError(Exception):
 
 
 def session_spans(events: Iterable[Event], service_name: str = "flowscope") -> list[ReadableSpan]:
-    """The session's spans as SDK ``ReadableSpan`` objects (what an exporter takes)."""
+    """The session's spans as SDK ``ReadableSpan`` objects (what an exporter takes): the
+    records of :func:`~flowscope.observability.log_spans.rebuild`, converted as the live
+    plugin converts them (:func:`~flowscope.observability.shipping.readable_span`)."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.trace import Event as SpanEvent
-    from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-    from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
     resource = Resource({SERVICE_NAME: service_name})  # no detectors: the same output everywhere
     scope = InstrumentationScope("flowscope", __version__)
-    flags = TraceFlags(TraceFlags.SAMPLED)
-
-    def context(trace_id: int, span_id: int) -> SpanContext:
-        return SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags)
-
-    out = []
-    for s in rebuild(events):
-        status = Status(StatusCode.ERROR, s.error) if s.error is not None else Status(StatusCode.UNSET)
-        out.append(
-            ReadableSpan(
-                name=s.name,
-                context=context(s.trace_id, s.span_id),
-                parent=context(s.trace_id, s.parent_id) if s.parent_id else None,
-                resource=resource,
-                attributes=dict(s.attributes),
-                events=[SpanEvent(e.name, dict(e.attributes), e.time_ns) for e in s.events],
-                links=[Link(context(tid, sid)) for tid, sid in s.links],
-                kind=SpanKind.INTERNAL,
-                status=status,
-                start_time=int(round(s.start * 1e9)),
-                end_time=int(round(s.end * 1e9)),
-                instrumentation_scope=scope,
-            )
-        )
-    return out
+    return [readable_span(r, resource, scope) for r in rebuild(events)]
 
 
 def export_request(events: Iterable[Event], service_name: str = "flowscope") -> ExportTraceServiceRequest:
@@ -183,3 +164,66 @@ def send_spans(spans: list[ReadableSpan], endpoint: str, protocol: str | None = 
             f"could not send {len(spans)} spans to {target} ({protocol}): the endpoint refused them or did not answer "
             f"within {timeout:g}s; is the collector running there?"
         )
+
+
+# --------------------------------------------------------------------------- following a store
+
+
+def ship_store(store: EventStore, exporter: SpanExporter, service_name: str = "flowscope", sessions: Iterable[str] | None = None) -> int:
+    """One pass of ``flowscope export --follow``: for every session (or ``sessions``) whose
+    log has moved past its shipping watermark, send the spans the log ended since then (a
+    session whose owner is gone also its cut-off run, as incomplete) and advance the
+    watermark once the exporter returned SUCCESS. Returns how many spans were sent."""
+    import time
+
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace.export import SpanExportResult
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from ..liveness import owner_alive
+
+    resource = Resource({SERVICE_NAME: service_name})
+    scope = InstrumentationScope("flowscope", __version__)
+    infos = {i.session_id: i for i in store.sessions()}
+    sent = 0
+    for sid in sessions if sessions is not None else list(infos):
+        info = infos.get(sid)
+        if info is None:
+            continue
+        mark = store.exported_seq(sid)
+        if mark >= info.last_seq:
+            continue
+        events = store.read(sid)
+        if not events:
+            continue
+        ended = not owner_alive(info.owner, info.lease_expires_at, time.time())
+        records, _ = unshipped(events, mark, ended)
+        spans = [readable_span(r, resource, scope) for r in records if r.sampled]
+        if spans and exporter.export(spans) is not SpanExportResult.SUCCESS:
+            raise ExportError(f"the endpoint refused the {len(spans)} spans of session {sid}; they are sent again next time")
+        # Every span the log ended up to its last event is out; the ones still open end later.
+        store.set_exported_seq(sid, events[-1].seq)
+        sent += len(spans)
+    return sent
+
+
+def follow(
+    store: EventStore,
+    exporter: SpanExporter,
+    *,
+    service_name: str = "flowscope",
+    interval: float = 1.0,
+    rounds: int | None = None,
+    on_sent: Callable[[int], None] | None = None,
+) -> None:
+    """Tail the store and ship spans as they are appended (``rounds`` passes, or forever)."""
+    import time
+
+    n = 0
+    while rounds is None or n < rounds:
+        sent = ship_store(store, exporter, service_name)
+        if sent and on_sent is not None:
+            on_sent(sent)
+        n += 1
+        if rounds is None or n < rounds:
+            time.sleep(interval)

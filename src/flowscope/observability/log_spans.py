@@ -1,29 +1,38 @@
-"""Spans rebuilt from a session's event log, with ids derived from the log.
+"""Spans from a session's event log, with ids derived from the log: live and after the fact.
 
-The log records every invocation and every node run with timestamps, so the spans the
-live :class:`~flowscope.observability.TracingPlugin` produces can be rebuilt after the
-fact. :func:`rebuild` walks the log and hands each run to the mapping in
-:mod:`flowscope.observability.spans` (the one the live plugin uses); what it adds is what
-only the log knows: parentage by path under the invocation span, times from event
-timestamps, the link from a resumed invocation to the one before it, and runs whose
-process died (``flowscope.export.incomplete``).
+This is the one walk from events to spans. :class:`SpanWalk` takes events in log order
+and hands each span to a callback the moment the log says it ended; the live
+:class:`~flowscope.observability.TracingPlugin` feeds it the events as they are appended,
+and :func:`rebuild` feeds it a whole log (``flowscope export``, and the catch-up that
+ships what a killed process did not). What goes on a span (names, attributes, status,
+span events) comes from :mod:`flowscope.observability.spans`; what the walk adds is what
+only the log knows: parentage by path, times from event timestamps, the link from a
+resumed invocation to the one before it, and runs whose process died
+(``flowscope.export.incomplete``).
 
-Ids are deterministic, derived with SHA-256 from the session id, the invocation id and
-the path, so rebuilding a session twice gives identical spans. Each invocation is one
-trace, as live.
+Ids are deterministic (:func:`trace_id_for`, :func:`span_id_for`): SHA-256 over the
+session id, the invocation id, the path and the run's attempt number (unique per run of a
+path in one invocation, since attempt numbers never go back). So the span context a node
+body sees live is the context of the span that is exported, by this process or, after a
+crash, by the next one. An invocation started inside a caller's span records that trace
+and parent in ``RunStarted.trace_context``, and the walk uses them.
+
+The top workflow's run and its invocation are one span (``invoke_workflow W``, carrying
+both sets of attributes, docs/telemetry.md).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from opentelemetry.util.types import AttributeValue
 
 from ..events import (
     TERMINAL_TYPES,
     Event,
+    JobDispatched,
     NodeCompleted,
     NodeErrorEvent,
     NodeErrorPropagated,
@@ -32,18 +41,32 @@ from ..events import (
     RunFinished,
     RunStarted,
 )
-from ..fold import WorkflowState
 from . import spans as sp
 
-__all__ = ["SpanRecord", "rebuild", "trace_id_for", "span_id_for"]
+__all__ = [
+    "SpanRecord",
+    "SpanWalk",
+    "rebuild",
+    "trace_id_for",
+    "span_id_for",
+    "invocation_context",
+    "traceparent",
+    "PARENT_KEY",
+]
+
+#: The key of ``RunStarted.trace_context`` that holds the span id (hex) of the caller's
+#: span an invocation was started in; ``traceparent`` holds the invocation's own context.
+PARENT_KEY = "flowscope.parent_span_id"
 
 
 @dataclass(frozen=True, slots=True)
 class SpanRecord:
-    """One rebuilt span: what an exporter needs, in plain values (times in epoch seconds).
+    """One span: what an exporter needs, in plain values (times in epoch seconds).
 
     ``error`` is the description of an ERROR status (None: UNSET); ``links`` are
-    ``(trace_id, span_id)`` pairs.
+    ``(trace_id, span_id)`` pairs. ``end_seq`` is the ``seq`` of the event that ended the
+    span (the shipping watermark counts in it); ``sampled`` and ``trace_state`` are the
+    sampling decision recorded for the trace when it started.
     """
 
     name: str
@@ -56,6 +79,10 @@ class SpanRecord:
     error: str | None = None
     events: tuple[sp.SpanEventRecord, ...] = ()
     links: tuple[tuple[int, int], ...] = ()
+    end_seq: int = 0
+    sampled: bool = True
+    trace_state: str = ""
+    session_id: str = ""
 
 
 # --------------------------------------------------------------------------- ids
@@ -70,16 +97,44 @@ def trace_id_for(session_id: str, invocation_id: str) -> int:
     return int.from_bytes(_digest("flowscope-trace", session_id, invocation_id)[:16], "big") or 1
 
 
-def span_id_for(session_id: str, invocation_id: str, path: str = "", occurrence: int = 1) -> int:
-    """The span id of an invocation (``path=""``) or of the ``occurrence``-th run of ``path``
-    in it (a nested workflow's retry runs a failed child again in the same invocation)."""
-    return int.from_bytes(_digest("flowscope-span", session_id, invocation_id, path, str(occurrence))[:8], "big") or 1
+def span_id_for(session_id: str, invocation_id: str, path: str = "", attempt: int = 1) -> int:
+    """The span id of an invocation (``path=""``, which is also its top workflow's run) or of
+    the run of ``path`` that started at ``attempt`` in it."""
+    return int.from_bytes(_digest("flowscope-span", session_id, invocation_id, path, str(attempt))[:8], "big") or 1
+
+
+def traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
+    """The W3C ``traceparent`` header of a span context."""
+    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+
+
+def invocation_context(session_id: str, invocation_id: str, trace_context: Mapping[str, str]) -> tuple[int, int | None, bool, str]:
+    """``(trace id, parent span id, sampled, tracestate)`` of an invocation from what its
+    ``RunStarted.trace_context`` recorded; derived ids and "sampled" when it recorded nothing."""
+    trace_id = trace_id_for(session_id, invocation_id)
+    parent: int | None = None
+    sampled = True
+    tp = trace_context.get("traceparent", "")
+    parts = tp.split("-")
+    if len(parts) == 4 and len(parts[1]) == 32 and len(parts[3]) == 2:
+        try:
+            trace_id = int(parts[1], 16) or trace_id
+            sampled = bool(int(parts[3], 16) & 1)
+        except ValueError:
+            pass
+    raw = trace_context.get(PARENT_KEY)
+    if raw:
+        try:
+            parent = int(raw, 16) or None
+        except ValueError:
+            parent = None
+    return trace_id, parent, sampled, trace_context.get("tracestate", "")
 
 
 # --------------------------------------------------------------------------- the walk
 
 
-@dataclass
+@dataclass(slots=True)
 class _Open:
     """A span being built: its start, and what the walk learns before it ends."""
 
@@ -89,154 +144,225 @@ class _Open:
     parent_id: int | None
     start: float
     attributes: sp.Attributes
+    order: int
     events: list[sp.SpanEventRecord] = field(default_factory=list)
     links: tuple[tuple[int, int], ...] = ()
     terminal: Event | None = None  # the last terminal event of the run in this invocation
-    attempt: int = 1  # the run's attempt number when its terminal event was appended
+    attempt: int = 1  # the run's current attempt (NodeStarted's, + 1 per NodeRetrying)
     recovered: bool = False
-    record: SpanRecord | None = None  # set when the span ends
-
-    def close(self, end: sp.SpanEnd, at: float) -> None:
-        self.record = SpanRecord(
-            name=self.name,
-            trace_id=self.trace_id,
-            span_id=self.span_id,
-            parent_id=self.parent_id,
-            start=self.start,
-            end=at,
-            attributes={**self.attributes, **end.attributes},
-            error=end.error,
-            events=(*self.events, *end.events),
-            links=self.links,
-        )
 
 
-@dataclass
+@dataclass(slots=True)
 class _Invocation:
+    id: str
     span: _Open
+    sampled: bool
+    trace_state: str
     open: dict[str, _Open] = field(default_factory=dict)  # path -> its current run's span
-    counts: dict[str, int] = field(default_factory=dict)
     errors: dict[str, tuple[str, str]] = field(default_factory=dict)  # origin path -> (type, message)
+    root: str = ""  # the path of the top workflow's run (its span is the invocation's)
+    root_start: sp.Attributes | None = None
+    root_end: sp.SpanEnd | None = None
     last_ts: float = 0.0
-    finished: bool = False
+    last_seq: int = 0
 
 
-class _Walk:
-    """The state of one pass over a session's log."""
+Emit = Callable[[SpanRecord], None]
 
-    def __init__(self) -> None:
-        self.ws = WorkflowState()  # the fold: attempts come from the one interpretation of events
-        self.session = ""
+
+class SpanWalk:
+    """Events in, spans out: ``apply(event)`` for each event of one session in log order;
+    ``emit(record)`` is called for each span as soon as the log ends it. :meth:`close_all`
+    ends what is still open as incomplete (its process died, or the log stops here)."""
+
+    def __init__(self, emit: Emit, session_id: str = "") -> None:
+        self.emit = emit
+        self.session = session_id
         self.invocations: dict[str, _Invocation] = {}
         self.previous: tuple[int, int] | None = None  # (trace id, span id) of the last invocation
-        self.order: list[_Open] = []  # every span, in start order
+        self.errors: dict[str, tuple[str, str]] = {}  # path -> its last failure, session-wide
+        self._order = 0
+        self.closing = 0
 
     def apply(self, e: Event) -> None:
-        self.ws.apply(e)
-        self.session = self.session or e.session_id
+        if not self.session:
+            self.session = e.session_id
         inv = self.invocations.get(e.invocation_id)
         if inv is not None:
-            inv.last_ts = max(inv.last_ts, e.ts)
+            if e.ts > inv.last_ts:
+                inv.last_ts = e.ts
+            inv.last_seq = e.seq
         if isinstance(e, RunStarted):
             self._start_invocation(e)
-        elif inv is None or (not e.path and not isinstance(e, RunFinished)):
-            return  # outside any invocation we saw begin, or not about a run: nothing to hang it on
-        elif isinstance(e, RunFinished):
-            inv.finished = True
-            self._close_invocation(inv, e)
+            return
+        if inv is None:
+            if isinstance(e, NodeErrorEvent):
+                self.errors[e.path] = (e.error_type, e.error_message)
+            return  # outside any invocation we saw begin: nothing to hang it on
+        if isinstance(e, RunFinished):
+            self._finish_invocation(inv, e)
         elif isinstance(e, NodeStarted):
             self._start_node(inv, e)
-        else:
+        elif e.path:
             span = inv.open.get(e.path)
             if span is None:
                 return
             if isinstance(e, NodeRetrying):
                 span.events.append(sp.retry_event(e))
+                span.attempt = e.attempt + 1
             elif e.type in TERMINAL_TYPES:
-                # The last terminal event of the run in this invocation wins: a JobDispatched
-                # whose dispatch failed is followed by its result and an InputRequested.
                 span.terminal = e
-                count = e.attempt_count if isinstance(e, (NodeCompleted, NodeErrorEvent, NodeErrorPropagated)) else None
-                ns = self.ws.nodes.get(e.path)
-                span.attempt = count or (ns.attempt if ns is not None else 1)
                 if isinstance(e, NodeErrorEvent):
-                    inv.errors[e.path] = (e.error_type, e.error_message)
+                    inv.errors[e.path] = self.errors[e.path] = (e.error_type, e.error_message)
+                if e.path == inv.root:
+                    inv.root_end = self._node_end(inv, span)
+                elif not isinstance(e, JobDispatched):
+                    # A JobDispatched whose dispatch failed is followed by the job's result and
+                    # an InputRequested in the same run: that span ends with the last of them.
+                    del inv.open[e.path]
+                    self._close(span, self._node_end(inv, span), e.ts, e.seq, inv)
+
+    # -- invocations --------------------------------------------------------------------
 
     def _start_invocation(self, e: RunStarted) -> None:
-        trace_id = trace_id_for(self.session, e.invocation_id)
+        for old in list(self.invocations.values()):  # a new invocation began: any still open ended with its process
+            self._abandon(old)
+        trace_id, parent, sampled, state = invocation_context(self.session, e.invocation_id, e.trace_context)
+        self._order += 1
         span = _Open(
             name=sp.invocation_span_name(e.workflow),
             trace_id=trace_id,
             span_id=span_id_for(self.session, e.invocation_id),
-            parent_id=None,
+            parent_id=parent,
             start=e.ts,
             attributes=sp.invocation_attributes(e.workflow, self.session, e.invocation_id, e.resumed),
+            order=self._order,
             links=(self.previous,) if e.resumed and self.previous is not None else (),
         )
-        self.invocations[e.invocation_id] = _Invocation(span, last_ts=e.ts)
-        self.order.append(span)
+        self.invocations[e.invocation_id] = _Invocation(e.invocation_id, span, sampled, state, last_ts=e.ts, last_seq=e.seq)
         self.previous = (trace_id, span.span_id)
+
+    def _finish_invocation(self, inv: _Invocation, e: RunFinished) -> None:
+        for span in list(inv.open.values()):
+            if span is not inv.span:
+                self._finish_node(inv, span, e.seq)
+        error = None
+        if e.status == "failed":
+            path = e.error_path
+            origin = (inv.errors.get(path) or self.errors.get(path)) if path else None
+            code = e.error_code
+            error_type, message = origin if origin else (code or "Exception", code or "")
+            error = sp.RunError(error_type, code or sp.UNKNOWN_ERROR_CODE, message, path)
+        self._close_invocation(inv, sp.invocation_end(e.status, error), e.ts, e.seq)
+
+    def _abandon(self, inv: _Invocation) -> None:
+        """End an invocation that has no ``RunFinished`` (its process died, or stopped
+        recording): its runs and itself are incomplete, ended at its last event."""
+        for span in list(inv.open.values()):
+            if span is not inv.span:
+                self._finish_node(inv, span, inv.last_seq, finished=False)
+        self._close_invocation(inv, sp.unfinished_invocation_end(), inv.last_ts, inv.last_seq)
+
+    def _close_invocation(self, inv: _Invocation, end: sp.SpanEnd, at: float, seq: int) -> None:
+        del self.invocations[inv.id]
+        span = inv.span
+        if inv.root_start is not None:  # one span for the invocation and its top workflow's run
+            root_end = inv.root_end
+            if root_end is None:
+                root_end = sp.unfinished_node_end(invocation_finished=end.attributes.get(sp.INCOMPLETE) is None)
+            span.attributes = {**span.attributes, **inv.root_start}
+            span.events.extend(root_end.events)
+            end = sp.SpanEnd(
+                {**root_end.attributes, **end.attributes},
+                end.error if end.error is not None else root_end.error,
+                end.events,
+            )
+        self._close(span, end, at, seq, inv)
+
+    # -- node runs ----------------------------------------------------------------------
 
     def _start_node(self, inv: _Invocation, e: NodeStarted) -> None:
         path = e.path
         old = inv.open.pop(path, None)
-        if old is not None:  # the same path again in this invocation (a nested workflow's retry)
-            self._finish_node(inv, old)
-        k = inv.counts[path] = inv.counts.get(path, 0) + 1
+        if old is not None and old is not inv.span:  # the same path again (a nested workflow's retry)
+            self._finish_node(inv, old, e.seq)
+        if not e.parent_path and not inv.root:  # the top workflow's run: the invocation's span
+            inv.root = path
+            inv.root_start = sp.node_attributes(e.node, path, e.kind)
+            inv.open[path] = inv.span
+            inv.span.attempt = e.attempt
+            inv.span.recovered = bool(e.recovered)
+            return
         parent = inv.open.get(e.parent_path) if e.parent_path else None
-        span = _Open(
+        self._order += 1
+        inv.open[path] = _Open(
             name=sp.node_span_name(e.kind, e.node),
             trace_id=inv.span.trace_id,
-            span_id=span_id_for(self.session, e.invocation_id, path, k),
+            span_id=span_id_for(self.session, e.invocation_id, path, e.attempt),
             parent_id=(parent or inv.span).span_id,
             start=e.ts,
             attributes=sp.node_attributes(e.node, path, e.kind),
+            order=self._order,
+            attempt=e.attempt,
             recovered=bool(e.recovered),
         )
-        inv.open[path] = span
-        self.order.append(span)
 
-    def _finish_node(self, inv: _Invocation, span: _Open) -> None:
+    def _node_end(self, inv: _Invocation, span: _Open) -> sp.SpanEnd:
         ev = span.terminal
-        if ev is None:  # no terminal event at all
-            span.close(sp.unfinished_node_end(inv.finished), inv.last_ts)
-            return
+        assert ev is not None
         origin = None
         if isinstance(ev, NodeErrorPropagated):
             found = inv.errors.get(ev.origin_path)
             origin = found[1] if found else None
-        end = sp.node_end(ev, span.attempt, span.recovered, origin)
-        span.close(end, ev.ts)
+        count = ev.attempt_count if isinstance(ev, (NodeCompleted, NodeErrorEvent, NodeErrorPropagated)) else 0
+        return sp.node_end(ev, count or span.attempt, span.recovered, origin)
 
-    def _close_invocation(self, inv: _Invocation, finished: RunFinished | None) -> None:
-        for span in list(inv.open.values()):
-            self._finish_node(inv, span)
-        inv.open.clear()
-        if finished is None:  # the process died before the invocation ended
-            inv.span.close(sp.unfinished_invocation_end(), inv.last_ts)
-            return
-        error = None
-        if finished.status == "failed":
-            path = finished.error_path
-            origin = inv.errors.get(path) if path else None
-            if origin is None and path and path in self.ws.nodes:
-                ns = self.ws.nodes[path]
-                origin = (ns.error_type or "", ns.error_message or "")
-            code = finished.error_code
-            error_type, message = origin if origin else (code or "Exception", code or "")
-            error = sp.RunError(error_type, code or sp.UNKNOWN_ERROR_CODE, message, path)
-        inv.span.close(sp.invocation_end(finished.status, error), finished.ts)
+    def _finish_node(self, inv: _Invocation, span: _Open, seq: int, finished: bool = True) -> None:
+        if span.terminal is None:  # no terminal event: cancelled with its invocation, or its process died
+            self._close(span, sp.unfinished_node_end(finished), inv.last_ts, seq, inv)
+        else:
+            self._close(span, self._node_end(inv, span), span.terminal.ts, seq, inv)
 
-    def records(self) -> list[SpanRecord]:
-        for inv in self.invocations.values():
-            if not inv.finished:
-                self._close_invocation(inv, None)
-        return [span.record for span in self.order if span.record is not None]  # every one has ended
+    def _close(self, span: _Open, end: sp.SpanEnd, at: float, seq: int, inv: _Invocation) -> None:
+        self.closing = span.order  # the start order of the span being emitted (rebuild sorts by it)
+        self.emit(
+            SpanRecord(
+                name=span.name,
+                trace_id=span.trace_id,
+                span_id=span.span_id,
+                parent_id=span.parent_id,
+                start=span.start,
+                end=at,
+                attributes={**span.attributes, **end.attributes},
+                error=end.error,
+                events=(*span.events, *end.events) if span.events or end.events else (),
+                links=span.links,
+                end_seq=seq,
+                sampled=inv.sampled,
+                trace_state=inv.trace_state,
+                session_id=self.session,
+            )
+        )
+
+    def close_all(self) -> None:
+        """End every invocation still open as incomplete."""
+        for inv in list(self.invocations.values()):
+            self._abandon(inv)
+
+    def close(self, invocation_id: str) -> None:
+        """End one invocation still open as incomplete (it stopped recording)."""
+        inv = self.invocations.get(invocation_id)
+        if inv is not None:
+            self._abandon(inv)
 
 
 def rebuild(events: Iterable[Event]) -> list[SpanRecord]:
-    """The spans of a session's log, in start order."""
-    walk = _Walk()
+    """The spans of a session's log, in start order; an invocation the log does not end is
+    incomplete."""
+    out: list[tuple[int, SpanRecord]] = []
+    walk = SpanWalk(lambda r: out.append((walk.closing, r)))
     for e in events:
         walk.apply(e)
-    return walk.records()
+    walk.close_all()
+    out.sort(key=lambda p: p[0])
+    return [r for _, r in out]

@@ -35,7 +35,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from opentelemetry.trace import get_current_span
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -73,6 +73,8 @@ ATTEMPT_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 10.0)
 NODE_OUTCOMES = ("success", "failure", "timeout", "cancellation", "waiting")
 WORKFLOW_OUTCOMES = ("completed", "failed", "paused", "cancelled")
 JOB_RESULTS = ("success", "failed", "empty")
+
+_KEY = "metrics"  # our slot in ctx.plugin_state
 
 #: Fallback label when an event's invocation is unknown to the plugin (it was added
 #: to the runner after the invocation began). Never an id.
@@ -312,6 +314,43 @@ class _Instrument:
                         s = self._series[key] = _Series(prom, self.otel, dict(zip(self.spec.labels, key)))
         return s
 
+    def bind(self, values: tuple[str, ...]) -> _Series:
+        """``series(values)`` for a caller that keeps it: a label set folded into ``_other``
+        comes wrapped so that each later observation counts one overflow too, as a lookup
+        would (the bind itself counted the first)."""
+        s = self.series(values)
+        budget = self.budget
+        if budget is None or budget.on_overflow is None or values in self._series:
+            return s
+        return _FoldedSeries(s, self.spec.prom_name, budget.on_overflow)
+
+
+class _FoldedSeries(_Series):
+    """The ``_other`` series as bound for a label set beyond the budget (see
+    :meth:`_Instrument.bind`)."""
+
+    __slots__ = ("_metric", "_count", "_bound")
+
+    def __init__(self, other: _Series, metric: str, count: Callable[[str], None]) -> None:
+        super().__init__(other._prom, other._otel, other._attrs)
+        self._metric = metric
+        self._count = count
+        self._bound = True  # the first observation was counted when bound
+
+    def _overflow(self) -> None:
+        if self._bound:
+            self._bound = False
+        else:
+            self._count(self._metric)
+
+    def add(self, value: float = 1.0) -> None:
+        self._overflow()
+        _Series.add(self, value)
+
+    def record(self, value: float, exemplar: dict[str, str] | None = None) -> None:
+        self._overflow()
+        _Series.record(self, value, exemplar)
+
 
 def _otel_instrument(meter: Any, spec: InstrumentSpec) -> Any:
     if spec.kind == "counter":
@@ -451,6 +490,11 @@ class MetricsPlugin(Plugin):
 
     # -- helpers ---------------------------------------------------------------------------
 
+    def _bind(self, instrument: _Instrument, values: tuple[str, ...]) -> _Series:
+        """The one place a labelled series is bound for the node path, which keeps it (once
+        per label set): bounded by the metric's budget like every other lookup."""
+        return instrument.bind(values)
+
     def _overflowed(self, metric: str) -> None:
         self._overflow.series((metric,)).add()
 
@@ -458,7 +502,7 @@ class MetricsPlugin(Plugin):
         key = (workflow, node)
         ns = self._nodes.get(key)
         if ns is None:
-            ns = self._nodes[key] = _NodeSeries(self._nodes_running.series(key))
+            ns = self._nodes[key] = _NodeSeries(self._bind(self._nodes_running, key))
         return ns
 
     def _workflow_of(self, event: Event) -> str:
@@ -496,22 +540,27 @@ class MetricsPlugin(Plugin):
     # -- node hooks --------------------------------------------------------------------------
 
     def before_node(self, ctx: NodeContext) -> None:
-        self._node(ctx.run.workflow, ctx.node_name).running.add(1.0)
+        # Bound once per (workflow, node): the run carries its series to after_node.
+        ns = ctx.plugin_state[_KEY] = self._node(ctx.run.workflow, ctx.node_name)
+        ns.running.add(1.0)
 
     def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
-        ns = self._node(ctx.run.workflow, ctx.node_name)
+        ns: _NodeSeries | None = ctx.plugin_state.pop(_KEY, None)
+        if ns is None:  # the plugin was added after before_node ran
+            ns = self._node(ctx.run.workflow, ctx.node_name)
+            ns.running.add(1.0)
         ns.running.add(-1.0)
         status = outcome.status
         pair = ns.by_outcome.get(status)
-        if pair is None:
+        if pair is None:  # once per (workflow, node, outcome)
             key = (ctx.run.workflow, ctx.node_name, status)
-            pair = ns.by_outcome[status] = (self._node_runs.series(key), self._node_duration.series(key))
+            pair = ns.by_outcome[status] = (self._bind(self._node_runs, key), self._bind(self._node_duration, key))
         pair[0].add()
         pair[1].record(outcome.duration_s, _exemplar(ctx.trace_context))
         if status == "success" or status == "failure" or status == "timeout":
             attempts = ns.attempts
             if attempts is None:
-                attempts = ns.attempts = self._node_attempts.series((ctx.run.workflow, ctx.node_name))
+                attempts = ns.attempts = self._bind(self._node_attempts, (ctx.run.workflow, ctx.node_name))
             attempts.record(outcome.attempt_count)
 
     # -- events ------------------------------------------------------------------------------

@@ -111,6 +111,8 @@ def configure_tracing(
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
+    from .shipping import WatermarkExporter
+
     protocol = otlp.resolve_protocol(protocol)
 
     wanted = {w.strip().lower() for w in (otlp.env("OTEL_TRACES_EXPORTER") or "").split(",") if w.strip()}
@@ -127,7 +129,9 @@ def configure_tracing(
 
     described: list[str] = []
     if use_otlp:
-        exporter = otlp.span_exporter(protocol, otlp_endpoint, timeout=timeout, headers=headers)
+        # The watermark follows what this exporter accepted: a killed process's unsent spans
+        # are shipped by the next one to open the session (shipping.py).
+        exporter = WatermarkExporter(otlp.span_exporter(protocol, otlp_endpoint, timeout=timeout, headers=headers))
         provider.add_span_processor(BatchSpanProcessor(exporter))
         described.append(f"otlp {protocol} {otlp_endpoint or env_endpoint or '(default endpoint)'}")
     if use_console:

@@ -1,53 +1,60 @@
-"""OpenTelemetry spans for workflow runs, as live spans (the catalog: ``docs/design.md``, "Spans").
+"""OpenTelemetry spans for workflow runs, built from the event log (the catalog: ``docs/telemetry.md``).
 
-:class:`TracingPlugin` turns every invocation and every node run into a span, using only
-the OpenTelemetry *API*: give it a ``tracer_provider`` (an SDK ``TracerProvider``, see
-:func:`flowscope.observability.configure_tracing`) or let it use the global one.
+:class:`TracingPlugin` does not hold SDK spans open while nodes run. Spans are a view of
+the log: the plugin feeds every appended event to the one walk,
+:class:`~flowscope.observability.log_spans.SpanWalk`, and each span the log ends goes to
+the ``TracerProvider``'s span processors (so to its exporters: OTLP HTTP/gRPC, console),
+with the provider's resource. Ids are derived from the log, so:
+
+- while a node body runs, the current span (``trace.get_current_span()``) is a
+  non-recording span with the derived context of that run's span, so a span user code
+  starts (an HTTP client's instrumentation) is its child, and ``ctx.trace_context`` /
+  ``job.traceparent`` carry that context;
+- the span exported at the end has exactly that context, whether this process exports
+  it or, after a crash, the next process that opens the session (see
+  :mod:`flowscope.observability.shipping`).
+
+Why not the SDK's ``Tracer``: it draws span ids from its ``IdGenerator`` and cannot be
+given one, and a span held open across a node body is lost with a killed process. So the
+plugin builds ``ReadableSpan`` objects itself (:func:`~.shipping.readable_span`) and calls
+the provider's ``_active_span_processor.on_end`` (the processors' ``on_start`` is not
+called: the span has ended by the time the log says it existed). The provider's sampler
+decides once per invocation, from the derived trace id, and its decision is stored in
+``RunStarted.trace_context``: a sampled-out trace emits nothing, live or after a crash.
+A provider that is not the SDK's (the API's no-op one) gets the contexts but no spans.
 
 Span tree of one invocation::
 
-    invoke_workflow orders                    (the invocation: run() or resume())
-      invoke_workflow orders                  (the root workflow run, path orders@1)
-        invoke_node fetch                     (orders@1/fetch@1)
-          invoke_node child                   (a dynamic child, ctx.run_node)
-        invoke_workflow billing               (a nested workflow)
-          invoke_node charge
+    invoke_workflow orders            (the invocation and its top workflow's run: one span)
+      invoke_node fetch               (orders@1/fetch@1)
+        invoke_node child             (a dynamic child, ctx.run_node)
+      invoke_workflow billing         (a nested workflow)
+        invoke_node charge
 
-What goes on each span (names, attributes, status, span events) comes from
-:mod:`flowscope.observability.spans`, the mapping ``flowscope export`` uses too; this module
-only applies it to SDK spans at the right moments. The node span's context is attached while the node body runs, so spans a user creates in
-a node nest under it, and its W3C ``traceparent`` is handed to long-running jobs.
 Node input and output never reach a span unless ``redact`` opts in.
-
-This module is on the hot path (two hooks per node run): it does the least work it can,
-keeps no per-event state beyond a dict entry per open span, and never raises into the
-engine half-way through a span (a span that was started is always ended).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import traceback
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TracerProvider, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .. import __version__
-from ..errors import ConcurrencyConflict, InvocationAbortedError, classify
-from ..events import NodeCompleted, NodeErrorPropagated, NodeRetrying, RunFinished
+from ..events import NodeCompleted
 from ..plugins import Plugin
 from . import spans as sp
+from .log_spans import PARENT_KEY, SpanRecord, SpanWalk, span_id_for, trace_id_for, traceparent
+from .shipping import Shipper
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.context import NodeContext, NodeOutcome, RunInfo
     from ..engine.runner import RunResult
-    from contextvars import Token
-
     from ..events import Event
 
 __all__ = ["TracingPlugin", "Redactor"]
@@ -59,42 +66,42 @@ log = logging.getLogger("flowscope.observability.tracing")
 Redactor = Callable[[str, Any], "str | None"]
 
 _KEY = "tracing"  # our slot in ctx.plugin_state / run.plugin_state
-_INTERNAL = SpanKind.INTERNAL
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _propagator = TraceContextTextMapPropagator()
 
 
-class _RunSpan:
-    """The invocation span and what we learn about the invocation while it runs."""
+class _Run:
+    """One invocation: its derived context, the walk its events feed, and what only the
+    live process knows about its spans (redacted input/output, stack traces)."""
 
-    __slots__ = ("span", "context", "open", "error_code", "error_path")
+    __slots__ = ("trace_id", "span_id", "flags", "state", "store", "walk", "out", "extra", "held")
 
-    def __init__(self, span: Span, context: Context) -> None:
-        self.span = span
-        self.context = context  # parent context of the root workflow run's span
-        self.open: dict[str, Span] = {}  # path -> node span still open (for on_event)
-        self.error_code: str | None = None
-        self.error_path: str | None = None
-
-
-class _NodeSpan:
-    __slots__ = ("span", "context", "token", "run")
-
-    def __init__(self, span: Span, context: Context, token: Token[Context], run: _RunSpan | None) -> None:
-        self.span = span
-        self.context = context  # what the node's children are parented on
-        self.token = token  # to detach in after_node
-        self.run = run
+    def __init__(self, trace_id: int, span_id: int, flags: TraceFlags, state: TraceState, store: Any) -> None:
+        self.trace_id = trace_id
+        self.store = store  # where the watermark is kept (RunInfo.store)
+        self.span_id = span_id
+        self.flags = flags
+        self.state = state
+        self.walk: SpanWalk | None = None  # None: sampled out, or nowhere to send spans
+        self.out: list[SpanRecord] = []  # the spans one event ended, shipped together
+        #: span id -> attributes the log does not keep (redacted input and output)
+        self.extra: dict[int, dict[str, Any]] = {}
+        #: failed spans waiting for after_node to add their stack trace (record_stacktrace)
+        self.held: dict[int, SpanRecord] = {}
 
 
 class TracingPlugin(Plugin):
     """Spans for invocations and node runs, exactly as in the telemetry catalog.
 
-    ``tracer_provider``: the provider to use (default: the global one, resolved lazily).
-    ``record_stacktrace``: add ``exception.stacktrace`` to the ``exception`` span event of
-    a failed node (off by default: stack traces carry file paths and code).
-    ``redact``: ``redact(kind, value) -> str | None`` with kind ``"input"``/``"output"``;
-    what it returns is recorded as ``flowscope.node.input``/``flowscope.node.output``.
-    Without it no node input or output ever goes into a span.
+    ``tracer_provider``: the provider to use (default: the global one, resolved at the
+    first run). ``record_stacktrace``: add ``exception.stacktrace`` to the ``exception``
+    span event of a failed node (off by default: stack traces carry file paths and code;
+    the log never holds one, so a span shipped after a crash has none). ``redact``: ``redact(kind,
+    value) -> str | None`` with kind ``"input"``/``"output"``; what it returns is recorded
+    as ``flowscope.node.input``/``flowscope.node.output`` on the live span (the log does
+    not keep it, so a span shipped after a crash has none). Without it no node input or
+    output ever goes into a span.
     """
 
     name = "tracing"
@@ -105,136 +112,93 @@ class TracingPlugin(Plugin):
         record_stacktrace: bool = False,
         redact: Redactor | None = None,
     ) -> None:
-        self._tracer = trace.get_tracer("flowscope", __version__, tracer_provider=tracer_provider)
+        self._provider = tracer_provider
+        self._shipper: Shipper | None = None
         self.record_stacktrace = record_stacktrace
         self.redact = redact
-        #: invocation_id -> _RunSpan, so on_event can find open spans by (invocation, path)
-        self._runs: dict[str, _RunSpan] = {}
-        self._names: dict[tuple[str, str], str] = {}  # (kind, node name) -> span name
+        self._runs: dict[str, _Run] = {}  # invocation id -> its run
+
+    @property
+    def shipper(self) -> Shipper:
+        """Where this plugin's spans go (the provider's processors), made on first use."""
+        if self._shipper is None:
+            self._shipper = Shipper(self._provider if self._provider is not None else trace.get_tracer_provider())
+        return self._shipper
 
     # -- invocations --------------------------------------------------------------------
 
     def before_run(self, run: RunInfo) -> None:
-        links = None
-        prev = run.previous_trace_context
-        if prev:  # a resume links to the invocation it resumes
-            sc = trace.get_current_span(_propagator.extract(prev)).get_span_context()
-            if sc.is_valid:
-                links = [Link(sc)]
-        parent = otel_context.get_current()
-        span = self._tracer.start_span(
-            sp.invocation_span_name(run.workflow),
-            context=parent,
-            kind=_INTERNAL,
-            attributes=sp.invocation_attributes(run.workflow, run.session_id, run.invocation_id, run.resumed),
-            links=links,
-        )
-        ctx = trace.set_span_in_context(span, parent)
-        state = _RunSpan(span, ctx)
-        run.plugin_state[_KEY] = state
-        self._runs[run.invocation_id] = state
-        _propagator.inject(run.trace_context, context=ctx)  # stored on RunStarted: a resume links to it
+        shipper = self.shipper
+        sid, iid = run.session_id, run.invocation_id
+        parent_sc = trace.get_current_span().get_span_context()
+        tc = run.trace_context
+        if parent_sc.is_valid:  # started inside a caller's span: join its trace
+            trace_id = parent_sc.trace_id
+            tc[PARENT_KEY] = f"{parent_sc.span_id:016x}"
+        else:
+            trace_id = trace_id_for(sid, iid)
+        span_id = span_id_for(sid, iid)
+        sampled, state = shipper.sample(trace_id, sp.invocation_span_name(run.workflow), otel_context.get_current())
+        tc["traceparent"] = traceparent(trace_id, span_id, sampled)
+        if state:
+            tc["tracestate"] = state.to_header()
+        st = self._runs[iid] = _Run(trace_id, span_id, _SAMPLED if sampled else _UNSAMPLED, state, run.store)
+        if sampled and shipper.enabled:
+            st.walk = SpanWalk(partial(self._emit, st), sid)
+            if run.resumed:  # ship what the process before this one did not, and link to it
+                st.walk.previous = shipper.catch_up(run.store, sid, run.previous_trace_context)
 
     def after_run(self, run: RunInfo, result: RunResult | None, error: BaseException | None) -> None:
-        state: _RunSpan | None = run.plugin_state.pop(_KEY, None)
-        self._runs.pop(run.invocation_id, None)
-        if state is None:
+        st = self._runs.pop(run.invocation_id, None)
+        if st is None or st.walk is None:
             return
-        span = state.span
-        try:
-            for path, leftover in list(state.open.items()):  # only if a node run never got after_node
-                try:
-                    leftover.set_attributes(sp.unfinished_node_end(invocation_finished=True).attributes)
-                    leftover.end()
-                finally:
-                    state.open.pop(path, None)
-            failure = None
-            if error is None:
-                outcome = result.status if result is not None else "completed"
-            elif isinstance(error, (InvocationAbortedError, asyncio.CancelledError, ConcurrencyConflict)):
-                outcome = "cancelled"  # a lost race recorded nothing: no failure (issue 14)
-            else:
-                outcome = "failed"
-                info = classify(error)  # the message shown is the one recorded (redacted, R13)
-                failure = sp.RunError(info.type, state.error_code or info.code, run.error_message or info.type, state.error_path)
-            _apply(span, sp.invocation_end(outcome, failure))
-        finally:
-            span.end()
+        # Without RunFinished in the log (the store failed, the lease was lost) what the
+        # log holds of this invocation ends here, incomplete, as an export would show it.
+        st.walk.close(run.invocation_id)
+        st.out.extend(st.held.values())
+        st.held.clear()
+        self._ship(st)
 
     # -- node runs ----------------------------------------------------------------------
 
     def before_node(self, ctx: NodeContext) -> None:
-        parent = ctx.parent
-        pst: _NodeSpan | None = parent.plugin_state.get(_KEY) if parent is not None else None
-        state: _RunSpan | None
-        if pst is not None:
-            state = pst.run
-            parent_ctx = pst.context
-        else:  # the root workflow run (or a parent we have no span for): under the invocation
-            state = ctx.run.plugin_state.get(_KEY)
-            parent_ctx = state.context if state is not None else otel_context.get_current()
-        kind = ctx.kind
-        name = ctx.node_name
-        path = ctx.path
-        attrs = sp.node_attributes(name, path, kind)
-        if self.redact is not None:
-            text = self._redacted("input", ctx.input)
-            if text is not None:
-                attrs[sp.NODE_INPUT] = text
-        span_name = self._names.get((kind, name))
-        if span_name is None:
-            span_name = self._span_name(kind, name)
-        span = self._tracer.start_span(span_name, parent_ctx, _INTERNAL, attrs)
-        sctx = trace.set_span_in_context(span, parent_ctx)
-        # Attached in this task until after_node: user spans in the body nest under the node span.
-        ctx.plugin_state[_KEY] = _NodeSpan(span, sctx, otel_context.attach(sctx), state)
-        if state is not None:
-            state.open[path] = span
-        sc = span.get_span_context()
-        if sc.is_valid:
-            tc = ctx.trace_context
-            tc["traceparent"] = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
-            if sc.trace_state:
-                tc["tracestate"] = sc.trace_state.to_header()
-
-    def _span_name(self, kind: str, name: str) -> str:
-        span_name = sp.node_span_name(kind, name)
-        if len(self._names) < 10_000:  # node names are bounded; stay bounded if they are not
-            self._names[(kind, name)] = span_name
-        return span_name
-
-    def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
-        st: _NodeSpan | None = ctx.plugin_state.pop(_KEY, None)
+        st = self._runs.get(ctx.invocation_id)
         if st is None:
             return
-        span = st.span
-        try:
-            if st.run is not None:
-                st.run.open.pop(ctx.path, None)
-            if span.is_recording():
-                self._finish(span, outcome)
-        finally:
-            span.end()
-            otel_context.detach(st.token)  # logs (never raises) if the token is foreign
-
-    def _finish(self, span: Span, outcome: NodeOutcome) -> None:
-        ev = outcome.event
-        error = outcome.error
-        origin_message = None
-        if type(ev) is NodeErrorPropagated:  # the message of the failure it carries, as recorded (redacted, R13)
-            origin_message = outcome.error_message or ev.error_type
-        end = sp.node_end(ev, outcome.attempt_count, outcome.recovered, origin_message)
-        if end.events or end.error is not None:
-            stack = None
-            if self.record_stacktrace and error is not None and end.events:
-                stack = "".join(traceback.format_exception(error))
-            _apply(span, end, stack)
-        else:  # most node runs: attributes only
-            span.set_attributes(end.attributes)
-        if self.redact is not None and isinstance(ev, NodeCompleted):
-            text = self._redacted("output", ev.output)
+        if ctx.parent is None:  # the top workflow's run is the invocation's span
+            span_id = st.span_id
+        else:
+            span_id = span_id_for(ctx.session_id, ctx.invocation_id, ctx.path, ctx.attempt)
+        sc = SpanContext(st.trace_id, span_id, False, st.flags, st.state)
+        # Current in this task until after_node: spans the body starts are children of this run's.
+        token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(sc)))
+        ctx.plugin_state[_KEY] = (token, span_id)
+        tc = ctx.trace_context
+        tc["traceparent"] = traceparent(st.trace_id, span_id, st.flags.sampled)
+        if st.state:
+            tc["tracestate"] = st.state.to_header()
+        if self.redact is not None and st.walk is not None:
+            text = self._redacted("input", ctx.input)
             if text is not None:
-                span.set_attribute(sp.NODE_OUTPUT, text)
+                st.extra.setdefault(span_id, {})[sp.NODE_INPUT] = text
+
+    def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
+        mine = ctx.plugin_state.pop(_KEY, None)
+        if mine is None:
+            return
+        token, span_id = mine
+        otel_context.detach(token)  # logs (never raises) if the token is foreign
+        st = self._runs.get(ctx.invocation_id)
+        if st is None or st.walk is None:
+            return
+        if self.redact is not None and isinstance(outcome.event, NodeCompleted):
+            text = self._redacted("output", outcome.event.output)
+            if text is not None:  # the completion is appended after this hook: in time for its span
+                st.extra.setdefault(span_id, {})[sp.NODE_OUTPUT] = text
+        held = st.held.pop(span_id, None)
+        if held is not None:
+            stack = "".join(traceback.format_exception(outcome.error)) if outcome.error is not None else None
+            self.shipper.ship([held], st.store, {span_id: (st.extra.pop(span_id, None), stack)})
 
     def _redacted(self, kind: str, value: Any) -> str | None:
         redact = self.redact
@@ -249,30 +213,29 @@ class TracingPlugin(Plugin):
             return None
         return text if isinstance(text, str) else str(text)
 
-    # -- events -------------------------------------------------------------------------
+    # -- events: the spans ---------------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
-        if type(event) is NodeRetrying:
-            state = self._runs.get(event.invocation_id)
-            span = state.open.get(event.path) if state is not None else None
-            if span is not None:
-                se = sp.retry_event(event)
-                span.add_event(se.name, se.attributes, timestamp=se.time_ns)
-        elif type(event) is RunFinished:
-            state = self._runs.get(event.invocation_id)
-            if state is not None:
-                state.error_code = event.error_code
-                state.error_path = event.error_path
+        st = self._runs.get(event.invocation_id)
+        if st is not None and st.walk is not None:
+            st.walk.apply(event)
+            if st.out:
+                self._ship(st)
 
+    def _emit(self, st: _Run, record: SpanRecord) -> None:
+        if self.record_stacktrace and record.error is not None and record.events and record.span_id != st.span_id:
+            if record.events[-1].name == sp.EXCEPTION_EVENT:  # its stack is known in after_node
+                st.held[record.span_id] = record
+                return
+        st.out.append(record)
 
-def _apply(span: Span, end: sp.SpanEnd, stacktrace: str | None = None) -> None:
-    """Put a :class:`~flowscope.observability.spans.SpanEnd` on a live span (``stacktrace``,
-    when given, goes on its ``exception`` event)."""
-    span.set_attributes(end.attributes)
-    for se in end.events:
-        attrs = se.attributes
-        if stacktrace is not None and se.name == sp.EXCEPTION_EVENT:
-            attrs = {**attrs, sp.EXCEPTION_STACKTRACE: stacktrace}
-        span.add_event(se.name, attrs, timestamp=se.time_ns)
-    if end.error is not None:
-        span.set_status(Status(StatusCode.ERROR, end.error))
+    def _ship(self, st: _Run) -> None:
+        out, st.out = st.out, []
+        extras = None
+        if st.extra:
+            extras = {r.span_id: (st.extra.pop(r.span_id), None) for r in out if r.span_id in st.extra}
+        self.shipper.ship(out, st.store, extras)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Flush the provider's processors."""
+        return self.shipper.force_flush(timeout_millis)

@@ -34,9 +34,12 @@ __all__ = [
     "owned_elsewhere",
     "lease_lost",
     "WORKER_RETENTION_S",
+    "AppendBatch",
     "FINISHED_SESSION_STATUSES",
 ]
 
+#: One session's part of :meth:`EventStore.append_many`: (session_id, events, expected_last_seq, epoch).
+AppendBatch = tuple[str, Sequence[Event], int, "int | None"]
 #: Why :meth:`EventStore.claim` took a session.
 ClaimReason = Literal["queued", "answered", "orphaned"]
 #: How long a worker that stopped recording itself stays in :meth:`EventStore.workers`.
@@ -421,6 +424,34 @@ class EventStore(ABC):
 
     def has_session(self, session_id: str) -> bool:
         return self.last_seq(session_id) > 0
+
+    # -- span shipping and group commit (issue 15): optional, with defaults ----------------
+
+    def append_many(self, batches: Sequence[AppendBatch]) -> list[list[Event] | BaseException]:
+        """Append several sessions' batches ``(session_id, events, expected_last_seq,
+        epoch)``; one result per batch, in order: its stored events, or the exception that
+        refused it (a conflict, a lost lease). Adapters that can do it in one transaction
+        (SQLite) override this; the default appends one batch after another. An error of
+        the store itself (a lock, a full disk) is raised, and then no batch is kept."""
+        out: list[list[Event] | BaseException] = []
+        for session_id, events, expected, epoch in batches:
+            try:
+                out.append(self.append(session_id, events, expected, epoch=epoch))
+            except (ConcurrencyConflict, LeaseLost) as exc:
+                out.append(exc)
+        return out
+
+    def exported_seq(self, session_id: str) -> int:
+        """The span-shipping watermark: every span the log ended at or before this ``seq``
+        has been accepted by an exporter (0: none known). See
+        :mod:`flowscope.observability.shipping`."""
+        return self.__dict__.get("_exported_seqs", {}).get(session_id, 0)
+
+    def set_exported_seq(self, session_id: str, seq: int) -> None:
+        """Advance the watermark (never moves it back). The default keeps it in this object."""
+        marks = self.__dict__.setdefault("_exported_seqs", {})
+        if seq > marks.get(session_id, 0):
+            marks[session_id] = seq
 
     def refresh(self) -> None:
         """Follow the storage if it was replaced under this store (a file restored from a

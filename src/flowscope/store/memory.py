@@ -254,5 +254,6 @@ class MemoryEventStore(EventStore):
                 self._folds.pop(sid, None)
                 self._folded.pop(sid, None)
                 self._own.pop(sid, None)
+                self.__dict__.get("_exported_seqs", {}).pop(sid, None)  # the span watermark (EventStore's default)
                 deleted.append(sid)
         return deleted

@@ -1067,6 +1067,38 @@ class EventStoreContract:
         else:
             assert after is not None and after < before
 
+    # ------------------------------------------------------------------ group commit, span watermark (issue 15)
+
+    def test_append_many_keeps_the_good_batches_and_returns_each_refusal(self, store: EventStore) -> None:
+        store.append("b", [ev(RunSubmitted, sid="b", workflow="w", ts=1.0)], 0)
+        lease = store.acquire("c", this_process(), 30.0)
+        store.append("c", [ev(RunSubmitted, sid="c", workflow="w", ts=1.0)], 0, epoch=lease.epoch)
+        out = store.append_many([
+            ("d", [ev(RunStarted, sid="d", workflow="w", ts=2.0)], 0, None),
+            ("a", [ev(RunStarted, sid="a", workflow="w", ts=2.0), node_ev(NodeStarted, "w@1/x@1", ts=3.0, sid="a")], 0, None),
+            ("b", [ev(RunStarted, sid="b", workflow="w", ts=2.0)], 0, None),  # the session is at 1: a conflict
+            ("c", [ev(RunStarted, sid="c", workflow="w", ts=2.0)], 1, lease.epoch + 1),  # a superseded epoch: fenced
+            ("a", [node_ev(NodeCompleted, "w@1/x@1", ts=4.0, sid="a")], 2, None),  # the same session again, in order
+        ])  # fmt: skip
+        assert len(out) == 5
+        assert isinstance(out[2], ConcurrencyConflict) and isinstance(out[3], LeaseLost)
+        assert [[e.seq for e in r] for r in (out[0], out[1], out[4]) if isinstance(r, list)] == [[1], [1, 2], [3]]
+        assert [store.last_seq(s) for s in "abcd"] == [3, 1, 1, 1]
+        assert [e.type for e in store.read("a")] == ["run_started", "node_started", "node_completed"]
+        assert run_of(store, "w@1/x@1", sid="a").status == "completed"  # the projection kept up
+        assert store.read("b")[0].type == "run_submitted" and len(store.read("c")) == 1
+
+    def test_the_span_watermark_only_moves_forward_and_goes_with_a_pruned_session(self, store: EventStore) -> None:
+        assert store.exported_seq("s") == 0
+        _finished_session(store, "s", "completed")
+        store.set_exported_seq("s", 3)
+        store.set_exported_seq("s", 1)  # never moves back
+        assert (store.exported_seq("s"), store.exported_seq("other")) == (3, 0)
+        store.set_exported_seq("s", 4)
+        assert store.exported_seq("s") == 4
+        assert store.delete_sessions(["s"]) == ["s"]
+        assert store.exported_seq("s") == 0  # a new session of that id ships its spans
+
 
 def _finished_session(store: EventStore, sid: str, status: str, with_snapshot: bool = False) -> None:
     """A session of four events that ended with ``status`` (a prune candidate)."""

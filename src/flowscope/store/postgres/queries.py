@@ -44,6 +44,8 @@ __all__ = [
     "SQL_SAVE_SNAPSHOT",
     "SQL_LOAD_SNAPSHOT",
     "SQL_NOTIFY",
+    "SQL_EXPORTED_SEQ",
+    "SQL_SET_EXPORTED_SEQ",
     "CLAIM_ORDER",
     "SQL_PRUNE_LOCK",
     "SQL_PRUNABLE",
@@ -248,7 +250,7 @@ SQL_PRUNABLE = (
 )
 #: Every table keyed by session, in the order a prune deletes from them; ``sessions``
 #: holds the owner, epoch and lease too. ``workers`` is per worker and stays.
-PRUNE_TABLES = ("events", "node_runs", "snapshots", "sessions")
+PRUNE_TABLES = ("events", "node_runs", "snapshots", "span_exports", "sessions")
 SQL_PRUNE = tuple(f"DELETE FROM {table} WHERE session_id = ANY(%(ids)s)" for table in PRUNE_TABLES)
 #: After a prune's commit (VACUUM cannot run in a transaction): makes the deleted rows'
 #: space reusable by new rows now, rather than when autovacuum gets to the tables.
@@ -259,4 +261,10 @@ STORED_TABLES = ("meta",) + PRUNE_TABLES + ("workers",)
 #: and returns it to the file system only with VACUUM FULL, as SQLite keeps free pages.
 SQL_STORAGE_BYTES = "SELECT " + " + ".join(
     f"(SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM {table} AS t)" for table in STORED_TABLES
+)
+#: The span-shipping watermark of a session; advancing it never moves it back.
+SQL_EXPORTED_SEQ = "SELECT exported_seq FROM span_exports WHERE session_id = %s"
+SQL_SET_EXPORTED_SEQ = (
+    "INSERT INTO span_exports (session_id, exported_seq) VALUES (%s, %s) "
+    "ON CONFLICT (session_id) DO UPDATE SET exported_seq = greatest(span_exports.exported_seq, excluded.exported_seq)"
 )

@@ -20,6 +20,9 @@ says otherwise; the connections' ``search_path`` points at it):
     (the stuck queries and the metrics scrape read only those).
 ``snapshots``, ``workers``
     one folded state per session; one row per worker (``workers_seen``).
+``span_exports``
+    each session's span-shipping watermark (schema 2): the ``seq`` up to which its spans
+    were accepted by an exporter (:mod:`flowscope.observability.shipping`).
 
 A migration runs under ``pg_advisory_xact_lock`` in the transaction that records the new
 version: several workers starting at once against a new database apply it once; the
@@ -140,9 +143,15 @@ _MIGRATION_1 = [
     "CREATE INDEX workers_seen ON workers (seen_at)",
 ]
 
+#: Schema 2 (issue 15): each session's span-shipping watermark
+#: (:meth:`~flowscope.store.base.EventStore.exported_seq`).
+_MIGRATION_2 = [
+    "CREATE TABLE span_exports (session_id text PRIMARY KEY, exported_seq bigint NOT NULL)",
+]
+
 #: ``MIGRATIONS[i]`` takes a database at schema ``i`` to ``i + 1``: statements run in the
 #: transaction that records the new version (PostgreSQL's DDL is transactional).
-MIGRATIONS: list[list[str]] = [_MIGRATION_1]
+MIGRATIONS: list[list[str]] = [_MIGRATION_1, _MIGRATION_2]
 #: The version of the tables this code writes.
 DB_SCHEMA_VERSION = len(MIGRATIONS)
 

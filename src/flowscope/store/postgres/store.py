@@ -34,13 +34,14 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ...errors import ConcurrencyConflict, StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
+from ...errors import ConcurrencyConflict, LeaseLost, StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
 from ...events import Event, RunSubmitted, UnknownEvent
 from ...fold import NodeState, WorkflowState, gc_paused
 from ...liveness import owner_alive, stale_before
 from ...ownership import Lease, Owner, this_host
 from ..base import (
     WORKER_RETENTION_S,
+    AppendBatch,
     Claim,
     ClaimReason,
     EventStore,
@@ -241,16 +242,9 @@ class PostgresEventStore(EventStore):
             except psycopg.errors.UniqueViolation as exc:
                 if exc.diag.constraint_name != "events_pkey":
                     raise
-                raise ConcurrencyConflict(
-                    f"session {session_id!r}: another process appended first (seq {expected_last_seq + 1} exists); "
-                    "reload the session and retry"
-                ) from None
+                raise _appended_first(session_id, expected_last_seq) from None
         if entry is not None:
-            with self._cache_lock:
-                cache = self._node_cache
-                cache[session_id] = entry
-                while len(cache) > _NODE_CACHE_SESSIONS:
-                    cache.pop(next(iter(cache)))
+            self._keep({session_id: entry})
         return numbered
 
     def _append_cached(
@@ -300,6 +294,51 @@ class PostgresEventStore(EventStore):
         if row is None or row[0] != 1:
             return None
         return numbered, _Cached(cached.row_id, ws.last_seq, cached.complete, ws.nodes, _session_columns(ws))
+
+    def append_many(self, batches: Sequence[AppendBatch]) -> list[list[Event] | BaseException]:
+        """Every batch in one transaction (one commit for many sessions, issue 15's group
+        commit), each in a savepoint: a batch refused by its fence or its expected ``seq``
+        writes nothing and its exception is its result; an error of the store itself rolls
+        everything back and is raised. Sessions' rows are locked in session-id order, so
+        two group commits cannot deadlock."""
+        if len(batches) <= 1 or type(self).append is not PostgresEventStore.append:
+            return super().append_many(batches)  # one batch: append (its one-statement path); a wrapped append: through it
+        prepared = []
+        for sid, events, expected, epoch in batches:
+            evs = events if isinstance(events, (list, tuple)) else list(events)
+            prepared.append((sid, evs, [encode(self.where, sid, e) for e in evs], expected, epoch))
+        self._writable("append events")
+        with self._cache_lock:
+            cached = {p[0]: self._node_cache.pop(p[0], None) for p in prepared}  # a failed append leaves none
+        out: list[list[Event] | BaseException | None] = [None] * len(prepared)
+        entries: dict[str, _Cached | None] = {}
+        with self._op("append events") as conn:
+            with conn.transaction():
+                for i in sorted(range(len(prepared)), key=lambda i: prepared[i][0]):
+                    sid, evs, encoded, expected, epoch = prepared[i]
+                    known = entries[sid] if sid in entries else cached.pop(sid, None)
+                    try:
+                        with conn.transaction():  # a savepoint; the locking path, so rows lock in id order
+                            numbered, entry = self._append_tx(conn, sid, evs, encoded, expected, epoch, known)
+                    except psycopg.errors.UniqueViolation as exc:
+                        if exc.diag.constraint_name != "events_pkey":
+                            raise
+                        out[i] = _appended_first(sid, expected)
+                    except (ConcurrencyConflict, LeaseLost) as exc:
+                        out[i] = exc
+                    else:
+                        out[i] = numbered
+                        entries[sid] = entry
+        self._keep({sid: entry for sid, entry in entries.items() if entry is not None})
+        return [r for r in out if r is not None]
+
+    def _keep(self, entries: dict[str, _Cached]) -> None:
+        """Remember committed appends' node states (bounded)."""
+        with self._cache_lock:
+            cache = self._node_cache
+            cache.update(entries)
+            while len(cache) > _NODE_CACHE_SESSIONS:
+                cache.pop(next(iter(cache)))
 
     def _append_tx(
         self,
@@ -639,6 +678,17 @@ class PostgresEventStore(EventStore):
         row = self._run("read a snapshot", lambda c: c.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone(), retry=True)
         return (int(row[0]), str(row[1])) if row is not None else None
 
+    # ------------------------------------------------------------------ span shipping (issue 15)
+
+    def exported_seq(self, session_id: str) -> int:
+        row = self._run("read the span watermark", lambda c: c.execute(q.SQL_EXPORTED_SEQ, (session_id,)).fetchone(), retry=True)
+        return int(row[0]) if row is not None else 0
+
+    def set_exported_seq(self, session_id: str, seq: int) -> None:
+        self._writable("advance the span watermark")
+        # retried: the upsert keeps the larger watermark, so running it twice changes nothing
+        self._run("advance the span watermark", lambda c: c.execute(q.SQL_SET_EXPORTED_SEQ, (session_id, seq)), retry=True)
+
     # ------------------------------------------------------------------ pruning (flowscope prune)
 
     def delete_sessions(self, session_ids: Iterable[str]) -> list[str]:
@@ -697,6 +747,13 @@ class _Cached:
 
 def _session_columns(ws: WorkflowState) -> tuple[str, str, float | None, float | None, int]:
     return ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.invocations
+
+
+def _appended_first(session_id: str, expected_last_seq: int) -> ConcurrencyConflict:
+    return ConcurrencyConflict(
+        f"session {session_id!r}: another process appended first (seq {expected_last_seq + 1} exists); "
+        "reload the session and retry"
+    )
 
 
 def _owner(data: Any) -> Owner | None:

@@ -14,6 +14,10 @@ from ..base import FINISHED_SESSION_STATUSES, NodeRun
 from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
+    "SQL_SESSIONS_IN",
+    "SQL_CREATE_SPAN_EXPORTS",
+    "SQL_EXPORTED_SEQ",
+    "SQL_SET_EXPORTED_SEQ",
     "SQL_SESSION",
     "SQL_LAST_SEQ",
     "SQL_INSERT_EVENT",
@@ -45,6 +49,8 @@ __all__ = [
     "SQL_PRUNABLE",
     "PRUNE_TABLES",
     "SQL_PRUNE",
+    "SQL_HAS_SPAN_EXPORTS",
+    "SQL_PRUNE_SPAN_EXPORTS",
     "SQL_STORAGE_BYTES",
     "node_state",
     "node_row",
@@ -184,6 +190,10 @@ SQL_PRUNABLE = (
 #: holds the owner, epoch and lease too. ``workers`` is per worker and stays.
 PRUNE_TABLES = ("events", "node_runs", "snapshots", "sessions")
 SQL_PRUNE = tuple(f"DELETE FROM {table} WHERE session_id IN (SELECT value FROM json_each(:ids))" for table in PRUNE_TABLES)
+#: A pruned session's span watermark goes too (a new session under the same id ships its
+#: spans); ``span_exports`` exists only once a span was shipped from this file.
+SQL_HAS_SPAN_EXPORTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'span_exports'"
+SQL_PRUNE_SPAN_EXPORTS = "DELETE FROM span_exports WHERE session_id IN (SELECT value FROM json_each(:ids))"
 #: Bytes of the file's pages in use: deleted rows' pages become free pages that new
 #: events reuse (the file itself shrinks only with ``VACUUM``).
 SQL_STORAGE_BYTES = (
@@ -223,3 +233,19 @@ def node_row(session_id: str, workflow: str, ns: NodeState) -> tuple[Any, ...]:
 def session_row(ws: WorkflowState, submitted_at: float | None = None) -> tuple[Any, ...]:
     """The parameters of ``SQL_UPSERT_SESSION`` (``submitted_at`` is kept once set)."""
     return (ws.session_id, ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations, submitted_at)
+
+# -- the span-shipping watermark (issue 15): a table of its own, created on the first write,
+# so that files without it stay valid and the schema version is unchanged.
+SQL_CREATE_SPAN_EXPORTS = (
+    "CREATE TABLE IF NOT EXISTS span_exports (session_id TEXT PRIMARY KEY, exported_seq INTEGER NOT NULL) WITHOUT ROWID"
+)
+SQL_EXPORTED_SEQ = "SELECT exported_seq FROM span_exports WHERE session_id = ?"
+SQL_SET_EXPORTED_SEQ = (
+    "INSERT INTO span_exports (session_id, exported_seq) VALUES (?, ?) "
+    "ON CONFLICT(session_id) DO UPDATE SET exported_seq = max(exported_seq, excluded.exported_seq)"
+)
+#: SQL_SESSION for many sessions at once (group commit): append "(?, ?, ...)".
+SQL_SESSIONS_IN = (
+    "SELECT session_id, coalesce(workflow, ''), coalesce(status, 'new'), started_at, updated_at, last_seq, "
+    "coalesce(invocations, 0), epoch, owner FROM sessions WHERE session_id IN "
+)

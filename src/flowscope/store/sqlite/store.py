@@ -23,13 +23,14 @@ from typing import Any, Collection, Iterable, Iterator, Sequence
 
 import sqlite_utils
 
-from ...errors import StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
+from ...errors import ConcurrencyConflict, LeaseLost, StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
 from ...events import Event, RunSubmitted, UnknownEvent
 from ...fold import NodeState, WorkflowState, gc_paused
 from ...liveness import owner_alive, stale_before
 from ...ownership import Lease, Owner, this_host
 from ..base import (
     WORKER_RETENTION_S,
+    AppendBatch,
     Claim,
     ClaimReason,
     EventStore,
@@ -51,7 +52,7 @@ from .faults import store_error
 __all__ = ["SqliteEventStore"]
 
 _PATHS_PER_QUERY = 500  # below SQLite's limit on bound parameters
-_NODE_CACHE_SESSIONS = 16  # sessions whose node states an append keeps for the next one
+_NODE_CACHE_SESSIONS = 4096  # sessions whose node states an append keeps for the next one (group commit: many at once)
 
 #: session -> (last_seq, complete, {path: NodeState}) as of this object's last append.
 _CacheEntry = tuple[int, bool, dict[str, NodeState]]
@@ -257,15 +258,23 @@ class SqliteEventStore(EventStore):
         encoded: list[tuple[str, float, str, str, str, str]],
         expected_last_seq: int,
         epoch: int | None,
+        bulk: _Bulk | None = None,
     ) -> list[Event]:
-        row = conn.execute(q.SQL_SESSION, (session_id,)).fetchone()
+        """Append one batch in the open transaction. With ``bulk`` (group commit), the
+        session's row comes from it and the rows to write are added to it, written for
+        every session at once by :meth:`append_many`."""
+        row = bulk.rows.get(session_id) if bulk is not None else conn.execute(q.SQL_SESSION, (session_id,)).fetchone()
         if epoch is not None and (row[6] if row is not None else 0) != epoch:  # the fence: nothing written
             raise lease_lost(session_id, row[6] if row else 0, _owner(row[7]) if row else None, epoch)
         last = row[4] if row is not None else 0
         numbered = number_events(session_id, events, last, expected_last_seq)  # may raise: nothing written
         if not numbered:
             return numbered
-        conn.executemany(q.SQL_INSERT_EVENT, [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)])
+        rows = [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)]
+        if bulk is None:
+            conn.executemany(q.SQL_INSERT_EVENT, rows)
+        else:
+            bulk.events.extend(rows)
         ws = WorkflowState(session_id=session_id)
         new_session = last == 0  # no row, or one acquire() made before the first event
         nodes, complete = self._cached_nodes(session_id, new_session, last)
@@ -285,11 +294,18 @@ class SqliteEventStore(EventStore):
             apply(e)  # the one definition of what an event means (flowscope.fold)
         nodes = ws.nodes
         workflow = ws.workflow
-        conn.executemany(q.SQL_UPSERT_NODE, [q.node_row(session_id, workflow, nodes[p]) for p in paths if p in nodes])
+        node_rows = [q.node_row(session_id, workflow, nodes[p]) for p in paths if p in nodes]
+        if bulk is None:
+            conn.executemany(q.SQL_UPSERT_NODE, node_rows)
+        else:
+            bulk.nodes.extend(node_rows)
         if workflow != workflow_before and not new_session:
             conn.execute("UPDATE node_runs SET workflow = ? WHERE session_id = ?", (workflow, session_id))
         submitted = _submitted_at(numbered) if new_session else None  # RunSubmitted starts a session
-        conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, submitted))
+        if bulk is None:
+            conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, submitted))
+        else:
+            bulk.sessions.append(q.session_row(ws, submitted))
         self._pending_cache = (session_id, (numbered[-1].seq, complete, nodes))
         return numbered
 
@@ -487,6 +503,93 @@ class SqliteEventStore(EventStore):
             row = conn.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone()
         return (row[0], row[1]) if row is not None else None
 
+    # ------------------------------------------------------------------ group commit, span shipping (issue 15)
+
+    def append_many(self, batches: Sequence[AppendBatch]) -> list[list[Event] | BaseException]:
+        """Every batch in one ``BEGIN IMMEDIATE`` transaction (one fsync for many sessions).
+        A batch refused by its fence or its expected ``seq`` is skipped (its exception is its
+        result); an error of the store itself rolls everything back and is raised."""
+        if type(self).append is not SqliteEventStore.append:  # a subclass that wraps append: go through it
+            return super().append_many(batches)
+        if len(batches) == 1:
+            sid, events, expected, epoch = batches[0]
+            try:
+                return [self.append(sid, events, expected, epoch=epoch)]
+            except (ConcurrencyConflict, LeaseLost) as exc:
+                return [exc]
+        prepared = []
+        for sid, events, expected, epoch in batches:
+            evs = events if isinstance(events, (list, tuple)) else list(events)
+            prepared.append((sid, evs, [encode(self.path, sid, e) for e in evs], expected, epoch))
+        if self.readonly:
+            raise self._read_only("append events")
+        out: list[list[Event] | BaseException] = []
+        kept: list[tuple[str, _CacheEntry]] = []
+        # Each session once (the usual case): its rows are collected and written for all
+        # sessions with one statement per table. A refused batch has written nothing.
+        bulk = _Bulk() if len({p[0] for p in prepared}) == len(prepared) else None
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise self._closed()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    if bulk is not None:
+                        ids = [p[0] for p in prepared]
+                        for i in range(0, len(ids), _PATHS_PER_QUERY):
+                            chunk = ids[i : i + _PATHS_PER_QUERY]
+                            for r in conn.execute(q.SQL_SESSIONS_IN + "(" + ", ".join("?" * len(chunk)) + ")", chunk):
+                                bulk.rows[r[0]] = r[1:]
+                    for sid, evs, encoded, expected, epoch in prepared:
+                        self._pending_cache = None
+                        if bulk is None:
+                            conn.execute("SAVEPOINT batch")
+                        try:
+                            out.append(self._append_in_transaction(conn, sid, evs, encoded, expected, epoch, bulk))
+                        except (ConcurrencyConflict, LeaseLost) as exc:
+                            if bulk is None:
+                                conn.execute("ROLLBACK TO batch")
+                            out.append(exc)
+                        else:
+                            if self._pending_cache is not None:
+                                kept.append(self._pending_cache)
+                        if bulk is None:
+                            conn.execute("RELEASE batch")
+                    if bulk is not None:
+                        conn.executemany(q.SQL_INSERT_EVENT, bulk.events)
+                        conn.executemany(q.SQL_UPSERT_NODE, bulk.nodes)
+                        conn.executemany(q.SQL_UPSERT_SESSION, bulk.sessions)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    self._pending_cache = None
+                    for sid, *_ in prepared:  # the states of a rolled-back append are not the log's
+                        self._node_cache.pop(sid, None)
+                    schema.rollback(conn)
+                    raise
+                self._pending_cache = None
+                cache = self._node_cache
+                for sid, entry in kept:
+                    cache[sid] = entry
+                while len(cache) > _NODE_CACHE_SESSIONS:
+                    cache.pop(next(iter(cache)))
+            except sqlite3.Error as exc:
+                raise store_error(exc, self.path, "append events", self.busy_timeout) from exc
+        return out
+
+    def exported_seq(self, session_id: str) -> int:
+        with self._op("read the span watermark") as conn:
+            try:
+                row = conn.execute(q.SQL_EXPORTED_SEQ, (session_id,)).fetchone()
+            except sqlite3.OperationalError:  # no span was ever shipped from this file: no table yet
+                return 0
+        return int(row[0]) if row is not None else 0
+
+    def set_exported_seq(self, session_id: str, seq: int) -> None:
+        with self._write("advance the span watermark") as conn:
+            conn.execute(q.SQL_CREATE_SPAN_EXPORTS)
+            conn.execute(q.SQL_SET_EXPORTED_SEQ, (session_id, seq))
+
     # ------------------------------------------------------------------ pruning (flowscope prune)
 
     def delete_sessions(self, session_ids: Iterable[str]) -> list[str]:
@@ -505,6 +608,8 @@ class SqliteEventStore(EventStore):
                 params = {"ids": json.dumps(deleted)}
                 for sql in q.SQL_PRUNE:
                     conn.execute(sql, params)
+                if conn.execute(q.SQL_HAS_SPAN_EXPORTS).fetchone() is not None:
+                    conn.execute(q.SQL_PRUNE_SPAN_EXPORTS, params)
         for sid in deleted:
             self._node_cache.pop(sid, None)
         return deleted
@@ -553,6 +658,18 @@ class SqliteEventStore(EventStore):
                     rows.append(q.node_row(session_id, ws.workflow, ns))
                 conn.executemany(q.SQL_UPSERT_NODE, rows)
                 conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, _submitted_at(events)))
+
+
+class _Bulk:
+    """The rows of a group commit (:meth:`SqliteEventStore.append_many`), written at once."""
+
+    __slots__ = ("rows", "events", "nodes", "sessions")
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Any] = {}  # session id -> its SQL_SESSION row, read for all at once
+        self.events: list[Any] = []
+        self.nodes: list[Any] = []
+        self.sessions: list[Any] = []
 
 
 def _owner(text: str | None) -> Owner | None:

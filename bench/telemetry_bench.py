@@ -1,0 +1,264 @@
+"""Telemetry at the cost floor (issue 15): flowscope's layers against LangGraph, side by side.
+
+    PYTHONPATH=src python bench/telemetry_bench.py            # the full run, prints Markdown
+    PYTHONPATH=src python bench/telemetry_bench.py --quick    # fewer repetitions
+
+One process, interleaved repetitions (every repetition runs every configuration once, from
+a rotating offset), medians, ratios from the same run:
+
+1. a chain of 200 trivial nodes, µs per node: the engine alone (memory store), SQLite,
+   SQLite + tracing, SQLite + metrics, the full stack (SQLite + tracing + metrics), and
+   LangGraph + ``SqliteSaver`` (no telemetry on its side). One long-lived Runner per
+   configuration, a new session per run; tracing is an SDK ``TracerProvider`` with a
+   ``BatchSpanProcessor`` and a ``WatermarkExporter`` around an exporter that drops the
+   spans (what ``configure_tracing`` builds, but for the network), flushed inside the timing;
+2. 1,000 concurrent sessions of a 10-node chain in one process on SQLite (bare and full
+   stack) against LangGraph + ``AsyncSqliteSaver`` running 1,000 threads concurrently;
+3. flatness: the full stack's µs per node from 20 to 2,000 nodes, and per node run from
+   10 to 10,000 concurrent sessions, with the memory per session (tracemalloc peak over
+   the run, in a separate untimed run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+import uuid
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+import workflows as W  # noqa: E402
+from flowscope import Runner  # noqa: E402
+from flowscope.observability import MetricsPlugin, TracingPlugin  # noqa: E402
+from flowscope.observability.shipping import WatermarkExporter  # noqa: E402
+from flowscope.store import MemoryEventStore  # noqa: E402
+from flowscope.store.sqlite import SqliteEventStore  # noqa: E402
+
+TMP = tempfile.mkdtemp(prefix="flowscope-telbench-")
+
+
+def provider() -> Any:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    tp = TracerProvider()
+    # A queue that holds the spans of 10,000 sessions between flushes (the default 2,048 drops)
+    tp.add_span_processor(BatchSpanProcessor(WatermarkExporter(W.NoopSpanExporter()), max_queue_size=200_000))
+    return tp
+
+
+class Flow:
+    """A flowscope configuration: a long-lived Runner over one store."""
+
+    def __init__(self, label: str, wf: Any, sqlite: bool, tracing: bool, metrics: bool) -> None:
+        self.label = label
+        self.store = SqliteEventStore(os.path.join(TMP, f"{uuid.uuid4().hex}.db")) if sqlite else MemoryEventStore()
+        self.tp = provider() if tracing else None
+        plugins: list[Any] = []
+        if self.tp is not None:
+            plugins.append(TracingPlugin(tracer_provider=self.tp))
+        if metrics:
+            plugins.append(MetricsPlugin(registry=CollectorRegistry()))
+        self.runner = Runner(wf, store=self.store, plugins=plugins)
+
+    async def once(self, sessions: int = 1) -> float:
+        ids = [uuid.uuid4().hex for _ in range(sessions)]
+        gc.collect()
+        t0 = time.perf_counter()
+        if sessions == 1:
+            await self.runner.run(0, session_id=ids[0])
+        else:
+            await asyncio.gather(*(self.runner.run(0, session_id=i) for i in ids))
+        if self.tp is not None:
+            self.tp.force_flush()
+        return time.perf_counter() - t0
+
+
+def langgraph_chain(n: int) -> tuple[Callable[[], Any], Callable[[], None]]:
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from peers_langgraph import _chain_graph
+
+    conn = sqlite3.connect(os.path.join(TMP, f"lg-{uuid.uuid4().hex}.db"), check_same_thread=False)
+    saver = SqliteSaver(conn)
+    saver.setup()
+    graph = _chain_graph(n).compile(checkpointer=saver)
+
+    def run() -> Any:
+        out = graph.invoke({"x": 0}, {"recursion_limit": 2 * n + 100, "configurable": {"thread_id": uuid.uuid4().hex}})
+        assert out["x"] == n
+        return out
+
+    return run, conn.close
+
+
+async def langgraph_async(n: int, sessions: int) -> Callable[[], Awaitable[float]]:
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+    from peers_langgraph import _chain_graph
+
+    cm = AsyncSqliteSaver.from_conn_string(os.path.join(TMP, f"lga-{uuid.uuid4().hex}.db"))
+    saver = await cm.__aenter__()
+    await saver.setup()
+    graph = _chain_graph(n).compile(checkpointer=saver)
+
+    async def once() -> float:
+        cfgs = [{"recursion_limit": 2 * n + 100, "configurable": {"thread_id": uuid.uuid4().hex}} for _ in range(sessions)]
+        gc.collect()
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(graph.ainvoke({"x": 0}, c) for c in cfgs))
+        dt = time.perf_counter() - t0
+        assert all(o["x"] == n for o in outs)
+        return dt
+
+    once.keep = (cm, saver)  # type: ignore[attr-defined]  # the context manager owns the connection
+    return once
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+async def chain200(reps: int) -> dict[str, float]:
+    n = 200
+    wf = W.chain(n)
+    flows = [
+        Flow("engine alone (memory)", wf, False, False, False),
+        Flow("SQLite", wf, True, False, False),
+        Flow("SQLite + tracing", wf, True, True, False),
+        Flow("SQLite + metrics", wf, True, False, True),
+        Flow("full stack", wf, True, True, True),
+    ]
+    lg_run, lg_close = langgraph_chain(n)
+    times: dict[str, list[float]] = {f.label: [] for f in flows}
+    times["LangGraph + SqliteSaver"] = []
+    for rep in range(reps + 1):
+        order = list(range(len(flows) + 1))
+        order = order[rep % len(order) :] + order[: rep % len(order)]
+        for i in order:
+            if i < len(flows):
+                dt = await flows[i].once()
+                label = flows[i].label
+            else:
+                gc.collect()
+                t0 = time.perf_counter()
+                lg_run()
+                dt = time.perf_counter() - t0
+                label = "LangGraph + SqliteSaver"
+            if rep:  # the first repetition is a warm-up
+                times[label].append(dt)
+    lg_close()
+    for f in flows:
+        if f.tp is not None:
+            f.tp.shutdown()
+    return {k: med(v) / n * 1e6 for k, v in times.items()}
+
+
+async def concurrent(reps: int, sessions: int = 1000, n: int = 10) -> dict[str, float]:
+    wf = W.chain(n)
+    bare = Flow("SQLite", wf, True, False, False)
+    full = Flow("full stack", wf, True, True, True)
+    lg = await langgraph_async(n, sessions)
+    out: dict[str, list[float]] = {"SQLite": [], "full stack": [], "LangGraph + AsyncSqliteSaver": []}
+    for rep in range(reps + 1):
+        runs: list[tuple[str, Callable[[], Awaitable[float]]]] = [
+            ("SQLite", lambda: bare.once(sessions)),
+            ("full stack", lambda: full.once(sessions)),
+            ("LangGraph + AsyncSqliteSaver", lg),
+        ]
+        runs = runs[rep % 3 :] + runs[: rep % 3]
+        for label, fn in runs:
+            dt = await fn()
+            if rep:
+                out[label].append(sessions * n / dt)
+    assert full.tp is not None
+    full.tp.shutdown()
+    return {k: med(v) for k, v in out.items()}
+
+
+async def flatness(reps: int) -> tuple[dict[int, float], dict[int, tuple[float, float]]]:
+    chains: dict[int, float] = {}
+    for n in (20, 200, 2000):
+        f = Flow("full", W.chain(n), True, True, True)
+        await f.once()
+        ts = [await f.once() for _ in range(max(3, reps // (1 if n < 2000 else 2)))]
+        chains[n] = med(ts) / n * 1e6
+    sess: dict[int, tuple[float, float]] = {}
+    for s in (10, 100, 1000, 10000):
+        f = Flow("full", W.chain(10), True, True, True)
+        await f.once(min(s, 100))
+        ts = [await f.once(s) for _ in range(3 if s < 10000 else 1)]
+        per_run = med(ts) / (s * 10) * 1e6
+        gc.collect()
+        tracemalloc.start()
+        await f.once(s)
+        _cur, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        sess[s] = (per_run, peak / s / 1024)
+    return chains, sess
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    reps = 3 if args.quick else 9
+    t0 = time.time()
+    c = await chain200(reps)
+    conc = await concurrent(2 if args.quick else 3)
+    chains, sess = await flatness(reps)
+    sqlite = c["SQLite"]
+    rows = [
+        ("engine alone, µs/node", c["engine alone (memory)"], "≤ 15"),
+        ("tracing over SQLite, µs/node", c["SQLite + tracing"] - sqlite, "≤ 20"),
+        ("metrics over SQLite, µs/node", c["SQLite + metrics"] - sqlite, "≤ 5"),
+        ("full stack vs LangGraph + SqliteSaver", c["LangGraph + SqliteSaver"] / c["full stack"], "≥ 8x"),
+        ("1,000 sessions full stack, node runs/s", conc["full stack"], "≥ 20,000"),
+        ("1,000 sessions full stack vs LangGraph + AsyncSqliteSaver", conc["full stack"] / conc["LangGraph + AsyncSqliteSaver"], "≥ 25x"),
+    ]
+    print(f"## Telemetry at the cost floor (issue 15), {time.strftime('%Y-%m-%d')}\n")
+    print(f"`PYTHONPATH=src python bench/telemetry_bench.py{' --quick' if args.quick else ''}` on {platform.machine()}, "
+          f"{os.cpu_count()} cores, Python {platform.python_version()}, load average at start {os.getloadavg()[0]:.1f}; "
+          f"langgraph {version('langgraph')}, langgraph-checkpoint-sqlite {version('langgraph-checkpoint-sqlite')}, "
+          f"opentelemetry-sdk {version('opentelemetry-sdk')}, prometheus-client {version('prometheus-client')}; "
+          f"{reps} timed repetitions (medians), took {time.time() - t0:.0f} s.\n")
+    print("### 200-chain, µs per node (median)\n\n| configuration | µs/node |\n| --- | ---: |")
+    for k, v in c.items():
+        print(f"| {k} | {v:.1f} |")
+    print("\n### 1,000 concurrent sessions of a 10-node chain, node runs/s (median)\n\n| configuration | node runs/s |\n| --- | ---: |")
+    for k, v in conc.items():
+        print(f"| {k} | {v:,.0f} |")
+    print("\n### Flatness (full stack)\n\n| chain length | µs/node |\n| ---: | ---: |")
+    for n, v in chains.items():
+        print(f"| {n:,} | {v:.1f} |")
+    print("\n| concurrent sessions (10-chain) | µs per node run | memory per session (KiB, tracemalloc peak) |\n| ---: | ---: | ---: |")
+    for s, (v, kib) in sess.items():
+        print(f"| {s:,} | {v:.1f} | {kib:.1f} |")
+    print("\n### Targets\n\n| target | measured | wanted | |\n| --- | ---: | ---: | --- |")
+    for name, value, want in rows:
+        num = float(want.split()[1].replace(",", "").rstrip("x"))
+        ok = value <= num if want.startswith("≤") else value >= num
+        shown = f"{value:,.1f}x" if want.endswith("x") else (f"{value:,.0f}" if value > 1000 else f"{value:.1f}")
+        print(f"| {name} | {shown} | {want} | {'pass' if ok else 'MISS'} |")
+    flat_c = max(chains.values()) / min(chains.values())
+    flat_s = max(v for v, _ in sess.values()) / min(v for v, _ in sess.values())
+    print(f"| per-node cost 20 → 2,000 nodes (max/min) | {flat_c:.2f} | ≤ 1.3 | {'pass' if flat_c <= 1.3 else 'MISS'} |")
+    print(f"| per-run cost 10 → 10,000 sessions (max/min) | {flat_s:.2f} | ≤ 1.3 | {'pass' if flat_s <= 1.3 else 'MISS'} |")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

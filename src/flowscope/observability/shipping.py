@@ -1,0 +1,334 @@
+"""Getting spans built from the log to a ``TracerProvider``'s exporters, exactly once.
+
+:class:`Shipper` turns :class:`~flowscope.observability.log_spans.SpanRecord` objects into
+SDK ``ReadableSpan`` objects (:func:`readable_span`, also what ``flowscope export`` sends)
+and hands them to the provider's span processors, after its sampler has decided.
+
+Crash-proof shipping. Each session has a watermark in the store
+(:meth:`~flowscope.store.base.EventStore.exported_seq`): every span the log ended at or
+before that ``seq`` was accepted by an exporter. It advances only after an exporter's
+``export()`` returned SUCCESS, which :class:`WatermarkExporter` reports (wrap the exporter
+that matters with it; :func:`~flowscope.observability.configure_tracing` wraps its OTLP
+exporter). Spans a killed process had not shipped are then shipped by the next process that
+opens the session (:meth:`Shipper.catch_up`, called by the tracing plugin on a resume, so
+by a worker too) or by ``flowscope export --follow``: the same records, the same ids.
+Exactly once, but for a kill between the exporter's SUCCESS and the watermark's write
+(those spans are sent again, with the same ids; backends keep one). A refused export
+stops the session's watermark in this process, so the next opener sends from there: no
+span is lost, a few may be sent twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+
+from .. import __version__
+from ..events import Event
+from . import spans as sp
+from .log_spans import SpanRecord, SpanWalk, invocation_context
+
+if TYPE_CHECKING:  # pragma: no cover
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from ..store.base import EventStore
+
+__all__ = ["Shipper", "WatermarkExporter", "readable_span", "unshipped", "LEDGER", "Ledger"]
+
+log = logging.getLogger("flowscope.observability.shipping")
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSET = Status(StatusCode.UNSET)
+_EMPTY_STATE = TraceState()
+
+
+def readable_span(
+    r: SpanRecord,
+    resource: Resource,
+    scope: InstrumentationScope,
+    extra: Mapping[str, Any] | None = None,
+    stacktrace: str | None = None,
+) -> ReadableSpan:
+    """The SDK span of a record: the one conversion, for live spans and exports alike.
+    ``extra`` adds attributes the log does not hold (redacted input/output); ``stacktrace``
+    goes on the ``exception`` span event."""
+    from opentelemetry.sdk.trace import Event as SpanEvent
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    state = _trace_state(r.trace_state) if r.trace_state else _EMPTY_STATE
+    ctx = SpanContext(r.trace_id, r.span_id, False, _SAMPLED, state)
+    parent = SpanContext(r.trace_id, r.parent_id, False, _SAMPLED, state) if r.parent_id else None
+    attributes = r.attributes  # the SDK keeps its own copy
+    if extra:
+        attributes = {**attributes, **extra}
+    events: list[Any] = []
+    if r.events:
+        for e in r.events:
+            attrs = dict(e.attributes)
+            if stacktrace is not None and e.name == sp.EXCEPTION_EVENT:
+                attrs[sp.EXCEPTION_STACKTRACE] = stacktrace
+            events.append(SpanEvent(e.name, attrs, e.time_ns))
+    return ReadableSpan(
+        name=r.name,
+        context=ctx,
+        parent=parent,
+        resource=resource,
+        attributes=attributes,
+        events=events,
+        links=[Link(SpanContext(t, s, False, _SAMPLED)) for t, s in r.links] if r.links else (),
+        kind=SpanKind.INTERNAL,
+        status=Status(StatusCode.ERROR, r.error) if r.error is not None else _UNSET,
+        start_time=int(round(r.start * 1e9)),
+        end_time=int(round(r.end * 1e9)),
+        instrumentation_scope=scope,
+    )
+
+
+@lru_cache(maxsize=256)
+def _trace_state(header: str) -> TraceState:
+    return TraceState.from_header([header])
+
+
+def unshipped(events: Iterable[Event], watermark: int, ended: bool) -> tuple[list[SpanRecord], tuple[int, int] | None]:
+    """The spans of a log that ended after ``watermark``, and the (trace, span) ids of its
+    last invocation (what a resumed one links to). ``ended``: the session's last invocation
+    stopped for good (its process died): it ends here, incomplete."""
+    out: list[SpanRecord] = []
+
+    def keep(r: SpanRecord) -> None:
+        if r.end_seq > watermark:
+            out.append(r)
+
+    walk = SpanWalk(keep)
+    for e in events:
+        walk.apply(e)
+    if ended:
+        walk.close_all()
+    return out, walk.previous
+
+
+class Ledger:
+    """Spans handed to processors and not yet accepted by a :class:`WatermarkExporter`,
+    by session, so that each session's watermark moves only over exported spans.
+
+    The plugin registers, the exporter (in the batch processor's thread) confirms; only a
+    provider with a ``WatermarkExporter`` registers anything (:attr:`Shipper.ledger`). A
+    span the batch processor drops (its queue full) is never confirmed: its session's
+    watermark stops there, and the span stays registered until the process ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spans: dict[tuple[int, int], tuple[str, int]] = {}  # (trace, span) -> (session, end seq)
+        self._sessions: dict[str, _Mark] = {}
+        self._writing: dict[str, int] = {}  # session -> a watermark being written to its store
+        #: sessions an exporter refused spans of: their watermark stays where it was in this
+        #: process, so the next opener sends from there (duplicates rather than a loss)
+        self._refused: set[str] = set()
+
+    def shipped(self, session_id: str, records: Sequence[SpanRecord]) -> list[SpanRecord]:
+        """The records this process has not handed over already (pending, or exported with
+        the watermark's write still under way): what a catch-up may send."""
+        with self._lock:
+            mark = self._writing.get(session_id, 0)
+            return [r for r in records if r.end_seq > mark and (r.trace_id, r.span_id) not in self._spans]
+
+    def register(self, store: EventStore, records: Sequence[SpanRecord]) -> None:
+        with self._lock:
+            for r in records:
+                mark = self._sessions.get(r.session_id)
+                if mark is None:
+                    mark = self._sessions[r.session_id] = _Mark(store)
+                    mark.failed = r.session_id in self._refused
+                mark.pending[r.end_seq] = mark.pending.get(r.end_seq, 0) + 1
+                self._spans[(r.trace_id, r.span_id)] = (r.session_id, r.end_seq)
+
+    def exported(self, spans: Sequence[ReadableSpan], ok: bool) -> None:
+        """The exporter returned (``ok``: SUCCESS): advance the watermarks it completed."""
+        writes: list[tuple[EventStore, str, int]] = []
+        with self._lock:
+            touched: set[str] = set()
+            for s in spans:
+                c = s.context
+                if c is None:
+                    continue
+                found = self._spans.pop((c.trace_id, c.span_id), None)
+                if found is None:
+                    continue
+                session, seq = found
+                mark = self._sessions[session]
+                n = mark.pending[seq] - 1
+                if n:
+                    mark.pending[seq] = n
+                else:
+                    del mark.pending[seq]
+                if not ok:
+                    mark.failed = True
+                    self._refused.add(session)
+                elif seq > mark.done:
+                    mark.done = seq
+                touched.add(session)
+            for session in touched:
+                mark = self._sessions[session]
+                if mark.failed:
+                    continue
+                upto = mark.done
+                if mark.pending:
+                    upto = min(upto, min(mark.pending) - 1)
+                if upto > mark.written:
+                    mark.written = upto
+                    self._writing[session] = upto
+                    writes.append((mark.store, session, upto))
+                if not mark.pending:
+                    del self._sessions[session]
+        for store, session, seq in writes:  # outside the lock: a store write can wait
+            try:
+                store.set_exported_seq(session, seq)
+            except Exception as exc:  # the next opener ships these again: duplicates, never a loss
+                log.warning("could not record that the spans of session %s were exported: %s", session, exc)
+            with self._lock:
+                if self._writing.get(session) == seq and session not in self._sessions:
+                    del self._writing[session]
+
+
+class _Mark:
+    __slots__ = ("store", "pending", "done", "written", "failed")
+
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self.pending: dict[int, int] = {}  # end seq -> spans handed over, not yet exported
+        self.done = 0
+        self.written = 0
+        self.failed = False
+
+
+LEDGER = Ledger()
+
+
+class WatermarkExporter(SpanExporter):
+    """A ``SpanExporter`` around another: after the inner ``export()`` returned SUCCESS,
+    the sessions' watermarks advance over the spans it sent (:class:`Ledger`)."""
+
+    def __init__(self, inner: SpanExporter, ledger: Ledger = LEDGER) -> None:
+        self.inner = inner
+        self.ledger = ledger
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        result = self.inner.export(spans)
+        self.ledger.exported(spans, result is SpanExportResult.SUCCESS)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
+
+
+class Shipper:
+    """A provider's processors, sampler and resource, as the tracing plugin uses them."""
+
+    def __init__(self, provider: Any) -> None:
+        from opentelemetry.sdk.trace import TracerProvider as SdkProvider
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        self.provider = provider
+        self._seen: Any = None  # the processors tuple the ledger was looked up in
+        self._ledger: Ledger | None = None
+        sdk = isinstance(provider, SdkProvider) and not getattr(provider, "_disabled", False)
+        self.enabled = sdk
+        self._processor = provider._active_span_processor if sdk else None
+        self._sampler = provider.sampler if sdk else None
+        self._resource = provider.resource if sdk else None
+        self._scope = InstrumentationScope("flowscope", __version__)
+
+    @property
+    def ledger(self) -> Ledger | None:
+        """The ledger of the provider's :class:`WatermarkExporter`, if it has one: without
+        one nothing records what was exported, so nothing is shipped after a crash."""
+        processor = self._processor
+        procs = getattr(processor, "_span_processors", None)
+        if procs is not self._seen:  # add_span_processor replaces the tuple
+            self._seen = procs
+            self._ledger = None
+            for p in procs or ():
+                exporter = getattr(p, "span_exporter", None)  # Batch and Simple span processors have it
+                if isinstance(exporter, WatermarkExporter):
+                    self._ledger = exporter.ledger
+                    break
+        return self._ledger
+
+    def sample(self, trace_id: int, name: str, parent: Context) -> tuple[bool, TraceState]:
+        """The provider's sampler's decision for a new invocation's trace."""
+        if self._sampler is None:
+            return False, _EMPTY_STATE
+        result = self._sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL)
+        return result.decision.is_sampled(), result.trace_state or _EMPTY_STATE
+
+    def ship(self, records: Sequence[SpanRecord], store: EventStore | None, extras: Mapping[int, Any] | None = None) -> None:
+        """Hand sampled records to the processors; with a store and a watermark exporter,
+        they are registered first so the watermark follows their export."""
+        processor = self._processor
+        if processor is None:
+            return
+        todo = [r for r in records if r.sampled]
+        if not todo:
+            return
+        ledger = self.ledger
+        if store is not None and ledger is not None:
+            ledger.register(store, todo)
+        resource, scope = self._resource, self._scope
+        assert resource is not None
+        on_end = processor.on_end
+        for r in todo:
+            extra = extras.get(r.span_id) if extras else None
+            if extra is None:
+                on_end(readable_span(r, resource, scope))
+            else:
+                attrs, stack = extra
+                on_end(readable_span(r, resource, scope, attrs, stack))
+
+    def catch_up(self, store: EventStore | None, session_id: str, previous: Mapping[str, str]) -> tuple[int, int] | None:
+        """Before a resumed invocation: ship what the processes before this one did not
+        (their cut-off run as incomplete) and return the ids of the invocation it resumes."""
+        link = _link_of(session_id, previous)
+        if store is None or self.ledger is None:
+            return link
+        try:
+            mark = store.exported_seq(session_id)
+            if mark >= store.last_seq(session_id):
+                return link
+            records, last = unshipped(store.read(session_id), mark, ended=True)
+        except Exception as exc:  # telemetry never fails the run
+            log.warning("could not read session %s to ship its spans: %s", session_id, exc)
+            return link
+        ledger = self.ledger
+        if ledger is not None:  # not what this process handed over already
+            records = ledger.shipped(session_id, records)
+        self.ship(records, store)
+        return last or link
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        flush = getattr(self.provider, "force_flush", None)
+        return bool(flush(timeout_millis)) if flush is not None else True
+
+
+def _link_of(session_id: str, previous: Mapping[str, str]) -> tuple[int, int] | None:
+    tp = previous.get("traceparent", "")
+    parts = tp.split("-")
+    if len(parts) != 4 or len(parts[2]) != 16:
+        return None
+    try:
+        span_id = int(parts[2], 16)
+    except ValueError:
+        return None
+    trace_id = invocation_context(session_id, "", previous)[0]
+    return (trace_id, span_id) if span_id else None

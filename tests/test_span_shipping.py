@@ -1,0 +1,285 @@
+"""Spans from the log (issue 15): the context a node body sees is the context of the span
+that is exported, live or by the next process after a SIGKILL, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+from flowscope import START, Runner, Workflow, node
+from flowscope.examples.demo import DemoDriver, batch_input
+from flowscope.export import session_spans
+from flowscope.observability import TracingPlugin
+from flowscope.observability.shipping import Ledger, WatermarkExporter
+from flowscope.store import MemoryEventStore
+from flowscope.store.sqlite import SqliteEventStore
+from test_otlp_export import attrs, clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
+
+WORKER = str(Path(__file__).with_name("span_kill_worker.py"))
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def provider_with(exporter) -> TracerProvider:
+    p = TracerProvider()
+    p.add_span_processor(SimpleSpanProcessor(exporter))
+    return p
+
+
+# --------------------------------------------------------------------------- SIGKILL
+
+
+def _contexts(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k, shipper", [(1, "resume"), (3, "resume"), (6, "resume"), (3, "follow")])
+def test_sigkill_after_k_node_runs_every_finished_span_reaches_the_receiver_once_with_the_ids_its_body_saw(
+    k, shipper, tmp_path, monkeypatch
+):
+    db, contexts = tmp_path / "flowscope.db", tmp_path / "contexts.jsonl"
+    env = dict(os.environ, PYTHONPATH=SRC, OTEL_BSP_SCHEDULE_DELAY="20")
+    for name in ("OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED"):
+        env.pop(name, None)
+    with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
+        args = [sys.executable, WORKER, str(db), "s", endpoint, str(contexts)]
+        proc = subprocess.Popen([*args, "run", str(k + 1)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            # node k+1 has written its context and hangs: k node runs have finished
+            _wait_for(lambda: len(_contexts(contexts)) == k + 1, 60, f"{k} node runs")
+            time.sleep(0.1)  # let the batch processor export some of them
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        before = {s.span_id for _r, _sc, s in collected.spans()}
+        store = SqliteEventStore(db)
+        watermark = store.exported_seq("s")
+        store.close()
+        if shipper == "resume":  # the next process to open the session ships what the killed one did not
+            done = subprocess.run([*args, "resume"], env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.split() == ["completed", "8"]
+        else:  # flowscope export --follow tails the store (twice over: the second pass sends nothing)
+            cmd = [sys.executable, "-c", "from flowscope.cli import main; main()", "export", "--follow", "--rounds", "2"]
+            done = subprocess.run(
+                [*cmd, "--interval", "0.05", "--db", str(db), "--otlp-endpoint", endpoint], env=env, capture_output=True, text=True, timeout=120
+            )
+            assert done.returncode == 0, done.stderr
+        received = [s for _r, _sc, s in collected.spans()]
+
+    ids = [(s.trace_id.hex(), s.span_id.hex()) for s in received]
+    assert len(ids) == len(set(ids)), "a span reached the receiver twice"
+    by_path: dict[tuple[str, str], object] = {}
+    for s in received:
+        a = attrs(s.attributes)
+        by_path[(s.trace_id.hex(), a.get("flowscope.node.path", ""))] = s
+    seen = _contexts(contexts)
+    killed = [c for c in seen if c["pid"] == proc.pid]
+    assert [c["path"] for c in killed] == [f"killed_chain@1/n{i}@1" for i in range(1, k + 2)]
+    for c in seen:  # every node body's context is the context of a span the receiver got
+        span = by_path[(c["trace_id"], c["path"])]
+        assert span.span_id.hex() == c["span_id"]
+        assert c["traceparent"] == f"00-{c['trace_id']}-{c['span_id']}-01"
+    # the killed process: its k finished runs, the cut-off run and its invocation (incomplete)
+    dead_trace = killed[0]["trace_id"]
+    dead = [s for s in received if s.trace_id.hex() == dead_trace]
+    assert len(dead) == k + 2
+    for c in killed[:k]:
+        a = attrs(by_path[(dead_trace, c["path"])].attributes)
+        assert a["flowscope.node.outcome"] == "success" and "flowscope.export.incomplete" not in a
+    cut = attrs(by_path[(dead_trace, killed[k]["path"])].attributes)
+    assert cut["flowscope.export.incomplete"] is True and "flowscope.node.outcome" not in cut
+    (inv,) = [s for s in dead if attrs(s.attributes).get("gen_ai.operation.name") == "invoke_workflow"]
+    assert attrs(inv.attributes)["flowscope.export.incomplete"] is True
+    if shipper == "follow":
+        assert len(received) == k + 2
+        return
+    # the resume: a new trace linked to the killed one, the cut-off run recovered
+    (resumed,) = [s for s in received if s.trace_id.hex() != dead_trace and not s.parent_span_id]
+    assert [(l.trace_id.hex(), l.span_id.hex()) for l in resumed.links] == [(dead_trace, inv.span_id.hex())]
+    assert len([s for s in received if s.trace_id == resumed.trace_id]) == 1 + (8 - k)
+    # both ways of shipping were used once the batch processor had time: some spans went live
+    if k >= 3:
+        assert before and watermark > 0
+        assert before < {s.span_id for s in dead}
+
+
+# --------------------------------------------------------------------------- child spans, context
+
+
+async def test_a_span_the_node_body_starts_is_the_child_of_the_node_span():
+    exporter = InMemorySpanExporter()
+    provider = provider_with(exporter)
+    user_tracer = provider.get_tracer("http-client")
+    seen = {}
+
+    @node
+    async def call(ctx, x):
+        with user_tracer.start_as_current_span("GET /inventory") as mine:
+            seen["mine"] = mine.get_span_context()
+            seen["parent"] = mine.parent
+        seen["current"] = trace.get_current_span().get_span_context()
+        return x
+
+    wf = Workflow("w", edges=[(START, node(lambda x: x, name="pre"), call)])
+    await Runner(wf, store=MemoryEventStore(), plugins=[TracingPlugin(tracer_provider=provider)]).run(1, session_id="s")
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"invoke_workflow w", "invoke_node pre", "invoke_node call", "GET /inventory"}
+    node_span, child = spans["invoke_node call"], spans["GET /inventory"]
+    assert child.parent.span_id == node_span.context.span_id == seen["current"].span_id
+    assert child.context.trace_id == node_span.context.trace_id == spans["invoke_workflow w"].context.trace_id
+    assert node_span.parent.span_id == spans["invoke_workflow w"].context.span_id
+    assert child.start_time >= node_span.start_time and child.end_time <= node_span.end_time
+
+
+async def test_an_invocation_started_in_a_callers_span_joins_its_trace_live_and_in_export():
+    exporter = InMemorySpanExporter()
+    provider = provider_with(exporter)
+    store = MemoryEventStore()
+    wf = Workflow("w", edges=[(START, node(lambda x: x, name="a"))])
+    with provider.get_tracer("app").start_as_current_span("POST /orders") as outer:
+        await Runner(wf, store=store, plugins=[TracingPlugin(tracer_provider=provider)]).run(1, session_id="s")
+    live = {s.name: s for s in exporter.get_finished_spans()}
+    inv = live["invoke_workflow w"]
+    assert inv.context.trace_id == outer.get_span_context().trace_id
+    assert inv.parent.span_id == outer.get_span_context().span_id
+    exported = {s.name: s for s in session_spans(store.read("s"))}
+    assert exported["invoke_workflow w"].parent.span_id == inv.parent.span_id
+    assert exported["invoke_node a"].context == live["invoke_node a"].context
+
+
+async def test_a_sampled_out_trace_emits_nothing_and_says_so_in_its_traceparent():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    seen = []
+
+    @node
+    def a(ctx, x):
+        seen.append(ctx.trace_context["traceparent"])
+        return x
+
+    store = MemoryEventStore()
+    await Runner(Workflow("w", edges=[(START, a)]), store=store, plugins=[TracingPlugin(tracer_provider=provider)]).run(1, session_id="s")
+    assert exporter.get_finished_spans() == ()
+    assert seen[0].endswith("-00")
+    assert store.read("s")[0].trace_context["traceparent"].endswith("-00")
+
+
+# --------------------------------------------------------------------------- live == export, field for field
+
+
+def _fields(s) -> dict:
+    return {
+        "name": s.name,
+        "context": (s.context.trace_id, s.context.span_id, int(s.context.trace_flags)),
+        "parent": (s.parent.trace_id, s.parent.span_id) if s.parent else None,
+        "kind": s.kind,
+        "start": s.start_time,
+        "end": s.end_time,
+        "attributes": dict(s.attributes),
+        "status": (s.status.status_code, s.status.description),
+        "events": [(e.name, dict(e.attributes), e.timestamp) for e in s.events],
+        "links": [(l.context.trace_id, l.context.span_id, dict(l.attributes or {})) for l in s.links],
+        "scope": (s.instrumentation_scope.name, s.instrumentation_scope.version),
+    }
+
+
+def test_the_live_spans_of_the_demo_are_the_spans_export_rebuilds_field_for_field():
+    exporter = InMemorySpanExporter()
+    provider = provider_with(exporter)
+    store = MemoryEventStore()
+    driver = DemoDriver(store, [TracingPlugin(tracer_provider=provider)], echo=lambda _line: None)
+
+    async def go():
+        await driver.run_batch("orders", batch_input("B-1"))
+        await driver.run_batch("declined", batch_input("B-2", "card_declined"))
+
+    asyncio.run(go())
+    live = sorted((_fields(s) for s in exporter.get_finished_spans()), key=lambda f: f["context"])
+    rebuilt = sorted(
+        (_fields(s) for sid in ("orders", "declined") for s in session_spans(store.read(sid))), key=lambda f: f["context"]
+    )
+    assert len(live) >= 20 and any(f["events"] for f in live) and any(f["links"] for f in live)
+    assert live == rebuilt
+
+
+# --------------------------------------------------------------------------- the watermark
+
+
+class _Flaky(SpanExporter):
+    def __init__(self) -> None:
+        self.ok = True
+        self.got: list = []
+
+    def export(self, spans):
+        self.got.extend(spans)
+        return SpanExportResult.SUCCESS if self.ok else SpanExportResult.FAILURE
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
+async def test_the_watermark_moves_only_over_spans_an_exporter_accepted(store_kind, tmp_path):
+    store = MemoryEventStore() if store_kind == "memory" else SqliteEventStore(tmp_path / "f.db")
+    inner = _Flaky()
+    ledger = Ledger()
+    provider = provider_with(WatermarkExporter(inner, ledger))
+    plugin = TracingPlugin(tracer_provider=provider)
+    assert plugin.shipper.ledger is ledger
+    wf = Workflow("w", edges=[(START, node(lambda x: x, name="a"), node(lambda x: x, name="b"))])
+    await Runner(wf, store=store, plugins=[plugin]).run(1, session_id="ok")
+    assert store.exported_seq("ok") == store.last_seq("ok")  # RunFinished ended the last span
+    inner.ok = False
+    await Runner(wf, store=store, plugins=[plugin]).run(1, session_id="refused")
+    assert store.exported_seq("refused") == 0
+    assert len(inner.got) == 6
+    # a provider without a WatermarkExporter records nothing, so a resume ships nothing again
+    plain = InMemorySpanExporter()
+    other = TracingPlugin(tracer_provider=provider_with(plain))
+    assert other.shipper.ledger is None
+
+
+def test_after_a_refused_export_the_watermark_of_that_session_stays_put_in_this_process():
+    from flowscope.observability.log_spans import SpanRecord
+
+    store = MemoryEventStore()
+    ledger = Ledger()
+
+    def rec(span_id: int, seq: int) -> SpanRecord:
+        return SpanRecord("s", 1, span_id, None, 0.0, 1.0, {}, end_seq=seq, session_id="x")
+
+    class Ctx:
+        def __init__(self, span_id: int) -> None:
+            self.context = type("C", (), {"trace_id": 1, "span_id": span_id})()
+
+    ledger.register(store, [rec(1, 3)])
+    ledger.exported([Ctx(1)], ok=False)
+    ledger.register(store, [rec(2, 7)])
+    ledger.exported([Ctx(2)], ok=True)
+    assert store.exported_seq("x") == 0  # the refused span at seq 3 is sent again by the next opener
+    ledger.register(store, [rec(3, 2)])
+    ledger.exported([Ctx(3)], ok=True)
+    assert store.exported_seq("x") == 0
