@@ -5,10 +5,12 @@ server's durable defaults (fsync on, ``synchronous_commit=on``):
    4 workers on PostgreSQL, 1 on SQLite;
 2. the 200-node chain, per node, on one Runner: flowscope on PostgreSQL against LangGraph
    with ``langgraph-checkpoint-postgres`` (``PostgresSaver``) on the same server, in the
-   same run (LangGraph's default durability, and ``durability="sync"``);
-3. a ``StoreCollector`` scrape over 1,000,000 events (10,000 sessions of 100 events).
+   same run, interleaved (LangGraph's default durability, and ``durability="sync"``);
+3. a ``StoreCollector`` scrape over 1,000,000 events (10,000 sessions of 100 events):
+   mostly finished sessions with ~1% running (~1,000 open runs); the same open runs among
+   100,000 sessions of 10 events; then every session running (~50,000 open runs).
 
-    python bench/postgres_bench.py [--quick]
+    python bench/postgres_bench.py [--quick] [--reps 7]
 
 Needs ``flowscope[postgres]``; part 2 also ``langgraph`` and ``langgraph-checkpoint-postgres``.
 """
@@ -17,13 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import multiprocessing as mp
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "bench")]
@@ -31,7 +35,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "bench")]
 from flowscope import Runner, Worker  # noqa: E402
 from flowscope.store import EventStore, PostgresEventStore, SqliteEventStore  # noqa: E402
 
-from pg_cluster import PgCluster  # noqa: E402
+from pg_cluster import BIN_DIR, PgCluster  # noqa: E402
 from workflows import chain  # noqa: E402
 
 CHAIN = 10
@@ -85,66 +89,104 @@ def node_runs_per_second(db: str, workers: int, sessions: int) -> float:
     return sessions * CHAIN / elapsed
 
 
-def flowscope_chain_per_node(url: str, n: int, runs: int, synchronous_commit: str | None = None) -> float:
+def chain_per_node(cluster: PgCluster, n: int, reps: int) -> dict[str, float]:
+    """Seconds per node of an ``n``-chain, median of ``reps`` runs of each configuration
+    (after one warm-up), interleaved: every repetition runs each once, in a rotating order,
+    so machine noise hits every configuration alike. LangGraph needs its peer packages."""
+    configs: dict[str, Callable[[str], None]] = {}
+    opened: list[Any] = []
     wf = chain(n, name=f"chain{n}")
-    times = []
-    with PostgresEventStore(url, synchronous_commit=synchronous_commit) as store:
-        for i in range(runs + 1):
-            runner = Runner(wf, store)
-            t = time.perf_counter()
-            asyncio.run(runner.run(0, session_id=f"c{n}-{synchronous_commit}-{i}"))
-            times.append((time.perf_counter() - t) / n)
-    return statistics.median(times[1:])
+    for sc in (None, "off"):
+        store = PostgresEventStore(cluster.new_database("chain"), synchronous_commit=sc)
+        opened.append(store)
+        configs[f"flowscope {sc or 'on'}"] = lambda sid, store=store: asyncio.run(Runner(wf, store).run(0, session_id=sid))
+    try:
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from peers_langgraph import _chain_graph
+    except ImportError as exc:
+        print(f"  LangGraph PostgresSaver not installed: {exc}")
+    else:
+        for durability in ("default", "sync"):
+            cm = PostgresSaver.from_conn_string(cluster.new_database("lg"))
+            saver = cm.__enter__()
+            opened.append(cm)
+            saver.setup()
+            graph = _chain_graph(n).compile(checkpointer=saver)
+            kw = {} if durability == "default" else {"durability": durability}
+
+            def lg(sid: str, graph: Any = graph, kw: dict[str, Any] = kw) -> None:
+                out = graph.invoke({"x": 0}, {"configurable": {"thread_id": sid}, "recursion_limit": n + 10}, **kw)
+                assert out["x"] == n
+
+            configs[f"langgraph {durability}"] = lg
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    names = list(configs)
+    try:
+        for rep in range(reps + 1):
+            for name in names[rep % len(names):] + names[: rep % len(names)]:
+                gc.collect()
+                t = time.perf_counter()
+                configs[name](f"{name.replace(' ', '-')}-{rep}")
+                if rep:
+                    times[name].append((time.perf_counter() - t) / n)
+    finally:
+        for o in opened:
+            o.close() if isinstance(o, PostgresEventStore) else o.__exit__(None, None, None)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def langgraph_chain_per_node(url: str, n: int, runs: int, durability: str | None) -> float:
-    from langgraph.checkpoint.postgres import PostgresSaver
-    from peers_langgraph import _chain_graph
-
-    times = []
-    with PostgresSaver.from_conn_string(url) as saver:
-        saver.setup()
-        graph = _chain_graph(n).compile(checkpointer=saver)
-        for i in range(runs + 1):
-            config = {"configurable": {"thread_id": f"lg{n}-{durability}-{i}"}, "recursion_limit": n + 10}
-            kw = {"durability": durability} if durability else {}
-            t = time.perf_counter()
-            graph.invoke({"x": 0}, config, **kw)
-            times.append((time.perf_counter() - t) / n)
-    return statistics.median(times[1:])
-
-
-def build_million(url: str, sessions: int = 10_000, per_session: int = 100) -> None:
-    """One real 100-event session (every tenth node left open), cloned in SQL to ``sessions``."""
-    from flowscope.events import NodeCompleted, NodeStarted, RunStarted
+def _template(store: PostgresEventStore, sid: str, per_session: int, finished: bool) -> None:
+    """One real session of ``per_session`` events (``per_session`` even when finished):
+    every node completed and the run finished, or (``finished=False``) running with every
+    tenth node left open."""
+    from flowscope.events import NodeCompleted, NodeStarted, RunFinished, RunStarted
     from flowscope.store.testing import ev
 
+    events: list[Any] = [ev(RunStarted, sid, workflow="orders", ts=1000.0)]
+    room = per_session - 1 if finished else per_session  # the RunFinished at the end
+    k = 0
+    while len(events) + (2 if finished else 1) <= room:
+        path, name = f"orders/n{k}", f"n{k % 20}"
+        events.append(ev(NodeStarted, sid, path=path, node=name, ts=1000.0 + k))
+        if (finished or k % 10 != 9) and len(events) < room:
+            events.append(ev(NodeCompleted, sid, path=path, node=name, ts=1000.5 + k))
+        k += 1
+    if finished:
+        events.append(ev(RunFinished, sid, status="completed", output=1, ts=1001.0 + k))
+    store.append(sid, events, 0)
+
+
+def build_million(url: str, sessions: int = 10_000, per_session: int = 100, open_sessions: int = 180) -> int:
+    """``sessions`` sessions of ``per_session`` events, cloned in SQL from two real ones:
+    ``open_sessions`` running with every tenth node open, the rest finished (a real store
+    of 1M events has few open runs). Returns the number of open runs."""
     with PostgresEventStore(url) as s:
-        events = [ev(RunStarted, "tpl", workflow="orders", ts=1000.0)]
-        k = 0
-        while len(events) < per_session:
-            path = f"orders/n{k}"
-            events.append(ev(NodeStarted, "tpl", path=path, node=f"n{k % 20}", ts=1000.0 + k))
-            if k % 10 != 9 and len(events) < per_session:
-                events.append(ev(NodeCompleted, "tpl", path=path, node=f"n{k % 20}", ts=1000.5 + k))
-            k += 1
-        s.append("tpl", events[:per_session], 0)
+        _template(s, "tpl-done", per_session, finished=True)
+        _template(s, "tpl-open", per_session, finished=False)
     import psycopg
 
+    clones = (("tpl-done", 1, sessions - open_sessions), ("tpl-open", sessions - open_sessions + 1, sessions))
+    cols = ("path, workflow, node, kind, parent_path, status, attempt, failures, retries, recoveries, "
+            "started_at, ended_at, heartbeat_at, error_code, error_type, job_deadline_at")
+    scols = "workflow, status, started_at, updated_at, last_seq, invocations"
     with psycopg.connect(url, autocommit=True) as c:
-        c.execute("INSERT INTO events SELECT 'x' || g || '-' || e.session_id, e.seq, e.type, e.ts, e.invocation_id, "
-                  "e.path, e.node, e.payload FROM events e, generate_series(2, %s) g WHERE e.session_id = 'tpl'",
-                  (sessions,))
-        cols = ("path, workflow, node, kind, parent_path, status, attempt, failures, retries, recoveries, "
-                "started_at, ended_at, heartbeat_at, error_code, error_type, job_deadline_at")
-        c.execute(f"INSERT INTO node_runs (session_id, {cols}) SELECT 'x' || g || '-' || n.session_id, {cols} "
-                  "FROM node_runs n, generate_series(2, %s) g WHERE n.session_id = 'tpl'", (sessions,))
-        scols = "workflow, status, started_at, updated_at, last_seq, invocations"
-        c.execute(f"INSERT INTO sessions (session_id, {scols}) SELECT 'x' || g || '-' || s.session_id, {scols} "
-                  "FROM sessions s, generate_series(2, %s) g WHERE s.session_id = 'tpl'", (sessions,))
+        for tpl, lo, hi in clones:
+            if hi < lo:
+                continue
+            c.execute("INSERT INTO events SELECT 'x' || g, e.seq, e.type, e.ts, e.invocation_id, e.path, e.node, e.payload "
+                      "FROM events e, generate_series(%s::int, %s::int) g WHERE e.session_id = %s", (lo, hi, tpl))
+            c.execute(f"INSERT INTO node_runs (session_id, {cols}) SELECT 'x' || g, {cols} "
+                      "FROM node_runs n, generate_series(%s::int, %s::int) g WHERE n.session_id = %s", (lo, hi, tpl))
+            c.execute(f"INSERT INTO sessions (session_id, {scols}) SELECT 'x' || g, {scols} "
+                      "FROM sessions s, generate_series(%s::int, %s::int) g WHERE s.session_id = %s", (lo, hi, tpl))
+        c.execute("DELETE FROM events WHERE session_id LIKE 'tpl-%%'")
+        c.execute("DELETE FROM node_runs WHERE session_id LIKE 'tpl-%%'")
+        c.execute("DELETE FROM sessions WHERE session_id LIKE 'tpl-%%'")
         c.execute("VACUUM ANALYZE")
         total = c.execute("SELECT count(*) FROM events").fetchone()
-    print(f"  built {total[0]:,} events in {sessions:,} sessions")
+        open_runs = c.execute("SELECT count(*) FROM node_runs WHERE status = 'running'").fetchone()
+    print(f"  built {total[0]:,} events in {sessions:,} sessions, {open_runs[0]:,} open runs")
+    return int(open_runs[0])
 
 
 def scrape_ms(url: str, runs: int) -> float:
@@ -165,11 +207,26 @@ def scrape_ms(url: str, runs: int) -> float:
     return statistics.median(times)
 
 
+def peer_versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for dist in ("psycopg", "psycopg-binary", "langgraph", "langgraph-checkpoint-postgres"):
+        try:
+            out.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            out.append(f"{dist} not installed")
+    server = subprocess.run([str(BIN_DIR / "postgres"), "--version"], capture_output=True, text=True).stdout.strip()
+    return ", ".join(out + [server])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int, default=7, help="timed runs of each 200-chain configuration")
     args = ap.parse_args(argv)
     sessions = 60 if args.quick else 200
+    print(f"  {peer_versions()}")
     cluster = PgCluster.start(durable=True)
     rows: list[tuple[str, str]] = []
     try:
@@ -181,28 +238,26 @@ def main(argv: list[str] | None = None) -> int:
             rate = node_runs_per_second(str(Path(d) / "bench.db"), 1, sessions)
         rows.append(("node runs/s, 1 worker, SQLite", f"{rate:,.0f}"))
         print(rows[-1])
-        url = cluster.new_database("chain")
-        runs = 3 if args.quick else 5
-        fs = flowscope_chain_per_node(url, 200, runs)
+        med = chain_per_node(cluster, 200, 3 if args.quick else args.reps)
+        fs, fs_off = med["flowscope on"], med["flowscope off"]
         rows.append(("200-chain per node, flowscope on PostgreSQL", f"{fs * 1e3:.3f} ms"))
-        print(rows[-1])
-        fs_off = flowscope_chain_per_node(url, 200, runs, "off")
         rows.append(("200-chain per node, flowscope on PostgreSQL, synchronous_commit=off", f"{fs_off * 1e3:.3f} ms"))
-        print(rows[-1])
-        try:
-            lg_url = cluster.new_database("lg")
-            for durability in (None, "sync"):
-                lg = langgraph_chain_per_node(lg_url, 200, runs, durability)
-                rows.append((f"200-chain per node, LangGraph PostgresSaver ({durability or 'default'})",
+        for durability in ("default", "sync"):
+            lg = med.get(f"langgraph {durability}")
+            if lg is not None:
+                rows.append((f"200-chain per node, LangGraph PostgresSaver ({durability})",
                              f"{lg * 1e3:.3f} ms ({lg / fs:.1f}x flowscope; {lg / fs_off:.1f}x with it off)"))
-                print(rows[-1])
-        except ImportError as exc:
-            rows.append(("LangGraph PostgresSaver", f"not installed: {exc}"))
-        url = cluster.new_database("million")
-        build_million(url, sessions=2_000 if args.quick else 10_000)
-        rows.append(("StoreCollector scrape, 1,000,000 events" if not args.quick else "scrape, 200,000 events",
-                     f"{scrape_ms(url, 20):.1f} ms"))
-        print(rows[-1])
+        for row in rows[-4:]:
+            print(row)
+        k = 5 if args.quick else 1  # the quick run: a fifth of the sessions
+        # (sessions, events each, running sessions): ~1% running (~1,000 open runs); the
+        # same open runs among 10x the sessions (the scrape must not grow with them); all running
+        for sessions_m, per, open_sessions in ((10_000, 100, 181), (100_000, 10, 1_000), (10_000, 100, 10_000)):
+            url = cluster.new_database("million")
+            open_runs = build_million(url, sessions=sessions_m // k, per_session=per, open_sessions=open_sessions // k)
+            rows.append((f"StoreCollector scrape, {sessions_m // k * per:,} events in {sessions_m // k:,} sessions, "
+                         f"{open_runs:,} open runs", f"{scrape_ms(url, 20):.1f} ms"))
+            print(rows[-1])
     finally:
         cluster.stop()
     print()

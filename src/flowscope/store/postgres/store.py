@@ -1,8 +1,12 @@
 """``PostgresEventStore``: the store for a fleet of workers on many hosts, on one database.
 
-Every append is one transaction that locks its session's row (``SELECT ... FOR UPDATE``):
-the last-seq check, the epoch fence, the events (primary key ``(session_id, seq)``), the
-``node_runs`` projection and the session's row commit together or not at all. Claims take
+Every append is one transaction that locks its session's row: the last-seq check, the
+epoch fence, the events (primary key ``(session_id, seq)``), the ``node_runs`` projection
+and the session's row commit together or not at all. A store's first append to a session
+locks the row with ``SELECT ... FOR UPDATE`` and reads what the fold needs; it keeps the
+state it wrote, and its next append there is one prepared statement (one round trip)
+whose update of the row, conditional on the row, seq and epoch it expects, takes the lock
+and gates the inserts: on a mismatch nothing is written and the locking path runs. Claims take
 rows with ``FOR UPDATE SKIP LOCKED``, so concurrent claimers on any host never get the
 same session and never wait for each other. An append that makes a session claimable
 (queued, answered) sends a ``NOTIFY``; :meth:`PostgresEventStore.wait_for_work` listens,
@@ -17,6 +21,7 @@ SQLite store's codec, so a log reads the same from either store.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import threading
 import time
@@ -63,9 +68,9 @@ Conn = psycopg.Connection[Any]
 #: ``synchronous_commit`` values a store may set for its connections (None: the server's).
 SYNCHRONOUS_COMMIT = ("on", "off", "local", "remote_write", "remote_apply")
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-_NODE_CACHE_SESSIONS = 64  # sessions whose node states an append keeps for the next one
-#: session -> (last_seq, complete, {path: NodeState}) as of this object's last append there.
-_CacheEntry = tuple[int, bool, dict[str, NodeState]]
+_NODE_CACHE_SESSIONS = 64  # sessions whose state an append keeps for the next one
+#: Node runs an append loads at most to know all of a session's (more: the ones it touches).
+_FULL_LOAD_MAX = 2000
 _CLAIMABLE = ("queued", "answered")
 
 
@@ -111,7 +116,7 @@ class PostgresEventStore(EventStore):
         self._channel = f"flowscope.{schema}"
         self._conninfo, self._target = self._build_conninfo(dsn, schema, readonly, timeout, synchronous_commit, application_name)
         self._cache_lock = threading.Lock()
-        self._node_cache: dict[str, _CacheEntry] = {}
+        self._node_cache: dict[str, _Cached] = {}
         self._pool: ConnectionPool[Conn] | None = None
         self._closing = threading.Event()
         self._wake = threading.Condition()
@@ -225,8 +230,15 @@ class PostgresEventStore(EventStore):
             cached = self._node_cache.pop(session_id, None)  # a failed append leaves none
         with self._op("append events") as conn:
             try:
-                with conn.pipeline(), conn.transaction():
-                    numbered, entry = self._append_tx(conn, session_id, events, encoded, expected_last_seq, epoch, cached)
+                done = None
+                if cached is not None and events and cached.last_seq == expected_last_seq:
+                    done = self._append_cached(conn, session_id, events, encoded, epoch, cached)
+                    cached = None  # tried: its node states may have moved on with the fold
+                if done is None:
+                    with conn.pipeline(), conn.transaction():
+                        numbered, entry = self._append_tx(conn, session_id, events, encoded, expected_last_seq, epoch, cached)
+                else:
+                    numbered, entry = done
             except psycopg.errors.UniqueViolation as exc:
                 if exc.diag.constraint_name != "events_pkey":
                     raise
@@ -235,6 +247,54 @@ class PostgresEventStore(EventStore):
             self._keep({session_id: entry})
         return numbered
 
+    def _append_cached(
+        self,
+        conn: Conn,
+        session_id: str,
+        events: Sequence[Event],
+        encoded: list[tuple[str, float, str, str, str, str]],
+        epoch: int | None,
+        cached: _Cached,
+    ) -> tuple[list[Event], _Cached] | None:
+        """The append in one statement (:data:`~.queries.SQL_APPEND_CACHED`), folded on the
+        state this store wrote last; None, with nothing written, when the session's row is
+        no longer that state or the fence fails: the caller takes the locking path."""
+        numbered = number_events(session_id, events, cached.last_seq, cached.last_seq)  # may raise: nothing sent
+        nodes = cached.nodes
+        paths = list(dict.fromkeys(e.path for e in numbered if e.path and type(e) is not UnknownEvent))
+        if not cached.complete and any(p not in nodes for p in paths):
+            return None  # a node state to read first
+        ws = WorkflowState(session_id=session_id)
+        ws.nodes = nodes
+        ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.invocations = cached.session
+        ws.last_seq = cached.last_seq
+        status_before = ws.status
+        apply = ws.apply
+        for e in numbered:
+            apply(e)  # the one definition of what an event means (flowscope.fold)
+        if ws.workflow != cached.session[0]:
+            return None  # rare (another workflow's run in this session): the locking path renames the runs
+        keys, columns = q.EVENT_KEYS, sch.NODE_STATE_COLUMNS
+        try:  # allow_nan=False: JSON has no NaN, and the column types would refuse its text
+            events_json = json.dumps([dict(zip(keys, (e.seq,) + enc)) for e, enc in zip(numbered, encoded)], allow_nan=False)
+            nodes_json = json.dumps(
+                [dict(zip(columns, _node_row(session_id, ws.workflow, ws.nodes[p])[2:])) for p in paths if p in ws.nodes],
+                allow_nan=False,
+            )
+        except ValueError:
+            return None  # a NaN or an infinity: the locking path sends it as a float
+        params = {
+            "sid": session_id, "row_id": cached.row_id, "expected": cached.last_seq, "epoch": epoch,
+            "status": ws.status, "started_at": ws.started_at, "updated_at": ws.updated_at,
+            "last_seq": ws.last_seq, "invocations": ws.invocations, "workflow": ws.workflow,
+            "channel": self._channel, "notify": ws.status in _CLAIMABLE and ws.status != status_before,
+            "events": events_json, "nodes": nodes_json,
+        }
+        row = conn.execute(q.SQL_APPEND_CACHED, params, prepare=True).fetchone()
+        if row is None or row[0] != 1:
+            return None
+        return numbered, _Cached(cached.row_id, ws.last_seq, cached.complete, ws.nodes, _session_columns(ws))
+
     def append_many(self, batches: Sequence[AppendBatch]) -> list[list[Event] | BaseException]:
         """Every batch in one transaction (one commit for many sessions, issue 15's group
         commit), each in a savepoint: a batch refused by its fence or its expected ``seq``
@@ -242,7 +302,7 @@ class PostgresEventStore(EventStore):
         everything back and is raised. Sessions' rows are locked in session-id order, so
         two group commits cannot deadlock."""
         if len(batches) <= 1 or type(self).append is not PostgresEventStore.append:
-            return super().append_many(batches)  # one batch: the pipelined append; a wrapped append: through it
+            return super().append_many(batches)  # one batch: append (its one-statement path); a wrapped append: through it
         prepared = []
         for sid, events, expected, epoch in batches:
             evs = events if isinstance(events, (list, tuple)) else list(events)
@@ -251,14 +311,14 @@ class PostgresEventStore(EventStore):
         with self._cache_lock:
             cached = {p[0]: self._node_cache.pop(p[0], None) for p in prepared}  # a failed append leaves none
         out: list[list[Event] | BaseException | None] = [None] * len(prepared)
-        entries: dict[str, _CacheEntry | None] = {}
+        entries: dict[str, _Cached | None] = {}
         with self._op("append events") as conn:
             with conn.transaction():
                 for i in sorted(range(len(prepared)), key=lambda i: prepared[i][0]):
                     sid, evs, encoded, expected, epoch = prepared[i]
                     known = entries[sid] if sid in entries else cached.pop(sid, None)
                     try:
-                        with conn.transaction():  # a savepoint
+                        with conn.transaction():  # a savepoint; the locking path, so rows lock in id order
                             numbered, entry = self._append_tx(conn, sid, evs, encoded, expected, epoch, known)
                     except psycopg.errors.UniqueViolation as exc:
                         if exc.diag.constraint_name != "events_pkey":
@@ -272,7 +332,7 @@ class PostgresEventStore(EventStore):
         self._keep({sid: entry for sid, entry in entries.items() if entry is not None})
         return [r for r in out if r is not None]
 
-    def _keep(self, entries: dict[str, _CacheEntry]) -> None:
+    def _keep(self, entries: dict[str, _Cached]) -> None:
         """Remember committed appends' node states (bounded)."""
         with self._cache_lock:
             cache = self._node_cache
@@ -288,8 +348,10 @@ class PostgresEventStore(EventStore):
         encoded: list[tuple[str, float, str, str, str, str]],
         expected_last_seq: int,
         epoch: int | None,
-        cached: _CacheEntry | None,
-    ) -> tuple[list[Event], _CacheEntry | None]:
+        cached: _Cached | None,
+    ) -> tuple[list[Event], _Cached | None]:
+        """The append in a transaction that locks the session's row first: a new session,
+        one this store has no state of, or one whose cached append did not match."""
         cur = conn.cursor()
         row = cur.execute(q.SQL_SESSION_FOR_UPDATE, (session_id,)).fetchone()  # the row stays locked
         current_epoch = row[6] if row is not None else 0
@@ -302,10 +364,12 @@ class PostgresEventStore(EventStore):
         new_session = last == 0
         if new_session:
             nodes, complete = {}, True
-        elif cached is not None and cached[0] == last:  # nobody appended since our last append
-            nodes, complete = cached[2], cached[1]
-        else:
-            nodes, complete = {}, False
+        elif cached is not None and row is not None and cached.last_seq == last and cached.row_id == row[8]:  # nobody appended since
+            nodes, complete = cached.nodes, cached.complete
+        else:  # all the session's node states, unless there are many: then the ones touched
+            found = cur.execute(q.SQL_LOAD_ALL_NODES, (session_id, _FULL_LOAD_MAX + 1)).fetchall()
+            complete = len(found) <= _FULL_LOAD_MAX
+            nodes = {r[0]: NodeState(**dict(zip(sch.NODE_STATE_COLUMNS, r))) for r in found} if complete else {}
         ws = WorkflowState(session_id=session_id)
         ws.nodes = nodes
         if row is not None:
@@ -326,13 +390,14 @@ class PostgresEventStore(EventStore):
         if ws.workflow != workflow_before and not new_session:
             cur.execute("UPDATE node_runs SET workflow = %s WHERE session_id = %s", (ws.workflow, session_id))
         submitted = next((e.ts for e in numbered if type(e) is RunSubmitted), None) if new_session else None
-        cur.execute(
+        made = cur.execute(
             q.SQL_UPSERT_SESSION,
             (session_id, ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations, submitted),
-        )
+        ).fetchone()
         if ws.status in _CLAIMABLE and ws.status != status_before:
             cur.execute(q.SQL_NOTIFY, (self._channel, ws.workflow))  # delivered at commit
-        return numbered, (numbered[-1].seq, complete, nodes)
+        row_id = int(made[0]) if made is not None else 0
+        return numbered, _Cached(row_id, numbered[-1].seq, complete, nodes, _session_columns(ws))
 
     # ------------------------------------------------------------------ reading
 
@@ -398,13 +463,19 @@ class PostgresEventStore(EventStore):
 
     def open_run_summary(self, now: float, stale_after_s: float) -> list[OpenRunGroup]:
         """The port's summary in one ``GROUP BY`` over the open-runs index (the SQLite
-        store's query), plus this host's live leases checked against their processes."""
+        store's query), plus this host's live leases checked against their processes: it
+        reads the open runs and their sessions' rows, not every session's."""
         host = this_host()
 
         def fetch(conn: Conn) -> tuple[list[Any], list[Any]]:
-            rows = conn.execute(q.SQL_OPEN_SUMMARY, {"now": now, "stale_before": stale_before(now, stale_after_s)}).fetchall()
-            same = conn.execute(q.SQL_OPEN_SAME_HOST, {"now": now, "host": host}).fetchall()
-            return rows, same
+            # one round trip (pipelined) for the planner setting, both queries and the commit;
+            # prepare=False: a plan for these values, never a generic one cached on the connection
+            params = {"now": now, "stale_before": stale_before(now, stale_after_s)}
+            with conn.pipeline(), conn.transaction():
+                conn.execute(q.SQL_SUMMARY_PLANNER)
+                summary = conn.execute(q.SQL_OPEN_SUMMARY, params, prepare=False)
+                same_host = conn.execute(q.SQL_OPEN_SAME_HOST, {"now": now, "host": host}, prepare=False)
+            return summary.fetchall(), same_host.fetchall()
 
         rows, same_host = self._run("summarise open runs", fetch, retry=True)
         dead: dict[tuple[str, str], int] = {}
@@ -660,6 +731,22 @@ class PostgresEventStore(EventStore):
         shrinks a file only with ``VACUUM FULL``. It reads every row: an operator's query."""
         row = self._run("measure the database", lambda c: c.execute(q.SQL_STORAGE_BYTES).fetchone(), retry=True)
         return int(row[0]) if row is not None else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cached:
+    """A session as this store's last append there left it: the next append folds on it
+    and sends one statement, which checks in the database that the row is still this one."""
+
+    row_id: int  #: ``sessions.id``: a session pruned and made again is another row
+    last_seq: int
+    complete: bool  #: ``nodes`` holds every node run of the session (else only some)
+    nodes: dict[str, NodeState]  #: the fold's node states, moved on by the next append
+    session: tuple[str, str, float | None, float | None, int]  #: workflow, status, started_at, updated_at, invocations
+
+
+def _session_columns(ws: WorkflowState) -> tuple[str, str, float | None, float | None, int]:
+    return ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.invocations
 
 
 def _appended_first(session_id: str, expected_last_seq: int) -> ConcurrencyConflict:

@@ -1,0 +1,153 @@
+"""PostgresEventStore's cached append: after its first append to a session, a store sends
+each further one as a single statement folded on the state it wrote last. These tests
+check that it is one statement, and that a cached state that is no longer the session's
+(another store appended, the session was taken over, pruned and made again) is never
+written: the append then takes the locking path and gives the same answer as without a
+cache."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import psycopg
+import pytest
+
+from flowscope.errors import ConcurrencyConflict, LeaseLost
+from flowscope.events import (
+    InputReceived,
+    InputRequested,
+    NodeCompleted,
+    NodeStarted,
+    RunFinished,
+    RunStarted,
+    RunSubmitted,
+)
+from flowscope.ownership import Owner
+from flowscope.store import NodeRun, PostgresEventStore, rebuild
+from flowscope.store.testing import ev
+
+from pg_cluster import PgCluster
+
+
+@pytest.fixture
+def url(pg_cluster: PgCluster) -> str:
+    return pg_cluster.new_database("append")
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The text of every statement psycopg sends from this process, in order."""
+    sent: list[str] = []
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+
+    def counting_execute(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, params, **kw)
+
+    def counting_executemany(self: Any, query: Any, params_seq: Any, **kw: Any) -> Any:
+        rows = list(params_seq)
+        sent.extend(str(query) for _ in rows)
+        return executemany(self, query, rows, **kw)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counting_execute)
+    monkeypatch.setattr(psycopg.Cursor, "executemany", counting_executemany)
+    yield sent
+
+
+def node_step(sid: str, k: int) -> list[Any]:
+    """What a runner appends per node of a chain: the previous node's result, this one's start."""
+    out: list[Any] = [ev(NodeCompleted, sid, path=f"wf/n{k - 1}", node=f"n{k - 1}", ts=10.0 + k)] if k else []
+    return out + [ev(NodeStarted, sid, path=f"wf/n{k}", node=f"n{k}", ts=10.5 + k)]
+
+
+def projection_matches_the_log(store: PostgresEventStore, sid: str) -> None:
+    ws = rebuild(store.read(sid))
+    expected = sorted((NodeRun.from_state(sid, ws.workflow, ns) for ns in ws.nodes.values()), key=lambda r: r.path)
+    assert sorted(store.node_runs(sid), key=lambda r: r.path) == expected
+    info = store.session_info(sid)
+    assert info is not None
+    assert (info.workflow, info.status, info.started_at, info.updated_at, info.last_seq, info.invocations) == (
+        ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations
+    )
+
+
+def start(store: PostgresEventStore, sid: str, epoch: int | None = None) -> int:
+    store.append(sid, [ev(RunStarted, sid, workflow="wf", input=1, ts=10.0)], 0, epoch=epoch)
+    return 1
+
+
+def test_an_append_after_the_first_is_one_statement(url: str, statements: list[str]):
+    with PostgresEventStore(url) as s:
+        last = start(s, "a")
+        for k in range(5):
+            before = len(statements)
+            last = s.append("a", node_step("a", k), last)[-1].seq
+            sent = statements[before:]
+            assert len(sent) == 1 and sent[0].startswith("WITH s AS (UPDATE sessions"), sent
+        projection_matches_the_log(s, "a")
+
+
+def test_a_cached_state_behind_another_stores_append_is_not_written(url: str):
+    with PostgresEventStore(url) as a, PostgresEventStore(url) as b:
+        last = start(a, "s")
+        last = a.append("s", node_step("s", 0), last)[-1].seq  # a's cache: at seq `last`
+        last = b.append("s", node_step("s", 1), last)[-1].seq  # b moves the session on
+        with pytest.raises(ConcurrencyConflict):  # a's cached seq is no longer the session's
+            a.append("s", node_step("s", 1), last - 2)
+        assert a.append("s", node_step("s", 2), last)[-1].seq == last + 2  # the locking path
+        last += 2
+        assert a.append("s", [ev(RunFinished, "s", status="completed", output=3, ts=20.0)], last)[-1].seq == last + 1
+        assert [e.seq for e in a.read("s")] == list(range(1, last + 2))
+        projection_matches_the_log(a, "s")
+        assert a.session_info("s").status == "completed"  # type: ignore[union-attr]
+
+
+def test_a_cached_append_under_a_superseded_epoch_writes_nothing(url: str):
+    with PostgresEventStore(url) as a, PostgresEventStore(url) as b:
+        lease = a.acquire("f", Owner("w1", "host-x", 999_999, 1.0), 30.0)
+        last = start(a, "f", lease.epoch)
+        last = a.append("f", node_step("f", 0), last, epoch=lease.epoch)[-1].seq
+        taken = b.acquire("f", Owner("w2", "host-y", 999_998, 1.0), 30.0, force=True)
+        with pytest.raises(LeaseLost):
+            a.append("f", node_step("f", 1), last, epoch=lease.epoch)
+        assert len(a.read("f")) == last
+        projection_matches_the_log(a, "f")
+        assert b.append("f", node_step("f", 1), last, epoch=taken.epoch)[-1].seq == last + 2
+
+
+def test_a_session_pruned_and_made_again_is_another_row(url: str):
+    with PostgresEventStore(url) as a, PostgresEventStore(url) as b:
+        last = start(a, "p")
+        last = a.append("p", node_step("p", 0), last)[-1].seq
+        done = node_step("p", 1)[:1] + [ev(RunFinished, "p", status="completed", output=1, ts=12.0)]
+        last = a.append("p", done, last)[-1].seq
+        assert b.delete_sessions(["p"]) == ["p"]  # a keeps its cached state of the old session
+        # the same id again, by another store, up to the seq a's cache holds
+        remade = [ev(RunSubmitted, "p", workflow="wf", input=2, ts=30.0)] + node_step("p", 7)
+        remade += [ev(NodeStarted, "p", path="wf/x", node="x", ts=31.0)] * (last - len(remade))
+        assert b.append("p", remade, 0)[-1].seq == last
+        a.append("p", [ev(RunStarted, "p", workflow="wf", input=2, ts=32.0)], last)
+        projection_matches_the_log(a, "p")
+        assert {r.path for r in a.node_runs("p")} == {"wf/n6", "wf/n7", "wf/x"}  # none of the old n0, n1
+
+
+def test_a_cached_append_notifies_only_when_it_makes_the_session_claimable(url: str, statements: list[str]):
+    with PostgresEventStore(url) as s, PostgresEventStore(url) as listener:
+        assert listener.wait_for_work(5.0)  # the listener's first look after LISTEN
+        last = start(s, "q")
+        for k in range(3):
+            last = s.append("q", node_step("q", k), last)[-1].seq
+        pause = [
+            ev(InputRequested, "q", path="wf/n2", node="n2", interrupt_id="i1", ts=20.0),
+            ev(RunFinished, "q", status="paused", ts=20.5),
+        ]
+        last = s.append("q", pause, last)[-1].seq
+        assert listener.wait_for_work(0.3) is False  # running, then paused: nobody to wake
+        before = len(statements)
+        answer = ev(InputReceived, "q", path="wf/n2", node="n2", interrupt_id="i1", value=1, ts=21.0,
+                    invocation_id="answer-1")
+        s.append("q", [answer], last)
+        assert len(statements) == before + 1  # still the one statement, NOTIFY included
+        assert s.session_info("q").status == "answered"  # type: ignore[union-attr]
+        assert listener.wait_for_work(5.0) is True
+        projection_matches_the_log(s, "q")
