@@ -28,6 +28,9 @@ from flowscope.store.testing import ev
 
 from pg_cluster import PgCluster
 
+# A real PostgreSQL cluster, started by the test session: the full suite, not the fast loop.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def url(pg_cluster: PgCluster) -> str:
