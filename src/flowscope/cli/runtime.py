@@ -41,10 +41,11 @@ def resolve_otlp_protocol(endpoint: str, protocol: str | None) -> str:
 def unreachable(endpoint: str) -> str | None:
     """Why nothing can receive spans at ``endpoint`` (a TCP connect fails), or None."""
     import socket
-    from urllib.parse import urlsplit
+
+    from ..observability.otlp import split_endpoint
 
     try:
-        parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+        parts = split_endpoint(endpoint)
         host = parts.hostname or "localhost"
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as exc:

@@ -30,6 +30,7 @@ __all__ = [
     "QueuedGroup",
     "number_events",
     "summarize_open_runs",
+    "count_dead_owners",
     "claim_reason",
     "owned_elsewhere",
     "lease_lost",
@@ -196,6 +197,37 @@ def lease_lost(session_id: str, current_epoch: int, current_owner: Owner | None,
         f"session {session_id!r} was taken over{by} (its epoch is {current_epoch}, this lease's is {epoch}); "
         "nothing was written"
     )
+
+
+def count_dead_owners(
+    rows: Iterable[Sequence[Any]],
+    same_host: Iterable[tuple[str, str, Owner | None, float | None, int]],
+    now: float,
+    host: str,
+) -> list[OpenRunGroup]:
+    """A SQL open-run summary (``rows`` of :class:`OpenRunGroup` fields) with the running
+    runs of dead same-host owners added to ``orphaned``.
+
+    SQL can compare a lease with the clock, but only this process can tell whether an
+    owner's process on this host is gone: ``same_host`` holds, per (workflow, node, owner,
+    lease), the count of running runs whose lease has not expired, and the owner rule
+    (:func:`flowscope.liveness.owner_alive`, one process check per owner) decides.
+    """
+    dead: dict[tuple[str, str], int] = {}
+    alive: dict[tuple[Owner | None, float | None], bool] = {}
+    for workflow, node, owner, lease, count in same_host:
+        key = (owner, lease)
+        if key not in alive:
+            alive[key] = owner_alive(owner, lease, now, host=host)
+        if not alive[key]:
+            dead[(workflow, node)] = dead.get((workflow, node), 0) + count
+    groups = [OpenRunGroup(*r) for r in rows]
+    if dead:
+        groups = [
+            dataclasses.replace(g, orphaned=g.orphaned + dead.get((g.workflow, g.node), 0)) if g.state == "running" else g
+            for g in groups
+        ]
+    return groups
 
 
 def summarize_open_runs(

@@ -51,6 +51,7 @@ from ..base import (
     SessionInfo,
     WorkerInfo,
     claim_reason,
+    count_dead_owners,
     lease_lost,
     number_events,
     owned_elsewhere,
@@ -478,17 +479,7 @@ class PostgresEventStore(EventStore):
             return summary.fetchall(), same_host.fetchall()
 
         rows, same_host = self._run("summarise open runs", fetch, retry=True)
-        dead: dict[tuple[str, str], int] = {}
-        for workflow, node, owner_json, lease, count in same_host:
-            if not owner_alive(_owner(owner_json), lease, now, host=host):
-                dead[(workflow, node)] = dead.get((workflow, node), 0) + count
-        groups = [OpenRunGroup(*r) for r in rows]
-        if dead:
-            groups = [
-                dataclasses.replace(g, orphaned=g.orphaned + dead.get((g.workflow, g.node), 0)) if g.state == "running" else g
-                for g in groups
-            ]
-        return groups
+        return count_dead_owners(rows, ((w, n, _owner(o), lease, c) for w, n, o, lease, c in same_host), now, host)
 
     # ------------------------------------------------------------------ ownership
 

@@ -40,6 +40,7 @@ from ..base import (
     SessionInfo,
     WorkerInfo,
     claim_reason,
+    count_dead_owners,
     lease_lost,
     number_events,
     owned_elsewhere,
@@ -381,21 +382,7 @@ class SqliteEventStore(EventStore):
         with self._op("summarise open runs") as conn:
             rows = conn.execute(q.SQL_OPEN_SUMMARY, params).fetchall()
             same_host = conn.execute(q.SQL_OPEN_SAME_HOST, {"now": now, "host": host}).fetchall()
-        dead: dict[tuple[str, str], int] = {}
-        alive: dict[str, bool] = {}  # owner JSON -> the rule's answer, one process check each
-        for workflow, node, owner_json, lease, count in same_host:
-            key = f"{owner_json}@{lease}"
-            if key not in alive:
-                alive[key] = owner_alive(_owner(owner_json), lease, now, host=host)
-            if not alive[key]:
-                dead[(workflow, node)] = dead.get((workflow, node), 0) + count
-        groups = [OpenRunGroup(*r) for r in rows]
-        if dead:
-            groups = [
-                dataclasses.replace(g, orphaned=g.orphaned + dead.get((g.workflow, g.node), 0)) if g.state == "running" else g
-                for g in groups
-            ]
-        return groups
+        return count_dead_owners(rows, ((w, n, _owner(o), lease, c) for w, n, o, lease, c in same_host), now, host)
 
     # ------------------------------------------------------------------ ownership
 
