@@ -844,7 +844,8 @@ class EventStoreContract:
         # an input received inside an invocation is no answer
         store.append("s2", _paused_log("s2", "orders", 1.0)
                      + [node_ev(InputReceived, "orders@1/ask@1", ts=5.0, sid="s2", interrupt_id="ok")], 0)
-        assert store.session_info("s2") is not None and store.session_info("s2").status == "paused"  # type: ignore[union-attr]
+        info = store.session_info("s2")
+        assert info is not None and info.status == "paused"
 
     def test_claim_takes_queued_answered_and_orphaned_sessions_oldest_first(self, store: EventStore) -> None:
         now = time.time()
