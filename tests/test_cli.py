@@ -99,28 +99,42 @@ def paused_db(tmp_path):
     return db, "paused-1", job.job_id
 
 
-@pytest.fixture
-def bad_dbs(tmp_path):
-    text = tmp_path / "notes.txt"
-    text.write_text("these are my notes, not a database\n")
-    empty = tmp_path / "empty.db"
-    empty.write_bytes(b"")
-    other = tmp_path / "other-app.db"
-    with sqlite3.connect(other) as c:
-        c.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+def make_bad_db(tmp_path, kind):
+    """One kind of database flowscope must refuse, and a fragment its error names."""
+    if kind == "missing":
+        return tmp_path / "nope" / "missing.db", "no flowscope database at"
+    if kind == "text":
+        text = tmp_path / "notes.txt"
+        text.write_text("these are my notes, not a database\n")
+        return text, "not a SQLite database"
+    if kind == "empty":
+        empty = tmp_path / "empty.db"
+        empty.write_bytes(b"")
+        return empty, "not a flowscope database"
+    if kind == "other":
+        other = tmp_path / "other-app.db"
+        with sqlite3.connect(other) as c:
+            c.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        return other, "not a flowscope database"
+    assert kind == "corrupt", kind
     corrupt = tmp_path / "corrupt.db"
     with SqliteEventStore(corrupt) as s:
         Runner(order_fulfilment, store=s).run_sync(batch_input("B-c"), session_id="c")
     raw = bytearray(corrupt.read_bytes())
     raw[200:] = b"\xa5" * (len(raw) - 200)
     corrupt.write_bytes(bytes(raw))
-    return {
-        "missing": (tmp_path / "nope" / "missing.db", "no flowscope database at"),
-        "text": (text, "not a SQLite database"),
-        "empty": (empty, "not a flowscope database"),
-        "other": (other, "not a flowscope database"),
-        "corrupt": (corrupt, "corrupt"),
-    }
+    return corrupt, "corrupt"
+
+
+@pytest.fixture
+def bad_dbs(tmp_path):
+    """``bad_dbs[kind]`` makes that kind of bad database (only the one a test asks for)."""
+
+    class BadDbs:
+        def __getitem__(self, kind):
+            return make_bad_db(tmp_path, kind)
+
+    return BadDbs()
 
 
 # --------------------------------------------------------------------------- listing commands

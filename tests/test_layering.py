@@ -9,6 +9,7 @@ described in docs/design.md.
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+@lru_cache(maxsize=1)  # the tree does not change during a test session: parse it once
 def graph() -> dict[str, set[str]]:
     mods = modules()
     known = set(mods)

@@ -48,8 +48,12 @@ class AbortAt(Plugin):
             self.runner.abort(event.session_id)
 
 
+def _on_postgres(case: int) -> bool:
+    return case % POSTGRES_EVERY == 3
+
+
 def _store(case, tmp_path, request=None):
-    if request is not None and case % POSTGRES_EVERY == 3:
+    if request is not None and _on_postgres(case):
         from flowscope.store import PostgresEventStore
 
         pg = request.getfixturevalue("pg_cluster")  # started on the first Postgres case only
@@ -128,9 +132,17 @@ async def _one_case(case: int, tmp_path, request=None) -> None:
 
 
 ONLY = os.environ.get("FLOWSCOPE_FUZZ_ONLY")
-# The first FAST_CASES run in the fast loop; the rest with the full suite.
-FAST_CASES = 20
-CASE_IDS = [int(ONLY)] if ONLY else [c if c < FAST_CASES else pytest.param(c, marks=pytest.mark.slow) for c in range(CASES)]
+# The first FAST_CASES run in the fast loop (but those over PostgreSQL, which need the
+# session's cluster); the rest with the full suite.
+FAST_CASES = 12
+
+
+def _case(c: int) -> object:
+    fast = c < FAST_CASES and not _on_postgres(c)
+    return c if fast else pytest.param(c, marks=pytest.mark.slow)
+
+
+CASE_IDS = [int(ONLY)] if ONLY else [_case(c) for c in range(CASES)]
 
 
 @pytest.mark.parametrize("case", CASE_IDS)
