@@ -36,7 +36,7 @@ from typing import Any
 import psycopg
 
 from ...errors import NotAFlowscopeDatabase, StoreCorrupt, StoreReadOnly, StoreSchemaTooNew, StoreUnavailable
-from ...fold import OPEN_STATES
+from ..projection_sql import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
     "APPLICATION",
@@ -54,26 +54,6 @@ APPLICATION = "flowscope"
 #: ``'flow'`` as an int, so the lock is recognisable in ``pg_locks``.
 MIGRATION_LOCK = 0x666C6F77
 
-NODE_STATE_COLUMNS = (
-    "path",
-    "node",
-    "kind",
-    "parent_path",
-    "status",
-    "attempt",
-    "failures",
-    "retries",
-    "recoveries",
-    "started_at",
-    "ended_at",
-    "heartbeat_at",
-    "error_code",
-    "error_type",
-    "job_deadline_at",
-)
-#: The open states as literal SQL (our constants): the partial index's predicate, which
-#: the planner matches only against the same literal text.
-OPEN_WHERE = "status IN (" + ", ".join(f"'{state}'" for state in OPEN_STATES) + ")"
 
 _MIGRATION_1 = [
     "CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL)",

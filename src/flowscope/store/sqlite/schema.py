@@ -39,7 +39,7 @@ from typing import Callable
 import sqlite_utils
 
 from ...errors import NotAFlowscopeDatabase, StoreCorrupt, StoreError, StoreReadOnly, StoreSchemaTooNew, StoreUnavailable
-from ...fold import OPEN_STATES
+from ..projection_sql import NODE_STATE_COLUMNS, OPEN_WHERE
 from .faults import primary_code, store_error
 
 __all__ = [
@@ -63,29 +63,6 @@ DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 #: session and their indexes) and every one of them goes to the WAL whole, so 1 KiB pages
 #: make the per-step commit ~20% cheaper than 4 KiB.
 PAGE_SIZE = 1024
-
-#: The ``node_runs`` columns that hold a NodeState (besides session_id and workflow).
-NODE_STATE_COLUMNS = (
-    "path",
-    "node",
-    "kind",
-    "parent_path",
-    "status",
-    "attempt",
-    "failures",
-    "retries",
-    "recoveries",
-    "started_at",
-    "ended_at",
-    "heartbeat_at",
-    "error_code",
-    "error_type",
-    "job_deadline_at",
-)
-
-#: The open states as literal SQL (our constants, not input): only a literal WHERE lets
-#: SQLite use the partial index ``node_runs_open``, whose condition is this same text.
-OPEN_WHERE = "status IN (" + ", ".join(f"'{state}'" for state in OPEN_STATES) + ")"
 
 
 def _migrate_0_to_1(db: sqlite_utils.Database) -> None:
