@@ -238,9 +238,13 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
             checked_runs += 1
             attempts = by_run[(sid, path)]
             assert ns.status == "completed" and attempts, (sid, path)
-            assert len(set(attempts)) == len(attempts) and attempts == sorted(attempts), (sid, path, attempts)
-            assert attempts[-1] == ns.attempt, (sid, path, attempts, ns.attempt)
-            for a in attempts[:-1]:
+            # No attempt ran twice and the last attempt is the completed one. The order of
+            # the side-effect lines is not checked: an owner on the other host that was only
+            # slow (past its lease, not dead) is fenced off, but its body may still write its
+            # line after the taker's (docs/workers.md: effects use ctx.idempotency_key).
+            assert len(set(attempts)) == len(attempts), (sid, path, attempts)
+            assert max(attempts) == ns.attempt, (sid, path, attempts, ns.attempt)
+            for a in sorted(attempts)[:-1]:
                 if (path, a) in retry_attempts:
                     retried += 1
                 else:
