@@ -24,6 +24,7 @@ __all__ = [
     "SQL_READ",
     "SQL_READ_SEQS",
     "SQL_UPSERT_SESSION",
+    "SQL_ADVANCE_SESSION",
     "SQL_UPSERT_NODE",
     "SQL_LOAD_NODES",
     "SQL_NODE_RUNS",
@@ -55,6 +56,7 @@ __all__ = [
     "node_state",
     "node_row",
     "session_row",
+    "advance_row",
 ]
 
 _SESSION_COLUMNS = "workflow, status, started_at, updated_at, last_seq, invocations"
@@ -80,6 +82,11 @@ SQL_UPSERT_SESSION = (
     + ", ".join(f"{c} = excluded.{c}" for c in _SESSION_COLUMNS.split(", "))
     + ", submitted_at = coalesce(sessions.submitted_at, excluded.submitted_at)"
 )
+#: An append that leaves a session's workflow and status as they were: only the columns that
+#: move. The upsert above sets ``status`` too, and SQLite rewrites the entries of every partial
+#: index on a column the statement sets (``sessions_running`` on each step of a running
+#: session), one WAL page more per commit.
+SQL_ADVANCE_SESSION = "UPDATE sessions SET started_at = ?, updated_at = ?, last_seq = ?, invocations = ? WHERE session_id = ?"
 _NODE_ROW_COLUMNS = ("session_id", "workflow") + NODE_STATE_COLUMNS
 SQL_UPSERT_NODE = (
     f"INSERT INTO node_runs ({', '.join(_NODE_ROW_COLUMNS)}) "
@@ -228,6 +235,11 @@ def node_row(session_id: str, workflow: str, ns: NodeState) -> tuple[Any, ...]:
         ns.error_type,
         ns.job_deadline_at,
     )
+
+
+def advance_row(ws: WorkflowState) -> tuple[Any, ...]:
+    """The parameters of ``SQL_ADVANCE_SESSION``."""
+    return (ws.started_at, ws.updated_at, ws.last_seq, ws.invocations, ws.session_id)
 
 
 def session_row(ws: WorkflowState, submitted_at: float | None = None) -> tuple[Any, ...]:
