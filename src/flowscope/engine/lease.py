@@ -1,7 +1,9 @@
 """The lease keeper: one daemon thread per Runner that keeps its invocations' leases.
 
-Every ``lease_s / 3`` seconds it renews the lease of each active invocation and writes
-the heartbeats of its in-flight runs. It runs off the event loop on purpose: a node that
+Every ``lease_s / 3`` seconds it renews the leases of all active invocations and writes
+the heartbeats of their in-flight runs: one store call each (``renew_many``,
+``heartbeat_many``), so a process with a thousand sessions pays one transaction per
+round, not a thousand, and a finishing invocation waits for one short round at most. It runs off the event loop on purpose: a node that
 blocks the loop (a sync body, a long computation) keeps its lease while its process
 lives, so no other process takes over a live run. A renewal that raises ``LeaseLost``
 hands the loss to the invocation's loop (``call_soon_threadsafe``), which cancels it.
@@ -35,6 +37,10 @@ class Leased(Protocol):
     def in_flight(self) -> Mapping[str, Any]: ...
 
     def lose_lease(self, exc: LeaseLost) -> None: ...
+
+
+#: An active invocation, by id: itself and its loop.
+_Item = tuple[int, tuple[Leased, asyncio.AbstractEventLoop]]
 
 
 class LeaseKeeper:
@@ -93,38 +99,52 @@ class LeaseKeeper:
             with self._busy:
                 with self._lock:
                     items = list(self._active.items())
-                for key, (inv, loop) in items:
-                    with self._lock:
-                        if key not in self._active:
-                            continue  # removed since the round began
-                    self._keep(key, inv, loop, renew, beat)
+                # One round, whatever the number of sessions: one store call (one
+                # transaction) renews every lease, one more writes every heartbeat.
+                if renew:
+                    items = self._renew(items)
+                if beat:
+                    self._beat(items)
             if renew:
                 last_renew = now
             if beat:
                 last_beat = now
 
-    def _keep(self, key: int, inv: Leased, loop: asyncio.AbstractEventLoop, renew: bool, beat: bool) -> None:
-        if renew:
-            try:
-                inv.lease = self.store.renew(inv.lease, self.lease_s)
-            except LeaseLost as exc:
+    def _renew(self, items: list[_Item]) -> list[_Item]:
+        """Renew the leases of ``items``; returns those still held. A lost one is handed to
+        its invocation's loop."""
+        try:
+            results = self.store.renew_many([inv.lease for _key, (inv, _loop) in items], self.lease_s)
+        except Exception:  # a store hiccup: the leases still have two thirds of their time
+            log.warning("could not renew the leases of %d sessions", len(items), exc_info=True)
+            return items
+        held = []
+        for (key, (inv, loop)), result in zip(items, results):
+            if isinstance(result, LeaseLost):
                 with self._lock:
                     self._active.pop(key, None)
-                _call_on(loop, inv.lose_lease, exc)
-                return
-            except Exception:  # a store hiccup: the lease still has two thirds of its time
-                log.warning("could not renew the lease of session %s", inv.lease.session_id, exc_info=True)
-        if not beat:
+                _call_on(loop, inv.lose_lease, result)
+            else:
+                inv.lease = result
+                held.append((key, (inv, loop)))
+        return held
+
+    def _beat(self, items: list[_Item]) -> None:
+        """Write the heartbeats of the runs in flight in ``items``."""
+        beats: dict[str, list[str]] = {}
+        for _key, (inv, _loop) in items:
+            try:
+                paths = list(inv.in_flight)  # a copy made under the GIL; the loop mutates it
+            except RuntimeError:  # changed size while copying: beat next time
+                continue
+            if paths:
+                beats[inv.lease.session_id] = paths
+        if not beats:
             return
         try:
-            paths = list(inv.in_flight)  # a copy made under the GIL; the loop mutates it
-        except RuntimeError:  # changed size while copying: beat next time
-            return
-        if paths:
-            try:
-                self.store.heartbeat(inv.lease.session_id, paths)
-            except Exception:  # a missed heartbeat must not kill the run
-                log.warning("heartbeat failed for session %s", inv.lease.session_id, exc_info=True)
+            self.store.heartbeat_many(beats)
+        except Exception:  # a missed heartbeat must not kill the run
+            log.warning("heartbeats failed for %d sessions", len(beats), exc_info=True)
 
 
 def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[[LeaseLost], None], exc: LeaseLost) -> None:

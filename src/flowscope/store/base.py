@@ -370,6 +370,27 @@ class EventStore(ABC):
         """Extend ``lease`` to ``now + lease_s``; :class:`~flowscope.errors.LeaseLost` if the
         session's epoch is no longer ``lease.epoch``. Callable from any thread."""
 
+    def renew_many(self, leases: Sequence[Lease], lease_s: float, *, now: float | None = None) -> list[Lease | LeaseLost]:
+        """Renew each of ``leases`` (one round of a lease keeper): in order, the renewed
+        lease or the :class:`~flowscope.errors.LeaseLost` of one whose epoch moved on.
+
+        This default calls :meth:`renew` for each; the SQLite and PostgreSQL stores renew
+        them all in one transaction, so a process running many sessions pays one commit
+        per round rather than one per session. Callable from any thread."""
+        out: list[Lease | LeaseLost] = []
+        for lease in leases:
+            try:
+                out.append(self.renew(lease, lease_s, now=now))
+            except LeaseLost as exc:
+                out.append(exc)
+        return out
+
+    def heartbeat_many(self, beats: Mapping[str, Sequence[str]], ts: float | None = None) -> None:
+        """:meth:`heartbeat` for several sessions (``session_id -> paths``); adapters write
+        them in one transaction. Callable from any thread."""
+        for session_id, paths in beats.items():
+            self.heartbeat(session_id, paths, ts)
+
     @abstractmethod
     def release(self, lease: Lease) -> None:
         """End ``lease`` (expiry 0, the owner stays recorded) if its epoch is still current;

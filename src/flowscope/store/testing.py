@@ -617,6 +617,21 @@ class EventStoreContract:
         assert beat is not None and t0 - 1 <= beat <= time.time() + 1
         assert s.read(SID)[-1].seq == 8  # heartbeats are not events
 
+    def test_heartbeat_many_beats_running_rows_of_several_sessions(self, store: EventStore) -> None:
+        s = store
+        for sid in ("a", "b"):
+            s.append(sid, [ev(RunStarted, sid=sid, workflow="w", ts=1.0),
+                           node_ev(NodeStarted, "w@1/run@1", sid=sid, ts=2.0),
+                           node_ev(NodeStarted, "w@1/done@1", sid=sid, ts=2.0),
+                           node_ev(NodeCompleted, "w@1/done@1", sid=sid, ts=3.0)], 0)
+        s.heartbeat_many({"a": ["w@1/run@1", "w@1/done@1"], "b": ["w@1/run@1"], "nobody": ["w@1/run@1"]}, ts=50.0)
+        for sid in ("a", "b"):
+            beats = {r.path: r.heartbeat_at for r in s.node_runs(sid)}
+            assert beats == {"w@1/run@1": 50.0, "w@1/done@1": 2.0}, (sid, beats)
+        s.heartbeat_many({}, ts=60.0)
+        s.heartbeat_many({"a": []}, ts=60.0)
+        assert {r.path: r.heartbeat_at for r in s.node_runs("a")}["w@1/run@1"] == 50.0
+
     def test_open_runs_lists_only_open_states_oldest_first(self, store: EventStore) -> None:
         s = store
         s.append("a", [ev(RunStarted, sid="a", workflow="wa", ts=1.0),
@@ -786,6 +801,21 @@ class EventStoreContract:
             store.renew(renewed, 15.0, now=1012.0)
         info = store.session_info(SID)
         assert info is not None and (info.epoch, info.lease_expires_at) == (2, 1026.0)
+
+    def test_renew_many_renews_the_held_and_reports_the_lost(self, store: EventStore) -> None:
+        leases = {sid: store.acquire(sid, this_process("w-1"), 15.0, now=1000.0) for sid in ("a", "b", "c")}
+        for sid in leases:
+            store.append(sid, [ev(RunStarted, sid=sid, workflow="w", ts=1000.0)], 0, epoch=leases[sid].epoch)
+        taker = store.acquire("b", this_process("w-2"), 15.0, force=True, now=1005.0)
+        out = store.renew_many([leases["a"], leases["b"], leases["c"]], 15.0, now=1010.0)
+        assert out[0] == dataclasses.replace(leases["a"], expires_at=1025.0)
+        assert out[2] == dataclasses.replace(leases["c"], expires_at=1025.0)
+        assert isinstance(out[1], LeaseLost)
+        info_b = store.session_info("b")
+        assert info_b is not None and info_b.epoch == taker.epoch  # the taker's lease is untouched
+        expiries = {sid: store.session_info(sid) for sid in leases}
+        assert {sid: i.lease_expires_at for sid, i in expiries.items() if i is not None} == {"a": 1025.0, "b": 1020.0, "c": 1025.0}
+        assert store.renew_many([], 15.0) == []
 
     def test_renew_from_another_thread(self, store: EventStore) -> None:
         lease = store.acquire(SID, this_process("w-1"), 15.0)

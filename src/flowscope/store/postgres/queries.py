@@ -33,6 +33,9 @@ __all__ = [
     "SQL_TAKE",
     "SQL_RENEW",
     "SQL_OWNERSHIP",
+    "SQL_RENEW_MANY",
+    "SQL_OWNERSHIP_MANY",
+    "SQL_HEARTBEAT_MANY",
     "SQL_RELEASE",
     "SQL_CLAIM_FREE",
     "SQL_CLAIM_SAME_HOST",
@@ -184,6 +187,19 @@ SQL_TAKE = (
 SQL_RENEW = (
     "UPDATE sessions SET lease_expires_at = %s, lease_renewed_at = %s WHERE session_id = %s AND epoch = %s "
     "RETURNING 1"
+)
+#: A lease keeper's round: every lease whose epoch still holds, in one statement; the
+#: sessions it returns were renewed, the others' leases are lost.
+SQL_RENEW_MANY = (
+    "UPDATE sessions AS s SET lease_expires_at = %(expires)s, lease_renewed_at = %(now)s "
+    "FROM unnest(%(sids)s::text[], %(epochs)s::bigint[]) AS v(session_id, epoch) "
+    "WHERE s.session_id = v.session_id AND s.epoch = v.epoch RETURNING s.session_id"
+)
+SQL_OWNERSHIP_MANY = "SELECT session_id, owner, epoch FROM sessions WHERE session_id = ANY(%s)"
+SQL_HEARTBEAT_MANY = (
+    "UPDATE node_runs AS n SET heartbeat_at = %(now)s "
+    "FROM unnest(%(sids)s::text[], %(paths)s::text[]) AS v(session_id, path) "
+    "WHERE n.session_id = v.session_id AND n.path = v.path AND n.status = 'running'"
 )
 SQL_RELEASE = (
     "UPDATE sessions SET lease_expires_at = 0 WHERE session_id = %s AND epoch = %s RETURNING status, workflow"

@@ -26,7 +26,7 @@ import re
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Collection, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -523,6 +523,44 @@ class PostgresEventStore(EventStore):
 
         self._run("renew a lease", extend, retry=True)  # idempotent: the same expiry twice
         return dataclasses.replace(lease, expires_at=now + lease_s)
+
+    def renew_many(self, leases: Sequence[Lease], lease_s: float, *, now: float | None = None) -> list[Lease | LeaseLost]:
+        now = time.time() if now is None else now
+        if not leases:
+            return []
+        self._writable("renew leases")
+        params = {
+            "expires": now + lease_s,
+            "now": now,
+            "sids": [lease.session_id for lease in leases],
+            "epochs": [lease.epoch for lease in leases],
+        }
+
+        def extend(conn: Conn) -> tuple[set[str], dict[str, Any]]:
+            with conn.transaction():
+                renewed = {r[0] for r in conn.execute(q.SQL_RENEW_MANY, params).fetchall()}
+                lost = [lease.session_id for lease in leases if lease.session_id not in renewed]
+                rows = conn.execute(q.SQL_OWNERSHIP_MANY, (lost,)).fetchall() if lost else []
+            return renewed, {r[0]: r[1:] for r in rows}
+
+        renewed, owners = self._run("renew leases", extend, retry=True)  # idempotent: the same expiry twice
+        out: list[Lease | LeaseLost] = []
+        for lease in leases:
+            if lease.session_id in renewed:
+                out.append(dataclasses.replace(lease, expires_at=now + lease_s))
+            else:
+                row = owners.get(lease.session_id)
+                out.append(lease_lost(lease.session_id, row[1] if row else 0, _owner(row[0]) if row else None, lease.epoch))
+        return out
+
+    def heartbeat_many(self, beats: Mapping[str, Sequence[str]], ts: float | None = None) -> None:
+        now = time.time() if ts is None else ts
+        pairs = [(sid, p) for sid, paths in beats.items() for p in paths]
+        if not pairs:
+            return
+        self._writable("record heartbeats")
+        params = {"now": now, "sids": [sid for sid, _ in pairs], "paths": [p for _, p in pairs]}
+        self._run("record heartbeats", lambda c: c.execute(q.SQL_HEARTBEAT_MANY, params), retry=True)
 
     def release(self, lease: Lease) -> None:
         self._writable("release a lease")

@@ -19,7 +19,7 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Collection, Iterable, Iterator, Sequence
+from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence
 
 import sqlite_utils
 
@@ -425,6 +425,29 @@ class SqliteEventStore(EventStore):
                 row = conn.execute(q.SQL_OWNERSHIP, (lease.session_id,)).fetchone()
                 raise lease_lost(lease.session_id, row[1] if row else 0, _owner(row[0]) if row else None, lease.epoch)
         return dataclasses.replace(lease, expires_at=now + lease_s)
+
+    def renew_many(self, leases: Sequence[Lease], lease_s: float, *, now: float | None = None) -> list[Lease | LeaseLost]:
+        now = time.time() if now is None else now
+        out: list[Lease | LeaseLost] = []
+        if not leases:
+            return out
+        with self._write("renew leases") as conn:
+            for lease in leases:
+                cur = conn.execute(q.SQL_RENEW, (now + lease_s, now, lease.session_id, lease.epoch))
+                if cur.rowcount == 1:
+                    out.append(dataclasses.replace(lease, expires_at=now + lease_s))
+                    continue
+                row = conn.execute(q.SQL_OWNERSHIP, (lease.session_id,)).fetchone()
+                out.append(lease_lost(lease.session_id, row[1] if row else 0, _owner(row[0]) if row else None, lease.epoch))
+        return out
+
+    def heartbeat_many(self, beats: Mapping[str, Sequence[str]], ts: float | None = None) -> None:
+        now = time.time() if ts is None else ts
+        params = [(now, sid, p) for sid, paths in beats.items() for p in paths]
+        if not params:
+            return
+        with self._write("record heartbeats") as conn:
+            conn.executemany(q.SQL_HEARTBEAT, params)
 
     def release(self, lease: Lease) -> None:
         with self._write("release a lease") as conn:

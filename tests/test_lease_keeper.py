@@ -1,0 +1,106 @@
+"""The lease keeper renews every active invocation's lease in one store call per round
+(one transaction in the SQLite and PostgreSQL stores), and a lease lost in a round ends
+only its own invocation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from flowscope import START, Runner, Workflow, node
+from flowscope.errors import LeaseLost
+from flowscope.ownership import this_process
+from flowscope.store import MemoryEventStore
+from flowscope.store.sqlite import SqliteEventStore
+
+
+class Counting:
+    """Counts the keeper's store calls (the thread it makes them from included)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, int]] = []
+
+    def note(self, name: str, n: int) -> None:
+        with self.lock:
+            self.calls.append((name, n))
+
+    def of(self, name: str) -> list[int]:
+        with self.lock:
+            return [n for c, n in self.calls if c == name]
+
+
+def counting(base: type) -> tuple[Any, Counting]:
+    seen = Counting()
+
+    class Store(base):  # type: ignore[misc, valid-type]
+        def renew(self, lease: Any, lease_s: float, **kw: Any) -> Any:
+            seen.note("renew", 1)
+            return super().renew(lease, lease_s, **kw)
+
+        def renew_many(self, leases: Any, lease_s: float, **kw: Any) -> Any:
+            seen.note("renew_many", len(leases))
+            return super().renew_many(leases, lease_s, **kw)
+
+        def heartbeat(self, session_id: str, paths: Any, ts: Any = None) -> None:
+            seen.note("heartbeat", 1)
+            super().heartbeat(session_id, paths, ts)
+
+        def heartbeat_many(self, beats: Any, ts: Any = None) -> None:
+            seen.note("heartbeat_many", len(beats))
+            super().heartbeat_many(beats, ts)
+
+    return Store, seen
+
+
+def slow_workflow(release: asyncio.Event) -> Workflow:
+    @node
+    async def hold(ctx: Any, x: int) -> int:
+        await release.wait()
+        return x + 1
+
+    return Workflow("held", edges=[(START, hold)])
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_one_round_renews_every_lease_and_beats_every_run_in_one_call_each(kind, tmp_path):
+    cls, seen = counting(MemoryEventStore if kind == "memory" else SqliteEventStore)
+    store = cls() if kind == "memory" else cls(str(tmp_path / "f.db"))
+    release = asyncio.Event()
+    runner = Runner(slow_workflow(release), store=store, lease_s=0.3, heartbeat_interval=0.1)
+    runs = [asyncio.ensure_future(runner.run(i, session_id=f"s{i}")) for i in range(20)]
+    for _ in range(200):  # until a round has seen all 20 in flight
+        await asyncio.sleep(0.02)
+        if 20 in seen.of("renew_many") and 20 in seen.of("heartbeat_many"):
+            break
+    release.set()
+    results = await asyncio.gather(*runs)
+    assert [r.output for r in results] == [i + 1 for i in range(20)]
+    assert 20 in seen.of("renew_many"), seen.calls
+    assert 20 in seen.of("heartbeat_many"), seen.calls
+    assert max(seen.of("renew_many")) == 20
+    if kind == "sqlite":  # one transaction per round: never a session at a time
+        assert seen.of("renew") == [] and seen.of("heartbeat") == [], seen.calls
+        store.close()
+
+
+async def test_a_lease_lost_in_a_round_ends_only_its_own_invocation(tmp_path):
+    store = SqliteEventStore(str(tmp_path / "f.db"))
+    release = asyncio.Event()
+    runner = Runner(slow_workflow(release), store=store, lease_s=0.3, heartbeat_interval=0.1)
+    runs = {f"s{i}": asyncio.ensure_future(runner.run(i, session_id=f"s{i}")) for i in range(5)}
+    await asyncio.sleep(0.15)
+    store.acquire("s2", this_process("someone-else"), 30.0, force=True)  # a takeover mid-run
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if runs["s2"].done():
+            break
+    release.set()
+    with pytest.raises(LeaseLost):
+        await runs["s2"]
+    done = {sid: (await fut).output for sid, fut in runs.items() if sid != "s2"}
+    assert done == {"s0": 1, "s1": 2, "s3": 4, "s4": 5}
+    store.close()
