@@ -57,7 +57,7 @@ def _wait_for(cond, timeout: float, what: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k, shipper", [(1, "resume"), (3, "resume"), (6, "resume"), (3, "follow")])
+@pytest.mark.parametrize("k, shipper", [(1, "resume"), (3, "resume"), (6, "resume"), (3, "follow"), (2, "serve-metrics")])
 def test_sigkill_after_k_node_runs_every_finished_span_reaches_the_receiver_once_with_the_ids_its_body_saw(
     k, shipper, tmp_path, monkeypatch
 ):
@@ -83,12 +83,26 @@ def test_sigkill_after_k_node_runs_every_finished_span_reaches_the_receiver_once
             done = subprocess.run([*args, "resume"], env=env, capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stderr
             assert done.stdout.split() == ["completed", "8"]
-        else:  # flowscope export --follow tails the store (twice over: the second pass sends nothing)
+        elif shipper == "follow":  # flowscope export --follow tails the store (twice over: the second pass sends nothing)
             cmd = [sys.executable, "-c", "from flowscope.cli import main; main()", "export", "--follow", "--rounds", "2"]
             done = subprocess.run(
                 [*cmd, "--interval", "0.05", "--db", str(db), "--otlp-endpoint", endpoint], env=env, capture_output=True, text=True, timeout=120
             )
             assert done.returncode == 0, done.stderr
+        elif shipper == "serve-metrics":  # the store's metrics server ships them too, while it serves
+            cmd = [sys.executable, "-c", "from flowscope.cli import main; main()", "serve-metrics", "--port", "0"]
+            server = subprocess.Popen(
+                [*cmd, "--db", str(db), "--otlp-endpoint", endpoint, "--ship-interval", "50ms"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            try:
+                _wait_for(lambda: len(collected.spans()) >= k + 2, 60, "serve-metrics to ship the killed run's spans")
+                time.sleep(0.3)  # a few more passes: nothing more is sent
+            finally:
+                server.send_signal(signal.SIGTERM)
+                out, err = server.communicate(timeout=30)
+            assert server.returncode == 0, err
+            assert "shipping spans to" in out and "stopped" in out, out
         received = [s for _r, _sc, s in collected.spans()]
 
     ids = [(s.trace_id.hex(), s.span_id.hex()) for s in received]
@@ -115,7 +129,7 @@ def test_sigkill_after_k_node_runs_every_finished_span_reaches_the_receiver_once
     assert cut["flowscope.export.incomplete"] is True and "flowscope.node.outcome" not in cut
     (inv,) = [s for s in dead if attrs(s.attributes).get("gen_ai.operation.name") == "invoke_workflow"]
     assert attrs(inv.attributes)["flowscope.export.incomplete"] is True
-    if shipper == "follow":
+    if shipper in ("follow", "serve-metrics"):
         assert len(received) == k + 2
         return
     # the resume: a new trace linked to the killed one, the cut-off run recovered

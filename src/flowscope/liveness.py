@@ -16,6 +16,8 @@ from .ownership import Owner, process_alive, this_host
 
 __all__ = [
     "owner_alive",
+    "ships_own_spans",
+    "SPAN_HANDOVER_S",
     "DEFAULT_HEARTBEAT_INTERVAL_S",
     "resume_lease_s",
     "RUNNING",
@@ -63,6 +65,37 @@ def owner_alive(owner: Owner | None, lease_expires_at: float | None, now: float,
         return False
     if owner.host == (host or this_host()) and not process_alive(owner.pid, owner.started_at):
         return False
+    return True
+
+
+#: How long after its last event a session whose owner ships its own spans is left to it
+#: once the lease is released: the owner's batch processor may still hold the last spans.
+SPAN_HANDOVER_S = 30.0
+
+
+def ships_own_spans(
+    owner: Owner | None,
+    lease_expires_at: float | None,
+    updated_at: float | None,
+    now: float,
+    *,
+    grace_s: float = SPAN_HANDOVER_S,
+    host: str | None = None,
+) -> bool:
+    """Whether a session's spans are its owner's to ship, not a follower's
+    (``flowscope export --follow``, ``serve-metrics``): the owner ships spans itself
+    (:attr:`~flowscope.ownership.Owner.ships_spans`) and holds its lease, or released it
+    (expiry 0) less than ``grace_s`` before ``now`` with its process still alive (on this
+    host; another host's is taken at its word). A dead owner's spans, or those of one whose
+    lease ran out, are the follower's at once."""
+    if owner is None or not owner.ships_spans:
+        return False
+    if owner_alive(owner, lease_expires_at, now, host=host):
+        return True
+    if lease_expires_at != 0 or updated_at is None or now - updated_at >= grace_s:
+        return False
+    if owner.host == (host or this_host()):
+        return process_alive(owner.pid, owner.started_at)
     return True
 
 

@@ -29,9 +29,15 @@ class Owner:
     pid: int
     #: The process's start time in epoch seconds (None where the platform cannot say).
     started_at: float | None
+    #: The owner ships its sessions' spans itself and records what it shipped (a tracing
+    #: plugin with a WatermarkExporter): span followers leave its live sessions to it.
+    ships_spans: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"worker_id": self.worker_id, "host": self.host, "pid": self.pid, "started_at": self.started_at}
+        d: dict[str, Any] = {"worker_id": self.worker_id, "host": self.host, "pid": self.pid, "started_at": self.started_at}
+        if self.ships_spans:  # absent otherwise: records written before the flag read the same
+            d["ships_spans"] = True
+        return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Owner":
@@ -41,6 +47,7 @@ class Owner:
             host=str(data.get("host") or ""),
             pid=int(data.get("pid") or 0),
             started_at=float(started) if started is not None else None,
+            ships_spans=bool(data.get("ships_spans", False)),
         )
 
     def describe(self) -> str:

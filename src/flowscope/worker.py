@@ -19,6 +19,7 @@ Paused sessions stay paused. See docs/workers.md.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -90,7 +91,8 @@ class Worker:
         self.drain_s = float(drain_s)
         self.poll_s = float(poll_s)
         self.max_recoveries = max_recoveries
-        self.owner: Owner = this_process(worker_id)
+        self._hooks = PluginDispatcher(self.plugins)
+        self.owner: Owner = dataclasses.replace(this_process(worker_id), ships_spans=self._hooks.ships_spans)
         self.runners = {
             name: Runner(
                 wf,
@@ -102,7 +104,6 @@ class Worker:
             )
             for name, wf in self.workflows.items()
         }
-        self._hooks = PluginDispatcher(self.plugins)
         self._active: dict[str, tuple[Claim, asyncio.Task[None]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None

@@ -16,7 +16,7 @@ from . import views
 from .app import DURATION, command_prefix, db_option, emit, format_option, open_store, otlp_protocol_option
 from .failures import EXIT_FAILED, CliError, failure_line
 from .render import fmt_duration, fmt_time, render_table, zone_name
-from .runtime import configure_cli_tracing, start_metrics_server, wait_for_signal
+from .runtime import SpanFollower, configure_cli_tracing, start_metrics_server, wait_for_signal
 from .session_ops import CANCEL_REASON, SessionFinished, SessionOwned, cancel_session, live_owner, prune_candidates
 from .worker_cmds import cwd_importable, record_answers
 
@@ -306,22 +306,43 @@ def prune(db: str | None, fmt: str, older_than: float, statuses: tuple[str, ...]
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 exposes it: nothing here authenticates).")
 @click.option("--port", type=click.IntRange(0, 65535), default=9464, show_default=True, help="Port (0 picks a free one).")
 @click.option("--stale-after", type=DURATION, default="60s", show_default=True, help="A running run whose heartbeat is older than this counts as orphaned.")
-def serve_metrics_cmd(db: str | None, host: str, port: int, stale_after: float) -> None:
+@click.option("--otlp-endpoint", metavar="URL", help="Also ship the spans no live worker will send (a killed worker's, say) to this OTLP endpoint.")
+@otlp_protocol_option
+@click.option("--service-name", default="flowscope", show_default=True, help="With --otlp-endpoint: the service.name of the spans it ships.")
+@click.option("--ship-interval", type=DURATION, default="1s", show_default=True, help="With --otlp-endpoint: how often to look for spans to ship.")
+def serve_metrics_cmd(
+    db: str | None,
+    host: str,
+    port: int,
+    stale_after: float,
+    otlp_endpoint: str | None,
+    otlp_protocol: str | None,
+    service_name: str,
+    ship_interval: float,
+) -> None:
     """Serve Prometheus metrics read from the store (flowscope_store_*) until Ctrl-C or SIGTERM.
 
     Open runs by state, the oldest open run, orphaned runs and overdue jobs of every worker
-    that writes to this database, read at scrape time.
+    that writes to this database, read at scrape time. With --otlp-endpoint it also tails
+    the store as `flowscope export --follow` does: the spans of sessions whose owner died
+    (or does not ship its own) reach the endpoint once, with the ids their node bodies saw.
     """
     from prometheus_client import CollectorRegistry
 
-    store = open_store(db)
+    store = open_store(db, write=otlp_endpoint is not None)  # shipping records its watermarks
+    follower = None
     try:
         registry = CollectorRegistry(auto_describe=True)
         server = start_metrics_server(store, registry, host=host, port=port, stale_after=stale_after)
-        click.echo(f"serving {server.url} (store {store.path}, orphaned after {stale_after:g}s); Ctrl-C to stop")
+        if otlp_endpoint:
+            follower = SpanFollower(store, otlp_endpoint, otlp_protocol, service_name, ship_interval, warn=lambda t: click.echo(f"warning: {t}", err=True))
+        shipping = f"; shipping spans to {otlp_endpoint}" if otlp_endpoint else ""
+        click.echo(f"serving {server.url} (store {store.path}, orphaned after {stale_after:g}s{shipping}); Ctrl-C to stop")
         try:
             wait_for_signal()
         finally:
+            if follower is not None:
+                follower.stop()
             server.shutdown()
         click.echo("stopped")
     finally:

@@ -24,11 +24,15 @@ __all__ = [
     "configure_cli_tracing",
     "start_metrics_server",
     "wait_for_signal",
+    "SpanFollower",
 ]
 
 #: The OTLP exporter's timeout for the CLI's own runs: a collector that stops answering
 #: mid-run costs at most this per batch, not the SDK's default 10 s of retries.
 EXPORT_TIMEOUT_S = 1.0
+#: A span follower's export timeout: nothing waits on it, and a slow collector should not
+#: make it send a batch twice.
+FOLLOW_TIMEOUT_S = 5.0
 
 
 def resolve_otlp_protocol(endpoint: str, protocol: str | None) -> str:
@@ -121,6 +125,46 @@ def start_metrics_server(
         return serve_metrics(store=store, registry=registry, host=host, port=port, stale_after_s=stale_after)
     except OSError as exc:
         raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+class SpanFollower:
+    """``flowscope export --follow`` in a daemon thread, for ``serve-metrics``: ships the
+    spans of sessions whose owner is gone (and of owners that do not ship their own) to
+    an OTLP endpoint. A refused export or a store hiccup is said once and retried the next
+    pass; :meth:`stop` ends it."""
+
+    def __init__(self, store: Any, endpoint: str, protocol: str | None, service: str, interval: float, warn: Callable[[str], None]) -> None:
+        from ..observability import otlp
+
+        try:
+            proto = otlp.resolve_protocol(protocol or otlp.guess_protocol(endpoint))
+        except ValueError as exc:
+            raise CliError(f"--otlp-endpoint {endpoint}: {exc}") from None
+        self.exporter = otlp.span_exporter(proto, endpoint, timeout=FOLLOW_TIMEOUT_S, plaintext_unless_https=True)
+        self.store, self.service, self.interval, self.warn = store, service, interval, warn
+        self._stop = threading.Event()
+        self._said: set[str] = set()
+        self._thread = threading.Thread(target=self._run, name="flowscope-span-follower", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from ..errors import StoreError
+        from ..observability.export import ExportError, follow
+
+        while not self._stop.is_set():
+            try:
+                follow(self.store, self.exporter, service_name=self.service, interval=self.interval, stop=self._stop)
+            except (ExportError, StoreError) as exc:  # said once; the watermark keeps what was not sent
+                text = str(exc)
+                if text not in self._said:
+                    self._said.add(text)
+                    self.warn(f"{text} (retrying every {self.interval:g}s)")
+                self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(FOLLOW_TIMEOUT_S + self.interval + 1)
+        self.exporter.shutdown()
 
 
 def wait_for_signal() -> None:

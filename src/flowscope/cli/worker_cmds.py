@@ -27,8 +27,9 @@ from ..errors import WorkflowError
 from ..events import RunSubmitted
 from ..fold import WorkflowState
 from ..store.base import EventStore
-from .app import DURATION, command_prefix, db_option, open_store
+from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option
 from .failures import CliError
+from .runtime import configure_cli_tracing
 
 if TYPE_CHECKING:
     from ..store.postgres import PostgresEventStore
@@ -197,6 +198,8 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
 @click.option("--worker-id", metavar="ID", help="This worker's id (default: host-pid-random).")
 @click.option("--max-recoveries", type=click.IntRange(0, None), default=3, show_default=True, help="Orphaned sessions recovered more often are left alone.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve this worker's Prometheus metrics on 127.0.0.1:PORT.")
+@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of the sessions it runs to this OTLP endpoint (and those a killed worker had not sent).")
+@otlp_protocol_option
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning", show_default=True)
 def worker_cmd(
     specs: tuple[str, ...],
@@ -208,6 +211,8 @@ def worker_cmd(
     worker_id: str | None,
     max_recoveries: int,
     metrics_port: int | None,
+    otlp_endpoint: str | None,
+    otlp_protocol: str | None,
     log_level: str,
 ) -> None:
     """Serve the workflows MODULE:ATTR (a Workflow, or a list of them) from the database.
@@ -223,8 +228,9 @@ def worker_cmd(
     workflows = load_workflows(specs)
     store = open_store(db, write=True, create=True)
     server = None
+    tracing = configure_cli_tracing(otlp_endpoint, otlp_protocol, "flowscope-worker", warn=lambda t: click.echo(f"warning: {t}", err=True))
     with store:
-        plugins: list[Plugin] = []
+        plugins: list[Plugin] = [tracing.plugin()] if tracing is not None else []
         if metrics_port is not None:
             from prometheus_client import CollectorRegistry, start_http_server
 
@@ -249,7 +255,11 @@ def worker_cmd(
         )
         names = ", ".join(sorted(w.workflows))
         click.echo(f"worker {w.owner.worker_id} (pid {w.owner.pid}) serving {names} from {store.path}; SIGTERM or Ctrl-C drains", err=True)
-        asyncio.run(_serve(w))
+        try:
+            asyncio.run(_serve(w))
+        finally:
+            if tracing is not None:
+                tracing.shutdown()
         done = ", ".join(f"{k} {v}" for k, v in sorted(w.outcomes.items())) or "no sessions"
         click.echo(f"worker {w.owner.worker_id} stopped ({done})", err=True)
     if isinstance(server, tuple):  # prometheus-client >= 0.20 returns (server, thread)

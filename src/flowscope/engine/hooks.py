@@ -112,6 +112,12 @@ class PluginDispatcher:
             self._hooks["before_node"] or self._hooks["after_node"] or self._hooks["on_node_error"]
         )
 
+    @property
+    def ships_spans(self) -> bool:
+        """Whether a plugin ships spans and records what it shipped (its ``ships_spans``
+        attribute): the owner record says so (:class:`~flowscope.ownership.Owner`)."""
+        return any(getattr(p, "ships_spans", False) for p in self.plugins)
+
     def wants(self, hook: str) -> bool:
         return bool(self._hooks[hook])
 

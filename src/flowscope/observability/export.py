@@ -24,10 +24,12 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from .. import __version__
 from ..events import Event
+from ..liveness import SPAN_HANDOVER_S, owner_alive, ships_own_spans
 from . import otlp
 from .log_spans import rebuild, span_id_for, trace_id_for
 from .otlp import guess_protocol
@@ -169,18 +171,28 @@ def send_spans(spans: list[ReadableSpan], endpoint: str, protocol: str | None = 
 # --------------------------------------------------------------------------- following a store
 
 
-def ship_store(store: EventStore, exporter: SpanExporter, service_name: str = "flowscope", sessions: Iterable[str] | None = None) -> int:
+def ship_store(
+    store: EventStore,
+    exporter: SpanExporter,
+    service_name: str = "flowscope",
+    sessions: Iterable[str] | None = None,
+    *,
+    handover_s: float = SPAN_HANDOVER_S,
+) -> int:
     """One pass of ``flowscope export --follow``: for every session (or ``sessions``) whose
     log has moved past its shipping watermark, send the spans the log ended since then (a
     session whose owner is gone also its cut-off run, as incomplete) and advance the
-    watermark once the exporter returned SUCCESS. Returns how many spans were sent."""
+    watermark once the exporter returned SUCCESS. Returns how many spans were sent.
+
+    A session whose live owner ships its own spans is left to it (and for ``handover_s``
+    after it lets the session go, while its exporter may still hold the last batch):
+    :func:`~flowscope.liveness.ships_own_spans`. Sending them here too would send them twice.
+    """
     import time
 
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace.export import SpanExportResult
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
-    from ..liveness import owner_alive
 
     resource = Resource({SERVICE_NAME: service_name})
     scope = InstrumentationScope("flowscope", __version__)
@@ -196,7 +208,10 @@ def ship_store(store: EventStore, exporter: SpanExporter, service_name: str = "f
         events = store.read(sid)
         if not events:
             continue
-        ended = not owner_alive(info.owner, info.lease_expires_at, time.time())
+        now = time.time()
+        if ships_own_spans(info.owner, info.lease_expires_at, info.updated_at, now, grace_s=handover_s):
+            continue
+        ended = not owner_alive(info.owner, info.lease_expires_at, now)
         records, _ = unshipped(events, mark, ended)
         spans = [readable_span(r, resource, scope) for r in records if r.sampled]
         if spans and exporter.export(spans) is not SpanExportResult.SUCCESS:
@@ -215,15 +230,17 @@ def follow(
     interval: float = 1.0,
     rounds: int | None = None,
     on_sent: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
+    handover_s: float = SPAN_HANDOVER_S,
 ) -> None:
-    """Tail the store and ship spans as they are appended (``rounds`` passes, or forever)."""
-    import time
-
+    """Tail the store and ship spans as they are appended (``rounds`` passes, or forever,
+    or until ``stop`` is set)."""
+    stop = stop if stop is not None else threading.Event()
     n = 0
-    while rounds is None or n < rounds:
-        sent = ship_store(store, exporter, service_name)
+    while (rounds is None or n < rounds) and not stop.is_set():
+        sent = ship_store(store, exporter, service_name, handover_s=handover_s)
         if sent and on_sent is not None:
             on_sent(sent)
         n += 1
         if rounds is None or n < rounds:
-            time.sleep(interval)
+            stop.wait(interval)

@@ -125,6 +125,18 @@ class TracingPlugin(Plugin):
             self._shipper = Shipper(self._provider if self._provider is not None else trace.get_tracer_provider())
         return self._shipper
 
+    @property
+    def ships_spans(self) -> bool:
+        """Whether this plugin's spans go out through an SDK provider whose exporter records
+        what it shipped (a :class:`~flowscope.observability.shipping.WatermarkExporter`).
+        A runner with such a plugin says so in its owner record, and span followers leave
+        its live sessions to it rather than send their spans twice."""
+        if self._shipper is not None:
+            shipper = self._shipper
+        else:  # not the lazily made one: the global provider may still be set after this
+            shipper = Shipper(self._provider if self._provider is not None else trace.get_tracer_provider())
+        return shipper.enabled and shipper.ledger is not None
+
     # -- invocations --------------------------------------------------------------------
 
     def before_run(self, run: RunInfo) -> None:

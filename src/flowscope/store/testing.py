@@ -725,6 +725,16 @@ class EventStoreContract:
         assert store.session_info(SID) == info
         assert store.session_info("nobody") is None
 
+    def test_the_owner_record_keeps_whether_it_ships_its_own_spans(self, store: EventStore) -> None:
+        shipper = dataclasses.replace(this_process("w-1"), ships_spans=True)
+        lease = store.acquire("a", shipper, 15.0, now=1000.0)
+        store.append("a", [ev(RunStarted, sid="a", workflow="w", ts=1000.5)], 0, epoch=lease.epoch)
+        plain = store.acquire("b", this_process("w-2"), 15.0, now=1000.0)
+        store.append("b", [ev(RunStarted, sid="b", workflow="w", ts=1000.5)], 0, epoch=plain.epoch)
+        a, b = store.session_info("a"), store.session_info("b")
+        assert a is not None and a.owner == shipper and a.owner.ships_spans
+        assert b is not None and b.owner is not None and not b.owner.ships_spans
+
     def test_acquire_refuses_a_live_owner_naming_host_pid_and_lease_age(self, store: EventStore) -> None:
         now = time.time()
         holder = this_process("w-holder")  # this very process: alive
