@@ -50,7 +50,9 @@ class Attempts(Recorder):
         plugins = self.plugins
         hooks = self.hooks
         if hooks:
-            await plugins.call("before_node", ctx)
+            pending = plugins.start("before_node", ctx)  # plain-function hooks: no coroutine
+            if pending is not None:
+                await pending
         ctx.started_at = t0 = time.perf_counter()
         ns = self.ws.nodes[path]
         failures = ns.failures  # failed attempts already spent from this run's budget (R9, docs/design.md)
@@ -132,7 +134,9 @@ class Attempts(Recorder):
             if self.state.dirty:
                 self._emit_state(ctx)
             if hooks and outcome is not None:
-                await plugins.call("after_node", ctx, outcome)
+                pending = plugins.start("after_node", ctx, outcome)
+                if pending is not None:
+                    await pending
 
     # -- one attempt ---------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import inspect
 import logging
 from collections import Counter
 from functools import partial
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Awaitable, Iterable
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..events import Event, NodeErrorEvent
@@ -123,12 +123,36 @@ class PluginDispatcher:
 
     async def call(self, hook: str, *args: Any) -> None:
         """Call ``hook`` on every plugin that has it, in hook order, isolating failures."""
-        for plugin, fn in self._hooks[hook]:
+        pending = self.start(hook, *args)
+        if pending is not None:
+            await pending
+
+    def start(self, hook: str, *args: Any) -> Awaitable[None] | None:
+        """:meth:`call` without a coroutine while every hook is a plain function (the node
+        path's case): the hooks run now and None is returned. From the first hook that
+        returns an awaitable on, the rest is returned, to be awaited, in the same order."""
+        hooks = self._hooks[hook]
+        for i, (plugin, fn) in enumerate(hooks):
+            try:
+                result = fn(*args)
+            except Exception as exc:  # R11 (docs/design.md): a plugin never fails the run
+                self._failed(plugin, hook, exc)
+                continue
+            if result is not None and inspect.isawaitable(result):
+                return self._finish(hook, plugin, result, hooks[i + 1 :], args)
+        return None
+
+    async def _finish(self, hook: str, plugin: Plugin, first: Awaitable[Any], rest: list[tuple[Plugin, Any]], args: tuple[Any, ...]) -> None:
+        try:
+            await first
+        except Exception as exc:
+            self._failed(plugin, hook, exc)
+        for plugin, fn in rest:
             try:
                 result = fn(*args)
                 if result is not None and inspect.isawaitable(result):
                     await result
-            except Exception as exc:  # R11 (docs/design.md): a plugin never fails the run
+            except Exception as exc:
                 self._failed(plugin, hook, exc)
 
     def call_sync(self, hook: str, *args: Any) -> None:

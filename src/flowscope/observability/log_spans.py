@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Iterable, Mapping
 
 from opentelemetry.util.types import AttributeValue
@@ -92,11 +93,15 @@ def _digest(*parts: str) -> bytes:
     return hashlib.sha256("\x00".join(parts).encode()).digest()
 
 
+# Cached: the live plugin asks for a node's span id when the node starts (its body's
+# context) and the walk again when its NodeStarted is appended; export asks once per span.
+@lru_cache(maxsize=4096)
 def trace_id_for(session_id: str, invocation_id: str) -> int:
     """The trace id of one invocation: 128 bits of SHA-256 over the session and invocation ids."""
     return int.from_bytes(_digest("flowscope-trace", session_id, invocation_id)[:16], "big") or 1
 
 
+@lru_cache(maxsize=4096)
 def span_id_for(session_id: str, invocation_id: str, path: str = "", attempt: int = 1) -> int:
     """The span id of an invocation (``path=""``, which is also its top workflow's run) or of
     the run of ``path`` that started at ``attempt`` in it."""

@@ -37,12 +37,13 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from opentelemetry.trace import get_current_span
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from opentelemetry.trace import SpanContext, get_current_span
+from prometheus_client import REGISTRY, CollectorRegistry
 
 from .. import __version__
 from ..plugins import HOOKS, Plugin
 from .labels import DEFAULT_MAX_SERIES, LabelBudget, code_label
+from .lean_prom import LeanCounter, LeanGauge, LeanHistogram
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.context import NodeContext, NodeOutcome, RunInfo
@@ -205,7 +206,9 @@ _SPECS = {s.key: s for s in INSTRUMENTS}
 
 # -- prometheus-client backend ---------------------------------------------------------------
 
-_PROM_CLASSES: dict[str, type] = {"counter": Counter, "histogram": Histogram, "updown": Gauge}
+# Collectors at the cost floor (lean_prom.py): the same exposition as prometheus-client's
+# classes for a fraction of the cost per observation, exemplars resolved at scrape.
+_PROM_CLASSES: dict[str, type] = {"counter": LeanCounter, "histogram": LeanHistogram, "updown": LeanGauge}
 # Collectors this module created, per registry, so that several plugins share them.
 _shared: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 _shared_lock = threading.Lock()
@@ -254,6 +257,7 @@ def _prom_collector(registry: CollectorRegistry, spec: InstrumentSpec) -> Any:
             kwargs: dict[str, Any] = {"registry": registry}
             if spec.buckets is not None:
                 kwargs["buckets"] = spec.buckets
+                kwargs["resolve"] = _resolve_exemplar
             collector = cls(_prom_base_name(spec), spec.help, spec.labels, **kwargs)
         cache[spec.key] = collector
         return collector
@@ -280,8 +284,9 @@ class _Series:
         if self._otel is not None:
             self._otel.add(value, self._attrs)
 
-    def record(self, value: float, exemplar: dict[str, str] | None = None) -> None:
-        """Histogram observation. The OTel SDK takes its exemplar from the current span."""
+    def record(self, value: float, exemplar: Any = None) -> None:
+        """Histogram observation, with its exemplar's source (``_exemplar_source``). The
+        OTel SDK takes its exemplar from the current span."""
         if self._prom is not None:
             self._prom.observe(value, exemplar)
         if self._otel is not None:
@@ -347,7 +352,7 @@ class _FoldedSeries(_Series):
         self._overflow()
         _Series.add(self, value)
 
-    def record(self, value: float, exemplar: dict[str, str] | None = None) -> None:
+    def record(self, value: float, exemplar: Any = None) -> None:
         self._overflow()
         _Series.record(self, value, exemplar)
 
@@ -368,55 +373,47 @@ def _otel_instrument(meter: Any, spec: InstrumentSpec) -> Any:
         return meter.create_histogram(spec.otel_name, unit=spec.unit, description=spec.help)
 
 
-_last_exemplar: tuple[Any, dict[str, str] | None] = (None, None)
-_last_traceparent: tuple[str | None, dict[str, str] | None] = (None, None)
-
-
-def _current_span_exemplar() -> dict[str, str] | None:
-    """``{"trace_id", "span_id"}`` (hex) of the current span when it is sampled."""
-    global _last_exemplar
-    ctx = get_current_span().get_span_context()
-    last = _last_exemplar
-    if last[0] is ctx:  # the same span as last time: no formatting
-        return last[1]
-    if ctx.trace_flags & 0x01 and ctx.trace_id:
-        ex: dict[str, str] | None = {"trace_id": format(ctx.trace_id, "032x"), "span_id": format(ctx.span_id, "016x")}
-    else:
-        ex = None
-    _last_exemplar = (ctx, ex)
-    return ex
-
-
 def _traceparent_exemplar(tp: str) -> dict[str, str] | None:
     """The exemplar of a W3C ``traceparent`` (``00-<trace>-<span>-<flags>``) if sampled."""
-    global _last_traceparent
-    last = _last_traceparent
-    if last[0] == tp:
-        return last[1]
-    ex = None
     parts = tp.split("-")
     if len(parts) >= 4 and len(parts[1]) == 32 and len(parts[2]) == 16 and len(parts[3]) == 2:
         try:
             sampled = int(parts[3], 16) & 0x01
             valid = int(parts[1], 16) != 0 and int(parts[2], 16) != 0
         except ValueError:
-            sampled = valid = False
+            return None
         if sampled and valid:
-            ex = {"trace_id": parts[1].lower(), "span_id": parts[2].lower()}
-    _last_traceparent = (tp, ex)
-    return ex
+            return {"trace_id": parts[1].lower(), "span_id": parts[2].lower()}
+    return None
 
 
-def _exemplar(trace_context: dict[str, str] | None = None) -> dict[str, str] | None:
-    """The trace of this run: its own ``traceparent`` (set by a tracing plugin in
-    ``before_*``, whatever the plugin order), else the current span, if sampled."""
+#: The last hex digit of a traceparent's flags when its sampled bit is set.
+_SAMPLED_DIGITS = frozenset("13579bdfBDF")
+
+
+def _exemplar_source(trace_context: dict[str, str] | None = None) -> str | SpanContext | None:
+    """What the run's exemplar will be made of at scrape time: its own ``traceparent``
+    (set by a tracing plugin in ``before_*``, whatever the plugin order) when it is
+    sampled, else the current span's context when that is. Nothing is formatted on the
+    node path (``_resolve_exemplar`` does it for the scrape)."""
     if trace_context:
         tp = trace_context.get("traceparent")
-        if tp:
-            ex = _traceparent_exemplar(tp)
-            if ex is not None:
-                return ex
-    return _current_span_exemplar()
+        if tp and tp[-1] in _SAMPLED_DIGITS:
+            return tp
+    ctx = get_current_span().get_span_context()
+    if ctx.trace_flags & 0x01 and ctx.trace_id:
+        return ctx
+    return None
+
+
+def _resolve_exemplar(source: Any) -> dict[str, str] | None:
+    """``{"trace_id", "span_id"}`` (hex) of an exemplar source, or None if it is not a
+    sampled span."""
+    if isinstance(source, str):
+        return _traceparent_exemplar(source)
+    if isinstance(source, SpanContext) and source.trace_flags & 0x01 and source.trace_id:
+        return {"trace_id": format(source.trace_id, "032x"), "span_id": format(source.span_id, "016x")}
+    return None
 
 
 # -- the plugin --------------------------------------------------------------------------------
@@ -535,7 +532,7 @@ class MetricsPlugin(Plugin):
                 status = "failed"
         key = (run.workflow, status)
         self._workflow_runs.series(key).add()
-        self._workflow_duration.series(key).record(max(0.0, time.time() - run.started_at), _exemplar(run.trace_context))
+        self._workflow_duration.series(key).record(max(0.0, time.time() - run.started_at), _exemplar_source(run.trace_context))
 
     # -- node hooks --------------------------------------------------------------------------
 
@@ -556,7 +553,7 @@ class MetricsPlugin(Plugin):
             key = (ctx.run.workflow, ctx.node_name, status)
             pair = ns.by_outcome[status] = (self._bind(self._node_runs, key), self._bind(self._node_duration, key))
         pair[0].add()
-        pair[1].record(outcome.duration_s, _exemplar(ctx.trace_context))
+        pair[1].record(outcome.duration_s, _exemplar_source(ctx.trace_context))
         if status == "success" or status == "failure" or status == "timeout":
             attempts = ns.attempts
             if attempts is None:

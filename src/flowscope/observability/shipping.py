@@ -25,6 +25,8 @@ import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from opentelemetry.sdk.trace import Event as SpanEvent
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
@@ -36,7 +38,6 @@ from .log_spans import SpanRecord, SpanWalk, invocation_context
 if TYPE_CHECKING:  # pragma: no cover
     from opentelemetry.context import Context
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     from ..store.base import EventStore
@@ -60,9 +61,6 @@ def readable_span(
     """The SDK span of a record: the one conversion, for live spans and exports alike.
     ``extra`` adds attributes the log does not hold (redacted input/output); ``stacktrace``
     goes on the ``exception`` span event."""
-    from opentelemetry.sdk.trace import Event as SpanEvent
-    from opentelemetry.sdk.trace import ReadableSpan
-
     state = _trace_state(r.trace_state) if r.trace_state else _EMPTY_STATE
     ctx = SpanContext(r.trace_id, r.span_id, False, _SAMPLED, state)
     parent = SpanContext(r.trace_id, r.parent_id, False, _SAMPLED, state) if r.parent_id else None

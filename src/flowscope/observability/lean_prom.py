@@ -1,0 +1,210 @@
+"""Prometheus collectors for the node path: counters, gauges and histograms at the cost floor.
+
+prometheus-client's ``Counter``/``Gauge``/``Histogram`` do more on every observation
+than a node run can afford: an observability check, a lock per value, a walk over the
+buckets, and an exemplar validated label by label. These do the least that keeps the
+exposition the same: one lock, one ``bisect`` for the bucket, and an exemplar *source*
+(the run's ``traceparent`` or its span context) kept per bucket and turned into the
+``trace_id``/``span_id`` exemplar only when Prometheus scrapes. They register on a
+``CollectorRegistry`` like any collector and expose the same names, types, buckets,
+``_created`` samples and exemplars as prometheus-client's classes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from bisect import bisect_left
+from typing import Any, Callable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.registry import Collector
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.samples import Exemplar, Sample
+from prometheus_client.utils import floatToGoString
+
+__all__ = ["LeanCounter", "LeanGauge", "LeanHistogram", "ExemplarResolver"]
+
+#: Turns an exemplar source kept at observation time into exemplar labels (or None).
+ExemplarResolver = Callable[[Any], "dict[str, str] | None"]
+
+
+class _Lean(Collector):
+    """A labelled collector: ``labels(*values)`` gives the child to observe into."""
+
+    kind = ""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry | None) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = tuple(labelnames)
+        self._children: dict[tuple[str, ...], Any] = {}
+        self._lock = threading.Lock()
+        if registry is not None:
+            registry.register(self)
+
+    def labels(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            with self._lock:
+                child = self._children.get(values)
+                if child is None:
+                    child = self._children[values] = self._child()
+        return child
+
+    def _child(self) -> Any:
+        raise NotImplementedError
+
+    def _items(self) -> list[tuple[tuple[str, ...], Any]]:
+        with self._lock:
+            return list(self._children.items())
+
+    def describe(self) -> list[Metric]:
+        return [self._family()]
+
+    def _family(self) -> Any:
+        raise NotImplementedError
+
+
+class _CounterChild:
+    __slots__ = ("value", "created", "_lock")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.created = time.time()
+        self._lock = threading.Lock()
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError("counters can only be incremented by non-negative amounts")
+        with self._lock:  # several event loops in several threads may share one registry
+            self.value += amount
+
+
+class LeanCounter(_Lean):
+    """A counter: ``name`` without ``_total`` (as prometheus-client's ``Counter`` takes it)."""
+
+    kind = "counter"
+
+    def _child(self) -> _CounterChild:
+        return _CounterChild()
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for values, child in self._items():
+            family.add_metric(values, child.value, created=child.created)
+        yield family
+
+
+class _GaugeChild:
+    __slots__ = ("value", "_lock")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self._lock = threading.Lock()
+
+    def inc(self, amount: float = 1.0) -> None:
+        with self._lock:
+            self.value += amount
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.inc(-amount)
+
+    def set(self, value: float) -> None:
+        with self._lock:
+            self.value = float(value)
+
+
+class LeanGauge(_Lean):
+    kind = "gauge"
+
+    def _child(self) -> _GaugeChild:
+        return _GaugeChild()
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self._name, self._documentation, labels=self._labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for values, child in self._items():
+            family.add_metric(values, child.value)
+        yield family
+
+
+class _HistogramChild:
+    __slots__ = ("bounds", "counts", "sum", "exemplars", "created", "_lock")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds  # the upper bounds, +Inf last
+        self.counts = [0] * len(bounds)  # per bucket, not cumulative
+        self.sum = 0.0
+        self.exemplars: list[tuple[Any, float, float] | None] = [None] * len(bounds)
+        self.created = time.time()
+        self._lock = threading.Lock()
+
+    def observe(self, amount: float, exemplar: Any = None) -> None:
+        """Count ``amount``; ``exemplar`` (a source for the resolver, or None to keep the
+        bucket's last one) becomes the bucket's exemplar at the next scrape."""
+        i = bisect_left(self.bounds, amount)  # the first bound >= amount: le is inclusive
+        with self._lock:
+            self.counts[i] += 1
+            self.sum += amount
+            if exemplar is not None:
+                self.exemplars[i] = (exemplar, amount, time.time())
+
+
+class LeanHistogram(_Lean):
+    """A histogram with ``buckets`` (+Inf added) whose exemplars are resolved at scrape."""
+
+    kind = "histogram"
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        registry: CollectorRegistry | None,
+        *,
+        buckets: Sequence[float],
+        resolve: ExemplarResolver | None = None,
+    ) -> None:
+        bounds = tuple(float(b) for b in buckets)
+        if bounds != tuple(sorted(bounds)):
+            raise ValueError("buckets must be in increasing order")
+        # a list, with +Inf last, as prometheus-client's Histogram keeps it
+        self._upper_bounds = list(bounds + (float("inf"),) if not bounds or bounds[-1] != float("inf") else bounds)
+        self._resolve = resolve
+        super().__init__(name, documentation, labelnames, registry)
+
+    def _child(self) -> _HistogramChild:
+        return _HistogramChild(tuple(self._upper_bounds))
+
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        les = [floatToGoString(b) for b in self._upper_bounds]
+        for values, child in self._items():
+            with child._lock:
+                counts, total, kept = list(child.counts), child.sum, list(child.exemplars)
+            buckets: list[Any] = []
+            acc = 0
+            for le, n, ex in zip(les, counts, kept):
+                acc += n
+                exemplar = self._exemplar(ex)
+                buckets.append((le, acc, exemplar) if exemplar is not None else (le, acc))
+            family.add_metric(values, buckets, total)
+            # beside its child's other samples: OpenMetrics wants each label set's samples together
+            family.samples.append(Sample(self._name + "_created", dict(zip(self._labelnames, values)), child.created))
+        yield family
+
+    def _exemplar(self, kept: tuple[Any, float, float] | None) -> Exemplar | None:
+        if kept is None or self._resolve is None:
+            return None
+        source, value, ts = kept
+        labels = self._resolve(source)
+        return Exemplar(labels, value, ts) if labels else None
