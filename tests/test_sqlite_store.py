@@ -873,3 +873,36 @@ def test_sqlite_codes_map_to_classes_not_messages(tmp_path):
     # an error raised by Python code has no SQLite code: a plain StoreError, even if it says "locked"
     err = store_error(sqlite3.OperationalError("database is locked, corrupt, readonly, full"), "x.db", "read", 1.0)
     assert type(err) is StoreError
+
+
+async def test_the_append_cache_holds_only_sessions_in_the_middle_of_an_invocation(tmp_path):
+    """The store keeps the node states it wrote for a session's next append; one that ends
+    its invocation drops them, so the cache follows the concurrent sessions, not all that
+    ever ran (at 10,000 concurrent sessions a fixed 4,096 made every append read its rows)."""
+    import asyncio
+
+    from flowscope import START, Runner, Workflow, node
+
+    release = asyncio.Event()
+
+    @node
+    async def first(ctx, x):
+        return x + 1
+
+    @node
+    async def held(ctx, x):
+        await release.wait()
+        return x + 1
+
+    store = SqliteEventStore(str(tmp_path / "f.db"))
+    runner = Runner(Workflow("w", edges=[(START, first), (first, held)]), store=store)
+    runs = [asyncio.ensure_future(runner.run(i, session_id=f"s{i}")) for i in range(50)]
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if len(store._node_cache) == 50:
+            break
+    assert set(store._node_cache) == {f"s{i}" for i in range(50)}  # mid-run: kept for the next append
+    release.set()
+    assert [r.output for r in await asyncio.gather(*runs)] == [i + 2 for i in range(50)]
+    assert store._node_cache == {}  # every invocation ended: nothing kept
+    store.close()

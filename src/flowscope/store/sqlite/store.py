@@ -24,7 +24,7 @@ from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence
 import sqlite_utils
 
 from ...errors import ConcurrencyConflict, LeaseLost, StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
-from ...events import Event, RunSubmitted, UnknownEvent
+from ...events import Event, RunFinished, RunSubmitted, UnknownEvent
 from ...fold import NodeState, WorkflowState, gc_paused
 from ...liveness import owner_alive, stale_before
 from ...ownership import Lease, Owner, this_host
@@ -53,7 +53,10 @@ from .faults import store_error
 __all__ = ["SqliteEventStore"]
 
 _PATHS_PER_QUERY = 500  # below SQLite's limit on bound parameters
-_NODE_CACHE_SESSIONS = 4096  # sessions whose node states an append keeps for the next one (group commit: many at once)
+# Sessions whose node states an append keeps for the next one: those in the middle of an
+# invocation (an append that ends one drops its entry), so the bound is only a backstop;
+# below the number of concurrent sessions, every append would read its rows back.
+_NODE_CACHE_SESSIONS = 65536
 
 #: session -> (last_seq, complete, {path: NodeState}) as of this object's last append.
 _CacheEntry = tuple[int, bool, dict[str, NodeState]]
@@ -313,7 +316,8 @@ class SqliteEventStore(EventStore):
                 conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, submitted))
             else:
                 bulk.sessions.append(q.session_row(ws, submitted))
-        self._pending_cache = (session_id, (numbered[-1].seq, complete, nodes))
+        if type(numbered[-1]) is not RunFinished:  # an invocation that ended appends no more for a while
+            self._pending_cache = (session_id, (numbered[-1].seq, complete, nodes))
         return numbered
 
     def _cached_nodes(self, session_id: str, new_session: bool, last: int) -> tuple[dict[str, NodeState], bool]:
