@@ -3,6 +3,7 @@ owner rule, scraped through a real prometheus-client registry."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -10,7 +11,8 @@ from prometheus_client import CollectorRegistry
 
 from flowscope.events import NodeStarted, RunStarted, RunSubmitted
 from flowscope.observability.store_collector import StoreCollector
-from flowscope.ownership import this_process
+from flowscope import ownership
+from flowscope.ownership import Owner, process_start_time, this_host, this_process
 from flowscope.store import EventStore, MemoryEventStore, SqliteEventStore
 from flowscope.store.testing import dead_owner, ev, node_ev
 
@@ -69,3 +71,44 @@ def test_a_dead_same_host_owner_is_orphaned_at_once_and_a_live_one_never(store):
     assert registry.get_sample_value(ORPHANED, labels) == 1  # the dead one, with a fresh heartbeat
     store.release(live)  # its lease ended with the run still open: orphaned too
     assert registry.get_sample_value(ORPHANED, labels) == 2
+
+
+class WallClockAt:
+    """The clocks as :mod:`flowscope.ownership` reads them, with the wall clock set so that
+    this host booted at ``boot_at`` (epoch seconds); ``CLOCK_BOOTTIME`` is the real one."""
+
+    CLOCK_BOOTTIME = time.CLOCK_BOOTTIME
+    CLOCK_REALTIME = time.CLOCK_REALTIME
+
+    def __init__(self, boot_at: float) -> None:
+        self.boot_at = boot_at
+
+    def clock_gettime(self, clock: int) -> float:
+        up = time.clock_gettime(time.CLOCK_BOOTTIME)
+        return up if clock == self.CLOCK_BOOTTIME else self.boot_at + up
+
+
+def test_a_live_owner_stays_alive_when_the_wall_clock_is_adjusted_across_a_second(store, monkeypatch):
+    # A CI flake: a live worker counted as orphaned. Its start time had been derived from
+    # /proc/stat's whole-second btime, and a wall-clock adjustment of a few milliseconds
+    # moved btime by a second between the worker recording it and the scrape.
+    whole = int(time.clock_gettime(time.CLOCK_REALTIME) - time.clock_gettime(time.CLOCK_BOOTTIME))
+    clock = WallClockAt(whole + 0.995)
+    monkeypatch.setattr(ownership, "time", clock)
+    started = process_start_time(os.getpid())
+    clock.boot_at = whole + 1.005  # stepped 10 ms forward, across the second
+    now = time.time()
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(store, stale_after_s=300.0))
+    owners = {
+        "live": Owner("w-live", this_host(), os.getpid(), started),
+        # the same pid under a start time 5 s away: another process, its owner gone
+        "reused": Owner("w-reused", this_host(), os.getpid(), started - 5.0),
+    }
+    for sid, owner in owners.items():
+        lease = store.acquire(sid, owner, 60.0, now=now)
+        store.append(sid, [ev(RunStarted, sid=sid, workflow="shop", ts=now),
+                           node_ev(NodeStarted, "shop@1/charge@1", ts=now, sid=sid)], 0, epoch=lease.epoch)
+    labels = {"workflow": "shop", "node": "charge"}
+    assert registry.get_sample_value(OPEN, {**labels, "state": "running"}) == 2
+    assert registry.get_sample_value(ORPHANED, labels) == 1  # the reused pid's, never the live owner's

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 from dataclasses import dataclass
 from functools import lru_cache
@@ -70,23 +71,32 @@ def this_host() -> str:
     return os.environ.get("FLOWSCOPE_HOST") or socket.gethostname()
 
 
-@lru_cache(maxsize=1)
 def _boot_time() -> float | None:
-    try:
-        with open("/proc/stat", "rb") as f:
-            for line in f:
-                if line.startswith(b"btime "):
-                    return float(line.split()[1])
-    except OSError:
-        pass
-    return None
+    """When this host booted, in epoch seconds, to about a millisecond, read afresh.
+
+    The wall clock minus ``CLOCK_BOOTTIME``, the clock ``/proc/<pid>/stat`` counts start
+    times on. Not the whole-second ``btime`` of ``/proc/stat``, and not cached: a wall-clock
+    adjustment of a few milliseconds can move ``btime`` by a whole second, and an owner's
+    start time written before it would then look like another process's (a live owner
+    reported dead, its session claimed). Read this way, an adjustment shifts a start time
+    by its own size. None where the platform has no such clock.
+    """
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is None:
+        return None
+    before = time.clock_gettime(boottime)
+    wall = time.clock_gettime(time.CLOCK_REALTIME)
+    after = time.clock_gettime(boottime)  # the midpoint halves the error of a preemption in between
+    return wall - (before + after) / 2
 
 
 def process_start_time(pid: int) -> float | None:
     """When process ``pid`` started, in epoch seconds, or None if unknown or not running.
 
-    Read from ``/proc/<pid>/stat`` (field 22, clock ticks since boot). Two reads of the
-    same process agree to the tick, so a different value means a different process.
+    Read from ``/proc/<pid>/stat`` (field 22, clock ticks since boot) and the boot time
+    (:func:`_boot_time`). Two reads of the same process agree to the tick unless the wall
+    clock was adjusted in between (then they differ by the adjustment), so a value a second
+    or more away means a different process.
     """
     boot = _boot_time()
     if boot is None:
