@@ -196,20 +196,18 @@ def ship_store(
 
     resource = Resource({SERVICE_NAME: service_name})
     scope = InstrumentationScope("flowscope", __version__)
-    infos = {i.session_id: i for i in store.sessions()}
+    todo = store.unexported()  # the sessions whose log moved past their watermark, and it
+    if sessions is not None:
+        wanted = set(sessions)
+        todo = [(info, mark) for info, mark in todo if info.session_id in wanted]
     sent = 0
-    for sid in sessions if sessions is not None else list(infos):
-        info = infos.get(sid)
-        if info is None:
-            continue
-        mark = store.exported_seq(sid)
-        if mark >= info.last_seq:
+    for info, mark in todo:
+        sid = info.session_id
+        now = time.time()
+        if ships_own_spans(info.owner, info.lease_expires_at, info.updated_at, now, grace_s=handover_s):
             continue
         events = store.read(sid)
         if not events:
-            continue
-        now = time.time()
-        if ships_own_spans(info.owner, info.lease_expires_at, info.updated_at, now, grace_s=handover_s):
             continue
         ended = not owner_alive(info.owner, info.lease_expires_at, now)
         records, _ = unshipped(events, mark, ended)

@@ -506,6 +506,17 @@ class EventStore(ABC):
         if seq > marks.get(session_id, 0):
             marks[session_id] = seq
 
+    def unexported(self) -> list[tuple[SessionInfo, int]]:
+        """The sessions whose log has moved past their span watermark, each with it: what a
+        span follower (``flowscope export --follow``) looks at on a pass. This default reads
+        every session; the SQLite and PostgreSQL stores ask for those rows alone."""
+        out = []
+        for info in self.sessions():
+            mark = self.exported_seq(info.session_id)
+            if mark < info.last_seq:
+                out.append((info, mark))
+        return out
+
     def refresh(self) -> None:
         """Follow the storage if it was replaced under this store (a file restored from a
         backup) or raise ``StoreUnavailable`` if it is gone; a long-lived reader (the

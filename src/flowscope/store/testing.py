@@ -1140,6 +1140,20 @@ class EventStoreContract:
         assert store.delete_sessions(["s"]) == ["s"]
         assert store.exported_seq("s") == 0  # a new session of that id ships its spans
 
+    def test_unexported_lists_the_sessions_past_their_watermark_with_it(self, store: EventStore) -> None:
+        assert store.unexported() == []
+        for sid in ("a", "b", "c"):
+            _finished_session(store, sid, "completed")  # 4 events each
+        assert sorted((i.session_id, m) for i, m in store.unexported()) == [("a", 0), ("b", 0), ("c", 0)]
+        store.set_exported_seq("a", 4)  # all shipped
+        store.set_exported_seq("b", 2)  # part
+        got = sorted((i.session_id, i.last_seq, m) for i, m in store.unexported())
+        assert got == [("b", 4, 2), ("c", 4, 0)]
+        info = dict((i.session_id, i) for i, _m in store.unexported())["b"]
+        assert info == store.session_info("b")
+        store.acquire("new", this_process("w"), 15.0)  # owned, no event: no session yet
+        assert "new" not in {i.session_id for i, _m in store.unexported()}
+
 
 def _finished_session(store: EventStore, sid: str, status: str, with_snapshot: bool = False) -> None:
     """A session of four events that ended with ``status`` (a prune candidate)."""

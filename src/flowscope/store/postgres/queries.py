@@ -48,6 +48,7 @@ __all__ = [
     "SQL_LOAD_SNAPSHOT",
     "SQL_NOTIFY",
     "SQL_EXPORTED_SEQ",
+    "SQL_UNEXPORTED",
     "SQL_SET_EXPORTED_SEQ",
     "CLAIM_ORDER",
     "SQL_PRUNE_LOCK",
@@ -280,6 +281,11 @@ SQL_STORAGE_BYTES = "SELECT " + " + ".join(
 )
 #: The span-shipping watermark of a session; advancing it never moves it back.
 SQL_EXPORTED_SEQ = "SELECT exported_seq FROM span_exports WHERE session_id = %s"
+#: A span follower's pass: the sessions whose log moved past their watermark, in one query.
+SQL_UNEXPORTED = (
+    f"SELECT {_INFO_COLUMNS}, coalesce(x.exported_seq, 0) FROM sessions LEFT JOIN span_exports AS x USING (session_id) "
+    "WHERE last_seq > coalesce(x.exported_seq, 0) ORDER BY coalesce(updated_at, 0)"
+)
 SQL_SET_EXPORTED_SEQ = (
     "INSERT INTO span_exports (session_id, exported_seq) VALUES (%s, %s) "
     "ON CONFLICT (session_id) DO UPDATE SET exported_seq = greatest(span_exports.exported_seq, excluded.exported_seq)"

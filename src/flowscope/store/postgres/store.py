@@ -713,6 +713,10 @@ class PostgresEventStore(EventStore):
         row = self._run("read the span watermark", lambda c: c.execute(q.SQL_EXPORTED_SEQ, (session_id,)).fetchone(), retry=True)
         return int(row[0]) if row is not None else 0
 
+    def unexported(self) -> list[tuple[SessionInfo, int]]:
+        rows = self._run("list sessions with spans to ship", lambda c: c.execute(q.SQL_UNEXPORTED).fetchall(), retry=True)
+        return [(_session_info(r[:-1]), int(r[-1])) for r in rows]
+
     def set_exported_seq(self, session_id: str, seq: int) -> None:
         self._writable("advance the span watermark")
         # retried: the upsert keeps the larger watermark, so running it twice changes nothing

@@ -51,6 +51,7 @@ __all__ = [
     "PRUNE_TABLES",
     "SQL_PRUNE",
     "SQL_HAS_SPAN_EXPORTS",
+    "SQL_UNEXPORTED",
     "SQL_PRUNE_SPAN_EXPORTS",
     "SQL_STORAGE_BYTES",
     "node_state",
@@ -252,6 +253,11 @@ SQL_CREATE_SPAN_EXPORTS = (
     "CREATE TABLE IF NOT EXISTS span_exports (session_id TEXT PRIMARY KEY, exported_seq INTEGER NOT NULL) WITHOUT ROWID"
 )
 SQL_EXPORTED_SEQ = "SELECT exported_seq FROM span_exports WHERE session_id = ?"
+#: A span follower's pass: the sessions whose log moved past their watermark, in one query.
+SQL_UNEXPORTED = (
+    f"SELECT {_INFO_COLUMNS}, coalesce(x.exported_seq, 0) FROM sessions LEFT JOIN span_exports AS x USING (session_id) "
+    "WHERE last_seq > coalesce(x.exported_seq, 0) ORDER BY coalesce(updated_at, 0.0)"
+)
 SQL_SET_EXPORTED_SEQ = (
     "INSERT INTO span_exports (session_id, exported_seq) VALUES (?, ?) "
     "ON CONFLICT(session_id) DO UPDATE SET exported_seq = max(exported_seq, excluded.exported_seq)"

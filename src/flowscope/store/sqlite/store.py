@@ -603,6 +603,13 @@ class SqliteEventStore(EventStore):
                 return 0
         return int(row[0]) if row is not None else 0
 
+    def unexported(self) -> list[tuple[SessionInfo, int]]:
+        with self._op("list sessions with spans to ship") as conn:
+            if conn.execute(q.SQL_HAS_SPAN_EXPORTS).fetchone() is None:  # nothing shipped from this file yet
+                return [(_session_info(r), 0) for r in conn.execute(q.SQL_SESSIONS).fetchall()]
+            rows = conn.execute(q.SQL_UNEXPORTED).fetchall()
+        return [(_session_info(r[:-1]), int(r[-1])) for r in rows]
+
     def set_exported_seq(self, session_id: str, seq: int) -> None:
         with self._write("advance the span watermark") as conn:
             conn.execute(q.SQL_CREATE_SPAN_EXPORTS)
