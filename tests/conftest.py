@@ -11,6 +11,18 @@ from flowscope.store import MemoryEventStore
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+#: Test modules whose imports alone take seconds (google-adk and langgraph with langsmith:
+#: ~2.5 s together). They are slow as a whole (``pytestmark``), and the fast loop does not
+#: even collect them, so it does not pay for the imports.
+SLOW_TO_IMPORT = {"test_bridge_adk.py", "test_bridge_langgraph.py"}
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path.name in SLOW_TO_IMPORT and config.getoption("markexpr", "").replace(" ", "") == "notslow":
+        return True
+    return None
+
+
 @pytest.fixture
 def store():
     return MemoryEventStore()

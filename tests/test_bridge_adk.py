@@ -26,6 +26,9 @@ from flowscope.fold import rebuild
 from flowscope.observability import MetricsPlugin, TracingPlugin
 from flowscope.store import SqliteEventStore
 
+# imports take seconds (tests/conftest.py: SLOW_TO_IMPORT): the whole module is in the slow set
+pytestmark = pytest.mark.slow
+
 APP, USER = "bridge", "u"
 RETRY = RetryConfig(max_attempts=3, initial_delay=0.0, jitter=0.0)
 

@@ -27,6 +27,9 @@ from flowscope.fold import rebuild
 from flowscope.observability import TracingPlugin
 from flowscope.store import SqliteEventStore
 
+# imports take seconds (tests/conftest.py: SLOW_TO_IMPORT): the whole module is in the slow set
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).parent
 CLI = str(Path(sys.executable).with_name("flowscope"))
 
