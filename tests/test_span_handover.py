@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -124,3 +125,51 @@ def test_a_follower_beside_a_live_shipping_worker_sends_no_span_twice(tmp_path, 
     assert len(received) == 9  # 8 nodes and the invocation, sent by the worker itself
     assert sent_by_follower == 0
     assert watermark == last
+
+
+FLOWS_PY = '''
+from flowscope import START, Workflow, node
+
+@node
+async def one(ctx, x):
+    return x + 1
+
+@node
+async def two(ctx, x):
+    return x * 2
+
+traced = Workflow("traced", edges=[(START, one, two)])
+'''
+
+
+@pytest.mark.slow
+def test_flowscope_worker_with_an_otlp_endpoint_ships_the_sessions_it_runs_and_says_so(tmp_path, monkeypatch):
+    (tmp_path / "flows.py").write_text(FLOWS_PY)
+    db = tmp_path / "w.db"
+    env = dict(os.environ, PYTHONPATH=SRC, OTEL_BSP_SCHEDULE_DELAY="50")
+    for name in ("OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED", "FLOWSCOPE_DB"):
+        env.pop(name, None)
+    cli = [sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db)]
+    with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
+        for i in range(3):
+            r = subprocess.run([*cli, "start", "traced", "--input", str(i), "--session", f"t{i}"], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+        w = subprocess.Popen([*cli, "worker", "flows:traced", "--poll", "50ms", "--otlp-endpoint", endpoint], cwd=tmp_path,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while len(collected.spans()) < 3 * 3 and time.monotonic() < deadline:  # per session: the invocation, two nodes
+                time.sleep(0.05)
+            store = SqliteEventStore(str(db))
+            infos = {sid: store.session_info(sid) for sid in ("t0", "t1", "t2")}
+            store.close()
+        finally:
+            w.send_signal(signal.SIGTERM)
+            _out, err = w.communicate(timeout=30)
+        assert w.returncode == 0, err
+        received = [s for _r, _sc, s in collected.spans()]
+    assert {sid: (i.status, i.owner.ships_spans) for sid, i in infos.items()} == {sid: ("completed", True) for sid in infos}
+    names = sorted(s.name for s in received)
+    assert names == sorted(["invoke_workflow traced", "invoke_node one", "invoke_node two"] * 3)
+    assert len({(s.trace_id, s.span_id) for s in received}) == 9
