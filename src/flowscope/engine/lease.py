@@ -3,10 +3,11 @@
 Every ``lease_s / 3`` seconds it renews the leases of all active invocations and writes
 the heartbeats of their in-flight runs: one store call each (``renew_many``,
 ``heartbeat_many``), so a process with a thousand sessions pays one transaction per
-round, not a thousand, and a finishing invocation waits for one short round at most. It runs off the event loop on purpose: a node that
-blocks the loop (a sync body, a long computation) keeps its lease while its process
-lives, so no other process takes over a live run. A renewal that raises ``LeaseLost``
-hands the loss to the invocation's loop (``call_soon_threadsafe``), which cancels it.
+round, not a thousand, and a finishing invocation waits for one short round at most.
+It runs off the event loop on purpose: a node that blocks the loop (a sync body, a long
+computation) keeps its lease while its process lives, so no other process takes over a
+live run. A renewal refused with ``LeaseLost`` hands the loss to the invocation's loop
+(``call_soon_threadsafe``), which cancels it.
 The thread starts with the first active invocation and ends after a period with none.
 """
 

@@ -19,6 +19,7 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
+from operator import itemgetter
 from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence
 
 import sqlite_utils
@@ -700,25 +701,20 @@ class _Bulk:
     def write(self, conn: sqlite3.Connection) -> None:
         """One statement per table, rows in key order: SQLite then walks each B-tree once,
         left to right, instead of jumping to a random leaf per session."""
-        self.events.sort(key=_first_two)
-        self.nodes.sort(key=_first_three)
-        self.advances.sort(key=_last)
+        self.events.sort(key=_BY_SESSION_SEQ)
+        self.nodes.sort(key=_BY_SESSION_PATH)
+        self.advances.sort(key=_BY_LAST)
         conn.executemany(q.SQL_INSERT_EVENT, self.events)
         conn.executemany(q.SQL_UPSERT_NODE, self.nodes)
         conn.executemany(q.SQL_UPSERT_SESSION, self.sessions)
         conn.executemany(q.SQL_ADVANCE_SESSION, self.advances)
 
 
-def _first_two(row: tuple[Any, ...]) -> tuple[Any, Any]:
-    return row[0], row[1]
-
-
-def _first_three(row: tuple[Any, ...]) -> tuple[Any, Any, Any]:
-    return row[0], row[2], row[1]
-
-
-def _last(row: tuple[Any, ...]) -> Any:
-    return row[-1]
+# The keys of the rows a group commit writes: (session_id, seq) of an event row,
+# (session_id, path) of a node_runs row, the session id last in SQL_ADVANCE_SESSION's.
+_BY_SESSION_SEQ = itemgetter(0, 1)
+_BY_SESSION_PATH = itemgetter(0, 2)
+_BY_LAST = itemgetter(-1)
 
 
 def _owner(text: str | None) -> Owner | None:
