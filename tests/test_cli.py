@@ -700,3 +700,13 @@ def test_a_folder_named_corrupt_gets_no_corruption_advice(tmp_path):
     line = assert_one_line_error(run_cli("--db", str(nowhere), "demo"), "flows.db")
     assert "backup" not in line and ".recover" not in line
     assert not nowhere.parent.exists()
+
+
+@pytest.mark.parametrize("cmd", [["serve-metrics", "--port", "0"], ["export", "--follow"]])
+@pytest.mark.parametrize("endpoint, says", [("ftp://x", "is http(s)://host[:port] or host:port"), ("http://:x", "not a URL")])
+def test_a_span_followers_bad_otlp_endpoint_is_one_line_and_exit_2(demo_db, cmd, endpoint, says):
+    db, _sessions = demo_db
+    r = invoke("--db", str(db), *cmd, "--otlp-endpoint", endpoint)
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in r.output, r.output

@@ -25,6 +25,7 @@ __all__ = [
     "start_metrics_server",
     "wait_for_signal",
     "SpanFollower",
+    "check_endpoint",
 ]
 
 #: The OTLP exporter's timeout for the CLI's own runs: a collector that stops answering
@@ -40,6 +41,20 @@ def resolve_otlp_protocol(endpoint: str, protocol: str | None) -> str:
     from ..export import guess_protocol
 
     return protocol or guess_protocol(endpoint)
+
+
+def check_endpoint(endpoint: str, option: str = "--otlp-endpoint") -> None:
+    """A CliError unless ``endpoint`` is an OTLP endpoint: ``http(s)://host[:port]`` or a
+    bare ``host:port``."""
+    from ..observability.otlp import split_endpoint
+
+    try:
+        parts = split_endpoint(endpoint)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise CliError(f"{option} {endpoint}: not a URL ({exc}); use e.g. http://localhost:4318") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CliError(f"{option} {endpoint}: an OTLP endpoint is http(s)://host[:port] or host:port, e.g. http://localhost:4318")
 
 
 def unreachable(endpoint: str) -> str | None:
@@ -136,10 +151,14 @@ class SpanFollower:
     def __init__(self, store: Any, endpoint: str, protocol: str | None, service: str, interval: float, warn: Callable[[str], None]) -> None:
         from ..observability import otlp
 
+        check_endpoint(endpoint)
         try:
             proto = otlp.resolve_protocol(protocol or otlp.guess_protocol(endpoint))
         except ValueError as exc:
             raise CliError(f"--otlp-endpoint {endpoint}: {exc}") from None
+        # The exporter's own retry and failure lines would repeat on every pass: the
+        # follower says once what the endpoint refused (warn) and retries.
+        logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)
         self.exporter = otlp.span_exporter(proto, endpoint, timeout=FOLLOW_TIMEOUT_S, plaintext_unless_https=True)
         self.store, self.service, self.interval, self.warn = store, service, interval, warn
         self._stop = threading.Event()
