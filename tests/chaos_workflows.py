@@ -18,7 +18,7 @@ from typing import Any
 
 from flowscope import START, JoinNode, NodeContext, RetryConfig, Workflow, node
 
-__all__ = ["ALL", "chain", "fanout", "retrying", "asking", "job", "side_effect"]
+__all__ = ["ALL", "chain", "fanout", "retrying", "asking", "job", "side_effect", "resume_args"]
 
 STEP_S = float(os.environ.get("CHAOS_STEP_S", "0.08"))
 
@@ -128,3 +128,17 @@ job = Workflow("chaos_job", edges=[(START, j0, external, after_job)])
 
 #: What ``flowscope worker tests.chaos_workflows:ALL`` serves.
 ALL = [chain, fanout, retrying, asking, job]
+
+
+def resume_args(pending: list[Any]) -> list[str]:
+    """The ``flowscope resume`` options that answer a paused session's ``pending`` events
+    (``WorkflowState.pending``): every input with ``true``, every job with a success."""
+    from flowscope.events import InputRequested, JobDispatched
+
+    args: list[str] = []
+    for p in pending:
+        if isinstance(p, InputRequested):
+            args += ["--input", f"{p.interrupt_id}=true"]
+        elif isinstance(p, JobDispatched):
+            args += ["--job", f'{p.job_id}={{"success": true, "count": 1, "data": {{"n": 1}}}}']
+    return args

@@ -28,7 +28,6 @@ from pathlib import Path
 import pytest
 
 from flowscope import Runner
-from flowscope.events import InputRequested, JobDispatched
 from flowscope.store import PostgresEventStore, rebuild
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -132,13 +131,7 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
             for sid, status in statuses.items():
                 if status != "paused" or sid in answered:
                     continue
-                ws = rebuild(store.read(sid))
-                args: list[str] = []
-                for p in ws.pending:
-                    if isinstance(p, InputRequested):
-                        args += ["--input", f"{p.interrupt_id}=true"]
-                    elif isinstance(p, JobDispatched):
-                        args += ["--job", f'{p.job_id}={{"success": true, "count": 1, "data": {{"n": 1}}}}']
+                args = cw.resume_args(rebuild(store.read(sid)).pending)
                 if args:
                     answered.add(sid)
                     futures.append(pool.submit(cli, url, env, "resume", sid, *args))

@@ -31,7 +31,6 @@ from pathlib import Path
 import pytest
 
 from flowscope import Runner
-from flowscope.events import InputRequested, JobDispatched
 from flowscope.store import SqliteEventStore, rebuild
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -117,13 +116,7 @@ def test_three_workers_one_killed_every_second_complete_every_session_once(tmp_p
                 for sid, status in statuses.items():
                     if status != "paused" or sid in answered:
                         continue
-                    ws = rebuild(store.read(sid))
-                    args: list[str] = []
-                    for p in ws.pending:
-                        if isinstance(p, InputRequested):
-                            args += ["--input", f"{p.interrupt_id}=true"]
-                        elif isinstance(p, JobDispatched):
-                            args += ["--job", f'{p.job_id}={{"success": true, "count": 1, "data": {{"n": 1}}}}']
+                    args = cw.resume_args(rebuild(store.read(sid)).pending)
                     if args:
                         answered.add(sid)
                         futures.append(pool.submit(cli, db, env, "resume", sid, *args))
