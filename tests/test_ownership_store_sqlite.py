@@ -23,6 +23,7 @@ from flowscope.store import SqliteEventStore
 from flowscope.store.sqlite import DB_SCHEMA_VERSION, MIGRATIONS
 from flowscope.store.sqlite import queries as q
 from flowscope.store.sqlite.codec import encode
+from flowscope.store.sqlite.schema import OPEN_WHERE
 from flowscope.store.testing import ev, node_ev
 
 
@@ -148,10 +149,15 @@ def make_schema_2_file(path) -> None:
 
 
 def test_a_schema_2_database_migrates_in_place(db_path):
-    assert DB_SCHEMA_VERSION == 3
+    assert DB_SCHEMA_VERSION == 4
     make_schema_2_file(db_path)
     with SqliteEventStore(db_path) as store:
-        assert store.schema_version == 3
+        assert store.schema_version == 4
+        # schema 4: the open-runs index's predicate is the OR form, with the old open run in it
+        [sql] = [r[0] for r in store._conn.execute("SELECT sql FROM sqlite_master WHERE name = 'node_runs_open'")]
+        assert "status = 'running' OR" in sql and " IN (" not in sql, sql
+        assert store._conn.execute(
+            f"SELECT count(*) FROM node_runs INDEXED BY node_runs_open WHERE {OPEN_WHERE}").fetchone() == (1,)
         [info] = store.sessions()
         assert (info.session_id, info.workflow, info.status, info.last_seq) == ("old", "legacy", "running", 2)
         assert (info.owner, info.epoch, info.lease_expires_at, info.submitted_at) == (None, 0, None, None)

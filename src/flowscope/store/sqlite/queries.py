@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from ...fold import NodeState, WorkflowState
 from ..base import FINISHED_SESSION_STATUSES, NodeRun
+from ..projection_sql import open_where
 from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
@@ -113,7 +114,7 @@ SQL_OPEN_RUNS = f"{SQL_NODE_RUNS} WHERE {OPEN_WHERE} ORDER BY started_at, rowid"
 # (liveness.owner_alive): here, when its lease has ended; SQL_OPEN_SAME_HOST lists the
 # running runs of this host's owners whose lease has not, for the process check in Python.
 _LAST_BEAT = "coalesce(n.heartbeat_at, n.started_at)"
-_OPEN_WHERE_N = OPEN_WHERE.replace("status", "n.status", 1)
+_OPEN_WHERE_N = open_where("n.status", as_or=True)  # schema.OPEN_WHERE, on the aliased table
 SQL_OPEN_SUMMARY = (
     "SELECT n.workflow, n.node, n.status, count(*), min(n.started_at), "
     "sum(n.status = 'running' AND CASE WHEN s.owner IS NULL "
