@@ -167,8 +167,8 @@ def _migrate_2_to_3(db: sqlite_utils.Database) -> None:
 def _migrate_3_to_4(db: sqlite_utils.Database) -> None:
     """The open-runs index with an ``OR`` predicate instead of an ``IN`` list: SQLite
     checks the predicate for every row it writes, and the ``IN`` list cost an ephemeral
-    table each time (~40% of a chain's step). Same rows, same queries; it is rebuilt
-    from the open runs only, so the migration is quick even on a large file."""
+    table each time. Same rows, same queries; the rebuild scans ``node_runs`` once and
+    writes an entry for each open run only."""
     db.execute("DROP INDEX IF EXISTS node_runs_open")
     db.execute(f"CREATE INDEX node_runs_open ON node_runs (status, workflow, node) WHERE {OPEN_WHERE}")
 
