@@ -34,6 +34,7 @@ __all__ = [
     "claim_reason",
     "owned_elsewhere",
     "lease_lost",
+    "one_renewal",
     "WORKER_RETENTION_S",
     "AppendBatch",
     "FINISHED_SESSION_STATUSES",
@@ -272,6 +273,15 @@ def summarize_open_runs(
     return [OpenRunGroup(wf, node, state, *a) for (wf, node, state), a in acc.items()]
 
 
+def one_renewal(results: Sequence[Lease | LeaseLost]) -> Lease:
+    """:meth:`EventStore.renew` as a round of one :meth:`~EventStore.renew_many`: the
+    renewed lease, or its ``LeaseLost`` raised (adapters renew one way, not two)."""
+    [result] = results
+    if isinstance(result, LeaseLost):
+        raise result
+    return result
+
+
 def number_events(session_id: str, events: Sequence[Event], last_seq: int, expected_last_seq: int) -> list[Event]:
     """Check optimistic concurrency and give every event its ``seq``.
 
@@ -385,7 +395,7 @@ class EventStore(ABC):
                 out.append(exc)
         return out
 
-    def heartbeat_many(self, beats: Mapping[str, Sequence[str]], ts: float | None = None) -> None:
+    def heartbeat_many(self, beats: Mapping[str, Iterable[str]], ts: float | None = None) -> None:
         """:meth:`heartbeat` for several sessions (``session_id -> paths``); adapters write
         them in one transaction. Callable from any thread."""
         for session_id, paths in beats.items():

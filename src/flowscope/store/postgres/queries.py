@@ -25,14 +25,11 @@ __all__ = [
     "SQL_OPEN_SUMMARY",
     "SQL_OPEN_SAME_HOST",
     "SQL_SUMMARY_PLANNER",
-    "SQL_HEARTBEAT",
     "SQL_SESSIONS",
     "SQL_SESSION_INFO",
     "SQL_OWNERSHIP_FOR_UPDATE",
     "SQL_NEW_OWNED",
     "SQL_TAKE",
-    "SQL_RENEW",
-    "SQL_OWNERSHIP",
     "SQL_RENEW_MANY",
     "SQL_OWNERSHIP_MANY",
     "SQL_HEARTBEAT_MANY",
@@ -161,9 +158,6 @@ SQL_OPEN_SAME_HOST = (
     "WHERE s.status = 'running' AND s.lease_expires_at > %(now)s AND s.owner->>'host' = %(host)s "
     "AND n.status = 'running' GROUP BY n.workflow, n.node, s.owner, s.lease_expires_at"
 )
-SQL_HEARTBEAT = (
-    "UPDATE node_runs SET heartbeat_at = %s WHERE session_id = %s AND path = ANY(%s) AND status = 'running'"
-)
 _INFO_COLUMNS = f"session_id, {', '.join(_SESSION_COLUMNS)}, owner, epoch, lease_expires_at, submitted_at"
 #: In SessionInfo field order; rows made by acquire() alone (no event yet) are no session.
 SQL_SESSIONS = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 ORDER BY coalesce(updated_at, 0) DESC, id"
@@ -173,7 +167,6 @@ SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = %s 
 SQL_OWNERSHIP_FOR_UPDATE = (
     "SELECT owner, epoch, lease_expires_at, lease_renewed_at FROM sessions WHERE session_id = %s FOR UPDATE"
 )
-SQL_OWNERSHIP = "SELECT owner, epoch FROM sessions WHERE session_id = %s"
 #: A session acquired before its first event: epoch 1. Nothing if another made it first.
 SQL_NEW_OWNED = (
     "INSERT INTO sessions (session_id, owner, epoch, lease_expires_at, lease_renewed_at) "
@@ -185,11 +178,7 @@ SQL_TAKE = (
     "lease_renewed_at = %(now)s, recoveries = recoveries + (session_id = ANY(%(recovered)s))::int "
     "WHERE session_id = ANY(%(sids)s) RETURNING session_id, epoch"
 )
-SQL_RENEW = (
-    "UPDATE sessions SET lease_expires_at = %s, lease_renewed_at = %s WHERE session_id = %s AND epoch = %s "
-    "RETURNING 1"
-)
-#: A lease keeper's round: every lease whose epoch still holds, in one statement; the
+#: A lease keeper's round (renew() is a round of one): every lease whose epoch still holds, in one statement; the
 #: sessions it returns were renewed, the others' leases are lost.
 SQL_RENEW_MANY = (
     "UPDATE sessions AS s SET lease_expires_at = %(expires)s, lease_renewed_at = %(now)s "
@@ -197,6 +186,7 @@ SQL_RENEW_MANY = (
     "WHERE s.session_id = v.session_id AND s.epoch = v.epoch RETURNING s.session_id"
 )
 SQL_OWNERSHIP_MANY = "SELECT session_id, owner, epoch FROM sessions WHERE session_id = ANY(%s)"
+#: Heartbeats of several sessions' running runs (heartbeat() is one session's).
 SQL_HEARTBEAT_MANY = (
     "UPDATE node_runs AS n SET heartbeat_at = %(now)s "
     "FROM unnest(%(sids)s::text[], %(paths)s::text[]) AS v(session_id, path) "

@@ -54,6 +54,7 @@ from ..base import (
     count_dead_owners,
     lease_lost,
     number_events,
+    one_renewal,
     owned_elsewhere,
 )
 from ..sqlite.codec import decode, encode
@@ -443,12 +444,7 @@ class PostgresEventStore(EventStore):
         return _session_info(row) if row is not None else None
 
     def heartbeat(self, session_id: str, paths: Iterable[str], ts: float | None = None) -> None:
-        now = time.time() if ts is None else ts
-        chosen = list(paths)
-        if not chosen:
-            return
-        self._writable("record heartbeats")
-        self._run("record heartbeats", lambda c: c.execute(q.SQL_HEARTBEAT, (now, session_id, chosen)), retry=True)
+        self.heartbeat_many({session_id: list(paths)}, ts)
 
     def node_runs(self, session_id: str | None = None) -> list[NodeRun]:
         def fetch(conn: Conn) -> list[Any]:
@@ -513,16 +509,7 @@ class PostgresEventStore(EventStore):
         return {sid: int(epoch) for sid, epoch in conn.execute(q.SQL_TAKE, params).fetchall()}
 
     def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
-        now = time.time() if now is None else now
-        self._writable("renew a lease")
-
-        def extend(conn: Conn) -> None:
-            if conn.execute(q.SQL_RENEW, (now + lease_s, now, lease.session_id, lease.epoch)).fetchone() is None:
-                row = conn.execute(q.SQL_OWNERSHIP, (lease.session_id,)).fetchone()
-                raise lease_lost(lease.session_id, row[1] if row else 0, _owner(row[0]) if row else None, lease.epoch)
-
-        self._run("renew a lease", extend, retry=True)  # idempotent: the same expiry twice
-        return dataclasses.replace(lease, expires_at=now + lease_s)
+        return one_renewal(self.renew_many([lease], lease_s, now=now))
 
     def renew_many(self, leases: Sequence[Lease], lease_s: float, *, now: float | None = None) -> list[Lease | LeaseLost]:
         now = time.time() if now is None else now
@@ -553,7 +540,7 @@ class PostgresEventStore(EventStore):
                 out.append(lease_lost(lease.session_id, row[1] if row else 0, _owner(row[0]) if row else None, lease.epoch))
         return out
 
-    def heartbeat_many(self, beats: Mapping[str, Sequence[str]], ts: float | None = None) -> None:
+    def heartbeat_many(self, beats: Mapping[str, Iterable[str]], ts: float | None = None) -> None:
         now = time.time() if ts is None else ts
         pairs = [(sid, p) for sid, paths in beats.items() for p in paths]
         if not pairs:

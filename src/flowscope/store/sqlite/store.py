@@ -44,6 +44,7 @@ from ..base import (
     count_dead_owners,
     lease_lost,
     number_events,
+    one_renewal,
     owned_elsewhere,
 )
 from . import queries as q
@@ -246,11 +247,7 @@ class SqliteEventStore(EventStore):
                     schema.rollback(conn)  # the cache entry was popped: the next append reads the rows
                     raise
                 if self._pending_cache is not None:  # committed: keep the states for the next append
-                    sid, entry = self._pending_cache
-                    cache = self._node_cache
-                    cache[sid] = entry
-                    while len(cache) > _NODE_CACHE_SESSIONS:
-                        cache.pop(next(iter(cache)))
+                    self._keep([self._pending_cache])
             except sqlite3.Error as exc:
                 raise store_error(exc, self.path, "append events", self.busy_timeout) from exc
         return numbered
@@ -321,6 +318,13 @@ class SqliteEventStore(EventStore):
             self._pending_cache = (session_id, (numbered[-1].seq, complete, nodes))
         return numbered
 
+    def _keep(self, entries: Iterable[tuple[str, _CacheEntry]]) -> None:
+        """Remember committed appends' node states for the next append (bounded)."""
+        cache = self._node_cache
+        cache.update(entries)
+        while len(cache) > _NODE_CACHE_SESSIONS:
+            cache.pop(next(iter(cache)))
+
     def _cached_nodes(self, session_id: str, new_session: bool, last: int) -> tuple[dict[str, NodeState], bool]:
         """The node states to fold into, and whether they are all of the session's rows.
 
@@ -365,12 +369,7 @@ class SqliteEventStore(EventStore):
         return _session_info(row) if row is not None else None
 
     def heartbeat(self, session_id: str, paths: Iterable[str], ts: float | None = None) -> None:
-        now = time.time() if ts is None else ts
-        params = [(now, session_id, p) for p in paths]
-        if not params:
-            return
-        with self._write("record heartbeats") as conn:
-            conn.executemany(q.SQL_HEARTBEAT, params)
+        self.heartbeat_many({session_id: list(paths)}, ts)
 
     def node_runs(self, session_id: str | None = None) -> list[NodeRun]:
         with self._op("read node runs") as conn:
@@ -423,20 +422,14 @@ class SqliteEventStore(EventStore):
         return epoch
 
     def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
-        now = time.time() if now is None else now
-        with self._write("renew a lease") as conn:
-            cur = conn.execute(q.SQL_RENEW, (now + lease_s, now, lease.session_id, lease.epoch))
-            if cur.rowcount != 1:
-                row = conn.execute(q.SQL_OWNERSHIP, (lease.session_id,)).fetchone()
-                raise lease_lost(lease.session_id, row[1] if row else 0, _owner(row[0]) if row else None, lease.epoch)
-        return dataclasses.replace(lease, expires_at=now + lease_s)
+        return one_renewal(self.renew_many([lease], lease_s, now=now))
 
     def renew_many(self, leases: Sequence[Lease], lease_s: float, *, now: float | None = None) -> list[Lease | LeaseLost]:
         now = time.time() if now is None else now
         out: list[Lease | LeaseLost] = []
         if not leases:
             return out
-        with self._write("renew leases") as conn:
+        with self._write("renew leases") as conn:  # renew() is a round of one
             for lease in leases:
                 cur = conn.execute(q.SQL_RENEW, (now + lease_s, now, lease.session_id, lease.epoch))
                 if cur.rowcount == 1:
@@ -446,7 +439,7 @@ class SqliteEventStore(EventStore):
                 out.append(lease_lost(lease.session_id, row[1] if row else 0, _owner(row[0]) if row else None, lease.epoch))
         return out
 
-    def heartbeat_many(self, beats: Mapping[str, Sequence[str]], ts: float | None = None) -> None:
+    def heartbeat_many(self, beats: Mapping[str, Iterable[str]], ts: float | None = None) -> None:
         now = time.time() if ts is None else ts
         params = [(now, sid, p) for sid, paths in beats.items() for p in paths]
         if not params:
@@ -587,11 +580,7 @@ class SqliteEventStore(EventStore):
                     schema.rollback(conn)
                     raise
                 self._pending_cache = None
-                cache = self._node_cache
-                for sid, entry in kept:
-                    cache[sid] = entry
-                while len(cache) > _NODE_CACHE_SESSIONS:
-                    cache.pop(next(iter(cache)))
+                self._keep(kept)
             except sqlite3.Error as exc:
                 raise store_error(exc, self.path, "append events", self.busy_timeout) from exc
         return out
