@@ -13,6 +13,7 @@ exposition the same: one lock, one ``bisect`` for the bucket, and an exemplar *s
 from __future__ import annotations
 
 import threading
+from abc import abstractmethod
 import time
 from bisect import bisect_left
 from typing import Any, Callable, Iterator, Sequence
@@ -32,8 +33,6 @@ ExemplarResolver = Callable[[Any], "dict[str, str] | None"]
 class _Lean(Collector):
     """A labelled collector: ``labels(*values)`` gives the child to observe into."""
 
-    kind = ""
-
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry | None) -> None:
         self._name = name
         self._documentation = documentation
@@ -52,8 +51,13 @@ class _Lean(Collector):
                     child = self._children[values] = self._child()
         return child
 
+    @abstractmethod
     def _child(self) -> Any:
-        raise NotImplementedError
+        """A new child for one label set."""
+
+    @abstractmethod
+    def _family(self) -> Any:
+        """The metric family, without samples (``describe``) or to add them to (``collect``)."""
 
     def _items(self) -> list[tuple[tuple[str, ...], Any]]:
         with self._lock:
@@ -62,11 +66,10 @@ class _Lean(Collector):
     def describe(self) -> list[Metric]:
         return [self._family()]
 
-    def _family(self) -> Any:
-        raise NotImplementedError
 
+class _Value:
+    """One label set's value: a gauge's, and a counter's (which refuses to go down)."""
 
-class _CounterChild:
     __slots__ = ("value", "created", "_lock")
 
     def __init__(self) -> None:
@@ -75,19 +78,32 @@ class _CounterChild:
         self._lock = threading.Lock()
 
     def inc(self, amount: float = 1.0) -> None:
+        with self._lock:  # several event loops in several threads may share one registry
+            self.value += amount
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.inc(-amount)
+
+    def set(self, value: float) -> None:
+        with self._lock:
+            self.value = float(value)
+
+
+class _CounterValue(_Value):
+    __slots__ = ()
+
+    def inc(self, amount: float = 1.0) -> None:
         if amount < 0:
             raise ValueError("counters can only be incremented by non-negative amounts")
-        with self._lock:  # several event loops in several threads may share one registry
+        with self._lock:
             self.value += amount
 
 
 class LeanCounter(_Lean):
     """A counter: ``name`` without ``_total`` (as prometheus-client's ``Counter`` takes it)."""
 
-    kind = "counter"
-
-    def _child(self) -> _CounterChild:
-        return _CounterChild()
+    def _child(self) -> _CounterValue:
+        return _CounterValue()
 
     def _family(self) -> CounterMetricFamily:
         return CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
@@ -99,30 +115,9 @@ class LeanCounter(_Lean):
         yield family
 
 
-class _GaugeChild:
-    __slots__ = ("value", "_lock")
-
-    def __init__(self) -> None:
-        self.value = 0.0
-        self._lock = threading.Lock()
-
-    def inc(self, amount: float = 1.0) -> None:
-        with self._lock:
-            self.value += amount
-
-    def dec(self, amount: float = 1.0) -> None:
-        self.inc(-amount)
-
-    def set(self, value: float) -> None:
-        with self._lock:
-            self.value = float(value)
-
-
 class LeanGauge(_Lean):
-    kind = "gauge"
-
-    def _child(self) -> _GaugeChild:
-        return _GaugeChild()
+    def _child(self) -> _Value:
+        return _Value()
 
     def _family(self) -> GaugeMetricFamily:
         return GaugeMetricFamily(self._name, self._documentation, labels=self._labelnames)
@@ -158,8 +153,6 @@ class _HistogramChild:
 
 class LeanHistogram(_Lean):
     """A histogram with ``buckets`` (+Inf added) whose exemplars are resolved at scrape."""
-
-    kind = "histogram"
 
     def __init__(
         self,
