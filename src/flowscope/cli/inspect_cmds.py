@@ -15,7 +15,7 @@ from ..store.base import FINISHED_SESSION_STATUSES
 from . import views
 from .app import DURATION, db_option, emit, format_option, open_store, otlp_protocol_option, resolve_db, shown_db
 from .failures import EXIT_FAILED, CliError, one_line, unknown_session
-from .runtime import check_endpoint
+from .runtime import follower_exporter
 from .history import EVENT_KEYS, event_rows, retry_reasons, session_history
 from .render import fmt_time, render_table, waterfall_lines, zone_name
 from .tables import audit_table, pending_hint, runs_table, session_header, stuck_table
@@ -302,17 +302,11 @@ def _export_follow(
     db: str | None, endpoint: str | None, protocol: str | None, service_name: str, timeout: float, interval: float, rounds: int | None
 ) -> None:
     from ..export import ExportError
-    from ..observability import otlp
     from ..observability.export import follow
 
     if not endpoint:
         raise CliError("--follow sends spans: give --otlp-endpoint URL (e.g. http://localhost:4318)")
-    check_endpoint(endpoint)
-    try:
-        proto = otlp.resolve_protocol(protocol or otlp.guess_protocol(endpoint))
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    exporter = otlp.span_exporter(proto, endpoint, timeout=timeout, plaintext_unless_https=True)
+    exporter = follower_exporter(endpoint, protocol, timeout)
     try:
         with open_store(db, write=True) as store:
             follow(

@@ -26,6 +26,7 @@ __all__ = [
     "wait_for_signal",
     "SpanFollower",
     "check_endpoint",
+    "follower_exporter",
 ]
 
 #: The OTLP exporter's timeout for the CLI's own runs: a collector that stops answering
@@ -41,6 +42,19 @@ def resolve_otlp_protocol(endpoint: str, protocol: str | None) -> str:
     from ..export import guess_protocol
 
     return protocol or guess_protocol(endpoint)
+
+
+def follower_exporter(endpoint: str, protocol: str | None, timeout: float) -> Any:
+    """The OTLP span exporter of a span follower (``export --follow``, ``serve-metrics
+    --otlp-endpoint``); a malformed endpoint or protocol is a CliError."""
+    from ..observability import otlp
+
+    check_endpoint(endpoint)
+    try:
+        proto = otlp.resolve_protocol(protocol or otlp.guess_protocol(endpoint))
+    except ValueError as exc:
+        raise CliError(f"--otlp-endpoint {endpoint}: {exc}") from None
+    return otlp.span_exporter(proto, endpoint, timeout=timeout, plaintext_unless_https=True)
 
 
 def check_endpoint(endpoint: str, option: str = "--otlp-endpoint") -> None:
@@ -149,17 +163,10 @@ class SpanFollower:
     pass; :meth:`stop` ends it."""
 
     def __init__(self, store: Any, endpoint: str, protocol: str | None, service: str, interval: float, warn: Callable[[str], None]) -> None:
-        from ..observability import otlp
-
-        check_endpoint(endpoint)
-        try:
-            proto = otlp.resolve_protocol(protocol or otlp.guess_protocol(endpoint))
-        except ValueError as exc:
-            raise CliError(f"--otlp-endpoint {endpoint}: {exc}") from None
+        self.exporter = follower_exporter(endpoint, protocol, FOLLOW_TIMEOUT_S)
         # The exporter's own retry and failure lines would repeat on every pass: the
         # follower says once what the endpoint refused (warn) and retries.
         logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)
-        self.exporter = otlp.span_exporter(proto, endpoint, timeout=FOLLOW_TIMEOUT_S, plaintext_unless_https=True)
         self.store, self.service, self.interval, self.warn = store, service, interval, warn
         self._stop = threading.Event()
         self._said: set[str] = set()
