@@ -18,7 +18,7 @@ from typing import Any
 
 from flowscope import START, JoinNode, NodeContext, RetryConfig, Workflow, node
 
-__all__ = ["ALL", "chain", "fanout", "retrying", "asking", "job", "side_effect", "resume_args"]
+__all__ = ["ALL", "chain", "fanout", "retrying", "asking", "job", "side_effect", "resume_args", "stop_workers"]
 
 STEP_S = float(os.environ.get("CHAOS_STEP_S", "0.08"))
 
@@ -142,3 +142,20 @@ def resume_args(pending: list[Any]) -> list[str]:
         elif isinstance(p, JobDispatched):
             args += ["--job", f'{p.job_id}={{"success": true, "count": 1, "data": {{"n": 1}}}}']
     return args
+
+
+def stop_workers(workers: list[Any]) -> None:
+    """SIGTERM every worker process still running (they drain and exit 0), then wait for
+    each; one that does not exit within 20 s is killed."""
+    import signal
+    import subprocess
+
+    for w in workers:
+        if w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+    for w in workers:
+        try:
+            w.wait(20)
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait(10)

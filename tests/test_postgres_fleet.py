@@ -172,15 +172,7 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
             time.sleep(0.1)
     finally:
         pool.shutdown(wait=False)
-        for w in workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(20)
-            except subprocess.TimeoutExpired:
-                w.kill()
-                w.wait(10)
+        cw.stop_workers(workers)
 
     assert all(w.returncode == 0 for w in workers), [w.returncode for w in workers]
     assert kills >= 5, f"only {kills} kills"

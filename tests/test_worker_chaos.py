@@ -140,15 +140,7 @@ def test_three_workers_one_killed_every_second_complete_every_session_once(tmp_p
                 time.sleep(0.1)
     finally:
         pool.shutdown(wait=False)
-        for w in workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(20)
-            except subprocess.TimeoutExpired:
-                w.kill()
-                w.wait(10)
+        cw.stop_workers(workers)
 
     # the workers still alive drain and exit 0 on SIGTERM
     assert all(w.returncode == 0 for w in workers), [w.returncode for w in workers]
