@@ -55,13 +55,10 @@ def dead_pid() -> int:
 )
 def test_ships_own_spans(owner, lease, updated, host, expected):
     me = this_process("w")
-    owners = {
-        None: None,
-        "plain": me,
-        "ships": dataclasses.replace(me, ships_spans=True),
-        "dead": Owner("w", me.host, dead_pid(), None, ships_spans=True),
-    }
-    o = owners[owner]
+    if owner == "dead":
+        o: Owner | None = Owner("w", me.host, dead_pid(), None, ships_spans=True)
+    else:
+        o = {None: None, "plain": me, "ships": dataclasses.replace(me, ships_spans=True)}[owner]
     if host is not None and o is not None:
         o = dataclasses.replace(o, host=host)
     assert ships_own_spans(o, lease, updated, NOW) is expected
