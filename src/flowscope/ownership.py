@@ -149,8 +149,9 @@ def _this_pid_start() -> tuple[int, float | None]:
     return pid, process_start_time(pid)
 
 
-def this_process(worker_id: str | None = None) -> Owner:
-    """The owner record of the calling process (a new ``worker_id`` unless one is given)."""
+def this_process(worker_id: str | None = None, *, ships_spans: bool = False) -> Owner:
+    """The owner record of the calling process (a new ``worker_id`` unless one is given);
+    ``ships_spans``: its plugins ship its sessions' spans (:attr:`Owner.ships_spans`)."""
     pid, started = _this_pid_start()
     if pid != os.getpid():  # forked since the cache was filled
         _this_pid_start.cache_clear()
@@ -160,4 +161,5 @@ def this_process(worker_id: str | None = None) -> Owner:
         host=this_host(),
         pid=pid,
         started_at=started,
+        ships_spans=ships_spans,
     )

@@ -19,7 +19,6 @@ Paused sessions stay paused. See docs/workers.md.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 import time
@@ -92,7 +91,7 @@ class Worker:
         self.poll_s = float(poll_s)
         self.max_recoveries = max_recoveries
         self._hooks = PluginDispatcher(self.plugins)
-        self.owner: Owner = dataclasses.replace(this_process(worker_id), ships_spans=self._hooks.ships_spans)
+        self.owner: Owner = this_process(worker_id, ships_spans=self._hooks.ships_spans)
         self.runners = {
             name: Runner(
                 wf,

@@ -13,7 +13,6 @@ jobs), ``record.py`` (emit and flush).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import random
@@ -112,7 +111,7 @@ class Runner:
         self.rng = random.Random(seed)
         self._active: dict[str, Invocation] = {}
         self.lease_s = lease_s
-        self.owner = dataclasses.replace(this_process(worker_id), ships_spans=self.plugins.ships_spans)
+        self.owner = this_process(worker_id, ships_spans=self.plugins.ships_spans)
         self._commits = GroupCommit(self.store)  # appends of concurrent sessions share transactions
         self._keeper = LeaseKeeper(self.store, lease_s, heartbeat_interval, f"flowscope-lease-{workflow.name}")
 
