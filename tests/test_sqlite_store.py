@@ -444,6 +444,52 @@ def test_pragmas_wal_and_synchronous(db_path):
         SqliteEventStore(db_path, durability="paranoid")
 
 
+def _grow_wal(store, sessions: int, steps: int) -> None:
+    """Append a run start and ``steps`` node runs to each of ``sessions`` sessions, a step
+    (one node's completion and the next one's start) per transaction."""
+    for i in range(sessions):
+        sid = f"wal-{i}"
+        store.append(sid, [started(sid)], 0)
+        for k in range(steps):
+            store.append(
+                sid,
+                [node_ev(NodeStarted, f"w@1/n{k}@1", 2.0 + k, sid), node_ev(NodeCompleted, f"w@1/n{k}@1", 2.5 + k, sid)],
+                store.last_seq(sid),
+            )
+
+
+def test_the_wal_is_checkpointed_every_16_mib_not_every_mib(db_path):
+    # SQLite's default (1,000 pages: 1 MiB at flowscope's page size) checkpoints every
+    # ~100 steps, each time syncing both files and copying the session's hot pages again.
+    with SqliteEventStore(db_path) as s:
+        page = s._conn.execute("PRAGMA page_size").fetchone()[0]
+        assert page == sqlite_mod.PAGE_SIZE
+        assert s._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == sqlite_mod.WAL_CHECKPOINT_BYTES // page
+        _grow_wal(s, 4, 100)
+        wal = os.path.getsize(f"{db_path}-wal")
+        assert 2 * 1024 * 1024 < wal < sqlite_mod.WAL_CHECKPOINT_BYTES, wal  # grew past 1 MiB: no checkpoint yet
+        assert raw(db_path).execute("SELECT count(*) FROM events").fetchone()[0] == 4 * 201  # all in the WAL, visible
+
+
+@pytest.mark.slow
+def test_the_wal_stays_bounded_and_everything_reaches_the_database_file(db_path):
+    with SqliteEventStore(db_path) as s:
+        schema_only = os.path.getsize(db_path)
+        _grow_wal(s, 20, 300)  # ~6,000 steps of ~10 frames: several times WAL_CHECKPOINT_BYTES
+        wal = os.path.getsize(f"{db_path}-wal")
+        assert wal <= sqlite_mod.WAL_CHECKPOINT_BYTES * 1.1, wal  # reset at each checkpoint, never past the limit
+        assert os.path.getsize(db_path) > schema_only + 1024 * 1024  # checkpoints moved the pages into the file
+    with SqliteEventStore(db_path, readonly=True) as r:
+        assert all(r.last_seq(f"wal-{i}") == 601 for i in range(20))
+
+
+def test_a_read_only_store_never_checkpoints(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started()], 0)
+    with SqliteEventStore(db_path, readonly=True) as r:
+        assert r._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000  # untouched: it writes nothing
+
+
 # --------------------------------------------------------------------------- bad input
 
 

@@ -121,6 +121,10 @@ class SqliteEventStore(EventStore):
             pragma = "PRAGMA journal_mode" if readonly else "PRAGMA journal_mode = WAL"
             self.journal_mode = str(conn.execute(pragma).fetchone()[0]).lower()
             conn.execute(f"PRAGMA synchronous = {schema.DURABILITY[durability]}")
+            if not readonly and self.journal_mode == "wal":
+                page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+                conn.execute(f"PRAGMA wal_autocheckpoint = {schema.WAL_CHECKPOINT_BYTES // page_size}")
+                conn.execute(f"PRAGMA journal_size_limit = {schema.WAL_SIZE_LIMIT}")
         except StoreError:
             self._close_quietly()
             raise
