@@ -297,3 +297,43 @@ def test_after_a_refused_export_the_watermark_of_that_session_stays_put_in_this_
     ledger.register(store, [rec(3, 2)])
     ledger.exported([Ctx(3)], ok=True)
     assert store.exported_seq("x") == 0
+
+
+class _CountingStore(SqliteEventStore):
+    """A SQLite store that counts its watermark writes (each is a transaction)."""
+
+    def __init__(self, path) -> None:
+        super().__init__(path)
+        self.watermark_calls: list[int] = []
+
+    def set_exported_seqs(self, marks) -> None:
+        self.watermark_calls.append(len(marks))
+        super().set_exported_seqs(marks)
+
+
+async def test_one_export_of_many_sessions_spans_advances_their_watermarks_in_one_transaction(tmp_path):
+    # One write per session was one SQLite commit per session per export, on the exporter's
+    # thread, holding the store against the appends of the event loop.
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    store = _CountingStore(tmp_path / "f.db")
+    inner = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(WatermarkExporter(inner, Ledger()), max_queue_size=10_000, max_export_batch_size=10_000, schedule_delay_millis=60_000))
+    wf = Workflow("w", edges=[(START, node(lambda x: x, name="a"), node(lambda x: x, name="b"))])
+    runner = Runner(wf, store=store, plugins=[TracingPlugin(tracer_provider=provider)])
+    sids = [f"s{i}" for i in range(200)]
+    await asyncio.gather(*(runner.run(1, session_id=s) for s in sids))
+    assert provider.force_flush()
+    assert len(inner.get_finished_spans()) == 200 * 3
+    assert [store.exported_seq(s) for s in sids] == [store.last_seq(s) for s in sids]  # every span shipped, on record
+    assert sum(store.watermark_calls) == 200 and len(store.watermark_calls) <= 2, store.watermark_calls
+    provider.shutdown()
+
+
+def test_watermarks_advance_together_and_never_move_back_in_sqlite(tmp_path):
+    with SqliteEventStore(tmp_path / "f.db") as store:
+        store.set_exported_seqs({})  # nothing to write: no table, no transaction
+        store.set_exported_seqs({"a": 3, "b": 2})
+        store.set_exported_seqs({"a": 1, "b": 5, "c": 1})
+        assert [store.exported_seq(s) for s in "abcd"] == [3, 5, 1, 0]

@@ -187,14 +187,18 @@ class Ledger:
                     writes.append((mark.store, session, upto))
                 if not mark.pending:
                     del self._sessions[session]
-        for store, session, seq in writes:  # outside the lock: a store write can wait
+        by_store: dict[int, tuple[EventStore, dict[str, int]]] = {}
+        for store, session, seq in writes:
+            by_store.setdefault(id(store), (store, {}))[1][session] = seq
+        for store, marks in by_store.values():  # outside the lock: a store write can wait
             try:
-                store.set_exported_seq(session, seq)
+                store.set_exported_seqs(marks)  # one transaction for all the sessions of this export
             except Exception as exc:  # the next opener ships these again: duplicates, never a loss
-                log.warning("could not record that the spans of session %s were exported: %s", session, exc)
+                log.warning("could not record that the spans of %d sessions were exported: %s", len(marks), exc)
             with self._lock:
-                if self._writing.get(session) == seq and session not in self._sessions:
-                    del self._writing[session]
+                for session, seq in marks.items():
+                    if self._writing.get(session) == seq and session not in self._sessions:
+                        del self._writing[session]
 
 
 class _Mark:

@@ -516,6 +516,15 @@ class EventStore(ABC):
         if seq > marks.get(session_id, 0):
             marks[session_id] = seq
 
+    def set_exported_seqs(self, marks: Mapping[str, int]) -> None:
+        """:meth:`set_exported_seq` for several sessions (``session_id -> seq``): what one
+        export of a batch of spans completed. This default advances them one by one; the
+        SQLite and PostgreSQL stores write them in one transaction, so a process shipping
+        the spans of a thousand sessions pays one commit per export, not one per session.
+        Callable from any thread (exporters run on their processor's)."""
+        for session_id, seq in marks.items():
+            self.set_exported_seq(session_id, seq)
+
     def unexported(self) -> list[tuple[SessionInfo, int]]:
         """The sessions whose log has moved past their span watermark, each with it: what a
         span follower (``flowscope export --follow``) looks at on a pass. This default reads

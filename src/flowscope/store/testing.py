@@ -1140,6 +1140,14 @@ class EventStoreContract:
         assert store.delete_sessions(["s"]) == ["s"]
         assert store.exported_seq("s") == 0  # a new session of that id ships its spans
 
+    def test_watermarks_of_several_sessions_advance_in_one_call_and_never_move_back(self, store: EventStore) -> None:
+        store.set_exported_seqs({})
+        store.set_exported_seqs({"a": 3, "b": 2})
+        store.set_exported_seqs({"a": 1, "b": 5, "c": 1})  # a stays: never moves back
+        assert [store.exported_seq(s) for s in "abcd"] == [3, 5, 1, 0]
+        store.set_exported_seq("c", 4)  # the one-session form is the same write
+        assert store.exported_seq("c") == 4
+
     def test_unexported_lists_the_sessions_past_their_watermark_with_it(self, store: EventStore) -> None:
         assert store.unexported() == []
         for sid in ("a", "b", "c"):

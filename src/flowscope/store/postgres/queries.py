@@ -46,7 +46,7 @@ __all__ = [
     "SQL_NOTIFY",
     "SQL_EXPORTED_SEQ",
     "SQL_UNEXPORTED",
-    "SQL_SET_EXPORTED_SEQ",
+    "SQL_SET_EXPORTED_SEQS",
     "CLAIM_ORDER",
     "SQL_PRUNE_LOCK",
     "SQL_PRUNABLE",
@@ -276,7 +276,8 @@ SQL_UNEXPORTED = (
     f"SELECT {_INFO_COLUMNS}, coalesce(x.exported_seq, 0) FROM sessions LEFT JOIN span_exports AS x USING (session_id) "
     "WHERE last_seq > coalesce(x.exported_seq, 0) ORDER BY coalesce(updated_at, 0)"
 )
-SQL_SET_EXPORTED_SEQ = (
-    "INSERT INTO span_exports (session_id, exported_seq) VALUES (%s, %s) "
+SQL_SET_EXPORTED_SEQS = (
+    "INSERT INTO span_exports (session_id, exported_seq) "
+    "SELECT * FROM unnest(%(sids)s::text[], %(seqs)s::bigint[]) "
     "ON CONFLICT (session_id) DO UPDATE SET exported_seq = greatest(span_exports.exported_seq, excluded.exported_seq)"
 )

@@ -705,9 +705,16 @@ class PostgresEventStore(EventStore):
         return [(_session_info(r[:-1]), int(r[-1])) for r in rows]
 
     def set_exported_seq(self, session_id: str, seq: int) -> None:
-        self._writable("advance the span watermark")
-        # retried: the upsert keeps the larger watermark, so running it twice changes nothing
-        self._run("advance the span watermark", lambda c: c.execute(q.SQL_SET_EXPORTED_SEQ, (session_id, seq)), retry=True)
+        self.set_exported_seqs({session_id: seq})
+
+    def set_exported_seqs(self, marks: Mapping[str, int]) -> None:
+        if not marks:
+            return
+        self._writable("advance the span watermarks")
+        items = sorted(marks.items())  # rows locked in session-id order: two exporters never deadlock
+        params = {"sids": [sid for sid, _ in items], "seqs": [seq for _, seq in items]}
+        # one statement; retried: the upsert keeps the larger watermark, so running it twice changes nothing
+        self._run("advance the span watermarks", lambda c: c.execute(q.SQL_SET_EXPORTED_SEQS, params), retry=True)
 
     # ------------------------------------------------------------------ pruning (flowscope prune)
 

@@ -605,9 +605,14 @@ class SqliteEventStore(EventStore):
         return [(_session_info(r[:-1]), int(r[-1])) for r in rows]
 
     def set_exported_seq(self, session_id: str, seq: int) -> None:
-        with self._write("advance the span watermark") as conn:
+        self.set_exported_seqs({session_id: seq})
+
+    def set_exported_seqs(self, marks: Mapping[str, int]) -> None:
+        if not marks:
+            return
+        with self._write("advance the span watermarks") as conn:
             conn.execute(q.SQL_CREATE_SPAN_EXPORTS)
-            conn.execute(q.SQL_SET_EXPORTED_SEQ, (session_id, seq))
+            conn.executemany(q.SQL_SET_EXPORTED_SEQ, sorted(marks.items()))
 
     # ------------------------------------------------------------------ pruning (flowscope prune)
 
