@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from .jsontext import dumps
+
 __all__ = [
     "SCHEMA_VERSION",
     "UNKNOWN_ERROR",
@@ -327,7 +329,7 @@ def from_dict(d: dict[str, Any]) -> Event:
 
 def encode(event: Event) -> str:
     """One event as a compact JSON string."""
-    return json.dumps(to_dict(event), separators=(",", ":"))
+    return dumps(to_dict(event))
 
 
 def decode(text: str | bytes) -> Event:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, overload
 from ..errors import ErrorInfo, OutputNotSerializableError, Redactor, StateNotSerializableError, classify
 from ..events import Event, RunFinished
 from ..fold import WorkflowState
+from ..jsontext import dumps_finite
 from ..ownership import Lease
 from ..store.base import EventStore
 from .commit import GroupCommit
@@ -39,7 +40,7 @@ log = logging.getLogger("flowscope.engine")
 
 E = TypeVar("E", bound=Event)
 
-_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_dumps = dumps_finite  # built once (flowscope.jsontext)
 _loads = json.loads
 _JSON_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
 

@@ -21,7 +21,6 @@ SQLite store's codec, so a log reads the same from either store.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import threading
 import time
@@ -37,6 +36,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ...errors import ConcurrencyConflict, LeaseLost, StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
 from ...events import Event, RunSubmitted, UnknownEvent
 from ...fold import NodeState, WorkflowState, gc_paused
+from ...jsontext import dumps_finite
 from ...liveness import owner_alive, stale_before
 from ...ownership import Lease, Owner, this_host
 from ..base import (
@@ -278,10 +278,9 @@ class PostgresEventStore(EventStore):
             return None  # rare (another workflow's run in this session): the locking path renames the runs
         keys, columns = q.EVENT_KEYS, sch.NODE_STATE_COLUMNS
         try:  # allow_nan=False: JSON has no NaN, and the column types would refuse its text
-            events_json = json.dumps([dict(zip(keys, (e.seq,) + enc)) for e, enc in zip(numbered, encoded)], allow_nan=False)
-            nodes_json = json.dumps(
-                [dict(zip(columns, _node_row(session_id, ws.workflow, ws.nodes[p])[2:])) for p in paths if p in ws.nodes],
-                allow_nan=False,
+            events_json = dumps_finite([dict(zip(keys, (e.seq,) + enc)) for e, enc in zip(numbered, encoded)])
+            nodes_json = dumps_finite(
+                [dict(zip(columns, _node_row(session_id, ws.workflow, ws.nodes[p])[2:])) for p in paths if p in ws.nodes]
             )
         except ValueError:
             return None  # a NaN or an infinity: the locking path sends it as a float

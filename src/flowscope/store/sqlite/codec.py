@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 from ...errors import StoreCorrupt, StoreError
 from ...events import COMMON_FIELDS, EVENT_TYPES, Event, EventDecodeError, UnknownEvent, from_dict, to_dict
 from ...fold import gc_paused
+from ...jsontext import dumps
 
 __all__ = ["EventNotSerializableError", "Row", "Builder", "encode", "decode", "builder_source"]
 
@@ -44,7 +45,7 @@ _PAYLOAD_FIELDS: dict[type, tuple[str, ...]] = {
     for cls in EVENT_TYPES.values()
 }
 _JSON_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
-_dumps = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps would build an encoder per call
+_dumps = dumps  # built once (flowscope.jsontext)
 
 
 # --------------------------------------------------------------------------- encoding

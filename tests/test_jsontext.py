@@ -1,0 +1,44 @@
+"""flowscope.jsontext writes what json.dumps writes, without building an encoder per call."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from flowscope.jsontext import dumps, dumps_finite
+
+VALUES = [
+    "abc", "é\u2028\x00\ud83d", 1, -(2**70), 1.5, 1e300, -0.0, True, None, [], {},
+    [1, [2, {"a": "b"}]], {"k": [1.25, None, "x"], "ü": 1}, (1, 2),
+    {1: "int key", 2.5: "float key", True: "bool key", None: "none key"},
+    {"attempt": 1, "kind": "task", "parent_path": "w@1", "recovered": False},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", VALUES, ids=repr)
+def test_the_text_is_json_dumps_compact_byte_for_byte(value):
+    assert dumps(value) == json.dumps(value, separators=(",", ":"))
+    assert dumps_finite(value) == json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, [1, -math.inf], {"x": math.nan}], ids=repr)
+def test_nan_and_infinity_are_written_by_dumps_and_refused_by_dumps_finite(value):
+    assert dumps(value) == json.dumps(value, separators=(",", ":"))
+    with pytest.raises(ValueError):
+        dumps_finite(value)
+
+
+@pytest.mark.parametrize("value", [object(), {"a": {1, 2}}, {(1, 2): 3}], ids=repr)
+def test_what_json_cannot_hold_is_a_type_error(value):
+    with pytest.raises(TypeError):
+        dumps(value)
+
+
+def test_a_cycle_is_a_recursion_error_and_the_encoder_still_works_after_it():
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(RecursionError):
+        dumps(loop)
+    assert dumps({"after": [1]}) == '{"after":[1]}'  # no state left behind by the failed call
