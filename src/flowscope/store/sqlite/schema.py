@@ -70,7 +70,7 @@ PAGE_SIZE = 1024
 #: 1 MiB at our page size). Each checkpoint syncs both files and copies every page the WAL
 #: changed since the last one; a session's hot pages are rewritten at every step, so
 #: checkpointing 16x less often copies them 16x less often. Measured on the 200-chain:
-#: ~18% less per node (bench/RESULTS.md). The price is a WAL file of up to ~17 MiB and a
+#: 15-19% less per node (bench/RESULTS.md). The price is a WAL file of up to ~17 MiB and a
 #: checkpoint pause of a few tens of milliseconds every ~1,600 steps instead of a few
 #: milliseconds every ~100.
 WAL_CHECKPOINT_BYTES = 16 * 1024 * 1024
