@@ -23,6 +23,31 @@ async def test_chain_passes_outputs_along(store):
     assert paths(store, "s") == ["w@1", "w@1/a@1", "w@1/b@1"]
 
 
+async def test_a_plain_function_that_returns_an_awaitable_is_awaited_and_plain_values_are_not(store):
+    class Later:
+        def __await__(self):
+            yield from asyncio.sleep(0).__await__()
+            return 7
+
+    loop = asyncio.get_running_loop()
+
+    def future(_x):
+        f = loop.create_future()
+        loop.call_soon(f.set_result, 8)
+        return f
+
+    for body, want in [
+        (lambda x: asyncio.sleep(0, result=x + 5), 6),  # a coroutine
+        (future, 8),  # a Future
+        (lambda _x: Later(), 7),  # anything with __await__
+        (lambda x: (x, "t"), [1, "t"]),  # a tuple: a value, recorded as a JSON list
+        (lambda _x: b"x".decode(), "x"),
+    ]:
+        sid = f"s{want!r}"
+        result = await Runner(Workflow("w", edges=[(START, node(body, name="a"))]), store=store).run(1, session_id=sid)
+        assert result.output == want, body
+
+
 async def test_sync_and_async_nodes_with_and_without_ctx(store):
     @node
     def plain(x):
