@@ -146,7 +146,7 @@ class OtlpSink(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.trace_ids: set[str] = set()
         self.spans = 0
-        self.thread = threading.Thread(target=self.serve_forever, name="otlp-sink", daemon=True)
+        self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, name="otlp-sink", daemon=True)
         self.thread.start()
 
     @property

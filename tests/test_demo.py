@@ -225,7 +225,7 @@ def test_the_demo_sends_spans_to_an_otlp_endpoint(tmp_path):
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         result = invoke("--db", str(tmp_path / "o.db"), "demo", "--otlp-endpoint", f"http://127.0.0.1:{server.server_port}")
         assert result.exit_code == 0, result.output

@@ -423,7 +423,7 @@ class _Sink(http.server.BaseHTTPRequestHandler):
 def otlp_sink():
     _Sink.received = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)  # a quick shutdown()
     t.start()
     yield f"http://127.0.0.1:{server.server_port}", _Sink.received
     server.shutdown()
