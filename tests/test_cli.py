@@ -4,6 +4,7 @@ script in a subprocess: every command, every format, every error case."""
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import os
@@ -14,6 +15,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -118,12 +120,21 @@ def make_bad_db(tmp_path, kind):
         return other, "not a flowscope database"
     assert kind == "corrupt", kind
     corrupt = tmp_path / "corrupt.db"
-    with SqliteEventStore(corrupt) as s:
-        Runner(order_fulfilment, store=s).run_sync(batch_input("B-c"), session_id="c")
-    raw = bytearray(corrupt.read_bytes())
-    raw[200:] = b"\xa5" * (len(raw) - 200)
-    corrupt.write_bytes(bytes(raw))
+    corrupt.write_bytes(_corrupt_bytes())
     return corrupt, "corrupt"
+
+
+@functools.lru_cache(maxsize=1)
+def _corrupt_bytes() -> bytes:
+    """A flowscope database with a run in it, every byte after the header's first 200
+    overwritten (made once: the run takes its retries' delays)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "corrupt.db"
+        with SqliteEventStore(path) as s:
+            Runner(order_fulfilment, store=s).run_sync(batch_input("B-c"), session_id="c")
+        raw = bytearray(path.read_bytes())
+    raw[200:] = b"\xa5" * (len(raw) - 200)
+    return bytes(raw)
 
 
 @pytest.fixture
