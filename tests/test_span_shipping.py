@@ -337,3 +337,46 @@ def test_watermarks_advance_together_and_never_move_back_in_sqlite(tmp_path):
         store.set_exported_seqs({"a": 3, "b": 2})
         store.set_exported_seqs({"a": 1, "b": 5, "c": 1})
         assert [store.exported_seq(s) for s in "abcd"] == [3, 5, 1, 0]
+
+
+class _Requests(SpanExporter):
+    """Counts export requests; refuses the ones whose number is in ``refuse``."""
+
+    def __init__(self, refuse=()) -> None:
+        self.requests: list[list] = []
+        self.refuse = set(refuse)
+
+    def export(self, spans):
+        self.requests.append(list(spans))
+        return SpanExportResult.FAILURE if len(self.requests) in self.refuse else SpanExportResult.SUCCESS
+
+
+async def test_a_follower_pass_sends_many_sessions_in_one_request_and_records_their_watermarks_once(tmp_path, monkeypatch):
+    from flowscope.export import ExportError
+    from flowscope.observability import export as export_mod
+
+    store = _CountingStore(tmp_path / "f.db")
+    wf = Workflow("w", edges=[(START, node(lambda x: x, name="a"), node(lambda x: x, name="b"))])
+    runner = Runner(wf, store=store)  # no tracing: the follower ships every span
+    sids = [f"s{i:02d}" for i in range(30)]
+    await asyncio.gather(*(runner.run(1, session_id=s) for s in sids))
+
+    one = _Requests()
+    assert export_mod.ship_store(store, one) == 30 * 3
+    assert len(one.requests) == 1 and store.watermark_calls == [30]  # one request, one transaction
+    assert export_mod.ship_store(store, one) == 0 and len(one.requests) == 1  # nothing new: nothing sent
+
+    # In requests of ~7 spans, the second refused: the first one's sessions are on record anyway.
+    other = _CountingStore(tmp_path / "g.db")
+    await asyncio.gather(*(Runner(wf, store=other).run(1, session_id=s) for s in sids))
+    monkeypatch.setattr(export_mod, "FOLLOW_BATCH_SPANS", 7)
+    flaky = _Requests(refuse={2})
+    with pytest.raises(ExportError):
+        export_mod.ship_store(other, flaky)
+    first = {s.context.span_id for s in flaky.requests[0]}
+    shipped = [s for s in sids if other.exported_seq(s) == other.last_seq(s)]
+    assert len(shipped) == 3 and all(other.exported_seq(s) == 0 for s in sids if s not in shipped)  # 3 sessions x 3 spans = 9 >= 7
+    assert export_mod.ship_store(other, flaky) == 30 * 3 - 9  # the rest, next pass
+    later = [s.context.span_id for r in flaky.requests[2:] for s in r]
+    assert not first & set(later) and len(later) == len(set(later)) == 30 * 3 - 9  # nothing accepted is sent again
+    assert all(other.exported_seq(s) == other.last_seq(s) for s in sids)

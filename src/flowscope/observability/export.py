@@ -171,6 +171,12 @@ def send_spans(spans: list[ReadableSpan], endpoint: str, protocol: str | None = 
 # --------------------------------------------------------------------------- following a store
 
 
+#: A span follower sends the spans of many sessions in one export request, up to about
+#: this many (the SDK's ``BatchSpanProcessor`` default batch), and advances their
+#: watermarks in one store transaction per pass.
+FOLLOW_BATCH_SPANS = 512
+
+
 def ship_store(
     store: EventStore,
     exporter: SpanExporter,
@@ -183,6 +189,11 @@ def ship_store(
     log has moved past its shipping watermark, send the spans the log ended since then (a
     session whose owner is gone also its cut-off run, as incomplete) and advance the
     watermark once the exporter returned SUCCESS. Returns how many spans were sent.
+
+    Spans of many sessions go out together, in requests of about
+    :data:`FOLLOW_BATCH_SPANS`, and the pass writes the watermarks of every session the
+    endpoint accepted in one store call, also when a later request is refused (then
+    :class:`ExportError` says how many spans it refused; they are sent again next pass).
 
     A session whose live owner ships its own spans is left to it (and for ``handover_s``
     after it lets the session go, while its exporter may still hold the last batch):
@@ -201,22 +212,41 @@ def ship_store(
         wanted = set(sessions)
         todo = [(info, mark) for info, mark in todo if info.session_id in wanted]
     sent = 0
-    for info, mark in todo:
-        sid = info.session_id
-        now = time.time()
-        if ships_own_spans(info.owner, info.lease_expires_at, info.updated_at, now, grace_s=handover_s):
-            continue
-        events = store.read(sid)
-        if not events:
-            continue
-        ended = not owner_alive(info.owner, info.lease_expires_at, now)
-        records, _ = unshipped(events, mark, ended)
-        spans = [readable_span(r, resource, scope) for r in records if r.sampled]
-        if spans and exporter.export(spans) is not SpanExportResult.SUCCESS:
-            raise ExportError(f"the endpoint refused the {len(spans)} spans of session {sid}; they are sent again next time")
-        # Every span the log ended up to its last event is out; the ones still open end later.
-        store.set_exported_seq(sid, events[-1].seq)
-        sent += len(spans)
+    done: dict[str, int] = {}  # session -> the seq its watermark moves to: written once, at the end
+    batch: list[Any] = []  # spans of several sessions, sent in one request
+    waiting: dict[str, int] = {}  # the sessions in ``batch``, and their seq
+
+    def send() -> None:
+        nonlocal sent
+        if batch and exporter.export(batch) is not SpanExportResult.SUCCESS:
+            raise ExportError(
+                f"the endpoint refused {len(batch)} spans of {len(waiting)} sessions; they are sent again next time"
+            )
+        sent += len(batch)
+        done.update(waiting)
+        batch.clear()
+        waiting.clear()
+
+    try:
+        for info, mark in todo:
+            sid = info.session_id
+            now = time.time()
+            if ships_own_spans(info.owner, info.lease_expires_at, info.updated_at, now, grace_s=handover_s):
+                continue
+            events = store.read(sid)
+            if not events:
+                continue
+            ended = not owner_alive(info.owner, info.lease_expires_at, now)
+            records, _ = unshipped(events, mark, ended)
+            # Every span the log ended up to its last event goes out; the ones still open end later.
+            batch.extend(readable_span(r, resource, scope) for r in records if r.sampled)
+            waiting[sid] = events[-1].seq
+            if len(batch) >= FOLLOW_BATCH_SPANS:
+                send()
+        send()
+    finally:  # what was accepted is on record even when a later request is refused
+        if done:
+            store.set_exported_seqs(done)
     return sent
 
 
