@@ -351,7 +351,7 @@ class _Requests(SpanExporter):
         return SpanExportResult.FAILURE if len(self.requests) in self.refuse else SpanExportResult.SUCCESS
 
 
-async def test_a_follower_pass_sends_many_sessions_in_one_request_and_records_their_watermarks_once(tmp_path, monkeypatch):
+async def test_a_follower_pass_sends_many_sessions_per_request_and_records_each_requests_watermarks_once(tmp_path, monkeypatch):
     from flowscope.export import ExportError
     from flowscope.observability import export as export_mod
 
@@ -373,6 +373,7 @@ async def test_a_follower_pass_sends_many_sessions_in_one_request_and_records_th
     flaky = _Requests(refuse={2})
     with pytest.raises(ExportError):
         export_mod.ship_store(other, flaky)
+    assert other.watermark_calls == [3]  # the accepted request's sessions, written before the next request
     first = {s.context.span_id for s in flaky.requests[0]}
     shipped = [s for s in sids if other.exported_seq(s) == other.last_seq(s)]
     assert len(shipped) == 3 and all(other.exported_seq(s) == 0 for s in sids if s not in shipped)  # 3 sessions x 3 spans = 9 >= 7

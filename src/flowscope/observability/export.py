@@ -173,7 +173,7 @@ def send_spans(spans: list[ReadableSpan], endpoint: str, protocol: str | None = 
 
 #: A span follower sends the spans of many sessions in one export request, up to about
 #: this many (the SDK's ``BatchSpanProcessor`` default batch), and advances their
-#: watermarks in one store transaction per pass.
+#: watermarks in one store transaction per request.
 FOLLOW_BATCH_SPANS = 512
 
 
@@ -191,9 +191,9 @@ def ship_store(
     watermark once the exporter returned SUCCESS. Returns how many spans were sent.
 
     Spans of many sessions go out together, in requests of about
-    :data:`FOLLOW_BATCH_SPANS`, and the pass writes the watermarks of every session the
-    endpoint accepted in one store call, also when a later request is refused (then
-    :class:`ExportError` says how many spans it refused; they are sent again next pass).
+    :data:`FOLLOW_BATCH_SPANS`, and the watermarks of a request's sessions are written in
+    one store call once the endpoint accepted it. A refused request raises
+    :class:`ExportError` (how many spans it refused; they are sent again next pass).
 
     A session whose live owner ships its own spans is left to it (and for ``handover_s``
     after it lets the session go, while its exporter may still hold the last batch):
@@ -212,9 +212,8 @@ def ship_store(
         wanted = set(sessions)
         todo = [(info, mark) for info, mark in todo if info.session_id in wanted]
     sent = 0
-    done: dict[str, int] = {}  # session -> the seq its watermark moves to: written once, at the end
     batch: list[Any] = []  # spans of several sessions, sent in one request
-    waiting: dict[str, int] = {}  # the sessions in ``batch``, and their seq
+    waiting: dict[str, int] = {}  # the sessions in ``batch``, and the seq each watermark moves to
 
     def send() -> None:
         nonlocal sent
@@ -222,31 +221,28 @@ def ship_store(
             raise ExportError(
                 f"the endpoint refused {len(batch)} spans of {len(waiting)} sessions; they are sent again next time"
             )
+        if waiting:  # on record before the next request: a kill resends one request's spans at most
+            store.set_exported_seqs(waiting)
         sent += len(batch)
-        done.update(waiting)
         batch.clear()
         waiting.clear()
 
-    try:
-        for info, mark in todo:
-            sid = info.session_id
-            now = time.time()
-            if ships_own_spans(info.owner, info.lease_expires_at, info.updated_at, now, grace_s=handover_s):
-                continue
-            events = store.read(sid)
-            if not events:
-                continue
-            ended = not owner_alive(info.owner, info.lease_expires_at, now)
-            records, _ = unshipped(events, mark, ended)
-            # Every span the log ended up to its last event goes out; the ones still open end later.
-            batch.extend(readable_span(r, resource, scope) for r in records if r.sampled)
-            waiting[sid] = events[-1].seq
-            if len(batch) >= FOLLOW_BATCH_SPANS:
-                send()
-        send()
-    finally:  # what was accepted is on record even when a later request is refused
-        if done:
-            store.set_exported_seqs(done)
+    for info, mark in todo:
+        sid = info.session_id
+        now = time.time()
+        if ships_own_spans(info.owner, info.lease_expires_at, info.updated_at, now, grace_s=handover_s):
+            continue
+        events = store.read(sid)
+        if not events:
+            continue
+        ended = not owner_alive(info.owner, info.lease_expires_at, now)
+        records, _ = unshipped(events, mark, ended)
+        # Every span the log ended up to its last event goes out; the ones still open end later.
+        batch.extend(readable_span(r, resource, scope) for r in records if r.sampled)
+        waiting[sid] = events[-1].seq
+        if len(batch) >= FOLLOW_BATCH_SPANS:
+            send()
+    send()
     return sent
 
 
