@@ -51,7 +51,7 @@ def follower_exporter(endpoint: str, protocol: str | None, timeout: float) -> An
 
     check_endpoint(endpoint)
     try:
-        proto = otlp.resolve_protocol(protocol or otlp.guess_protocol(endpoint))
+        proto = otlp.resolve_protocol(resolve_otlp_protocol(endpoint, protocol))
     except ValueError as exc:
         raise CliError(f"--otlp-endpoint {endpoint}: {exc}") from None
     return otlp.span_exporter(proto, endpoint, timeout=timeout, plaintext_unless_https=True)
