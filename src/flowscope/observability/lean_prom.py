@@ -13,8 +13,8 @@ exposition the same: one lock, one ``bisect`` for the bucket, and an exemplar *s
 from __future__ import annotations
 
 import threading
-from abc import abstractmethod
 import time
+from abc import abstractmethod
 from bisect import bisect_left
 from typing import Any, Callable, Iterator, Sequence
 
@@ -31,7 +31,10 @@ ExemplarResolver = Callable[[Any], "dict[str, str] | None"]
 
 
 class _Lean(Collector):
-    """A labelled collector: ``labels(*values)`` gives the child to observe into."""
+    """A labelled collector: ``labels(*values)`` gives the child to observe into; a scrape
+    adds each child's samples (:meth:`_add`) to one family of ``_family_type``."""
+
+    _family_type: Callable[..., Any]
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry | None) -> None:
         self._name = name
@@ -56,15 +59,23 @@ class _Lean(Collector):
         """A new child for one label set."""
 
     @abstractmethod
+    def _add(self, family: Any, values: tuple[str, ...], child: Any) -> None:
+        """Add the samples of the child of label ``values`` to ``family``."""
+
     def _family(self) -> Any:
         """The metric family, without samples (``describe``) or to add them to (``collect``)."""
-
-    def _items(self) -> list[tuple[tuple[str, ...], Any]]:
-        with self._lock:
-            return list(self._children.items())
+        return self._family_type(self._name, self._documentation, labels=self._labelnames)
 
     def describe(self) -> list[Metric]:
         return [self._family()]
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        with self._lock:
+            children = list(self._children.items())
+        for values, child in children:
+            self._add(family, values, child)
+        yield family
 
 
 class _Value:
@@ -102,31 +113,23 @@ class _CounterValue(_Value):
 class LeanCounter(_Lean):
     """A counter: ``name`` without ``_total`` (as prometheus-client's ``Counter`` takes it)."""
 
+    _family_type = CounterMetricFamily
+
     def _child(self) -> _CounterValue:
         return _CounterValue()
 
-    def _family(self) -> CounterMetricFamily:
-        return CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
-
-    def collect(self) -> Iterator[Metric]:
-        family = self._family()
-        for values, child in self._items():
-            family.add_metric(values, child.value, created=child.created)
-        yield family
+    def _add(self, family: Any, values: tuple[str, ...], child: _CounterValue) -> None:
+        family.add_metric(values, child.value, created=child.created)
 
 
 class LeanGauge(_Lean):
+    _family_type = GaugeMetricFamily
+
     def _child(self) -> _Value:
         return _Value()
 
-    def _family(self) -> GaugeMetricFamily:
-        return GaugeMetricFamily(self._name, self._documentation, labels=self._labelnames)
-
-    def collect(self) -> Iterator[Metric]:
-        family = self._family()
-        for values, child in self._items():
-            family.add_metric(values, child.value)
-        yield family
+    def _add(self, family: Any, values: tuple[str, ...], child: _Value) -> None:
+        family.add_metric(values, child.value)
 
 
 class _HistogramChild:
@@ -169,31 +172,27 @@ class LeanHistogram(_Lean):
             raise ValueError("buckets must be in increasing order")
         # a list, with +Inf last, as prometheus-client's Histogram keeps it
         self._upper_bounds = list(bounds + (float("inf"),) if not bounds or bounds[-1] != float("inf") else bounds)
+        self._les = [floatToGoString(b) for b in self._upper_bounds]
         self._resolve = resolve
         super().__init__(name, documentation, labelnames, registry)
+
+    _family_type = HistogramMetricFamily
 
     def _child(self) -> _HistogramChild:
         return _HistogramChild(tuple(self._upper_bounds))
 
-    def _family(self) -> HistogramMetricFamily:
-        return HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
-
-    def collect(self) -> Iterator[Metric]:
-        family = self._family()
-        les = [floatToGoString(b) for b in self._upper_bounds]
-        for values, child in self._items():
-            with child._lock:
-                counts, total, kept = list(child.counts), child.sum, list(child.exemplars)
-            buckets: list[Any] = []
-            acc = 0
-            for le, n, ex in zip(les, counts, kept):
-                acc += n
-                exemplar = self._exemplar(ex)
-                buckets.append((le, acc, exemplar) if exemplar is not None else (le, acc))
-            family.add_metric(values, buckets, total)
-            # beside its child's other samples: OpenMetrics wants each label set's samples together
-            family.samples.append(Sample(self._name + "_created", dict(zip(self._labelnames, values)), child.created))
-        yield family
+    def _add(self, family: Any, values: tuple[str, ...], child: _HistogramChild) -> None:
+        with child._lock:
+            counts, total, kept = list(child.counts), child.sum, list(child.exemplars)
+        buckets: list[Any] = []
+        acc = 0
+        for le, n, ex in zip(self._les, counts, kept):
+            acc += n
+            exemplar = self._exemplar(ex)
+            buckets.append((le, acc, exemplar) if exemplar is not None else (le, acc))
+        family.add_metric(values, buckets, total)
+        # beside its child's other samples: OpenMetrics wants each label set's samples together
+        family.samples.append(Sample(self._name + "_created", dict(zip(self._labelnames, values)), child.created))
 
     def _exemplar(self, kept: tuple[Any, float, float] | None) -> Exemplar | None:
         if kept is None or self._resolve is None:
