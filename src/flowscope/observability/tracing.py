@@ -122,8 +122,11 @@ class TracingPlugin(Plugin):
     def shipper(self) -> Shipper:
         """Where this plugin's spans go (the provider's processors), made on first use."""
         if self._shipper is None:
-            self._shipper = Shipper(self._provider if self._provider is not None else trace.get_tracer_provider())
+            self._shipper = self._new_shipper()
         return self._shipper
+
+    def _new_shipper(self) -> Shipper:
+        return Shipper(self._provider if self._provider is not None else trace.get_tracer_provider())
 
     @property
     def ships_spans(self) -> bool:
@@ -131,10 +134,8 @@ class TracingPlugin(Plugin):
         what it shipped (a :class:`~flowscope.observability.shipping.WatermarkExporter`).
         A runner with such a plugin says so in its owner record, and span followers leave
         its live sessions to it rather than send their spans twice."""
-        if self._shipper is not None:
-            shipper = self._shipper
-        else:  # not the lazily made one: the global provider may still be set after this
-            shipper = Shipper(self._provider if self._provider is not None else trace.get_tracer_provider())
+        # not the lazily made one: the global provider may still be set after this
+        shipper = self._shipper if self._shipper is not None else self._new_shipper()
         return shipper.enabled and shipper.ledger is not None
 
     # -- invocations --------------------------------------------------------------------
