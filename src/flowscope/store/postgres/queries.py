@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..base import FINISHED_SESSION_STATUSES, NodeRun
+from ..projection_sql import open_where
 from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
@@ -136,7 +137,7 @@ SQL_OPEN_RUNS = f"{SQL_NODE_RUNS} WHERE {OPEN_WHERE} ORDER BY started_at, id"
 # an owner, when the lease has ended (SQL_OPEN_SAME_HOST lists this host's live leases for
 # the process check in Python); a waiting job is overdue past its deadline.
 _LAST_BEAT = "coalesce(n.heartbeat_at, n.started_at)"
-_OPEN_WHERE_N = OPEN_WHERE.replace("status", "n.status", 1)
+_OPEN_WHERE_N = open_where("n.status")  # schema.OPEN_WHERE, on the aliased table
 SQL_OPEN_SUMMARY = (
     "SELECT n.workflow, n.node, n.status, count(*), min(n.started_at), "
     "count(*) FILTER (WHERE n.status = 'running' AND CASE WHEN s.owner IS NULL "
