@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import psycopg
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "bench")]
 
@@ -119,6 +121,19 @@ def chain_per_node(cluster: PgCluster, n: int, reps: int) -> dict[str, float]:
                 assert out["x"] == n
 
             configs[f"langgraph {durability}"] = lg
+    # The floors, on the same server in the same repetitions: what any store that commits
+    # every step pays before it does anything (one round trip; one durable one-row commit).
+    floor_db = cluster.new_database("floor")
+    floor = psycopg.connect(floor_db, autocommit=True)
+    opened.append(floor)
+    floor.execute("CREATE TABLE step (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text)")
+    for label, sql in (("floor: round trip", "SELECT 1"), ("floor: durable one-row commit", "INSERT INTO step (v) VALUES ('x')")):
+        def run_floor(_sid: str, sql: str = sql) -> None:
+            for _ in range(n):
+                floor.execute(sql, prepare=True)
+
+        configs[label] = run_floor
+    stats = stat_statements(cluster)  # from here: the chains' statements only
     times: dict[str, list[float]] = {name: [] for name in configs}
     names = list(configs)
     try:
@@ -131,8 +146,34 @@ def chain_per_node(cluster: PgCluster, n: int, reps: int) -> dict[str, float]:
                     times[name].append((time.perf_counter() - t) / n)
     finally:
         for o in opened:
-            o.close() if isinstance(o, PostgresEventStore) else o.__exit__(None, None, None)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+            o.close() if isinstance(o, (PostgresEventStore, psycopg.Connection)) else o.__exit__(None, None, None)
+    out = {name: statistics.median(ts) for name, ts in times.items()}
+    exec_s = append_exec_seconds(cluster) if stats else None
+    if exec_s is not None:
+        out["server execution of flowscope's append"] = exec_s
+    return out
+
+
+def stat_statements(cluster: PgCluster) -> bool:
+    """Start counting statements afresh (``pg_stat_statements``, which the cluster preloads;
+    its view covers the whole cluster); False where the extension is not installed."""
+    with cluster.admin() as c:  # the extension needs a superuser
+        try:
+            c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        except psycopg.Error:
+            return False
+        c.execute("SELECT pg_stat_statements_reset()")
+    return True
+
+
+def append_exec_seconds(cluster: PgCluster) -> float | None:
+    """The server's mean execution time of flowscope's one-statement append
+    (``SQL_APPEND_CACHED``) since :func:`stat_statements`; None if it never ran."""
+    with cluster.admin() as c:
+        row = c.execute(
+            "SELECT sum(total_exec_time) / sum(calls) FROM pg_stat_statements WHERE query LIKE 'WITH s AS (UPDATE sessions SET status%'"
+        ).fetchone()
+    return None if row is None or row[0] is None else float(row[0]) / 1e3
 
 
 def _template(store: PostgresEventStore, sid: str, per_session: int, finished: bool) -> None:
@@ -163,7 +204,6 @@ def build_million(url: str, sessions: int = 10_000, per_session: int = 100, open
     with PostgresEventStore(url) as s:
         _template(s, "tpl-done", per_session, finished=True)
         _template(s, "tpl-open", per_session, finished=False)
-    import psycopg
 
     clones = (("tpl-done", 1, sessions - open_sessions), ("tpl-open", sessions - open_sessions + 1, sessions))
     cols = ("path, workflow, node, kind, parent_path, status, attempt, failures, retries, recoveries, "
@@ -227,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sessions = 60 if args.quick else 200
     print(f"  {peer_versions()}")
-    cluster = PgCluster.start(durable=True)
+    # pg_stat_statements: the server's own time for flowscope's append (a few µs per statement)
+    cluster = PgCluster.start(durable=True, shared_preload_libraries="pg_stat_statements")
     rows: list[tuple[str, str]] = []
     try:
         for n in (1, 2, 4):
@@ -247,7 +288,20 @@ def main(argv: list[str] | None = None) -> int:
             if lg is not None:
                 rows.append((f"200-chain per node, LangGraph PostgresSaver ({durability})",
                              f"{lg * 1e3:.3f} ms ({lg / fs:.1f}x flowscope; {lg / fs_off:.1f}x with it off)"))
-        for row in rows[-4:]:
+        floor_rt, floor_commit = med["floor: round trip"], med["floor: durable one-row commit"]
+        rows.append(("floor: one round trip (`SELECT 1`), per step", f"{floor_rt * 1e3:.3f} ms"))
+        rows.append(("floor: one durable one-row commit (autocommit `INSERT`), per step", f"{floor_commit * 1e3:.3f} ms"))
+        exec_s = med.get("server execution of flowscope's append")
+        if exec_s is not None:
+            rows.append(("server execution of flowscope's one-statement append (pg_stat_statements mean)", f"{exec_s * 1e3:.3f} ms"))
+        lg_default = med.get("langgraph default")
+        if lg_default is not None:
+            budget = lg_default / 5
+            rows.append((
+                "5x LangGraph (default) needs per node; above the durable floor that leaves",
+                f"{budget * 1e3:.3f} ms; {(budget - floor_commit) * 1e3:.3f} ms (flowscope uses {(fs - floor_commit) * 1e3:.3f})",
+            ))
+        for row in rows[-8:]:
             print(row)
         k = 5 if args.quick else 1  # the quick run: a fifth of the sessions
         # (sessions, events each, running sessions): ~1% running (~1,000 open runs); the
