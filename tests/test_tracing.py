@@ -745,3 +745,67 @@ async def test_a_raising_plugin_does_not_break_tracing(store, tracing):
     bad = tracing.node("w@1/bad@1")
     assert bad.status.status_code is StatusCode.ERROR
     assert [e.name for e in bad.events] == ["exception"]
+
+
+# -- spans go out while the run is still going ------------------------------------------------------------------------------
+# The plugin walks appended events in batches (tracing.WALK_BATCH); these pin that a batch
+# never holds back the spans of a run that waits, or of a long run that never waits.
+
+
+async def test_a_waiting_run_has_shipped_the_spans_it_ended(store, tracing):
+    seen: list[set[str]] = []
+    release = asyncio.Event()
+
+    async def wait(x):
+        await asyncio.sleep(0)  # the loop turns while this node runs
+        seen.append(set(tracing.nodes()))
+        await release.wait()
+        return x
+
+    wf = Workflow("w", edges=[(START, node(lambda x: x, name="first"), node(lambda x: x, name="second"), node(wait, name="wait"))])
+    run = asyncio.ensure_future(Runner(wf, store=store, plugins=[tracing.plugin()]).run(1, session_id="s"))
+    while not seen:
+        await asyncio.sleep(0.001)
+    assert seen[0] == {"w@1/first@1", "w@1/second@1"}  # ended before "wait" started, exported while it waits
+    release.set()
+    assert (await run).output == 1
+    assert set(tracing.nodes()) == {"w@1", "w@1/first@1", "w@1/second@1", "w@1/wait@1"}
+
+
+async def test_a_long_run_that_never_waits_ships_spans_before_it_ends(store, tracing):
+    from flowscope.observability.tracing import WALK_BATCH
+
+    n = WALK_BATCH  # 2 events per node: the batch fills halfway through
+    exported_at_end: list[int] = []
+
+    def last(x):
+        exported_at_end.append(len(tracing.nodes()))
+        return x
+
+    steps = [node(lambda x: x + 1, name=f"n{i}") for i in range(n)]
+    wf = Workflow("w", edges=[(START, *steps, node(last, name="last"))], max_steps=n + 10)
+    assert (await Runner(wf, store=store, plugins=[tracing.plugin()]).run(0, session_id="s")).output == n
+    (before_last,) = exported_at_end
+    assert WALK_BATCH // 2 - 2 <= before_last < n  # shipped as batches filled, not all at the end
+    assert len(tracing.nodes()) == n + 2  # every node, the last and the workflow's run
+
+
+async def test_a_walk_that_raises_between_hooks_is_logged_and_never_reaches_the_loop(store, tracing, monkeypatch, caplog):
+    from flowscope.observability.log_spans import SpanWalk
+
+    def boom(self, event):
+        raise RuntimeError("walk")
+
+    monkeypatch.setattr(SpanWalk, "apply", boom)
+    loop_errors: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: loop_errors.append(context))
+
+    async def wait(x):
+        await asyncio.sleep(0)  # the loop turns: the batch is walked here, outside any hook
+        return x
+
+    wf = Workflow("w", edges=[(START, node(lambda x: x, name="first"), node(wait, name="wait"))])
+    with caplog.at_level("WARNING", logger="flowscope.observability.tracing"):
+        assert (await Runner(wf, store=store, plugins=[tracing.plugin()]).run(1, session_id="s")).output == 1
+    assert loop_errors == []
+    assert "tracing: building spans from the log raised RuntimeError: walk" in caplog.text

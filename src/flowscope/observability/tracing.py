@@ -2,7 +2,8 @@
 
 :class:`TracingPlugin` does not hold SDK spans open while nodes run. Spans are a view of
 the log: the plugin feeds every appended event to the one walk,
-:class:`~flowscope.observability.log_spans.SpanWalk`, and each span the log ends goes to
+:class:`~flowscope.observability.log_spans.SpanWalk` (in batches, at the next turn of the
+event loop at the latest: :data:`WALK_BATCH`), and each span the log ends goes to
 the ``TracerProvider``'s span processors (so to its exporters: OTLP HTTP/gRPC, console),
 with the provider's resource. Ids are derived from the log, so:
 
@@ -36,6 +37,7 @@ Node input and output never reach a span unless ``redact`` opts in.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import traceback
 from functools import partial
@@ -57,7 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..engine.runner import RunResult
     from ..events import Event
 
-__all__ = ["TracingPlugin", "Redactor"]
+__all__ = ["TracingPlugin", "Redactor", "WALK_BATCH"]
 
 log = logging.getLogger("flowscope.observability.tracing")
 
@@ -69,13 +71,19 @@ _KEY = "tracing"  # our slot in ctx.plugin_state / run.plugin_state
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _propagator = TraceContextTextMapPropagator()
+#: Appended events are walked in batches: at the next turn of the event loop (so a run
+#: that waits ships the spans it has ended), when this many are waiting, before a failed
+#: node's ``after_node`` and at the end of the invocation. Walking a batch back to back
+#: costs ~13 µs less per node than walking each event as it is appended (bench/RESULTS.md):
+#: the walk's and the SDK's code stay warm. The spans and their ids are the same.
+WALK_BATCH = 256
 
 
 class _Run:
     """One invocation: its derived context, the walk its events feed, and what only the
     live process knows about its spans (redacted input/output, stack traces)."""
 
-    __slots__ = ("trace_id", "span_id", "flags", "state", "store", "walk", "out", "extra", "held")
+    __slots__ = ("trace_id", "span_id", "flags", "state", "store", "walk", "out", "extra", "held", "pending")
 
     def __init__(self, trace_id: int, span_id: int, flags: TraceFlags, state: TraceState, store: Any) -> None:
         self.trace_id = trace_id
@@ -89,6 +97,8 @@ class _Run:
         self.extra: dict[int, dict[str, Any]] = {}
         #: failed spans waiting for after_node to add their stack trace (record_stacktrace)
         self.held: dict[int, SpanRecord] = {}
+        #: appended events not walked yet (see WALK_BATCH)
+        self.pending: list[Event] = []
 
 
 class TracingPlugin(Plugin):
@@ -117,6 +127,8 @@ class TracingPlugin(Plugin):
         self.record_stacktrace = record_stacktrace
         self.redact = redact
         self._runs: dict[str, _Run] = {}  # invocation id -> its run
+        #: per event loop, the runs with appended events not walked yet (WALK_BATCH)
+        self._waiting: dict[asyncio.AbstractEventLoop, list[_Run]] = {}
 
     @property
     def shipper(self) -> Shipper:
@@ -165,6 +177,7 @@ class TracingPlugin(Plugin):
         st = self._runs.pop(run.invocation_id, None)
         if st is None or st.walk is None:
             return
+        self._walk_pending(st)
         # Without RunFinished in the log (the store failed, the lease was lost) what the
         # log holds of this invocation ends here, incomplete, as an export would show it.
         st.walk.close(run.invocation_id)
@@ -208,6 +221,8 @@ class TracingPlugin(Plugin):
             text = self._redacted("output", outcome.event.output)
             if text is not None:  # the completion is appended after this hook: in time for its span
                 st.extra.setdefault(span_id, {})[sp.NODE_OUTPUT] = text
+        if outcome.error is not None and self.record_stacktrace:
+            self._walk_pending(st)  # the failure's span, to hold for its stack trace
         held = st.held.pop(span_id, None)
         if held is not None:
             stack = "".join(traceback.format_exception(outcome.error)) if outcome.error is not None else None
@@ -230,10 +245,44 @@ class TracingPlugin(Plugin):
 
     def on_event(self, event: Event) -> None:
         st = self._runs.get(event.invocation_id)
-        if st is not None and st.walk is not None:
-            st.walk.apply(event)
-            if st.out:
-                self._ship(st)
+        if st is None or st.walk is None:
+            return
+        pending = st.pending
+        pending.append(event)
+        if len(pending) >= WALK_BATCH:
+            self._walk_pending(st)
+        elif len(pending) == 1:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop in this thread: walk it now
+                self._walk_pending(st)
+                return
+            waiting = self._waiting.get(loop)
+            if waiting is None:  # one callback per loop turn for all the runs with events waiting
+                waiting = self._waiting[loop] = []
+                loop.call_soon(self._walk_waiting, loop)
+            waiting.append(st)
+
+    def _walk_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Called by the loop, not through the plugin hooks: a failure is logged here, as the
+        # hooks would, and never reaches the loop or the run.
+        for st in self._waiting.pop(loop, ()):
+            try:
+                self._walk_pending(st)
+            except Exception as exc:
+                log.warning("tracing: building spans from the log raised %s: %s", type(exc).__name__, exc)
+
+    def _walk_pending(self, st: _Run) -> None:
+        """Walk the events appended since the last walk, and ship the spans they ended."""
+        pending = st.pending
+        if not pending or st.walk is None:
+            return
+        st.pending = []
+        apply = st.walk.apply
+        for e in pending:
+            apply(e)
+        if st.out:
+            self._ship(st)
 
     def _emit(self, st: _Run, record: SpanRecord) -> None:
         if self.record_stacktrace and record.error is not None and record.events and record.span_id != st.span_id:
