@@ -809,3 +809,25 @@ async def test_a_walk_that_raises_between_hooks_is_logged_and_never_reaches_the_
         assert (await Runner(wf, store=store, plugins=[tracing.plugin()]).run(1, session_id="s")).output == 1
     assert loop_errors == []
     assert "tracing: building spans from the log raised RuntimeError: walk" in caplog.text
+
+
+def test_a_loop_closed_before_the_batch_was_walked_is_not_kept_alive(tracing):
+    import gc
+    import time
+    import weakref
+
+    from flowscope import RunInfo
+    from flowscope.events import RunStarted
+
+    plugin = tracing.plugin()
+    plugin.before_run(RunInfo(session_id="s", invocation_id="i", workflow="w", input=None, resumed=False, started_at=time.time()))
+    loop = asyncio.new_event_loop()
+    # One loop turn: the event is queued and the walk scheduled for the next turn, which never comes.
+    loop.call_soon(plugin.on_event, RunStarted(session_id="s", invocation_id="i", seq=1, ts=time.time(), workflow="w"))
+    loop.call_soon(loop.stop)
+    loop.run_forever()
+    loop.close()
+    closed = weakref.ref(loop)
+    del loop
+    gc.collect()
+    assert closed() is None

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
+import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -127,8 +128,9 @@ class TracingPlugin(Plugin):
         self.record_stacktrace = record_stacktrace
         self.redact = redact
         self._runs: dict[str, _Run] = {}  # invocation id -> its run
-        #: per event loop, the runs with appended events not walked yet (WALK_BATCH)
-        self._waiting: dict[asyncio.AbstractEventLoop, list[_Run]] = {}
+        #: per event loop, the runs with appended events not walked yet (WALK_BATCH); weak,
+        #: so a loop closed before its callback ran leaves nothing behind
+        self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Run]] = weakref.WeakKeyDictionary()
 
     @property
     def shipper(self) -> Shipper:
