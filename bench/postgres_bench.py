@@ -36,6 +36,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from flowscope import Runner, Worker  # noqa: E402
 from flowscope.store import EventStore, PostgresEventStore, SqliteEventStore  # noqa: E402
+from flowscope.store.postgres.queries import SQL_APPEND_CACHED  # noqa: E402
 
 from pg_cluster import BIN_DIR, PgCluster  # noqa: E402
 from workflows import chain  # noqa: E402
@@ -169,9 +170,12 @@ def stat_statements(cluster: PgCluster) -> bool:
 def append_exec_seconds(cluster: PgCluster) -> float | None:
     """The server's mean execution time of flowscope's one-statement append
     (``SQL_APPEND_CACHED``) since :func:`stat_statements`; None if it never ran."""
+    # pg_stat_statements shows the statement with $n for its parameters: match its text
+    # up to the first one (no LIKE wildcard in it).
+    prefix = SQL_APPEND_CACHED.split("%(", 1)[0]
     with cluster.admin() as c:
         row = c.execute(
-            "SELECT sum(total_exec_time) / sum(calls) FROM pg_stat_statements WHERE query LIKE 'WITH s AS (UPDATE sessions SET status%'"
+            "SELECT sum(total_exec_time) / sum(calls) FROM pg_stat_statements WHERE query LIKE %s", (prefix + "%",)
         ).fetchone()
     return None if row is None or row[0] is None else float(row[0]) / 1e3
 
