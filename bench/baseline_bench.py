@@ -35,7 +35,6 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -44,31 +43,13 @@ REPO = HERE.parent
 # ---------------------------------------------------------------- one child: one tree
 
 
-def _langgraph_chain(tmp: str, n: int) -> Any:
-    import sqlite3
-
-    from langgraph.checkpoint.sqlite import SqliteSaver
-    from peers_langgraph import _chain_graph
-
-    conn = sqlite3.connect(os.path.join(tmp, f"lg-{uuid.uuid4().hex}.db"), check_same_thread=False)
-    saver = SqliteSaver(conn)
-    saver.setup()
-    graph = _chain_graph(n).compile(checkpointer=saver)
-
-    def run() -> None:
-        out = graph.invoke({"x": 0}, {"recursion_limit": 2 * n + 100, "configurable": {"thread_id": uuid.uuid4().hex}})
-        assert out["x"] == n
-
-    return run
-
-
 async def _child(reps: int, sessions: int) -> dict[str, float]:
     """Runs in a child whose ``PYTHONPATH`` picks the tree: only the public API that every
     version has (``Runner``, ``SqliteEventStore``, ``Runner.run``)."""
     import gc
 
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-    from peers_langgraph import _chain_graph
+    from peers_langgraph import _chain_graph, sqlite_chain
     from workflows import chain
 
     from flowscope import Runner
@@ -77,7 +58,7 @@ async def _child(reps: int, sessions: int) -> dict[str, float]:
     tmp = tempfile.mkdtemp(prefix="flowscope-baseline-")
     chain_runner = Runner(chain(200), store=SqliteEventStore(os.path.join(tmp, "chain.db")))
     many_runner = Runner(chain(10), store=SqliteEventStore(os.path.join(tmp, "many.db")))
-    lg_chain = _langgraph_chain(tmp, 200)
+    lg_chain, lg_close = sqlite_chain(200, tmp)
     async with AsyncSqliteSaver.from_conn_string(os.path.join(tmp, "lga.db")) as saver:
         await saver.setup()
         lg_many = _chain_graph(10).compile(checkpointer=saver)
@@ -119,6 +100,7 @@ async def _child(reps: int, sessions: int) -> dict[str, float]:
             if rep % 3 == 0:  # the 1,000-session runs take seconds each: a third as many
                 got["fs_many"].append(await fs_many())
                 got["lg_many"].append(await lg_many_once())
+    lg_close()
     return {k: statistics.median(v) for k, v in got.items()}
 
 

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, TypedDict
 
-__all__ = ["LangGraphConfig", "langgraph_configs", "available", "versions"]
+__all__ = ["LangGraphConfig", "langgraph_configs", "available", "versions", "sqlite_chain"]
 
 
 def available() -> str | None:
@@ -195,3 +195,21 @@ def versions() -> dict[str, str]:
         except PackageNotFoundError:
             out[p] = "not installed"
     return out
+
+
+def sqlite_chain(n: int, folder: str) -> tuple[Callable[[], None], Callable[[], None]]:
+    """A chain of ``n`` nodes on ``SqliteSaver`` (a new file in ``folder``), compiled once:
+    ``run()`` runs one new thread to the end; ``close()`` closes the file. What the
+    telemetry and baseline benches time against flowscope's 200-chain."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(os.path.join(folder, f"lg-{uuid.uuid4().hex}.db"), check_same_thread=False)
+    saver = SqliteSaver(conn)
+    saver.setup()
+    graph = _chain_graph(n).compile(checkpointer=saver)
+
+    def run() -> None:
+        out = graph.invoke({"x": 0}, {"recursion_limit": 2 * n + 100, "configurable": {"thread_id": uuid.uuid4().hex}})
+        assert out["x"] == n
+
+    return run, conn.close

@@ -42,6 +42,7 @@ sys.path.insert(0, str(HERE))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
+import peers_langgraph  # noqa: E402
 import workflows as W  # noqa: E402
 from flowscope import Runner  # noqa: E402
 from flowscope.observability import MetricsPlugin, TracingPlugin  # noqa: E402
@@ -108,25 +109,6 @@ class Flow:
         return time.perf_counter() - t0
 
 
-def langgraph_chain(n: int) -> tuple[Callable[[], Any], Callable[[], None]]:
-    import sqlite3
-
-    from langgraph.checkpoint.sqlite import SqliteSaver
-    from peers_langgraph import _chain_graph
-
-    conn = sqlite3.connect(os.path.join(TMP, f"lg-{uuid.uuid4().hex}.db"), check_same_thread=False)
-    saver = SqliteSaver(conn)
-    saver.setup()
-    graph = _chain_graph(n).compile(checkpointer=saver)
-
-    def run() -> Any:
-        out = graph.invoke({"x": 0}, {"recursion_limit": 2 * n + 100, "configurable": {"thread_id": uuid.uuid4().hex}})
-        assert out["x"] == n
-        return out
-
-    return run, conn.close
-
-
 async def langgraph_async(n: int, sessions: int) -> Callable[[], Awaitable[float]]:
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
     from peers_langgraph import _chain_graph
@@ -174,7 +156,7 @@ async def chain200(reps: int) -> tuple[dict[str, float], dict[str, tuple[float, 
         Flow("full stack", wf, True, True, True),
         Flow(EMPTY, wf, False, False, False, empty=True),
     ]
-    lg_run, lg_close = langgraph_chain(n)
+    lg_run, lg_close = peers_langgraph.sqlite_chain(n, TMP)
     times: dict[str, list[float]] = {f.label: [] for f in flows}
     times["LangGraph + SqliteSaver"] = []
     for rep in range(reps + 1):
