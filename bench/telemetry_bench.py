@@ -6,7 +6,8 @@
 One process, interleaved repetitions (every repetition runs every configuration once, from
 a rotating offset), medians, ratios from the same run:
 
-1. a chain of 200 trivial nodes, µs per node: the engine alone (memory store), SQLite,
+1. a chain of 200 trivial nodes, µs per node (a layer's cost, such as tracing over SQLite,
+   and a ratio to LangGraph are medians of pairs taken from the same repetition): the engine alone (memory store), SQLite,
    SQLite + tracing, SQLite + metrics, the full stack (SQLite + tracing + metrics), and
    LangGraph + ``SqliteSaver`` (no telemetry on its side). One long-lived Runner per
    configuration, a new session per run; tracing is an SDK ``TracerProvider`` with a
@@ -143,9 +144,9 @@ def quartiles(xs: list[float]) -> tuple[float, float]:
 EMPTY = "engine alone + a plugin that does nothing"
 
 
-async def chain200(reps: int) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
-    """Medians (µs/node) and their interquartile ranges: on a VM that slows down for seconds
-    at a time the spread says how far apart two medians must be to mean anything."""
+async def chain200(reps: int) -> dict[str, list[float]]:
+    """µs/node of every timed repetition, by configuration; the i-th of each list is from
+    the same repetition (for :func:`paired`)."""
     n = 200
     wf = W.chain(n)
     flows = [
@@ -179,10 +180,25 @@ async def chain200(reps: int) -> tuple[dict[str, float], dict[str, tuple[float, 
         if f.tp is not None:
             f.tp.shutdown()
     per_node = {k: [t / n * 1e6 for t in v] for k, v in times.items()}
-    return {k: med(v) for k, v in per_node.items()}, {k: quartiles(v) for k, v in per_node.items()}
+    return per_node
 
 
-async def concurrent(reps: int, sessions: int = 1000, n: int = 10) -> dict[str, float]:
+def paired(runs: dict[str, list[float]], a: str, b: str, op: Callable[[float, float], float]) -> float:
+    """The median over repetitions of ``op(a, b)``, each pair from one repetition. The
+    configurations of a repetition run back to back, so a slow phase of the VM (they last
+    seconds here) slows both sides of a pair alike, where it shifts one median of two."""
+    return med([op(x, y) for x, y in zip(runs[a], runs[b])])
+
+
+def minus(x: float, y: float) -> float:
+    return x - y
+
+
+def over(x: float, y: float) -> float:
+    return x / y
+
+
+async def concurrent(reps: int, sessions: int = 1000, n: int = 10) -> dict[str, list[float]]:
     """Node runs per second. The engine alone (memory store, no plugins) is the ceiling of
     every flowscope configuration on this machine: a store and plugins only add to it."""
     wf = W.chain(n)
@@ -205,7 +221,7 @@ async def concurrent(reps: int, sessions: int = 1000, n: int = 10) -> dict[str, 
                 out[label].append(sessions * n / dt)
     assert full.tp is not None
     full.tp.shutdown()
-    return {k: med(v) for k, v in out.items()}
+    return out
 
 
 async def flatness(reps: int) -> tuple[dict[int, float], dict[int, tuple[float, float]]]:
@@ -236,17 +252,21 @@ async def main() -> None:
     args = ap.parse_args()
     reps = 3 if args.quick else 9
     t0 = time.time()
-    c, spread = await chain200(3 * reps)  # a 200-chain run is short: three times the repetitions
-    conc = await concurrent(2 if args.quick else 3)
+    runs = await chain200(3 * reps)  # a 200-chain run is short: three times the repetitions
+    c = {k: med(v) for k, v in runs.items()}
+    spread = {k: quartiles(v) for k, v in runs.items()}
+    conc_runs = await concurrent(2 if args.quick else 3)
+    conc = {k: med(v) for k, v in conc_runs.items()}
     chains, sess = await flatness(reps)
-    sqlite = c["SQLite"]
+    lg, lga = "LangGraph + SqliteSaver", "LangGraph + AsyncSqliteSaver"
+    # A layer's cost and a ratio to a peer are taken pair by pair (``paired``), not from two medians.
     rows = [
         ("engine alone, µs/node", c["engine alone (memory)"], "≤ 15"),
-        ("tracing over SQLite, µs/node", c["SQLite + tracing"] - sqlite, "≤ 20"),
-        ("metrics over SQLite, µs/node", c["SQLite + metrics"] - sqlite, "≤ 5"),
-        ("full stack vs LangGraph + SqliteSaver", c["LangGraph + SqliteSaver"] / c["full stack"], "≥ 8x"),
+        ("tracing over SQLite, µs/node", paired(runs, "SQLite + tracing", "SQLite", minus), "≤ 20"),
+        ("metrics over SQLite, µs/node", paired(runs, "SQLite + metrics", "SQLite", minus), "≤ 5"),
+        ("full stack vs LangGraph + SqliteSaver", paired(runs, lg, "full stack", over), "≥ 8x"),
         ("1,000 sessions full stack, node runs/s", conc["full stack"], "≥ 20,000"),
-        ("1,000 sessions full stack vs LangGraph + AsyncSqliteSaver", conc["full stack"] / conc["LangGraph + AsyncSqliteSaver"], "≥ 25x"),
+        ("1,000 sessions full stack vs LangGraph + AsyncSqliteSaver", paired(conc_runs, "full stack", lga, over), "≥ 25x"),
     ]
     print(f"## Telemetry at the cost floor (issue 15), {time.strftime('%Y-%m-%d')}\n")
     print(f"`PYTHONPATH=src python bench/telemetry_bench.py{' --quick' if args.quick else ''}` on {platform.machine()}, "
@@ -277,16 +297,16 @@ async def main() -> None:
     flat_s = max(v for v, _ in sess.values()) / min(v for v, _ in sess.values())
     print(f"| per-node cost 20 → 2,000 nodes (max/min) | {flat_c:.2f} | ≤ 1.3 | {'pass' if flat_c <= 1.3 else 'MISS'} |")
     print(f"| per-run cost 10 → 10,000 sessions (max/min) | {flat_s:.2f} | ≤ 1.3 | {'pass' if flat_s <= 1.3 else 'MISS'} |")
-    lg = c["LangGraph + SqliteSaver"]
+    print("\nLayers' costs and ratios to a peer are medians of pairs from the same repetition.")
     print("\nWhat the targets sit on, from the same run:\n")
     print(f"- the 1,000-session figures: the engine alone (no store, no plugins) ran "
           f"{conc['engine alone (memory)']:,.0f} node runs/s, and SQLite alone was "
-          f"{conc['SQLite'] / conc['LangGraph + AsyncSqliteSaver']:.1f}x LangGraph + AsyncSqliteSaver;")
-    print(f"- the 200-chain: SQLite alone was {lg / sqlite:.1f}x LangGraph + SqliteSaver, so 8x leaves "
-          f"{lg / 8 - sqlite:.1f} µs/node for all the telemetry;")
-    print(f"- a plugin whose node hooks and `on_event` do nothing added {c[EMPTY] - c['engine alone (memory)']:.1f} "
-          "µs/node to the engine alone (memory store, where the spread is smallest): the hook port's own cost, "
-          "under tracing's and metrics' figures.")
+          f"{paired(conc_runs, 'SQLite', lga, over):.1f}x LangGraph + AsyncSqliteSaver;")
+    print(f"- the 200-chain: SQLite alone was {paired(runs, lg, 'SQLite', over):.1f}x LangGraph + SqliteSaver, so 8x "
+          f"leaves {paired(runs, lg, 'SQLite', lambda x, y: x / 8 - y):.1f} µs/node for all the telemetry;")
+    print(f"- a plugin whose node hooks and `on_event` do nothing added "
+          f"{paired(runs, EMPTY, 'engine alone (memory)', minus):.1f} µs/node to the engine alone (memory store): "
+          "the hook port's own cost, under tracing's and metrics' figures.")
 
 
 if __name__ == "__main__":
