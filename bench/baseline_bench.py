@@ -48,8 +48,7 @@ async def _child(reps: int, sessions: int) -> dict[str, float]:
     version has (``Runner``, ``SqliteEventStore``, ``Runner.run``)."""
     import gc
 
-    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-    from peers_langgraph import _chain_graph, sqlite_chain
+    from peers_langgraph import async_sqlite_chain, sqlite_chain
     from workflows import chain
 
     from flowscope import Runner
@@ -59,47 +58,36 @@ async def _child(reps: int, sessions: int) -> dict[str, float]:
     chain_runner = Runner(chain(200), store=SqliteEventStore(os.path.join(tmp, "chain.db")))
     many_runner = Runner(chain(10), store=SqliteEventStore(os.path.join(tmp, "many.db")))
     lg_chain, lg_close = sqlite_chain(200, tmp)
-    async with AsyncSqliteSaver.from_conn_string(os.path.join(tmp, "lga.db")) as saver:
-        await saver.setup()
-        lg_many = _chain_graph(10).compile(checkpointer=saver)
+    lg_many = await async_sqlite_chain(10, sessions, tmp)
 
-        async def fs_chain() -> float:
-            t0 = time.perf_counter()
-            for _ in range(3):
-                await chain_runner.run(0, session_id=uuid.uuid4().hex)
-            return (time.perf_counter() - t0) / 600 * 1e6
+    async def fs_chain() -> float:
+        t0 = time.perf_counter()
+        for _ in range(3):
+            await chain_runner.run(0, session_id=uuid.uuid4().hex)
+        return (time.perf_counter() - t0) / 600 * 1e6
 
-        def lg_chain_once() -> float:
-            t0 = time.perf_counter()
-            lg_chain()
-            return (time.perf_counter() - t0) / 200 * 1e6
+    def lg_chain_once() -> float:
+        t0 = time.perf_counter()
+        lg_chain()
+        return (time.perf_counter() - t0) / 200 * 1e6
 
-        async def fs_many(sessions: int = sessions) -> float:
-            gc.collect()
-            t0 = time.perf_counter()
-            await asyncio.gather(*(many_runner.run(0, session_id=uuid.uuid4().hex) for _ in range(sessions)))
-            return sessions * 10 / (time.perf_counter() - t0)
+    async def fs_many(k: int = sessions) -> float:
+        gc.collect()
+        t0 = time.perf_counter()
+        await asyncio.gather(*(many_runner.run(0, session_id=uuid.uuid4().hex) for _ in range(k)))
+        return k * 10 / (time.perf_counter() - t0)
 
-        async def lg_many_once(sessions: int = sessions) -> float:
-            cfgs = [{"recursion_limit": 120, "configurable": {"thread_id": uuid.uuid4().hex}} for _ in range(sessions)]
-            gc.collect()
-            t0 = time.perf_counter()
-            outs = await asyncio.gather(*(lg_many.ainvoke({"x": 0}, c) for c in cfgs))
-            dt = time.perf_counter() - t0
-            assert all(o["x"] == 10 for o in outs)
-            return sessions * 10 / dt
-
-        await fs_chain()  # warm-up (LangGraph's 1,000 sessions take ~35 s a run here: a tenth of them)
-        lg_chain_once()
-        await fs_many(sessions // 10)
-        await lg_many_once(sessions // 10)
-        got: dict[str, list[float]] = {"fs_chain": [], "lg_chain": [], "fs_many": [], "lg_many": []}
-        for rep in range(reps):
-            got["fs_chain"].append(await fs_chain())
-            got["lg_chain"].append(lg_chain_once())
-            if rep % 3 == 0:  # the 1,000-session runs take seconds each: a third as many
-                got["fs_many"].append(await fs_many())
-                got["lg_many"].append(await lg_many_once())
+    await fs_chain()  # warm-up (LangGraph's 1,000 sessions take ~35 s a run here: a tenth of them)
+    lg_chain_once()
+    await fs_many(sessions // 10)
+    await lg_many(sessions // 10)
+    got: dict[str, list[float]] = {"fs_chain": [], "lg_chain": [], "fs_many": [], "lg_many": []}
+    for rep in range(reps):
+        got["fs_chain"].append(await fs_chain())
+        got["lg_chain"].append(lg_chain_once())
+        if rep % 3 == 0:  # the 1,000-session runs take seconds each: a third as many
+            got["fs_many"].append(await fs_many())
+            got["lg_many"].append(sessions * 10 / await lg_many())
     lg_close()
     return {k: statistics.median(v) for k, v in got.items()}
 

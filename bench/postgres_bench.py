@@ -285,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         print(rows[-1])
         med = chain_per_node(cluster, 200, 3 if args.quick else args.reps)
         fs, fs_off = med["flowscope on"], med["flowscope off"]
+        chain_rows = len(rows)  # the 200-chain's rows, printed together below
         rows.append(("200-chain per node, flowscope on PostgreSQL", f"{fs * 1e3:.3f} ms"))
         rows.append(("200-chain per node, flowscope on PostgreSQL, synchronous_commit=off", f"{fs_off * 1e3:.3f} ms"))
         for durability in ("default", "sync"):
@@ -305,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 "5x LangGraph (default) needs per node; above the durable floor that leaves",
                 f"{budget * 1e3:.3f} ms; {(budget - floor_commit) * 1e3:.3f} ms (flowscope uses {(fs - floor_commit) * 1e3:.3f})",
             ))
-        for row in rows[-8:]:
+        for row in rows[chain_rows:]:
             print(row)
         k = 5 if args.quick else 1  # the quick run: a fifth of the sessions
         # (sessions, events each, running sessions): ~1% running (~1,000 open runs); the

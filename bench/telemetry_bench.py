@@ -7,8 +7,8 @@ One process, interleaved repetitions (every repetition runs every configuration 
 a rotating offset), medians, ratios from the same run:
 
 1. a chain of 200 trivial nodes, µs per node (a layer's cost, such as tracing over SQLite,
-   and a ratio to LangGraph are medians of pairs taken from the same repetition): the engine alone (memory store), SQLite,
-   SQLite + tracing, SQLite + metrics, the full stack (SQLite + tracing + metrics), and
+   and a ratio to LangGraph are medians of pairs taken from the same repetition): the
+   engine alone (memory store), SQLite, SQLite + tracing, SQLite + metrics, the full stack (SQLite + tracing + metrics), and
    LangGraph + ``SqliteSaver`` (no telemetry on its side). One long-lived Runner per
    configuration, a new session per run; tracing is an SDK ``TracerProvider`` with a
    ``BatchSpanProcessor`` and a ``WatermarkExporter`` around an exporter that drops the
@@ -110,28 +110,6 @@ class Flow:
         return time.perf_counter() - t0
 
 
-async def langgraph_async(n: int, sessions: int) -> Callable[[], Awaitable[float]]:
-    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-    from peers_langgraph import _chain_graph
-
-    cm = AsyncSqliteSaver.from_conn_string(os.path.join(TMP, f"lga-{uuid.uuid4().hex}.db"))
-    saver = await cm.__aenter__()
-    await saver.setup()
-    graph = _chain_graph(n).compile(checkpointer=saver)
-
-    async def once() -> float:
-        cfgs = [{"recursion_limit": 2 * n + 100, "configurable": {"thread_id": uuid.uuid4().hex}} for _ in range(sessions)]
-        gc.collect()
-        t0 = time.perf_counter()
-        outs = await asyncio.gather(*(graph.ainvoke({"x": 0}, c) for c in cfgs))
-        dt = time.perf_counter() - t0
-        assert all(o["x"] == n for o in outs)
-        return dt
-
-    once.keep = (cm, saver)  # type: ignore[attr-defined]  # the context manager owns the connection
-    return once
-
-
 def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -210,7 +188,7 @@ async def concurrent(reps: int, sessions: int = 1000, n: int = 10) -> dict[str, 
     engine = Flow("engine alone (memory)", wf, False, False, False)
     bare = Flow("SQLite", wf, True, False, False)
     full = Flow("full stack", wf, True, True, True)
-    lg = await langgraph_async(n, sessions)
+    lg = await peers_langgraph.async_sqlite_chain(n, sessions, TMP)
     out: dict[str, list[float]] = {engine.label: [], "SQLite": [], "full stack": [], "LangGraph + AsyncSqliteSaver": []}
     for rep in range(reps + 1):
         runs: list[tuple[str, Callable[[], Awaitable[float]]]] = [
