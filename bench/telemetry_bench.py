@@ -6,16 +6,18 @@
 One process, interleaved repetitions (every repetition runs every configuration once, from
 a rotating offset), medians, ratios from the same run:
 
-1. a chain of 200 trivial nodes, µs per node (a layer's cost, such as tracing over SQLite,
-   and a ratio to LangGraph are medians of pairs taken from the same repetition): the
-   engine alone (memory store), SQLite, SQLite + tracing, SQLite + metrics, the full stack (SQLite + tracing + metrics), and
-   LangGraph + ``SqliteSaver`` (no telemetry on its side). One long-lived Runner per
-   configuration, a new session per run; tracing is an SDK ``TracerProvider`` with a
-   ``BatchSpanProcessor`` and a ``WatermarkExporter`` around an exporter that drops the
-   spans (what ``configure_tracing`` builds, but for the network), flushed inside the timing;
-   and the engine with a plugin whose hooks do nothing, the floor under any plugin;
-2. 1,000 concurrent sessions of a 10-node chain in one process on SQLite (bare and full
-   stack) against LangGraph + ``AsyncSqliteSaver`` running 1,000 threads concurrently;
+1. a chain of 200 trivial nodes, µs per node: the engine alone (memory store), SQLite,
+   SQLite + tracing, SQLite + metrics, the full stack (SQLite + tracing + metrics), the
+   engine with a plugin whose hooks do nothing (the floor under any plugin), and
+   LangGraph + ``SqliteSaver`` (no telemetry on its side). A layer's cost, such as tracing
+   over SQLite, and a ratio to LangGraph are medians of pairs from the same repetition.
+   One long-lived Runner per configuration, a new session per run; tracing is an SDK
+   ``TracerProvider`` with a ``BatchSpanProcessor`` and a ``WatermarkExporter`` around an
+   exporter that drops the spans (what ``configure_tracing`` builds, but for the network),
+   flushed inside the timing;
+2. 1,000 concurrent sessions of a 10-node chain in one process: the engine alone (memory
+   store, the ceiling of every flowscope configuration), SQLite bare and the full stack,
+   against LangGraph + ``AsyncSqliteSaver`` running 1,000 threads concurrently;
 3. flatness: the full stack's µs per node from 20 to 2,000 nodes, and per node run from
    10 to 10,000 concurrent sessions, with the memory per session (tracemalloc peak over
    the run, in a separate untimed run).
