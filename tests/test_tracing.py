@@ -811,6 +811,27 @@ async def test_a_walk_that_raises_between_hooks_is_logged_and_never_reaches_the_
     assert "tracing: building spans from the log raised RuntimeError: walk" in caplog.text
 
 
+async def test_an_event_the_walk_cannot_take_costs_its_own_span_not_the_rest_of_its_batch(store, tracing, monkeypatch, caplog):
+    from flowscope.events import NodeStarted
+    from flowscope.observability.log_spans import SpanWalk
+
+    real = SpanWalk.apply
+
+    def apply(self, event):
+        if isinstance(event, NodeStarted) and event.node == "n1":
+            raise RuntimeError("walk")
+        real(self, event)
+
+    monkeypatch.setattr(SpanWalk, "apply", apply)
+    steps = [node(lambda x: x + 1, name=f"n{i}") for i in range(6)]  # no awaits: one batch holds them all
+    wf = Workflow("w", edges=[(START, *steps)])
+    with caplog.at_level("WARNING", logger="flowscope.observability.tracing"):
+        assert (await Runner(wf, store=store, plugins=[tracing.plugin()]).run(0, session_id="s")).output == 6
+    assert "tracing: building spans from the log raised RuntimeError: walk" in caplog.text
+    assert set(tracing.nodes()) == {"w@1", *(f"w@1/n{i}@1" for i in range(6) if i != 1)}
+    assert len(tracing.invocations()) == 1
+
+
 def test_a_loop_closed_before_the_batch_was_walked_is_not_kept_alive(tracing):
     import gc
     import time

@@ -266,13 +266,13 @@ class TracingPlugin(Plugin):
             waiting.append(st)
 
     def _walk_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
-        # Called by the loop, not through the plugin hooks: a failure is logged here, as the
-        # hooks would, and never reaches the loop or the run.
+        # Called by the loop, not through the plugin hooks: a failure to ship is logged here,
+        # as the hooks would, and never reaches the loop or the run.
         for st in self._waiting.pop(loop, ()):
             try:
                 self._walk_pending(st)
             except Exception as exc:
-                log.warning("tracing: building spans from the log raised %s: %s", type(exc).__name__, exc)
+                log.warning("tracing: shipping spans raised %s: %s", type(exc).__name__, exc)
 
     def _walk_pending(self, st: _Run) -> None:
         """Walk the events appended since the last walk, and ship the spans they ended."""
@@ -281,8 +281,14 @@ class TracingPlugin(Plugin):
             return
         st.pending = []
         apply = st.walk.apply
+        failed: Exception | None = None
         for e in pending:
-            apply(e)
+            try:
+                apply(e)
+            except Exception as exc:  # one bad event costs its own span, not the rest of the batch's
+                failed = failed or exc
+        if failed is not None:
+            log.warning("tracing: building spans from the log raised %s: %s", type(failed).__name__, failed)
         if st.out:
             self._ship(st)
 
