@@ -294,3 +294,42 @@ def test_a_run_cut_by_a_server_restart_resumes_with_nothing_completed_run_twice(
         for path in done:  # completed before the cut: never run again
             assert ws.nodes[path].attempt == 1
         assert COUNTS["s1"] == 1 and COUNTS["s2"] == 1
+
+
+def test_lease_renewals_lock_their_rows_in_one_order_so_two_rounds_never_deadlock(url):
+    """Two keepers renewing the same leases, listed in opposite orders, at once: the rows
+    are locked in session-id order whatever the list's order, so neither waits on the other
+    in a cycle (40P01)."""
+    from flowscope.store.postgres import queries as q
+
+    n = 300
+    with PostgresEventStore(url) as store:
+        for i in range(n):
+            submit(store, f"s{i:04d}")
+        leases = [store.acquire(f"s{i:04d}", owner("k"), 60.0) for i in range(n)]
+    deadlocks: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def keeper(order: list) -> None:
+        params = {
+            "expires": 1e12,
+            "now": time.time(),
+            "sids": [lease.session_id for lease in order],
+            "epochs": [lease.epoch for lease in order],
+        }
+        with psycopg.connect(url) as conn:
+            for _ in range(15):
+                barrier.wait()
+                try:
+                    with conn.transaction():
+                        rows = conn.execute(q.SQL_RENEW_MANY, params).fetchall()
+                    assert len(rows) == n
+                except psycopg.errors.DeadlockDetected as exc:
+                    deadlocks.append(exc)
+
+    threads = [threading.Thread(target=keeper, args=(o,)) for o in (leases, leases[::-1])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not deadlocks, f"{len(deadlocks)} of 30 renewal rounds deadlocked"

@@ -26,6 +26,7 @@ __all__ = [
     "RecoveryLimitError",
     "JobFailedError",
     "StoreError",
+    "describe_exception",
     "StoreLocked",
     "StoreCorrupt",
     "NotAFlowscopeDatabase",
@@ -171,18 +172,23 @@ def error_type_name(exc: BaseException) -> str:
 # The default redaction (R13, docs/design.md): credential shapes first (a URL's user:password
 # before its path is looked at), then absolute file paths. Each pattern is anchored on
 # what precedes it so that relative run paths ("w@1/check@1") and URLs' own paths stay.
-_REDACTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
+_REDACTIONS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
     (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^\s/@:]+:[^\s/@]+@"), r"\1***:***@"),
     # An Authorization header's scheme and credentials ("token revoked" is prose, not one).
     (re.compile(r"\b((?i:bearer|basic)|Token)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 ***"),
     (re.compile(r"\bsk-[A-Za-z0-9_-]{6,}"), "sk-***"),
     (re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{12,}"), r"\1***"),
+    # A secret's name and its value: ``password=x``, ``"password": "x"`` in JSON,
+    # ``'api_key': 'x'`` in a repr, env-style names that end in one (``DB_PASSWORD=``,
+    # ``GITHUB_TOKEN=``, ``AWS_SECRET_ACCESS_KEY=``, ``client_secret=``) and URL query
+    # tokens (``?access_token=``). A quoted value keeps its quotes.
     (
         re.compile(
-            r"\b(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key)(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&]+)",
+            r"(?<![A-Za-z0-9])([\w-]*?(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|[_-]key))"
+            r"([\"']?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&'\"}\])]+)",
             re.IGNORECASE,
         ),
-        r"\1\2***",
+        lambda m: m.group(1) + m.group(2) + (m.group(3)[0] + "***" + m.group(3)[0] if m.group(3)[0] in "\"'" else "***"),
     ),
     (re.compile(r"(?<![\w.@~:/-])~?/[^\s/'\"]+(?:/[^\s/'\"]*)*"), "<path>"),
     (re.compile(r"(?<![\w])(?:[A-Za-z]:\\|\\\\)[^\s'\"]+"), "<path>"),
@@ -215,6 +221,20 @@ def _message(exc: BaseException, redact: Redactor) -> str:
     if not isinstance(text, str):
         return f"{type(exc).__name__} (message withheld: the redaction did not return a str)"
     return text[:MAX_ERROR_MESSAGE] or type(exc).__name__
+
+
+def describe_exception(exc: BaseException) -> str:
+    """One redacted log line for ``exc``: ``Type: message``, the message through the default
+    redaction; an exception whose ``__str__`` raises is said to be one, never a traceback.
+    Log lines use it because a raw ``%s`` of an exception prints whatever secret it holds."""
+    name = error_type_name(exc)
+    try:
+        text = str(exc)
+    except Exception as broken:  # a hostile __str__: say so in one line
+        return f"{name} (its message could not be read: str() raised {error_type_name(broken)})"
+    if not isinstance(text, str) or not text:
+        return name
+    return f"{name}: {_message(exc, redact_message)}"
 
 
 def _code(exc: BaseException, mapping: Mapping[type, str] | None) -> str:

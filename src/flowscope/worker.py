@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 
 from .engine import Runner, Workflow
 from .engine.hooks import Plugin, PluginDispatcher
-from .errors import InvocationAbortedError, LeaseLost
+from .errors import InvocationAbortedError, LeaseLost, describe_exception
 from .ownership import Owner, this_process
 from .store.base import Claim, EventStore
 
@@ -173,7 +173,7 @@ class Worker:
         try:
             self.store.workers_seen(self.owner, names, ts=now)
         except Exception as exc:  # a worker survives a store that is briefly unavailable
-            log.warning("could not record worker %s: %s: %s", self.owner.worker_id, type(exc).__name__, exc)
+            log.warning("could not record worker %s: %s", self.owner.worker_id, describe_exception(exc))
 
     def _claim(self, names: list[str]) -> list[Claim]:
         free = self.concurrency - len(self._active)
@@ -184,7 +184,7 @@ class Worker:
                 self.owner, names, self.lease_s, limit=free, max_recoveries=self.max_recoveries
             )
         except Exception as exc:
-            log.warning("claim failed: %s: %s", type(exc).__name__, exc)
+            log.warning("claim failed: %s", describe_exception(exc))
             return []
 
     def _start(self, claim: Claim) -> None:
@@ -205,7 +205,7 @@ class Worker:
             log.info("session %s (%s, %s): %s", sid, claim.workflow, claim.reason, result.status)
         except LeaseLost as exc:
             self._count("lease_lost" if not self._stop.is_set() else "handed_back")
-            log.warning("session %s: lease lost: %s", sid, exc)
+            log.warning("session %s: lease lost: %s", sid, describe_exception(exc))
         except InvocationAbortedError:
             self._count("handed_back")
             log.info("session %s: stopped by the drain", sid)
@@ -214,7 +214,7 @@ class Worker:
             raise
         except Exception as exc:  # the workflow's own failure, or a session that cannot run
             self._count("failed")
-            log.warning("session %s (%s, %s) failed: %s: %s", sid, claim.workflow, claim.reason, type(exc).__name__, exc)
+            log.warning("session %s (%s, %s) failed: %s", sid, claim.workflow, claim.reason, describe_exception(exc))
         finally:
             self._active.pop(sid, None)
             await self._hooks.call("on_worker_release", claim)
@@ -250,7 +250,7 @@ class Worker:
         try:
             self.store.acquire(sid, self.owner, 0.0, force=True)
         except Exception as exc:
-            log.warning("could not hand back session %s: %s: %s", sid, type(exc).__name__, exc)
+            log.warning("could not hand back session %s: %s", sid, describe_exception(exc))
         self.runners[claim.workflow].abort(sid, reason=DRAIN_REASON)
 
     # -- convenience -----------------------------------------------------------------------

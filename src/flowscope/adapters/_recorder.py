@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from .. import NodeOutcome, RunInfo
-from ..errors import ConcurrencyConflict, classify
+from ..errors import ConcurrencyConflict, classify, describe_exception
 from ..events import (
     Event,
     InputReceived,
@@ -222,7 +222,7 @@ class Recorder:
                     s = self._session(session_id, reload=True)
                     stored = self.store.append(session_id, events, expected_last_seq=s.last_seq)
             except Exception as exc:  # recording never fails the observed workflow
-                log.warning("could not record %d event(s) for session %s: %s: %s", len(events), session_id, type(exc).__name__, exc)
+                log.warning("could not record %d event(s) for session %s: %s", len(events), session_id, describe_exception(exc))
                 return []
             for e in stored:
                 s.ws.apply(e)

@@ -20,6 +20,8 @@ from collections import Counter
 from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Iterable
 
+from ..errors import describe_exception
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..events import Event, NodeErrorEvent
     from ..store.base import Claim
@@ -176,7 +178,7 @@ class PluginDispatcher:
     def _failed(self, plugin: Plugin, hook: str, exc: BaseException) -> None:
         name = getattr(plugin, "name", type(plugin).__name__)
         self.errors[(name, hook)] += 1
-        log.warning("plugin %r raised in %s: %s: %s", name, hook, type(exc).__name__, exc)
+        log.warning("plugin %r raised in %s: %s", name, hook, describe_exception(exc))
         for other, fn in self._hooks["on_plugin_error"]:
             try:
                 fn(name, hook, exc)

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Protocol
 
-from ..errors import LeaseLost
+from ..errors import LeaseLost, describe_exception
 from ..ownership import Lease
 from ..store.base import EventStore
 
@@ -116,8 +116,8 @@ class LeaseKeeper:
         its invocation's loop."""
         try:
             results = self.store.renew_many([inv.lease for _key, (inv, _loop) in items], self.lease_s)
-        except Exception:  # a store hiccup: the leases still have two thirds of their time
-            log.warning("could not renew the leases of %d sessions", len(items), exc_info=True)
+        except Exception as exc:  # a store hiccup: the leases still have two thirds of their time
+            log.warning("could not renew the leases of %d sessions: %s", len(items), describe_exception(exc))
             return items
         held = []
         for (key, (inv, loop)), result in zip(items, results):
@@ -144,8 +144,8 @@ class LeaseKeeper:
             return
         try:
             self.store.heartbeat_many(beats)
-        except Exception:  # a missed heartbeat must not kill the run
-            log.warning("heartbeats failed for %d sessions", len(beats), exc_info=True)
+        except Exception as exc:  # a missed heartbeat must not kill the run
+            log.warning("heartbeats failed for %d sessions: %s", len(beats), describe_exception(exc))
 
 
 def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[[LeaseLost], None], exc: LeaseLost) -> None:

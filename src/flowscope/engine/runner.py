@@ -21,6 +21,7 @@ import uuid
 from typing import Any, AsyncIterator, Callable, ClassVar, Iterable, Mapping
 
 from ..errors import (
+    describe_exception,
     ConcurrencyConflict,
     InvocationAbortedError,
     LeaseLost,
@@ -290,8 +291,8 @@ class Runner:
     def _release(self, lease: Lease) -> None:
         try:
             self.store.release(lease)
-        except Exception:  # best effort: an expired lease frees the session anyway
-            log.warning("could not release the lease of session %s", lease.session_id, exc_info=True)
+        except Exception as exc:  # best effort: an expired lease frees the session anyway
+            log.warning("could not release the lease of session %s: %s", lease.session_id, describe_exception(exc))
 
     def _load_snapshot(self, session_id: str) -> WorkflowState | None:
         """The session's state from its last snapshot plus the events after it, or None.
@@ -325,8 +326,8 @@ class Runner:
             return
         try:
             self.store.save_snapshot(inv.session_id, ws.last_seq, json.dumps(snapshot_state(ws), separators=(",", ":")))
-        except Exception:  # a snapshot is an optimisation: never fail the run for it
-            log.warning("could not save a snapshot of session %s", inv.session_id, exc_info=True)
+        except Exception as exc:  # a snapshot is an optimisation: never fail the run for it
+            log.warning("could not save a snapshot of session %s: %s", inv.session_id, describe_exception(exc))
 
     async def _invoke(
         self,

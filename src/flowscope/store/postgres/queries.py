@@ -181,17 +181,25 @@ SQL_TAKE = (
 )
 #: A lease keeper's round (renew() is a round of one): every lease whose epoch still holds, in one statement; the
 #: sessions it returns were renewed, the others' leases are lost.
+#: The rows are locked first, in session-id order: an UPDATE over a join locks them in
+#: whatever order its plan visits them, and two rounds (or a round and a claim) that visit
+#: the same rows in different orders deadlock (40P01).
 SQL_RENEW_MANY = (
+    "WITH v AS (SELECT * FROM unnest(%(sids)s::text[], %(epochs)s::bigint[]) AS v(session_id, epoch)), "
+    "locked AS (SELECT s.session_id FROM sessions AS s JOIN v ON s.session_id = v.session_id "
+    "AND s.epoch = v.epoch ORDER BY s.session_id FOR UPDATE OF s) "
     "UPDATE sessions AS s SET lease_expires_at = %(expires)s, lease_renewed_at = %(now)s "
-    "FROM unnest(%(sids)s::text[], %(epochs)s::bigint[]) AS v(session_id, epoch) "
-    "WHERE s.session_id = v.session_id AND s.epoch = v.epoch RETURNING s.session_id"
+    "FROM v, locked WHERE s.session_id = v.session_id AND s.epoch = v.epoch "
+    "AND locked.session_id = s.session_id RETURNING s.session_id"
 )
 SQL_OWNERSHIP_MANY = "SELECT session_id, owner, epoch FROM sessions WHERE session_id = ANY(%s)"
 #: Heartbeats of several sessions' running runs (heartbeat() is one session's).
 SQL_HEARTBEAT_MANY = (
+    "WITH v AS (SELECT * FROM unnest(%(sids)s::text[], %(paths)s::text[]) AS v(session_id, path)), "
+    "locked AS (SELECT n.session_id, n.path FROM node_runs AS n JOIN v ON n.session_id = v.session_id "
+    "AND n.path = v.path WHERE n.status = 'running' ORDER BY n.session_id, n.path FOR UPDATE OF n) "
     "UPDATE node_runs AS n SET heartbeat_at = %(now)s "
-    "FROM unnest(%(sids)s::text[], %(paths)s::text[]) AS v(session_id, path) "
-    "WHERE n.session_id = v.session_id AND n.path = v.path AND n.status = 'running'"
+    "FROM locked WHERE n.session_id = locked.session_id AND n.path = locked.path AND n.status = 'running'"
 )
 SQL_RELEASE = (
     "UPDATE sessions SET lease_expires_at = 0 WHERE session_id = %s AND epoch = %s RETURNING status, workflow"

@@ -1,0 +1,109 @@
+"""R13, the one redactor: every credential shape an exception carries is gone from the
+log lines a worker writes and from the events it records; an exception whose ``__str__``
+raises is one log line, never a logging traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from flowscope import START, Runner, Worker, Workflow, node
+from flowscope.engine.hooks import Plugin
+from flowscope.errors import describe_exception, redact_message
+from flowscope.store import SqliteEventStore
+
+# (what a message holds, the secret part that must not survive)
+PLANTED = [
+    ("key sk-live-4eC39HqLyjWDarjtT1zdp7dc rejected", "4eC39HqLyjWDarjtT1zdp7dc"),
+    ("aws AKIAIOSFODNN7EXAMPLE denied", "IOSFODNN7EXAMPLE"),
+    ("login password=hunter2plant failed", "hunter2plant"),
+    ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9abc", "eyJhbGciOiJIUzI1NiJ9abc"),
+    ("cannot open /home/alice/secret-plans.txt", "alice"),
+    ("connect postgresql://app:pgpw-plant@db.internal:5432/x", "pgpw-plant"),
+    ('body {"password": "json-pw-plant", "user": "a"}', "json-pw-plant"),
+    ("cfg {'api_key': 'repr-key-plant', 'n': 1}", "repr-key-plant"),
+    ("env DB_PASSWORD=dbpw-plant set", "dbpw-plant"),
+    ("env GITHUB_TOKEN=ghp_tokenplant123 set", "ghp_tokenplant123"),
+    ("env PGPASSWORD=pgenv-plant set", "pgenv-plant"),
+    ("env AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMIplant set", "wJalrXUtnFEMIplant"),
+    ("oauth client_secret=cs-plant-9 refused", "cs-plant-9"),
+    ("GET https://api.example.com/v1?access_token=qtok-plant&page=2", "qtok-plant"),
+    ("header X-Api-Key: hdr-key-plant", "hdr-key-plant"),
+]
+
+
+@pytest.mark.parametrize(("text", "secret"), PLANTED, ids=[s for _t, s in PLANTED])
+def test_the_default_redaction_removes_every_credential_shape(text, secret):
+    out = redact_message(text)
+    assert secret not in out, out
+    assert "***" in out or "<path>" in out
+
+
+def test_the_redaction_keeps_names_counts_and_quotes_around_what_it_hides():
+    assert redact_message('{"password": "x1", "max_tokens": 5}') == '{"password": "***", "max_tokens": 5}'
+    assert redact_message("tokens: 3 and max_tokens=5 at w@1/check@1") == "tokens: 3 and max_tokens=5 at w@1/check@1"
+
+
+class _Hostile(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no")
+
+
+def test_an_exception_whose_str_raises_is_described_in_one_line():
+    text = describe_exception(_Hostile())
+    assert text == "_Hostile (its message could not be read: str() raised RuntimeError)"
+    assert describe_exception(ValueError("password=p1 at /root/x")) == "ValueError: password=*** at <path>"
+    assert describe_exception(KeyError()) == "KeyError"
+
+
+ALL_SECRETS = " | ".join(t for t, _s in PLANTED)
+
+
+@node
+async def leaky(ctx, x):
+    raise ValueError(ALL_SECRETS)
+
+
+@node
+async def hostile(ctx, x):
+    raise _Hostile()
+
+
+class _LeakyPlugin(Plugin):
+    name = "leaky-plugin"
+
+    async def before_node(self, ctx):
+        raise RuntimeError(ALL_SECRETS)
+
+
+def test_a_worker_logs_and_records_no_planted_secret_and_no_traceback(tmp_path, caplog):
+    leaking = Workflow("leaking", edges=[(START, leaky)])
+    broken = Workflow("broken_str", edges=[(START, hostile)])
+    db = tmp_path / "w.db"
+    with SqliteEventStore(db) as store:
+        Runner(leaking, store).submit(1, session_id="leak")
+        Runner(broken, store).submit(1, session_id="hostile")
+        worker = Worker(store, [leaking, broken], plugins=[_LeakyPlugin()], lease_s=5.0, poll_s=0.05)
+
+        async def serve() -> None:
+            task = asyncio.ensure_future(worker.run())
+            for _ in range(200):
+                if sum(worker.outcomes.values()) >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            worker.stop()
+            await task
+
+        with caplog.at_level(logging.INFO, logger="flowscope"):
+            asyncio.run(serve())
+        events = store.read("leak") + store.read("hostile")
+    assert sum(worker.outcomes.values()) == 2, worker.outcomes
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "failed" in logged and "leaky-plugin" in logged, logged
+    assert not any(r.exc_info for r in caplog.records)
+    recorded = "\n".join(repr(e) for e in events)
+    for _text, secret in PLANTED:
+        assert secret not in logged, (secret, logged)
+        assert secret not in recorded, (secret, recorded)
