@@ -107,3 +107,31 @@ def test_a_worker_logs_and_records_no_planted_secret_and_no_traceback(tmp_path, 
     for _text, secret in PLANTED:
         assert secret not in logged, (secret, logged)
         assert secret not in recorded, (secret, recorded)
+
+
+def test_a_job_error_text_is_recorded_redacted_and_shown_so_by_events_and_show(tmp_path):
+    from click.testing import CliRunner
+
+    from flowscope import answer
+    from flowscope.cli import cli
+
+    @node
+    async def enrich(ctx, x):
+        return await ctx.await_job(lambda job: None, payload=x)
+
+    wf = Workflow("etl", edges=[(START, enrich)])
+    db = tmp_path / "j.db"
+    with SqliteEventStore(db) as store:
+        paused = asyncio.run(Runner(wf, store).run(1, session_id="j"))
+        (pending,) = paused.pending
+        answer(store, "j", jobs={pending.job_id: {"success": False, "error": ALL_SECRETS}})
+        recorded = "\n".join(repr(e) for e in store.read("j"))
+    outputs = [recorded]
+    for args in (["events", "j"], ["events", "j", "--format", "json"], ["show", "j"], ["show", "j", "--format", "json"]):
+        result = CliRunner().invoke(cli, ["--db", str(db), *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        outputs.append(result.output)
+    assert "access_token=***" in recorded
+    for out in outputs:
+        for _text, secret in PLANTED:
+            assert secret not in out, (secret, out)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import Any, Callable, Mapping
 
-from ..errors import JobFailedError, ResumeError
+from ..errors import JobFailedError, ResumeError, redact_message
 from ..events import Event, InputReceived, InputRequested, JobDispatched, JobResultReceived
 from ..fold import WorkflowState
 from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids
@@ -156,6 +156,10 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
         if job_id in owner.job_results:
             raise ResumeError(f"job {job_id!r} of session {sid!r} already reported its result; a result is reported once")
         result = json_value(result, f"the result of job {job_id!r}")
+        if isinstance(result, Mapping) and isinstance(result.get("error"), str):
+            # A job's error text is a message like a node's: recorded redacted, so events,
+            # the pause it becomes, `show` and `events` never carry what it leaked.
+            result = {**result, "error": redact_message(result["error"])}
         verdict = check_result(result, owner.jobs[job_id].expect_count)
         r = result if isinstance(result, Mapping) else {}
         fields = {
