@@ -498,3 +498,30 @@ def test_memory_store_works_too():
     asyncio.run(Runner(Workflow("w", edges=[(START, wait)]), store=store).run(1))
     s = scrape(StoreCollector(store))
     assert sample(s, OPEN, workflow="w", node="wait", state="waiting_input") == 1
+
+
+def test_the_metrics_server_queues_a_burst_of_scrapes_and_drops_idle_connections(monkeypatch):
+    """A listen backlog for a burst of concurrent scrapes (prometheus-client's own server
+    keeps 5), and a read timeout so that idle connections do not each hold a thread."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prometheus_client import CollectorRegistry
+
+    from flowscope.observability import serve
+
+    monkeypatch.setattr(serve._Handler, "timeout", 0.5)
+    with serve.serve_metrics(registry=CollectorRegistry(), port=0) as srv:
+        assert srv._server.request_queue_size == serve.LISTEN_BACKLOG >= 128
+
+        def scrape(_i: int) -> int:
+            with urllib.request.urlopen(srv.url, timeout=20) as r:
+                return r.status
+
+        with ThreadPoolExecutor(max_workers=200) as pool:
+            assert list(pool.map(scrape, range(200))) == [200] * 200
+        idle = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        started = time.monotonic()
+        assert idle.recv(1) == b""  # the server closed it: the read timed out
+        assert time.monotonic() - started < 4
+        idle.close()

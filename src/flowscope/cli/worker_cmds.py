@@ -232,14 +232,15 @@ def worker_cmd(
     with store:
         plugins: list[Plugin] = [tracing.plugin()] if tracing is not None else []
         if metrics_port is not None:
-            from prometheus_client import CollectorRegistry, start_http_server
+            from prometheus_client import CollectorRegistry
 
             from ..observability.metrics import MetricsPlugin
+            from ..observability.serve import start_metrics_http
 
             registry = CollectorRegistry(auto_describe=True)
             plugins.append(MetricsPlugin(registry=registry))
             try:
-                server = start_http_server(metrics_port, addr="127.0.0.1", registry=registry)
+                server = start_metrics_http(metrics_port, "127.0.0.1", registry)
             except OSError as exc:
                 raise CliError(f"cannot listen on 127.0.0.1:{metrics_port}: {exc.strerror or exc}") from None
         w = Worker(

@@ -17,23 +17,48 @@ secrets, but nothing here authenticates, so exposing it is a decision for the ca
 
 from __future__ import annotations
 
+import socket
 import threading
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler, make_server, make_wsgi_app
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from ..store.base import EventStore
 from .store_collector import StoreCollector
 
-__all__ = ["serve_metrics", "MetricsServer", "DEFAULT_PORT"]
+__all__ = ["serve_metrics", "start_metrics_http", "MetricsServer", "DEFAULT_PORT", "LISTEN_BACKLOG", "READ_TIMEOUT_S"]
 
 #: The port of ``flowscope serve-metrics`` (OpenTelemetry's Prometheus exporter default).
 DEFAULT_PORT = 9464
+#: Connections the kernel queues before accept (prometheus-client's server keeps 5: a burst
+#: of scrapes from several Prometheus replicas and probes timed out).
+LISTEN_BACKLOG = 128
+#: How long a connection may take to send its request: an idle connection holds a thread.
+READ_TIMEOUT_S = 10.0
+
+
+class _Handler(_SilentHandler):
+    timeout = READ_TIMEOUT_S  # StreamRequestHandler sets it on the socket
+
+
+class _Server(ThreadingWSGIServer):
+    request_queue_size = LISTEN_BACKLOG
+
+
+def start_metrics_http(port: int, host: str, registry: CollectorRegistry) -> tuple[Any, threading.Thread]:
+    """prometheus-client's WSGI exposition (text, OpenMetrics, gzip, ``?name[]=``) on a
+    daemon thread, with a listen backlog and a read timeout; ``host`` is IPv4 or IPv6."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    server_class = type("_MetricsServer", (_Server,), {"address_family": family})
+    httpd: Any = make_server(host, port, make_wsgi_app(registry), server_class, handler_class=_Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    return httpd, thread
 
 
 class _Forward(Collector):
@@ -106,6 +131,6 @@ def serve_metrics(
         exposed.register(_Forward(source))
         collector = StoreCollector(store, stale_after_s=stale_after_s)
         exposed.register(collector)  # describe() only: the store is not read here
-    server, thread = start_http_server(port, addr=host, registry=exposed)
+    server, thread = start_metrics_http(port, host, exposed)
     thread.name = f"flowscope-metrics-{server.server_port}"
     return MetricsServer(host, server.server_port, exposed, collector, server, thread)
