@@ -525,3 +525,30 @@ def test_the_metrics_server_queues_a_burst_of_scrapes_and_drops_idle_connections
         assert idle.recv(1) == b""  # the server closed it: the read timed out
         assert time.monotonic() - started < 4
         idle.close()
+
+
+def test_queued_and_open_series_are_bounded_like_the_metrics_plugin_and_add_up(tmp_path):
+    """Workflow names come from whoever calls ``start``: past ``max_series`` label sets,
+    new ones report together under ``_other``, and the counts still add up."""
+    from flowscope.events import RunSubmitted
+    from flowscope.store.testing import ev
+
+    store = SqliteEventStore(tmp_path / "q.db")
+    for i in range(120):
+        store.append(f"s{i}", [ev(RunSubmitted, f"s{i}", workflow=f"wf{i:03d}", input=1, ts=1000.0 + i)], 0)
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(store, max_series=50))
+    for _scrape in range(2):  # the second scrape keeps the same sets: nothing grows past the budget
+        samples = [s for m in registry.collect() if m.name == "flowscope_store_queued_sessions" for s in m.samples]
+        assert len(samples) == 51
+        assert sum(s.value for s in samples) == 120
+        other = [s for s in samples if s.labels["workflow"] == "_other"]
+        assert len(other) == 1 and other[0].value == 70
+    oldest = {
+        s.labels["workflow"]: s.value
+        for m in registry.collect()
+        if m.name == "flowscope_store_oldest_queued_timestamp_seconds"
+        for s in m.samples
+    }
+    assert oldest["_other"] == 1050.0
+    store.close()

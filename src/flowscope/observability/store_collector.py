@@ -44,8 +44,10 @@ from typing import Any, Callable, Iterable, Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..errors import describe_exception
 from ..fold import OPEN_STATES
 from ..store.base import EventStore, OpenRunGroup, QueuedGroup, summarize_open_runs
+from .labels import DEFAULT_MAX_SERIES, OTHER
 
 __all__ = ["StoreCollector", "OpenRunGroup", "summarize_open_runs", "OPEN_STATES"]
 
@@ -91,9 +93,21 @@ class StoreCollector(Collector):
     :func:`~flowscope.observability.serve.serve_metrics` do it.
     """
 
-    def __init__(self, store: EventStore, stale_after_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        stale_after_s: float = 300.0,
+        clock: Callable[[], float] = time.time,
+        max_series: int = DEFAULT_MAX_SERIES,
+    ) -> None:
         if stale_after_s < 0:
             raise ValueError("stale_after_s must be >= 0")
+        if max_series < 1:
+            raise ValueError("max_series must be at least 1")
+        #: Label sets per family at most (as ``MetricsPlugin`` bounds its own): workflow
+        #: names come from whoever calls ``start``, so past the budget new sets are
+        #: reported together under ``_other``.
+        self.max_series = max_series
         self.store = store
         self.stale_after_s = float(stale_after_s)
         self.clock = clock
@@ -102,7 +116,7 @@ class StoreCollector(Collector):
         self._seen_open: set[tuple[str, str, str]] = set()
         self._seen_orphaned: set[tuple[str, str]] = set()
         self._seen_overdue: set[tuple[str, str]] = set()
-        self._seen_queued: set[str] = set()
+        self._seen_queued_keys: set[tuple[str]] = set()
         self.last_error: BaseException | None = None
         self.last_scrape_s: float | None = None
 
@@ -125,7 +139,7 @@ class StoreCollector(Collector):
             queued = self.store.queued_summary()
         except Exception as exc:  # a scrape must survive a locked, missing or broken store
             self.last_error = exc
-            log.warning("flowscope StoreCollector could not read %r: %s: %s", self.store, type(exc).__name__, exc)
+            log.warning("flowscope StoreCollector could not read %r: %s", self.store, describe_exception(exc))
             up = GaugeMetricFamily(UP, _HELP[UP])
             up.add_metric((), 0.0)
             yield up
@@ -162,9 +176,9 @@ class StoreCollector(Collector):
             elif g.state == "waiting_job":
                 overdue[wn] = overdue.get(wn, 0.0) + float(g.overdue or 0)
         with self._lock:
-            self._seen_open.update(open_runs)
-            self._seen_orphaned.update(orphaned)
-            self._seen_overdue.update(overdue)
+            open_runs = self._bounded(self._seen_open, open_runs, _count_and_oldest)
+            orphaned = self._bounded(self._seen_orphaned, orphaned, _sum)
+            overdue = self._bounded(self._seen_overdue, overdue, _sum)
             seen_open = sorted(self._seen_open)
             seen_orphaned = sorted(self._seen_orphaned)
             seen_overdue = sorted(self._seen_overdue)
@@ -182,11 +196,27 @@ class StoreCollector(Collector):
             f_overdue.add_metric(wn, overdue.get(wn, 0.0))
         return [f_open, f_oldest, f_orphaned, f_overdue]
 
+    def _bounded(self, seen: set[Any], now: dict[Any, Any], merge: Callable[[Any, Any], Any]) -> dict[Any, Any]:
+        """``now`` with the label sets past ``max_series`` merged into the ``_other`` set;
+        ``seen`` (the sets reported so far, which report 0 rather than vanish) grows to
+        at most ``max_series`` and the ``_other`` set. Called under the lock."""
+        out: dict[Any, Any] = {}
+        for key, value in now.items():
+            if key not in seen:
+                if len(seen) < self.max_series:
+                    seen.add(key)
+                else:
+                    key = (OTHER,) * len(key)
+                    seen.add(key)
+            out[key] = merge(out[key], value) if key in out else value
+        return out
+
     def _queued_families(self, queued: list[QueuedGroup]) -> list[GaugeMetricFamily]:
         now_queued = {str(g.workflow or ""): (float(g.count), float(g.oldest_submitted_at or 0.0)) for g in queued}
         with self._lock:
-            self._seen_queued.update(now_queued)
-            seen = sorted(self._seen_queued)
+            bounded = self._bounded(self._seen_queued_keys, {(wf,): v for wf, v in now_queued.items()}, _count_and_oldest)
+            now_queued = {key[0]: v for key, v in bounded.items()}
+            seen = sorted(k[0] for k in self._seen_queued_keys)
         f_queued = GaugeMetricFamily(QUEUED, _HELP[QUEUED], labels=_LABELS[QUEUED])
         f_oldest = GaugeMetricFamily(OLDEST_QUEUED, _HELP[OLDEST_QUEUED], labels=_LABELS[OLDEST_QUEUED])
         for wf in seen:
@@ -194,3 +224,13 @@ class StoreCollector(Collector):
             f_queued.add_metric((wf,), count)
             f_oldest.add_metric((wf,), oldest)
         return [f_queued, f_oldest]
+
+
+def _sum(a: float, b: float) -> float:
+    return a + b
+
+
+def _count_and_oldest(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    """Counts add up; the oldest is the earliest non-zero timestamp (0 means none)."""
+    oldest = min((t for t in (a[1], b[1]) if t), default=0.0)
+    return a[0] + b[0], oldest
