@@ -597,3 +597,29 @@ def test_cli_resume_failure_is_exit_1_with_a_short_classified_line(tmp_path, how
         assert failed[0].endswith(": StrRaises")
     if how == "path":
         assert "/var/lib" not in out and "<path>" in failed[0]
+
+
+async def test_keys_that_collide_in_json_are_refused_not_one_value_dropped(store):
+    @node
+    def two_ones(x):
+        return {1: "int key", "1": "str key"}
+
+    from flowscope.errors import OutputNotSerializableError
+
+    with pytest.raises(OutputNotSerializableError, match="two keys become '1' in JSON"):
+        await Runner(Workflow("dups", edges=[(START, two_ones)]), store=store).run(0, session_id="d")
+
+
+def test_an_input_nested_too_deeply_for_json_is_a_one_line_cli_error(tmp_path):
+    from click.testing import CliRunner
+
+    from flowscope.cli import cli
+
+    deep = "[" * 50_000 + "]" * 50_000
+    db = tmp_path / "deep.db"
+    for args in (["start", "wf", "--input", deep], ["resume", "s", "--input", f"q={deep}"]):
+        result = CliRunner().invoke(cli, ["--db", str(db), *args])
+        assert result.exit_code == 2, (args[0], result.output)
+        assert "nested too deeply" in result.output and "bug" not in result.output
+        assert len(result.output.strip().splitlines()) == 1
+    assert not db.exists() or SqliteEventStore(db).sessions() == []  # nothing appended

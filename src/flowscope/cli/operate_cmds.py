@@ -40,6 +40,8 @@ def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
             raise CliError(f"{option} expects ID=JSON (e.g. {option} 'approval=true'), got {raw!r}")
         try:
             out[key] = json.loads(text)
+        except RecursionError:
+            raise CliError(f"{option} {key}: the JSON is nested too deeply to record; pass a flatter value") from None
         except ValueError as exc:
             raise CliError(
                 f"{option} {key}: {text!r} is not valid JSON ({exc}); "

@@ -176,6 +176,8 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
     """
     try:
         value = json.loads(input_json)
+    except RecursionError:
+        raise CliError("--input: the JSON is nested too deeply to record; pass a flatter value") from None
     except ValueError as exc:
         raise CliError(f"--input: {input_json!r} is not valid JSON ({exc}); quote a string as JSON: --input '\"text\"'") from None
     store = open_store(db, write=True, create=True)

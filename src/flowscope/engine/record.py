@@ -41,7 +41,18 @@ log = logging.getLogger("flowscope.engine")
 E = TypeVar("E", bound=Event)
 
 _dumps = dumps_finite  # built once (flowscope.jsontext)
-_loads = json.loads
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):  # {1: a, "1": b}: both keys are "1" in JSON, and one value would vanish
+        dup = next(k for i, (k, _v) in enumerate(pairs) if any(k == k2 for k2, _ in pairs[:i]))
+        raise ValueError(f"two keys become {dup!r} in JSON")
+    return out
+
+
+def _loads(text: str) -> Any:
+    return json.loads(text, object_pairs_hook=_unique_keys)
 _JSON_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
 
 
