@@ -229,12 +229,11 @@ def describe_exception(exc: BaseException) -> str:
     Log lines use it because a raw ``%s`` of an exception prints whatever secret it holds."""
     name = error_type_name(exc)
     try:
-        text = str(exc)
+        str(exc)
     except Exception as broken:  # a hostile __str__: say so in one line
         return f"{name} (its message could not be read: str() raised {error_type_name(broken)})"
-    if not isinstance(text, str) or not text:
-        return name
-    return f"{name}: {_message(exc, redact_message)}"
+    message = _message(exc, redact_message)  # the class name when there is no message
+    return name if message == name else f"{name}: {message}"
 
 
 def _code(exc: BaseException, mapping: Mapping[type, str] | None) -> str:

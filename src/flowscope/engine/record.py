@@ -53,6 +53,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _loads(text: str) -> Any:
     return json.loads(text, object_pairs_hook=_unique_keys)
+
+
 _JSON_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
 
 

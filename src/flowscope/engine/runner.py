@@ -21,7 +21,6 @@ import uuid
 from typing import Any, AsyncIterator, Callable, ClassVar, Iterable, Mapping
 
 from ..errors import (
-    describe_exception,
     ConcurrencyConflict,
     InvocationAbortedError,
     LeaseLost,
@@ -29,6 +28,7 @@ from ..errors import (
     UnknownSessionError,
     Redactor,
     WorkflowError,
+    describe_exception,
     redact_message,
 )
 from ..events import Event, RunStarted, RunSubmitted
