@@ -149,10 +149,12 @@ def make_schema_2_file(path) -> None:
 
 
 def test_a_schema_2_database_migrates_in_place(db_path):
-    assert DB_SCHEMA_VERSION == 4
+    assert DB_SCHEMA_VERSION == 5
     make_schema_2_file(db_path)
     with SqliteEventStore(db_path) as store:
-        assert store.schema_version == 4
+        assert store.schema_version == 5
+        # schema 5: the inbox, empty
+        assert store.inbox("old") == []
         # schema 4: the open-runs index's predicate is the OR form, with the old open run in it
         [sql] = [r[0] for r in store._conn.execute("SELECT sql FROM sqlite_master WHERE name = 'node_runs_open'")]
         assert "status = 'running' OR" in sql and " IN (" not in sql, sql

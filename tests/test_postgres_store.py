@@ -123,10 +123,11 @@ def test_a_schema_1_database_is_migrated_to_the_span_watermark_table_keeping_its
         s.append("old", [ev(RunSubmitted, sid="old", workflow="w", ts=1.0)], 0)
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("DROP TABLE span_exports")
+        c.execute("DROP TABLE messages")
         c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     with PostgresEventStore(url) as s:
-        assert s.schema_version_found == 1 and s.schema_version == DB_SCHEMA_VERSION == 2
-        assert s.last_seq("old") == 1 and s.exported_seq("old") == 0
+        assert s.schema_version_found == 1 and s.schema_version == DB_SCHEMA_VERSION == 3
+        assert s.last_seq("old") == 1 and s.exported_seq("old") == 0 and s.inbox("old") == []
         s.set_exported_seq("old", 1)
     with PostgresEventStore(url, readonly=True) as s:  # kept in the database, readable by a reader
         assert s.exported_seq("old") == 1

@@ -1,22 +1,27 @@
-"""Answers through the store: record input values and job results for a paused session.
+"""Answers through the store: record input values and job results for a session.
 
 :func:`answer` needs no workflow code: it folds the session's log, checks the answers
 with the rule ``Runner.resume()`` uses (:func:`flowscope.engine.pauses.validate_answers`)
-and appends them durably, outside any invocation. The session then waits for a runner
-(a worker, or ``runner.resume()``), which consumes the recorded answers as if they had
-been passed to ``resume()``.
+and sends them to the session's inbox, durable at once. One writer per session: if no
+live owner holds the session, :func:`answer` takes it for a moment and takes its inbox
+in (the answers are in the log when it returns); if one does (another branch is still
+running), the owner takes them in when its invocation pauses, or the next owner when it
+takes the session, and nothing the owner does collides with them. The session then
+waits for a runner (a worker, or ``runner.resume()``), which consumes the recorded
+answers as if they had been passed to ``resume()``.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .engine.inbox import answer_body, take_in
 from .engine.pauses import FINISHED, validate_answers
-from .errors import ResumeError, UnknownSessionError
+from .errors import ConcurrencyConflict, ResumeError, UnknownSessionError
 from .fold import rebuild
+from .liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
+from .ownership import Owner, this_process
 from .store.base import EventStore
 
 __all__ = ["answer", "AnswerReceipt"]
@@ -24,13 +29,24 @@ __all__ = ["answer", "AnswerReceipt"]
 
 @dataclass(frozen=True, slots=True)
 class AnswerReceipt:
-    """What :func:`answer` recorded: which ids, for which workflow, up to which ``seq``."""
+    """What :func:`answer` recorded: which ids, for which workflow, up to which ``seq``.
+
+    ``owner`` is None when the answers are in the log (``last_seq`` is the last event
+    they wrote); otherwise the live owner whose process takes them in from the inbox
+    (``last_seq`` is the log's when they were sent).
+    """
 
     session_id: str
     workflow: str
     inputs: tuple[str, ...]
     jobs: tuple[str, ...]
     last_seq: int
+    owner: Owner | None = None
+
+    @property
+    def pending(self) -> bool:
+        """The answers wait in the inbox for the session's live owner."""
+        return self.owner is not None
 
 
 def answer(
@@ -40,13 +56,14 @@ def answer(
     jobs: Mapping[str, Any] | None = None,
 ) -> AnswerReceipt:
     """Record answers to a session's open input requests (``inputs``, by interrupt id) and
-    results of its dispatched jobs (``jobs``, by job id), appending nothing on error.
+    results of its dispatched jobs (``jobs``, by job id), sending nothing on error.
 
     Raises :class:`~flowscope.errors.UnknownSessionError` for an unknown session,
     :class:`~flowscope.errors.ResumeError` for a finished session, nothing to answer, an
-    unknown id, an input already answered or a job already reported, and
-    :class:`~flowscope.errors.ConcurrencyConflict` if the session's owner appended in
-    between (fold again and retry).
+    unknown id, an input already answered or a job already reported. Once it returns the
+    answers are durable: in the log, or in the inbox of the live owner
+    (:attr:`AnswerReceipt.pending`), which takes them in at its next pause or the next
+    owner when it takes the session.
     """
     inputs = dict(inputs or {})
     jobs = dict(jobs or {})
@@ -58,13 +75,18 @@ def answer(
         raise ResumeError(f"session {session_id!r} has {ws.status}; it takes no more answers")
     if not inputs and not jobs:
         raise ResumeError(f"nothing to answer for session {session_id!r}: give inputs or jobs")
-    answers = validate_answers(ws, inputs, jobs)
-    invocation_id = f"answer-{uuid.uuid4().hex}"
-    now = time.time()
-    seq = ws.last_seq
-    batch = []
-    for cls, path, node, fields in answers:
-        seq += 1
-        batch.append(cls(session_id=session_id, invocation_id=invocation_id, seq=seq, ts=now, path=path, node=node, **fields))
-    store.append(session_id, batch, ws.last_seq)
-    return AnswerReceipt(session_id, ws.workflow, tuple(inputs), tuple(jobs), seq)
+    validate_answers(ws, inputs, jobs)  # a clear error now, before anything is sent
+    store.send(session_id, "answer", answer_body(inputs, jobs))
+    try:
+        lease = store.acquire(session_id, this_process(), resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S))
+    except ConcurrencyConflict:  # a live owner: it takes the message in
+        info = store.session_info(session_id)
+        owner = info.owner if info is not None and info.owner is not None else this_process()
+        return AnswerReceipt(session_id, ws.workflow, tuple(inputs), tuple(jobs), ws.last_seq, owner)
+    try:
+        if store.last_seq(session_id) != ws.last_seq:
+            ws = rebuild(store.read(session_id))
+        take_in(store, ws, lease)
+    finally:
+        store.release(lease)
+    return AnswerReceipt(session_id, ws.workflow, tuple(inputs), tuple(jobs), ws.last_seq)

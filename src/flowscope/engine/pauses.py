@@ -20,7 +20,7 @@ from ..store.base import FINISHED_SESSION_STATUSES
 from .context import NodeContext, PauseSignal
 from .record import Recorder, json_value
 
-__all__ = ["Pauses", "Answer", "validate_answers", "FINISHED"]
+__all__ = ["Pauses", "Answer", "validate_answers", "recorded_result", "FINISHED"]
 
 log = logging.getLogger("flowscope.engine")
 
@@ -125,6 +125,16 @@ class Pauses(Recorder):
         raise PauseSignal(ctx.path, "job", [job_id], ev)
 
 
+def recorded_result(job_id: str, result: Any) -> Any:
+    """A job's result as the store keeps it: JSON data, its error text redacted."""
+    result = json_value(result, f"the result of job {job_id!r}")
+    if isinstance(result, Mapping) and isinstance(result.get("error"), str):
+        # A job's error text is a message like a node's: recorded redacted, so events,
+        # the pause it becomes, `show` and `events` never carry what it leaked.
+        result = {**result, "error": redact_message(result["error"])}
+    return result
+
+
 def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping[str, Any]) -> list[Answer]:
     """Check answers (input values by interrupt id, job results by job id) against the
     session's open requests, and return the events that record them.
@@ -155,11 +165,7 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
             raise ResumeError(f"session {sid!r} has no dispatched job {job_id!r}: check the job id")
         if job_id in owner.job_results:
             raise ResumeError(f"job {job_id!r} of session {sid!r} already reported its result; a result is reported once")
-        result = json_value(result, f"the result of job {job_id!r}")
-        if isinstance(result, Mapping) and isinstance(result.get("error"), str):
-            # A job's error text is a message like a node's: recorded redacted, so events,
-            # the pause it becomes, `show` and `events` never carry what it leaked.
-            result = {**result, "error": redact_message(result["error"])}
+        result = recorded_result(job_id, result)
         verdict = check_result(result, owner.jobs[job_id].expect_count)
         r = result if isinstance(result, Mapping) else {}
         fields = {

@@ -40,6 +40,7 @@ from .context import PauseSignal, RunResult
 from .commit import GroupCommit
 from .graph import MAX_SESSION_ID, Workflow, check_name
 from .hooks import Plugin, PluginDispatcher
+from .inbox import take_in
 from .invocation import Invocation
 from .lease import LeaseKeeper
 from .pauses import Answer, validate_answers
@@ -266,7 +267,8 @@ class Runner:
         """Load the session and hold its lease: the one given, or one acquired now.
 
         Acquiring comes after the load's checks and before anything is appended; the
-        events another owner appended in between are folded in (and checked) after it.
+        events another owner appended in between are folded in (and checked) after it,
+        and then the messages in its inbox are taken in (:mod:`.inbox`).
         """
         if lease is not None and lease.session_id != session_id:
             raise ValueError(f"the lease is for session {lease.session_id!r}, not {session_id!r}")
@@ -278,6 +280,8 @@ class Runner:
                     for e in self.store.read(session_id, ws.last_seq):
                         ws.apply(e)
                     self._check(ws)
+            if resume:
+                take_in(self.store, ws, lease)  # what others sent while it was not ours
         except BaseException:
             if lease is not None:
                 self._release(lease)
@@ -293,6 +297,17 @@ class Runner:
             self.store.release(lease)
         except Exception as exc:  # best effort: an expired lease frees the session anyway
             log.warning("could not release the lease of session %s: %s", lease.session_id, describe_exception(exc))
+
+    def _take_in_at_pause(self, inv: Invocation) -> None:
+        """An invocation that paused takes in what was sent meanwhile (an answer given
+        while another branch ran), so the session is answered, claimable at once, when its
+        lease is released. Best effort: whatever stays in the inbox, the next owner takes in."""
+        if inv.halted is not None or inv.buffer or inv.flushed_seq != inv.ws.last_seq:
+            return
+        try:
+            take_in(self.store, inv.ws, inv.lease)
+        except Exception as exc:
+            log.warning("session %s: could not take in its messages: %s", inv.session_id, describe_exception(exc))
 
     def _load_snapshot(self, session_id: str) -> WorkflowState | None:
         """The session's state from its last snapshot plus the events after it, or None.
@@ -385,6 +400,8 @@ class Runner:
         self._active.pop(session_id, None)
         self._commits.active -= 1
         self._keeper.remove(inv)
+        if result is not None and result.status == "paused":
+            self._take_in_at_pause(inv)
         self._release(inv.lease)
         plugins = self.plugins
         halted = inv.halted

@@ -38,6 +38,8 @@ __all__ = [
     "WORKER_RETENTION_S",
     "AppendBatch",
     "FINISHED_SESSION_STATUSES",
+    "Message",
+    "MESSAGE_KINDS",
 ]
 
 #: One session's part of :meth:`EventStore.append_many`: (session_id, events, expected_last_seq, epoch).
@@ -48,6 +50,9 @@ ClaimReason = Literal["queued", "answered", "orphaned"]
 WORKER_RETENTION_S = 86400.0
 #: Session statuses that are over for good: only such sessions may be deleted.
 FINISHED_SESSION_STATUSES = ("completed", "failed", "cancelled")
+#: What a :class:`Message` may ask of a session's owner: ``answer`` carries input values
+#: (``body["inputs"]``, by interrupt id) and job results (``body["jobs"]``, by job id).
+MESSAGE_KINDS = ("answer",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,16 +165,43 @@ class QueuedGroup:
     oldest_submitted_at: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A request for a session's owner, kept in the store beside the log (its inbox).
+
+    One writer per session: a process that does not own a live session (an operator's
+    answer, a job's result) never appends to its log; it sends a message, durable at
+    once, which the owner takes in at its next step, or the next owner when it takes the
+    session (:meth:`EventStore.take_in` appends what it says and deletes it, atomically).
+    ``message_id`` is the store's, increasing in the order messages were sent.
+    """
+
+    session_id: str
+    message_id: int
+    kind: str
+    body: Mapping[str, Any]
+    sent_at: float
+
+
 def claim_reason(
-    status: str, owner: Owner | None, lease_expires_at: float | None, now: float, *, host: str | None = None
+    status: str,
+    owner: Owner | None,
+    lease_expires_at: float | None,
+    now: float,
+    *,
+    host: str | None = None,
+    mail: bool = False,
 ) -> ClaimReason | None:
     """Why a worker may claim a session in this state, or None: the claim rule, one copy.
 
-    ``queued`` and ``answered`` sessions nobody holds, and ``running`` sessions whose
-    recorded owner is no longer alive (:func:`~flowscope.liveness.owner_alive`). A running
-    session without an owner (a bridge, an older flowscope) is never claimed: only
-    ``flowscope resume`` takes it over.
+    ``queued`` and ``answered`` sessions nobody holds (a ``paused`` one with ``mail``, a
+    message in its inbox, counts as answered), and ``running`` sessions whose recorded
+    owner is no longer alive (:func:`~flowscope.liveness.owner_alive`). A running session
+    without an owner (a bridge, an older flowscope) is never claimed: only ``flowscope
+    resume`` takes it over.
     """
+    if status == "paused" and mail:
+        status = "answered"
     if status == "queued":
         return None if owner_alive(owner, lease_expires_at, now, host=host) else "queued"
     if status == "answered":
@@ -469,7 +501,7 @@ class EventStore(ABC):
     # ------------------------------------------------------------------ pruning (flowscope prune)
 
     def delete_sessions(self, session_ids: Iterable[str]) -> list[str]:
-        """Delete whole sessions (log, projections, snapshot, owner and lease) in one
+        """Delete whole sessions (log, projections, snapshot, inbox, owner and lease) in one
         transaction; return the ids deleted, in the order given.
 
         Only a session whose status is in :data:`FINISHED_SESSION_STATUSES`, that has no
@@ -487,6 +519,33 @@ class EventStore(ABC):
 
     def has_session(self, session_id: str) -> bool:
         return self.last_seq(session_id) > 0
+
+    # -- the inbox: messages for a session's owner (one writer per session) ----------------
+
+    def send(self, session_id: str, kind: str, body: Mapping[str, Any], *, ts: float | None = None) -> Message:
+        """Keep a :class:`Message` for the session's owner, durably, and return it; a
+        paused session with a message is claimable as ``answered``. ``body`` is JSON data.
+        The default refuses: a store that holds no messages cannot be answered while its
+        sessions run (and :meth:`inbox` is always empty)."""
+        raise StoreError(f"{type(self).__name__} cannot hold messages for a session's owner")
+
+    def inbox(self, session_id: str) -> list[Message]:
+        """The session's messages not yet taken in, oldest first."""
+        return []
+
+    def take_in(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        expected_last_seq: int,
+        message_ids: Collection[int],
+        *,
+        epoch: int,
+    ) -> list[Event]:
+        """Append ``events`` (what the messages say; may be none) as :meth:`append` does,
+        under the owner's ``epoch``, and delete the messages ``message_ids``, in one
+        transaction: a message is taken in exactly when its events are durable."""
+        raise StoreError(f"{type(self).__name__} cannot hold messages for a session's owner")
 
     # -- span shipping and group commit (issue 15): optional, with defaults ----------------
 

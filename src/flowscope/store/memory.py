@@ -6,7 +6,7 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass
-from typing import Collection, Iterable, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from ..events import Event, RunSubmitted
 from ..liveness import owner_alive
@@ -17,6 +17,7 @@ from .base import (
     Claim,
     ClaimReason,
     EventStore,
+    Message,
     NodeRun,
     SessionInfo,
     WorkerInfo,
@@ -58,6 +59,8 @@ class MemoryEventStore(EventStore):
         self._folded: dict[str, int] = {}  # how many of a session's events are folded
         self._own: dict[str, _Ownership] = {}
         self._workers: dict[str, WorkerInfo] = {}
+        self._mail: dict[str, list[Message]] = {}  # the inbox: messages not yet taken in
+        self._next_message = 1
         self._lock = threading.RLock()
 
     @property
@@ -209,7 +212,7 @@ class MemoryEventStore(EventStore):
                 if s.workflow not in wanted:
                     continue
                 own = self._own.get(sid) or _Ownership()
-                reason = claim_reason(s.status, own.owner, own.lease_expires_at, now)
+                reason = claim_reason(s.status, own.owner, own.lease_expires_at, now, mail=bool(self._mail.get(sid)))
                 if reason is None or (reason == "orphaned" and max_recoveries is not None and own.recoveries > max_recoveries):
                     continue
                 since = {"queued": own.submitted_at, "answered": s.updated_at, "orphaned": s.updated_at}[reason]
@@ -223,6 +226,42 @@ class MemoryEventStore(EventStore):
                 lease = self._take(sid, own, owner, lease_s, now)
                 out.append(Claim(sid, workflow, reason, lease))
             return out
+
+    # ------------------------------------------------------------------ the inbox
+
+    def send(self, session_id: str, kind: str, body: Mapping[str, Any], *, ts: float | None = None) -> Message:
+        with self._lock:
+            msg = Message(session_id, self._next_message, kind, dict(body), time.time() if ts is None else ts)
+            self._next_message += 1
+            self._mail.setdefault(session_id, []).append(msg)
+            return msg
+
+    def inbox(self, session_id: str) -> list[Message]:
+        with self._lock:
+            return list(self._mail.get(session_id, ()))
+
+    def take_in(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        expected_last_seq: int,
+        message_ids: Collection[int],
+        *,
+        epoch: int,
+    ) -> list[Event]:
+        with self._lock:  # the lock makes the append and the deletion one step
+            stored = self.append(session_id, events, expected_last_seq, epoch=epoch) if events else []
+            if not events:
+                own = self._own.get(session_id)
+                if (own.epoch if own is not None else 0) != epoch:
+                    raise lease_lost(session_id, own.epoch if own else 0, own.owner if own else None, epoch)
+            taken = set(message_ids)
+            left = [m for m in self._mail.get(session_id, ()) if m.message_id not in taken]
+            if left:
+                self._mail[session_id] = left
+            else:
+                self._mail.pop(session_id, None)
+            return stored
 
     def workers_seen(self, owner: Owner, workflows: Collection[str], ts: float | None = None) -> None:
         now = time.time() if ts is None else ts
@@ -254,6 +293,7 @@ class MemoryEventStore(EventStore):
                 self._folds.pop(sid, None)
                 self._folded.pop(sid, None)
                 self._own.pop(sid, None)
+                self._mail.pop(sid, None)
                 self.__dict__.get("_exported_seqs", {}).pop(sid, None)  # the span watermark (EventStore's default)
                 deleted.append(sid)
         return deleted

@@ -10,6 +10,11 @@ from ..projection_sql import open_where
 from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
+    "SQL_CLAIM_MAILED",
+    "SQL_SEND",
+    "SQL_INBOX",
+    "SQL_DROP_MESSAGES",
+    "SQL_NOTIFY_MAILED",
     "SQL_SESSION_FOR_UPDATE",
     "SQL_LAST_SEQ",
     "SQL_INSERT_EVENT",
@@ -219,17 +224,34 @@ SQL_CLAIM_FREE = {
     )
     for status, order in CLAIM_ORDER.items()
 }
+#: Paused sessions with a message in their inbox, claimable as answered (base.claim_reason).
+SQL_CLAIM_MAILED = (
+    f"SELECT {_CLAIM_COLUMNS.format(order='updated_at')} FROM sessions "
+    "WHERE session_id IN (SELECT session_id FROM messages) AND status = 'paused' AND workflow = ANY(%(workflows)s) "
+    "AND (lease_expires_at IS NULL OR lease_expires_at <= %(now)s) "
+    "ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+)
 #: Live leases of this host's owners: their processes are checked in Python (a dead one's
 #: sessions are claimable at once), then the rows locked with SQL_CLAIM_LOCK.
 SQL_CLAIM_SAME_HOST = (
     f"SELECT {_CLAIM_COLUMNS.format(order='coalesce(submitted_at, updated_at, lease_expires_at)')}, status "
-    "FROM sessions WHERE status IN ('queued', 'answered', 'running') AND workflow = ANY(%(workflows)s) "
+    "FROM sessions WHERE (status IN ('queued', 'answered', 'running') "
+    "OR (status = 'paused' AND session_id IN (SELECT session_id FROM messages))) AND workflow = ANY(%(workflows)s) "
     "AND lease_expires_at > %(now)s AND owner->>'host' = %(host)s"
 )
 #: Lock the same-host candidates whose epoch has not moved since they were read.
 SQL_CLAIM_LOCK = (
     "SELECT session_id FROM sessions "
     "WHERE (session_id, epoch) IN (SELECT * FROM unnest(%s::text[], %s::bigint[])) FOR UPDATE SKIP LOCKED"
+)
+SQL_SEND = (
+    "INSERT INTO messages (session_id, kind, body, sent_at) VALUES (%s, %s, %s, %s) RETURNING message_id"
+)
+SQL_INBOX = "SELECT message_id, kind, body, sent_at FROM messages WHERE session_id = %s ORDER BY message_id"
+SQL_DROP_MESSAGES = "DELETE FROM messages WHERE session_id = %s AND message_id = ANY(%s::bigint[])"
+#: A sent message makes a paused session claimable: wake the workers of its workflow.
+SQL_NOTIFY_MAILED = (
+    "SELECT pg_notify(%s, workflow) FROM sessions WHERE session_id = %s AND status = 'paused'"
 )
 SQL_QUEUED_SUMMARY = (
     "SELECT workflow, count(*), min(submitted_at) FROM sessions WHERE status = 'queued' "
@@ -266,7 +288,7 @@ SQL_PRUNABLE = (
 )
 #: Every table keyed by session, in the order a prune deletes from them; ``sessions``
 #: holds the owner, epoch and lease too. ``workers`` is per worker and stays.
-PRUNE_TABLES = ("events", "node_runs", "snapshots", "span_exports", "sessions")
+PRUNE_TABLES = ("events", "node_runs", "snapshots", "span_exports", "messages", "sessions")
 SQL_PRUNE = tuple(f"DELETE FROM {table} WHERE session_id = ANY(%(ids)s)" for table in PRUNE_TABLES)
 #: After a prune's commit (VACUUM cannot run in a transaction): makes the deleted rows'
 #: space reusable by new rows now, rather than when autovacuum gets to the tables.

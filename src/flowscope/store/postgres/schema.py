@@ -23,6 +23,10 @@ says otherwise; the connections' ``search_path`` points at it):
 ``span_exports``
     each session's span-shipping watermark (schema 2): the ``seq`` up to which its spans
     were accepted by an exporter (:mod:`flowscope.observability.shipping`).
+``messages``
+    the inbox (schema 3): messages for a session's owner not yet taken in
+    (:class:`~flowscope.store.base.Message`), deleted in the transaction that appends
+    what they say.
 
 A migration runs under ``pg_advisory_xact_lock`` in the transaction that records the new
 version: several workers starting at once against a new database apply it once; the
@@ -129,9 +133,21 @@ _MIGRATION_2 = [
     "CREATE TABLE span_exports (session_id text PRIMARY KEY, exported_seq bigint NOT NULL)",
 ]
 
+#: Schema 3: the inbox, one writer per session (:meth:`~flowscope.store.base.EventStore.send`).
+_MIGRATION_3 = [
+    """CREATE TABLE messages (
+        message_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        session_id text NOT NULL,
+        kind text NOT NULL,
+        body jsonb NOT NULL,
+        sent_at double precision NOT NULL
+    )""",
+    "CREATE INDEX messages_session ON messages (session_id, message_id)",
+]
+
 #: ``MIGRATIONS[i]`` takes a database at schema ``i`` to ``i + 1``: statements run in the
 #: transaction that records the new version (PostgreSQL's DDL is transactional).
-MIGRATIONS: list[list[str]] = [_MIGRATION_1, _MIGRATION_2]
+MIGRATIONS: list[list[str]] = [_MIGRATION_1, _MIGRATION_2, _MIGRATION_3]
 #: The version of the tables this code writes.
 DB_SCHEMA_VERSION = len(MIGRATIONS)
 

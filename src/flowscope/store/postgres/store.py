@@ -21,6 +21,7 @@ SQLite store's codec, so a log reads the same from either store.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import threading
 import time
@@ -45,6 +46,7 @@ from ..base import (
     Claim,
     ClaimReason,
     EventStore,
+    Message,
     NodeRun,
     OpenRunGroup,
     QueuedGroup,
@@ -586,7 +588,7 @@ class PostgresEventStore(EventStore):
             # (since, session_id, workflow, reason)
             found: list[tuple[float, str, str, ClaimReason]] = []
             with conn.transaction():
-                for status, statement in q.SQL_CLAIM_FREE.items():
+                for status, statement in (*q.SQL_CLAIM_FREE.items(), ("answered", q.SQL_CLAIM_MAILED)):
                     for sid, workflow, owner_json, lease, _rec, since, _epoch in conn.execute(statement, params):
                         reason = claim_reason(status, _owner(owner_json), lease, now, host=host)
                         if reason is not None:
@@ -594,7 +596,8 @@ class PostgresEventStore(EventStore):
                 # this host's live leases: claimable if the owner's process is gone
                 dead: list[tuple[float, str, str, ClaimReason, int]] = []
                 for sid, workflow, owner_json, lease, rec, since, epoch, status in conn.execute(q.SQL_CLAIM_SAME_HOST, params):
-                    reason = claim_reason(status, _owner(owner_json), lease, now, host=host)
+                    # a paused row is here only with mail (the query's condition)
+                    reason = claim_reason(status, _owner(owner_json), lease, now, host=host, mail=status == "paused")
                     if reason is None or (reason == "orphaned" and max_recoveries is not None and rec > max_recoveries):
                         continue
                     dead.append((since or 0.0, sid, workflow, reason, epoch))
@@ -610,6 +613,62 @@ class PostgresEventStore(EventStore):
             return [Claim(sid, wf, reason, Lease(sid, owner, epochs[sid], now + lease_s)) for _s, sid, wf, reason in chosen]
 
         return self._run("claim sessions", take)
+
+    # ------------------------------------------------------------------ the inbox
+
+    def send(self, session_id: str, kind: str, body: Mapping[str, Any], *, ts: float | None = None) -> Message:
+        now = time.time() if ts is None else ts
+        text = dumps_finite(body)
+        self._writable("send a message")
+
+        def send(conn: Conn) -> int:
+            with conn.transaction():
+                (message_id,) = conn.execute(q.SQL_SEND, (session_id, kind, text, now)).fetchone()
+                conn.execute(q.SQL_NOTIFY_MAILED, (self._channel, session_id))  # delivered at commit
+            return int(message_id)
+
+        return Message(session_id, self._run("send a message", send), kind, json.loads(text), now)
+
+    def inbox(self, session_id: str) -> list[Message]:
+        def read(conn: Conn) -> list[Any]:
+            return conn.execute(q.SQL_INBOX, (session_id,)).fetchall()
+
+        rows = self._run("read the inbox", read, retry=True)
+        return [Message(session_id, int(mid), kind, body, sent) for mid, kind, body, sent in rows]
+
+    def take_in(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        expected_last_seq: int,
+        message_ids: Collection[int],
+        *,
+        epoch: int,
+    ) -> list[Event]:
+        events = list(events)
+        encoded = [encode(self.where, session_id, e) for e in events]
+        self._writable("take in messages")
+        with self._cache_lock:
+            cached = self._node_cache.pop(session_id, None)
+        ids = sorted(message_ids)
+        with self._op("take in messages") as conn:
+            with conn.transaction():
+                if events:
+                    try:
+                        numbered, entry = self._append_tx(conn, session_id, events, encoded, expected_last_seq, epoch, cached)
+                    except psycopg.errors.UniqueViolation as exc:
+                        if exc.diag.constraint_name != "events_pkey":
+                            raise
+                        raise _appended_first(session_id, expected_last_seq) from None
+                else:
+                    numbered, entry = [], None
+                    row = conn.execute(q.SQL_SESSION_FOR_UPDATE, (session_id,)).fetchone()
+                    if (row[6] if row is not None else 0) != epoch:  # the fence holds for the deletion too
+                        raise lease_lost(session_id, row[6] if row else 0, _owner(row[7]) if row else None, epoch)
+                conn.execute(q.SQL_DROP_MESSAGES, (session_id, ids))
+        if entry is not None:
+            self._keep({session_id: entry})
+        return numbered
 
     def workers_seen(self, owner: Owner, workflows: Collection[str], ts: float | None = None) -> None:
         now = time.time() if ts is None else ts

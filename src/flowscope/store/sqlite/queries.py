@@ -42,6 +42,10 @@ __all__ = [
     "SQL_CLAIM_QUEUED",
     "SQL_CLAIM_ANSWERED",
     "SQL_CLAIM_ORPHANED",
+    "SQL_CLAIM_MAILED",
+    "SQL_SEND",
+    "SQL_INBOX",
+    "SQL_DROP_MESSAGES",
     "SQL_QUEUED_SUMMARY",
     "SQL_WORKER_SEEN",
     "SQL_WORKERS_FORGET",
@@ -169,6 +173,19 @@ SQL_CLAIM_ORPHANED = (
     "AND workflow IN (SELECT value FROM json_each(:workflows)) "
     "ORDER BY updated_at"
 )
+#: Paused sessions with a message in their inbox: claimable as answered (base.claim_reason).
+SQL_CLAIM_MAILED = (
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at FROM sessions "
+    "WHERE session_id IN (SELECT session_id FROM messages) AND status = 'paused' "
+    f"AND workflow IN (SELECT value FROM json_each(:workflows)) AND {_FREE} "
+    "ORDER BY updated_at"
+)
+SQL_SEND = "INSERT INTO messages (session_id, kind, body, sent_at) VALUES (?, ?, ?, ?) RETURNING message_id"
+SQL_INBOX = "SELECT message_id, kind, body, sent_at FROM messages WHERE session_id = ? ORDER BY message_id"
+#: ``:ids`` is a JSON array of message ids.
+SQL_DROP_MESSAGES = (
+    "DELETE FROM messages WHERE session_id = :sid AND message_id IN (SELECT value FROM json_each(:ids))"
+)
 SQL_QUEUED_SUMMARY = (
     "SELECT workflow, count(*), min(submitted_at) FROM sessions WHERE status = 'queued' "
     "GROUP BY workflow ORDER BY workflow"
@@ -197,7 +214,7 @@ SQL_PRUNABLE = (
 )
 #: Every table keyed by session, in the order a prune deletes from them; ``sessions``
 #: holds the owner, epoch and lease too. ``workers`` is per worker and stays.
-PRUNE_TABLES = ("events", "node_runs", "snapshots", "sessions")
+PRUNE_TABLES = ("events", "node_runs", "snapshots", "messages", "sessions")
 SQL_PRUNE = tuple(f"DELETE FROM {table} WHERE session_id IN (SELECT value FROM json_each(:ids))" for table in PRUNE_TABLES)
 #: A pruned session's span watermark goes too (a new session under the same id ships its
 #: spans); ``span_exports`` exists only once a span was shipped from this file.

@@ -17,6 +17,10 @@
     one folded state per session, so a long session resumes without reading its log.
 ``workers``
     one row per worker (``workers_seen``): host, pid, the workflows it serves, when seen.
+``messages``
+    the inbox (schema 5): messages for a session's owner not yet taken in
+    (:class:`~flowscope.store.base.Message`), deleted in the transaction that appends
+    what they say.
 
 Ownership lives in ``sessions`` beside the fold's columns (schema 3): ``owner`` (the
 :class:`~flowscope.ownership.Owner` as JSON), the fencing ``epoch``, ``lease_expires_at``
@@ -184,9 +188,22 @@ def _migrate_3_to_4(db: sqlite_utils.Database) -> None:
     db.execute(f"CREATE INDEX node_runs_open ON node_runs (status, workflow, node) WHERE {OPEN_WHERE}")
 
 
+def _migrate_4_to_5(db: sqlite_utils.Database) -> None:
+    """The inbox: one writer per session, so an answer for a session its owner is running
+    waits here, not in the log, until the owner takes it in. Small: only messages not
+    yet taken in are kept."""
+    db.execute(
+        "CREATE TABLE messages (message_id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, "
+        "kind TEXT NOT NULL, body TEXT NOT NULL, sent_at REAL NOT NULL)"
+    )
+    db.execute("CREATE INDEX messages_session ON messages (session_id, message_id)")
+
+
 #: ``MIGRATIONS[i]`` takes a database at schema ``i`` to schema ``i + 1``; each runs in the
 #: transaction that records the new version, so a failed migration leaves the file as it was.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_0_to_1, _migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _migrate_0_to_1, _migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4, _migrate_4_to_5,
+]
 #: The version of this file format (tables and payloads) that this code writes.
 DB_SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -27,6 +27,7 @@ import sqlite_utils
 from ...errors import ConcurrencyConflict, LeaseLost, StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
 from ...events import Event, RunFinished, RunSubmitted, UnknownEvent
 from ...fold import NodeState, WorkflowState, gc_paused
+from ...jsontext import dumps_finite
 from ...liveness import owner_alive, stale_before
 from ...ownership import Lease, Owner, this_host
 from ..base import (
@@ -35,6 +36,7 @@ from ..base import (
     Claim,
     ClaimReason,
     EventStore,
+    Message,
     NodeRun,
     OpenRunGroup,
     QueuedGroup,
@@ -473,7 +475,7 @@ class SqliteEventStore(EventStore):
         with self._write("claim sessions") as conn:
             found: list[tuple[float, str, str, ClaimReason]] = []
             for sql, status in ((q.SQL_CLAIM_QUEUED, "queued"), (q.SQL_CLAIM_ANSWERED, "answered"),
-                                (q.SQL_CLAIM_ORPHANED, "running")):
+                                (q.SQL_CLAIM_MAILED, "answered"), (q.SQL_CLAIM_ORPHANED, "running")):
                 taken = 0
                 for sid, workflow, owner_json, lease, recoveries, since in conn.execute(sql, params):
                     reason = claim_reason(status, _owner(owner_json), lease, now, host=host)
@@ -489,6 +491,46 @@ class SqliteEventStore(EventStore):
                 epoch = self._take(conn, sid, owner, lease_s, now, recovered=reason == "orphaned")
                 claims.append(Claim(sid, workflow, reason, Lease(sid, owner, epoch, now + lease_s)))
         return claims
+
+    # ------------------------------------------------------------------ the inbox
+
+    def send(self, session_id: str, kind: str, body: Mapping[str, Any], *, ts: float | None = None) -> Message:
+        now = time.time() if ts is None else ts
+        text = dumps_finite(body)
+        with self._write("send a message") as conn:
+            (message_id,) = conn.execute(q.SQL_SEND, (session_id, kind, text, now)).fetchone()
+        return Message(session_id, message_id, kind, json.loads(text), now)
+
+    def inbox(self, session_id: str) -> list[Message]:
+        with self._op("read the inbox") as conn:
+            rows = conn.execute(q.SQL_INBOX, (session_id,)).fetchall()
+        return [Message(session_id, mid, kind, json.loads(body), sent) for mid, kind, body, sent in rows]
+
+    def take_in(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        expected_last_seq: int,
+        message_ids: Collection[int],
+        *,
+        epoch: int,
+    ) -> list[Event]:
+        events = list(events)
+        encoded = [encode(self.path, session_id, e) for e in events]
+        with self._lock:
+            with self._write("take in messages") as conn:
+                self._pending_cache = None
+                if events:
+                    numbered = self._append_in_transaction(conn, session_id, events, encoded, expected_last_seq, epoch)
+                else:
+                    numbered = []
+                    row = conn.execute(q.SQL_OWNERSHIP, (session_id,)).fetchone()
+                    if (row[1] if row else 0) != epoch:  # the fence holds for the deletion too
+                        raise lease_lost(session_id, row[1] if row else 0, _owner(row[0]) if row else None, epoch)
+                conn.execute(q.SQL_DROP_MESSAGES, {"sid": session_id, "ids": json.dumps(sorted(message_ids))})
+            if self._pending_cache is not None:  # committed: keep the states for the next append
+                self._keep([self._pending_cache])
+        return numbered
 
     def workers_seen(self, owner: Owner, workflows: Collection[str], ts: float | None = None) -> None:
         now = time.time() if ts is None else ts
