@@ -161,6 +161,9 @@ def resume(
         if workflow_spec is None and not _is_bundled(ws.workflow):
             record_answers(store, session, ws, answers, results)  # no code here: through the store
             return
+        if (answers or results) and not force and live_owner(store, session) is not None:
+            record_answers(store, session, ws, answers, results)  # its live owner takes them in
+            return
         wf = _resolve_workflow(ws.workflow, workflow_spec)
         tracing = configure_cli_tracing(
             otlp_endpoint, otlp_protocol, "flowscope", warn=lambda text: click.echo(f"warning: {text}", err=True)

@@ -137,6 +137,12 @@ def record_answers(
         )
     receipt = answer(store, session, inputs or None, jobs or None)
     what = ", ".join([*(f"input {i}" for i in receipt.inputs), *(f"job {j}" for j in receipt.jobs)])
+    if receipt.owner is not None:  # one writer per session: its live owner records it
+        click.echo(
+            f"sent {what} to {session} ({receipt.workflow}): its owner, {receipt.owner.describe()}, is still running it "
+            "and records the answer when that invocation pauses; nothing else to do"
+        )
+        return
     click.echo(f"recorded {what} for {session} ({receipt.workflow})")
     seen, hint = worker_hint(store, receipt.workflow, prefix=prefix)
     click.echo(hint)

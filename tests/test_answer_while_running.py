@@ -1,0 +1,112 @@
+"""One writer per session, through the CLI: an answer given while another branch runs.
+
+``race`` asks for input in one branch while its other branch works for six seconds. The
+operator does what ``flowscope stuck`` says (``flowscope resume SESSION --input q=...``)
+while the slow branch runs under a real ``flowscope worker``. The answer waits in the
+session's inbox; the worker takes it in when its invocation pauses, so its appends never
+conflict: the slow branch runs once, the session completes, no recovery is spent. On
+SQLite and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from flowscope.fold import rebuild
+from flowscope.store import SqliteEventStore
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
+SESSIONS = 3
+
+pytestmark = pytest.mark.slow
+
+
+def _env(log: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
+    env["CHAOS_LOG"] = str(log)
+    env["RACE_SLOW_S"] = "6.0"  # long enough for three CLI starts and answers
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _cli(db: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FLOWSCOPE, "--db", db, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+def _wait(what: str, done: Callable[[], bool], timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _race(db: str, open_store: Callable[[], Any], tmp_path: Path) -> None:
+    log = tmp_path / "effects.jsonl"
+    env = _env(log)
+    err = tmp_path / "worker.err"
+    worker = subprocess.Popen(
+        [FLOWSCOPE, "--db", db, "worker", "tests.race_workflows:ALL", "--lease", "5s", "--poll", "50ms"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(err, "wb"),
+    )
+    try:
+        sids: list[str] = []
+        said: list[str] = []
+        for i in range(SESSIONS):
+            r = _cli(db, env, "start", "race", "--session", f"race-{i}")
+            assert r.returncode == 0, r.stderr
+            sids.append(f"race-{i}")
+        with open_store() as store:
+            def asked(sid: str) -> bool:
+                ws = rebuild(store.read(sid))
+                return any(ns.status == "waiting_input" for ns in ws.nodes.values()) and any(
+                    ns.node == "race_slow" and ns.status == "running" for ns in ws.nodes.values())
+
+            for sid in sids:
+                _wait(f"{sid} to ask while race_slow runs", lambda: asked(sid))
+                # what `flowscope stuck` tells the operator to do, done while race_slow works
+                r = _cli(db, env, "resume", sid, "--input", "q=true")
+                assert r.returncode == 0, (r.stdout, r.stderr)
+                said.append(r.stdout)
+            for sid in sids:
+                _wait(f"{sid} to complete", lambda: rebuild(store.read(sid)).status == "completed", timeout=60)
+            for sid in sids:
+                events = store.read(sid)
+                assert [e.type for e in events].count("input_received") == 1
+                assert all(getattr(e, "recovered", 0) == 0 for e in events if e.type == "run_started")
+                assert store.inbox(sid) == []
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    stderr = err.read_text()
+    assert "ConcurrencyConflict" not in stderr and "lease lost" not in stderr, stderr[-2000:]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    for sid in sids:
+        mine = [(line["what"], line["attempt"]) for line in lines if line["session"] == sid]
+        assert sorted(mine) == [("race_ask", 1), ("race_fin", 1), ("race_slow", 1)], mine
+    for out in said:  # the CLI said what happened: the owner takes the answer in
+        assert "sent input q" in out and "still running it" in out, out
+
+
+def test_an_answer_while_another_branch_runs_runs_nothing_twice_on_sqlite(tmp_path: Path):
+    db = tmp_path / "race.db"
+    SqliteEventStore(db).close()
+    _race(str(db), lambda: SqliteEventStore(db, readonly=True), tmp_path)
+
+
+def test_an_answer_while_another_branch_runs_runs_nothing_twice_on_postgresql(pg_cluster: Any, tmp_path: Path):
+    from flowscope.store.postgres import PostgresEventStore
+
+    url = pg_cluster.new_database("race")
+    _race(url, lambda: PostgresEventStore(url, readonly=True), tmp_path)
