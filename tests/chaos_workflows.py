@@ -1,7 +1,7 @@
 """Workflows for the worker chaos test (tests/test_worker_chaos.py), served by
 ``flowscope worker tests.chaos_workflows:ALL`` from the repository root.
 
-Every node records its side effect as one line of JSON (session, path, attempt, pid)
+Every node records its side effect as one line of JSON (session, path, attempt, pid, time)
 appended to the file named by ``$CHAOS_LOG``, after the work it stands for, so the test
 can count how often each node run really executed. Nodes that pause write their line
 after the pause is answered (their body runs again from the start on resume, by design).
@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from typing import Any
 
 from flowscope import START, JoinNode, NodeContext, RetryConfig, Workflow, node
 
-__all__ = ["ALL", "chain", "fanout", "retrying", "asking", "job", "side_effect", "resume_args", "stop_workers"]
+__all__ = ["ALL", "chain", "fanout", "retrying", "asking", "job", "racing", "side_effect", "resume_args", "stop_workers"]
 
 STEP_S = float(os.environ.get("CHAOS_STEP_S", "0.08"))
 
@@ -26,7 +27,7 @@ STEP_S = float(os.environ.get("CHAOS_STEP_S", "0.08"))
 def side_effect(ctx: NodeContext, what: str) -> None:
     """Append this run's line to $CHAOS_LOG in one write (O_APPEND: lines never interleave)."""
     line = json.dumps({"session": ctx.run.session_id, "path": ctx.path, "attempt": ctx.attempt,
-                       "what": what, "pid": os.getpid()}) + "\n"
+                       "what": what, "pid": os.getpid(), "ts": time.time()}) + "\n"
     fd = os.open(os.environ["CHAOS_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -126,8 +127,32 @@ async def after_job(ctx: NodeContext, result: Any) -> Any:
 
 job = Workflow("chaos_job", edges=[(START, j0, external, after_job)])
 
+# -- an input asked for while another branch runs on: answered while the session runs
+@node
+async def race_ask(ctx: NodeContext, x: Any) -> Any:
+    go = await ctx.request_input("go on?", interrupt_id="go")
+    side_effect(ctx, "race_ask")
+    return go
+
+
+@node
+async def race_slow(ctx: NodeContext, x: Any) -> Any:
+    await asyncio.sleep(STEP_S * 5)  # long enough for an answer to arrive while it runs
+    side_effect(ctx, "race_slow")
+    return x
+
+
+@node
+async def race_fin(ctx: NodeContext, joined: Any) -> Any:
+    await asyncio.sleep(STEP_S)
+    side_effect(ctx, "race_fin")
+    return joined
+
+
+racing = Workflow("chaos_race", edges=[(START, (race_ask, race_slow), JoinNode("race_join"), race_fin)])
+
 #: What ``flowscope worker tests.chaos_workflows:ALL`` serves.
-ALL = [chain, fanout, retrying, asking, job]
+ALL = [chain, fanout, retrying, asking, job, racing]
 
 
 def resume_args(pending: list[Any]) -> list[str]:

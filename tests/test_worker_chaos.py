@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from flowscope import Runner
+from flowscope.answers import AnswerReceipt, answer
 from flowscope.store import SqliteEventStore, rebuild
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -67,6 +68,12 @@ def cli(db: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProces
                           text=True, timeout=60)
 
 
+def answer_now(db: Path, sid: str) -> AnswerReceipt:
+    """Answer ``go`` through the API, at once: the session's other branch is still running."""
+    with SqliteEventStore(db) as store:
+        return answer(store, sid, inputs={"go": True})
+
+
 def busy_worker(store: SqliteEventStore, workers: list[subprocess.Popen[bytes]]) -> int | None:
     """The index of a worker that owns a session with a node running right now, if any:
     every other kill aims at one, so that kills cut nodes off mid-flight, not idle workers."""
@@ -85,7 +92,7 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
     env = env_for(log)
     os.environ["CHAOS_LOG"] = str(log)  # Runner.submit below runs nothing, but be safe
     # -- 100 sessions: 95 with Runner.submit, 5 with `flowscope start` (by name, no code)
-    plan = [cw.chain] * 30 + [cw.fanout] * 20 + [cw.retrying] * 20 + [cw.asking] * 15 + [cw.job] * 15
+    plan = [cw.chain] * 30 + [cw.fanout] * 20 + [cw.retrying] * 20 + [cw.asking] * 15 + [cw.racing] * 10 + [cw.job] * 15
     expected: dict[str, object] = {}
     with SqliteEventStore(db) as store:
         for i, wf in enumerate(plan[:-5]):
@@ -97,11 +104,14 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == sid
         expected[sid] = wf
-    assert len(expected) == 100
+    assert len(expected) == 110
 
     workers = [start_worker(db, env, wlog) for _ in range(N_WORKERS)]
     answered: set[str] = set()
     answer_results: list[subprocess.CompletedProcess[str]] = []
+    race_results: list[AnswerReceipt] = []
+    race_futures = []
+    killed_at: dict[int, float] = {}  # pid -> when SIGKILL was sent
     kills = 0
     t0 = time.monotonic()
     pool = ThreadPoolExecutor(max_workers=3)
@@ -117,6 +127,13 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
                     f"not done after 75s: {sorted((s, st) for s, st in statuses.items() if st != 'completed')[:10]}\n"
                     + wlog.read_text()[-3000:])
                 for sid, status in statuses.items():
+                    if sid in answered or expected.get(sid) is not cw.racing or status != "running":
+                        continue
+                    # answered while the session runs (race_slow still at work): its inbox
+                    if any(ns.node == "race_ask" and ns.status == "waiting_input" for ns in rebuild(store.read(sid)).nodes.values()):
+                        answered.add(sid)
+                        race_futures.append(pool.submit(answer_now, db, sid))
+                for sid, status in statuses.items():
                     if status != "paused" or sid in answered:
                         continue
                     args = cw.resume_args(rebuild(store.read(sid)).pending)
@@ -129,11 +146,13 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
                         victim = kills % N_WORKERS
                     workers[victim].send_signal(signal.SIGKILL)
                     workers[victim].wait(10)
+                    killed_at[workers[victim].pid] = time.time()
                     kills += 1
                     workers[victim] = start_worker(db, env, wlog)
                     next_kill += KILL_EVERY_S
                 time.sleep(0.1)
         answer_results = [f.result(timeout=60) for f in futures]
+        race_results = [f.result(timeout=60) for f in race_futures]
         elapsed = time.monotonic() - t0
         # SIGTERM only workers that are serving (a worker still importing has no handler yet)
         with SqliteEventStore(db, readonly=True) as store:
@@ -149,15 +168,21 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
     assert all(w.returncode == 0 for w in workers), [w.returncode for w in workers]
     assert kills >= 8, f"only {kills} kills: the sessions finished too fast to test anything"
     # every answer went through the store, without the code, and said so
-    assert len(answer_results) == 30
-    for r in answer_results:
+    assert len(answer_results) + len(race_results) == 40
+    for r in answer_results:  # recorded, or sent to an owner that had not released it yet
         assert r.returncode == 0, r.stderr
-        assert "recorded" in r.stdout and "worker" in r.stdout, r.stdout
+        assert ("recorded" in r.stdout and "worker" in r.stdout) or "still running it" in r.stdout, r.stdout
+    # an answer while the session runs goes to its owner's inbox (or straight in, when the
+    # owner was just killed); most found the owner running
+    pending = sum(r.pending for r in race_results)
+    assert pending >= 3, f"only {pending} of {len(race_results)} answers found a live owner: no race tested"
 
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     by_run: dict[tuple[str, str], list[int]] = defaultdict(list)
+    effect: dict[tuple[str, str, int], dict] = {}
     for x in lines:
         by_run[(x["session"], x["path"])].append(x["attempt"])
+        effect[(x["session"], x["path"], x["attempt"])] = x
     re_executed = retried = checked_runs = cut_after_effect = flaky_runs = 0
     with SqliteEventStore(db, readonly=True) as store:
         for sid, wf in expected.items():
@@ -193,6 +218,13 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
                         retried += 1
                     else:
                         cut_after_effect += 1  # killed between its side effect and its completion
+                        # a double side effect only where SIGKILL cut the run off: its worker
+                        # was killed after the effect and before the next attempt's; never
+                        # because an answer or anything else made a live worker drop its work
+                        done, again = effect[(sid, path, a)], effect[(sid, path, attempts[attempts.index(a) + 1])]
+                        killed = killed_at.get(done["pid"])
+                        assert killed is not None and done["ts"] <= killed <= again["ts"], (
+                            sid, path, attempts, "run again although its worker lived")
                 # attempts that neither completed nor were retried: cut off by a kill, run again
                 re_executed += sum(1 for a in range(1, ns.attempt) if (path, a) not in retry_attempts)
             assert checked >= 3, (sid, checked)  # every workflow has three nodes or more
@@ -205,7 +237,7 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
     # by a kill (before or after its side effect) and run again at a higher attempt
     assert flaky_runs == 20
     assert checked_runs == len(by_run)  # no side effect of a run the log does not have
-    print(f"\nchaos: 100 sessions, {kills} kills, {len(lines)} side effects, {retried} retried attempts, "
+    print(f"\nchaos: 110 sessions, {kills} kills, {len(lines)} side effects, {retried} retried attempts, "
           f"{re_executed} attempts cut off by a kill and run again ({cut_after_effect} after their side effect), "
-          f"{checked_runs} node runs checked, {elapsed:.1f}s")
+          f"{checked_runs} node runs checked, {pending} answers taken in by a running owner, {elapsed:.1f}s")
     assert re_executed > 0, "no kill cut a node off mid-flight: the test proved nothing about recovery"

@@ -140,7 +140,7 @@ def record_answers(
     if receipt.owner is not None:  # one writer per session: its live owner records it
         click.echo(
             f"sent {what} to {session} ({receipt.workflow}): its owner, {receipt.owner.describe()}, is still running it "
-            "and records the answer when that invocation pauses; nothing else to do"
+            "and records the answer when its invocation pauses (or the next owner does); nothing else to do"
         )
         return
     click.echo(f"recorded {what} for {session} ({receipt.workflow})")
