@@ -14,24 +14,7 @@ from flowscope.engine.hooks import Plugin
 from flowscope.errors import describe_exception, redact_message
 from flowscope.store import SqliteEventStore
 
-# (what a message holds, the secret part that must not survive)
-PLANTED = [
-    ("key sk-live-4eC39HqLyjWDarjtT1zdp7dc rejected", "4eC39HqLyjWDarjtT1zdp7dc"),
-    ("aws AKIAIOSFODNN7EXAMPLE denied", "IOSFODNN7EXAMPLE"),
-    ("login password=hunter2plant failed", "hunter2plant"),
-    ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9abc", "eyJhbGciOiJIUzI1NiJ9abc"),
-    ("cannot open /home/alice/secret-plans.txt", "alice"),
-    ("connect postgresql://app:pgpw-plant@db.internal:5432/x", "pgpw-plant"),
-    ('body {"password": "json-pw-plant", "user": "a"}', "json-pw-plant"),
-    ("cfg {'api_key': 'repr-key-plant', 'n': 1}", "repr-key-plant"),
-    ("env DB_PASSWORD=dbpw-plant set", "dbpw-plant"),
-    ("env GITHUB_TOKEN=ghp_tokenplant123 set", "ghp_tokenplant123"),
-    ("env PGPASSWORD=pgenv-plant set", "pgenv-plant"),
-    ("env AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMIplant set", "wJalrXUtnFEMIplant"),
-    ("oauth client_secret=cs-plant-9 refused", "cs-plant-9"),
-    ("GET https://api.example.com/v1?access_token=qtok-plant&page=2", "qtok-plant"),
-    ("header X-Api-Key: hdr-key-plant", "hdr-key-plant"),
-]
+from leaky_workflows import PLANTED, SECRETS
 
 
 @pytest.mark.parametrize(("text", "secret"), PLANTED, ids=[s for _t, s in PLANTED])
@@ -58,7 +41,7 @@ def test_an_exception_whose_str_raises_is_described_in_one_line():
     assert describe_exception(KeyError()) == "KeyError"
 
 
-ALL_SECRETS = " | ".join(t for t, _s in PLANTED)
+ALL_SECRETS = SECRETS
 
 
 @node
