@@ -36,6 +36,7 @@ __all__ = [
     "StoreUnavailable",
     "UnknownSessionError",
     "ResumeError",
+    "SessionCancelledError",
     "ErrorInfo",
     "classify",
     "error_type_name",
@@ -101,6 +102,11 @@ class JobFailedError(FlowscopeError):
 
 class ResumeError(FlowscopeError):
     """``resume()`` was asked for something the session cannot give (unknown input or job id)."""
+
+
+class SessionCancelledError(ResumeError):
+    """The session was cancelled (by ``flowscope cancel`` or ``flowscope.cancel()``): it is
+    over for good, and nothing runs it again."""
 
 
 class StoreError(FlowscopeError):

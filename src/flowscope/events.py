@@ -239,6 +239,8 @@ class RunSubmitted(Event):
     type: ClassVar[str] = "run_submitted"
     workflow: str = ""
     input: Any = None
+    #: Why it was submitted again (``flowscope retry``: who asked, and why); None the first time.
+    reason: str | None = None
 
 
 @dataclass(**_EVENT)

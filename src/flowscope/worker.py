@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 
 from .engine import Runner, Workflow
 from .engine.hooks import Plugin, PluginDispatcher
-from .errors import InvocationAbortedError, LeaseLost, describe_exception
+from .errors import InvocationAbortedError, LeaseLost, SessionCancelledError, describe_exception
 from .ownership import Owner, this_process
 from .store.base import Claim, EventStore
 
@@ -203,6 +203,9 @@ class Worker:
             result = await runner.resume(sid, lease=claim.lease)
             self._count(result.status)
             log.info("session %s (%s, %s): %s", sid, claim.workflow, claim.reason, result.status)
+        except SessionCancelledError as exc:  # an operator's cancel, taken in here
+            self._count("cancelled")
+            log.info("session %s (%s, %s): %s", sid, claim.workflow, claim.reason, describe_exception(exc))
         except LeaseLost as exc:
             self._count("lease_lost" if not self._stop.is_set() else "handed_back")
             log.warning("session %s: lease lost: %s", sid, describe_exception(exc))

@@ -9,12 +9,12 @@ resume would refuse. :func:`cancel_session` appends the cancel through the fence
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Iterable
 
+from ..engine.inbox import CANCEL_REASON, cancel_events
 from ..errors import ConcurrencyConflict
-from ..events import Event, NodeCancelled, RunFinished, RunStarted
+from ..events import Event
 from ..fold import WorkflowState, rebuild
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S, owner_alive, resume_lease_s
 from ..ownership import this_process
@@ -31,8 +31,6 @@ __all__ = [
     "prune_candidates",
 ]
 
-#: The ``NodeCancelled.reason`` of a run ended by ``flowscope cancel`` without ``--reason``.
-CANCEL_REASON = "cancelled by an operator (flowscope cancel)"
 
 
 class SessionOwned(Exception):
@@ -57,20 +55,6 @@ def live_owner(store: EventStore, session_id: str, now: float | None = None) -> 
         return None
     now = time.time() if now is None else now
     return info if owner_alive(info.owner, info.lease_expires_at, now) else None
-
-
-def cancel_events(ws: WorkflowState, reason: str, now: float | None = None) -> list[Event]:
-    """The events that end ``ws`` for good: an invocation of its own that records a
-    ``NodeCancelled`` for every open run (innermost first) and ``RunFinished(cancelled)``."""
-    now = time.time() if now is None else now
-    inv = uuid.uuid4().hex
-    sid = ws.session_id
-    out: list[Event] = [RunStarted(session_id=sid, invocation_id=inv, ts=now, workflow=ws.workflow, resumed=True)]
-    open_runs = sorted((ns for ns in ws.nodes.values() if ns.is_open), key=lambda ns: -ns.path.count("/"))
-    for ns in open_runs:
-        out.append(NodeCancelled(session_id=sid, invocation_id=inv, ts=now, path=ns.path, node=ns.node, reason=reason))
-    out.append(RunFinished(session_id=sid, invocation_id=inv, ts=now, status="cancelled"))
-    return out
 
 
 def cancel_session(

@@ -39,6 +39,8 @@ class Leased(Protocol):
 
     def lose_lease(self, exc: LeaseLost) -> None: ...
 
+    def mail_arrived(self) -> None: ...
+
 
 #: An active invocation, by id: itself and its loop.
 _Item = tuple[int, tuple[Leased, asyncio.AbstractEventLoop]]
@@ -104,6 +106,7 @@ class LeaseKeeper:
                 # transaction) renews every lease, one more writes every heartbeat.
                 if renew:
                     items = self._renew(items)
+                    self._mail(items)
                 if beat:
                     self._beat(items)
             if renew:
@@ -130,6 +133,21 @@ class LeaseKeeper:
                 held.append((key, (inv, loop)))
         return held
 
+    def _mail(self, items: list[_Item]) -> None:
+        """Tell the invocations whose session has a message (a cancel, an answer) so, on
+        their loop: one store call per round, so an operator's cancel reaches a live run
+        within a lease."""
+        if not items:
+            return
+        try:
+            mailed = self.store.sessions_with_mail([inv.lease.session_id for _key, (inv, _loop) in items])
+        except Exception as exc:  # the next round asks again
+            log.warning("could not read the inboxes of %d sessions: %s", len(items), describe_exception(exc))
+            return
+        for _key, (inv, loop) in items:
+            if inv.lease.session_id in mailed:
+                _call_on(loop, inv.mail_arrived)
+
     def _beat(self, items: list[_Item]) -> None:
         """Write the heartbeats of the runs in flight in ``items``."""
         beats: dict[str, list[str]] = {}
@@ -148,8 +166,8 @@ class LeaseKeeper:
             log.warning("heartbeats failed for %d sessions: %s", len(beats), describe_exception(exc))
 
 
-def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[[LeaseLost], None], exc: LeaseLost) -> None:
+def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
     try:
-        loop.call_soon_threadsafe(fn, exc)
+        loop.call_soon_threadsafe(fn, *args)
     except RuntimeError:  # the loop is closed: the invocation is over anyway
         pass

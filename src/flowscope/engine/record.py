@@ -255,6 +255,9 @@ class Recorder:
         self.reported: dict[int, tuple[BaseException, str, str, str]] = {}
         self.aborting = False
         self.abort_reason = "aborted"  # the NodeCancelled reason of an abort (Runner.abort)
+        #: Called on the loop when the lease keeper finds a message in the session's inbox.
+        self.on_mail: Callable[[], None] | None = None
+        self.cancelled_by_request = False  # aborted for a cancel message (flowscope.cancel)
         self.in_flight: dict[str, NodeContext] = {}
         # Paths (and their ancestors) of waiting runs that now have what they waited for:
         # answered by this resume, or by an earlier one whose process died before the run
@@ -363,6 +366,11 @@ class Recorder:
         task = self.root_task
         if task is not None and not task.done():
             task.cancel()
+
+    def mail_arrived(self) -> None:
+        """Called on the loop when the session's inbox has a message (see :mod:`.inbox`)."""
+        if self.on_mail is not None and self.halted is None:
+            self.on_mail()
 
     def finish(self, status: str, output: Any = None, error_code: str | None = None, error_path: str | None = None) -> None:
         """Emit the invocation's ``RunFinished`` (the caller flushes it)."""

@@ -25,13 +25,14 @@ from ..errors import (
     InvocationAbortedError,
     LeaseLost,
     ResumeError,
+    SessionCancelledError,
     UnknownSessionError,
     Redactor,
     WorkflowError,
     describe_exception,
     redact_message,
 )
-from ..events import Event, RunStarted, RunSubmitted
+from ..events import Event, RunFinished, RunStarted, RunSubmitted
 from ..fold import WorkflowState, rebuild, restore_state, snapshot_state
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..ownership import Lease, this_process
@@ -40,7 +41,7 @@ from .context import PauseSignal, RunResult
 from .commit import GroupCommit
 from .graph import MAX_SESSION_ID, Workflow, check_name
 from .hooks import Plugin, PluginDispatcher
-from .inbox import take_in
+from .inbox import read_inbox, take_in
 from .invocation import Invocation
 from .lease import LeaseKeeper
 from .pauses import Answer, validate_answers
@@ -253,13 +254,16 @@ class Runner:
         self._check(ws)
         return ws
 
-    def _check(self, ws: WorkflowState) -> None:
-        """Refuse to resume a session of another workflow, or one that has completed."""
+    def _check(self, ws: WorkflowState, *, inbox_read: bool = False) -> None:
+        """Refuse to resume a session of another workflow, or one that has completed,
+        unless its inbox (not read yet) may retry it."""
         if ws.workflow and ws.workflow != self.workflow.name:
             raise ResumeError(
                 f"session {ws.session_id!r} ran workflow {ws.workflow!r}, not {self.workflow.name!r}: "
                 "resume it with a Runner for that workflow"
             )
+        if ws.status == "completed" and not inbox_read and self.store.inbox(ws.session_id):
+            return  # a retry may be waiting: checked again once the inbox is taken in
         if ws.status == "completed":
             raise ResumeError(f"session {ws.session_id!r} already completed; there is nothing to resume")
 
@@ -281,7 +285,10 @@ class Runner:
                         ws.apply(e)
                     self._check(ws)
             if resume:
-                take_in(self.store, ws, lease)  # what others sent while it was not ours
+                taken = take_in(self.store, ws, lease)  # what others sent while it was not ours
+                if any(type(e) is RunFinished and e.status == "cancelled" for e in taken):
+                    raise SessionCancelledError(f"session {session_id!r} was cancelled by a request in its inbox")
+                self._check(ws, inbox_read=True)
         except BaseException:
             if lease is not None:
                 self._release(lease)
@@ -298,10 +305,25 @@ class Runner:
         except Exception as exc:  # best effort: an expired lease frees the session anyway
             log.warning("could not release the lease of session %s: %s", lease.session_id, describe_exception(exc))
 
-    def _take_in_at_pause(self, inv: Invocation) -> None:
-        """An invocation that paused takes in what was sent meanwhile (an answer given
-        while another branch ran), so the session is answered, claimable at once, when its
-        lease is released. Best effort: whatever stays in the inbox, the next owner takes in."""
+    def _read_mail(self, inv: Invocation) -> None:
+        """The session's inbox has mail while it runs here: a cancel stops the run now
+        (its runs are cancelled, never failed; the session ends cancelled); anything else
+        waits for the invocation's end."""
+        try:
+            messages = self.store.inbox(inv.session_id)
+        except Exception as exc:  # the next round tells us again
+            log.warning("session %s: could not read its inbox: %s", inv.session_id, describe_exception(exc))
+            return
+        cancel = read_inbox(inv.ws, messages).cancel
+        if cancel is not None and not inv.aborting:
+            inv.cancelled_by_request = True
+            self.abort(inv.session_id, reason=cancel)
+
+    def _take_in_at_end(self, inv: Invocation) -> None:
+        """An invocation that ended takes in what was sent meanwhile (an answer given while
+        another branch ran, a cancel it stopped for, a retry of the failure it just
+        recorded), so the session is answered, over or queued again when its lease is
+        released. Best effort: whatever stays in the inbox, the next owner takes in."""
         if inv.halted is not None or inv.buffer or inv.flushed_seq != inv.ws.last_seq:
             return
         try:
@@ -369,7 +391,7 @@ class Runner:
         except BaseException:
             self._release(lease)
             raise
-        first = not resume or ws.status == "queued"  # a submitted run starts as a first run
+        first = not resume or (ws.status == "queued" and ws.invocations == 0)  # a submitted run starts as a first run
         if resume:
             input = ws.input
         inv = Invocation(
@@ -388,6 +410,7 @@ class Runner:
             lease=lease,
             commits=self._commits,
         )
+        inv.on_mail = lambda: self._read_mail(inv)
         self._active[session_id] = inv
         self._commits.active += 1
         self._keeper.add(inv)
@@ -400,9 +423,10 @@ class Runner:
         self._active.pop(session_id, None)
         self._commits.active -= 1
         self._keeper.remove(inv)
-        if result is not None and result.status == "paused":
-            self._take_in_at_pause(inv)
+        self._take_in_at_end(inv)
         self._release(inv.lease)
+        if isinstance(error, InvocationAbortedError) and inv.cancelled_by_request:
+            error = SessionCancelledError(f"session {session_id!r} was cancelled: {inv.abort_reason}")
         plugins = self.plugins
         halted = inv.halted
         if halted is not None:

@@ -533,6 +533,11 @@ class EventStore(ABC):
         """The session's messages not yet taken in, oldest first."""
         return []
 
+    def sessions_with_mail(self, session_ids: Collection[str]) -> set[str]:
+        """Which of ``session_ids`` have a message in their inbox: what an owner's lease
+        keeper asks once per round, so that a cancel reaches a live run within a lease."""
+        return {sid for sid in session_ids if self.inbox(sid)}
+
     def take_in(
         self,
         session_id: str,

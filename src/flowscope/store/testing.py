@@ -116,7 +116,7 @@ def one_of_each(sid: str = SID) -> list[Event]:
         NodeCancelled(ts=5.7, reason="sibling failed", **common),
         RunFinished(session_id=sid, invocation_id="inv-7", ts=6.0, status="failed", output={"partial": True},
                     error_code="BAD_INPUT", error_path=p, replayed=2, recovered=1),
-        RunSubmitted(session_id=sid, invocation_id="inv-8", ts=7.0, workflow="wf", input={"again": [1]}),
+        RunSubmitted(session_id=sid, invocation_id="inv-8", ts=7.0, workflow="wf", input={"again": [1]}, reason="retried by ops: flaky disk"),
     ]
 
 

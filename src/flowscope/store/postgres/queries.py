@@ -14,6 +14,7 @@ __all__ = [
     "SQL_SEND",
     "SQL_INBOX",
     "SQL_DROP_MESSAGES",
+    "SQL_MAILED",
     "SQL_NOTIFY_MAILED",
     "SQL_SESSION_FOR_UPDATE",
     "SQL_LAST_SEQ",
@@ -85,7 +86,7 @@ SQL_UPSERT_SESSION = (
     f"INSERT INTO sessions (session_id, {', '.join(_SESSION_COLUMNS)}, submitted_at) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (session_id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in _SESSION_COLUMNS)
-    + ", submitted_at = coalesce(sessions.submitted_at, excluded.submitted_at) RETURNING id"
+    + ", submitted_at = coalesce(excluded.submitted_at, sessions.submitted_at) RETURNING id"
 )
 _NODE_ROW_COLUMNS = ("session_id", "workflow") + NODE_STATE_COLUMNS
 SQL_UPSERT_NODE = (
@@ -253,6 +254,7 @@ SQL_DROP_MESSAGES = "DELETE FROM messages WHERE session_id = %s AND message_id =
 SQL_NOTIFY_MAILED = (
     "SELECT pg_notify(%s, workflow) FROM sessions WHERE session_id = %s AND status = 'paused'"
 )
+SQL_MAILED = "SELECT DISTINCT session_id FROM messages WHERE session_id = ANY(%s)"
 SQL_QUEUED_SUMMARY = (
     "SELECT workflow, count(*), min(submitted_at) FROM sessions WHERE status = 'queued' "
     "GROUP BY workflow ORDER BY workflow"

@@ -392,7 +392,7 @@ class PostgresEventStore(EventStore):
         cur.executemany(q.SQL_UPSERT_NODE, [_node_row(session_id, ws.workflow, nodes[p]) for p in paths if p in nodes])
         if ws.workflow != workflow_before and not new_session:
             cur.execute("UPDATE node_runs SET workflow = %s WHERE session_id = %s", (ws.workflow, session_id))
-        submitted = next((e.ts for e in numbered if type(e) is RunSubmitted), None) if new_session else None
+        submitted = next((e.ts for e in reversed(numbered) if type(e) is RunSubmitted), None)  # a first submit, or a retry
         made = cur.execute(
             q.SQL_UPSERT_SESSION,
             (session_id, ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations, submitted),
@@ -635,6 +635,16 @@ class PostgresEventStore(EventStore):
 
         rows = self._run("read the inbox", read, retry=True)
         return [Message(session_id, int(mid), kind, body, sent) for mid, kind, body, sent in rows]
+
+    def sessions_with_mail(self, session_ids: Collection[str]) -> set[str]:
+        if not session_ids:
+            return set()
+        ids = list(session_ids)
+
+        def read(conn: Conn) -> set[str]:
+            return {r[0] for r in conn.execute(q.SQL_MAILED, (ids,))}
+
+        return self._run("read the inbox", read, retry=True)
 
     def take_in(
         self,

@@ -315,7 +315,7 @@ class SqliteEventStore(EventStore):
             else:
                 bulk.advances.append(q.advance_row(ws))
         else:
-            submitted = _submitted_at(numbered) if new_session else None  # RunSubmitted starts a session
+            submitted = _submitted_at(numbered)  # RunSubmitted starts a session, or queues it again (a retry)
             if bulk is None:
                 conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, submitted))
             else:
@@ -505,6 +505,12 @@ class SqliteEventStore(EventStore):
         with self._op("read the inbox") as conn:
             rows = conn.execute(q.SQL_INBOX, (session_id,)).fetchall()
         return [Message(session_id, mid, kind, json.loads(body), sent) for mid, kind, body, sent in rows]
+
+    def sessions_with_mail(self, session_ids: Collection[str]) -> set[str]:
+        if not session_ids:
+            return set()
+        with self._op("read the inbox") as conn:
+            return {r[0] for r in conn.execute(q.SQL_MAILED, {"ids": json.dumps(list(session_ids))})}
 
     def take_in(
         self,
@@ -769,5 +775,5 @@ def _session_info(row: Sequence[Any]) -> SessionInfo:
 
 
 def _submitted_at(events: Iterable[Event]) -> float | None:
-    """When the first ``RunSubmitted`` of ``events`` was written, if there is one."""
-    return next((e.ts for e in events if type(e) is RunSubmitted), None)
+    """When the last ``RunSubmitted`` of ``events`` was written, if there is one."""
+    return next((e.ts for e in reversed(list(events)) if type(e) is RunSubmitted), None)
