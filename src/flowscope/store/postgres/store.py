@@ -623,9 +623,10 @@ class PostgresEventStore(EventStore):
 
         def send(conn: Conn) -> int:
             with conn.transaction():
-                (message_id,) = conn.execute(q.SQL_SEND, (session_id, kind, text, now)).fetchone()
+                row = conn.execute(q.SQL_SEND, (session_id, kind, text, now)).fetchone()
                 conn.execute(q.SQL_NOTIFY_MAILED, (self._channel, session_id))  # delivered at commit
-            return int(message_id)
+            assert row is not None  # INSERT ... RETURNING gives its row
+            return int(row[0])
 
         return Message(session_id, self._run("send a message", send), kind, json.loads(text), now)
 
