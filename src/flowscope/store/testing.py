@@ -1075,16 +1075,19 @@ class EventStoreContract:
         assert store.take_in(SID, [], 5, [late.message_id], epoch=lease.epoch) == []
         assert store.inbox(SID) == [] and store.last_seq(SID) == 5
 
-    def test_a_paused_session_with_a_message_is_claimed_as_answered(self, store: EventStore) -> None:
+    def test_a_session_with_a_message_is_claimed_paused_as_answered_failed_as_queued(self, store: EventStore) -> None:
         now = time.time()
         store.append("mailed", _paused_log("mailed", "wf", now - 50), 0)
         store.append("quiet", _paused_log("quiet", "wf", now - 60), 0)
         store.append("held", _paused_log("held", "wf", now - 70), 0)
         store.acquire("held", this_process("w-live"), 15.0, now=now)  # a live owner keeps its mail
+        store.append("failed", [ev(RunStarted, sid="failed", workflow="wf", ts=now - 45),
+                                ev(RunFinished, sid="failed", status="failed", ts=now - 44)], 0)
         store.send("mailed", "answer", {"inputs": {"ok": True}, "jobs": {}})
         store.send("held", "answer", {"inputs": {"ok": True}, "jobs": {}})
-        [c] = store.claim(this_process("w-claimer"), ["wf"], 15.0, limit=5, now=now)
-        assert (c.session_id, c.reason) == ("mailed", "answered")
+        store.send("failed", "retry", {"from_path": None, "reason": "again"})
+        claims = store.claim(this_process("w-claimer"), ["wf"], 15.0, limit=5, now=now)
+        assert sorted((c.session_id, c.reason) for c in claims) == [("failed", "queued"), ("mailed", "answered")]
         assert store.claim(this_process("w-other"), ["other"], 15.0, limit=5, now=now) == []
 
     def test_a_deleted_session_takes_its_inbox_with_it(self, store: EventStore) -> None:

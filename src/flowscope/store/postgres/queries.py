@@ -225,10 +225,12 @@ SQL_CLAIM_FREE = {
     )
     for status, order in CLAIM_ORDER.items()
 }
-#: Paused sessions with a message in their inbox, claimable as answered (base.claim_reason).
+#: Paused, failed and completed sessions with a message in their inbox, claimable as answered
+#: or queued (base.claim_reason; the status is the row's last column).
 SQL_CLAIM_MAILED = (
-    f"SELECT {_CLAIM_COLUMNS.format(order='updated_at')} FROM sessions "
-    "WHERE session_id IN (SELECT session_id FROM messages) AND status = 'paused' AND workflow = ANY(%(workflows)s) "
+    f"SELECT {_CLAIM_COLUMNS.format(order='updated_at')}, status FROM sessions "
+    "WHERE session_id IN (SELECT session_id FROM messages) AND status IN ('paused', 'failed', 'completed') "
+    "AND workflow = ANY(%(workflows)s) "
     "AND (lease_expires_at IS NULL OR lease_expires_at <= %(now)s) "
     "ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
 )
@@ -237,7 +239,8 @@ SQL_CLAIM_MAILED = (
 SQL_CLAIM_SAME_HOST = (
     f"SELECT {_CLAIM_COLUMNS.format(order='coalesce(submitted_at, updated_at, lease_expires_at)')}, status "
     "FROM sessions WHERE (status IN ('queued', 'answered', 'running') "
-    "OR (status = 'paused' AND session_id IN (SELECT session_id FROM messages))) AND workflow = ANY(%(workflows)s) "
+    "OR (status IN ('paused', 'failed', 'completed') AND session_id IN (SELECT session_id FROM messages))) "
+    "AND workflow = ANY(%(workflows)s) "
     "AND lease_expires_at > %(now)s AND owner->>'host' = %(host)s"
 )
 #: Lock the same-host candidates whose epoch has not moved since they were read.

@@ -174,10 +174,11 @@ SQL_CLAIM_ORPHANED = (
     "AND workflow IN (SELECT value FROM json_each(:workflows)) "
     "ORDER BY updated_at"
 )
-#: Paused sessions with a message in their inbox: claimable as answered (base.claim_reason).
+#: Paused, failed and completed sessions with a message in their inbox: claimable as answered
+#: or queued (base.claim_reason; the status is the row's last column).
 SQL_CLAIM_MAILED = (
-    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at FROM sessions "
-    "WHERE session_id IN (SELECT session_id FROM messages) AND status = 'paused' "
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at, status FROM sessions "
+    "WHERE session_id IN (SELECT session_id FROM messages) AND status IN ('paused', 'failed', 'completed') "
     f"AND workflow IN (SELECT value FROM json_each(:workflows)) AND {_FREE} "
     "ORDER BY updated_at"
 )

@@ -475,10 +475,11 @@ class SqliteEventStore(EventStore):
         with self._write("claim sessions") as conn:
             found: list[tuple[float, str, str, ClaimReason]] = []
             for sql, status in ((q.SQL_CLAIM_QUEUED, "queued"), (q.SQL_CLAIM_ANSWERED, "answered"),
-                                (q.SQL_CLAIM_MAILED, "answered"), (q.SQL_CLAIM_ORPHANED, "running")):
+                                (q.SQL_CLAIM_MAILED, "mailed"), (q.SQL_CLAIM_ORPHANED, "running")):
                 taken = 0
-                for sid, workflow, owner_json, lease, recoveries, since in conn.execute(sql, params):
-                    reason = claim_reason(status, _owner(owner_json), lease, now, host=host)
+                for sid, workflow, owner_json, lease, recoveries, since, *mailed in conn.execute(sql, params):
+                    reason = claim_reason(mailed[0] if mailed else status, _owner(owner_json), lease, now, host=host,
+                                          mail=bool(mailed))
                     if reason is None or (reason == "orphaned" and max_recoveries is not None and recoveries > max_recoveries):
                         continue
                     found.append((since or 0.0, sid, workflow, reason))
