@@ -40,6 +40,7 @@ __all__ = [
     "ErrorInfo",
     "classify",
     "error_type_name",
+    "error_qualname",
     "redact_message",
     "Redactor",
     "MAX_ERROR_MESSAGE",
@@ -168,11 +169,26 @@ class ErrorInfo:
     code: str
     type: str
     message: str
+    #: ``module.Qualname`` (a builtin's bare name): what spans show as ``error.type``
+    qualname: str = ""
 
 
 def error_type_name(exc: BaseException) -> str:
     """``type(e).__name__``: the name ``RetryConfig.exceptions`` matches and ``error_type`` shows."""
     return type(exc).__name__
+
+
+def error_qualname(exc: BaseException) -> str:
+    """The exception's fully qualified class name, ``module.Qualname``
+    (``myapp.payments.CardDeclined``), with a builtin's name bare (``ValueError``), as the
+    OpenTelemetry ``error.type`` and ``exception.type`` conventions ask: two classes of one
+    name in different modules stay apart on spans. Recorded beside ``error_type``."""
+    cls = type(exc)
+    module = getattr(cls, "__module__", None)
+    name = getattr(cls, "__qualname__", None) or cls.__name__
+    if not isinstance(module, str) or not module or module == "builtins":
+        return name
+    return f"{module}.{name}"
 
 
 # The default redaction (R13, docs/design.md): credential shapes first (a URL's user:password
@@ -269,4 +285,4 @@ def classify(
     empty or raises, passed through ``redact`` and cut to 1,024 characters. No traceback,
     ever.
     """
-    return ErrorInfo(_code(exc, mapping), error_type_name(exc), _message(exc, redact))
+    return ErrorInfo(_code(exc, mapping), error_type_name(exc), _message(exc, redact), error_qualname(exc))

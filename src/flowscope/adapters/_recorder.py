@@ -327,7 +327,7 @@ class Recorder:
                 origin = next((e.path for e in self.session(sid).pending if e.path.startswith(path + "/")), "")
                 self.pause(inv, ctx, origin, ids)
             elif status == "failed" and info is not None and error_path and error_path.startswith(path + "/"):
-                self.propagate(inv, ctx, error_path, info.code, info.type)
+                self.propagate(inv, ctx, error_path, info.code, info.type, info.qualname)
             elif status == "failed" and error is not None and path == error_path:
                 self.fail(inv, ctx, error, ctx.attempt)
             else:
@@ -396,7 +396,7 @@ class Recorder:
     def retrying(self, ctx: BridgeNodeContext, attempt: int, error: BaseException, delay_s: float) -> None:
         """``NodeRetrying``: attempt ``attempt`` failed and another follows."""
         info = classify(error)
-        ev = self._event(ctx, NodeRetrying, attempt=attempt, error_type=info.type, error_code=info.code, error_message=info.message, delay_s=float(delay_s))
+        ev = self._event(ctx, NodeRetrying, attempt=attempt, error_type=info.type, error_code=info.code, error_message=info.message, delay_s=float(delay_s), error_qualname=info.qualname)
         self._append(ctx.session_id, [ev])
         ctx.attempt = attempt + 1
 
@@ -409,13 +409,18 @@ class Recorder:
     def fail(self, inv: Invocation, ctx: BridgeNodeContext, error: BaseException, attempt_count: int) -> None:
         """The one ``NodeErrorEvent`` of a run that failed for good (the deepest path)."""
         info = classify(error)
-        ev = self._event(ctx, NodeErrorEvent, error_code=info.code, error_message=info.message, error_type=info.type, attempt_count=attempt_count)
+        ev = self._event(ctx, NodeErrorEvent, error_code=info.code, error_message=info.message, error_type=info.type, attempt_count=attempt_count, error_qualname=info.qualname)
         status = "timeout" if isinstance(error, TimeoutError) else "failure"
         self._end(inv, ctx, ev, NodeOutcome(status=status, event=ev, attempt_count=attempt_count, recovered=ctx.recovered, error=error, origin_path=ctx.path, duration_s=self._elapsed(ctx)), error_event=True)
 
-    def propagate(self, inv: Invocation, ctx: BridgeNodeContext, origin_path: str, code: str, error_type: str) -> None:
+    def propagate(
+        self, inv: Invocation, ctx: BridgeNodeContext, origin_path: str, code: str, error_type: str, error_qualname: str = ""
+    ) -> None:
         """An enclosing run failed because a descendant did (no second ``NodeErrorEvent``)."""
-        ev = self._event(ctx, NodeErrorPropagated, origin_path=origin_path, error_code=code, error_type=error_type, attempt_count=ctx.attempt)
+        ev = self._event(
+            ctx, NodeErrorPropagated, origin_path=origin_path, error_code=code, error_type=error_type,
+            attempt_count=ctx.attempt, error_qualname=error_qualname,
+        )
         self._end(inv, ctx, ev, NodeOutcome(status="failure", event=ev, attempt_count=ctx.attempt, recovered=ctx.recovered, origin_path=origin_path, duration_s=self._elapsed(ctx)))
 
     def cancel(self, inv: Invocation, ctx: BridgeNodeContext, reason: str = "cancelled") -> None:

@@ -320,7 +320,7 @@ class FlowscopeADK:
         child = exc.error_node_path if isinstance(exc, DynamicNodeFailError) else None
         if child and self.recorder.node_state(inv.run.session_id, child) is not None:  # the child holds the error event
             info = classify(error)
-            self.recorder.propagate(inv, run.ctx, child, info.code, info.type)
+            self.recorder.propagate(inv, run.ctx, child, info.code, info.type, info.qualname)
             self._errors.setdefault(ctx.invocation_id, child)
         else:
             self.recorder.fail(inv, run.ctx, error, run.ctx.attempt)

@@ -25,6 +25,7 @@ from ..errors import (
     RecoveryLimitError,
     RouteNotFoundError,
     StateNotSerializableError,
+    error_qualname,
 )
 from ..events import NodeCancelled, NodeCompleted, NodeErrorEvent, NodeErrorPropagated, NodePaused, NodeRetrying, StateUpdated
 from .context import NodeContext, NodeOutcome, PauseSignal
@@ -202,6 +203,7 @@ class Attempts(Recorder):
             error_code=info.code,
             error_message=info.message,
             delay_s=delay,
+            error_qualname=info.qualname,
         )
         return delay
 
@@ -253,6 +255,7 @@ class Attempts(Recorder):
             error_code=code,
             error_type=type(exc).__name__,
             attempt_count=ctx.attempt,
+            error_qualname=error_qualname(exc),
         )
         return NodeOutcome(
             status="timeout" if isinstance(exc, NodeTimeoutError) else "failure",
@@ -277,6 +280,7 @@ class Attempts(Recorder):
             error_message=info.message,
             error_type=info.type,
             attempt_count=ctx.attempt,
+            error_qualname=info.qualname,
         )
         self.reported[id(exc)] = (exc, ctx.path, info.code, info.message)
         outcome = NodeOutcome(
