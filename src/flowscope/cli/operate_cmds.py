@@ -120,7 +120,7 @@ def _resolve_workflow(name: str, spec: str | None) -> Any:
 @click.option("--job", "jobs", multiple=True, metavar="ID=JSON", help='Deliver the result of job ID (repeatable), e.g. JOB=\'{"success": true, "count": 3}\'.')
 @click.option("--workflow", "workflow_spec", metavar="MODULE:ATTR", help="Run the session here with this workflow's code (without it, --input/--job are recorded for a worker).")
 @click.option("--force", is_flag=True, help="Take the session from its owner even if that owner looks alive (it is known to be dead).")
-@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of this invocation to an OTLP endpoint.")
+@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of this invocation to an OTLP endpoint; default: OTEL_EXPORTER_OTLP_ENDPOINT.")
 @otlp_protocol_option
 def resume(
     session: str,

@@ -206,7 +206,7 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
 @click.option("--worker-id", metavar="ID", help="This worker's id (default: host-pid-random).")
 @click.option("--max-recoveries", type=click.IntRange(0, None), default=3, show_default=True, help="Orphaned sessions recovered more often are left alone.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve this worker's Prometheus metrics on 127.0.0.1:PORT.")
-@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of the sessions it runs to this OTLP endpoint (and those a killed worker had not sent).")
+@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of the sessions it runs to this OTLP endpoint (and those a killed worker had not sent); default: OTEL_EXPORTER_OTLP_ENDPOINT.")
 @otlp_protocol_option
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning", show_default=True)
 def worker_cmd(
