@@ -45,11 +45,14 @@ __all__ = [
     "Redactor",
     "MAX_ERROR_MESSAGE",
     "MAX_ERROR_CODE",
+    "MAX_ERROR_TYPE",
 ]
 
 MAX_ERROR_MESSAGE = 1024
 #: An ``error_code`` longer than this is cut on the event (metrics take codes of 64 at most).
 MAX_ERROR_CODE = 128
+#: ``error_qualname`` (``module.Qualname``) is cut to this many characters.
+MAX_ERROR_TYPE = 256
 
 #: ``Runner(redact=...)``: a message in, the message as it may leave the process out.
 Redactor = Callable[[str], str]
@@ -184,11 +187,14 @@ def error_qualname(exc: BaseException) -> str:
     OpenTelemetry ``error.type`` and ``exception.type`` conventions ask: two classes of one
     name in different modules stay apart on spans. Recorded beside ``error_type``."""
     cls = type(exc)
-    module = getattr(cls, "__module__", None)
-    name = getattr(cls, "__qualname__", None) or cls.__name__
+    try:  # a hostile metaclass may make these raise, or be anything: then the bare name
+        module, qualname = cls.__module__, cls.__qualname__
+    except Exception:
+        return cls.__name__
+    name = str.__str__(qualname) if isinstance(qualname, str) and qualname else cls.__name__
     if not isinstance(module, str) or not module or module == "builtins":
-        return name
-    return f"{module}.{name}"
+        return name[:MAX_ERROR_TYPE]
+    return f"{str.__str__(module)}.{name}"[:MAX_ERROR_TYPE]
 
 
 # The default redaction (R13, docs/design.md): credential shapes first (a URL's user:password
