@@ -21,15 +21,17 @@ every task (a new LangChain run id per attempt, the task id in the metadata's
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any, Iterable
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
-from langgraph.errors import GraphBubbleUp, GraphInterrupt
+from langgraph.errors import GraphBubbleUp, GraphInterrupt, NodeTimeoutError
 from langgraph.types import Command
 
+from ..errors import ErrorInfo
 from ..events import InputRequested
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin
@@ -39,28 +41,47 @@ from ._recorder import BridgeNodeContext, Invocation, Recorder
 __all__ = ["FlowscopeCallbackHandler"]
 
 
+#: LangGraph's internal tasks: ``__start__`` runs a conditional edge from START. Not node
+#: runs of the user's graph, so not recorded (their chains belong to the enclosing run).
+_INTERNAL = frozenset({"__start__", "__end__"})
+
+#: The error code of a LangGraph ``TimeoutPolicy`` timeout: flowscope's own timeout code.
+TIMEOUT_CODE = "NODE_TIMEOUT"
+
+
 class _Task:
     """One LangGraph task (one node run) in this invocation."""
 
-    __slots__ = ("ctx", "run_id", "depth", "error", "done")
+    __slots__ = ("ctx", "ns", "run_id", "depth", "error", "done", "started")
 
-    def __init__(self, ctx: BridgeNodeContext, run_id: UUID, depth: int) -> None:
+    def __init__(self, ctx: BridgeNodeContext, ns: str, run_id: UUID, depth: int) -> None:
         self.ctx = ctx
+        self.ns = ns  # LangGraph's checkpoint namespace of the task (its task id, last)
         self.run_id = run_id  # LangChain run id of the current attempt
         self.depth = depth  # segments of the checkpoint namespace (1 for a top-level task)
         self.error: tuple[BaseException, float] | None = None  # failed attempt, retry not yet known
         self.done = False
+        self.started = time.monotonic()  # when the current attempt started
 
 
 class _Graph:
     """One graph invocation being recorded."""
 
-    __slots__ = ("inv", "tasks", "interrupted")
+    __slots__ = ("inv", "tasks", "interrupted", "continues", "claimed")
 
-    def __init__(self, inv: Invocation) -> None:
+    def __init__(self, inv: Invocation, continues: bool) -> None:
         self.inv = inv
         self.tasks: dict[str, _Task] = {}  # checkpoint namespace -> task
         self.interrupted = False
+        self.continues = continues  # a resume (Command or None input): earlier runs continue
+        self.claimed: set[str] = set()  # paths of earlier runs continued by this invocation
+
+
+#: States of an earlier run that a resume of the thread continues (LangGraph runs its task again).
+_UNFINISHED = frozenset({"waiting_input", "running", "failed", "cancelled"})
+
+#: Unfinished tasks whose path the handler remembers by task id (the rest match by order).
+_MAX_PATHS = 10_000
 
 
 def _prompt(value: Any) -> str:
@@ -92,12 +113,15 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
     ) -> None:
         super().__init__()
-        self.recorder = Recorder(store, plugins, heartbeat_interval)
+        self.recorder = Recorder(store, plugins, heartbeat_interval, error_codes={NodeTimeoutError: TIMEOUT_CODE}, timeouts=(NodeTimeoutError, TimeoutError))
         self.workflow: str | None = workflow if workflow is None or isinstance(workflow, str) else str(getattr(workflow, "name", "") or "") or None
         self._lock = threading.RLock()
         self._graphs: dict[UUID, _Graph] = {}  # root run id -> invocation
         # Every chain run we saw under a graph -> (root run id, the task it runs in or None).
         self._runs: dict[UUID, tuple[UUID, _Task | None]] = {}
+        # (thread, checkpoint namespace) -> path: LangGraph keeps a task's id when it runs
+        # the task again on resume, so this maps the re-run onto its run exactly.
+        self._paths: dict[tuple[str, str], str] = {}
 
     # -- LangChain callbacks -----------------------------------------------------------
 
@@ -129,7 +153,7 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
             depth = ns.count("|") + 1 if ns else 0
             parent_depth = task.depth if task is not None else 0
             is_task = bool(node) and kwargs.get("name") == node and depth == parent_depth + 1 and ns.rsplit("|", 1)[-1].startswith(f"{node}:")
-            if not is_task:
+            if not is_task or node in _INTERNAL:
                 self._runs[run_id] = seen
                 return
             self._runs[run_id] = (root, self._task_start(g, task, ns, str(node), depth, run_id, inputs))
@@ -145,6 +169,7 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
                 task.done = True
                 g = self._graph_of(run_id)
                 if g is not None:
+                    self._paths.pop((g.inv.run.session_id, task.ns), None)  # never run again
                     self.recorder.complete(g.inv, task.ctx, outputs, outputs is not None)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
@@ -158,11 +183,9 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
             if task is None or g is None:
                 return
             if isinstance(error, GraphInterrupt):
-                interrupts = error.args[0] if error.args else ()
-                requests = [(str(i.id), _prompt(i.value), i.value) for i in interrupts]
                 task.done = True
                 g.interrupted = True
-                self.recorder.request_input(g.inv, task.ctx, requests)
+                self._interrupted(g, task, error)
             elif isinstance(error, GraphBubbleUp):  # a Command for the parent graph: the task is done
                 task.done = True
                 self.recorder.complete(g.inv, task.ctx, None, False)
@@ -173,11 +196,32 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
 
     # -- graph runs --------------------------------------------------------------------
 
+    def _interrupted(self, g: _Graph, task: _Task, error: GraphInterrupt) -> None:
+        """An interrupt reaches a task: ``InputRequested`` at the task that raised it; a task
+        it passes through on its way up (a subgraph's node) is paused, as the root is."""
+        interrupts = error.args[0] if error.args else ()
+        sid = g.inv.run.session_id
+        pending = {e.interrupt_id: e.path for e in self.recorder.session(sid).pending if isinstance(e, InputRequested)}
+        ids = list(dict.fromkeys(str(i.id) for i in interrupts))
+        new = [(str(i.id), _prompt(i.value), i.value) for i in interrupts if str(i.id) not in pending]
+        new = list({i: (i, p, v) for i, p, v in new}.values())
+        if new:
+            self.recorder.request_input(g.inv, task.ctx, new)
+            return
+        # Raised below (its requests are recorded at their paths), or a breakpoint of a
+        # subgraph (interrupt_before/after: no request at all).
+        below = [i for i in ids if pending.get(i, "").startswith(task.ctx.path + "/")]
+        origin = pending[below[0]] if below else ""
+        self.recorder.pause(g.inv, task.ctx, origin, tuple(below))
+
     def _begin(self, run_id: UUID, inputs: Any, md: dict[str, Any], name: Any) -> None:
         session_id = str(md.get("thread_id") or run_id)
         workflow = self.workflow or str(name or "graph")
         ws = self.recorder.session(session_id)
-        resumed = ws.invocations > 0 and ws.status in ("paused", "running", "failed", "cancelled")
+        # A resume continues the thread: Command(resume=...)/Command(goto=...), or None
+        # (after a failure, a crash or a breakpoint). Other input starts the graph anew.
+        continues = inputs is None or isinstance(inputs, Command)
+        resumed = ws.invocations > 0 and (continues or ws.status in ("paused", "running", "failed", "cancelled"))
         answers: dict[str, Any] = {}
         if isinstance(inputs, Command) and inputs.resume is not None:
             open_ids = [e.interrupt_id for e in ws.pending if isinstance(e, InputRequested)]
@@ -190,7 +234,7 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
         else:
             recorded_input = inputs
         inv = self.recorder.begin_run(session_id, str(run_id), workflow, recorded_input, resumed, f"{workflow}@1", answers)
-        self._graphs[run_id] = _Graph(inv)
+        self._graphs[run_id] = _Graph(inv, continues and ws.invocations > 0)
         self._runs[run_id] = (run_id, None)
 
     def _finish(self, run_id: UUID, g: _Graph, outputs: Any, error: BaseException | None) -> None:
@@ -205,11 +249,34 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
             self.recorder.finish_run(g.inv, "paused")
             return
         error_path = None
-        for task in g.tasks.values():
-            if task.error is not None and not task.done:  # the attempt the graph gave up on
+        # A TimeoutPolicy timeout reaches only the graph: the timed-out attempt's own chain
+        # ends in a CancelledError (LangGraph cancels it), or has not ended yet.
+        timed_out = error.node if isinstance(error, NodeTimeoutError) else None
+        failed: dict[int, str] = {}  # id of an exception -> the deepest path it failed at
+        for task in sorted(g.tasks.values(), key=lambda t: -t.depth):
+            if task.done:
+                continue
+            exc = task.error[0] if task.error is not None else None
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            if timed_out is not None and task.ctx.node_name == timed_out and (exc is None or cancelled):
+                timed_out = None  # one task timed out: the first one open under that name
+                exc, cancelled = error, False
+            if exc is not None and not cancelled:  # the attempt the graph gave up on
                 task.done = True
-                self.recorder.fail(g.inv, task.ctx, task.error[0], task.ctx.attempt)
-                error_path = error_path or task.ctx.path
+                origin = failed.get(id(exc))
+                if origin is not None and origin.startswith(task.ctx.path + "/"):
+                    # a subgraph's node, failing with what a task inside it raised: one
+                    # NodeErrorEvent, at the deepest path
+                    info = self.recorder.classify(exc)
+                    self.recorder.propagate(g.inv, task.ctx, origin, info.code, info.type)
+                else:
+                    self.recorder.fail(g.inv, task.ctx, exc, task.ctx.attempt)
+                    failed[id(exc)] = task.ctx.path
+                    if error_path is None or exc is error:
+                        error_path = task.ctx.path
+            elif cancelled:  # LangGraph cancelled it (another task failed)
+                task.done = True
+                self.recorder.cancel(g.inv, task.ctx)
         if isinstance(error, (KeyboardInterrupt,)) or type(error).__name__ == "CancelledError":
             self.recorder.finish_run(g.inv, "cancelled", error=error)
         else:
@@ -220,28 +287,49 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
     def _task_start(self, g: _Graph, parent: _Task | None, ns: str, node: str, depth: int, run_id: UUID, inputs: Any) -> _Task:
         task = g.tasks.get(ns)
         if task is not None:  # another attempt of a task we follow
+            if not task.done:
+                if task.error is not None and not isinstance(task.error[0], asyncio.CancelledError):
+                    exc, failed_at = task.error
+                    self.recorder.retrying(task.ctx, task.ctx.attempt, exc, max(0.0, time.time() - failed_at))
+                else:
+                    # The attempt did not end, or ended cancelled: LangGraph gave up on it
+                    # for its TimeoutPolicy (it starts the next attempt before the timed-out
+                    # one's chain reports its cancellation, which is then ignored).
+                    elapsed = time.monotonic() - task.started
+                    message = f"Node '{node}' exceeded its timeout (attempt abandoned after {elapsed:.3f}s)."
+                    self.recorder.retrying(task.ctx, task.ctx.attempt, ErrorInfo(TIMEOUT_CODE, NodeTimeoutError.__name__, message), 0.0)
+            task.error = None
             task.run_id = run_id
-            if task.error is not None:
-                exc, failed_at = task.error
-                task.error = None
-                self.recorder.retrying(task.ctx, task.ctx.attempt, exc, max(0.0, time.time() - failed_at))
+            task.started = time.monotonic()
             return task
         inv = g.inv
+        sid = inv.run.session_id
         parent_path = parent.ctx.path if parent is not None else inv.root_path
-        ws = self.recorder.session(inv.run.session_id)
-        same = [ns_ for ns_ in ws.nodes.values() if ns_.node == node and ns_.parent_path == parent_path]
-        # The interrupted (or crashed) run of this node, from an earlier invocation of the
-        # thread, is the one LangGraph runs again: the same path, the attempt continued.
-        resumed = next((s for s in same if s.status in ("waiting_input", "running") and s.invocation_id != inv.run.invocation_id), None)
-        if resumed is not None:
-            path = resumed.path
-            crashed = resumed.status == "running"
-            attempt = resumed.attempt + 1 if crashed else max(resumed.attempt, 1)
+        ws = self.recorder.session(sid)
+        earlier = None
+        if g.continues:
+            # The unfinished run of this task from an earlier invocation of the thread (it
+            # paused, failed, was cancelled, or its process died) is the one LangGraph runs
+            # again: the same path, the attempts continued. The task id names it exactly
+            # (this process saw it); else the first such run of the node, by order.
+            known = self._paths.get((sid, ns))
+            candidates = [ws.nodes[known]] if known in ws.nodes else []
+            candidates += sorted((n for n in ws.nodes.values() if n.node == node and n.parent_path == parent_path), key=lambda n: n.started_at or 0.0)
+            earlier = next((n for n in candidates if n.status in _UNFINISHED and n.invocation_id != inv.run.invocation_id and n.path not in g.claimed), None)
+        if earlier is not None:
+            path = earlier.path
+            g.claimed.add(path)
+            crashed = earlier.status == "running"
+            attempt = max(earlier.attempt, 1) if earlier.status == "waiting_input" else earlier.attempt + 1
         else:
-            path = f"{parent_path}/{node}@{len(same) + 1}"
+            same = sum(1 for n in ws.nodes.values() if n.node == node and n.parent_path == parent_path)
+            path = f"{parent_path}/{node}@{same + 1}"
             crashed, attempt = False, 1
+        self._paths[(sid, ns)] = path
+        if len(self._paths) > _MAX_PATHS:  # bounded: the oldest unfinished tasks fall back to order
+            del self._paths[next(iter(self._paths))]
         ctx = self.recorder.start_node(inv, path, "function", attempt, crashed, inputs)
-        task = g.tasks[ns] = _Task(ctx, run_id, depth)
+        task = g.tasks[ns] = _Task(ctx, ns, run_id, depth)
         return task
 
     def _task_of(self, run_id: UUID) -> _Task | None:
