@@ -17,11 +17,12 @@ from google.adk.events.event import Event
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
 from google.adk.workflow import BaseNode, FunctionNode, JoinNode, Node, RetryConfig, Workflow, node
-from google.adk.workflow.utils._workflow_hitl_utils import create_request_input_response as answer_part
+from google.adk.workflow._parallel_worker import _ParallelWorker
 from google.adk.workflow.utils._workflow_hitl_utils import create_request_input_response
 from google.genai import types
 from pydantic import ConfigDict, Field
 from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CollectorRegistry
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -312,7 +313,7 @@ def otel_errors(caplog):
 def observed(store) -> tuple[FlowscopeADK, MetricsPlugin]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
-    metrics = MetricsPlugin()
+    metrics = MetricsPlugin(registry=CollectorRegistry())  # this test's counts only
     return FlowscopeADK(store, plugins=[TracingPlugin(tracer_provider=provider), metrics]), metrics
 
 
@@ -472,13 +473,40 @@ async def test_a_nested_workflow_of_agents_and_a_join_is_recorded(store, otel_er
     assert otel_errors() == []
 
 
-def test_instrument_refuses_what_it_cannot_observe(store):
+def test_instrument_refuses_a_workflow_subclass_that_overrides_how_it_runs(store):
     class Custom(Workflow):
-        pass
+        async def _run_impl(self, *, ctx: Any, node_input: Any) -> AsyncGenerator[Any, None]:
+            yield "done my way"
+
+    class Plain(Workflow):
+        """A subclass that only names defaults: instrumented as a Workflow."""
 
     inner = Custom(name="special", edges=[("START", FunctionNode(func=lambda node_input: 1, name="one"))])
-    with pytest.raises(UnobservableNodeError, match="'special' is a Custom, a Workflow subclass"):
+    with pytest.raises(UnobservableNodeError, match="'special' is a Custom, a Workflow subclass that overrides how it runs"):
         FlowscopeADK(store).instrument(Workflow(name="outer", edges=[("START", inner)]))
+    plain = Plain(name="plain", edges=[("START", FunctionNode(func=lambda node_input: 1, name="one"))])
+    FlowscopeADK(store).instrument(Workflow(name="outer", edges=[("START", plain)]))
+
+
+async def test_a_parallel_worker_of_workflows_records_each_item_workflow_and_its_nodes(store, otel_errors):
+    per = Workflow(name="per", edges=[("START", FunctionNode(func=lambda node_input: node_input + 1, name="inc"), FunctionNode(func=lambda node_input: node_input * 10, name="ten"))])
+    wf = Workflow(name="top", edges=[("START", FunctionNode(func=lambda node_input: [1, 2], name="items"), _ParallelWorker(node=per))])
+    bridge, _ = observed(store)
+    d = Driver(wf, bridge)
+    assert (await d.start())[-1].output == [20, 30]
+    done = {e.path: e.output for e in store.read(d.session_id) if isinstance(e, NodeCompleted)}
+    assert done == {
+        "top@1/items@1": [1, 2],
+        "top@1/per@1/per@1/inc@1": 2,
+        "top@1/per@1/per@1/ten@1": 20,
+        "top@1/per@1/per@1": 20,
+        "top@1/per@1/per@2/inc@1": 3,
+        "top@1/per@1/per@2/ten@1": 30,
+        "top@1/per@1/per@2": 30,
+        "top@1/per@1": [20, 30],
+        "top@1": [20, 30],
+    }
+    assert otel_errors() == []
 
 
 async def test_a_dynamic_node_the_bridge_never_met_is_reported_loudly(store, caplog):

@@ -21,6 +21,7 @@ from langgraph.errors import NodeTimeoutError
 from langgraph.func import entrypoint, task
 from langgraph.types import Command, RetryPolicy, Send, TimeoutPolicy, interrupt
 from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CollectorRegistry
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
@@ -300,7 +301,7 @@ def otel_errors(caplog):
 def traced(store, **kw: Any) -> tuple[FlowscopeCallbackHandler, MetricsPlugin]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
-    metrics = MetricsPlugin()
+    metrics = MetricsPlugin(registry=CollectorRegistry())  # this test's counts only
     return FlowscopeCallbackHandler(store, plugins=[TracingPlugin(tracer_provider=provider), metrics], **kw), metrics
 
 

@@ -82,7 +82,7 @@ class _Observing(BaseNode):
 
     _flowscope: Any = PrivateAttr(default=None)
 
-    async def run(self, *, ctx: Any, node_input: Any) -> AsyncGenerator[Any, None]:  # type: ignore[override, misc]
+    async def run(self, *, ctx: Any, node_input: Any) -> AsyncGenerator[Any, None]:  # type: ignore[misc]  # BaseNode.run is @final: the one place every node kind passes
         bridge: FlowscopeADK | None = self._flowscope
         inner = super().run(ctx=ctx, node_input=node_input)
         if bridge is None:  # pragma: no cover - only if built by hand without instrument()
@@ -250,21 +250,22 @@ class FlowscopeADK:
         if node is START or isinstance(node, _Observing):
             return node
         if isinstance(node, Workflow):
-            if type(node) is not Workflow:
+            cls = type(node)
+            if cls.run is not BaseNode.run or cls._run_impl is not Workflow._run_impl:
                 raise UnobservableNodeError(
-                    f"{where}: node {node.name!r} is a {type(node).__name__}, a Workflow subclass: the bridge records "
-                    "a nested workflow from its children and cannot see what the subclass adds; use a plain Workflow"
+                    f"{where}: node {node.name!r} is a {cls.__name__}, a Workflow subclass that overrides how it runs: "
+                    "the bridge records a nested workflow from its children and cannot see what the override does; "
+                    "move that work into a node of the workflow"
                 )
             return self._instrument(node)
         if not isinstance(node, BaseNode):
             raise UnobservableNodeError(f"{where}: {type(node).__name__} {getattr(node, 'name', '')!r} is not an ADK BaseNode; build the workflow from nodes")
-        if isinstance(node, _ParallelWorker) and isinstance(node._node, Workflow):
-            raise UnobservableNodeError(
-                f"{where}: parallel worker {node.name!r} runs a Workflow per item; wrap the workflow in a function node "
-                "that calls ctx.run_node on an instrumented copy (FlowscopeADK.instrument), or run it without the bridge"
-            )
-        new = node.model_copy()
-        object.__setattr__(new, "__class__", _observed_class(type(node)))  # same fields, run() observed
+        try:
+            observing = _observed_class(type(node))
+        except TypeError as exc:  # a class that cannot be subclassed
+            raise UnobservableNodeError(f"{where}: node {node.name!r} ({type(node).__name__}) cannot be observed: {exc}") from None
+        new: Any = node.model_copy()
+        object.__setattr__(new, "__class__", observing)  # same fields, run() observed
         if new.__pydantic_private__ is None:
             object.__setattr__(new, "__pydantic_private__", {})
         new._flowscope = self
