@@ -29,7 +29,18 @@ from opentelemetry.trace import StatusCode
 from flowscope.adapters.langgraph import FlowscopeCallbackHandler
 from flowscope.cli import views
 from flowscope.cli.history import retry_reasons
-from flowscope.events import InputReceived, InputRequested, NodeCompleted, NodeErrorEvent, NodePaused, NodeRetrying, NodeStarted, RunFinished, RunStarted
+from flowscope.events import (
+    InputReceived,
+    InputRequested,
+    NodeCompleted,
+    NodeErrorEvent,
+    NodeErrorPropagated,
+    NodePaused,
+    NodeRetrying,
+    NodeStarted,
+    RunFinished,
+    RunStarted,
+)
 from flowscope.export import session_spans
 from flowscope.fold import rebuild
 from flowscope.observability import MetricsPlugin, TracingPlugin
@@ -567,4 +578,42 @@ async def test_spans_end_in_their_own_context_so_opentelemetry_logs_no_error(sto
     await asyncio.sleep(0.05)
     statuses = {sid: rebuild(store.read(sid)).status for sid in ("t-ctx-failed", "t-ctx-timed", "t-ctx-bp")}
     assert statuses == {"t-ctx-failed": "failed", "t-ctx-timed": "failed", "t-ctx-bp": "paused"}
+    assert otel_errors() == []
+
+
+def test_a_failure_inside_a_subgraph_is_one_error_at_the_deepest_path(store):
+    def broken(state: State) -> State:
+        raise PermissionError("token revoked")
+
+    inner = StateGraph(State)
+    inner.add_node("broken", broken)
+    inner.add_edge(START, "broken")
+    outer = StateGraph(State)
+    outer.add_node("sub", inner.compile())
+    outer.add_edge(START, "sub")
+    with pytest.raises(PermissionError):
+        outer.compile(name="deep").invoke({"n": 0}, config(FlowscopeCallbackHandler(store), "t-deep"))
+    log = store.read("t-deep")
+    (err,) = [e for e in log if isinstance(e, NodeErrorEvent)]
+    assert (err.path, err.error_type) == ("deep@1/sub@1/broken@1", "PermissionError")
+    assert {e.path: e.origin_path for e in log if isinstance(e, NodeErrorPropagated)} == {"deep@1/sub@1": err.path, "deep@1": err.path}
+    assert (log[-1].status, log[-1].error_path) == ("failed", err.path)
+
+
+def test_a_breakpoint_of_the_root_graph_pauses_the_run_and_none_resumes_it(store, otel_errors):
+    b = StateGraph(State)
+    b.add_node("a", lambda s: {"n": 1})
+    b.add_node("b", lambda s: {"n": 2})
+    b.add_edge(START, "a")
+    b.add_edge("a", "b")
+    graph = b.compile(checkpointer=InMemorySaver(), interrupt_before=["b"], name="brk")
+    handler, _ = traced(store)
+    cfg = config(handler, "t-brk")
+    graph.invoke({"n": 0}, cfg)
+    assert rebuild(store.read("t-brk")).status == "paused"
+    assert graph.invoke(None, cfg) == {"n": 2}
+    log = store.read("t-brk")
+    assert [(r.resumed, r.input) for r in log if isinstance(r, RunStarted)] == [(False, {"n": 0}), (True, None)]
+    assert [e.status for e in log if isinstance(e, RunFinished)] == ["paused", "completed"]
+    assert sorted({e.path for e in log if isinstance(e, NodeStarted)}) == ["brk@1", "brk@1/a@1", "brk@1/b@1"]
     assert otel_errors() == []

@@ -40,6 +40,11 @@ from ._recorder import BridgeNodeContext, Invocation, Recorder
 
 __all__ = ["FlowscopeCallbackHandler"]
 
+try:  # langgraph >= 1.2's graph lifecycle callbacks: the one signal of a breakpoint of the root graph
+    from langgraph.callbacks import GraphCallbackHandler as _Handler
+except ImportError:  # pragma: no cover - an older 1.2: breakpoints of the root graph look completed
+    _Handler = BaseCallbackHandler  # type: ignore[misc, assignment]
+
 
 #: LangGraph's internal tasks: ``__start__`` runs a conditional edge from START. Not node
 #: runs of the user's graph, so not recorded (their chains belong to the enclosing run).
@@ -94,7 +99,7 @@ def _prompt(value: Any) -> str:
     return ""
 
 
-class FlowscopeCallbackHandler(BaseCallbackHandler):
+class FlowscopeCallbackHandler(_Handler):
     """Records a LangGraph graph's runs in a flowscope store (see the module docstring).
 
     ``workflow``: the workflow name to record (a string, or a graph whose ``name`` is
@@ -193,6 +198,14 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
                 # Retried or final? Only the next start of the same task tells: LangGraph's
                 # retry policy decides, and we record what it decided.
                 task.error = (error, time.time())
+
+    def on_interrupt(self, event: Any) -> None:
+        """LangGraph paused a graph (``interrupt()`` or a breakpoint): the root run is
+        paused, not completed, even when no task raised (``interrupt_before/after``)."""
+        with self._lock:
+            g = self._graphs.get(event.run_id) if event.run_id is not None else None
+            if g is not None:
+                g.interrupted = True
 
     # -- graph runs --------------------------------------------------------------------
 
