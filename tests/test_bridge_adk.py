@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -520,3 +521,37 @@ async def test_a_dynamic_node_the_bridge_never_met_is_reported_loudly(store, cap
         await d.start()
     (msg,) = [r.getMessage() for r in caplog.records if r.name == "flowscope.adapters.adk"]
     assert "'hidden'" in msg and "not recorded" in msg
+
+
+async def test_an_adk_timeout_is_a_retried_attempt_and_a_final_timeout_is_a_timeout(store, otel_errors):
+    tries = {"slow": 0, "hung": 0}
+
+    async def slow(node_input: Any) -> int:
+        tries["slow"] += 1
+        if tries["slow"] < 2:
+            await asyncio.sleep(5)
+        return 1
+
+    async def hung(node_input: Any) -> int:
+        tries["hung"] += 1
+        await asyncio.sleep(5)
+        return 2
+
+    retry2 = RetryConfig(max_attempts=2, initial_delay=0.0, jitter=0.0)
+    wf = Workflow(name="slowpoke", edges=[("START", FunctionNode(func=slow, name="slow", timeout=0.1, retry_config=retry2), FunctionNode(func=hung, name="hung", timeout=0.1, retry_config=retry2))])
+    bridge, metrics = observed(store)
+    d = Driver(wf, bridge)
+    with pytest.raises(Exception) as raised:
+        await d.start()
+    assert type(raised.value).__name__ == "NodeTimeoutError" and tries == {"slow": 2, "hung": 2}
+    log = store.read(d.session_id)
+    slow_log = [e for e in log if e.path == "slowpoke@1/slow@1"]
+    assert [type(e).__name__ for e in slow_log] == ["NodeStarted", "NodeRetrying", "NodeCompleted"]
+    assert (slow_log[1].error_type, slow_log[1].error_code, slow_log[-1].attempt_count) == ("NodeTimeoutError", "NODE_TIMEOUT", 2)
+    (err,) = [e for e in log if isinstance(e, NodeErrorEvent)]
+    assert (err.path, err.error_type, err.error_code, err.attempt_count) == ("slowpoke@1/hung@1", "NodeTimeoutError", "NODE_TIMEOUT", 2)
+    assert err.error_message == str(raised.value)
+    assert not [e for e in log if type(e).__name__ == "NodeCancelled"]
+    runs = samples(metrics, "flowscope_node_runs_total")
+    assert runs[(("node", "hung"), ("outcome", "timeout"), ("workflow", "slowpoke"))] == 1
+    assert otel_errors() == []

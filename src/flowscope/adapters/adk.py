@@ -35,6 +35,7 @@ from google.adk.utils._function_call_names import REQUEST_INPUT_FUNCTION_CALL_NA
 from google.adk.workflow import FunctionNode, Workflow
 from google.adk.workflow._base_node import START, BaseNode
 from google.adk.workflow._errors import DynamicNodeFailError, NodeInterruptedError
+from google.adk.workflow._errors import NodeTimeoutError as AdkNodeTimeoutError
 from google.adk.workflow._join_node import JoinNode
 from google.adk.workflow._parallel_worker import _ParallelWorker
 from google.adk.workflow._graph import Edge
@@ -52,6 +53,9 @@ __all__ = ["FlowscopeADK", "ObservedFunctionNode", "FlowscopeADKPlugin", "Unobse
 
 log = logging.getLogger("flowscope.adapters.adk")
 
+#: The error code of an ADK node ``timeout``: flowscope's own timeout code.
+TIMEOUT_CODE = "NODE_TIMEOUT"
+
 _SEP = "#"  # flowscope invocation id of the k-th ADK run of one ADK invocation: "<adk id>#k"
 
 
@@ -67,11 +71,14 @@ class UnobservableNodeError(TypeError):
 class _Run:
     """One ADK node run in flight: its flowscope context and ADK's attempt offset."""
 
-    __slots__ = ("ctx", "offset")
+    __slots__ = ("ctx", "offset", "cancelled")
 
     def __init__(self, ctx: BridgeNodeContext, offset: int) -> None:
         self.ctx = ctx
         self.offset = offset  # flowscope attempt = offset + ADK's ctx.attempt_count
+        # (node, ADK context) of an attempt cancelled while its node has a timeout: a
+        # timeout or a plain cancellation, not known yet
+        self.cancelled: tuple[BaseNode, Any] | None = None
 
 
 class _Observing(BaseNode):
@@ -108,7 +115,15 @@ class _Observing(BaseNode):
                         output, has_output = item.output, True
                     requests.extend(_requests_in(item))
                 yield item
-        except (asyncio.CancelledError, GeneratorExit):
+        except asyncio.CancelledError:
+            if self.timeout:
+                # ADK cancels an attempt that overruns its timeout, then raises its
+                # NodeTimeoutError outside it: decided by ADK's error event or next attempt
+                run.cancelled = (self, ctx)
+            else:
+                bridge._cancelled(run, ctx)
+            raise
+        except GeneratorExit:
             bridge._cancelled(run, ctx)
             raise
         except NodeInterruptedError:
@@ -203,7 +218,9 @@ class FlowscopeADK:
         plugins: Iterable[Plugin] = (),
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
     ) -> None:
-        self.recorder = Recorder(store, plugins, heartbeat_interval)
+        self.recorder = Recorder(
+            store, plugins, heartbeat_interval, error_codes={AdkNodeTimeoutError: TIMEOUT_CODE}, timeouts=(AdkNodeTimeoutError, TimeoutError)
+        )
         self.plugin = FlowscopeADKPlugin(self)
         self.workflow: Workflow | None = None
         self._invs: dict[str, Invocation] = {}  # ADK invocation id -> the one being recorded
@@ -333,6 +350,8 @@ class FlowscopeADK:
             return
         if info.path and info.path not in inv.open and self.recorder.node_state(inv.run.session_id, info.path) is None:
             self._unobserved(info.path)
+        if event.error_code is not None and info.path:
+            self._settle_cancelled(ic.invocation_id, info.path, event.error_code == AdkNodeTimeoutError.__name__)
         if not info.output_for:
             return
         for path in info.output_for:
@@ -377,6 +396,9 @@ class FlowscopeADK:
 
     def _end(self, ic: Any, error: BaseException | None) -> None:
         adk_id = ic.invocation_id
+        if adk_id in self._invs:  # attempts cancelled under a timeout that ADK said nothing more about
+            for key in [k for k, r in self._runs.items() if k[0] == adk_id and r.cancelled is not None]:
+                self._settle_cancelled(adk_id, key[1], isinstance(error, AdkNodeTimeoutError) and error.node_name == name_of(key[1]))
         inv = self._invs.pop(adk_id, None)
         output = self._outputs.pop(adk_id, None)
         error_path = self._errors.pop(adk_id, None)
@@ -404,6 +426,10 @@ class FlowscopeADK:
         key = (ctx.invocation_id, path)
         run = self._runs.get(key)
         if run is not None:  # ADK's next attempt of a run we follow
+            if run.cancelled is not None:  # the cancelled attempt timed out, and ADK retries it
+                timed_out, _ = run.cancelled
+                run.cancelled = None
+                self.recorder.retrying(run.ctx, run.ctx.attempt, _timeout_error(timed_out), 0.0)
             run.ctx.attempt = run.offset + ctx.attempt_count
             return run
         ns = self.recorder.node_state(inv.run.session_id, path)
@@ -438,6 +464,19 @@ class FlowscopeADK:
             self.recorder.fail(inv, run.ctx, error, run.ctx.attempt)
             self._errors.setdefault(ctx.invocation_id, ctx.node_path)
 
+    def _settle_cancelled(self, adk_id: str, path: str, timed_out: bool) -> None:
+        """An attempt cancelled under a timeout, now told apart: ADK's error event says
+        it timed out (retried or final, by ADK's predicate), else it was cancelled."""
+        run = self._runs.get((adk_id, path))
+        if run is None or run.cancelled is None:
+            return
+        node, ctx = run.cancelled
+        run.cancelled = None
+        if timed_out:
+            self._failed(node, run, ctx, _timeout_error(node))
+        else:
+            self._cancelled(run, ctx)
+
     def _cancelled(self, run: _Run, ctx: Any) -> None:
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
         self.recorder.cancel(self._inv(ctx), run.ctx)
@@ -464,6 +503,11 @@ class FlowscopeADK:
     def close(self) -> None:
         """Stop the heartbeat thread (the store is the caller's to close)."""
         self.recorder.close()
+
+
+def _timeout_error(node: BaseNode) -> AdkNodeTimeoutError:
+    """The ``NodeTimeoutError`` ADK raises for ``node`` (the same type and message)."""
+    return AdkNodeTimeoutError(node_name=node.name, timeout=node.timeout or 0.0)
 
 
 def _answers(message: Any) -> dict[str, Any]:

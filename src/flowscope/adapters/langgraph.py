@@ -127,6 +127,7 @@ class FlowscopeCallbackHandler(_Handler):
         # (thread, checkpoint namespace) -> path: LangGraph keeps a task's id when it runs
         # the task again on resume, so this maps the re-run onto its run exactly.
         self._paths: dict[tuple[str, str], str] = {}
+        self._counts: dict[str, dict[tuple[str, str], int]] = {}  # thread -> (parent path, node) -> runs
 
     # -- LangChain callbacks -----------------------------------------------------------
 
@@ -335,8 +336,7 @@ class FlowscopeCallbackHandler(_Handler):
             crashed = earlier.status == "running"
             attempt = max(earlier.attempt, 1) if earlier.status == "waiting_input" else earlier.attempt + 1
         else:
-            same = sum(1 for n in ws.nodes.values() if n.node == node and n.parent_path == parent_path)
-            path = f"{parent_path}/{node}@{same + 1}"
+            path = self._next_path(sid, ws.nodes, parent_path, node)
             crashed, attempt = False, 1
         self._paths[(sid, ns)] = path
         if len(self._paths) > _MAX_PATHS:  # bounded: the oldest unfinished tasks fall back to order
@@ -344,6 +344,23 @@ class FlowscopeCallbackHandler(_Handler):
         ctx = self.recorder.start_node(inv, path, "function", attempt, crashed, inputs)
         task = g.tasks[ns] = _Task(ctx, ns, run_id, depth)
         return task
+
+    def _next_path(self, sid: str, nodes: dict[str, Any], parent_path: str, node: str) -> str:
+        """``parent/node@k`` for the next run of ``node`` under ``parent`` in the thread: k
+        counted once from the log, then kept (a path the log already holds is skipped)."""
+        counts = self._counts.get(sid)
+        if counts is None:
+            counts = self._counts[sid] = {}
+            for n in nodes.values():
+                key = (n.parent_path, n.node)
+                counts[key] = counts.get(key, 0) + 1
+            if len(self._counts) > _MAX_PATHS:  # bounded: an evicted thread is counted again
+                del self._counts[next(iter(self._counts))]
+        k = counts.get((parent_path, node), 0) + 1
+        while f"{parent_path}/{node}@{k}" in nodes:  # another process recorded this thread too
+            k += 1
+        counts[(parent_path, node)] = k
+        return f"{parent_path}/{node}@{k}"
 
     def _task_of(self, run_id: UUID) -> _Task | None:
         seen = self._runs.get(run_id)
