@@ -3,21 +3,28 @@
 ``FlowscopeADK(store, plugins=())`` records flowscope's event catalog for the runs of an
 ADK ``Workflow`` without patching ADK, through the two extension points ADK has:
 
-- ``.plugin``, an ADK plugin for ``Runner(plugins=[...])``: ``on_user_message`` (the
-  answers a resume carries), ``before_run`` (``RunStarted``), ``on_event`` (the outputs of
-  enclosing workflows), ``after_run`` and ``on_run_error`` (``RunFinished``);
-- ``instrument(workflow)``, which returns the workflow with every ``FunctionNode`` replaced
-  by an :class:`ObservedFunctionNode`: a subclass whose ``_run_impl`` sees each attempt
-  from inside (``ctx.node_path``, ``ctx.attempt_count``, the session and invocation) and
-  records ``NodeStarted``, ``NodeRetrying`` (ADK's own retry predicate tells a retried
-  failure from a final one), ``NodeCompleted`` (with the completion marker for a run that
-  returns nothing), ``NodeErrorEvent``, ``NodeCancelled`` and ``InputRequested``.
+- ``.plugin``, an ADK plugin for ``App(plugins=[...])``: ``on_user_message`` (the answers
+  a resume carries), ``before_run`` (``RunStarted``), ``on_event`` (the outputs of
+  enclosing workflows, ADK's error events of timed-out attempts), ``after_run`` and
+  ``on_run_error`` (``RunFinished``);
+- ``instrument(workflow)``, which returns a copy of the workflow in which every node, of
+  any kind (function nodes, ``BaseNode``/``Node`` subclasses, joins, tools, agents,
+  parallel workers and their items), is an instance of an observing subclass of its own
+  class: its ``run``, the one method ADK's scheduler calls, sees each attempt from inside
+  (``ctx.node_path``, ``ctx.attempt_count``, the session and invocation) and records
+  ``NodeStarted``, ``NodeRetrying`` (ADK's own retry predicate tells a retried failure
+  from a final one; a timeout is ADK's ``NodeTimeoutError``), ``NodeCompleted`` (with the
+  completion marker for a run that returns nothing), ``NodeErrorEvent``,
+  ``NodeCancelled``, ``InputRequested`` and ``NodePaused``. What it cannot observe it
+  refuses (:class:`UnobservableNodeError`); a node it never met that ADK runs anyway (a
+  dynamic node built at run time) is warned about.
 
 Two things the log adds to ADK: attempt numbers continue across ADK resumes (ADK restarts
 its counter at 1), and a node the log shows completed is not run again when ADK resumes
 the invocation (ADK re-runs a node that returned nothing: the seed's double email).
-Nested ``Workflow`` nodes are not wrapped (ADK checks their type); their events come from
-their children. See docs/bridges.md for what is exact and what is approximated.
+Nested ``Workflow`` nodes are instrumented, not wrapped (ADK checks their type); their
+runs come from their children. See docs/bridges.md for what is exact and what is
+approximated.
 """
 
 from __future__ import annotations
@@ -36,10 +43,10 @@ from google.adk.workflow import FunctionNode, Workflow
 from google.adk.workflow._base_node import START, BaseNode
 from google.adk.workflow._errors import DynamicNodeFailError, NodeInterruptedError
 from google.adk.workflow._errors import NodeTimeoutError as AdkNodeTimeoutError
-from google.adk.workflow._join_node import JoinNode
-from google.adk.workflow._parallel_worker import _ParallelWorker
 from google.adk.workflow._graph import Edge
+from google.adk.workflow._join_node import JoinNode
 from google.adk.workflow._node_state import NodeState as AdkNodeState
+from google.adk.workflow._parallel_worker import _ParallelWorker
 from google.adk.workflow.utils._retry_utils import _get_retry_delay, _should_retry_node
 from pydantic import PrivateAttr
 
@@ -54,7 +61,7 @@ __all__ = ["FlowscopeADK", "ObservedFunctionNode", "FlowscopeADKPlugin", "Unobse
 log = logging.getLogger("flowscope.adapters.adk")
 
 #: The error code of an ADK node ``timeout``: flowscope's own timeout code.
-TIMEOUT_CODE = "NODE_TIMEOUT"
+_TIMEOUT_CODE = "NODE_TIMEOUT"
 
 _SEP = "#"  # flowscope invocation id of the k-th ADK run of one ADK invocation: "<adk id>#k"
 
@@ -219,7 +226,7 @@ class FlowscopeADK:
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
     ) -> None:
         self.recorder = Recorder(
-            store, plugins, heartbeat_interval, error_codes={AdkNodeTimeoutError: TIMEOUT_CODE}, timeouts=(AdkNodeTimeoutError, TimeoutError)
+            store, plugins, heartbeat_interval, error_codes={AdkNodeTimeoutError: _TIMEOUT_CODE}, timeouts=(AdkNodeTimeoutError, TimeoutError)
         )
         self.plugin = FlowscopeADKPlugin(self)
         self.workflow: Workflow | None = None

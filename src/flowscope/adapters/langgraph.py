@@ -8,13 +8,19 @@ every task (a new LangChain run id per attempt, the task id in the metadata's
 
 - the thread id as the session; each ``invoke``/``stream`` as an invocation (``RunStarted``
   .. ``RunFinished``); the graph as the root workflow run ``graph@1``;
-- a task as a node run ``graph@1/node@k`` (k counts the runs of that node in the thread),
-  its attempts under a ``RetryPolicy`` (a failed attempt followed by another start of the
+- a task as a node run ``graph@1/node@k`` (k counts the runs of that node in the thread;
+  LangGraph's internal ``__start__`` task is none), its attempts under a ``RetryPolicy``
+  and a ``TimeoutPolicy`` (a failed or abandoned attempt followed by another start of the
   same task is a ``NodeRetrying``; the last failed attempt, once the graph gives up, the
-  one ``NodeErrorEvent`` with every attempt counted);
-- an interrupt (``GraphInterrupt``) as an ``InputRequested``: a pause, not an error; a
-  ``Command(resume=...)`` as the ``InputReceived`` of the open requests, and the
-  interrupted task, which LangGraph runs again, continues the same attempt;
+  one ``NodeErrorEvent`` at the deepest path with every attempt counted; a final timeout
+  is LangGraph's ``NodeTimeoutError``, outcome timeout);
+- an interrupt (``GraphInterrupt``) as one ``InputRequested`` at the task that raised it:
+  a pause, not an error; the subgraph nodes it passes through, and the graph, pause
+  (``NodePaused``); a breakpoint pauses the same way with no request; a
+  ``Command(resume=...)`` is the ``InputReceived`` of the open requests;
+- a resume (``Command`` or ``None`` input) continues the runs LangGraph runs again (an
+  interrupted, failed or cancelled task, or one whose process died) at their paths, the
+  attempts continued;
 - a heartbeat for every task in flight, so a process killed mid-node leaves an open run
   that ``flowscope stuck`` lists and the ``StoreCollector`` counts.
 """
@@ -38,12 +44,12 @@ from ..plugins import Plugin
 from ..store.base import EventStore
 from ._recorder import BridgeNodeContext, Invocation, Recorder
 
-__all__ = ["FlowscopeCallbackHandler"]
-
 try:  # langgraph >= 1.2's graph lifecycle callbacks: the one signal of a breakpoint of the root graph
     from langgraph.callbacks import GraphCallbackHandler as _Handler
 except ImportError:  # pragma: no cover - an older 1.2: breakpoints of the root graph look completed
     _Handler = BaseCallbackHandler  # type: ignore[misc, assignment]
+
+__all__ = ["FlowscopeCallbackHandler"]
 
 
 #: LangGraph's internal tasks: ``__start__`` runs a conditional edge from START. Not node
@@ -51,7 +57,7 @@ except ImportError:  # pragma: no cover - an older 1.2: breakpoints of the root 
 _INTERNAL = frozenset({"__start__", "__end__"})
 
 #: The error code of a LangGraph ``TimeoutPolicy`` timeout: flowscope's own timeout code.
-TIMEOUT_CODE = "NODE_TIMEOUT"
+_TIMEOUT_CODE = "NODE_TIMEOUT"
 
 
 class _Task:
@@ -118,7 +124,7 @@ class FlowscopeCallbackHandler(_Handler):
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
     ) -> None:
         super().__init__()
-        self.recorder = Recorder(store, plugins, heartbeat_interval, error_codes={NodeTimeoutError: TIMEOUT_CODE}, timeouts=(NodeTimeoutError, TimeoutError))
+        self.recorder = Recorder(store, plugins, heartbeat_interval, error_codes={NodeTimeoutError: _TIMEOUT_CODE}, timeouts=(NodeTimeoutError, TimeoutError))
         self.workflow: str | None = workflow if workflow is None or isinstance(workflow, str) else str(getattr(workflow, "name", "") or "") or None
         self._lock = threading.RLock()
         self._graphs: dict[UUID, _Graph] = {}  # root run id -> invocation
@@ -311,7 +317,7 @@ class FlowscopeCallbackHandler(_Handler):
                     # one's chain reports its cancellation, which is then ignored).
                     elapsed = time.monotonic() - task.started
                     message = f"Node '{node}' exceeded its timeout (attempt abandoned after {elapsed:.3f}s)."
-                    self.recorder.retrying(task.ctx, task.ctx.attempt, ErrorInfo(TIMEOUT_CODE, NodeTimeoutError.__name__, message), 0.0)
+                    self.recorder.retrying(task.ctx, task.ctx.attempt, ErrorInfo(_TIMEOUT_CODE, NodeTimeoutError.__name__, message), 0.0)
             task.error = None
             task.run_id = run_id
             task.started = time.monotonic()
