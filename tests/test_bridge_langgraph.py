@@ -617,3 +617,63 @@ def test_a_breakpoint_of_the_root_graph_pauses_the_run_and_none_resumes_it(store
     assert [e.status for e in log if isinstance(e, RunFinished)] == ["paused", "completed"]
     assert sorted({e.path for e in log if isinstance(e, NodeStarted)}) == ["brk@1", "brk@1/a@1", "brk@1/b@1"]
     assert otel_errors() == []
+
+
+def test_failed_send_branches_resume_each_at_its_own_path(store):
+    # Send fan-out where two of three branches fail; invoke(None) re-runs just those two,
+    # and each continues the run of its own task (LangGraph keeps the task ids).
+    class FanState(TypedDict, total=False):
+        items: list[int]
+        done: Annotated[list[int], operator.add]
+
+    failing = {1, 3}
+
+    def work(arg: dict[str, int]) -> dict[str, list[int]]:
+        if arg["i"] in failing:
+            raise ConnectionError(f"item {arg['i']} failed")
+        return {"done": [arg["i"]]}
+
+    b = StateGraph(FanState)
+    b.add_node("work", work)
+    b.add_conditional_edges(START, lambda s: [Send("work", {"i": i}) for i in s["items"]], ["work"])
+    graph = b.compile(checkpointer=InMemorySaver(), name="fan")
+    handler = FlowscopeCallbackHandler(store)
+    cfg = config(handler, "t-fanfail")
+    with pytest.raises(ConnectionError):
+        graph.invoke({"items": [1, 2, 3]}, cfg)
+    failing.clear()
+    assert sorted(graph.invoke(None, cfg)["done"]) == [1, 2, 3]
+    log = store.read("t-fanfail")
+    assert len({e.path for e in log if isinstance(e, NodeStarted) and e.node == "work"}) == 3  # three runs, no more
+    for err in [e for e in log if isinstance(e, NodeErrorEvent)]:
+        item = int(err.error_message.split()[1])
+        (done,) = [e for e in of(log, err.path) if isinstance(e, NodeCompleted)]
+        assert done.output == {"done": [item]} and done.attempt_count == 2
+
+
+def test_a_resume_in_another_process_continues_the_failed_run_by_order(store):
+    # A second handler knows nothing of the first one's task ids (another process).
+    fails = [True]
+
+    def flaky(state: State) -> State:
+        if fails[0]:
+            raise ConnectionError("down")
+        return {"n": 1}
+
+    b = StateGraph(State)
+    b.add_node("prep", lambda s: {"n": 0})
+    b.add_node("flaky", flaky)
+    b.add_edge(START, "prep")
+    b.add_edge("prep", "flaky")
+    graph = b.compile(checkpointer=InMemorySaver(), name="handoff")
+    with pytest.raises(ConnectionError):
+        graph.invoke({"n": 0}, config(FlowscopeCallbackHandler(store), "t-handoff"))
+    fails[0] = False
+    assert graph.invoke(None, config(FlowscopeCallbackHandler(store), "t-handoff")) == {"n": 1}
+    log = store.read("t-handoff")
+    assert [(e.path, e.attempt) for e in log if isinstance(e, NodeStarted) and e.path != "handoff@1"] == [
+        ("handoff@1/prep@1", 1),
+        ("handoff@1/flaky@1", 1),
+        ("handoff@1/flaky@1", 2),
+    ]
+    assert rebuild(log).nodes["handoff@1/flaky@1"].status == "completed"

@@ -133,6 +133,7 @@ class FlowscopeCallbackHandler(_Handler):
         # (thread, checkpoint namespace) -> path: LangGraph keeps a task's id when it runs
         # the task again on resume, so this maps the re-run onto its run exactly.
         self._paths: dict[tuple[str, str], str] = {}
+        self._owners: dict[tuple[str, str], str] = {}  # (thread, path) -> the task id it belongs to
         self._counts: dict[str, dict[tuple[str, str], int]] = {}  # thread -> (parent path, node) -> runs
 
     # -- LangChain callbacks -----------------------------------------------------------
@@ -181,7 +182,7 @@ class FlowscopeCallbackHandler(_Handler):
                 task.done = True
                 g = self._graph_of(run_id)
                 if g is not None:
-                    self._paths.pop((g.inv.run.session_id, task.ns), None)  # never run again
+                    self._forget(g.inv.run.session_id, task.ns)  # never run again
                     self.recorder.complete(g.inv, task.ctx, outputs, outputs is not None)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
@@ -335,7 +336,17 @@ class FlowscopeCallbackHandler(_Handler):
             known = self._paths.get((sid, ns))
             candidates = [ws.nodes[known]] if known in ws.nodes else []
             candidates += sorted((n for n in ws.nodes.values() if n.node == node and n.parent_path == parent_path), key=lambda n: n.started_at or 0.0)
-            earlier = next((n for n in candidates if n.status in _UNFINISHED and n.invocation_id != inv.run.invocation_id and n.path not in g.claimed), None)
+            earlier = next(
+                (
+                    n
+                    for n in candidates
+                    if n.status in _UNFINISHED
+                    and n.invocation_id != inv.run.invocation_id
+                    and n.path not in g.claimed
+                    and self._owners.get((sid, n.path), ns) == ns  # not another task's, by its id
+                ),
+                None,
+            )
         if earlier is not None:
             path = earlier.path
             g.claimed.add(path)
@@ -344,12 +355,23 @@ class FlowscopeCallbackHandler(_Handler):
         else:
             path = self._next_path(sid, ws.nodes, parent_path, node)
             crashed, attempt = False, 1
-        self._paths[(sid, ns)] = path
-        if len(self._paths) > _MAX_PATHS:  # bounded: the oldest unfinished tasks fall back to order
-            del self._paths[next(iter(self._paths))]
+        self._remember(sid, ns, path)
         ctx = self.recorder.start_node(inv, path, "function", attempt, crashed, inputs)
         task = g.tasks[ns] = _Task(ctx, ns, run_id, depth)
         return task
+
+    def _remember(self, sid: str, ns: str, path: str) -> None:
+        """Map the task id to its path, and back (bounded: the oldest unfinished tasks fall
+        back to order)."""
+        self._paths[(sid, ns)] = path
+        self._owners[(sid, path)] = ns
+        if len(self._paths) > _MAX_PATHS:
+            self._forget(*next(iter(self._paths)))
+
+    def _forget(self, sid: str, ns: str) -> None:
+        path = self._paths.pop((sid, ns), None)
+        if path is not None and self._owners.get((sid, path)) == ns:
+            del self._owners[(sid, path)]
 
     def _next_path(self, sid: str, nodes: dict[str, Any], parent_path: str, node: str) -> str:
         """``parent/node@k`` for the next run of ``node`` under ``parent`` in the thread: k
