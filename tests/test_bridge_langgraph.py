@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 from flowscope.adapters.langgraph import FlowscopeCallbackHandler
@@ -337,6 +338,7 @@ def test_a_resume_after_a_failure_continues_the_failed_run_with_exact_attempts(s
     def two(state: State) -> State:
         calls["two"] += 1
         if calls["two"] <= 4:
+            time.sleep(0.05)  # as in LangGraph's test: "one" finishes (its writes saved) first
             raise ConnectionError("I'm not good")
         return {"answer": "ok"}
 
@@ -630,6 +632,9 @@ def test_failed_send_branches_resume_each_at_its_own_path(store):
 
     def work(arg: dict[str, int]) -> dict[str, list[int]]:
         if arg["i"] in failing:
+            # fail after the good branch's writes are saved: a branch still running when the
+            # step fails loses them, and LangGraph runs it again (a second run, recorded so)
+            time.sleep(0.2)
             raise ConnectionError(f"item {arg['i']} failed")
         return {"done": [arg["i"]]}
 
@@ -677,3 +682,32 @@ def test_a_resume_in_another_process_continues_the_failed_run_by_order(store):
         ("handoff@1/flaky@1", 2),
     ]
     assert rebuild(log).nodes["handoff@1/flaky@1"].status == "completed"
+
+
+async def test_the_callers_context_holds_no_span_after_ainvoke_and_a_node_bodys_span_is_the_nodes_child(store):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    user = provider.get_tracer("user-code")
+
+    def body(state: State) -> State:
+        with user.start_as_current_span("user-span"):
+            return {"n": 1}
+
+    b = StateGraph(State)
+    b.add_node("a", body)
+    b.add_edge(START, "a")
+    graph = b.compile(name="ctx")
+    handler = FlowscopeCallbackHandler(store, plugins=[TracingPlugin(tracer_provider=provider)])
+    await graph.ainvoke({"n": 0}, config(handler, "t-ctx-1"))
+    assert not trace.get_current_span().get_span_context().is_valid  # nothing left current in the caller
+    await graph.ainvoke({"n": 0}, config(handler, "t-ctx-2"))
+    traces = {rebuild(store.read(sid)).trace_context["traceparent"].split("-")[1] for sid in ("t-ctx-1", "t-ctx-2")}
+    assert len(traces) == 2  # the second invocation did not join the first one's trace
+
+    exporter.clear()
+    graph.invoke({"n": 0}, config(handler, "t-ctx-3"))
+    spans = exporter.get_finished_spans()
+    (mine,) = [s for s in spans if s.name == "user-span"]
+    (node,) = [s for s in spans if s.attributes.get("flowscope.node.path") == "ctx@1/a@1"]
+    assert mine.parent.span_id == node.context.span_id

@@ -17,7 +17,10 @@ in a context of that run's own, whatever thread or task the engine reports its e
 a context variable a hook sets at the start (the ``TracingPlugin``'s current span) is
 reset in the context that set it, so nothing logs "Failed to detach context". What the
 start hooks set is also made current in the engine's context, so spans the node body
-starts are children of the run's span.
+starts are children of the run's span: a span that is valid only while the run is open,
+so a context the engine returns to its caller holding it (LangGraph's ``ainvoke`` reports
+a task's start in the caller's task) carries no ended run's span. A workflow's run sets
+nothing there.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext
 
 from .. import NodeOutcome, RunInfo
 from ..errors import ConcurrencyConflict, ErrorInfo, classify, describe_exception
@@ -101,6 +108,22 @@ class BridgeResult:
     pending: tuple[Event, ...] = ()
 
 
+class _OpenRunSpan(NonRecordingSpan):
+    """A run's span as the node body sees it: its context while the run is open, an
+    invalid one after (so a context the engine left holding it starts no child of an
+    ended run, and the next invocation does not join its trace)."""
+
+    def __init__(self, context: SpanContext, run: BridgeNodeContext) -> None:
+        super().__init__(context)
+        self._run = run
+
+    def get_span_context(self) -> SpanContext:
+        return super().get_span_context() if self._run.open else INVALID_SPAN_CONTEXT
+
+    def is_recording(self) -> bool:
+        return False
+
+
 class BridgeNodeContext:
     """A node run as plugins see it: the attributes of ``flowscope.NodeContext`` that
     hooks read, filled from the other engine's context instead of flowscope's runner."""
@@ -123,6 +146,7 @@ class BridgeNodeContext:
         "state",
         "hooks",
         "body_tokens",
+        "open",
         "_recorder",
     )
 
@@ -154,6 +178,7 @@ class BridgeNodeContext:
         self.run = inv.run
         self.state: dict[str, Any] = {}
         self.hooks: contextvars.Context | None = None  # where this run's node hooks run
+        self.open = True  # until the run ends: its span is current for the body until then
         # (marker token, [(var, token)]) for what the start hooks set in the engine's context
         self.body_tokens: tuple[contextvars.Token[object], list[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]]]] | None = None
 
@@ -416,11 +441,25 @@ class Recorder:
 
     def _start_hooks(self, ctx: BridgeNodeContext) -> None:
         """``before_node`` in a context of the run's own; what it set there is made
-        current in the engine's context too (the node body runs in it)."""
+        current in the engine's context too when a body of user code follows (not for a
+        workflow's run), the current span as one that is valid only while the run is open."""
         hooks = ctx.hooks = contextvars.copy_context()
         hooks.run(self.plugins.call_sync, "before_node", ctx)
+        if ctx.kind == "workflow":
+            return
         missing = object()
-        changed = [(var, value) for var, value in hooks.items() if var.get(missing) is not value]
+        otel_now = hooks.run(otel_context.get_current)
+        changed = []
+        for var, value in hooks.items():
+            if var.get(missing) is value:
+                continue
+            if value is otel_now:
+                # The run's span, current for the body only while the run is open: the
+                # engine may report the start in its caller's context (LangGraph's ainvoke
+                # does, and ends the run elsewhere); left there, it is an invalid span.
+                span = trace.get_current_span(otel_now)
+                value = trace.set_span_in_context(_OpenRunSpan(span.get_span_context(), ctx), otel_now)
+            changed.append((var, value))
         if changed:
             marker = _RUN_HERE.set(ctx)
             ctx.body_tokens = (marker, [(var, var.set(value)) for var, value in changed])
@@ -510,6 +549,7 @@ class Recorder:
 
     def _end(self, inv: Invocation, ctx: BridgeNodeContext, ev: Event | list[Event], outcome: NodeOutcome, error_event: bool = False) -> None:
         inv.open.pop(ctx.path, None)
+        ctx.open = False
         self._beat(ctx.session_id, ctx.path, False)
         self._append(ctx.session_id, ev if isinstance(ev, list) else [ev])
         if error_event and self.plugins.wants("on_node_error"):
