@@ -298,10 +298,11 @@ async def test_flowscope_cli_audits_an_adk_session(store, tmp_path):
 
 
 # -- node kinds from ADK's own tests and samples ----------------------------------------
-# google/adk-python at v2.13.0: tests/unittests/workflow/ (test_workflow_retry.py's
-# _FlakyNode, a BaseNode subclass overriding run; test_parallel_worker.py) and
-# contributing/samples/workflows (parallel_worker, nested workflows of agents and a join),
-# trimmed to nodes that need no model; run on the installed google-adk (2.13.0).
+# google/adk-python tests/unittests/workflow/test_workflow_failures.py (commit 5a7c9b5:
+# _FlakyNode, a BaseNode subclass overriding run, and test_attempt_count_populated_correctly),
+# test_workflow_parallel_worker.py and contributing/samples/workflows (parallel_worker,
+# nested workflows of agents and a join), trimmed to nodes that need no model; run on the
+# installed google-adk (2.13.0).
 
 
 @pytest.fixture
@@ -404,7 +405,7 @@ async def test_an_input_request_in_a_parallel_worker_item_pauses_the_worker(stor
 
 
 class FlakyNode(BaseNode):
-    """ADK's test_workflow_retry.py _FlakyNode: a BaseNode subclass that overrides run."""
+    """test_workflow_failures.py's _FlakyNode: a BaseNode subclass that overrides run."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     succeed_on_iteration: int = Field(default=0)

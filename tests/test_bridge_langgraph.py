@@ -297,10 +297,10 @@ def test_a_process_killed_mid_node_leaves_an_open_run_that_stuck_finds(tmp_path)
 
 
 # -- graphs from LangGraph's own tests ---------------------------------------------------
-# libs/langgraph/tests/test_pregel.py at f09cfe8 (test_pending_writes_resume,
-# test_interrupt_subgraph, test_send_dedupe_on_resume) and test_pregel_async.py (the
-# functional API's TimeoutPolicy tests), trimmed to function nodes; run on the installed
-# langgraph (1.2.24).
+# langchain-ai/langgraph libs/langgraph/tests/test_pregel.py at f09cfe8 (the run:
+# test_pending_writes_resume, test_interrupt_subgraph, Send fan-out, nested-graph
+# breakpoints) and test_pregel_async.py (the functional API with TimeoutPolicy), trimmed to
+# function nodes; run on the installed langgraph (1.2.24).
 
 
 @pytest.fixture
