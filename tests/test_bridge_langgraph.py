@@ -431,7 +431,7 @@ def test_an_interrupt_in_a_subgraph_is_recorded_once_and_the_enclosing_runs_paus
 
 
 def test_an_interrupt_in_a_send_branch_is_recorded_at_that_branch(store, otel_errors):
-    # test_send_dedupe_on_resume's shape: Send fan-out to one node, one branch interrupts.
+    # Send fan-out to one node (test_pregel.py's Send tests), one branch interrupts.
     class FanState(TypedDict, total=False):
         items: list[int]
         done: Annotated[list[int], operator.add]
