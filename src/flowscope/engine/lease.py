@@ -117,6 +117,9 @@ class LeaseKeeper:
         self._active: dict[int, tuple[Leased, asyncio.AbstractEventLoop]] = {}
         self._busy = threading.Lock()  # held through a round of renewals
         self._thread: threading.Thread | None = None
+        # On the loops, one timer per invocation at the instant its lease stops being safe
+        # (touched only on the loop: add, remove and the timer itself).
+        self._watches: dict[int, asyncio.TimerHandle] = {}
 
     def add(self, inv: Leased) -> None:
         """Keep ``inv``'s lease from now on (called on the invocation's loop)."""
@@ -126,14 +129,44 @@ class LeaseKeeper:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
+        self._watch_at(inv, loop)
 
     def remove(self, inv: Leased) -> None:
         """Stop keeping ``inv``'s lease. Returns once no renewal of it is in progress, so
         a release that follows is never undone by a late renewal."""
+        watch = self._watches.pop(id(inv), None)
+        if watch is not None:
+            watch.cancel()
         with self._lock:
             self._active.pop(id(inv), None)
         with self._busy:
             pass
+
+    # -- on the loop: a lease that stops being safe while the thread cannot tell (it waits
+    # on a renewal the store does not answer), or that expired while the process was stopped
+
+    def _watch_at(self, inv: Leased, loop: asyncio.AbstractEventLoop) -> None:
+        mono, wall = inv.lease_until
+        now = time.monotonic()
+        left = min(mono - now, wall - time.time())
+        self._watches[id(inv)] = loop.call_at(loop.time() + max(left, 0.0), self._watch, inv, loop)
+
+    def _watch(self, inv: Leased, loop: asyncio.AbstractEventLoop) -> None:
+        """The instant ``inv``'s lease stops being safe, unless the keeper renewed it
+        meanwhile: then the watch moves to the renewed lease's instant. A timer of the loop,
+        so after a stop it runs in the same turn as the timers of the bodies' ``await``s
+        that expired with it, and cancels those bodies before they take their step."""
+        key = id(inv)
+        if self._watches.pop(key, None) is None:
+            return  # removed meanwhile
+        if inv.lease_ok():
+            self._watch_at(inv, loop)
+            return
+        with self._lock:
+            self._active.pop(key, None)
+        inv.lose_lease(lease_expired(inv.lease.session_id))
+
+    # -- the thread
 
     def _run(self) -> None:
         hb = self.heartbeat_interval
