@@ -75,11 +75,7 @@ def types_after(events: list[Any], seq: int) -> list[str]:
     return [e.type for e in events if e.seq > seq]
 
 
-@pytest.mark.parametrize("jump", ["stopped", "wall_clock"])
-async def test_no_result_is_recorded_and_no_next_body_starts_once_the_lease_may_have_expired(db, clock, jump):
-    """``stopped``: both clocks move on (a SIGSTOP, a frozen VM); ``wall_clock``: only the
-    wall clock jumps forward (other processes judge the lease by it)."""
-    clock.wall_only = jump == "wall_clock"
+async def test_no_result_is_recorded_and_no_next_body_starts_once_the_lease_may_have_expired(db, clock):
     log = Log()
 
     @node
@@ -115,6 +111,39 @@ async def test_no_result_is_recorded_and_no_next_body_starts_once_the_lease_may_
     clock.offset = 0.0
     assert (await Runner(runner.workflow, store=db, worker_id="next").resume("s")).output == 3
     assert log.of("start")[1:] == [("a", 2), ("b", 1)]
+
+
+async def test_a_wall_clock_jump_past_the_lease_ends_the_invocation_at_the_keepers_next_tick(db, clock):
+    """Only the wall clock jumps (other processes judge the lease by it): the keeper's next
+    tick finds the lease unsafe, the body in flight is cancelled and nothing is recorded."""
+    clock.wall_only = True
+    log = Log()
+    lease_s = 0.3
+
+    @node
+    async def a(ctx, x):
+        log("start", ctx)
+        clock.jump(60)
+        try:
+            await asyncio.sleep(3)
+        except asyncio.CancelledError:
+            log("cancelled", ctx)
+            raise
+        log("effect", ctx)
+        return x + 1
+
+    @node
+    async def b(ctx, x):
+        log("start", ctx)
+        return x + 1
+
+    runner = Runner(Workflow("w", edges=[(START, a, b)]), store=db, lease_s=lease_s)
+    t0 = time.monotonic()
+    with pytest.raises(LeaseExpired):
+        await runner.run(1, session_id="s")
+    assert time.monotonic() - t0 < lease_s / 3 + 0.3  # within a tick, not after the sleep
+    assert log.of("start") == [("a", 1)] and log.of("cancelled") == [("a", 1)]
+    assert [e.type for e in db.read("s")] == ["run_started", "node_started", "node_started"]
 
 
 async def test_no_failure_is_recorded_once_the_lease_may_have_expired(db, clock):

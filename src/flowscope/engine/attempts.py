@@ -66,11 +66,12 @@ class Attempts(Recorder):
                 )
             while True:
                 # No body starts, and no retry goes on after its backoff, once the lease
-                # may have expired by this process's clocks; nor is a result kept then.
+                # may have expired by this process's clocks (check_lease raises Halted).
                 self.check_lease()
                 try:
                     out = await self._attempt(node, ctx, input)
-                    self.check_lease()
+                    if hooks:  # plugins hear of a success only under a safe lease (else the flush stops it)
+                        self.check_lease()
                     result = self._result(ctx, out)
                     if self.state.dirty:
                         self.state.check_changes()

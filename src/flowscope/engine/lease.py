@@ -15,11 +15,13 @@ the renewal that produced it was requested, and until its ``expires_at`` by
 ``time.time()`` (the clock other processes judge it by), each less a small margin
 (:func:`lease_margin`). Past that, another process may already have taken the session
 over, whatever the store would say to a renewal now: the keeper renews no such lease and
-hands the invocation :class:`~flowscope.errors.LeaseExpired` instead, and the invocation
-checks the same instants itself before each node body, each retry and each flush
-(``Recorder.check_lease``). A tick that comes late (the process was stopped, the clock
-jumped) therefore ends the invocations whose leases it finds unsafe, and the keeper wakes
-at the earliest such instant, so a lease whose renewals keep failing ends on time.
+hands the invocation :class:`~flowscope.errors.LeaseExpired` instead. The same instants
+are checked by the invocation itself before each node body, each retry and each flush
+(``Recorder.check_lease``: the monotonic clock only, one read), by a timer on its loop at
+the lease's safe end (:meth:`LeaseKeeper._watch`), and on every tick of the keeper (both
+clocks). A tick that comes late (the process was stopped, the clock jumped) therefore
+ends the invocations whose leases it finds unsafe, and the keeper wakes at the earliest
+such instant, so a lease whose renewals keep failing ends on time.
 The thread starts with the first active invocation and ends after a period with none.
 """
 
@@ -61,12 +63,15 @@ def safe_until(lease: Lease, lease_s: float, t0: float | None = None) -> tuple[f
     after it). Without it (a lease taken before the invocation began: a worker's claim,
     ``Runner._take``'s acquire), the lease is taken to run, from now, for what its
     ``expires_at`` says is left by the wall clock, and never for longer than ``lease_s``.
+    The monotonic instant is also no later than the wall-clock expiry as the wall clock
+    reads now, so a check of the monotonic clock alone (the one made per node) holds the
+    wall-clock rule too unless the wall clock jumps later; :meth:`Leased.lease_ok` reads both.
     """
     margin = lease_margin(lease_s)
-    if t0 is None:
-        mono, wall = time.monotonic(), time.time()
-        return (mono + min(lease.expires_at - wall, lease_s) - margin, lease.expires_at - margin)
-    return (t0 + lease_s - margin, lease.expires_at - margin)
+    mono, wall = time.monotonic(), time.time()
+    left = lease.expires_at - wall  # by the wall clock, from now
+    until = mono + min(left, lease_s) if t0 is None else min(t0 + lease_s, mono + left)
+    return (until - margin, lease.expires_at - margin)
 
 
 def lease_expired(session_id: str) -> LeaseExpired:

@@ -14,7 +14,7 @@ the original error to the caller.
 
 An invocation acts only while its lease is safe by its own clocks (``lease.py``,
 :func:`~flowscope.engine.lease.safe_until`): :meth:`Recorder.check_lease` runs before a
-node body starts, before a retry's next attempt and before every flush, two clock reads
+node body starts, before a retry's next attempt and before every flush, one clock read
 and no store call. A lease found unsafe there, by the lease keeper or by
 :meth:`Runner.check_leases <flowscope.engine.runner.Runner.check_leases>` halts the
 invocation with :class:`~flowscope.errors.LeaseExpired` and cancels its runs in flight.
@@ -345,7 +345,8 @@ class Recorder:
         batch = self.buffer
         if not batch or self.halted is not None:
             return
-        self.check_lease()
+        if time.monotonic() >= self.lease_until[0]:
+            self.check_lease()  # the lease may have expired: record nothing (raises Halted)
         self.buffer = []
         expected, self.submitted_seq = self.submitted_seq, batch[-1].seq
         fut = self.commits.submit(self, self.session_id, batch, expected, self.epoch)
@@ -408,11 +409,12 @@ class Recorder:
     def check_lease(self) -> None:
         """Go on only if this invocation may still act: raise :class:`Halted` if it is
         halted, or if its lease is no longer safe (then it halts with ``LeaseExpired`` and
-        its other runs are cancelled). Two clock reads, no store call: called before every
-        node body, every retry's next attempt and every flush."""
+        its other runs are cancelled). Called before every node body, every retry's next
+        attempt and every flush: one read of the monotonic clock, no store call (the
+        wall-clock instant is folded into the monotonic one when the lease is renewed, and
+        a later jump of the wall clock is the keeper's to see, ``lease.py``)."""
         if self.halted is None:
-            mono, wall = self.lease_until
-            if time.monotonic() < mono and time.time() < wall:
+            if time.monotonic() < self.lease_until[0]:
                 return
             self.halt(lease_expired(self.session_id))
             self._cancel_runs(asyncio.current_task())  # this one unwinds by the Halted below
