@@ -1,9 +1,9 @@
 """Workflows for the stalled-owner test (tests/test_worker_stall.py), served by
 ``flowscope worker tests.stall_workflows:ALL`` from the repository root.
 
-Every node body appends one line of JSON to ``$CHAOS_LOG`` (session, path, attempt, pid,
-and ``ts``: the wall clock read first thing after the body's last ``await``), so the test
-can tell which process did what when. Each workflow puts a SIGSTOP at a different point
+Every node body appends one line of JSON to ``$CHAOS_LOG`` (session, invocation, path,
+attempt, pid, and ``ts``: the wall clock read first thing after the body's last ``await``),
+so the test can tell which process, and which of its invocations, did what when. Each workflow puts a SIGSTOP at a different point
 of a run: mid-body (a long ``await``), in a retry's backoff, between the nodes of a chain,
 in parallel branches.
 """
@@ -26,8 +26,8 @@ def effect(ctx: NodeContext) -> None:
     The time is read before anything else, so a line stamped before a takeover was decided
     on before it."""
     ts = time.time()
-    line = json.dumps({"session": ctx.run.session_id, "path": ctx.path, "attempt": ctx.attempt,
-                       "pid": os.getpid(), "ts": ts}) + "\n"
+    line = json.dumps({"session": ctx.run.session_id, "invocation": ctx.run.invocation_id, "path": ctx.path,
+                       "attempt": ctx.attempt, "pid": os.getpid(), "ts": ts}) + "\n"
     fd = os.open(os.environ["CHAOS_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
