@@ -35,10 +35,16 @@ def effect(ctx: NodeContext) -> None:
         os.close(fd)
 
 
-def _sleeper(name: str, seconds: float) -> Any:
+def _sleeper(name: str, seconds: float, first: bool = False) -> Any:
+    """A node that sleeps ``seconds`` and writes its line after the sleep (a body that was
+    mid-``await``), or with ``first`` before it (a body that started)."""
+
     async def body(ctx: NodeContext, x: Any) -> Any:
+        if first:
+            effect(ctx)
         await asyncio.sleep(seconds)
-        effect(ctx)
+        if not first:
+            effect(ctx)
         return (x or 0) + 1
 
     body.__name__ = name
@@ -48,8 +54,9 @@ def _sleeper(name: str, seconds: float) -> Any:
 # -- mid-body: a long await between two short nodes
 long_wait = Workflow("stall_long", edges=[(START, _sleeper("l0", 0.05), _sleeper("l1", 0.6), _sleeper("l2", 0.05))])
 
-# -- a chain of short nodes: a stop lands between nodes as often as inside one
-chain = Workflow("stall_chain", edges=[(START, *[_sleeper(f"c{i}", 0.04) for i in range(12)])])
+# -- a chain of short nodes that write as they start: a stop lands between nodes as often
+# as inside one
+chain = Workflow("stall_chain", edges=[(START, *[_sleeper(f"c{i}", 0.04, first=True) for i in range(12)])])
 
 
 # -- a retry's backoff: attempt 1 fails at once, attempt 2 comes 0.7 s later
@@ -59,8 +66,8 @@ class Flaky(ConnectionError):
 
 @node(retry=RetryConfig(max_attempts=3, initial_delay=0.7, jitter=0.0, exceptions=["Flaky"]))
 async def flaky(ctx: NodeContext, x: Any) -> Any:
+    effect(ctx)  # as each attempt starts: attempt 2's line is a retry that went on
     await asyncio.sleep(0.01)
-    effect(ctx)
     if ctx.attempt == 1:
         raise Flaky("the first attempt always fails")
     return (x or 0) + 1
