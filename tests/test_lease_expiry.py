@@ -75,7 +75,11 @@ def types_after(events: list[Any], seq: int) -> list[str]:
     return [e.type for e in events if e.seq > seq]
 
 
-async def test_no_result_is_recorded_and_no_next_body_starts_once_the_lease_may_have_expired(db, clock):
+@pytest.mark.parametrize("jump", ["stopped", "wall_clock"])
+async def test_no_result_is_recorded_and_no_next_body_starts_once_the_lease_may_have_expired(db, clock, jump):
+    """``stopped``: both clocks move on (a SIGSTOP, a frozen VM); ``wall_clock``: only the
+    wall clock jumps forward (other processes judge the lease by it)."""
+    clock.wall_only = jump == "wall_clock"
     log = Log()
 
     @node

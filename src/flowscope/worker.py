@@ -186,7 +186,10 @@ class Worker:
         runs it in the main thread right after the call the process was stopped in returns,
         before the loop steps the tasks whose timers expired meanwhile. The loop's own
         handler would run only after them (measured: after all of them), so bodies would
-        go on past their ``await`` first. Only in the main thread, where signals arrive.
+        go on past their ``await`` first. What it does is safe at any point of the loop's
+        thread: it sets flags and cancels tasks (``Task.cancel`` only schedules callbacks),
+        with no lock and no store call. Only in the main thread, where signals arrive; a
+        handler set before is called after it, and put back at the end.
         """
         if threading.current_thread() is not threading.main_thread():
             return lambda: None

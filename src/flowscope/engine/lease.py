@@ -17,9 +17,8 @@ the renewal that produced it was requested, and until its ``expires_at`` by
 over, whatever the store would say to a renewal now: the keeper renews no such lease and
 hands the invocation :class:`~flowscope.errors.LeaseExpired` instead. The same instants
 are checked by the invocation itself before each node body, each retry and each flush
-(``Recorder.check_lease``: the monotonic clock only, one read), by a timer on its loop at
-the lease's safe end (:meth:`LeaseKeeper._watch`), and on every tick of the keeper (both
-clocks). A tick that comes late (the process was stopped, the clock jumped) therefore
+(``Recorder.check_lease``: a read of each clock), by a timer on its loop at the lease's
+safe end (:meth:`LeaseKeeper._watch`), and on every tick of the keeper. A tick that comes late (the process was stopped, the clock jumped) therefore
 ends the invocations whose leases it finds unsafe, and the keeper wakes at the earliest
 such instant, so a lease whose renewals keep failing ends on time.
 The thread starts with the first active invocation and ends after a period with none.
@@ -64,8 +63,8 @@ def safe_until(lease: Lease, lease_s: float, t0: float | None = None) -> tuple[f
     ``Runner._take``'s acquire), the lease is taken to run, from now, for what its
     ``expires_at`` says is left by the wall clock, and never for longer than ``lease_s``.
     The monotonic instant is also no later than the wall-clock expiry as the wall clock
-    reads now, so a check of the monotonic clock alone (the one made per node) holds the
-    wall-clock rule too unless the wall clock jumps later; :meth:`Leased.lease_ok` reads both.
+    reads now (what the loop's timer waits for); a later jump of the wall clock is seen by
+    the wall-clock instant.
     """
     margin = lease_margin(lease_s)
     mono, wall = time.monotonic(), time.time()

@@ -14,10 +14,11 @@ the original error to the caller.
 
 An invocation acts only while its lease is safe by its own clocks (``lease.py``,
 :func:`~flowscope.engine.lease.safe_until`): :meth:`Recorder.check_lease` runs before a
-node body starts, before a retry's next attempt and before every flush, one clock read
-and no store call. A lease found unsafe there, by the lease keeper or by
-:meth:`Runner.check_leases <flowscope.engine.runner.Runner.check_leases>` halts the
-invocation with :class:`~flowscope.errors.LeaseExpired` and cancels its runs in flight.
+node body starts, before a retry's next attempt and before every flush, a read of each
+clock and no store call. A lease found unsafe there, by the lease keeper (its thread, or its
+timer on the loop at the lease's safe end) or by :meth:`Runner.check_leases
+<flowscope.engine.runner.Runner.check_leases>` halts the invocation with
+:class:`~flowscope.errors.LeaseExpired` and cancels its runs in flight.
 """
 
 from __future__ import annotations
@@ -345,7 +346,8 @@ class Recorder:
         batch = self.buffer
         if not batch or self.halted is not None:
             return
-        if time.monotonic() >= self.lease_until[0]:
+        mono, wall = self.lease_until
+        if time.monotonic() >= mono or time.time() >= wall:
             self.check_lease()  # the lease may have expired: record nothing (raises Halted)
         self.buffer = []
         expected, self.submitted_seq = self.submitted_seq, batch[-1].seq
@@ -410,11 +412,10 @@ class Recorder:
         """Go on only if this invocation may still act: raise :class:`Halted` if it is
         halted, or if its lease is no longer safe (then it halts with ``LeaseExpired`` and
         its other runs are cancelled). Called before every node body, every retry's next
-        attempt and every flush: one read of the monotonic clock, no store call (the
-        wall-clock instant is folded into the monotonic one when the lease is renewed, and
-        a later jump of the wall clock is the keeper's to see, ``lease.py``)."""
+        attempt and every flush: a read of each clock, no store call."""
         if self.halted is None:
-            if time.monotonic() < self.lease_until[0]:
+            mono, wall = self.lease_until
+            if time.monotonic() < mono and time.time() < wall:
                 return
             self.halt(lease_expired(self.session_id))
             self._cancel_runs(asyncio.current_task())  # this one unwinds by the Halted below
