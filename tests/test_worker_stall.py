@@ -12,7 +12,12 @@ ran out: the claim advanced the epoch), lets the taker run a while, SIGCONTs the
 worker and waits for every session to complete. The rule checked: the stopped worker has
 no line for a session it held that is stamped at or after that session's takeover (taken
 as the stopped worker's lease expiry, which no claim can precede; stricter than the
-claim's own time). Rounds run in parallel pairs, each pair on a database of its own.
+claim's own time), counted by kind: bodies that started (their line comes first),
+retries that went on after their backoff, bodies that finished after their ``await``.
+Rounds run in parallel pairs, each pair on a database of its own.
+
+``FLOWSCOPE_TEST_SRC=/path/to/other/src`` runs the workers on another checkout's code: on
+the code before this rule they write lines after the takeover in most rounds.
 """
 
 from __future__ import annotations
