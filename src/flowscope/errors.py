@@ -20,6 +20,7 @@ __all__ = [
     "InvocationAbortedError",
     "ConcurrencyConflict",
     "LeaseLost",
+    "LeaseExpired",
     "OutputNotSerializableError",
     "StateNotSerializableError",
     "RouteNotFoundError",
@@ -159,6 +160,13 @@ class ConcurrencyConflict(StoreError):
 class LeaseLost(ConcurrencyConflict):
     """The caller's lease on the session was superseded: another owner took the session
     over (its epoch advanced), so this append or renewal was refused and nothing was written."""
+
+
+class LeaseExpired(LeaseLost):
+    """The caller's lease may have expired by its own clock before it was renewed (the
+    process was stopped, its renewals failed or came too late, the clock jumped), so
+    another owner may have taken the session over: the invocation stops without asking
+    the store. It starts no node body and records nothing more; its runs are cancelled."""
 
 
 class InvocationAbortedError(BaseException):

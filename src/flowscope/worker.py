@@ -6,7 +6,9 @@ for sessions of its workflows that are ``queued`` (submitted with ``Runner.submi
 ``flowscope resume`` without the code) or orphaned (their owner died), and runs each in
 its own task with the lease the claim took. The store makes a claim atomic across
 processes, so N workers on one database never run a session twice at once; the lease and
-its epoch (the fence) make a worker that stalls past its lease append nothing more.
+its epoch (the fence) make a worker that stalls past its lease append nothing more, and
+a worker whose lease may have expired by its own clock stops its runs: on SIGCONT (in the
+main thread) it checks its leases before the loop resumes any body (:meth:`check_leases`).
 
 ``stop()`` (SIGTERM or SIGINT under ``flowscope worker``) drains: no more claims; the
 sessions in hand run on for up to ``drain_s`` (most complete or pause); those still
@@ -20,9 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import threading
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from .engine import Runner, Workflow
 from .engine.hooks import Plugin, PluginDispatcher
@@ -132,6 +135,11 @@ class Worker:
             except RuntimeError:  # the loop closed meanwhile: run() is over anyway
                 pass
 
+    def check_leases(self) -> int:
+        """Stop the sessions whose leases may have expired by this process's clock
+        (``Runner.check_leases``); returns how many. Safe from a signal handler."""
+        return sum(runner.check_leases() for runner in self.runners.values())
+
     async def run(self) -> None:
         """Serve until :meth:`stop`, then drain (see the module docstring)."""
         if self._loop is not None:
@@ -141,6 +149,7 @@ class Worker:
         names = sorted(self.workflows)
         next_seen = 0.0
         waiter: asyncio.Future[bool] | None = None
+        restore = self._on_sigcont()
         try:
             while not self._stop.is_set():
                 now = time.time()
@@ -164,8 +173,43 @@ class Worker:
                 await asyncio.wait((woken, waiter), timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
         finally:
-            await self._drain()
-            self._loop = None
+            try:
+                await self._drain()
+            finally:
+                restore()
+                self._loop = None
+
+    def _on_sigcont(self) -> Callable[[], None]:
+        """Check the leases on SIGCONT, first thing after a stop; returns what undoes it.
+
+        A Python-level handler (``signal.signal``), not ``loop.add_signal_handler``: Python
+        runs it in the main thread right after the call the process was stopped in returns,
+        before the loop steps the tasks whose timers expired meanwhile. The loop's own
+        handler would run only after them (measured: after all of them), so bodies would
+        go on past their ``await`` first. What it does is safe at any point of the loop's
+        thread: it sets flags and cancels tasks (``Task.cancel`` only schedules callbacks),
+        with no lock and no store call. Only in the main thread, where signals arrive; a
+        handler set before is called after it, and put back at the end.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = signal.getsignal(signal.SIGCONT)
+
+        def on_sigcont(signum: int, frame: Any) -> None:
+            self.check_leases()
+            if callable(previous):
+                previous(signum, frame)
+
+        try:
+            signal.signal(signal.SIGCONT, on_sigcont)
+        except (ValueError, OSError):  # pragma: no cover - not the main interpreter
+            return lambda: None
+
+        def restore() -> None:
+            if signal.getsignal(signal.SIGCONT) is on_sigcont:
+                signal.signal(signal.SIGCONT, previous if previous is not None else signal.SIG_DFL)
+
+        return restore
 
     # -- claiming --------------------------------------------------------------------------
 

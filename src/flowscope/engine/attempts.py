@@ -65,8 +65,14 @@ class Attempts(Recorder):
                     f"(max_recoveries={self.max_recoveries}); it may be killing its worker"
                 )
             while True:
+                # No body starts, and no retry goes on after its backoff, once the lease
+                # may have expired by this process's clocks (check_lease raises Halted).
+                self.check_lease()
                 try:
-                    result = self._result(ctx, await self._attempt(node, ctx, input))
+                    out = await self._attempt(node, ctx, input)
+                    if hooks:  # plugins hear of a success only under a safe lease (else the flush stops it)
+                        self.check_lease()
+                    result = self._result(ctx, out)
                     if self.state.dirty:
                         self.state.check_changes()
                     break

@@ -168,6 +168,7 @@ class Invocation(Attempts, Pauses):
             if isinstance(r, NodeContext):
                 tasks[asyncio.ensure_future(self.run_prepared(r, acts[i][1]))] = i
         pending: set[asyncio.Task[NodeResult]] = set(tasks)
+        self.branches.update(pending)  # a lost lease cancels them directly (Recorder.lose_lease)
         failure: BaseException | None = None
         try:
             while pending:
@@ -194,6 +195,7 @@ class Invocation(Attempts, Pauses):
                 for other in pending:
                     other.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
+            self.branches.difference_update(tasks)
             for t, i in tasks.items():
                 ctx = cast(NodeContext, prepared[i])
                 if t.cancelled() and ctx.path in self.in_flight:

@@ -43,7 +43,7 @@ from .graph import MAX_SESSION_ID, Workflow, check_name
 from .hooks import Plugin, PluginDispatcher
 from .inbox import read_inbox, take_in
 from .invocation import Invocation
-from .lease import LeaseKeeper
+from .lease import LeaseKeeper, lease_expired
 from .pauses import Answer, validate_answers
 from .record import Halted, NodeResult, json_value
 
@@ -216,6 +216,23 @@ class Runner:
         inv.abort_reason = reason
         inv.root_task.cancel()
         return True
+
+    def check_leases(self) -> int:
+        """Stop now every invocation of this runner whose lease is no longer safe by this
+        process's own clocks (``engine/lease.py``): it halts with ``LeaseExpired``, its runs
+        are cancelled at their ``await`` and it records nothing more. Returns how many.
+
+        Two clock reads per invocation, no store call and no lock, so it may be called
+        from a signal handler in the loop's thread: :class:`~flowscope.Worker` calls it on
+        SIGCONT, which Python runs before the loop steps the tasks whose timers expired
+        while the process was stopped.
+        """
+        stopped = 0
+        for inv in list(self._active.values()):
+            if inv.halted is None and not inv.lease_ok():
+                inv.lose_lease(lease_expired(inv.session_id))
+                stopped += 1
+        return stopped
 
     # -- internals ----------------------------------------------------------------------
 
@@ -408,6 +425,7 @@ class Runner:
             resumed=not first,
             on_event=on_event,
             lease=lease,
+            lease_s=self.lease_s,
             commits=self._commits,
         )
         inv.on_mail = lambda: self._read_mail(inv)
