@@ -370,11 +370,12 @@ async def test_the_keeper_renews_no_lease_that_expired_while_its_renewals_failed
     store.close()
 
 
+@pytest.mark.slow  # a lease long enough for the keeper's thread on a loaded machine
 async def test_a_renewed_lease_keeps_a_blocked_loop_running(tmp_path):
     """The other side of the rule: a sync body that holds the loop for several leases keeps
     its lease (the keeper's thread renews it), and the run completes."""
     store = SqliteEventStore(str(tmp_path / "f.db"))
-    lease_s = 0.15
+    lease_s = 0.6
 
     @node
     def block(ctx, x):
