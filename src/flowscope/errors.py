@@ -31,6 +31,7 @@ __all__ = [
     "StoreCorrupt",
     "NotAFlowscopeDatabase",
     "StoreSchemaTooNew",
+    "StoreNotWritable",
     "StoreReadOnly",
     "StoreDiskFull",
     "StoreUnavailable",
@@ -123,11 +124,17 @@ class StoreSchemaTooNew(StoreError):
     """The database was migrated by a newer flowscope; upgrade this one before using it."""
 
 
-class StoreReadOnly(StoreError):
+class StoreNotWritable(StoreError):
+    """The store refuses writes for a reason outside flowscope (a full disk, a read-only
+    file, mount, role or server) while it may still be read. Nothing was written; what
+    was committed stays. A worker backs off on it and stops when it lasts (docs/workers.md)."""
+
+
+class StoreReadOnly(StoreNotWritable):
     """The store cannot be written: a read-only file, mount or role."""
 
 
-class StoreDiskFull(StoreError):
+class StoreDiskFull(StoreNotWritable):
     """The disk (or the database's quota) is full; free space and resume."""
 
 

@@ -273,6 +273,10 @@ class Recorder:
                 self.mark_answered(ns.path)
         self.replayed = 0
         self.recovered = 0
+        #: The ids of this session's last invocations in this process that halted on a
+        #: store error (set by the runner): the runs they left open were cut off by the
+        #: halt, cancelled though it could not be recorded, not by a crash.
+        self.cut_off: frozenset[str] = frozenset()
         self.on_event = on_event
         self.root_task: asyncio.Future[Any] | None = None
         self.run = RunInfo(
