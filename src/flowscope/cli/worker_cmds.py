@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..errors import StoreNotWritable, WorkflowError
+from ..errors import OutputNotSerializableError, StoreNotWritable, WorkflowError
 from ..events import RunSubmitted
 from ..fold import WorkflowState
+from ..jsontext import too_deep
 from ..store.base import EventStore
 from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option
 from .failures import EXIT_STORE_OUTAGE, CliError, to_cli_error
@@ -153,8 +154,12 @@ def record_answers(
 def submit_by_name(store: EventStore, workflow: str, input: Any, session_id: str | None = None) -> str:
     """Record a run of ``workflow`` (by name: no code needed) to be started by a worker.
 
-    The same ``RunSubmitted`` that ``Runner.submit`` appends; the session must be new.
+    The same ``RunSubmitted`` that ``Runner.submit`` appends, its input checked by the same
+    rule (``json_value``: what the store can hold); the session must be new.
     """
+    from ..engine.record import json_value
+
+    input = json_value(input, "the run input")
     sid = session_id or uuid.uuid4().hex
     if store.last_seq(sid) > 0:
         raise WorkflowError(f"session {sid!r} already exists: submit with a new --session")
@@ -183,9 +188,15 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
     try:
         value = json.loads(input_json)
     except RecursionError:
-        raise CliError("--input: the JSON is nested too deeply to record; pass a flatter value") from None
+        raise CliError(too_deep("--input")) from None
     except ValueError as exc:
         raise CliError(f"--input: {input_json!r} is not valid JSON ({exc}); quote a string as JSON: --input '\"text\"'") from None
+    from ..engine.record import json_value
+
+    try:  # the engine's rule, before the database is opened (or created)
+        value = json_value(value, "--input")
+    except OutputNotSerializableError as exc:
+        raise CliError(str(exc)) from None
     store = open_store(db, write=True, create=True)
     with store:
         sid = submit_by_name(store, workflow, value, session_id)
