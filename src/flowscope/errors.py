@@ -34,6 +34,7 @@ __all__ = [
     "StoreNotWritable",
     "StoreReadOnly",
     "StoreDiskFull",
+    "StoreWalRemoved",
     "StoreUnavailable",
     "UnknownSessionError",
     "ResumeError",
@@ -136,6 +137,12 @@ class StoreReadOnly(StoreNotWritable):
 
 class StoreDiskFull(StoreNotWritable):
     """The disk (or the database's quota) is full; free space and resume."""
+
+
+class StoreWalRemoved(StoreNotWritable):
+    """A SQLite database's ``-wal`` file was deleted (or replaced) while a process had the
+    database open: that process's commits since the last checkpoint are in a file nobody
+    else can see, and vanish when it closes. Nothing more is written through it."""
 
 
 class StoreUnavailable(StoreError):
