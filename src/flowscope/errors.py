@@ -204,7 +204,8 @@ _REDACTIONS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]],
         ),
         lambda m: m.group(1) + m.group(2) + (m.group(3)[0] + "***" + m.group(3)[0] if m.group(3)[0] in "\"'" else "***"),
     ),
-    (re.compile(r"(?<![\w.@~:/-])~?/[^\s/'\"]+(?:/[^\s/'\"]*)*"), "<path>"),
+    # (a path's trailing colon is the sentence's: "/x/flowscope.db: the disk is full")
+    (re.compile(r"(?<![\w.@~:/-])~?/[^\s/'\"]+(?:/[^\s/'\"]*)*(?<!:)"), "<path>"),
     (re.compile(r"(?<![\w])(?:[A-Za-z]:\\|\\\\)[^\s'\"]+"), "<path>"),
 )
 
