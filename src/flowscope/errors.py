@@ -32,8 +32,10 @@ __all__ = [
     "StoreCorrupt",
     "NotAFlowscopeDatabase",
     "StoreSchemaTooNew",
+    "StoreNotWritable",
     "StoreReadOnly",
     "StoreDiskFull",
+    "StoreWalRemoved",
     "StoreUnavailable",
     "UnknownSessionError",
     "ResumeError",
@@ -134,12 +136,24 @@ class StoreSchemaTooNew(StoreError):
     """The database was migrated by a newer flowscope; upgrade this one before using it."""
 
 
-class StoreReadOnly(StoreError):
+class StoreNotWritable(StoreError):
+    """The store refuses writes for a reason outside flowscope (a full disk, a read-only
+    file, mount, role or server) while it may still be read. Nothing was written; what
+    was committed stays. A worker backs off on it and stops when it lasts (docs/workers.md)."""
+
+
+class StoreReadOnly(StoreNotWritable):
     """The store cannot be written: a read-only file, mount or role."""
 
 
-class StoreDiskFull(StoreError):
+class StoreDiskFull(StoreNotWritable):
     """The disk (or the database's quota) is full; free space and resume."""
+
+
+class StoreWalRemoved(StoreNotWritable):
+    """A SQLite database's ``-wal`` file was deleted (or replaced) while a process had the
+    database open: that process's commits since the last checkpoint are in a file nobody
+    else can see, and vanish when it closes. Nothing more is written through it."""
 
 
 class StoreUnavailable(StoreError):
@@ -226,7 +240,8 @@ _REDACTIONS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]],
         ),
         lambda m: m.group(1) + m.group(2) + (m.group(3)[0] + "***" + m.group(3)[0] if m.group(3)[0] in "\"'" else "***"),
     ),
-    (re.compile(r"(?<![\w.@~:/-])~?/[^\s/'\"]+(?:/[^\s/'\"]*)*"), "<path>"),
+    # (a path's trailing colon is the sentence's: "/x/flowscope.db: the disk is full")
+    (re.compile(r"(?<![\w.@~:/-])~?/[^\s/'\"]+(?:/[^\s/'\"]*)*(?<!:)"), "<path>"),
     (re.compile(r"(?<![\w])(?:[A-Za-z]:\\|\\\\)[^\s'\"]+"), "<path>"),
 )
 

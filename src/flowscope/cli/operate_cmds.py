@@ -10,6 +10,7 @@ import click
 from ..errors import ResumeError, StoreError, classify
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
+from ..jsontext import too_deep
 from ..plugins import Plugin
 from ..store.base import FINISHED_SESSION_STATUSES
 from . import views
@@ -41,7 +42,7 @@ def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
         try:
             out[key] = json.loads(text)
         except RecursionError:
-            raise CliError(f"{option} {key}: the JSON is nested too deeply to record; pass a flatter value") from None
+            raise CliError(too_deep(f"{option} {key}")) from None
         except ValueError as exc:
             raise CliError(
                 f"{option} {key}: {text!r} is not valid JSON ({exc}); "

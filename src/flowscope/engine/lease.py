@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Protocol
 
-from ..errors import LeaseExpired, LeaseLost, describe_exception
+from ..errors import LeaseExpired, LeaseLost, StoreNotWritable, describe_exception
 from ..ownership import Lease
 from ..store.base import EventStore
 
@@ -222,7 +222,7 @@ class LeaseKeeper:
         try:
             results = self.store.renew_many([inv.lease for _key, (inv, _loop) in items], self.lease_s)
         except Exception as exc:  # a store hiccup: the leases still have two thirds of their time
-            log.warning("could not renew the leases of %d sessions: %s", len(items), describe_exception(exc))
+            log.log(_level(exc), "could not renew the leases of %d sessions: %s", len(items), describe_exception(exc))
             return items
         held = []
         for (key, (inv, loop)), result in zip(items, results):
@@ -278,7 +278,13 @@ class LeaseKeeper:
         try:
             self.store.heartbeat_many(beats)
         except Exception as exc:  # a missed heartbeat must not kill the run
-            log.warning("heartbeats failed for %d sessions: %s", len(beats), describe_exception(exc))
+            log.log(_level(exc), "heartbeats failed for %d sessions: %s", len(beats), describe_exception(exc))
+
+
+def _level(exc: BaseException) -> int:
+    """A store that refuses writes reaches the invocation at its next append (and a worker
+    says it once per episode): the keeper notes it at INFO, not at every round."""
+    return logging.INFO if isinstance(exc, StoreNotWritable) else logging.WARNING
 
 
 def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:

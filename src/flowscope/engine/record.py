@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, overload
 from ..errors import ErrorInfo, OutputNotSerializableError, Redactor, StateNotSerializableError, classify
 from ..events import Event, RunFinished
 from ..fold import WorkflowState
-from ..jsontext import dumps_finite
+from ..jsontext import depth_over, dumps_finite, too_deep
 from ..ownership import Lease
 from ..store.base import EventStore
 from .commit import GroupCommit
@@ -108,20 +108,26 @@ def json_value(value: Any, what: str, error: type[Exception] = OutputNotSerializ
     Values pass the JSON boundary once, here, when they are recorded: what a node, a
     ``RunResult`` or a resumed run sees is this value, live and after resume alike (a
     tuple is a list, an int key a str key). NaN and ±Infinity are refused (they are not
-    JSON), and so is anything nested too deep to encode. JSON scalars are returned as they
+    JSON), and so is anything nested deeper than ``MAX_DEPTH`` (flowscope.jsontext: one
+    limit, for every value recorded, whoever records it). JSON scalars are returned as they
     and containers of them are returned as they are, without a round trip (a type check
     per element: the common case).
     """
     if _native(value, 0):
         return value
     try:
-        return _loads(_dumps(value))
+        text = _dumps(value)
+        out = _loads(text)
     except _JSON_ERRORS as exc:
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        if isinstance(exc, RecursionError):
+            raise error(too_deep(what)) from None
         raise error(
-            f"{what} is a {type(value).__name__} that is not JSON-serialisable ({reason:.200}); "
+            f"{what} is a {type(value).__name__} that is not JSON-serialisable ({str(exc):.200}); "
             "return JSON data: dict with str keys, list, str, finite number, bool or None"
         ) from None
+    if depth_over(out, text):
+        raise error(too_deep(what))
+    return out
 
 
 class Halted(BaseException):
@@ -293,6 +299,10 @@ class Recorder:
                 self.mark_answered(ns.path)
         self.replayed = 0
         self.recovered = 0
+        #: The ids of this session's last invocations in this process that halted on a
+        #: store error (set by the runner): the runs they left open were cut off by the
+        #: halt, cancelled though it could not be recorded, not by a crash.
+        self.cut_off: frozenset[str] = frozenset()
         self.on_event = on_event
         self.root_task: asyncio.Future[Any] | None = None
         self.run = RunInfo(

@@ -26,6 +26,8 @@ from ..errors import (
     LeaseLost,
     ResumeError,
     SessionCancelledError,
+    StoreError,
+    StoreNotWritable,
     UnknownSessionError,
     Redactor,
     WorkflowError,
@@ -50,6 +52,9 @@ from .record import Halted, NodeResult, json_value
 __all__ = ["Runner", "RunResult"]
 
 log = logging.getLogger("flowscope.engine")
+
+#: How many sessions a runner remembers as cut off by a store fault (Runner._cut_off).
+_CUT_OFF_SESSIONS = 65536
 
 
 class Runner:
@@ -113,6 +118,11 @@ class Runner:
         self.heartbeat_interval = heartbeat_interval
         self.rng = random.Random(seed)
         self._active: dict[str, Invocation] = {}
+        #: session -> the ids of its last invocations here, which halted on a store error
+        #: (not a lost lease), one after the other: the next invocation here knows the open
+        #: runs they started were cut off by a halt, not by a crash (Recorder.cut_off).
+        #: Bounded: oldest session dropped first.
+        self._cut_off: dict[str, frozenset[str]] = {}
         self.lease_s = lease_s
         self.owner = this_process(worker_id, ships_spans=self.plugins.ships_spans)
         self._commits = GroupCommit(self.store)  # appends of concurrent sessions share transactions
@@ -320,7 +330,10 @@ class Runner:
         try:
             self.store.release(lease)
         except Exception as exc:  # best effort: an expired lease frees the session anyway
-            log.warning("could not release the lease of session %s: %s", lease.session_id, describe_exception(exc))
+            # A store that refuses writes is the caller's error already (a worker says it
+            # once per episode): no second warning per session.
+            level = logging.INFO if isinstance(exc, StoreNotWritable) else logging.WARNING
+            log.log(level, "could not release the lease of session %s: %s", lease.session_id, describe_exception(exc))
 
     def _read_mail(self, inv: Invocation) -> None:
         """The session's inbox has mail while it runs here: a cancel stops the run now
@@ -429,6 +442,7 @@ class Runner:
             commits=self._commits,
         )
         inv.on_mail = lambda: self._read_mail(inv)
+        inv.cut_off = self._cut_off.pop(session_id, frozenset())
         self._active[session_id] = inv
         self._commits.active += 1
         self._keeper.add(inv)
@@ -451,8 +465,13 @@ class Runner:
             # A failed append or a lost lease: that is what the caller gets, whatever
             # the runs did after it (they stopped, and nothing more was recorded).
             result, error = None, halted
-            if isinstance(halted, LeaseLost) and plugins.wants("on_lease_lost"):
-                await plugins.call("on_lease_lost", session_id, self.workflow.name)
+            if isinstance(halted, LeaseLost):
+                if plugins.wants("on_lease_lost"):
+                    await plugins.call("on_lease_lost", session_id, self.workflow.name)
+            elif isinstance(halted, StoreError):
+                self._cut_off[session_id] = inv.cut_off | {inv.invocation_id}
+                if len(self._cut_off) > _CUT_OFF_SESSIONS:
+                    self._cut_off.pop(next(iter(self._cut_off)))
         if isinstance(error, ConcurrencyConflict):
             await self._conflict(session_id)
         if plugins.wants("after_run"):
