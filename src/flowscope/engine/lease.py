@@ -73,13 +73,17 @@ def safe_until(lease: Lease, lease_s: float, t0: float | None = None) -> tuple[f
     return (until - margin, lease.expires_at - margin)
 
 
-def lease_expired(session_id: str) -> LeaseExpired:
-    """The error of an invocation whose lease on ``session_id`` is no longer safe."""
-    return LeaseExpired(
+def lease_expired(session_id: str, cause: BaseException | None = None) -> LeaseExpired:
+    """The error of an invocation whose lease on ``session_id`` is no longer safe; its
+    ``__cause__`` is the store's refusal when renewals failed because the store refuses
+    writes (a full disk: the worker's outage, not another owner)."""
+    exc = LeaseExpired(
         f"the lease on session {session_id!r} may have expired by this process's clock before it was renewed "
         "(the process was stopped, or its renewals failed or came too late): another owner may have taken "
         "the session over, so this one stopped and recorded nothing more"
     )
+    exc.__cause__ = cause
+    return exc
 
 
 class Leased(Protocol):
@@ -87,6 +91,8 @@ class Leased(Protocol):
     runs in flight, and a way to tell it, on its own loop, that the lease is gone."""
 
     lease: Lease
+    #: Why the last renewal failed, when the store refused the write (else None).
+    renew_fault: BaseException | None
     #: ``safe_until`` of the lease: ``(monotonic, wall)``.
     lease_until: tuple[float, float]
 
@@ -223,6 +229,9 @@ class LeaseKeeper:
             results = self.store.renew_many([inv.lease for _key, (inv, _loop) in items], self.lease_s)
         except Exception as exc:  # a store hiccup: the leases still have two thirds of their time
             log.log(_level(exc), "could not renew the leases of %d sessions: %s", len(items), describe_exception(exc))
+            if isinstance(exc, StoreNotWritable):
+                for _key, (inv, _loop) in items:
+                    inv.renew_fault = exc  # why their leases may end: the store, not a takeover
             return items
         held = []
         for (key, (inv, loop)), result in zip(items, results):
@@ -260,7 +269,7 @@ class LeaseKeeper:
                 continue
             with self._lock:
                 self._active.pop(key, None)
-            _call_on(loop, inv.lose_lease, lease_expired(inv.lease.session_id))
+            _call_on(loop, inv.lose_lease, lease_expired(inv.lease.session_id, inv.renew_fault))
         return kept
 
     def _beat(self, items: list[_Item]) -> None:

@@ -251,6 +251,8 @@ class Recorder:
         #: Until when the lease is safe, (monotonic, wall): one tuple, replaced whole by
         #: the keeper's thread, so the loop never reads half of a renewal.
         self.lease_until = safe_until(lease, lease_s)
+        #: Why the keeper's last renewal failed, if the store refused the write (a full disk).
+        self.renew_fault: BaseException | None = None
         #: The tasks of parallel branches running now (``Invocation._step``): a lost lease
         #: cancels them at once, not only when the root task gets to it.
         self.branches: set[asyncio.Task[Any]] = set()
@@ -417,6 +419,7 @@ class Recorder:
         """The keeper renewed the lease (requested at monotonic ``t0``). Its thread calls this."""
         self.lease_until = safe_until(lease, self.lease_s, t0)
         self.lease = lease
+        self.renew_fault = None
 
     def check_lease(self) -> None:
         """Go on only if this invocation may still act: raise :class:`Halted` if it is
@@ -427,7 +430,7 @@ class Recorder:
             mono, wall = self.lease_until
             if time.monotonic() < mono and time.time() < wall:
                 return
-            self.halt(lease_expired(self.session_id))
+            self.halt(lease_expired(self.session_id, self.renew_fault))
             self._cancel_runs(asyncio.current_task())  # this one unwinds by the Halted below
         error = self.halted
         assert error is not None

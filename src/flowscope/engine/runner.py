@@ -468,7 +468,8 @@ class Runner:
             if isinstance(halted, LeaseLost):
                 if plugins.wants("on_lease_lost"):
                     await plugins.call("on_lease_lost", session_id, self.workflow.name)
-            elif isinstance(halted, StoreError):
+            if isinstance(halted, StoreError) or isinstance(halted.__cause__, StoreNotWritable):
+                # cut off by the store (a failed append, or renewals it refused): not a crash
                 self._cut_off[session_id] = inv.cut_off | {inv.invocation_id}
                 if len(self._cut_off) > _CUT_OFF_SESSIONS:
                     self._cut_off.pop(next(iter(self._cut_off)))
