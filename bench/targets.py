@@ -97,7 +97,7 @@ class Sizes:
 
 FULL = Sizes()
 QUICK = Sizes(chain_reps=9, invoke_reps=15, session_reps=1, flat_reps=3, worker_reps=1, pg_reps=5)
-SMOKE = Sizes(chain=20, chain_reps=2, invoke_reps=2, sessions=20, session_reps=1, flat_chains=(5, 20),
+SMOKE = Sizes(chain=20, chain_reps=2, invoke_reps=1, sessions=20, session_reps=1, flat_chains=(5, 20),
               flat_sessions=(5, 20), flat_reps=1, worker_reps=1, worker_node_runs=40, pg_reps=1)
 
 
