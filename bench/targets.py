@@ -407,7 +407,7 @@ class Bench:
                "repetitions after a warm-up of 100 sessions each; LangGraph runs `ainvoke` of every thread concurrently.\n")
         self.table("configuration", runs, 1e6 / (k * n), "µs/node run")
         lga = "LangGraph + AsyncSqliteSaver"
-        self.p(f"Node runs/s: " + ", ".join(f"{key} {k * n / med(v):,.0f}" for key, v in runs.items()) + ".\n")
+        self.p("Node runs/s: " + ", ".join(f"{key} {k * n / med(v):,.0f}" for key, v in runs.items()) + ".\n")
         self.targets += [
             Target(f"{k:,} sessions: full stack vs LangGraph + AsyncSqliteSaver", "≥ 12x", paired(runs, lga, "full stack"),
                    f"SQLite alone {paired(runs, lga, 'SQLite alone'):.1f}x; engine alone {paired(runs, lga, 'engine alone (memory)'):.0f}x"),
