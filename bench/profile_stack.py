@@ -58,6 +58,23 @@ def short(key: tuple[str, int, str]) -> str:
     return f"{path}:{line} {name}" if line else name
 
 
+#: Which part of the stack a function belongs to, by its file (first match wins).
+PARTS = (
+    ("tracing: the span walk and ids (log_spans.py, spans.py)", ("observability/log_spans.py", "observability/spans.py", "_hashlib")),
+    ("tracing: the plugin and shipping (tracing.py, shipping.py)", ("observability/tracing.py", "observability/shipping.py")),
+    ("tracing: the OpenTelemetry SDK and API", ("opentelemetry/", "contextvars")),
+    ("metrics (metrics.py, lean_prom.py)", ("observability/metrics.py", "observability/lean_prom.py")),
+    ("the hook port (engine/hooks.py)", ("engine/hooks.py",)),
+    ("the store (store/)", ("store/", "sqlite3")),
+    ("the engine and the rest", ("",)),
+)
+
+
+def part(key: tuple[str, int, str]) -> str:
+    text = key[0] + " " + key[2]
+    return next(name for name, marks in PARTS if any(m in text for m in marks))
+
+
 def diff(title: str, full: pstats.Stats, bare: pstats.Stats, node_runs: int, top: int) -> None:
     f, b = own_times(full), own_times(bare)
     rows = []
@@ -66,9 +83,16 @@ def diff(title: str, full: pstats.Stats, bare: pstats.Stats, node_runs: int, top
         tb, _cb = b.get(key, (0.0, 0))
         rows.append(((tf - tb) * 1e6 / node_runs, tf * 1e6 / node_runs, cf / node_runs, key))
     rows.sort(reverse=True)
+    by_part: dict[str, float] = {}
+    for added, _own, _calls, key in rows:
+        by_part[part(key)] = by_part.get(part(key), 0.0) + added
     total_f = sum(v[0] for v in f.values()) * 1e6 / node_runs
     total_b = sum(v[0] for v in b.values()) * 1e6 / node_runs
     print(f"\n### {title}: profiled {total_f:.1f} µs per node run (full stack) against {total_b:.1f} (SQLite alone)\n")
+    print("| part | added µs/node run (profiled) |\n| --- | ---: |")
+    for name, _marks in PARTS:
+        print(f"| {name} | {by_part.get(name, 0.0):.1f} |")
+    print()
     print("| function (file:line) | added µs/node run | full stack µs/node run | calls per node run |\n| --- | ---: | ---: | ---: |")
     for added, own, calls, key in rows[:top]:
         print(f"| `{short(key)}` | {added:.2f} | {own:.2f} | {calls:.2f} |")
