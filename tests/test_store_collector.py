@@ -105,7 +105,8 @@ def test_a_killed_worker_leaves_a_running_run_that_becomes_orphaned(db, tmp_path
         alive = scrape(collector)
         assert sample(alive, UP) == 1
         assert sample(alive, OPEN, workflow="nightly", node="crunch", state="running") == 1
-        assert sample(alive, OPEN, workflow="nightly", node="nightly", state="running") == 1
+        # its workflow run is a container of the running node: not a second open run
+        assert sample(alive, OPEN, workflow="nightly", node="nightly", state="running") is None
         assert sample(alive, ORPHANED, workflow="nightly", node="crunch") == 0
         started = {r.node: r.started_at for r in store.open_runs()}
         assert sample(alive, OLDEST, workflow="nightly", node="crunch", state="running") == started["crunch"]
@@ -129,7 +130,9 @@ def test_a_killed_worker_leaves_a_running_run_that_becomes_orphaned(db, tmp_path
         # issue 13: its owner is a dead process on this host, so it is orphaned at once,
         # without waiting for its heartbeat to go stale
         assert sample(dead, ORPHANED, workflow="nightly", node="crunch") == 1
-        assert sample(orphaned, ORPHANED, workflow="nightly", node="nightly") == 1  # its workflow run too
+        # counted once, at the deepest path: its workflow run is no second orphan
+        assert sample(orphaned, ORPHANED, workflow="nightly", node="nightly") is None
+        assert sum(v for (name, _), v in orphaned.items() if name == ORPHANED) == 1
         assert sample(orphaned, OPEN, workflow="nightly", node="crunch", state="running") == 1
         store.close()
     finally:
@@ -174,7 +177,9 @@ def test_a_paused_run_is_waiting_input_and_reports_zero_once_answered(db, tmp_pa
     collector = StoreCollector(store, stale_after_s=0.5)
     paused = scrape(collector)
     assert sample(paused, OPEN, workflow="release", node="approve", state="waiting_input") == 1
-    assert sample(paused, OPEN, workflow="release", node="release", state="waiting_input") == 1
+    # one paused session is one open run: its workflow run waits only because approve does
+    assert sample(paused, OPEN, workflow="release", node="release", state="waiting_input") is None
+    assert sum(v for (name, _), v in paused.items() if name == OPEN) == 1
     started = {r.node: r.started_at for r in store.open_runs()}
     assert sample(paused, OLDEST, workflow="release", node="approve", state="waiting_input") == started["approve"]
     time.sleep(0.6)  # waiting for a human is not orphaned, however long it takes
@@ -195,7 +200,7 @@ def test_a_paused_run_is_waiting_input_and_reports_zero_once_answered(db, tmp_pa
     # seen before: reported as 0, not dropped
     assert sample(closed, OPEN, workflow="release", node="approve", state="waiting_input") == 0
     assert sample(closed, OLDEST, workflow="release", node="approve", state="waiting_input") == 0
-    assert sample(closed, OPEN, workflow="release", node="release", state="waiting_input") == 0
+
     assert sample(closed, UP) == 1
     store.close()
 
@@ -234,7 +239,8 @@ def test_a_job_past_its_deadline_is_overdue(db, tmp_path):
     late = scrape(collector)
     assert sample(late, OVERDUE, workflow="etl", node="enrich") == 1
     assert sample(late, OPEN, workflow="etl", node="enrich", state="waiting_job") == 1
-    assert sample(late, OVERDUE, workflow="etl", node="etl") == 0  # the enclosing run waits, owns no job
+    assert sample(late, OVERDUE, workflow="etl", node="etl") is None  # the enclosing run is a container
+    assert sample(late, OPEN, workflow="etl", node="etl", state="waiting_job") is None
     assert sample(late, ORPHANED, workflow="etl", node="enrich") is None  # waiting is not running
     store.close()
 
@@ -255,7 +261,7 @@ class ExplodingStore:
 def test_describe_does_not_touch_the_store():
     collector = StoreCollector(ExplodingStore())
     families = list(collector.describe())
-    assert [f.name for f in families] == [OPEN, OLDEST, ORPHANED, OVERDUE, QUEUED, OLDEST_QUEUED, UP]
+    assert [f.name for f in families] == [OPEN, OLDEST, ORPHANED, OVERDUE, QUEUED, OLDEST_QUEUED, UP, "flowscope_job_results"]
     assert all(f.samples == [] for f in families)
     registry = CollectorRegistry()  # registering calls describe()
     registry.register(collector)
@@ -434,9 +440,9 @@ def test_serve_metrics_over_http(db):
         assert "flowscope_node_runs" in families and "flowscope_store_open_runs" in families
         runs = {(s.labels["node"], s.labels["outcome"]): s.value for s in families["flowscope_node_runs"].samples
                 if s.name == "flowscope_node_runs_total"}  # fmt: skip
-        assert runs == {("fetch", "success"): 1, ("approve", "waiting"): 1, ("shop", "waiting"): 1}
+        assert runs == {("fetch", "success"): 1, ("approve", "waiting"): 1}  # one pause, at the deepest path
         open_runs = {(s.labels["node"], s.labels["state"]): s.value for s in families["flowscope_store_open_runs"].samples}
-        assert open_runs == {("approve", "waiting_input"): 1, ("shop", "waiting_input"): 1}
+        assert open_runs == {("approve", "waiting_input"): 1}  # the workflow run is its container
         assert [s.value for s in families["flowscope_store_up"].samples] == [1]
         assert "trace_id" not in text  # no exemplars in the classic format
 
