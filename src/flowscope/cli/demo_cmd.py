@@ -14,7 +14,16 @@ from ..events import JobDispatched
 from ..fold import rebuild
 from . import views
 from ..store.postgres.dsn import is_postgres_url
-from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option, resolve_db, shown_db
+from .app import (
+    DURATION,
+    command_prefix,
+    db_option,
+    metrics_host_option,
+    open_store,
+    otlp_protocol_option,
+    resolve_db,
+    shown_db,
+)
 from .progress import ProgressPlugin
 from .render import waterfall_lines
 from .runtime import configure_cli_tracing, resolve_otlp_protocol, start_metrics_server, wait_for_signal
@@ -32,7 +41,8 @@ WORKER_HANG_S = 86400.0
 @click.option("--otlp-endpoint", metavar="URL", help="Send spans to a collector, Jaeger or Tempo (e.g. http://localhost:4318); default: OTEL_EXPORTER_OTLP_ENDPOINT.")
 @otlp_protocol_option
 @click.option("--interactive", is_flag=True, help="Ask you for the approval (and the failed job's retry) instead of answering automatically.")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT", help="Serve metrics (in-process and store) on 127.0.0.1:PORT, and keep serving after the run until Ctrl-C/SIGTERM.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT", help="Serve metrics (in-process and store) on --metrics-host:PORT, and keep serving after the run until Ctrl-C/SIGTERM.")
+@metrics_host_option
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Run the demo workflows this many times (traffic for dashboards).")
 @click.option("--stale-after", type=DURATION, default="5s", show_default=True, help="When the killed worker's run counts as orphaned (for the metrics endpoint and the hints).")
 def demo(
@@ -41,6 +51,7 @@ def demo(
     otlp_protocol: str | None,
     interactive: bool,
     metrics_port: int | None,
+    metrics_host: str,
     repeat: int,
     stale_after: float,
 ) -> None:
@@ -59,6 +70,7 @@ def demo(
         otlp_protocol=otlp_protocol,
         interactive=interactive,
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
         repeat=repeat,
         stale_after=stale_after,
     )
@@ -124,6 +136,7 @@ def run_demo(
     metrics_port: int | None,
     repeat: int,
     stale_after: float,
+    metrics_host: str = "127.0.0.1",
 ) -> None:
     """The demo on the database at ``db`` (created if missing), printing as it goes."""
     from prometheus_client import CollectorRegistry
@@ -156,7 +169,7 @@ def run_demo(
 
         click.echo(f"flowscope demo: database {shown_db(db)}" + spans_to)
         if metrics_port is not None:
-            server = start_metrics_server(store, registry, host="127.0.0.1", port=metrics_port, stale_after=stale_after)
+            server = start_metrics_server(store, registry, host=metrics_host, port=metrics_port, stale_after=stale_after)
             click.echo(f"metrics (in-process and store): {server.url}")
 
         tag = new_tag()
