@@ -137,6 +137,7 @@ def serve_metrics(
         exposed.register(_Forward(source, frozenset({JOB_RESULTS})))
         collector = StoreCollector(store, stale_after_s=stale_after_s)
         exposed.register(collector)  # describe() only: the store is not read here
+        collector.count_job_results_from_now()
     server, thread = start_metrics_http(port, host, exposed)
     thread.name = f"flowscope-metrics-{server.server_port}"
     return MetricsServer(host, server.server_port, exposed, collector, server, thread)

@@ -148,6 +148,18 @@ class StoreCollector(Collector):
     def __repr__(self) -> str:
         return f"StoreCollector({self.store!r}, stale_after_s={self.stale_after_s:g})"
 
+    def count_job_results_from_now(self) -> None:
+        """Take the job results already in the log as the baseline now, rather than at the
+        first scrape, so that results recorded before Prometheus first scrapes are counted
+        (``serve_metrics`` calls it when it starts). A store error leaves the baseline to
+        the first scrape that reads it."""
+        try:
+            groups = self.store.job_result_summary()
+        except Exception as exc:
+            log.warning("flowscope StoreCollector could not read %r: %s", self.store, describe_exception(exc))
+            return
+        self._job_results_family(groups)
+
     # -- the prometheus-client protocol ---------------------------------------------------
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
