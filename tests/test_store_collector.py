@@ -558,3 +558,86 @@ def test_queued_and_open_series_are_bounded_like_the_metrics_plugin_and_add_up(t
     }
     assert oldest["_other"] == 1050.0
     store.close()
+
+
+# ------------------------------------------------------------------ job results, counted from the log
+
+JOB_RESULTS = "flowscope_job_results_total"
+
+
+def _paused_on_a_job(store, sid: str) -> str:
+    """Run a nested workflow whose node waits for an external job; its job id."""
+    import asyncio
+
+    @node
+    async def geocode(ctx, x):
+        return await ctx.await_job(lambda job: None, payload=x, expect_count=True)
+
+    wf = Workflow("etl", edges=[(START, Workflow("enrich", edges=[(START, geocode)]))])
+    paused = asyncio.run(Runner(wf, store=store).run([1], session_id=sid))
+    assert paused.status == "paused"
+    [job] = paused.pending
+    return job.job_id
+
+
+def test_job_results_are_counted_from_the_store_whoever_recorded_them(tmp_path):
+    """A result answered by another process (here: another connection, as
+    ``flowscope resume --job`` has) reaches the collector's counter; the results already
+    in the log when it starts are its baseline, and a log that shrinks (a prune) is no
+    decrease."""
+    from flowscope import answer
+
+    db = str(tmp_path / "jobs.db")
+    writer = SqliteEventStore(db)
+    old = _paused_on_a_job(writer, "old")
+    answer(writer, "old", jobs={old: {"success": True, "count": 0}})  # before the collector started
+    job = _paused_on_a_job(writer, "s1")
+    reader = SqliteEventStore(db)
+    collector = StoreCollector(reader)
+    collector.count_job_results_from_now()
+    assert sample(scrape(collector), JOB_RESULTS, workflow="etl", node="geocode", result="empty") == 0
+
+    other = SqliteEventStore(db)  # the answering process
+    answer(other, "s1", jobs={job: {"success": True, "count": 0}})
+    other.close()
+    counted = scrape(collector)
+    assert sample(counted, JOB_RESULTS, workflow="etl", node="geocode", result="empty") == 1
+    assert [k for k in counted if k[0] == JOB_RESULTS] == [
+        (JOB_RESULTS, (("node", "geocode"), ("result", "empty"), ("workflow", "etl")))]
+
+    with writer._op("delete a session") as conn:  # what prune does to an old session's log
+        conn.execute("DELETE FROM events WHERE session_id = 'old'")
+    assert sample(scrape(collector), JOB_RESULTS, workflow="etl", node="geocode", result="empty") == 1
+    for store in (writer, reader):
+        store.close()
+
+
+def test_serve_metrics_exposes_one_job_results_family_the_stores(tmp_path):
+    """A MetricsPlugin that counts job results in process beside the endpoint's
+    StoreCollector: the endpoint exposes the store's count only, never both."""
+    db = str(tmp_path / "jobs.db")
+    store = SqliteEventStore(db)
+    registry = CollectorRegistry()
+    plugin = MetricsPlugin(registry)  # job_results=True: counts what this process records
+    job = _paused_on_a_job(store, "s1")
+    server = serve_metrics(store=store, registry=registry, port=0)
+    try:
+        import asyncio
+
+        @node
+        async def geocode(ctx, x):
+            return await ctx.await_job(lambda job: None, payload=x, expect_count=True)
+
+        wf = Workflow("etl", edges=[(START, Workflow("enrich", edges=[(START, geocode)]))])
+        resumed = asyncio.run(Runner(wf, store=store, plugins=[plugin]).resume("s1", jobs={job: {"success": True, "count": 0}}))
+        assert resumed.status == "paused"  # the empty result is an actionable pause
+        assert registry.get_sample_value(JOB_RESULTS, {"workflow": "etl", "node": "geocode", "result": "empty"}) == 1
+        with urllib.request.urlopen(server.url, timeout=5) as resp:
+            text = resp.read().decode()
+        families = [f for f in parse_text(text) if f.name == "flowscope_job_results"]
+        assert len(families) == 1, [f.name for f in parse_text(text)]
+        values = {tuple(sorted(s.labels.items())): s.value for s in families[0].samples if s.name == JOB_RESULTS}
+        assert values == {(("node", "geocode"), ("result", "empty"), ("workflow", "etl")): 1.0}
+    finally:
+        server.shutdown()
+        store.close()

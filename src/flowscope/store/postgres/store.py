@@ -707,7 +707,7 @@ class PostgresEventStore(EventStore):
     def job_result_summary(self) -> list[JobResultGroup]:
         """The port's count in one ``GROUP BY`` over the log's job results."""
         rows = self._run("count job results", lambda c: c.execute(q.SQL_JOB_RESULTS).fetchall(), retry=True)
-        return sorted(JobResultGroup(wf or "", node or "", str(result), int(n)) for wf, node, result, n in rows)
+        return [JobResultGroup(wf or "", node or "", str(result), int(n)) for wf, node, result, n in sorted(rows, key=lambda r: (r[0] or "", r[1] or "", str(r[2])))]
 
     # ------------------------------------------------------------------ waking workers
 
