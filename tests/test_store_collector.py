@@ -641,3 +641,28 @@ def test_serve_metrics_exposes_one_job_results_family_the_stores(tmp_path):
     finally:
         server.shutdown()
         store.close()
+
+
+def test_stuck_runs_audit_and_the_collector_count_the_same_runs(tmp_path):
+    """Counted once, at the deepest path, everywhere: a dead worker inside a nested
+    workflow and a paused session are one orphan and one waiting run in ``flowscope
+    stuck``, ``runs``, ``audit`` and the StoreCollector alike (docs/design.md)."""
+    from flowscope.cli.views import audit_rows, runs_rows, stuck_rows
+    from flowscope.store.testing import _nested_logs
+
+    store = SqliteEventStore(str(tmp_path / "nested.db"))
+    for sid, events in _nested_logs(time.time() - 3600).items():
+        store.append(sid, events, 0)
+    stuck = {(r["session_id"], r["node"], r["state"]) for r in stuck_rows(store, 0.0, 60.0)}
+    assert stuck == {("crashed", "leaf", "orphaned"), ("crashed", "inner", "orphaned"),  # inner@10, inner@1-b
+                     ("paused", "ask", "waiting_input"), ("between", "bw", "orphaned")}
+    samples = scrape(StoreCollector(store, stale_after_s=60.0))
+    orphaned = {k: v for k, v in samples.items() if k[0] == ORPHANED and v}
+    assert orphaned == {(ORPHANED, (("node", "bw"), ("workflow", "bw"))): 1,
+                        (ORPHANED, (("node", "inner"), ("workflow", "wf"))): 2,
+                        (ORPHANED, (("node", "leaf"), ("workflow", "wf"))): 1}
+    open_runs = sum(v for k, v in samples.items() if k[0] == OPEN)
+    assert open_runs == 5 == sum(r["open_runs"] for r in runs_rows(store))
+    assert sum(r["open"] for r in audit_rows(store.node_runs())) == 5
+    assert len(stuck_rows(store, 0.0, 60.0, include_parents=True)) == 8  # the containers, on request
+    store.close()
