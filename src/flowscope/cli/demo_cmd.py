@@ -61,8 +61,9 @@ def demo(
     It shows, in one go: a flaky node that succeeds on a retry; parallel branches and a
     join; a nested workflow; a long-running job whose first result is empty and is
     retried through the actionable pause; a human approval; a node that returns nothing
-    (the completion marker); a second batch that fails with PAYMENT_DECLINED; and a
-    worker killed mid-run, so that `flowscope stuck` has something to find.
+    (the completion marker); a second batch that fails with PAYMENT_DECLINED; a queue
+    served by a worker (and one session left queued); and a worker killed mid-run, so
+    that `flowscope stuck` has something to find.
     """
     run_demo(
         db=resolve_db(db),
