@@ -56,7 +56,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..errors import describe_exception
@@ -162,13 +162,13 @@ class StoreCollector(Collector):
 
     # -- the prometheus-client protocol ---------------------------------------------------
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
+    def describe(self) -> Iterator[Metric]:
         """The families this collector produces, without samples; the store is not read."""
         for name in (OPEN_RUNS, OLDEST, ORPHANED, OVERDUE, QUEUED, OLDEST_QUEUED, UP):
             yield GaugeMetricFamily(name, _HELP[name], labels=_LABELS[name])
         yield CounterMetricFamily(JOB_RESULTS, _HELP[JOB_RESULTS], labels=_LABELS[JOB_RESULTS])
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         t0 = time.perf_counter()
         now = self.clock()
         try:

@@ -286,14 +286,14 @@ def _nested_logs(t: float) -> dict[str, list[Event]]:
     - ``paused``: ``pw@1`` paused by ``pw@1/ask@1`` (both waiting_input);
     - ``between``: ``bw@1`` running with only finished runs below it: it is the cut-off run.
     """
-    crashed = [ev(RunStarted, sid="crashed", workflow="wf", ts=t)]
+    crashed: list[Event] = [ev(RunStarted, sid="crashed", workflow="wf", ts=t)]
     for path, kind in (("wf@1", "workflow"), ("wf@1/done@1", "function"), ("wf@1/inner@1", "workflow"),
                        ("wf@1/inner@1/leaf@1", "function"), ("wf@1/inner@10", "function"),
                        ("wf@1/inner@1-b", "function")):
         parent = path.rsplit("/", 1)[0] if "/" in path else ""
         crashed.append(node_ev(NodeStarted, path, ts=t + 1, sid="crashed", kind=kind, parent_path=parent))
     crashed.append(node_ev(NodeCompleted, "wf@1/done@1", ts=t + 2, sid="crashed"))
-    paused = [
+    paused: list[Event] = [
         ev(RunStarted, sid="paused", workflow="pw", ts=t),
         node_ev(NodeStarted, "pw@1", ts=t + 1, sid="paused", kind="workflow"),
         node_ev(NodeStarted, "pw@1/ask@1", ts=t + 1, sid="paused", parent_path="pw@1"),
@@ -302,7 +302,7 @@ def _nested_logs(t: float) -> dict[str, list[Event]]:
                 interrupt_ids=("ok",)),
         ev(RunFinished, sid="paused", status="paused", ts=t + 3),
     ]
-    between = [
+    between: list[Event] = [
         ev(RunStarted, sid="between", workflow="bw", ts=t),
         node_ev(NodeStarted, "bw@1", ts=t + 1, sid="between", kind="workflow"),
         node_ev(NodeStarted, "bw@1/first@1", ts=t + 1, sid="between", parent_path="bw@1"),
