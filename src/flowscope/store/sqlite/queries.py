@@ -124,12 +124,17 @@ _LAST_BEAT = "coalesce(n.heartbeat_at, n.started_at)"
 _OPEN_WHERE_N = open_where("n.status", as_or=True)  # schema.OPEN_WHERE, on the aliased table
 # A container is not counted (flowscope.fold.containers: an open run at "path/..." of the
 # same session): the paths below n.path, in binary order, are those in [path + "/", path + "0").
+# Looked up among the open runs only (the CTE "o", read through the open-runs index, which
+# SQLite indexes on the fly): through the primary key it would visit every finished run below
+# a root (measured: 1,000,000 events, 2% of sessions open, 7 -> 1.4 ms a scrape). MATERIALIZED
+# (SQLite 3.35, as RETURNING): inlined, the lookup goes back to the primary key.
+_OPEN_CTE = f"WITH o AS MATERIALIZED (SELECT session_id, path FROM node_runs WHERE {open_where(as_or=True)}) "
 _NOT_CONTAINER = (
-    "NOT EXISTS (SELECT 1 FROM node_runs AS c WHERE c.session_id = n.session_id "
-    f"AND c.path > n.path || '/' AND c.path < n.path || '0' AND {open_where('c.status', as_or=True)})"
+    "NOT EXISTS (SELECT 1 FROM o WHERE o.session_id = n.session_id "
+    "AND o.path > n.path || '/' AND o.path < n.path || '0')"
 )
 SQL_OPEN_SUMMARY = (
-    "SELECT n.workflow, n.node, n.status, count(*), min(n.started_at), "
+    _OPEN_CTE + "SELECT n.workflow, n.node, n.status, count(*), min(n.started_at), "
     "sum(n.status = 'running' AND CASE WHEN s.owner IS NULL "
     f"THEN ({_LAST_BEAT} IS NULL OR {_LAST_BEAT} < :stale_before) "
     "ELSE (s.lease_expires_at IS NULL OR s.lease_expires_at <= :now) END), "
@@ -139,7 +144,7 @@ SQL_OPEN_SUMMARY = (
     "GROUP BY n.workflow, n.node, n.status ORDER BY n.workflow, n.node, n.status"
 )
 SQL_OPEN_SAME_HOST = (
-    "SELECT n.workflow, n.node, s.owner, s.lease_expires_at, count(*) "
+    _OPEN_CTE + "SELECT n.workflow, n.node, s.owner, s.lease_expires_at, count(*) "
     "FROM sessions AS s JOIN node_runs AS n ON n.session_id = s.session_id "
     "WHERE s.status = 'running' AND s.lease_expires_at > :now AND s.owner IS NOT NULL "
     "AND json_extract(s.owner, '$.host') = :host AND n.status = 'running' "
