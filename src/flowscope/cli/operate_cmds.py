@@ -280,7 +280,7 @@ def prune(db: str | None, fmt: str, older_than: float, statuses: tuple[str, ...]
 
 @click.command("serve-metrics")
 @db_option
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 exposes it: nothing here authenticates).")
+@click.option("--host", "--metrics-host", "host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 exposes it: nothing here authenticates).")
 @click.option("--port", type=click.IntRange(0, 65535), default=9464, show_default=True, help="Port (0 picks a free one).")
 @click.option("--stale-after", type=DURATION, default="60s", show_default=True, help="A running run whose heartbeat is older than this counts as orphaned.")
 @click.option("--otlp-endpoint", metavar="URL", help="Also ship the spans no live worker will send (a killed worker's, say) to this OTLP endpoint.")

@@ -28,7 +28,7 @@ from ..events import RunSubmitted
 from ..fold import WorkflowState
 from ..jsontext import too_deep
 from ..store.base import EventStore
-from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option
+from .app import DURATION, command_prefix, db_option, metrics_host_option, open_store, otlp_protocol_option
 from .failures import EXIT_STORE_OUTAGE, CliError, to_cli_error
 from .runtime import configure_cli_tracing
 
@@ -217,7 +217,8 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
 @click.option("--worker-id", metavar="ID", help="This worker's id (default: host-pid-random).")
 @click.option("--max-recoveries", type=click.IntRange(0, None), default=3, show_default=True, help="Orphaned sessions recovered more often are left alone.")
 @click.option("--max-store-outage", "max_store_outage_s", type=DURATION, default="60s", show_default=True, help="Stop (exit 3) when no write to the database has gone through for this long (a full disk, a read-only database).")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve this worker's Prometheus metrics on 127.0.0.1:PORT.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve this worker's Prometheus metrics on --metrics-host:PORT.")
+@metrics_host_option
 @click.option("--otlp-endpoint", metavar="URL", help="Send the spans of the sessions it runs to this OTLP endpoint (and those a killed worker had not sent); default: OTEL_EXPORTER_OTLP_ENDPOINT.")
 @otlp_protocol_option
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning", show_default=True)
@@ -232,6 +233,7 @@ def worker_cmd(
     max_recoveries: int,
     max_store_outage_s: float,
     metrics_port: int | None,
+    metrics_host: str,
     otlp_endpoint: str | None,
     otlp_protocol: str | None,
     log_level: str,
@@ -261,11 +263,13 @@ def worker_cmd(
             from ..observability.serve import start_metrics_http
 
             registry = CollectorRegistry(auto_describe=True)
-            plugins.append(MetricsPlugin(registry=registry))
+            # Job results are counted from the log by serve-metrics (StoreCollector), whichever
+            # process reported them: counting them here too would count them twice.
+            plugins.append(MetricsPlugin(registry=registry, job_results=False))
             try:
-                server = start_metrics_http(metrics_port, "127.0.0.1", registry)
+                server = start_metrics_http(metrics_port, metrics_host, registry)
             except OSError as exc:
-                raise CliError(f"cannot listen on 127.0.0.1:{metrics_port}: {exc.strerror or exc}") from None
+                raise CliError(f"cannot listen on {metrics_host}:{metrics_port}: {exc.strerror or exc}") from None
         w = Worker(
             store,
             workflows,

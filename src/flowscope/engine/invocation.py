@@ -54,8 +54,10 @@ class Invocation(Attempts, Pauses):
             elif status == "running":  # its process died mid-run: a new attempt (R9, docs/design.md)
                 attempt = ns.attempt + 1
                 # unless this process's own halted invocation cut it off (a store fault):
-                # a cancellation it could not record, not a recovery (docs/workers.md)
-                recovered = ns.invocation_id not in self.cut_off
+                # a cancellation it could not record, not a recovery (docs/workers.md); and a
+                # container of a cut-off run is re-entered, not recovered: the recovery is the
+                # run's inside it, counted once at the deepest path (docs/design.md).
+                recovered = ns.invocation_id not in self.cut_off and path not in self.containers
                 self.recovered += recovered
             else:  # failed or cancelled: run again, numbering continues
                 attempt = ns.attempt + 1

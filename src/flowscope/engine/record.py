@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, overload
 
 from ..errors import ErrorInfo, OutputNotSerializableError, Redactor, StateNotSerializableError, classify
 from ..events import Event, RunFinished
-from ..fold import WorkflowState
+from ..fold import OPEN_STATES, WorkflowState, containers
 from ..jsontext import depth_over, dumps_finite, too_deep
 from ..ownership import Lease
 from ..store.base import EventStore
@@ -299,6 +299,12 @@ class Recorder:
                 continue  # an enclosing run: ready when a descendant is
             if (status == "waiting_input" and not ns.requests) or (status == "waiting_job" and ns.jobs and not ns.open_jobs):
                 self.mark_answered(ns.path)
+        #: Runs the log leaves open that contain another open run (containers, counted once
+        #: at the deepest path, docs/design.md): a crash cut off the run inside, so
+        #: re-entering one of these is not a recovery of its own.
+        open_paths = [p for p, ns in ws.nodes.items() if ns.status in OPEN_STATES]
+        self.containers = containers(open_paths) if len(open_paths) > 1 else set()
+        deepest_running = self.statuses["running"] - sum(1 for p in self.containers if ws.nodes[p].status == "running")
         self.replayed = 0
         self.recovered = 0
         #: The ids of this session's last invocations in this process that halted on a
@@ -316,7 +322,7 @@ class Recorder:
             started_at=time.time(),
             previous_trace_context=dict(ws.trace_context),
             replayed=self.statuses["completed"],
-            recovered=self.statuses["running"],
+            recovered=deepest_running,
             plugins=plugins.names,
             store=store,
         )

@@ -47,6 +47,7 @@ from ..base import (
     Claim,
     ClaimReason,
     EventStore,
+    JobResultGroup,
     Message,
     NodeRun,
     OpenRunGroup,
@@ -702,6 +703,11 @@ class PostgresEventStore(EventStore):
     def queued_summary(self) -> list[QueuedGroup]:
         rows = self._run("summarise queued sessions", lambda c: c.execute(q.SQL_QUEUED_SUMMARY).fetchall(), retry=True)
         return [QueuedGroup(wf, int(n), oldest) for wf, n, oldest in rows]
+
+    def job_result_summary(self) -> list[JobResultGroup]:
+        """The port's count in one ``GROUP BY`` over the log's job results."""
+        rows = self._run("count job results", lambda c: c.execute(q.SQL_JOB_RESULTS).fetchall(), retry=True)
+        return [JobResultGroup(wf or "", node or "", str(result), int(n)) for wf, node, result, n in sorted(rows, key=lambda r: (r[0] or "", r[1] or "", str(r[2])))]
 
     # ------------------------------------------------------------------ waking workers
 

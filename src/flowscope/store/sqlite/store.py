@@ -36,6 +36,7 @@ from ..base import (
     Claim,
     ClaimReason,
     EventStore,
+    JobResultGroup,
     Message,
     NodeRun,
     OpenRunGroup,
@@ -116,6 +117,8 @@ class SqliteEventStore(EventStore):
         self._wal: tuple[int, int] | None = None  # the -wal file this connection writes to
         self._wal_tracked = False  # writable and in WAL mode: _wal is known once the file exists
         self._wal_checked = 0.0
+        #: job_result_summary's running count: (counts, last rowid read, file identity).
+        self._job_results: tuple[dict[tuple[str, str, str], int], int, tuple[int, int] | None] = ({}, 0, None)
         new_file = self.path == ":memory:" or not os.path.exists(self.path) or os.path.getsize(self.path) == 0
         schema.check_file(self.path, readonly)
         conn = schema.connect(self.path, readonly, busy_timeout)
@@ -591,6 +594,27 @@ class SqliteEventStore(EventStore):
         with self._op("summarise queued sessions") as conn:
             rows = conn.execute(q.SQL_QUEUED_SUMMARY).fetchall()
         return [QueuedGroup(*r) for r in rows]
+
+    def job_result_summary(self) -> list[JobResultGroup]:
+        """The port's count, kept per store object: each call reads only the job results
+        appended since the last (the log's rowids grow with each commit, one writer at a
+        time), so a scrape costs what was appended since the one before, never a scan of
+        the log. A file replaced by another (:meth:`refresh`) starts the count again."""
+        with self._lock:
+            counts, after, identity = self._job_results
+            if identity != self._identity:
+                counts, after = {}, 0
+            with self._op("count job results") as conn:
+                upto = int(conn.execute(q.SQL_LAST_EVENT_ROWID).fetchone()[0])
+                if upto < after:  # rows deleted from the end: count from what is there now
+                    after = upto
+                rows = conn.execute(q.SQL_JOB_RESULTS_AFTER, {"after": after, "upto": upto}).fetchall() if upto > after else []
+            counts = dict(counts)
+            for workflow, node, result, n in rows:
+                key = (workflow or "", node or "", str(result))
+                counts[key] = counts.get(key, 0) + int(n)
+            self._job_results = (counts, upto, self._identity)
+        return [JobResultGroup(*k, n) for k, n in sorted(counts.items())]
 
     # ------------------------------------------------------------------ snapshots
 
