@@ -247,9 +247,9 @@ def test_runs_filters(demo_db):
 
 def test_stuck_thresholds_and_states(demo_db):
     db, ids = demo_db
-    result = invoke("--db", str(db), "stuck", "--format", "json")  # default: older than 15m
-    assert json.loads(result.stdout) == []
-    assert "nothing stuck" in invoke("--db", str(db), "stuck").stdout
+    result = invoke("--db", str(db), "stuck", "--format", "json")  # default: older than 15m, orphans at once
+    assert [(r["session_id"], r["state"]) for r in json.loads(result.stdout)] == [(ids["export"], "orphaned")]
+    assert "nothing stuck" in invoke("--db", str(db), "stuck", "--state", "waiting_job").stdout
     rows = json.loads(invoke("--db", str(db), "stuck", "--older-than", "0s", "--stale-after", "1h", "--format", "json").stdout)
     # issue 13: the killed worker's owner process is gone, so its run is orphaned at once,
     # whatever --stale-after says (that threshold is only for sessions without an owner)

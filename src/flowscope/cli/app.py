@@ -19,7 +19,7 @@ import click
 from ..errors import NotAFlowscopeDatabase, StoreUnavailable
 from . import views
 from .failures import EXIT_ERROR, CliError, to_cli_error
-from .render import render_csv, render_json, use_utc
+from .render import render_csv, render_json, use_utc, use_wide
 
 if TYPE_CHECKING:
     from ..store.postgres import PostgresEventStore
@@ -36,6 +36,7 @@ __all__ = [
     "cli",
     "db_option",
     "format_option",
+    "wide_option",
     "otlp_protocol_option",
     "resolve_db",
     "open_store",
@@ -126,6 +127,17 @@ def format_option(f: F) -> F:
         default="table",
         show_default=True,
         help="table for people; json (a list of objects, keys in docs/cli.md) or csv for programs.",
+    )(f)
+
+
+def wide_option(f: F) -> F:
+    """``--wide`` on a command that prints a table: every cell whole, however wide the terminal."""
+    return click.option(
+        "--wide",
+        is_flag=True,
+        expose_value=False,
+        callback=lambda _ctx, _param, on: use_wide(on),
+        help="Print every cell whole; without it the table fits the terminal ($COLUMNS), long cells cut with '…'.",
     )(f)
 
 

@@ -23,6 +23,7 @@ from ..liveness import (
     WAITING_JOB,
     classify_open_run,
     resume_lease_s,
+    worker_alive,
 )
 from ..fold import OPEN_STATES, NodeState, WorkflowState, rebuild
 from .history import RetryReasons, SessionHistory, request_row, retry_label
@@ -33,6 +34,8 @@ __all__ = [
     "AUDIT_KEYS",
     "AUDIT_RUN_KEYS",
     "STUCK_KEYS",
+    "QUEUED",
+    "STUCK_STATES",
     "parse_duration",
     "load_session",
     "runs_rows",
@@ -142,6 +145,11 @@ STUCK_KEYS = (
     "action",
     "owner",
 )
+
+#: What ``stuck`` calls a queued session that no worker has started (not a node run's state).
+QUEUED = "queued"
+#: Every state ``flowscope stuck`` lists: the open runs' classes, and queued sessions.
+STUCK_STATES = (RUNNING, ORPHANED, WAITING_INPUT, WAITING_JOB, OVERDUE, QUEUED)
 
 _UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*(ms|sec|min|s|m|h|d|w)?", re.IGNORECASE)
@@ -440,7 +448,11 @@ def stuck_rows(
     now: float | None = None,
     on_skip: Callable[[str, StoreCorrupt], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Open runs older than ``older_than_s``, oldest first, classified by :mod:`flowscope.liveness`.
+    """Open runs older than ``older_than_s``, oldest first, classified by :mod:`flowscope.liveness`,
+    then queued sessions submitted longer ago than that (state ``queued``: no worker started them).
+
+    An orphaned run is listed whatever its age: its owner is known to be gone, so there is
+    nothing to wait for. The age applies to running and waiting runs, which may still move.
 
     A session whose log cannot be read (a corrupt row) is left out, and ``on_skip`` told
     why, so that one bad row does not hide every other stuck run of the database.
@@ -450,7 +462,7 @@ def stuck_rows(
     """
     now = time.time() if now is None else now
     all_open = store.open_runs()
-    runs = [r for r in all_open if r.started_at is None or now - r.started_at >= older_than_s]
+    runs = list(all_open)
     if not include_parents:
         open_paths: dict[str, list[str]] = {}
         for r in all_open:
@@ -466,6 +478,9 @@ def stuck_rows(
     for r in runs:
         if r.session_id in skipped:
             continue
+        young = r.started_at is not None and now - r.started_at < older_than_s
+        if young and r.status != RUNNING:  # only a running run can be an orphan
+            continue
         if r.session_id not in infos:
             infos[r.session_id] = store.session_info(r.session_id)
         info = infos[r.session_id]
@@ -476,6 +491,8 @@ def stuck_rows(
         )
         if wanted is not None and state not in wanted:
             continue
+        if young and state != ORPHANED:
+            continue  # an orphan is known at once; the age is for runs that may still move
         waiting_on: list[str] = []
         if r.status in ("waiting_input", "waiting_job"):
             ws = states_cache.get(r.session_id)
@@ -512,6 +529,50 @@ def stuck_rows(
         )
     if skipped:
         rows = [row for row in rows if row["session_id"] not in skipped]
+    if wanted is None or QUEUED in wanted:
+        rows.extend(_queued_rows(store, older_than_s, now))
+    return rows
+
+
+def _queued_rows(store: EventStore, older_than_s: float, now: float) -> list[dict[str, Any]]:
+    """Sessions submitted longer ago than ``older_than_s`` that no worker has started, with
+    what to do: start a worker for the workflow, or look at the live one's log (its claims
+    fail). Workers are alive by :func:`flowscope.liveness.worker_alive`."""
+    from ..examples import BUNDLED
+
+    queued = [s for s in store.sessions() if s.status == QUEUED]
+    old = [s for s in queued if (s.submitted_at or s.started_at or now) <= now - older_than_s]
+    if not old:
+        return []
+    live = [w for w in store.workers() if worker_alive(w.host, w.pid, w.seen_at, now)]
+    rows = []
+    for s in sorted(old, key=lambda s: s.submitted_at or 0.0):
+        since = s.submitted_at if s.submitted_at is not None else s.started_at
+        serving = [w for w in live if s.workflow in w.workflows]
+        if serving:
+            w = max(serving, key=lambda w: w.seen_at)
+            action = f"a live worker serves it ({w.worker_id} on {w.host} pid {w.pid}): its log says why it does not start"
+        else:
+            action = f"no live worker serves {s.workflow!r}: flowscope worker {BUNDLED.get(s.workflow, 'MODULE:ATTR')}"
+        rows.append(
+            {
+                "session_id": s.session_id,
+                "workflow": s.workflow,
+                "node": None,
+                "path": "",
+                "state": QUEUED,
+                "status": QUEUED,
+                "attempt": 0,
+                "started_at": since,
+                "age_s": _round(now - since) if since is not None else None,
+                "heartbeat_at": None,
+                "heartbeat_age_s": None,
+                "job_deadline_at": None,
+                "waiting_on": ["a worker"],
+                "action": action,
+                "owner": owner_row(s),
+            }
+        )
     return rows
 
 

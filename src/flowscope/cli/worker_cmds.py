@@ -26,6 +26,7 @@ import click
 from ..errors import WorkflowError
 from ..events import RunSubmitted
 from ..fold import WorkflowState
+from ..liveness import WORKER_SEEN_WITHIN_S, worker_alive
 from ..store.base import EventStore
 from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option
 from .failures import CliError
@@ -37,9 +38,9 @@ if TYPE_CHECKING:
 
 __all__ = ["worker_cmd", "start", "load_workflows", "worker_hint", "worker_command", "submit_by_name", "record_answers", "cwd_importable", "COMMANDS"]
 
-#: How recently a worker must have recorded itself to count as serving a workflow: one
-#: default lease (workers record themselves every third of theirs).
-SEEN_WITHIN_S = 15.0
+#: How recently a worker must have recorded itself to count as serving a workflow (the
+#: one rule, :func:`flowscope.liveness.worker_alive`).
+SEEN_WITHIN_S = WORKER_SEEN_WITHIN_S
 
 
 def load_workflows(specs: tuple[str, ...]) -> list[Any]:
@@ -96,20 +97,37 @@ def worker_command(workflow: str, prefix: str = "flowscope") -> str:
 
 
 def worker_hint(store: EventStore, workflow: str, now: float | None = None, prefix: str = "flowscope") -> tuple[bool, str]:
-    """Whether a worker for ``workflow`` recorded itself within :data:`SEEN_WITHIN_S`, and
-    the sentence that says so (with the command to start one when none was)."""
+    """Whether a live worker serves ``workflow``, and the sentence that says so.
+
+    Alive is :func:`flowscope.liveness.worker_alive`: recorded within
+    :data:`SEEN_WITHIN_S` and, on this host, its process still there. A worker record
+    that fails it is named as gone, never as the worker that will pick the session up;
+    when live workers serve only other workflows, the sentence names those (a typo in
+    the workflow's name shows at once). The command to start a worker ends every
+    sentence that finds none.
+    """
     now = time.time() if now is None else now
-    seen = [w for w in store.workers() if workflow in w.workflows and now - w.seen_at <= SEEN_WITHIN_S]
-    if seen:
-        w = max(seen, key=lambda w: w.seen_at)
+    records = store.workers()
+    alive = [w for w in records if worker_alive(w.host, w.pid, w.seen_at, now)]
+    serving = [w for w in alive if workflow in w.workflows]
+    if serving:
+        w = max(serving, key=lambda w: w.seen_at)
         return True, (
             f"a worker will pick it up: {w.worker_id} on {w.host} pid {w.pid} serves {workflow!r} "
-            f"(seen {max(0.0, now - w.seen_at):.1f}s ago)"
+            f"(alive, seen {max(0.0, now - w.seen_at):.1f}s ago)"
         )
-    return False, (
-        f"no worker for {workflow!r} seen in the last {SEEN_WITHIN_S:g}s: "
-        f"start one with {worker_command(workflow, prefix)}"
-    )
+    start = f"start one with {worker_command(workflow, prefix)}"
+    gone = [w for w in records if workflow in w.workflows]
+    if gone:
+        w = max(gone, key=lambda w: w.seen_at)
+        return False, (
+            f"no live worker for {workflow!r}: {w.worker_id} on {w.host} pid {w.pid} (seen "
+            f"{max(0.0, now - w.seen_at):.1f}s ago) is gone; {start}"
+        )
+    others = sorted({name for w in alive for name in w.workflows})
+    if others:
+        return False, f"no worker serves {workflow!r}: the live workers serve {', '.join(others)}; check the name, or {start}"
+    return False, f"no worker for {workflow!r} seen in the last {SEEN_WITHIN_S:g}s: {start}"
 
 
 def record_answers(
@@ -133,7 +151,7 @@ def record_answers(
         raise CliError(
             f"session {session!r} ({ws.workflow}, {ws.status}) has nothing to record and its workflow's code is "
             f"not here: run it in this process with {here}"
-            + (f", or start a worker with {worker_command(ws.workflow, prefix)}" if ws.status in ("queued", "answered") or orphaned else "")
+            + (f"; {hint}" if ws.status in ("queued", "answered") or orphaned else "")
         )
     receipt = answer(store, session, inputs or None, jobs or None)
     what = ", ".join([*(f"input {i}" for i in receipt.inputs), *(f"job {j}" for j in receipt.jobs)])
