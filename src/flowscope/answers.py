@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from .engine.inbox import answer_body, take_in
 from .engine.pauses import FINISHED, validate_answers
+from .engine.submit import check_session_id
 from .errors import ConcurrencyConflict, ResumeError, UnknownSessionError
 from .fold import rebuild
 from .liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
@@ -65,6 +66,7 @@ def answer(
     (:attr:`AnswerReceipt.pending`), which takes them in at its next pause or the next
     owner when it takes the session.
     """
+    check_session_id(session_id)  # the check start, submit and resume apply
     inputs = dict(inputs or {})
     jobs = dict(jobs or {})
     events = store.read(session_id)

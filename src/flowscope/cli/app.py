@@ -8,6 +8,7 @@ ever printed through :func:`shown_db` (its password masked). The commands live i
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -42,6 +43,7 @@ __all__ = [
     "open_store",
     "shown_db",
     "emit",
+    "json_arg",
     "command_prefix",
     "silence_stdout",
     "main",
@@ -205,6 +207,24 @@ def open_store(db: str | None, *, write: bool = False, create: bool = False) -> 
     if p.exists() and p.stat().st_size == 0 and not create:
         raise NotAFlowscopeDatabase(f"{path} is an empty file, not a flowscope database")
     return SqliteEventStore(path, readonly=not (write or create))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def json_arg(text: str, option: str, key: str | None = None) -> Any:
+    """The JSON an option was given (``--input``, ``--job``, ``key`` its ``ID=`` part), or a
+    CliError saying how to quote it. Strict JSON: ``NaN`` and ``Infinity`` are refused here,
+    as the store would refuse them, not recorded."""
+    what = f"{option} {key}" if key is not None else option
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise CliError(f"{what}: the JSON is nested too deeply to record; pass a flatter value") from None
+    except ValueError as exc:
+        example = f"{key}=" + json.dumps(text) if key is not None else json.dumps(text)
+        raise CliError(f"{what}: {text!r} is not valid JSON ({exc}); quote a string as JSON: {option} {shlex.quote(example)}") from None
 
 
 def emit(rows: list[dict[str, Any]], fmt: str, keys: tuple[str, ...], table: Callable[[], str]) -> None:

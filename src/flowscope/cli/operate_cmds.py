@@ -13,7 +13,7 @@ from ..fold import WorkflowState
 from ..plugins import Plugin
 from ..store.base import FINISHED_SESSION_STATUSES
 from . import views
-from .app import DURATION, command_prefix, db_option, emit, format_option, open_store, otlp_protocol_option
+from .app import DURATION, command_prefix, db_option, emit, format_option, json_arg, open_store, otlp_protocol_option
 from .failures import EXIT_FAILED, CliError, failure_line
 from .render import fmt_duration, fmt_time, render_table, zone_name
 from .runtime import SpanFollower, configure_cli_tracing, start_metrics_server, wait_for_signal
@@ -38,15 +38,7 @@ def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise CliError(f"{option} expects ID=JSON (e.g. {option} 'approval=true'), got {raw!r}")
-        try:
-            out[key] = json.loads(text)
-        except RecursionError:
-            raise CliError(f"{option} {key}: the JSON is nested too deeply to record; pass a flatter value") from None
-        except ValueError as exc:
-            raise CliError(
-                f"{option} {key}: {text!r} is not valid JSON ({exc}); "
-                f"quote a string as JSON: {option} '{key}=\"{text}\"'"
-            ) from None
+        out[key] = json_arg(text, option, key)
     return out
 
 

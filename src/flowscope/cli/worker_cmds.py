@@ -10,25 +10,23 @@ records a run by the workflow's name, without its code, for a worker to pick up.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
 import time
-import uuid
 from typing import Any
 
 from typing import TYPE_CHECKING
 
 import click
 
-from ..errors import WorkflowError
-from ..events import RunSubmitted
+from ..engine.submit import check_input, check_session_id, submit_run
+from ..errors import OutputNotSerializableError
 from ..fold import WorkflowState
 from ..liveness import WORKER_SEEN_WITHIN_S, worker_alive
 from ..store.base import EventStore
-from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option
+from .app import DURATION, command_prefix, db_option, json_arg, open_store, otlp_protocol_option
 from .failures import CliError
 from .runtime import configure_cli_tracing
 
@@ -169,23 +167,9 @@ def record_answers(
 
 
 def submit_by_name(store: EventStore, workflow: str, input: Any, session_id: str | None = None) -> str:
-    """Record a run of ``workflow`` (by name: no code needed) to be started by a worker.
-
-    The same ``RunSubmitted`` that ``Runner.submit`` appends; the session must be new.
-    """
-    sid = session_id or uuid.uuid4().hex
-    if store.last_seq(sid) > 0:
-        raise WorkflowError(f"session {sid!r} already exists: submit with a new --session")
-    event = RunSubmitted(
-        session_id=sid,
-        invocation_id=f"submit-{uuid.uuid4().hex}",
-        seq=1,
-        ts=time.time(),
-        workflow=workflow,
-        input=input,
-    )
-    store.append(sid, [event], 0)
-    return sid
+    """Record a run of ``workflow`` (by name: no code needed) to be started by a worker:
+    :func:`flowscope.engine.submit.submit_run`, the checks ``Runner.submit`` applies."""
+    return submit_run(store, workflow, input, session_id)
 
 
 @click.command("start")
@@ -196,21 +180,28 @@ def submit_by_name(store: EventStore, workflow: str, input: Any, session_id: str
 def start(workflow: str, db: str | None, input_json: str, session_id: str | None) -> None:
     """Submit a run of WORKFLOW (its name: no code needed) for a worker to start.
 
-    Prints the session id. `flowscope worker MODULE:ATTR` serving WORKFLOW picks it up.
+    Prints the session id on stdout, and on stderr whether a live worker serves WORKFLOW
+    (`flowscope worker MODULE:ATTR`). The input and the id pass the checks Runner.submit
+    applies; a bad one is refused (exit 2) and nothing is recorded. Exit 0 once queued,
+    with a warning when no live worker serves WORKFLOW (see docs/cli.md).
     """
+    value = json_arg(input_json, "--input")
     try:
-        value = json.loads(input_json)
-    except RecursionError:
-        raise CliError("--input: the JSON is nested too deeply to record; pass a flatter value") from None
-    except ValueError as exc:
-        raise CliError(f"--input: {input_json!r} is not valid JSON ({exc}); quote a string as JSON: --input '\"text\"'") from None
+        check_session_id(session_id) if session_id is not None else None
+        check_input(value)
+    except (ValueError, OutputNotSerializableError) as exc:
+        option = "--session" if isinstance(exc, ValueError) else "--input"
+        raise CliError(f"{option}: {exc}") from None
     store = open_store(db, write=True, create=True)
     with store:
         sid = submit_by_name(store, workflow, value, session_id)
         prefix = command_prefix(store.path)
-        _seen, hint = worker_hint(store, workflow, prefix=prefix)
+        seen, hint = worker_hint(store, workflow, prefix=prefix)
         click.echo(sid)
-        click.echo(f"queued {workflow} as session {sid}; {hint}", err=True)
+        if seen:
+            click.echo(f"queued {workflow} as session {sid}; {hint}", err=True)
+        else:
+            click.echo(f"warning: queued {workflow} as session {sid}, but {hint}", err=True)
         click.echo(f"see: {prefix} show {sid}", err=True)
 
 
