@@ -32,6 +32,7 @@ __all__ = [
     "ENV_UTC",
     "FORMATS",
     "DURATION",
+    "POSITIVE_DURATION",
     "Duration",
     "FlowscopeGroup",
     "cli",
@@ -91,20 +92,30 @@ class FlowscopeGroup(click.Group):
 
 
 class Duration(click.ParamType):
-    """``15m``, ``90s``, ``1h30m``, ``500ms`` or a number of seconds."""
+    """``15m``, ``90s``, ``1h30m``, ``500ms`` or a number of seconds; with ``positive``,
+    zero is a usage error (a lease or a poll interval of nothing)."""
 
     name = "duration"
 
+    def __init__(self, positive: bool = False) -> None:
+        self.positive = positive
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, (int, float)):
-            return float(value)
-        try:
-            return views.parse_duration(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            seconds = float(value)
+        else:
+            try:
+                seconds = views.parse_duration(value)
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        if self.positive and not seconds > 0:
+            self.fail(f"{value!r} is not a positive duration (e.g. 500ms, 15s)", param, ctx)
+        return seconds
 
 
 DURATION = Duration()
+#: A duration that must be more than zero.
+POSITIVE_DURATION = Duration(positive=True)
 
 # --------------------------------------------------------------------------- shared options
 

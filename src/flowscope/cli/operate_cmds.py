@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 import click
@@ -10,6 +11,7 @@ import click
 from ..errors import ResumeError, StoreError, classify
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
+from ..jobs import result_type_problem
 from ..plugins import Plugin
 from ..store.base import FINISHED_SESSION_STATUSES
 from . import views
@@ -46,12 +48,15 @@ def _check_job_result(job_id: str, value: Any) -> None:
     """A job result is a JSON object whose keys are among :data:`JOB_RESULT_KEYS`: anything
     else would be consumed as a failed result. (Without ``success: true`` the job guard
     makes it an actionable pause, as for a worker's report.)"""
-    example = f"--job '{job_id}={{\"success\": true, \"count\": 3, \"data\": {{...}}}}'"
+    example = "--job " + shlex.quote(f"{job_id}={views.JOB_RESULT_EXAMPLE}")
     if not isinstance(value, dict):
         raise CliError(f"--job {job_id}: a job result is a JSON object, not {type(value).__name__} {json.dumps(value)[:40]}: {example}")
     unknown = sorted(set(value) - set(JOB_RESULT_KEYS))
     if unknown:
         raise CliError(f"--job {job_id}: unknown key(s) {', '.join(unknown)}; a job result has {', '.join(JOB_RESULT_KEYS)}: {example}")
+    problem = result_type_problem(value)
+    if problem is not None:
+        raise CliError(f"--job {job_id}: {problem}: {example}")
 
 
 def _waiting_on(ws: WorkflowState) -> str:
@@ -186,10 +191,10 @@ def resume(
         for p in result.pending:
             if isinstance(p, InputRequested):
                 click.echo(f"  input {p.interrupt_id!r}: {p.prompt}")
-                click.echo(f"    flowscope resume {session} --input '{p.interrupt_id}=JSON'")
+                click.echo(f"    {views.input_hint(session, p.interrupt_id, p.payload)}")
             elif isinstance(p, JobDispatched):
                 click.echo(f"  job {p.job_id} at {p.path}")
-                click.echo(f"    flowscope resume {session} --job '{p.job_id}={{\"success\": true, \"count\": 1, \"data\": ...}}'")
+                click.echo(f"    {views.job_hint(session, p.job_id)}")
     else:
         out = json.dumps(result.output, ensure_ascii=False)
         if len(out) > 300:

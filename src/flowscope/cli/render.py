@@ -296,13 +296,15 @@ def _detail(r: dict[str, Any]) -> str:
     if jobs:
         bits.append("jobs: " + ", ".join(f"{j['job_id']} {j['result']}" for j in jobs))
     # a failed job's actionable pause has the interrupt id PATH#jobN.K: the jobs say it already
-    answered = [
-        i
-        for i in r.get("interrupts") or ()
-        if i not in (r.get("open_interrupts") or ()) and not (jobs and "#job" in i)
-    ]
+    given = set(r.get("answered_interrupts") or ())
+    still = set(r.get("open_interrupts") or ())
+    asked = [i for i in r.get("interrupts") or () if not (jobs and "#job" in i)]
+    answered = [i for i in asked if i in given]
     if answered:
         bits.append("paused for " + ", ".join(answered) + " (answered)")
+    unanswered = [i for i in asked if i not in given and i not in still]  # cancelled or failed meanwhile
+    if unanswered:
+        bits.append("paused for " + ", ".join(unanswered) + " (never answered)")
     if r.get("open_interrupts"):
         bits.append("WAITING for " + ", ".join(r["open_interrupts"]))
     if status == "running":

@@ -12,6 +12,7 @@ import click
 
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
+from .views import input_hint, job_hint
 from .render import fmt_duration, fmt_time, one_line_text, render_table, zone_name
 
 __all__ = ["runs_table", "session_header", "pending_hint", "audit_table", "stuck_table"]
@@ -66,12 +67,12 @@ def pending_hint(ws: WorkflowState) -> list[str]:
     for p in pending:
         if isinstance(p, InputRequested):
             prompt = one_line_text(p.prompt)
-            out.append(f"  input {p.interrupt_id!r}: {prompt}   -> flowscope resume {ws.session_id} --input '{p.interrupt_id}=JSON'")
+            out.append(f"  input {p.interrupt_id!r}: {prompt}   -> {input_hint(ws.session_id, p.interrupt_id, p.payload)}")
             payload = p.payload if isinstance(p.payload, dict) else {}
             if payload.get("fix"):
                 out.append(f"    fix: {one_line_text(str(payload['fix']))}")
         elif isinstance(p, JobDispatched):
-            out.append(f"  job {p.job_id} ({p.path})   -> flowscope resume {ws.session_id} --job '{p.job_id}=JSON'")
+            out.append(f"  job {p.job_id} ({p.path})   -> {job_hint(ws.session_id, p.job_id)}")
             out.append(f"    idempotency key {p.idempotency_key or '-'}; dispatched {fmt_time(p.ts, zone=True)}")
     return out
 

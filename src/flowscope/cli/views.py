@@ -8,7 +8,9 @@ that interprets events. Nothing here reads event fields itself. The keys are doc
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import time
 from typing import Any, Callable, Iterable
 
@@ -35,6 +37,9 @@ __all__ = [
     "AUDIT_RUN_KEYS",
     "STUCK_KEYS",
     "QUEUED",
+    "JOB_RESULT_EXAMPLE",
+    "input_hint",
+    "job_hint",
     "STUCK_STATES",
     "parse_duration",
     "load_session",
@@ -84,6 +89,7 @@ SHOW_KEYS = (
     "origin_path",
     "interrupts",
     "open_interrupts",
+    "answered_interrupts",
     "jobs",
     "heartbeat_at",
     "requests",
@@ -150,6 +156,31 @@ STUCK_KEYS = (
 QUEUED = "queued"
 #: Every state ``flowscope stuck`` lists: the open runs' classes, and queued sessions.
 STUCK_STATES = (RUNNING, ORPHANED, WAITING_INPUT, WAITING_JOB, OVERDUE, QUEUED)
+
+#: The job result the hints print: valid JSON, a success with one item, to edit before use.
+JOB_RESULT_EXAMPLE = '{"success": true, "count": 1, "data": {}}'
+
+
+def _quoted(text: str) -> str:
+    """``text`` in single quotes for a POSIX shell, always (a hint reads the same whatever
+    it holds), a quote inside it closed, escaped and reopened."""
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def input_hint(session_id: str, interrupt_id: str, payload: Any = None, prefix: str = "flowscope") -> str:
+    """The ``resume --input`` that answers ``interrupt_id``, quoted for a POSIX shell. The
+    value is ``JSON`` (the placeholder to replace), or ``"retry"`` for a failed job's
+    pause (its payload lists the actions), which is valid as printed."""
+    actions = payload.get("actions") if isinstance(payload, dict) and payload.get("kind") == "job_failed" else None
+    value = json.dumps(actions[0]) if actions else "JSON"
+    return f"{prefix} resume {shlex.quote(session_id)} --input {_quoted(f'{interrupt_id}={value}')}"
+
+
+def job_hint(session_id: str, job_id: str, prefix: str = "flowscope") -> str:
+    """The ``resume --job`` that reports ``job_id``'s result, quoted for a POSIX shell:
+    pasted, its value is :data:`JOB_RESULT_EXAMPLE`, valid JSON."""
+    return f"{prefix} resume {shlex.quote(session_id)} --job {_quoted(f'{job_id}={JOB_RESULT_EXAMPLE}')}"
+
 
 _UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*(ms|sec|min|s|m|h|d|w)?", re.IGNORECASE)
@@ -343,6 +374,7 @@ def show_rows(
                 "origin_path": ns.origin_path if ns.status == "failed" or ns.is_open else None,
                 "interrupts": sorted(set(ns.inputs) | set(ns.requests)),
                 "open_interrupts": sorted(ns.requests) if ns.status == "waiting_input" else [],
+                "answered_interrupts": sorted(ns.inputs),
                 "jobs": jobs,
                 "heartbeat_at": ns.heartbeat_at if ns.status == "running" else None,
                 "requests": [request_row(req) for req in ns.requests.values()] if ns.status == "waiting_input" else [],
@@ -494,6 +526,7 @@ def stuck_rows(
         if young and state != ORPHANED:
             continue  # an orphan is known at once; the age is for runs that may still move
         waiting_on: list[str] = []
+        payload: Any = None
         if r.status in ("waiting_input", "waiting_job"):
             ws = states_cache.get(r.session_id)
             if ws is None:
@@ -507,6 +540,8 @@ def stuck_rows(
             ns = ws.nodes.get(r.path)
             if ns is not None:
                 waiting_on = sorted(ns.requests) if r.status == "waiting_input" else [j.job_id for j in ns.open_jobs]
+                if waiting_on and waiting_on[0] in ns.requests:
+                    payload = ns.requests[waiting_on[0]].payload
         beat_age = now - r.heartbeat_at if r.heartbeat_at is not None else None
         rows.append(
             {
@@ -523,7 +558,7 @@ def stuck_rows(
                 "heartbeat_age_s": _round(beat_age) if r.status == "running" and beat_age is not None else None,
                 "job_deadline_at": r.job_deadline_at,
                 "waiting_on": waiting_on,
-                "action": _action(r, state, waiting_on, beat_age, info),
+                "action": _action(r, state, waiting_on, beat_age, info, payload),
                 "owner": owner_row(info),
             }
         )
@@ -576,7 +611,9 @@ def _queued_rows(store: EventStore, older_than_s: float, now: float) -> list[dic
     return rows
 
 
-def _action(r: NodeRun, state: str, waiting_on: list[str], beat_age: float | None, info: SessionInfo | None) -> str:
+def _action(
+    r: NodeRun, state: str, waiting_on: list[str], beat_age: float | None, info: SessionInfo | None, payload: Any = None
+) -> str:
     sid = r.session_id
     owner = info.owner if info is not None else None
     if state == ORPHANED:
@@ -589,9 +626,7 @@ def _action(r: NodeRun, state: str, waiting_on: list[str], beat_age: float | Non
             return f"alive ({owner.describe()} holds the lease): check that worker; it is slow, blocked or looping"
         return "alive (fresh heartbeat): check the worker; it is slow, blocked or looping"
     if state == WAITING_INPUT:
-        iid = waiting_on[0] if waiting_on else "ID"
-        return f"flowscope resume {sid} --input '{iid}=JSON'"
+        return input_hint(sid, waiting_on[0] if waiting_on else "ID", payload)
     if state in (WAITING_JOB, OVERDUE):
-        jid = waiting_on[0] if waiting_on else "JOB_ID"
-        return f"flowscope resume {sid} --job '{jid}=JSON'"
+        return job_hint(sid, waiting_on[0] if waiting_on else "JOB_ID")
     return f"flowscope show {sid}"

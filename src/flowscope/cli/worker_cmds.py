@@ -26,7 +26,7 @@ from ..errors import OutputNotSerializableError
 from ..fold import WorkflowState
 from ..liveness import WORKER_SEEN_WITHIN_S, worker_alive
 from ..store.base import EventStore
-from .app import DURATION, command_prefix, db_option, json_arg, open_store, otlp_protocol_option
+from .app import DURATION, POSITIVE_DURATION, command_prefix, db_option, json_arg, open_store, otlp_protocol_option
 from .failures import CliError
 from .runtime import configure_cli_tracing
 
@@ -43,23 +43,19 @@ SEEN_WITHIN_S = WORKER_SEEN_WITHIN_S
 
 def load_workflows(specs: tuple[str, ...]) -> list[Any]:
     """The workflows ``MODULE:ATTR`` name (each a Workflow or a list/tuple of them), with
-    the current directory importable; a bad spec is a CliError."""
-    from ..engine import Workflow
+    the current directory importable; a bad spec is a CliError
+    (:func:`flowscope.examples.load_target` and :func:`~flowscope.examples.as_workflow`,
+    the rules ``resume --workflow`` applies)."""
+    from ..examples import as_workflow, load_target
 
     cwd_importable()
     out: list[Any] = []
     for spec in specs:
-        module_name, _, attr = spec.partition(":")
         try:
-            obj = _import_attr(module_name, attr)
+            obj = load_target(spec)
+            out.extend(as_workflow(item, spec) for item in (list(obj) if isinstance(obj, (list, tuple)) else [obj]))
         except ValueError as exc:
-            raise CliError(f"{spec}: {exc}") from None
-        for item in list(obj) if isinstance(obj, (list, tuple)) else [obj]:
-            if not isinstance(item, Workflow) and callable(item):
-                item = item()  # a factory of no arguments
-            if not isinstance(item, Workflow):
-                raise CliError(f"{spec}: a {type(item).__name__}, not a flowscope Workflow (or a list of them)")
-            out.append(item)
+            raise CliError(f"{exc}" if str(exc).startswith(spec) else f"{spec}: {exc}") from None
     return out
 
 
@@ -68,23 +64,6 @@ def cwd_importable() -> None:
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
-
-
-def _import_attr(module_name: str, attr: str) -> Any:
-    from importlib import import_module
-
-    if not module_name or not attr:
-        raise ValueError("expected module:attribute (e.g. myapp.flows:orders)")
-    try:
-        obj: Any = import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r}: {exc}") from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
-    return obj
 
 
 def worker_command(workflow: str, prefix: str = "flowscope") -> str:
@@ -209,9 +188,9 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
 @click.argument("specs", nargs=-1, required=True, metavar="MODULE:ATTR...")
 @db_option
 @click.option("--concurrency", type=click.IntRange(1, None), default=64, show_default=True, help="Sessions run at once.")
-@click.option("--lease", "lease_s", type=DURATION, default="15s", show_default=True, help="The lease each session is held under (renewed every third).")
+@click.option("--lease", "lease_s", type=POSITIVE_DURATION, default="15s", show_default=True, help="The lease each session is held under (renewed every third).")
 @click.option("--drain", "drain_s", type=DURATION, default="30s", show_default=True, help="On SIGTERM, how long sessions in hand may run on before they are handed back.")
-@click.option("--poll", "poll_s", type=DURATION, default="500ms", show_default=True, help="How often to look for work when there was none.")
+@click.option("--poll", "poll_s", type=POSITIVE_DURATION, default="500ms", show_default=True, help="How often to look for work when there was none.")
 @click.option("--worker-id", metavar="ID", help="This worker's id (default: host-pid-random).")
 @click.option("--max-recoveries", type=click.IntRange(0, None), default=3, show_default=True, help="Orphaned sessions recovered more often are left alone.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve this worker's Prometheus metrics on 127.0.0.1:PORT.")
