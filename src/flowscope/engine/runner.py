@@ -360,6 +360,8 @@ class Runner:
             raise
         try:
             answers = validate_answers(ws, inputs or {}, jobs or {}) if inputs or jobs else []
+            if resume and ws.status == "queued":  # submitted by a tool that skipped submit()'s checks
+                check_input(ws.input)
         except BaseException:
             self._release(lease)
             raise
