@@ -24,6 +24,7 @@ from ..liveness import (
     WAITING_INPUT,
     WAITING_JOB,
     classify_open_run,
+    owner_alive,
     resume_lease_s,
     worker_alive,
 )
@@ -217,11 +218,13 @@ def load_session(store: EventStore, session_id: str) -> WorkflowState:
 
 
 def owner_row(info: SessionInfo | None) -> dict[str, Any] | None:
-    """The session's ``owner`` as the listings show it, or None if no owner ever took it."""
+    """The session's ``owner`` as the listings show it, or None if no owner ever took it;
+    ``alive`` is :func:`flowscope.liveness.owner_alive`, the rule every command applies."""
     if info is None or info.owner is None:
         return None
     o = info.owner
-    return {"worker_id": o.worker_id, "host": o.host, "pid": o.pid, "lease_expires_at": info.lease_expires_at}
+    alive = owner_alive(o, info.lease_expires_at, time.time())
+    return {"worker_id": o.worker_id, "host": o.host, "pid": o.pid, "lease_expires_at": info.lease_expires_at, "alive": alive}
 
 
 def _where(store: EventStore) -> str:
