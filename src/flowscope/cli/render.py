@@ -101,7 +101,7 @@ def fit_widths(widths: Sequence[int], headers: Sequence[str], limit: int | None,
     if limit is None or sum(widths) + 2 * (len(widths) - 1) <= limit:
         return widths
     keep = [bool(fixed[i]) if i < len(fixed) else False for i in range(len(widths))]
-    mins = [w if keep[i] else min(w, max(4, min(len(headers[i]), 8))) for i, w in enumerate(widths)]
+    mins = [w if keep[i] else min(w, 4) for i, w in enumerate(widths)]
     budget = limit - 2 * (len(widths) - 1)
 
     def used(cap: int) -> int:
