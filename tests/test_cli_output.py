@@ -79,12 +79,10 @@ COMMANDS = {
 
 
 def table_lines(text: str) -> list[str]:
-    """The table's lines: a show's header and hints (commands to paste) are not cut."""
+    """What must fit: every line but a show's hints (commands to paste are never cut)."""
     lines = [ANSI.sub("", line) for line in text.splitlines()]
-    if "TIMELINE" in text:  # show: the waterfall only
-        start = next(i for i, line in enumerate(lines) if line.startswith("NODE"))
-        end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
-        lines = lines[start:end]
+    if "waiting on:" in lines:
+        lines = lines[: lines.index("waiting on:")]
     return lines
 
 

@@ -28,7 +28,7 @@ from .engine import Runner, Workflow
 from .engine.hooks import Plugin, PluginDispatcher
 from .engine.submit import cannot_run_events, check_session_id
 from .errors import InvocationAbortedError, LeaseLost, OutputNotSerializableError, ResumeError, describe_exception
-from .ownership import Owner, this_process
+from .ownership import Lease, Owner, this_process
 from .store.base import Claim, EventStore
 
 __all__ = ["Worker", "DRAIN_REASON", "CHECK_BACKOFF_CAP_S"]
@@ -220,7 +220,7 @@ class Worker:
             try:
                 check_session_id(sid)
             except ValueError as exc:
-                self._fail_for_good(claim, exc)
+                self._fail_for_good(claim, exc, claim.lease)
                 return
             before = self.store.last_seq(sid)
             try:
@@ -274,14 +274,14 @@ class Worker:
         except Exception as err:  # taken meanwhile (an operator's resume): theirs now
             log.info("session %s: not held for the backoff: %s", sid, describe_exception(err))
 
-    def _fail_for_good(self, claim: Claim, exc: BaseException) -> None:
+    def _fail_for_good(self, claim: Claim, exc: BaseException, lease: Lease | None = None) -> None:
         """End a session that cannot run with :func:`~.engine.submit.cannot_run_events`,
-        appended under a lease of ours (the claim's was released by the refused resume)."""
+        appended under ``lease`` (the claim's, when no resume released it) or a new one."""
         sid = claim.session_id
         self._count("failed")
         log.warning("session %s (%s, %s) cannot run, marked failed: %s", sid, claim.workflow, claim.reason, describe_exception(exc))
         try:
-            lease = self.store.acquire(sid, self.owner, self.lease_s)
+            lease = lease or self.store.acquire(sid, self.owner, self.lease_s)
         except Exception as err:
             log.warning("session %s: could not mark it failed: %s", sid, describe_exception(err))
             return

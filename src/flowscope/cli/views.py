@@ -578,8 +578,11 @@ def _queued_rows(store: EventStore, older_than_s: float, now: float) -> list[dic
     fail). Workers are alive by :func:`flowscope.liveness.worker_alive`."""
     from ..examples import BUNDLED
 
+    cutoff = now - older_than_s
+    if not any(g.oldest_submitted_at is None or g.oldest_submitted_at <= cutoff for g in store.queued_summary()):
+        return []  # the store's index says nothing queued is old enough: no scan of every session
     queued = [s for s in store.sessions() if s.status == QUEUED]
-    old = [s for s in queued if (s.submitted_at or s.started_at or now) <= now - older_than_s]
+    old = [s for s in queued if (s.submitted_at or s.started_at or now) <= cutoff]
     if not old:
         return []
     live = [w for w in store.workers() if worker_alive(w.host, w.pid, w.seen_at, now)]
