@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from flowscope.actions import operator
+
 from flowscope.errors import LeaseLost
 from flowscope.events import RunFinished
 from flowscope.ownership import this_process
@@ -404,7 +406,7 @@ def test_cancel_ends_a_paused_session_for_good(demo, tmp_path):
     events = as_json(flowscope("events", sid, "--format", "json", cwd=d))
     assert [e["type"] for e in events[-4:]] == ["run_started", "node_cancelled", "node_cancelled", "run_finished"]
     assert events[-1]["fields"]["status"] == "cancelled"
-    assert {e["fields"]["reason"] for e in events[-3:-1]} == {"the batch was withdrawn"}
+    assert {e["fields"]["reason"] for e in events[-3:-1]} == {f"the batch was withdrawn (asked by {operator()})"}
     assert _sessions(d / "flowscope.db")[sid] == "cancelled"
     assert not [r for r in as_json(flowscope("stuck", "--older-than", "0s", "--format", "json", cwd=d)) if r["session_id"] == sid]
     one_line_error(flowscope("resume", sid, "--job", "x={}", cwd=d), "was cancelled")
@@ -413,18 +415,20 @@ def test_cancel_ends_a_paused_session_for_good(demo, tmp_path):
 
 
 @pytest.mark.slow  # over a second: several console-script runs
-def test_cancel_refuses_a_session_with_a_live_owner_unless_forced(demo, tmp_path):
+def test_cancel_asks_a_live_owner_to_stop_and_force_fences_it(demo, tmp_path):
     d = copy_demo(demo, tmp_path)
     sid = demo[1]["export"]  # the killed worker's session; a live owner (this process) takes its lease
     alive = this_process("w-alive")
     with SqliteEventStore(d / "flowscope.db") as store:
         taken = store.acquire(sid, alive, 60.0, force=True)
         before = store.last_seq(sid)
-    one_line_error(flowscope("cancel", sid, cwd=d), "being run by a live process", "--force",
-                   f"{alive.host} pid {alive.pid}", "renewed")
-    with SqliteEventStore(d / "flowscope.db") as store:  # refused: nothing appended, the owner keeps its epoch
+    proc = flowscope("cancel", sid, cwd=d)
+    assert proc.returncode == 0, proc.stderr
+    assert f"asked w-alive on {alive.host} pid {alive.pid}" in proc.stdout and "next lease renewal" in proc.stdout
+    with SqliteEventStore(d / "flowscope.db") as store:  # sent to its inbox: nothing appended, the owner keeps its epoch
         info = store.session_info(sid)
         assert store.last_seq(sid) == before and info is not None and (info.owner, info.epoch) == (alive, taken.epoch)
+        assert [m.kind for m in store.inbox(sid)] == ["cancel"]
     proc = flowscope("cancel", sid, "--force", cwd=d)
     assert proc.returncode == 0, proc.stderr
     assert "--force: took the session from" in proc.stderr
@@ -435,6 +439,7 @@ def test_cancel_refuses_a_session_with_a_live_owner_unless_forced(demo, tmp_path
         with pytest.raises(LeaseLost):
             store.append(sid, [RunFinished(session_id=sid, invocation_id="late", ts=time.time(), status="completed")],
                          store.last_seq(sid), epoch=taken.epoch)
+        assert store.inbox(sid) == []  # the forced cancel took the request in with it
 
 
 @pytest.mark.slow  # over a second: several console-script runs

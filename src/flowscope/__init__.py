@@ -19,6 +19,7 @@ from .engine import (
     Workflow,
     node,
 )
+from .actions import ActionReceipt, cancel, retry
 from .answers import AnswerReceipt, answer
 from .plugins import Plugin
 from .store.memory import MemoryEventStore as _MemoryEventStore
@@ -46,6 +47,9 @@ __all__ = [
     "Worker",
     "answer",
     "AnswerReceipt",
+    "retry",
+    "cancel",
+    "ActionReceipt",
     "__version__",
 ]
 

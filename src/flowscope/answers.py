@@ -16,13 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .engine.inbox import answer_body, take_in
+from .actions import deliver, load
+from .engine.inbox import answer_body
 from .engine.pauses import FINISHED, validate_answers
 from .engine.submit import check_session_id
-from .errors import ConcurrencyConflict, ResumeError, UnknownSessionError
-from .fold import rebuild
-from .liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
-from .ownership import Owner, this_process
+from .errors import ResumeError
+from .ownership import Owner
 from .store.base import EventStore
 
 __all__ = ["answer", "AnswerReceipt"]
@@ -69,26 +68,11 @@ def answer(
     check_session_id(session_id)  # the check start, submit and resume apply
     inputs = dict(inputs or {})
     jobs = dict(jobs or {})
-    events = store.read(session_id)
-    if not events:
-        raise UnknownSessionError(f"no session {session_id!r} in the store: check the id (flowscope runs lists them)")
-    ws = rebuild(events)
+    ws = load(store, session_id)
     if ws.status in FINISHED:
         raise ResumeError(f"session {session_id!r} has {ws.status}; it takes no more answers")
     if not inputs and not jobs:
         raise ResumeError(f"nothing to answer for session {session_id!r}: give inputs or jobs")
     validate_answers(ws, inputs, jobs)  # a clear error now, before anything is sent
-    store.send(session_id, "answer", answer_body(inputs, jobs))
-    try:
-        lease = store.acquire(session_id, this_process(), resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S))
-    except ConcurrencyConflict:  # a live owner: it takes the message in
-        info = store.session_info(session_id)
-        owner = info.owner if info is not None and info.owner is not None else this_process()
-        return AnswerReceipt(session_id, ws.workflow, tuple(inputs), tuple(jobs), ws.last_seq, owner)
-    try:
-        if store.last_seq(session_id) != ws.last_seq:
-            ws = rebuild(store.read(session_id))
-        take_in(store, ws, lease)
-    finally:
-        store.release(lease)
-    return AnswerReceipt(session_id, ws.workflow, tuple(inputs), tuple(jobs), ws.last_seq)
+    done = deliver(store, ws, "answer", answer_body(inputs, jobs))
+    return AnswerReceipt(session_id, ws.workflow, tuple(inputs), tuple(jobs), done.last_seq, done.owner)

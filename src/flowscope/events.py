@@ -119,6 +119,7 @@ class NodeRetrying(Event):
     error_code: str = UNKNOWN_ERROR
     error_message: str = ""
     delay_s: float = 0.0
+    error_qualname: str = ""  # module.Qualname of the exception (a builtin's bare name): span error.type
 
 
 @dataclass(**_EVENT)
@@ -142,6 +143,7 @@ class NodeErrorEvent(Event):
     error_message: str = ""
     error_type: str = ""
     attempt_count: int = 1
+    error_qualname: str = ""  # module.Qualname of the exception (a builtin's bare name): span error.type
 
 
 @dataclass(**_EVENT)
@@ -158,6 +160,7 @@ class NodeErrorPropagated(Event):
     error_code: str = UNKNOWN_ERROR
     error_type: str = ""
     attempt_count: int = 1
+    error_qualname: str = ""  # module.Qualname of the exception (a builtin's bare name): span error.type
 
 
 @dataclass(**_EVENT)
@@ -239,6 +242,8 @@ class RunSubmitted(Event):
     type: ClassVar[str] = "run_submitted"
     workflow: str = ""
     input: Any = None
+    #: Why it was submitted again (``flowscope retry``: who asked, and why); None the first time.
+    reason: str | None = None
 
 
 @dataclass(**_EVENT)
@@ -303,6 +308,8 @@ def to_dict(event: Event) -> dict[str, Any]:
     d = {name: getattr(event, name) for name in _FIELDS[type(event)]}
     if "interrupt_ids" in d:
         d["interrupt_ids"] = list(d["interrupt_ids"])
+    if "error_qualname" in d and d["error_qualname"] in ("", d["error_type"]):
+        del d["error_qualname"]  # a builtin's (the same as error_type): read back as "", which means that
     d["type"] = event.type
     d["schema_version"] = SCHEMA_VERSION
     return d

@@ -9,7 +9,8 @@ session or an argument is one line on stderr and exit code 2, never a traceback
 - :mod:`.app`: the click group, shared options, opening the store, the error handler, ``main``
 - :mod:`.failures`: exception class -> one-line error and exit code (one table)
 - :mod:`.inspect_cmds`: runs, show, audit, stuck, export (read the store)
-- :mod:`.operate_cmds`: resume, serve-metrics (act on it)
+- :mod:`.operate_cmds`: resume, prune, serve-metrics (act on it)
+- :mod:`.action_cmds`: retry, cancel (an operator's actions, through the inbox)
 - :mod:`.demo_cmd`: demo
 - :mod:`.worker_cmds`: worker, start (run ownership: workers serve submitted runs)
 - :mod:`.views` (rows), :mod:`.tables` and :mod:`.render` (drawing them), :mod:`.progress`,
@@ -18,11 +19,11 @@ session or an argument is one line on stderr and exit code 2, never a traceback
 
 from __future__ import annotations
 
-from . import demo_cmd, inspect_cmds, operate_cmds, views, worker_cmds
+from . import action_cmds, demo_cmd, inspect_cmds, operate_cmds, views, worker_cmds
 from .app import DEFAULT_DB, ENV_DB, cli, main
 from .failures import CliError
 
 __all__ = ["main", "cli", "CliError", "DEFAULT_DB", "ENV_DB", "views"]
 
-for _command in (*inspect_cmds.COMMANDS, *operate_cmds.COMMANDS, *worker_cmds.COMMANDS, *demo_cmd.COMMANDS):
+for _command in (*inspect_cmds.COMMANDS, *operate_cmds.COMMANDS, *action_cmds.COMMANDS, *worker_cmds.COMMANDS, *demo_cmd.COMMANDS):
     cli.add_command(_command)

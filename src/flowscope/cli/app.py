@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypeVar
 import click
 
 from ..errors import NotAFlowscopeDatabase, StoreUnavailable
+from ..jsontext import too_deep
 from . import views
 from .failures import EXIT_ERROR, CliError, to_cli_error
 from .render import render_csv, render_json, use_utc, use_wide
@@ -232,7 +233,7 @@ def json_arg(text: str, option: str, key: str | None = None) -> Any:
     try:
         return json.loads(text, parse_constant=_no_constant)
     except RecursionError:
-        raise CliError(f"{what}: the JSON is nested too deeply to record; pass a flatter value") from None
+        raise CliError(too_deep(what)) from None
     except ValueError as exc:
         example = f"{key}=" + json.dumps(text) if key is not None else json.dumps(text)
         raise CliError(f"{what}: {text!r} is not valid JSON ({exc}); quote a string as JSON: {option} {shlex.quote(example)}") from None

@@ -29,7 +29,7 @@ WORKER_HANG_S = 86400.0
 
 @click.command()
 @db_option
-@click.option("--otlp-endpoint", metavar="URL", help="Send spans to a collector, Jaeger or Tempo (e.g. http://localhost:4318).")
+@click.option("--otlp-endpoint", metavar="URL", help="Send spans to a collector, Jaeger or Tempo (e.g. http://localhost:4318); default: OTEL_EXPORTER_OTLP_ENDPOINT.")
 @otlp_protocol_option
 @click.option("--interactive", is_flag=True, help="Ask you for the approval (and the failed job's retry) instead of answering automatically.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT", help="Serve metrics (in-process and store) on 127.0.0.1:PORT, and keep serving after the run until Ctrl-C/SIGTERM.")
@@ -146,9 +146,12 @@ def run_demo(
         plugins: list[Any] = []
         tracing = configure_cli_tracing(otlp_endpoint, otlp_protocol, "flowscope-demo", warn=_warn)
         spans_to = ""
-        if tracing is not None and otlp_endpoint:
+        if tracing is not None:
             plugins.append(tracing.plugin())
-            spans_to = f", spans to {otlp_endpoint} ({resolve_otlp_protocol(otlp_endpoint, otlp_protocol)})"
+            if otlp_endpoint:
+                spans_to = f", spans to {otlp_endpoint} ({resolve_otlp_protocol(otlp_endpoint, otlp_protocol)})"
+            elif tracing.exporters:  # from the OTEL_* variables
+                spans_to = ", spans to " + ", ".join(tracing.exporters)
         plugins += [MetricsPlugin(registry=registry), progress]
 
         click.echo(f"flowscope demo: database {shown_db(db)}" + spans_to)

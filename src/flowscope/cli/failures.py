@@ -34,6 +34,7 @@ from ..store.postgres.dsn import is_postgres_url
 __all__ = [
     "EXIT_ERROR",
     "EXIT_FAILED",
+    "EXIT_STORE_OUTAGE",
     "DB_HINT",
     "CliError",
     "STORE_ERROR_ADVICE",
@@ -49,6 +50,8 @@ __all__ = [
 EXIT_ERROR = 2
 #: The workflow itself failed (``flowscope resume``).
 EXIT_FAILED = 1
+#: ``flowscope worker`` stopped because its database refused writes for ``--max-store-outage``.
+EXIT_STORE_OUTAGE = 3
 
 DB_HINT = "point --db (or FLOWSCOPE_DB) at a flowscope database, or run `flowscope demo` to create one"
 

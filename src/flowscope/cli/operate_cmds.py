@@ -19,10 +19,10 @@ from .app import DURATION, command_prefix, db_option, emit, format_option, json_
 from .failures import EXIT_FAILED, CliError, failure_line
 from .render import fmt_duration, fmt_time, render_table, zone_name
 from .runtime import SpanFollower, configure_cli_tracing, start_metrics_server, wait_for_signal
-from .session_ops import CANCEL_REASON, SessionFinished, SessionOwned, cancel_session, live_owner, prune_candidates
+from .session_ops import live_owner, prune_candidates
 from .worker_cmds import cwd_importable, record_answers
 
-__all__ = ["resume", "cancel", "prune", "serve_metrics_cmd", "parse_answers", "JOB_RESULT_KEYS", "COMMANDS"]
+__all__ = ["resume", "prune", "serve_metrics_cmd", "parse_answers", "JOB_RESULT_KEYS", "COMMANDS"]
 
 #: The keys a job result may have (docs/cli.md); only ``success: true`` makes it a success.
 JOB_RESULT_KEYS = ("success", "count", "error", "data")
@@ -117,7 +117,7 @@ def _resolve_workflow(name: str, spec: str | None) -> Any:
 @click.option("--job", "jobs", multiple=True, metavar="ID=JSON", help='Deliver the result of job ID (repeatable), e.g. JOB=\'{"success": true, "count": 3}\'.')
 @click.option("--workflow", "workflow_spec", metavar="MODULE:ATTR", help="Run the session here with this workflow's code (without it, --input/--job are recorded for a worker).")
 @click.option("--force", is_flag=True, help="Take the session from its owner even if that owner looks alive (it is known to be dead).")
-@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of this invocation to an OTLP endpoint.")
+@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of this invocation to an OTLP endpoint; default: OTEL_EXPORTER_OTLP_ENDPOINT.")
 @otlp_protocol_option
 def resume(
     session: str,
@@ -209,35 +209,6 @@ def _resume_record(store: Any, session: str, invocation_id: str) -> tuple[int, i
         if e.type == "run_started" and e.invocation_id == invocation_id:
             return e.replayed, e.recovered
     return 0, 0
-
-
-@click.command()
-@click.argument("session")
-@db_option
-@click.option("--reason", default=CANCEL_REASON, show_default=True, help="Why: recorded on every cancelled run.")
-@click.option("--force", is_flag=True, help="Cancel even if a live owner holds the session's lease (you know it is dead).")
-def cancel(session: str, db: str | None, reason: str, force: bool) -> None:
-    """End a paused or orphaned session for good.
-
-    Every open run gets a NodeCancelled (with --reason) and the session a RunFinished
-    with status cancelled, in one append under a fresh lease (the owner's epoch is
-    fenced off); `resume` refuses it afterwards. A session whose owner is alive (its
-    lease is current and its process exists) is refused unless --force.
-    """
-    store = open_store(db, write=True)
-    with store:
-        ws = views.load_session(store, session)
-        held = live_owner(store, session) if force else None
-        try:
-            ws, events = cancel_session(store, ws, " ".join(reason.split()) or CANCEL_REASON, force=force)
-        except SessionFinished as exc:
-            raise CliError(str(exc)) from None
-        except SessionOwned as exc:
-            raise CliError(f"{exc} (it is being run by a live process), or pass --force if it is dead") from None
-    if held is not None and held.owner is not None:
-        click.echo(f"warning: --force: took the session from {held.owner.describe()}, whose lease was current", err=True)
-    runs = len(events) - 2
-    click.echo(click.style("cancelled", fg="bright_black") + f" {session} ({ws.workflow}, was {ws.status}): {runs} open run(s) cancelled")
 
 
 PRUNE_KEYS = ("session_id", "workflow", "status", "updated_at", "events")
@@ -351,4 +322,4 @@ def serve_metrics_cmd(
         store.close()
 
 
-COMMANDS = (resume, cancel, prune, serve_metrics_cmd)
+COMMANDS = (resume, prune, serve_metrics_cmd)

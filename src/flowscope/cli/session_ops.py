@@ -9,12 +9,12 @@ resume would refuse. :func:`cancel_session` appends the cancel through the fence
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Iterable
 
+from ..engine.inbox import CANCEL_REASON, cancel_events, take_in
 from ..errors import ConcurrencyConflict
-from ..events import Event, NodeCancelled, RunFinished, RunStarted
+from ..events import Event
 from ..fold import WorkflowState, rebuild
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S, owner_alive, resume_lease_s
 from ..ownership import this_process
@@ -29,10 +29,10 @@ __all__ = [
     "cancel_session",
     "PruneCandidate",
     "prune_candidates",
+    "SELECTABLE_STATES",
+    "select_sessions",
 ]
 
-#: The ``NodeCancelled.reason`` of a run ended by ``flowscope cancel`` without ``--reason``.
-CANCEL_REASON = "cancelled by an operator (flowscope cancel)"
 
 
 class SessionOwned(Exception):
@@ -59,27 +59,14 @@ def live_owner(store: EventStore, session_id: str, now: float | None = None) -> 
     return info if owner_alive(info.owner, info.lease_expires_at, now) else None
 
 
-def cancel_events(ws: WorkflowState, reason: str, now: float | None = None) -> list[Event]:
-    """The events that end ``ws`` for good: an invocation of its own that records a
-    ``NodeCancelled`` for every open run (innermost first) and ``RunFinished(cancelled)``."""
-    now = time.time() if now is None else now
-    inv = uuid.uuid4().hex
-    sid = ws.session_id
-    out: list[Event] = [RunStarted(session_id=sid, invocation_id=inv, ts=now, workflow=ws.workflow, resumed=True)]
-    open_runs = sorted((ns for ns in ws.nodes.values() if ns.is_open), key=lambda ns: -ns.path.count("/"))
-    for ns in open_runs:
-        out.append(NodeCancelled(session_id=sid, invocation_id=inv, ts=now, path=ns.path, node=ns.node, reason=reason))
-    out.append(RunFinished(session_id=sid, invocation_id=inv, ts=now, status="cancelled"))
-    return out
-
-
 def cancel_session(
     store: EventStore, ws: WorkflowState, reason: str, *, force: bool = False
 ) -> tuple[WorkflowState, list[Event]]:
-    """End the session for good, through the fence: acquire it (refused with
-    :class:`SessionOwned` while a live owner holds it, unless ``force``), append
-    :func:`cancel_events` under the new epoch, release. Returns the state it cancelled
-    (folded again if the session moved meanwhile) and the events appended.
+    """End the session for good, through the inbox and the fence: send a cancel, take the
+    session (refused with :class:`SessionOwned` while a live owner holds it, unless
+    ``force``), take the inbox in under the new epoch (:func:`cancel_events`, with every
+    message it holds), release. Returns the state it cancelled (folded again if the
+    session moved meanwhile) and the events appended.
 
     Taking the session first advances its epoch, so an owner thought dead that wakes up
     appends nothing more (``LeaseLost``); the append itself is checked against that epoch.
@@ -96,11 +83,12 @@ def cancel_session(
             ws = rebuild(store.read(sid))
             if ws.status in FINISHED_SESSION_STATUSES:
                 raise SessionFinished(sid, ws.status)
-        events = cancel_events(ws, reason)
-        store.append(sid, events, ws.last_seq, epoch=lease.epoch)
+        before = rebuild(store.read(sid))
+        store.send(sid, "cancel", {"reason": reason})
+        events = take_in(store, ws, lease)
     finally:
         store.release(lease)
-    return ws, events
+    return before, events
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,4 +120,37 @@ def prune_candidates(
         if s.status in wanted and s.status in FINISHED_SESSION_STATUSES and old(s) and s.session_id not in with_open
     ]
     out.sort(key=lambda c: c.updated_at or 0.0)
+    return out
+
+
+#: What ``--state`` of a bulk action may name: a session status, or ``orphaned`` (running,
+#: its owner gone by the liveness rule).
+SELECTABLE_STATES = ("queued", "running", "orphaned", "paused", "answered", "failed", "completed", "cancelled")
+
+
+def select_sessions(
+    store: EventStore,
+    *,
+    workflow: str | None = None,
+    state: str | None = None,
+    older_than_s: float | None = None,
+    now: float | None = None,
+) -> list[SessionInfo]:
+    """The sessions a bulk action acts on: of ``workflow``, in ``state``, last updated at
+    least ``older_than_s`` ago (each filter only when given), oldest first."""
+    now = time.time() if now is None else now
+
+    def wanted(s: SessionInfo) -> bool:
+        if workflow is not None and s.workflow != workflow:
+            return False
+        if older_than_s is not None and (s.updated_at is None or now - s.updated_at < older_than_s):
+            return False
+        if state == "orphaned":
+            return s.status == "running" and s.owner is not None and not owner_alive(s.owner, s.lease_expires_at, now)
+        if state == "running":
+            return s.status == "running" and owner_alive(s.owner, s.lease_expires_at, now)
+        return state is None or s.status == state
+
+    out = [s for s in store.sessions() if wanted(s)]
+    out.sort(key=lambda s: s.updated_at or 0.0)
     return out

@@ -22,19 +22,19 @@ from typing import TYPE_CHECKING
 import click
 
 from ..engine.submit import check_input, check_session_id, submit_run
-from ..errors import OutputNotSerializableError
+from ..errors import OutputNotSerializableError, StoreNotWritable
 from ..fold import WorkflowState
 from ..liveness import WORKER_SEEN_WITHIN_S, worker_alive
 from ..store.base import EventStore
 from .app import DURATION, POSITIVE_DURATION, command_prefix, db_option, json_arg, open_store, otlp_protocol_option
-from .failures import CliError
+from .failures import EXIT_STORE_OUTAGE, CliError, to_cli_error
 from .runtime import configure_cli_tracing
 
 if TYPE_CHECKING:
     from ..store.postgres import PostgresEventStore
     from ..store.sqlite import SqliteEventStore
 
-__all__ = ["worker_cmd", "start", "load_workflows", "worker_hint", "worker_command", "submit_by_name", "record_answers", "cwd_importable", "COMMANDS"]
+__all__ = ["worker_cmd", "start", "load_workflows", "worker_hint", "worker_command", "submit_by_name", "record_answers", "cwd_importable", "StoreOutageStop", "COMMANDS"]
 
 #: How recently a worker must have recorded itself to count as serving a workflow (the
 #: one rule, :func:`flowscope.liveness.worker_alive`).
@@ -193,8 +193,9 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
 @click.option("--poll", "poll_s", type=POSITIVE_DURATION, default="500ms", show_default=True, help="How often to look for work when there was none.")
 @click.option("--worker-id", metavar="ID", help="This worker's id (default: host-pid-random).")
 @click.option("--max-recoveries", type=click.IntRange(0, None), default=3, show_default=True, help="Orphaned sessions recovered more often are left alone.")
+@click.option("--max-store-outage", "max_store_outage_s", type=DURATION, default="60s", show_default=True, help="Stop (exit 3) when no write to the database has gone through for this long (a full disk, a read-only database).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve this worker's Prometheus metrics on 127.0.0.1:PORT.")
-@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of the sessions it runs to this OTLP endpoint (and those a killed worker had not sent).")
+@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of the sessions it runs to this OTLP endpoint (and those a killed worker had not sent); default: OTEL_EXPORTER_OTLP_ENDPOINT.")
 @otlp_protocol_option
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning", show_default=True)
 def worker_cmd(
@@ -206,6 +207,7 @@ def worker_cmd(
     poll_s: float,
     worker_id: str | None,
     max_recoveries: int,
+    max_store_outage_s: float,
     metrics_port: int | None,
     otlp_endpoint: str | None,
     otlp_protocol: str | None,
@@ -215,7 +217,9 @@ def worker_cmd(
 
     Claims queued sessions (`flowscope start`), sessions answered with `flowscope resume`
     and sessions whose owner died, until SIGTERM or Ctrl-C; then stops claiming, lets the
-    sessions in hand run for up to --drain, hands back the rest and exits 0.
+    sessions in hand run for up to --drain, hands back the rest and exits 0. If the
+    database refuses writes (a full disk, a read-only file or server) for
+    --max-store-outage, it stops at once and exits 3.
     """
     from ..plugins import Plugin
     from ..worker import Worker
@@ -249,18 +253,33 @@ def worker_cmd(
             poll_s=poll_s,
             worker_id=worker_id,
             max_recoveries=max_recoveries,
+            max_store_outage_s=max_store_outage_s,
         )
         names = ", ".join(sorted(w.workflows))
         click.echo(f"worker {w.owner.worker_id} (pid {w.owner.pid}) serving {names} from {store.path}; SIGTERM or Ctrl-C drains", err=True)
+        outage: StoreNotWritable | None = None
         try:
             asyncio.run(_serve(w))
+        except StoreNotWritable as exc:  # Worker.run drained and raised it: say it once, below
+            outage = exc
         finally:
             if tracing is not None:
                 tracing.shutdown()
         done = ", ".join(f"{k} {v}" for k, v in sorted(w.outcomes.items())) or "no sessions"
+        if outage is not None:
+            raise StoreOutageStop(
+                f"worker {w.owner.worker_id} stopped after {max_store_outage_s:g}s without a write going through "
+                f"({done}): {to_cli_error(outage, store.path).message}"
+            )
         click.echo(f"worker {w.owner.worker_id} stopped ({done})", err=True)
     if isinstance(server, tuple):  # prometheus-client >= 0.20 returns (server, thread)
         server[0].shutdown()
+
+
+class StoreOutageStop(CliError):
+    """``flowscope worker`` stopped because its database refused writes for too long."""
+
+    exit_code = EXIT_STORE_OUTAGE
 
 
 async def _serve(w: Any) -> None:

@@ -9,7 +9,9 @@ running branch's appends never collide with it and nothing is thrown away.
 Taking in is idempotent: each answer is checked against the session's state with the
 rule ``resume()`` applies (:func:`~flowscope.engine.pauses.validate_answers`), so an
 answer that was already recorded, or that another message gave first, is dropped, not
-recorded twice.
+recorded twice. The operator's requests are messages too: a cancel (the owner of a live
+run stops it at once, :class:`~flowscope.engine.runner.Runner` watches the inbox) and a
+retry (a finished session queued again, the runs from a path reopened).
 """
 
 from __future__ import annotations
@@ -17,19 +19,40 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from ..errors import ResumeError
-from ..events import Event
+from ..events import Event, NodeCancelled, RunFinished, RunStarted, RunSubmitted
 from ..fold import WorkflowState
 from ..ownership import Lease
 from ..store.base import EventStore, Message
-from .pauses import Answer, recorded_result, validate_answers
+from .pauses import FINISHED, Answer, recorded_result, validate_answers
 from .record import json_value
 
-__all__ = ["answer_events", "answer_body", "read_inbox", "take_in"]
+__all__ = [
+    "CANCEL_REASON",
+    "RETRY_REASON",
+    "RETRYABLE",
+    "Intake",
+    "answer_events",
+    "answer_body",
+    "cancel_events",
+    "retry_events",
+    "reopened_paths",
+    "read_inbox",
+    "intake_events",
+    "take_in",
+]
 
 log = logging.getLogger("flowscope.engine")
+
+#: The ``NodeCancelled.reason`` of a cancel given no reason.
+CANCEL_REASON = "cancelled by an operator (flowscope cancel)"
+#: The reason recorded for a retry given none.
+RETRY_REASON = "retried by an operator (flowscope retry)"
+#: Session statuses a retry applies to: failed, or (from a path) completed.
+RETRYABLE = ("failed", "completed")
 
 
 def answer_body(inputs: Mapping[str, Any], jobs: Mapping[str, Any]) -> dict[str, Any]:
@@ -54,18 +77,37 @@ def answer_events(ws: WorkflowState, answers: Iterable[Answer], now: float | Non
     return out
 
 
-def read_inbox(ws: WorkflowState, messages: Iterable[Message]) -> tuple[list[Answer], list[int]]:
-    """The answers ``messages`` carry that still apply to ``ws``, and the ids of every
-    message read (taken in, or dropped because nothing in it applies any more)."""
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """What a session's inbox asks, read against its state: the answers that still apply,
+    a cancel or a retry request (the first of each kind counts), and the ids of every
+    message read, taken in or dropped."""
+
+    answers: tuple[Answer, ...] = ()
+    cancel: str | None = None  # the reason
+    retry: tuple[str | None, str] | None = None  # (from_path, reason)
+    ids: tuple[int, ...] = ()
+
+
+def read_inbox(ws: WorkflowState, messages: Iterable[Message]) -> Intake:
+    """Read ``messages`` against ``ws``: what they ask that still applies."""
     answers: list[Answer] = []
     ids: list[int] = []
     given: set[tuple[str, str]] = set()
+    cancel: str | None = None
+    retry: tuple[str | None, str] | None = None
     for msg in messages:
         ids.append(msg.message_id)
+        body = msg.body
+        if msg.kind == "cancel":
+            cancel = cancel if cancel is not None else str(body.get("reason") or CANCEL_REASON)
+            continue
+        if msg.kind == "retry":
+            retry = retry if retry is not None else (body.get("from_path"), str(body.get("reason") or RETRY_REASON))
+            continue
         if msg.kind != "answer":
             log.warning("session %s: dropped message %d of unknown kind %r", ws.session_id, msg.message_id, msg.kind)
             continue
-        body = msg.body
         items = [("input", k, v) for k, v in (body.get("inputs") or {}).items()]
         items += [("job", k, v) for k, v in (body.get("jobs") or {}).items()]
         for what, key, value in items:
@@ -78,18 +120,83 @@ def read_inbox(ws: WorkflowState, messages: Iterable[Message]) -> tuple[list[Ans
                 continue
             given.add((what, key))
             answers.extend(found)
-    return answers, ids
+    return Intake(tuple(answers), cancel, retry, tuple(ids))
+
+
+def cancel_events(ws: WorkflowState, reason: str, now: float | None = None) -> list[Event]:
+    """The events that end ``ws`` for good: an invocation of its own that records a
+    ``NodeCancelled`` for every open run (innermost first) and ``RunFinished(cancelled)``."""
+    now = time.time() if now is None else now
+    inv = uuid.uuid4().hex
+    sid = ws.session_id
+    seq = ws.last_seq
+    out: list[Event] = [RunStarted(session_id=sid, invocation_id=inv, seq=seq + 1, ts=now, workflow=ws.workflow, resumed=True)]
+    open_runs = sorted((ns for ns in ws.nodes.values() if ns.is_open), key=lambda ns: -ns.path.count("/"))
+    for i, ns in enumerate(open_runs, start=seq + 2):
+        out.append(NodeCancelled(session_id=sid, invocation_id=inv, seq=i, ts=now, path=ns.path, node=ns.node, reason=reason))
+    out.append(RunFinished(session_id=sid, invocation_id=inv, seq=seq + len(out) + 1, ts=now, status="cancelled"))
+    return out
+
+
+def reopened_paths(ws: WorkflowState, from_path: str | None) -> list[str]:
+    """The finished runs a retry from ``from_path`` runs again: the path, what it contains,
+    every run that started at or after it (what follows it in the log), and the runs that
+    contain it; only completed ones (a failed run is run again anyway, with a fresh budget).
+    Without a path, none: the failed runs and what they cut off run again."""
+    if from_path is None:
+        return []
+    start = ws.nodes[from_path].started_at or 0.0
+    prefix = from_path + "/"
+    out = []
+    for path, ns in ws.nodes.items():
+        if ns.status != "completed":
+            continue
+        contains = from_path.startswith(path + "/")
+        if path == from_path or path.startswith(prefix) or contains or (ns.started_at or 0.0) >= start:
+            out.append(path)
+    return sorted(out, key=lambda p: -p.count("/"))  # innermost first, as a cancel records them
+
+
+def retry_events(ws: WorkflowState, from_path: str | None, reason: str, now: float | None = None) -> list[Event]:
+    """The events a retry records outside any invocation (``retry-...``): a
+    ``NodeCancelled(reason)`` for every run it reopens, then a ``RunSubmitted`` that queues
+    the session again for a worker, with who asked and why in its ``reason``."""
+    now = time.time() if now is None else now
+    inv = f"retry-{uuid.uuid4().hex}"
+    sid = ws.session_id
+    seq = ws.last_seq
+    out: list[Event] = []
+    for path in reopened_paths(ws, from_path):
+        seq += 1
+        out.append(NodeCancelled(session_id=sid, invocation_id=inv, seq=seq, ts=now, path=path, node=ws.nodes[path].node,
+                                 reason=reason))
+    out.append(RunSubmitted(session_id=sid, invocation_id=inv, seq=seq + 1, ts=now, workflow=ws.workflow, input=ws.input,
+                            reason=reason))
+    return out
+
+
+def intake_events(ws: WorkflowState, intake: Intake) -> list[Event]:
+    """The events that record ``intake`` in ``ws``'s log: a cancel wins over everything;
+    a retry of a finished session queues it again; otherwise the answers."""
+    if intake.cancel is not None:
+        if ws.status in FINISHED and not any(ns.is_open for ns in ws.nodes.values()):
+            return []  # over already (the owner stopped it for this very message)
+        return cancel_events(ws, intake.cancel)
+    if intake.retry is not None and ws.status in RETRYABLE:
+        return retry_events(ws, *intake.retry)
+    return answer_events(ws, intake.answers)
 
 
 def take_in(store: EventStore, ws: WorkflowState, lease: Lease) -> list[Event]:
-    """Take the session's inbox in under ``lease``: append the answers that apply, delete
-    the messages, in one transaction, and fold the events into ``ws``. Returns them."""
+    """Take the session's inbox in under ``lease``: append what its messages ask that still
+    applies, delete the messages, in one transaction, and fold the events into ``ws``.
+    Returns them."""
     messages = store.inbox(ws.session_id)
     if not messages:
         return []
-    answers, ids = read_inbox(ws, messages)
-    events = answer_events(ws, answers)
-    stored = store.take_in(ws.session_id, events, ws.last_seq, ids, epoch=lease.epoch)
+    intake = read_inbox(ws, messages)
+    events = intake_events(ws, intake)
+    stored = store.take_in(ws.session_id, events, ws.last_seq, intake.ids, epoch=lease.epoch)
     for e in stored:
         ws.apply(e)
     return stored

@@ -25,13 +25,16 @@ from ..errors import (
     InvocationAbortedError,
     LeaseLost,
     ResumeError,
+    SessionCancelledError,
+    StoreError,
+    StoreNotWritable,
     UnknownSessionError,
     Redactor,
     WorkflowError,
     describe_exception,
     redact_message,
 )
-from ..events import Event, RunStarted
+from ..events import Event, RunFinished, RunStarted
 from ..fold import WorkflowState, rebuild, restore_state, snapshot_state
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..ownership import Lease, this_process
@@ -40,9 +43,9 @@ from .context import PauseSignal, RunResult
 from .commit import GroupCommit
 from .graph import Workflow
 from .hooks import Plugin, PluginDispatcher
-from .inbox import take_in
+from .inbox import read_inbox, take_in
 from .invocation import Invocation
-from .lease import LeaseKeeper
+from .lease import LeaseKeeper, lease_expired
 from .pauses import Answer, validate_answers
 from .record import Halted, NodeResult
 from .submit import check_input, check_session_id, submit_run
@@ -50,6 +53,9 @@ from .submit import check_input, check_session_id, submit_run
 __all__ = ["Runner", "RunResult"]
 
 log = logging.getLogger("flowscope.engine")
+
+#: How many sessions a runner remembers as cut off by a store fault (Runner._cut_off).
+_CUT_OFF_SESSIONS = 65536
 
 
 class Runner:
@@ -118,6 +124,11 @@ class Runner:
         self.heartbeat_interval = heartbeat_interval
         self.rng = random.Random(seed)
         self._active: dict[str, Invocation] = {}
+        #: session -> the ids of its last invocations here, which halted on a store error
+        #: (not a lost lease), one after the other: the next invocation here knows the open
+        #: runs they started were cut off by a halt, not by a crash (Recorder.cut_off).
+        #: Bounded: oldest session dropped first.
+        self._cut_off: dict[str, frozenset[str]] = {}
         self.lease_s = lease_s
         self.owner = this_process(worker_id, ships_spans=self.plugins.ships_spans)
         self._commits = GroupCommit(self.store)  # appends of concurrent sessions share transactions
@@ -210,6 +221,23 @@ class Runner:
         inv.root_task.cancel()
         return True
 
+    def check_leases(self) -> int:
+        """Stop now every invocation of this runner whose lease is no longer safe by this
+        process's own clocks (``engine/lease.py``): it halts with ``LeaseExpired``, its runs
+        are cancelled at their ``await`` and it records nothing more. Returns how many.
+
+        Two clock reads per invocation, no store call and no lock, so it may be called
+        from a signal handler in the loop's thread: :class:`~flowscope.Worker` calls it on
+        SIGCONT, which Python runs before the loop steps the tasks whose timers expired
+        while the process was stopped.
+        """
+        stopped = 0
+        for inv in list(self._active.values()):
+            if inv.halted is None and not inv.lease_ok():
+                inv.lose_lease(lease_expired(inv.session_id))
+                stopped += 1
+        return stopped
+
     # -- internals ----------------------------------------------------------------------
 
     async def _stream(self, start: Callable[[Callable[[Event], None]], Any]) -> AsyncIterator[Event]:
@@ -247,13 +275,16 @@ class Runner:
         self._check(ws)
         return ws
 
-    def _check(self, ws: WorkflowState) -> None:
-        """Refuse to resume a session of another workflow, or one that has completed."""
+    def _check(self, ws: WorkflowState, *, inbox_read: bool = False) -> None:
+        """Refuse to resume a session of another workflow, or one that has completed,
+        unless its inbox (not read yet) may retry it."""
         if ws.workflow and ws.workflow != self.workflow.name:
             raise ResumeError(
                 f"session {ws.session_id!r} ran workflow {ws.workflow!r}, not {self.workflow.name!r}: "
                 "resume it with a Runner for that workflow"
             )
+        if ws.status == "completed" and not inbox_read and self.store.inbox(ws.session_id):
+            return  # a retry may be waiting: checked again once the inbox is taken in
         if ws.status == "completed":
             raise ResumeError(f"session {ws.session_id!r} already completed; there is nothing to resume")
 
@@ -275,7 +306,10 @@ class Runner:
                         ws.apply(e)
                     self._check(ws)
             if resume:
-                take_in(self.store, ws, lease)  # what others sent while it was not ours
+                taken = take_in(self.store, ws, lease)  # what others sent while it was not ours
+                if any(type(e) is RunFinished and e.status == "cancelled" for e in taken):
+                    raise SessionCancelledError(f"session {session_id!r} was cancelled by a request in its inbox")
+                self._check(ws, inbox_read=True)
         except BaseException:
             if lease is not None:
                 self._release(lease)
@@ -290,12 +324,30 @@ class Runner:
         try:
             self.store.release(lease)
         except Exception as exc:  # best effort: an expired lease frees the session anyway
-            log.warning("could not release the lease of session %s: %s", lease.session_id, describe_exception(exc))
+            # A store that refuses writes is the caller's error already (a worker says it
+            # once per episode): no second warning per session.
+            level = logging.INFO if isinstance(exc, StoreNotWritable) else logging.WARNING
+            log.log(level, "could not release the lease of session %s: %s", lease.session_id, describe_exception(exc))
 
-    def _take_in_at_pause(self, inv: Invocation) -> None:
-        """An invocation that paused takes in what was sent meanwhile (an answer given
-        while another branch ran), so the session is answered, claimable at once, when its
-        lease is released. Best effort: whatever stays in the inbox, the next owner takes in."""
+    def _read_mail(self, inv: Invocation) -> None:
+        """The session's inbox has mail while it runs here: a cancel stops the run now
+        (its runs are cancelled, never failed; the session ends cancelled); anything else
+        waits for the invocation's end."""
+        try:
+            messages = self.store.inbox(inv.session_id)
+        except Exception as exc:  # the next round tells us again
+            log.warning("session %s: could not read its inbox: %s", inv.session_id, describe_exception(exc))
+            return
+        cancel = read_inbox(inv.ws, messages).cancel
+        if cancel is not None and not inv.aborting:
+            inv.cancelled_by_request = True
+            self.abort(inv.session_id, reason=cancel)
+
+    def _take_in_at_end(self, inv: Invocation) -> None:
+        """An invocation that ended takes in what was sent meanwhile (an answer given while
+        another branch ran, a cancel it stopped for, a retry of the failure it just
+        recorded), so the session is answered, over or queued again when its lease is
+        released. Best effort: whatever stays in the inbox, the next owner takes in."""
         if inv.halted is not None or inv.buffer or inv.flushed_seq != inv.ws.last_seq:
             return
         try:
@@ -365,7 +417,7 @@ class Runner:
         except BaseException:
             self._release(lease)
             raise
-        first = not resume or ws.status == "queued"  # a submitted run starts as a first run
+        first = not resume or (ws.status == "queued" and ws.invocations == 0)  # a submitted run starts as a first run
         if resume:
             input = ws.input
         inv = Invocation(
@@ -382,8 +434,11 @@ class Runner:
             resumed=not first,
             on_event=on_event,
             lease=lease,
+            lease_s=self.lease_s,
             commits=self._commits,
         )
+        inv.on_mail = lambda: self._read_mail(inv)
+        inv.cut_off = self._cut_off.pop(session_id, frozenset())
         self._active[session_id] = inv
         self._commits.active += 1
         self._keeper.add(inv)
@@ -396,17 +451,24 @@ class Runner:
         self._active.pop(session_id, None)
         self._commits.active -= 1
         self._keeper.remove(inv)
-        if result is not None and result.status == "paused":
-            self._take_in_at_pause(inv)
+        self._take_in_at_end(inv)
         self._release(inv.lease)
+        if isinstance(error, InvocationAbortedError) and inv.cancelled_by_request:
+            error = SessionCancelledError(f"session {session_id!r} was cancelled: {inv.abort_reason}")
         plugins = self.plugins
         halted = inv.halted
         if halted is not None:
             # A failed append or a lost lease: that is what the caller gets, whatever
             # the runs did after it (they stopped, and nothing more was recorded).
             result, error = None, halted
-            if isinstance(halted, LeaseLost) and plugins.wants("on_lease_lost"):
-                await plugins.call("on_lease_lost", session_id, self.workflow.name)
+            if isinstance(halted, LeaseLost):
+                if plugins.wants("on_lease_lost"):
+                    await plugins.call("on_lease_lost", session_id, self.workflow.name)
+            if isinstance(halted, StoreError) or isinstance(halted.__cause__, StoreNotWritable):
+                # cut off by the store (a failed append, or renewals it refused): not a crash
+                self._cut_off[session_id] = inv.cut_off | {inv.invocation_id}
+                if len(self._cut_off) > _CUT_OFF_SESSIONS:
+                    self._cut_off.pop(next(iter(self._cut_off)))
         if isinstance(error, ConcurrencyConflict):
             await self._conflict(session_id)
         if plugins.wants("after_run"):

@@ -41,6 +41,7 @@ __all__ = [
     "SESSION_STATUSES",
     "Message",
     "MESSAGE_KINDS",
+    "MAILED_STATUSES",
 ]
 
 #: One session's part of :meth:`EventStore.append_many`: (session_id, events, expected_last_seq, epoch).
@@ -54,8 +55,11 @@ FINISHED_SESSION_STATUSES = ("completed", "failed", "cancelled")
 #: Every status :meth:`EventStore.sessions` gives a session (the fold's, but ``new``).
 SESSION_STATUSES = ("queued", "running", "paused", "answered", *FINISHED_SESSION_STATUSES)
 #: What a :class:`Message` may ask of a session's owner: ``answer`` carries input values
-#: (``body["inputs"]``, by interrupt id) and job results (``body["jobs"]``, by job id).
-MESSAGE_KINDS = ("answer",)
+#: (``body["inputs"]``, by interrupt id) and job results (``body["jobs"]``, by job id);
+#: ``cancel`` a ``reason``; ``retry`` a ``from_path`` (or None) and a ``reason``.
+MESSAGE_KINDS = ("answer", "cancel", "retry")
+#: Statuses in which a message in the inbox makes a session claimable (:func:`claim_reason`).
+MAILED_STATUSES = ("paused", "failed", "completed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,14 +201,15 @@ def claim_reason(
 ) -> ClaimReason | None:
     """Why a worker may claim a session in this state, or None: the claim rule, one copy.
 
-    ``queued`` and ``answered`` sessions nobody holds (a ``paused`` one with ``mail``, a
-    message in its inbox, counts as answered), and ``running`` sessions whose recorded
+    ``queued`` and ``answered`` sessions nobody holds (with ``mail``, a message in its
+    inbox, a ``paused`` one counts as answered and a ``failed`` or ``completed`` one, which
+    only a retry can have mail for, as queued), and ``running`` sessions whose recorded
     owner is no longer alive (:func:`~flowscope.liveness.owner_alive`). A running session
     without an owner (a bridge, an older flowscope) is never claimed: only ``flowscope
     resume`` takes it over.
     """
-    if status == "paused" and mail:
-        status = "answered"
+    if mail and status in MAILED_STATUSES:
+        status = "answered" if status == "paused" else "queued"
     if status == "queued":
         return None if owner_alive(owner, lease_expires_at, now, host=host) else "queued"
     if status == "answered":
@@ -535,6 +540,11 @@ class EventStore(ABC):
     def inbox(self, session_id: str) -> list[Message]:
         """The session's messages not yet taken in, oldest first."""
         return []
+
+    def sessions_with_mail(self, session_ids: Collection[str]) -> set[str]:
+        """Which of ``session_ids`` have a message in their inbox: what an owner's lease
+        keeper asks once per round, so that a cancel reaches a live run within a lease."""
+        return {sid for sid in session_ids if self.inbox(sid)}
 
     def take_in(
         self,

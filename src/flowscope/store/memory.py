@@ -101,8 +101,7 @@ class MemoryEventStore(EventStore):
             for e in numbered:
                 if type(e) is RunSubmitted:
                     own = self._own.setdefault(session_id, _Ownership())
-                    if own.submitted_at is None:
-                        own.submitted_at = e.ts
+                    own.submitted_at = e.ts  # the first submit, or a retry that queues it again
             return numbered
 
     def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
@@ -239,6 +238,10 @@ class MemoryEventStore(EventStore):
     def inbox(self, session_id: str) -> list[Message]:
         with self._lock:
             return list(self._mail.get(session_id, ()))
+
+    def sessions_with_mail(self, session_ids: Collection[str]) -> set[str]:
+        with self._lock:
+            return {sid for sid in session_ids if self._mail.get(sid)}
 
     def take_in(
         self,

@@ -97,7 +97,7 @@ def one_of_each(sid: str = SID) -> list[Event]:
                    resumed=True, replayed=3, recovered=1, trace_context={"traceparent": "00-ab-cd-01"}),
         NodeStarted(ts=2.0, attempt=2, kind="workflow", parent_path="wf@1", recovered=True, **common),
         NodeRetrying(ts=2.5, attempt=2, error_type="TimeoutError", error_code="UPSTREAM_TIMEOUT",
-                     error_message="timed out after 2s", delay_s=0.25, **common),
+                     error_message="timed out after 2s", delay_s=0.25, error_qualname="etl.upstream.TimeoutError", **common),
         StateUpdated(ts=2.6, values={"cursor": 42, "seen": ["a", "b"]}, **common),
         InputRequested(ts=3.0, interrupt_id="approve", prompt="Approve?", payload={"amount": 12.5}, **common),
         InputReceived(ts=3.5, interrupt_id="approve", value={"ok": True, "by": "ann"}, **common),
@@ -110,13 +110,13 @@ def one_of_each(sid: str = SID) -> list[Event]:
         NodeCompleted(ts=5.0, output={"rows": 7, "nested": {"x": None}}, has_output=False, route="ok",
                       attempt_count=3, completed=False, **common),
         NodeErrorEvent(ts=5.5, error_code="BAD_INPUT", error_message="bad row 3", error_type="ValueError",
-                       attempt_count=4, **common),
+                       attempt_count=4, error_qualname="etl.rows.ValueError", **common),
         NodeErrorPropagated(ts=5.6, origin_path="wf@1/fetch@1/child@1", error_code="BAD_INPUT",
-                            error_type="ValueError", attempt_count=2, **common),
+                            error_type="ValueError", attempt_count=2, error_qualname="etl.rows.ValueError", **common),
         NodeCancelled(ts=5.7, reason="sibling failed", **common),
         RunFinished(session_id=sid, invocation_id="inv-7", ts=6.0, status="failed", output={"partial": True},
                     error_code="BAD_INPUT", error_path=p, replayed=2, recovered=1),
-        RunSubmitted(session_id=sid, invocation_id="inv-8", ts=7.0, workflow="wf", input={"again": [1]}),
+        RunSubmitted(session_id=sid, invocation_id="inv-8", ts=7.0, workflow="wf", input={"again": [1]}, reason="retried by ops: flaky disk"),
     ]
 
 
@@ -1075,16 +1075,19 @@ class EventStoreContract:
         assert store.take_in(SID, [], 5, [late.message_id], epoch=lease.epoch) == []
         assert store.inbox(SID) == [] and store.last_seq(SID) == 5
 
-    def test_a_paused_session_with_a_message_is_claimed_as_answered(self, store: EventStore) -> None:
+    def test_a_session_with_a_message_is_claimed_paused_as_answered_failed_as_queued(self, store: EventStore) -> None:
         now = time.time()
         store.append("mailed", _paused_log("mailed", "wf", now - 50), 0)
         store.append("quiet", _paused_log("quiet", "wf", now - 60), 0)
         store.append("held", _paused_log("held", "wf", now - 70), 0)
         store.acquire("held", this_process("w-live"), 15.0, now=now)  # a live owner keeps its mail
+        store.append("failed", [ev(RunStarted, sid="failed", workflow="wf", ts=now - 45),
+                                ev(RunFinished, sid="failed", status="failed", ts=now - 44)], 0)
         store.send("mailed", "answer", {"inputs": {"ok": True}, "jobs": {}})
         store.send("held", "answer", {"inputs": {"ok": True}, "jobs": {}})
-        [c] = store.claim(this_process("w-claimer"), ["wf"], 15.0, limit=5, now=now)
-        assert (c.session_id, c.reason) == ("mailed", "answered")
+        store.send("failed", "retry", {"from_path": None, "reason": "again"})
+        claims = store.claim(this_process("w-claimer"), ["wf"], 15.0, limit=5, now=now)
+        assert sorted((c.session_id, c.reason) for c in claims) == [("failed", "queued"), ("mailed", "answered")]
         assert store.claim(this_process("w-other"), ["other"], 15.0, limit=5, now=now) == []
 
     def test_a_deleted_session_takes_its_inbox_with_it(self, store: EventStore) -> None:

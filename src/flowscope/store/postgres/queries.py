@@ -14,6 +14,7 @@ __all__ = [
     "SQL_SEND",
     "SQL_INBOX",
     "SQL_DROP_MESSAGES",
+    "SQL_MAILED",
     "SQL_NOTIFY_MAILED",
     "SQL_SESSION_FOR_UPDATE",
     "SQL_LAST_SEQ",
@@ -85,7 +86,7 @@ SQL_UPSERT_SESSION = (
     f"INSERT INTO sessions (session_id, {', '.join(_SESSION_COLUMNS)}, submitted_at) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (session_id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in _SESSION_COLUMNS)
-    + ", submitted_at = coalesce(sessions.submitted_at, excluded.submitted_at) RETURNING id"
+    + ", submitted_at = coalesce(excluded.submitted_at, sessions.submitted_at) RETURNING id"
 )
 _NODE_ROW_COLUMNS = ("session_id", "workflow") + NODE_STATE_COLUMNS
 SQL_UPSERT_NODE = (
@@ -224,10 +225,12 @@ SQL_CLAIM_FREE = {
     )
     for status, order in CLAIM_ORDER.items()
 }
-#: Paused sessions with a message in their inbox, claimable as answered (base.claim_reason).
+#: Paused, failed and completed sessions with a message in their inbox, claimable as answered
+#: or queued (base.claim_reason; the status is the row's last column).
 SQL_CLAIM_MAILED = (
-    f"SELECT {_CLAIM_COLUMNS.format(order='updated_at')} FROM sessions "
-    "WHERE session_id IN (SELECT session_id FROM messages) AND status = 'paused' AND workflow = ANY(%(workflows)s) "
+    f"SELECT {_CLAIM_COLUMNS.format(order='updated_at')}, status FROM sessions "
+    "WHERE session_id IN (SELECT session_id FROM messages) AND status IN ('paused', 'failed', 'completed') "
+    "AND workflow = ANY(%(workflows)s) "
     "AND (lease_expires_at IS NULL OR lease_expires_at <= %(now)s) "
     "ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
 )
@@ -236,7 +239,8 @@ SQL_CLAIM_MAILED = (
 SQL_CLAIM_SAME_HOST = (
     f"SELECT {_CLAIM_COLUMNS.format(order='coalesce(submitted_at, updated_at, lease_expires_at)')}, status "
     "FROM sessions WHERE (status IN ('queued', 'answered', 'running') "
-    "OR (status = 'paused' AND session_id IN (SELECT session_id FROM messages))) AND workflow = ANY(%(workflows)s) "
+    "OR (status IN ('paused', 'failed', 'completed') AND session_id IN (SELECT session_id FROM messages))) "
+    "AND workflow = ANY(%(workflows)s) "
     "AND lease_expires_at > %(now)s AND owner->>'host' = %(host)s"
 )
 #: Lock the same-host candidates whose epoch has not moved since they were read.
@@ -253,6 +257,7 @@ SQL_DROP_MESSAGES = "DELETE FROM messages WHERE session_id = %s AND message_id =
 SQL_NOTIFY_MAILED = (
     "SELECT pg_notify(%s, workflow) FROM sessions WHERE session_id = %s AND status = 'paused'"
 )
+SQL_MAILED = "SELECT DISTINCT session_id FROM messages WHERE session_id = ANY(%s)"
 SQL_QUEUED_SUMMARY = (
     "SELECT workflow, count(*), min(submitted_at) FROM sessions WHERE status = 'queued' "
     "GROUP BY workflow ORDER BY workflow"

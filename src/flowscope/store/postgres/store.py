@@ -41,6 +41,7 @@ from ...jsontext import dumps_finite
 from ...liveness import owner_alive, stale_before
 from ...ownership import Lease, Owner, this_host
 from ..base import (
+    MAILED_STATUSES,
     WORKER_RETENTION_S,
     AppendBatch,
     Claim,
@@ -392,7 +393,7 @@ class PostgresEventStore(EventStore):
         cur.executemany(q.SQL_UPSERT_NODE, [_node_row(session_id, ws.workflow, nodes[p]) for p in paths if p in nodes])
         if ws.workflow != workflow_before and not new_session:
             cur.execute("UPDATE node_runs SET workflow = %s WHERE session_id = %s", (ws.workflow, session_id))
-        submitted = next((e.ts for e in numbered if type(e) is RunSubmitted), None) if new_session else None
+        submitted = next((e.ts for e in reversed(numbered) if type(e) is RunSubmitted), None)  # a first submit, or a retry
         made = cur.execute(
             q.SQL_UPSERT_SESSION,
             (session_id, ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations, submitted),
@@ -588,16 +589,17 @@ class PostgresEventStore(EventStore):
             # (since, session_id, workflow, reason)
             found: list[tuple[float, str, str, ClaimReason]] = []
             with conn.transaction():
-                for status, statement in (*q.SQL_CLAIM_FREE.items(), ("answered", q.SQL_CLAIM_MAILED)):
-                    for sid, workflow, owner_json, lease, _rec, since, _epoch in conn.execute(statement, params):
-                        reason = claim_reason(status, _owner(owner_json), lease, now, host=host)
+                for status, statement in (*q.SQL_CLAIM_FREE.items(), ("mailed", q.SQL_CLAIM_MAILED)):
+                    for sid, workflow, owner_json, lease, _rec, since, _epoch, *mailed in conn.execute(statement, params):
+                        reason = claim_reason(mailed[0] if mailed else status, _owner(owner_json), lease, now, host=host,
+                                              mail=bool(mailed))
                         if reason is not None:
                             found.append((since or 0.0, sid, workflow, reason))
                 # this host's live leases: claimable if the owner's process is gone
                 dead: list[tuple[float, str, str, ClaimReason, int]] = []
                 for sid, workflow, owner_json, lease, rec, since, epoch, status in conn.execute(q.SQL_CLAIM_SAME_HOST, params):
-                    # a paused row is here only with mail (the query's condition)
-                    reason = claim_reason(status, _owner(owner_json), lease, now, host=host, mail=status == "paused")
+                    # a paused, failed or completed row is here only with mail (the query's condition)
+                    reason = claim_reason(status, _owner(owner_json), lease, now, host=host, mail=status in MAILED_STATUSES)
                     if reason is None or (reason == "orphaned" and max_recoveries is not None and rec > max_recoveries):
                         continue
                     dead.append((since or 0.0, sid, workflow, reason, epoch))
@@ -623,9 +625,10 @@ class PostgresEventStore(EventStore):
 
         def send(conn: Conn) -> int:
             with conn.transaction():
-                (message_id,) = conn.execute(q.SQL_SEND, (session_id, kind, text, now)).fetchone()
+                row = conn.execute(q.SQL_SEND, (session_id, kind, text, now)).fetchone()
                 conn.execute(q.SQL_NOTIFY_MAILED, (self._channel, session_id))  # delivered at commit
-            return int(message_id)
+            assert row is not None  # INSERT ... RETURNING gives its row
+            return int(row[0])
 
         return Message(session_id, self._run("send a message", send), kind, json.loads(text), now)
 
@@ -635,6 +638,16 @@ class PostgresEventStore(EventStore):
 
         rows = self._run("read the inbox", read, retry=True)
         return [Message(session_id, int(mid), kind, body, sent) for mid, kind, body, sent in rows]
+
+    def sessions_with_mail(self, session_ids: Collection[str]) -> set[str]:
+        if not session_ids:
+            return set()
+        ids = list(session_ids)
+
+        def read(conn: Conn) -> set[str]:
+            return {r[0] for r in conn.execute(q.SQL_MAILED, (ids,))}
+
+        return self._run("read the inbox", read, retry=True)
 
     def take_in(
         self,

@@ -46,6 +46,7 @@ __all__ = [
     "SQL_SEND",
     "SQL_INBOX",
     "SQL_DROP_MESSAGES",
+    "SQL_MAILED",
     "SQL_QUEUED_SUMMARY",
     "SQL_WORKER_SEEN",
     "SQL_WORKERS_FORGET",
@@ -86,7 +87,7 @@ SQL_UPSERT_SESSION = (
     f"INSERT INTO sessions (session_id, {_SESSION_COLUMNS}, submitted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (session_id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in _SESSION_COLUMNS.split(", "))
-    + ", submitted_at = coalesce(sessions.submitted_at, excluded.submitted_at)"
+    + ", submitted_at = coalesce(excluded.submitted_at, sessions.submitted_at)"
 )
 #: An append that leaves a session's workflow and status as they were: only the columns that
 #: move. The upsert above sets ``status`` too, and SQLite rewrites the entries of every partial
@@ -173,10 +174,11 @@ SQL_CLAIM_ORPHANED = (
     "AND workflow IN (SELECT value FROM json_each(:workflows)) "
     "ORDER BY updated_at"
 )
-#: Paused sessions with a message in their inbox: claimable as answered (base.claim_reason).
+#: Paused, failed and completed sessions with a message in their inbox: claimable as answered
+#: or queued (base.claim_reason; the status is the row's last column).
 SQL_CLAIM_MAILED = (
-    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at FROM sessions "
-    "WHERE session_id IN (SELECT session_id FROM messages) AND status = 'paused' "
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at, status FROM sessions "
+    "WHERE session_id IN (SELECT session_id FROM messages) AND status IN ('paused', 'failed', 'completed') "
     f"AND workflow IN (SELECT value FROM json_each(:workflows)) AND {_FREE} "
     "ORDER BY updated_at"
 )
@@ -186,6 +188,8 @@ SQL_INBOX = "SELECT message_id, kind, body, sent_at FROM messages WHERE session_
 SQL_DROP_MESSAGES = (
     "DELETE FROM messages WHERE session_id = :sid AND message_id IN (SELECT value FROM json_each(:ids))"
 )
+#: ``:ids`` is a JSON array of session ids.
+SQL_MAILED = "SELECT DISTINCT session_id FROM messages WHERE session_id IN (SELECT value FROM json_each(:ids))"
 SQL_QUEUED_SUMMARY = (
     "SELECT workflow, count(*), min(submitted_at) FROM sessions WHERE status = 'queued' "
     "GROUP BY workflow ORDER BY workflow"

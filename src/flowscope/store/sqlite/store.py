@@ -52,7 +52,7 @@ from ..base import (
 from . import queries as q
 from . import schema
 from .codec import decode, encode
-from .faults import store_error
+from .faults import store_error, wal_removed
 
 __all__ = ["SqliteEventStore"]
 
@@ -61,6 +61,9 @@ _PATHS_PER_QUERY = 500  # below SQLite's limit on bound parameters
 # invocation (an append that ends one drops its entry), so the bound is only a backstop;
 # below the number of concurrent sessions, every append would read its rows back.
 _NODE_CACHE_SESSIONS = 65536
+# How often a writing transaction checks (one stat) that the -wal file it writes to is
+# still the one beside the database; a failed write always checks.
+_WAL_CHECK_S = 1.0
 
 #: session -> (last_seq, complete, {path: NodeState}) as of this object's last append.
 _CacheEntry = tuple[int, bool, dict[str, NodeState]]
@@ -110,6 +113,9 @@ class SqliteEventStore(EventStore):
         self._pending_cache: tuple[str, _CacheEntry] | None = None
         self._conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None
+        self._wal: tuple[int, int] | None = None  # the -wal file this connection writes to
+        self._wal_tracked = False  # writable and in WAL mode: _wal is known once the file exists
+        self._wal_checked = 0.0
         new_file = self.path == ":memory:" or not os.path.exists(self.path) or os.path.getsize(self.path) == 0
         schema.check_file(self.path, readonly)
         conn = schema.connect(self.path, readonly, busy_timeout)
@@ -134,6 +140,9 @@ class SqliteEventStore(EventStore):
             self._close_quietly()
             raise store_error(exc, self.path, "open it", busy_timeout) from exc
         self._identity = _identity(self.path)
+        if not readonly and self.journal_mode == "wal" and self.path != ":memory:":
+            self._wal_tracked = True
+            self._wal = _identity(self.path + "-wal")  # None until the first transaction makes it
 
     def refresh(self) -> None:
         """Reopen the file if the one at :attr:`path` is not the one open (another inode or
@@ -151,6 +160,7 @@ class SqliteEventStore(EventStore):
             old = self._conn
             self._conn, self.db, self.journal_mode = fresh._conn, fresh.db, fresh.journal_mode
             self._identity = fresh._identity
+            self._wal, self._wal_tracked = fresh._wal, fresh._wal_tracked
             self._node_cache.clear()
             self._pending_cache = None
             fresh._conn = None
@@ -186,7 +196,31 @@ class SqliteEventStore(EventStore):
             try:
                 yield conn
             except sqlite3.Error as exc:
-                raise store_error(exc, self.path, action, self.busy_timeout) from exc
+                raise self._error(exc, action) from exc
+
+    def _error(self, exc: sqlite3.Error, action: str) -> StoreError:
+        """The :class:`StoreError` for ``exc``: first, whether our -wal file was removed."""
+        if self._wal_moved():
+            return wal_removed(self.path)
+        return store_error(exc, self.path, action, self.busy_timeout)
+
+    def _wal_moved(self) -> bool:
+        """Whether the -wal file this connection writes to is not the one at ``path-wal``
+        (deleted or replaced under a running process: its commits would be lost)."""
+        if not self._wal_tracked:
+            return False
+        self._wal_checked = time.monotonic()
+        now = _identity(self.path + "-wal")
+        if self._wal is None:  # the first transaction since open made it: this is ours
+            self._wal = now
+            return False
+        return now != self._wal
+
+    def _check_wal(self) -> None:
+        """Before a commit, at most every ``_WAL_CHECK_S``: refuse to commit into a removed
+        -wal file (:class:`~flowscope.errors.StoreWalRemoved`; the transaction rolls back)."""
+        if self._wal_tracked and time.monotonic() - self._wal_checked >= _WAL_CHECK_S and self._wal_moved():
+            raise wal_removed(self.path)
 
     @contextmanager
     def _write(self, action: str) -> Iterator[sqlite3.Connection]:
@@ -197,6 +231,7 @@ class SqliteEventStore(EventStore):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
+                self._check_wal()
                 conn.execute("COMMIT")
             except BaseException:
                 schema.rollback(conn)
@@ -248,6 +283,7 @@ class SqliteEventStore(EventStore):
                 self._pending_cache = None
                 try:
                     numbered = self._append_in_transaction(conn, session_id, events, encoded, expected_last_seq, epoch)
+                    self._check_wal()
                     conn.execute("COMMIT")
                 except BaseException:
                     schema.rollback(conn)  # the cache entry was popped: the next append reads the rows
@@ -255,7 +291,7 @@ class SqliteEventStore(EventStore):
                 if self._pending_cache is not None:  # committed: keep the states for the next append
                     self._keep([self._pending_cache])
             except sqlite3.Error as exc:
-                raise store_error(exc, self.path, "append events", self.busy_timeout) from exc
+                raise self._error(exc, "append events") from exc
         return numbered
 
     def _append_in_transaction(
@@ -315,7 +351,7 @@ class SqliteEventStore(EventStore):
             else:
                 bulk.advances.append(q.advance_row(ws))
         else:
-            submitted = _submitted_at(numbered) if new_session else None  # RunSubmitted starts a session
+            submitted = _submitted_at(numbered)  # RunSubmitted starts a session, or queues it again (a retry)
             if bulk is None:
                 conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, submitted))
             else:
@@ -475,10 +511,11 @@ class SqliteEventStore(EventStore):
         with self._write("claim sessions") as conn:
             found: list[tuple[float, str, str, ClaimReason]] = []
             for sql, status in ((q.SQL_CLAIM_QUEUED, "queued"), (q.SQL_CLAIM_ANSWERED, "answered"),
-                                (q.SQL_CLAIM_MAILED, "answered"), (q.SQL_CLAIM_ORPHANED, "running")):
+                                (q.SQL_CLAIM_MAILED, "mailed"), (q.SQL_CLAIM_ORPHANED, "running")):
                 taken = 0
-                for sid, workflow, owner_json, lease, recoveries, since in conn.execute(sql, params):
-                    reason = claim_reason(status, _owner(owner_json), lease, now, host=host)
+                for sid, workflow, owner_json, lease, recoveries, since, *mailed in conn.execute(sql, params):
+                    reason = claim_reason(mailed[0] if mailed else status, _owner(owner_json), lease, now, host=host,
+                                          mail=bool(mailed))
                     if reason is None or (reason == "orphaned" and max_recoveries is not None and recoveries > max_recoveries):
                         continue
                     found.append((since or 0.0, sid, workflow, reason))
@@ -505,6 +542,12 @@ class SqliteEventStore(EventStore):
         with self._op("read the inbox") as conn:
             rows = conn.execute(q.SQL_INBOX, (session_id,)).fetchall()
         return [Message(session_id, mid, kind, json.loads(body), sent) for mid, kind, body, sent in rows]
+
+    def sessions_with_mail(self, session_ids: Collection[str]) -> set[str]:
+        if not session_ids:
+            return set()
+        with self._op("read the inbox") as conn:
+            return {r[0] for r in conn.execute(q.SQL_MAILED, {"ids": json.dumps(list(session_ids))})}
 
     def take_in(
         self,
@@ -618,6 +661,7 @@ class SqliteEventStore(EventStore):
                             conn.execute("RELEASE batch")
                     if bulk is not None:
                         bulk.write(conn)
+                    self._check_wal()
                     conn.execute("COMMIT")
                 except BaseException:
                     self._pending_cache = None
@@ -628,7 +672,7 @@ class SqliteEventStore(EventStore):
                 self._pending_cache = None
                 self._keep(kept)
             except sqlite3.Error as exc:
-                raise store_error(exc, self.path, "append events", self.busy_timeout) from exc
+                raise self._error(exc, "append events") from exc
         return out
 
     def exported_seq(self, session_id: str) -> int:
@@ -769,5 +813,5 @@ def _session_info(row: Sequence[Any]) -> SessionInfo:
 
 
 def _submitted_at(events: Iterable[Event]) -> float | None:
-    """When the first ``RunSubmitted`` of ``events`` was written, if there is one."""
-    return next((e.ts for e in events if type(e) is RunSubmitted), None)
+    """When the last ``RunSubmitted`` of ``events`` was written, if there is one."""
+    return next((e.ts for e in reversed(list(events)) if type(e) is RunSubmitted), None)

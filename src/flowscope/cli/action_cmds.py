@@ -1,0 +1,218 @@
+"""``flowscope retry`` and ``flowscope cancel``: act on sessions without their code.
+
+Each is a message through the session's inbox (:mod:`flowscope.actions`), carried out
+by the live owner or the next one, so no action appends under a running worker's feet.
+Given no SESSION, both act on every session the filters select (``--workflow``,
+``--state``, ``--older-than``): ``--dry-run`` lists them, ``--yes`` acts on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..actions import ActionReceipt
+from ..actions import cancel as cancel_action
+from ..actions import retry as retry_action
+from ..errors import ResumeError, UnknownSessionError
+from ..store.base import SessionInfo
+from . import views
+from .app import DURATION, command_prefix, db_option, open_store
+from .failures import CliError
+from .render import fmt_time
+from .session_ops import (
+    CANCEL_REASON,
+    SELECTABLE_STATES,
+    SessionFinished,
+    cancel_session,
+    live_owner,
+    select_sessions,
+)
+from .worker_cmds import worker_hint
+
+__all__ = ["retry", "cancel", "COMMANDS"]
+
+
+def _bulk_options(fn: Any) -> Any:
+    """``--workflow``, ``--state``, ``--older-than``, ``--dry-run``, ``--yes``: one set for every bulk action."""
+    for option in reversed(
+        (
+            click.option("--workflow", metavar="NAME", help="Without SESSION: only sessions of this workflow."),
+            click.option("--state", type=click.Choice(SELECTABLE_STATES), help="Without SESSION: only sessions in this state."),
+            click.option("--older-than", type=DURATION, default=None, help="Without SESSION: only sessions last updated this long ago (e.g. 10m)."),
+            click.option("--dry-run", is_flag=True, help="List what would change; change nothing."),
+            click.option("--yes", is_flag=True, help="Without SESSION: act on every session the filters select."),
+        )
+    ):
+        fn = option(fn)
+    return fn
+
+
+def _targets(
+    store: Any, session: str | None, workflow: str | None, state: str | None, older_than: float | None, action: str
+) -> list[str] | None:
+    """The sessions to act on: SESSION alone, or the filtered set (None: nothing selected,
+    said already). A bulk action without a filter is refused: it would touch everything."""
+    if session is not None:
+        if workflow or state or older_than is not None:
+            raise CliError(f"{action}: give SESSION or filters (--workflow, --state, --older-than), not both")
+        return [session]
+    if not (workflow or state or older_than is not None):
+        raise CliError(f"{action}: give a SESSION, or filters (--workflow, --state, --older-than) to act on several")
+    found: list[SessionInfo] = select_sessions(store, workflow=workflow, state=state, older_than_s=older_than)
+    if not found:
+        click.echo(f"no session matches the filters; nothing to {action}")
+        return None
+    return [s.session_id for s in found]
+
+
+def _listing(store: Any, sids: list[str], action: str) -> None:
+    click.echo(f"would {action} {len(sids)} session(s):")
+    for sid in sids:
+        info = store.session_info(sid)
+        if info is not None:
+            click.echo(f"  {sid}  {info.workflow}  {info.status}  updated {fmt_time(info.updated_at)}")
+
+
+def _confirm(sids: list[str], session: str | None, yes: bool, action: str) -> None:
+    if session is None and not yes:
+        raise CliError(f"{action} would act on {len(sids)} session(s): list them with --dry-run, act on them with --yes")
+
+
+def _said_retry(store: Any, receipt: ActionReceipt, from_path: str | None) -> str:
+    where = f" from {from_path}" if from_path else ""
+    if receipt.pending and receipt.owner is not None:
+        return (f"sent a retry{where} to {receipt.session_id} ({receipt.workflow}): its owner, {receipt.owner.describe()}, "
+                "queues it again when its invocation ends")
+    _seen, hint = worker_hint(store, receipt.workflow, prefix=command_prefix(store.path))
+    return f"queued {receipt.session_id} ({receipt.workflow}, was {receipt.was}) to run again{where}; {hint}"
+
+
+@click.command()
+@click.argument("session", required=False)
+@db_option
+@click.option("--from", "from_path", metavar="PATH", help="Run again from this node run (a path, or a node name with one run): it and what follows it run as new attempts.")
+@click.option("--reason", default=None, help="Why: recorded in the log with who asked.")
+@_bulk_options
+def retry(
+    session: str | None,
+    db: str | None,
+    from_path: str | None,
+    reason: str | None,
+    workflow: str | None,
+    state: str | None,
+    older_than: float | None,
+    dry_run: bool,
+    yes: bool,
+) -> None:
+    """Run a failed session again (or, with --from, a finished one from a node), without its code.
+
+    Finished runs before the path are kept; the path and what follows it run again as new
+    attempts (numbers continue). The session is queued for a worker of its workflow; the log
+    records who asked and why (--reason). Exit 0 when queued (or sent to its live owner), 2
+    when the session cannot be retried.
+    """
+    store = open_store(db, write=True)
+    with store:
+        sids = _targets(store, session, workflow, state, older_than, "retry")
+        if sids is None:
+            return
+        if dry_run:
+            _listing(store, sids, "retry")
+            return
+        _confirm(sids, session, yes, "retry")
+        for sid in sids:
+            if session is not None:
+                views.load_session(store, sid)  # the one "no such session" message
+            try:
+                receipt = retry_action(store, sid, from_path=from_path, reason=reason)
+            except (ResumeError, UnknownSessionError) as exc:
+                if session is not None:
+                    raise CliError(str(exc)) from None
+                click.echo(f"skipped {sid}: {exc}")
+                continue
+            click.echo(_said_retry(store, receipt, from_path))
+
+
+@click.command()
+@click.argument("session", required=False)
+@db_option
+@click.option("--reason", default=CANCEL_REASON, show_default=True, help="Why: recorded on every cancelled run, with who asked.")
+@click.option("--force", is_flag=True, help="Cancel now even if a live owner holds the session's lease (you know it is dead): its lease is fenced off.")
+@_bulk_options
+def cancel(
+    session: str | None,
+    db: str | None,
+    reason: str,
+    force: bool,
+    workflow: str | None,
+    state: str | None,
+    older_than: float | None,
+    dry_run: bool,
+    yes: bool,
+) -> None:
+    """End a session for good: a paused, queued or orphaned one at once, a live run by its owner.
+
+    Every open run gets a NodeCancelled (with --reason) and the session a RunFinished with
+    status cancelled; `resume` refuses it afterwards. A run a live worker executes is
+    stopped by that worker at its next lease renewal (within a third of its lease): its
+    in-flight nodes are cancelled, never failed. --force takes the session from an owner
+    you know is dead instead.
+    """
+    text = " ".join(reason.split()) or CANCEL_REASON
+    store = open_store(db, write=True)
+    with store:
+        sids = _targets(store, session, workflow, state, older_than, "cancel")
+        if sids is None:
+            return
+        if dry_run:
+            _listing(store, sids, "cancel")
+            return
+        _confirm(sids, session, yes, "cancel")
+        for sid in sids:
+            ws = views.load_session(store, sid) if session is not None else None
+            try:
+                _cancel_one(store, sid, text, force, ws)
+            except CliError as exc:
+                if session is not None:
+                    raise
+                click.echo(f"skipped {sid}: {exc.message}")
+
+
+def _cancel_one(store: Any, sid: str, reason: str, force: bool, ws: Any) -> None:
+    if force:
+        ws = ws if ws is not None else views.load_session(store, sid)
+        held = live_owner(store, sid)
+        try:
+            before, events = cancel_session(store, ws, reason, force=True)
+        except SessionFinished as exc:
+            raise CliError(str(exc)) from None
+        if held is not None and held.owner is not None:
+            click.echo(f"warning: --force: took the session from {held.owner.describe()}, whose lease was current", err=True)
+        runs = sum(1 for e in events if e.type == "node_cancelled")
+        click.echo(click.style("cancelled", fg="bright_black") + f" {sid} ({before.workflow}, was {before.status}): {runs} open run(s) cancelled")
+        return
+    try:
+        receipt = cancel_action(store, sid, reason)
+    except (ResumeError, UnknownSessionError) as exc:
+        raise CliError(str(exc)) from None
+    if receipt.pending and receipt.owner is not None:
+        click.echo(
+            f"asked {receipt.owner.describe()}, which runs {sid} ({receipt.workflow}), to stop it: it cancels the run at "
+            f"its next lease renewal; see: {command_prefix(store.path)} show {sid}"
+        )
+        return
+    after = views.load_session(store, sid)
+    runs = _cancelled_runs(store, sid)
+    click.echo(click.style("cancelled", fg="bright_black") + f" {sid} ({after.workflow}, was {receipt.was}): {runs} open run(s) cancelled")
+
+
+def _cancelled_runs(store: Any, sid: str) -> int:
+    """The NodeCancelled events of the session's last invocation (the cancel's)."""
+    events = store.read(sid)
+    last = events[-1].invocation_id if events else ""
+    return sum(1 for e in events if e.invocation_id == last and e.type == "node_cancelled")
+
+
+COMMANDS = (retry, cancel)
