@@ -468,7 +468,9 @@ def test_stuck_fail_if_any_exits_1_when_something_is_listed(demo):
     d, _ = demo
     proc = flowscope("stuck", "--older-than", "0s", "--stale-after", "0.5s", "--fail-if-any", cwd=d)
     assert proc.returncode == 1 and "orphaned" in proc.stdout
-    proc = flowscope("stuck", "--older-than", "1h", "--fail-if-any", cwd=d)
+    proc = flowscope("stuck", "--older-than", "1h", "--fail-if-any", cwd=d)  # an orphan is listed at once
+    assert proc.returncode == 1 and "orphaned" in proc.stdout and "overdue" not in proc.stdout
+    proc = flowscope("stuck", "--older-than", "1h", "--state", "overdue", "--fail-if-any", cwd=d)
     assert proc.returncode == 0 and "nothing stuck" in proc.stdout
 
 

@@ -36,12 +36,12 @@ def test_a_dead_owner_is_orphaned_at_once_and_every_listing_names_the_owner(tmp_
         assert rows["dead"]["state"] == "orphaned"  # a fresh heartbeat, a current lease: its process is gone
         assert rows["dead"]["action"] == "flowscope resume dead"  # no --force needed
         assert rows["dead"]["owner"] == {"worker_id": "w-killed", "host": gone.host, "pid": gone.pid,
-                                         "lease_expires_at": now + 3600.0}
+                                         "lease_expires_at": now + 3600.0, "alive": False}
         assert rows["live"]["state"] == "running"  # a heartbeat two hours old, but the lease is held
         assert "w-live" in rows["live"]["action"]
         runs = {r["session_id"]: r for r in views.runs_rows(store)}
         assert runs["live"]["owner"] == {"worker_id": "w-live", "host": me.host, "pid": me.pid,
-                                         "lease_expires_at": now + 60.0}
+                                         "lease_expires_at": now + 60.0, "alive": True}
         [show] = views.show_rows(views.load_session(store, "dead"), store.session_info("dead"))
         assert show["owner"] == rows["dead"]["owner"]
     # the CLI as an operator runs it: no --stale-after

@@ -254,7 +254,7 @@ def test_flowscope_worker_on_a_full_disk_says_it_once_and_exits_3(tmp_path, tiny
     faults = [x for x in lines if "StoreDiskFull" in x]
     assert len(faults) == 1, lines  # one line per fault episode
     assert lines[-1].startswith("flowscope: error: worker ") and "without a write going through" in lines[-1]
-    assert "free disk space" in lines[-1]
+    assert "free space and retry" in lines[-1] and "free disk space" not in lines[-1]  # one piece of advice
     assert len(lines) == 3, lines  # the start line, the episode, the reason
     (tiny_fs / "filler").unlink()
     store = SqliteEventStore(db)

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from .actions import deliver, load
 from .engine.inbox import answer_body
 from .engine.pauses import FINISHED, validate_answers
+from .engine.submit import check_session_id
 from .errors import ResumeError
 from .ownership import Owner
 from .store.base import EventStore
@@ -64,6 +65,7 @@ def answer(
     (:attr:`AnswerReceipt.pending`), which takes them in at its next pause or the next
     owner when it takes the session.
     """
+    check_session_id(session_id)  # the check start, submit and resume apply
     inputs = dict(inputs or {})
     jobs = dict(jobs or {})
     ws = load(store, session_id)

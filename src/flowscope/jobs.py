@@ -11,10 +11,11 @@ request with ``retry``/``abort``), never a crash and never a quiet success.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["Job", "Verdict", "check_result", "dispatch_failure", "job_failed_payload", "job_ids", "JOB_ACTIONS"]
+__all__ = ["Job", "Verdict", "check_result", "result_type_problem", "dispatch_failure", "job_failed_payload", "job_ids", "JOB_ACTIONS"]
 
 JOB_ACTIONS = ("retry", "abort")
 
@@ -55,6 +56,20 @@ def job_ids(session_id: str, job_key: str, dispatch_attempt: int) -> tuple[str, 
     """Deterministic ``(job_id, idempotency_key)`` for one dispatch attempt of one job."""
     digest = hashlib.sha256(f"{session_id}\x00{job_key}\x00{dispatch_attempt}".encode()).hexdigest()
     return f"job-{digest[:20]}", f"idem-{digest[20:52]}"
+
+
+def result_type_problem(result: Mapping[str, Any] | Any) -> str | None:
+    """What is wrong with a reported result's ``count``, or None: when present (and not
+    null) it is a JSON number. A result that breaks it (``"count": "3"``) is refused when
+    reported, with this sentence, instead of judged "empty": the mistake is the
+    reporter's, not the job's, and the job's work is not lost. (A ``success`` that is
+    not ``true`` stays the guard's to judge: failed, never refused.)"""
+    if not isinstance(result, Mapping):
+        return None  # not an object at all: the guard's "failed" verdict says so
+    count = result.get("count")
+    if count is None or (isinstance(count, (int, float)) and not isinstance(count, bool)):
+        return None
+    return f"'count' is {json.dumps(count)[:40]} ({type(count).__name__}); it must be a number (3, not \"3\")"
 
 
 def check_result(result: Mapping[str, Any] | Any, expect_count: bool) -> Verdict:

@@ -16,6 +16,8 @@ from .ownership import Owner, process_alive, this_host
 
 __all__ = [
     "owner_alive",
+    "worker_alive",
+    "WORKER_SEEN_WITHIN_S",
     "ships_own_spans",
     "SPAN_HANDOVER_S",
     "DEFAULT_HEARTBEAT_INTERVAL_S",
@@ -66,6 +68,19 @@ def owner_alive(owner: Owner | None, lease_expires_at: float | None, now: float,
     if owner.host == (host or this_host()) and not process_alive(owner.pid, owner.started_at):
         return False
     return True
+
+
+#: How recently a worker must have recorded itself (``EventStore.workers_seen``) to count
+#: as alive: one default lease (workers record themselves every third of theirs).
+WORKER_SEEN_WITHIN_S = 15.0
+
+
+def worker_alive(host: str, pid: int, seen_at: float, now: float, *, within_s: float = WORKER_SEEN_WITHIN_S, local: str | None = None) -> bool:
+    """Whether a worker that recorded itself on ``host`` as ``pid`` at ``seen_at`` is alive:
+    :func:`owner_alive` with its record as the lease (``seen_at + within_s``), so a worker
+    not seen within a lease, or whose process is gone on this host (``local``, default
+    :func:`~flowscope.ownership.this_host`), is not a worker that will pick anything up."""
+    return owner_alive(Owner("", host, pid, None), seen_at + within_s, now, host=local)
 
 
 #: How long after its last event a session whose owner ships its own spans is left to it

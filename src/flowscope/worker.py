@@ -37,24 +37,29 @@ from typing import Any, Callable, Iterable, Mapping
 
 from .engine import Runner, Workflow
 from .engine.hooks import Plugin, PluginDispatcher
+from .engine.submit import cannot_run_events, check_session_id
 from .errors import (
     ConcurrencyConflict,
     InvocationAbortedError,
     LeaseLost,
+    OutputNotSerializableError,
+    ResumeError,
     SessionCancelledError,
     StoreNotWritable,
     describe_exception,
 )
 from .outage import DEFAULT_LIMIT_S, StoreOutage
-from .ownership import Owner, this_process
+from .ownership import Lease, Owner, this_process
 from .store.base import Claim, EventStore
 
-__all__ = ["Worker", "DRAIN_REASON"]
+__all__ = ["Worker", "DRAIN_REASON", "CHECK_BACKOFF_CAP_S"]
 
 log = logging.getLogger("flowscope.worker")
 
 #: ``NodeCancelled.reason`` of node runs a draining worker stops.
 DRAIN_REASON = "worker_draining"
+#: The longest a session whose claims fail their resume checks is held between two tries.
+CHECK_BACKOFF_CAP_S = 300.0
 
 
 def _by_name(workflows: Iterable[Workflow] | Mapping[str, Workflow]) -> dict[str, Workflow]:
@@ -80,6 +85,9 @@ class Worker:
     often the store is asked for work when there was none. ``max_recoveries``: an
     orphaned session already recovered that many times is left alone (it shows in
     ``flowscope stuck``), and a run may be re-executed after a crash that often.
+    ``max_check_failures``: a session whose claims fail their resume checks (nothing ran)
+    is held for ``lease_s``, then twice that, and so on, and marked failed with the reason
+    at the ``max_check_failures``-th failure.
     ``plugins`` are given to every runner; their ``on_worker_claim``/``on_worker_release``
     hooks see each claim (``MetricsPlugin`` turns them into ``flowscope_worker_*``).
     ``max_store_outage_s``: how long the worker goes on while no write of its store goes
@@ -99,6 +107,7 @@ class Worker:
         poll_s: float = 0.5,
         worker_id: str | None = None,
         max_recoveries: int = 3,
+        max_check_failures: int = 5,
         max_store_outage_s: float = DEFAULT_LIMIT_S,
     ) -> None:
         if concurrency < 1:
@@ -113,6 +122,9 @@ class Worker:
         self.drain_s = float(drain_s)
         self.poll_s = float(poll_s)
         self.max_recoveries = max_recoveries
+        self.max_check_failures = max(1, max_check_failures)
+        #: Claims of a session that failed their resume checks in a row, by session id.
+        self._check_failures: dict[str, int] = {}
         self._hooks = PluginDispatcher(self.plugins)
         self.owner: Owner = this_process(worker_id, ships_spans=self._hooks.ships_spans)
         self.runners = {
@@ -137,7 +149,7 @@ class Worker:
         #: Why :meth:`run` stopped by itself: the write fault that lasted, or None.
         self.stopped_by: StoreNotWritable | None = None
         #: Sessions this worker finished serving, by how: completed, paused, failed,
-        #: lease_lost, handed_back, refused, store_fault (read by tests and the CLI's summary line).
+        #: lease_lost, handed_back, refused, store_fault, backed_off (read by tests and the CLI's summary line).
         self.outcomes: dict[str, int] = {}
 
     def __repr__(self) -> str:
@@ -336,12 +348,32 @@ class Worker:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
     async def _serve(self, claim: Claim) -> None:
-        """Run one claimed session to its next stop (completed, paused, failed, lost)."""
+        """Run one claimed session to its next stop (completed, paused, failed, lost).
+
+        A session that can never run (an id the engine refuses) is marked failed with the
+        reason at once; one whose resume checks fail (``ResumeError``, or a ``ValueError``
+        such as a value JSON cannot hold in its inbox, raised before anything was appended)
+        is held for a backoff that doubles each time (:meth:`_back_off`), and after
+        ``max_check_failures`` such claims is marked failed with the last reason.
+        """
         sid = claim.session_id
         await self._hooks.call("on_worker_claim", claim)
         try:
             runner = self.runners[claim.workflow]
-            result = await runner.resume(sid, lease=claim.lease)
+            try:
+                check_session_id(sid)
+            except ValueError as exc:
+                self._fail_for_good(claim, exc, claim.lease)
+                return
+            before = self.store.last_seq(sid)
+            try:
+                result = await runner.resume(sid, lease=claim.lease)
+            except (ResumeError, OutputNotSerializableError, ValueError, TypeError) as exc:  # its checks, if nothing ran
+                if isinstance(exc, SessionCancelledError) or self.store.last_seq(sid) != before:
+                    raise
+                self._back_off(claim, exc)
+                return
+            self._check_failures.pop(sid, None)
             self._count(result.status)
             log.info("session %s (%s, %s): %s", sid, claim.workflow, claim.reason, result.status)
         except SessionCancelledError as exc:  # an operator's cancel, taken in here
@@ -373,6 +405,50 @@ class Worker:
             await self._hooks.call("on_worker_release", claim)
             if self._wake is not None:
                 self._wake.set()
+
+    def _back_off(self, claim: Claim, exc: Exception) -> None:
+        """A claim whose resume checks failed (nothing ran, the lease was released): hold
+        the session, unclaimed by anyone, for ``lease_s * 2**(n-1)`` (at most
+        :data:`CHECK_BACKOFF_CAP_S`) after its n-th such failure; at the
+        ``max_check_failures``-th, mark it failed with the reason instead."""
+        sid = claim.session_id
+        n = self._check_failures.get(sid, 0) + 1
+        if n >= self.max_check_failures:
+            self._check_failures.pop(sid, None)
+            self._fail_for_good(claim, exc)
+            return
+        self._check_failures[sid] = n
+        delay = min(CHECK_BACKOFF_CAP_S, self.lease_s * 2 ** (n - 1))
+        self._count("backed_off")
+        log.warning(
+            "session %s (%s, %s) failed its checks (%d of %d), held for %gs: %s",
+            sid, claim.workflow, claim.reason, n, self.max_check_failures, delay, describe_exception(exc),
+        )
+        try:  # a lease of its own, not renewed: the session is claimable again when it ends
+            self.store.acquire(sid, self.owner, delay)
+        except Exception as err:  # taken meanwhile (an operator's resume): theirs now
+            log.info("session %s: not held for the backoff: %s", sid, describe_exception(err))
+
+    def _fail_for_good(self, claim: Claim, exc: BaseException, lease: Lease | None = None) -> None:
+        """End a session that cannot run with :func:`~.engine.submit.cannot_run_events`,
+        appended under ``lease`` (the claim's, when no resume released it) or a new one."""
+        sid = claim.session_id
+        self._count("failed")
+        log.warning("session %s (%s, %s) cannot run, marked failed: %s", sid, claim.workflow, claim.reason, describe_exception(exc))
+        try:
+            lease = lease or self.store.acquire(sid, self.owner, self.lease_s)
+        except Exception as err:
+            log.warning("session %s: could not mark it failed: %s", sid, describe_exception(err))
+            return
+        try:
+            self.store.append(sid, cannot_run_events(sid, claim.workflow, exc), self.store.last_seq(sid), epoch=lease.epoch)
+        except Exception as err:
+            log.warning("session %s: could not mark it failed: %s", sid, describe_exception(err))
+        finally:
+            try:
+                self.store.release(lease)
+            except Exception:  # best effort: the lease ends by itself
+                pass
 
     # -- draining --------------------------------------------------------------------------
 

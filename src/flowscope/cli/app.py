@@ -8,6 +8,7 @@ ever printed through :func:`shown_db` (its password masked). The commands live i
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -17,9 +18,10 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypeVar
 import click
 
 from ..errors import NotAFlowscopeDatabase, StoreUnavailable
+from ..jsontext import too_deep
 from . import views
 from .failures import EXIT_ERROR, CliError, to_cli_error
-from .render import render_csv, render_json, use_utc
+from .render import render_csv, render_json, use_utc, use_wide
 
 if TYPE_CHECKING:
     from ..store.postgres import PostgresEventStore
@@ -31,17 +33,20 @@ __all__ = [
     "ENV_UTC",
     "FORMATS",
     "DURATION",
+    "POSITIVE_DURATION",
     "Duration",
     "FlowscopeGroup",
     "cli",
     "db_option",
     "format_option",
+    "wide_option",
     "otlp_protocol_option",
     "metrics_host_option",
     "resolve_db",
     "open_store",
     "shown_db",
     "emit",
+    "json_arg",
     "command_prefix",
     "silence_stdout",
     "main",
@@ -89,20 +94,30 @@ class FlowscopeGroup(click.Group):
 
 
 class Duration(click.ParamType):
-    """``15m``, ``90s``, ``1h30m``, ``500ms`` or a number of seconds."""
+    """``15m``, ``90s``, ``1h30m``, ``500ms`` or a number of seconds; with ``positive``,
+    zero is a usage error (a lease or a poll interval of nothing)."""
 
     name = "duration"
 
+    def __init__(self, positive: bool = False) -> None:
+        self.positive = positive
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, (int, float)):
-            return float(value)
-        try:
-            return views.parse_duration(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            seconds = float(value)
+        else:
+            try:
+                seconds = views.parse_duration(value)
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        if self.positive and not seconds > 0:
+            self.fail(f"{value!r} is not a positive duration (e.g. 500ms, 15s)", param, ctx)
+        return seconds
 
 
 DURATION = Duration()
+#: A duration that must be more than zero.
+POSITIVE_DURATION = Duration(positive=True)
 
 # --------------------------------------------------------------------------- shared options
 
@@ -140,6 +155,17 @@ def metrics_host_option(f: F) -> F:
         show_default=True,
         metavar="ADDRESS",
         help="Address the metrics endpoint binds (0.0.0.0 exposes it: nothing there authenticates).",
+    )(f)
+
+
+def wide_option(f: F) -> F:
+    """``--wide`` on a command that prints a table: every cell whole, however wide the terminal."""
+    return click.option(
+        "--wide",
+        is_flag=True,
+        expose_value=False,
+        callback=lambda _ctx, _param, on: use_wide(on),
+        help="Print every cell whole; without it the table fits the terminal ($COLUMNS), long cells cut with '…'.",
     )(f)
 
 
@@ -207,6 +233,24 @@ def open_store(db: str | None, *, write: bool = False, create: bool = False) -> 
     if p.exists() and p.stat().st_size == 0 and not create:
         raise NotAFlowscopeDatabase(f"{path} is an empty file, not a flowscope database")
     return SqliteEventStore(path, readonly=not (write or create))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def json_arg(text: str, option: str, key: str | None = None) -> Any:
+    """The JSON an option was given (``--input``, ``--job``, ``key`` its ``ID=`` part), or a
+    CliError saying how to quote it. Strict JSON: ``NaN`` and ``Infinity`` are refused here,
+    as the store would refuse them, not recorded."""
+    what = f"{option} {key}" if key is not None else option
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise CliError(too_deep(what)) from None
+    except ValueError as exc:
+        example = f"{key}=" + json.dumps(text) if key is not None else json.dumps(text)
+        raise CliError(f"{what}: {text!r} is not valid JSON ({exc}); quote a string as JSON: {option} {shlex.quote(example)}") from None
 
 
 def emit(rows: list[dict[str, Any]], fmt: str, keys: tuple[str, ...], table: Callable[[], str]) -> None:

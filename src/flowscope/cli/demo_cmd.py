@@ -106,7 +106,7 @@ def _asking(ask: Callable[[Any], Any]) -> Callable[[Any], Any]:
             click.echo("")
             click.echo(
                 click.style(f"stopped at the prompt: session {request.session_id} stays paused", fg="yellow")
-                + f" (flowscope show {request.session_id}; flowscope resume {request.session_id} --input '{request.interrupt_id}=JSON')",
+                + f" (flowscope show {request.session_id}; {views.input_hint(request.session_id, request.interrupt_id, request.payload)})",
                 err=True,
             )
             raise DemoStopped() from None

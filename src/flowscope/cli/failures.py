@@ -29,6 +29,7 @@ from ..errors import (
     classify,
 )
 from ..events import EventDecodeError
+from ..store.postgres.dsn import is_postgres_url
 
 __all__ = [
     "EXIT_ERROR",
@@ -37,6 +38,8 @@ __all__ = [
     "DB_HINT",
     "CliError",
     "STORE_ERROR_ADVICE",
+    "POSTGRES_ERROR_ADVICE",
+    "ADVICE_GIVEN",
     "one_line",
     "failure_line",
     "unknown_session",
@@ -69,6 +72,9 @@ class CliError(click.ClickException):
 #: (which says what is wrong); ``{db}`` is the database the command opened. Every row exits
 #: with EXIT_ERROR, like every CliError. Looked up along the exception's MRO, so a subclass
 #: an adapter adds inherits its parent's row; a class with no row prints its message alone.
+#: One piece of advice per error: a message that gives the advice already (it holds one
+#: of :data:`ADVICE_GIVEN`'s phrases for its class, as the adapters' messages do) gets none
+#: from here. A PostgreSQL database takes its rows from :data:`POSTGRES_ERROR_ADVICE` first.
 STORE_ERROR_ADVICE: dict[type[StoreError], str] = {
     StoreLocked: "another process holds the database; retry in a moment, or stop the other writer",
     StoreCorrupt: "restore it from a backup (or try `sqlite3 {db} .recover`)",
@@ -77,6 +83,27 @@ STORE_ERROR_ADVICE: dict[type[StoreError], str] = {
     StoreReadOnly: "check the permissions of the file and its folder (SQLite writes -wal and -shm files beside it)",
     StoreDiskFull: "free disk space, then run the command again (flowscope resume continues a session)",
     StoreUnavailable: DB_HINT,
+}
+
+#: The rows that differ for a ``postgresql://`` database: no SQLite file to recover or to
+#: create with ``flowscope demo``. Its adapter's messages say what to do about a server
+#: that cannot be reached, refuses the credentials or has no such database.
+POSTGRES_ERROR_ADVICE: dict[type[StoreError], str] = {
+    StoreCorrupt: "restore it from a backup",
+    NotAFlowscopeDatabase: "point --db (or FLOWSCOPE_DB) at a flowscope database",
+    StoreReadOnly: "connect as a role that may write, to a server that takes writes",
+    StoreUnavailable: "check that the server is running and that the URL's host, port, database and user are right",
+}
+
+#: Phrases by which a message gives the advice of its class's row itself.
+ADVICE_GIVEN: dict[type[StoreError], tuple[str, ...]] = {
+    StoreLocked: ("retry",),
+    StoreCorrupt: ("from a backup",),
+    NotAFlowscopeDatabase: ("point flowscope at", "point --db"),
+    StoreSchemaTooNew: ("upgrade",),
+    StoreReadOnly: ("open it writable", "use a writable", "grant it"),
+    StoreDiskFull: ("free space", "free disk space"),
+    StoreUnavailable: ("PostgreSQL", "check the path", "pip install", "point --db"),
 }
 
 
@@ -108,9 +135,12 @@ def unknown_session(session_id: str, where: str) -> UnknownSessionError:
 
 def _store_error(exc: StoreError, db: str | None) -> CliError:
     msg = one_line(exc)
+    postgres = db is not None and is_postgres_url(db)
     for klass in type(exc).__mro__:
-        advice = STORE_ERROR_ADVICE.get(klass)
+        advice = (POSTGRES_ERROR_ADVICE.get(klass) if postgres else None) or STORE_ERROR_ADVICE.get(klass)
         if advice is not None:
+            if any(phrase in msg for phrase in ADVICE_GIVEN.get(klass, ())):
+                return CliError(msg)  # the message says what to do already: once is enough
             return CliError(f"{msg}: {advice.format(db=shlex.quote(db) if db else 'FILE')}")
     if isinstance(exc, ConcurrencyConflict):  # the engine's wording names the API's flag
         return CliError(msg.replace("pass force=True", "pass --force"))

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 
 from ..fold import WorkflowState, rebuild
-from ..store.base import FINISHED_SESSION_STATUSES
+from ..store.base import FINISHED_SESSION_STATUSES, SESSION_STATUSES
 from . import views
-from .app import DURATION, db_option, emit, format_option, open_store, otlp_protocol_option, resolve_db, shown_db
+from .app import DURATION, db_option, emit, format_option, open_store, wide_option, otlp_protocol_option, resolve_db, shown_db
 from .failures import EXIT_FAILED, CliError, one_line, unknown_session
 from .runtime import follower_exporter
 from .history import EVENT_KEYS, event_rows, retry_reasons, session_history
@@ -30,8 +30,9 @@ __all__ = ["runs", "show", "audit", "stuck", "events", "export", "COMMANDS"]
 @click.command()
 @db_option
 @format_option
+@wide_option
 @click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True, help="At most this many sessions (0: all).")
-@click.option("--status", type=click.Choice(["running", "paused", "completed", "failed", "cancelled"]), help="Only sessions with this status.")
+@click.option("--status", type=click.Choice(list(SESSION_STATUSES)), help="Only sessions with this status.")
 @click.option("--workflow", help="Only sessions of this workflow.")
 def runs(db: str | None, fmt: str, limit: int, status: str | None, workflow: str | None) -> None:
     """List sessions, most recently updated first."""
@@ -62,6 +63,7 @@ def _session_view(store: EventStore, session: str, where: str) -> tuple[Workflow
 @click.argument("session")
 @db_option
 @format_option
+@wide_option
 @click.option("--follow", "-f", is_flag=True, help="Redraw the table as the session advances, until it ends or Ctrl-C.")
 @click.option("--interval", type=DURATION, default="1s", show_default=True, help="With --follow: how often to look for new events.")
 def show(session: str, db: str | None, fmt: str, follow: bool, interval: float) -> None:
@@ -109,6 +111,7 @@ def _follow(db: str | None, session: str, interval: float) -> None:
 @click.command()
 @db_option
 @format_option
+@wide_option
 @click.option("--session", "sessions", multiple=True, metavar="SESSION", help="Only this session (repeatable).")
 @click.option("--workflow", help="Only this workflow.")
 @click.option("--by", type=click.Choice(["node", "run"]), default="node", show_default=True, help="One row per workflow and node, or per node run.")
@@ -144,7 +147,14 @@ def audit(db: str | None, fmt: str, sessions: tuple[str, ...], workflow: str | N
 @click.command()
 @db_option
 @format_option
-@click.option("--older-than", type=DURATION, default="15m", show_default=True, help="Only open runs started longer ago than this.")
+@wide_option
+@click.option(
+    "--older-than",
+    type=DURATION,
+    default="15m",
+    show_default=True,
+    help="Only running and waiting runs started, and queued sessions submitted, longer ago than this (orphaned runs: at once).",
+)
 @click.option(
     "--stale-after",
     type=DURATION,
@@ -156,7 +166,7 @@ def audit(db: str | None, fmt: str, sessions: tuple[str, ...], workflow: str | N
     "--state",
     "states",
     multiple=True,
-    type=click.Choice(["running", "orphaned", "waiting_input", "waiting_job", "overdue"]),
+    type=click.Choice(list(views.STUCK_STATES)),
     help="Only these states (repeatable).",
 )
 @click.option("--all", "include_parents", is_flag=True, help="Also list enclosing runs (workflow nodes, parents of dynamic children).")
@@ -170,14 +180,16 @@ def stuck(
     include_parents: bool,
     fail_if_any: bool,
 ) -> None:
-    """Open runs older than a threshold: running, orphaned, waiting_input, waiting_job, overdue.
+    """What needs an operator: orphaned runs at once; running and waiting runs, and queued
+    sessions, older than --older-than.
 
     \b
     running        started, no end yet, heartbeat fresh: slow, blocked or looping
-    orphaned       running, but its heartbeat is older than --stale-after: the worker died
+    orphaned       running, but its owner is gone (or, without one, its heartbeat is older than --stale-after)
     waiting_input  paused for an answer (flowscope resume SESSION --input ID=JSON)
     waiting_job    waiting for an external job's result (--job JOB_ID=JSON)
     overdue        waiting for a job that is past its deadline_s
+    queued         submitted (flowscope start) and not started: no live worker serves it, or its claims fail
     """
     with open_store(db) as store:
         rows = views.stuck_rows(
@@ -192,6 +204,7 @@ def stuck(
 @click.argument("session")
 @db_option
 @format_option
+@wide_option
 @click.option("--show-payloads", is_flag=True, help="Print inputs, outputs, answers and job data as written (they may hold personal data).")
 def events(session: str, db: str | None, fmt: str, show_payloads: bool) -> None:
     """The session's event log itself: every event, every field, in order.

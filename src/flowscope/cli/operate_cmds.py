@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 import click
@@ -10,11 +11,11 @@ import click
 from ..errors import ResumeError, StoreError, classify
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
-from ..jsontext import too_deep
+from ..jobs import result_type_problem
 from ..plugins import Plugin
 from ..store.base import FINISHED_SESSION_STATUSES
 from . import views
-from .app import DURATION, command_prefix, db_option, emit, format_option, open_store, otlp_protocol_option
+from .app import DURATION, command_prefix, db_option, emit, format_option, json_arg, open_store, otlp_protocol_option
 from .failures import EXIT_FAILED, CliError, failure_line
 from .render import fmt_duration, fmt_time, render_table, zone_name
 from .runtime import SpanFollower, configure_cli_tracing, start_metrics_server, wait_for_signal
@@ -39,15 +40,7 @@ def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise CliError(f"{option} expects ID=JSON (e.g. {option} 'approval=true'), got {raw!r}")
-        try:
-            out[key] = json.loads(text)
-        except RecursionError:
-            raise CliError(too_deep(f"{option} {key}")) from None
-        except ValueError as exc:
-            raise CliError(
-                f"{option} {key}: {text!r} is not valid JSON ({exc}); "
-                f"quote a string as JSON: {option} '{key}=\"{text}\"'"
-            ) from None
+        out[key] = json_arg(text, option, key)
     return out
 
 
@@ -55,12 +48,15 @@ def _check_job_result(job_id: str, value: Any) -> None:
     """A job result is a JSON object whose keys are among :data:`JOB_RESULT_KEYS`: anything
     else would be consumed as a failed result. (Without ``success: true`` the job guard
     makes it an actionable pause, as for a worker's report.)"""
-    example = f"--job '{job_id}={{\"success\": true, \"count\": 3, \"data\": {{...}}}}'"
+    example = "--job " + shlex.quote(f"{job_id}={views.JOB_RESULT_EXAMPLE}")
     if not isinstance(value, dict):
         raise CliError(f"--job {job_id}: a job result is a JSON object, not {type(value).__name__} {json.dumps(value)[:40]}: {example}")
     unknown = sorted(set(value) - set(JOB_RESULT_KEYS))
     if unknown:
         raise CliError(f"--job {job_id}: unknown key(s) {', '.join(unknown)}; a job result has {', '.join(JOB_RESULT_KEYS)}: {example}")
+    problem = result_type_problem(value)
+    if problem is not None:
+        raise CliError(f"--job {job_id}: {problem}: {example}")
 
 
 def _waiting_on(ws: WorkflowState) -> str:
@@ -195,10 +191,10 @@ def resume(
         for p in result.pending:
             if isinstance(p, InputRequested):
                 click.echo(f"  input {p.interrupt_id!r}: {p.prompt}")
-                click.echo(f"    flowscope resume {session} --input '{p.interrupt_id}=JSON'")
+                click.echo(f"    {views.input_hint(session, p.interrupt_id, p.payload)}")
             elif isinstance(p, JobDispatched):
                 click.echo(f"  job {p.job_id} at {p.path}")
-                click.echo(f"    flowscope resume {session} --job '{p.job_id}={{\"success\": true, \"count\": 1, \"data\": ...}}'")
+                click.echo(f"    {views.job_hint(session, p.job_id)}")
     else:
         out = json.dumps(result.output, ensure_ascii=False)
         if len(out) > 300:

@@ -6,7 +6,10 @@ import csv
 import io
 import json
 import math
+import os
 import re
+import shutil
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -14,6 +17,9 @@ import click
 
 __all__ = [
     "use_utc",
+    "use_wide",
+    "table_width",
+    "fit_widths",
     "zone_name",
     "fmt_time",
     "fmt_duration",
@@ -55,6 +61,73 @@ _UTC = [False]
 def use_utc(on: bool) -> None:
     """Print times in UTC from now on (``on``) or in local time; set once by the group."""
     _UTC[0] = bool(on)
+
+
+#: Whether tables print every cell whole (``--wide``) instead of fitting the terminal.
+_WIDE = [False]
+
+
+def use_wide(on: bool) -> None:
+    """Print tables whole from now on (``on``: ``--wide``), or fit them to the terminal."""
+    _WIDE[0] = bool(on)
+
+
+def table_width() -> int | None:
+    """The width tables must fit: ``$COLUMNS`` when set, else the terminal's when stdout is
+    one; None (no limit) with ``--wide`` or when stdout is a pipe or a file, so that
+    ``flowscope runs | grep`` sees every cell whole."""
+    if _WIDE[0]:
+        return None
+    env = os.environ.get("COLUMNS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        if sys.stdout.isatty():
+            return shutil.get_terminal_size().columns
+    except (AttributeError, ValueError, OSError):  # no real stdout
+        pass
+    return None
+
+
+def fit_widths(widths: Sequence[int], headers: Sequence[str], limit: int | None, fixed: Sequence[bool] = ()) -> list[int]:
+    """Column widths that fit ``limit`` characters with two spaces between columns.
+
+    The widest columns give way first (one cap for all of them, as high as fits); a column
+    never shrinks below a few characters, nor at all when ``fixed`` says so. A table that
+    cannot fit even so keeps those minimums (and overflows): a readable table beats a
+    fitting one. ``limit`` None: the widths as they are.
+    """
+    widths = list(widths)
+    if limit is None or sum(widths) + 2 * (len(widths) - 1) <= limit:
+        return widths
+    keep = [bool(fixed[i]) if i < len(fixed) else False for i in range(len(widths))]
+    mins = [w if keep[i] else min(w, 4) for i, w in enumerate(widths)]
+    budget = limit - 2 * (len(widths) - 1)
+
+    def used(cap: int) -> int:
+        return sum(w if keep[i] else max(mins[i], min(w, cap)) for i, w in enumerate(widths))
+
+    lo, hi = 0, max(widths)
+    while lo < hi:  # the largest cap whose table fits
+        mid = (lo + hi + 1) // 2
+        if used(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    out = [w if keep[i] else max(mins[i], min(w, lo)) for i, w in enumerate(widths)]
+    spare = budget - sum(out)
+    for i, w in enumerate(widths):  # what the cap left over, to the columns it cut
+        if spare <= 0:
+            break
+        if not keep[i] and out[i] < w:
+            out[i] += 1
+            spare -= 1
+    return out
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, cut with ``…``."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
 def zone_name() -> str:
@@ -120,17 +193,28 @@ def render_table(
     color_key: str | None = None,
     empty: str = "(nothing)",
     max_width: int = 80,
+    fixed: Sequence[str] = (),
 ) -> str:
-    """A plain, aligned table. ``columns`` are ``(header, row -> value)``; the last column is not padded."""
+    """A plain, aligned table. ``columns`` are ``(header, row -> value)``; the last column is not padded.
+
+    It fits :func:`table_width` (the terminal), cells cut with ``…`` (``fixed`` names
+    columns never cut); with ``--wide`` every cell is printed whole. Without ``--wide`` a
+    cell longer than ``max_width`` is cut in any case, so one long value cannot push the
+    rest of a piped table off the screen.
+    """
     if not rows:
         return empty
     cells = [[_cell(fn(r)) for _h, fn in columns] for r in rows]
-    for line in cells:  # keep one very long cell from wrecking the layout
-        for i, c in enumerate(line):
-            if len(c) > max_width and i < len(line) - 1:
-                line[i] = c[: max_width - 3] + "..."
+    if not _WIDE[0]:
+        for line in cells:  # keep one very long cell from wrecking the layout
+            for i, c in enumerate(line):
+                if len(c) > max_width and i < len(line) - 1:
+                    line[i] = _clip(c, max_width)
     headers = [h for h, _fn in columns]
     widths = [max(len(h), *(len(line[i]) for line in cells)) for i, h in enumerate(headers)]
+    widths = fit_widths(widths, headers, table_width(), [h in fixed for h in headers])
+    headers = [_clip(h, w) for h, w in zip(headers, widths)]
+    cells = [[_clip(c, w) for c, w in zip(line, widths)] for line in cells]
     color_col = None
     if color_key is not None:
         color_col = next((i for i, (h, _f) in enumerate(columns) if h.lower() == color_key.lower()), None)
@@ -212,13 +296,15 @@ def _detail(r: dict[str, Any]) -> str:
     if jobs:
         bits.append("jobs: " + ", ".join(f"{j['job_id']} {j['result']}" for j in jobs))
     # a failed job's actionable pause has the interrupt id PATH#jobN.K: the jobs say it already
-    answered = [
-        i
-        for i in r.get("interrupts") or ()
-        if i not in (r.get("open_interrupts") or ()) and not (jobs and "#job" in i)
-    ]
+    given = set(r.get("answered_interrupts") or ())
+    still = set(r.get("open_interrupts") or ())
+    asked = [i for i in r.get("interrupts") or () if not (jobs and "#job" in i)]
+    answered = [i for i in asked if i in given]
     if answered:
         bits.append("paused for " + ", ".join(answered) + " (answered)")
+    unanswered = [i for i in asked if i not in given and i not in still]  # cancelled or failed meanwhile
+    if unanswered:
+        bits.append("paused for " + ", ".join(unanswered) + " (never answered)")
     if r.get("open_interrupts"):
         bits.append("WAITING for " + ", ".join(r["open_interrupts"]))
     if status == "running":
@@ -270,7 +356,7 @@ class _Axis:
 def waterfall_lines(
     rows: Sequence[dict[str, Any]],
     *,
-    width: int = 32,
+    width: int | None = None,
     end_ts: float | None = None,
     windows: Sequence[tuple[float, float]] = (),
 ) -> list[str]:
@@ -282,6 +368,9 @@ def waterfall_lines(
     """
     if not rows:
         return ["(no node runs)"]
+    if width is None:  # 32 columns of timeline, fewer in a narrow terminal
+        limit = table_width()
+        width = 32 if limit is None else max(10, min(32, limit - 64))
     starts = [r["started_at"] for r in rows if r.get("started_at") is not None]
     ends = [r["ended_at"] for r in rows if r.get("ended_at") is not None]
     t0: float = min(starts) if starts else 0.0
@@ -315,4 +404,4 @@ def waterfall_lines(
         ("TIMELINE", lambda r: r["_bar"]),
         ("DETAIL", lambda r: r["_detail"]),
     ]
-    return render_table(table_rows, columns, color_key="STATUS", max_width=120).split("\n")
+    return render_table(table_rows, columns, color_key="STATUS", max_width=120, fixed=("TIMELINE",)).split("\n")

@@ -12,7 +12,8 @@ import click
 
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
-from .render import fmt_duration, fmt_time, one_line_text, render_table, zone_name
+from .views import input_hint, job_hint
+from .render import fmt_duration, fmt_time, one_line_text, render_table, table_width, zone_name
 
 __all__ = ["runs_table", "session_header", "pending_hint", "audit_table", "stuck_table"]
 
@@ -42,18 +43,35 @@ def runs_table(rows: list[dict[str, Any]], filters: str = "") -> str:
 
 
 def session_header(ws: WorkflowState) -> list[str]:
-    """The lines above a session's waterfall: status, counts, and where it failed."""
+    """The lines above a session's waterfall: status, counts, and where it failed.
+
+    They fit the terminal as the tables do (:func:`.render.table_width`): the first line's
+    parts go on as many lines as they need, the failure's message is cut with ``…``
+    (``--wide``, ``flowscope events`` print it whole)."""
+    limit = table_width()
     status = click.style(ws.status, fg={"completed": "green", "failed": "red", "paused": "yellow"}.get(ws.status))
     dur = (ws.updated_at - ws.started_at) if ws.started_at is not None and ws.updated_at is not None else None
-    lines = [
-        f"session {ws.session_id}   workflow {ws.workflow}   {status}   "
-        f"{ws.invocations} invocation(s)   {ws.last_seq} events",
-        f"started {fmt_time(ws.started_at, zone=True)}, last event {fmt_duration(dur)} later",
-    ]
+    parts = [(f"session {ws.session_id}", None), (f"workflow {ws.workflow}", None), (status, ws.status),
+             (f"{ws.invocations} invocation(s)", None), (f"{ws.last_seq} events", None)]
+    lines: list[str] = []
+    line, width = "", 0
+    for text, plain in parts:
+        if plain is None and limit is not None and len(text) > limit:
+            text = text[: max(limit - 1, 0)] + "…"
+        n = len(plain if plain is not None else text)
+        if line and limit is not None and width + 3 + n > limit:
+            lines.append(line)
+            line, width = "", 0
+        line, width = (f"{line}   {text}", width + 3 + n) if line else (text, n)
+    lines.append(line)
+    lines.append(f"started {fmt_time(ws.started_at, zone=True)}, last event {fmt_duration(dur)} later")
     if ws.status == "failed":
         ns = ws.nodes.get(ws.error_path) if ws.error_path else None
         msg = f": {one_line_text(ns.error_message)}" if ns is not None and ns.error_message else ""
-        lines.append(click.style(f"failed at {ws.error_path}: {ws.error_code}{msg}", fg="red"))
+        text = f"failed at {ws.error_path}: {ws.error_code}{msg}"
+        if limit is not None and len(text) > limit:
+            text = text[: max(limit - 1, 0)] + "…"
+        lines.append(click.style(text, fg="red"))
     return lines
 
 
@@ -66,12 +84,12 @@ def pending_hint(ws: WorkflowState) -> list[str]:
     for p in pending:
         if isinstance(p, InputRequested):
             prompt = one_line_text(p.prompt)
-            out.append(f"  input {p.interrupt_id!r}: {prompt}   -> flowscope resume {ws.session_id} --input '{p.interrupt_id}=JSON'")
+            out.append(f"  input {p.interrupt_id!r}: {prompt}   -> {input_hint(ws.session_id, p.interrupt_id, p.payload)}")
             payload = p.payload if isinstance(p.payload, dict) else {}
             if payload.get("fix"):
                 out.append(f"    fix: {one_line_text(str(payload['fix']))}")
         elif isinstance(p, JobDispatched):
-            out.append(f"  job {p.job_id} ({p.path})   -> flowscope resume {ws.session_id} --job '{p.job_id}=JSON'")
+            out.append(f"  job {p.job_id} ({p.path})   -> {job_hint(ws.session_id, p.job_id)}")
             out.append(f"    idempotency key {p.idempotency_key or '-'}; dispatched {fmt_time(p.ts, zone=True)}")
     return out
 

@@ -8,7 +8,9 @@ that interprets events. Nothing here reads event fields itself. The keys are doc
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import time
 from typing import Any, Callable, Iterable
 
@@ -22,7 +24,9 @@ from ..liveness import (
     WAITING_INPUT,
     WAITING_JOB,
     classify_open_run,
+    owner_alive,
     resume_lease_s,
+    worker_alive,
 )
 from ..fold import OPEN_STATES, NodeState, WorkflowState, containers, rebuild
 from .history import RetryReasons, SessionHistory, request_row, retry_label
@@ -33,6 +37,11 @@ __all__ = [
     "AUDIT_KEYS",
     "AUDIT_RUN_KEYS",
     "STUCK_KEYS",
+    "QUEUED",
+    "JOB_RESULT_EXAMPLE",
+    "input_hint",
+    "job_hint",
+    "STUCK_STATES",
     "parse_duration",
     "load_session",
     "runs_rows",
@@ -81,6 +90,7 @@ SHOW_KEYS = (
     "origin_path",
     "interrupts",
     "open_interrupts",
+    "answered_interrupts",
     "jobs",
     "heartbeat_at",
     "requests",
@@ -143,6 +153,36 @@ STUCK_KEYS = (
     "owner",
 )
 
+#: What ``stuck`` calls a queued session that no worker has started (not a node run's state).
+QUEUED = "queued"
+#: Every state ``flowscope stuck`` lists: the open runs' classes, and queued sessions.
+STUCK_STATES = (RUNNING, ORPHANED, WAITING_INPUT, WAITING_JOB, OVERDUE, QUEUED)
+
+#: The job result the hints print: valid JSON, a success with one item, to edit before use.
+JOB_RESULT_EXAMPLE = '{"success": true, "count": 1, "data": {}}'
+
+
+def _quoted(text: str) -> str:
+    """``text`` in single quotes for a POSIX shell, always (a hint reads the same whatever
+    it holds), a quote inside it closed, escaped and reopened."""
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def input_hint(session_id: str, interrupt_id: str, payload: Any = None, prefix: str = "flowscope") -> str:
+    """The ``resume --input`` that answers ``interrupt_id``, quoted for a POSIX shell. The
+    value is ``JSON`` (the placeholder to replace), or ``"retry"`` for a failed job's
+    pause (its payload lists the actions), which is valid as printed."""
+    actions = payload.get("actions") if isinstance(payload, dict) and payload.get("kind") == "job_failed" else None
+    value = json.dumps(actions[0]) if actions else "JSON"
+    return f"{prefix} resume {shlex.quote(session_id)} --input {_quoted(f'{interrupt_id}={value}')}"
+
+
+def job_hint(session_id: str, job_id: str, prefix: str = "flowscope") -> str:
+    """The ``resume --job`` that reports ``job_id``'s result, quoted for a POSIX shell:
+    pasted, its value is :data:`JOB_RESULT_EXAMPLE`, valid JSON."""
+    return f"{prefix} resume {shlex.quote(session_id)} --job {_quoted(f'{job_id}={JOB_RESULT_EXAMPLE}')}"
+
+
 _UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*(ms|sec|min|s|m|h|d|w)?", re.IGNORECASE)
 
@@ -178,11 +218,13 @@ def load_session(store: EventStore, session_id: str) -> WorkflowState:
 
 
 def owner_row(info: SessionInfo | None) -> dict[str, Any] | None:
-    """The session's ``owner`` as the listings show it, or None if no owner ever took it."""
+    """The session's ``owner`` as the listings show it, or None if no owner ever took it;
+    ``alive`` is :func:`flowscope.liveness.owner_alive`, the rule every command applies."""
     if info is None or info.owner is None:
         return None
     o = info.owner
-    return {"worker_id": o.worker_id, "host": o.host, "pid": o.pid, "lease_expires_at": info.lease_expires_at}
+    alive = owner_alive(o, info.lease_expires_at, time.time())
+    return {"worker_id": o.worker_id, "host": o.host, "pid": o.pid, "lease_expires_at": info.lease_expires_at, "alive": alive}
 
 
 def _where(store: EventStore) -> str:
@@ -344,6 +386,7 @@ def show_rows(
                 "origin_path": ns.origin_path if ns.status == "failed" or ns.is_open else None,
                 "interrupts": sorted(set(ns.inputs) | set(ns.requests)),
                 "open_interrupts": sorted(ns.requests) if ns.status == "waiting_input" else [],
+                "answered_interrupts": sorted(ns.inputs),
                 "jobs": jobs,
                 "heartbeat_at": ns.heartbeat_at if ns.status == "running" else None,
                 "requests": [request_row(req) for req in ns.requests.values()] if ns.status == "waiting_input" else [],
@@ -450,7 +493,11 @@ def stuck_rows(
     now: float | None = None,
     on_skip: Callable[[str, StoreCorrupt], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Open runs older than ``older_than_s``, oldest first, classified by :mod:`flowscope.liveness`.
+    """Open runs older than ``older_than_s``, oldest first, classified by :mod:`flowscope.liveness`,
+    then queued sessions submitted longer ago than that (state ``queued``: no worker started them).
+
+    An orphaned run is listed whatever its age: its owner is known to be gone, so there is
+    nothing to wait for. The age applies to running and waiting runs, which may still move.
 
     A session whose log cannot be read (a corrupt row) is left out, and ``on_skip`` told
     why, so that one bad row does not hide every other stuck run of the database.
@@ -460,7 +507,7 @@ def stuck_rows(
     """
     now = time.time() if now is None else now
     all_open = store.open_runs()
-    runs = [r for r in all_open if r.started_at is None or now - r.started_at >= older_than_s]
+    runs = list(all_open)
     if not include_parents:
         enclosing = _open_containers(all_open)
         runs = [r for r in runs if (r.session_id, r.path) not in enclosing]
@@ -472,6 +519,9 @@ def stuck_rows(
     for r in runs:
         if r.session_id in skipped:
             continue
+        young = r.started_at is not None and now - r.started_at < older_than_s
+        if young and r.status != RUNNING:  # only a running run can be an orphan
+            continue
         if r.session_id not in infos:
             infos[r.session_id] = store.session_info(r.session_id)
         info = infos[r.session_id]
@@ -482,7 +532,10 @@ def stuck_rows(
         )
         if wanted is not None and state not in wanted:
             continue
+        if young and state != ORPHANED:
+            continue  # an orphan is known at once; the age is for runs that may still move
         waiting_on: list[str] = []
+        payload: Any = None
         if r.status in ("waiting_input", "waiting_job"):
             ws = states_cache.get(r.session_id)
             if ws is None:
@@ -496,6 +549,8 @@ def stuck_rows(
             ns = ws.nodes.get(r.path)
             if ns is not None:
                 waiting_on = sorted(ns.requests) if r.status == "waiting_input" else [j.job_id for j in ns.open_jobs]
+                if waiting_on and waiting_on[0] in ns.requests:
+                    payload = ns.requests[waiting_on[0]].payload
         beat_age = now - r.heartbeat_at if r.heartbeat_at is not None else None
         rows.append(
             {
@@ -512,16 +567,65 @@ def stuck_rows(
                 "heartbeat_age_s": _round(beat_age) if r.status == "running" and beat_age is not None else None,
                 "job_deadline_at": r.job_deadline_at,
                 "waiting_on": waiting_on,
-                "action": _action(r, state, waiting_on, beat_age, info),
+                "action": _action(r, state, waiting_on, beat_age, info, payload),
                 "owner": owner_row(info),
             }
         )
     if skipped:
         rows = [row for row in rows if row["session_id"] not in skipped]
+    if wanted is None or QUEUED in wanted:
+        rows.extend(_queued_rows(store, older_than_s, now))
     return rows
 
 
-def _action(r: NodeRun, state: str, waiting_on: list[str], beat_age: float | None, info: SessionInfo | None) -> str:
+def _queued_rows(store: EventStore, older_than_s: float, now: float) -> list[dict[str, Any]]:
+    """Sessions submitted longer ago than ``older_than_s`` that no worker has started, with
+    what to do: start a worker for the workflow, or look at the live one's log (its claims
+    fail). Workers are alive by :func:`flowscope.liveness.worker_alive`."""
+    from ..examples import BUNDLED
+
+    cutoff = now - older_than_s
+    if not any(g.oldest_submitted_at is None or g.oldest_submitted_at <= cutoff for g in store.queued_summary()):
+        return []  # the store's index says nothing queued is old enough: no scan of every session
+    queued = [s for s in store.sessions() if s.status == QUEUED]
+    old = [s for s in queued if (s.submitted_at or s.started_at or now) <= cutoff]
+    if not old:
+        return []
+    live = [w for w in store.workers() if worker_alive(w.host, w.pid, w.seen_at, now)]
+    rows = []
+    for s in sorted(old, key=lambda s: s.submitted_at or 0.0):
+        since = s.submitted_at if s.submitted_at is not None else s.started_at
+        serving = [w for w in live if s.workflow in w.workflows]
+        if serving:
+            w = max(serving, key=lambda w: w.seen_at)
+            action = f"a live worker serves it ({w.worker_id} on {w.host} pid {w.pid}): its log says why it does not start"
+        else:
+            action = f"no live worker serves {s.workflow!r}: flowscope worker {BUNDLED.get(s.workflow, 'MODULE:ATTR')}"
+        rows.append(
+            {
+                "session_id": s.session_id,
+                "workflow": s.workflow,
+                "node": None,
+                "path": "",
+                "state": QUEUED,
+                "status": QUEUED,
+                "attempt": 0,
+                "started_at": since,
+                "age_s": _round(now - since) if since is not None else None,
+                "heartbeat_at": None,
+                "heartbeat_age_s": None,
+                "job_deadline_at": None,
+                "waiting_on": ["a worker"],
+                "action": action,
+                "owner": owner_row(s),
+            }
+        )
+    return rows
+
+
+def _action(
+    r: NodeRun, state: str, waiting_on: list[str], beat_age: float | None, info: SessionInfo | None, payload: Any = None
+) -> str:
     sid = r.session_id
     owner = info.owner if info is not None else None
     if state == ORPHANED:
@@ -534,9 +638,7 @@ def _action(r: NodeRun, state: str, waiting_on: list[str], beat_age: float | Non
             return f"alive ({owner.describe()} holds the lease): check that worker; it is slow, blocked or looping"
         return "alive (fresh heartbeat): check the worker; it is slow, blocked or looping"
     if state == WAITING_INPUT:
-        iid = waiting_on[0] if waiting_on else "ID"
-        return f"flowscope resume {sid} --input '{iid}=JSON'"
+        return input_hint(sid, waiting_on[0] if waiting_on else "ID", payload)
     if state in (WAITING_JOB, OVERDUE):
-        jid = waiting_on[0] if waiting_on else "JOB_ID"
-        return f"flowscope resume {sid} --job '{jid}=JSON'"
+        return job_hint(sid, waiting_on[0] if waiting_on else "JOB_ID")
     return f"flowscope show {sid}"

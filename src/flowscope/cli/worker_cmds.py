@@ -10,25 +10,32 @@ records a run by the workflow's name, without its code, for a worker to pick up.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
 import time
-import uuid
 from typing import Any
 
 from typing import TYPE_CHECKING
 
 import click
 
-from ..errors import OutputNotSerializableError, StoreNotWritable, WorkflowError
-from ..events import RunSubmitted
+from ..engine.submit import check_input, check_session_id, submit_run
+from ..errors import OutputNotSerializableError, StoreNotWritable
 from ..fold import WorkflowState
-from ..jsontext import too_deep
+from ..liveness import WORKER_SEEN_WITHIN_S, worker_alive
 from ..store.base import EventStore
-from .app import DURATION, command_prefix, db_option, metrics_host_option, open_store, otlp_protocol_option
+from .app import (
+    DURATION,
+    POSITIVE_DURATION,
+    command_prefix,
+    db_option,
+    json_arg,
+    metrics_host_option,
+    open_store,
+    otlp_protocol_option,
+)
 from .failures import EXIT_STORE_OUTAGE, CliError, to_cli_error
 from .runtime import configure_cli_tracing
 
@@ -38,30 +45,26 @@ if TYPE_CHECKING:
 
 __all__ = ["worker_cmd", "start", "load_workflows", "worker_hint", "worker_command", "submit_by_name", "record_answers", "cwd_importable", "StoreOutageStop", "COMMANDS"]
 
-#: How recently a worker must have recorded itself to count as serving a workflow: one
-#: default lease (workers record themselves every third of theirs).
-SEEN_WITHIN_S = 15.0
+#: How recently a worker must have recorded itself to count as serving a workflow (the
+#: one rule, :func:`flowscope.liveness.worker_alive`).
+SEEN_WITHIN_S = WORKER_SEEN_WITHIN_S
 
 
 def load_workflows(specs: tuple[str, ...]) -> list[Any]:
     """The workflows ``MODULE:ATTR`` name (each a Workflow or a list/tuple of them), with
-    the current directory importable; a bad spec is a CliError."""
-    from ..engine import Workflow
+    the current directory importable; a bad spec is a CliError
+    (:func:`flowscope.examples.load_target` and :func:`~flowscope.examples.as_workflow`,
+    the rules ``resume --workflow`` applies)."""
+    from ..examples import as_workflow, load_target
 
     cwd_importable()
     out: list[Any] = []
     for spec in specs:
-        module_name, _, attr = spec.partition(":")
         try:
-            obj = _import_attr(module_name, attr)
+            obj = load_target(spec)
+            out.extend(as_workflow(item, spec) for item in (list(obj) if isinstance(obj, (list, tuple)) else [obj]))
         except ValueError as exc:
-            raise CliError(f"{spec}: {exc}") from None
-        for item in list(obj) if isinstance(obj, (list, tuple)) else [obj]:
-            if not isinstance(item, Workflow) and callable(item):
-                item = item()  # a factory of no arguments
-            if not isinstance(item, Workflow):
-                raise CliError(f"{spec}: a {type(item).__name__}, not a flowscope Workflow (or a list of them)")
-            out.append(item)
+            raise CliError(f"{exc}" if str(exc).startswith(spec) else f"{spec}: {exc}") from None
     return out
 
 
@@ -72,23 +75,6 @@ def cwd_importable() -> None:
         sys.path.insert(0, cwd)
 
 
-def _import_attr(module_name: str, attr: str) -> Any:
-    from importlib import import_module
-
-    if not module_name or not attr:
-        raise ValueError("expected module:attribute (e.g. myapp.flows:orders)")
-    try:
-        obj: Any = import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r}: {exc}") from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
-    return obj
-
-
 def worker_command(workflow: str, prefix: str = "flowscope") -> str:
     """The ``flowscope worker`` command line for ``workflow``: its module:attr when bundled."""
     from ..examples import BUNDLED
@@ -97,20 +83,37 @@ def worker_command(workflow: str, prefix: str = "flowscope") -> str:
 
 
 def worker_hint(store: EventStore, workflow: str, now: float | None = None, prefix: str = "flowscope") -> tuple[bool, str]:
-    """Whether a worker for ``workflow`` recorded itself within :data:`SEEN_WITHIN_S`, and
-    the sentence that says so (with the command to start one when none was)."""
+    """Whether a live worker serves ``workflow``, and the sentence that says so.
+
+    Alive is :func:`flowscope.liveness.worker_alive`: recorded within
+    :data:`SEEN_WITHIN_S` and, on this host, its process still there. A worker record
+    that fails it is named as gone, never as the worker that will pick the session up;
+    when live workers serve only other workflows, the sentence names those (a typo in
+    the workflow's name shows at once). The command to start a worker ends every
+    sentence that finds none.
+    """
     now = time.time() if now is None else now
-    seen = [w for w in store.workers() if workflow in w.workflows and now - w.seen_at <= SEEN_WITHIN_S]
-    if seen:
-        w = max(seen, key=lambda w: w.seen_at)
+    records = store.workers()
+    alive = [w for w in records if worker_alive(w.host, w.pid, w.seen_at, now)]
+    serving = [w for w in alive if workflow in w.workflows]
+    if serving:
+        w = max(serving, key=lambda w: w.seen_at)
         return True, (
             f"a worker will pick it up: {w.worker_id} on {w.host} pid {w.pid} serves {workflow!r} "
-            f"(seen {max(0.0, now - w.seen_at):.1f}s ago)"
+            f"(alive, seen {max(0.0, now - w.seen_at):.1f}s ago)"
         )
-    return False, (
-        f"no worker for {workflow!r} seen in the last {SEEN_WITHIN_S:g}s: "
-        f"start one with {worker_command(workflow, prefix)}"
-    )
+    start = f"start one with {worker_command(workflow, prefix)}"
+    gone = [w for w in records if workflow in w.workflows]
+    if gone:
+        w = max(gone, key=lambda w: w.seen_at)
+        return False, (
+            f"no live worker for {workflow!r}: {w.worker_id} on {w.host} pid {w.pid} (seen "
+            f"{max(0.0, now - w.seen_at):.1f}s ago) is gone; {start}"
+        )
+    others = sorted({name for w in alive for name in w.workflows})
+    if others:
+        return False, f"no worker serves {workflow!r}: the live workers serve {', '.join(others)}; check the name, or {start}"
+    return False, f"no worker for {workflow!r} seen in the last {SEEN_WITHIN_S:g}s: {start}"
 
 
 def record_answers(
@@ -134,7 +137,7 @@ def record_answers(
         raise CliError(
             f"session {session!r} ({ws.workflow}, {ws.status}) has nothing to record and its workflow's code is "
             f"not here: run it in this process with {here}"
-            + (f", or start a worker with {worker_command(ws.workflow, prefix)}" if ws.status in ("queued", "answered") or orphaned else "")
+            + (f"; {hint}" if ws.status in ("queued", "answered") or orphaned else "")
         )
     receipt = answer(store, session, inputs or None, jobs or None)
     what = ", ".join([*(f"input {i}" for i in receipt.inputs), *(f"job {j}" for j in receipt.jobs)])
@@ -152,27 +155,9 @@ def record_answers(
 
 
 def submit_by_name(store: EventStore, workflow: str, input: Any, session_id: str | None = None) -> str:
-    """Record a run of ``workflow`` (by name: no code needed) to be started by a worker.
-
-    The same ``RunSubmitted`` that ``Runner.submit`` appends, its input checked by the same
-    rule (``json_value``: what the store can hold); the session must be new.
-    """
-    from ..engine.record import json_value
-
-    input = json_value(input, "the run input")
-    sid = session_id or uuid.uuid4().hex
-    if store.last_seq(sid) > 0:
-        raise WorkflowError(f"session {sid!r} already exists: submit with a new --session")
-    event = RunSubmitted(
-        session_id=sid,
-        invocation_id=f"submit-{uuid.uuid4().hex}",
-        seq=1,
-        ts=time.time(),
-        workflow=workflow,
-        input=input,
-    )
-    store.append(sid, [event], 0)
-    return sid
+    """Record a run of ``workflow`` (by name: no code needed) to be started by a worker:
+    :func:`flowscope.engine.submit.submit_run`, the checks ``Runner.submit`` applies."""
+    return submit_run(store, workflow, input, session_id)
 
 
 @click.command("start")
@@ -183,27 +168,28 @@ def submit_by_name(store: EventStore, workflow: str, input: Any, session_id: str
 def start(workflow: str, db: str | None, input_json: str, session_id: str | None) -> None:
     """Submit a run of WORKFLOW (its name: no code needed) for a worker to start.
 
-    Prints the session id. `flowscope worker MODULE:ATTR` serving WORKFLOW picks it up.
+    Prints the session id on stdout, and on stderr whether a live worker serves WORKFLOW
+    (`flowscope worker MODULE:ATTR`). The input and the id pass the checks Runner.submit
+    applies; a bad one is refused (exit 2) and nothing is recorded. Exit 0 once queued,
+    with a warning when no live worker serves WORKFLOW (see docs/cli.md).
     """
+    value = json_arg(input_json, "--input")
     try:
-        value = json.loads(input_json)
-    except RecursionError:
-        raise CliError(too_deep("--input")) from None
-    except ValueError as exc:
-        raise CliError(f"--input: {input_json!r} is not valid JSON ({exc}); quote a string as JSON: --input '\"text\"'") from None
-    from ..engine.record import json_value
-
-    try:  # the engine's rule, before the database is opened (or created)
-        value = json_value(value, "--input")
-    except OutputNotSerializableError as exc:
-        raise CliError(str(exc)) from None
+        check_session_id(session_id) if session_id is not None else None
+        check_input(value)
+    except (ValueError, OutputNotSerializableError) as exc:
+        option = "--session" if isinstance(exc, ValueError) else "--input"
+        raise CliError(f"{option}: {exc}") from None
     store = open_store(db, write=True, create=True)
     with store:
         sid = submit_by_name(store, workflow, value, session_id)
         prefix = command_prefix(store.path)
-        _seen, hint = worker_hint(store, workflow, prefix=prefix)
+        seen, hint = worker_hint(store, workflow, prefix=prefix)
         click.echo(sid)
-        click.echo(f"queued {workflow} as session {sid}; {hint}", err=True)
+        if seen:
+            click.echo(f"queued {workflow} as session {sid}; {hint}", err=True)
+        else:
+            click.echo(f"warning: queued {workflow} as session {sid}, but {hint}", err=True)
         click.echo(f"see: {prefix} show {sid}", err=True)
 
 
@@ -211,9 +197,9 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
 @click.argument("specs", nargs=-1, required=True, metavar="MODULE:ATTR...")
 @db_option
 @click.option("--concurrency", type=click.IntRange(1, None), default=64, show_default=True, help="Sessions run at once.")
-@click.option("--lease", "lease_s", type=DURATION, default="15s", show_default=True, help="The lease each session is held under (renewed every third).")
+@click.option("--lease", "lease_s", type=POSITIVE_DURATION, default="15s", show_default=True, help="The lease each session is held under (renewed every third).")
 @click.option("--drain", "drain_s", type=DURATION, default="30s", show_default=True, help="On SIGTERM, how long sessions in hand may run on before they are handed back.")
-@click.option("--poll", "poll_s", type=DURATION, default="500ms", show_default=True, help="How often to look for work when there was none.")
+@click.option("--poll", "poll_s", type=POSITIVE_DURATION, default="500ms", show_default=True, help="How often to look for work when there was none.")
 @click.option("--worker-id", metavar="ID", help="This worker's id (default: host-pid-random).")
 @click.option("--max-recoveries", type=click.IntRange(0, None), default=3, show_default=True, help="Orphaned sessions recovered more often are left alone.")
 @click.option("--max-store-outage", "max_store_outage_s", type=DURATION, default="60s", show_default=True, help="Stop (exit 3) when no write to the database has gone through for this long (a full disk, a read-only database).")

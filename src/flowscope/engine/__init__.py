@@ -6,8 +6,9 @@ It knows nothing of OpenTelemetry, Prometheus or SQL: it talks to a store throug
 Modules, each importing only those listed before it: ``graph`` (what a workflow is),
 ``context`` (what a node and a plugin see), ``hooks`` (the plugin port), ``record`` (an
 invocation's state, emit and flush), ``attempts`` and ``pauses`` (a node run's attempts;
-input and jobs), ``invocation`` (scheduling a graph in steps), ``runner`` (the public
-``Runner``: load, resume, snapshots).
+input and jobs), ``invocation`` (scheduling a graph in steps), ``submit`` (the checks every entry point
+applies to a run's id and input), ``runner`` (the public ``Runner``: load, resume,
+snapshots).
 """
 
 from .context import NodeContext, NodeOutcome, PauseSignal, RunInfo

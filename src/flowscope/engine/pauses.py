@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 from ..errors import JobFailedError, ResumeError, redact_message
 from ..events import Event, InputReceived, InputRequested, JobDispatched, JobResultReceived
 from ..fold import WorkflowState
-from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids
+from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids, result_type_problem
 from ..store.base import FINISHED_SESSION_STATUSES
 from .context import NodeContext, PauseSignal
 from .record import Recorder, json_value
@@ -141,7 +141,8 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
 
     The one rule ``resume(inputs=, jobs=)`` and :func:`flowscope.answer` share. It raises
     :class:`~flowscope.errors.ResumeError` before anything is appended for an unknown id,
-    an input already answered, a job already reported, or a value JSON cannot hold.
+    an input already answered, a job already reported, a job result whose fields have the
+    wrong types (:func:`~flowscope.jobs.result_type_problem`), or a value JSON cannot hold.
     """
     out: list[Answer] = []
     nodes = ws.nodes
@@ -166,6 +167,9 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
         if job_id in owner.job_results:
             raise ResumeError(f"job {job_id!r} of session {sid!r} already reported its result; a result is reported once")
         result = recorded_result(job_id, result)
+        problem = result_type_problem(result)
+        if problem is not None:
+            raise ResumeError(f"the result of job {job_id!r} of session {sid!r} is refused: {problem}")
         verdict = check_result(result, owner.jobs[job_id].expect_count)
         r = result if isinstance(result, Mapping) else {}
         fields = {

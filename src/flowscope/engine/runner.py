@@ -34,20 +34,21 @@ from ..errors import (
     describe_exception,
     redact_message,
 )
-from ..events import Event, RunFinished, RunStarted, RunSubmitted
+from ..events import Event, RunFinished, RunStarted
 from ..fold import WorkflowState, rebuild, restore_state, snapshot_state
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..ownership import Lease, this_process
 from ..store.base import EventStore
 from .context import PauseSignal, RunResult
 from .commit import GroupCommit
-from .graph import MAX_SESSION_ID, Workflow, check_name
+from .graph import Workflow
 from .hooks import Plugin, PluginDispatcher
 from .inbox import read_inbox, take_in
 from .invocation import Invocation
 from .lease import LeaseKeeper, lease_expired
 from .pauses import Answer, validate_answers
-from .record import Halted, NodeResult, json_value
+from .record import Halted, NodeResult
+from .submit import check_input, check_session_id, submit_run
 
 __all__ = ["Runner", "RunResult"]
 
@@ -109,6 +110,11 @@ class Runner:
             if factory is None:
                 raise TypeError("Runner needs a store: pass store=..., an EventStore")
             store = factory()
+        if not isinstance(store, EventStore):  # Runner(wf, store="x.db"): say so now, not at the first read
+            raise TypeError(
+                f"Runner's store is an EventStore, not {type(store).__name__} {str(store)[:60]!r}: "
+                "pass one, e.g. store=SqliteEventStore(\"runs.db\") (from flowscope.store)"
+            )
         self.store: EventStore = store
         self.plugins = PluginDispatcher(plugins)
         self.error_codes = dict(error_codes or {})
@@ -132,7 +138,7 @@ class Runner:
 
     async def run(self, input: Any = None, *, session_id: str | None = None) -> RunResult:
         """Run the workflow in a new session. A failure raises the node's original exception."""
-        input = json_value(input, "the run input")
+        input = check_input(input)
         return await self._invoke(session_id or uuid.uuid4().hex, input, resume=False)
 
     async def resume(
@@ -157,21 +163,9 @@ class Runner:
 
     def submit(self, input: Any = None, session_id: str | None = None) -> str:
         """Record a run to be started later (by a worker, or :meth:`resume`), without
-        running it; returns its session id. The session must be new."""
-        input = json_value(input, "the run input")
-        sid = check_name(session_id or uuid.uuid4().hex, "session id", MAX_SESSION_ID)
-        if self.store.last_seq(sid) > 0:
-            raise WorkflowError(f"session {sid!r} already exists: submit with a new session_id")
-        event = RunSubmitted(
-            session_id=sid,
-            invocation_id=f"submit-{uuid.uuid4().hex}",
-            seq=1,
-            ts=time.time(),
-            workflow=self.workflow.name,
-            input=input,
-        )
-        self.store.append(sid, [event], 0)
-        return sid
+        running it; returns its session id. The session must be new. The checks of
+        ``flowscope start`` (:func:`~.submit.submit_run`): one rule for both."""
+        return submit_run(self.store, self.workflow.name, input, session_id)
 
     def run_sync(self, input: Any = None, *, session_id: str | None = None) -> RunResult:
         """:meth:`run` for scripts without an event loop."""
@@ -408,7 +402,7 @@ class Runner:
         lease: Lease | None = None,
         on_event: Callable[[Event], None] | None = None,
     ) -> RunResult:
-        check_name(session_id, "session id", MAX_SESSION_ID)  # before anything is read or appended
+        check_session_id(session_id)  # before anything is read or appended
         if session_id in self._active:
             raise ConcurrencyConflict(f"session {session_id!r} is already running in this runner")
         try:
@@ -418,6 +412,8 @@ class Runner:
             raise
         try:
             answers = validate_answers(ws, inputs or {}, jobs or {}) if inputs or jobs else []
+            if resume and ws.status == "queued":  # submitted by a tool that skipped submit()'s checks
+                check_input(ws.input)
         except BaseException:
             self._release(lease)
             raise

@@ -15,7 +15,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-__all__ = ["BUNDLED", "bundled_workflow", "load_workflow"]
+__all__ = ["BUNDLED", "bundled_workflow", "load_workflow", "load_target", "as_workflow"]
 
 #: workflow name -> "module:attribute" of the bundled Workflow object
 BUNDLED = {
@@ -24,9 +24,12 @@ BUNDLED = {
 }
 
 
-def load_workflow(spec: str) -> Any:
-    """Import ``module:attr`` (a ``Workflow``, or a function of no arguments returning one)."""
-    from ..engine import Workflow
+def load_target(spec: str) -> Any:
+    """The object ``module:attr`` names, importing the module; a ``ValueError`` with one
+    line to print when it cannot: a malformed spec, a module that is not there or that
+    raises while it is imported (its message redacted, as every message flowscope
+    prints), an attribute it does not have."""
+    from ..errors import redact_message
 
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -34,18 +37,39 @@ def load_workflow(spec: str) -> Any:
     try:
         module = import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r}: {exc}") from None
+        raise ValueError(f"cannot import module {module_name!r}: {redact_message(str(exc))}") from None
+    except Exception as exc:  # the module's own code failed: the user's to fix, not ours
+        message = redact_message(" ".join(str(exc).split()))[:300]
+        raise ValueError(f"importing module {module_name!r} raised {type(exc).__name__}: {message}") from None
     obj: Any = module
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not isinstance(obj, Workflow) and callable(obj):
-        obj = obj()
+    return obj
+
+
+def as_workflow(obj: Any, spec: str) -> Any:
+    """``obj`` as a Workflow: a Workflow, or a function of no arguments returning one. A
+    node, or anything else, is a ``ValueError`` saying what it is instead."""
+    from ..engine import Node, Workflow
+
+    if isinstance(obj, Node) and not isinstance(obj, Workflow):
+        raise ValueError(f"{spec} is a node ({obj.name!r}), not a workflow: name the Workflow whose edges use it")
+    if not isinstance(obj, Workflow) and callable(obj) and not isinstance(obj, type):
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise ValueError(f"{spec} is a function that raised {type(exc).__name__} when called with no arguments, not a Workflow factory") from None
     if not isinstance(obj, Workflow):
         raise ValueError(f"{spec} is a {type(obj).__name__}, not a flowscope Workflow")
     return obj
+
+
+def load_workflow(spec: str) -> Any:
+    """Import ``module:attr`` (a ``Workflow``, or a function of no arguments returning one)."""
+    return as_workflow(load_target(spec), spec)
 
 
 def bundled_workflow(name: str) -> Any | None:

@@ -39,6 +39,7 @@ __all__ = [
     "WORKER_RETENTION_S",
     "AppendBatch",
     "FINISHED_SESSION_STATUSES",
+    "SESSION_STATUSES",
     "Message",
     "MESSAGE_KINDS",
     "MAILED_STATUSES",
@@ -52,6 +53,8 @@ ClaimReason = Literal["queued", "answered", "orphaned"]
 WORKER_RETENTION_S = 86400.0
 #: Session statuses that are over for good: only such sessions may be deleted.
 FINISHED_SESSION_STATUSES = ("completed", "failed", "cancelled")
+#: Every status :meth:`EventStore.sessions` gives a session (the fold's, but ``new``).
+SESSION_STATUSES = ("queued", "running", "paused", "answered", *FINISHED_SESSION_STATUSES)
 #: What a :class:`Message` may ask of a session's owner: ``answer`` carries input values
 #: (``body["inputs"]``, by interrupt id) and job results (``body["jobs"]``, by job id);
 #: ``cancel`` a ``reason``; ``retry`` a ``from_path`` (or None) and a ``reason``.

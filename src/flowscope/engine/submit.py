@@ -1,0 +1,88 @@
+"""The checks a run's ids and input pass once, wherever the run is asked for, and the
+record of a run that can never start.
+
+``Runner.submit``, ``flowscope start`` (by name, without the code), ``Runner.run`` and
+``resume()``, ``flowscope.answer`` and a worker's claim all check a session id with
+:func:`check_session_id` and a run input with :func:`check_input` (the JSON rule of
+:func:`~.record.json_value`): what one of them refuses, every one refuses, before anything
+is appended. :func:`submit_run` is the one ``RunSubmitted`` writer. :func:`cannot_run_events`
+end a session that no worker could ever start (an id the engine refuses, written by a
+tool that skipped these checks): failed, with the reason, instead of claimed forever.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from ..errors import WorkflowError, redact_message
+from ..events import Event, NodeErrorEvent, NodeStarted, RunFinished, RunStarted, RunSubmitted
+from ..store.base import EventStore
+from .graph import MAX_SESSION_ID, check_name
+from .record import json_value
+
+__all__ = ["check_session_id", "check_input", "submit_run", "cannot_run_events", "CANNOT_RUN"]
+
+#: The error code of a session ended by :func:`cannot_run_events`.
+CANNOT_RUN = "SESSION_CANNOT_RUN"
+
+
+def check_session_id(value: object) -> str:
+    """``value`` if it can be a session id everywhere (a str of 1 to ``MAX_SESSION_ID``
+    characters, valid UTF-8, no control character), else ``ValueError`` saying why."""
+    return check_name(value, "session id", MAX_SESSION_ID)
+
+
+def check_input(value: Any, what: str = "the run input") -> Any:
+    """The run input as the store keeps it (JSON data), or ``OutputNotSerializableError``:
+    NaN, ±Infinity, a non-str key, an object JSON cannot hold."""
+    return json_value(value, what)
+
+
+def submit_run(store: EventStore, workflow: str, input: Any = None, session_id: str | None = None) -> str:
+    """Record a run of ``workflow`` (by name) for a worker or ``resume()`` to start; its id.
+
+    The id and the input pass :func:`check_session_id` and :func:`check_input` first; the
+    session must be new (``WorkflowError`` otherwise). Nothing is appended on an error.
+    """
+    input = check_input(input)
+    sid = check_session_id(session_id if session_id is not None else uuid.uuid4().hex)
+    if store.last_seq(sid) > 0:
+        raise WorkflowError(f"session {sid!r} already exists: submit with a new session id")
+    event = RunSubmitted(
+        session_id=sid,
+        invocation_id=f"submit-{uuid.uuid4().hex}",
+        seq=1,
+        ts=time.time(),
+        workflow=workflow,
+        input=input,
+    )
+    store.append(sid, [event], 0)
+    return sid
+
+
+def cannot_run_events(session_id: str, workflow: str, exc: BaseException, now: float | None = None) -> list[Event]:
+    """The events that end a session no runner can start: an invocation of its own in
+    which the workflow's root run fails with :data:`CANNOT_RUN` and the reason (the
+    exception's message, redacted), and ``RunFinished(failed)``. ``flowscope show`` then
+    says why, and no worker claims it again."""
+    now = time.time() if now is None else now
+    inv = f"refused-{uuid.uuid4().hex}"
+    root = f"{workflow}@1"
+    message = redact_message(" ".join(str(exc).split()))
+    return [
+        RunStarted(session_id=session_id, invocation_id=inv, ts=now, workflow=workflow, resumed=True),
+        NodeStarted(session_id=session_id, invocation_id=inv, ts=now, path=root, node=workflow, kind="workflow"),
+        NodeErrorEvent(
+            session_id=session_id,
+            invocation_id=inv,
+            ts=now,
+            path=root,
+            node=workflow,
+            error_code=CANNOT_RUN,
+            error_message=f"the session cannot run: {message}",
+            error_type=type(exc).__name__,
+        ),
+        RunFinished(session_id=session_id, invocation_id=inv, ts=now, status="failed", error_code=CANNOT_RUN, error_path=root),
+    ]
