@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..cli import views
-from ..cli.history import event_rows, retry_reasons, session_history
+from ..cli.history import event_rows, request_row, retry_reasons, session_history
 from ..cli.waterfall import waterfall_layout
 from ..errors import UnknownSessionError
 from ..events import TERMINAL_TYPES, Event, NodeRetrying, NodeStarted
@@ -248,58 +248,81 @@ def _load(store: EventStore, session_id: str) -> list[Event]:
     return log
 
 
+def _owner(info: SessionInfo | None) -> dict[str, Any] | None:
+    return views.owner_row(info)
+
+
 def session_waterfall(store: EventStore, session_id: str, *, width: float = 1000.0, gap_width: float = 40.0) -> dict[str, Any]:
-    """Everything the session page draws, from one read of the log: the session's ``runs``
-    row, its ``show`` rows in a compact form (one per node path, depth-first), their
-    segments on the compressed axis (:func:`flowscope.cli.waterfall.waterfall_layout`,
-    the layout ``flowscope show`` draws), the gaps, and what the session waits on."""
+    """Everything the session page draws, from one read of the log: the session (status,
+    times, owner, its error), a row per node path in ``show`` order (depth-first, the
+    fold's fields), each row's segments (one per invocation that ran it) on the compressed
+    axis of :func:`flowscope.cli.waterfall.waterfall_layout` (the layout ``flowscope show``
+    draws), the gaps, and what the session waits on.
+
+    It reads the fold's node states directly rather than building every ``show`` row
+    (``GET /api/sessions/{id}`` serves those): a session of 10,000 runs opens in well under
+    a second this way; a run's full row comes with its detail (:func:`run_detail`)."""
     log = _load(store, session_id)
     ws = rebuild(log)
     info = store.session_info(session_id)
     history = session_history(log)
-    rows = views.show_rows(ws, info, history)
-    layout = waterfall_layout(rows, width=width, gap_width=gap_width, end_ts=ws.updated_at, windows=history.windows)
-    paths = {r["path"] for r in rows}
-    parents = {r["parent_path"] for r in rows if r["parent_path"] in paths}
-    compact = [
-        [
-            r["path"],
-            r["path"].rsplit("/", 1)[-1],
-            r["depth"],
-            r["status"],
-            r["kind"],
-            r["attempts"],
-            r["retries"],
-            r["recoveries"],
-            r["start_offset_s"],
-            r["duration_s"],
-            segs,
-            r["path"] in parents,
-            r["error_code"],
-        ]
-        for r, segs in zip(rows, layout.pop("segments"))
+    tree = views._tree(ws)
+    t0 = ws.started_at
+    parents = {ns.parent_path for ns, _depth in tree}
+    light = [
+        {"started_at": ns.started_at, "ended_at": ns.ended_at, "segments": history.segments.get(ns.path)}
+        for ns, _depth in tree
     ]
-    waiting = []
-    for r in rows:
-        for req in r["requests"]:
-            waiting.append({"kind": "input", "path": r["path"], **req, "actions": _actions(ws, r["path"], req["interrupt_id"])})
-        ns = ws.nodes.get(r["path"])
-        if ns is not None and r["status"] == "waiting_job":
+    layout = waterfall_layout(light, width=width, gap_width=gap_width, end_ts=ws.updated_at, windows=history.windows)
+    compact = []
+    for (ns, depth), segs in zip(tree, layout.pop("segments")):
+        start, end = ns.started_at, ns.ended_at
+        compact.append(
+            [
+                ns.path,
+                ns.path.rsplit("/", 1)[-1],
+                depth,
+                ns.status,
+                ns.kind,
+                ns.attempt,
+                ns.retries,
+                ns.recoveries,
+                round(start - t0, 3) if start is not None and t0 is not None else None,
+                round(end - start, 3) if start is not None and end is not None else None,
+                segs,
+                ns.path in parents,
+                ns.error_code if ns.status == "failed" else None,
+            ]
+        )
+    waiting: list[dict[str, Any]] = []
+    for ns, _depth in tree:
+        if ns.status == "waiting_input":
+            for req in ns.requests.values():
+                waiting.append({"kind": "input", "path": ns.path, **request_row(req), "actions": _actions(ws, ns.path, req.interrupt_id)})
+        elif ns.status == "waiting_job":
             for job in ns.open_jobs:
                 waiting.append(
                     {
                         "kind": "job",
-                        "path": r["path"],
+                        "path": ns.path,
                         "job_id": job.job_id,
                         "expect_count": job.expect_count,
                         "deadline_s": job.deadline_s,
                         "keys": ["success", "count", "data", "error"] if job.expect_count else ["success", "data", "error"],
                     }
                 )
-    [summary] = views.session_rows(store, [info]) if info is not None else [None]
     return {
-        "session": summary,
-        "status": ws.status,
+        "session": {
+            "session_id": session_id,
+            "workflow": ws.workflow,
+            "status": info.status if info is not None else ws.status,
+            "started_at": ws.started_at,
+            "updated_at": ws.updated_at,
+            "error_code": ws.error_code,
+            "error_path": ws.error_path,
+            "owner": _owner(info),
+        },
+        "status": info.status if info is not None else ws.status,
         "workflow": ws.workflow,
         "last_seq": ws.last_seq,
         "invocations": len(history.windows),

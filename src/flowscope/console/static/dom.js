@@ -3,6 +3,11 @@
 
 const SVG = "http://www.w3.org/2000/svg";
 
+// replaceChildren, leaving out null, undefined and false (conditional parts)
+export function fill(el, ...kids) {
+  el.replaceChildren(...kids.flat().filter((k) => k !== null && k !== undefined && k !== false));
+}
+
 export function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {

@@ -1,7 +1,7 @@
 // The sessions page: attention tabs with counts, filters kept in the URL (the server
 // filters and pages; newest first), the rows of `flowscope runs`, and bulk actions on a
 // filter (the count first, then a confirmation).
-import { api, badge, confirmAction, fmtDuration, fmtTime, h, icon, shq, table } from "./dom.js";
+import { fill, api, badge, confirmAction, fmtDuration, fmtTime, h, icon, shq, table } from "./dom.js";
 
 const FILTERS = [
   ["status", "Status"], ["workflow", "Workflow"], ["since", "Updated since"], ["until", "Updated until"],
@@ -36,7 +36,7 @@ export async function sessionsPage(main) {
   const list = h("div", { id: "list" });
   const pager = h("div", { class: "pager" });
   const bulk = bulkPanel(params);
-  main.replaceChildren(h("h2", {}, "Sessions"), tabs, form, list, pager, bulk);
+  fill(main, h("h2", {}, "Sessions"), tabs, form, list, pager, bulk);
 
   async function refresh() {
     const q = new URLSearchParams(params);
@@ -45,20 +45,20 @@ export async function sessionsPage(main) {
     try {
       res = await api("/api/sessions?" + q.toString());
     } catch (e) {
-      list.replaceChildren(h("p", { class: "error" }, e.message));
+      fill(list, h("p", { class: "error" }, e.message));
       return;
     }
     const rows = res.data;
     const total = Number(res.headers.get("x-total-count"));
     const counts = JSON.parse(res.headers.get("x-attention") || "{}");
     const here = params.get("attention");
-    tabs.replaceChildren(
+    fill(tabs, 
       h("a", { href: linkWith(params, { attention: null, offset: null }), class: here ? "" : "here" }, "All"),
       ...Object.entries(info.attention).map(([key, label]) => h("a", {
         href: linkWith(params, { attention: key, offset: null }), class: here === key ? "here" : "", dataset: { tab: key },
       }, label, h("span", { class: "n" + (counts[key] ? " hot" : "") }, String(counts[key] ?? 0)))),
     );
-    list.replaceChildren(table([
+    fill(list, table([
       ["Session", (r) => h("a", { href: "/sessions/" + encodeURIComponent(r.session_id) }, r.session_id), "id"],
       ["Workflow", (r) => r.workflow],
       ["Status", (r) => badge(r.status)],
@@ -73,7 +73,7 @@ export async function sessionsPage(main) {
     ], rows, "No session matches."));
     const offset = Number(params.get("offset") || 0);
     const limit = Number(params.get("limit") || 50);
-    pager.replaceChildren(
+    fill(pager, 
       h("span", { class: "muted", id: "count" }, total ? `${offset + 1}-${offset + rows.length} of ${total}` : "0 sessions"),
       offset > 0 ? h("a", { href: linkWith(params, { offset: Math.max(0, offset - limit) || null }) }, "newer") : null,
       offset + rows.length < total ? h("a", { href: linkWith(params, { offset: offset + limit }) }, "older") : null,

@@ -3,7 +3,7 @@
 // idle gaps between invocations compressed with their length written on them; only the
 // rows in view are drawn, so 10,000 runs stay responsive), a run's attempts and events,
 // and the session's event log with filters.
-import { api, badge, confirmAction, fmtDuration, fmtTime, h, icon, shq, table } from "./dom.js";
+import { fill, api, badge, confirmAction, fmtDuration, fmtTime, h, icon, shq, table } from "./dom.js";
 
 const ROW = 22;
 const C = { path: 0, name: 1, depth: 2, status: 3, kind: 4, attempts: 5, retries: 6, recoveries: 7, start: 8, duration: 9, segments: 10, children: 11, code: 12 };
@@ -16,7 +16,7 @@ export async function sessionPage(main, sid) {
   const detail = h("div", { class: "detail", id: "detail", hidden: true });
   const layout = h("div", { class: "layout nodetail" }, wf, detail);
   const log = h("div", { class: "card", id: "events" });
-  main.replaceChildren(h("h2", {}, "Session ", h("code", {}, sid)), head, waiting, layout, log);
+  fill(main, h("h2", {}, "Session ", h("code", {}, sid)), head, waiting, layout, log);
 
   let data = null;
   let selected = null;
@@ -29,7 +29,7 @@ export async function sessionPage(main, sid) {
     try {
       res = (await api(`/api/sessions/${encodeURIComponent(sid)}/waterfall${since}`)).data;
     } catch (e) {
-      head.replaceChildren(h("p", { class: "error" }, e.message));
+      fill(head, h("p", { class: "error" }, e.message));
       return;
     }
     if (res.unchanged) return;
@@ -59,7 +59,7 @@ export async function sessionPage(main, sid) {
         actions.append(actionButton("cancel", "Cancel", `Cancel session ${sid}?`, "Its open runs are cancelled (never failed) and it ends cancelled, for good. A live worker stops it within one lease renewal.", {}));
       }
     }
-    head.replaceChildren(
+    fill(head, 
       h("div", { class: "summary" },
         cell("Status", h("span", { id: "status" }, badge(data.status))),
         cell("Workflow", data.workflow),
@@ -93,8 +93,8 @@ export async function sessionPage(main, sid) {
   function drawWaiting() {
     const items = data.waiting || [];
     waiting.hidden = !items.length;
-    if (!items.length) { waiting.replaceChildren(); return; }
-    waiting.replaceChildren(h("h3", {}, "Waiting on"), ...items.map((w) => waitingForm(w)));
+    if (!items.length) { fill(waiting); return; }
+    fill(waiting, h("h3", {}, "Waiting on"), ...items.map((w) => waitingForm(w)));
   }
 
   function waitingForm(w) {
@@ -142,9 +142,9 @@ export async function sessionPage(main, sid) {
     layout.classList.remove("nodetail");
     detail.hidden = false;
     let d;
-    try { d = (await api(`/api/sessions/${encodeURIComponent(sid)}/run?path=${encodeURIComponent(path)}`)).data; } catch (e) { detail.replaceChildren(h("p", { class: "error" }, e.message)); return; }
+    try { d = (await api(`/api/sessions/${encodeURIComponent(sid)}/run?path=${encodeURIComponent(path)}`)).data; } catch (e) { fill(detail, h("p", { class: "error" }, e.message)); return; }
     const r = d.row;
-    detail.replaceChildren(
+    fill(detail, 
       h("h3", {}, h("code", {}, r.path)),
       h("div", {}, badge(r.status), ` ${r.kind}, ${r.attempts} attempt(s), ${r.retries} retr${r.retries === 1 ? "y" : "ies"}, ${r.recoveries} recover${r.recoveries === 1 ? "y" : "ies"}`),
       r.error_code ? h("p", {}, h("b", {}, r.error_code), ` ${r.error_type || ""}: ${r.error_message || ""}`) : null,
@@ -173,13 +173,13 @@ export async function sessionPage(main, sid) {
       if (fails.checked) q.set("failures", "1");
       try {
         const rows = (await api(`/api/sessions/${encodeURIComponent(sid)}/events?${q}`)).data;
-        out.replaceChildren(h("p", { class: "muted" }, `${rows.length} event(s)`), table([
+        fill(out, h("p", { class: "muted" }, `${rows.length} event(s)`), table([
           ["Seq", (e) => e.seq], ["Time", (e) => fmtTime(e.ts)], ["Type", (e) => e.type], ["Inv.", (e) => e.invocation_id.slice(0, 8), "id"],
           ["Path", (e) => e.path || "-", "id"], ["Fields", (e) => h("div", { class: "ev-fields" }, fieldsText(e.fields)), "wrap"],
         ], rows.slice(0, 500)), rows.length > 500 ? h("p", { class: "muted" }, "first 500 shown: narrow by type or path") : null);
-      } catch (e) { out.replaceChildren(h("p", { class: "error" }, e.message)); }
+      } catch (e) { fill(out, h("p", { class: "error" }, e.message)); }
     };
-    log.replaceChildren(h("h3", {}, "Event log"), h("div", { class: "filters" },
+    fill(log, h("h3", {}, "Event log"), h("div", { class: "filters" },
       h("label", {}, "Types ", type), " ", h("label", {}, "Path ", path), " ", h("label", {}, fails, " failures only"), " ",
       h("button", { type: "button", on: { click: go } }, "Show")), out);
   }
@@ -201,7 +201,7 @@ function waterfall(root, getData, collapsed, onSelect) {
   const spacer = h("div", { class: "wf-spacer" });
   const scroll = h("div", { class: "wf-scroll" }, spacer);
   const note = h("div", { class: "wf-note" });
-  root.replaceChildren(header, scroll, note);
+  fill(root, header, scroll, note);
   let visible = [];
   let selected = null;
   let drawn = [-1, -1];
@@ -226,7 +226,7 @@ function waterfall(root, getData, collapsed, onSelect) {
 
   function drawAxis() {
     const ax = getData().axis;
-    axisHead.replaceChildren(...ax.gaps.map((g) => h("div", { class: "gap", dataset: { gap: g.duration_s }, title: `idle ${fmtDuration(g.duration_s)} between invocations` })));
+    fill(axisHead, ...ax.gaps.map((g) => h("div", { class: "gap", dataset: { gap: g.duration_s }, title: `idle ${fmtDuration(g.duration_s)} between invocations` })));
     [...axisHead.children].forEach((el, i) => { el.style.left = pct(ax.gaps[i].x); el.style.width = pct(ax.gaps[i].width); });
     ax.gaps.forEach((g) => {
       const label = h("span", { class: "gap-label" }, fmtDuration(g.duration_s));
@@ -279,7 +279,7 @@ function waterfall(root, getData, collapsed, onSelect) {
     drawn = [first, last];
     const els = [];
     for (let k = first; k < last; k++) els.push(rowEl(visible[k], k * ROW));
-    spacer.replaceChildren(...els);
+    fill(spacer, ...els);
   }
 
   function redraw() {
