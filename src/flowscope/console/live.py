@@ -30,7 +30,7 @@ DEFAULT_INTERVAL_S = 1.0
 
 def _file_probe(path: str) -> Callable[[], Any]:
     def probe() -> Any:
-        marks = []
+        marks: list[tuple[int, int, int] | None] = []
         for p in (path, path + "-wal"):
             try:
                 st = os.stat(p)

@@ -55,6 +55,7 @@ async function boot() {
   }
   const refresh = await draw();
   document.body.dataset.ready = "1";
+  performance.mark("flowscope-ready");  // navigation to drawn: what the tests and bench/ measure
   if (typeof refresh === "function") startLive(refresh);
 }
 

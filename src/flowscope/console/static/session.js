@@ -23,7 +23,7 @@ export async function sessionPage(main, sid) {
   const collapsed = new Set();
   let view = null;
 
-  async function load(first) {
+  async function load() {
     const since = data ? `?since=${data.last_seq}` : "";
     let res;
     try {
@@ -34,9 +34,6 @@ export async function sessionPage(main, sid) {
     }
     if (res.unchanged) return;
     data = res;
-    if (first && data.rows.length > 2000) {  // big sessions open with their nested runs folded
-      for (const r of data.rows) if (r[C.children] && r[C.depth] >= 1) collapsed.add(r[C.path]);
-    }
     drawSummary();
     drawWaiting();
     if (!view) view = waterfall(wf, () => data, collapsed, (path) => select(path));
@@ -184,7 +181,7 @@ export async function sessionPage(main, sid) {
       h("button", { type: "button", on: { click: go } }, "Show")), out);
   }
 
-  await load(true);
+  await load();
   drawLog();
   return () => load();
 }
