@@ -48,32 +48,29 @@ def flowscope(*args: str) -> list[str]:
 class Console:
     """A ``flowscope ui`` process: its URL (with the token) and its base."""
 
-    def __init__(self, db: str, *extra: str) -> None:
-        self.proc = subprocess.Popen(
-            flowscope("ui", "--db", db, "--port", "0", *extra), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+    def __init__(self, db: str, logs: Path, *extra: str) -> None:
+        self.log = logs / "ui.stderr"
+        with open(self.log, "w") as err:  # a file, not a pipe nobody reads: a full pipe blocks the process
+            self.proc = subprocess.Popen(
+                flowscope("ui", "--db", db, "--port", "0", *extra), env=_env(), stdout=subprocess.PIPE, stderr=err, text=True
+            )
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
         if not self.url.startswith("http://127.0.0.1:"):
-            self.stop()
-            raise AssertionError(f"flowscope ui printed {self.url!r} first; stderr: {self.proc.stderr.read() if self.proc.stderr else ''}")
+            raise AssertionError(f"flowscope ui printed {self.url!r} first; stderr: {self.stop()}")
         self.base = self.url.split("/?", 1)[0]
 
     def stop(self) -> str:
-        self.proc.terminate()
-        try:
-            _out, err = self.proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _out, err = self.proc.communicate()
-        return err or ""
+        stop(self.proc)
+        return self.log.read_text()
 
 
-def start_worker(db: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        flowscope("--db", db, "worker", "flowscope.examples.demo:order_fulfilment", "--poll", "100ms"),
-        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
+def start_worker(db: str, logs: Path) -> subprocess.Popen[str]:
+    with open(logs / "worker.stderr", "w") as err:
+        return subprocess.Popen(
+            flowscope("--db", db, "worker", "flowscope.examples.demo:order_fulfilment", "--poll", "100ms"),
+            env=_env(), stdout=subprocess.DEVNULL, stderr=err, text=True,
+        )
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
@@ -101,8 +98,8 @@ def demo_db(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def console(demo_db) -> Iterator[Console]:
-    c = Console(str(demo_db))
-    worker = start_worker(str(demo_db))
+    c = Console(str(demo_db), demo_db.parent)
+    worker = start_worker(str(demo_db), demo_db.parent)
     try:
         yield c
     finally:
@@ -198,6 +195,12 @@ async def test_the_demo_sessions_list_filters_and_the_waterfall_draws_every_path
     assert "retried" in attempts and "INVENTORY_UNAVAILABLE" in attempts
     if SCREENSHOT:
         await p.page.screenshot(path=SCREENSHOT)
+
+    await p.open(f"{console.base}/stuck")  # the rows of `flowscope stuck`, each with its fix
+    fixes = await p.page.locator("#stuck code.cmd").all_inner_texts()
+    assert f"flowscope resume {APPROVAL_SESSION} --input 'approval=JSON'" in fixes
+    await p.open(f"{console.base}/audit")
+    assert await p.page.locator("#audit tbody tr").count() > 5
     assert p.errors == []
 
 
@@ -283,12 +286,12 @@ def pg_url(pg_cluster) -> str:
     return url
 
 
-async def test_the_console_on_postgresql_lists_draws_and_answers(browser, pg_url):
+async def test_the_console_on_postgresql_lists_draws_and_answers(browser, pg_url, tmp_path):
     from pg_cluster import PASSWORD
 
     url = pg_url
-    c = Console(url)
-    worker = start_worker(url)
+    c = Console(url, tmp_path)
+    worker = start_worker(url, tmp_path)
     try:
         assert PASSWORD not in c.url
         p = await new_page(browser, c)
@@ -300,7 +303,10 @@ async def test_the_console_on_postgresql_lists_draws_and_answers(browser, pg_url
         form = p.page.locator("[data-waiting=approval]")
         await form.locator("button[data-submit]").click()
         await p.page.click("#confirm-yes")
-        await status_of(p, "completed")
+        try:
+            await status_of(p, "completed")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; worker: {(tmp_path / 'worker.stderr').read_text()[-2000:]}") from None
         assert p.errors == []
     finally:
         stop(worker)

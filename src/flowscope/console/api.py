@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import calendar
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -188,7 +189,8 @@ class _ErrorCodes:
         return {s.session_id: self._codes[s.session_id][1] for s in sessions}
 
 
-_ERROR_CODES = _ErrorCodes()
+#: One cache per change feed (per console, per store).
+_ERROR_CODES: "weakref.WeakKeyDictionary[ChangeFeed, _ErrorCodes]" = weakref.WeakKeyDictionary()
 
 
 def _matches(s: SessionInfo, f: SessionFilter) -> bool:
@@ -232,7 +234,7 @@ def list_sessions(
         # a session's error code is where its first failure began: completed and queued
         # sessions have none, so only the others' runs are read (once per change)
         maybe = [s for s in chosen if s.status not in ("completed", "queued")]
-        codes = _ERROR_CODES.of(store, maybe)
+        codes = _ERROR_CODES.setdefault(feed, _ErrorCodes()).of(store, maybe)
         chosen = [s for s in maybe if codes[s.session_id] == f.error_code]
     page = chosen[f.offset : f.offset + f.limit]
     return views.session_rows(store, page), len(chosen), {k: len(v) for k, v in tabs.items()}

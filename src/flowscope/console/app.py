@@ -26,6 +26,7 @@ import json
 import secrets
 import shlex
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Awaitable, Callable
@@ -274,13 +275,23 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
         return JSONResponse(_rows(await call(rows), views.SHOW_KEYS))
 
+    drawn: OrderedDict[tuple[str, int], bytes] = OrderedDict()  # the last pages drawn, by (session, seq)
+
     @guarded
     async def waterfall(request: Request) -> Response:
         sid = request.path_params["session_id"]
         since = request.query_params.get("since")
-        if since is not None and int(since) == await call(store.last_seq, sid):
-            return JSONResponse({"unchanged": True, "last_seq": int(since)})
-        return JSONResponse(await call(api.session_waterfall, store, sid))
+        seq = await call(store.last_seq, sid)
+        if since is not None and int(since) == seq:
+            return JSONResponse({"unchanged": True, "last_seq": seq})
+        body = drawn.get((sid, seq))
+        if body is None:
+            data = await call(api.session_waterfall, store, sid)
+            body = JSONResponse(data).body
+            drawn[(sid, data["last_seq"])] = body
+            while len(drawn) > 8:
+                drawn.popitem(last=False)
+        return Response(body, media_type="application/json")
 
     @guarded
     async def run(request: Request) -> Response:

@@ -17,6 +17,13 @@ function route() {
   return ["sessions", () => sessionsPage(main)];
 }
 
+// A session page's data is asked for at once, beside /api/info, not after it.
+function prefetch() {
+  const p = location.pathname;
+  if (!p.startsWith("/sessions/")) return null;
+  return api(`/api/sessions/${encodeURIComponent(decodeURIComponent(p.slice("/sessions/".length)))}/waterfall`).catch((e) => e);
+}
+
 function startLive(refresh) {
   const box = document.getElementById("live");
   const state = document.getElementById("live-state");
@@ -39,6 +46,7 @@ function startLive(refresh) {
 
 async function boot() {
   const [nav, draw] = route();
+  window.flowscopePrefetch = prefetch();
   for (const a of document.querySelectorAll("header nav a")) a.classList.toggle("here", a.dataset.nav === nav);
   try {
     const { data } = await api("/api/info");

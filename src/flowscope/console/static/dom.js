@@ -97,7 +97,7 @@ export function table(columns, rows, empty = "(nothing)") {
 }
 
 // A confirmation with a reason and the equivalent command; resolves to the reason, or null.
-export function confirmAction({ title, text, command, danger = true, act }) {
+export function confirmAction({ title, text, command, danger = true, act, askReason = true }) {
   const dlg = document.getElementById("confirm");
   document.getElementById("confirm-title").textContent = title;
   document.getElementById("confirm-text").textContent = text;
@@ -106,6 +106,7 @@ export function confirmAction({ title, text, command, danger = true, act }) {
   const err = document.getElementById("confirm-error");
   const yes = document.getElementById("confirm-yes");
   reason.value = "";
+  reason.closest("label").hidden = !askReason;  // answers take no reason: the value is the record
   err.textContent = "";
   yes.className = danger ? "danger" : "primary";
   const showCmd = () => { cmd.textContent = command(reason.value.trim()); };

@@ -27,7 +27,11 @@ export async function sessionPage(main, sid) {
     const since = data ? `?since=${data.last_seq}` : "";
     let res;
     try {
-      res = (await api(`/api/sessions/${encodeURIComponent(sid)}/waterfall${since}`)).data;
+      const early = !data && window.flowscopePrefetch;
+      window.flowscopePrefetch = null;
+      const got = early ? await early : await api(`/api/sessions/${encodeURIComponent(sid)}/waterfall${since}`);
+      if (got instanceof Error) throw got;
+      res = got.data;
     } catch (e) {
       fill(head, h("p", { class: "error" }, e.message));
       return;
@@ -109,7 +113,7 @@ export async function sessionPage(main, sid) {
         const check = await api(`/api/sessions/${encodeURIComponent(sid)}/answer`, { ...body, dry_run: true });
         const done = await confirmAction({
           title: `Answer ${w.kind === "input" ? w.interrupt_id : w.job_id}?`, text: `Records ${JSON.stringify(value)} for session ${sid}; a worker of ${data.workflow} then resumes it.`,
-          danger: false, command: () => check.data.command, act: () => api(`/api/sessions/${encodeURIComponent(sid)}/answer`, body),
+          danger: false, askReason: false, command: () => check.data.command, act: () => api(`/api/sessions/${encodeURIComponent(sid)}/answer`, body),
         });
         if (done) { await load(); const n = document.getElementById("notice"); if (n) n.textContent = "answered" + (done.data.pending ? " (its live owner takes it in)" : ""); }
       } catch (e) { err.textContent = e.message; }
