@@ -248,6 +248,30 @@ async def test_a_foreign_host_and_a_tokenless_write_are_refused(browser, console
     await context.close()
 
 
+async def test_a_read_only_console_shows_no_write_and_serves_none(browser, demo_db, tmp_path):
+    c = Console(str(demo_db), tmp_path, "--read-only")
+    try:
+        p = await new_page(browser, c)
+        assert (await p.page.locator("#db").inner_text()).endswith("(read-only)")
+        assert await p.page.locator("#bulk-go").count() == 0
+        await p.open(f"{c.base}/sessions/demo-x")  # an unknown session: one line, no console error
+        assert "no session 'demo-x'" in await p.page.locator("#summary .error").inner_text()
+        declined = next(s for s in await p.page.evaluate("fetch('/api/sessions?status=failed').then(r => r.json())") if s["session_id"].startswith("demo-"))
+        await p.open(f"{c.base}/sessions/{declined['session_id']}")
+        assert await p.page.locator("#summary button").count() == 0  # no retry, no cancel
+        r = await p.page.evaluate(
+            f"fetch('/api/sessions/{declined['session_id']}/retry', {{method: 'POST', body: '{{}}', headers: {{'content-type': 'application/json'}}}}).then(r => r.status)"
+        )
+        assert r == 403
+        provoked = [  # Chromium logs every 4xx fetch; these two were asked for
+            f"{c.base}/sessions/demo-x: Failed to load resource: the server responded with a status of 404 (Not Found)",
+            f"{c.base}/sessions/{declined['session_id']}: Failed to load resource: the server responded with a status of 403 (Forbidden)",
+        ]
+        assert p.errors == provoked
+    finally:
+        c.stop()
+
+
 async def test_a_session_of_ten_thousand_node_runs_opens_in_under_two_seconds(browser, console):
     p = await new_page(browser, console)  # the list first: a warm server, a cold session
     await p.open(f"{console.base}/sessions/{BIG}")
