@@ -202,6 +202,7 @@ async def test_the_demo_sessions_list_filters_and_the_waterfall_draws_every_path
     await p.open(f"{console.base}/audit")
     assert await p.page.locator("#audit tbody tr").count() > 5
     assert p.errors == []
+    await p.page.context.close()  # and its event stream
 
 
 async def test_answering_the_approval_from_the_page_lets_a_worker_complete_the_session(browser, console):
@@ -218,6 +219,7 @@ async def test_answering_the_approval_from_the_page_lets_a_worker_complete_the_s
     await p.page.click("#confirm-yes")
     await status_of(p, "completed")  # answered, then the worker ran it: the page followed live
     assert p.errors == []
+    await p.page.context.close()  # and its event stream
 
 
 async def test_retry_and_cancel_through_the_buttons(browser, console):
@@ -234,6 +236,7 @@ async def test_retry_and_cancel_through_the_buttons(browser, console):
     await p.page.click("#confirm-yes")
     await status_of(p, "cancelled", timeout=10)
     assert p.errors == []
+    await p.page.context.close()  # and its event stream
 
 
 async def test_a_foreign_host_and_a_tokenless_write_are_refused(browser, console):
@@ -268,6 +271,7 @@ async def test_a_read_only_console_shows_no_write_and_serves_none(browser, demo_
             f"{c.base}/sessions/{declined['session_id']}: Failed to load resource: the server responded with a status of 403 (Forbidden)",
         ]
         assert p.errors == provoked
+        await p.page.context.close()
     finally:
         c.stop()
 
@@ -291,6 +295,7 @@ async def test_a_session_of_ten_thousand_node_runs_opens_in_under_two_seconds(br
     print(f"10,000-run session: scrolled to the end in {scrolled * 1000:.0f} ms, folded in one click")
     assert scrolled < 1.0
     assert p.errors == []
+    await p.page.context.close()  # and its event stream
 
 
 @pytest.fixture(scope="module")
@@ -332,6 +337,7 @@ async def test_the_console_on_postgresql_lists_draws_and_answers(browser, pg_url
         except AssertionError as exc:
             raise AssertionError(f"{exc}; worker: {(tmp_path / 'worker.stderr').read_text()[-2000:]}") from None
         assert p.errors == []
+        await p.page.context.close()
     finally:
         stop(worker)
         err = c.stop()

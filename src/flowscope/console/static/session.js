@@ -221,6 +221,7 @@ function waterfall(root, getData, collapsed, onSelect) {
       if (r[C.children] && collapsed.has(r[C.path])) hideBelow = r[C.depth];
     }
     spacer.style.height = `${visible.length * ROW}px`;
+    scroll.style.height = `${Math.min(560, Math.max(visible.length, 1) * ROW + 4)}px`;  // no empty band under a short session
   }
 
   function pct(x) { return `${(x / getData().axis.width) * 100}%`; }
