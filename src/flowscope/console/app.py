@@ -287,7 +287,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         body = drawn.get((sid, seq))
         if body is None:
             data = await call(api.session_waterfall, store, sid)
-            body = JSONResponse(data).body
+            body = bytes(JSONResponse(data).body)
             drawn[(sid, data["last_seq"])] = body
             while len(drawn) > 8:
                 drawn.popitem(last=False)
