@@ -62,6 +62,8 @@ class Console:
 
     def stop(self) -> str:
         stop(self.proc)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         return self.log.read_text()
 
 
@@ -249,6 +251,27 @@ async def test_a_foreign_host_and_a_tokenless_write_are_refused(browser, console
     r = await page.request.post(f"{console.base}/api/sessions/{FAILED_SESSION}/cancel", data="{}", headers={"content-type": "application/json"})
     assert r.status == 403 and "token" in (await r.json())["error"]
     await context.close()
+
+
+async def test_a_change_recorded_by_another_process_reaches_an_open_event_stream(console, demo_db):
+    import httpx
+
+    from flowscope.ownership import this_process
+    from flowscope.store import SqliteEventStore
+
+    token = console.url.split("token=", 1)[1]
+    async with httpx.AsyncClient(base_url=console.base, headers={"x-flowscope-token": token}, timeout=10) as http:
+        async with http.stream("GET", "/api/live") as stream:
+            lines = stream.aiter_lines()
+            assert (await anext(lines)).startswith("retry: ") and await anext(lines) == "event: hello"
+            await anext(lines), await anext(lines)  # its data, and the blank line that ends it
+            with SqliteEventStore(demo_db) as other:  # another process's write (here: a worker seen)
+                other.workers_seen(this_process(), ["probe"])
+            t = time.monotonic()
+            assert await anext(lines) == "event: change"
+            took = time.monotonic() - t
+    print(f"\na change reached the event stream in {took:.2f}s")
+    assert took < 3.0
 
 
 async def test_a_read_only_console_shows_no_write_and_serves_none(browser, demo_db, tmp_path):
