@@ -266,6 +266,30 @@ def test_the_change_feed_probes_the_store_at_most_once_per_interval(fresh):
         assert feed.version() == v + 1 and feed.probes == 2
 
 
+def test_every_open_page_refreshing_after_a_change_costs_the_store_one_listing(db):
+    from flowscope.console import api
+
+    class Counting(SqliteEventStore):
+        calls = {"sessions": 0, "open_runs": 0}
+
+        def sessions(self):
+            self.calls["sessions"] += 1
+            return super().sessions()
+
+        def open_runs(self):
+            self.calls["open_runs"] += 1
+            return super().open_runs()
+
+    with Counting(db, readonly=True) as store:
+        feed = ChangeFeed(store, interval=60.0)
+        for f in (api.SessionFilter(), api.SessionFilter(status="failed"), api.SessionFilter(q="ops"), api.SessionFilter()):
+            api.list_sessions(feed, f, now=1_000_000.5)  # four pages, one store version, one second
+        assert store.calls == {"sessions": 1, "open_runs": 1}
+        feed.changed()  # the store moved: the next page reads it again, once
+        api.list_sessions(feed, api.SessionFilter(), now=1_000_000.5)
+        assert store.calls == {"sessions": 2, "open_runs": 2}
+
+
 def test_the_waterfall_axis_compresses_idle_gaps_and_writes_their_length():
     windows = [(0.0, 2.0), (3602.0, 3604.0)]  # an hour's pause between two invocations
     axis = Axis(0.0, 3604.0, windows, 1000.0, 40.0)

@@ -173,12 +173,23 @@ def attention_sets(
 # --------------------------------------------------------------------------- the list
 
 
-class _ErrorCodes:
-    """Each session's ``runs`` error code, kept per (session, last_seq): a filter by code
-    reads a session's runs once until it changes."""
+class _FeedCache:
+    """What the list reuses between requests of one console: each session's ``runs`` error
+    code, kept per (session, last_seq), so a filter by code reads a session's runs once
+    until it changes; and the attention tabs, computed once per store version and second,
+    so every open page refreshing after a change costs one ``open_runs()``."""
 
     def __init__(self) -> None:
         self._codes: dict[str, tuple[int, str | None]] = {}
+        self._tabs: tuple[tuple[int, int, float, float], dict[str, set[str]]] | None = None
+
+    def tabs(
+        self, store: EventStore, version: int, sessions: Sequence[SessionInfo], now: float, stale_after_s: float, queued_after_s: float
+    ) -> dict[str, set[str]]:
+        key = (version, int(now), stale_after_s, queued_after_s)
+        if self._tabs is None or self._tabs[0] != key:
+            self._tabs = key, attention_sets(store, sessions, now=now, stale_after_s=stale_after_s, queued_after_s=queued_after_s)
+        return self._tabs[1]
 
     def of(self, store: EventStore, sessions: Iterable[SessionInfo]) -> dict[str, str | None]:
         todo = [s for s in sessions if self._codes.get(s.session_id, (-1, None))[0] != s.last_seq]
@@ -190,7 +201,7 @@ class _ErrorCodes:
 
 
 #: One cache per change feed (per console, per store).
-_ERROR_CODES: "weakref.WeakKeyDictionary[ChangeFeed, _ErrorCodes]" = weakref.WeakKeyDictionary()
+_CACHES: "weakref.WeakKeyDictionary[ChangeFeed, _FeedCache]" = weakref.WeakKeyDictionary()
 
 
 def _matches(s: SessionInfo, f: SessionFilter) -> bool:
@@ -224,8 +235,9 @@ def list_sessions(
     and the count of every attention tab (over the whole store)."""
     now = time.time() if now is None else now
     store = feed.store
-    _v, sessions = feed.sessions()
-    tabs = attention_sets(store, sessions, now=now, stale_after_s=stale_after_s, queued_after_s=queued_after_s)
+    version, sessions = feed.sessions()
+    cache = _CACHES.setdefault(feed, _FeedCache())
+    tabs = cache.tabs(store, version, sessions, now, stale_after_s, queued_after_s)
     chosen = [s for s in sessions if _matches(s, f)]
     if f.attention is not None:
         wanted = tabs[f.attention]
@@ -234,7 +246,7 @@ def list_sessions(
         # a session's error code is where its first failure began: completed and queued
         # sessions have none, so only the others' runs are read (once per change)
         maybe = [s for s in chosen if s.status not in ("completed", "queued")]
-        codes = _ERROR_CODES.setdefault(feed, _ErrorCodes()).of(store, maybe)
+        codes = cache.of(store, maybe)
         chosen = [s for s in maybe if codes[s.session_id] == f.error_code]
     page = chosen[f.offset : f.offset + f.limit]
     return views.session_rows(store, page), len(chosen), {k: len(v) for k, v in tabs.items()}
