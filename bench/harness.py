@@ -1,7 +1,7 @@
 """flowscope against LangGraph and the Agent Development Kit, side by side, in one run.
 
-    python bench/harness.py            # the full run (about 5-10 minutes on 2 cores): writes bench/RESULTS.md
-    python bench/harness.py --quick    # a smoke run (about a minute): prints the report, writes nothing
+    python bench/harness.py            # the full run (about 5-10 minutes on 2 cores): prints the report (--out FILE writes it)
+    python bench/harness.py --quick    # a smoke run (about a minute)
                                        # unless --out is given
 
 What it does (DESIGN.md section 10, issue 9):
@@ -1137,7 +1137,7 @@ def _versions() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a smoke run: 2 repetitions, no 2,000-chain for the peers, small store figures")
-    ap.add_argument("--out", help="where to write the report (default: bench/RESULTS.md; with --quick: print only)")
+    ap.add_argument("--out", help="where to write the report (default: print it)")
     ap.add_argument("--reps", type=int, help="timed repetitions per case (default 7; 5 for the 2,000-chain)")
     ap.add_argument("--only", help="comma-separated workflows: chain20,chain200,chain2000,fanout50,nested,pause200")
     ap.add_argument("--no-peers", action="store_true", help="flowscope only")
@@ -1161,7 +1161,7 @@ def main(argv: list[str] | None = None) -> int:
         text = bench.report(targets)
     finally:
         bench.cleanup()
-    out = args.out or (None if args.quick else str(HERE / "RESULTS.md"))
+    out = args.out  # RESULTS.md holds targets.py's run: the harness prints unless told where to write
     if out:
         Path(out).write_text(text)
         bench.log(f"wrote {out}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from google.adk.apps import App
 from google.adk.events.request_input import RequestInput
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
@@ -65,7 +66,7 @@ async def main() -> None:
         )
     )
     sessions = InMemorySessionService()
-    runner = Runner(app_name="example", node=workflow, session_service=sessions, plugins=[bridge.plugin])
+    runner = Runner(app=App(name="example", root_agent=workflow, plugins=[bridge.plugin]), session_service=sessions)
     session = await sessions.create_session(app_name="example", user_id="ops")
 
     async def send(parts: list[Any]) -> Any:

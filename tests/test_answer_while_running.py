@@ -1,6 +1,6 @@
 """One writer per session, through the CLI: an answer given while another branch runs.
 
-``race`` asks for input in one branch while its other branch works for six seconds. The
+``race`` asks for input in one branch while its other branch works for eight seconds. The
 operator does what ``flowscope stuck`` says (``flowscope resume SESSION --input q=...``)
 while the slow branch runs under a real ``flowscope worker``. The answer waits in the
 session's inbox; the worker takes it in when its invocation pauses, so its appends never
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 def _env(log: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
     env["CHAOS_LOG"] = str(log)
-    env["RACE_SLOW_S"] = "6.0"  # long enough for three CLI starts and answers
+    env["RACE_SLOW_S"] = "8.0"  # long enough for three CLI starts and answers
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
     return env
 

@@ -2,25 +2,46 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+import logging
+from typing import Any, AsyncGenerator
 
 import pytest
 from google.adk.events.request_input import RequestInput
+from google.adk.agents.base_agent import BaseAgent
+from google.adk.apps import App
+from google.adk.events.event import Event
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
-from google.adk.workflow import FunctionNode, RetryConfig, Workflow
+from google.adk.workflow import BaseNode, FunctionNode, JoinNode, Node, RetryConfig, Workflow, node
+from google.adk.workflow._parallel_worker import _ParallelWorker
 from google.adk.workflow.utils._workflow_hitl_utils import create_request_input_response
 from google.genai import types
+from pydantic import ConfigDict, Field
 from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CollectorRegistry
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from flowscope.adapters.adk import FlowscopeADK
-from flowscope.events import InputReceived, InputRequested, NodeCompleted, NodeErrorEvent, NodeRetrying, NodeStarted, RunFinished, RunStarted
+from flowscope.adapters.adk import FlowscopeADK, UnobservableNodeError
+from flowscope.cli import views
+from flowscope.cli.history import retry_reasons
+from flowscope.events import (
+    InputReceived,
+    InputRequested,
+    NodeCompleted,
+    NodeErrorEvent,
+    NodeErrorPropagated,
+    NodePaused,
+    NodeRetrying,
+    NodeStarted,
+    RunFinished,
+    RunStarted,
+)
 from flowscope.export import session_spans
 from flowscope.fold import rebuild
 from flowscope.observability import MetricsPlugin, TracingPlugin
@@ -40,7 +61,8 @@ class Driver:
         self.sessions = InMemorySessionService()
         node = bridge.instrument(workflow) if bridge is not None else workflow
         plugins = [bridge.plugin] if bridge is not None else []
-        self.runner = Runner(app_name=APP, node=node, session_service=self.sessions, plugins=plugins)
+        # ADK 2.13's setup: the plugins go in the App (Runner(plugins=...) is deprecated)
+        self.runner = Runner(app=App(name=APP, root_agent=node, plugins=plugins), session_service=self.sessions)
         self.session_id = ""
 
     async def start(self, text: str = "go") -> list[Any]:
@@ -273,3 +295,264 @@ async def test_flowscope_cli_audits_an_adk_session(store, tmp_path):
     assert [(r["session_id"], r["path"], r["state"]) for r in stuck] == [(d2.session_id, "report@1/ask@1", "waiting_input")]
     for cmd in (["runs"], ["show", d.session_id], ["export", d.session_id]):
         subprocess.run([cli, *cmd, "--db", db], capture_output=True, text=True, check=True)
+
+
+# -- node kinds from ADK's own tests and samples ----------------------------------------
+# google/adk-python tests/unittests/workflow/test_workflow_failures.py (commit 5a7c9b5:
+# _FlakyNode, a BaseNode subclass overriding run, and test_attempt_count_populated_correctly),
+# test_workflow_parallel_worker.py and contributing/samples/workflows (parallel_worker,
+# nested workflows of agents and a join), trimmed to nodes that need no model; run on the
+# installed google-adk (2.13.0).
+
+
+@pytest.fixture
+def otel_errors(caplog):
+    """The ERROR lines OpenTelemetry logs during a test (a context detached in another context)."""
+    caplog.set_level(logging.ERROR, logger="opentelemetry")
+    yield lambda: [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry") and r.levelno >= logging.ERROR]
+
+
+def observed(store) -> tuple[FlowscopeADK, MetricsPlugin]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    metrics = MetricsPlugin(registry=CollectorRegistry())  # this test's counts only
+    return FlowscopeADK(store, plugins=[TracingPlugin(tracer_provider=provider), metrics]), metrics
+
+
+def samples(metrics: MetricsPlugin, name: str) -> dict[tuple, float]:
+    return {tuple(sorted(s.labels.items())): s.value for m in metrics.registry.collect() for s in m.samples if s.name == name}
+
+
+def audit(store, sid: str) -> dict[str, dict[str, Any]]:
+    runs = store.node_runs(sid)
+    return {r["node"]: r for r in views.audit_rows(runs, retry_reasons(store, runs)) if r["kind"] != "workflow"}
+
+
+def square_workflow(calls: dict[int, int], fail_until: int) -> Workflow:
+    @node(parallel_worker=True, retry_config=RETRY)
+    def square(node_input: int) -> int:
+        calls[node_input] = calls.get(node_input, 0) + 1
+        if node_input == 2 and calls[node_input] < fail_until:
+            raise ConnectionError("flaky upstream")
+        return node_input * node_input
+
+    return Workflow(name="fan", edges=[("START", FunctionNode(func=lambda node_input: [1, 2, 3], name="items"), square)])
+
+
+async def test_parallel_worker_items_are_runs_under_the_worker_path(store, otel_errors):
+    calls: dict[int, int] = {}
+    bridge, metrics = observed(store)
+    d = Driver(square_workflow(calls, fail_until=3), bridge)
+    events = await d.start()
+    assert events[-1].output == [1, 4, 9] and calls == {1: 1, 2: 3, 3: 1}
+    log = store.read(d.session_id)
+    items = sorted({e.path for e in log if isinstance(e, NodeStarted) and e.parent_path == "fan@1/square@1"})
+    assert items == ["fan@1/square@1/square@1", "fan@1/square@1/square@2", "fan@1/square@1/square@3"]
+    flaky = [e for e in log if e.path == "fan@1/square@1/square@2"]
+    assert [type(e).__name__ for e in flaky] == ["NodeStarted", "NodeRetrying", "NodeRetrying", "NodeCompleted"]
+    assert flaky[-1].attempt_count == 3 and flaky[-1].output == 4
+    ws = rebuild(log)
+    assert ws.nodes["fan@1/square@1"].status == "completed" and ws.nodes["fan@1/square@1"].output == [1, 4, 9]
+    rows = audit(store, d.session_id)
+    assert (rows["square"]["runs"], rows["square"]["attempts"], rows["square"]["retries"]) == (4, 6, 2)  # the worker and 3 items
+    assert samples(metrics, "flowscope_node_retries_total")[(("error_type", "ConnectionError"), ("node", "square"), ("workflow", "fan"))] == 2
+    assert otel_errors() == []
+
+
+async def test_a_parallel_worker_item_that_fails_for_good_is_the_error_with_every_attempt(store, otel_errors):
+    calls: dict[int, int] = {}
+    bridge, metrics = observed(store)
+    d = Driver(square_workflow(calls, fail_until=99), bridge)
+    with pytest.raises(ConnectionError):
+        await d.start()
+    assert calls[2] == 3
+    log = store.read(d.session_id)
+    (err,) = [e for e in log if isinstance(e, NodeErrorEvent)]
+    assert (err.path, err.error_type, err.attempt_count) == ("fan@1/square@1/square@2", "ConnectionError", 3)
+    propagated = {e.path: e.origin_path for e in log if isinstance(e, NodeErrorPropagated)}
+    assert propagated == {"fan@1/square@1": err.path, "fan@1": err.path}
+    assert (log[-1].status, log[-1].error_path) == ("failed", err.path)
+    errors = samples(metrics, "flowscope_node_errors_total")
+    assert errors == {(("error_code", "UNKNOWN_ERROR"), ("error_type", "ConnectionError"), ("node", "square"), ("workflow", "fan")): 1}
+    assert otel_errors() == []
+
+
+async def test_an_input_request_in_a_parallel_worker_item_pauses_the_worker(store, otel_errors):
+    runs: list[int] = []
+
+    @node(parallel_worker=True, rerun_on_resume=True)
+    def review(ctx: Any, node_input: int) -> Any:
+        runs.append(node_input)
+        if node_input == 2 and "ok-2" not in ctx.resume_inputs:
+            return RequestInput(interrupt_id="ok-2", message="approve 2?")
+        return {"i": node_input}
+
+    bridge, _ = observed(store)
+    d = Driver(Workflow(name="rev", edges=[("START", FunctionNode(func=lambda node_input: [1, 2, 3], name="items"), review)]), bridge)
+    await d.start()
+    log = store.read(d.session_id)
+    (req,) = [e for e in log if isinstance(e, InputRequested)]
+    assert req.path == "rev@1/review@1/review@2"
+    assert {e.path: e.interrupt_ids for e in log if isinstance(e, NodePaused)} == {"rev@1/review@1": ("ok-2",), "rev@1": ("ok-2",)}
+    final = await d.answer("ok-2", {"yes": True})
+    assert final[-1].output == [{"i": 1}, {"i": 2}, {"i": 3}]
+    log = store.read(d.session_id)
+    assert [e.path for e in log if isinstance(e, InputReceived)] == [req.path]
+    started = [e.path for e in log if isinstance(e, NodeStarted) and e.path.startswith("rev@1/review@1/")]
+    assert sorted(started) == ["rev@1/review@1/review@1", "rev@1/review@1/review@2", "rev@1/review@1/review@2", "rev@1/review@1/review@3"]
+    assert rebuild(log).status == "completed" and runs.count(1) == 1
+    assert otel_errors() == []
+
+
+class FlakyNode(BaseNode):
+    """test_workflow_failures.py's _FlakyNode: a BaseNode subclass that overrides run."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    succeed_on_iteration: int = Field(default=0)
+    tracker: dict[str, Any] = Field(default_factory=dict)
+
+    async def run(self, *, ctx: Any, node_input: Any) -> AsyncGenerator[Any, None]:  # type: ignore[override]
+        n = self.tracker["iteration_count"] = self.tracker.get("iteration_count", 0) + 1
+        self.tracker.setdefault("attempt_counts", []).append(ctx.attempt_count)
+        if n < self.succeed_on_iteration:
+            raise ConnectionError(f"iteration {n}")
+        yield Event(output={"iteration": n})
+
+
+class Doubler(Node):
+    """A Node subclass (run_node_impl), fanned out with parallel_worker=True."""
+
+    async def run_node_impl(self, *, ctx: Any, node_input: Any) -> AsyncGenerator[Any, None]:
+        yield node_input * 2
+
+
+async def test_basenode_and_node_subclasses_are_observed(store, otel_errors):
+    flaky = FlakyNode(name="flaky", succeed_on_iteration=3, retry_config=RETRY)
+    tracker = flaky.tracker  # shared with the bridge's copy of the node
+    wf = Workflow(name="custom", edges=[("START", flaky, FunctionNode(func=lambda node_input: [1, 2], name="pair"), Doubler(name="double", parallel_worker=True))])
+    bridge, metrics = observed(store)
+    d = Driver(wf, bridge)
+    events = await d.start()
+    assert events[-1].output == [2, 4] and tracker["attempt_counts"] == [1, 2, 3]
+    log = store.read(d.session_id)
+    mine = [e for e in log if e.path == "custom@1/flaky@1"]
+    assert [type(e).__name__ for e in mine] == ["NodeStarted", "NodeRetrying", "NodeRetrying", "NodeCompleted"]
+    assert mine[-1].attempt_count == 3 and mine[-1].output == {"iteration": 3}
+    doubled = {e.path: e.output for e in log if isinstance(e, NodeCompleted) and e.path.startswith("custom@1/double@1")}
+    assert doubled == {"custom@1/double@1/double@1": 2, "custom@1/double@1/double@2": 4, "custom@1/double@1": [2, 4]}
+    assert samples(metrics, "flowscope_node_retries_total")[(("error_type", "ConnectionError"), ("node", "flaky"), ("workflow", "custom"))] == 2
+    assert otel_errors() == []
+
+
+class Echo(BaseAgent):
+    """An agent that needs no model: it says its name."""
+
+    async def _run_async_impl(self, ctx: Any) -> AsyncGenerator[Any, None]:
+        yield Event(author=self.name, content=types.Content(role="model", parts=[types.Part(text=f"hi from {self.name}")]))
+
+
+async def test_a_nested_workflow_of_agents_and_a_join_is_recorded(store, otel_errors):
+    join = JoinNode(name="join")
+    inner = Workflow(name="inner", edges=[("START", Echo(name="a"), join), ("START", Echo(name="b"), join)])
+    wf = Workflow(name="outer", edges=[("START", inner, FunctionNode(func=lambda node_input: None, name="tail"))])
+    bridge, _ = observed(store)
+    d = Driver(wf, bridge)
+    await d.start()
+    log = store.read(d.session_id)
+    kinds = {e.path: e.kind for e in log if isinstance(e, NodeStarted)}
+    assert kinds == {
+        "outer@1": "workflow",
+        "outer@1/inner@1": "workflow",
+        "outer@1/inner@1/a@1": "agent",
+        "outer@1/inner@1/b@1": "agent",
+        "outer@1/inner@1/join@1": "join",
+        "outer@1/tail@1": "function",
+    }
+    ended = [e.path for e in log if isinstance(e, NodeCompleted)]
+    assert ended.index("outer@1/inner@1/join@1") < ended.index("outer@1/inner@1") < ended.index("outer@1")  # children first
+    ws = rebuild(log)
+    assert all(n.status == "completed" for n in ws.nodes.values()) and len(ws.nodes) == 6
+    assert otel_errors() == []
+
+
+def test_instrument_refuses_a_workflow_subclass_that_overrides_how_it_runs(store):
+    class Custom(Workflow):
+        async def _run_impl(self, *, ctx: Any, node_input: Any) -> AsyncGenerator[Any, None]:
+            yield "done my way"
+
+    class Plain(Workflow):
+        """A subclass that only names defaults: instrumented as a Workflow."""
+
+    inner = Custom(name="special", edges=[("START", FunctionNode(func=lambda node_input: 1, name="one"))])
+    with pytest.raises(UnobservableNodeError, match="'special' is a Custom, a Workflow subclass that overrides how it runs"):
+        FlowscopeADK(store).instrument(Workflow(name="outer", edges=[("START", inner)]))
+    plain = Plain(name="plain", edges=[("START", FunctionNode(func=lambda node_input: 1, name="one"))])
+    FlowscopeADK(store).instrument(Workflow(name="outer", edges=[("START", plain)]))
+
+
+async def test_a_parallel_worker_of_workflows_records_each_item_workflow_and_its_nodes(store, otel_errors):
+    per = Workflow(name="per", edges=[("START", FunctionNode(func=lambda node_input: node_input + 1, name="inc"), FunctionNode(func=lambda node_input: node_input * 10, name="ten"))])
+    wf = Workflow(name="top", edges=[("START", FunctionNode(func=lambda node_input: [1, 2], name="items"), _ParallelWorker(node=per))])
+    bridge, _ = observed(store)
+    d = Driver(wf, bridge)
+    assert (await d.start())[-1].output == [20, 30]
+    done = {e.path: e.output for e in store.read(d.session_id) if isinstance(e, NodeCompleted)}
+    assert done == {
+        "top@1/items@1": [1, 2],
+        "top@1/per@1/per@1/inc@1": 2,
+        "top@1/per@1/per@1/ten@1": 20,
+        "top@1/per@1/per@1": 20,
+        "top@1/per@1/per@2/inc@1": 3,
+        "top@1/per@1/per@2/ten@1": 30,
+        "top@1/per@1/per@2": 30,
+        "top@1/per@1": [20, 30],
+        "top@1": [20, 30],
+    }
+    assert otel_errors() == []
+
+
+async def test_a_dynamic_node_the_bridge_never_met_is_reported_loudly(store, caplog):
+    hidden = FunctionNode(func=lambda node_input: "inner", name="hidden", rerun_on_resume=True)
+
+    async def caller(ctx: Any, node_input: Any) -> Any:
+        return await ctx.run_node(hidden, node_input=1)
+
+    d = Driver(Workflow(name="dyn", edges=[("START", FunctionNode(func=caller, name="caller", rerun_on_resume=True))]), FlowscopeADK(store))
+    with caplog.at_level(logging.WARNING, logger="flowscope.adapters.adk"):
+        await d.start()
+    (msg,) = [r.getMessage() for r in caplog.records if r.name == "flowscope.adapters.adk"]
+    assert "'hidden'" in msg and "not recorded" in msg
+
+
+async def test_an_adk_timeout_is_a_retried_attempt_and_a_final_timeout_is_a_timeout(store, otel_errors):
+    tries = {"slow": 0, "hung": 0}
+
+    async def slow(node_input: Any) -> int:
+        tries["slow"] += 1
+        if tries["slow"] < 2:
+            await asyncio.sleep(5)
+        return 1
+
+    async def hung(node_input: Any) -> int:
+        tries["hung"] += 1
+        await asyncio.sleep(5)
+        return 2
+
+    retry2 = RetryConfig(max_attempts=2, initial_delay=0.0, jitter=0.0)
+    wf = Workflow(name="slowpoke", edges=[("START", FunctionNode(func=slow, name="slow", timeout=0.1, retry_config=retry2), FunctionNode(func=hung, name="hung", timeout=0.1, retry_config=retry2))])
+    bridge, metrics = observed(store)
+    d = Driver(wf, bridge)
+    with pytest.raises(Exception) as raised:
+        await d.start()
+    assert type(raised.value).__name__ == "NodeTimeoutError" and tries == {"slow": 2, "hung": 2}
+    log = store.read(d.session_id)
+    slow_log = [e for e in log if e.path == "slowpoke@1/slow@1"]
+    assert [type(e).__name__ for e in slow_log] == ["NodeStarted", "NodeRetrying", "NodeCompleted"]
+    assert (slow_log[1].error_type, slow_log[1].error_code, slow_log[-1].attempt_count) == ("NodeTimeoutError", "NODE_TIMEOUT", 2)
+    (err,) = [e for e in log if isinstance(e, NodeErrorEvent)]
+    assert (err.path, err.error_type, err.error_code, err.attempt_count) == ("slowpoke@1/hung@1", "NodeTimeoutError", "NODE_TIMEOUT", 2)
+    assert err.error_message == str(raised.value)
+    assert not [e for e in log if type(e).__name__ == "NodeCancelled"]
+    runs = samples(metrics, "flowscope_node_runs_total")
+    assert runs[(("node", "hung"), ("outcome", "timeout"), ("workflow", "slowpoke"))] == 1
+    assert otel_errors() == []

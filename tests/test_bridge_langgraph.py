@@ -2,29 +2,49 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import operator
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, RetryPolicy, interrupt
+from langgraph.errors import NodeTimeoutError
+from langgraph.func import entrypoint, task
+from langgraph.types import Command, RetryPolicy, Send, TimeoutPolicy, interrupt
 from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CollectorRegistry
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 from flowscope.adapters.langgraph import FlowscopeCallbackHandler
-from flowscope.events import InputReceived, InputRequested, NodeCompleted, NodeErrorEvent, NodeRetrying, NodeStarted, RunFinished, RunStarted
+from flowscope.cli import views
+from flowscope.cli.history import retry_reasons
+from flowscope.events import (
+    InputReceived,
+    InputRequested,
+    NodeCompleted,
+    NodeErrorEvent,
+    NodeErrorPropagated,
+    NodePaused,
+    NodeRetrying,
+    NodeStarted,
+    RunFinished,
+    RunStarted,
+)
 from flowscope.export import session_spans
 from flowscope.fold import rebuild
-from flowscope.observability import TracingPlugin
+from flowscope.observability import MetricsPlugin, TracingPlugin
 from flowscope.store import SqliteEventStore
 
 # imports take seconds (tests/conftest.py: SLOW_TO_IMPORT): the whole module is in the slow set
@@ -274,3 +294,420 @@ def test_a_process_killed_mid_node_leaves_an_open_run_that_stuck_finds(tmp_path)
     time.sleep(1.2)
     out = subprocess.run([CLI, "stuck", "--db", db, "--format", "json", "--older-than", "0s", "--stale-after", "1s"], capture_output=True, text=True, check=True)
     assert [(r["path"], r["state"]) for r in json.loads(out.stdout)] == [("etl@1/enrich@1", "orphaned")]
+
+
+# -- graphs from LangGraph's own tests ---------------------------------------------------
+# langchain-ai/langgraph libs/langgraph/tests/test_pregel.py at f09cfe8 (the issue's run:
+# test_pending_writes_resume, test_interrupt_subgraph, Send fan-out, nested-graph
+# breakpoints) and test_pregel_async.py (the functional API with TimeoutPolicy), trimmed to
+# function nodes; run on the installed langgraph (1.2.24).
+
+
+@pytest.fixture
+def otel_errors(caplog):
+    """The ERROR lines OpenTelemetry logs during a test (a context detached in another context)."""
+    caplog.set_level(logging.ERROR, logger="opentelemetry")
+    yield lambda: [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry") and r.levelno >= logging.ERROR]
+
+
+def traced(store, **kw: Any) -> tuple[FlowscopeCallbackHandler, MetricsPlugin]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    metrics = MetricsPlugin(registry=CollectorRegistry())  # this test's counts only
+    return FlowscopeCallbackHandler(store, plugins=[TracingPlugin(tracer_provider=provider), metrics], **kw), metrics
+
+
+def samples(metrics: MetricsPlugin, name: str) -> dict[tuple, float]:
+    return {tuple(sorted(s.labels.items())): s.value for m in metrics.registry.collect() for s in m.samples if s.name == name}
+
+
+def audit(store, sid: str) -> dict[str, dict[str, Any]]:
+    runs = store.node_runs(sid)
+    return {r["node"]: r for r in views.audit_rows(runs, retry_reasons(store, runs)) if r["kind"] != "workflow"}
+
+
+def test_a_resume_after_a_failure_continues_the_failed_run_with_exact_attempts(store, otel_errors):
+    # test_pending_writes_resume: "one" succeeds while "two" fails under RetryPolicy(max_attempts=2);
+    # invoke(None) resumes with one's pending writes kept. Here "two" fails its first four attempts.
+    calls = {"one": 0, "two": 0}
+
+    def one(state: State) -> State:
+        calls["one"] += 1
+        return {"n": 2}
+
+    def two(state: State) -> State:
+        calls["two"] += 1
+        if calls["two"] <= 4:
+            time.sleep(0.05)  # as in LangGraph's test: "one" finishes (its writes saved) first
+            raise ConnectionError("I'm not good")
+        return {"answer": "ok"}
+
+    b = StateGraph(State)
+    b.add_node("one", one)
+    b.add_node("two", two, retry_policy=policy(2, ConnectionError))
+    b.add_edge(START, "one")
+    b.add_edge(START, "two")
+    graph = b.compile(checkpointer=InMemorySaver(), name="pending")
+    handler, metrics = traced(store)
+    cfg = config(handler, "t-pending")
+    for _ in range(2):
+        with pytest.raises(ConnectionError):
+            graph.invoke({"n": 0}, cfg) if not store.read("t-pending") else graph.invoke(None, cfg)
+    assert graph.invoke(None, cfg) == {"n": 2, "answer": "ok"}
+    assert calls == {"one": 1, "two": 5}  # LangGraph kept one's writes: it ran once
+
+    log = store.read("t-pending")
+    assert sorted({e.path for e in log if isinstance(e, NodeStarted)}) == ["pending@1", "pending@1/one@1", "pending@1/two@1"]
+    two_log = of(log, "pending@1/two@1")
+    assert [e.attempt for e in two_log if isinstance(e, NodeStarted)] == [1, 3, 5]
+    assert [e.attempt for e in two_log if isinstance(e, NodeRetrying)] == [1, 3]
+    assert [e.attempt_count for e in two_log if isinstance(e, NodeErrorEvent)] == [2, 4]
+    assert [e.attempt_count for e in two_log if isinstance(e, NodeCompleted)] == [5]
+    assert [r.resumed for r in log if isinstance(r, RunStarted)] == [False, True, True]
+    assert [e.status for e in log if isinstance(e, RunFinished)] == ["failed", "failed", "completed"]
+    ws = rebuild(log)
+    assert (ws.status, ws.nodes["pending@1/two@1"].status, ws.nodes["pending@1/two@1"].attempt) == ("completed", "completed", 5)
+
+    rows = audit(store, "t-pending")
+    # one run of five attempts, completed in the end (ERRORS counts runs that ended failed)
+    assert (rows["two"]["runs"], rows["two"]["completed"], rows["two"]["attempts"], rows["two"]["retries"], rows["two"]["errors"]) == (1, 1, 5, 2, 0)
+    assert (rows["one"]["runs"], rows["one"]["attempts"]) == (1, 1)
+    assert samples(metrics, "flowscope_node_errors_total")[(("error_code", "UNKNOWN_ERROR"), ("error_type", "ConnectionError"), ("node", "two"), ("workflow", "pending"))] == 2
+    assert samples(metrics, "flowscope_node_retries_total")[(("error_type", "ConnectionError"), ("node", "two"), ("workflow", "pending"))] == 2
+    runs = samples(metrics, "flowscope_node_runs_total")
+    assert runs[(("node", "two"), ("outcome", "failure"), ("workflow", "pending"))] == 2
+    assert runs[(("node", "two"), ("outcome", "success"), ("workflow", "pending"))] == 1
+    assert otel_errors() == []
+
+
+def three_levels(asked: list[str]) -> Any:
+    """test_interrupt_subgraph, one level deeper: root -> bar (subgraph) -> mid (subgraph) -> ask."""
+
+    def ask(state: State) -> State:
+        asked.append("ask")
+        return {"answer": interrupt("Please provide baz value:")}
+
+    leaf = StateGraph(State)
+    leaf.add_node("ask", ask)
+    leaf.add_edge(START, "ask")
+    mid = StateGraph(State)
+    mid.add_node("mid", leaf.compile())
+    mid.add_edge(START, "mid")
+    root = StateGraph(State)
+    root.add_node("foo", lambda s: {"n": 1})
+    root.add_node("bar", mid.compile())
+    root.add_edge(START, "foo")
+    root.add_edge("foo", "bar")
+    return root.compile(checkpointer=InMemorySaver(), name="nested")
+
+
+def test_an_interrupt_in_a_subgraph_is_recorded_once_and_the_enclosing_runs_pause(store, otel_errors):
+    asked: list[str] = []
+    graph = three_levels(asked)
+    handler, metrics = traced(store)
+    cfg = config(handler, "t-sub")
+    (intr,) = graph.invoke({"n": 0}, cfg)["__interrupt__"]
+    log = store.read("t-sub")
+    leaf, mid, bar = "nested@1/bar@1/mid@1/ask@1", "nested@1/bar@1/mid@1", "nested@1/bar@1"
+    requests = [e for e in log if isinstance(e, InputRequested)]
+    assert [(e.path, e.interrupt_id) for e in requests] == [(leaf, intr.id)]
+    paused = {e.path: e for e in log if isinstance(e, NodePaused)}
+    assert set(paused) == {mid, bar, "nested@1"}
+    assert all(p.interrupt_ids == (intr.id,) and p.origin_path == leaf for p in paused.values())
+    assert rebuild(log).pending == requests
+    waiting = {dict(k)["node"]: v for k, v in samples(metrics, "flowscope_node_runs_total").items() if ("outcome", "waiting") in k}
+    assert waiting == {"ask": 1, "mid": 1, "bar": 1, "nested": 1}  # each run paused once
+
+    assert graph.invoke(Command(resume="baz"), cfg) == {"n": 1, "answer": "baz"}
+    log = store.read("t-sub")
+    assert [(e.path, e.interrupt_id, e.value) for e in log if isinstance(e, InputReceived)] == [(leaf, intr.id, "baz")]
+    for path in (leaf, mid, bar):  # each run continued at its path, attempt 1, and completed once
+        assert [e.attempt for e in of(log, path) if isinstance(e, NodeStarted)] == [1, 1]
+        assert len([e for e in of(log, path) if isinstance(e, NodeCompleted)]) == 1
+    ws = rebuild(log)
+    assert ws.status == "completed" and ws.pending == []
+    assert asked == ["ask", "ask"]
+    assert otel_errors() == []
+
+
+def test_an_interrupt_in_a_send_branch_is_recorded_at_that_branch(store, otel_errors):
+    # Send fan-out to one node (test_pregel.py's Send tests), one branch interrupts.
+    class FanState(TypedDict, total=False):
+        items: list[int]
+        done: Annotated[list[int], operator.add]
+
+    def work(arg: dict[str, int]) -> dict[str, list[int]]:
+        if arg["i"] == 2:
+            interrupt(f"approve {arg['i']}?")
+        return {"done": [arg["i"]]}
+
+    b = StateGraph(FanState)
+    b.add_node("work", work)
+    b.add_conditional_edges(START, lambda s: [Send("work", {"i": i}) for i in s["items"]], ["work"])
+    graph = b.compile(checkpointer=InMemorySaver(), name="fan")
+    handler, _ = traced(store)
+    cfg = config(handler, "t-send")
+    (intr,) = graph.invoke({"items": [1, 2, 3]}, cfg)["__interrupt__"]
+    out = graph.invoke(Command(resume=True), cfg)
+    assert sorted(out["done"]) == [1, 2, 3]
+    log = store.read("t-send")
+    started = [e.path for e in log if isinstance(e, NodeStarted) and e.path != "fan@1"]
+    assert "fan@1/__start__@1" not in started  # LangGraph's internal task for a conditional edge from START
+    (req,) = [e for e in log if isinstance(e, InputRequested)]
+    assert req.interrupt_id == intr.id and started.count(req.path) == 2  # paused, then run again at its path
+    assert len(set(started)) == 3 and len(started) == 4
+    (got,) = [e for e in log if isinstance(e, InputReceived)]
+    assert got.path == req.path
+    ws = rebuild(log)
+    assert ws.status == "completed" and all(n.status == "completed" for n in ws.nodes.values())
+    assert otel_errors() == []
+
+
+def test_a_conditional_edge_from_start_records_no_start_task(store):
+    b = StateGraph(State)
+    b.add_node("a", lambda s: {"n": 1})
+    b.add_node("b", lambda s: {"n": 2})
+    b.add_conditional_edges(START, lambda s: "a" if s.get("n") == 0 else "b", ["a", "b"])
+    b.add_edge("a", END)
+    b.add_edge("b", END)
+    assert b.compile(name="route").invoke({"n": 0}, config(FlowscopeCallbackHandler(store), "t-route")) == {"n": 1}
+    assert [e.path for e in store.read("t-route") if isinstance(e, NodeStarted)] == ["route@1", "route@1/a@1"]
+
+
+async def test_timeout_policy_retries_are_node_retrying_and_a_final_timeout_is_a_timeout(store, otel_errors):
+    # The functional API with TimeoutPolicy (test_pregel_async.py: a @task that hangs past
+    # its run_timeout, retried by its RetryPolicy).
+    tries = {"slow": 0, "hung": 0}
+
+    @task(timeout=TimeoutPolicy(run_timeout=0.05), retry_policy=RetryPolicy(max_attempts=3, initial_interval=0.0, jitter=False))
+    async def slow(x: int) -> int:
+        tries["slow"] += 1
+        if tries["slow"] < 3:
+            await asyncio.sleep(5)
+        return x + 1
+
+    @task(timeout=TimeoutPolicy(idle_timeout=0.05), retry_policy=RetryPolicy(max_attempts=2, initial_interval=0.0, jitter=False))
+    async def hung(x: int) -> int:
+        tries["hung"] += 1
+        await asyncio.sleep(5)
+        return x
+
+    @entrypoint(checkpointer=InMemorySaver())
+    async def flow(x: int) -> int:
+        y = await slow(x)
+        return await hung(y)
+
+    handler, metrics = traced(store, workflow="flow")
+    with pytest.raises(NodeTimeoutError) as raised:
+        await flow.ainvoke(1, config(handler, "t-timeout"))
+    await asyncio.sleep(0.05)  # the cancelled attempts' chains report late; nothing may change
+    assert tries == {"slow": 3, "hung": 2}
+    log = store.read("t-timeout")
+    (slow_path,) = {e.path for e in log if isinstance(e, NodeStarted) and e.node == "slow"}
+    (hung_path,) = {e.path for e in log if isinstance(e, NodeStarted) and e.node == "hung"}
+    retries = [e for e in of(log, slow_path) if isinstance(e, NodeRetrying)]
+    assert [(e.attempt, e.error_type, e.error_code) for e in retries] == [(1, "NodeTimeoutError", "NODE_TIMEOUT"), (2, "NodeTimeoutError", "NODE_TIMEOUT")]
+    assert [e.attempt_count for e in of(log, slow_path) if isinstance(e, NodeCompleted)] == [3]
+    assert [e.attempt for e in of(log, hung_path) if isinstance(e, NodeRetrying)] == [1]
+    (err,) = [e for e in log if isinstance(e, NodeErrorEvent)]
+    assert (err.path, err.error_type, err.error_code, err.attempt_count) == (hung_path, "NodeTimeoutError", "NODE_TIMEOUT", 2)
+    assert err.error_message == str(raised.value) and "idle timeout" in err.error_message
+    assert not [e for e in log if type(e).__name__ == "NodeCancelled"]
+    assert (log[-1].status, log[-1].error_path, log[-1].error_code) == ("failed", hung_path, "NODE_TIMEOUT")
+    runs = samples(metrics, "flowscope_node_runs_total")
+    assert runs[(("node", "hung"), ("outcome", "timeout"), ("workflow", "flow"))] == 1
+    assert runs[(("node", "slow"), ("outcome", "success"), ("workflow", "flow"))] == 1
+    assert samples(metrics, "flowscope_node_retries_total")[(("error_type", "NodeTimeoutError"), ("node", "slow"), ("workflow", "flow"))] == 2
+    rows = audit(store, "t-timeout")
+    assert (rows["slow"]["attempts"], rows["slow"]["retries"], rows["hung"]["attempts"], rows["hung"]["errors"]) == (3, 2, 2, 1)
+    assert otel_errors() == []
+
+
+def test_a_subgraph_breakpoint_pauses_its_node_without_an_error_log(store, otel_errors):
+    # Breakpoints of a subgraph (interrupt_before), test_pregel.py's nested-graph breakpoint tests.
+    inner = StateGraph(State)
+    inner.add_node("x", lambda s: {"n": 1})
+    inner.add_node("y", lambda s: {"n": 2})
+    inner.add_edge(START, "x")
+    inner.add_edge("x", "y")
+    outer = StateGraph(State)
+    outer.add_node("sub", inner.compile(interrupt_before=["y"]))
+    outer.add_edge(START, "sub")
+    graph = outer.compile(checkpointer=InMemorySaver(), name="bp")
+    handler, _ = traced(store)
+    cfg = config(handler, "t-bp")
+    graph.invoke({"n": 0}, cfg)
+    log = store.read("t-bp")
+    assert [e.status for e in log if isinstance(e, RunFinished)] == ["paused"]
+    (p,) = [e for e in log if isinstance(e, NodePaused) and e.path == "bp@1/sub@1"]
+    assert p.interrupt_ids == () and not [e for e in log if isinstance(e, (InputRequested, NodeErrorEvent))]
+    assert graph.invoke(None, cfg) == {"n": 2}
+    log = store.read("t-bp")
+    assert [e.attempt for e in of(log, "bp@1/sub@1") if isinstance(e, NodeStarted)] == [1, 1]
+    assert rebuild(log).status == "completed"
+    assert otel_errors() == []
+
+
+async def test_spans_end_in_their_own_context_so_opentelemetry_logs_no_error(store, otel_errors):
+    # A failed, a timed-out and a breakpoint-paused graph under ainvoke: LangGraph ends
+    # those runs from the graph's context (or the next attempt's), not the task's own.
+    def broken(state: State) -> State:
+        raise PermissionError("token revoked")
+
+    async def hangs(state: State) -> State:
+        await asyncio.sleep(5)
+        return state
+
+    inner = StateGraph(State)
+    inner.add_node("x", lambda s: {"n": 1})
+    inner.add_node("y", lambda s: {"n": 2})
+    inner.add_edge(START, "x")
+    inner.add_edge("x", "y")
+    graphs = {}
+    for name, node, kw in (("failed", broken, {}), ("timed", hangs, {"timeout": TimeoutPolicy(run_timeout=0.05)}), ("bp", inner.compile(interrupt_before=["y"]), {})):
+        b = StateGraph(State)
+        b.add_node("ok", lambda s: {"n": 1})
+        b.add_node("step", node, **kw)
+        b.add_edge(START, "ok")
+        b.add_edge(START, "step")
+        graphs[name] = b.compile(checkpointer=InMemorySaver(), name=name)
+    handler, _ = traced(store)
+    with pytest.raises(PermissionError):
+        await graphs["failed"].ainvoke({"n": 0}, config(handler, "t-ctx-failed"))
+    with pytest.raises(NodeTimeoutError):
+        await graphs["timed"].ainvoke({"n": 0}, config(handler, "t-ctx-timed"))
+    await graphs["bp"].ainvoke({"n": 0}, config(handler, "t-ctx-bp"))
+    await asyncio.sleep(0.05)
+    statuses = {sid: rebuild(store.read(sid)).status for sid in ("t-ctx-failed", "t-ctx-timed", "t-ctx-bp")}
+    assert statuses == {"t-ctx-failed": "failed", "t-ctx-timed": "failed", "t-ctx-bp": "paused"}
+    assert otel_errors() == []
+
+
+def test_a_failure_inside_a_subgraph_is_one_error_at_the_deepest_path(store):
+    def broken(state: State) -> State:
+        raise PermissionError("token revoked")
+
+    inner = StateGraph(State)
+    inner.add_node("broken", broken)
+    inner.add_edge(START, "broken")
+    outer = StateGraph(State)
+    outer.add_node("sub", inner.compile())
+    outer.add_edge(START, "sub")
+    with pytest.raises(PermissionError):
+        outer.compile(name="deep").invoke({"n": 0}, config(FlowscopeCallbackHandler(store), "t-deep"))
+    log = store.read("t-deep")
+    (err,) = [e for e in log if isinstance(e, NodeErrorEvent)]
+    assert (err.path, err.error_type) == ("deep@1/sub@1/broken@1", "PermissionError")
+    assert {e.path: e.origin_path for e in log if isinstance(e, NodeErrorPropagated)} == {"deep@1/sub@1": err.path, "deep@1": err.path}
+    assert (log[-1].status, log[-1].error_path) == ("failed", err.path)
+
+
+def test_a_breakpoint_of_the_root_graph_pauses_the_run_and_none_resumes_it(store, otel_errors):
+    b = StateGraph(State)
+    b.add_node("a", lambda s: {"n": 1})
+    b.add_node("b", lambda s: {"n": 2})
+    b.add_edge(START, "a")
+    b.add_edge("a", "b")
+    graph = b.compile(checkpointer=InMemorySaver(), interrupt_before=["b"], name="brk")
+    handler, _ = traced(store)
+    cfg = config(handler, "t-brk")
+    graph.invoke({"n": 0}, cfg)
+    assert rebuild(store.read("t-brk")).status == "paused"
+    assert graph.invoke(None, cfg) == {"n": 2}
+    log = store.read("t-brk")
+    assert [(r.resumed, r.input) for r in log if isinstance(r, RunStarted)] == [(False, {"n": 0}), (True, None)]
+    assert [e.status for e in log if isinstance(e, RunFinished)] == ["paused", "completed"]
+    assert sorted({e.path for e in log if isinstance(e, NodeStarted)}) == ["brk@1", "brk@1/a@1", "brk@1/b@1"]
+    assert otel_errors() == []
+
+
+def test_failed_send_branches_resume_each_at_its_own_path(store):
+    # Send fan-out where two of three branches fail; invoke(None) re-runs just those two,
+    # and each continues the run of its own task (LangGraph keeps the task ids).
+    class FanState(TypedDict, total=False):
+        items: list[int]
+        done: Annotated[list[int], operator.add]
+
+    failing = {1, 3}
+
+    def work(arg: dict[str, int]) -> dict[str, list[int]]:
+        if arg["i"] in failing:
+            # fail after the good branch's writes are saved: a branch still running when the
+            # step fails loses them, and LangGraph runs it again (a second run, recorded so)
+            time.sleep(0.2)
+            raise ConnectionError(f"item {arg['i']} failed")
+        return {"done": [arg["i"]]}
+
+    b = StateGraph(FanState)
+    b.add_node("work", work)
+    b.add_conditional_edges(START, lambda s: [Send("work", {"i": i}) for i in s["items"]], ["work"])
+    graph = b.compile(checkpointer=InMemorySaver(), name="fan")
+    handler = FlowscopeCallbackHandler(store)
+    cfg = config(handler, "t-fanfail")
+    with pytest.raises(ConnectionError):
+        graph.invoke({"items": [1, 2, 3]}, cfg)
+    failing.clear()
+    assert sorted(graph.invoke(None, cfg)["done"]) == [1, 2, 3]
+    log = store.read("t-fanfail")
+    assert len({e.path for e in log if isinstance(e, NodeStarted) and e.node == "work"}) == 3  # three runs, no more
+    for err in [e for e in log if isinstance(e, NodeErrorEvent)]:
+        item = int(err.error_message.split()[1])
+        (done,) = [e for e in of(log, err.path) if isinstance(e, NodeCompleted)]
+        assert done.output == {"done": [item]} and done.attempt_count == 2
+
+
+def test_a_resume_in_another_process_continues_the_failed_run_by_order(store):
+    # A second handler knows nothing of the first one's task ids (another process).
+    fails = [True]
+
+    def flaky(state: State) -> State:
+        if fails[0]:
+            raise ConnectionError("down")
+        return {"n": 1}
+
+    b = StateGraph(State)
+    b.add_node("prep", lambda s: {"n": 0})
+    b.add_node("flaky", flaky)
+    b.add_edge(START, "prep")
+    b.add_edge("prep", "flaky")
+    graph = b.compile(checkpointer=InMemorySaver(), name="handoff")
+    with pytest.raises(ConnectionError):
+        graph.invoke({"n": 0}, config(FlowscopeCallbackHandler(store), "t-handoff"))
+    fails[0] = False
+    assert graph.invoke(None, config(FlowscopeCallbackHandler(store), "t-handoff")) == {"n": 1}
+    log = store.read("t-handoff")
+    assert [(e.path, e.attempt) for e in log if isinstance(e, NodeStarted) and e.path != "handoff@1"] == [
+        ("handoff@1/prep@1", 1),
+        ("handoff@1/flaky@1", 1),
+        ("handoff@1/flaky@1", 2),
+    ]
+    assert rebuild(log).nodes["handoff@1/flaky@1"].status == "completed"
+
+
+async def test_the_callers_context_holds_no_span_after_ainvoke_and_a_node_bodys_span_is_the_nodes_child(store):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    user = provider.get_tracer("user-code")
+
+    def body(state: State) -> State:
+        with user.start_as_current_span("user-span"):
+            return {"n": 1}
+
+    b = StateGraph(State)
+    b.add_node("a", body)
+    b.add_edge(START, "a")
+    graph = b.compile(name="ctx")
+    handler = FlowscopeCallbackHandler(store, plugins=[TracingPlugin(tracer_provider=provider)])
+    await graph.ainvoke({"n": 0}, config(handler, "t-ctx-1"))
+    assert not trace.get_current_span().get_span_context().is_valid  # nothing left current in the caller
+    await graph.ainvoke({"n": 0}, config(handler, "t-ctx-2"))
+    traces = {rebuild(store.read(sid)).trace_context["traceparent"].split("-")[1] for sid in ("t-ctx-1", "t-ctx-2")}
+    assert len(traces) == 2  # the second invocation did not join the first one's trace
+
+    exporter.clear()
+    graph.invoke({"n": 0}, config(handler, "t-ctx-3"))
+    spans = exporter.get_finished_spans()
+    (mine,) = [s for s in spans if s.name == "user-span"]
+    (node,) = [s for s in spans if s.attributes.get("flowscope.node.path") == "ctx@1/a@1"]
+    assert mine.parent.span_id == node.context.span_id

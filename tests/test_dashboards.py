@@ -92,6 +92,8 @@ NODE_DURATION_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 6
                          1800, 3600, 7200)
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10)
 TARGET_LABELS = {"job", "instance"}
+#: Series Prometheus itself records for every target (an alert may read them).
+PROMETHEUS_SERIES = {"up"}
 
 
 def series_names() -> dict[str, str]:
@@ -150,7 +152,7 @@ def promql_problems(expr: str, where: str) -> list[str]:
     if not names:
         problems.append(f"{where}: reads no metric: {expr!r}")
     for name in sorted(names):
-        if name not in SERIES:
+        if name not in SERIES and name not in PROMETHEUS_SERIES:
             problems.append(f"{where}: metric {name!r} is not in the metric contract")
     all_labels = {label for _, labels, _ in CONTRACT.values() for label in labels}
     for clause, labels in _GROUPING.findall(expr):
@@ -234,7 +236,8 @@ def assert_no_problems(problems: list[str]) -> None:
 # ====================================================================== promtool
 REQUIRED_ALERTS = {"FlowscopeNodeStuckRunning", "FlowscopeRunOrphaned", "FlowscopeJobOverdue",
                    "FlowscopeJobEmptyResults", "FlowscopeNodeErrorRateHigh",
-                   "FlowscopeUnknownErrorCodes", "FlowscopeQueuedWorkNotPickedUp"}
+                   "FlowscopeUnknownErrorCodes", "FlowscopeQueuedWorkNotPickedUp",
+                   "FlowscopeMetricsEndpointDown"}
 
 
 @pytest.mark.slow
@@ -681,7 +684,8 @@ def test_promql_scanner():
         'sum by (le, node) (rate(flowscope_node_duration_seconds_bucket{node=~"a|b"}[5m])) '
         '/ on (node) group_left up offset 5m > 1e-9') == {"flowscope_node_duration_seconds_bucket", "up"}
     assert promql_metric_names('label_values({__name__=~"a_total|b"}, workflow)') >= {"a_total", "b"}
-    assert promql_problems("up == 0", "x")
+    assert promql_problems("up == 0", "x") == []  # Prometheus' own series of a target
+    assert promql_problems("flowscope_up == 0", "x")
     assert promql_problems('flowscope_node_runs_total{outcome="completed"}', "x")
     assert not promql_problems('flowscope_workflow_runs_total{outcome="completed"}', "x")
 
@@ -1084,7 +1088,7 @@ def test_real_prometheus_scrapes_the_contract_and_evaluates_dashboard_and_alerts
             assert [t["health"] for t in prom.targets()] == ["up"], prom.targets()
 
             # every metric used by the dashboard and the alerts exists in the scrape
-            scraped = prom.series_names('{__name__=~"flowscope_.+"}')
+            scraped = prom.series_names('{__name__=~"flowscope_.+|up"}')
             queries = dashboard_queries(DASHBOARD)
             rules = alert_rules(load_yaml(ALERTS))
             used = set().union(*(promql_metric_names(q.rendered()) for q in queries),

@@ -379,3 +379,48 @@ def test_graph_validation_errors():
         Workflow("w", edges=[(START, lambda x: x)])
     with pytest.raises(ValueError):
         Node(lambda x: x, name="bad/name")
+
+
+# ------------------------------------------------------------------ counting once, at the deepest path
+
+
+async def test_a_crash_inside_a_nested_workflow_is_one_recovery_of_the_run_it_cut_off():
+    """A dead process left ``outer > inner > leaf`` running: the resume recovers ``leaf``
+    (one recovery, in ``RunStarted``/``RunFinished`` and the fold); ``outer`` and ``inner``
+    are re-entered containers of it, not recoveries of their own (docs/design.md)."""
+    from flowscope.cli.views import audit_rows
+    from flowscope.events import NodeCompleted, RunFinished, RunStarted
+    from flowscope.events import NodeStarted as Started
+    from flowscope.store import MemoryEventStore
+
+    @node
+    def first(x):
+        return x
+
+    @node
+    def leaf(x):
+        return x + 1
+
+    inner = Workflow("inner", edges=[(START, leaf)])
+    outer = Workflow("outer", edges=[(START, first, inner)])
+    store = MemoryEventStore()
+    sid, inv = "crashed", "dead-process"
+    log = [RunStarted(session_id=sid, invocation_id=inv, ts=1.0, workflow="outer", input=1)]
+    for path, name, kind, parent in (("outer@1", "outer", "workflow", ""), ("outer@1/first@1", "first", "function", "outer@1")):
+        log.append(Started(session_id=sid, invocation_id=inv, ts=1.0, path=path, node=name, attempt=1, kind=kind, parent_path=parent))
+    log.append(NodeCompleted(session_id=sid, invocation_id=inv, ts=1.1, path="outer@1/first@1", node="first", output=1, has_output=True, attempt_count=1))
+    for path, name, kind, parent in (("outer@1/inner@1", "inner", "workflow", "outer@1"),
+                                     ("outer@1/inner@1/leaf@1", "leaf", "function", "outer@1/inner@1")):
+        log.append(Started(session_id=sid, invocation_id=inv, ts=1.2, path=path, node=name, attempt=1, kind=kind, parent_path=parent))
+    store.append(sid, log, 0)
+
+    result = await Runner(outer, store=store).resume(sid)
+    assert result.status == "completed" and result.output == 2
+    events = store.read(sid)[len(log):]
+    [started] = [e for e in events if isinstance(e, RunStarted)]
+    [finished] = [e for e in events if isinstance(e, RunFinished)]
+    assert (started.recovered, finished.recovered, result.recovered) == (1, 1, 1)
+    assert {e.path: e.recovered for e in events if isinstance(e, Started)} == {
+        "outer@1": False, "outer@1/inner@1": False, "outer@1/inner@1/leaf@1": True}
+    rows = audit_rows(store.node_runs(sid))
+    assert {r["node"]: r["recoveries"] for r in rows} == {"outer": 0, "first": 0, "inner": 0, "leaf": 1}

@@ -151,14 +151,18 @@ async def test_success(m):
 
     result = await m.runner(chain("orders", first, second)).run(1)
     assert result.output == 4
-    for n in ("first", "second", "orders"):
+    # the workflow's own run is its own series, not a node's
+    assert m.total("flowscope_node_runs_total", node="orders") == 0
+    assert m.value("flowscope_nodes_running", workflow="orders", node="orders") is None
+    assert m.value("flowscope_workflow_runs_total", workflow="orders", outcome="completed") == 1
+    for n in ("first", "second"):
         assert m.value("flowscope_node_runs_total", workflow="orders", node=n, outcome="success") == 1
         assert m.value("flowscope_node_duration_seconds_count", workflow="orders", node=n, outcome="success") == 1
         assert m.value("flowscope_node_attempts_count", workflow="orders", node=n) == 1
         assert m.value("flowscope_node_attempts_sum", workflow="orders", node=n) == 1
         assert m.value("flowscope_node_attempts_bucket", workflow="orders", node=n, le="1.0") == 1
         assert m.value("flowscope_nodes_running", workflow="orders", node=n) == 0
-    assert m.total("flowscope_node_runs_total") == 3
+    assert m.total("flowscope_node_runs_total") == 2
     assert m.value("flowscope_workflow_runs_total", workflow="orders", outcome="completed") == 1
     assert m.value("flowscope_workflow_duration_seconds_count", workflow="orders", outcome="completed") == 1
     assert m.total("flowscope_node_errors_total") == 0
@@ -334,9 +338,11 @@ async def test_nested_failure_is_counted_once(m):
     assert m.value(
         "flowscope_node_errors_total", workflow="outer", node="deep", error_code=UNKNOWN_ERROR, error_type="ValueError"
     ) == 1
-    # every enclosing run failed, all under the top-level workflow's name
-    for n in ("deep", "inner", "outer"):
-        assert m.value("flowscope_node_runs_total", workflow="outer", node=n, outcome="failure") == 1
+    # one failure, at the deepest path: the enclosing runs are containers of it
+    assert m.value("flowscope_node_runs_total", workflow="outer", node="deep", outcome="failure") == 1
+    assert m.total("flowscope_node_runs_total", outcome="failure") == 1
+    for n in ("inner", "outer"):
+        assert m.total("flowscope_node_runs_total", node=n) == 0
     assert m.total("flowscope_node_runs_total", workflow="inner") == 0
     assert m.value("flowscope_workflow_runs_total", workflow="outer", outcome="failed") == 1
 
@@ -351,7 +357,7 @@ async def test_paused_run_then_resumed(m):
     paused = await runner.run(1, session_id="s-pause")
     assert paused.status == "paused"
     assert m.value("flowscope_node_runs_total", workflow="orders", node="approve", outcome="waiting") == 1
-    assert m.value("flowscope_node_runs_total", workflow="orders", node="orders", outcome="waiting") == 1
+    assert m.total("flowscope_node_runs_total", node="orders") == 0  # one pause, at the deepest path
     assert m.value("flowscope_workflow_runs_total", workflow="orders", outcome="paused") == 1
     # a pause is no finished run: no attempt count yet
     assert m.value("flowscope_node_attempts_count", workflow="orders", node="approve") is None
@@ -382,7 +388,7 @@ async def test_raising_plugin_is_counted(m):
     assert m.value("flowscope_plugin_errors_total", plugin="broken", hook="before_run") == 1
     assert m.value("flowscope_plugin_errors_total", plugin="broken", hook="after_node") == 3  # ok, two, orders
     assert m.total("flowscope_plugin_errors_total") == 4
-    assert m.total("flowscope_node_runs_total", outcome="success") == 3
+    assert m.total("flowscope_node_runs_total", outcome="success") == 2  # ok, two: the workflow's is its own
 
 
 async def test_job_results_by_verdict(m):
@@ -433,9 +439,8 @@ async def test_nodes_running_while_running(m):
         return x
 
     await m.runner(chain("orders", probe)).run(1)
-    assert seen == {"probe": 1, "orders": 1}
+    assert seen == {"probe": 1, "orders": None}  # the invocation's own run is no node in progress
     assert m.value("flowscope_nodes_running", workflow="orders", node="probe") == 0
-    assert m.value("flowscope_nodes_running", workflow="orders", node="orders") == 0
 
 
 async def test_many_runs_add_up(m):
@@ -469,7 +474,7 @@ async def test_duration_exemplars_carry_the_current_trace_id(m):
         await m.runner(chain("orders", ok)).run(1)
     trace_id = format(span.get_span_context().trace_id, "032x")
     node_ex = _exemplars(m.registry, "flowscope_node_duration_seconds_bucket")
-    assert len(node_ex) == 2  # ok and orders, one bucket each
+    assert len(node_ex) == 1  # ok, one bucket (the workflow's own run is flowscope_workflow_duration_seconds)
     assert {e["trace_id"] for e in node_ex} == {trace_id}
     assert all(len(e["span_id"]) == 16 for e in node_ex)
     assert {e["trace_id"] for e in _exemplars(m.registry, "flowscope_workflow_duration_seconds_bucket")} == {trace_id}
@@ -521,7 +526,8 @@ async def test_exemplar_is_the_node_span_with_a_tracing_plugin(m):
         for s in f.samples
         if s.name == "flowscope_node_duration_seconds_bucket" and s.exemplar is not None
     }
-    for name in ("ok", "orders"):
+    assert set(by_node) == {"ok"}
+    for name in ("ok",):
         sc = node_spans[name].get_span_context()
         assert by_node[name] == {"trace_id": format(sc.trace_id, "032x"), "span_id": format(sc.span_id, "016x")}
 
@@ -565,7 +571,7 @@ async def test_exemplars_with_the_real_tracing_plugin(metrics_first):
         if s.name == "flowscope_node_duration_seconds_bucket" and s.exemplar is not None
     }
     assert set(node_spans) == {("orders", "ok"), ("orders", "orders"), ("billing", "fails"), ("billing", "billing")}
-    assert node_ex == {key: ids(span) for key, span in node_spans.items()}
+    assert node_ex == {key: ids(span) for key, span in node_spans.items() if key[0] != key[1]}
     invocations = {
         s.attributes["gen_ai.workflow.name"]: s
         for s in finished

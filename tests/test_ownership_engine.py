@@ -118,7 +118,7 @@ def test_a_sync_node_that_blocks_the_loop_keeps_its_lease(tmp_path):
             runner.resume_sync("s")
         refusals.append(str(info.value))
         time.sleep(0.4)
-    assert len(refusals) >= 5
+    assert len(refusals) >= 3  # every try refused, however slow the machine makes each
     assert f"pid {owner.pid}" in refusals[-1] and "ago" in refusals[-1]
     out, err = owner.communicate(timeout=60)
     assert out.split()[:2] == ["completed", "4"], (out, err)

@@ -126,7 +126,7 @@ def test_events_table_keeps_hot_fields_in_columns_and_the_rest_as_json(db_path):
     ).fetchone()
     assert row[:6] == ("node_error", 5.5, "inv-7", "wf@1/fetch@1", "fetch", "BAD_INPUT")
     payload = json.loads(row[6])
-    assert set(payload) == {"error_code", "error_message", "error_type", "attempt_count"}
+    assert set(payload) == {"error_code", "error_message", "error_type", "attempt_count", "error_qualname"}
     # the projection row for the same run
     nr = c.execute("SELECT status, error_code, workflow FROM node_runs WHERE session_id = ?", (SID,)).fetchone()
     assert nr == ("cancelled", "BAD_INPUT", "wf")

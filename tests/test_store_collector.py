@@ -105,7 +105,8 @@ def test_a_killed_worker_leaves_a_running_run_that_becomes_orphaned(db, tmp_path
         alive = scrape(collector)
         assert sample(alive, UP) == 1
         assert sample(alive, OPEN, workflow="nightly", node="crunch", state="running") == 1
-        assert sample(alive, OPEN, workflow="nightly", node="nightly", state="running") == 1
+        # its workflow run is a container of the running node: not a second open run
+        assert sample(alive, OPEN, workflow="nightly", node="nightly", state="running") is None
         assert sample(alive, ORPHANED, workflow="nightly", node="crunch") == 0
         started = {r.node: r.started_at for r in store.open_runs()}
         assert sample(alive, OLDEST, workflow="nightly", node="crunch", state="running") == started["crunch"]
@@ -129,7 +130,9 @@ def test_a_killed_worker_leaves_a_running_run_that_becomes_orphaned(db, tmp_path
         # issue 13: its owner is a dead process on this host, so it is orphaned at once,
         # without waiting for its heartbeat to go stale
         assert sample(dead, ORPHANED, workflow="nightly", node="crunch") == 1
-        assert sample(orphaned, ORPHANED, workflow="nightly", node="nightly") == 1  # its workflow run too
+        # counted once, at the deepest path: its workflow run is no second orphan
+        assert sample(orphaned, ORPHANED, workflow="nightly", node="nightly") is None
+        assert sum(v for (name, _), v in orphaned.items() if name == ORPHANED) == 1
         assert sample(orphaned, OPEN, workflow="nightly", node="crunch", state="running") == 1
         store.close()
     finally:
@@ -174,7 +177,9 @@ def test_a_paused_run_is_waiting_input_and_reports_zero_once_answered(db, tmp_pa
     collector = StoreCollector(store, stale_after_s=0.5)
     paused = scrape(collector)
     assert sample(paused, OPEN, workflow="release", node="approve", state="waiting_input") == 1
-    assert sample(paused, OPEN, workflow="release", node="release", state="waiting_input") == 1
+    # one paused session is one open run: its workflow run waits only because approve does
+    assert sample(paused, OPEN, workflow="release", node="release", state="waiting_input") is None
+    assert sum(v for (name, _), v in paused.items() if name == OPEN) == 1
     started = {r.node: r.started_at for r in store.open_runs()}
     assert sample(paused, OLDEST, workflow="release", node="approve", state="waiting_input") == started["approve"]
     time.sleep(0.6)  # waiting for a human is not orphaned, however long it takes
@@ -195,7 +200,7 @@ def test_a_paused_run_is_waiting_input_and_reports_zero_once_answered(db, tmp_pa
     # seen before: reported as 0, not dropped
     assert sample(closed, OPEN, workflow="release", node="approve", state="waiting_input") == 0
     assert sample(closed, OLDEST, workflow="release", node="approve", state="waiting_input") == 0
-    assert sample(closed, OPEN, workflow="release", node="release", state="waiting_input") == 0
+
     assert sample(closed, UP) == 1
     store.close()
 
@@ -234,7 +239,8 @@ def test_a_job_past_its_deadline_is_overdue(db, tmp_path):
     late = scrape(collector)
     assert sample(late, OVERDUE, workflow="etl", node="enrich") == 1
     assert sample(late, OPEN, workflow="etl", node="enrich", state="waiting_job") == 1
-    assert sample(late, OVERDUE, workflow="etl", node="etl") == 0  # the enclosing run waits, owns no job
+    assert sample(late, OVERDUE, workflow="etl", node="etl") is None  # the enclosing run is a container
+    assert sample(late, OPEN, workflow="etl", node="etl", state="waiting_job") is None
     assert sample(late, ORPHANED, workflow="etl", node="enrich") is None  # waiting is not running
     store.close()
 
@@ -255,7 +261,7 @@ class ExplodingStore:
 def test_describe_does_not_touch_the_store():
     collector = StoreCollector(ExplodingStore())
     families = list(collector.describe())
-    assert [f.name for f in families] == [OPEN, OLDEST, ORPHANED, OVERDUE, QUEUED, OLDEST_QUEUED, UP]
+    assert [f.name for f in families] == [OPEN, OLDEST, ORPHANED, OVERDUE, QUEUED, OLDEST_QUEUED, UP, "flowscope_job_results"]
     assert all(f.samples == [] for f in families)
     registry = CollectorRegistry()  # registering calls describe()
     registry.register(collector)
@@ -434,9 +440,9 @@ def test_serve_metrics_over_http(db):
         assert "flowscope_node_runs" in families and "flowscope_store_open_runs" in families
         runs = {(s.labels["node"], s.labels["outcome"]): s.value for s in families["flowscope_node_runs"].samples
                 if s.name == "flowscope_node_runs_total"}  # fmt: skip
-        assert runs == {("fetch", "success"): 1, ("approve", "waiting"): 1, ("shop", "waiting"): 1}
+        assert runs == {("fetch", "success"): 1, ("approve", "waiting"): 1}  # one pause, at the deepest path
         open_runs = {(s.labels["node"], s.labels["state"]): s.value for s in families["flowscope_store_open_runs"].samples}
-        assert open_runs == {("approve", "waiting_input"): 1, ("shop", "waiting_input"): 1}
+        assert open_runs == {("approve", "waiting_input"): 1}  # the workflow run is its container
         assert [s.value for s in families["flowscope_store_up"].samples] == [1]
         assert "trace_id" not in text  # no exemplars in the classic format
 
@@ -551,4 +557,112 @@ def test_queued_and_open_series_are_bounded_like_the_metrics_plugin_and_add_up(t
         for s in m.samples
     }
     assert oldest["_other"] == 1050.0
+    store.close()
+
+
+# ------------------------------------------------------------------ job results, counted from the log
+
+JOB_RESULTS = "flowscope_job_results_total"
+
+
+def _paused_on_a_job(store, sid: str) -> str:
+    """Run a nested workflow whose node waits for an external job; its job id."""
+    import asyncio
+
+    @node
+    async def geocode(ctx, x):
+        return await ctx.await_job(lambda job: None, payload=x, expect_count=True)
+
+    wf = Workflow("etl", edges=[(START, Workflow("enrich", edges=[(START, geocode)]))])
+    paused = asyncio.run(Runner(wf, store=store).run([1], session_id=sid))
+    assert paused.status == "paused"
+    [job] = paused.pending
+    return job.job_id
+
+
+def test_job_results_are_counted_from_the_store_whoever_recorded_them(tmp_path):
+    """A result answered by another process (here: another connection, as
+    ``flowscope resume --job`` has) reaches the collector's counter; the results already
+    in the log when it starts are its baseline, and a log that shrinks (a prune) is no
+    decrease."""
+    from flowscope import answer
+
+    db = str(tmp_path / "jobs.db")
+    writer = SqliteEventStore(db)
+    old = _paused_on_a_job(writer, "old")
+    answer(writer, "old", jobs={old: {"success": True, "count": 0}})  # before the collector started
+    job = _paused_on_a_job(writer, "s1")
+    reader = SqliteEventStore(db)
+    collector = StoreCollector(reader)
+    collector.count_job_results_from_now()
+    assert sample(scrape(collector), JOB_RESULTS, workflow="etl", node="geocode", result="empty") == 0
+
+    other = SqliteEventStore(db)  # the answering process
+    answer(other, "s1", jobs={job: {"success": True, "count": 0}})
+    other.close()
+    counted = scrape(collector)
+    assert sample(counted, JOB_RESULTS, workflow="etl", node="geocode", result="empty") == 1
+    assert [k for k in counted if k[0] == JOB_RESULTS] == [
+        (JOB_RESULTS, (("node", "geocode"), ("result", "empty"), ("workflow", "etl")))]
+
+    with writer._op("delete a session") as conn:  # what prune does to an old session's log
+        conn.execute("DELETE FROM events WHERE session_id = 'old'")
+    assert sample(scrape(collector), JOB_RESULTS, workflow="etl", node="geocode", result="empty") == 1
+    for store in (writer, reader):
+        store.close()
+
+
+def test_serve_metrics_exposes_one_job_results_family_the_stores(tmp_path):
+    """A MetricsPlugin that counts job results in process beside the endpoint's
+    StoreCollector: the endpoint exposes the store's count only, never both."""
+    db = str(tmp_path / "jobs.db")
+    store = SqliteEventStore(db)
+    registry = CollectorRegistry()
+    plugin = MetricsPlugin(registry)  # job_results=True: counts what this process records
+    job = _paused_on_a_job(store, "s1")
+    server = serve_metrics(store=store, registry=registry, port=0)
+    try:
+        import asyncio
+
+        @node
+        async def geocode(ctx, x):
+            return await ctx.await_job(lambda job: None, payload=x, expect_count=True)
+
+        wf = Workflow("etl", edges=[(START, Workflow("enrich", edges=[(START, geocode)]))])
+        resumed = asyncio.run(Runner(wf, store=store, plugins=[plugin]).resume("s1", jobs={job: {"success": True, "count": 0}}))
+        assert resumed.status == "paused"  # the empty result is an actionable pause
+        assert registry.get_sample_value(JOB_RESULTS, {"workflow": "etl", "node": "geocode", "result": "empty"}) == 1
+        with urllib.request.urlopen(server.url, timeout=5) as resp:
+            text = resp.read().decode()
+        families = [f for f in parse_text(text) if f.name == "flowscope_job_results"]
+        assert len(families) == 1, [f.name for f in parse_text(text)]
+        values = {tuple(sorted(s.labels.items())): s.value for s in families[0].samples if s.name == JOB_RESULTS}
+        assert values == {(("node", "geocode"), ("result", "empty"), ("workflow", "etl")): 1.0}
+    finally:
+        server.shutdown()
+        store.close()
+
+
+def test_stuck_runs_audit_and_the_collector_count_the_same_runs(tmp_path):
+    """Counted once, at the deepest path, everywhere: a dead worker inside a nested
+    workflow and a paused session are one orphan and one waiting run in ``flowscope
+    stuck``, ``runs``, ``audit`` and the StoreCollector alike (docs/design.md)."""
+    from flowscope.cli.views import audit_rows, runs_rows, stuck_rows
+    from flowscope.store.testing import _nested_logs
+
+    store = SqliteEventStore(str(tmp_path / "nested.db"))
+    for sid, events in _nested_logs(time.time() - 3600).items():
+        store.append(sid, events, 0)
+    stuck = {(r["session_id"], r["node"], r["state"]) for r in stuck_rows(store, 0.0, 60.0)}
+    assert stuck == {("crashed", "leaf", "orphaned"), ("crashed", "inner", "orphaned"),  # inner@10, inner@1-b
+                     ("paused", "ask", "waiting_input"), ("between", "bw", "orphaned")}
+    samples = scrape(StoreCollector(store, stale_after_s=60.0))
+    orphaned = {k: v for k, v in samples.items() if k[0] == ORPHANED and v}
+    assert orphaned == {(ORPHANED, (("node", "bw"), ("workflow", "bw"))): 1,
+                        (ORPHANED, (("node", "inner"), ("workflow", "wf"))): 2,
+                        (ORPHANED, (("node", "leaf"), ("workflow", "wf"))): 1}
+    open_runs = sum(v for k, v in samples.items() if k[0] == OPEN)
+    assert open_runs == 5 == sum(r["open_runs"] for r in runs_rows(store))
+    assert sum(r["open"] for r in audit_rows(store.node_runs())) == 5
+    assert len(stuck_rows(store, 0.0, 60.0, include_parents=True)) == 8  # the containers, on request
     store.close()

@@ -49,7 +49,7 @@ class Tracing:
         return {s.attributes["flowscope.node.path"]: s for s in self.spans if "flowscope.node.path" in s.attributes}
 
     def invocations(self):
-        return [s for s in self.spans if s.attributes.get("gen_ai.operation.name") == "invoke_workflow"]
+        return [s for s in self.spans if "flowscope.invocation.id" in s.attributes]
 
     def invocation(self):
         (span,) = self.invocations()
@@ -112,6 +112,8 @@ async def test_invocation_and_node_spans_names_and_attributes(store, tracing):
     fetch = nodes["orders@1/fetch@1"]
     assert fetch.name == "invoke_node fetch"
     assert dict(fetch.attributes) == {
+        "gen_ai.operation.name": "invoke_node",
+        "gen_ai.conversation.id": "sess-1",
         "flowscope.node.name": "fetch",
         "flowscope.node.path": "orders@1/fetch@1",
         "flowscope.node.kind": "function",
@@ -352,7 +354,7 @@ async def test_genuine_timeout_is_an_error_span_with_outcome_timeout(store, trac
         await Runner(Workflow("w", edges=[(START, hang)]), store=store, plugins=[tracing.plugin()]).run(1, session_id="s")
     span = tracing.node("w@1/hang@1")
     assert span.attributes["flowscope.node.outcome"] == "timeout"
-    assert span.attributes["error.type"] == "NodeTimeoutError"
+    assert span.attributes["error.type"] == "flowscope.errors.NodeTimeoutError"
     assert span.attributes["flowscope.error.code"] == "NODE_TIMEOUT"
     assert span.status.status_code is StatusCode.ERROR
     assert tracing.node("w@1").attributes["flowscope.node.outcome"] == "timeout"

@@ -20,6 +20,7 @@ __all__ = [
     "InvocationAbortedError",
     "ConcurrencyConflict",
     "LeaseLost",
+    "LeaseExpired",
     "OutputNotSerializableError",
     "StateNotSerializableError",
     "RouteNotFoundError",
@@ -31,8 +32,10 @@ __all__ = [
     "StoreCorrupt",
     "NotAFlowscopeDatabase",
     "StoreSchemaTooNew",
+    "StoreNotWritable",
     "StoreReadOnly",
     "StoreDiskFull",
+    "StoreWalRemoved",
     "StoreUnavailable",
     "UnknownSessionError",
     "ResumeError",
@@ -40,15 +43,19 @@ __all__ = [
     "ErrorInfo",
     "classify",
     "error_type_name",
+    "error_qualname",
     "redact_message",
     "Redactor",
     "MAX_ERROR_MESSAGE",
     "MAX_ERROR_CODE",
+    "MAX_ERROR_TYPE",
 ]
 
 MAX_ERROR_MESSAGE = 1024
 #: An ``error_code`` longer than this is cut on the event (metrics take codes of 64 at most).
 MAX_ERROR_CODE = 128
+#: ``error_qualname`` (``module.Qualname``) is cut to this many characters.
+MAX_ERROR_TYPE = 256
 
 #: ``Runner(redact=...)``: a message in, the message as it may leave the process out.
 Redactor = Callable[[str], str]
@@ -129,12 +136,24 @@ class StoreSchemaTooNew(StoreError):
     """The database was migrated by a newer flowscope; upgrade this one before using it."""
 
 
-class StoreReadOnly(StoreError):
+class StoreNotWritable(StoreError):
+    """The store refuses writes for a reason outside flowscope (a full disk, a read-only
+    file, mount, role or server) while it may still be read. Nothing was written; what
+    was committed stays. A worker backs off on it and stops when it lasts (docs/workers.md)."""
+
+
+class StoreReadOnly(StoreNotWritable):
     """The store cannot be written: a read-only file, mount or role."""
 
 
-class StoreDiskFull(StoreError):
+class StoreDiskFull(StoreNotWritable):
     """The disk (or the database's quota) is full; free space and resume."""
+
+
+class StoreWalRemoved(StoreNotWritable):
+    """A SQLite database's ``-wal`` file was deleted (or replaced) while a process had the
+    database open: that process's commits since the last checkpoint are in a file nobody
+    else can see, and vanish when it closes. Nothing more is written through it."""
 
 
 class StoreUnavailable(StoreError):
@@ -157,6 +176,13 @@ class LeaseLost(ConcurrencyConflict):
     over (its epoch advanced), so this append or renewal was refused and nothing was written."""
 
 
+class LeaseExpired(LeaseLost):
+    """The caller's lease may have expired by its own clock before it was renewed (the
+    process was stopped, its renewals failed or came too late, the clock jumped), so
+    another owner may have taken the session over: the invocation stops without asking
+    the store. It starts no node body and records nothing more; its runs are cancelled."""
+
+
 class InvocationAbortedError(BaseException):
     """The invocation was aborted. A ``BaseException`` so ``except Exception`` cannot swallow it."""
 
@@ -168,11 +194,29 @@ class ErrorInfo:
     code: str
     type: str
     message: str
+    #: ``module.Qualname`` (a builtin's bare name): what spans show as ``error.type``
+    qualname: str = ""
 
 
 def error_type_name(exc: BaseException) -> str:
     """``type(e).__name__``: the name ``RetryConfig.exceptions`` matches and ``error_type`` shows."""
     return type(exc).__name__
+
+
+def error_qualname(exc: BaseException) -> str:
+    """The exception's fully qualified class name, ``module.Qualname``
+    (``myapp.payments.CardDeclined``), with a builtin's name bare (``ValueError``), as the
+    OpenTelemetry ``error.type`` and ``exception.type`` conventions ask: two classes of one
+    name in different modules stay apart on spans. Recorded beside ``error_type``."""
+    cls = type(exc)
+    try:  # a hostile metaclass may make these raise, or be anything: then the bare name
+        module, qualname = cls.__module__, cls.__qualname__
+    except Exception:
+        return cls.__name__
+    name = str.__str__(qualname) if isinstance(qualname, str) and qualname else cls.__name__
+    if not isinstance(module, str) or not module or module == "builtins":
+        return name[:MAX_ERROR_TYPE]
+    return f"{str.__str__(module)}.{name}"[:MAX_ERROR_TYPE]
 
 
 # The default redaction (R13, docs/design.md): credential shapes first (a URL's user:password
@@ -196,7 +240,8 @@ _REDACTIONS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]],
         ),
         lambda m: m.group(1) + m.group(2) + (m.group(3)[0] + "***" + m.group(3)[0] if m.group(3)[0] in "\"'" else "***"),
     ),
-    (re.compile(r"(?<![\w.@~:/-])~?/[^\s/'\"]+(?:/[^\s/'\"]*)*"), "<path>"),
+    # (a path's trailing colon is the sentence's: "/x/flowscope.db: the disk is full")
+    (re.compile(r"(?<![\w.@~:/-])~?/[^\s/'\"]+(?:/[^\s/'\"]*)*(?<!:)"), "<path>"),
     (re.compile(r"(?<![\w])(?:[A-Za-z]:\\|\\\\)[^\s'\"]+"), "<path>"),
 )
 
@@ -269,4 +314,4 @@ def classify(
     empty or raises, passed through ``redact`` and cut to 1,024 characters. No traceback,
     ever.
     """
-    return ErrorInfo(_code(exc, mapping), error_type_name(exc), _message(exc, redact))
+    return ErrorInfo(_code(exc, mapping), error_type_name(exc), _message(exc, redact), error_qualname(exc))

@@ -119,6 +119,7 @@ class NodeRetrying(Event):
     error_code: str = UNKNOWN_ERROR
     error_message: str = ""
     delay_s: float = 0.0
+    error_qualname: str = ""  # module.Qualname of the exception (a builtin's bare name): span error.type
 
 
 @dataclass(**_EVENT)
@@ -142,6 +143,7 @@ class NodeErrorEvent(Event):
     error_message: str = ""
     error_type: str = ""
     attempt_count: int = 1
+    error_qualname: str = ""  # module.Qualname of the exception (a builtin's bare name): span error.type
 
 
 @dataclass(**_EVENT)
@@ -158,6 +160,7 @@ class NodeErrorPropagated(Event):
     error_code: str = UNKNOWN_ERROR
     error_type: str = ""
     attempt_count: int = 1
+    error_qualname: str = ""  # module.Qualname of the exception (a builtin's bare name): span error.type
 
 
 @dataclass(**_EVENT)
@@ -305,6 +308,8 @@ def to_dict(event: Event) -> dict[str, Any]:
     d = {name: getattr(event, name) for name in _FIELDS[type(event)]}
     if "interrupt_ids" in d:
         d["interrupt_ids"] = list(d["interrupt_ids"])
+    if "error_qualname" in d and d["error_qualname"] in ("", d["error_type"]):
+        del d["error_qualname"]  # a builtin's (the same as error_type): read back as "", which means that
     d["type"] = event.type
     d["schema_version"] = SCHEMA_VERSION
     return d

@@ -48,12 +48,50 @@ __all__ = [
     "NODE_STATUSES",
     "SNAPSHOT_FORMAT",
     "gc_paused",
+    "from_descendant",
+    "containers",
 ]
 
 NODE_STATUSES = ("running", "completed", "failed", "cancelled", "waiting_input", "waiting_job")
 OPEN_STATES = ("running", "waiting_input", "waiting_job")
 #: Events that ``answer()`` appends outside an invocation (``invocation_id`` ``answer-...``).
 _ANSWER_TYPES = (InputReceived, JobResultReceived)
+
+
+def from_descendant(path: str, origin_path: str | None) -> bool:
+    """Whether a run's failure or pause, begun at ``origin_path``, is a descendant's.
+
+    The rule of counting once, at the deepest path (docs/design.md, "Counting once"): a
+    run whose open or failed state comes from a run below it is a *container* of that
+    run, not a second open run, failure or pause. The live path (the metrics plugin)
+    asks it with the ``origin_path`` of a run's outcome; :func:`containers` asks the
+    same of a session's recorded runs.
+    """
+    return origin_path is not None and origin_path.startswith(path + "/")
+
+
+def containers(paths: Iterable[str]) -> set[str]:
+    """The paths among ``paths`` (one session's) that have another of ``paths`` below them.
+
+    Given the open (or failed) runs of a session, these are the containers: their state
+    comes from a descendant (:func:`from_descendant`), so the descendant is counted and
+    they are not. ``flowscope stuck``, ``runs``, ``audit``, the store's open-run summary,
+    the ``StoreCollector`` and the resume audit record (``RunStarted.recovered``) all take
+    their containers from here; the SQL stores evaluate the same predicate (a run with an
+    open run at ``path/...``), checked against this function by the store contract.
+    """
+    given = paths if isinstance(paths, (set, frozenset)) else set(paths)
+    out: set[str] = set()
+    for p in given:
+        i = p.rfind("/")
+        while i > 0:
+            ancestor = p[:i]
+            if ancestor in out:
+                break  # its own ancestors were found from it already
+            if ancestor in given:
+                out.add(ancestor)
+            i = p.rfind("/", 0, i)
+    return out
 
 
 @dataclass(slots=True)

@@ -6,6 +6,12 @@ encoders here are built once. They skip the circular-reference check: a cycle ra
 ``RecursionError`` instead of ``ValueError`` (callers treat both as "not JSON").
 Otherwise the text is what ``json.dumps(value, separators=(",", ":"), allow_nan=...)``
 writes, byte for byte.
+
+:data:`MAX_DEPTH` is the one nesting limit of recorded values: Python's JSON reader
+recurses once per level and shares the interpreter's recursion limit (1,000 frames) with
+whatever is on the stack when a worker reads the log back, so a value much deeper than
+this encodes but cannot be read again. The engine refuses deeper values where they enter
+(``json_value``), before anything is written.
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ import json
 from json import encoder as _encoder
 from typing import Any, Callable
 
-__all__ = ["dumps", "dumps_finite"]
+__all__ = ["dumps", "dumps_finite", "MAX_DEPTH", "depth_over", "too_deep"]
+
+#: The deepest nesting (arrays and objects inside each other) of a value flowscope records.
+MAX_DEPTH = 256
 
 
 def _default(o: Any) -> Any:
@@ -38,3 +47,34 @@ def _make(allow_nan: bool) -> Callable[[Any], str]:
 dumps = _make(allow_nan=True)
 #: The same, refusing NaN and ±Infinity (``ValueError``): text that any JSON reader accepts.
 dumps_finite = _make(allow_nan=False)
+
+
+def too_deep(what: str) -> str:
+    """The one sentence for a value over :data:`MAX_DEPTH` (or one so deep, or cyclic, that
+    encoding or parsing it ran out of recursion), wherever it is refused."""
+    return (
+        f"{what} is nested too deeply: deeper than {MAX_DEPTH} levels, which the store cannot read back; "
+        "flatten it (or pass it as a JSON string)"
+    )
+
+
+def depth_over(value: Any, text: str, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` (decoded JSON, with ``text`` its encoding) nests deeper than ``limit``.
+
+    Text with at most ``limit`` brackets cannot (one C-speed count: the common case);
+    otherwise the containers are walked without recursion.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    level: list[Any] = [value]
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        nxt: list[Any] = []
+        for v in level:
+            items = v.values() if type(v) is dict else v
+            nxt.extend(x for x in items if type(x) is dict or type(x) is list)
+        level = nxt
+    return False

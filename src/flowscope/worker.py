@@ -6,7 +6,9 @@ for sessions of its workflows that are ``queued`` (submitted with ``Runner.submi
 ``flowscope resume`` without the code) or orphaned (their owner died), and runs each in
 its own task with the lease the claim took. The store makes a claim atomic across
 processes, so N workers on one database never run a session twice at once; the lease and
-its epoch (the fence) make a worker that stalls past its lease append nothing more.
+its epoch (the fence) make a worker that stalls past its lease append nothing more, and
+a worker whose lease may have expired by its own clock stops its runs: on SIGCONT (in the
+main thread) it checks its leases before the loop resumes any body (:meth:`check_leases`).
 
 ``stop()`` (SIGTERM or SIGINT under ``flowscope worker``) drains: no more claims; the
 sessions in hand run on for up to ``drain_s`` (most complete or pause); those still
@@ -14,19 +16,36 @@ running are handed back, fenced (the epoch is advanced under an already-expired 
 so their invocation stops with ``LeaseLost`` and appends nothing) and left for another
 worker to claim at once, their cut-off node runs to be re-executed as new attempts.
 Paused sessions stay paused. See docs/workers.md.
+
+A store that refuses writes (:class:`~flowscope.errors.StoreNotWritable`: a full disk, a
+read-only store) is an *outage* (:mod:`flowscope.outage`): the worker says so once per
+episode, stops claiming and backs off, probing with one small write; the sessions whose
+appends failed halted (their runner tried once to release the lease) and are taken back
+by this worker, before it claims anything else, when writes go through again. If none has
+for ``max_store_outage_s``, :meth:`Worker.run` drains at once and raises the store's error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import signal
 import threading
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from .engine import Runner, Workflow
 from .engine.hooks import Plugin, PluginDispatcher
-from .errors import InvocationAbortedError, LeaseLost, SessionCancelledError, describe_exception
+from .errors import (
+    ConcurrencyConflict,
+    InvocationAbortedError,
+    LeaseLost,
+    SessionCancelledError,
+    StoreNotWritable,
+    describe_exception,
+)
+from .outage import DEFAULT_LIMIT_S, StoreOutage
 from .ownership import Owner, this_process
 from .store.base import Claim, EventStore
 
@@ -63,6 +82,9 @@ class Worker:
     ``flowscope stuck``), and a run may be re-executed after a crash that often.
     ``plugins`` are given to every runner; their ``on_worker_claim``/``on_worker_release``
     hooks see each claim (``MetricsPlugin`` turns them into ``flowscope_worker_*``).
+    ``max_store_outage_s``: how long the worker goes on while no write of its store goes
+    through (a full disk, a read-only store) before :meth:`run` stops and raises the
+    store's error (the module docstring).
     """
 
     def __init__(
@@ -77,6 +99,7 @@ class Worker:
         poll_s: float = 0.5,
         worker_id: str | None = None,
         max_recoveries: int = 3,
+        max_store_outage_s: float = DEFAULT_LIMIT_S,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -107,8 +130,14 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._stop = threading.Event()
+        self._outage = StoreOutage(self.poll_s, max_store_outage_s)
+        #: Sessions whose invocation halted because the store refused its writes: this
+        #: worker takes them back (acquire, not claim: no recovery spent) once it can write.
+        self._parked: dict[str, Claim] = {}
+        #: Why :meth:`run` stopped by itself: the write fault that lasted, or None.
+        self.stopped_by: StoreNotWritable | None = None
         #: Sessions this worker finished serving, by how: completed, paused, failed,
-        #: lease_lost, handed_back, refused (read by tests and the CLI's summary line).
+        #: lease_lost, handed_back, refused, store_fault (read by tests and the CLI's summary line).
         self.outcomes: dict[str, int] = {}
 
     def __repr__(self) -> str:
@@ -132,8 +161,15 @@ class Worker:
             except RuntimeError:  # the loop closed meanwhile: run() is over anyway
                 pass
 
+    def check_leases(self) -> int:
+        """Stop the sessions whose leases may have expired by this process's clock
+        (``Runner.check_leases``); returns how many. Safe from a signal handler."""
+        return sum(runner.check_leases() for runner in self.runners.values())
+
     async def run(self) -> None:
-        """Serve until :meth:`stop`, then drain (see the module docstring)."""
+        """Serve until :meth:`stop`, then drain (see the module docstring). Raises the
+        store's :class:`~flowscope.errors.StoreNotWritable` after draining if writes were
+        refused for ``max_store_outage_s``."""
         if self._loop is not None:
             raise RuntimeError("this Worker is already running")
         self._loop = asyncio.get_running_loop()
@@ -141,12 +177,20 @@ class Worker:
         names = sorted(self.workflows)
         next_seen = 0.0
         waiter: asyncio.Future[bool] | None = None
+        restore = self._on_sigcont()
         try:
             while not self._stop.is_set():
                 now = time.time()
-                if now >= next_seen:
+                if now >= next_seen or self._outage.active:  # in an outage: the probe
                     self._record_seen(names, now)
                     next_seen = now + self.lease_s / 3
+                if self._outage.active:
+                    if self._outage.exhausted():
+                        self.stopped_by = self._outage.error
+                        break
+                    await self._nap(self._outage.delay())
+                    continue
+                self._retake()
                 claims = self._claim(names)
                 for claim in claims:
                     self._start(claim)
@@ -164,16 +208,110 @@ class Worker:
                 await asyncio.wait((woken, waiter), timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
         finally:
-            await self._drain()
-            self._loop = None
+            try:
+                await self._drain()
+            finally:
+                restore()
+                self._loop = None
+        if self.stopped_by is not None:
+            raise self.stopped_by
+
+    def _on_sigcont(self) -> Callable[[], None]:
+        """Check the leases on SIGCONT, first thing after a stop; returns what undoes it.
+
+        A Python-level handler (``signal.signal``), not ``loop.add_signal_handler``: Python
+        runs it in the main thread right after the call the process was stopped in returns,
+        before the loop steps the tasks whose timers expired meanwhile. The loop's own
+        handler would run only after them (measured: after all of them), so bodies would
+        go on past their ``await`` first. What it does is safe at any point of the loop's
+        thread: it sets flags and cancels tasks (``Task.cancel`` only schedules callbacks),
+        with no lock and no store call. Only in the main thread, where signals arrive; a
+        handler set before is called after it, and put back at the end.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = signal.getsignal(signal.SIGCONT)
+
+        def on_sigcont(signum: int, frame: Any) -> None:
+            self.check_leases()
+            if callable(previous):
+                previous(signum, frame)
+
+        try:
+            signal.signal(signal.SIGCONT, on_sigcont)
+        except (ValueError, OSError):  # pragma: no cover - not the main interpreter
+            return lambda: None
+
+        def restore() -> None:
+            if signal.getsignal(signal.SIGCONT) is on_sigcont:
+                signal.signal(signal.SIGCONT, previous if previous is not None else signal.SIG_DFL)
+
+        return restore
+
+    async def _nap(self, seconds: float) -> None:
+        """Wait ``seconds`` (the outage's backoff), or less if :meth:`stop` is called."""
+        assert self._wake is not None
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except asyncio.TimeoutError:
+                return
+
+    # -- store outages (flowscope.outage) --------------------------------------------------
+
+    def _write_fault(self, exc: StoreNotWritable) -> None:
+        """A write failed because the store refuses writes: one line per episode."""
+        if self._outage.failed(exc):
+            log.warning(
+                "the store refuses writes: %s; not claiming, retrying every %gs at most, stopping if it lasts %gs",
+                describe_exception(exc), self._outage.cap_s, self._outage.limit_s,
+            )
+
+    def _writable(self) -> None:
+        lasted = self._outage.succeeded()
+        if lasted is not None:
+            log.info("the store takes writes again (after %.1fs)", lasted)
+
+    def _retake(self) -> None:
+        """Take back, before claiming, the sessions this worker gave up because the store
+        refused their writes: by ``acquire`` under its own owner (no recovery is spent, as
+        for a crash), unless someone else took them meanwhile (then they are theirs)."""
+        while self._parked and len(self._active) < self.concurrency:
+            sid, claim = next(iter(self._parked.items()))
+            try:
+                info = self.store.session_info(sid)
+                if info is None or info.owner is None or info.owner.worker_id != self.owner.worker_id:
+                    del self._parked[sid]
+                    continue
+                lease = self.store.acquire(sid, self.owner, self.lease_s)
+            except ConcurrencyConflict:  # a live owner holds it now
+                del self._parked[sid]
+                continue
+            except StoreNotWritable as exc:
+                self._write_fault(exc)
+                return
+            except Exception as exc:
+                log.warning("could not take back session %s: %s", sid, describe_exception(exc))
+                return
+            del self._parked[sid]
+            self._start(dataclasses.replace(claim, lease=lease))
 
     # -- claiming --------------------------------------------------------------------------
 
     def _record_seen(self, names: list[str], now: float) -> None:
         try:
             self.store.workers_seen(self.owner, names, ts=now)
+        except StoreNotWritable as exc:
+            self._write_fault(exc)
         except Exception as exc:  # a worker survives a store that is briefly unavailable
             log.warning("could not record worker %s: %s", self.owner.worker_id, describe_exception(exc))
+        else:  # a real write went through (a claim that finds nothing may write nothing)
+            self._writable()
 
     def _claim(self, names: list[str]) -> list[Claim]:
         free = self.concurrency - len(self._active)
@@ -183,6 +321,9 @@ class Worker:
             return self.store.claim(
                 self.owner, names, self.lease_s, limit=free, max_recoveries=self.max_recoveries
             )
+        except StoreNotWritable as exc:
+            self._write_fault(exc)
+            return []
         except Exception as exc:
             log.warning("claim failed: %s", describe_exception(exc))
             return []
@@ -207,14 +348,23 @@ class Worker:
             self._count("cancelled")
             log.info("session %s (%s, %s): %s", sid, claim.workflow, claim.reason, describe_exception(exc))
         except LeaseLost as exc:
-            self._count("lease_lost" if not self._stop.is_set() else "handed_back")
-            log.warning("session %s: lease lost: %s", sid, describe_exception(exc))
+            if isinstance(exc.__cause__, StoreNotWritable):  # its renewals were refused: the outage
+                self._count("store_fault")
+                self._parked[sid] = claim
+                self._write_fault(exc.__cause__)
+            else:
+                self._count("lease_lost" if not self._stop.is_set() else "handed_back")
+                log.warning("session %s: lease lost: %s", sid, describe_exception(exc))
         except InvocationAbortedError:
             self._count("handed_back")
             log.info("session %s: stopped by the drain", sid)
         except asyncio.CancelledError:
             self._count("handed_back")
             raise
+        except StoreNotWritable as exc:  # it halted, recording nothing more: not its failure
+            self._count("store_fault")
+            self._parked[sid] = claim
+            self._write_fault(exc)
         except Exception as exc:  # the workflow's own failure, or a session that cannot run
             self._count("failed")
             log.warning("session %s (%s, %s) failed: %s", sid, claim.workflow, claim.reason, describe_exception(exc))
@@ -229,7 +379,7 @@ class Worker:
     async def _drain(self) -> None:
         """Let the sessions in hand run on for ``drain_s``, then hand back the rest."""
         tasks = [task for _claim, task in self._active.values()]
-        if tasks:
+        if tasks and self.stopped_by is None:  # a store that refuses writes records nothing
             log.info("draining %d session(s) for up to %gs", len(tasks), self.drain_s)
             await asyncio.wait(tasks, timeout=self.drain_s)
         left = list(self._active.values())
@@ -252,6 +402,8 @@ class Worker:
         sid = claim.session_id
         try:
             self.store.acquire(sid, self.owner, 0.0, force=True)
+        except StoreNotWritable as exc:  # said once already; the lease expires by itself
+            log.info("could not hand back session %s: %s", sid, describe_exception(exc))
         except Exception as exc:
             log.warning("could not hand back session %s: %s", sid, describe_exception(exc))
         self.runners[claim.workflow].abort(sid, reason=DRAIN_REASON)

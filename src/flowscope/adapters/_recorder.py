@@ -11,19 +11,34 @@ its own, so a node that blocks the event loop or runs in a worker thread stays "
 
 Recording never fails the workflow it observes: a store or plugin error is logged and the
 engine carries on (the log then misses those events, which ``flowscope stuck`` shows).
+
+The plugins' node hooks of a run (``before_node``, ``after_node``, ``on_node_error``) run
+in a context of that run's own, whatever thread or task the engine reports its end from:
+a context variable a hook sets at the start (the ``TracingPlugin``'s current span) is
+reset in the context that set it, so nothing logs "Failed to detach context". What the
+start hooks set is also made current in the engine's context, so spans the node body
+starts are children of the run's span: a span that is valid only while the run is open,
+so a context the engine returns to its caller holding it (LangGraph's ``ainvoke`` reports
+a task's start in the caller's task) carries no ended run's span. A workflow's run sets
+nothing there.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext
 
 from .. import NodeOutcome, RunInfo
-from ..errors import ConcurrencyConflict, classify, describe_exception
+from ..errors import ConcurrencyConflict, ErrorInfo, classify, describe_exception
 from ..events import (
     Event,
     InputReceived,
@@ -46,6 +61,11 @@ from ..store.base import EventStore
 __all__ = ["Recorder", "BridgeNodeContext", "BridgeResult", "Invocation", "jsonable", "parent_of", "name_of"]
 
 log = logging.getLogger("flowscope.adapters")
+
+#: Set in the engine's context when a run's start hooks changed it: resetting its token
+#: succeeds only in that very context, which tells the end of a run whether it may reset
+#: what the hooks set there (a token used in another context raises ValueError).
+_RUN_HERE: contextvars.ContextVar[object] = contextvars.ContextVar("flowscope_bridge_run", default=None)
 
 
 def jsonable(value: Any) -> Any:
@@ -88,6 +108,22 @@ class BridgeResult:
     pending: tuple[Event, ...] = ()
 
 
+class _OpenRunSpan(NonRecordingSpan):
+    """A run's span as the node body sees it: its context while the run is open, an
+    invalid one after (so a context the engine left holding it starts no child of an
+    ended run, and the next invocation does not join its trace)."""
+
+    def __init__(self, context: SpanContext, run: BridgeNodeContext) -> None:
+        super().__init__(context)
+        self._run = run
+
+    def get_span_context(self) -> SpanContext:
+        return super().get_span_context() if self._run.open else INVALID_SPAN_CONTEXT
+
+    def is_recording(self) -> bool:
+        return False
+
+
 class BridgeNodeContext:
     """A node run as plugins see it: the attributes of ``flowscope.NodeContext`` that
     hooks read, filled from the other engine's context instead of flowscope's runner."""
@@ -108,6 +144,9 @@ class BridgeNodeContext:
         "started_at",
         "run",
         "state",
+        "hooks",
+        "body_tokens",
+        "open",
         "_recorder",
     )
 
@@ -138,6 +177,10 @@ class BridgeNodeContext:
         self.started_at = time.perf_counter()
         self.run = inv.run
         self.state: dict[str, Any] = {}
+        self.hooks: contextvars.Context | None = None  # where this run's node hooks run
+        self.open = True  # until the run ends: its span is current for the body until then
+        # (marker token, [(var, token)]) for what the start hooks set in the engine's context
+        self.body_tokens: tuple[contextvars.Token[object], list[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]]]] | None = None
 
     @property
     def parent_path(self) -> str:
@@ -173,7 +216,9 @@ class Recorder:
 
     Thread-safe (LangGraph calls back from worker threads): one lock guards the sessions'
     folds and the appends. ``heartbeat_interval`` (seconds, 0 turns heartbeats off) is
-    how often the runs in flight are marked alive.
+    how often the runs in flight are marked alive. ``error_codes``: the engine's
+    exception types and the error codes to record for them (``classify``'s mapping);
+    ``timeouts``: the exception types whose final failure is a timeout, not a failure.
     """
 
     def __init__(
@@ -181,8 +226,12 @@ class Recorder:
         store: EventStore,
         plugins: Iterable[Plugin] = (),
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
+        error_codes: Mapping[type, str] | None = None,
+        timeouts: tuple[type[BaseException], ...] = (TimeoutError,),
     ) -> None:
         self.store = store
+        self.error_codes = dict(error_codes) if error_codes else None  # classify()'s mapping
+        self.timeouts = timeouts  # a final failure of one of these is a timeout outcome
         self.plugins = PluginDispatcher(plugins)
         self.heartbeat_interval = heartbeat_interval
         self._lock = threading.RLock()
@@ -315,7 +364,7 @@ class Recorder:
             return
         inv.finished = True
         sid = inv.run.session_id
-        info = classify(error) if error is not None else None
+        info = self.classify(error) if error is not None else None
         for path in sorted(inv.open, key=lambda p: p.count("/"), reverse=True):
             ctx = inv.open.get(path)
             if ctx is None:
@@ -327,7 +376,7 @@ class Recorder:
                 origin = next((e.path for e in self.session(sid).pending if e.path.startswith(path + "/")), "")
                 self.pause(inv, ctx, origin, ids)
             elif status == "failed" and info is not None and error_path and error_path.startswith(path + "/"):
-                self.propagate(inv, ctx, error_path, info.code, info.type)
+                self.propagate(inv, ctx, error_path, info.code, info.type, info.qualname)
             elif status == "failed" and error is not None and path == error_path:
                 self.fail(inv, ctx, error, ctx.attempt)
             else:
@@ -368,7 +417,7 @@ class Recorder:
             parent = self.start_node(inv, parent_path, "workflow", max(ns.attempt, 1) if ns else 1, False)
         ctx = BridgeNodeContext(self, inv, path, kind, attempt, recovered, parent, input)
         if self.plugins.wants("before_node"):
-            self.plugins.call_sync("before_node", ctx)
+            self._start_hooks(ctx)
         inv.open[path] = ctx
         self._append(
             inv.run.session_id,
@@ -390,13 +439,73 @@ class Recorder:
             self._beat(inv.run.session_id, path, True)
         return ctx
 
+    def _start_hooks(self, ctx: BridgeNodeContext) -> None:
+        """``before_node`` in a context of the run's own; what it set there is made
+        current in the engine's context too when a body of user code follows (not for a
+        workflow's run), the current span as one that is valid only while the run is open."""
+        hooks = ctx.hooks = contextvars.copy_context()
+        hooks.run(self.plugins.call_sync, "before_node", ctx)
+        if ctx.kind == "workflow":
+            return
+        missing = object()
+        otel_now = hooks.run(otel_context.get_current)
+        changed = []
+        for var, value in hooks.items():
+            if var.get(missing) is value:
+                continue
+            if value is otel_now:
+                # The run's span, current for the body only while the run is open: the
+                # engine may report the start in its caller's context (LangGraph's ainvoke
+                # does, and ends the run elsewhere); left there, it is an invalid span.
+                span = trace.get_current_span(otel_now)
+                value = trace.set_span_in_context(_OpenRunSpan(span.get_span_context(), ctx), otel_now)
+            changed.append((var, value))
+        if changed:
+            marker = _RUN_HERE.set(ctx)
+            ctx.body_tokens = (marker, [(var, var.set(value)) for var, value in changed])
+
+    def _end_hooks(self, ctx: BridgeNodeContext, name: str, *args: Any) -> None:
+        """A node hook, in the context its run's ``before_node`` ran in."""
+        hooks = ctx.hooks
+        if hooks is None:
+            self.plugins.call_sync(name, ctx, *args)
+            return
+        try:
+            hooks.run(self.plugins.call_sync, name, ctx, *args)
+        except RuntimeError:  # the run's context is entered elsewhere (a hook re-entered): run here
+            self.plugins.call_sync(name, ctx, *args)
+
+    @staticmethod
+    def _restore_body(ctx: BridgeNodeContext) -> None:
+        """Undo, in the engine's context, what the start hooks set there: only if this is
+        the context the run started in (its marker token resets there and nowhere else);
+        another context (the engine ends the run from its caller) is left as it is."""
+        tokens, ctx.body_tokens = ctx.body_tokens, None
+        if tokens is None:
+            return
+        marker, sets = tokens
+        try:
+            _RUN_HERE.reset(marker)
+        except (ValueError, RuntimeError):  # another context, or already reset
+            return
+        for var, token in reversed(sets):
+            try:
+                var.reset(token)
+            except (ValueError, RuntimeError):  # set again since by someone else: theirs now
+                pass
+
+    def classify(self, error: BaseException) -> ErrorInfo:
+        """How the log names ``error`` (with the engine's error codes)."""
+        return classify(error, self.error_codes)
+
     def _event(self, ctx: BridgeNodeContext, cls: type[Event], **fields: Any) -> Event:
         return cls(session_id=ctx.session_id, invocation_id=ctx.invocation_id, ts=time.time(), path=ctx.path, node=ctx.node_name, **fields)
 
-    def retrying(self, ctx: BridgeNodeContext, attempt: int, error: BaseException, delay_s: float) -> None:
-        """``NodeRetrying``: attempt ``attempt`` failed and another follows."""
-        info = classify(error)
-        ev = self._event(ctx, NodeRetrying, attempt=attempt, error_type=info.type, error_code=info.code, error_message=info.message, delay_s=float(delay_s))
+    def retrying(self, ctx: BridgeNodeContext, attempt: int, error: BaseException | ErrorInfo, delay_s: float) -> None:
+        """``NodeRetrying``: attempt ``attempt`` failed and another follows (``error`` may be
+        named by the bridge when the engine reports no exception for the attempt)."""
+        info = error if isinstance(error, ErrorInfo) else self.classify(error)
+        ev = self._event(ctx, NodeRetrying, attempt=attempt, error_type=info.type, error_code=info.code, error_message=info.message, delay_s=float(delay_s), error_qualname=info.qualname)
         self._append(ctx.session_id, [ev])
         ctx.attempt = attempt + 1
 
@@ -408,14 +517,19 @@ class Recorder:
 
     def fail(self, inv: Invocation, ctx: BridgeNodeContext, error: BaseException, attempt_count: int) -> None:
         """The one ``NodeErrorEvent`` of a run that failed for good (the deepest path)."""
-        info = classify(error)
-        ev = self._event(ctx, NodeErrorEvent, error_code=info.code, error_message=info.message, error_type=info.type, attempt_count=attempt_count)
-        status = "timeout" if isinstance(error, TimeoutError) else "failure"
+        info = self.classify(error)
+        ev = self._event(ctx, NodeErrorEvent, error_code=info.code, error_message=info.message, error_type=info.type, attempt_count=attempt_count, error_qualname=info.qualname)
+        status = "timeout" if isinstance(error, self.timeouts) else "failure"
         self._end(inv, ctx, ev, NodeOutcome(status=status, event=ev, attempt_count=attempt_count, recovered=ctx.recovered, error=error, origin_path=ctx.path, duration_s=self._elapsed(ctx)), error_event=True)
 
-    def propagate(self, inv: Invocation, ctx: BridgeNodeContext, origin_path: str, code: str, error_type: str) -> None:
+    def propagate(
+        self, inv: Invocation, ctx: BridgeNodeContext, origin_path: str, code: str, error_type: str, error_qualname: str = ""
+    ) -> None:
         """An enclosing run failed because a descendant did (no second ``NodeErrorEvent``)."""
-        ev = self._event(ctx, NodeErrorPropagated, origin_path=origin_path, error_code=code, error_type=error_type, attempt_count=ctx.attempt)
+        ev = self._event(
+            ctx, NodeErrorPropagated, origin_path=origin_path, error_code=code, error_type=error_type,
+            attempt_count=ctx.attempt, error_qualname=error_qualname,
+        )
         self._end(inv, ctx, ev, NodeOutcome(status="failure", event=ev, attempt_count=ctx.attempt, recovered=ctx.recovered, origin_path=origin_path, duration_s=self._elapsed(ctx)))
 
     def cancel(self, inv: Invocation, ctx: BridgeNodeContext, reason: str = "cancelled") -> None:
@@ -440,12 +554,14 @@ class Recorder:
 
     def _end(self, inv: Invocation, ctx: BridgeNodeContext, ev: Event | list[Event], outcome: NodeOutcome, error_event: bool = False) -> None:
         inv.open.pop(ctx.path, None)
+        ctx.open = False
         self._beat(ctx.session_id, ctx.path, False)
         self._append(ctx.session_id, ev if isinstance(ev, list) else [ev])
         if error_event and self.plugins.wants("on_node_error"):
-            self.plugins.call_sync("on_node_error", ctx, outcome.event)
+            self._end_hooks(ctx, "on_node_error", outcome.event)
         if self.plugins.wants("after_node"):
-            self.plugins.call_sync("after_node", ctx, outcome)
+            self._end_hooks(ctx, "after_node", outcome)
+        self._restore_body(ctx)
 
     # -- heartbeats --------------------------------------------------------------------
 

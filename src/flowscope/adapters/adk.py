@@ -3,49 +3,65 @@
 ``FlowscopeADK(store, plugins=())`` records flowscope's event catalog for the runs of an
 ADK ``Workflow`` without patching ADK, through the two extension points ADK has:
 
-- ``.plugin``, an ADK plugin for ``Runner(plugins=[...])``: ``on_user_message`` (the
-  answers a resume carries), ``before_run`` (``RunStarted``), ``on_event`` (the outputs of
-  enclosing workflows), ``after_run`` and ``on_run_error`` (``RunFinished``);
-- ``instrument(workflow)``, which returns the workflow with every ``FunctionNode`` replaced
-  by an :class:`ObservedFunctionNode`: a subclass whose ``_run_impl`` sees each attempt
-  from inside (``ctx.node_path``, ``ctx.attempt_count``, the session and invocation) and
-  records ``NodeStarted``, ``NodeRetrying`` (ADK's own retry predicate tells a retried
-  failure from a final one), ``NodeCompleted`` (with the completion marker for a run that
-  returns nothing), ``NodeErrorEvent``, ``NodeCancelled`` and ``InputRequested``.
+- ``.plugin``, an ADK plugin for ``App(plugins=[...])``: ``on_user_message`` (the answers
+  a resume carries), ``before_run`` (``RunStarted``), ``on_event`` (the outputs of
+  enclosing workflows, ADK's error events of timed-out attempts), ``after_run`` and
+  ``on_run_error`` (``RunFinished``);
+- ``instrument(workflow)``, which returns a copy of the workflow in which every node, of
+  any kind (function nodes, ``BaseNode``/``Node`` subclasses, joins, tools, agents,
+  parallel workers and their items), is an instance of an observing subclass of its own
+  class: its ``run``, the one method ADK's scheduler calls, sees each attempt from inside
+  (``ctx.node_path``, ``ctx.attempt_count``, the session and invocation) and records
+  ``NodeStarted``, ``NodeRetrying`` (ADK's own retry predicate tells a retried failure
+  from a final one; a timeout is ADK's ``NodeTimeoutError``), ``NodeCompleted`` (with the
+  completion marker for a run that returns nothing), ``NodeErrorEvent``,
+  ``NodeCancelled``, ``InputRequested`` and ``NodePaused``. What it cannot observe it
+  refuses (:class:`UnobservableNodeError`); a node it never met that ADK runs anyway (a
+  dynamic node built at run time) is warned about.
 
 Two things the log adds to ADK: attempt numbers continue across ADK resumes (ADK restarts
 its counter at 1), and a node the log shows completed is not run again when ADK resumes
 the invocation (ADK re-runs a node that returned nothing: the seed's double email).
-Nested ``Workflow`` nodes are not wrapped (ADK checks their type); their events come from
-their children. See docs/bridges.md for what is exact and what is approximated.
+Nested ``Workflow`` nodes are instrumented, not wrapped (ADK checks their type); their
+runs come from their children. See docs/bridges.md for what is exact and what is
+approximated.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any, AsyncGenerator, Iterable
 
+from google.adk.agents.base_agent import BaseAgent
 from google.adk.events.event import Event as AdkEvent
 from google.adk.events.request_input import RequestInput
 from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.utils._function_call_names import REQUEST_INPUT_FUNCTION_CALL_NAME
 from google.adk.workflow import FunctionNode, Workflow
-from google.adk.workflow._errors import DynamicNodeFailError
+from google.adk.workflow._base_node import START, BaseNode
+from google.adk.workflow._errors import DynamicNodeFailError, NodeInterruptedError
+from google.adk.workflow._errors import NodeTimeoutError as AdkNodeTimeoutError
 from google.adk.workflow._graph import Edge
+from google.adk.workflow._join_node import JoinNode
 from google.adk.workflow._node_state import NodeState as AdkNodeState
+from google.adk.workflow._parallel_worker import _ParallelWorker
 from google.adk.workflow.utils._retry_utils import _get_retry_delay, _should_retry_node
 from pydantic import PrivateAttr
 
-from ..errors import classify
+from ..events import InputRequested
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin
 from ..store.base import EventStore
-from ._recorder import BridgeNodeContext, Invocation, Recorder
+from ._recorder import BridgeNodeContext, Invocation, Recorder, name_of
 
-__all__ = ["FlowscopeADK", "ObservedFunctionNode", "FlowscopeADKPlugin"]
+__all__ = ["FlowscopeADK", "ObservedFunctionNode", "FlowscopeADKPlugin", "UnobservableNodeError"]
 
 log = logging.getLogger("flowscope.adapters.adk")
+
+#: The error code of an ADK node ``timeout``: flowscope's own timeout code.
+_TIMEOUT_CODE = "NODE_TIMEOUT"
 
 _SEP = "#"  # flowscope invocation id of the k-th ADK run of one ADK invocation: "<adk id>#k"
 
@@ -55,29 +71,41 @@ def _adk_invocation(invocation_id: str) -> str:
     return invocation_id.split(_SEP, 1)[0]
 
 
+class UnobservableNodeError(TypeError):
+    """``FlowscopeADK.instrument`` met a node whose runs the bridge cannot record."""
+
+
 class _Run:
     """One ADK node run in flight: its flowscope context and ADK's attempt offset."""
 
-    __slots__ = ("ctx", "offset")
+    __slots__ = ("ctx", "offset", "cancelled")
 
     def __init__(self, ctx: BridgeNodeContext, offset: int) -> None:
         self.ctx = ctx
         self.offset = offset  # flowscope attempt = offset + ADK's ctx.attempt_count
+        # (node, ADK context) of an attempt cancelled while its node has a timeout: a
+        # timeout or a plain cancellation, not known yet
+        self.cancelled: tuple[BaseNode, Any] | None = None
 
 
-class ObservedFunctionNode(FunctionNode):
-    """A ``FunctionNode`` that records each of its attempts in the flowscope log."""
+class _Observing(BaseNode):
+    """Records each attempt of the node it is mixed into (before the node's own class in
+    the MRO): it wraps ``run``, the one method ADK's scheduler calls for a node run, and
+    so sees every kind of node whatever it overrides (``_run_impl``, ``run_node_impl``,
+    or ``run`` itself, as ADK's own test nodes do)."""
 
     _flowscope: Any = PrivateAttr(default=None)
 
-    async def _run_impl(self, *, ctx: Any, node_input: Any) -> AsyncGenerator[Any, None]:
+    async def run(self, *, ctx: Any, node_input: Any) -> AsyncGenerator[Any, None]:  # type: ignore[misc]  # BaseNode.run is @final: the one place every node kind passes
         bridge: FlowscopeADK | None = self._flowscope
+        inner = super().run(ctx=ctx, node_input=node_input)
         if bridge is None:  # pragma: no cover - only if built by hand without instrument()
-            async for item in super()._run_impl(ctx=ctx, node_input=node_input):
+            async for item in inner:
                 yield item
             return
         run = bridge._attempt(self, ctx, node_input)
         if run is None:  # the log shows this run completed: ADK's resume must not repeat it
+            await inner.aclose()
             ns = bridge.recorder.node_state(ctx.session.id, ctx.node_path)
             if ns is not None and ns.has_output:
                 yield AdkEvent(output=ns.output)
@@ -86,7 +114,7 @@ class ObservedFunctionNode(FunctionNode):
         output: Any = None
         has_output = False
         try:
-            async for item in super()._run_impl(ctx=ctx, node_input=node_input):
+            async for item in inner:
                 if isinstance(item, RequestInput):
                     requests.append((item.interrupt_id, item.message or "", item.payload))
                 elif isinstance(item, AdkEvent):
@@ -94,8 +122,20 @@ class ObservedFunctionNode(FunctionNode):
                         output, has_output = item.output, True
                     requests.extend(_requests_in(item))
                 yield item
-        except (asyncio.CancelledError, GeneratorExit):
+        except asyncio.CancelledError:
+            if self.timeout:
+                # ADK cancels an attempt that overruns its timeout, then raises its
+                # NodeTimeoutError outside it: decided by ADK's error event or next attempt
+                run.cancelled = (self, ctx)
+            else:
+                bridge._cancelled(run, ctx)
+            raise
+        except GeneratorExit:
             bridge._cancelled(run, ctx)
+            raise
+        except NodeInterruptedError:
+            # a dynamic child (a parallel worker's item) waits for input: this run pauses
+            bridge._paused(run, ctx)
             raise
         except Exception as exc:
             bridge._failed(self, run, ctx, exc)
@@ -104,6 +144,33 @@ class ObservedFunctionNode(FunctionNode):
             bridge._requested(run, ctx, requests)
         else:
             bridge._completed(run, ctx, output, has_output)
+
+
+class ObservedFunctionNode(_Observing, FunctionNode):
+    """A ``FunctionNode`` that records each of its attempts in the flowscope log."""
+
+
+_OBSERVED: dict[type, type] = {FunctionNode: ObservedFunctionNode}
+_OBSERVED_LOCK = threading.Lock()
+
+
+def _observed_class(cls: type) -> type:
+    """The observing subclass of a node class (made once per class): isinstance checks
+    ADK makes on the node (``BaseAgent``, ``FunctionNode``) still hold."""
+    with _OBSERVED_LOCK:
+        out = _OBSERVED.get(cls)
+        if out is None:
+            out = _OBSERVED[cls] = type(f"Observed{cls.__name__}", (_Observing, cls), {"__module__": __name__, "__doc__": cls.__doc__})
+        return out
+
+
+def _kind(node: Any) -> str:
+    """The ``NodeStarted.kind`` of an ADK node."""
+    if isinstance(node, JoinNode):
+        return "join"
+    if isinstance(node, BaseAgent):
+        return "agent"
+    return "function"
 
 
 def _requests_in(event: AdkEvent) -> list[tuple[str, str, Any]]:
@@ -158,7 +225,9 @@ class FlowscopeADK:
         plugins: Iterable[Plugin] = (),
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
     ) -> None:
-        self.recorder = Recorder(store, plugins, heartbeat_interval)
+        self.recorder = Recorder(
+            store, plugins, heartbeat_interval, error_codes={AdkNodeTimeoutError: _TIMEOUT_CODE}, timeouts=(AdkNodeTimeoutError, TimeoutError)
+        )
         self.plugin = FlowscopeADKPlugin(self)
         self.workflow: Workflow | None = None
         self._invs: dict[str, Invocation] = {}  # ADK invocation id -> the one being recorded
@@ -166,6 +235,8 @@ class FlowscopeADK:
         self._outputs: dict[str, Any] = {}  # ADK invocation id -> the root workflow's output
         self._errors: dict[str, str] = {}  # ADK invocation id -> path of the failure
         self._messages: dict[str, Any] = {}  # ADK invocation id -> the user message
+        self._wf_outputs: dict[tuple[str, str], Any] = {}  # (ADK invocation id, path) -> a nested workflow's output
+        self._warned: set[str] = set()  # names of unobserved nodes already warned about
 
     # -- instrumenting -----------------------------------------------------------------
 
@@ -184,26 +255,54 @@ class FlowscopeADK:
 
         def observed(node: Any) -> Any:
             done = copies.get(id(node))
-            if done is not None:
-                return done
-            new: Any
-            if isinstance(node, ObservedFunctionNode):
-                new = node
-            elif type(node) is FunctionNode:
-                new = node.model_copy()
-                object.__setattr__(new, "__class__", ObservedFunctionNode)  # same fields, one override
-                new._flowscope = self
-            elif isinstance(node, Workflow):
-                new = self._instrument(node)
-            else:  # other node kinds (agents, tools, joins) run as they are
-                new = node
-            copies[id(node)] = new
-            return new
+            if done is None:
+                done = copies[id(node)] = self._observed(node, workflow.name)
+            return done
 
         edges = [Edge(from_node=observed(e.from_node), to_node=observed(e.to_node), route=e.route) for e in graph.edges]
         out = workflow.model_copy(update={"edges": edges, "graph": None})
         out.graph = out._build_graph()
         return out
+
+    def _observed(self, node: Any, where: str) -> Any:
+        """``node`` as an observed copy: any ``BaseNode`` (function nodes, ``Node`` and
+        ``BaseNode`` subclasses, joins, tools, agents) gets the observing subclass of its
+        own class; a parallel worker's item node and a ``Node(parallel_worker=True)``'s
+        clone too, so each item is a run under the worker's path; a nested ``Workflow``
+        is instrumented in turn (ADK checks its type: its runs come from its children).
+        What cannot be observed is refused here, with what to do."""
+        if node is START or isinstance(node, _Observing):
+            return node
+        if isinstance(node, Workflow):
+            cls = type(node)
+            if cls.run is not BaseNode.run or cls._run_impl is not Workflow._run_impl:
+                raise UnobservableNodeError(
+                    f"{where}: node {node.name!r} is a {cls.__name__}, a Workflow subclass that overrides how it runs: "
+                    "the bridge records a nested workflow from its children and cannot see what the override does; "
+                    "move that work into a node of the workflow"
+                )
+            return self._instrument(node)
+        if not isinstance(node, BaseNode):
+            raise UnobservableNodeError(f"{where}: {type(node).__name__} {getattr(node, 'name', '')!r} is not an ADK BaseNode; build the workflow from nodes")
+        try:
+            observing = _observed_class(type(node))
+        except TypeError as exc:  # a class that cannot be subclassed
+            raise UnobservableNodeError(f"{where}: node {node.name!r} ({type(node).__name__}) cannot be observed: {exc}") from None
+        new: Any = node.model_copy()
+        object.__setattr__(new, "__class__", observing)  # same fields, run() observed
+        if new.__pydantic_private__ is None:
+            object.__setattr__(new, "__pydantic_private__", {})
+        new._flowscope = self
+        if isinstance(node, _ParallelWorker):  # its items run node._node through ctx.run_node
+            new._node = self._observed(node._node, where)
+        inner = getattr(node, "_inner_node", None)
+        if isinstance(inner, _ParallelWorker):
+            # Node(parallel_worker=True): the inner worker runs in this node's own run (the
+            # same path); its items are the runs to observe.
+            copy = inner.model_copy()
+            copy._node = self._observed(inner._node, where)
+            new._inner_node = copy
+        return new
 
     def _node_at(self, path: str) -> Any:
         """The instrumented node a path names (by the names of its segments), or None."""
@@ -254,7 +353,13 @@ class FlowscopeADK:
     def _on_event(self, ic: Any, event: Any) -> None:
         info = event.node_info
         inv = self._invs.get(ic.invocation_id)
-        if inv is None or info is None or not info.output_for:
+        if inv is None or info is None:
+            return
+        if info.path and info.path not in inv.open and self.recorder.node_state(inv.run.session_id, info.path) is None:
+            self._unobserved(info.path)
+        if event.error_code is not None and info.path:
+            self._settle_cancelled(ic.invocation_id, info.path, event.error_code == AdkNodeTimeoutError.__name__)
+        if not info.output_for:
             return
         for path in info.output_for:
             if path == info.path:
@@ -264,10 +369,43 @@ class FlowscopeADK:
                 continue
             ctx = inv.open.get(path)
             if ctx is not None and ctx.kind == "workflow":  # a nested workflow's output
-                self.recorder.complete(inv, ctx, event.output, event.output is not None)
+                # ADK names it while the child that produced it is still ending: the
+                # workflow completes once its last child has
+                self._wf_outputs[(ic.invocation_id, path)] = event.output
+        self._settle(ic.invocation_id, inv)
+
+    def _unobserved(self, path: str) -> None:
+        """A node run ADK reports that the bridge did not see start: a dynamic node
+        (``ctx.run_node``) built at run time, which ``instrument`` never met. Said once
+        per node name, loudly: its runs are missing from the log."""
+        name = name_of(path)
+        if name in self._warned:
+            return
+        self._warned.add(name)
+        log.warning(
+            "ADK ran node %r (%s), which FlowscopeADK.instrument did not see: its runs are not recorded; "
+            "put it in the workflow's graph, or instrument the workflow it belongs to",
+            name,
+            path,
+        )
+
+    def _settle(self, adk_id: str, inv: Invocation) -> None:
+        """Complete the nested workflows whose output ADK named and whose children ended."""
+        for key in [k for k in self._wf_outputs if k[0] == adk_id]:
+            path = key[1]
+            prefix = path + "/"
+            if any(p.startswith(prefix) for p in inv.open):
+                continue
+            output = self._wf_outputs.pop(key)
+            ctx = inv.open.get(path)
+            if ctx is not None:
+                self.recorder.complete(inv, ctx, output, output is not None)
 
     def _end(self, ic: Any, error: BaseException | None) -> None:
         adk_id = ic.invocation_id
+        if adk_id in self._invs:  # attempts cancelled under a timeout that ADK said nothing more about
+            for key in [k for k, r in self._runs.items() if k[0] == adk_id and r.cancelled is not None]:
+                self._settle_cancelled(adk_id, key[1], isinstance(error, AdkNodeTimeoutError) and error.node_name == name_of(key[1]))
         inv = self._invs.pop(adk_id, None)
         output = self._outputs.pop(adk_id, None)
         error_path = self._errors.pop(adk_id, None)
@@ -275,6 +413,9 @@ class FlowscopeADK:
             del self._runs[key]
         if inv is None:
             return
+        self._settle(adk_id, inv)
+        for key in [k for k in self._wf_outputs if k[0] == adk_id]:
+            del self._wf_outputs[key]
         if error is not None:
             status = "cancelled" if isinstance(error, asyncio.CancelledError) else "failed"
             self.recorder.finish_run(inv, status, error=error, error_path=error_path or inv.root_path)
@@ -285,13 +426,17 @@ class FlowscopeADK:
 
     # -- attempts (called from ObservedFunctionNode._run_impl) -------------------------
 
-    def _attempt(self, node: FunctionNode, ctx: Any, node_input: Any) -> _Run | None:
+    def _attempt(self, node: BaseNode, ctx: Any, node_input: Any) -> _Run | None:
         """Begin an ADK attempt; None when the log shows this run already completed."""
         inv = self._inv(ctx)
         path = ctx.node_path
         key = (ctx.invocation_id, path)
         run = self._runs.get(key)
         if run is not None:  # ADK's next attempt of a run we follow
+            if run.cancelled is not None:  # the cancelled attempt timed out, and ADK retries it
+                timed_out, _ = run.cancelled
+                run.cancelled = None
+                self.recorder.retrying(run.ctx, run.ctx.attempt, _timeout_error(timed_out), 0.0)
             run.ctx.attempt = run.offset + ctx.attempt_count
             return run
         ns = self.recorder.node_state(inv.run.session_id, path)
@@ -304,11 +449,11 @@ class FlowscopeADK:
             else:  # failed, cancelled, or running when its process died
                 attempt, recovered = ns.attempt + 1, ns.status == "running"
         offset = attempt - ctx.attempt_count
-        bctx = self.recorder.start_node(inv, path, "function", attempt, recovered, node_input)
+        bctx = self.recorder.start_node(inv, path, _kind(node), attempt, recovered, node_input)
         run = self._runs[key] = _Run(bctx, offset)
         return run
 
-    def _failed(self, node: FunctionNode, run: _Run, ctx: Any, exc: Exception) -> None:
+    def _failed(self, node: BaseNode, run: _Run, ctx: Any, exc: Exception) -> None:
         inv = self._inv(ctx)
         error: BaseException = exc.error if isinstance(exc, DynamicNodeFailError) else exc
         if _should_retry_node(error, node.retry_config, AdkNodeState(attempt_count=ctx.attempt_count)):
@@ -319,16 +464,37 @@ class FlowscopeADK:
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
         child = exc.error_node_path if isinstance(exc, DynamicNodeFailError) else None
         if child and self.recorder.node_state(inv.run.session_id, child) is not None:  # the child holds the error event
-            info = classify(error)
-            self.recorder.propagate(inv, run.ctx, child, info.code, info.type)
+            info = self.recorder.classify(error)
+            self.recorder.propagate(inv, run.ctx, child, info.code, info.type, info.qualname)
             self._errors.setdefault(ctx.invocation_id, child)
         else:
             self.recorder.fail(inv, run.ctx, error, run.ctx.attempt)
             self._errors.setdefault(ctx.invocation_id, ctx.node_path)
 
+    def _settle_cancelled(self, adk_id: str, path: str, timed_out: bool) -> None:
+        """An attempt cancelled under a timeout, now told apart: ADK's error event says
+        it timed out (retried or final, by ADK's predicate), else it was cancelled."""
+        run = self._runs.get((adk_id, path))
+        if run is None or run.cancelled is None:
+            return
+        node, ctx = run.cancelled
+        run.cancelled = None
+        if timed_out:
+            self._failed(node, run, ctx, _timeout_error(node))
+        else:
+            self._cancelled(run, ctx)
+
     def _cancelled(self, run: _Run, ctx: Any) -> None:
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
         self.recorder.cancel(self._inv(ctx), run.ctx)
+
+    def _paused(self, run: _Run, ctx: Any) -> None:
+        """A dynamic child of this run waits for input: the run pauses, as a workflow does."""
+        self._runs.pop((ctx.invocation_id, ctx.node_path), None)
+        inv = self._inv(ctx)
+        prefix = ctx.node_path + "/"
+        below = [e for e in self.recorder.session(inv.run.session_id).pending if isinstance(e, InputRequested) and e.path.startswith(prefix)]
+        self.recorder.pause(inv, run.ctx, below[0].path if below else "", tuple(dict.fromkeys(e.interrupt_id for e in below)))
 
     def _requested(self, run: _Run, ctx: Any, requests: list[tuple[str, str, Any]]) -> None:
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
@@ -336,11 +502,19 @@ class FlowscopeADK:
 
     def _completed(self, run: _Run, ctx: Any, output: Any, has_output: bool) -> None:
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
-        self.recorder.complete(self._inv(ctx), run.ctx, output, has_output)
+        inv = self._inv(ctx)
+        self.recorder.complete(inv, run.ctx, output, has_output)
+        if self._wf_outputs:
+            self._settle(ctx.invocation_id, inv)
 
     def close(self) -> None:
         """Stop the heartbeat thread (the store is the caller's to close)."""
         self.recorder.close()
+
+
+def _timeout_error(node: BaseNode) -> AdkNodeTimeoutError:
+    """The ``NodeTimeoutError`` ADK raises for ``node`` (the same type and message)."""
+    return AdkNodeTimeoutError(node_name=node.name, timeout=node.timeout or 0.0)
 
 
 def _answers(message: Any) -> dict[str, Any]:

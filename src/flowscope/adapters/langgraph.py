@@ -8,59 +8,91 @@ every task (a new LangChain run id per attempt, the task id in the metadata's
 
 - the thread id as the session; each ``invoke``/``stream`` as an invocation (``RunStarted``
   .. ``RunFinished``); the graph as the root workflow run ``graph@1``;
-- a task as a node run ``graph@1/node@k`` (k counts the runs of that node in the thread),
-  its attempts under a ``RetryPolicy`` (a failed attempt followed by another start of the
+- a task as a node run ``graph@1/node@k`` (k counts the runs of that node in the thread;
+  LangGraph's internal ``__start__`` task is none), its attempts under a ``RetryPolicy``
+  and a ``TimeoutPolicy`` (a failed or abandoned attempt followed by another start of the
   same task is a ``NodeRetrying``; the last failed attempt, once the graph gives up, the
-  one ``NodeErrorEvent`` with every attempt counted);
-- an interrupt (``GraphInterrupt``) as an ``InputRequested``: a pause, not an error; a
-  ``Command(resume=...)`` as the ``InputReceived`` of the open requests, and the
-  interrupted task, which LangGraph runs again, continues the same attempt;
+  one ``NodeErrorEvent`` at the deepest path with every attempt counted; a final timeout
+  is LangGraph's ``NodeTimeoutError``, outcome timeout);
+- an interrupt (``GraphInterrupt``) as one ``InputRequested`` at the task that raised it:
+  a pause, not an error; the subgraph nodes it passes through, and the graph, pause
+  (``NodePaused``); a breakpoint pauses the same way with no request; a
+  ``Command(resume=...)`` is the ``InputReceived`` of the open requests;
+- a resume (``Command`` or ``None`` input) continues the runs LangGraph runs again (an
+  interrupted, failed or cancelled task, or one whose process died) at their paths, the
+  attempts continued;
 - a heartbeat for every task in flight, so a process killed mid-node leaves an open run
   that ``flowscope stuck`` lists and the ``StoreCollector`` counts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any, Iterable
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
-from langgraph.errors import GraphBubbleUp, GraphInterrupt
+from langgraph.errors import GraphBubbleUp, GraphInterrupt, NodeTimeoutError
 from langgraph.types import Command
 
+from ..errors import ErrorInfo
 from ..events import InputRequested
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin
 from ..store.base import EventStore
 from ._recorder import BridgeNodeContext, Invocation, Recorder
 
+try:  # langgraph >= 1.2's graph lifecycle callbacks: the one signal of a breakpoint of the root graph
+    from langgraph.callbacks import GraphCallbackHandler as _Handler
+except ImportError:  # pragma: no cover - an older 1.2: breakpoints of the root graph look completed
+    _Handler = BaseCallbackHandler  # type: ignore[misc, assignment]
+
 __all__ = ["FlowscopeCallbackHandler"]
+
+
+#: LangGraph's internal tasks: ``__start__`` runs a conditional edge from START. Not node
+#: runs of the user's graph, so not recorded (their chains belong to the enclosing run).
+_INTERNAL = frozenset({"__start__", "__end__"})
+
+#: The error code of a LangGraph ``TimeoutPolicy`` timeout: flowscope's own timeout code.
+_TIMEOUT_CODE = "NODE_TIMEOUT"
 
 
 class _Task:
     """One LangGraph task (one node run) in this invocation."""
 
-    __slots__ = ("ctx", "run_id", "depth", "error", "done")
+    __slots__ = ("ctx", "ns", "run_id", "depth", "error", "done", "started")
 
-    def __init__(self, ctx: BridgeNodeContext, run_id: UUID, depth: int) -> None:
+    def __init__(self, ctx: BridgeNodeContext, ns: str, run_id: UUID, depth: int) -> None:
         self.ctx = ctx
+        self.ns = ns  # LangGraph's checkpoint namespace of the task (its task id, last)
         self.run_id = run_id  # LangChain run id of the current attempt
         self.depth = depth  # segments of the checkpoint namespace (1 for a top-level task)
         self.error: tuple[BaseException, float] | None = None  # failed attempt, retry not yet known
         self.done = False
+        self.started = time.monotonic()  # when the current attempt started
 
 
 class _Graph:
     """One graph invocation being recorded."""
 
-    __slots__ = ("inv", "tasks", "interrupted")
+    __slots__ = ("inv", "tasks", "interrupted", "continues", "claimed")
 
-    def __init__(self, inv: Invocation) -> None:
+    def __init__(self, inv: Invocation, continues: bool) -> None:
         self.inv = inv
         self.tasks: dict[str, _Task] = {}  # checkpoint namespace -> task
         self.interrupted = False
+        self.continues = continues  # a resume (Command or None input): earlier runs continue
+        self.claimed: set[str] = set()  # paths of earlier runs continued by this invocation
+
+
+#: States of an earlier run that a resume of the thread continues (LangGraph runs its task again).
+_UNFINISHED = frozenset({"waiting_input", "running", "failed", "cancelled"})
+
+#: Unfinished tasks whose path the handler remembers by task id (the rest match by order).
+_MAX_PATHS = 10_000
 
 
 def _prompt(value: Any) -> str:
@@ -73,7 +105,7 @@ def _prompt(value: Any) -> str:
     return ""
 
 
-class FlowscopeCallbackHandler(BaseCallbackHandler):
+class FlowscopeCallbackHandler(_Handler):
     """Records a LangGraph graph's runs in a flowscope store (see the module docstring).
 
     ``workflow``: the workflow name to record (a string, or a graph whose ``name`` is
@@ -92,12 +124,17 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
     ) -> None:
         super().__init__()
-        self.recorder = Recorder(store, plugins, heartbeat_interval)
+        self.recorder = Recorder(store, plugins, heartbeat_interval, error_codes={NodeTimeoutError: _TIMEOUT_CODE}, timeouts=(NodeTimeoutError, TimeoutError))
         self.workflow: str | None = workflow if workflow is None or isinstance(workflow, str) else str(getattr(workflow, "name", "") or "") or None
         self._lock = threading.RLock()
         self._graphs: dict[UUID, _Graph] = {}  # root run id -> invocation
         # Every chain run we saw under a graph -> (root run id, the task it runs in or None).
         self._runs: dict[UUID, tuple[UUID, _Task | None]] = {}
+        # (thread, checkpoint namespace) -> path: LangGraph keeps a task's id when it runs
+        # the task again on resume, so this maps the re-run onto its run exactly.
+        self._paths: dict[tuple[str, str], str] = {}
+        self._owners: dict[tuple[str, str], str] = {}  # (thread, path) -> the task id it belongs to
+        self._counts: dict[str, dict[tuple[str, str], int]] = {}  # thread -> (parent path, node) -> runs
 
     # -- LangChain callbacks -----------------------------------------------------------
 
@@ -129,7 +166,7 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
             depth = ns.count("|") + 1 if ns else 0
             parent_depth = task.depth if task is not None else 0
             is_task = bool(node) and kwargs.get("name") == node and depth == parent_depth + 1 and ns.rsplit("|", 1)[-1].startswith(f"{node}:")
-            if not is_task:
+            if not is_task or node in _INTERNAL:
                 self._runs[run_id] = seen
                 return
             self._runs[run_id] = (root, self._task_start(g, task, ns, str(node), depth, run_id, inputs))
@@ -145,6 +182,7 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
                 task.done = True
                 g = self._graph_of(run_id)
                 if g is not None:
+                    self._forget(g.inv.run.session_id, task.ns)  # never run again
                     self.recorder.complete(g.inv, task.ctx, outputs, outputs is not None)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
@@ -158,11 +196,9 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
             if task is None or g is None:
                 return
             if isinstance(error, GraphInterrupt):
-                interrupts = error.args[0] if error.args else ()
-                requests = [(str(i.id), _prompt(i.value), i.value) for i in interrupts]
                 task.done = True
                 g.interrupted = True
-                self.recorder.request_input(g.inv, task.ctx, requests)
+                self._interrupted(g, task, error)
             elif isinstance(error, GraphBubbleUp):  # a Command for the parent graph: the task is done
                 task.done = True
                 self.recorder.complete(g.inv, task.ctx, None, False)
@@ -171,13 +207,42 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
                 # retry policy decides, and we record what it decided.
                 task.error = (error, time.time())
 
+    def on_interrupt(self, event: Any) -> None:
+        """LangGraph paused a graph (``interrupt()`` or a breakpoint): the root run is
+        paused, not completed, even when no task raised (``interrupt_before/after``)."""
+        with self._lock:
+            g = self._graphs.get(event.run_id) if event.run_id is not None else None
+            if g is not None:
+                g.interrupted = True
+
     # -- graph runs --------------------------------------------------------------------
+
+    def _interrupted(self, g: _Graph, task: _Task, error: GraphInterrupt) -> None:
+        """An interrupt reaches a task: ``InputRequested`` at the task that raised it; a task
+        it passes through on its way up (a subgraph's node) is paused, as the root is."""
+        interrupts = error.args[0] if error.args else ()
+        sid = g.inv.run.session_id
+        pending = {e.interrupt_id: e.path for e in self.recorder.session(sid).pending if isinstance(e, InputRequested)}
+        ids = list(dict.fromkeys(str(i.id) for i in interrupts))
+        new = [(str(i.id), _prompt(i.value), i.value) for i in interrupts if str(i.id) not in pending]
+        new = list({i: (i, p, v) for i, p, v in new}.values())
+        if new:
+            self.recorder.request_input(g.inv, task.ctx, new)
+            return
+        # Raised below (its requests are recorded at their paths), or a breakpoint of a
+        # subgraph (interrupt_before/after: no request at all).
+        below = [i for i in ids if pending.get(i, "").startswith(task.ctx.path + "/")]
+        origin = pending[below[0]] if below else ""
+        self.recorder.pause(g.inv, task.ctx, origin, tuple(below))
 
     def _begin(self, run_id: UUID, inputs: Any, md: dict[str, Any], name: Any) -> None:
         session_id = str(md.get("thread_id") or run_id)
         workflow = self.workflow or str(name or "graph")
         ws = self.recorder.session(session_id)
-        resumed = ws.invocations > 0 and ws.status in ("paused", "running", "failed", "cancelled")
+        # A resume continues the thread: Command(resume=...)/Command(goto=...), or None
+        # (after a failure, a crash or a breakpoint). Other input starts the graph anew.
+        continues = inputs is None or isinstance(inputs, Command)
+        resumed = ws.invocations > 0 and (continues or ws.status in ("paused", "running", "failed", "cancelled"))
         answers: dict[str, Any] = {}
         if isinstance(inputs, Command) and inputs.resume is not None:
             open_ids = [e.interrupt_id for e in ws.pending if isinstance(e, InputRequested)]
@@ -190,7 +255,7 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
         else:
             recorded_input = inputs
         inv = self.recorder.begin_run(session_id, str(run_id), workflow, recorded_input, resumed, f"{workflow}@1", answers)
-        self._graphs[run_id] = _Graph(inv)
+        self._graphs[run_id] = _Graph(inv, continues and ws.invocations > 0)
         self._runs[run_id] = (run_id, None)
 
     def _finish(self, run_id: UUID, g: _Graph, outputs: Any, error: BaseException | None) -> None:
@@ -205,11 +270,34 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
             self.recorder.finish_run(g.inv, "paused")
             return
         error_path = None
-        for task in g.tasks.values():
-            if task.error is not None and not task.done:  # the attempt the graph gave up on
+        # A TimeoutPolicy timeout reaches only the graph: the timed-out attempt's own chain
+        # ends in a CancelledError (LangGraph cancels it), or has not ended yet.
+        timed_out = error.node if isinstance(error, NodeTimeoutError) else None
+        failed: dict[int, str] = {}  # id of an exception -> the deepest path it failed at
+        for task in sorted(g.tasks.values(), key=lambda t: -t.depth):
+            if task.done:
+                continue
+            exc = task.error[0] if task.error is not None else None
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            if timed_out is not None and task.ctx.node_name == timed_out and (exc is None or cancelled):
+                timed_out = None  # one task timed out: the first one open under that name
+                exc, cancelled = error, False
+            if exc is not None and not cancelled:  # the attempt the graph gave up on
                 task.done = True
-                self.recorder.fail(g.inv, task.ctx, task.error[0], task.ctx.attempt)
-                error_path = error_path or task.ctx.path
+                origin = failed.get(id(exc))
+                if origin is not None and origin.startswith(task.ctx.path + "/"):
+                    # a subgraph's node, failing with what a task inside it raised: one
+                    # NodeErrorEvent, at the deepest path
+                    info = self.recorder.classify(exc)
+                    self.recorder.propagate(g.inv, task.ctx, origin, info.code, info.type)
+                else:
+                    self.recorder.fail(g.inv, task.ctx, exc, task.ctx.attempt)
+                    failed[id(exc)] = task.ctx.path
+                    if error_path is None or exc is error:
+                        error_path = task.ctx.path
+            elif cancelled:  # LangGraph cancelled it (another task failed)
+                task.done = True
+                self.recorder.cancel(g.inv, task.ctx)
         if isinstance(error, (KeyboardInterrupt,)) or type(error).__name__ == "CancelledError":
             self.recorder.finish_run(g.inv, "cancelled", error=error)
         else:
@@ -220,29 +308,87 @@ class FlowscopeCallbackHandler(BaseCallbackHandler):
     def _task_start(self, g: _Graph, parent: _Task | None, ns: str, node: str, depth: int, run_id: UUID, inputs: Any) -> _Task:
         task = g.tasks.get(ns)
         if task is not None:  # another attempt of a task we follow
+            if not task.done:
+                if task.error is not None and not isinstance(task.error[0], asyncio.CancelledError):
+                    exc, failed_at = task.error
+                    self.recorder.retrying(task.ctx, task.ctx.attempt, exc, max(0.0, time.time() - failed_at))
+                else:
+                    # The attempt did not end, or ended cancelled: LangGraph gave up on it
+                    # for its TimeoutPolicy (it starts the next attempt before the timed-out
+                    # one's chain reports its cancellation, which is then ignored).
+                    elapsed = time.monotonic() - task.started
+                    message = f"Node '{node}' exceeded its timeout (attempt abandoned after {elapsed:.3f}s)."
+                    self.recorder.retrying(task.ctx, task.ctx.attempt, ErrorInfo(_TIMEOUT_CODE, NodeTimeoutError.__name__, message), 0.0)
+            task.error = None
             task.run_id = run_id
-            if task.error is not None:
-                exc, failed_at = task.error
-                task.error = None
-                self.recorder.retrying(task.ctx, task.ctx.attempt, exc, max(0.0, time.time() - failed_at))
+            task.started = time.monotonic()
             return task
         inv = g.inv
+        sid = inv.run.session_id
         parent_path = parent.ctx.path if parent is not None else inv.root_path
-        ws = self.recorder.session(inv.run.session_id)
-        same = [ns_ for ns_ in ws.nodes.values() if ns_.node == node and ns_.parent_path == parent_path]
-        # The interrupted (or crashed) run of this node, from an earlier invocation of the
-        # thread, is the one LangGraph runs again: the same path, the attempt continued.
-        resumed = next((s for s in same if s.status in ("waiting_input", "running") and s.invocation_id != inv.run.invocation_id), None)
-        if resumed is not None:
-            path = resumed.path
-            crashed = resumed.status == "running"
-            attempt = resumed.attempt + 1 if crashed else max(resumed.attempt, 1)
+        ws = self.recorder.session(sid)
+        earlier = None
+        if g.continues:
+            # The unfinished run of this task from an earlier invocation of the thread (it
+            # paused, failed, was cancelled, or its process died) is the one LangGraph runs
+            # again: the same path, the attempts continued. The task id names it exactly
+            # (this process saw it); else the first such run of the node, by order.
+            known = self._paths.get((sid, ns))
+            candidates = [ws.nodes[known]] if known in ws.nodes else []
+            candidates += sorted((n for n in ws.nodes.values() if n.node == node and n.parent_path == parent_path), key=lambda n: n.started_at or 0.0)
+            earlier = next(
+                (
+                    n
+                    for n in candidates
+                    if n.status in _UNFINISHED
+                    and n.invocation_id != inv.run.invocation_id
+                    and n.path not in g.claimed
+                    and self._owners.get((sid, n.path), ns) == ns  # not another task's, by its id
+                ),
+                None,
+            )
+        if earlier is not None:
+            path = earlier.path
+            g.claimed.add(path)
+            crashed = earlier.status == "running"
+            attempt = max(earlier.attempt, 1) if earlier.status == "waiting_input" else earlier.attempt + 1
         else:
-            path = f"{parent_path}/{node}@{len(same) + 1}"
+            path = self._next_path(sid, ws.nodes, parent_path, node)
             crashed, attempt = False, 1
+        self._remember(sid, ns, path)
         ctx = self.recorder.start_node(inv, path, "function", attempt, crashed, inputs)
-        task = g.tasks[ns] = _Task(ctx, run_id, depth)
+        task = g.tasks[ns] = _Task(ctx, ns, run_id, depth)
         return task
+
+    def _remember(self, sid: str, ns: str, path: str) -> None:
+        """Map the task id to its path, and back (bounded: the oldest unfinished tasks fall
+        back to order)."""
+        self._paths[(sid, ns)] = path
+        self._owners[(sid, path)] = ns
+        if len(self._paths) > _MAX_PATHS:
+            self._forget(*next(iter(self._paths)))
+
+    def _forget(self, sid: str, ns: str) -> None:
+        path = self._paths.pop((sid, ns), None)
+        if path is not None and self._owners.get((sid, path)) == ns:
+            del self._owners[(sid, path)]
+
+    def _next_path(self, sid: str, nodes: dict[str, Any], parent_path: str, node: str) -> str:
+        """``parent/node@k`` for the next run of ``node`` under ``parent`` in the thread: k
+        counted once from the log, then kept (a path the log already holds is skipped)."""
+        counts = self._counts.get(sid)
+        if counts is None:
+            counts = self._counts[sid] = {}
+            for n in nodes.values():
+                key = (n.parent_path, n.node)
+                counts[key] = counts.get(key, 0) + 1
+            if len(self._counts) > _MAX_PATHS:  # bounded: an evicted thread is counted again
+                del self._counts[next(iter(self._counts))]
+        k = counts.get((parent_path, node), 0) + 1
+        while f"{parent_path}/{node}@{k}" in nodes:  # another process recorded this thread too
+            k += 1
+        counts[(parent_path, node)] = k
+        return f"{parent_path}/{node}@{k}"
 
     def _task_of(self, run_id: UUID) -> _Task | None:
         seen = self._runs.get(run_id)

@@ -37,6 +37,7 @@ __all__ = [
     "db_option",
     "format_option",
     "otlp_protocol_option",
+    "metrics_host_option",
     "resolve_db",
     "open_store",
     "shown_db",
@@ -126,6 +127,19 @@ def format_option(f: F) -> F:
         default="table",
         show_default=True,
         help="table for people; json (a list of objects, keys in docs/cli.md) or csv for programs.",
+    )(f)
+
+
+def metrics_host_option(f: F) -> F:
+    """``--metrics-host`` beside a command's ``--metrics-port``: the address its metrics
+    endpoint binds. Loopback by default; a Prometheus in a container (docker-compose) needs
+    an address it can reach (``0.0.0.0``, or the bridge's)."""
+    return click.option(
+        "--metrics-host",
+        default="127.0.0.1",
+        show_default=True,
+        metavar="ADDRESS",
+        help="Address the metrics endpoint binds (0.0.0.0 exposes it: nothing there authenticates).",
     )(f)
 
 

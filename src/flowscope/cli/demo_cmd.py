@@ -14,7 +14,16 @@ from ..events import JobDispatched
 from ..fold import rebuild
 from . import views
 from ..store.postgres.dsn import is_postgres_url
-from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option, resolve_db, shown_db
+from .app import (
+    DURATION,
+    command_prefix,
+    db_option,
+    metrics_host_option,
+    open_store,
+    otlp_protocol_option,
+    resolve_db,
+    shown_db,
+)
 from .progress import ProgressPlugin
 from .render import waterfall_lines
 from .runtime import configure_cli_tracing, resolve_otlp_protocol, start_metrics_server, wait_for_signal
@@ -29,10 +38,11 @@ WORKER_HANG_S = 86400.0
 
 @click.command()
 @db_option
-@click.option("--otlp-endpoint", metavar="URL", help="Send spans to a collector, Jaeger or Tempo (e.g. http://localhost:4318).")
+@click.option("--otlp-endpoint", metavar="URL", help="Send spans to a collector, Jaeger or Tempo (e.g. http://localhost:4318); default: OTEL_EXPORTER_OTLP_ENDPOINT.")
 @otlp_protocol_option
 @click.option("--interactive", is_flag=True, help="Ask you for the approval (and the failed job's retry) instead of answering automatically.")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT", help="Serve metrics (in-process and store) on 127.0.0.1:PORT, and keep serving after the run until Ctrl-C/SIGTERM.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT", help="Serve metrics (in-process and store) on --metrics-host:PORT, and keep serving after the run until Ctrl-C/SIGTERM.")
+@metrics_host_option
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Run the demo workflows this many times (traffic for dashboards).")
 @click.option("--stale-after", type=DURATION, default="5s", show_default=True, help="When the killed worker's run counts as orphaned (for the metrics endpoint and the hints).")
 def demo(
@@ -41,6 +51,7 @@ def demo(
     otlp_protocol: str | None,
     interactive: bool,
     metrics_port: int | None,
+    metrics_host: str,
     repeat: int,
     stale_after: float,
 ) -> None:
@@ -50,8 +61,9 @@ def demo(
     It shows, in one go: a flaky node that succeeds on a retry; parallel branches and a
     join; a nested workflow; a long-running job whose first result is empty and is
     retried through the actionable pause; a human approval; a node that returns nothing
-    (the completion marker); a second batch that fails with PAYMENT_DECLINED; and a
-    worker killed mid-run, so that `flowscope stuck` has something to find.
+    (the completion marker); a second batch that fails with PAYMENT_DECLINED; a queue
+    served by a worker (and one session left queued); and a worker killed mid-run, so
+    that `flowscope stuck` has something to find.
     """
     run_demo(
         db=resolve_db(db),
@@ -59,6 +71,7 @@ def demo(
         otlp_protocol=otlp_protocol,
         interactive=interactive,
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
         repeat=repeat,
         stale_after=stale_after,
     )
@@ -124,6 +137,7 @@ def run_demo(
     metrics_port: int | None,
     repeat: int,
     stale_after: float,
+    metrics_host: str = "127.0.0.1",
 ) -> None:
     """The demo on the database at ``db`` (created if missing), printing as it goes."""
     from prometheus_client import CollectorRegistry
@@ -146,14 +160,20 @@ def run_demo(
         plugins: list[Any] = []
         tracing = configure_cli_tracing(otlp_endpoint, otlp_protocol, "flowscope-demo", warn=_warn)
         spans_to = ""
-        if tracing is not None and otlp_endpoint:
+        if tracing is not None:
             plugins.append(tracing.plugin())
-            spans_to = f", spans to {otlp_endpoint} ({resolve_otlp_protocol(otlp_endpoint, otlp_protocol)})"
-        plugins += [MetricsPlugin(registry=registry), progress]
+            if otlp_endpoint:
+                spans_to = f", spans to {otlp_endpoint} ({resolve_otlp_protocol(otlp_endpoint, otlp_protocol)})"
+            elif tracing.exporters:  # from the OTEL_* variables
+                spans_to = ", spans to " + ", ".join(tracing.exporters)
+        # Job results are counted from the log by the metrics endpoint's StoreCollector.
+        metrics = MetricsPlugin(registry=registry, job_results=False)
+        worker_plugins = [*plugins, metrics]  # the in-process worker's: no progress lines
+        plugins += [metrics, progress]
 
         click.echo(f"flowscope demo: database {shown_db(db)}" + spans_to)
         if metrics_port is not None:
-            server = start_metrics_server(store, registry, host="127.0.0.1", port=metrics_port, stale_after=stale_after)
+            server = start_metrics_server(store, registry, host=metrics_host, port=metrics_port, stale_after=stale_after)
             click.echo(f"metrics (in-process and store): {server.url}")
 
         tag = new_tag()
@@ -211,6 +231,16 @@ def run_demo(
             click.echo(f"  the worker never reports {lost_jobs[0]}: the session waits (waiting_job), and is")
             click.echo(f"  overdue once the job is past its deadline_s={stale_after:g}s (flowscope stuck, flowscope_store_overdue_jobs)")
 
+        queue = [f"demo-{tag}-queued-{i + 1}" for i in range(QUEUED_SESSIONS)]
+        _section(f"a queue served by a worker: {len(queue)} sessions submitted, claimed and run by flowscope.Worker")
+        outcomes = asyncio.run(_serve_queue(store, worker_plugins, queue))
+        done = ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items())) or "nothing"
+        click.echo(f"  the worker claimed them from the queue and ran them: {done} (flowscope_worker_claims_total)")
+        left_queued = f"demo-{tag}-queued-later"
+        _submit_export(store, left_queued)
+        click.echo(f"  {left_queued}, submitted after the worker stopped, stays queued until a worker serves")
+        click.echo("  nightly_export (flowscope_store_queued_sessions; flowscope worker flowscope.examples.worker:nightly_export)")
+
         _section(f"a worker killed mid-run: session {worker_session}")
         running = wait_until_running(store, worker_session, proc, timeout=30.0)
         pid = proc.pid
@@ -236,7 +266,7 @@ def run_demo(
         for line in session_header(ws) + [""] + waterfall:
             click.echo(line)
 
-        demo_sessions = [rep.session_id for rep in reports] + [lost_session, worker_session]
+        demo_sessions = [rep.session_id for rep in reports] + [lost_session, *queue, worker_session]
         runs = [r for sid in demo_sessions for r in store.node_runs(sid)]
         repeats = f", all {repeat} repeats" if repeat > 1 else ""
         _section(f"the attempt audit of this demo ({prefix} audit; --format json for programs{repeats})")
@@ -291,6 +321,40 @@ def run_demo(
         store.close()
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
+
+
+#: Sessions the demo submits to its queue for the in-process worker.
+QUEUED_SESSIONS = 2
+
+
+def _submit_export(store: Any, session_id: str) -> None:
+    """Queue a run of the bundled ``nightly_export`` (no hang) for a worker."""
+    from ..engine.runner import Runner
+    from ..examples.worker import export_input, nightly_export
+
+    Runner(nightly_export, store=store).submit(export_input(0.0), session_id=session_id)
+
+
+async def _serve_queue(store: Any, plugins: list[Any], sessions: list[str], timeout: float = 30.0) -> dict[str, int]:
+    """Submit ``sessions`` and let a :class:`~flowscope.Worker` claim and run them, then stop
+    it: the queue and the worker series (``flowscope_worker_*``) get real traffic. Returns
+    the worker's outcomes."""
+    from ..examples.worker import nightly_export
+    from ..worker import Worker
+
+    for sid in sessions:
+        _submit_export(store, sid)
+    worker = Worker(store, [nightly_export], plugins, concurrency=4, drain_s=5.0, poll_s=0.05)
+    task = asyncio.create_task(worker.run())
+    deadline = time.monotonic() + timeout
+    while not task.done() and time.monotonic() < deadline:
+        infos = [store.session_info(sid) for sid in sessions]
+        if all(i is not None and i.status not in ("queued", "running") for i in infos):
+            break
+        await asyncio.sleep(0.05)
+    worker.stop()
+    await task
+    return dict(worker.outcomes)
 
 
 def _warn(text: str) -> None:

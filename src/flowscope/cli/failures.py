@@ -33,6 +33,7 @@ from ..events import EventDecodeError
 __all__ = [
     "EXIT_ERROR",
     "EXIT_FAILED",
+    "EXIT_STORE_OUTAGE",
     "DB_HINT",
     "CliError",
     "STORE_ERROR_ADVICE",
@@ -46,6 +47,8 @@ __all__ = [
 EXIT_ERROR = 2
 #: The workflow itself failed (``flowscope resume``).
 EXIT_FAILED = 1
+#: ``flowscope worker`` stopped because its database refused writes for ``--max-store-outage``.
+EXIT_STORE_OUTAGE = 3
 
 DB_HINT = "point --db (or FLOWSCOPE_DB) at a flowscope database, or run `flowscope demo` to create one"
 

@@ -276,10 +276,11 @@ def export(
 
     with open_store(db) as store:
         events = store.read(session)
+        lost, alive_at = _owner_lost(store, session) if events else (False, None)
     if not events:
         raise unknown_session(session, shown_db(resolve_db(db)))
     if otlp_endpoint:
-        spans = session_spans(events, service_name)
+        spans = session_spans(events, service_name, lost=lost, alive_at=alive_at)
         try:
             send_spans(spans, otlp_endpoint, otlp_protocol, timeout=timeout)
         except ExportError as exc:
@@ -287,7 +288,7 @@ def export(
         traces = len({s.context.trace_id for s in spans})
         click.echo(f"sent {len(spans)} spans ({traces} traces, one per invocation) of session {session} to {otlp_endpoint}", err=output is None)
     if output or not otlp_endpoint:
-        text = to_otlp_json(export_request(events, service_name))
+        text = to_otlp_json(export_request(events, service_name, lost=lost, alive_at=alive_at))
         if output:
             try:
                 Path(output).write_text(text, encoding="utf-8")
@@ -296,6 +297,18 @@ def export(
             click.echo(f"wrote {output}", err=True)
         else:
             click.echo(text, nl=False)
+
+
+def _owner_lost(store: Any, session: str) -> tuple[bool, float | None]:
+    """Whether the session's owner is gone (a run the log does not end was cut off by its
+    death: an error in the export), and the session's last heartbeat in the store."""
+    from ..liveness import owner_alive
+    from ..observability.shipping import last_heartbeat
+
+    info = store.session_info(session)
+    if info is None or owner_alive(info.owner, info.lease_expires_at, time.time()):
+        return False, None
+    return True, last_heartbeat(store, session)
 
 
 def _export_follow(

@@ -10,6 +10,7 @@ import click
 from ..errors import ResumeError, StoreError, classify
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
+from ..jsontext import too_deep
 from ..plugins import Plugin
 from ..store.base import FINISHED_SESSION_STATUSES
 from . import views
@@ -41,7 +42,7 @@ def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
         try:
             out[key] = json.loads(text)
         except RecursionError:
-            raise CliError(f"{option} {key}: the JSON is nested too deeply to record; pass a flatter value") from None
+            raise CliError(too_deep(f"{option} {key}")) from None
         except ValueError as exc:
             raise CliError(
                 f"{option} {key}: {text!r} is not valid JSON ({exc}); "
@@ -120,7 +121,7 @@ def _resolve_workflow(name: str, spec: str | None) -> Any:
 @click.option("--job", "jobs", multiple=True, metavar="ID=JSON", help='Deliver the result of job ID (repeatable), e.g. JOB=\'{"success": true, "count": 3}\'.')
 @click.option("--workflow", "workflow_spec", metavar="MODULE:ATTR", help="Run the session here with this workflow's code (without it, --input/--job are recorded for a worker).")
 @click.option("--force", is_flag=True, help="Take the session from its owner even if that owner looks alive (it is known to be dead).")
-@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of this invocation to an OTLP endpoint.")
+@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of this invocation to an OTLP endpoint; default: OTEL_EXPORTER_OTLP_ENDPOINT.")
 @otlp_protocol_option
 def resume(
     session: str,
@@ -279,7 +280,7 @@ def prune(db: str | None, fmt: str, older_than: float, statuses: tuple[str, ...]
 
 @click.command("serve-metrics")
 @db_option
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 exposes it: nothing here authenticates).")
+@click.option("--host", "--metrics-host", "host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 exposes it: nothing here authenticates).")
 @click.option("--port", type=click.IntRange(0, 65535), default=9464, show_default=True, help="Port (0 picks a free one).")
 @click.option("--stale-after", type=DURATION, default="60s", show_default=True, help="A running run whose heartbeat is older than this counts as orphaned.")
 @click.option("--otlp-endpoint", metavar="URL", help="Also ship the spans no live worker will send (a killed worker's, say) to this OTLP endpoint.")

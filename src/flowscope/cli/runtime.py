@@ -121,27 +121,63 @@ def _quiet_sdk(endpoint: str) -> None:
 def configure_cli_tracing(
     endpoint: str | None, protocol: str | None, service: str, *, warn: Callable[[str], None] | None = None
 ) -> TracingHandle | None:
-    """A tracer provider sending to ``--otlp-endpoint`` (None without one); a bad URL is a CliError.
+    """The tracing of a command that runs workflows (``worker``, ``demo``, ``resume``), or None.
 
-    An endpoint where nothing answers is said once through ``warn`` and not used (None):
-    the run goes on at full speed instead of stalling in the SDK's retries.
+    Spans go to ``--otlp-endpoint`` (``endpoint``) when given; without it, to what the
+    standard variables say, as the SDK reads them: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` /
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_TRACES_EXPORTER=otlp`` / ``console``), with
+    ``OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL``, ``..._HEADERS`` and ``..._TIMEOUT``; with neither,
+    None. ``--otlp-endpoint`` wins over the variables (and ``OTEL_TRACES_EXPORTER=none``).
+    ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` name the service (else
+    ``service``), ``OTEL_TRACES_SAMPLER(_ARG)`` samples, and ``OTEL_SDK_DISABLED=true``
+    turns tracing off (None, said through ``warn`` when an endpoint was given).
+
+    The provider becomes the process's global one unless it has one already
+    (:func:`~flowscope.observability.setup.install_global`), so spans that node bodies and
+    instrumented clients start are children of the node's span and reach the same place.
+    An endpoint where nothing answers is said once through ``warn`` and not used (None): the
+    run goes on at full speed instead of stalling in the SDK's retries. A bad URL or
+    protocol is a CliError.
     """
-    if not endpoint:
-        return None
-    from ..observability.setup import configure_tracing
+    from ..observability import otlp
+    from ..observability.setup import configure_tracing, install_global
 
-    problem = unreachable(endpoint)
-    if problem is not None:
-        if warn is not None:
-            warn(f"{problem}: the spans will be dropped (start a collector or Jaeger first: docs/operations.md)")
+    exporters = otlp.env_traces_exporters()
+    if otlp.sdk_disabled():
+        if warn is not None and (endpoint or otlp.env_traces_endpoint()):
+            warn("OTEL_SDK_DISABLED=true: tracing is off, no spans are sent")
         return None
-    _quiet_sdk(endpoint)
+    if endpoint:
+        check_endpoint(endpoint)
+        proto: str | None = resolve_otlp_protocol(endpoint, protocol)
+        target: str | None = endpoint
+        option = "--otlp-endpoint"
+    else:
+        env_endpoint = otlp.env_traces_endpoint()
+        if "none" in exporters or (env_endpoint is None and not exporters & {"otlp", "console"}):
+            return None
+        try:
+            proto = otlp.resolve_protocol(protocol)
+        except ValueError as exc:
+            raise CliError(f"OTEL_EXPORTER_OTLP_PROTOCOL: {exc}") from None
+        uses_otlp = env_endpoint is not None or "otlp" in exporters
+        target = (env_endpoint or otlp.default_endpoint(proto)) if uses_otlp else None
+        option = "OTEL_EXPORTER_OTLP_ENDPOINT"
+    if target is not None:
+        problem = unreachable(target)
+        if problem is not None:
+            if warn is not None:
+                warn(f"{problem}: the spans will be dropped (start a collector or Jaeger first: docs/operations.md)")
+            return None
+        _quiet_sdk(target)
+    # The CLI's short export timeout, unless the operator set one.
+    timeout = None if otlp.env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT") else EXPORT_TIMEOUT_S
     try:
-        return configure_tracing(
-            service, otlp_endpoint=endpoint, protocol=resolve_otlp_protocol(endpoint, protocol), timeout=EXPORT_TIMEOUT_S
-        )
+        handle = configure_tracing(service, otlp_endpoint=endpoint or None, protocol=proto, timeout=timeout)
     except ValueError as exc:
-        raise CliError(f"--otlp-endpoint {endpoint}: {exc}") from None
+        raise CliError(f"{option} {target or ''}: {exc}".replace("  ", " ")) from None
+    install_global(handle)
+    return handle
 
 
 def start_metrics_server(

@@ -24,7 +24,7 @@ from ..liveness import (
     classify_open_run,
     resume_lease_s,
 )
-from ..fold import OPEN_STATES, NodeState, WorkflowState, rebuild
+from ..fold import OPEN_STATES, NodeState, WorkflowState, containers, rebuild
 from .history import RetryReasons, SessionHistory, request_row, retry_label
 
 __all__ = [
@@ -191,6 +191,16 @@ def _where(store: EventStore) -> str:
     return str(path) if path else "the store"
 
 
+def _open_containers(runs: Iterable[NodeRun]) -> set[tuple[str, str]]:
+    """(session, path) of open runs that contain another open run (:func:`flowscope.fold.containers`):
+    their open state is the descendant's, which is the one listed and counted."""
+    open_paths: dict[str, list[str]] = {}
+    for r in runs:
+        if r.status in OPEN_STATES:
+            open_paths.setdefault(r.session_id, []).append(r.path)
+    return {(sid, p) for sid, paths in open_paths.items() if len(paths) > 1 for p in containers(paths)}
+
+
 def _origin_failures(runs: Iterable[NodeRun]) -> set[tuple[str, str]]:
     """(session, path) of failed runs that are where a failure began: no failed run below them.
 
@@ -203,10 +213,8 @@ def _origin_failures(runs: Iterable[NodeRun]) -> set[tuple[str, str]]:
             failed.setdefault(r.session_id, []).append(r.path)
     out: set[tuple[str, str]] = set()
     for sid, paths in failed.items():
-        for p in paths:
-            prefix = p + "/"
-            if not any(q.startswith(prefix) for q in paths):
-                out.add((sid, p))
+        enclosing = containers(paths)
+        out.update((sid, p) for p in paths if p not in enclosing)
     return out
 
 
@@ -234,11 +242,12 @@ def session_rows(store: EventStore, sessions: list[SessionInfo]) -> list[dict[st
     wanted = {s.session_id for s in sessions}
     runs = [r for s in sessions for r in store.node_runs(s.session_id)]  # indexed by session
     origins = _origin_failures(runs)
+    enclosing = _open_containers(runs)
     per: dict[str, dict[str, Any]] = {sid: {"node_runs": 0, "open_runs": 0, "failed_runs": 0, "error_code": None} for sid in wanted}
     for r in runs:
         acc = per[r.session_id]
         acc["node_runs"] += 1
-        if r.status in OPEN_STATES:
+        if r.status in OPEN_STATES and (r.session_id, r.path) not in enclosing:
             acc["open_runs"] += 1
         if (r.session_id, r.path) in origins:
             acc["failed_runs"] += 1
@@ -363,6 +372,7 @@ def audit_rows(runs: list[NodeRun], retried: RetryReasons | None = None) -> list
     :func:`.history.retry_reasons`) adds the error type and code of every retried attempt.
     """
     origins = _origin_failures(runs)
+    enclosing = _open_containers(runs)
     groups: dict[tuple[str, bool, str, str], dict[str, Any]] = {}
     for r in runs:
         root = "/" not in r.path
@@ -398,7 +408,7 @@ def audit_rows(runs: list[NodeRun], retried: RetryReasons | None = None) -> list
                 g["error_codes"][code] = g["error_codes"].get(code, 0) + 1
         elif r.status == "cancelled":
             g["cancelled"] += 1
-        elif r.status in OPEN_STATES:
+        elif r.status in OPEN_STATES and (r.session_id, r.path) not in enclosing:
             g["open"] += 1
         g["attempts"] += r.attempt
         g["max_attempt"] = max(g["max_attempt"], r.attempt)
@@ -458,12 +468,8 @@ def stuck_rows(
     all_open = store.open_runs()
     runs = [r for r in all_open if r.started_at is None or now - r.started_at >= older_than_s]
     if not include_parents:
-        open_paths: dict[str, list[str]] = {}
-        for r in all_open:
-            open_paths.setdefault(r.session_id, []).append(r.path)
-        runs = [
-            r for r in runs if not any(p.startswith(r.path + "/") for p in open_paths.get(r.session_id, ()))
-        ]
+        enclosing = _open_containers(all_open)
+        runs = [r for r in runs if (r.session_id, r.path) not in enclosing]
     wanted = set(states) if states else None
     rows = []
     states_cache: dict[str, WorkflowState] = {}

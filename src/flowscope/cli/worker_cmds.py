@@ -23,19 +23,20 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..errors import WorkflowError
+from ..errors import OutputNotSerializableError, StoreNotWritable, WorkflowError
 from ..events import RunSubmitted
 from ..fold import WorkflowState
+from ..jsontext import too_deep
 from ..store.base import EventStore
-from .app import DURATION, command_prefix, db_option, open_store, otlp_protocol_option
-from .failures import CliError
+from .app import DURATION, command_prefix, db_option, metrics_host_option, open_store, otlp_protocol_option
+from .failures import EXIT_STORE_OUTAGE, CliError, to_cli_error
 from .runtime import configure_cli_tracing
 
 if TYPE_CHECKING:
     from ..store.postgres import PostgresEventStore
     from ..store.sqlite import SqliteEventStore
 
-__all__ = ["worker_cmd", "start", "load_workflows", "worker_hint", "worker_command", "submit_by_name", "record_answers", "cwd_importable", "COMMANDS"]
+__all__ = ["worker_cmd", "start", "load_workflows", "worker_hint", "worker_command", "submit_by_name", "record_answers", "cwd_importable", "StoreOutageStop", "COMMANDS"]
 
 #: How recently a worker must have recorded itself to count as serving a workflow: one
 #: default lease (workers record themselves every third of theirs).
@@ -153,8 +154,12 @@ def record_answers(
 def submit_by_name(store: EventStore, workflow: str, input: Any, session_id: str | None = None) -> str:
     """Record a run of ``workflow`` (by name: no code needed) to be started by a worker.
 
-    The same ``RunSubmitted`` that ``Runner.submit`` appends; the session must be new.
+    The same ``RunSubmitted`` that ``Runner.submit`` appends, its input checked by the same
+    rule (``json_value``: what the store can hold); the session must be new.
     """
+    from ..engine.record import json_value
+
+    input = json_value(input, "the run input")
     sid = session_id or uuid.uuid4().hex
     if store.last_seq(sid) > 0:
         raise WorkflowError(f"session {sid!r} already exists: submit with a new --session")
@@ -183,9 +188,15 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
     try:
         value = json.loads(input_json)
     except RecursionError:
-        raise CliError("--input: the JSON is nested too deeply to record; pass a flatter value") from None
+        raise CliError(too_deep("--input")) from None
     except ValueError as exc:
         raise CliError(f"--input: {input_json!r} is not valid JSON ({exc}); quote a string as JSON: --input '\"text\"'") from None
+    from ..engine.record import json_value
+
+    try:  # the engine's rule, before the database is opened (or created)
+        value = json_value(value, "--input")
+    except OutputNotSerializableError as exc:
+        raise CliError(str(exc)) from None
     store = open_store(db, write=True, create=True)
     with store:
         sid = submit_by_name(store, workflow, value, session_id)
@@ -205,8 +216,10 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
 @click.option("--poll", "poll_s", type=DURATION, default="500ms", show_default=True, help="How often to look for work when there was none.")
 @click.option("--worker-id", metavar="ID", help="This worker's id (default: host-pid-random).")
 @click.option("--max-recoveries", type=click.IntRange(0, None), default=3, show_default=True, help="Orphaned sessions recovered more often are left alone.")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve this worker's Prometheus metrics on 127.0.0.1:PORT.")
-@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of the sessions it runs to this OTLP endpoint (and those a killed worker had not sent).")
+@click.option("--max-store-outage", "max_store_outage_s", type=DURATION, default="60s", show_default=True, help="Stop (exit 3) when no write to the database has gone through for this long (a full disk, a read-only database).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve this worker's Prometheus metrics on --metrics-host:PORT.")
+@metrics_host_option
+@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of the sessions it runs to this OTLP endpoint (and those a killed worker had not sent); default: OTEL_EXPORTER_OTLP_ENDPOINT.")
 @otlp_protocol_option
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning", show_default=True)
 def worker_cmd(
@@ -218,7 +231,9 @@ def worker_cmd(
     poll_s: float,
     worker_id: str | None,
     max_recoveries: int,
+    max_store_outage_s: float,
     metrics_port: int | None,
+    metrics_host: str,
     otlp_endpoint: str | None,
     otlp_protocol: str | None,
     log_level: str,
@@ -227,7 +242,9 @@ def worker_cmd(
 
     Claims queued sessions (`flowscope start`), sessions answered with `flowscope resume`
     and sessions whose owner died, until SIGTERM or Ctrl-C; then stops claiming, lets the
-    sessions in hand run for up to --drain, hands back the rest and exits 0.
+    sessions in hand run for up to --drain, hands back the rest and exits 0. If the
+    database refuses writes (a full disk, a read-only file or server) for
+    --max-store-outage, it stops at once and exits 3.
     """
     from ..plugins import Plugin
     from ..worker import Worker
@@ -246,11 +263,13 @@ def worker_cmd(
             from ..observability.serve import start_metrics_http
 
             registry = CollectorRegistry(auto_describe=True)
-            plugins.append(MetricsPlugin(registry=registry))
+            # Job results are counted from the log by serve-metrics (StoreCollector), whichever
+            # process reported them: counting them here too would count them twice.
+            plugins.append(MetricsPlugin(registry=registry, job_results=False))
             try:
-                server = start_metrics_http(metrics_port, "127.0.0.1", registry)
+                server = start_metrics_http(metrics_port, metrics_host, registry)
             except OSError as exc:
-                raise CliError(f"cannot listen on 127.0.0.1:{metrics_port}: {exc.strerror or exc}") from None
+                raise CliError(f"cannot listen on {metrics_host}:{metrics_port}: {exc.strerror or exc}") from None
         w = Worker(
             store,
             workflows,
@@ -261,18 +280,33 @@ def worker_cmd(
             poll_s=poll_s,
             worker_id=worker_id,
             max_recoveries=max_recoveries,
+            max_store_outage_s=max_store_outage_s,
         )
         names = ", ".join(sorted(w.workflows))
         click.echo(f"worker {w.owner.worker_id} (pid {w.owner.pid}) serving {names} from {store.path}; SIGTERM or Ctrl-C drains", err=True)
+        outage: StoreNotWritable | None = None
         try:
             asyncio.run(_serve(w))
+        except StoreNotWritable as exc:  # Worker.run drained and raised it: say it once, below
+            outage = exc
         finally:
             if tracing is not None:
                 tracing.shutdown()
         done = ", ".join(f"{k} {v}" for k, v in sorted(w.outcomes.items())) or "no sessions"
+        if outage is not None:
+            raise StoreOutageStop(
+                f"worker {w.owner.worker_id} stopped after {max_store_outage_s:g}s without a write going through "
+                f"({done}): {to_cli_error(outage, store.path).message}"
+            )
         click.echo(f"worker {w.owner.worker_id} stopped ({done})", err=True)
     if isinstance(server, tuple):  # prometheus-client >= 0.20 returns (server, thread)
         server[0].shutdown()
+
+
+class StoreOutageStop(CliError):
+    """``flowscope worker`` stopped because its database refused writes for too long."""
+
+    exit_code = EXIT_STORE_OUTAGE
 
 
 async def _serve(w: Any) -> None:

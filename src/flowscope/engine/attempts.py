@@ -25,6 +25,7 @@ from ..errors import (
     RecoveryLimitError,
     RouteNotFoundError,
     StateNotSerializableError,
+    error_qualname,
 )
 from ..events import NodeCancelled, NodeCompleted, NodeErrorEvent, NodeErrorPropagated, NodePaused, NodeRetrying, StateUpdated
 from .context import NodeContext, NodeOutcome, PauseSignal
@@ -64,8 +65,14 @@ class Attempts(Recorder):
                     f"(max_recoveries={self.max_recoveries}); it may be killing its worker"
                 )
             while True:
+                # No body starts, and no retry goes on after its backoff, once the lease
+                # may have expired by this process's clocks (check_lease raises Halted).
+                self.check_lease()
                 try:
-                    result = self._result(ctx, await self._attempt(node, ctx, input))
+                    out = await self._attempt(node, ctx, input)
+                    if hooks:  # plugins hear of a success only under a safe lease (else the flush stops it)
+                        self.check_lease()
+                    result = self._result(ctx, out)
                     if self.state.dirty:
                         self.state.check_changes()
                     break
@@ -202,6 +209,7 @@ class Attempts(Recorder):
             error_code=info.code,
             error_message=info.message,
             delay_s=delay,
+            error_qualname=info.qualname,
         )
         return delay
 
@@ -253,6 +261,7 @@ class Attempts(Recorder):
             error_code=code,
             error_type=type(exc).__name__,
             attempt_count=ctx.attempt,
+            error_qualname=error_qualname(exc),
         )
         return NodeOutcome(
             status="timeout" if isinstance(exc, NodeTimeoutError) else "failure",
@@ -277,6 +286,7 @@ class Attempts(Recorder):
             error_message=info.message,
             error_type=info.type,
             attempt_count=ctx.attempt,
+            error_qualname=info.qualname,
         )
         self.reported[id(exc)] = (exc, ctx.path, info.code, info.message)
         outcome = NodeOutcome(

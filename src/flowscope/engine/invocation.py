@@ -53,8 +53,12 @@ class Invocation(Attempts, Pauses):
                 attempt = ns.attempt or 1  # continuing after a pause is the same attempt (R9, docs/design.md)
             elif status == "running":  # its process died mid-run: a new attempt (R9, docs/design.md)
                 attempt = ns.attempt + 1
-                recovered = True
-                self.recovered += 1
+                # unless this process's own halted invocation cut it off (a store fault):
+                # a cancellation it could not record, not a recovery (docs/workers.md); and a
+                # container of a cut-off run is re-entered, not recovered: the recovery is the
+                # run's inside it, counted once at the deepest path (docs/design.md).
+                recovered = ns.invocation_id not in self.cut_off and path not in self.containers
+                self.recovered += recovered
             else:  # failed or cancelled: run again, numbering continues
                 attempt = ns.attempt + 1
         ctx = NodeContext(self, node, path, attempt, parent, input, recovered)
@@ -168,6 +172,7 @@ class Invocation(Attempts, Pauses):
             if isinstance(r, NodeContext):
                 tasks[asyncio.ensure_future(self.run_prepared(r, acts[i][1]))] = i
         pending: set[asyncio.Task[NodeResult]] = set(tasks)
+        self.branches.update(pending)  # a lost lease cancels them directly (Recorder.lose_lease)
         failure: BaseException | None = None
         try:
             while pending:
@@ -194,6 +199,7 @@ class Invocation(Attempts, Pauses):
                 for other in pending:
                     other.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
+            self.branches.difference_update(tasks)
             for t, i in tasks.items():
                 ctx = cast(NodeContext, prepared[i])
                 if t.cancelled() and ctx.path in self.in_flight:

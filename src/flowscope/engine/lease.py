@@ -8,6 +8,19 @@ It runs off the event loop on purpose: a node that blocks the loop (a sync body,
 computation) keeps its lease while its process lives, so no other process takes over a
 live run. A renewal refused with ``LeaseLost`` hands the loss to the invocation's loop
 (``call_soon_threadsafe``), which cancels it.
+
+A lease is trusted only while it is *safe by this process's own clocks*
+(:func:`safe_until`): until ``t0 + lease_s`` by ``time.monotonic()``, where ``t0`` is when
+the renewal that produced it was requested, and until its ``expires_at`` by
+``time.time()`` (the clock other processes judge it by), each less a small margin
+(:func:`lease_margin`). Past that, another process may already have taken the session
+over, whatever the store would say to a renewal now: the keeper renews no such lease and
+hands the invocation :class:`~flowscope.errors.LeaseExpired` instead. The same instants
+are checked by the invocation itself before each node body, each retry and each flush
+(``Recorder.check_lease``: a read of each clock), by a timer on its loop at the lease's
+safe end (:meth:`LeaseKeeper._watch`), and on every tick of the keeper. A tick that comes late (the process was stopped, the clock jumped) therefore
+ends the invocations whose leases it finds unsafe, and the keeper wakes at the earliest
+such instant, so a lease whose renewals keep failing ends on time.
 The thread starts with the first active invocation and ends after a period with none.
 """
 
@@ -19,23 +32,76 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Protocol
 
-from ..errors import LeaseLost, describe_exception
+from ..errors import LeaseExpired, LeaseLost, StoreNotWritable, describe_exception
 from ..ownership import Lease
 from ..store.base import EventStore
 
-__all__ = ["LeaseKeeper", "Leased"]
+__all__ = ["LeaseKeeper", "Leased", "safe_until", "lease_margin", "lease_expired", "LEASE_MARGIN", "MAX_LEASE_MARGIN_S"]
 
 log = logging.getLogger("flowscope.engine")
 
 
+#: The part of a lease not trusted, as a fraction of ``lease_s`` (at most
+#: :data:`MAX_LEASE_MARGIN_S`): an owner stops that much before its lease ends by its own
+#: clocks, so that it has stopped before another process may take the session over.
+LEASE_MARGIN = 0.1
+MAX_LEASE_MARGIN_S = 1.0
+
+
+def lease_margin(lease_s: float) -> float:
+    """How long before its end by this process's clocks a lease of ``lease_s`` is no longer trusted."""
+    return min(LEASE_MARGIN * lease_s, MAX_LEASE_MARGIN_S)
+
+
+def safe_until(lease: Lease, lease_s: float, t0: float | None = None) -> tuple[float, float]:
+    """``(monotonic, wall)``: the instants, by ``time.monotonic()`` and by ``time.time()``,
+    until which ``lease`` (of ``lease_s``) is safe to act under.
+
+    ``t0`` is the ``time.monotonic()`` at which the acquisition or renewal that produced
+    the lease was requested (the store counts ``lease_s`` from a wall-clock instant taken
+    after it). Without it (a lease taken before the invocation began: a worker's claim,
+    ``Runner._take``'s acquire), the lease is taken to run, from now, for what its
+    ``expires_at`` says is left by the wall clock, and never for longer than ``lease_s``.
+    The monotonic instant is also no later than the wall-clock expiry as the wall clock
+    reads now (what the loop's timer waits for); a later jump of the wall clock is seen by
+    the wall-clock instant.
+    """
+    margin = lease_margin(lease_s)
+    mono, wall = time.monotonic(), time.time()
+    left = lease.expires_at - wall  # by the wall clock, from now
+    until = mono + min(left, lease_s) if t0 is None else min(t0 + lease_s, mono + left)
+    return (until - margin, lease.expires_at - margin)
+
+
+def lease_expired(session_id: str, cause: BaseException | None = None) -> LeaseExpired:
+    """The error of an invocation whose lease on ``session_id`` is no longer safe; its
+    ``__cause__`` is the store's refusal when renewals failed because the store refuses
+    writes (a full disk: the worker's outage, not another owner)."""
+    exc = LeaseExpired(
+        f"the lease on session {session_id!r} may have expired by this process's clock before it was renewed "
+        "(the process was stopped, or its renewals failed or came too late): another owner may have taken "
+        "the session over, so this one stopped and recorded nothing more"
+    )
+    exc.__cause__ = cause
+    return exc
+
+
 class Leased(Protocol):
-    """What the keeper needs of an invocation: its lease, the runs in flight, and a way
-    to tell it, on its own loop, that the lease is gone."""
+    """What the keeper needs of an invocation: its lease and until when it is safe, the
+    runs in flight, and a way to tell it, on its own loop, that the lease is gone."""
 
     lease: Lease
+    #: Why the last renewal failed, when the store refused the write (else None).
+    renew_fault: BaseException | None
+    #: ``safe_until`` of the lease: ``(monotonic, wall)``.
+    lease_until: tuple[float, float]
 
     @property
     def in_flight(self) -> Mapping[str, Any]: ...
+
+    def lease_ok(self) -> bool: ...
+
+    def renewed(self, lease: Lease, t0: float) -> None: ...
 
     def lose_lease(self, exc: LeaseLost) -> None: ...
 
@@ -61,6 +127,9 @@ class LeaseKeeper:
         self._active: dict[int, tuple[Leased, asyncio.AbstractEventLoop]] = {}
         self._busy = threading.Lock()  # held through a round of renewals
         self._thread: threading.Thread | None = None
+        # On the loops, one timer per invocation at the instant its lease stops being safe
+        # (touched only on the loop: add, remove and the timer itself).
+        self._watches: dict[int, asyncio.TimerHandle] = {}
 
     def add(self, inv: Leased) -> None:
         """Keep ``inv``'s lease from now on (called on the invocation's loop)."""
@@ -70,22 +139,54 @@ class LeaseKeeper:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
+        self._watch_at(inv, loop)
 
     def remove(self, inv: Leased) -> None:
         """Stop keeping ``inv``'s lease. Returns once no renewal of it is in progress, so
         a release that follows is never undone by a late renewal."""
+        watch = self._watches.pop(id(inv), None)
+        if watch is not None:
+            watch.cancel()
         with self._lock:
             self._active.pop(id(inv), None)
         with self._busy:
             pass
+
+    # -- on the loop: a lease that stops being safe while the thread cannot tell (it waits
+    # on a renewal the store does not answer), or that expired while the process was stopped
+
+    def _watch_at(self, inv: Leased, loop: asyncio.AbstractEventLoop) -> None:
+        mono, wall = inv.lease_until
+        now = time.monotonic()
+        left = min(mono - now, wall - time.time())
+        self._watches[id(inv)] = loop.call_at(loop.time() + max(left, 0.0), self._watch, inv, loop)
+
+    def _watch(self, inv: Leased, loop: asyncio.AbstractEventLoop) -> None:
+        """The instant ``inv``'s lease stops being safe, unless the keeper renewed it
+        meanwhile: then the watch moves to the renewed lease's instant. A timer of the loop,
+        so after a stop it runs in the same turn as the timers of the bodies' ``await``s
+        that expired with it, and cancels those bodies before they take their step."""
+        key = id(inv)
+        if self._watches.pop(key, None) is None:
+            return  # removed meanwhile
+        if inv.lease_ok():
+            self._watch_at(inv, loop)
+            return
+        with self._lock:
+            self._active.pop(key, None)
+        inv.lose_lease(lease_expired(inv.lease.session_id))
+
+    # -- the thread
 
     def _run(self) -> None:
         hb = self.heartbeat_interval
         tick = min(self.period, hb) if hb > 0 else self.period
         last_renew = last_beat = time.monotonic()
         idle = False
+        wait = tick
         while True:
-            time.sleep(tick)
+            time.sleep(wait)
+            wait = tick
             with self._lock:
                 if not self._active:
                     if idle:  # a whole tick without work: end (the next add starts anew)
@@ -97,11 +198,12 @@ class LeaseKeeper:
             now = time.monotonic()
             renew = now - last_renew >= self.period * 0.99
             beat = hb > 0 and now - last_beat >= hb * 0.99
-            if not (renew or beat):
-                continue
             with self._busy:
                 with self._lock:
                     items = list(self._active.items())
+                # A lease no longer safe by this process's clocks (a late tick, renewals
+                # that failed) is not renewed: its invocation stops (LeaseExpired).
+                items = self._unsafe(items)
                 # One round, whatever the number of sessions: one store call (one
                 # transaction) renews every lease, one more writes every heartbeat.
                 if renew:
@@ -109,18 +211,27 @@ class LeaseKeeper:
                     self._mail(items)
                 if beat:
                     self._beat(items)
+                soonest = min((inv.lease_until[0] for _key, (inv, _loop) in items), default=None)
             if renew:
                 last_renew = now
             if beat:
                 last_beat = now
+            if soonest is not None:  # wake when a lease whose renewals failed stops being safe
+                wait = min(tick, max(soonest - time.monotonic(), 0.001))
 
     def _renew(self, items: list[_Item]) -> list[_Item]:
         """Renew the leases of ``items``; returns those still held. A lost one is handed to
         its invocation's loop."""
+        if not items:
+            return items
+        t0 = time.monotonic()  # the renewed leases are safe until t0 + lease_s (safe_until)
         try:
             results = self.store.renew_many([inv.lease for _key, (inv, _loop) in items], self.lease_s)
         except Exception as exc:  # a store hiccup: the leases still have two thirds of their time
-            log.warning("could not renew the leases of %d sessions: %s", len(items), describe_exception(exc))
+            log.log(_level(exc), "could not renew the leases of %d sessions: %s", len(items), describe_exception(exc))
+            if isinstance(exc, StoreNotWritable):
+                for _key, (inv, _loop) in items:
+                    inv.renew_fault = exc  # why their leases may end: the store, not a takeover
             return items
         held = []
         for (key, (inv, loop)), result in zip(items, results):
@@ -129,7 +240,7 @@ class LeaseKeeper:
                     self._active.pop(key, None)
                 _call_on(loop, inv.lose_lease, result)
             else:
-                inv.lease = result
+                inv.renewed(result, t0)
                 held.append((key, (inv, loop)))
         return held
 
@@ -148,6 +259,19 @@ class LeaseKeeper:
             if inv.lease.session_id in mailed:
                 _call_on(loop, inv.mail_arrived)
 
+    def _unsafe(self, items: list[_Item]) -> list[_Item]:
+        """Hand the invocations of ``items`` whose leases are no longer safe their
+        ``LeaseExpired``; returns the others."""
+        kept = []
+        for key, (inv, loop) in items:
+            if inv.lease_ok():
+                kept.append((key, (inv, loop)))
+                continue
+            with self._lock:
+                self._active.pop(key, None)
+            _call_on(loop, inv.lose_lease, lease_expired(inv.lease.session_id, inv.renew_fault))
+        return kept
+
     def _beat(self, items: list[_Item]) -> None:
         """Write the heartbeats of the runs in flight in ``items``."""
         beats: dict[str, list[str]] = {}
@@ -163,7 +287,13 @@ class LeaseKeeper:
         try:
             self.store.heartbeat_many(beats)
         except Exception as exc:  # a missed heartbeat must not kill the run
-            log.warning("heartbeats failed for %d sessions: %s", len(beats), describe_exception(exc))
+            log.log(_level(exc), "heartbeats failed for %d sessions: %s", len(beats), describe_exception(exc))
+
+
+def _level(exc: BaseException) -> int:
+    """A store that refuses writes reaches the invocation at its next append (and a worker
+    says it once per episode): the keeper notes it at INFO, not at every round."""
+    return logging.INFO if isinstance(exc, StoreNotWritable) else logging.WARNING
 
 
 def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:

@@ -11,6 +11,14 @@ An invocation that cannot record any more (an append failed, or its lease was lo
 *halted*: it appends nothing more, its in-memory state is never used again, and the
 signal :class:`Halted` unwinds its runs as cancellations up to the runner, which raises
 the original error to the caller.
+
+An invocation acts only while its lease is safe by its own clocks (``lease.py``,
+:func:`~flowscope.engine.lease.safe_until`): :meth:`Recorder.check_lease` runs before a
+node body starts, before a retry's next attempt and before every flush, a read of each
+clock and no store call. A lease found unsafe there, by the lease keeper (its thread, or its
+timer on the loop at the lease's safe end) or by :meth:`Runner.check_leases
+<flowscope.engine.runner.Runner.check_leases>` halts the invocation with
+:class:`~flowscope.errors.LeaseExpired` and cancels its runs in flight.
 """
 
 from __future__ import annotations
@@ -26,13 +34,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, overload
 
 from ..errors import ErrorInfo, OutputNotSerializableError, Redactor, StateNotSerializableError, classify
 from ..events import Event, RunFinished
-from ..fold import WorkflowState
-from ..jsontext import dumps_finite
+from ..fold import OPEN_STATES, WorkflowState, containers
+from ..jsontext import depth_over, dumps_finite, too_deep
 from ..ownership import Lease
 from ..store.base import EventStore
 from .commit import GroupCommit
 from .context import NodeContext, RunInfo
 from .hooks import PluginDispatcher
+from .lease import lease_expired, safe_until
 
 __all__ = ["Recorder", "Halted", "TrackedState", "NodeResult", "json_value"]
 
@@ -99,20 +108,26 @@ def json_value(value: Any, what: str, error: type[Exception] = OutputNotSerializ
     Values pass the JSON boundary once, here, when they are recorded: what a node, a
     ``RunResult`` or a resumed run sees is this value, live and after resume alike (a
     tuple is a list, an int key a str key). NaN and ±Infinity are refused (they are not
-    JSON), and so is anything nested too deep to encode. JSON scalars are returned as they
+    JSON), and so is anything nested deeper than ``MAX_DEPTH`` (flowscope.jsontext: one
+    limit, for every value recorded, whoever records it). JSON scalars are returned as they
     and containers of them are returned as they are, without a round trip (a type check
     per element: the common case).
     """
     if _native(value, 0):
         return value
     try:
-        return _loads(_dumps(value))
+        text = _dumps(value)
+        out = _loads(text)
     except _JSON_ERRORS as exc:
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        if isinstance(exc, RecursionError):
+            raise error(too_deep(what)) from None
         raise error(
-            f"{what} is a {type(value).__name__} that is not JSON-serialisable ({reason:.200}); "
+            f"{what} is a {type(value).__name__} that is not JSON-serialisable ({str(exc):.200}); "
             "return JSON data: dict with str keys, list, str, finite number, bool or None"
         ) from None
+    if depth_over(out, text):
+        raise error(too_deep(what))
+    return out
 
 
 class Halted(BaseException):
@@ -226,11 +241,21 @@ class Recorder:
         resumed: bool,
         on_event: Callable[[Event], None] | None,
         lease: Lease,
+        lease_s: float,
         commits: GroupCommit | None = None,
     ) -> None:
         self.store = store
         self.commits = commits if commits is not None else GroupCommit(store)
         self.lease = lease  # renewed by the runner's lease keeper, from its thread
+        self.lease_s = lease_s
+        #: Until when the lease is safe, (monotonic, wall): one tuple, replaced whole by
+        #: the keeper's thread, so the loop never reads half of a renewal.
+        self.lease_until = safe_until(lease, lease_s)
+        #: Why the keeper's last renewal failed, if the store refused the write (a full disk).
+        self.renew_fault: BaseException | None = None
+        #: The tasks of parallel branches running now (``Invocation._step``): a lost lease
+        #: cancels them at once, not only when the root task gets to it.
+        self.branches: set[asyncio.Task[Any]] = set()
         self.epoch = lease.epoch  # every append is fenced by it
         self.plugins = plugins
         self.hooks = plugins.has_node_hooks
@@ -274,8 +299,18 @@ class Recorder:
                 continue  # an enclosing run: ready when a descendant is
             if (status == "waiting_input" and not ns.requests) or (status == "waiting_job" and ns.jobs and not ns.open_jobs):
                 self.mark_answered(ns.path)
+        #: Runs the log leaves open that contain another open run (containers, counted once
+        #: at the deepest path, docs/design.md): a crash cut off the run inside, so
+        #: re-entering one of these is not a recovery of its own.
+        open_paths = [p for p, ns in ws.nodes.items() if ns.status in OPEN_STATES]
+        self.containers = containers(open_paths) if len(open_paths) > 1 else set()
+        deepest_running = self.statuses["running"] - sum(1 for p in self.containers if ws.nodes[p].status == "running")
         self.replayed = 0
         self.recovered = 0
+        #: The ids of this session's last invocations in this process that halted on a
+        #: store error (set by the runner): the runs they left open were cut off by the
+        #: halt, cancelled though it could not be recorded, not by a crash.
+        self.cut_off: frozenset[str] = frozenset()
         self.on_event = on_event
         self.root_task: asyncio.Future[Any] | None = None
         self.run = RunInfo(
@@ -287,7 +322,7 @@ class Recorder:
             started_at=time.time(),
             previous_trace_context=dict(ws.trace_context),
             replayed=self.statuses["completed"],
-            recovered=self.statuses["running"],
+            recovered=deepest_running,
             plugins=plugins.names,
             store=store,
         )
@@ -329,6 +364,9 @@ class Recorder:
         batch = self.buffer
         if not batch or self.halted is not None:
             return
+        mono, wall = self.lease_until
+        if time.monotonic() >= mono or time.time() >= wall:
+            self.check_lease()  # the lease may have expired: record nothing (raises Halted)
         self.buffer = []
         expected, self.submitted_seq = self.submitted_seq, batch[-1].seq
         fut = self.commits.submit(self, self.session_id, batch, expected, self.epoch)
@@ -358,14 +396,51 @@ class Recorder:
         self.buffer = []
 
     def lose_lease(self, exc: BaseException) -> None:
-        """Called on the loop when the lease keeper finds the lease taken over: halt, and
-        cancel the runs (a cancellation, never a failure)."""
+        """Called on the loop when the lease is gone (taken over, or no longer safe): halt,
+        and cancel the runs (a cancellation, never a failure).
+
+        Every branch task is cancelled here, not only the root: a branch woken by its timer
+        in the same loop turn would otherwise take its step (the rest of its body up to its
+        next ``await``) before the root's cancellation reached it. Called from the keeper
+        (``call_soon_threadsafe``) or from a signal handler (:meth:`Runner.check_leases
+        <flowscope.engine.runner.Runner.check_leases>`): it takes no lock and calls no store.
+        """
         if self.halted is not None:
             return
         self.halt(exc)
-        task = self.root_task
-        if task is not None and not task.done():
-            task.cancel()
+        self._cancel_runs(None)
+
+    def _cancel_runs(self, spare: asyncio.Task[Any] | None) -> None:
+        """Cancel the root task and every branch task but ``spare``."""
+        for task in (self.root_task, *self.branches):
+            if task is not None and task is not spare and not task.done():
+                task.cancel()
+
+    def lease_ok(self) -> bool:
+        """Is the lease still safe by this process's clocks (``lease.py``)?"""
+        mono, wall = self.lease_until
+        return time.monotonic() < mono and time.time() < wall
+
+    def renewed(self, lease: Lease, t0: float) -> None:
+        """The keeper renewed the lease (requested at monotonic ``t0``). Its thread calls this."""
+        self.lease_until = safe_until(lease, self.lease_s, t0)
+        self.lease = lease
+        self.renew_fault = None
+
+    def check_lease(self) -> None:
+        """Go on only if this invocation may still act: raise :class:`Halted` if it is
+        halted, or if its lease is no longer safe (then it halts with ``LeaseExpired`` and
+        its other runs are cancelled). Called before every node body, every retry's next
+        attempt and every flush: a read of each clock, no store call."""
+        if self.halted is None:
+            mono, wall = self.lease_until
+            if time.monotonic() < mono and time.time() < wall:
+                return
+            self.halt(lease_expired(self.session_id, self.renew_fault))
+            self._cancel_runs(asyncio.current_task())  # this one unwinds by the Halted below
+        error = self.halted
+        assert error is not None
+        raise Halted(error) from error
 
     def mail_arrived(self) -> None:
         """Called on the loop when the session's inbox has a message (see :mod:`.inbox`)."""

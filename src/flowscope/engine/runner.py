@@ -26,6 +26,8 @@ from ..errors import (
     LeaseLost,
     ResumeError,
     SessionCancelledError,
+    StoreError,
+    StoreNotWritable,
     UnknownSessionError,
     Redactor,
     WorkflowError,
@@ -43,13 +45,16 @@ from .graph import MAX_SESSION_ID, Workflow, check_name
 from .hooks import Plugin, PluginDispatcher
 from .inbox import read_inbox, take_in
 from .invocation import Invocation
-from .lease import LeaseKeeper
+from .lease import LeaseKeeper, lease_expired
 from .pauses import Answer, validate_answers
 from .record import Halted, NodeResult, json_value
 
 __all__ = ["Runner", "RunResult"]
 
 log = logging.getLogger("flowscope.engine")
+
+#: How many sessions a runner remembers as cut off by a store fault (Runner._cut_off).
+_CUT_OFF_SESSIONS = 65536
 
 
 class Runner:
@@ -113,6 +118,11 @@ class Runner:
         self.heartbeat_interval = heartbeat_interval
         self.rng = random.Random(seed)
         self._active: dict[str, Invocation] = {}
+        #: session -> the ids of its last invocations here, which halted on a store error
+        #: (not a lost lease), one after the other: the next invocation here knows the open
+        #: runs they started were cut off by a halt, not by a crash (Recorder.cut_off).
+        #: Bounded: oldest session dropped first.
+        self._cut_off: dict[str, frozenset[str]] = {}
         self.lease_s = lease_s
         self.owner = this_process(worker_id, ships_spans=self.plugins.ships_spans)
         self._commits = GroupCommit(self.store)  # appends of concurrent sessions share transactions
@@ -217,6 +227,23 @@ class Runner:
         inv.root_task.cancel()
         return True
 
+    def check_leases(self) -> int:
+        """Stop now every invocation of this runner whose lease is no longer safe by this
+        process's own clocks (``engine/lease.py``): it halts with ``LeaseExpired``, its runs
+        are cancelled at their ``await`` and it records nothing more. Returns how many.
+
+        Two clock reads per invocation, no store call and no lock, so it may be called
+        from a signal handler in the loop's thread: :class:`~flowscope.Worker` calls it on
+        SIGCONT, which Python runs before the loop steps the tasks whose timers expired
+        while the process was stopped.
+        """
+        stopped = 0
+        for inv in list(self._active.values()):
+            if inv.halted is None and not inv.lease_ok():
+                inv.lose_lease(lease_expired(inv.session_id))
+                stopped += 1
+        return stopped
+
     # -- internals ----------------------------------------------------------------------
 
     async def _stream(self, start: Callable[[Callable[[Event], None]], Any]) -> AsyncIterator[Event]:
@@ -303,7 +330,10 @@ class Runner:
         try:
             self.store.release(lease)
         except Exception as exc:  # best effort: an expired lease frees the session anyway
-            log.warning("could not release the lease of session %s: %s", lease.session_id, describe_exception(exc))
+            # A store that refuses writes is the caller's error already (a worker says it
+            # once per episode): no second warning per session.
+            level = logging.INFO if isinstance(exc, StoreNotWritable) else logging.WARNING
+            log.log(level, "could not release the lease of session %s: %s", lease.session_id, describe_exception(exc))
 
     def _read_mail(self, inv: Invocation) -> None:
         """The session's inbox has mail while it runs here: a cancel stops the run now
@@ -408,9 +438,11 @@ class Runner:
             resumed=not first,
             on_event=on_event,
             lease=lease,
+            lease_s=self.lease_s,
             commits=self._commits,
         )
         inv.on_mail = lambda: self._read_mail(inv)
+        inv.cut_off = self._cut_off.pop(session_id, frozenset())
         self._active[session_id] = inv
         self._commits.active += 1
         self._keeper.add(inv)
@@ -433,8 +465,14 @@ class Runner:
             # A failed append or a lost lease: that is what the caller gets, whatever
             # the runs did after it (they stopped, and nothing more was recorded).
             result, error = None, halted
-            if isinstance(halted, LeaseLost) and plugins.wants("on_lease_lost"):
-                await plugins.call("on_lease_lost", session_id, self.workflow.name)
+            if isinstance(halted, LeaseLost):
+                if plugins.wants("on_lease_lost"):
+                    await plugins.call("on_lease_lost", session_id, self.workflow.name)
+            if isinstance(halted, StoreError) or isinstance(halted.__cause__, StoreNotWritable):
+                # cut off by the store (a failed append, or renewals it refused): not a crash
+                self._cut_off[session_id] = inv.cut_off | {inv.invocation_id}
+                if len(self._cut_off) > _CUT_OFF_SESSIONS:
+                    self._cut_off.pop(next(iter(self._cut_off)))
         if isinstance(error, ConcurrencyConflict):
             await self._conflict(session_id)
         if plugins.wants("after_run"):

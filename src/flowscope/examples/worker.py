@@ -109,6 +109,20 @@ def kill_worker(proc: subprocess.Popen[bytes]) -> str:
     return (err or b"").decode(errors="replace").strip()
 
 
+def _open(db: str) -> Any:
+    """The store at ``db``: psycopg is imported only for a ``postgresql://`` URL, so a SQLite
+    file works on an install without the ``postgres`` extra."""
+    from ..store.postgres.dsn import is_postgres_url  # no psycopg
+
+    if is_postgres_url(db):
+        from ..store.postgres import PostgresEventStore
+
+        return PostgresEventStore(db)
+    from ..store.sqlite import SqliteEventStore
+
+    return SqliteEventStore(db)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flowscope.examples.worker", description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", required=True, help="the SQLite file, or a postgresql:// URL")
@@ -117,10 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat", type=float, default=0.2, help="the runner's heartbeat interval in seconds")
     args = parser.parse_args(argv)
 
-    from ..store import EventStore, PostgresEventStore, SqliteEventStore
-    from ..store.postgres.dsn import is_postgres_url
-
-    store: EventStore = PostgresEventStore(args.db) if is_postgres_url(args.db) else SqliteEventStore(args.db)
+    store = _open(args.db)
     try:
         runner = Runner(nightly_export, store=store, heartbeat_interval=args.heartbeat)
         result = runner.run_sync(export_input(args.hang), session_id=args.session)

@@ -27,13 +27,12 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from .. import __version__
 from ..events import Event
 from ..liveness import SPAN_HANDOVER_S, owner_alive, ships_own_spans
 from . import otlp
 from .log_spans import rebuild, span_id_for, trace_id_for
 from .otlp import guess_protocol
-from .shipping import readable_span, unshipped
+from .shipping import flowscope_scope, last_heartbeat, readable_span, record_resource, unshipped
 from .spans import INCOMPLETE
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,23 +65,34 @@ class ExportError(Exception):
 # --------------------------------------------------------------------------- OTLP
 
 
-def session_spans(events: Iterable[Event], service_name: str = "flowscope") -> list[ReadableSpan]:
+def session_spans(
+    events: Iterable[Event], service_name: str = "flowscope", *, lost: bool = False, alive_at: float | None = None
+) -> list[ReadableSpan]:
     """The session's spans as SDK ``ReadableSpan`` objects (what an exporter takes): the
     records of :func:`~flowscope.observability.log_spans.rebuild`, converted as the live
-    plugin converts them (:func:`~flowscope.observability.shipping.readable_span`)."""
+    plugin converts them (:func:`~flowscope.observability.shipping.readable_span`).
+
+    Each invocation's spans carry the resource its process recorded in ``RunStarted``
+    (its ``service.name`` and the rest), else ``service.name=service_name``. ``lost``: the
+    session's owner is gone, so a run the log does not end is an error (its worker lost),
+    ending at ``alive_at`` (its last heartbeat) when that is later than its last event."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    resource = Resource({SERVICE_NAME: service_name})  # no detectors: the same output everywhere
-    scope = InstrumentationScope("flowscope", __version__)
-    return [readable_span(r, resource, scope) for r in rebuild(events)]
+    default = Resource({SERVICE_NAME: service_name})  # no detectors: the same output everywhere
+    scope = flowscope_scope()
+    return [
+        readable_span(r, default if r.resource is None else record_resource(r.resource), scope)
+        for r in rebuild(events, lost, alive_at)
+    ]
 
 
-def export_request(events: Iterable[Event], service_name: str = "flowscope") -> ExportTraceServiceRequest:
+def export_request(
+    events: Iterable[Event], service_name: str = "flowscope", *, lost: bool = False, alive_at: float | None = None
+) -> ExportTraceServiceRequest:
     """The session's spans as an OTLP ``ExportTraceServiceRequest`` (what the exporters send)."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    return encode_spans(session_spans(events, service_name))
+    return encode_spans(session_spans(events, service_name, lost=lost, alive_at=alive_at))
 
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
@@ -110,9 +120,11 @@ def to_otlp_json(request: ExportTraceServiceRequest) -> str:
     return json.dumps(d, indent=2, ensure_ascii=False) + "\n"
 
 
-def export_json(events: Iterable[Event], service_name: str = "flowscope") -> str:
+def export_json(
+    events: Iterable[Event], service_name: str = "flowscope", *, lost: bool = False, alive_at: float | None = None
+) -> str:
     """OTLP/JSON of the session's spans; the same log always gives the same text."""
-    return to_otlp_json(export_request(events, service_name))
+    return to_otlp_json(export_request(events, service_name, lost=lost, alive_at=alive_at))
 
 
 def _hex_to_b64(value: str) -> str:
@@ -203,10 +215,9 @@ def ship_store(
 
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace.export import SpanExportResult
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    resource = Resource({SERVICE_NAME: service_name})
-    scope = InstrumentationScope("flowscope", __version__)
+    default = Resource({SERVICE_NAME: service_name})  # for invocations that recorded no resource
+    scope = flowscope_scope()
     todo = store.unexported()  # the sessions whose log moved past their watermark, and it
     if sessions is not None:
         wanted = set(sessions)
@@ -236,9 +247,11 @@ def ship_store(
         if not events:
             continue
         ended = not owner_alive(info.owner, info.lease_expires_at, now)
-        records, _ = unshipped(events, mark, ended)
+        records, _ = unshipped(events, mark, ended, last_heartbeat(store, sid) if ended else None)
         # Every span the log ended up to its last event goes out; the ones still open end later.
-        batch.extend(readable_span(r, resource, scope) for r in records if r.sampled)
+        batch.extend(
+            readable_span(r, default if r.resource is None else record_resource(r.resource), scope) for r in records if r.sampled
+        )
         waiting[sid] = events[-1].seq
         if len(batch) >= FOLLOW_BATCH_SPANS:
             send()

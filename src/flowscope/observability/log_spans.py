@@ -24,6 +24,7 @@ both sets of attributes, docs/telemetry.md).
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Iterable, Mapping
@@ -34,6 +35,7 @@ from ..events import (
     TERMINAL_TYPES,
     Event,
     JobDispatched,
+    JobResultReceived,
     NodeCompleted,
     NodeErrorEvent,
     NodeErrorPropagated,
@@ -53,11 +55,21 @@ __all__ = [
     "invocation_context",
     "traceparent",
     "PARENT_KEY",
+    "RESOURCE_KEY",
+    "ResourceKey",
+    "resource_of",
 ]
 
 #: The key of ``RunStarted.trace_context`` that holds the span id (hex) of the caller's
 #: span an invocation was started in; ``traceparent`` holds the invocation's own context.
 PARENT_KEY = "flowscope.parent_span_id"
+#: The key of ``RunStarted.trace_context`` that holds the resource attributes (a JSON
+#: object) of the process that ran the invocation, so that its spans keep that resource
+#: (``service.name`` and the rest) when another process ships them after it died.
+RESOURCE_KEY = "flowscope.resource"
+
+#: Resource attributes as a hashable, ordered value: ``((key, value), ...)``.
+ResourceKey = tuple[tuple[str, AttributeValue], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +96,9 @@ class SpanRecord:
     sampled: bool = True
     trace_state: str = ""
     session_id: str = ""
+    #: the resource of the process that ran the invocation, as its ``RunStarted`` recorded
+    #: it (None: not recorded; the shipping process's own, or export's ``service.name``)
+    resource: ResourceKey | None = None
 
 
 # --------------------------------------------------------------------------- ids
@@ -136,6 +151,26 @@ def invocation_context(session_id: str, invocation_id: str, trace_context: Mappi
     return trace_id, parent, sampled, trace_context.get("tracestate", "")
 
 
+def _attribute_value(v: object) -> bool:
+    if isinstance(v, (str, bool, int, float)):
+        return True
+    return isinstance(v, list) and all(isinstance(x, (str, bool, int, float)) for x in v)
+
+
+@lru_cache(maxsize=256)
+def resource_of(raw: str) -> ResourceKey | None:
+    """The resource attributes recorded under :data:`RESOURCE_KEY` (a JSON object), or None
+    when there are none or they cannot be read."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    out = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in data.items() if isinstance(k, str) and _attribute_value(v)))
+    return out or None
+
+
 # --------------------------------------------------------------------------- the walk
 
 
@@ -170,6 +205,10 @@ class _Invocation:
     root_end: sp.SpanEnd | None = None
     last_ts: float = 0.0
     last_seq: int = 0
+    resource: ResourceKey | None = None
+    #: job results appended before the run they answer started (a resume appends them
+    #: first): path -> their span events, for the span of that path's next run
+    jobs: dict[str, list[JobResultReceived]] = field(default_factory=dict)
 
 
 Emit = Callable[[SpanRecord], None]
@@ -202,7 +241,7 @@ class SpanWalk:
             return
         if inv is None:
             if isinstance(e, NodeErrorEvent):
-                self.errors[e.path] = (e.error_type, e.error_message)
+                self.errors[e.path] = (sp.error_type_of(e), e.error_message)
             return  # outside any invocation we saw begin: nothing to hang it on
         if isinstance(e, RunFinished):
             self._finish_invocation(inv, e)
@@ -210,6 +249,12 @@ class SpanWalk:
             self._start_node(inv, e)
         elif e.path:
             span = inv.open.get(e.path)
+            if isinstance(e, JobResultReceived):
+                if span is None or span is inv.span:  # the run it answers starts next
+                    inv.jobs.setdefault(e.path, []).append(e)
+                else:
+                    span.events.append(sp.job_result_event(e, max(e.ts, span.start)))
+                return
             if span is None:
                 return
             if isinstance(e, NodeRetrying):
@@ -218,7 +263,7 @@ class SpanWalk:
             elif e.type in TERMINAL_TYPES:
                 span.terminal = e
                 if isinstance(e, NodeErrorEvent):
-                    inv.errors[e.path] = self.errors[e.path] = (e.error_type, e.error_message)
+                    inv.errors[e.path] = self.errors[e.path] = (sp.error_type_of(e), e.error_message)
                 if e.path == inv.root:
                     inv.root_end = self._node_end(inv, span)
                 elif not isinstance(e, JobDispatched):
@@ -231,7 +276,7 @@ class SpanWalk:
 
     def _start_invocation(self, e: RunStarted) -> None:
         for old in list(self.invocations.values()):  # a new invocation began: any still open ended with its process
-            self._abandon(old)
+            self._abandon(old, lost=True)
         trace_id, parent, sampled, state = invocation_context(self.session, e.invocation_id, e.trace_context)
         self._order += 1
         span = _Open(
@@ -244,7 +289,10 @@ class SpanWalk:
             order=self._order,
             links=(self.previous,) if e.resumed and self.previous is not None else (),
         )
-        self.invocations[e.invocation_id] = _Invocation(e.invocation_id, span, sampled, state, last_ts=e.ts, last_seq=e.seq)
+        raw = e.trace_context.get(RESOURCE_KEY)
+        self.invocations[e.invocation_id] = _Invocation(
+            e.invocation_id, span, sampled, state, last_ts=e.ts, last_seq=e.seq, resource=resource_of(raw) if raw else None
+        )
         self.previous = (trace_id, span.span_id)
 
     def _finish_invocation(self, inv: _Invocation, e: RunFinished) -> None:
@@ -260,21 +308,24 @@ class SpanWalk:
             error = sp.RunError(error_type, code or sp.UNKNOWN_ERROR_CODE, message, path)
         self._close_invocation(inv, sp.invocation_end(e.status, error), e.ts, e.seq)
 
-    def _abandon(self, inv: _Invocation) -> None:
-        """End an invocation that has no ``RunFinished`` (its process died, or stopped
-        recording): its runs and itself are incomplete, ended at its last event."""
+    def _abandon(self, inv: _Invocation, lost: bool = False, alive_at: float | None = None) -> None:
+        """End an invocation that has no ``RunFinished``: its runs and itself are
+        incomplete. ``lost``: its process died, so they are errors (``error.type``
+        :data:`~.spans.WORKER_LOST`), ended at the last sign of life: ``alive_at`` (the
+        store's latest heartbeat of its runs) when that is later than its last event."""
+        at = inv.last_ts if alive_at is None or alive_at < inv.last_ts else alive_at
         for span in list(inv.open.values()):
             if span is not inv.span:
-                self._finish_node(inv, span, inv.last_seq, finished=False)
-        self._close_invocation(inv, sp.unfinished_invocation_end(), inv.last_ts, inv.last_seq)
+                self._finish_node(inv, span, inv.last_seq, finished=False, lost=lost, at=at)
+        self._close_invocation(inv, sp.unfinished_invocation_end(lost), at, inv.last_seq, lost)
 
-    def _close_invocation(self, inv: _Invocation, end: sp.SpanEnd, at: float, seq: int) -> None:
+    def _close_invocation(self, inv: _Invocation, end: sp.SpanEnd, at: float, seq: int, lost: bool = False) -> None:
         del self.invocations[inv.id]
         span = inv.span
         if inv.root_start is not None:  # one span for the invocation and its top workflow's run
             root_end = inv.root_end
             if root_end is None:
-                root_end = sp.unfinished_node_end(invocation_finished=end.attributes.get(sp.INCOMPLETE) is None)
+                root_end = sp.unfinished_node_end(invocation_finished=end.attributes.get(sp.INCOMPLETE) is None, lost=lost)
             span.attributes = {**span.attributes, **inv.root_start}
             span.events.extend(root_end.events)
             end = sp.SpanEnd(
@@ -293,24 +344,27 @@ class SpanWalk:
             self._finish_node(inv, old, e.seq)
         if not e.parent_path and not inv.root:  # the top workflow's run: the invocation's span
             inv.root = path
-            inv.root_start = sp.node_attributes(e.node, path, e.kind)
+            inv.root_start = sp.node_attributes(e.node, path, e.kind, self.session)
             inv.open[path] = inv.span
             inv.span.attempt = e.attempt
             inv.span.recovered = bool(e.recovered)
             return
         parent = inv.open.get(e.parent_path) if e.parent_path else None
         self._order += 1
-        inv.open[path] = _Open(
+        span = inv.open[path] = _Open(
             name=sp.node_span_name(e.kind, e.node),
             trace_id=inv.span.trace_id,
             span_id=span_id_for(self.session, e.invocation_id, path, e.attempt),
             parent_id=(parent or inv.span).span_id,
             start=e.ts,
-            attributes=sp.node_attributes(e.node, path, e.kind),
+            attributes=sp.node_attributes(e.node, path, e.kind, self.session),
             order=self._order,
             attempt=e.attempt,
             recovered=bool(e.recovered),
         )
+        if inv.jobs:
+            for job in inv.jobs.pop(path, ()):
+                span.events.append(sp.job_result_event(job, max(job.ts, span.start)))
 
     def _node_end(self, inv: _Invocation, span: _Open) -> sp.SpanEnd:
         ev = span.terminal
@@ -322,9 +376,11 @@ class SpanWalk:
         count = ev.attempt_count if isinstance(ev, (NodeCompleted, NodeErrorEvent, NodeErrorPropagated)) else 0
         return sp.node_end(ev, count or span.attempt, span.recovered, origin)
 
-    def _finish_node(self, inv: _Invocation, span: _Open, seq: int, finished: bool = True) -> None:
+    def _finish_node(
+        self, inv: _Invocation, span: _Open, seq: int, finished: bool = True, lost: bool = False, at: float | None = None
+    ) -> None:
         if span.terminal is None:  # no terminal event: cancelled with its invocation, or its process died
-            self._close(span, sp.unfinished_node_end(finished), inv.last_ts, seq, inv)
+            self._close(span, sp.unfinished_node_end(finished, lost), inv.last_ts if at is None else at, seq, inv)
         else:
             self._close(span, self._node_end(inv, span), span.terminal.ts, seq, inv)
 
@@ -346,28 +402,32 @@ class SpanWalk:
                 sampled=inv.sampled,
                 trace_state=inv.trace_state,
                 session_id=self.session,
+                resource=inv.resource,
             )
         )
 
-    def close_all(self) -> None:
-        """End every invocation still open as incomplete."""
+    def close_all(self, lost: bool = False, alive_at: float | None = None) -> None:
+        """End every invocation still open as incomplete; ``lost``: their process died (see
+        :meth:`_abandon`; ``alive_at`` is its last sign of life in the store)."""
         for inv in list(self.invocations.values()):
-            self._abandon(inv)
+            self._abandon(inv, lost, alive_at)
 
     def close(self, invocation_id: str) -> None:
-        """End one invocation still open as incomplete (it stopped recording)."""
+        """End one invocation still open as incomplete (it stopped recording, in a process
+        that lives: the store failed, or the lease was lost)."""
         inv = self.invocations.get(invocation_id)
         if inv is not None:
             self._abandon(inv)
 
 
-def rebuild(events: Iterable[Event]) -> list[SpanRecord]:
+def rebuild(events: Iterable[Event], lost: bool = False, alive_at: float | None = None) -> list[SpanRecord]:
     """The spans of a session's log, in start order; an invocation the log does not end is
-    incomplete."""
+    incomplete, and an error (its worker lost) when ``lost`` says its owner is gone, ending at
+    ``alive_at`` (its last heartbeat) when that is later than its last event."""
     out: list[tuple[int, SpanRecord]] = []
     walk = SpanWalk(lambda r: out.append((walk.closing, r)))
     for e in events:
         walk.apply(e)
-    walk.close_all()
+    walk.close_all(lost, alive_at)
     out.sort(key=lambda p: p[0])
     return [r for _, r in out]

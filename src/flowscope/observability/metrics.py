@@ -18,6 +18,19 @@ top-level workflow, also for nodes of nested workflows. Node outcomes use the sp
 vocabulary (success, failure, timeout, cancellation, waiting); workflow outcomes are
 ``RunFinished.status`` (completed, failed, paused, cancelled).
 
+Counted once, at the deepest path (docs/design.md): the invocation's own run is
+``flowscope_workflow_runs_total`` and no node series; a run whose failure or pause comes
+from a descendant (a nested workflow, the parent of a dynamic child) is a container and
+adds no node outcome: one declined card is one failure, of the node that raised.
+
+Job results (``flowscope_job_results_total``) are counted where they are recorded: in the
+log. A result reported by another process (``flowscope resume --job``,
+``flowscope.answer()``) is never seen by this plugin, so a fleet counts them from the
+store (:class:`~flowscope.observability.store_collector.StoreCollector`: ``serve-metrics``,
+``demo``); ``MetricsPlugin(job_results=False)`` leaves them to it, as the CLI's worker
+does, so that no result is counted twice. The default counts the results this process's
+invocations record, for a process that runs without a StoreCollector.
+
 Duration histograms carry a ``trace_id`` exemplar (with ``span_id``) of the run's own
 span: the W3C ``traceparent`` a tracing plugin put in ``ctx.trace_context`` /
 ``run.trace_context``, or else the current span (with ``plugins=[TracingPlugin(),
@@ -41,6 +54,7 @@ from opentelemetry.trace import SpanContext, get_current_span
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from .. import __version__
+from ..fold import from_descendant
 from ..plugins import HOOKS, Plugin
 from .labels import DEFAULT_MAX_SERIES, LabelBudget, code_label
 from .lean_prom import LeanCounter, LeanGauge, LeanHistogram
@@ -438,12 +452,19 @@ class MetricsPlugin(Plugin):
     an OpenTelemetry ``MeterProvider`` to record the same instruments under dotted names.
     ``max_series``: the label sets each metric keeps; new ones beyond it are folded into
     ``_other`` and counted in ``flowscope_metrics_overflow_total{metric}`` (R13).
+    ``job_results=False``: leave ``flowscope_job_results_total`` to a StoreCollector, which
+    counts every result in the log, whichever process recorded it (see the module docs).
     """
 
     name = "metrics"
 
     def __init__(
-        self, registry: CollectorRegistry | None = None, meter_provider: Any = None, *, max_series: int = DEFAULT_MAX_SERIES
+        self,
+        registry: CollectorRegistry | None = None,
+        meter_provider: Any = None,
+        *,
+        max_series: int = DEFAULT_MAX_SERIES,
+        job_results: bool = True,
     ) -> None:
         if registry is None and meter_provider is None:
             registry = REGISTRY
@@ -454,7 +475,12 @@ class MetricsPlugin(Plugin):
         self._worker: dict[str, _Instrument] | None = None  # WORKER_INSTRUMENTS, on first use
         self._instruments: dict[str, _Instrument] = {}
         self.budget = LabelBudget(max_series, self._overflowed)  # R13: at most max_series label sets per metric
+        #: Whether this plugin counts job results (False: a StoreCollector counts them).
+        self.job_results = job_results
         for spec in INSTRUMENTS:
+            if spec.key == "job_results" and not job_results:
+                self._instruments[spec.key] = _Instrument(spec, None, None, None)
+                continue
             prom = _prom_collector(registry, spec) if registry is not None else None
             otel = _otel_instrument(meter, spec) if meter is not None else None
             budget = None if spec.key == "metrics_overflow" else self.budget  # its labels are metric names
@@ -482,8 +508,9 @@ class MetricsPlugin(Plugin):
             "run_finished": self._run_finished,
             "node_retrying": self._retrying,
             "node_error": self._error,
-            "job_result": self._job_result,
         }
+        if job_results:
+            self._on_event["job_result"] = self._job_result
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -537,16 +564,24 @@ class MetricsPlugin(Plugin):
     # -- node hooks --------------------------------------------------------------------------
 
     def before_node(self, ctx: NodeContext) -> None:
+        if ctx.parent is None:
+            return  # the invocation's own run: its outcome is flowscope_workflow_runs_total's
         # Bound once per (workflow, node): the run carries its series to after_node.
         ns = ctx.plugin_state[_KEY] = self._node(ctx.run.workflow, ctx.node_name)
         ns.running.add(1.0)
 
     def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
+        if ctx.parent is None:
+            return
         ns: _NodeSeries | None = ctx.plugin_state.pop(_KEY, None)
         if ns is None:  # the plugin was added after before_node ran
             ns = self._node(ctx.run.workflow, ctx.node_name)
             ns.running.add(1.0)
         ns.running.add(-1.0)
+        if from_descendant(ctx.path, outcome.origin_path):
+            # A container: the failure or pause is its descendant's, counted once there
+            # (docs/design.md, "Counting once, at the deepest path").
+            return
         status = outcome.status
         pair = ns.by_outcome.get(status)
         if pair is None:  # once per (workflow, node, outcome)

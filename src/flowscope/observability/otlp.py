@@ -26,6 +26,9 @@ __all__ = [
     "http_traces_url",
     "env",
     "env_traces_endpoint",
+    "env_traces_exporters",
+    "sdk_disabled",
+    "default_endpoint",
     "span_exporter",
 ]
 
@@ -48,6 +51,21 @@ def env(*names: str) -> str | None:
 def env_traces_endpoint() -> str | None:
     """``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT``."""
     return env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def env_traces_exporters() -> set[str]:
+    """The exporters ``OTEL_TRACES_EXPORTER`` names (``otlp``, ``console``, ``none``), lower case."""
+    return {w.strip().lower() for w in (env("OTEL_TRACES_EXPORTER") or "").split(",") if w.strip()}
+
+
+def sdk_disabled() -> bool:
+    """``OTEL_SDK_DISABLED=true``: the SDK's providers record nothing (the SDK reads it too)."""
+    return (env("OTEL_SDK_DISABLED") or "").lower() == "true"
+
+
+def default_endpoint(protocol: str) -> str:
+    """Where an OTLP exporter sends when nothing says otherwise: the spec's default per protocol."""
+    return "http://localhost:4317" if protocol == GRPC else "http://localhost:4318"
 
 
 def split_endpoint(endpoint: str) -> SplitResult:

@@ -29,7 +29,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from ..store.base import EventStore
-from .store_collector import StoreCollector
+from .store_collector import JOB_RESULTS, StoreCollector
 
 __all__ = ["serve_metrics", "start_metrics_http", "MetricsServer", "DEFAULT_PORT", "LISTEN_BACKLOG", "READ_TIMEOUT_S"]
 
@@ -62,13 +62,17 @@ def start_metrics_http(port: int, host: str, registry: CollectorRegistry) -> tup
 
 
 class _Forward(Collector):
-    """Yields whatever another registry collects (no names of its own: no clash)."""
+    """Yields whatever another registry collects (no names of its own: no clash), but the
+    families in ``drop``: those the endpoint's StoreCollector reports for the whole store."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, drop: frozenset[str] = frozenset()) -> None:
         self._registry = registry
+        self._drop = drop
 
     def collect(self) -> Iterator[Metric]:
-        return iter(self._registry.collect())
+        if not self._drop:
+            return iter(self._registry.collect())
+        return (m for m in self._registry.collect() if m.name not in self._drop)
 
     def describe(self) -> list[Metric]:
         return []
@@ -128,9 +132,12 @@ def serve_metrics(
             exposed = CollectorRegistry(auto_describe=False, support_collectors_without_names=True)
         except TypeError:  # prometheus-client < 0.21
             exposed = CollectorRegistry(auto_describe=False)
-        exposed.register(_Forward(source))
+        # Job results are counted from the log by the StoreCollector, whoever recorded them;
+        # a MetricsPlugin's in-process count of the same results is not exposed beside it.
+        exposed.register(_Forward(source, frozenset({JOB_RESULTS})))
         collector = StoreCollector(store, stale_after_s=stale_after_s)
         exposed.register(collector)  # describe() only: the store is not read here
+        collector.count_job_results_from_now()
     server, thread = start_metrics_http(port, host, exposed)
     thread.name = f"flowscope-metrics-{server.server_port}"
     return MetricsServer(host, server.server_port, exposed, collector, server, thread)

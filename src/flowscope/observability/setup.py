@@ -18,7 +18,8 @@ the ``service_name`` argument, so an operator can rename a service without a cod
 (``OTEL_EXPORTER_OTLP_HEADERS``, ``..._TIMEOUT``, ``..._COMPRESSION``, ``..._INSECURE``,
 ``..._CERTIFICATE``, ``OTEL_BSP_*``, ``OTEL_TRACES_SAMPLER``, ``OTEL_SDK_DISABLED``).
 
-The global tracer provider is left alone unless ``set_global=True``.
+The global tracer provider is left alone unless ``set_global=True``, or
+:func:`install_global` is called (what the CLI's commands do).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .tracing import TracingPlugin
 
-__all__ = ["configure_tracing", "TracingHandle", "PROTOCOLS"]
+__all__ = ["configure_tracing", "install_global", "TracingHandle", "PROTOCOLS"]
 
 log = logging.getLogger("flowscope.observability.setup")
 
@@ -115,7 +116,7 @@ def configure_tracing(
 
     protocol = otlp.resolve_protocol(protocol)
 
-    wanted = {w.strip().lower() for w in (otlp.env("OTEL_TRACES_EXPORTER") or "").split(",") if w.strip()}
+    wanted = otlp.env_traces_exporters()
     use_otlp = otlp_endpoint is not None
     env_endpoint = otlp.env_traces_endpoint()
     if not use_otlp and "none" not in wanted and (env_endpoint is not None or "otlp" in wanted):
@@ -123,7 +124,7 @@ def configure_tracing(
     use_console = console or "console" in wanted
 
     attrs: dict[str, Any] = dict(resource_attributes or {})
-    if not otlp.env("OTEL_SERVICE_NAME"):
+    if not otlp.env("OTEL_SERVICE_NAME") and not _env_names_service():
         attrs[SERVICE_NAME] = service_name
     provider = TracerProvider(resource=Resource.create(attrs))
 
@@ -145,3 +146,27 @@ def configure_tracing(
 
         trace.set_tracer_provider(provider)
     return TracingHandle(provider, described, set_global)
+
+
+def _env_names_service() -> bool:
+    """``OTEL_RESOURCE_ATTRIBUTES`` sets ``service.name``: the operator's name beats the code's."""
+    pairs = (p.split("=", 1)[0].strip() for p in (otlp.env("OTEL_RESOURCE_ATTRIBUTES") or "").split(","))
+    return "service.name" in pairs
+
+
+def install_global(handle: TracingHandle) -> bool:
+    """Make ``handle``'s provider the process's global one, unless the process has one
+    already (set by the user's code, ``opentelemetry-instrument`` or
+    ``OTEL_PYTHON_TRACER_PROVIDER``): then that one stays, as the API allows one per process.
+
+    With it, spans that code running in the process starts through
+    ``opentelemetry.trace.get_tracer(...)``, such as an instrumented HTTP or database client
+    inside a node body, go to the same exporters, as children of the node's span. Returns
+    whether it was installed."""
+    from opentelemetry import trace
+
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return False  # someone set one: theirs decides where instrumented clients' spans go
+    trace.set_tracer_provider(handle.provider)
+    handle.is_global = True
+    return True

@@ -20,6 +20,7 @@ span is lost, a few may be sent twice.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from functools import lru_cache
@@ -33,7 +34,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from .. import __version__
 from ..events import Event
 from . import spans as sp
-from .log_spans import SpanRecord, SpanWalk, invocation_context
+from .log_spans import ResourceKey, SpanRecord, SpanWalk, invocation_context
 
 if TYPE_CHECKING:  # pragma: no cover
     from opentelemetry.context import Context
@@ -42,7 +43,18 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..store.base import EventStore
 
-__all__ = ["Shipper", "WatermarkExporter", "readable_span", "unshipped", "LEDGER", "Ledger"]
+__all__ = [
+    "Shipper",
+    "WatermarkExporter",
+    "readable_span",
+    "unshipped",
+    "LEDGER",
+    "Ledger",
+    "flowscope_scope",
+    "record_resource",
+    "resource_record",
+    "last_heartbeat",
+]
 
 log = logging.getLogger("flowscope.observability.shipping")
 
@@ -95,10 +107,60 @@ def _trace_state(header: str) -> TraceState:
     return TraceState.from_header([header])
 
 
-def unshipped(events: Iterable[Event], watermark: int, ended: bool) -> tuple[list[SpanRecord], tuple[int, int] | None]:
+@lru_cache(maxsize=1)
+def flowscope_scope() -> InstrumentationScope:
+    """The instrumentation scope of every flowscope span: ``flowscope``, the package
+    version, and the semantic-conventions schema URL the spans follow (:data:`~.spans.SCHEMA_URL`)."""
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    return InstrumentationScope("flowscope", __version__, sp.SCHEMA_URL)
+
+
+#: Resource attributes never recorded in the log: a process's command line, executable
+#: and working directory (paths, and whatever secrets a command line holds).
+_UNRECORDED_PREFIXES = ("process.",)
+_MAX_RESOURCE_ATTRIBUTES = 64
+_MAX_RESOURCE_VALUE = 256
+
+
+def resource_record(resource: Resource) -> str:
+    """What ``RunStarted.trace_context[RESOURCE_KEY]`` records of the process's resource:
+    its attributes as a JSON object, without ``process.*`` (paths, command lines), at most
+    64 of them, strings cut to 256 characters."""
+    out: dict[str, Any] = {}
+    for key, value in sorted(resource.attributes.items()):
+        if key.startswith(_UNRECORDED_PREFIXES) or len(out) >= _MAX_RESOURCE_ATTRIBUTES:
+            continue
+        if isinstance(value, str):
+            value = value[:_MAX_RESOURCE_VALUE]
+        elif isinstance(value, (list, tuple)):
+            value = [v[:_MAX_RESOURCE_VALUE] if isinstance(v, str) else v for v in value]
+        out[key] = value
+    return json.dumps(out, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+@lru_cache(maxsize=256)
+def record_resource(key: ResourceKey) -> Resource:
+    """The SDK ``Resource`` of recorded resource attributes (no detectors: exactly those)."""
+    from opentelemetry.sdk.resources import Resource
+
+    return Resource(dict(key))
+
+
+def last_heartbeat(store: EventStore, session_id: str) -> float | None:
+    """The session's last sign of life in the store: the latest heartbeat of its runs still
+    ``running`` (the owner's lease keeper writes them as it renews the lease), or None."""
+    beats = [r.heartbeat_at for r in store.node_runs(session_id) if r.status == "running" and r.heartbeat_at is not None]
+    return max(beats) if beats else None
+
+
+def unshipped(
+    events: Iterable[Event], watermark: int, ended: bool, alive_at: float | None = None
+) -> tuple[list[SpanRecord], tuple[int, int] | None]:
     """The spans of a log that ended after ``watermark``, and the (trace, span) ids of its
     last invocation (what a resumed one links to). ``ended``: the session's last invocation
-    stopped for good (its process died): it ends here, incomplete."""
+    stopped for good (its process died): it ends here, an error (its worker lost), at
+    ``alive_at`` (:func:`last_heartbeat`) when that is later than its last event."""
     out: list[SpanRecord] = []
 
     def keep(r: SpanRecord) -> None:
@@ -109,7 +171,7 @@ def unshipped(events: Iterable[Event], watermark: int, ended: bool) -> tuple[lis
     for e in events:
         walk.apply(e)
     if ended:
-        walk.close_all()
+        walk.close_all(lost=True, alive_at=alive_at)
     return out, walk.previous
 
 
@@ -240,7 +302,8 @@ class Shipper:
 
     def __init__(self, provider: Any) -> None:
         from opentelemetry.sdk.trace import TracerProvider as SdkProvider
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        from .log_spans import resource_of
 
         self.provider = provider
         self._seen: Any = None  # the processors tuple the ledger was looked up in
@@ -250,7 +313,10 @@ class Shipper:
         self._processor = provider._active_span_processor if sdk else None
         self._sampler = provider.sampler if sdk else None
         self._resource = provider.resource if sdk else None
-        self._scope = InstrumentationScope("flowscope", __version__)
+        self._scope = flowscope_scope()
+        #: what a RunStarted of this process records of its resource, and that record read back
+        self.resource_record = resource_record(self._resource) if self._resource is not None else ""
+        self._own_resource = resource_of(self.resource_record) if self.resource_record else None
 
     @property
     def ledger(self) -> Ledger | None:
@@ -287,10 +353,13 @@ class Shipper:
         ledger = self.ledger
         if store is not None and ledger is not None:
             ledger.register(store, todo)
-        resource, scope = self._resource, self._scope
-        assert resource is not None
+        own, scope = self._resource, self._scope
+        assert own is not None
+        mine = self._own_resource
         on_end = processor.on_end
         for r in todo:
+            # A dead process's spans keep its resource; this process's own, the provider's.
+            resource = own if r.resource is None or r.resource == mine else record_resource(r.resource)
             extra = extras.get(r.span_id) if extras else None
             if extra is None:
                 on_end(readable_span(r, resource, scope))
@@ -308,7 +377,7 @@ class Shipper:
             mark = store.exported_seq(session_id)
             if mark >= store.last_seq(session_id):
                 return link
-            records, last = unshipped(store.read(session_id), mark, ended=True)
+            records, last = unshipped(store.read(session_id), mark, ended=True, alive_at=last_heartbeat(store, session_id))
         except Exception as exc:  # telemetry never fails the run
             log.warning("could not read session %s to ship its spans: %s", session_id, exc)
             return link

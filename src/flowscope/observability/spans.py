@@ -36,6 +36,7 @@ from ..events import (
     Event,
     InputRequested,
     JobDispatched,
+    JobResultReceived,
     NodeCancelled,
     NodeCompleted,
     NodeErrorEvent,
@@ -53,8 +54,12 @@ __all__ = [
     "EXCEPTION_TYPE",
     "EXCEPTION_MESSAGE",
     "EXCEPTION_STACKTRACE",
-    # flowscope's own names
+    # the convention version, and flowscope's own names and values
+    "SCHEMA_URL",
     "INVOKE_WORKFLOW",
+    "INVOKE_NODE",
+    "WORKER_LOST",
+    "WORKER_LOST_MESSAGE",
     "INVOCATION_ID",
     "RUN_RESUMED",
     "RUN_OUTCOME",
@@ -75,8 +80,12 @@ __all__ = [
     "ERROR_ORIGIN_PATH",
     "RETRY_DELAY",
     "INCOMPLETE",
+    "JOB_ID",
+    "JOB_RESULT",
+    "JOB_COUNT",
     "RETRY_EVENT",
     "EXCEPTION_EVENT",
+    "JOB_RESULT_EVENT",
     "UNKNOWN_ERROR_CODE",
     # records and the mapping
     "Attributes",
@@ -93,12 +102,28 @@ __all__ = [
     "unfinished_node_end",
     "unfinished_invocation_end",
     "retry_event",
+    "job_result_event",
+    "error_type_of",
 ]
 
 Attributes = dict[str, AttributeValue]
 
+#: The semantic-conventions version these spans follow (the tracer's schema URL): the
+#: GenAI ``invoke_workflow`` span and ``gen_ai.workflow.name`` are those of v1.41.0, the
+#: last release that held the GenAI conventions; ``error.type`` and ``exception.*`` are
+#: stable. A later GenAI version is emitted only on opt-in (docs/telemetry.md).
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.41.0"
+
 # -- flowscope's attribute names (the telemetry catalog; tests and dashboards depend on the spelling) --
 INVOKE_WORKFLOW: str = GenAiOperationNameValues.INVOKE_WORKFLOW.value  # "invoke_workflow"
+#: ``gen_ai.operation.name`` of a node run that is not a workflow. No convention release
+#: names one; a custom value is allowed, and this is the one ADK 2.x sets on its node spans.
+INVOKE_NODE = "invoke_node"
+#: ``error.type`` of a run cut off by the death of the process running it (a SIGKILLed or
+#: crashed worker, a lost host): the log has no end for the run. Namespaced, as the
+#: convention asks of a custom value; no exception class has this name.
+WORKER_LOST = "flowscope.WorkerLost"
+WORKER_LOST_MESSAGE = "the worker running this was lost: its process ended before the run did"
 INVOCATION_ID = "flowscope.invocation.id"
 RUN_RESUMED = "flowscope.run.resumed"
 RUN_OUTCOME = "flowscope.run.outcome"
@@ -120,9 +145,14 @@ ERROR_ORIGIN_PATH = "flowscope.error.origin_path"
 RETRY_DELAY = "flowscope.retry.delay_s"
 #: On spans whose run has no end in the log (its process died); only export can see that.
 INCOMPLETE = "flowscope.export.incomplete"
-#: Span event names: a retried attempt, and the failure itself (the semconv name).
+JOB_ID = "flowscope.job.id"
+JOB_RESULT = "flowscope.job.result"
+JOB_COUNT = "flowscope.job.count"
+#: Span event names: a retried attempt, the failure itself (the semconv name), and a job
+#: result the run received.
 RETRY_EVENT = "node.retry"
 EXCEPTION_EVENT = "exception"
+JOB_RESULT_EVENT = "job.result"
 UNKNOWN_ERROR_CODE = "UNKNOWN_ERROR"
 
 _TIMEOUT_CODE = NodeTimeoutError.error_code
@@ -189,6 +219,13 @@ def outcome_of(event: Event) -> str:
     return outcome
 
 
+def error_type_of(event: NodeErrorEvent | NodeErrorPropagated | NodeRetrying) -> str:
+    """``error.type`` of a recorded failure: the exception's fully qualified class name
+    (``module.Qualname``; a builtin's bare name), as the convention asks; the bare
+    ``error_type`` for a log written before the qualified name was recorded."""
+    return event.error_qualname or event.error_type
+
+
 # -- invocations ------------------------------------------------------------------------
 
 
@@ -230,9 +267,27 @@ def node_span_name(kind: str, node: str) -> str:
     return (_WORKFLOW_PREFIX if kind == "workflow" else _NODE_PREFIX) + node
 
 
-def node_attributes(node: str, path: str, kind: str) -> Attributes:
-    """The attributes a node run's span starts with (``NodeStarted``)."""
-    return {NODE_NAME: node, NODE_PATH: path, NODE_KIND: kind}
+def node_attributes(node: str, path: str, kind: str, session_id: str) -> Attributes:
+    """The attributes a node run's span starts with (``NodeStarted``): the GenAI operation
+    (``invoke_workflow`` for a nested workflow, with its name; ``invoke_node`` otherwise)
+    and the session as ``gen_ai.conversation.id``, so that every span can be tied to its
+    session and workflow by attribute, as on ADK 2.x's node spans."""
+    if kind == "workflow":
+        return {
+            GEN_AI_OPERATION_NAME: INVOKE_WORKFLOW,
+            GEN_AI_WORKFLOW_NAME: node,
+            GEN_AI_CONVERSATION_ID: session_id,
+            NODE_NAME: node,
+            NODE_PATH: path,
+            NODE_KIND: kind,
+        }
+    return {
+        GEN_AI_OPERATION_NAME: INVOKE_NODE,
+        GEN_AI_CONVERSATION_ID: session_id,
+        NODE_NAME: node,
+        NODE_PATH: path,
+        NODE_KIND: kind,
+    }
 
 
 def _end_attributes(outcome: str, attempt_count: int, has_output: bool, recovered: bool) -> Attributes:
@@ -270,14 +325,15 @@ def node_end(event: Event, attempt_count: int, recovered: bool, origin_message: 
         return end
     attrs = _end_attributes(outcome_of(event), attempt_count, False, bool(recovered))
     if isinstance(event, NodeErrorEvent):
-        attrs[ERROR_TYPE] = event.error_type
+        error_type = error_type_of(event)
+        attrs[ERROR_TYPE] = error_type
         attrs[ERROR_CODE] = event.error_code
         exc = SpanEventRecord(
-            EXCEPTION_EVENT, {EXCEPTION_TYPE: event.error_type, EXCEPTION_MESSAGE: event.error_message}, event.ts
+            EXCEPTION_EVENT, {EXCEPTION_TYPE: error_type, EXCEPTION_MESSAGE: event.error_message}, event.ts
         )
         return SpanEnd(attrs, event.error_message, (exc,))
     if isinstance(event, NodeErrorPropagated):
-        attrs[ERROR_TYPE] = event.error_type
+        attrs[ERROR_TYPE] = error_type_of(event)
         attrs[ERROR_CODE] = event.error_code
         attrs[ERROR_ORIGIN_PATH] = event.origin_path
         return SpanEnd(attrs, origin_message or event.error_type)
@@ -293,15 +349,24 @@ def node_end(event: Event, attempt_count: int, recovered: bool, origin_message: 
     return SpanEnd(attrs)  # cancellation (and waiting) leave the status UNSET
 
 
-def unfinished_invocation_end() -> SpanEnd:
-    """An invocation span without ``RunFinished`` in the log: its process died."""
-    return SpanEnd({INCOMPLETE: True})
+_INCOMPLETE = SpanEnd({INCOMPLETE: True})
+_LOST = SpanEnd({INCOMPLETE: True, ERROR_TYPE: WORKER_LOST}, WORKER_LOST_MESSAGE)
 
 
-def unfinished_node_end(invocation_finished: bool) -> SpanEnd:
+def unfinished_invocation_end(lost: bool = False) -> SpanEnd:
+    """An invocation span without ``RunFinished`` in the log. ``lost``: its process died
+    (status ERROR, ``error.type`` :data:`WORKER_LOST`); else it stopped recording and may
+    still be running (``flowscope export`` of a live session, a store that failed)."""
+    return _LOST if lost else _INCOMPLETE
+
+
+def unfinished_node_end(invocation_finished: bool, lost: bool = False) -> SpanEnd:
     """A node span whose run never got a terminal event: a cancellation when its invocation
-    ended anyway (live, ``after_run`` ends it), else incomplete (the process died)."""
-    return SpanEnd({NODE_OUTCOME: "cancellation"} if invocation_finished else {INCOMPLETE: True})
+    ended anyway (live, ``after_run`` ends it), else incomplete, and ``lost`` (ERROR,
+    :data:`WORKER_LOST`) when the process running it died."""
+    if invocation_finished:
+        return SpanEnd({NODE_OUTCOME: "cancellation"})
+    return _LOST if lost else _INCOMPLETE
 
 
 def retry_event(event: NodeRetrying) -> SpanEventRecord:
@@ -310,10 +375,19 @@ def retry_event(event: NodeRetrying) -> SpanEventRecord:
         RETRY_EVENT,
         {
             NODE_ATTEMPT: event.attempt,
-            ERROR_TYPE: event.error_type,
+            ERROR_TYPE: error_type_of(event),
             ERROR_CODE: event.error_code,
             ERROR_MESSAGE: event.error_message,
             RETRY_DELAY: float(event.delay_s),
         },
         event.ts,
     )
+
+
+def job_result_event(event: JobResultReceived, ts: float) -> SpanEventRecord:
+    """The ``job.result`` span event of a job result the run received: its job id, the
+    guard's verdict (``success``, ``failed``, ``empty``) and the count the job reported."""
+    attrs: dict[str, AttributeValue] = {JOB_ID: event.job_id, JOB_RESULT: event.result}
+    if isinstance(event.count, int) and not isinstance(event.count, bool):
+        attrs[JOB_COUNT] = event.count
+    return SpanEventRecord(JOB_RESULT_EVENT, attrs, ts)

@@ -18,7 +18,22 @@ series                                                   labels
 ``flowscope_store_queued_sessions``                      workflow
 ``flowscope_store_oldest_queued_timestamp_seconds``      workflow
 ``flowscope_store_up``                                   (none): 1 if the store answered
+``flowscope_job_results_total`` (a counter)              workflow, node, result
 ======================================================== =====================================
+
+Counted once, at the deepest path (docs/design.md): a run that is open only because a run
+below it is (a workflow around a running node, the parent of a dynamic child) is a
+container, and neither its open run nor its orphan is reported: one SIGKILLed worker
+inside ``nightly_export`` is one orphaned run of ``export_rows``, as ``flowscope stuck``
+lists it.
+
+Job results are counted from the log (:meth:`EventStore.job_result_summary`), so a
+result reported by any process (a worker, ``flowscope resume --job``,
+``flowscope.answer()``) is counted once, by whoever serves this collector; the CLI's
+workers leave them to it (``MetricsPlugin(job_results=False)``). Like any counter it
+starts at 0 with the process: the results already in the log at the first scrape are the
+baseline, not an increase (a restarted ``serve-metrics`` does not report old empty
+results as new). A fall of the log's count (sessions pruned) is not a decrease.
 
 ``state`` is ``running``, ``waiting_input`` or ``waiting_job``. A series seen once keeps
 being reported, with 0, after its runs have closed, so that ``rate()``, "absent" and
@@ -41,12 +56,12 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..errors import describe_exception
 from ..fold import OPEN_STATES
-from ..store.base import EventStore, OpenRunGroup, QueuedGroup, summarize_open_runs
+from ..store.base import EventStore, JobResultGroup, OpenRunGroup, QueuedGroup, summarize_open_runs
 from .labels import DEFAULT_MAX_SERIES, OTHER
 
 __all__ = ["StoreCollector", "OpenRunGroup", "summarize_open_runs", "OPEN_STATES"]
@@ -60,6 +75,8 @@ OVERDUE = "flowscope_store_overdue_jobs"
 QUEUED = "flowscope_store_queued_sessions"
 OLDEST_QUEUED = "flowscope_store_oldest_queued_timestamp_seconds"
 UP = "flowscope_store_up"
+#: The family's name without ``_total`` (prometheus-client adds it to a counter).
+JOB_RESULTS = "flowscope_job_results"
 
 _HELP = {
     OPEN_RUNS: "Open node runs in the store by state (running, waiting_input, waiting_job), all processes.",
@@ -70,6 +87,8 @@ _HELP = {
     QUEUED: "Sessions submitted and not yet started by a worker, by workflow.",
     OLDEST_QUEUED: "Submit time (epoch seconds) of the oldest queued session by workflow; 0 when there is none.",
     UP: "1 if the store answered the last scrape, 0 if it failed (see the log).",
+    JOB_RESULTS: "Results of long-running external jobs recorded in the store since this collector started, "
+    "by the guard's verdict (success, failed, empty), whichever process reported them.",
 }
 _LABELS = {
     OPEN_RUNS: ("workflow", "node", "state"),
@@ -79,6 +98,7 @@ _LABELS = {
     QUEUED: ("workflow",),
     OLDEST_QUEUED: ("workflow",),
     UP: (),
+    JOB_RESULTS: ("workflow", "node", "result"),
 }
 
 
@@ -117,26 +137,45 @@ class StoreCollector(Collector):
         self._seen_orphaned: set[tuple[str, str]] = set()
         self._seen_overdue: set[tuple[str, str]] = set()
         self._seen_queued_keys: set[tuple[str]] = set()
+        # job results: the log's count at the last scrape (None before the first: the
+        # baseline) and what this collector has counted since it started
+        self._job_log: dict[tuple[str, str, str], int] | None = None
+        self._job_counted: dict[tuple[str, str, str], float] = {}
+        self._seen_job: set[tuple[str, str, str]] = set()
         self.last_error: BaseException | None = None
         self.last_scrape_s: float | None = None
 
     def __repr__(self) -> str:
         return f"StoreCollector({self.store!r}, stale_after_s={self.stale_after_s:g})"
 
+    def count_job_results_from_now(self) -> None:
+        """Take the job results already in the log as the baseline now, rather than at the
+        first scrape, so that results recorded before Prometheus first scrapes are counted
+        (``serve_metrics`` calls it when it starts). A store error leaves the baseline to
+        the first scrape that reads it."""
+        try:
+            groups = self.store.job_result_summary()
+        except Exception as exc:
+            log.warning("flowscope StoreCollector could not read %r: %s", self.store, describe_exception(exc))
+            return
+        self._job_results_family(groups)
+
     # -- the prometheus-client protocol ---------------------------------------------------
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
+    def describe(self) -> Iterator[Metric]:
         """The families this collector produces, without samples; the store is not read."""
         for name in (OPEN_RUNS, OLDEST, ORPHANED, OVERDUE, QUEUED, OLDEST_QUEUED, UP):
             yield GaugeMetricFamily(name, _HELP[name], labels=_LABELS[name])
+        yield CounterMetricFamily(JOB_RESULTS, _HELP[JOB_RESULTS], labels=_LABELS[JOB_RESULTS])
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         t0 = time.perf_counter()
         now = self.clock()
         try:
             self.store.refresh()  # a file replaced or deleted since the last scrape
             groups = self._groups(now)
             queued = self.store.queued_summary()
+            job_results = self.store.job_result_summary()
         except Exception as exc:  # a scrape must survive a locked, missing or broken store
             self.last_error = exc
             log.warning("flowscope StoreCollector could not read %r: %s", self.store, describe_exception(exc))
@@ -147,6 +186,7 @@ class StoreCollector(Collector):
         self.last_error = None
         yield from self._families(groups)
         yield from self._queued_families(queued)
+        yield self._job_results_family(job_results)
         up = GaugeMetricFamily(UP, _HELP[UP])
         up.add_metric((), 1.0)
         yield up
@@ -224,6 +264,29 @@ class StoreCollector(Collector):
             f_queued.add_metric((wf,), count)
             f_oldest.add_metric((wf,), oldest)
         return [f_queued, f_oldest]
+
+
+    def _job_results_family(self, groups: list[JobResultGroup]) -> CounterMetricFamily:
+        """``flowscope_job_results_total``: what the log's count grew by since the first
+        scrape, per label set (bounded like the gauges)."""
+        log_now: dict[tuple[str, str, str], int] = {}
+        for g in groups:
+            key = (str(g.workflow or ""), str(g.node or ""), str(g.result))
+            log_now[key] = log_now.get(key, 0) + int(g.count)
+        with self._lock:
+            before = self._job_log
+            self._job_log = log_now
+            grown: dict[tuple[str, str, str], float] = {}
+            for key, n in log_now.items():
+                delta = n - (before.get(key, 0) if before is not None else n)
+                grown[key] = float(max(delta, 0))
+            for key, delta in self._bounded(self._seen_job, grown, _sum).items():
+                self._job_counted[key] = self._job_counted.get(key, 0.0) + delta
+            counted = sorted(self._job_counted.items())
+        family = CounterMetricFamily(JOB_RESULTS, _HELP[JOB_RESULTS], labels=_LABELS[JOB_RESULTS])
+        for key, value in counted:
+            family.add_metric(key, value)
+        return family
 
 
 def _sum(a: float, b: float) -> float:

@@ -13,7 +13,8 @@ with the provider's resource. Ids are derived from the log, so:
   ``job.traceparent`` carry that context;
 - the span exported at the end has exactly that context, whether this process exports
   it or, after a crash, the next process that opens the session (see
-  :mod:`flowscope.observability.shipping`).
+  :mod:`flowscope.observability.shipping`), with this process's resource: ``RunStarted``
+  records it (``trace_context["flowscope.resource"]``, without ``process.*``).
 
 Why not the SDK's ``Tracer``: it draws span ids from its ``IdGenerator`` and cannot be
 given one, and a span held open across a node body is lost with a killed process. So the
@@ -52,7 +53,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from ..events import NodeCompleted
 from ..plugins import Plugin
 from . import spans as sp
-from .log_spans import PARENT_KEY, SpanRecord, SpanWalk, span_id_for, trace_id_for, traceparent
+from .log_spans import PARENT_KEY, RESOURCE_KEY, SpanRecord, SpanWalk, span_id_for, trace_id_for, traceparent
 from .shipping import Shipper
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -171,6 +172,8 @@ class TracingPlugin(Plugin):
             tc["tracestate"] = state.to_header()
         st = self._runs[iid] = _Run(trace_id, span_id, _SAMPLED if sampled else _UNSAMPLED, state, run.store)
         if sampled and shipper.enabled:
+            if shipper.resource_record:  # whoever ships these spans after a crash gives them this process's resource
+                tc[RESOURCE_KEY] = shipper.resource_record
             st.walk = SpanWalk(partial(self._emit, st), sid)
             if run.resumed:  # ship what the process before this one did not, and link to it
                 st.walk.previous = shipper.catch_up(run.store, sid, run.previous_trace_context)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Literal, Mapping, Sequence
 
 from ..errors import ConcurrencyConflict, LeaseLost, StoreError
-from ..events import Event
-from ..fold import OPEN_STATES, NodeState
+from ..events import Event, JobResultReceived
+from ..fold import OPEN_STATES, NodeState, containers
 from ..liveness import ORPHANED, OVERDUE, classify_open_run, owner_alive
 from ..ownership import Lease, Owner
 
@@ -28,6 +28,7 @@ __all__ = [
     "ClaimReason",
     "WorkerInfo",
     "QueuedGroup",
+    "JobResultGroup",
     "number_events",
     "summarize_open_runs",
     "count_dead_owners",
@@ -40,6 +41,7 @@ __all__ = [
     "FINISHED_SESSION_STATUSES",
     "Message",
     "MESSAGE_KINDS",
+    "MAILED_STATUSES",
 ]
 
 #: One session's part of :meth:`EventStore.append_many`: (session_id, events, expected_last_seq, epoch).
@@ -51,8 +53,11 @@ WORKER_RETENTION_S = 86400.0
 #: Session statuses that are over for good: only such sessions may be deleted.
 FINISHED_SESSION_STATUSES = ("completed", "failed", "cancelled")
 #: What a :class:`Message` may ask of a session's owner: ``answer`` carries input values
-#: (``body["inputs"]``, by interrupt id) and job results (``body["jobs"]``, by job id).
-MESSAGE_KINDS = ("answer",)
+#: (``body["inputs"]``, by interrupt id) and job results (``body["jobs"]``, by job id);
+#: ``cancel`` a ``reason``; ``retry`` a ``from_path`` (or None) and a ``reason``.
+MESSAGE_KINDS = ("answer", "cancel", "retry")
+#: Statuses in which a message in the inbox makes a session claimable (:func:`claim_reason`).
+MAILED_STATUSES = ("paused", "failed", "completed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +171,18 @@ class QueuedGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class JobResultGroup:
+    """Job results recorded in the log for one (workflow, node, result)
+    (:meth:`EventStore.job_result_summary`). ``result`` is the guard's verdict
+    (success, failed, empty); ``workflow`` the session's."""
+
+    workflow: str
+    node: str
+    result: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     """A request for a session's owner, kept in the store beside the log (its inbox).
 
@@ -194,14 +211,15 @@ def claim_reason(
 ) -> ClaimReason | None:
     """Why a worker may claim a session in this state, or None: the claim rule, one copy.
 
-    ``queued`` and ``answered`` sessions nobody holds (a ``paused`` one with ``mail``, a
-    message in its inbox, counts as answered), and ``running`` sessions whose recorded
+    ``queued`` and ``answered`` sessions nobody holds (with ``mail``, a message in its
+    inbox, a ``paused`` one counts as answered and a ``failed`` or ``completed`` one, which
+    only a retry can have mail for, as queued), and ``running`` sessions whose recorded
     owner is no longer alive (:func:`~flowscope.liveness.owner_alive`). A running session
     without an owner (a bridge, an older flowscope) is never claimed: only ``flowscope
     resume`` takes it over.
     """
-    if status == "paused" and mail:
-        status = "answered"
+    if mail and status in MAILED_STATUSES:
+        status = "answered" if status == "paused" else "queued"
     if status == "queued":
         return None if owner_alive(owner, lease_expires_at, now, host=host) else "queued"
     if status == "answered":
@@ -276,14 +294,21 @@ def summarize_open_runs(
     ``owners`` maps a session id to its ``(owner, lease_expires_at)``: the runs of a
     session found there are classified by the owner rule, the others by their heartbeat.
     The reference definition a store's ``open_run_summary`` must match; groups come in
-    the order their first run comes.
+    the order their first run comes. A container (a run with an open run below it,
+    :func:`flowscope.fold.containers`) is not counted: its open state is its descendant's,
+    counted once at the deepest path.
     """
     owners = owners or {}
+    runs = [r for r in runs if r.status in OPEN_STATES]
+    by_session: dict[str, list[str]] = {}
+    for r in runs:
+        by_session.setdefault(r.session_id, []).append(r.path)
+    enclosing = {(sid, p) for sid, paths in by_session.items() if len(paths) > 1 for p in containers(paths)}
     # key -> [count, oldest_started_at, orphaned, overdue]
     acc: dict[tuple[str, str, str], list[Any]] = {}
     for r in runs:
         state = r.status
-        if state not in OPEN_STATES:
+        if enclosing and (r.session_id, r.path) in enclosing:
             continue
         key = (r.workflow or "", r.node or "", state)
         a = acc.get(key)
@@ -481,6 +506,24 @@ class EventStore(ABC):
             if s.submitted_at is not None and (a[1] is None or s.submitted_at < a[1]):
                 a[1] = s.submitted_at
         return [QueuedGroup(wf, n, oldest) for wf, (n, oldest) in sorted(acc.items())]
+
+    def job_result_summary(self) -> list[JobResultGroup]:
+        """The ``JobResultReceived`` events in the log per (workflow, node, result), whichever
+        process appended them (a worker, ``flowscope.answer()``, ``flowscope resume --job``):
+        what the ``StoreCollector`` counts as ``flowscope_job_results_total``.
+
+        The default reads every session's log; the SQLite store keeps a running count per
+        store object and reads only the results appended since its last call (so results
+        of sessions deleted since are still counted: a count of results recorded, never
+        falling); PostgreSQL answers with one ``GROUP BY``.
+        """
+        acc: dict[tuple[str, str, str], int] = {}
+        for s in self.sessions():
+            for e in self.read(s.session_id):
+                if isinstance(e, JobResultReceived):
+                    key = (s.workflow or "", e.node, e.result)
+                    acc[key] = acc.get(key, 0) + 1
+        return [JobResultGroup(*k, n) for k, n in sorted(acc.items())]
 
     def wait_for_work(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds, or less if the store learns that a session became

@@ -52,10 +52,10 @@ from ..events import (
     StateUpdated,
     UnknownEvent,
 )
-from ..fold import OPEN_STATES, rebuild
+from ..fold import OPEN_STATES, containers, rebuild
 from ..liveness import ORPHANED, OVERDUE, RUNNING, classify_open_run, owner_alive
 from ..ownership import Lease, Owner, process_start_time, this_host, this_process
-from .base import EventStore, NodeRun, QueuedGroup, SessionInfo, summarize_open_runs
+from .base import EventStore, JobResultGroup, NodeRun, OpenRunGroup, QueuedGroup, SessionInfo, summarize_open_runs
 
 __all__ = [
     "EventStoreContract",
@@ -97,7 +97,7 @@ def one_of_each(sid: str = SID) -> list[Event]:
                    resumed=True, replayed=3, recovered=1, trace_context={"traceparent": "00-ab-cd-01"}),
         NodeStarted(ts=2.0, attempt=2, kind="workflow", parent_path="wf@1", recovered=True, **common),
         NodeRetrying(ts=2.5, attempt=2, error_type="TimeoutError", error_code="UPSTREAM_TIMEOUT",
-                     error_message="timed out after 2s", delay_s=0.25, **common),
+                     error_message="timed out after 2s", delay_s=0.25, error_qualname="etl.upstream.TimeoutError", **common),
         StateUpdated(ts=2.6, values={"cursor": 42, "seen": ["a", "b"]}, **common),
         InputRequested(ts=3.0, interrupt_id="approve", prompt="Approve?", payload={"amount": 12.5}, **common),
         InputReceived(ts=3.5, interrupt_id="approve", value={"ok": True, "by": "ann"}, **common),
@@ -110,9 +110,9 @@ def one_of_each(sid: str = SID) -> list[Event]:
         NodeCompleted(ts=5.0, output={"rows": 7, "nested": {"x": None}}, has_output=False, route="ok",
                       attempt_count=3, completed=False, **common),
         NodeErrorEvent(ts=5.5, error_code="BAD_INPUT", error_message="bad row 3", error_type="ValueError",
-                       attempt_count=4, **common),
+                       attempt_count=4, error_qualname="etl.rows.ValueError", **common),
         NodeErrorPropagated(ts=5.6, origin_path="wf@1/fetch@1/child@1", error_code="BAD_INPUT",
-                            error_type="ValueError", attempt_count=2, **common),
+                            error_type="ValueError", attempt_count=2, error_qualname="etl.rows.ValueError", **common),
         NodeCancelled(ts=5.7, reason="sibling failed", **common),
         RunFinished(session_id=sid, invocation_id="inv-7", ts=6.0, status="failed", output={"partial": True},
                     error_code="BAD_INPUT", error_path=p, replayed=2, recovered=1),
@@ -274,6 +274,43 @@ def _liveness_log(sid: str = SID) -> list[Event]:
     return out
 
 
+# --------------------------------------------------------------------------- containers
+
+def _nested_logs(t: float) -> dict[str, list[Event]]:
+    """Sessions whose open runs nest (counted once, at the deepest path):
+
+    - ``crashed``: ``wf@1`` > ``inner@1`` (a nested workflow) > ``leaf@1``, all running
+      (a dead worker), plus ``wf@1/inner@10`` running with nothing below it (its path starts
+      like ``inner@1``'s, it is no descendant of it) and ``wf@1/inner@1-b`` (a character
+      below ``/``) running, and a completed ``wf@1/done@1``;
+    - ``paused``: ``pw@1`` paused by ``pw@1/ask@1`` (both waiting_input);
+    - ``between``: ``bw@1`` running with only finished runs below it: it is the cut-off run.
+    """
+    crashed: list[Event] = [ev(RunStarted, sid="crashed", workflow="wf", ts=t)]
+    for path, kind in (("wf@1", "workflow"), ("wf@1/done@1", "function"), ("wf@1/inner@1", "workflow"),
+                       ("wf@1/inner@1/leaf@1", "function"), ("wf@1/inner@10", "function"),
+                       ("wf@1/inner@1-b", "function")):
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        crashed.append(node_ev(NodeStarted, path, ts=t + 1, sid="crashed", kind=kind, parent_path=parent))
+    crashed.append(node_ev(NodeCompleted, "wf@1/done@1", ts=t + 2, sid="crashed"))
+    paused: list[Event] = [
+        ev(RunStarted, sid="paused", workflow="pw", ts=t),
+        node_ev(NodeStarted, "pw@1", ts=t + 1, sid="paused", kind="workflow"),
+        node_ev(NodeStarted, "pw@1/ask@1", ts=t + 1, sid="paused", parent_path="pw@1"),
+        node_ev(InputRequested, "pw@1/ask@1", ts=t + 2, sid="paused", interrupt_id="ok"),
+        node_ev(NodePaused, "pw@1", ts=t + 2, sid="paused", waiting="input", origin_path="pw@1/ask@1",
+                interrupt_ids=("ok",)),
+        ev(RunFinished, sid="paused", status="paused", ts=t + 3),
+    ]
+    between: list[Event] = [
+        ev(RunStarted, sid="between", workflow="bw", ts=t),
+        node_ev(NodeStarted, "bw@1", ts=t + 1, sid="between", kind="workflow"),
+        node_ev(NodeStarted, "bw@1/first@1", ts=t + 1, sid="between", parent_path="bw@1"),
+        node_ev(NodeCompleted, "bw@1/first@1", ts=t + 2, sid="between"),
+    ]
+    return {"crashed": crashed, "paused": paused, "between": between}
+
+
 # --------------------------------------------------------------------------- owners
 
 
@@ -376,6 +413,48 @@ class EventStoreContract:
         assert sorted(store.open_run_summary(now, stale), key=key) == sorted(
             summarize_open_runs(store.open_runs(), now, stale), key=key
         )
+
+    def test_open_run_summary_counts_once_at_the_deepest_path(self, store: EventStore) -> None:
+        """A run open only because a run below it is (a container) is in no group: one dead
+        worker is one orphan, one pause one waiting run (docs/design.md, "Counting once")."""
+        for sid, events in _nested_logs(100.0).items():
+            store.append(sid, events, 0)
+        now, stale = 1000.0, 60.0  # every heartbeat (at 101) is stale: the running runs are orphaned
+        key = lambda g: (g.workflow, g.node, g.state)  # noqa: E731
+        got = sorted(store.open_run_summary(now, stale), key=key)
+        assert got == [
+            OpenRunGroup("bw", "bw", "running", 1, 101.0, 1, 0),
+            OpenRunGroup("pw", "ask", "waiting_input", 1, 101.0, 0, 0),
+            OpenRunGroup("wf", "inner", "running", 2, 101.0, 2, 0),  # inner@10 and inner@1-b
+            OpenRunGroup("wf", "leaf", "running", 1, 101.0, 1, 0),
+        ]
+        assert got == sorted(summarize_open_runs(store.open_runs(), now, stale), key=key)
+        by_session: dict[str, list[str]] = {}
+        for r in store.open_runs():
+            by_session.setdefault(r.session_id, []).append(r.path)
+        assert {sid: containers(paths) for sid, paths in by_session.items()} == {
+            "crashed": {"wf@1", "wf@1/inner@1"}, "paused": {"pw@1"}, "between": set()}
+
+    def test_job_result_summary_counts_every_result_in_the_log(self, store: EventStore) -> None:
+        assert store.job_result_summary() == []
+        p = "etl@1/inner@1/enrich@1"
+        store.append("j1", [ev(RunStarted, sid="j1", workflow="etl", ts=1.0),
+                            node_ev(NodeStarted, p, ts=2.0, sid="j1"),
+                            node_ev(JobDispatched, p, ts=3.0, sid="j1", job_id="a"),
+                            node_ev(JobResultReceived, p, ts=4.0, sid="j1", job_id="a", success=True, count=0,
+                                    result="empty", invocation_id="answer-1")], 0)
+        assert store.job_result_summary() == [JobResultGroup("etl", "enrich", "empty", 1)]
+        # appended later (another process's answer, another session): counted on the next call
+        store.append("j1", [node_ev(JobResultReceived, p, ts=5.0, sid="j1", job_id="b", success=True, count=2,
+                                    result="success")], 4)
+        store.append("j2", [ev(RunStarted, sid="j2", workflow="etl", ts=1.0),
+                            node_ev(JobResultReceived, p, ts=6.0, sid="j2", job_id="c", success=False,
+                                    result="failed"),
+                            node_ev(JobResultReceived, p, ts=7.0, sid="j2", job_id="d", success=True, count=0,
+                                    result="empty")], 0)
+        assert sorted(store.job_result_summary(), key=lambda g: g.result) == [
+            JobResultGroup("etl", "enrich", "empty", 2), JobResultGroup("etl", "enrich", "failed", 1),
+            JobResultGroup("etl", "enrich", "success", 1)]
 
     def test_round_trip_of_every_event_type(self, store: EventStore) -> None:
         sample = one_of_each()
@@ -1075,16 +1154,19 @@ class EventStoreContract:
         assert store.take_in(SID, [], 5, [late.message_id], epoch=lease.epoch) == []
         assert store.inbox(SID) == [] and store.last_seq(SID) == 5
 
-    def test_a_paused_session_with_a_message_is_claimed_as_answered(self, store: EventStore) -> None:
+    def test_a_session_with_a_message_is_claimed_paused_as_answered_failed_as_queued(self, store: EventStore) -> None:
         now = time.time()
         store.append("mailed", _paused_log("mailed", "wf", now - 50), 0)
         store.append("quiet", _paused_log("quiet", "wf", now - 60), 0)
         store.append("held", _paused_log("held", "wf", now - 70), 0)
         store.acquire("held", this_process("w-live"), 15.0, now=now)  # a live owner keeps its mail
+        store.append("failed", [ev(RunStarted, sid="failed", workflow="wf", ts=now - 45),
+                                ev(RunFinished, sid="failed", status="failed", ts=now - 44)], 0)
         store.send("mailed", "answer", {"inputs": {"ok": True}, "jobs": {}})
         store.send("held", "answer", {"inputs": {"ok": True}, "jobs": {}})
-        [c] = store.claim(this_process("w-claimer"), ["wf"], 15.0, limit=5, now=now)
-        assert (c.session_id, c.reason) == ("mailed", "answered")
+        store.send("failed", "retry", {"from_path": None, "reason": "again"})
+        claims = store.claim(this_process("w-claimer"), ["wf"], 15.0, limit=5, now=now)
+        assert sorted((c.session_id, c.reason) for c in claims) == [("failed", "queued"), ("mailed", "answered")]
         assert store.claim(this_process("w-other"), ["other"], 15.0, limit=5, now=now) == []
 
     def test_a_deleted_session_takes_its_inbox_with_it(self, store: EventStore) -> None:

@@ -45,6 +45,7 @@ __all__ = [
     "SQL_CLAIM_SAME_HOST",
     "SQL_CLAIM_LOCK",
     "SQL_QUEUED_SUMMARY",
+    "SQL_JOB_RESULTS",
     "SQL_WORKER_SEEN",
     "SQL_WORKERS_FORGET",
     "SQL_WORKERS",
@@ -144,6 +145,13 @@ SQL_OPEN_RUNS = f"{SQL_NODE_RUNS} WHERE {OPEN_WHERE} ORDER BY started_at, id"
 # the process check in Python); a waiting job is overdue past its deadline.
 _LAST_BEAT = "coalesce(n.heartbeat_at, n.started_at)"
 _OPEN_WHERE_N = open_where("n.status")  # schema.OPEN_WHERE, on the aliased table
+# A container is not counted (flowscope.fold.containers: an open run at "path/..." of the
+# same session). A prefix compared for equality: a range on the path would depend on the
+# database's collation, which orders punctuation as it likes.
+_NOT_CONTAINER = (
+    "NOT EXISTS (SELECT 1 FROM node_runs AS c WHERE c.session_id = n.session_id "
+    f"AND left(c.path, length(n.path) + 1) = n.path || '/' AND {open_where('c.status')})"
+)
 SQL_OPEN_SUMMARY = (
     "SELECT n.workflow, n.node, n.status, count(*), min(n.started_at), "
     "count(*) FILTER (WHERE n.status = 'running' AND CASE WHEN s.owner IS NULL "
@@ -151,6 +159,7 @@ SQL_OPEN_SUMMARY = (
     "ELSE (s.lease_expires_at IS NULL OR s.lease_expires_at <= %(now)s) END), "
     "count(*) FILTER (WHERE n.status = 'waiting_job' AND n.job_deadline_at < %(now)s) "
     f"FROM node_runs AS n LEFT JOIN sessions AS s ON s.session_id = n.session_id WHERE {_OPEN_WHERE_N} "
+    f"AND {_NOT_CONTAINER} "
     "GROUP BY n.workflow, n.node, n.status ORDER BY n.workflow, n.node, n.status"
 )
 #: Run before SQL_OPEN_SUMMARY, in its transaction: the default random_page_cost (4, a
@@ -163,7 +172,7 @@ SQL_OPEN_SAME_HOST = (
     "SELECT n.workflow, n.node, s.owner, s.lease_expires_at, count(*) "
     "FROM sessions AS s JOIN node_runs AS n ON n.session_id = s.session_id "
     "WHERE s.status = 'running' AND s.lease_expires_at > %(now)s AND s.owner->>'host' = %(host)s "
-    "AND n.status = 'running' GROUP BY n.workflow, n.node, s.owner, s.lease_expires_at"
+    f"AND n.status = 'running' AND {_NOT_CONTAINER} GROUP BY n.workflow, n.node, s.owner, s.lease_expires_at"
 )
 _INFO_COLUMNS = f"session_id, {', '.join(_SESSION_COLUMNS)}, owner, epoch, lease_expires_at, submitted_at"
 #: In SessionInfo field order; rows made by acquire() alone (no event yet) are no session.
@@ -225,10 +234,12 @@ SQL_CLAIM_FREE = {
     )
     for status, order in CLAIM_ORDER.items()
 }
-#: Paused sessions with a message in their inbox, claimable as answered (base.claim_reason).
+#: Paused, failed and completed sessions with a message in their inbox, claimable as answered
+#: or queued (base.claim_reason; the status is the row's last column).
 SQL_CLAIM_MAILED = (
-    f"SELECT {_CLAIM_COLUMNS.format(order='updated_at')} FROM sessions "
-    "WHERE session_id IN (SELECT session_id FROM messages) AND status = 'paused' AND workflow = ANY(%(workflows)s) "
+    f"SELECT {_CLAIM_COLUMNS.format(order='updated_at')}, status FROM sessions "
+    "WHERE session_id IN (SELECT session_id FROM messages) AND status IN ('paused', 'failed', 'completed') "
+    "AND workflow = ANY(%(workflows)s) "
     "AND (lease_expires_at IS NULL OR lease_expires_at <= %(now)s) "
     "ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
 )
@@ -237,7 +248,8 @@ SQL_CLAIM_MAILED = (
 SQL_CLAIM_SAME_HOST = (
     f"SELECT {_CLAIM_COLUMNS.format(order='coalesce(submitted_at, updated_at, lease_expires_at)')}, status "
     "FROM sessions WHERE (status IN ('queued', 'answered', 'running') "
-    "OR (status = 'paused' AND session_id IN (SELECT session_id FROM messages))) AND workflow = ANY(%(workflows)s) "
+    "OR (status IN ('paused', 'failed', 'completed') AND session_id IN (SELECT session_id FROM messages))) "
+    "AND workflow = ANY(%(workflows)s) "
     "AND lease_expires_at > %(now)s AND owner->>'host' = %(host)s"
 )
 #: Lock the same-host candidates whose epoch has not moved since they were read.
@@ -255,6 +267,10 @@ SQL_NOTIFY_MAILED = (
     "SELECT pg_notify(%s, workflow) FROM sessions WHERE session_id = %s AND status = 'paused'"
 )
 SQL_MAILED = "SELECT DISTINCT session_id FROM messages WHERE session_id = ANY(%s)"
+SQL_JOB_RESULTS = (
+    "SELECT s.workflow, e.node, e.payload::json->>'result', count(*) FROM events AS e "
+    "LEFT JOIN sessions AS s ON s.session_id = e.session_id WHERE e.type = 'job_result' GROUP BY 1, 2, 3"
+)
 SQL_QUEUED_SUMMARY = (
     "SELECT workflow, count(*), min(submitted_at) FROM sessions WHERE status = 'queued' "
     "GROUP BY workflow ORDER BY workflow"

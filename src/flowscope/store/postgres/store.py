@@ -41,11 +41,13 @@ from ...jsontext import dumps_finite
 from ...liveness import owner_alive, stale_before
 from ...ownership import Lease, Owner, this_host
 from ..base import (
+    MAILED_STATUSES,
     WORKER_RETENTION_S,
     AppendBatch,
     Claim,
     ClaimReason,
     EventStore,
+    JobResultGroup,
     Message,
     NodeRun,
     OpenRunGroup,
@@ -588,16 +590,17 @@ class PostgresEventStore(EventStore):
             # (since, session_id, workflow, reason)
             found: list[tuple[float, str, str, ClaimReason]] = []
             with conn.transaction():
-                for status, statement in (*q.SQL_CLAIM_FREE.items(), ("answered", q.SQL_CLAIM_MAILED)):
-                    for sid, workflow, owner_json, lease, _rec, since, _epoch in conn.execute(statement, params):
-                        reason = claim_reason(status, _owner(owner_json), lease, now, host=host)
+                for status, statement in (*q.SQL_CLAIM_FREE.items(), ("mailed", q.SQL_CLAIM_MAILED)):
+                    for sid, workflow, owner_json, lease, _rec, since, _epoch, *mailed in conn.execute(statement, params):
+                        reason = claim_reason(mailed[0] if mailed else status, _owner(owner_json), lease, now, host=host,
+                                              mail=bool(mailed))
                         if reason is not None:
                             found.append((since or 0.0, sid, workflow, reason))
                 # this host's live leases: claimable if the owner's process is gone
                 dead: list[tuple[float, str, str, ClaimReason, int]] = []
                 for sid, workflow, owner_json, lease, rec, since, epoch, status in conn.execute(q.SQL_CLAIM_SAME_HOST, params):
-                    # a paused row is here only with mail (the query's condition)
-                    reason = claim_reason(status, _owner(owner_json), lease, now, host=host, mail=status == "paused")
+                    # a paused, failed or completed row is here only with mail (the query's condition)
+                    reason = claim_reason(status, _owner(owner_json), lease, now, host=host, mail=status in MAILED_STATUSES)
                     if reason is None or (reason == "orphaned" and max_recoveries is not None and rec > max_recoveries):
                         continue
                     dead.append((since or 0.0, sid, workflow, reason, epoch))
@@ -700,6 +703,11 @@ class PostgresEventStore(EventStore):
     def queued_summary(self) -> list[QueuedGroup]:
         rows = self._run("summarise queued sessions", lambda c: c.execute(q.SQL_QUEUED_SUMMARY).fetchall(), retry=True)
         return [QueuedGroup(wf, int(n), oldest) for wf, n, oldest in rows]
+
+    def job_result_summary(self) -> list[JobResultGroup]:
+        """The port's count in one ``GROUP BY`` over the log's job results."""
+        rows = self._run("count job results", lambda c: c.execute(q.SQL_JOB_RESULTS).fetchall(), retry=True)
+        return [JobResultGroup(wf or "", node or "", str(result), int(n)) for wf, node, result, n in sorted(rows, key=lambda r: (r[0] or "", r[1] or "", str(r[2])))]
 
     # ------------------------------------------------------------------ waking workers
 

@@ -8,6 +8,7 @@ their primary code. Every message is one line naming the file and saying what to
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
 from ...errors import (
@@ -18,9 +19,45 @@ from ...errors import (
     StoreLocked,
     StoreReadOnly,
     StoreUnavailable,
+    StoreWalRemoved,
 )
 
-__all__ = ["store_error", "primary_code"]
+__all__ = ["store_error", "primary_code", "wal_removed", "wal_looks_removed"]
+
+
+def wal_removed(path: str) -> StoreWalRemoved:
+    """This process's connection writes to a ``-wal`` file that is no longer the one at
+    ``path-wal`` (deleted or replaced under it)."""
+    return StoreWalRemoved(
+        f"{path}-wal was deleted or replaced while this process had the database open: the commits since "
+        "the last checkpoint are only in the removed file and are lost when this process exits; stop every "
+        f"process using {path}, keep a copy of it, and restore it from a backup if those commits matter; "
+        "never delete a database's -wal or -shm file while it is in use"
+    )
+
+
+def wal_looks_removed(path: str) -> bool:
+    """At open: a ``-shm`` file (another process has the database open) beside a ``-wal``
+    file that is missing or empty, the trace a deleted ``-wal`` leaves."""
+    try:
+        os.stat(path + "-shm")
+    except OSError:
+        return False
+    try:
+        return os.stat(path + "-wal").st_size == 0
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def _wal_removed_elsewhere(path: str, action: str) -> StoreWalRemoved:
+    return StoreWalRemoved(
+        f"{path}: disk I/O error (could not {action}), and its -wal file is missing or empty beside its -shm file: it "
+        "was most likely deleted while another process had the database open, which still writes commits "
+        f"nobody else can see; stop every process using {path}, then open it again (the commits only the "
+        "deleted -wal held are lost); never delete a database's -wal or -shm file while it is in use"
+    )
 
 
 def primary_code(exc: BaseException) -> int | None:
@@ -52,6 +89,8 @@ def store_error(exc: BaseException, path: str, action: str, busy_timeout: float)
         return StoreReadOnly(f"{path} is read-only: cannot {action}; open it writable or with readonly=True")
     if code == sqlite3.SQLITE_FULL:
         return StoreDiskFull(f"{path}: the disk or the database size limit is full: cannot {action}; free space and retry")
+    if code == sqlite3.SQLITE_IOERR and wal_looks_removed(path):
+        return _wal_removed_elsewhere(path, action)
     if code == sqlite3.SQLITE_CANTOPEN:
         return StoreUnavailable(f"cannot open flowscope database {path} (to {action}): check the path and its permissions")
     return StoreError(f"{path}: cannot {action}: {_one_line(exc)}")

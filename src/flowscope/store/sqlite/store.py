@@ -36,6 +36,7 @@ from ..base import (
     Claim,
     ClaimReason,
     EventStore,
+    JobResultGroup,
     Message,
     NodeRun,
     OpenRunGroup,
@@ -52,7 +53,7 @@ from ..base import (
 from . import queries as q
 from . import schema
 from .codec import decode, encode
-from .faults import store_error
+from .faults import store_error, wal_removed
 
 __all__ = ["SqliteEventStore"]
 
@@ -61,6 +62,9 @@ _PATHS_PER_QUERY = 500  # below SQLite's limit on bound parameters
 # invocation (an append that ends one drops its entry), so the bound is only a backstop;
 # below the number of concurrent sessions, every append would read its rows back.
 _NODE_CACHE_SESSIONS = 65536
+# How often a writing transaction checks (one stat) that the -wal file it writes to is
+# still the one beside the database; a failed write always checks.
+_WAL_CHECK_S = 1.0
 
 #: session -> (last_seq, complete, {path: NodeState}) as of this object's last append.
 _CacheEntry = tuple[int, bool, dict[str, NodeState]]
@@ -110,6 +114,11 @@ class SqliteEventStore(EventStore):
         self._pending_cache: tuple[str, _CacheEntry] | None = None
         self._conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None
+        self._wal: tuple[int, int] | None = None  # the -wal file this connection writes to
+        self._wal_tracked = False  # writable and in WAL mode: _wal is known once the file exists
+        self._wal_checked = 0.0
+        #: job_result_summary's running count: (counts, last rowid read, file identity).
+        self._job_results: tuple[dict[tuple[str, str, str], int], int, tuple[int, int] | None] = ({}, 0, None)
         new_file = self.path == ":memory:" or not os.path.exists(self.path) or os.path.getsize(self.path) == 0
         schema.check_file(self.path, readonly)
         conn = schema.connect(self.path, readonly, busy_timeout)
@@ -134,6 +143,9 @@ class SqliteEventStore(EventStore):
             self._close_quietly()
             raise store_error(exc, self.path, "open it", busy_timeout) from exc
         self._identity = _identity(self.path)
+        if not readonly and self.journal_mode == "wal" and self.path != ":memory:":
+            self._wal_tracked = True
+            self._wal = _identity(self.path + "-wal")  # None until the first transaction makes it
 
     def refresh(self) -> None:
         """Reopen the file if the one at :attr:`path` is not the one open (another inode or
@@ -151,6 +163,7 @@ class SqliteEventStore(EventStore):
             old = self._conn
             self._conn, self.db, self.journal_mode = fresh._conn, fresh.db, fresh.journal_mode
             self._identity = fresh._identity
+            self._wal, self._wal_tracked = fresh._wal, fresh._wal_tracked
             self._node_cache.clear()
             self._pending_cache = None
             fresh._conn = None
@@ -186,7 +199,31 @@ class SqliteEventStore(EventStore):
             try:
                 yield conn
             except sqlite3.Error as exc:
-                raise store_error(exc, self.path, action, self.busy_timeout) from exc
+                raise self._error(exc, action) from exc
+
+    def _error(self, exc: sqlite3.Error, action: str) -> StoreError:
+        """The :class:`StoreError` for ``exc``: first, whether our -wal file was removed."""
+        if self._wal_moved():
+            return wal_removed(self.path)
+        return store_error(exc, self.path, action, self.busy_timeout)
+
+    def _wal_moved(self) -> bool:
+        """Whether the -wal file this connection writes to is not the one at ``path-wal``
+        (deleted or replaced under a running process: its commits would be lost)."""
+        if not self._wal_tracked:
+            return False
+        self._wal_checked = time.monotonic()
+        now = _identity(self.path + "-wal")
+        if self._wal is None:  # the first transaction since open made it: this is ours
+            self._wal = now
+            return False
+        return now != self._wal
+
+    def _check_wal(self) -> None:
+        """Before a commit, at most every ``_WAL_CHECK_S``: refuse to commit into a removed
+        -wal file (:class:`~flowscope.errors.StoreWalRemoved`; the transaction rolls back)."""
+        if self._wal_tracked and time.monotonic() - self._wal_checked >= _WAL_CHECK_S and self._wal_moved():
+            raise wal_removed(self.path)
 
     @contextmanager
     def _write(self, action: str) -> Iterator[sqlite3.Connection]:
@@ -197,6 +234,7 @@ class SqliteEventStore(EventStore):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
+                self._check_wal()
                 conn.execute("COMMIT")
             except BaseException:
                 schema.rollback(conn)
@@ -248,6 +286,7 @@ class SqliteEventStore(EventStore):
                 self._pending_cache = None
                 try:
                     numbered = self._append_in_transaction(conn, session_id, events, encoded, expected_last_seq, epoch)
+                    self._check_wal()
                     conn.execute("COMMIT")
                 except BaseException:
                     schema.rollback(conn)  # the cache entry was popped: the next append reads the rows
@@ -255,7 +294,7 @@ class SqliteEventStore(EventStore):
                 if self._pending_cache is not None:  # committed: keep the states for the next append
                     self._keep([self._pending_cache])
             except sqlite3.Error as exc:
-                raise store_error(exc, self.path, "append events", self.busy_timeout) from exc
+                raise self._error(exc, "append events") from exc
         return numbered
 
     def _append_in_transaction(
@@ -475,10 +514,11 @@ class SqliteEventStore(EventStore):
         with self._write("claim sessions") as conn:
             found: list[tuple[float, str, str, ClaimReason]] = []
             for sql, status in ((q.SQL_CLAIM_QUEUED, "queued"), (q.SQL_CLAIM_ANSWERED, "answered"),
-                                (q.SQL_CLAIM_MAILED, "answered"), (q.SQL_CLAIM_ORPHANED, "running")):
+                                (q.SQL_CLAIM_MAILED, "mailed"), (q.SQL_CLAIM_ORPHANED, "running")):
                 taken = 0
-                for sid, workflow, owner_json, lease, recoveries, since in conn.execute(sql, params):
-                    reason = claim_reason(status, _owner(owner_json), lease, now, host=host)
+                for sid, workflow, owner_json, lease, recoveries, since, *mailed in conn.execute(sql, params):
+                    reason = claim_reason(mailed[0] if mailed else status, _owner(owner_json), lease, now, host=host,
+                                          mail=bool(mailed))
                     if reason is None or (reason == "orphaned" and max_recoveries is not None and recoveries > max_recoveries):
                         continue
                     found.append((since or 0.0, sid, workflow, reason))
@@ -555,6 +595,27 @@ class SqliteEventStore(EventStore):
             rows = conn.execute(q.SQL_QUEUED_SUMMARY).fetchall()
         return [QueuedGroup(*r) for r in rows]
 
+    def job_result_summary(self) -> list[JobResultGroup]:
+        """The port's count, kept per store object: each call reads only the job results
+        appended since the last (the log's rowids grow with each commit, one writer at a
+        time), so a scrape costs what was appended since the one before, never a scan of
+        the log. A file replaced by another (:meth:`refresh`) starts the count again."""
+        with self._lock:
+            counts, after, identity = self._job_results
+            if identity != self._identity:
+                counts, after = {}, 0
+            with self._op("count job results") as conn:
+                upto = int(conn.execute(q.SQL_LAST_EVENT_ROWID).fetchone()[0])
+                if upto < after:  # rows deleted from the end: count from what is there now
+                    after = upto
+                rows = conn.execute(q.SQL_JOB_RESULTS_AFTER, {"after": after, "upto": upto}).fetchall() if upto > after else []
+            counts = dict(counts)
+            for workflow, node, result, n in rows:
+                key = (workflow or "", node or "", str(result))
+                counts[key] = counts.get(key, 0) + int(n)
+            self._job_results = (counts, upto, self._identity)
+        return [JobResultGroup(*k, n) for k, n in sorted(counts.items())]
+
     # ------------------------------------------------------------------ snapshots
 
     def save_snapshot(self, session_id: str, seq: int, data: str) -> None:
@@ -624,6 +685,7 @@ class SqliteEventStore(EventStore):
                             conn.execute("RELEASE batch")
                     if bulk is not None:
                         bulk.write(conn)
+                    self._check_wal()
                     conn.execute("COMMIT")
                 except BaseException:
                     self._pending_cache = None
@@ -634,7 +696,7 @@ class SqliteEventStore(EventStore):
                 self._pending_cache = None
                 self._keep(kept)
             except sqlite3.Error as exc:
-                raise store_error(exc, self.path, "append events", self.busy_timeout) from exc
+                raise self._error(exc, "append events") from exc
         return out
 
     def exported_seq(self, session_id: str) -> int:

@@ -1,0 +1,758 @@
+"""Speed at scale: every target, side by side in one run, with the floors under them.
+
+    PYTHONPATH=src python bench/targets.py            # the full run (about 10-15 minutes on 2 cores)
+    PYTHONPATH=src python bench/targets.py --quick    # fewer repetitions (about 5 minutes)
+    PYTHONPATH=src python bench/targets.py --quick --smoke   # tiny sizes: checks that it runs (seconds)
+
+Prints Markdown (every figure, then the targets table: target, wanted, measured, the floor
+measured in the same run, pass/fail) and exits 1 when a target is missed or could not be
+measured. ``--only chain,invoke,sessions,flat,worker,adk,pg`` runs some sections (the
+targets of the others show as not measured).
+
+Method: one process (the worker figures: a ``flowscope worker`` child). In a section every
+repetition runs every configuration once, from a rotating offset; the first repetition is
+a warm-up. A ratio is the median over repetitions of the ratio of the two configurations'
+times in the same repetition (a slow phase of the VM slows both sides of a pair alike).
+``gc.collect()`` runs before every measurement, outside the timing; the spans are flushed
+to the exporter inside it. Configurations:
+
+- flowscope: the engine alone (memory store, no plugins), SQLite alone (a temp file,
+  ``durability="normal"``), the full stack (SQLite + ``TracingPlugin`` into an SDK
+  ``TracerProvider``/``BatchSpanProcessor``/``WatermarkExporter`` around an exporter that
+  drops the spans, what ``configure_tracing`` builds but for the network, + ``MetricsPlugin``
+  on a fresh registry); on PostgreSQL the same with ``PostgresEventStore``;
+- LangGraph: ``SqliteSaver`` (sync ``invoke``), the same traced by
+  ``openinference-instrumentation-langchain`` (``LangChainInstrumentor``) into an SDK
+  ``BatchSpanProcessor`` with the same no-op exporter, ``AsyncSqliteSaver`` for the
+  concurrent sessions, ``PostgresSaver`` on the same PostgreSQL server;
+- ADK: ``google.adk.workflow.Workflow`` under ``Runner(node=...)`` and an
+  ``InMemorySessionService`` (``peers_adk.py``);
+- floors: a durable one-row commit per step (SQLite: WAL, ``synchronous=NORMAL``, the
+  store's setting; PostgreSQL: autocommit ``INSERT``, fsync on), the engine alone, SQLite
+  alone. A target on the full stack cannot pass where its floor's own figure misses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import platform
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+import uuid
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for p in (str(HERE), str(ROOT / "src"), str(ROOT / "tests")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from opentelemetry.sdk.trace.export import SpanExportResult  # noqa: E402
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+import workflows as W  # noqa: E402
+from flowscope import Runner  # noqa: E402
+from flowscope.observability import MetricsPlugin, TracingPlugin  # noqa: E402
+from flowscope.observability.shipping import WatermarkExporter  # noqa: E402
+from flowscope.store import MemoryEventStore  # noqa: E402
+from flowscope.store.sqlite import SqliteEventStore  # noqa: E402
+
+SECTIONS = ("chain", "invoke", "sessions", "flat", "worker", "adk", "pg")
+
+
+# ----------------------------------------------------------------------------- sizes
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each section runs: ``--quick`` and ``--smoke`` shrink it."""
+
+    chain: int = 200
+    chain_reps: int = 21
+    invoke_nodes: int = 5
+    invoke_reps: int = 41
+    sessions: int = 1000
+    session_chain: int = 10
+    session_reps: int = 3
+    flat_chains: tuple[int, ...] = (20, 200, 2000)
+    flat_sessions: tuple[int, ...] = (10, 100, 1000, 10000)
+    flat_reps: int = 5
+    worker_reps: int = 2
+    worker_node_runs: int = 4000  # per chain length in the worker, one session at a time
+    pg_reps: int = 9
+
+
+FULL = Sizes()
+QUICK = Sizes(chain_reps=9, invoke_reps=15, session_reps=1, flat_reps=3, worker_reps=1, pg_reps=5)
+SMOKE = Sizes(chain=20, chain_reps=2, invoke_reps=1, sessions=20, session_reps=1, flat_chains=(5, 20),
+              flat_sessions=(5, 20), flat_reps=1, worker_reps=1, worker_node_runs=40, pg_reps=1)
+
+
+# ----------------------------------------------------------------------------- parts
+
+
+class CountingExporter(W.NoopSpanExporter):
+    """Drops the spans, counting them: a run's spans are checked to have reached it."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+
+    def export(self, spans: Any) -> SpanExportResult:
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
+
+
+def provider(watermark: bool) -> tuple[Any, CountingExporter]:
+    """An SDK ``TracerProvider`` with a ``BatchSpanProcessor`` into a counting no-op exporter,
+    through flowscope's ``WatermarkExporter`` when ``watermark`` (what ``configure_tracing``
+    builds); the queue holds the spans of 10,000 sessions between flushes."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    counting = CountingExporter()
+    exporter: Any = WatermarkExporter(counting) if watermark else counting
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=400_000))
+    return tp, counting
+
+
+class Flow:
+    """A flowscope configuration: one long-lived Runner over one store."""
+
+    def __init__(self, wf: Any, store: Any, full: bool) -> None:
+        self.store = store
+        self.tp, self.exported = provider(True) if full else (None, None)
+        plugins: list[Any] = []
+        if self.tp is not None:
+            plugins = [TracingPlugin(tracer_provider=self.tp), MetricsPlugin(registry=CollectorRegistry())]
+        self.runner = Runner(wf, store=store, plugins=plugins)
+
+    async def once(self, sessions: int = 1) -> float:
+        """Seconds to run ``sessions`` new sessions concurrently to the end, spans handed to the exporter."""
+        ids = [uuid.uuid4().hex for _ in range(sessions)]
+        before = self.exported.spans if self.exported is not None else 0
+        gc.collect()
+        t0 = time.perf_counter()
+        if sessions == 1:
+            res = [await self.runner.run(0, session_id=ids[0])]
+        else:
+            res = await asyncio.gather(*(self.runner.run(0, session_id=i) for i in ids))
+        if self.tp is not None:
+            self.tp.force_flush()
+        dt = time.perf_counter() - t0
+        if any(r.status != "completed" for r in res):
+            raise AssertionError("a flowscope run did not complete")
+        if self.exported is not None and self.exported.spans - before < sessions:
+            raise AssertionError("the spans did not reach the exporter")
+        return dt
+
+    def close(self) -> None:
+        if self.tp is not None:
+            self.tp.shutdown()
+        self.store.close()
+
+
+def sqlite_commit_floor(folder: str, n: int) -> Callable[[], float]:
+    """``n`` one-row commits (``BEGIN; INSERT; COMMIT``) on a WAL file with ``synchronous=NORMAL``,
+    the SQLite store's durability: what any store that commits every step pays at least."""
+    conn = sqlite3.connect(os.path.join(folder, f"floor-{uuid.uuid4().hex}.db"), isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("CREATE TABLE step (id INTEGER PRIMARY KEY, v TEXT)")
+
+    def run() -> float:
+        gc.collect()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO step (v) VALUES ('x')")
+            conn.execute("COMMIT")
+        return time.perf_counter() - t0
+
+    return run
+
+
+def lg_sqlite(n: int, folder: str, traced: bool) -> tuple[Callable[[], float], Callable[[], None]]:
+    """LangGraph + ``SqliteSaver``, an ``n``-chain compiled once; ``traced``: the
+    OpenInference instrumentor on, into a ``BatchSpanProcessor`` with the no-op exporter,
+    for the timed run only (it patches LangChain process-wide, so it is switched off for
+    the other configurations)."""
+    import peers_langgraph
+
+    run, close = peers_langgraph.sqlite_chain(n, folder)
+    if not traced:
+        def plain() -> float:
+            gc.collect()
+            t0 = time.perf_counter()
+            run()
+            return time.perf_counter() - t0
+
+        return plain, close
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    tp, counting = provider(False)
+    inst = LangChainInstrumentor()
+
+    def traced_run() -> float:
+        inst.instrument(tracer_provider=tp)
+        try:
+            before = counting.spans
+            gc.collect()
+            t0 = time.perf_counter()
+            run()
+            tp.force_flush()
+            dt = time.perf_counter() - t0
+        finally:
+            inst.uninstrument()
+        if counting.spans - before < n:
+            raise AssertionError(f"OpenInference exported {counting.spans - before} spans for {n} nodes")
+        return dt
+
+    def close_all() -> None:
+        close()
+        tp.shutdown()
+
+    return traced_run, close_all
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def interleave(configs: dict[str, Callable[[], float]], reps: int, log: Callable[[str], None]) -> dict[str, list[float]]:
+    """Seconds of every timed repetition, by configuration: every repetition runs each
+    configuration once from a rotating offset; the first is a warm-up."""
+    names = list(configs)
+    out: dict[str, list[float]] = {k: [] for k in names}
+    for rep in range(reps + 1):
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            dt = configs[name]()
+            if rep:
+                out[name].append(dt)
+        if rep and (rep % 5 == 0 or rep == reps):
+            log(f"  repetition {rep}/{reps}")
+    return out
+
+
+def paired(runs: dict[str, list[float]], slow: str, fast: str) -> float:
+    """How many times faster ``fast`` is than ``slow``: the median over repetitions of the
+    ratio of their times in the same repetition."""
+    return med([a / b for a, b in zip(runs[slow], runs[fast])])
+
+
+@dataclass
+class Target:
+    name: str
+    wanted: str  # "≥ 8x", "≥ 85%", "≤ 1.3"
+    measured: float | None
+    floor: str
+    show: str = ""
+
+    @property
+    def ok(self) -> bool | None:
+        if self.measured is None:
+            return None
+        num = float(self.wanted.split()[1].rstrip("x%"))
+        if self.wanted.endswith("%"):
+            num /= 100
+        return self.measured >= num if self.wanted.startswith("≥") else self.measured <= num
+
+
+@dataclass
+class Bench:
+    sizes: Sizes
+    only: set[str]
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    tmp: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="flowscope-targets-"))
+    started: float = field(default_factory=time.time)
+    out: list[str] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.time() - self.started:6.0f}s] {msg}", file=sys.stderr, flush=True)
+
+    def p(self, text: str = "") -> None:
+        self.out.append(text)
+
+    def wants(self, section: str) -> bool:
+        return not self.only or section in self.only
+
+    def sync(self, coro_fn: Callable[[], Any]) -> Callable[[], float]:
+        return lambda: self.loop.run_until_complete(coro_fn())
+
+    def sqlite(self) -> SqliteEventStore:
+        return SqliteEventStore(os.path.join(self.tmp, f"{uuid.uuid4().hex}.db"))
+
+    def table(self, title: str, runs: dict[str, list[float]], unit: float, unit_name: str) -> None:
+        self.p(f"| {title} | {unit_name} (median) | middle half |\n| --- | ---: | ---: |")
+        for k, v in runs.items():
+            xs = sorted(t * unit for t in v)
+            q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0], xs[0], xs[0]]
+            self.p(f"| {k} | {med(xs):,.1f} | {q[0]:,.1f}–{q[2]:,.1f} |")
+        self.p()
+
+    # ------------------------------------------------------------------- sections
+
+    def chain(self) -> None:
+        """The 200-chain: the full stack against LangGraph + SqliteSaver, untraced and traced."""
+        n, s = self.sizes.chain, self.sizes
+        self.log(f"{n}-chain")
+        wf = W.chain(n)
+        flows = {"engine alone (memory)": Flow(wf, MemoryEventStore(), False),
+                 "SQLite alone": Flow(wf, self.sqlite(), False),
+                 "full stack": Flow(wf, self.sqlite(), True)}
+        configs: dict[str, Callable[[], float]] = {k: self.sync(f.once) for k, f in flows.items()}
+        configs["floor: one-row commit per node"] = sqlite_commit_floor(self.tmp, n)
+        closers = []
+        for label, traced in (("LangGraph + SqliteSaver", False), ("LangGraph + SqliteSaver, OpenInference", True)):
+            run, close = lg_sqlite(n, self.tmp, traced)
+            configs[label] = run
+            closers.append(close)
+        runs = interleave(configs, s.chain_reps, self.log)
+        for f in flows.values():
+            f.close()
+        for c in closers:
+            c()
+        self.p(f"### {n}-chain, µs per node\n\n{s.chain_reps} timed repetitions after a warm-up, interleaved.\n")
+        self.table("configuration", runs, 1e6 / n, "µs/node")
+        lg, lgt = "LangGraph + SqliteSaver", "LangGraph + SqliteSaver, OpenInference"
+        floor = (f"SQLite alone {paired(runs, lg, 'SQLite alone'):.1f}x; engine alone {paired(runs, lg, 'engine alone (memory)'):.0f}x; "
+                 f"one-row commit per node {paired(runs, lg, 'floor: one-row commit per node'):.0f}x")
+        floor_t = (f"SQLite alone {paired(runs, lgt, 'SQLite alone'):.1f}x; engine alone {paired(runs, lgt, 'engine alone (memory)'):.0f}x; "
+                   f"one-row commit per node {paired(runs, lgt, 'floor: one-row commit per node'):.0f}x")
+        self.p(f"OpenInference's tracing costs LangGraph {paired(runs, lgt, lg):.2f}x its untraced time; "
+               f"flowscope's telemetry costs it {paired(runs, 'full stack', 'SQLite alone'):.2f}x SQLite alone's.\n")
+        self.targets += [
+            Target(f"{n}-chain: full stack vs LangGraph + SqliteSaver", "≥ 8x", paired(runs, lg, "full stack"), floor),
+            Target(f"{n}-chain: full stack vs LangGraph + SqliteSaver traced by OpenInference", "≥ 12x",
+                   paired(runs, lgt, "full stack"), floor_t),
+            Target(f"{n}-chain: full stack's speed / SQLite alone's", "≥ 85%", paired(runs, "SQLite alone", "full stack"),
+                   f"SQLite alone {med(runs['SQLite alone']) * 1e6 / n:.0f} µs/node; engine alone "
+                   f"{med(runs['engine alone (memory)']) * 1e6 / n:.1f} µs/node"),
+        ]
+
+    def invoke(self) -> None:
+        """A 5-node workflow invocation end to end: start, run, finish, spans handed to the exporter."""
+        n, s = self.sizes.invoke_nodes, self.sizes
+        self.log(f"{n}-node invocation")
+        wf = W.chain(n)
+        flows = {"engine alone (memory)": Flow(wf, MemoryEventStore(), False),
+                 "SQLite alone": Flow(wf, self.sqlite(), False),
+                 "full stack": Flow(wf, self.sqlite(), True)}
+        configs: dict[str, Callable[[], float]] = {k: self.sync(f.once) for k, f in flows.items()}
+        configs[f"floor: {n} one-row commits"] = sqlite_commit_floor(self.tmp, n)
+        closers = []
+        for label, traced in (("LangGraph + SqliteSaver", False), ("LangGraph + SqliteSaver, OpenInference", True)):
+            run, close = lg_sqlite(n, self.tmp, traced)
+            configs[label] = run
+            closers.append(close)
+        runs = interleave(configs, s.invoke_reps, self.log)
+        for f in flows.values():
+            f.close()
+        for c in closers:
+            c()
+        self.p(f"### A {n}-node workflow invocation, µs per invocation\n\nStart, run, finish, spans handed to the "
+               f"exporter (`force_flush` inside the timing, both sides). {s.invoke_reps} timed repetitions.\n")
+        self.table("configuration", runs, 1e6, "µs/invocation")
+        lgt = "LangGraph + SqliteSaver, OpenInference"
+        self.targets.append(Target(
+            f"{n}-node invocation: full stack vs LangGraph + SqliteSaver traced by OpenInference", "≥ 10x",
+            paired(runs, lgt, "full stack"),
+            f"SQLite alone {paired(runs, lgt, 'SQLite alone'):.1f}x; engine alone {paired(runs, lgt, 'engine alone (memory)'):.0f}x; "
+            f"untraced LangGraph {paired(runs, 'LangGraph + SqliteSaver', 'full stack'):.1f}x"))
+
+    def sessions(self) -> None:
+        """1,000 concurrent sessions of a 10-chain against LangGraph + AsyncSqliteSaver."""
+        import peers_langgraph
+
+        k, n, s = self.sizes.sessions, self.sizes.session_chain, self.sizes
+        self.log(f"{k} sessions x {n}-chain")
+        wf = W.chain(n)
+        flows = {"engine alone (memory)": Flow(wf, MemoryEventStore(), False),
+                 "SQLite alone": Flow(wf, self.sqlite(), False),
+                 "full stack": Flow(wf, self.sqlite(), True)}
+        configs: dict[str, Callable[[], float]] = {key: self.sync(lambda f=f: f.once(k)) for key, f in flows.items()}
+        lg_once = self.loop.run_until_complete(peers_langgraph.async_sqlite_chain(n, k, self.tmp))
+        configs["LangGraph + AsyncSqliteSaver"] = self.sync(lg_once)
+        for f in flows.values():  # a smaller warm-up than a repetition: LangGraph's takes ~30 s
+            self.loop.run_until_complete(f.once(min(k, 100)))
+        self.loop.run_until_complete(lg_once(min(k, 100)))
+        names = list(configs)
+        runs: dict[str, list[float]] = {key: [] for key in names}
+        for rep in range(s.session_reps):
+            for name in names[rep % len(names):] + names[: rep % len(names)]:
+                runs[name].append(configs[name]())
+            self.log(f"  repetition {rep + 1}/{s.session_reps}")
+        for f in flows.values():
+            f.close()
+        self.p(f"### {k:,} concurrent sessions of a {n}-node chain, µs per node run\n\n{s.session_reps} timed "
+               "repetitions after a warm-up of 100 sessions each; LangGraph runs `ainvoke` of every thread concurrently.\n")
+        self.table("configuration", runs, 1e6 / (k * n), "µs/node run")
+        lga = "LangGraph + AsyncSqliteSaver"
+        self.p("Node runs/s: " + ", ".join(f"{key} {k * n / med(v):,.0f}" for key, v in runs.items()) + ".\n")
+        self.targets += [
+            Target(f"{k:,} sessions: full stack vs LangGraph + AsyncSqliteSaver", "≥ 12x", paired(runs, lga, "full stack"),
+                   f"SQLite alone {paired(runs, lga, 'SQLite alone'):.1f}x; engine alone {paired(runs, lga, 'engine alone (memory)'):.0f}x"),
+            Target(f"{k:,} sessions: full stack's speed / SQLite alone's", "≥ 85%", paired(runs, "SQLite alone", "full stack"),
+                   f"engine alone {k * n / med(runs['engine alone (memory)']):,.0f} node runs/s"),
+        ]
+
+    def flat(self) -> None:
+        """Per node, 20 -> 2,000 nodes; per node run, 10 -> 10,000 sessions; memory per session."""
+        s = self.sizes
+        self.log("flatness in the bench process")
+        chains: dict[str, dict[int, float]] = {"full stack": {}, "SQLite alone": {}}
+        for n in s.flat_chains:
+            wf = W.chain(n)
+            flows = {"full stack": Flow(wf, self.sqlite(), True), "SQLite alone": Flow(wf, self.sqlite(), False)}
+            reps = s.flat_reps if n < 2000 else max(1, s.flat_reps - 2)
+            runs = interleave({k: self.sync(f.once) for k, f in flows.items()}, reps, lambda _m: None)
+            for k, f in flows.items():
+                chains[k][n] = med(runs[k]) * 1e6 / n
+                f.close()
+        sess: dict[str, dict[int, float]] = {"full stack": {}, "SQLite alone": {}}
+        mem: dict[int, float] = {}
+        for k in s.flat_sessions:
+            wf = W.chain(10)
+            flows = {"full stack": Flow(wf, self.sqlite(), True), "SQLite alone": Flow(wf, self.sqlite(), False)}
+            for f in flows.values():
+                self.loop.run_until_complete(f.once(min(k, 100)))
+            reps = 1 if k >= 10000 else (s.flat_reps if k <= 100 else 2)
+            runs = {key: [] for key in flows}
+            for rep in range(reps):
+                order = list(flows) if rep % 2 == 0 else list(flows)[::-1]
+                for key in order:
+                    runs[key].append(self.loop.run_until_complete(flows[key].once(k)))
+            for key in flows:
+                sess[key][k] = med(runs[key]) * 1e6 / (k * 10)
+            gc.collect()
+            tracemalloc.start()
+            self.loop.run_until_complete(flows["full stack"].once(k))
+            _cur, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            mem[k] = peak / k / 1024
+            for f in flows.values():
+                f.close()
+            self.log(f"  {k} sessions done")
+        self.p("### Flatness in the bench process\n")
+        self.p("| chain length | full stack µs/node | SQLite alone µs/node |\n| ---: | ---: | ---: |")
+        for n in s.flat_chains:
+            self.p(f"| {n:,} | {chains['full stack'][n]:.1f} | {chains['SQLite alone'][n]:.1f} |")
+        self.p("\n| concurrent sessions (10-chain) | full stack µs/node run | SQLite alone µs/node run | full stack memory per session (KiB, tracemalloc peak / sessions) |\n| ---: | ---: | ---: | ---: |")
+        for k in s.flat_sessions:
+            self.p(f"| {k:,} | {sess['full stack'][k]:.1f} | {sess['SQLite alone'][k]:.1f} | {mem[k]:.1f} |")
+        self.p()
+
+        def spread(d: dict[int, float]) -> float:
+            return max(d.values()) / min(d.values())
+
+        lo_c, hi_c, lo_s, hi_s = s.flat_chains[0], s.flat_chains[-1], s.flat_sessions[0], s.flat_sessions[-1]
+        self.targets += [
+            Target(f"bench process: per node, {lo_c:,} → {hi_c:,} nodes (max/min)", "≤ 1.3", spread(chains["full stack"]),
+                   f"SQLite alone {spread(chains['SQLite alone']):.2f}"),
+            Target(f"bench process: per node run, {lo_s:,} → {hi_s:,} sessions (max/min)", "≤ 1.3", spread(sess["full stack"]),
+                   f"SQLite alone {spread(sess['SQLite alone']):.2f}; {mem[hi_s]:.1f} KiB per session at {hi_s:,}"),
+        ]
+
+    def worker(self) -> None:
+        """The same flatness in a ``flowscope worker`` process with its full stack on."""
+        s = self.sizes
+        self.log("flatness in a flowscope worker")
+        chain_rows: dict[int, list[float]] = {n: [] for n in s.flat_chains}
+        sess_rows: dict[int, list[float]] = {k: [] for k in s.flat_sessions}
+        hwm: dict[int, float] = {}
+        for _rep in range(s.worker_reps):
+            for n in s.flat_chains:  # about worker_node_runs node runs each, one session at a time
+                count = max(2, s.worker_node_runs // n)
+                per_run, _mem = self.worker_once(n, count, concurrency=1)
+                chain_rows[n].append(per_run)
+            for k in s.flat_sessions:
+                per_run, mem_kib = self.worker_once(10, k, concurrency=k)
+                sess_rows[k].append(per_run)
+                hwm[k] = max(hwm.get(k, 0.0), mem_kib)
+                self.log(f"  worker: {k} sessions done")
+        chains = {n: med(v) for n, v in chain_rows.items()}
+        sess = {k: med(v) for k, v in sess_rows.items()}
+        lo_s, hi_s = s.flat_sessions[0], s.flat_sessions[-1]
+        self.p("### Flatness in a `flowscope worker` process\n")
+        self.p("`bench/worker_main.py worker worker_flows:WORKFLOWS --otlp-endpoint ... --metrics-port 0`: the real "
+               "command with its full stack on (tracing as `configure_tracing` builds it, into the no-op exporter; "
+               "metrics), SQLite. Submitted sessions; the figure is the time from the first `run_started` to the last "
+               "`run_finished` in the log, per node run; memory is the worker's peak RSS (`VmHWM`).\n")
+        self.p("| chain length (one session at a time) | µs/node |\n| ---: | ---: |")
+        for n in s.flat_chains:
+            self.p(f"| {n:,} | {chains[n]:.1f} |")
+        self.p("\n| concurrent sessions (10-chain, `--concurrency` = sessions) | µs/node run | worker peak RSS (MiB) | "
+               f"per session above {lo_s:,} sessions' (KiB) |\n| ---: | ---: | ---: | ---: |")
+        for k in s.flat_sessions:
+            extra = "" if k == lo_s else f"{(hwm[k] - hwm[lo_s]) / (k - lo_s):.1f}"
+            self.p(f"| {k:,} | {sess[k]:.1f} | {hwm[k] / 1024:.0f} | {extra} |")
+        self.p()
+        lo_c, hi_c = s.flat_chains[0], s.flat_chains[-1]
+        self.targets += [
+            Target(f"worker process: per node, {lo_c:,} → {hi_c:,} nodes (max/min)", "≤ 1.3",
+                   max(chains.values()) / min(chains.values()), "the bench process's row above"),
+            Target(f"worker process: per node run, {lo_s:,} → {hi_s:,} sessions (max/min)", "≤ 1.3",
+                   max(sess.values()) / min(sess.values()),
+                   f"{(hwm[hi_s] - hwm[lo_s]) / (hi_s - lo_s):.1f} KiB per session at {hi_s:,}"),
+        ]
+
+    def worker_once(self, n: int, sessions: int, concurrency: int) -> tuple[float, float]:
+        """A ``flowscope worker`` serving ``sessions`` submitted ``n``-chains: µs per node run
+        from the first claim to the last completion, and its peak RSS in KiB."""
+        db = os.path.join(self.tmp, f"worker-{uuid.uuid4().hex}.db")
+        store = SqliteEventStore(db)
+        runner = Runner(W.chain(n, name=f"chain{n}"), store)
+        for _ in range(sessions):
+            runner.submit(0)
+        store.close()
+        cmd = [sys.executable, str(HERE / "worker_main.py"), "worker", "worker_flows:WORKFLOWS", "--db", db,
+               "--concurrency", str(concurrency), "--poll", "50ms", "--lease", "60s",
+               "--otlp-endpoint", "http://127.0.0.1:9", "--metrics-port", "0"]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(HERE), os.environ.get("PYTHONPATH", "")]),
+                   FLOWSCOPE_BENCH_CHAINS=str(n))
+        proc = subprocess.Popen(cmd, cwd=str(HERE), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        conn = sqlite3.connect(db)
+        last_progress, last_done = time.time(), -1
+        try:
+            while True:
+                time.sleep(0.1)
+                done = conn.execute("SELECT count(*) FROM sessions WHERE status != 'queued' AND status != 'running'").fetchone()[0]
+                if done >= sessions:
+                    break
+                if done != last_done:
+                    last_progress, last_done = time.time(), done
+                if proc.poll() is not None or time.time() - last_progress > 120:
+                    raise RuntimeError(f"the worker stopped, or finished no session in 120 s: {proc.stderr.read().decode()[-500:] if proc.stderr else ''}")
+            peak_kib = _vm_hwm(proc.pid)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        first, last = conn.execute(
+            "SELECT (SELECT min(ts) FROM events WHERE type = 'run_started'), (SELECT max(ts) FROM events WHERE type = 'run_finished')"
+        ).fetchone()
+        bad = conn.execute("SELECT count(*) FROM sessions WHERE status != 'completed'").fetchone()[0]
+        conn.close()
+        os.unlink(db)
+        if bad:
+            raise AssertionError(f"{bad} of {sessions} sessions did not complete in the worker")
+        return (last - first) * 1e6 / (n * sessions), peak_kib
+
+    def adk(self) -> None:
+        """The ADK workflow engine, 200-chain, in memory."""
+        import peers_adk
+
+        n, s = self.sizes.chain, self.sizes
+        why = peers_adk.available()
+        if why:
+            self.skipped["adk"] = why
+            return
+        self.log(f"ADK {n}-chain")
+        wf = W.chain(n)
+        flows = {"engine alone (memory)": Flow(wf, MemoryEventStore(), False), "full stack": Flow(wf, self.sqlite(), True)}
+        configs: dict[str, Callable[[], float]] = {k: self.sync(f.once) for k, f in flows.items()}
+        key = f"chain{n}"
+        spec = W.WORKFLOWS.get(key) or W.WorkflowSpec(key, key, n, n, key)
+        fn, _na, _close = peers_adk.adk_configs()[0].make(key, spec, self.tmp)
+
+        async def adk_once() -> float:
+            sid = await fn.new_session()
+            gc.collect()
+            t0 = time.perf_counter()
+            out = await fn(sid)
+            dt = time.perf_counter() - t0
+            if out != n:
+                raise AssertionError(f"ADK returned {out!r}")
+            return dt
+
+        configs["ADK Workflow (InMemorySessionService)"] = self.sync(adk_once)
+        runs = interleave(configs, max(3, s.chain_reps // 3), self.log)
+        for f in flows.values():
+            f.close()
+        self.p(f"### ADK workflow engine, {n}-chain, µs per node\n")
+        self.table("configuration", runs, 1e6 / n, "µs/node")
+        adk = "ADK Workflow (InMemorySessionService)"
+        self.targets.append(Target(f"{n}-chain: full stack vs ADK Workflow", "≥ 10x", paired(runs, adk, "full stack"),
+                                   f"engine alone {paired(runs, adk, 'engine alone (memory)'):.0f}x (both in memory)"))
+
+    def pg(self) -> None:
+        """PostgreSQL: flowscope against LangGraph's PostgresSaver on the same durable server."""
+        try:
+            import psycopg
+            from langgraph.checkpoint.postgres import PostgresSaver
+
+            from flowscope.store import PostgresEventStore
+            from pg_cluster import PgCluster
+            import peers_langgraph
+        except ImportError as exc:
+            self.skipped["pg"] = f"{exc}"
+            return
+        n, s = self.sizes.chain, self.sizes
+        self.log(f"PostgreSQL {n}-chain: starting a durable cluster")
+        try:
+            cluster = PgCluster.start(durable=True)
+        except Exception as exc:
+            self.skipped["pg"] = f"no PostgreSQL server: {exc}"
+            return
+        opened: list[Any] = []
+        try:
+            wf = W.chain(n)
+            flows = {"PostgreSQL alone": Flow(wf, PostgresEventStore(cluster.new_database("alone")), False),
+                     "full stack on PostgreSQL": Flow(wf, PostgresEventStore(cluster.new_database("full")), True)}
+            configs: dict[str, Callable[[], float]] = {k: self.sync(f.once) for k, f in flows.items()}
+            cm = PostgresSaver.from_conn_string(cluster.new_database("lg"))
+            saver = cm.__enter__()
+            opened.append(cm)
+            saver.setup()
+            graph = peers_langgraph._chain_graph(n).compile(checkpointer=saver)
+
+            def lg() -> float:
+                cfg = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": 2 * n + 10}
+                gc.collect()
+                t0 = time.perf_counter()
+                out = graph.invoke({"x": 0}, cfg)
+                dt = time.perf_counter() - t0
+                assert out["x"] == n
+                return dt
+
+            configs["LangGraph + PostgresSaver"] = lg
+            floor = psycopg.connect(cluster.new_database("floor"), autocommit=True)
+            opened.append(floor)
+            floor.execute("CREATE TABLE step (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text)")
+
+            def commit_floor() -> float:
+                gc.collect()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    floor.execute("INSERT INTO step (v) VALUES ('x')", prepare=True)
+                return time.perf_counter() - t0
+
+            configs["floor: durable one-row commit per node"] = commit_floor
+            runs = interleave(configs, s.pg_reps, self.log)
+            for f in flows.values():
+                f.close()
+        finally:
+            for o in opened:
+                if isinstance(o, psycopg.Connection):
+                    o.close()
+                else:  # PostgresSaver's context manager
+                    o.__exit__(None, None, None)
+            cluster.stop()
+        self.p(f"### PostgreSQL, {n}-chain, µs per node\n\nA throwaway cluster of Debian's binaries with the server's "
+               "durable defaults (fsync on, `synchronous_commit=on`), every configuration on its own database.\n")
+        self.table("configuration", runs, 1e6 / n, "µs/node")
+        lg_key = "LangGraph + PostgresSaver"
+        self.targets.append(Target(
+            f"{n}-chain on PostgreSQL: full stack vs LangGraph + PostgresSaver", "≥ 4x", paired(runs, lg_key, "full stack on PostgreSQL"),
+            f"PostgreSQL alone {paired(runs, lg_key, 'PostgreSQL alone'):.1f}x; durable one-row commit per node "
+            f"{paired(runs, lg_key, 'floor: durable one-row commit per node'):.1f}x "
+            f"({med(runs['floor: durable one-row commit per node']) * 1e6 / n:.0f} µs)"))
+
+    # ------------------------------------------------------------------- report
+
+    def run(self) -> int:
+        steps = {"chain": self.chain, "invoke": self.invoke, "sessions": self.sessions, "flat": self.flat,
+                 "worker": self.worker, "adk": self.adk, "pg": self.pg}
+        asyncio.set_event_loop(self.loop)
+        load = os.getloadavg()
+        for name, fn in steps.items():
+            if not self.wants(name):
+                continue
+            try:
+                fn()
+            except Exception as exc:  # a section that fails is reported, and its targets are not met
+                import traceback
+
+                traceback.print_exc()
+                self.skipped[name] = f"{type(exc).__name__}: {exc}"
+        took = time.time() - self.started
+        header = [
+            f"`PYTHONPATH=src python bench/targets.py{' ' + ' '.join(sys.argv[1:]) if sys.argv[1:] else ''}`, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(self.started))}, {took:.0f} s; "
+            f"load average (1, 5, 15 min) at start {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}, at the end "
+            + ", ".join(f"{x:.1f}" for x in os.getloadavg()) + f"; {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}.",
+            "",
+            "Versions: " + ", ".join(f"{d} {_version(d)}" for d in (
+                "langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite", "langgraph-checkpoint-postgres",
+                "langchain-core", "openinference-instrumentation-langchain", "google-adk", "opentelemetry-sdk",
+                "prometheus-client", "psycopg")) + ".",
+            "",
+        ]
+        table = ["### Targets\n", "| target | wanted | measured | floor, same run | |", "| --- | ---: | ---: | --- | --- |"]
+        expected = _expected_targets(self.sizes, self.only)
+        for t in self.targets:
+            m = t.measured
+            shown = "—" if m is None else (f"{m:.0%}" if t.wanted.endswith("%") else f"{m:.1f}x" if t.wanted.endswith("x") else f"{m:.2f}")
+            table.append(f"| {t.name} | {t.wanted} | {shown} | {t.floor} | {'pass' if t.ok else 'MISS'} |")
+        missing = max(0, expected - len(self.targets))
+        for name, why in self.skipped.items():
+            table.append(f"| section `{name}` | | not measured | {why} | MISS |")
+        if missing and not self.skipped:
+            table.append(f"| {missing} target(s) of the sections not run (`--only`) | | not measured | | |")
+        text = "\n".join(header + self.out + table) + "\n"
+        print(text)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        failed = [t for t in self.targets if not t.ok] or list(self.skipped)
+        return 1 if failed else 0
+
+
+def _expected_targets(sizes: Sizes, only: set[str]) -> int:
+    per = {"chain": 3, "invoke": 1, "sessions": 2, "flat": 2, "worker": 2, "adk": 1, "pg": 1}
+    return sum(v for k, v in per.items() if not only or k in only)
+
+
+def _version(dist: str) -> str:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _vm_hwm(pid: int) -> float:
+    """A process's peak resident set size in KiB (``VmHWM``); 0 where /proc has none."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks that the bench runs, measures nothing")
+    ap.add_argument("--only", default="", help=f"some sections, comma-separated: {','.join(SECTIONS)}")
+    args = ap.parse_args(argv)
+    only = {s for s in args.only.split(",") if s}
+    if only - set(SECTIONS):
+        ap.error(f"--only: unknown section(s) {', '.join(sorted(only - set(SECTIONS)))}; choose from {','.join(SECTIONS)}")
+    sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
+    return Bench(sizes, only).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""A store that refuses writes (a full disk, a read-only database): the worker says it once
+per episode, backs off, releases what it can, takes its sessions back without spending a
+recovery, and stops with exit code 3 when the outage lasts. Real SQLite files (a full
+tmpfs, SQLite's own size limit, ``PRAGMA query_only``), real worker processes, and a real
+PostgreSQL database made read-only with ``default_transaction_read_only``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flowscope import START, NodeContext, Runner, Worker, Workflow, node
+from flowscope.errors import StoreDiskFull, StoreNotWritable, StoreReadOnly
+from flowscope.outage import BACKOFF_CAP_S, StoreOutage
+from flowscope.store import SqliteEventStore, rebuild
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
+BIG = "x" * 65536  # needs new pages: refused by a database that may not grow
+
+
+def _limit(store: SqliteEventStore, pages: int | None) -> None:
+    """SQLite's own size limit: the file may not grow past ``pages`` (None: the current
+    size). Appends that need new pages fail with a real SQLITE_FULL; small in-place
+    writes (a lease's release) may still go through, as on a nearly full disk."""
+    with store._lock:
+        assert store._conn is not None
+        if pages is None:
+            pages = int(store._conn.execute("PRAGMA page_count").fetchone()[0])
+        store._conn.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def test_a_full_or_read_only_sqlite_store_raises_the_write_fault_classes(tmp_path):
+    store = SqliteEventStore(tmp_path / "c.db")
+    wf = Workflow("tiny", edges=[(START, _big)])
+    sid = Runner(wf, store).submit(None)
+    _limit(store, None)
+    with pytest.raises(StoreDiskFull) as full:
+        Runner(wf, store).submit(BIG)
+    assert isinstance(full.value, StoreNotWritable)
+    _limit(store, 1 << 30)
+    with store._lock:
+        store._conn.execute("PRAGMA query_only = 1")  # type: ignore[union-attr]
+    with pytest.raises(StoreReadOnly) as ro:
+        store.workers_seen(Runner(wf, store).owner, ["tiny"])
+    assert isinstance(ro.value, StoreNotWritable)
+    assert store.session_info(sid) is not None  # reads still work
+    store.close()
+
+
+def test_the_outage_backs_off_exponentially_capped_and_is_exhausted_after_its_limit():
+    o = StoreOutage(poll_s=0.1, limit_s=10.0)
+    exc = StoreDiskFull("full")
+    assert o.failed(exc, now=0.0) is True  # the first failure starts the episode: log it
+    delays = [o.delay()]
+    for t in range(1, 8):
+        assert o.failed(exc, now=float(t)) is False  # the same episode: silent
+        delays.append(o.delay())
+    assert delays[:4] == [0.1, 0.2, 0.4, 0.8] and max(delays) == BACKOFF_CAP_S
+    assert not o.exhausted(now=9.9) and o.exhausted(now=10.0)
+    assert o.succeeded(now=10.5) == 10.5 and not o.active and not o.exhausted(now=100.0)
+    o.failed(exc, now=10.6)
+    assert o.succeeded(now=10.7) is None  # the episode's end is said once
+    assert o.delay() > 0.1  # a write that went through does not reset the episode's backoff
+    assert o.failed(exc, now=11.0) is False  # flapping: still one episode
+    assert o.failed(exc, now=11.0 + 31.0) is True  # after a quiet gap: a new episode
+
+
+@node
+async def _big(ctx: NodeContext, x):
+    gate = _GATES.get(ctx.run.session_id)
+    if gate is not None and ctx.attempt == 1:
+        await gate.wait()
+    return BIG
+
+
+_GATES: dict[str, asyncio.Event] = {}
+
+
+@pytest.mark.slow
+def test_a_full_sqlite_store_sessions_are_taken_back_by_their_worker_without_a_recovery(tmp_path, caplog):
+    """SQLite's size limit (a real SQLITE_FULL) while three sessions are in flight: their
+    appends fail, they halt, their leases are released (a small write that still goes
+    through), the worker says it once and takes them back when the limit is lifted: all
+    complete, no recovery is spent (session or node), the cut-off node ran again as a
+    higher attempt not flagged recovered."""
+    caplog.set_level(logging.INFO)
+    wf = Workflow("bigout", edges=[(START, _big)])
+    store = SqliteEventStore(tmp_path / "w.db")
+    sids = [Runner(wf, store).submit(i) for i in range(3)]
+    released: list[str] = []
+    real_release = store.release
+
+    def release(lease):  # the real release, observed
+        real_release(lease)
+        released.append(lease.session_id)
+
+    store.release = release  # type: ignore[method-assign]
+
+    async def main() -> Worker:
+        for sid in sids:
+            _GATES[sid] = asyncio.Event()
+        w = Worker(store, [wf], poll_s=0.02, lease_s=3.0, max_store_outage_s=30.0)
+        task = asyncio.ensure_future(w.run())
+        await _until(lambda: sum(r.path.endswith("_big@1") for r in store.open_runs()) == 3, "three runs in flight")
+        _limit(store, None)
+        for sid in sids:
+            _GATES[sid].set()
+        await _until(lambda: w.outcomes.get("store_fault", 0) >= 3, "three sessions halted by the full store")
+        await asyncio.sleep(0.5)  # the worker backs off and probes meanwhile
+        _limit(store, 1 << 30)
+        await _until(lambda: all(store.session_info(s).status == "completed" for s in sids), "all completed")
+        w.stop()
+        await task
+        return w
+
+    try:
+        w = asyncio.run(main())
+    finally:
+        _GATES.clear()
+    assert set(sids) <= set(released)  # released at the fault (and after completing)
+    for sid in sids:
+        info = store.session_info(sid)
+        assert info.status == "completed"
+        row = store._conn.execute("SELECT recoveries FROM sessions WHERE session_id = ?", (sid,)).fetchone()
+        assert row[0] == 0  # taken back by its own worker: not claimed as an orphan
+        run = next(r for r in store.node_runs(sid) if r.path.endswith("_big@1"))
+        assert run.attempt >= 2 and run.status == "completed"
+        ws = rebuild(store.read(sid))
+        assert ws.nodes[run.path].recoveries == 0  # cut off by the halt, not by a crash
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("flowscope")]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "StoreDiskFull: <path>: the disk" in warnings[0].getMessage()  # redacted, its colon kept
+    assert warnings[0].exc_info is None
+    assert w.outcomes.get("completed") == 3 and w.stopped_by is None
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_worker_on_a_read_only_store_stops_after_its_outage_limit_and_raises_why(tmp_path, caplog):
+    wf = Workflow("bigout", edges=[(START, _big)])
+    store = SqliteEventStore(tmp_path / "ro.db")
+    Runner(wf, store).submit(1)
+    with store._lock:
+        store._conn.execute("PRAGMA query_only = 1")  # type: ignore[union-attr]
+    w = Worker(store, [wf], poll_s=0.02, max_store_outage_s=0.6)
+    t0 = time.monotonic()
+    with pytest.raises(StoreReadOnly):
+        asyncio.run(w.run())
+    assert 0.6 <= time.monotonic() - t0 < 5.0
+    assert w.stopped_by is not None
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("flowscope")]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    store.close()
+
+
+async def _until(pred, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+# ---------------------------------------------------------------------------- real processes
+
+FLOWS_PY = '''
+import asyncio, os
+from flowscope import START, Workflow, node
+
+@node
+async def chatty(ctx, x):
+    for i in range(int(os.environ.get("STEPS", "200"))):
+        ctx.state["i"] = "y" * 4000 + str(i)
+        await asyncio.sleep(0.02)
+    return x
+
+looping = Workflow("looping", edges=[(START, chatty)])
+'''
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), e.get("PYTHONPATH", "")])
+    return e
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 2 MiB tmpfs (a real filesystem that fills up); root only."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _fill(mnt: Path) -> Path:
+    filler = mnt / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+@pytest.mark.slow
+def test_flowscope_worker_on_a_full_disk_says_it_once_and_exits_3(tmp_path, tiny_fs):
+    """A real full filesystem under a real ``flowscope worker``: one line for the fault
+    episode, no traceback, exit code 3 with one line saying what is wrong and what to do;
+    the log keeps everything committed before the disk filled, and no recovery is spent."""
+    (tmp_path / "flows.py").write_text(FLOWS_PY)
+    db = tiny_fs / "w.db"
+    env = _env(tmp_path)
+    for i in range(4):
+        subprocess.run([FLOWSCOPE, "--db", str(db), "start", "looping", "--input", str(i)], cwd=tmp_path, env=env,
+                       check=True, capture_output=True, timeout=60)
+    proc = subprocess.Popen([FLOWSCOPE, "--db", str(db), "worker", "flows:looping", "--poll", "50ms", "--lease", "2s",
+                             "--max-store-outage", "2s"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        probe = SqliteEventStore(db, readonly=True)
+        deadline = time.monotonic() + 30
+        while sum(1 for s in probe.sessions() if s.status == "running") < 4:
+            assert time.monotonic() < deadline, "the worker did not start the sessions"
+            time.sleep(0.05)
+        probe.close()
+        _fill(tiny_fs)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    lines = err.strip().splitlines()
+    assert proc.returncode == 3, err
+    assert "Traceback" not in err
+    faults = [x for x in lines if "StoreDiskFull" in x]
+    assert len(faults) == 1, lines  # one line per fault episode
+    assert lines[-1].startswith("flowscope: error: worker ") and "without a write going through" in lines[-1]
+    assert "free disk space" in lines[-1]
+    assert len(lines) == 3, lines  # the start line, the episode, the reason
+    (tiny_fs / "filler").unlink()
+    store = SqliteEventStore(db)
+    for s in store.sessions():
+        assert s.status == "running" and s.last_seq >= 3  # resumable from its log
+        row = store._conn.execute("SELECT recoveries FROM sessions WHERE session_id = ?", (s.session_id,)).fetchone()
+        assert row[0] == 0
+    store.close()
+
+
+@pytest.mark.slow
+def test_flowscope_worker_on_a_read_only_postgres_database_stops_with_exit_3(tmp_path, pg_cluster):
+    """``default_transaction_read_only`` on the worker's database: every claim and probe is
+    refused (25006, a StoreReadOnly); one line, exit 3 after --max-store-outage."""
+    (tmp_path / "flows.py").write_text(FLOWS_PY)
+    url = pg_cluster.new_database("readonly_worker")
+    env = _env(tmp_path)
+    subprocess.run([FLOWSCOPE, "--db", url, "start", "looping", "--input", "1"], cwd=tmp_path, env=env,
+                   check=True, capture_output=True, timeout=60)
+    dbname = url.rsplit("/", 1)[1].split("?")[0]
+    with pg_cluster.admin() as a:
+        a.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
+    r = subprocess.run([FLOWSCOPE, "--db", url, "worker", "flows:looping", "--poll", "50ms", "--max-store-outage", "1s"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr
+    assert len([x for x in lines if "StoreReadOnly" in x]) == 1, lines
+    assert lines[-1].startswith("flowscope: error: worker ") and "refuses writes" in lines[-1]
