@@ -274,8 +274,10 @@ def session_waterfall(store: EventStore, session_id: str, *, width: float = 1000
     draws), the gaps, and what the session waits on.
 
     It reads the fold's node states directly rather than building every ``show`` row
-    (``GET /api/sessions/{id}`` serves those): a session of 10,000 runs opens in well under
-    a second this way; a run's full row comes with its detail (:func:`run_detail`)."""
+    (``GET /api/sessions/{id}`` serves those) and the session's ``runs`` row (which reads
+    every node run again): for a session of 10,000 runs that halves the server's time
+    (measured: 1.8 s to 0.4-1.0 s on a loaded 2-core machine); a run's full ``show`` row
+    comes with its detail (:func:`run_detail`)."""
     log = _load(store, session_id)
     ws = rebuild(log)
     info = store.session_info(session_id)
