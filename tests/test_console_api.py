@@ -315,3 +315,23 @@ def test_flowscope_ui_without_its_extra_says_how_to_install_it(db, monkeypatch):
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn raises ImportError
     r = CliRunner().invoke(cli, ["--db", str(db), "ui"])
     assert r.exit_code == 2 and r.output.strip() == "flowscope: error: the console needs its extra: pip install 'flowscope[ui]' (Starlette and uvicorn)"
+
+
+@pytest.mark.slow
+def test_on_postgresql_the_api_serves_the_cli_rows_and_acts(pg_cluster):
+    from flowscope.store.postgres import PostgresEventStore
+
+    url = pg_cluster.new_database("console")
+    with PostgresEventStore(url) as store:
+        make_operator_sessions(store, pause_s=0.0)
+        cfg = ConsoleConfig(store=store, db_shown=url, port=8765)
+        c = TestClient(create_app(cfg), base_url=BASE, headers={"x-flowscope-token": cfg.token})
+        runs = CliRunner().invoke(cli, ["--db", url, "runs", "--format", "json"], catch_exceptions=False)
+        assert c.get("/api/sessions").json() == json.loads(runs.output)
+        r = c.get("/api/sessions", params={"attention": "failed"})
+        assert [x["session_id"] for x in r.json()] == [FAILED_SESSION] and json.loads(r.headers["x-attention"])["waiting_input"] == 2
+        assert c.get(f"/api/sessions/{APPROVAL_SESSION}/waterfall").json()["invocations"] == 2
+        assert c.post(f"/api/sessions/{FAILED_SESSION}/retry", json={}).status_code == 200
+        assert c.post(f"/api/sessions/{PAUSED_SESSION}/cancel", json={}).status_code == 200
+        assert {s.session_id: s.status for s in store.sessions()}[FAILED_SESSION] == "queued"
+        assert {s.session_id: s.status for s in store.sessions()}[PAUSED_SESSION] == "cancelled"
