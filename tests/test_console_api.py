@@ -168,6 +168,8 @@ def test_the_api_needs_the_per_start_token_and_the_url_moves_it_into_a_cookie(db
     cookie = r.headers["set-cookie"]
     assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
     assert c.get("/api/sessions").status_code == 200  # the cookie now carries it
+    kept = c.get(f"/sessions/x?token={cfg.token}&status=failed", follow_redirects=False)
+    assert kept.headers["location"] == "/sessions/x?status=failed"  # the rest of the URL stays
     assert cfg.url().startswith("http://127.0.0.1:8765/?token=")
 
 

@@ -29,6 +29,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from importlib import resources
+from urllib.parse import urlencode
 from typing import Any, Awaitable, Callable
 
 from starlette.applications import Starlette
@@ -229,7 +230,8 @@ def create_app(config: ConsoleConfig) -> Starlette:
         token = request.query_params.get("token")
         if token is not None:
             # the token moves into a cookie, and out of the address bar and the history
-            response: Response = RedirectResponse(request.url.path, status_code=303)
+            rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+            response: Response = RedirectResponse(request.url.path + (f"?{urlencode(rest)}" if rest else ""), status_code=303)
             if hmac.compare_digest(token.encode(), config.token.encode()):
                 response.set_cookie(config.cookie, config.token, httponly=True, samesite="strict", path="/")
             return response
