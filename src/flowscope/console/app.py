@@ -63,7 +63,7 @@ CSP = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-ur
 PAGES = ("/", "/sessions/{session_id:path}", "/stuck", "/audit")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ConsoleConfig:
     """What one start of the console serves, and to whom."""
 
