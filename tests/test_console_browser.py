@@ -195,6 +195,9 @@ async def test_the_demo_sessions_list_filters_and_the_waterfall_draws_every_path
     await p.page.wait_for_selector("#detail table.rows")
     attempts = await p.page.locator("#detail table.rows").first.inner_text()
     assert "retried" in attempts and "INVENTORY_UNAVAILABLE" in attempts
+    await p.page.locator("#detail table.rows").first.locator("tbody tr").first.click()  # the retried attempt alone
+    assert (await p.page.locator("#attempt-filter").inner_text()).startswith("attempt 1: 2 of ")
+    assert await p.page.locator("#run-events tbody td:nth-child(2)").all_inner_texts() == ["node_started", "node_retrying"]
     if SCREENSHOT:
         await p.page.screenshot(path=SCREENSHOT)
 

@@ -86,11 +86,11 @@ export function fmtDuration(s) {
   return `${Math.floor(s / 86400)}d${String(Math.floor((s % 86400) / 3600)).padStart(2, "0")}h`;
 }
 
-export function table(columns, rows, empty = "(nothing)") {
+export function table(columns, rows, empty = "(nothing)", onRow = null) {
   if (!rows.length) return h("p", { class: "muted" }, empty);
-  return h("table", { class: "rows" },
+  return h("table", { class: "rows" + (onRow ? " clickable" : "") },
     h("thead", {}, h("tr", {}, columns.map(([title]) => h("th", {}, title)))),
-    h("tbody", {}, rows.map((r) => h("tr", {}, columns.map(([, cell, cls]) => {
+    h("tbody", {}, rows.map((r) => h("tr", { on: onRow ? { click: (ev) => onRow(r, ev.currentTarget) } : null }, columns.map(([, cell, cls]) => {
       const v = cell(r);
       return h("td", { class: cls || null }, v instanceof Node ? v : (v ?? "-"));
     })))));

@@ -145,21 +145,34 @@ export async function sessionPage(main, sid) {
     let d;
     try { d = (await api(`/api/sessions/${encodeURIComponent(sid)}/run?path=${encodeURIComponent(path)}`)).data; } catch (e) { fill(detail, h("p", { class: "error" }, e.message)); return; }
     const r = d.row;
+    const events = h("div", { id: "run-events" });
     fill(detail, 
       h("h3", {}, h("code", {}, r.path)),
       h("div", {}, badge(r.status), ` ${r.kind}, ${r.attempts} attempt(s), ${r.retries} retr${r.retries === 1 ? "y" : "ies"}, ${r.recoveries} recover${r.recoveries === 1 ? "y" : "ies"}`),
       r.error_code ? h("p", {}, h("b", {}, r.error_code), ` ${r.error_type || ""}: ${r.error_message || ""}`) : null,
-      h("h3", {}, "Attempts"),
+      h("h3", {}, "Attempts ", h("span", { class: "muted" }, "(click one for its events alone)")),
       table([
         ["#", (a) => a.attempt], ["Invocation", (a) => a.invocation_id.slice(0, 8), "id"],
         ["Started", (a) => fmtTime(a.started_at)], ["Took", (a) => fmtDuration(a.duration_s)],
         ["Outcome", (a) => a.outcome + (a.recovered ? " (recovered)" : "")],
         ["Error", (a) => (a.error_code ? `${a.error_type} [${a.error_code}] ${a.error_message || ""}` : "-"), "wrap"],
-      ], d.attempts, "No attempt started."),
+      ], d.attempts, "No attempt started.", (a, tr) => {
+        const again = tr.classList.contains("sel");
+        for (const other of tr.parentNode.children) other.classList.remove("sel");
+        if (!again) tr.classList.add("sel");
+        showEvents(again ? null : a);
+      }),
       h("p", { class: "muted" }, r.owner ? `Session owner: ${r.owner.worker_id} on ${r.owner.host}, pid ${r.owner.pid}` : "No owner recorded."),
       h("h3", {}, "Events"),
-      table([["Seq", (e) => e.seq], ["Type", (e) => e.type], ["Fields", (e) => h("div", { class: "ev-fields" }, fieldsText(e.fields)), "wrap"]], d.events),
+      events,
     );
+    // one attempt's events: those of its invocation from its start to its end
+    function showEvents(a) {
+      const rows = a ? d.events.filter((e) => e.invocation_id === a.invocation_id && e.ts >= a.started_at - 1e-6 && (a.ended_at === null || e.ts <= a.ended_at + 1e-6)) : d.events;
+      fill(events, a ? h("p", { class: "muted", id: "attempt-filter" }, `attempt ${a.attempt}: ${rows.length} of ${d.events.length} event(s)`) : null,
+        table([["Seq", (e) => e.seq], ["Type", (e) => e.type], ["Fields", (e) => h("div", { class: "ev-fields" }, fieldsText(e.fields)), "wrap"]], rows));
+    }
+    showEvents(null);
   }
 
   function drawLog() {
