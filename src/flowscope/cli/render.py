@@ -15,6 +15,8 @@ from typing import Any, Callable, Sequence
 
 import click
 
+from .waterfall import Axis
+
 __all__ = [
     "use_utc",
     "use_wide",
@@ -261,11 +263,6 @@ def render_csv(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
 
 # --------------------------------------------------------------------------- waterfall
 
-#: An idle stretch between two invocations longer than this (seconds) is drawn as one
-#: ``:`` column instead of to scale: a run resumed an hour later must not squash the rest.
-GAP_S = 1.0
-
-
 def _detail(r: dict[str, Any]) -> str:
     bits: list[str] = []
     status = r["status"]
@@ -314,45 +311,6 @@ def _detail(r: dict[str, Any]) -> str:
     return "; ".join(bits)
 
 
-class _Axis:
-    """Time -> column: the invocations' windows to scale, each idle gap longer than
-    :data:`GAP_S` between them as a single column."""
-
-    def __init__(self, t0: float, t1: float, windows: Sequence[tuple[float, float]], width: int) -> None:
-        # the busy stretches: [t0, t1] split at every long idle gap between windows
-        cuts: list[tuple[float, float]] = []
-        merged: list[list[float]] = []
-        for a, b in sorted(windows):
-            if merged and a - merged[-1][1] <= GAP_S:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-        for (_a, b), (c, _d) in zip(merged, merged[1:]):
-            if b >= t0 and c <= t1:
-                cuts.append((b, c))
-        self.cuts = cuts
-        self.width = width
-        busy = (t1 - t0) - sum(c - b for b, c in cuts)
-        cols = max(width - len(cuts), len(cuts) + 1)
-        self.scale = cols / max(busy, 1e-6)
-        self.t0 = t0
-
-    def x(self, t: float) -> float:
-        """The column of time ``t`` (fractional; gaps count one column each)."""
-        pos = (t - self.t0) * self.scale
-        for b, c in self.cuts:
-            if t >= c:
-                pos -= (c - b) * self.scale
-                pos += 1
-            elif t > b:  # inside an idle gap: its column
-                pos -= (t - b) * self.scale
-                pos += (t - b) / (c - b)
-        return pos
-
-    def gap_columns(self) -> list[int]:
-        return [int(self.x(c)) - 1 for _b, c in self.cuts]
-
-
 def waterfall_lines(
     rows: Sequence[dict[str, Any]],
     *,
@@ -375,7 +333,7 @@ def waterfall_lines(
     ends = [r["ended_at"] for r in rows if r.get("ended_at") is not None]
     t0: float = min(starts) if starts else 0.0
     t1: float = max(ends + starts + ([end_ts] if end_ts is not None else []))
-    axis = _Axis(t0, t1, windows, width)
+    axis = Axis(t0, t1, windows, width)
     gaps = set(axis.gap_columns())
     table_rows = []
     for r in rows:

@@ -45,6 +45,7 @@ __all__ = [
     "parse_duration",
     "load_session",
     "runs_rows",
+    "session_rows",
     "show_rows",
     "audit_rows",
     "audit_run_rows",
@@ -273,6 +274,11 @@ def runs_rows(
         sessions = [s for s in sessions if s.workflow == workflow]
     if limit:
         sessions = sessions[:limit]
+    return session_rows(store, sessions)
+
+
+def session_rows(store: EventStore, sessions: list[SessionInfo]) -> list[dict[str, Any]]:
+    """The ``runs`` rows of ``sessions`` (already selected, in the order given)."""
     if not sessions:
         return []
     wanted = {s.session_id for s in sessions}

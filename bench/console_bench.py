@@ -1,0 +1,144 @@
+"""The console's targets (not a test: run ``python bench/console_bench.py``): the session list
+over 100,000 sessions and a session of 10,000 node runs, each usable in under 2 s.
+
+In one run, on one SQLite file: the server's time (``flowscope.console.api``, in process:
+the first request after a start, when the list reads every session, and a later one), then
+``flowscope ui`` started as a process and Debian's Chromium (Playwright) opening each page:
+first contentful paint and navigation-to-drawn (the page's ``flowscope-ready`` mark, set
+once the rows are in the page), medians of ``--runs`` loads.
+
+Options: ``--sessions N`` (100,000), ``--runs N`` (5), ``--dir DIR`` (keep the database
+there and reuse it), ``--json FILE``. Needs the ``ui`` extra, playwright and chromium.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "bench")]
+
+from console_workflows import make_big_session  # noqa: E402
+from store_bench import small_session  # noqa: E402
+
+from flowscope.console import api  # noqa: E402
+from flowscope.console.live import ChangeFeed  # noqa: E402
+from flowscope.store import SqliteEventStore  # noqa: E402
+
+CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/lib/chromium/chromium")
+BIG = "big-10k"
+TARGET_S = 2.0
+
+
+def build(db: Path, sessions: int) -> None:
+    """``sessions`` small sessions (most completed; some failed, waiting, crashed) and the
+    10,000-run session, unless the file has them already."""
+    store = SqliteEventStore(db)
+    try:
+        have = len(store.sessions())
+        if have < sessions:
+            rnd = random.Random(7)
+            t0 = time.time() - 86400.0
+            batch = []
+            for i in range(have, sessions):
+                events = small_session(f"s{i:06d}", rnd, 6, t0 + i * 0.5)
+                batch.append((f"s{i:06d}", events, 0, None))
+                if len(batch) == 500:
+                    store.append_many(batch)
+                    batch = []
+            if batch:
+                store.append_many(batch)
+        if not store.has_session(BIG):
+            make_big_session(store, BIG)
+    finally:
+        store.close()
+
+
+def server_times(db: Path) -> dict[str, float]:
+    out = {}
+    with SqliteEventStore(db, readonly=True) as store:
+        feed = ChangeFeed(store)
+        t = time.perf_counter()
+        api.list_sessions(feed, api.SessionFilter())
+        out["list, first request (reads every session)"] = time.perf_counter() - t
+        t = time.perf_counter()
+        api.list_sessions(feed, api.SessionFilter())
+        out["list, next request"] = time.perf_counter() - t
+        t = time.perf_counter()
+        api.list_sessions(feed, api.SessionFilter(status="failed", workflow="orders"))
+        out["list, filtered (status, workflow)"] = time.perf_counter() - t
+        t = time.perf_counter()
+        api.session_waterfall(store, BIG)
+        out["session of 10,000 runs"] = time.perf_counter() - t
+    return out
+
+
+async def browser_times(url: str, base: str, runs: int) -> dict[str, float]:
+    from playwright.async_api import async_playwright
+
+    out: dict[str, float] = {}
+    async with async_playwright() as p:
+        b = await p.chromium.launch(executable_path=CHROMIUM, args=["--disable-dev-shm-usage"])
+        page = await (await b.new_context(viewport={"width": 1400, "height": 900})).new_page()
+        await page.goto(url)
+        await page.wait_for_selector("body[data-ready='1']")
+        for name, target in (("list of 100,000 sessions", base + "/"), ("session of 10,000 runs", f"{base}/sessions/{BIG}")):
+            paints, drawn = [], []
+            for _ in range(runs):
+                await page.goto(target)
+                await page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+                drawn.append(await page.evaluate("performance.getEntriesByName('flowscope-ready')[0].startTime") / 1000)
+                paints.append(await page.evaluate("(performance.getEntriesByName('first-contentful-paint')[0] || {startTime: 0}).startTime") / 1000)
+            out[f"{name}: first paint"] = statistics.median(paints)
+            out[f"{name}: navigation to drawn"] = statistics.median(drawn)
+        await b.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sessions", type=int, default=100_000)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    directory = args.dir or Path(tempfile.mkdtemp(prefix="flowscope-console-bench-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    db = directory / "console.db"
+    t = time.perf_counter()
+    build(db, args.sessions)
+    print(f"database: {args.sessions:,} sessions and a session of 10,000 runs ({time.perf_counter() - t:.0f}s to build or check)")
+    results = server_times(db)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from flowscope.cli import main; main()", "ui", "--db", str(db), "--port", "0", "--read-only"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        results.update(asyncio.run(browser_times(url, url.split("/?")[0], args.runs)))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    width = max(len(k) for k in results)
+    print(f"{'what':<{width}}  seconds  target")
+    for k, v in results.items():
+        mark = "" if "first request" in k or "first paint" in k else ("pass" if v < TARGET_S else "FAIL")
+        print(f"{k:<{width}}  {v:7.3f}  {('< 2 s ' + mark) if mark else ''}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

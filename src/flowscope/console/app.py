@@ -1,0 +1,516 @@
+"""The console's ASGI app (Starlette): the pages, ``/api/``, the live stream, and the guard.
+
+The guard (:class:`Guard`) runs before every route:
+
+- a request whose ``Host`` is not one this console serves is refused (421): a page on
+  another site that rebinds its name to 127.0.0.1 cannot read or act on the store;
+- ``/api/`` needs the per-start token: the ``?token=`` of the URL printed at start, which
+  the first page load moves into a ``SameSite=Strict``, ``HttpOnly`` cookie, or an
+  ``X-Flowscope-Token`` header for programs;
+- a write (POST) also needs an ``Origin`` that is the console's own when a browser sends
+  one (and no ``Sec-Fetch-Site: cross-site``), and is refused outright with
+  ``read_only``;
+- every response carries ``Content-Security-Policy: default-src 'self'`` (no inline
+  script, no other origin), ``X-Content-Type-Options: nosniff`` and
+  ``Referrer-Policy: no-referrer``.
+
+Writes call :func:`flowscope.answer`, :func:`flowscope.retry` and :func:`flowscope.cancel`,
+exactly as the CLI does; the console never runs workflow code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+import shlex
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from importlib import resources
+from urllib.parse import urlencode
+from typing import Any, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..actions import ActionReceipt
+from ..actions import cancel as cancel_action
+from ..actions import retry as retry_action
+from ..answers import answer as answer_action
+from ..cli import views
+from ..cli.failures import one_line
+from ..cli.history import EVENT_KEYS
+from ..cli.session_ops import SELECTABLE_STATES, select_sessions
+from ..engine.pauses import validate_answers
+from ..errors import ResumeError, StoreError, StoreReadOnly, UnknownSessionError
+from ..fold import rebuild
+from ..store.base import EventStore
+from . import api
+from .live import ChangeFeed
+
+__all__ = ["ConsoleConfig", "create_app", "TOKEN_HEADER", "LOOPBACK_NAMES", "CSP"]
+
+TOKEN_HEADER = "x-flowscope-token"
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+CSP = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+#: The pages: each is the same shell (index.html), whose module draws what the path names.
+PAGES = ("/", "/sessions/{session_id:path}", "/stuck", "/audit")
+
+
+@dataclass(frozen=True)
+class ConsoleConfig:
+    """What one start of the console serves, and to whom."""
+
+    store: EventStore
+    #: The database as it may be shown (a URL's password masked).
+    db_shown: str
+    host: str = "127.0.0.1"
+    port: int = 8765
+    read_only: bool = False
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    #: Names the ``Host`` header may carry besides the loopback ones and ``host``.
+    allowed_hosts: tuple[str, ...] = ()
+    stale_after_s: float = 60.0
+    queued_after_s: float = 60.0
+    live_interval_s: float = 1.0
+
+    @property
+    def cookie(self) -> str:
+        """The token's cookie: named by port, since cookies do not tell ports apart."""
+        return f"flowscope_token_{self.port}"
+
+    def host_names(self) -> set[str]:
+        names = {*LOOPBACK_NAMES, *self.allowed_hosts}
+        if self.host not in ("0.0.0.0", "::", ""):
+            names.add(self.host)
+        return {n.lower() for n in names}
+
+    def origins(self) -> set[str]:
+        out = set()
+        for n in self.host_names():
+            h = f"[{n}]" if ":" in n and not n.startswith("[") else n
+            out.add(f"http://{h}:{self.port}")
+        return out
+
+    def url(self) -> str:
+        """The URL printed on the console's first line, with its token."""
+        h = self.host if self.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        h = f"[{h}]" if ":" in h else h
+        return f"http://{h}:{self.port}/?token={self.token}"
+
+
+def _host_only(value: str) -> tuple[str, str | None]:
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        return value[: end + 1], value[end + 2 :] or None
+    name, _, port = value.partition(":")
+    return name, port or None
+
+
+class Guard:
+    """The console's security rules, as ASGI middleware (see the module's docstring)."""
+
+    def __init__(self, app: ASGIApp, config: ConsoleConfig) -> None:
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        refusal = self.refusal(request)
+        if refusal is not None:
+            await _secure(refusal)(scope, receive, send)
+            return
+
+        async def send_secured(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = message.setdefault("headers", [])
+                headers.extend(_SECURITY_HEADERS)
+            await send(message)
+
+        await self.app(scope, receive, send_secured)
+
+    def token_ok(self, request: Request) -> bool:
+        given = request.headers.get(TOKEN_HEADER) or request.cookies.get(self.config.cookie) or ""
+        return hmac.compare_digest(given.encode(), self.config.token.encode())
+
+    def refusal(self, request: Request) -> Response | None:
+        cfg = self.config
+        name, port = _host_only(request.headers.get("host", ""))
+        if name not in cfg.host_names() or (port is not None and port != str(cfg.port)):
+            return PlainTextResponse("refused: this console does not serve that Host\n", status_code=421)
+        path = request.url.path
+        if not path.startswith("/api/"):
+            return None
+        if not self.token_ok(request):
+            return JSONResponse({"error": "refused: no valid token; open the URL `flowscope ui` printed"}, status_code=403)
+        if request.method not in ("GET", "HEAD"):
+            origin = request.headers.get("origin")
+            if origin is not None and origin.lower() not in cfg.origins():
+                return JSONResponse({"error": "refused: a write from another origin"}, status_code=403)
+            if request.headers.get("sec-fetch-site") == "cross-site":
+                return JSONResponse({"error": "refused: a cross-site write"}, status_code=403)
+            if cfg.read_only:
+                return JSONResponse({"error": "refused: this console is read-only (flowscope ui --read-only)"}, status_code=403)
+        return None
+
+
+_SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]
+
+
+def _secure(response: Response) -> Response:
+    for k, v in _SECURITY_HEADERS:
+        response.headers[k.decode()] = v.decode()
+    return response
+
+
+def _error(exc: BaseException) -> JSONResponse:
+    """An exception as the CLI's one line, with a status: 404 unknown, 409 refused, 400 bad input."""
+    if isinstance(exc, UnknownSessionError):
+        status = 404
+    elif isinstance(exc, StoreReadOnly):
+        status = 403
+    elif isinstance(exc, ResumeError):
+        status = 409
+    elif isinstance(exc, (ValueError, TypeError)):
+        status = 400
+    elif isinstance(exc, StoreError):
+        status = 503
+    else:
+        status = 500
+    return JSONResponse({"error": one_line(exc)}, status_code=status)
+
+
+def _rows(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Exactly the keys, in order, that ``--format json`` prints (:func:`render_json`)."""
+    return [{k: r.get(k) for k in keys} for r in rows]
+
+
+def create_app(config: ConsoleConfig) -> Starlette:
+    """The console for ``config.store``: pages, ``/api/``, ``/api/live``, behind :class:`Guard`."""
+    store = config.store
+    feed = ChangeFeed(store, config.live_interval_s)
+    lock = threading.Lock()  # one store call at a time: the store's connection is shared
+    static = resources.files("flowscope.console") / "static"
+    shell = (static / "index.html").read_text(encoding="utf-8")
+
+    async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def locked() -> Any:
+            with lock:
+                return fn(*args, **kwargs)
+
+        return await asyncio.get_running_loop().run_in_executor(None, locked)
+
+    def guarded(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def handler(request: Request) -> Response:
+            try:
+                return await fn(request)
+            except (ResumeError, UnknownSessionError, StoreError, ValueError, TypeError) as exc:
+                return _error(exc)
+
+        return handler
+
+    # ------------------------------------------------------------------ pages
+
+    async def page(request: Request) -> Response:
+        token = request.query_params.get("token")
+        if token is not None:
+            # the token moves into a cookie, and out of the address bar and the history
+            rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+            response: Response = RedirectResponse(request.url.path + (f"?{urlencode(rest)}" if rest else ""), status_code=303)
+            if hmac.compare_digest(token.encode(), config.token.encode()):
+                response.set_cookie(config.cookie, config.token, httponly=True, samesite="strict", path="/")
+            return response
+        return Response(shell, media_type="text/html", headers={"cache-control": "no-store"})
+
+    async def favicon(_request: Request) -> Response:
+        return Response((static / "favicon.svg").read_bytes(), media_type="image/svg+xml")
+
+    # ------------------------------------------------------------------ reads
+
+    async def info(_request: Request) -> Response:
+        return JSONResponse(
+            {
+                "db": config.db_shown,
+                "read_only": config.read_only,
+                "attention": api.ATTENTION,
+                "statuses": api.STATUSES,
+                "bulk_states": SELECTABLE_STATES,
+                "live_interval_s": config.live_interval_s,
+            }
+        )
+
+    @guarded
+    async def sessions(request: Request) -> Response:
+        f = api.parse_filter(request.query_params)
+        rows, total, tabs = await call(
+            api.list_sessions, feed, f, stale_after_s=config.stale_after_s, queued_after_s=config.queued_after_s
+        )
+        headers = {"x-total-count": str(total), "x-attention": json.dumps(tabs, separators=(",", ":"))}
+        return JSONResponse(_rows(rows, views.RUN_KEYS), headers=headers)
+
+    @guarded
+    async def show(request: Request) -> Response:
+        sid = request.path_params["session_id"]
+
+        def rows() -> list[dict[str, Any]]:
+            from ..cli.history import session_history
+
+            log = store.read(sid)
+            if not log:
+                raise UnknownSessionError(f"no session {sid!r} in the store")
+            return views.show_rows(rebuild(log), store.session_info(sid), session_history(log))
+
+        return JSONResponse(_rows(await call(rows), views.SHOW_KEYS))
+
+    drawn: OrderedDict[tuple[str, int], bytes] = OrderedDict()  # the last pages drawn, by (session, seq)
+
+    @guarded
+    async def waterfall(request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        since = request.query_params.get("since")
+        seq = await call(store.last_seq, sid)
+        if since is not None and int(since) == seq:
+            return JSONResponse({"unchanged": True, "last_seq": seq})
+        body = drawn.get((sid, seq))
+        if body is None:
+            data = await call(api.session_waterfall, store, sid)
+            body = bytes(JSONResponse(data).body)
+            drawn[(sid, data["last_seq"])] = body
+            while len(drawn) > 8:
+                drawn.popitem(last=False)
+        return Response(body, media_type="application/json")
+
+    @guarded
+    async def run(request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        path = request.query_params.get("path") or ""
+        return JSONResponse(await call(api.run_detail, store, sid, path))
+
+    @guarded
+    async def events(request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        q = request.query_params
+        types = [t for t in q.getlist("type") if t] + [t for t in (q.get("types") or "").split(",") if t]
+        rows = await call(
+            api.session_events, store, sid, types=types, path=q.get("path") or None, failures=q.get("failures") in ("1", "true")
+        )
+        return JSONResponse(_rows(rows, EVENT_KEYS))
+
+    @guarded
+    async def stuck(request: Request) -> Response:
+        q = request.query_params
+        rows = await call(
+            api.stuck,
+            store,
+            older_than_s=views.parse_duration(q.get("older_than") or "0s"),
+            stale_after_s=views.parse_duration(q.get("stale_after") or f"{config.stale_after_s}s"),
+            states=[s for s in q.getlist("state") if s],
+        )
+        return JSONResponse(_rows(rows, views.STUCK_KEYS))
+
+    @guarded
+    async def audit(request: Request) -> Response:
+        q = request.query_params
+        by = q.get("by") or "node"
+        if by not in ("node", "run"):
+            raise ValueError("by is node or run")
+        rows = await call(api.audit, store, workflow=q.get("workflow") or None, by=by)
+        return JSONResponse(_rows(rows, views.AUDIT_RUN_KEYS if by == "run" else views.AUDIT_KEYS))
+
+    async def live(request: Request) -> Response:
+        """Server-sent events: ``change`` with the store's new version, whenever it moves."""
+
+        async def stream() -> Any:
+            yield f"retry: 2000\nevent: hello\ndata: {json.dumps({'version': await call(feed.version)})}\n\n"
+            quiet = 0.0
+            async for v in _changes(feed, config.live_interval_s, call):
+                if v is None:
+                    quiet += config.live_interval_s
+                    if quiet >= 15:
+                        quiet = 0.0
+                        yield ": keep-alive\n\n"
+                    if await request.is_disconnected():
+                        return
+                    continue
+                quiet = 0.0
+                yield f"event: change\ndata: {json.dumps({'version': v})}\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-store"})
+
+    # ------------------------------------------------------------------ writes
+
+    async def body(request: Request) -> dict[str, Any]:
+        try:
+            data = await request.json()
+        except ValueError:
+            raise ValueError("the request's body is not JSON") from None
+        if not isinstance(data, dict):
+            raise ValueError("the request's body is a JSON object")
+        return data
+
+    def receipt(r: ActionReceipt, command: str) -> dict[str, Any]:
+        return {
+            "session_id": r.session_id,
+            "workflow": r.workflow,
+            "kind": r.kind,
+            "was": r.was,
+            "pending": r.pending,
+            "owner": r.owner.describe() if r.owner is not None else None,
+            "last_seq": r.last_seq,
+            "command": command,
+        }
+
+    def cli(*args: str) -> str:
+        return "flowscope " + " ".join(shlex.quote(a) for a in args)
+
+    @guarded
+    async def answer(request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        data = await body(request)
+        inputs = data.get("inputs") or {}
+        jobs = data.get("jobs") or {}
+        if not isinstance(inputs, dict) or not isinstance(jobs, dict):
+            raise ValueError("inputs and jobs are JSON objects, by interrupt id and by job id")
+        command = cli(
+            "resume", sid,
+            *[a for k, v in inputs.items() for a in ("--input", f"{k}={json.dumps(v)}")],
+            *[a for k, v in jobs.items() for a in ("--job", f"{k}={json.dumps(v)}")],
+        )
+        if data.get("dry_run"):
+            def check() -> None:
+                validate_answers(rebuild(store.read(sid) or _unknown(sid)), inputs, jobs)
+
+            await call(check)
+            return JSONResponse({"valid": True, "command": command})
+        r = await call(answer_action, store, sid, inputs=inputs, jobs=jobs)
+        feed.changed()
+        return JSONResponse(
+            {
+                "session_id": r.session_id,
+                "workflow": r.workflow,
+                "kind": "answer",
+                "inputs": list(r.inputs),
+                "jobs": list(r.jobs),
+                "pending": r.pending,
+                "owner": r.owner.describe() if r.owner is not None else None,
+                "last_seq": r.last_seq,
+                "command": command,
+            }
+        )
+
+    @guarded
+    async def retry(request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        data = await body(request)
+        from_path = data.get("from_path") or None
+        reason = data.get("reason") or None
+        r = await call(retry_action, store, sid, from_path=from_path, reason=reason)
+        feed.changed()
+        args = ["retry", sid] + (["--from", from_path] if from_path else []) + (["--reason", reason] if reason else [])
+        return JSONResponse(receipt(r, cli(*args)))
+
+    @guarded
+    async def cancel(request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        data = await body(request)
+        reason = data.get("reason") or None
+        r = await call(cancel_action, store, sid, reason=reason)
+        feed.changed()
+        return JSONResponse(receipt(r, cli("cancel", sid, *(["--reason", reason] if reason else []))))
+
+    @guarded
+    async def bulk(request: Request) -> Response:
+        """``{"action": "retry"|"cancel", "workflow", "state", "older_than", "reason",
+        "confirm": N}``: without ``confirm``, the count and the ids (nothing changes); with
+        ``confirm`` equal to that count, the action on each, one result per session."""
+        data = await body(request)
+        action = data.get("action")
+        if action not in ("retry", "cancel"):
+            raise ValueError("action is retry or cancel")
+        workflow = data.get("workflow") or None
+        state = data.get("state") or None
+        older = data.get("older_than") or None
+        if state is not None and state not in SELECTABLE_STATES:
+            raise ValueError(f"state is one of {', '.join(SELECTABLE_STATES)}")
+        if not (workflow or state or older):
+            raise ValueError("a bulk action needs a filter (workflow, state, older_than): it would touch everything")
+        older_s = views.parse_duration(older) if older else None
+        found = await call(select_sessions, store, workflow=workflow, state=state, older_than_s=older_s)
+        sids = [s.session_id for s in found]
+        flags = [a for k, v in (("--workflow", workflow), ("--state", state), ("--older-than", older)) if v for a in (k, v)]
+        command = cli(action, *flags, "--yes")
+        confirm = data.get("confirm")
+        if confirm is None:
+            return JSONResponse({"action": action, "count": len(sids), "session_ids": sids, "command": command})
+        if confirm != len(sids):
+            raise ResumeError(f"the filters now select {len(sids)} session(s), not {confirm}: look again before acting")
+        reason = data.get("reason") or None
+        results = []
+        for sid in sids:
+            try:
+                if action == "retry":
+                    r = await call(retry_action, store, sid, reason=reason)
+                else:
+                    r = await call(cancel_action, store, sid, reason=reason)
+                results.append({"session_id": sid, "ok": True, "pending": r.pending})
+            except (ResumeError, UnknownSessionError) as exc:
+                results.append({"session_id": sid, "ok": False, "error": one_line(exc)})
+        feed.changed()
+        return JSONResponse({"action": action, "count": len(sids), "results": results, "command": command})
+
+    routes = [
+        *(Route(p, page) for p in PAGES),
+        Route("/favicon.ico", favicon),
+        Route("/favicon.svg", favicon),
+        Route("/api/info", info),
+        Route("/api/sessions", sessions),
+        Route("/api/sessions/{session_id}/waterfall", waterfall),
+        Route("/api/sessions/{session_id}/run", run),
+        Route("/api/sessions/{session_id}/events", events),
+        Route("/api/sessions/{session_id}/answer", answer, methods=["POST"]),
+        Route("/api/sessions/{session_id}/retry", retry, methods=["POST"]),
+        Route("/api/sessions/{session_id}/cancel", cancel, methods=["POST"]),
+        Route("/api/sessions/{session_id}", show),
+        Route("/api/bulk", bulk, methods=["POST"]),
+        Route("/api/stuck", stuck),
+        Route("/api/audit", audit),
+        Route("/api/live", live),
+        Mount("/static", app=StaticFiles(directory=str(static)), name="static"),
+    ]
+    app = Starlette(routes=routes)
+    app.state.config = config
+    app.state.feed = feed
+    app.add_middleware(Guard, config=config)
+    return app
+
+
+def _unknown(sid: str) -> Any:
+    raise UnknownSessionError(f"no session {sid!r} in the store")
+
+
+async def _changes(feed: ChangeFeed, interval: float, call: Callable[..., Awaitable[Any]]) -> Any:
+    """Each new version of ``feed``, or None after a quiet interval (to notice a closed page)."""
+    last = await call(feed.version)
+    while True:
+        await asyncio.sleep(interval)
+        v = await call(feed.version)
+        if v != last:
+            last = v
+            yield v
+        else:
+            yield None

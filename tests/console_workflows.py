@@ -1,0 +1,78 @@
+"""Workflows and stores the console's tests open: a session of 10,000 node runs across two
+invocations (a pause between them), and sessions in every state an operator acts on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from flowscope import START, NodeContext, Runner, Workflow, node
+from flowscope.examples.demo import batch_input, geocoding_result, order_fulfilment
+
+__all__ = ["big", "leaf", "make_big_session", "make_operator_sessions", "APPROVAL_SESSION", "FAILED_SESSION", "PAUSED_SESSION"]
+
+APPROVAL_SESSION = "ops-approval"
+FAILED_SESSION = "ops-failed"
+PAUSED_SESSION = "ops-paused"
+
+
+@node
+async def leaf(ctx: NodeContext, i: Any) -> Any:
+    return i
+
+
+@node
+async def fan(ctx: NodeContext, n: Any) -> Any:
+    half = int(n) // 2
+    for i in range(half):
+        await ctx.run_node(leaf, i)
+    await ctx.request_input("go on with the second half?", interrupt_id="half")
+    for i in range(half, int(n)):
+        await ctx.run_node(leaf, i)
+    return n
+
+
+#: One node that runs ``n`` dynamic children, pausing for input half-way.
+big = Workflow("big", edges=[(START, fan)])
+
+
+def make_big_session(db: Any, session_id: str = "big-10k", children: int = 9_998, pause_s: float = 1.2) -> None:
+    """A session of ``children + 2`` node runs (the workflow, ``fan``, its children), run in
+    two invocations ``pause_s`` apart."""
+    from flowscope.store import SqliteEventStore
+
+    store = db if not isinstance(db, (str, Path)) else SqliteEventStore(db)
+    try:
+        runner = Runner(big, store)
+        asyncio.run(runner.run(children, session_id=session_id))
+        time.sleep(pause_s)
+        asyncio.run(runner.resume(session_id, inputs={"half": True}))
+    finally:
+        if isinstance(db, (str, Path)):
+            store.close()
+
+
+@node
+async def explode(ctx: NodeContext, x: Any) -> Any:
+    raise ValueError("the export failed: token=abc123secret at /home/ops/run.sh")
+
+
+failing = Workflow("failing_export", edges=[(START, explode)])
+
+
+def make_operator_sessions(store: Any, pause_s: float = 1.1) -> None:
+    """Three sessions: one of the demo workflow waiting for its approval (after a job, in a
+    second invocation ``pause_s`` later: a gap in its waterfall), one failed, one paused."""
+    runner = Runner(order_fulfilment, store)
+    first = asyncio.run(runner.run(batch_input("B-ui"), session_id=APPROVAL_SESSION))
+    [job] = [p for p in first.pending if p.type == "job_dispatched"]
+    time.sleep(pause_s)
+    second = asyncio.run(runner.resume(APPROVAL_SESSION, jobs={job.job_id: geocoding_result(2)}))
+    assert second.status == "paused" and [p.interrupt_id for p in second.pending] == ["approval"], second.pending
+    try:
+        asyncio.run(Runner(failing, store).run(1, session_id=FAILED_SESSION))
+    except ValueError:
+        pass
+    asyncio.run(Runner(big, store).run(2, session_id=PAUSED_SESSION))

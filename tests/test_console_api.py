@@ -1,0 +1,339 @@
+"""The console's API and its guard, over a real SQLite file through Starlette's TestClient:
+``/api/`` serves the rows of the CLI's ``--format json``; a foreign ``Host``, a request
+without the per-start token, a write from another origin and any write of a read-only
+console are refused, with nothing recorded; the writes are the operator actions."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+try:
+    import starlette  # noqa: F401
+except ImportError:  # CI installs the extra: there a missing one is a failure, never a skip
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("the console's extra is not installed: pip install -e '.[ui]'", allow_module_level=True)
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from console_workflows import APPROVAL_SESSION, FAILED_SESSION, PAUSED_SESSION, make_operator_sessions  # noqa: E402
+from flowscope.cli import cli  # noqa: E402
+from flowscope.cli.waterfall import Axis, waterfall_layout  # noqa: E402
+from flowscope.console.app import ConsoleConfig, create_app  # noqa: E402
+from flowscope.console.live import ChangeFeed  # noqa: E402
+from flowscope.store import SqliteEventStore  # noqa: E402
+
+BASE = "http://127.0.0.1:8765"
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("console") / "ops.db"
+    with SqliteEventStore(path) as store:
+        make_operator_sessions(store, pause_s=0.0)
+    return path
+
+
+@pytest.fixture
+def fresh(db, tmp_path) -> Path:
+    """A copy of the module's database that a test may change."""
+    copy = tmp_path / "ops.db"
+    copy.write_bytes(db.read_bytes())
+    return copy
+
+
+def client(path: Path, *, read_only: bool = False, **config: Any) -> tuple[TestClient, ConsoleConfig]:
+    store = SqliteEventStore(path, readonly=read_only)
+    cfg = ConsoleConfig(store=store, db_shown=str(path), port=8765, read_only=read_only, **config)
+    c = TestClient(create_app(cfg), base_url=BASE)
+    c.headers["x-flowscope-token"] = cfg.token
+    return c, cfg
+
+
+def cli_json(path: Path, *args: str) -> Any:
+    r = CliRunner().invoke(cli, ["--db", str(path), *args, "--format", "json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def statuses(path: Path) -> dict[str, str]:
+    with SqliteEventStore(path, readonly=True) as s:
+        return {i.session_id: i.status for i in s.sessions()}
+
+
+# --------------------------------------------------------------------------- one set of views
+
+
+def test_api_rows_are_the_cli_json_rows_for_the_same_store(db):
+    c, _ = client(db)
+    assert c.get("/api/sessions", params={"limit": 500}).json() == cli_json(db, "runs", "--limit", "0")
+    for sid in (APPROVAL_SESSION, FAILED_SESSION):
+        assert c.get(f"/api/sessions/{sid}").json() == cli_json(db, "show", sid)
+        assert c.get(f"/api/sessions/{sid}/events").json() == cli_json(db, "events", sid)
+    assert c.get("/api/audit").json() == cli_json(db, "audit")
+    assert c.get("/api/audit", params={"by": "run"}).json() == cli_json(db, "audit", "--by", "run")
+    moving = ("age_s", "heartbeat_age_s")  # measured against the clock at each call
+    api_stuck = [{k: v for k, v in r.items() if k not in moving} for r in c.get("/api/stuck").json()]
+    cli_stuck = [{k: v for k, v in r.items() if k not in moving} for r in cli_json(db, "stuck", "--older-than", "0s")]
+    assert api_stuck == cli_stuck and {r["session_id"] for r in api_stuck} == {APPROVAL_SESSION, PAUSED_SESSION}
+
+
+def test_the_session_list_filters_pages_and_counts_attention_on_the_server(db):
+    c, _ = client(db)
+    everything = c.get("/api/sessions").json()
+    assert [r["session_id"] for r in everything] == [r["session_id"] for r in cli_json(db, "runs")]  # newest first
+    r = c.get("/api/sessions", params={"status": "failed"})
+    assert [x["session_id"] for x in r.json()] == [FAILED_SESSION] and r.headers["x-total-count"] == "1"
+    assert [x["session_id"] for x in c.get("/api/sessions", params={"error_code": "UNKNOWN_ERROR"}).json()] == [FAILED_SESSION]
+    assert c.get("/api/sessions", params={"error_code": "NO_SUCH_CODE"}).json() == []
+    assert [x["session_id"] for x in c.get("/api/sessions", params={"q": "APPROV"}).json()] == [APPROVAL_SESSION]
+    assert {x["workflow"] for x in c.get("/api/sessions", params={"workflow": "big"}).json()} == {"big"}
+    assert c.get("/api/sessions", params={"since": "1h"}).headers["x-total-count"] == "3"
+    assert c.get("/api/sessions", params={"until": "2001-01-01"}).json() == []
+    assert c.get("/api/sessions", params={"owner": "no-such-worker"}).json() == []
+    page1 = c.get("/api/sessions", params={"limit": 2}).json()
+    page2 = c.get("/api/sessions", params={"limit": 2, "offset": 2}).json()
+    assert [x["session_id"] for x in page1 + page2] == [x["session_id"] for x in everything]
+    tabs = json.loads(r.headers["x-attention"])
+    assert tabs["failed"] == 1 and tabs["waiting_input"] == 2 and tabs["orphaned"] == 0
+    waiting = c.get("/api/sessions", params={"attention": "waiting_input"}).json()
+    assert {x["session_id"] for x in waiting} == {APPROVAL_SESSION, PAUSED_SESSION}
+    bad = c.get("/api/sessions", params={"status": "exploded"})
+    assert bad.status_code == 400 and "status must be one of" in bad.json()["error"]
+
+
+def test_a_session_waterfall_has_a_row_per_path_and_its_waiting_form(db):
+    c, _ = client(db)
+    w = c.get(f"/api/sessions/{APPROVAL_SESSION}/waterfall").json()
+    shown = [r["path"] for r in c.get(f"/api/sessions/{APPROVAL_SESSION}").json()]
+    assert [r[0] for r in w["rows"]] == shown  # the same rows, in show's order
+    assert w["invocations"] == 2 and w["waiting"][0]["interrupt_id"] == "approval"
+    assert all(0 <= x0 <= x1 <= w["axis"]["width"] for r in w["rows"] for x0, x1 in r[10])
+    again = c.get(f"/api/sessions/{APPROVAL_SESSION}/waterfall", params={"since": w["last_seq"]}).json()
+    assert again == {"unchanged": True, "last_seq": w["last_seq"]}
+    fetch = next(r[0] for r in w["rows"] if r[1].startswith("fetch_orders"))
+    attempts = c.get(f"/api/sessions/{APPROVAL_SESSION}/run", params={"path": fetch}).json()["attempts"]
+    assert [(a["attempt"], a["outcome"], a["error_code"]) for a in attempts] == [
+        (1, "retried", "INVENTORY_UNAVAILABLE"),
+        (2, "completed", None),
+    ]
+    assert c.get("/api/sessions/nobody/waterfall").status_code == 404
+
+
+def test_nothing_the_cli_redacts_is_shown(db):
+    c, _ = client(db)
+    bodies = [
+        c.get(f"/api/sessions/{FAILED_SESSION}").text,
+        c.get(f"/api/sessions/{FAILED_SESSION}/events").text,
+        c.get(f"/api/sessions/{FAILED_SESSION}/run", params={"path": "failing_export@1/explode@1"}).text,
+        c.get(f"/api/sessions/{APPROVAL_SESSION}/events").text,
+    ]
+    for text in bodies:
+        assert "abc123secret" not in text and "/home/ops" not in text
+    events = c.get(f"/api/sessions/{APPROVAL_SESSION}/events", params={"types": "run_started"}).json()
+    assert events and all(e["fields"]["input"].startswith("<redacted: ") for e in events)
+    failures = c.get(f"/api/sessions/{FAILED_SESSION}/events", params={"failures": "1"}).json()
+    assert {e["type"] for e in failures} <= {"node_error", "node_error_propagated", "node_retrying", "run_finished"}
+    assert any(e["type"] == "node_error" for e in failures)
+
+
+# --------------------------------------------------------------------------- the guard
+
+
+def test_a_foreign_host_header_is_refused_on_every_path(db):
+    c, _ = client(db)
+    for path in ("/", "/api/sessions", "/static/app.js", f"/api/sessions/{APPROVAL_SESSION}"):
+        r = c.get(path, headers={"host": "attacker.example:8765"})
+        assert r.status_code == 421, path
+        assert r.headers["content-security-policy"].startswith("default-src 'self'")
+    assert c.get("/api/sessions", headers={"host": "127.0.0.1:9999"}).status_code == 421  # another port
+    assert c.get("/api/sessions", headers={"host": "localhost:8765"}).status_code == 200
+
+
+def test_the_api_needs_the_per_start_token_and_the_url_moves_it_into_a_cookie(db):
+    c, cfg = client(db)
+    del c.headers["x-flowscope-token"]
+    assert c.get("/api/sessions").status_code == 403
+    assert c.get("/api/sessions", headers={"x-flowscope-token": "guess"}).status_code == 403
+    assert c.get("/").status_code == 200  # the page shell itself holds no data
+    r = c.get(f"/?token={cfg.token}", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/"  # out of the address bar
+    cookie = r.headers["set-cookie"]
+    assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
+    assert c.get("/api/sessions").status_code == 200  # the cookie now carries it
+    kept = c.get(f"/sessions/x?token={cfg.token}&status=failed", follow_redirects=False)
+    assert kept.headers["location"] == "/sessions/x?status=failed"  # the rest of the URL stays
+    assert cfg.url().startswith("http://127.0.0.1:8765/?token=")
+
+
+def test_a_write_without_the_token_or_from_a_foreign_origin_is_refused_and_records_nothing(fresh):
+    c, cfg = client(fresh)
+    before = statuses(fresh)
+    answer = {"inputs": {"approval": True}}
+    url = f"/api/sessions/{APPROVAL_SESSION}/answer"
+    assert c.post(url, json=answer, headers={"x-flowscope-token": ""}).status_code == 403
+    assert c.post(url, json=answer, headers={"origin": "http://attacker.example"}).status_code == 403
+    assert c.post(url, json=answer, headers={"origin": BASE, "sec-fetch-site": "cross-site"}).status_code == 403
+    assert c.post(f"/api/sessions/{FAILED_SESSION}/retry", json={}, headers={"origin": "http://127.0.0.1:1"}).status_code == 403
+    assert statuses(fresh) == before
+    with SqliteEventStore(fresh, readonly=True) as s:
+        assert s.inbox(APPROVAL_SESSION) == []
+    ok = c.post(url, json=answer, headers={"origin": BASE})
+    assert ok.status_code == 200 and ok.json()["command"] == f"flowscope resume {APPROVAL_SESSION} --input approval=true"
+    assert statuses(fresh)[APPROVAL_SESSION] == "answered"
+
+
+def test_a_read_only_console_refuses_every_write(fresh):
+    c, _ = client(fresh, read_only=True)
+    before = statuses(fresh)
+    for path, body in (
+        (f"/api/sessions/{APPROVAL_SESSION}/answer", {"inputs": {"approval": True}}),
+        (f"/api/sessions/{FAILED_SESSION}/retry", {}),
+        (f"/api/sessions/{PAUSED_SESSION}/cancel", {}),
+        ("/api/bulk", {"action": "cancel", "state": "paused"}),
+    ):
+        r = c.post(path, json=body, headers={"origin": BASE})
+        assert r.status_code == 403 and "read-only" in r.json()["error"], path
+    assert statuses(fresh) == before
+    assert c.get("/api/info").json()["read_only"] is True
+    assert c.get("/api/sessions").status_code == 200
+
+
+def test_every_response_carries_the_content_security_policy(db):
+    c, _ = client(db)
+    for path in ("/", "/stuck", f"/sessions/{APPROVAL_SESSION}", "/static/app.js", "/favicon.ico", "/api/info"):
+        r = c.get(path)
+        assert r.status_code == 200, path
+        assert r.headers["content-security-policy"].split(";")[0] == "default-src 'self'"
+        assert r.headers["x-content-type-options"] == "nosniff" and r.headers["referrer-policy"] == "no-referrer"
+    shell = c.get("/").text
+    assert "<script type=\"module\" src=\"/static/app.js\">" in shell and "<script>" not in shell and "style=" not in shell
+
+
+# --------------------------------------------------------------------------- the actions
+
+
+def test_answers_are_validated_before_anything_is_recorded(fresh):
+    c, _ = client(fresh)
+    url = f"/api/sessions/{APPROVAL_SESSION}/answer"
+    bad = c.post(url, json={"inputs": {"nope": True}})
+    assert bad.status_code == 409 and "no open input request 'nope'" in bad.json()["error"]
+    assert c.post(url, json={"inputs": {"approval": True}, "dry_run": True}).json()["valid"] is True
+    assert c.post(url, json="not an object").status_code == 400
+    assert statuses(fresh)[APPROVAL_SESSION] == "paused"
+    assert c.post(url, json={"inputs": {"approval": True}}).status_code == 200
+    again = c.post(url, json={"inputs": {"approval": True}})
+    assert again.status_code == 409 and "already answered" in again.json()["error"]
+
+
+def test_retry_cancel_and_bulk_go_through_the_operator_actions(fresh):
+    c, _ = client(fresh)
+    r = c.post(f"/api/sessions/{FAILED_SESSION}/retry", json={"reason": "fixed the export"})
+    assert r.status_code == 200 and r.json()["command"] == f"flowscope retry {FAILED_SESSION} --reason 'fixed the export'"
+    assert c.post(f"/api/sessions/{PAUSED_SESSION}/retry", json={}).status_code == 409  # not failed
+    assert c.post(f"/api/sessions/{PAUSED_SESSION}/cancel", json={}).json()["kind"] == "cancel"
+    assert statuses(fresh)[FAILED_SESSION] == "queued" and statuses(fresh)[PAUSED_SESSION] == "cancelled"
+    assert c.post("/api/bulk", json={"action": "cancel"}).status_code == 400  # no filter: it would touch everything
+    count = c.post("/api/bulk", json={"action": "cancel", "state": "paused"}).json()
+    assert count["count"] == 1 and count["session_ids"] == [APPROVAL_SESSION]
+    assert count["command"] == "flowscope cancel --state paused --yes"
+    assert statuses(fresh)[APPROVAL_SESSION] == "paused"  # the count first: nothing changed
+    stale = c.post("/api/bulk", json={"action": "cancel", "state": "paused", "confirm": 5})
+    assert stale.status_code == 409 and statuses(fresh)[APPROVAL_SESSION] == "paused"
+    done = c.post("/api/bulk", json={"action": "cancel", "state": "paused", "confirm": 1}).json()
+    assert done["results"] == [{"session_id": APPROVAL_SESSION, "ok": True, "pending": False}]
+    assert statuses(fresh)[APPROVAL_SESSION] == "cancelled"
+
+
+# --------------------------------------------------------------------------- live, layout, command
+
+
+def test_the_change_feed_probes_the_store_at_most_once_per_interval(fresh):
+    with SqliteEventStore(fresh) as store:
+        feed = ChangeFeed(store, interval=0.2)
+        v = feed.version()
+        for _ in range(50):  # fifty pages asking at once
+            assert feed.version() == v
+        assert feed.probes == 1
+        with SqliteEventStore(fresh) as other:  # another process's write
+            other.send(PAUSED_SESSION, "answer", {"inputs": {}})
+        time.sleep(0.25)
+        assert feed.version() == v + 1 and feed.probes == 2
+
+
+def test_every_open_page_refreshing_after_a_change_costs_the_store_one_listing(db):
+    from flowscope.console import api
+
+    class Counting(SqliteEventStore):
+        calls = {"sessions": 0, "open_runs": 0}
+
+        def sessions(self):
+            self.calls["sessions"] += 1
+            return super().sessions()
+
+        def open_runs(self):
+            self.calls["open_runs"] += 1
+            return super().open_runs()
+
+    with Counting(db, readonly=True) as store:
+        feed = ChangeFeed(store, interval=60.0)
+        for f in (api.SessionFilter(), api.SessionFilter(status="failed"), api.SessionFilter(q="ops"), api.SessionFilter()):
+            api.list_sessions(feed, f, now=1_000_000.5)  # four pages, one store version, one second
+        assert store.calls == {"sessions": 1, "open_runs": 1}
+        feed.changed()  # the store moved: the next page reads it again, once
+        api.list_sessions(feed, api.SessionFilter(), now=1_000_000.5)
+        assert store.calls == {"sessions": 2, "open_runs": 2}
+
+
+def test_the_waterfall_axis_compresses_idle_gaps_and_writes_their_length():
+    windows = [(0.0, 2.0), (3602.0, 3604.0)]  # an hour's pause between two invocations
+    axis = Axis(0.0, 3604.0, windows, 1000.0, 40.0)
+    [gap] = axis.gaps()
+    assert (gap.start, gap.end, gap.width) == (2.0, 3602.0, 40.0) and gap.duration_s == 3600.0
+    assert axis.x(2.0) == pytest.approx(480.0) and axis.x(3602.0) == pytest.approx(520.0)
+    assert axis.x(3604.0) == pytest.approx(1000.0)  # the busy time fills the rest, to scale
+    rows = [
+        {"started_at": 0.0, "ended_at": 3604.0, "segments": [{"started_at": 0.0, "ended_at": 2.0}, {"started_at": 3602.0, "ended_at": 3604.0}]},
+        {"started_at": 1.0, "ended_at": None},
+        {"started_at": None, "ended_at": None},
+    ]
+    out = waterfall_layout(rows, windows=windows, end_ts=3604.0)
+    assert out["segments"] == [[[0.0, 480.0], [520.0, 1000.0]], [[240.0, 1000.0]], []]
+    assert out["gaps"] == [{"x": 480.0, "width": 40.0, "start": 2.0, "end": 3602.0, "duration_s": 3600.0}]
+    terminal = Axis(0.0, 3604.0, windows, 32)  # flowscope show: the gap is one column
+    assert terminal.gap_columns() == [15]
+
+
+def test_flowscope_ui_without_its_extra_says_how_to_install_it(db, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn raises ImportError
+    r = CliRunner().invoke(cli, ["--db", str(db), "ui"])
+    assert r.exit_code == 2 and r.output.strip() == "flowscope: error: the console needs its extra: pip install 'flowscope[ui]' (Starlette and uvicorn)"
+
+
+@pytest.mark.slow
+def test_on_postgresql_the_api_serves_the_cli_rows_and_acts(pg_cluster):
+    from flowscope.store.postgres import PostgresEventStore
+
+    url = pg_cluster.new_database("console")
+    with PostgresEventStore(url) as store:
+        make_operator_sessions(store, pause_s=0.0)
+        cfg = ConsoleConfig(store=store, db_shown=url, port=8765)
+        c = TestClient(create_app(cfg), base_url=BASE, headers={"x-flowscope-token": cfg.token})
+        runs = CliRunner().invoke(cli, ["--db", url, "runs", "--format", "json"], catch_exceptions=False)
+        assert c.get("/api/sessions").json() == json.loads(runs.output)
+        r = c.get("/api/sessions", params={"attention": "failed"})
+        assert [x["session_id"] for x in r.json()] == [FAILED_SESSION] and json.loads(r.headers["x-attention"])["waiting_input"] == 2
+        assert c.get(f"/api/sessions/{APPROVAL_SESSION}/waterfall").json()["invocations"] == 2
+        assert c.post(f"/api/sessions/{FAILED_SESSION}/retry", json={}).status_code == 200
+        assert c.post(f"/api/sessions/{PAUSED_SESSION}/cancel", json={}).status_code == 200
+        assert {s.session_id: s.status for s in store.sessions()}[FAILED_SESSION] == "queued"
+        assert {s.session_id: s.status for s in store.sessions()}[PAUSED_SESSION] == "cancelled"
