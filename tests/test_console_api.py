@@ -255,6 +255,7 @@ def test_retry_cancel_and_bulk_go_through_the_operator_actions(fresh):
 # --------------------------------------------------------------------------- live, layout, command
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_the_change_feed_probes_the_store_at_most_once_per_interval(fresh):
     with SqliteEventStore(fresh) as store:
         feed = ChangeFeed(store, interval=0.2)

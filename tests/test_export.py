@@ -149,6 +149,7 @@ def _session_spans(spans, session_id):
     return [s for s in spans if s.context.trace_id in traces]
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 @pytest.mark.parametrize("session_id", ["orders", "declined"])
 def test_export_matches_the_live_spans_of_the_demo(demo_run, session_id):
     store, live_spans = demo_run

@@ -89,6 +89,7 @@ def test_a_counter_refuses_to_go_down():
         c.labels().inc(-1)
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_increments_from_many_threads_are_not_lost():
     reg = CollectorRegistry()
     c, g = LeanCounter("c", "h", ["x"], reg), LeanGauge("g", "h", ["x"], reg)

@@ -162,6 +162,7 @@ async def test_no_failure_is_recorded_once_the_lease_may_have_expired(db, clock)
     assert [e.type for e in db.read("s")] == ["run_started", "node_started", "node_started"]  # no node_retrying
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 async def test_no_retry_goes_on_after_its_backoff_once_the_lease_may_have_expired(db, clock):
     log = Log()
 
@@ -249,6 +250,7 @@ async def test_check_leases_cancels_the_bodies_of_an_invocation_whose_lease_may_
     assert log.of("cancelled") == [("hold", 1)] and log.of("effect") == []
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 async def test_branches_whose_timers_fire_with_the_lease_loss_are_cancelled_before_their_step(tmp_path):
     """The loop was held past both a branch's sleep and the lease's end (what a stop
     looks like to it); its timers fire in one turn, the branch's first. The branches are
@@ -308,6 +310,7 @@ class StallingStore(SqliteEventStore):
         return super().renew_many(leases, lease_s, **kw)
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 async def test_a_stalled_keeper_cannot_keep_bodies_running_past_the_lease(tmp_path):
     """The keeper's renewal hangs: the lease runs out by the real clocks, and the body mid-
     ``await`` is cancelled then (the loop's own watch), not when its sleep ends."""
@@ -345,6 +348,7 @@ async def test_a_stalled_keeper_cannot_keep_bodies_running_past_the_lease(tmp_pa
     store.close()
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 async def test_the_keeper_renews_no_lease_that_expired_while_its_renewals_failed(tmp_path):
     """Renewals fail while a sync body holds the loop past the lease; when the store is back,
     the keeper does not renew the expired lease (the store would accept it: no one took the

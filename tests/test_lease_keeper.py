@@ -87,6 +87,7 @@ async def test_one_round_renews_every_lease_and_beats_every_run_in_one_call_each
         store.close()
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 async def test_a_lease_lost_in_a_round_ends_only_its_own_invocation(tmp_path):
     store = SqliteEventStore(str(tmp_path / "f.db"))
     release = asyncio.Event()

@@ -99,6 +99,7 @@ OWNER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_a_sigkilled_owner_process_is_taken_over_at_once(db_path):
     child = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, str(db_path)], stdout=subprocess.PIPE, text=True,
                              env={**os.environ})

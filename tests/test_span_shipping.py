@@ -223,6 +223,7 @@ def _fields(s) -> dict:
     }
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_the_live_spans_of_the_demo_are_the_spans_export_rebuilds_field_for_field():
     exporter = InMemorySpanExporter()
     provider = provider_with(exporter)

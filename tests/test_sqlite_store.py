@@ -262,6 +262,7 @@ def test_processes_creating_the_same_new_file_at_once(db_path):
         assert s.schema_version == sqlite_mod.DB_SCHEMA_VERSION
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_a_writer_waits_for_another_process_lock_then_succeeds(db_path):
     with SqliteEventStore(db_path) as s:
         s.append(SID, [started()], 0)
@@ -276,6 +277,7 @@ def test_a_writer_waits_for_another_process_lock_then_succeeds(db_path):
     holder.close()
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_a_lock_held_too_long_is_a_store_error_naming_the_file(db_path):
     with SqliteEventStore(db_path) as s:
         s.append(SID, [started()], 0)
@@ -855,6 +857,7 @@ def test_a_full_database_is_store_disk_full(db_path):
         assert [e.seq for e in s.read(SID)] == list(range(1, seq + 1))
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_a_lock_held_past_busy_timeout_is_store_locked_whatever_the_path_says(tmp_path):
     folder = tmp_path / "corrupt"  # a folder name must not change the advice
     folder.mkdir()

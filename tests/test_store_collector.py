@@ -506,6 +506,7 @@ def test_memory_store_works_too():
     assert sample(s, OPEN, workflow="w", node="wait", state="waiting_input") == 1
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_the_metrics_server_queues_a_burst_of_scrapes_and_drops_idle_connections(monkeypatch):
     """A listen backlog for a burst of concurrent scrapes (prometheus-client's own server
     keeps 5), and a read timeout so that idle connections do not each hold a thread."""
@@ -612,6 +613,7 @@ def test_job_results_are_counted_from_the_store_whoever_recorded_them(tmp_path):
         store.close()
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_serve_metrics_exposes_one_job_results_family_the_stores(tmp_path):
     """A MetricsPlugin that counts job results in process beside the endpoint's
     StoreCollector: the endpoint exposes the store's count only, never both."""

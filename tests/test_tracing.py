@@ -834,6 +834,7 @@ async def test_an_event_the_walk_cannot_take_costs_its_own_span_not_the_rest_of_
     assert len(tracing.invocations()) == 1
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_a_loop_closed_before_the_batch_was_walked_is_not_kept_alive(tracing):
     import gc
     import time

@@ -248,6 +248,7 @@ async def _one(ctx: NodeContext, x):
     return x
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_two_workers_claiming_the_same_queued_session_one_wins(tmp_path):
     """Two Workers, each in its own thread with its own connection, claim at the same
     instant; the store gives the session to one: the other appends nothing."""
