@@ -15,10 +15,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 #: ~2.5 s together). They are slow as a whole (``pytestmark``), and the fast loop does not
 #: even collect them, so it does not pay for the imports.
 SLOW_TO_IMPORT = {"test_bridge_adk.py", "test_bridge_langgraph.py"}
+#: A module marked slow as a whole says so on a line of its own.
+_WHOLLY_SLOW = "\npytestmark = pytest.mark.slow"
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    if collection_path.name in SLOW_TO_IMPORT and config.getoption("markexpr", "").replace(" ", "") == "notslow":
+    """The fast loop (``-m "not slow"``) does not collect a module that is slow as a whole:
+    importing it (and rewriting its asserts) would cost the loop time for no test."""
+    if config.getoption("markexpr", "").replace(" ", "") != "notslow" or collection_path.suffix != ".py":
+        return None
+    if collection_path.name in SLOW_TO_IMPORT:
+        return True
+    if collection_path.name.startswith("test_") and _WHOLLY_SLOW in collection_path.read_text(encoding="utf-8"):
         return True
     return None
 
