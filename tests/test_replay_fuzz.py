@@ -134,7 +134,7 @@ async def _one_case(case: int, tmp_path, request=None) -> None:
 ONLY = os.environ.get("FLOWSCOPE_FUZZ_ONLY")
 # The first FAST_CASES run in the fast loop (but those over PostgreSQL, which need the
 # session's cluster); the rest with the full suite.
-FAST_CASES = 12
+FAST_CASES = 6
 
 
 def _case(c: int) -> object:
