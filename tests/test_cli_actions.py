@@ -74,3 +74,19 @@ def test_a_bulk_action_wants_a_session_or_filters_not_both_and_not_neither(tmp_p
     assert r.exit_code == 0 and "no session matches" in r.output
     r = run(db, "retry", "--state", "paused", "--older-than", "0s", "--yes")  # each is refused, one line each
     assert r.exit_code == 0 and r.output.count("skipped p") == 3 and "not failed" in r.output
+
+
+def test_a_bulk_resume_answers_every_selected_session_and_skips_the_ones_it_cannot(tmp_path):
+    db = _db(tmp_path)
+    dry = run(db, "resume", "--state", "paused", "--input", "go=true", "--dry-run")
+    assert dry.exit_code == 0 and "would resume 3 session(s)" in dry.output
+    refused = run(db, "resume", "--state", "paused", "--input", "go=true")
+    assert refused.exit_code == 2 and "--yes" in refused.output
+    assert statuses(db) == {**{f"p{i}": "paused" for i in range(3)}, **{f"f{i}": "failed" for i in range(3)}}
+    done = run(db, "resume", "--state", "paused", "--workflow", "asking", "--input", "go=true", "--yes")
+    assert done.exit_code == 0 and done.output.count("recorded input go for p") == 3, done.output
+    assert statuses(db) == {**{f"p{i}": "answered" for i in range(3)}, **{f"f{i}": "failed" for i in range(3)}}
+    again = run(db, "resume", "--state", "answered", "--input", "go=true", "--yes")  # already answered: one line each
+    assert again.exit_code == 0 and again.output.count("skipped p") == 3, again.output
+    both = run(db, "resume", "p0", "--state", "paused")
+    assert both.exit_code == 2 and "not both" in both.output

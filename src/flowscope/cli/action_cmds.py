@@ -31,10 +31,10 @@ from .session_ops import (
 )
 from .worker_cmds import worker_hint
 
-__all__ = ["retry", "cancel", "COMMANDS"]
+__all__ = ["retry", "cancel", "bulk_options", "list_targets", "confirm_bulk", "COMMANDS"]
 
 
-def _bulk_options(fn: Any) -> Any:
+def bulk_options(fn: Any) -> Any:
     """``--workflow``, ``--state``, ``--older-than``, ``--dry-run``, ``--yes``: one set for every bulk action."""
     for option in reversed(
         (
@@ -67,7 +67,8 @@ def _targets(
     return [s.session_id for s in found]
 
 
-def _listing(store: Any, sids: list[str], action: str) -> None:
+def list_targets(store: Any, sids: list[str], action: str) -> None:
+    """``--dry-run``: the sessions a bulk action would touch."""
     click.echo(f"would {action} {len(sids)} session(s):")
     for sid in sids:
         info = store.session_info(sid)
@@ -75,7 +76,8 @@ def _listing(store: Any, sids: list[str], action: str) -> None:
             click.echo(f"  {sid}  {info.workflow}  {info.status}  updated {fmt_time(info.updated_at)}")
 
 
-def _confirm(sids: list[str], session: str | None, yes: bool, action: str) -> None:
+def confirm_bulk(sids: list[str], session: str | None, yes: bool, action: str) -> None:
+    """A bulk action without ``--yes`` says how many sessions it would touch, and stops."""
     if session is None and not yes:
         raise CliError(f"{action} would act on {len(sids)} session(s): list them with --dry-run, act on them with --yes")
 
@@ -94,7 +96,7 @@ def _said_retry(store: Any, receipt: ActionReceipt, from_path: str | None) -> st
 @db_option
 @click.option("--from", "from_path", metavar="PATH", help="Run again from this node run (a path, or a node name with one run): it and what follows it run as new attempts.")
 @click.option("--reason", default=None, help="Why: recorded in the log with who asked.")
-@_bulk_options
+@bulk_options
 def retry(
     session: str | None,
     db: str | None,
@@ -119,9 +121,9 @@ def retry(
         if sids is None:
             return
         if dry_run:
-            _listing(store, sids, "retry")
+            list_targets(store, sids, "retry")
             return
-        _confirm(sids, session, yes, "retry")
+        confirm_bulk(sids, session, yes, "retry")
         for sid in sids:
             if session is not None:
                 views.load_session(store, sid)  # the one "no such session" message
@@ -140,7 +142,7 @@ def retry(
 @db_option
 @click.option("--reason", default=CANCEL_REASON, show_default=True, help="Why: recorded on every cancelled run, with who asked.")
 @click.option("--force", is_flag=True, help="Cancel now even if a live owner holds the session's lease (you know it is dead): its lease is fenced off.")
-@_bulk_options
+@bulk_options
 def cancel(
     session: str | None,
     db: str | None,
@@ -167,9 +169,9 @@ def cancel(
         if sids is None:
             return
         if dry_run:
-            _listing(store, sids, "cancel")
+            list_targets(store, sids, "cancel")
             return
-        _confirm(sids, session, yes, "cancel")
+        confirm_bulk(sids, session, yes, "cancel")
         for sid in sids:
             ws = views.load_session(store, sid) if session is not None else None
             try:

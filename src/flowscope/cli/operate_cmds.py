@@ -19,7 +19,8 @@ from .app import DURATION, command_prefix, db_option, emit, format_option, json_
 from .failures import EXIT_FAILED, CliError, failure_line
 from .render import fmt_duration, fmt_time, render_table, zone_name
 from .runtime import SpanFollower, configure_cli_tracing, start_metrics_server, wait_for_signal
-from .session_ops import live_owner, prune_candidates
+from .action_cmds import confirm_bulk, list_targets
+from .session_ops import SELECTABLE_STATES, live_owner, prune_candidates, select_sessions
 from .worker_cmds import cwd_importable, record_answers
 
 __all__ = ["resume", "prune", "serve_metrics_cmd", "parse_answers", "JOB_RESULT_KEYS", "COMMANDS"]
@@ -111,7 +112,7 @@ def _resolve_workflow(name: str, spec: str | None) -> Any:
 
 
 @click.command()
-@click.argument("session")
+@click.argument("session", required=False)
 @db_option
 @click.option("--input", "inputs", multiple=True, metavar="ID=JSON", help="Answer the input request ID (repeatable), e.g. approval=true.")
 @click.option("--job", "jobs", multiple=True, metavar="ID=JSON", help='Deliver the result of job ID (repeatable), e.g. JOB=\'{"success": true, "count": 3}\'.')
@@ -119,8 +120,12 @@ def _resolve_workflow(name: str, spec: str | None) -> Any:
 @click.option("--force", is_flag=True, help="Take the session from its owner even if that owner looks alive (it is known to be dead).")
 @click.option("--otlp-endpoint", metavar="URL", help="Send the spans of this invocation to an OTLP endpoint; default: OTEL_EXPORTER_OTLP_ENDPOINT.")
 @otlp_protocol_option
+@click.option("--state", type=click.Choice(SELECTABLE_STATES), help="Without SESSION: every session in this state (with --workflow NAME or MODULE:ATTR, of that workflow).")
+@click.option("--older-than", type=DURATION, default=None, help="Without SESSION: only sessions last updated this long ago (e.g. 10m).")
+@click.option("--dry-run", is_flag=True, help="Without SESSION: list the sessions it would resume; change nothing.")
+@click.option("--yes", is_flag=True, help="Without SESSION: resume every session the filters select.")
 def resume(
-    session: str,
+    session: str | None,
     db: str | None,
     inputs: tuple[str, ...],
     jobs: tuple[str, ...],
@@ -128,6 +133,10 @@ def resume(
     force: bool,
     otlp_endpoint: str | None,
     otlp_protocol: str | None,
+    state: str | None,
+    older_than: float | None,
+    dry_run: bool,
+    yes: bool,
 ) -> None:
     """Continue a paused, failed or crashed session from the store.
 
@@ -137,7 +146,56 @@ def resume(
     workflow) the session runs here: finished node runs are kept (fast-forwarded from the log), a run
     whose worker died is re-executed as a new attempt. Exit code 0 when the answers were
     recorded or the session completed or paused again, 1 when it failed.
+
+    Without SESSION it resumes, one after another, every session --state, --older-than and
+    --workflow (a name, or MODULE:ATTR to run them here) select: --dry-run lists them,
+    --yes acts; a session that cannot be resumed is skipped with one line.
     """
+    rest = (inputs, jobs, force, otlp_endpoint, otlp_protocol)
+    if session is not None:
+        if state or older_than is not None or dry_run or yes:
+            raise CliError("resume: give SESSION or filters (--state, --older-than, --workflow), not both")
+        _resume_one(session, db, workflow_spec, *rest)
+        return
+    if not (state or older_than is not None):
+        raise CliError("resume: give a SESSION, or --state/--older-than (and --workflow) to resume several")
+    code = workflow_spec if workflow_spec and ":" in workflow_spec else None
+    name = _resolve_workflow("", code).name if code else workflow_spec
+    store = open_store(db, write=True)
+    with store:
+        sids = [s.session_id for s in select_sessions(store, workflow=name, state=state, older_than_s=older_than)]
+        if not sids:
+            click.echo("no session matches the filters; nothing to resume")
+            return
+        if dry_run:
+            list_targets(store, sids, "resume")
+            return
+        confirm_bulk(sids, None, yes, "resume")
+    failed = 0
+    for sid in sids:
+        try:
+            _resume_one(sid, db, code, *rest)
+        except CliError as exc:
+            click.echo(f"skipped {sid}: {exc.message}")
+        except click.exceptions.Exit as exc:
+            if exc.exit_code != EXIT_FAILED:
+                raise
+            failed += 1
+    if failed:
+        raise click.exceptions.Exit(EXIT_FAILED)
+
+
+def _resume_one(
+    session: str,
+    db: str | None,
+    workflow_spec: str | None,
+    inputs: tuple[str, ...],
+    jobs: tuple[str, ...],
+    force: bool,
+    otlp_endpoint: str | None,
+    otlp_protocol: str | None,
+) -> None:
+    """``flowscope resume SESSION``: see :func:`resume`."""
     from .. import Runner
     from .progress import ProgressPlugin
 
