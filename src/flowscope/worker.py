@@ -380,13 +380,8 @@ class Worker:
             self._count("cancelled")
             log.info("session %s (%s, %s): %s", sid, claim.workflow, claim.reason, describe_exception(exc))
         except LeaseLost as exc:
-            if isinstance(exc.__cause__, StoreNotWritable):  # its renewals were refused: the outage
-                self._count("store_fault")
-                self._parked[sid] = claim
-                self._write_fault(exc.__cause__)
-            else:
-                self._count("lease_lost" if not self._stop.is_set() else "handed_back")
-                log.warning("session %s: lease lost: %s", sid, describe_exception(exc))
+            self._count("lease_lost" if not self._stop.is_set() else "handed_back")
+            log.warning("session %s: lease lost: %s", sid, describe_exception(exc))
         except InvocationAbortedError:
             self._count("handed_back")
             log.info("session %s: stopped by the drain", sid)

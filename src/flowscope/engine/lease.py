@@ -73,17 +73,18 @@ def safe_until(lease: Lease, lease_s: float, t0: float | None = None) -> tuple[f
     return (until - margin, lease.expires_at - margin)
 
 
-def lease_expired(session_id: str, cause: BaseException | None = None) -> LeaseExpired:
-    """The error of an invocation whose lease on ``session_id`` is no longer safe; its
-    ``__cause__`` is the store's refusal when renewals failed because the store refuses
-    writes (a full disk: the worker's outage, not another owner)."""
-    exc = LeaseExpired(
+def lease_expired(session_id: str, cause: BaseException | None = None) -> BaseException:
+    """Why an invocation whose lease on ``session_id`` is no longer safe stops:
+    ``LeaseExpired``, or ``cause`` itself when the renewals failed because the store refused
+    the writes (a full disk): that is the store's fault, and the caller gets the store's
+    error, as for a failed append."""
+    if cause is not None:
+        return cause
+    return LeaseExpired(
         f"the lease on session {session_id!r} may have expired by this process's clock before it was renewed "
         "(the process was stopped, or its renewals failed or came too late): another owner may have taken "
         "the session over, so this one stopped and recorded nothing more"
     )
-    exc.__cause__ = cause
-    return exc
 
 
 class Leased(Protocol):
@@ -103,7 +104,7 @@ class Leased(Protocol):
 
     def renewed(self, lease: Lease, t0: float) -> None: ...
 
-    def lose_lease(self, exc: LeaseLost) -> None: ...
+    def lose_lease(self, exc: BaseException) -> None: ...
 
     def mail_arrived(self) -> None: ...
 
@@ -174,7 +175,7 @@ class LeaseKeeper:
             return
         with self._lock:
             self._active.pop(key, None)
-        inv.lose_lease(lease_expired(inv.lease.session_id))
+        inv.lose_lease(lease_expired(inv.lease.session_id, inv.renew_fault))
 
     # -- the thread
 

@@ -234,7 +234,7 @@ class Runner:
         stopped = 0
         for inv in list(self._active.values()):
             if inv.halted is None and not inv.lease_ok():
-                inv.lose_lease(lease_expired(inv.session_id))
+                inv.lose_lease(lease_expired(inv.session_id, inv.renew_fault))
                 stopped += 1
         return stopped
 
@@ -464,8 +464,7 @@ class Runner:
             if isinstance(halted, LeaseLost):
                 if plugins.wants("on_lease_lost"):
                     await plugins.call("on_lease_lost", session_id, self.workflow.name)
-            if isinstance(halted, StoreError) or isinstance(halted.__cause__, StoreNotWritable):
-                # cut off by the store (a failed append, or renewals it refused): not a crash
+            elif isinstance(halted, StoreError):  # a failed append, or renewals it refused: not a crash
                 self._cut_off[session_id] = inv.cut_off | {inv.invocation_id}
                 if len(self._cut_off) > _CUT_OFF_SESSIONS:
                     self._cut_off.pop(next(iter(self._cut_off)))
