@@ -8,7 +8,7 @@ Given no SESSION, both act on every session the filters select (``--workflow``,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -31,7 +31,7 @@ from .session_ops import (
 )
 from .worker_cmds import worker_hint
 
-__all__ = ["retry", "cancel", "bulk_options", "list_targets", "confirm_bulk", "COMMANDS"]
+__all__ = ["retry", "cancel", "bulk_options", "for_each_target", "COMMANDS"]
 
 
 def bulk_options(fn: Any) -> Any:
@@ -67,19 +67,40 @@ def _targets(
     return [s.session_id for s in found]
 
 
-def list_targets(store: Any, sids: list[str], action: str) -> None:
-    """``--dry-run``: the sessions a bulk action would touch."""
-    click.echo(f"would {action} {len(sids)} session(s):")
-    for sid in sids:
-        info = store.session_info(sid)
-        if info is not None:
-            click.echo(f"  {sid}  {info.workflow}  {info.status}  updated {fmt_time(info.updated_at)}")
-
-
-def confirm_bulk(sids: list[str], session: str | None, yes: bool, action: str) -> None:
-    """A bulk action without ``--yes`` says how many sessions it would touch, and stops."""
+def for_each_target(
+    store: Any,
+    session: str | None,
+    act: Callable[[str], None],
+    action: str,
+    *,
+    workflow: str | None,
+    state: str | None,
+    older_than: float | None,
+    dry_run: bool,
+    yes: bool,
+) -> None:
+    """Run ``act`` on SESSION, or on every session the filters select: ``--dry-run`` lists
+    them, ``--yes`` acts (without it the count is said, exit 2). In a bulk action a session
+    that cannot take it (``act`` raised a :class:`CliError`) is skipped with one line."""
+    sids = _targets(store, session, workflow, state, older_than, action)
+    if sids is None:
+        return
+    if dry_run:
+        click.echo(f"would {action} {len(sids)} session(s):")
+        for sid in sids:
+            info = store.session_info(sid)
+            if info is not None:
+                click.echo(f"  {sid}  {info.workflow}  {info.status}  updated {fmt_time(info.updated_at)}")
+        return
     if session is None and not yes:
         raise CliError(f"{action} would act on {len(sids)} session(s): list them with --dry-run, act on them with --yes")
+    for sid in sids:
+        try:
+            act(sid)
+        except CliError as exc:
+            if session is not None:
+                raise
+            click.echo(f"skipped {sid}: {exc.message}")
 
 
 def _said_retry(store: Any, receipt: ActionReceipt, from_path: str | None) -> str:
@@ -116,25 +137,17 @@ def retry(
     when the session cannot be retried.
     """
     store = open_store(db, write=True)
+
+    def one(sid: str) -> None:
+        try:
+            receipt = retry_action(store, sid, from_path=from_path, reason=reason)
+        except (ResumeError, UnknownSessionError) as exc:
+            raise CliError(str(exc)) from None
+        click.echo(_said_retry(store, receipt, from_path))
+
     with store:
-        sids = _targets(store, session, workflow, state, older_than, "retry")
-        if sids is None:
-            return
-        if dry_run:
-            list_targets(store, sids, "retry")
-            return
-        confirm_bulk(sids, session, yes, "retry")
-        for sid in sids:
-            if session is not None:
-                views.load_session(store, sid)  # the one "no such session" message
-            try:
-                receipt = retry_action(store, sid, from_path=from_path, reason=reason)
-            except (ResumeError, UnknownSessionError) as exc:
-                if session is not None:
-                    raise CliError(str(exc)) from None
-                click.echo(f"skipped {sid}: {exc}")
-                continue
-            click.echo(_said_retry(store, receipt, from_path))
+        for_each_target(store, session, one, "retry", workflow=workflow, state=state, older_than=older_than,
+                        dry_run=dry_run, yes=yes)
 
 
 @click.command()
@@ -165,26 +178,13 @@ def cancel(
     text = " ".join(reason.split()) or CANCEL_REASON
     store = open_store(db, write=True)
     with store:
-        sids = _targets(store, session, workflow, state, older_than, "cancel")
-        if sids is None:
-            return
-        if dry_run:
-            list_targets(store, sids, "cancel")
-            return
-        confirm_bulk(sids, session, yes, "cancel")
-        for sid in sids:
-            ws = views.load_session(store, sid) if session is not None else None
-            try:
-                _cancel_one(store, sid, text, force, ws)
-            except CliError as exc:
-                if session is not None:
-                    raise
-                click.echo(f"skipped {sid}: {exc.message}")
+        for_each_target(store, session, lambda sid: _cancel_one(store, sid, text, force), "cancel",
+                        workflow=workflow, state=state, older_than=older_than, dry_run=dry_run, yes=yes)
 
 
-def _cancel_one(store: Any, sid: str, reason: str, force: bool, ws: Any) -> None:
+def _cancel_one(store: Any, sid: str, reason: str, force: bool) -> None:
     if force:
-        ws = ws if ws is not None else views.load_session(store, sid)
+        ws = views.load_session(store, sid)
         held = live_owner(store, sid)
         try:
             before, events = cancel_session(store, ws, reason, force=True)

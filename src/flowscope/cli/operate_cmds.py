@@ -19,8 +19,8 @@ from .app import DURATION, command_prefix, db_option, emit, format_option, json_
 from .failures import EXIT_FAILED, CliError, failure_line
 from .render import fmt_duration, fmt_time, render_table, zone_name
 from .runtime import SpanFollower, configure_cli_tracing, start_metrics_server, wait_for_signal
-from .action_cmds import confirm_bulk, list_targets
-from .session_ops import SELECTABLE_STATES, live_owner, prune_candidates, select_sessions
+from .action_cmds import for_each_target
+from .session_ops import SELECTABLE_STATES, live_owner, prune_candidates
 from .worker_cmds import cwd_importable, record_answers
 
 __all__ = ["resume", "prune", "serve_metrics_cmd", "parse_answers", "JOB_RESULT_KEYS", "COMMANDS"]
@@ -157,30 +157,22 @@ def resume(
             raise CliError("resume: give SESSION or filters (--state, --older-than, --workflow), not both")
         _resume_one(session, db, workflow_spec, *rest)
         return
-    if not (state or older_than is not None):
-        raise CliError("resume: give a SESSION, or --state/--older-than (and --workflow) to resume several")
     code = workflow_spec if workflow_spec and ":" in workflow_spec else None
     name = _resolve_workflow("", code).name if code else workflow_spec
-    store = open_store(db, write=True)
-    with store:
-        sids = [s.session_id for s in select_sessions(store, workflow=name, state=state, older_than_s=older_than)]
-        if not sids:
-            click.echo("no session matches the filters; nothing to resume")
-            return
-        if dry_run:
-            list_targets(store, sids, "resume")
-            return
-        confirm_bulk(sids, None, yes, "resume")
     failed = 0
-    for sid in sids:
+
+    def one(sid: str) -> None:
+        nonlocal failed
         try:
             _resume_one(sid, db, code, *rest)
-        except CliError as exc:
-            click.echo(f"skipped {sid}: {exc.message}")
         except click.exceptions.Exit as exc:
             if exc.exit_code != EXIT_FAILED:
                 raise
-            failed += 1
+            failed += 1  # said already; the others go on
+
+    with open_store(db) as store:
+        for_each_target(store, None, one, "resume", workflow=name, state=state, older_than=older_than,
+                        dry_run=dry_run, yes=yes)
     if failed:
         raise click.exceptions.Exit(EXIT_FAILED)
 
