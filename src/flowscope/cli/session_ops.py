@@ -8,6 +8,7 @@ resume would refuse. :func:`cancel_session` appends the cancel through the fence
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Iterable
@@ -83,7 +84,7 @@ def cancel_session(
             ws = rebuild(store.read(sid))
             if ws.status in FINISHED_SESSION_STATUSES:
                 raise SessionFinished(sid, ws.status)
-        before = rebuild(store.read(sid))
+        before = dataclasses.replace(ws)  # its status and workflow as they were (take_in folds into ws)
         store.send(sid, "cancel", {"reason": reason})
         events = take_in(store, ws, lease)
     finally:
