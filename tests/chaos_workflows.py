@@ -22,6 +22,8 @@ from flowscope import START, JoinNode, NodeContext, RetryConfig, Workflow, node
 __all__ = ["ALL", "chain", "fanout", "retrying", "asking", "job", "racing", "side_effect", "resume_args", "stop_workers"]
 
 STEP_S = float(os.environ.get("CHAOS_STEP_S", "0.08"))
+#: How long race_slow works (tests/test_answer_while_running.py gives it seconds, for the CLI).
+RACE_SLOW_S = float(os.environ.get("RACE_SLOW_S", str(STEP_S * 5)))
 
 
 def side_effect(ctx: NodeContext, what: str) -> None:
@@ -137,7 +139,7 @@ async def race_ask(ctx: NodeContext, x: Any) -> Any:
 
 @node
 async def race_slow(ctx: NodeContext, x: Any) -> Any:
-    await asyncio.sleep(STEP_S * 5)  # long enough for an answer to arrive while it runs
+    await asyncio.sleep(RACE_SLOW_S)  # long enough for an answer to arrive while it runs
     side_effect(ctx, "race_slow")
     return x
 

@@ -1,6 +1,6 @@
 """One writer per session, through the CLI: an answer given while another branch runs.
 
-``race`` asks for input in one branch while its other branch works for eight seconds. The
+``chaos_race`` (tests/chaos_workflows.py) asks for input in one branch while its other branch works for eight seconds. The
 operator does what ``flowscope stuck`` says (``flowscope resume SESSION --input q=...``)
 while the slow branch runs under a real ``flowscope worker``. The answer waits in the
 session's inbox; the worker takes it in when its invocation pauses, so its appends never
@@ -57,14 +57,14 @@ def _race(db: str, open_store: Callable[[], Any], tmp_path: Path) -> None:
     env = _env(log)
     err = tmp_path / "worker.err"
     worker = subprocess.Popen(
-        [FLOWSCOPE, "--db", db, "worker", "tests.race_workflows:ALL", "--lease", "5s", "--poll", "50ms"],
+        [FLOWSCOPE, "--db", db, "worker", "tests.chaos_workflows:ALL", "--lease", "5s", "--poll", "50ms"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(err, "wb"),
     )
     try:
         sids: list[str] = []
         said: list[str] = []
         for i in range(SESSIONS):
-            r = _cli(db, env, "start", "race", "--session", f"race-{i}")
+            r = _cli(db, env, "start", "chaos_race", "--session", f"race-{i}")
             assert r.returncode == 0, r.stderr
             sids.append(f"race-{i}")
         with open_store() as store:
@@ -76,7 +76,7 @@ def _race(db: str, open_store: Callable[[], Any], tmp_path: Path) -> None:
             for sid in sids:
                 _wait(f"{sid} to ask while race_slow runs", lambda: asked(sid))
                 # what `flowscope stuck` tells the operator to do, done while race_slow works
-                r = _cli(db, env, "resume", sid, "--input", "q=true")
+                r = _cli(db, env, "resume", sid, "--input", "go=true")
                 assert r.returncode == 0, (r.stdout, r.stderr)
                 said.append(r.stdout)
             for sid in sids:
@@ -96,7 +96,7 @@ def _race(db: str, open_store: Callable[[], Any], tmp_path: Path) -> None:
         mine = [(line["what"], line["attempt"]) for line in lines if line["session"] == sid]
         assert sorted(mine) == [("race_ask", 1), ("race_fin", 1), ("race_slow", 1)], mine
     for out in said:  # the CLI said what happened: the owner takes the answer in
-        assert "sent input q" in out and "still running it" in out, out
+        assert "sent input go" in out and "still running it" in out, out
 
 
 def test_an_answer_while_another_branch_runs_runs_nothing_twice_on_sqlite(tmp_path: Path):
