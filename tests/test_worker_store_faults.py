@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import unavailable
+
 from flowscope import START, NodeContext, Runner, Worker, Workflow, node
 from flowscope.errors import StoreDiskFull, StoreNotWritable, StoreReadOnly
 from flowscope.outage import BACKOFF_CAP_S, StoreOutage
@@ -199,10 +201,10 @@ def tiny_fs(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
+        unavailable("mounting a small tmpfs needs root")
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
     if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        unavailable(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
         yield mnt
     finally:
