@@ -15,17 +15,14 @@ from .base import (
     FINISHED_SESSION_STATUSES,
     WORKER_RETENTION_S,
     Claim,
-    ClaimReason,
     EventStore,
     Message,
     NodeRun,
     SessionInfo,
     WorkerInfo,
-    claim_reason,
     number_events,
-    lease_lost,
-    owned_elsewhere,
 )
+from .takeover import ClaimCandidate, ClaimPick, check_acquire, claim_cut, claim_rule, lost_lease
 from ..fold import OPEN_STATES, WorkflowState
 
 __all__ = ["MemoryEventStore"]
@@ -90,7 +87,7 @@ class MemoryEventStore(EventStore):
         with self._lock:
             own = self._own.get(session_id)
             if epoch is not None and (own.epoch if own is not None else 0) != epoch:
-                raise lease_lost(session_id, own.epoch if own else 0, own.owner if own else None, epoch)
+                raise lost_lease(session_id, own, epoch)
             log = self._events.get(session_id)
             numbered = number_events(session_id, events, len(log) if log else 0, expected_last_seq)
             if not numbered:
@@ -163,14 +160,7 @@ class MemoryEventStore(EventStore):
         now = time.time() if now is None else now
         with self._lock:
             own = self._own.setdefault(session_id, _Ownership())
-            held = own.owner
-            if (
-                not force
-                and held is not None
-                and held.worker_id != owner.worker_id
-                and owner_alive(held, own.lease_expires_at, now)
-            ):
-                raise owned_elsewhere(session_id, held, own.lease_expires_at, own.lease_renewed_at, now)
+            check_acquire(session_id, owner, own, now, force=force)
             return self._take(session_id, own, owner, lease_s, now)
 
     def _take(self, session_id: str, own: _Ownership, owner: Owner, lease_s: float, now: float) -> Lease:
@@ -183,7 +173,7 @@ class MemoryEventStore(EventStore):
         with self._lock:
             own = self._own.get(lease.session_id)
             if own is None or own.epoch != lease.epoch:
-                raise lease_lost(lease.session_id, own.epoch if own else 0, own.owner if own else None, lease.epoch)
+                raise lost_lease(lease.session_id, own, lease.epoch)
             own.lease_expires_at, own.lease_renewed_at = now + lease_s, now
             return dataclasses.replace(lease, expires_at=now + lease_s)
 
@@ -206,24 +196,27 @@ class MemoryEventStore(EventStore):
         now = time.time() if now is None else now
         wanted = set(workflows)
         with self._lock:
-            found: list[tuple[float, str, str, ClaimReason]] = []  # (since, session, workflow, reason)
+            found: list[ClaimPick] = []
             for sid, s in self._states.items():
                 if s.workflow not in wanted:
                     continue
                 own = self._own.get(sid) or _Ownership()
-                reason = claim_reason(s.status, own.owner, own.lease_expires_at, now, mail=bool(self._mail.get(sid)))
-                if reason is None or (reason == "orphaned" and max_recoveries is not None and own.recoveries > max_recoveries):
+                candidate = ClaimCandidate(
+                    sid, s.workflow, s.status, own.owner, own.lease_expires_at, own.recoveries, None,
+                    mail=bool(self._mail.get(sid)),
+                )
+                reason = claim_rule(candidate, now, host=None, max_recoveries=max_recoveries)
+                if reason is None:
                     continue
-                since = {"queued": own.submitted_at, "answered": s.updated_at, "orphaned": s.updated_at}[reason]
-                found.append((since or 0.0, sid, s.workflow, reason))
-            found.sort()
+                since = own.submitted_at if reason == "queued" else s.updated_at  # answered, orphaned: the last event
+                found.append(ClaimPick(since or 0.0, sid, s.workflow, reason))
             out: list[Claim] = []
-            for _since, sid, workflow, reason in found[: max(limit, 0)]:
-                own = self._own.setdefault(sid, _Ownership())
-                if reason == "orphaned":
+            for pick in claim_cut(found, limit):
+                own = self._own.setdefault(pick.session_id, _Ownership())
+                if pick.reason == "orphaned":
                     own.recoveries += 1
-                lease = self._take(sid, own, owner, lease_s, now)
-                out.append(Claim(sid, workflow, reason, lease))
+                lease = self._take(pick.session_id, own, owner, lease_s, now)
+                out.append(Claim(pick.session_id, pick.workflow, pick.reason, lease))
             return out
 
     # ------------------------------------------------------------------ the inbox
@@ -256,8 +249,8 @@ class MemoryEventStore(EventStore):
             stored = self.append(session_id, events, expected_last_seq, epoch=epoch) if events else []
             if not events:
                 own = self._own.get(session_id)
-                if (own.epoch if own is not None else 0) != epoch:
-                    raise lease_lost(session_id, own.epoch if own else 0, own.owner if own else None, epoch)
+                if (own.epoch if own is not None else 0) != epoch:  # the fence holds for the deletion too
+                    raise lost_lease(session_id, own, epoch)
             taken = set(message_ids)
             left = [m for m in self._mail.get(session_id, ()) if m.message_id not in taken]
             if left:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from ...fold import NodeState, WorkflowState
+from ...fold import NodeState
 from ..base import FINISHED_SESSION_STATUSES, NodeRun
 from ..projection_sql import open_where
 from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
@@ -26,6 +26,7 @@ __all__ = [
     "SQL_READ_SEQS",
     "SQL_UPSERT_SESSION",
     "SQL_ADVANCE_SESSION",
+    "SQL_RENAME_WORKFLOW",
     "SQL_UPSERT_NODE",
     "SQL_LOAD_NODES",
     "SQL_NODE_RUNS",
@@ -63,9 +64,6 @@ __all__ = [
     "SQL_PRUNE_SPAN_EXPORTS",
     "SQL_STORAGE_BYTES",
     "node_state",
-    "node_row",
-    "session_row",
-    "advance_row",
 ]
 
 _SESSION_COLUMNS = "workflow, status, started_at, updated_at, last_seq, invocations"
@@ -96,6 +94,8 @@ SQL_UPSERT_SESSION = (
 #: index on a column the statement sets (``sessions_running`` on each step of a running
 #: session), one WAL page more per commit.
 SQL_ADVANCE_SESSION = "UPDATE sessions SET started_at = ?, updated_at = ?, last_seq = ?, invocations = ? WHERE session_id = ?"
+#: Another workflow's run in a session: every node run takes its name.
+SQL_RENAME_WORKFLOW = "UPDATE node_runs SET workflow = ? WHERE session_id = ?"
 _NODE_ROW_COLUMNS = ("session_id", "workflow") + NODE_STATE_COLUMNS
 SQL_UPSERT_NODE = (
     f"INSERT INTO node_runs ({', '.join(_NODE_ROW_COLUMNS)}) "
@@ -258,38 +258,6 @@ def node_state(row: Sequence[Any]) -> NodeState:
     """A NodeState from a row of ``SQL_LOAD_NODES``."""
     return NodeState(**dict(zip(NODE_STATE_COLUMNS, row)))
 
-
-def node_row(session_id: str, workflow: str, ns: NodeState) -> tuple[Any, ...]:
-    """The parameters of ``SQL_UPSERT_NODE`` for one node state."""
-    return (
-        session_id,
-        workflow,
-        ns.path,
-        ns.node,
-        ns.kind,
-        ns.parent_path,
-        ns.status,
-        ns.attempt,
-        ns.failures,
-        ns.retries,
-        ns.recoveries,
-        ns.started_at,
-        ns.ended_at,
-        ns.heartbeat_at,
-        ns.error_code,
-        ns.error_type,
-        ns.job_deadline_at,
-    )
-
-
-def advance_row(ws: WorkflowState) -> tuple[Any, ...]:
-    """The parameters of ``SQL_ADVANCE_SESSION``."""
-    return (ws.started_at, ws.updated_at, ws.last_seq, ws.invocations, ws.session_id)
-
-
-def session_row(ws: WorkflowState, submitted_at: float | None = None) -> tuple[Any, ...]:
-    """The parameters of ``SQL_UPSERT_SESSION`` (``submitted_at`` is kept once set)."""
-    return (ws.session_id, ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations, submitted_at)
 
 # -- the span-shipping watermark (issue 15): a table of its own, created on the first write,
 # so that files without it stay valid and the schema version is unchanged.

@@ -12,29 +12,28 @@ append is checked against) and a claim are atomic across processes. The file lay
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from operator import itemgetter
+from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence
 
 import sqlite_utils
 
 from ...errors import ConcurrencyConflict, LeaseLost, StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
-from ...events import Event, RunFinished, RunSubmitted, UnknownEvent
-from ...fold import NodeState, WorkflowState, gc_paused
+from ...events import Event, RunFinished
+from ...fold import WorkflowState, gc_paused
 from ...jsontext import dumps_finite
 from ...liveness import owner_alive, stale_before
 from ...ownership import Lease, Owner, this_host
+from ..appending import Cached, EncodedEvent, append_steps, node_params, owner_from_column, session_write, take_in_steps
 from ..base import (
     WORKER_RETENTION_S,
     AppendBatch,
     Claim,
-    ClaimReason,
     EventStore,
     JobResultGroup,
     Message,
@@ -43,42 +42,34 @@ from ..base import (
     QueuedGroup,
     SessionInfo,
     WorkerInfo,
-    claim_reason,
     count_dead_owners,
-    lease_lost,
-    number_events,
     one_renewal,
-    owned_elsewhere,
 )
+from . import maintenance, ownership
 from . import queries as q
 from . import schema
 from .codec import decode, encode
 from .faults import store_error, wal_removed
+from .files import WalWatch, identity
+from .writer import Bulk, Writer
 
 __all__ = ["SqliteEventStore"]
 
-_PATHS_PER_QUERY = 500  # below SQLite's limit on bound parameters
 # Sessions whose node states an append keeps for the next one: those in the middle of an
 # invocation (an append that ends one drops its entry), so the bound is only a backstop;
 # below the number of concurrent sessions, every append would read its rows back.
 _NODE_CACHE_SESSIONS = 65536
-# How often a writing transaction checks (one stat) that the -wal file it writes to is
-# still the one beside the database; a failed write always checks.
-_WAL_CHECK_S = 1.0
-
-#: session -> (last_seq, complete, {path: NodeState}) as of this object's last append.
-_CacheEntry = tuple[int, bool, dict[str, NodeState]]
 
 
-def _identity(path: str) -> tuple[int, int] | None:
-    """(device, inode) of the file at ``path``, None if there is none (or it is in memory)."""
-    if path == ":memory:":
-        return None
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino)
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """One batch of a group commit, its events encoded before anything is locked."""
+
+    session_id: str
+    events: Sequence[Event]
+    encoded: list[EncodedEvent]
+    expected_last_seq: int
+    epoch: int | None
 
 
 class SqliteEventStore(EventStore):
@@ -110,13 +101,11 @@ class SqliteEventStore(EventStore):
         self.readonly = readonly
         self.busy_timeout = busy_timeout
         self._lock = threading.RLock()
-        self._node_cache: dict[str, _CacheEntry] = {}
-        self._pending_cache: tuple[str, _CacheEntry] | None = None
+        #: Per session, the state this object's last append left (dropped when an invocation ends).
+        self._node_cache: dict[str, Cached] = {}
         self._conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None
-        self._wal: tuple[int, int] | None = None  # the -wal file this connection writes to
-        self._wal_tracked = False  # writable and in WAL mode: _wal is known once the file exists
-        self._wal_checked = 0.0
+        self._wal = WalWatch(self.path, False)  # the -wal file this connection writes to
         #: job_result_summary's running count: (counts, last rowid read, file identity).
         self._job_results: tuple[dict[tuple[str, str, str], int], int, tuple[int, int] | None] = ({}, 0, None)
         new_file = self.path == ":memory:" or not os.path.exists(self.path) or os.path.getsize(self.path) == 0
@@ -142,10 +131,8 @@ class SqliteEventStore(EventStore):
         except sqlite3.Error as exc:
             self._close_quietly()
             raise store_error(exc, self.path, "open it", busy_timeout) from exc
-        self._identity = _identity(self.path)
-        if not readonly and self.journal_mode == "wal" and self.path != ":memory:":
-            self._wal_tracked = True
-            self._wal = _identity(self.path + "-wal")  # None until the first transaction makes it
+        self._identity = identity(self.path)
+        self._wal = WalWatch(self.path, not readonly and self.journal_mode == "wal" and self.path != ":memory:")
 
     def refresh(self) -> None:
         """Reopen the file if the one at :attr:`path` is not the one open (another inode or
@@ -153,7 +140,7 @@ class SqliteEventStore(EventStore):
         is none. Checked with one ``stat``, so a scrape can call it every time."""
         if self._identity is None:
             return
-        now = _identity(self.path)
+        now = identity(self.path)
         if now is None:
             raise StoreUnavailable(f"{self.path} is gone: the flowscope database was deleted or moved")
         if now == self._identity:
@@ -163,9 +150,8 @@ class SqliteEventStore(EventStore):
             old = self._conn
             self._conn, self.db, self.journal_mode = fresh._conn, fresh.db, fresh.journal_mode
             self._identity = fresh._identity
-            self._wal, self._wal_tracked = fresh._wal, fresh._wal_tracked
+            self._wal = fresh._wal
             self._node_cache.clear()
-            self._pending_cache = None
             fresh._conn = None
         if old is not None:
             try:
@@ -203,27 +189,9 @@ class SqliteEventStore(EventStore):
 
     def _error(self, exc: sqlite3.Error, action: str) -> StoreError:
         """The :class:`StoreError` for ``exc``: first, whether our -wal file was removed."""
-        if self._wal_moved():
+        if self._wal.moved():
             return wal_removed(self.path)
         return store_error(exc, self.path, action, self.busy_timeout)
-
-    def _wal_moved(self) -> bool:
-        """Whether the -wal file this connection writes to is not the one at ``path-wal``
-        (deleted or replaced under a running process: its commits would be lost)."""
-        if not self._wal_tracked:
-            return False
-        self._wal_checked = time.monotonic()
-        now = _identity(self.path + "-wal")
-        if self._wal is None:  # the first transaction since open made it: this is ours
-            self._wal = now
-            return False
-        return now != self._wal
-
-    def _check_wal(self) -> None:
-        """Before a commit, at most every ``_WAL_CHECK_S``: refuse to commit into a removed
-        -wal file (:class:`~flowscope.errors.StoreWalRemoved`; the transaction rolls back)."""
-        if self._wal_tracked and time.monotonic() - self._wal_checked >= _WAL_CHECK_S and self._wal_moved():
-            raise wal_removed(self.path)
 
     @contextmanager
     def _write(self, action: str) -> Iterator[sqlite3.Connection]:
@@ -234,7 +202,7 @@ class SqliteEventStore(EventStore):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
-                self._check_wal()
+                self._wal.check()
                 conn.execute("COMMIT")
             except BaseException:
                 schema.rollback(conn)
@@ -252,21 +220,6 @@ class SqliteEventStore(EventStore):
         with self._lock:
             self._close_quietly()
 
-    def _fetch(self, conn: sqlite3.Connection, session_id: str, after_seq: int, last_seq: int) -> list[Any]:
-        """The rows of seq ``after_seq + 1 .. last_seq``; a missing one is reported, not skipped."""
-        rows = conn.execute(q.SQL_READ, (session_id, after_seq, last_seq)).fetchall()
-        if len(rows) != last_seq - after_seq:
-            expected = after_seq + 1
-            for (s,) in conn.execute(q.SQL_READ_SEQS, (session_id, after_seq, last_seq)):
-                if s != expected:
-                    break
-                expected += 1
-            raise StoreCorrupt(
-                f"{self.path}: the log of session {session_id!r} has a gap: seq {expected} is missing "
-                f"(the session is at seq {last_seq}); restore the file from a backup"
-            )
-        return rows
-
     # ------------------------------------------------------------------ appending
 
     def append(
@@ -281,109 +234,28 @@ class SqliteEventStore(EventStore):
             conn = self._conn
             if conn is None:
                 raise self._closed()
+            cached = self._node_cache.pop(session_id, None)  # a failed append leaves none: the next reads the rows
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                self._pending_cache = None
                 try:
-                    numbered = self._append_in_transaction(conn, session_id, events, encoded, expected_last_seq, epoch)
-                    self._check_wal()
+                    numbered, entry = append_steps(Writer(conn), session_id, events, encoded, expected_last_seq, epoch, cached)
+                    self._wal.check()
                     conn.execute("COMMIT")
                 except BaseException:
-                    schema.rollback(conn)  # the cache entry was popped: the next append reads the rows
+                    schema.rollback(conn)
                     raise
-                if self._pending_cache is not None:  # committed: keep the states for the next append
-                    self._keep([self._pending_cache])
             except sqlite3.Error as exc:
                 raise self._error(exc, "append events") from exc
+            if _worth_keeping(numbered, entry):  # committed: keep the states for the next append
+                self._keep([(session_id, entry)])
         return numbered
 
-    def _append_in_transaction(
-        self,
-        conn: sqlite3.Connection,
-        session_id: str,
-        events: Sequence[Event],
-        encoded: list[tuple[str, float, str, str, str, str]],
-        expected_last_seq: int,
-        epoch: int | None,
-        bulk: _Bulk | None = None,
-    ) -> list[Event]:
-        """Append one batch in the open transaction. With ``bulk`` (group commit), the
-        session's row comes from it and the rows to write are added to it, written for
-        every session at once by :meth:`append_many`."""
-        row = bulk.rows.get(session_id) if bulk is not None else conn.execute(q.SQL_SESSION, (session_id,)).fetchone()
-        if epoch is not None and (row[6] if row is not None else 0) != epoch:  # the fence: nothing written
-            raise lease_lost(session_id, row[6] if row else 0, _owner(row[7]) if row else None, epoch)
-        last = row[4] if row is not None else 0
-        numbered = number_events(session_id, events, last, expected_last_seq)  # may raise: nothing written
-        if not numbered:
-            return numbered
-        rows = [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)]
-        if bulk is None:
-            conn.executemany(q.SQL_INSERT_EVENT, rows)
-        else:
-            bulk.events.extend(rows)
-        ws = WorkflowState(session_id=session_id)
-        new_session = last == 0  # no row, or one acquire() made before the first event
-        nodes, complete = self._cached_nodes(session_id, new_session, last)
-        ws.nodes = nodes
-        if row is not None:
-            ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations = row[:6]
-        workflow_before = ws.workflow
-        paths = list(dict.fromkeys(e.path for e in numbered if e.path and type(e) is not UnknownEvent))
-        missing = [] if complete else [p for p in paths if p not in nodes]
-        for i in range(0, len(missing), _PATHS_PER_QUERY):
-            chunk = missing[i : i + _PATHS_PER_QUERY]
-            sql = q.SQL_LOAD_NODES + "(" + ", ".join("?" * len(chunk)) + ")"
-            for r in conn.execute(sql, (session_id, *chunk)):
-                nodes[r[0]] = q.node_state(r)
-        apply = ws.apply
-        for e in numbered:
-            apply(e)  # the one definition of what an event means (flowscope.fold)
-        nodes = ws.nodes
-        workflow = ws.workflow
-        node_rows = [q.node_row(session_id, workflow, nodes[p]) for p in paths if p in nodes]
-        if bulk is None:
-            conn.executemany(q.SQL_UPSERT_NODE, node_rows)
-        else:
-            bulk.nodes.extend(node_rows)
-        if workflow != workflow_before and not new_session:
-            conn.execute("UPDATE node_runs SET workflow = ? WHERE session_id = ?", (workflow, session_id))
-        if row is not None and not new_session and row[0] == workflow and row[1] == ws.status:
-            if bulk is None:  # the common step: only the columns that move (see SQL_ADVANCE_SESSION)
-                conn.execute(q.SQL_ADVANCE_SESSION, q.advance_row(ws))
-            else:
-                bulk.advances.append(q.advance_row(ws))
-        else:
-            submitted = _submitted_at(numbered)  # RunSubmitted starts a session, or queues it again (a retry)
-            if bulk is None:
-                conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, submitted))
-            else:
-                bulk.sessions.append(q.session_row(ws, submitted))
-        if type(numbered[-1]) is not RunFinished:  # an invocation that ended appends no more for a while
-            self._pending_cache = (session_id, (numbered[-1].seq, complete, nodes))
-        return numbered
-
-    def _keep(self, entries: Iterable[tuple[str, _CacheEntry]]) -> None:
+    def _keep(self, entries: Iterable[tuple[str, Cached | None]]) -> None:
         """Remember committed appends' node states for the next append (bounded)."""
         cache = self._node_cache
-        cache.update(entries)
+        cache.update((sid, entry) for sid, entry in entries if entry is not None)
         while len(cache) > _NODE_CACHE_SESSIONS:
             cache.pop(next(iter(cache)))
-
-    def _cached_nodes(self, session_id: str, new_session: bool, last: int) -> tuple[dict[str, NodeState], bool]:
-        """The node states to fold into, and whether they are all of the session's rows.
-
-        The states this store object wrote last time are still the rows' states if nobody
-        appended since (same last_seq): no need to read them back. ``complete`` says the
-        cache holds every row of the session (we created it), so a path it lacks is new
-        and needs no lookup either. The entry is popped: a failed append leaves none.
-        """
-        cached = self._node_cache.pop(session_id, None)
-        if new_session:
-            return {}, True
-        if cached is not None and cached[0] == last:
-            return cached[2], cached[1]
-        return {}, False
 
     # ------------------------------------------------------------------ reading
 
@@ -395,7 +267,7 @@ class SqliteEventStore(EventStore):
                 return []
             # Bounded by last_seq: a concurrent append beyond it cannot tear the result.
             with gc_paused():
-                rows = self._fetch(conn, session_id, after, row[0])
+                rows = maintenance.fetch(conn, self.path, session_id, after, row[0])
         return decode(self.path, session_id, after, rows)
 
     def last_seq(self, session_id: str) -> int:
@@ -437,7 +309,7 @@ class SqliteEventStore(EventStore):
         with self._op("summarise open runs") as conn:
             rows = conn.execute(q.SQL_OPEN_SUMMARY, params).fetchall()
             same_host = conn.execute(q.SQL_OPEN_SAME_HOST, {"now": now, "host": host}).fetchall()
-        return count_dead_owners(rows, ((w, n, _owner(o), lease, c) for w, n, o, lease, c in same_host), now, host)
+        return count_dead_owners(rows, ((w, n, owner_from_column(o), lease, c) for w, n, o, lease, c in same_host), now, host)
 
     # ------------------------------------------------------------------ ownership
 
@@ -446,43 +318,17 @@ class SqliteEventStore(EventStore):
     ) -> Lease:
         now = time.time() if now is None else now
         with self._write("acquire a session") as conn:
-            row = conn.execute(q.SQL_OWNERSHIP, (session_id,)).fetchone()
-            held = _owner(row[0]) if row is not None else None
-            if not force and held is not None and held.worker_id != owner.worker_id and owner_alive(held, row[2], now):
-                raise owned_elsewhere(session_id, held, row[2], row[3], now)
-            epoch = self._take(conn, session_id, owner, lease_s, now, recovered=False)
-        return Lease(session_id, owner, epoch, now + lease_s)
-
-    def _take(
-        self, conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float, *, recovered: bool
-    ) -> int:
-        params = {
-            "sid": session_id,
-            "owner": json.dumps(owner.to_dict()),
-            "expires": now + lease_s,
-            "now": now,
-            "recovered": int(recovered),
-        }
-        epoch: int = conn.execute(q.SQL_TAKE, params).fetchone()[0]
-        return epoch
+            return ownership.acquire(conn, session_id, owner, lease_s, now, force=force)
 
     def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
         return one_renewal(self.renew_many([lease], lease_s, now=now))
 
     def renew_many(self, leases: Sequence[Lease], lease_s: float, *, now: float | None = None) -> list[Lease | LeaseLost]:
         now = time.time() if now is None else now
-        out: list[Lease | LeaseLost] = []
         if not leases:
-            return out
+            return []
         with self._write("renew leases") as conn:  # renew() is a round of one
-            for lease in leases:
-                cur = conn.execute(q.SQL_RENEW, (now + lease_s, now, lease.session_id, lease.epoch))
-                if cur.rowcount == 1:
-                    out.append(dataclasses.replace(lease, expires_at=now + lease_s))
-                    continue
-                row = conn.execute(q.SQL_OWNERSHIP, (lease.session_id,)).fetchone()
-                out.append(lease_lost(lease.session_id, row[1] if row else 0, _owner(row[0]) if row else None, lease.epoch))
-        return out
+            return ownership.renew(conn, leases, lease_s, now)
 
     def heartbeat_many(self, beats: Mapping[str, Iterable[str]], ts: float | None = None) -> None:
         now = time.time() if ts is None else ts
@@ -509,28 +355,8 @@ class SqliteEventStore(EventStore):
         now = time.time() if now is None else now
         if limit <= 0 or not workflows:
             return []
-        host = this_host()
-        params = {"now": now, "host": host, "workflows": json.dumps(sorted(set(workflows)))}
         with self._write("claim sessions") as conn:
-            found: list[tuple[float, str, str, ClaimReason]] = []
-            for sql, status in ((q.SQL_CLAIM_QUEUED, "queued"), (q.SQL_CLAIM_ANSWERED, "answered"),
-                                (q.SQL_CLAIM_MAILED, "mailed"), (q.SQL_CLAIM_ORPHANED, "running")):
-                taken = 0
-                for sid, workflow, owner_json, lease, recoveries, since, *mailed in conn.execute(sql, params):
-                    reason = claim_reason(mailed[0] if mailed else status, _owner(owner_json), lease, now, host=host,
-                                          mail=bool(mailed))
-                    if reason is None or (reason == "orphaned" and max_recoveries is not None and recoveries > max_recoveries):
-                        continue
-                    found.append((since or 0.0, sid, workflow, reason))
-                    taken += 1
-                    if taken >= limit:  # the cursor is lazy: reading stops here
-                        break
-            found.sort()
-            claims = []
-            for _since, sid, workflow, reason in found[:limit]:
-                epoch = self._take(conn, sid, owner, lease_s, now, recovered=reason == "orphaned")
-                claims.append(Claim(sid, workflow, reason, Lease(sid, owner, epoch, now + lease_s)))
-        return claims
+            return ownership.claim(conn, owner, workflows, lease_s, limit=limit, max_recoveries=max_recoveries, now=now)
 
     # ------------------------------------------------------------------ the inbox
 
@@ -564,18 +390,13 @@ class SqliteEventStore(EventStore):
         events = list(events)
         encoded = [encode(self.path, session_id, e) for e in events]
         with self._lock:
+            cached = self._node_cache.pop(session_id, None)
             with self._write("take in messages") as conn:
-                self._pending_cache = None
-                if events:
-                    numbered = self._append_in_transaction(conn, session_id, events, encoded, expected_last_seq, epoch)
-                else:
-                    numbered = []
-                    row = conn.execute(q.SQL_OWNERSHIP, (session_id,)).fetchone()
-                    if (row[1] if row else 0) != epoch:  # the fence holds for the deletion too
-                        raise lease_lost(session_id, row[1] if row else 0, _owner(row[0]) if row else None, epoch)
-                conn.execute(q.SQL_DROP_MESSAGES, {"sid": session_id, "ids": json.dumps(sorted(message_ids))})
-            if self._pending_cache is not None:  # committed: keep the states for the next append
-                self._keep([self._pending_cache])
+                numbered, entry = take_in_steps(
+                    Writer(conn), session_id, events, encoded, expected_last_seq, message_ids, epoch, cached
+                )
+            if _worth_keeping(numbered, entry):  # committed: keep the states for the next append
+                self._keep([(session_id, entry)])
         return numbered
 
     def workers_seen(self, owner: Owner, workflows: Collection[str], ts: float | None = None) -> None:
@@ -647,53 +468,52 @@ class SqliteEventStore(EventStore):
         prepared = []
         for sid, events, expected, epoch in batches:
             evs = events if isinstance(events, (list, tuple)) else list(events)
-            prepared.append((sid, evs, [encode(self.path, sid, e) for e in evs], expected, epoch))
+            prepared.append(_Prepared(sid, evs, [encode(self.path, sid, e) for e in evs], expected, epoch))
         if self.readonly:
             raise self._read_only("append events")
         out: list[list[Event] | BaseException] = []
-        kept: list[tuple[str, _CacheEntry]] = []
-        # Each session once (the usual case): its rows are collected and written for all
-        # sessions with one statement per table. A refused batch has written nothing.
-        bulk = _Bulk() if len({p[0] for p in prepared}) == len(prepared) else None
+        kept: list[tuple[str, Cached | None]] = []
+        ids = [p.session_id for p in prepared]
         with self._lock:
             conn = self._conn
             if conn is None:
                 raise self._closed()
+            # Each session once (the usual case): its rows are collected and written for all
+            # sessions with one statement per table. A refused batch has written nothing.
+            bulk = Bulk(conn) if len(set(ids)) == len(ids) else None
+            io = bulk if bulk is not None else Writer(conn)
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     if bulk is not None:
-                        ids = [p[0] for p in prepared]
-                        for i in range(0, len(ids), _PATHS_PER_QUERY):
-                            chunk = ids[i : i + _PATHS_PER_QUERY]
-                            for r in conn.execute(q.SQL_SESSIONS_IN + "(" + ", ".join("?" * len(chunk)) + ")", chunk):
-                                bulk.rows[r[0]] = r[1:]
-                    for sid, evs, encoded, expected, epoch in prepared:
-                        self._pending_cache = None
+                        bulk.read_sessions(ids)
+                    for p in prepared:
+                        cached = self._node_cache.pop(p.session_id, None)
                         if bulk is None:
                             conn.execute("SAVEPOINT batch")
                         try:
-                            out.append(self._append_in_transaction(conn, sid, evs, encoded, expected, epoch, bulk))
+                            numbered, entry = append_steps(
+                                io, p.session_id, p.events, p.encoded, p.expected_last_seq, p.epoch, cached
+                            )
                         except (ConcurrencyConflict, LeaseLost) as exc:
                             if bulk is None:
                                 conn.execute("ROLLBACK TO batch")
                             out.append(exc)
                         else:
-                            if self._pending_cache is not None:
-                                kept.append(self._pending_cache)
+                            out.append(numbered)
+                            if _worth_keeping(numbered, entry):
+                                kept.append((p.session_id, entry))
                         if bulk is None:
                             conn.execute("RELEASE batch")
                     if bulk is not None:
-                        bulk.write(conn)
-                    self._check_wal()
+                        bulk.write()
+                    self._wal.check()
                     conn.execute("COMMIT")
                 except BaseException:
-                    self._pending_cache = None
-                    for sid, *_ in prepared:  # the states of a rolled-back append are not the log's
+                    for sid in ids:  # the states of a rolled-back append are not the log's
                         self._node_cache.pop(sid, None)
                     schema.rollback(conn)
                     raise
-                self._pending_cache = None
                 self._keep(kept)
             except sqlite3.Error as exc:
                 raise self._error(exc, "append events") from exc
@@ -730,20 +550,8 @@ class SqliteEventStore(EventStore):
         ids = list(dict.fromkeys(session_ids))
         if not ids:
             return []
-        now = time.time()
-        host = this_host()
         with self._write("delete sessions") as conn:
-            # the guard is re-checked inside the transaction: a resume or a takeover that
-            # started after the caller chose the sessions keeps its log
-            rows = conn.execute(q.SQL_PRUNABLE, {"ids": json.dumps(ids)}).fetchall()
-            prunable = {sid for sid, owner, lease in rows if not owner_alive(_owner(owner), lease, now, host=host)}
-            deleted = [sid for sid in ids if sid in prunable]
-            if deleted:
-                params = {"ids": json.dumps(deleted)}
-                for sql in q.SQL_PRUNE:
-                    conn.execute(sql, params)
-                if conn.execute(q.SQL_HAS_SPAN_EXPORTS).fetchone() is not None:
-                    conn.execute(q.SQL_PRUNE_SPAN_EXPORTS, params)
+            deleted = maintenance.delete_sessions(conn, ids)
         for sid in deleted:
             self._node_cache.pop(sid, None)
         return deleted
@@ -765,77 +573,18 @@ class SqliteEventStore(EventStore):
         """
         self._node_cache.clear()
         with self._write("rebuild the projections") as conn:
-            heartbeats = {
-                (sid, path): hb
-                for sid, path, hb in conn.execute(
-                    "SELECT session_id, path, heartbeat_at FROM node_runs WHERE status = 'running'"
-                )
-            }
-            conn.execute("DELETE FROM node_runs")
-            # sessions rows stay: their ownership columns are not in the log; the upserts
-            # below rewrite every column the log defines
-            conn.execute("UPDATE sessions SET submitted_at = NULL")
-            sessions = conn.execute(
-                "SELECT session_id, max(seq) FROM events GROUP BY session_id ORDER BY min(rowid)"
-            ).fetchall()
-            for session_id, last in sessions:
-                events = decode(self.path, session_id, 0, self._fetch(conn, session_id, 0, last))
-                ws = WorkflowState(session_id=session_id)
-                apply = ws.apply
-                for e in events:
-                    apply(e)
-                rows = []
-                for ns in ws.nodes.values():
-                    hb = heartbeats.get((session_id, ns.path))
-                    if ns.status == "running" and hb is not None and (ns.heartbeat_at is None or hb > ns.heartbeat_at):
-                        ns.heartbeat_at = hb
-                    rows.append(q.node_row(session_id, ws.workflow, ns))
-                conn.executemany(q.SQL_UPSERT_NODE, rows)
-                conn.execute(q.SQL_UPSERT_SESSION, q.session_row(ws, _submitted_at(events)))
+            maintenance.rebuild_projections(conn, self.path)
 
 
-class _Bulk:
-    """The rows of a group commit (:meth:`SqliteEventStore.append_many`), written at once."""
-
-    __slots__ = ("rows", "events", "nodes", "sessions", "advances")
-
-    def __init__(self) -> None:
-        self.rows: dict[str, Any] = {}  # session id -> its SQL_SESSION row, read for all at once
-        self.events: list[Any] = []
-        self.nodes: list[Any] = []
-        self.sessions: list[Any] = []
-        self.advances: list[Any] = []
-
-    def write(self, conn: sqlite3.Connection) -> None:
-        """One statement per table, rows in key order: SQLite then walks each B-tree once,
-        left to right, instead of jumping to a random leaf per session."""
-        self.events.sort(key=_BY_SESSION_SEQ)
-        self.nodes.sort(key=_BY_SESSION_PATH)
-        self.advances.sort(key=_BY_LAST)
-        conn.executemany(q.SQL_INSERT_EVENT, self.events)
-        conn.executemany(q.SQL_UPSERT_NODE, self.nodes)
-        conn.executemany(q.SQL_UPSERT_SESSION, self.sessions)
-        conn.executemany(q.SQL_ADVANCE_SESSION, self.advances)
-
-
-# The keys of the rows a group commit writes: (session_id, seq) of an event row,
-# (session_id, path) of a node_runs row, the session id last in SQL_ADVANCE_SESSION's.
-_BY_SESSION_SEQ = itemgetter(0, 1)
-_BY_SESSION_PATH = itemgetter(0, 2)
-_BY_LAST = itemgetter(-1)
-
-
-def _owner(text: str | None) -> Owner | None:
-    """The ``owner`` column (JSON) as an :class:`Owner`."""
-    return Owner.from_dict(json.loads(text)) if text else None
+def _worth_keeping(numbered: Sequence[Event], entry: Cached | None) -> bool:
+    """Whether to keep a committed append's state: not once its invocation ended (it appends
+    no more for a while), which bounds the cache by the sessions in the middle of one."""
+    return entry is not None and not (numbered and type(numbered[-1]) is RunFinished)
 
 
 def _session_info(row: Sequence[Any]) -> SessionInfo:
     """A row of ``SQL_SESSIONS`` / ``SQL_SESSION_INFO``."""
     sid, workflow, status, started, updated, last_seq, invocations, owner, epoch, lease, submitted = row
-    return SessionInfo(sid, workflow, status, started, updated, last_seq, invocations, _owner(owner), epoch, lease, submitted)
-
-
-def _submitted_at(events: Iterable[Event]) -> float | None:
-    """When the last ``RunSubmitted`` of ``events`` was written, if there is one."""
-    return next((e.ts for e in reversed(list(events)) if type(e) is RunSubmitted), None)
+    return SessionInfo(
+        sid, workflow, status, started, updated, last_seq, invocations, owner_from_column(owner), epoch, lease, submitted
+    )

@@ -1,0 +1,106 @@
+"""Owners, leases and claims in SQLite's SQL, each in the caller's ``BEGIN IMMEDIATE``
+transaction (:class:`~flowscope.store.sqlite.store.SqliteEventStore` opens it): the rows
+read as records, the rules (who may take a session, which a claim takes) in
+:mod:`flowscope.store.takeover`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from typing import Collection, Iterator, Sequence
+
+from ...errors import LeaseLost
+from ...ownership import Lease, Owner, this_host
+from ..appending import owner_from_column
+from ..base import Claim
+from ..takeover import ClaimCandidate, ClaimPick, LeaseRow, check_acquire, claim_cut, claim_picks, lost_lease
+from . import queries as q
+
+__all__ = ["lease_row", "acquire", "renew", "claim"]
+
+#: A claim's candidate queries, oldest first each, with the status of their rows (the
+#: mailed rows' is their last column).
+_CLAIM_QUERIES = (
+    (q.SQL_CLAIM_QUEUED, "queued"),
+    (q.SQL_CLAIM_ANSWERED, "answered"),
+    (q.SQL_CLAIM_MAILED, ""),
+    (q.SQL_CLAIM_ORPHANED, "running"),
+)
+
+
+def lease_row(conn: sqlite3.Connection, session_id: str) -> LeaseRow | None:
+    """The session's ownership columns (``SQL_OWNERSHIP``), None without a row."""
+    row = conn.execute(q.SQL_OWNERSHIP, (session_id,)).fetchone()
+    if row is None:
+        return None
+    owner, epoch, lease_expires_at, lease_renewed_at = row
+    return LeaseRow(owner_from_column(owner), epoch, lease_expires_at, lease_renewed_at)
+
+
+def _take(conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float, *, recovered: bool) -> int:
+    """Record ``owner``'s lease on the session (made if missing), epoch + 1; the new epoch."""
+    params = {
+        "sid": session_id,
+        "owner": json.dumps(owner.to_dict()),
+        "expires": now + lease_s,
+        "now": now,
+        "recovered": int(recovered),
+    }
+    epoch: int = conn.execute(q.SQL_TAKE, params).fetchone()[0]
+    return epoch
+
+
+def acquire(conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float, *, force: bool) -> Lease:
+    """:meth:`~flowscope.store.base.EventStore.acquire` in the open transaction."""
+    check_acquire(session_id, owner, lease_row(conn, session_id), now, force=force)
+    epoch = _take(conn, session_id, owner, lease_s, now, recovered=False)
+    return Lease(session_id, owner, epoch, now + lease_s)
+
+
+def renew(conn: sqlite3.Connection, leases: Sequence[Lease], lease_s: float, now: float) -> list[Lease | LeaseLost]:
+    """:meth:`~flowscope.store.base.EventStore.renew_many` in the open transaction."""
+    out: list[Lease | LeaseLost] = []
+    for lease in leases:
+        cur = conn.execute(q.SQL_RENEW, (now + lease_s, now, lease.session_id, lease.epoch))
+        if cur.rowcount == 1:
+            out.append(dataclasses.replace(lease, expires_at=now + lease_s))
+        else:
+            out.append(lost_lease(lease.session_id, lease_row(conn, lease.session_id), lease.epoch))
+    return out
+
+
+def _candidates(cursor: sqlite3.Cursor, status: str) -> Iterator[ClaimCandidate]:
+    """A claim query's rows as candidates, read as they are asked for."""
+    for sid, workflow, owner, lease_expires_at, recoveries, since, *mailed in cursor:
+        yield ClaimCandidate(
+            sid, workflow, mailed[0] if mailed else status, owner_from_column(owner), lease_expires_at, recoveries,
+            since, mail=bool(mailed),
+        )
+
+
+def claim(
+    conn: sqlite3.Connection,
+    owner: Owner,
+    workflows: Collection[str],
+    lease_s: float,
+    *,
+    limit: int,
+    max_recoveries: int | None,
+    now: float,
+) -> list[Claim]:
+    """:meth:`~flowscope.store.base.EventStore.claim` in the open transaction: up to
+    ``limit`` candidates from each query, then the claim cut."""
+    host = this_host()
+    params = {"now": now, "host": host, "workflows": json.dumps(sorted(set(workflows)))}
+    found: list[ClaimPick] = []
+    for sql, status in _CLAIM_QUERIES:
+        found += claim_picks(
+            _candidates(conn.execute(sql, params), status), now, host=host, max_recoveries=max_recoveries, limit=limit
+        )
+    claims = []
+    for pick in claim_cut(found, limit):
+        epoch = _take(conn, pick.session_id, owner, lease_s, now, recovered=pick.reason == "orphaned")
+        claims.append(Claim(pick.session_id, pick.workflow, pick.reason, Lease(pick.session_id, owner, epoch, now + lease_s)))
+    return claims

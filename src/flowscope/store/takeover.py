@@ -1,0 +1,140 @@
+"""Who may take a session, one copy for every adapter: the acquire check, the lost lease,
+and the claim cut (which candidates a claim takes, in which order, how many).
+
+A store reads its rows its own way (SQL with ``FOR UPDATE SKIP LOCKED``, a dict under a
+lock) and turns them into the records here; the rules decide. Pure Python: no database
+driver is imported here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Iterable, Protocol
+
+from ..errors import LeaseLost
+from ..liveness import owner_alive
+from ..ownership import Owner
+from .base import ClaimReason, claim_reason, lease_lost, owned_elsewhere
+
+__all__ = [
+    "HeldLease",
+    "LeaseRow",
+    "ClaimCandidate",
+    "ClaimPick",
+    "check_acquire",
+    "lost_lease",
+    "claim_rule",
+    "claim_picks",
+    "claim_cut",
+]
+
+
+class HeldLease(Protocol):
+    """A session's ownership as a store keeps it: its owner, fence and lease."""
+
+    @property
+    def owner(self) -> Owner | None: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def lease_expires_at(self) -> float | None: ...
+
+    @property
+    def lease_renewed_at(self) -> float | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    """A session's ownership columns as an SQL store reads them (a :class:`HeldLease`)."""
+
+    owner: Owner | None
+    epoch: int
+    lease_expires_at: float | None = None
+    lease_renewed_at: float | None = None
+
+
+def check_acquire(session_id: str, owner: Owner, held: HeldLease | None, now: float, *, force: bool) -> None:
+    """Raise :func:`~flowscope.store.base.owned_elsewhere`'s error if another owner (another
+    ``worker_id``) holds the session and is alive, unless ``force``: the acquire rule.
+    ``held`` is the session's ownership now (None: nobody ever held it)."""
+    if force or held is None:
+        return
+    holder = held.owner
+    if holder is not None and holder.worker_id != owner.worker_id and owner_alive(holder, held.lease_expires_at, now):
+        raise owned_elsewhere(session_id, holder, held.lease_expires_at, held.lease_renewed_at, now)
+
+
+def lost_lease(session_id: str, held: HeldLease | None, epoch: int) -> LeaseLost:
+    """The error for a write or a renewal under ``epoch`` that the session's ownership
+    ``held`` (None: no row) no longer matches."""
+    return lease_lost(session_id, held.epoch if held is not None else 0, held.owner if held is not None else None, epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimCandidate:
+    """A session a claim may take, as the store read it."""
+
+    session_id: str
+    workflow: str
+    #: The session's status (for a row read for its mail, that row's own).
+    status: str
+    owner: Owner | None
+    lease_expires_at: float | None
+    #: Times a claim took it over as orphaned.
+    recoveries: int
+    #: What orders it among the claim's candidates, oldest first (the store's column: the
+    #: submit time of a queued session, the last event of an answered one...).
+    since: float | None
+    #: A message is in its inbox (:func:`~flowscope.store.base.claim_reason`'s ``mail``).
+    mail: bool = False
+    #: The epoch it was read at (a store that locks the row later checks it has not moved).
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPick:
+    """A candidate the claim rule allows, and why."""
+
+    since: float
+    session_id: str
+    workflow: str
+    reason: ClaimReason
+    epoch: int = 0
+
+
+def claim_rule(c: ClaimCandidate, now: float, *, host: str | None, max_recoveries: int | None) -> ClaimReason | None:
+    """Why a claim may take ``c`` (:func:`~flowscope.store.base.claim_reason`), or None; an
+    orphan taken over more than ``max_recoveries`` times is left alone."""
+    reason = claim_reason(c.status, c.owner, c.lease_expires_at, now, host=host, mail=c.mail)
+    if reason == "orphaned" and max_recoveries is not None and c.recoveries > max_recoveries:
+        return None
+    return reason
+
+
+def claim_picks(
+    candidates: Iterable[ClaimCandidate], now: float, *, host: str | None, max_recoveries: int | None, limit: int
+) -> list[ClaimPick]:
+    """The first ``limit`` of ``candidates`` that :func:`claim_rule` allows, in the order
+    given; reading stops there (a lazy cursor reads no further row)."""
+    out: list[ClaimPick] = []
+    if limit <= 0:
+        return out
+    for c in candidates:
+        reason = claim_rule(c, now, host=host, max_recoveries=max_recoveries)
+        if reason is None:
+            continue
+        out.append(ClaimPick(c.since or 0.0, c.session_id, c.workflow, reason, c.epoch))
+        if len(out) >= limit:
+            break
+    return out
+
+
+_OLDEST_FIRST = attrgetter("since", "session_id", "workflow", "reason")
+
+
+def claim_cut(picks: Iterable[ClaimPick], limit: int) -> list[ClaimPick]:
+    """What a claim takes of ``picks``: oldest first (``since``, then the session id), at most ``limit``."""
+    return sorted(picks, key=_OLDEST_FIRST)[: max(limit, 0)]
