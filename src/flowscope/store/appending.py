@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Collection, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Protocol, Sequence
 
 from ..events import Event, RunSubmitted, UnknownEvent
 from ..fold import NodeState, WorkflowState
 from ..ownership import Owner
-from .base import lease_lost, number_events
+from .base import AppendBatch, lease_lost, number_events
 
 __all__ = [
     "AppendIO",
     "Cached",
     "EncodedEvent",
     "OwnerColumn",
+    "PreparedBatch",
     "SessionRow",
     "SessionWrite",
     "CLAIMABLE",
@@ -31,6 +32,7 @@ __all__ = [
     "event_params",
     "node_params",
     "owner_from_column",
+    "prepare_batches",
     "resumed_state",
     "session_write",
     "submitted_at",
@@ -113,6 +115,29 @@ class Cached:
     @property
     def last_seq(self) -> int:
         return self.session.last_seq
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedBatch:
+    """One batch of a group commit, its events encoded before anything is locked."""
+
+    session_id: str
+    events: Sequence[Event]
+    encoded: list[EncodedEvent]
+    expected_last_seq: int
+    epoch: int | None
+
+
+def prepare_batches(
+    batches: Sequence[AppendBatch], encode: Callable[[str, str, Event], EncodedEvent], where: str
+) -> list[PreparedBatch]:
+    """``batches`` with their events encoded by ``encode(where, session_id, event)``: an
+    event that cannot be written fails the group commit before anything is locked."""
+    out = []
+    for session_id, events, expected, epoch in batches:
+        evs = events if isinstance(events, (list, tuple)) else list(events)
+        out.append(PreparedBatch(session_id, evs, [encode(where, session_id, e) for e in evs], expected, epoch))
+    return out
 
 
 class AppendIO(Protocol):

@@ -115,19 +115,24 @@ def claim_rule(c: ClaimCandidate, now: float, *, host: str | None, max_recoverie
 
 
 def claim_picks(
-    candidates: Iterable[ClaimCandidate], now: float, *, host: str | None, max_recoveries: int | None, limit: int
+    candidates: Iterable[ClaimCandidate],
+    now: float,
+    *,
+    host: str | None,
+    max_recoveries: int | None,
+    limit: int | None = None,
 ) -> list[ClaimPick]:
-    """The first ``limit`` of ``candidates`` that :func:`claim_rule` allows, in the order
-    given; reading stops there (a lazy cursor reads no further row)."""
+    """The ``candidates`` that :func:`claim_rule` allows, in the order given; with ``limit``
+    the first ``limit`` of them, and reading stops there (a lazy cursor reads no further row)."""
     out: list[ClaimPick] = []
-    if limit <= 0:
+    if limit is not None and limit <= 0:
         return out
     for c in candidates:
         reason = claim_rule(c, now, host=host, max_recoveries=max_recoveries)
         if reason is None:
             continue
         out.append(ClaimPick(c.since or 0.0, c.session_id, c.workflow, reason, c.epoch))
-        if len(out) >= limit:
+        if limit is not None and len(out) >= limit:
             break
     return out
 

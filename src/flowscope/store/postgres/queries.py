@@ -23,6 +23,7 @@ __all__ = [
     "SQL_READ_SEQS",
     "SQL_UPSERT_SESSION",
     "SQL_UPSERT_NODE",
+    "SQL_RENAME_WORKFLOW",
     "SQL_APPEND_CACHED",
     "EVENT_KEYS",
     "SQL_LOAD_ALL_NODES",
@@ -98,6 +99,8 @@ SQL_UPSERT_NODE = (
     # heartbeats are written outside the log: an upsert from a cached state never moves one back
     + ", heartbeat_at = greatest(node_runs.heartbeat_at, excluded.heartbeat_at)"
 )
+#: Another workflow's run in a session: every node run takes its name.
+SQL_RENAME_WORKFLOW = "UPDATE node_runs SET workflow = %s WHERE session_id = %s"
 SQL_LOAD_NODES = f"SELECT {', '.join(NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = %s AND path = ANY(%s)"
 #: Up to ``%s`` node runs of a session: all of them when fewer come back.
 SQL_LOAD_ALL_NODES = f"SELECT {', '.join(NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = %s LIMIT %s"

@@ -20,32 +20,27 @@ SQLite store's codec, so a log reads the same from either store.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import re
 import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...errors import ConcurrencyConflict, LeaseLost, StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
-from ...events import Event, RunSubmitted, UnknownEvent
-from ...fold import NodeState, WorkflowState, gc_paused
+from ...events import Event
+from ...fold import gc_paused
 from ...jsontext import dumps_finite
 from ...liveness import owner_alive, stale_before
 from ...ownership import Lease, Owner, this_host
+from ..appending import Cached, append_steps, owner_from_column, prepare_batches, take_in_steps
 from ..base import (
-    MAILED_STATUSES,
     WORKER_RETENTION_S,
     AppendBatch,
     Claim,
-    ClaimReason,
     EventStore,
     JobResultGroup,
     Message,
@@ -54,30 +49,24 @@ from ..base import (
     QueuedGroup,
     SessionInfo,
     WorkerInfo,
-    claim_reason,
     count_dead_owners,
-    lease_lost,
-    number_events,
     one_renewal,
-    owned_elsewhere,
 )
 from ..sqlite.codec import decode, encode
+from . import ownership
 from . import queries as q
 from . import schema as sch
+from .conninfo import SYNCHRONOUS_COMMIT, build_conninfo, check_options
 from .dsn import redact, server
 from .faults import connect_error, is_connection_lost, store_error
+from .wakeup import Wakeup
+from .writer import Writer, append_cached, appended_first
 
 __all__ = ["PostgresEventStore", "SYNCHRONOUS_COMMIT"]
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
-#: ``synchronous_commit`` values a store may set for its connections (None: the server's).
-SYNCHRONOUS_COMMIT = ("on", "off", "local", "remote_write", "remote_apply")
-_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _NODE_CACHE_SESSIONS = 64  # sessions whose state an append keeps for the next one
-#: Node runs an append loads at most to know all of a session's (more: the ones it touches).
-_FULL_LOAD_MAX = 2000
-_CLAIMABLE = ("queued", "answered")
 
 
 class PostgresEventStore(EventStore):
@@ -109,10 +98,7 @@ class PostgresEventStore(EventStore):
         synchronous_commit: str | None = None,
         application_name: str = "flowscope",
     ) -> None:
-        if not _IDENTIFIER.match(schema):
-            raise ValueError(f"schema must be a lower-case SQL identifier, not {schema!r}")
-        if synchronous_commit is not None and synchronous_commit not in SYNCHRONOUS_COMMIT:
-            raise ValueError(f"synchronous_commit must be one of {SYNCHRONOUS_COMMIT}, not {synchronous_commit!r}")
+        check_options(schema, synchronous_commit)
         self.schema = schema
         self.readonly = readonly
         self.timeout = timeout
@@ -120,14 +106,11 @@ class PostgresEventStore(EventStore):
         #: The URL with its password masked: what messages and hints print.
         self.path = redact(dsn)
         self._channel = f"flowscope.{schema}"
-        self._conninfo, self._target = self._build_conninfo(dsn, schema, readonly, timeout, synchronous_commit, application_name)
+        self._conninfo, self._target = build_conninfo(dsn, schema, readonly, timeout, synchronous_commit, application_name)
         self._cache_lock = threading.Lock()
-        self._node_cache: dict[str, _Cached] = {}
+        self._node_cache: dict[str, Cached] = {}
         self._pool: ConnectionPool[Conn] | None = None
-        self._closing = threading.Event()
-        self._wake = threading.Condition()
-        self._woken = False
-        self._listener: threading.Thread | None = None
+        self._wakeup = Wakeup(self._conninfo, self._channel)
         conn = self._connect()
         try:
             self.schema_version_found = sch.ensure_schema(conn, self.where, schema, readonly)
@@ -154,26 +137,6 @@ class PostgresEventStore(EventStore):
         return self._run("read the schema version", lambda c: sch.read_version(c, self.where), retry=True)
 
     # ------------------------------------------------------------------ plumbing
-
-    @staticmethod
-    def _build_conninfo(
-        dsn: str, schema: str, readonly: bool, timeout: float, synchronous_commit: str | None, application_name: str
-    ) -> tuple[str, tuple[str, int, str]]:
-        try:
-            info = conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError as exc:
-            raise StoreError(f"not a PostgreSQL URL or conninfo: {redact(dsn)}: {exc.__class__.__name__}") from None
-        options = [str(info.get("options") or ""), f"-c search_path={schema}"]
-        if synchronous_commit is not None:
-            options.append(f"-c synchronous_commit={synchronous_commit}")
-        if readonly:
-            options.append("-c default_transaction_read_only=on")
-        extra: dict[str, Any] = {"options": " ".join(o for o in options if o), "application_name": application_name}
-        if "connect_timeout" not in info:
-            extra["connect_timeout"] = max(1, int(timeout))
-        host = str(info.get("host") or info.get("hostaddr") or "localhost").split(",")[0]
-        port = int(str(info.get("port") or 5432).split(",")[0])
-        return make_conninfo(dsn, **extra), (host, port, str(info.get("user") or ""))
 
     def _connect(self) -> Conn:
         """One connection outside the pool (schema checks, the listener), typed errors."""
@@ -216,12 +179,10 @@ class PostgresEventStore(EventStore):
             raise StoreReadOnly(f"PostgreSQL at {self.where} is open read-only: cannot {action}; open it without readonly=True")
 
     def close(self) -> None:
-        self._closing.set()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
-        with self._wake:
-            self._wake.notify_all()
+        self._wakeup.close()
 
     # ------------------------------------------------------------------ appending
 
@@ -238,67 +199,21 @@ class PostgresEventStore(EventStore):
             try:
                 done = None
                 if cached is not None and events and cached.last_seq == expected_last_seq:
-                    done = self._append_cached(conn, session_id, events, encoded, epoch, cached)
+                    done = append_cached(conn, self._channel, session_id, events, encoded, epoch, cached)
                     cached = None  # tried: its node states may have moved on with the fold
                 if done is None:
                     with conn.pipeline(), conn.transaction():
-                        numbered, entry = self._append_tx(conn, session_id, events, encoded, expected_last_seq, epoch, cached)
+                        io = Writer(conn, self._channel)
+                        numbered, entry = append_steps(io, session_id, events, encoded, expected_last_seq, epoch, cached)
                 else:
                     numbered, entry = done
             except psycopg.errors.UniqueViolation as exc:
                 if exc.diag.constraint_name != "events_pkey":
                     raise
-                raise _appended_first(session_id, expected_last_seq) from None
+                raise appended_first(session_id, expected_last_seq) from None
         if entry is not None:
             self._keep({session_id: entry})
         return numbered
-
-    def _append_cached(
-        self,
-        conn: Conn,
-        session_id: str,
-        events: Sequence[Event],
-        encoded: list[tuple[str, float, str, str, str, str]],
-        epoch: int | None,
-        cached: _Cached,
-    ) -> tuple[list[Event], _Cached] | None:
-        """The append in one statement (:data:`~.queries.SQL_APPEND_CACHED`), folded on the
-        state this store wrote last; None, with nothing written, when the session's row is
-        no longer that state or the fence fails: the caller takes the locking path."""
-        numbered = number_events(session_id, events, cached.last_seq, cached.last_seq)  # may raise: nothing sent
-        nodes = cached.nodes
-        paths = list(dict.fromkeys(e.path for e in numbered if e.path and type(e) is not UnknownEvent))
-        if not cached.complete and any(p not in nodes for p in paths):
-            return None  # a node state to read first
-        ws = WorkflowState(session_id=session_id)
-        ws.nodes = nodes
-        ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.invocations = cached.session
-        ws.last_seq = cached.last_seq
-        status_before = ws.status
-        apply = ws.apply
-        for e in numbered:
-            apply(e)  # the one definition of what an event means (flowscope.fold)
-        if ws.workflow != cached.session[0]:
-            return None  # rare (another workflow's run in this session): the locking path renames the runs
-        keys, columns = q.EVENT_KEYS, sch.NODE_STATE_COLUMNS
-        try:  # allow_nan=False: JSON has no NaN, and the column types would refuse its text
-            events_json = dumps_finite([dict(zip(keys, (e.seq,) + enc)) for e, enc in zip(numbered, encoded)])
-            nodes_json = dumps_finite(
-                [dict(zip(columns, _node_row(session_id, ws.workflow, ws.nodes[p])[2:])) for p in paths if p in ws.nodes]
-            )
-        except ValueError:
-            return None  # a NaN or an infinity: the locking path sends it as a float
-        params = {
-            "sid": session_id, "row_id": cached.row_id, "expected": cached.last_seq, "epoch": epoch,
-            "status": ws.status, "started_at": ws.started_at, "updated_at": ws.updated_at,
-            "last_seq": ws.last_seq, "invocations": ws.invocations, "workflow": ws.workflow,
-            "channel": self._channel, "notify": ws.status in _CLAIMABLE and ws.status != status_before,
-            "events": events_json, "nodes": nodes_json,
-        }
-        row = conn.execute(q.SQL_APPEND_CACHED, params, prepare=True).fetchone()
-        if row is None or row[0] != 1:
-            return None
-        return numbered, _Cached(cached.row_id, ws.last_seq, cached.complete, ws.nodes, _session_columns(ws))
 
     def append_many(self, batches: Sequence[AppendBatch]) -> list[list[Event] | BaseException]:
         """Every batch in one transaction (one commit for many sessions, issue 15's group
@@ -308,27 +223,28 @@ class PostgresEventStore(EventStore):
         two group commits cannot deadlock."""
         if len(batches) <= 1 or type(self).append is not PostgresEventStore.append:
             return super().append_many(batches)  # one batch: append (its one-statement path); a wrapped append: through it
-        prepared = []
-        for sid, events, expected, epoch in batches:
-            evs = events if isinstance(events, (list, tuple)) else list(events)
-            prepared.append((sid, evs, [encode(self.where, sid, e) for e in evs], expected, epoch))
+        prepared = prepare_batches(batches, encode, self.where)
         self._writable("append events")
         with self._cache_lock:
-            cached = {p[0]: self._node_cache.pop(p[0], None) for p in prepared}  # a failed append leaves none
+            cached = {p.session_id: self._node_cache.pop(p.session_id, None) for p in prepared}  # a failed append leaves none
         out: list[list[Event] | BaseException | None] = [None] * len(prepared)
-        entries: dict[str, _Cached | None] = {}
+        entries: dict[str, Cached | None] = {}
         with self._op("append events") as conn:
             with conn.transaction():
-                for i in sorted(range(len(prepared)), key=lambda i: prepared[i][0]):
-                    sid, evs, encoded, expected, epoch = prepared[i]
+                io = Writer(conn, self._channel)
+                for i in sorted(range(len(prepared)), key=lambda i: prepared[i].session_id):
+                    p = prepared[i]
+                    sid = p.session_id
                     known = entries[sid] if sid in entries else cached.pop(sid, None)
                     try:
                         with conn.transaction():  # a savepoint; the locking path, so rows lock in id order
-                            numbered, entry = self._append_tx(conn, sid, evs, encoded, expected, epoch, known)
+                            numbered, entry = append_steps(
+                                io, sid, p.events, p.encoded, p.expected_last_seq, p.epoch, known
+                            )
                     except psycopg.errors.UniqueViolation as exc:
                         if exc.diag.constraint_name != "events_pkey":
                             raise
-                        out[i] = _appended_first(sid, expected)
+                        out[i] = appended_first(sid, p.expected_last_seq)
                     except (ConcurrencyConflict, LeaseLost) as exc:
                         out[i] = exc
                     else:
@@ -337,72 +253,13 @@ class PostgresEventStore(EventStore):
         self._keep({sid: entry for sid, entry in entries.items() if entry is not None})
         return [r for r in out if r is not None]
 
-    def _keep(self, entries: dict[str, _Cached]) -> None:
+    def _keep(self, entries: dict[str, Cached]) -> None:
         """Remember committed appends' node states (bounded)."""
         with self._cache_lock:
             cache = self._node_cache
             cache.update(entries)
             while len(cache) > _NODE_CACHE_SESSIONS:
                 cache.pop(next(iter(cache)))
-
-    def _append_tx(
-        self,
-        conn: Conn,
-        session_id: str,
-        events: Sequence[Event],
-        encoded: list[tuple[str, float, str, str, str, str]],
-        expected_last_seq: int,
-        epoch: int | None,
-        cached: _Cached | None,
-    ) -> tuple[list[Event], _Cached | None]:
-        """The append in a transaction that locks the session's row first: a new session,
-        one this store has no state of, or one whose cached append did not match."""
-        cur = conn.cursor()
-        row = cur.execute(q.SQL_SESSION_FOR_UPDATE, (session_id,)).fetchone()  # the row stays locked
-        current_epoch = row[6] if row is not None else 0
-        if epoch is not None and current_epoch != epoch:  # the fence: nothing written
-            raise lease_lost(session_id, current_epoch, _owner(row[7]) if row else None, epoch)
-        last = row[4] if row is not None else 0
-        numbered = number_events(session_id, events, last, expected_last_seq)  # may raise: nothing written
-        if not numbered:
-            return numbered, cached
-        new_session = last == 0
-        if new_session:
-            nodes, complete = {}, True
-        elif cached is not None and row is not None and cached.last_seq == last and cached.row_id == row[8]:  # nobody appended since
-            nodes, complete = cached.nodes, cached.complete
-        else:  # all the session's node states, unless there are many: then the ones touched
-            found = cur.execute(q.SQL_LOAD_ALL_NODES, (session_id, _FULL_LOAD_MAX + 1)).fetchall()
-            complete = len(found) <= _FULL_LOAD_MAX
-            nodes = {r[0]: NodeState(**dict(zip(sch.NODE_STATE_COLUMNS, r))) for r in found} if complete else {}
-        ws = WorkflowState(session_id=session_id)
-        ws.nodes = nodes
-        if row is not None:
-            ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations = row[:6]
-        status_before = ws.status
-        workflow_before = ws.workflow
-        paths = list(dict.fromkeys(e.path for e in numbered if e.path and type(e) is not UnknownEvent))
-        missing = [] if complete else [p for p in paths if p not in nodes]
-        if missing:
-            for r in cur.execute(q.SQL_LOAD_NODES, (session_id, missing)).fetchall():
-                nodes[r[0]] = NodeState(**dict(zip(sch.NODE_STATE_COLUMNS, r)))
-        apply = ws.apply
-        for e in numbered:
-            apply(e)  # the one definition of what an event means (flowscope.fold)
-        nodes = ws.nodes
-        cur.executemany(q.SQL_INSERT_EVENT, [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)])
-        cur.executemany(q.SQL_UPSERT_NODE, [_node_row(session_id, ws.workflow, nodes[p]) for p in paths if p in nodes])
-        if ws.workflow != workflow_before and not new_session:
-            cur.execute("UPDATE node_runs SET workflow = %s WHERE session_id = %s", (ws.workflow, session_id))
-        submitted = next((e.ts for e in reversed(numbered) if type(e) is RunSubmitted), None)  # a first submit, or a retry
-        made = cur.execute(
-            q.SQL_UPSERT_SESSION,
-            (session_id, ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations, submitted),
-        ).fetchone()
-        if ws.status in _CLAIMABLE and ws.status != status_before:
-            cur.execute(q.SQL_NOTIFY, (self._channel, ws.workflow))  # delivered at commit
-        row_id = int(made[0]) if made is not None else 0
-        return numbered, _Cached(row_id, numbered[-1].seq, complete, nodes, _session_columns(ws))
 
     # ------------------------------------------------------------------ reading
 
@@ -478,7 +335,7 @@ class PostgresEventStore(EventStore):
             return summary.fetchall(), same_host.fetchall()
 
         rows, same_host = self._run("summarise open runs", fetch, retry=True)
-        return count_dead_owners(rows, ((w, n, _owner(o), lease, c) for w, n, o, lease, c in same_host), now, host)
+        return count_dead_owners(rows, ((w, n, owner_from_column(o), lease, c) for w, n, o, lease, c in same_host), now, host)
 
     # ------------------------------------------------------------------ ownership
 
@@ -490,26 +347,9 @@ class PostgresEventStore(EventStore):
         expires = now + lease_s
 
         def take(conn: Conn) -> int:
-            with conn.transaction():
-                row = conn.execute(q.SQL_OWNERSHIP_FOR_UPDATE, (session_id,)).fetchone()
-                if row is None:
-                    made = conn.execute(q.SQL_NEW_OWNED, (session_id, Jsonb(owner.to_dict()), expires, now)).fetchone()
-                    if made is not None:
-                        return int(made[0])
-                    row = conn.execute(q.SQL_OWNERSHIP_FOR_UPDATE, (session_id,)).fetchone()  # made meanwhile
-                    if row is None:  # made and removed meanwhile: nothing holds it
-                        raise ConcurrencyConflict(f"session {session_id!r} changed while being acquired; retry")
-                held = _owner(row[0])
-                if not force and held is not None and held.worker_id != owner.worker_id and owner_alive(held, row[2], now):
-                    raise owned_elsewhere(session_id, held, row[2], row[3], now)
-                return self._take(conn, [session_id], owner, expires, now, [])[session_id]
+            return ownership.acquire(conn, session_id, owner, expires, now, force=force)
 
         return Lease(session_id, owner, self._run("acquire a session", take), expires)
-
-    @staticmethod
-    def _take(conn: Conn, sids: list[str], owner: Owner, expires: float, now: float, recovered: list[str]) -> dict[str, int]:
-        params = {"owner": Jsonb(owner.to_dict()), "expires": expires, "now": now, "sids": sids, "recovered": recovered}
-        return {sid: int(epoch) for sid, epoch in conn.execute(q.SQL_TAKE, params).fetchall()}
 
     def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
         return one_renewal(self.renew_many([lease], lease_s, now=now))
@@ -519,29 +359,8 @@ class PostgresEventStore(EventStore):
         if not leases:
             return []
         self._writable("renew leases")
-        params = {
-            "expires": now + lease_s,
-            "now": now,
-            "sids": [lease.session_id for lease in leases],
-            "epochs": [lease.epoch for lease in leases],
-        }
-
-        def extend(conn: Conn) -> tuple[set[str], dict[str, Any]]:
-            with conn.transaction():
-                renewed = {r[0] for r in conn.execute(q.SQL_RENEW_MANY, params).fetchall()}
-                lost = [lease.session_id for lease in leases if lease.session_id not in renewed]
-                rows = conn.execute(q.SQL_OWNERSHIP_MANY, (lost,)).fetchall() if lost else []
-            return renewed, {r[0]: r[1:] for r in rows}
-
-        renewed, owners = self._run("renew leases", extend, retry=True)  # idempotent: the same expiry twice
-        out: list[Lease | LeaseLost] = []
-        for lease in leases:
-            if lease.session_id in renewed:
-                out.append(dataclasses.replace(lease, expires_at=now + lease_s))
-            else:
-                row = owners.get(lease.session_id)
-                out.append(lease_lost(lease.session_id, row[1] if row else 0, _owner(row[0]) if row else None, lease.epoch))
-        return out
+        # idempotent: the same expiry twice
+        return self._run("renew leases", lambda c: ownership.renew(c, leases, lease_s, now), retry=True)
 
     def heartbeat_many(self, beats: Mapping[str, Iterable[str]], ts: float | None = None) -> None:
         now = time.time() if ts is None else ts
@@ -578,42 +397,11 @@ class PostgresEventStore(EventStore):
             return []
         self._writable("claim sessions")
         host = this_host()
-        params = {
-            "workflows": sorted(set(workflows)),
-            "now": now,
-            "limit": limit,
-            "host": host,
-            "max_recoveries": max_recoveries if max_recoveries is not None else 2**31 - 1,
-        }
 
         def take(conn: Conn) -> list[Claim]:
-            # (since, session_id, workflow, reason)
-            found: list[tuple[float, str, str, ClaimReason]] = []
-            with conn.transaction():
-                for status, statement in (*q.SQL_CLAIM_FREE.items(), ("mailed", q.SQL_CLAIM_MAILED)):
-                    for sid, workflow, owner_json, lease, _rec, since, _epoch, *mailed in conn.execute(statement, params):
-                        reason = claim_reason(mailed[0] if mailed else status, _owner(owner_json), lease, now, host=host,
-                                              mail=bool(mailed))
-                        if reason is not None:
-                            found.append((since or 0.0, sid, workflow, reason))
-                # this host's live leases: claimable if the owner's process is gone
-                dead: list[tuple[float, str, str, ClaimReason, int]] = []
-                for sid, workflow, owner_json, lease, rec, since, epoch, status in conn.execute(q.SQL_CLAIM_SAME_HOST, params):
-                    # a paused, failed or completed row is here only with mail (the query's condition)
-                    reason = claim_reason(status, _owner(owner_json), lease, now, host=host, mail=status in MAILED_STATUSES)
-                    if reason is None or (reason == "orphaned" and max_recoveries is not None and rec > max_recoveries):
-                        continue
-                    dead.append((since or 0.0, sid, workflow, reason, epoch))
-                if dead:
-                    locked = {r[0] for r in conn.execute(q.SQL_CLAIM_LOCK, ([d[1] for d in dead], [d[4] for d in dead]))}
-                    found += [d[:4] for d in dead if d[1] in locked]
-                found.sort()
-                chosen = found[:limit]
-                if not chosen:
-                    return []
-                recovered = [sid for _s, sid, _w, reason in chosen if reason == "orphaned"]
-                epochs = self._take(conn, [c[1] for c in chosen], owner, now + lease_s, now, recovered)
-            return [Claim(sid, wf, reason, Lease(sid, owner, epochs[sid], now + lease_s)) for _s, sid, wf, reason in chosen]
+            return ownership.claim(
+                conn, owner, workflows, lease_s, limit=limit, max_recoveries=max_recoveries, now=now, host=host
+            )
 
         return self._run("claim sessions", take)
 
@@ -664,22 +452,15 @@ class PostgresEventStore(EventStore):
         self._writable("take in messages")
         with self._cache_lock:
             cached = self._node_cache.pop(session_id, None)
-        ids = sorted(message_ids)
         with self._op("take in messages") as conn:
-            with conn.transaction():
-                if events:
-                    try:
-                        numbered, entry = self._append_tx(conn, session_id, events, encoded, expected_last_seq, epoch, cached)
-                    except psycopg.errors.UniqueViolation as exc:
-                        if exc.diag.constraint_name != "events_pkey":
-                            raise
-                        raise _appended_first(session_id, expected_last_seq) from None
-                else:
-                    numbered, entry = [], None
-                    row = conn.execute(q.SQL_SESSION_FOR_UPDATE, (session_id,)).fetchone()
-                    if (row[6] if row is not None else 0) != epoch:  # the fence holds for the deletion too
-                        raise lease_lost(session_id, row[6] if row else 0, _owner(row[7]) if row else None, epoch)
-                conn.execute(q.SQL_DROP_MESSAGES, (session_id, ids))
+            try:
+                with conn.transaction():
+                    io = Writer(conn, self._channel)
+                    numbered, entry = take_in_steps(io, session_id, events, encoded, expected_last_seq, message_ids, epoch, cached)
+            except psycopg.errors.UniqueViolation as exc:
+                if exc.diag.constraint_name != "events_pkey":
+                    raise
+                raise appended_first(session_id, expected_last_seq) from None
         if entry is not None:
             self._keep({session_id: entry})
         return numbered
@@ -717,41 +498,7 @@ class PostgresEventStore(EventStore):
         since the last call returns at once, so none is missed between two waits."""
         if self._pool is None:
             raise self._closed()
-        if self._listener is None:
-            with self._wake:
-                if self._listener is None:
-                    self._listener = threading.Thread(target=self._listen, name="flowscope-pg-listen", daemon=True)
-                    self._listener.start()
-        with self._wake:
-            if not self._woken and not self._closing.is_set():
-                self._wake.wait(timeout)
-            woken, self._woken = self._woken, False
-        return woken
-
-    def _signal(self) -> None:
-        with self._wake:
-            self._woken = True
-            self._wake.notify_all()
-
-    def _listen(self) -> None:
-        """The listener thread: one connection outside the pool, reconnected after a loss."""
-        channel = sql.SQL("LISTEN {}").format(sql.Identifier(self._channel))
-        while not self._closing.is_set():
-            try:
-                conn = psycopg.connect(self._conninfo, autocommit=True)
-            except psycopg.Error:
-                self._closing.wait(1.0)  # the server is away: the waiters poll meanwhile
-                continue
-            try:
-                conn.execute(channel)
-                self._signal()  # notifications sent while we were not listening are lost: look once
-                while not self._closing.is_set():
-                    for _ in conn.notifies(timeout=0.5):
-                        self._signal()
-            except psycopg.Error:
-                self._closing.wait(0.2)
-            finally:
-                conn.close()
+        return self._wakeup.wait(timeout)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -811,7 +558,7 @@ class PostgresEventStore(EventStore):
                 conn.execute(q.SQL_PRUNE_LOCK, {"ids": ids})
                 # after the locks: a resume or a takeover that committed first keeps its log
                 rows = conn.execute(q.SQL_PRUNABLE, {"ids": ids}).fetchall()
-                prunable = {sid for sid, owner, lease in rows if not owner_alive(_owner(owner), lease, now, host=host)}
+                prunable = {sid for sid, owner, lease in rows if not owner_alive(owner_from_column(owner), lease, now, host=host)}
                 deleted = [sid for sid in ids if sid in prunable]
                 if deleted:
                     for statement in q.SQL_PRUNE:
@@ -837,44 +584,8 @@ class PostgresEventStore(EventStore):
         return int(row[0]) if row is not None else None
 
 
-@dataclasses.dataclass(frozen=True)
-class _Cached:
-    """A session as this store's last append there left it: the next append folds on it
-    and sends one statement, which checks in the database that the row is still this one."""
-
-    row_id: int  #: ``sessions.id``: a session pruned and made again is another row
-    last_seq: int
-    complete: bool  #: ``nodes`` holds every node run of the session (else only some)
-    nodes: dict[str, NodeState]  #: the fold's node states, moved on by the next append
-    session: tuple[str, str, float | None, float | None, int]  #: workflow, status, started_at, updated_at, invocations
-
-
-def _session_columns(ws: WorkflowState) -> tuple[str, str, float | None, float | None, int]:
-    return ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.invocations
-
-
-def _appended_first(session_id: str, expected_last_seq: int) -> ConcurrencyConflict:
-    return ConcurrencyConflict(
-        f"session {session_id!r}: another process appended first (seq {expected_last_seq + 1} exists); "
-        "reload the session and retry"
-    )
-
-
-def _owner(data: Any) -> Owner | None:
-    """The ``owner`` column (jsonb, read as a dict) as an :class:`Owner`."""
-    return Owner.from_dict(data) if data else None
-
-
 def _session_info(row: Sequence[Any]) -> SessionInfo:
     sid, workflow, status, started, updated, last_seq, invocations, owner, epoch, lease, submitted = row
     return SessionInfo(
-        sid, workflow, status, started, updated, int(last_seq), int(invocations), _owner(owner), int(epoch), lease, submitted
-    )
-
-
-def _node_row(session_id: str, workflow: str, ns: NodeState) -> tuple[Any, ...]:
-    return (
-        session_id, workflow, ns.path, ns.node, ns.kind, ns.parent_path, ns.status, ns.attempt, ns.failures,
-        ns.retries, ns.recoveries, ns.started_at, ns.ended_at, ns.heartbeat_at, ns.error_code, ns.error_type,
-        ns.job_deadline_at,
+        sid, workflow, status, started, updated, int(last_seq), int(invocations), owner_from_column(owner), int(epoch), lease, submitted
     )

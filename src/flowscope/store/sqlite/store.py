@@ -18,18 +18,17 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence
 
 import sqlite_utils
 
-from ...errors import ConcurrencyConflict, LeaseLost, StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
+from ...errors import ConcurrencyConflict, LeaseLost, StoreError, StoreReadOnly, StoreUnavailable
 from ...events import Event, RunFinished
-from ...fold import WorkflowState, gc_paused
+from ...fold import gc_paused
 from ...jsontext import dumps_finite
-from ...liveness import owner_alive, stale_before
+from ...liveness import stale_before
 from ...ownership import Lease, Owner, this_host
-from ..appending import Cached, EncodedEvent, append_steps, node_params, owner_from_column, session_write, take_in_steps
+from ..appending import Cached, append_steps, owner_from_column, prepare_batches, take_in_steps
 from ..base import (
     WORKER_RETENTION_S,
     AppendBatch,
@@ -59,17 +58,6 @@ __all__ = ["SqliteEventStore"]
 # invocation (an append that ends one drops its entry), so the bound is only a backstop;
 # below the number of concurrent sessions, every append would read its rows back.
 _NODE_CACHE_SESSIONS = 65536
-
-
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """One batch of a group commit, its events encoded before anything is locked."""
-
-    session_id: str
-    events: Sequence[Event]
-    encoded: list[EncodedEvent]
-    expected_last_seq: int
-    epoch: int | None
 
 
 class SqliteEventStore(EventStore):
@@ -465,10 +453,7 @@ class SqliteEventStore(EventStore):
                 return [self.append(sid, events, expected, epoch=epoch)]
             except (ConcurrencyConflict, LeaseLost) as exc:
                 return [exc]
-        prepared = []
-        for sid, events, expected, epoch in batches:
-            evs = events if isinstance(events, (list, tuple)) else list(events)
-            prepared.append(_Prepared(sid, evs, [encode(self.path, sid, e) for e in evs], expected, epoch))
+        prepared = prepare_batches(batches, encode, self.path)
         if self.readonly:
             raise self._read_only("append events")
         out: list[list[Event] | BaseException] = []

@@ -1,0 +1,52 @@
+"""The conninfo a store's connections use: the caller's URL or conninfo plus the schema
+(``search_path``), ``synchronous_commit``, read-only transactions, the application name
+and a connect timeout; and where to say a failed connection went (host, port, user)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from ...errors import StoreError
+from .dsn import redact
+
+__all__ = ["SYNCHRONOUS_COMMIT", "Target", "check_options", "build_conninfo"]
+
+#: ``synchronous_commit`` values a store may set for its connections (None: the server's).
+SYNCHRONOUS_COMMIT = ("on", "off", "local", "remote_write", "remote_apply")
+#: (host, port, user) of a conninfo, for a connection error's message.
+Target = tuple[str, int, str]
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def check_options(schema: str, synchronous_commit: str | None) -> None:
+    """Refuse (``ValueError``) a schema that is not a plain lower-case identifier, or an
+    unknown ``synchronous_commit``: both go into the connections' options as text."""
+    if not _IDENTIFIER.match(schema):
+        raise ValueError(f"schema must be a lower-case SQL identifier, not {schema!r}")
+    if synchronous_commit is not None and synchronous_commit not in SYNCHRONOUS_COMMIT:
+        raise ValueError(f"synchronous_commit must be one of {SYNCHRONOUS_COMMIT}, not {synchronous_commit!r}")
+
+
+def build_conninfo(
+    dsn: str, schema: str, readonly: bool, timeout: float, synchronous_commit: str | None, application_name: str
+) -> tuple[str, Target]:
+    """The conninfo for ``dsn`` with the store's options, and its :data:`Target`."""
+    try:
+        info = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise StoreError(f"not a PostgreSQL URL or conninfo: {redact(dsn)}: {exc.__class__.__name__}") from None
+    options = [str(info.get("options") or ""), f"-c search_path={schema}"]
+    if synchronous_commit is not None:
+        options.append(f"-c synchronous_commit={synchronous_commit}")
+    if readonly:
+        options.append("-c default_transaction_read_only=on")
+    extra: dict[str, Any] = {"options": " ".join(o for o in options if o), "application_name": application_name}
+    if "connect_timeout" not in info:
+        extra["connect_timeout"] = max(1, int(timeout))
+    host = str(info.get("host") or info.get("hostaddr") or "localhost").split(",")[0]
+    port = int(str(info.get("port") or 5432).split(",")[0])
+    return make_conninfo(dsn, **extra), (host, port, str(info.get("user") or ""))

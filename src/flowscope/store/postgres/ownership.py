@@ -1,0 +1,123 @@
+"""Owners, leases and claims in PostgreSQL's SQL, each one transaction on the connection
+it is given (:class:`~flowscope.store.postgres.store.PostgresEventStore` runs it on a
+pooled one): the rows read as records, the rules (who may take a session, which a claim
+takes) in :mod:`flowscope.store.takeover`. Rows are locked ``FOR UPDATE``; claims pass
+over locked ones (``SKIP LOCKED``), so concurrent claimers never wait for each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Collection, Iterable, Sequence
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from ...errors import ConcurrencyConflict, LeaseLost
+from ...ownership import Lease, Owner
+from ..appending import owner_from_column
+from ..base import MAILED_STATUSES, Claim
+from ..takeover import ClaimCandidate, ClaimPick, LeaseRow, check_acquire, claim_cut, claim_picks, lost_lease
+from . import queries as q
+
+__all__ = ["acquire", "renew", "claim"]
+
+Conn = psycopg.Connection[Any]
+
+
+def _take(conn: Conn, sids: list[str], owner: Owner, expires: float, now: float, recovered: list[str]) -> dict[str, int]:
+    """Record ``owner``'s lease on the (locked) sessions, epoch + 1 each; their new epochs."""
+    params = {"owner": Jsonb(owner.to_dict()), "expires": expires, "now": now, "sids": sids, "recovered": recovered}
+    return {sid: int(epoch) for sid, epoch in conn.execute(q.SQL_TAKE, params).fetchall()}
+
+
+def acquire(conn: Conn, session_id: str, owner: Owner, expires: float, now: float, *, force: bool) -> int:
+    """:meth:`~flowscope.store.base.EventStore.acquire` in one transaction; the new epoch."""
+    with conn.transaction():
+        row = conn.execute(q.SQL_OWNERSHIP_FOR_UPDATE, (session_id,)).fetchone()
+        if row is None:
+            made = conn.execute(q.SQL_NEW_OWNED, (session_id, Jsonb(owner.to_dict()), expires, now)).fetchone()
+            if made is not None:
+                return int(made[0])
+            row = conn.execute(q.SQL_OWNERSHIP_FOR_UPDATE, (session_id,)).fetchone()  # made meanwhile
+            if row is None:  # made and removed meanwhile: nothing holds it
+                raise ConcurrencyConflict(f"session {session_id!r} changed while being acquired; retry")
+        held, epoch, lease_expires_at, lease_renewed_at = row
+        check_acquire(session_id, owner, LeaseRow(owner_from_column(held), epoch, lease_expires_at, lease_renewed_at), now,
+                      force=force)
+        return _take(conn, [session_id], owner, expires, now, [])[session_id]
+
+
+def renew(conn: Conn, leases: Sequence[Lease], lease_s: float, now: float) -> list[Lease | LeaseLost]:
+    """:meth:`~flowscope.store.base.EventStore.renew_many` in one transaction (idempotent:
+    run twice, it sets the same expiry)."""
+    params = {
+        "expires": now + lease_s,
+        "now": now,
+        "sids": [lease.session_id for lease in leases],
+        "epochs": [lease.epoch for lease in leases],
+    }
+    with conn.transaction():
+        renewed = {r[0] for r in conn.execute(q.SQL_RENEW_MANY, params).fetchall()}
+        lost = [lease.session_id for lease in leases if lease.session_id not in renewed]
+        rows = conn.execute(q.SQL_OWNERSHIP_MANY, (lost,)).fetchall() if lost else []
+    held = {sid: LeaseRow(owner_from_column(owner), int(epoch)) for sid, owner, epoch in rows}
+    out: list[Lease | LeaseLost] = []
+    for lease in leases:
+        if lease.session_id in renewed:
+            out.append(dataclasses.replace(lease, expires_at=now + lease_s))
+        else:
+            out.append(lost_lease(lease.session_id, held.get(lease.session_id), lease.epoch))
+    return out
+
+
+def _candidates(rows: Iterable[Sequence[Any]], status: str = "") -> Iterable[ClaimCandidate]:
+    """Rows of the claim queries as candidates, of ``status`` unless the row's last column
+    is its own. A row in a mailed status is there for its mail (each query's condition)."""
+    for sid, workflow, owner, lease_expires_at, recoveries, since, epoch, *own in rows:
+        row_status = own[0] if own else status
+        yield ClaimCandidate(
+            sid, workflow, row_status, owner_from_column(owner), lease_expires_at, recoveries, since,
+            mail=row_status in MAILED_STATUSES, epoch=epoch,
+        )
+
+
+def claim(
+    conn: Conn,
+    owner: Owner,
+    workflows: Collection[str],
+    lease_s: float,
+    *,
+    limit: int,
+    max_recoveries: int | None,
+    now: float,
+    host: str,
+) -> list[Claim]:
+    """:meth:`~flowscope.store.base.EventStore.claim` in one transaction: the free rows (no
+    lease, or an ended one) and this host's live leases whose process is gone, then the claim cut."""
+    params = {
+        "workflows": sorted(set(workflows)),
+        "now": now,
+        "limit": limit,
+        "host": host,
+        "max_recoveries": max_recoveries if max_recoveries is not None else 2**31 - 1,
+    }
+    found: list[ClaimPick] = []
+    with conn.transaction():
+        for status, statement in (*q.SQL_CLAIM_FREE.items(), ("", q.SQL_CLAIM_MAILED)):
+            rows = conn.execute(statement, params)
+            found += claim_picks(_candidates(rows, status), now, host=host, max_recoveries=max_recoveries)
+        # this host's live leases: claimable if the owner's process is gone
+        rows = conn.execute(q.SQL_CLAIM_SAME_HOST, params)
+        dead = claim_picks(_candidates(rows), now, host=host, max_recoveries=max_recoveries)
+        if dead:
+            sids, epochs = [d.session_id for d in dead], [d.epoch for d in dead]
+            locked = {r[0] for r in conn.execute(q.SQL_CLAIM_LOCK, (sids, epochs))}  # if their epoch has not moved
+            found += [d for d in dead if d.session_id in locked]
+        chosen = claim_cut(found, limit)
+        if not chosen:
+            return []
+        recovered = [c.session_id for c in chosen if c.reason == "orphaned"]
+        taken = _take(conn, [c.session_id for c in chosen], owner, now + lease_s, now, recovered)
+    return [Claim(c.session_id, c.workflow, c.reason, Lease(c.session_id, owner, taken[c.session_id], now + lease_s))
+            for c in chosen]
