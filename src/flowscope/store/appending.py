@@ -17,11 +17,11 @@ from ..events import Event, RunSubmitted, UnknownEvent
 from ..fold import NodeState, WorkflowState
 from ..ownership import Owner
 from .base import AppendBatch, lease_lost, number_events
+from .codec import Row
 
 __all__ = [
     "AppendIO",
     "Cached",
-    "EncodedEvent",
     "OwnerColumn",
     "PreparedBatch",
     "SessionRow",
@@ -40,9 +40,6 @@ __all__ = [
     "touched_paths",
 ]
 
-#: An event's columns after its key, as :func:`flowscope.store.sqlite.codec.encode` gives them:
-#: ``(type, ts, invocation_id, path, node, payload)``.
-EncodedEvent = tuple[str, float, str, str, str, str]
 #: The ``owner`` column as a driver reads it: JSON text (SQLite), a dict (PostgreSQL's jsonb), or NULL.
 OwnerColumn = str | Mapping[str, Any] | None
 #: Statuses a worker claims a session in: an append that brings a session to one may wake the workers.
@@ -123,13 +120,13 @@ class PreparedBatch:
 
     session_id: str
     events: Sequence[Event]
-    encoded: list[EncodedEvent]
+    encoded: list[Row]
     expected_last_seq: int
     epoch: int | None
 
 
 def prepare_batches(
-    batches: Sequence[AppendBatch], encode: Callable[[str, str, Event], EncodedEvent], where: str
+    batches: Sequence[AppendBatch], encode: Callable[[str, str, Event], Row], where: str
 ) -> list[PreparedBatch]:
     """``batches`` with their events encoded by ``encode(where, session_id, event)``: an
     event that cannot be written fails the group commit before anything is locked."""
@@ -186,7 +183,7 @@ def submitted_at(events: Sequence[Event]) -> float | None:
     return next((e.ts for e in reversed(events) if type(e) is RunSubmitted), None)
 
 
-def event_params(session_id: str, numbered: Sequence[Event], encoded: Sequence[EncodedEvent]) -> list[tuple[Any, ...]]:
+def event_params(session_id: str, numbered: Sequence[Event], encoded: Sequence[Row]) -> list[tuple[Any, ...]]:
     """The parameters of an events insert: ``(session_id, seq, type, ts, invocation_id, path, node, payload)``."""
     return [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)]
 
@@ -231,7 +228,7 @@ def append_steps(
     io: AppendIO,
     session_id: str,
     events: Sequence[Event],
-    encoded: Sequence[EncodedEvent],
+    encoded: Sequence[Row],
     expected_last_seq: int,
     epoch: int | None,
     cached: Cached | None,
@@ -279,7 +276,7 @@ def take_in_steps(
     io: AppendIO,
     session_id: str,
     events: Sequence[Event],
-    encoded: Sequence[EncodedEvent],
+    encoded: Sequence[Row],
     expected_last_seq: int,
     message_ids: Collection[int],
     epoch: int,

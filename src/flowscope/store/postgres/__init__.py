@@ -9,6 +9,15 @@ workers on many hosts (``pip install 'flowscope[postgres]'``: psycopg 3 and psyc
     psycopg exceptions as typed :class:`~flowscope.errors.StoreError` subclasses, by SQLSTATE;
 :mod:`.dsn`
     telling a URL from a path, and naming a server without its password (no psycopg);
+:mod:`.conninfo`
+    the options of the store's connections;
+:mod:`.writer`
+    an append's reads and writes (:mod:`flowscope.store.appending` decides them), and the
+    one-statement append on the state this store wrote last;
+:mod:`.ownership`
+    acquiring, renewing and claiming (:mod:`flowscope.store.takeover` decides who);
+:mod:`.wakeup`
+    the ``LISTEN`` thread that wakes idle workers;
 :mod:`.store`
     :class:`PostgresEventStore`: appends, fences, claims, reads, snapshots, waking workers.
 

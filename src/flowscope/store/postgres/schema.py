@@ -7,7 +7,7 @@ says otherwise; the connections' ``search_path`` points at it):
     ``application`` (``"flowscope"``) and ``schema_version`` (:data:`DB_SCHEMA_VERSION`).
 ``events``
     the log, primary key ``(session_id, seq)``: hot fields in columns, the rest a JSON
-    ``payload`` in the SQLite store's format (:mod:`flowscope.store.sqlite.codec`).
+    ``payload`` in the SQLite store's format (:mod:`flowscope.store.codec`).
 ``sessions``
     one row per session: the fold's columns (workflow, status, ``last_seq``, ...) and
     ownership (``owner`` JSON, the fencing ``epoch``, ``lease_expires_at``,

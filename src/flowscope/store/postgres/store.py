@@ -14,8 +14,11 @@ so an idle worker wakes at once (polling stays the fallback).
 
 Connections come from a ``psycopg_pool`` pool: every method checks one out for its
 duration, so one store object serves the event loop and the lease-renewal thread at once.
-The statements and the tables are in :mod:`.queries` and :mod:`.schema`; the rows use the
-SQLite store's codec, so a log reads the same from either store.
+The statements and the tables are in :mod:`.queries` and :mod:`.schema`; what an append
+is, and who may take a session, in :mod:`flowscope.store.appending` and
+:mod:`flowscope.store.takeover` (this package gives them its SQL: :mod:`.writer`,
+:mod:`.ownership`); the rows use the shared codec (:mod:`flowscope.store.codec`), so a log
+reads the same from either store.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from ..base import (
     count_dead_owners,
     one_renewal,
 )
-from ..sqlite.codec import decode, encode
+from ..codec import decode, encode
 from . import ownership
 from . import queries as q
 from . import schema as sch

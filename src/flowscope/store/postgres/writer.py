@@ -19,7 +19,6 @@ from ...fold import NodeState
 from ...jsontext import dumps_finite
 from ..appending import (
     Cached,
-    EncodedEvent,
     SessionRow,
     SessionWrite,
     node_params,
@@ -28,6 +27,7 @@ from ..appending import (
     touched_paths,
 )
 from ..base import number_events
+from ..codec import Row
 from . import queries as q
 from . import schema as sch
 
@@ -108,7 +108,7 @@ def append_cached(
     channel: str,
     session_id: str,
     events: Sequence[Event],
-    encoded: Sequence[EncodedEvent],
+    encoded: Sequence[Row],
     epoch: int | None,
     cached: Cached,
 ) -> tuple[list[Event], Cached] | None:

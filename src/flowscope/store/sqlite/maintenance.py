@@ -15,7 +15,7 @@ from ...liveness import owner_alive
 from ...ownership import this_host
 from ..appending import node_params, owner_from_column, session_write
 from . import queries as q
-from .codec import decode
+from ..codec import decode
 from .writer import Writer
 
 __all__ = ["fetch", "rebuild_projections", "delete_sessions"]

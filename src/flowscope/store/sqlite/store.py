@@ -7,7 +7,10 @@ the file locked waits up to ``busy_timeout`` seconds. A store object may be shar
 threads (calls are serialised by a lock; a lease is renewed from another thread than the
 event loop's), but not across ``fork()``: open a new one in the child. Acquiring, renewing
 and claiming sessions are ``BEGIN IMMEDIATE`` transactions too, so the fence (the epoch an
-append is checked against) and a claim are atomic across processes. The file layout is in :mod:`.schema`, the row format in :mod:`.codec`.
+append is checked against) and a claim are atomic across processes. The file layout is in
+:mod:`.schema`, the row format in :mod:`flowscope.store.codec`; what an append is, and who
+may take a session, in :mod:`flowscope.store.appending` and :mod:`flowscope.store.takeover`
+(this package gives them its SQL: :mod:`.writer`, :mod:`.ownership`).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from ..base import (
 from . import maintenance, ownership
 from . import queries as q
 from . import schema
-from .codec import decode, encode
+from ..codec import decode, encode
 from .faults import store_error, wal_removed
 from .files import WalWatch, identity
 from .writer import Bulk, Writer
