@@ -12,6 +12,7 @@ halts that invocation with the store's own exception, as a failed ``append`` doe
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 from ..events import Event
@@ -28,13 +29,25 @@ class Committing(Protocol):
     def committed(self, batch: Sequence[Event], error: BaseException | None) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """A batch waiting for the end of the loop turn, and who waits for it."""
+
+    rec: Committing
+    session_id: str
+    batch: list[Event]
+    expected: int
+    epoch: int | None
+    done: asyncio.Future[None]
+
+
 class GroupCommit:
     """The appends of one runner's invocations (``active`` counts those running)."""
 
     def __init__(self, store: EventStore) -> None:
         self.store = store
         self.active = 0
-        self._queue: list[tuple[Committing, str, list[Event], int, int | None, asyncio.Future[None]]] = []
+        self._queue: list[_Queued] = []
 
     def submit(
         self, rec: Committing, session_id: str, batch: list[Event], expected: int, epoch: int | None
@@ -54,18 +67,18 @@ class GroupCommit:
         fut: asyncio.Future[None] = loop.create_future()
         if not self._queue:
             loop.call_soon(self._commit)
-        self._queue.append((rec, session_id, batch, expected, epoch, fut))
+        self._queue.append(_Queued(rec, session_id, batch, expected, epoch, fut))
         return fut
 
     def _commit(self) -> None:
         queue, self._queue = self._queue, []
         try:
-            results = self.store.append_many([(sid, batch, expected, epoch) for _r, sid, batch, expected, epoch, _f in queue])
+            results = self.store.append_many([(q.session_id, q.batch, q.expected, q.epoch) for q in queue])
         except BaseException as exc:  # the store failed the transaction: every batch in it failed
             outcome: list[BaseException | None] = [exc] * len(queue)
         else:
             outcome = [r if isinstance(r, BaseException) else None for r in results]
-        for (rec, _sid, batch, _e, _ep, fut), error in zip(queue, outcome):
-            rec.committed(batch, error)
-            if not fut.done():
-                fut.set_result(None)
+        for q, error in zip(queue, outcome):
+            q.rec.committed(q.batch, error)
+            if not q.done.done():
+                q.done.set_result(None)

@@ -40,6 +40,7 @@ from ...fold import NodeState, WorkflowState, gc_paused
 from ...jsontext import dumps_finite
 from ...liveness import owner_alive, stale_before
 from ...ownership import Lease, Owner, this_host
+from ...states import SessionStatus
 from ..base import (
     MAILED_STATUSES,
     WORKER_RETENTION_S,
@@ -846,10 +847,10 @@ class _Cached:
     last_seq: int
     complete: bool  #: ``nodes`` holds every node run of the session (else only some)
     nodes: dict[str, NodeState]  #: the fold's node states, moved on by the next append
-    session: tuple[str, str, float | None, float | None, int]  #: workflow, status, started_at, updated_at, invocations
+    session: tuple[str, SessionStatus, float | None, float | None, int]  #: workflow, status, started_at, updated_at, invocations
 
 
-def _session_columns(ws: WorkflowState) -> tuple[str, str, float | None, float | None, int]:
+def _session_columns(ws: WorkflowState) -> tuple[str, SessionStatus, float | None, float | None, int]:
     return ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.invocations
 
 
