@@ -3,7 +3,7 @@
 This is the one walk from events to spans. :class:`SpanWalk` takes events in log order
 and hands each span to a callback the moment the log says it ended; the live
 :class:`~flowscope.observability.TracingPlugin` feeds it the events as they are appended,
-and :func:`rebuild` feeds it a whole log (``flowscope export``, and the catch-up that
+and :func:`spans_of_log` feeds it a whole log (``flowscope export``, and the catch-up that
 ships what a killed process did not). What goes on a span (names, attributes, status,
 span events) comes from :mod:`flowscope.observability.spans`; what the walk adds is what
 only the log knows: parentage by path, times from event timestamps, the link from a
@@ -49,7 +49,7 @@ from . import spans as sp
 __all__ = [
     "SpanRecord",
     "SpanWalk",
-    "rebuild",
+    "spans_of_log",
     "trace_id_for",
     "span_id_for",
     "invocation_context",
@@ -385,7 +385,7 @@ class SpanWalk:
             self._close(span, self._node_end(inv, span), span.terminal.ts, seq, inv)
 
     def _close(self, span: _Open, end: sp.SpanEnd, at: float, seq: int, inv: _Invocation) -> None:
-        self.closing = span.order  # the start order of the span being emitted (rebuild sorts by it)
+        self.closing = span.order  # the start order of the span being emitted (spans_of_log sorts by it)
         self.emit(
             SpanRecord(
                 name=span.name,
@@ -420,7 +420,7 @@ class SpanWalk:
             self._abandon(inv)
 
 
-def rebuild(events: Iterable[Event], lost: bool = False, alive_at: float | None = None) -> list[SpanRecord]:
+def spans_of_log(events: Iterable[Event], lost: bool = False, alive_at: float | None = None) -> list[SpanRecord]:
     """The spans of a session's log, in start order; an invocation the log does not end is
     incomplete, and an error (its worker lost) when ``lost`` says its owner is gone, ending at
     ``alive_at`` (its last heartbeat) when that is later than its last event."""

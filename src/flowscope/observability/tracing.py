@@ -61,13 +61,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..engine.runner import RunResult
     from ..events import Event
 
-__all__ = ["TracingPlugin", "Redactor", "WALK_BATCH"]
+__all__ = ["TracingPlugin", "ValueRedactor", "WALK_BATCH"]
 
 log = logging.getLogger("flowscope.observability.tracing")
 
 #: ``redact(kind, value)``: kind is "input" or "output"; return the string to record as
 #: ``flowscope.node.input``/``flowscope.node.output``, or None to record nothing.
-Redactor = Callable[[str, Any], "str | None"]
+ValueRedactor = Callable[[str, Any], "str | None"]
 
 _KEY = "tracing"  # our slot in ctx.plugin_state / run.plugin_state
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -122,7 +122,7 @@ class TracingPlugin(Plugin):
         self,
         tracer_provider: TracerProvider | None = None,
         record_stacktrace: bool = False,
-        redact: Redactor | None = None,
+        redact: ValueRedactor | None = None,
     ) -> None:
         self._provider = tracer_provider
         self._shipper: Shipper | None = None
