@@ -45,6 +45,7 @@ from ..events import (
     RunStarted,
 )
 from . import spans as sp
+from .traceparent import format_traceparent, parse_traceparent
 
 __all__ = [
     "SpanRecord",
@@ -123,9 +124,8 @@ def span_id_for(session_id: str, invocation_id: str, path: str = "", attempt: in
     return int.from_bytes(_digest("flowscope-span", session_id, invocation_id, path, str(attempt))[:8], "big") or 1
 
 
-def traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
-    """The W3C ``traceparent`` header of a span context."""
-    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+#: The W3C ``traceparent`` header of a span context (one writer: ``traceparent.py``).
+traceparent = format_traceparent
 
 
 def invocation_context(session_id: str, invocation_id: str, trace_context: Mapping[str, str]) -> tuple[int, int | None, bool, str]:
@@ -134,14 +134,9 @@ def invocation_context(session_id: str, invocation_id: str, trace_context: Mappi
     trace_id = trace_id_for(session_id, invocation_id)
     parent: int | None = None
     sampled = True
-    tp = trace_context.get("traceparent", "")
-    parts = tp.split("-")
-    if len(parts) == 4 and len(parts[1]) == 32 and len(parts[3]) == 2:
-        try:
-            trace_id = int(parts[1], 16) or trace_id
-            sampled = bool(int(parts[3], 16) & 1)
-        except ValueError:
-            pass
+    recorded = parse_traceparent(trace_context.get("traceparent"))
+    if recorded is not None:
+        trace_id, sampled = recorded.trace_id, recorded.sampled
     raw = trace_context.get(PARENT_KEY)
     if raw:
         try:

@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any, Callable
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TracerProvider, TraceState
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ..events import NodeCompleted
 from ..plugins import Plugin
@@ -72,7 +71,6 @@ ValueRedactor = Callable[[str, Any], "str | None"]
 _KEY = "tracing"  # our slot in ctx.plugin_state / run.plugin_state
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
-_propagator = TraceContextTextMapPropagator()
 #: Appended events are walked in batches: at the next turn of the event loop (so a run
 #: that waits ships the spans it has ended), when this many are waiting, before a failed
 #: node's ``after_node`` and at the end of the invocation. Walking a batch back to back
