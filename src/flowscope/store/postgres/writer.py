@@ -21,6 +21,7 @@ from ..appending import (
     Cached,
     SessionRow,
     SessionWrite,
+    make_session_row,
     node_params,
     resumed_state,
     session_write,
@@ -41,7 +42,7 @@ FULL_LOAD_MAX = 2000
 def session_row(row: Sequence[Any]) -> SessionRow:
     """A row of ``SQL_SESSION_FOR_UPDATE`` (:class:`SessionRow`'s columns, in order)."""
     workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, row_id = row
-    return SessionRow(workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, row_id)
+    return make_session_row(workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, row_id)
 
 
 def _node_state(row: Sequence[Any]) -> NodeState:
