@@ -22,7 +22,7 @@ from flowscope import START, RetryConfig, Runner, Workflow, node
 from flowscope.events import NodeStarted, RunStarted
 from flowscope.export import session_spans
 from flowscope.observability import TracingPlugin
-from flowscope.observability.log_spans import RESOURCE_KEY, rebuild, trace_id_for
+from flowscope.observability.log_spans import RESOURCE_KEY, spans_of_log, trace_id_for
 from flowscope.observability.shipping import Shipper, unshipped
 from flowscope.store import MemoryEventStore
 
@@ -128,7 +128,7 @@ async def cut_off_log(plugin=None):
 async def test_a_run_cut_off_by_its_workers_death_is_an_error_that_ends_at_its_last_heartbeat():
     log = await cut_off_log()
     beat = log[-1].ts + 3.0  # the lease keeper's last heartbeat, 3 s after the run's last event
-    n = {r.attributes["flowscope.node.path"]: r for r in rebuild(log, lost=True, alive_at=beat)}
+    n = {r.attributes["flowscope.node.path"]: r for r in spans_of_log(log, lost=True, alive_at=beat)}
     for path in ("orders@1/billing@1/charge@1", "orders@1/billing@1", "orders@1"):  # the run, its workflow, the invocation
         r = n[path]
         assert (r.error, r.attributes["error.type"]) == (
@@ -143,13 +143,13 @@ async def test_a_run_cut_off_by_its_workers_death_is_an_error_that_ends_at_its_l
         p: (r.error is not None, r.end) for p, r in n.items()
     }
     # a heartbeat older than the last event does not move the end back
-    (late,) = [r for r in rebuild(log, lost=True, alive_at=log[0].ts) if r.attributes["flowscope.node.path"].endswith("charge@1")]
+    (late,) = [r for r in spans_of_log(log, lost=True, alive_at=log[0].ts) if r.attributes["flowscope.node.path"].endswith("charge@1")]
     assert late.end == log[-1].ts
 
 
 async def test_a_log_that_stops_while_its_owner_may_live_is_incomplete_not_an_error():
     log = await cut_off_log()
-    for r in rebuild(log):  # flowscope export of a session still running: nothing says its worker is gone
+    for r in spans_of_log(log):  # flowscope export of a session still running: nothing says its worker is gone
         assert r.error is None and "error.type" not in r.attributes
 
 
@@ -157,7 +157,7 @@ async def test_an_invocation_a_later_one_superseded_without_an_end_is_a_worker_l
     log = await cut_off_log()
     last = log[-1]
     resumed = RunStarted(session_id="s", invocation_id="inv-2", seq=last.seq + 1, ts=last.ts + 10, workflow="orders", resumed=True)
-    first = [r for r in rebuild([*log, resumed]) if r.trace_id == trace_id_for("s", log[0].invocation_id)]
+    first = [r for r in spans_of_log([*log, resumed]) if r.trace_id == trace_id_for("s", log[0].invocation_id)]
     charge = next(r for r in first if r.attributes["flowscope.node.path"].endswith("charge@1"))
     assert charge.attributes["error.type"] == "flowscope.WorkerLost" and charge.end == last.ts
 

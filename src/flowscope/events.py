@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from .jsontext import dumps
+from .states import EventKind, RunStatus, Waiting
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -68,7 +69,7 @@ class Event:
 class RunStarted(Event):
     """An invocation (a ``run`` or a ``resume``) begins."""
 
-    type: ClassVar[str] = "run_started"
+    type: ClassVar[EventKind] = "run_started"
     workflow: str = ""
     input: Any = None
     resumed: bool = False
@@ -89,8 +90,8 @@ class RunFinished(Event):
     the walk is over, so they are written here as well as on ``RunStarted``).
     """
 
-    type: ClassVar[str] = "run_finished"
-    status: str = "completed"
+    type: ClassVar[EventKind] = "run_finished"
+    status: RunStatus = "completed"
     output: Any = None
     error_code: str | None = None
     error_path: str | None = None
@@ -102,7 +103,7 @@ class RunFinished(Event):
 class NodeStarted(Event):
     """A node run begins (or begins again after a pause or a crash)."""
 
-    type: ClassVar[str] = "node_started"
+    type: ClassVar[EventKind] = "node_started"
     attempt: int = 1
     kind: str = "function"
     parent_path: str = ""
@@ -113,7 +114,7 @@ class NodeStarted(Event):
 class NodeRetrying(Event):
     """An attempt failed and another follows after ``delay_s``."""
 
-    type: ClassVar[str] = "node_retrying"
+    type: ClassVar[EventKind] = "node_retrying"
     attempt: int = 1
     error_type: str = ""
     error_code: str = UNKNOWN_ERROR
@@ -126,7 +127,7 @@ class NodeRetrying(Event):
 class NodeCompleted(Event):
     """A node run finished. ``has_output=False`` is the completion marker."""
 
-    type: ClassVar[str] = "node_completed"
+    type: ClassVar[EventKind] = "node_completed"
     output: Any = None
     has_output: bool = True
     route: str | int | None = None
@@ -138,7 +139,7 @@ class NodeCompleted(Event):
 class NodeErrorEvent(Event):
     """A node run failed for good. Recorded once, at the deepest path."""
 
-    type: ClassVar[str] = "node_error"
+    type: ClassVar[EventKind] = "node_error"
     error_code: str = UNKNOWN_ERROR
     error_message: str = ""
     error_type: str = ""
@@ -155,7 +156,7 @@ class NodeErrorPropagated(Event):
     without writing the failure a second time (R5, docs/design.md).
     """
 
-    type: ClassVar[str] = "node_error_propagated"
+    type: ClassVar[EventKind] = "node_error_propagated"
     origin_path: str = ""
     error_code: str = UNKNOWN_ERROR
     error_type: str = ""
@@ -167,7 +168,7 @@ class NodeErrorPropagated(Event):
 class NodeCancelled(Event):
     """A run stopped because a sibling failed or the invocation was aborted."""
 
-    type: ClassVar[str] = "node_cancelled"
+    type: ClassVar[EventKind] = "node_cancelled"
     reason: str = "cancelled"
 
 
@@ -175,8 +176,8 @@ class NodeCancelled(Event):
 class NodePaused(Event):
     """An enclosing run stopped because a descendant is waiting for input or a job."""
 
-    type: ClassVar[str] = "node_paused"
-    waiting: str = "input"  # "input" or "job"
+    type: ClassVar[EventKind] = "node_paused"
+    waiting: Waiting = "input"
     origin_path: str = ""
     interrupt_ids: tuple[str, ...] = ()
 
@@ -185,7 +186,7 @@ class NodePaused(Event):
 class InputRequested(Event):
     """A node paused for input; ``resume(inputs={interrupt_id: value})`` answers it."""
 
-    type: ClassVar[str] = "input_requested"
+    type: ClassVar[EventKind] = "input_requested"
     interrupt_id: str = ""
     prompt: str = ""
     payload: Any = None
@@ -195,7 +196,7 @@ class InputRequested(Event):
 class InputReceived(Event):
     """``resume()`` supplied the value for an open input request."""
 
-    type: ClassVar[str] = "input_received"
+    type: ClassVar[EventKind] = "input_received"
     interrupt_id: str = ""
     value: Any = None
 
@@ -204,7 +205,7 @@ class InputReceived(Event):
 class JobDispatched(Event):
     """A long-running external job was handed to a worker; the run waits for its result."""
 
-    type: ClassVar[str] = "job_dispatched"
+    type: ClassVar[EventKind] = "job_dispatched"
     job_id: str = ""
     dispatch_attempt: int = 1
     idempotency_key: str = ""
@@ -218,7 +219,7 @@ class JobDispatched(Event):
 class JobResultReceived(Event):
     """The external job reported. ``result`` is the guard's verdict: success, failed or empty."""
 
-    type: ClassVar[str] = "job_result"
+    type: ClassVar[EventKind] = "job_result"
     job_id: str = ""
     success: Any = None
     count: Any = None
@@ -231,7 +232,7 @@ class JobResultReceived(Event):
 class StateUpdated(Event):
     """Keys of ``ctx.state`` a node run changed; the fold merges them in order."""
 
-    type: ClassVar[str] = "state_updated"
+    type: ClassVar[EventKind] = "state_updated"
     values: dict[str, Any] = field(default_factory=dict)
 
 
@@ -239,7 +240,7 @@ class StateUpdated(Event):
 class RunSubmitted(Event):
     """A run was recorded to be started later by a worker (``Runner.submit``); nothing ran yet."""
 
-    type: ClassVar[str] = "run_submitted"
+    type: ClassVar[EventKind] = "run_submitted"
     workflow: str = ""
     input: Any = None
     #: Why it was submitted again (``flowscope retry``: who asked, and why); None the first time.
@@ -276,7 +277,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 #: Event types that end a node run (the run is no longer "running" after one of them).
-TERMINAL_TYPES = frozenset(
+TERMINAL_TYPES: frozenset[EventKind] = frozenset(
     {
         "node_completed",
         "node_error",

@@ -35,6 +35,7 @@ from .events import (
     from_dict,
     to_dict,
 )
+from .states import NODE_STATUSES, OPEN_STATES, NodeStatus, SessionStatus
 
 E = TypeVar("E", bound=Event)
 
@@ -52,8 +53,6 @@ __all__ = [
     "containers",
 ]
 
-NODE_STATUSES = ("running", "completed", "failed", "cancelled", "waiting_input", "waiting_job")
-OPEN_STATES = ("running", "waiting_input", "waiting_job")
 #: Events that ``answer()`` appends outside an invocation (``invocation_id`` ``answer-...``).
 _ANSWER_TYPES = (InputReceived, JobResultReceived)
 
@@ -107,7 +106,7 @@ class NodeState:
     node: str = ""
     kind: str = "function"
     parent_path: str = ""
-    status: str = "running"
+    status: NodeStatus = "running"
     attempt: int = 0
     failures: int = 0
     retries: int = 0
@@ -254,7 +253,7 @@ class WorkflowState:
     session_id: str = ""
     workflow: str = ""
     input: Any = None
-    status: str = "new"  # new, queued, running, completed, failed, paused, answered, cancelled
+    status: SessionStatus = "new"
     output: Any = None
     error_code: str | None = None
     error_path: str | None = None

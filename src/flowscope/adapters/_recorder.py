@@ -1,6 +1,6 @@
 """The recorder both bridges share: flowscope's event catalog written for another engine's runs.
 
-A bridge observes an engine (ADK, LangGraph) and tells the :class:`Recorder` what happened:
+A bridge observes an engine (ADK, LangGraph) and tells the :class:`BridgeRecorder` what happened:
 an invocation began, a node run started, an attempt failed and another follows, a run
 completed, failed, was cancelled or paused for input, the invocation ended. The recorder
 appends the matching events to the store (the log the CLI, the fold and the collectors
@@ -56,9 +56,11 @@ from ..events import (
 from ..fold import NodeState, WorkflowState, rebuild
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin, PluginDispatcher
+from ..states import OutcomeStatus, RunStatus
 from ..store.base import EventStore
+from ._heartbeats import BridgeHeartbeats
 
-__all__ = ["Recorder", "BridgeNodeContext", "BridgeResult", "Invocation", "jsonable", "parent_of", "name_of"]
+__all__ = ["BridgeRecorder", "BridgeNodeContext", "BridgeResult", "BridgeInvocation", "jsonable", "parent_of", "name_of"]
 
 log = logging.getLogger("flowscope.adapters")
 
@@ -152,8 +154,8 @@ class BridgeNodeContext:
 
     def __init__(
         self,
-        recorder: Recorder,
-        inv: Invocation,
+        recorder: BridgeRecorder,
+        inv: BridgeInvocation,
         path: str,
         kind: str,
         attempt: int,
@@ -202,7 +204,7 @@ class _Session:
 
 
 @dataclass(slots=True)
-class Invocation:
+class BridgeInvocation:
     """One invocation of the other engine (a run or a resume) being recorded."""
 
     run: RunInfo
@@ -211,7 +213,7 @@ class Invocation:
     finished: bool = False
 
 
-class Recorder:
+class BridgeRecorder:
     """Appends flowscope's events for an engine's runs and calls the plugins' hooks.
 
     Thread-safe (LangGraph calls back from worker threads): one lock guards the sessions'
@@ -236,9 +238,7 @@ class Recorder:
         self.heartbeat_interval = heartbeat_interval
         self._lock = threading.RLock()
         self._sessions: dict[str, _Session] = {}
-        self._beating: dict[tuple[str, str], None] = {}  # (session, path) of runs in flight
-        self._beat_thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._heartbeats = BridgeHeartbeats(store, heartbeat_interval)  # of the runs in flight
 
     # -- the log -----------------------------------------------------------------------
 
@@ -293,7 +293,7 @@ class Recorder:
         resumed: bool,
         root_path: str,
         answers: dict[str, Any] | None = None,
-    ) -> Invocation:
+    ) -> BridgeInvocation:
         """``RunStarted``, an ``InputReceived`` per answered open request, and the root
         workflow's ``NodeStarted``."""
         with self._lock:
@@ -332,7 +332,7 @@ class Recorder:
                 )
             ],
         )
-        inv = Invocation(run, root_path)
+        inv = BridgeInvocation(run, root_path)
         received = [
             InputReceived(
                 session_id=session_id,
@@ -353,8 +353,8 @@ class Recorder:
 
     def finish_run(
         self,
-        inv: Invocation,
-        status: str,
+        inv: BridgeInvocation,
+        status: RunStatus,
         output: Any = None,
         error: BaseException | None = None,
         error_path: str | None = None,
@@ -401,7 +401,7 @@ class Recorder:
 
     def start_node(
         self,
-        inv: Invocation,
+        inv: BridgeInvocation,
         path: str,
         kind: str,
         attempt: int,
@@ -436,7 +436,7 @@ class Recorder:
             ],
         )
         if kind != "workflow":
-            self._beat(inv.run.session_id, path, True)
+            self._heartbeats.track(inv.run.session_id, path, True)
         return ctx
 
     def _start_hooks(self, ctx: BridgeNodeContext) -> None:
@@ -509,21 +509,21 @@ class Recorder:
         self._append(ctx.session_id, [ev])
         ctx.attempt = attempt + 1
 
-    def complete(self, inv: Invocation, ctx: BridgeNodeContext, output: Any, has_output: bool, attempt_count: int | None = None) -> None:
+    def complete(self, inv: BridgeInvocation, ctx: BridgeNodeContext, output: Any, has_output: bool, attempt_count: int | None = None) -> None:
         """``NodeCompleted``; ``has_output=False`` is the completion marker."""
         count = attempt_count if attempt_count is not None else ctx.attempt
         ev = self._event(ctx, NodeCompleted, output=jsonable(output) if has_output else None, has_output=has_output, attempt_count=count)
         self._end(inv, ctx, ev, NodeOutcome(status="success", event=ev, attempt_count=count, recovered=ctx.recovered, duration_s=self._elapsed(ctx)))
 
-    def fail(self, inv: Invocation, ctx: BridgeNodeContext, error: BaseException, attempt_count: int) -> None:
+    def fail(self, inv: BridgeInvocation, ctx: BridgeNodeContext, error: BaseException, attempt_count: int) -> None:
         """The one ``NodeErrorEvent`` of a run that failed for good (the deepest path)."""
         info = self.classify(error)
         ev = self._event(ctx, NodeErrorEvent, error_code=info.code, error_message=info.message, error_type=info.type, attempt_count=attempt_count, error_qualname=info.qualname)
-        status = "timeout" if isinstance(error, self.timeouts) else "failure"
+        status: OutcomeStatus = "timeout" if isinstance(error, self.timeouts) else "failure"
         self._end(inv, ctx, ev, NodeOutcome(status=status, event=ev, attempt_count=attempt_count, recovered=ctx.recovered, error=error, origin_path=ctx.path, duration_s=self._elapsed(ctx)), error_event=True)
 
     def propagate(
-        self, inv: Invocation, ctx: BridgeNodeContext, origin_path: str, code: str, error_type: str, error_qualname: str = ""
+        self, inv: BridgeInvocation, ctx: BridgeNodeContext, origin_path: str, code: str, error_type: str, error_qualname: str = ""
     ) -> None:
         """An enclosing run failed because a descendant did (no second ``NodeErrorEvent``)."""
         ev = self._event(
@@ -532,18 +532,18 @@ class Recorder:
         )
         self._end(inv, ctx, ev, NodeOutcome(status="failure", event=ev, attempt_count=ctx.attempt, recovered=ctx.recovered, origin_path=origin_path, duration_s=self._elapsed(ctx)))
 
-    def cancel(self, inv: Invocation, ctx: BridgeNodeContext, reason: str = "cancelled") -> None:
+    def cancel(self, inv: BridgeInvocation, ctx: BridgeNodeContext, reason: str = "cancelled") -> None:
         ctx.cancel_reason = reason
         ev = self._event(ctx, NodeCancelled, reason=reason)
         self._end(inv, ctx, ev, NodeOutcome(status="cancellation", event=ev, attempt_count=ctx.attempt, recovered=ctx.recovered, duration_s=self._elapsed(ctx)))
 
-    def request_input(self, inv: Invocation, ctx: BridgeNodeContext, requests: Sequence[tuple[str, str, Any]]) -> None:
+    def request_input(self, inv: BridgeInvocation, ctx: BridgeNodeContext, requests: Sequence[tuple[str, str, Any]]) -> None:
         """One ``InputRequested`` per ``(interrupt_id, prompt, payload)``: the run pauses."""
         evs = [self._event(ctx, InputRequested, interrupt_id=i, prompt=p, payload=jsonable(v)) for i, p, v in requests]
         if evs:
             self._end(inv, ctx, evs, NodeOutcome(status="waiting", event=evs[-1], attempt_count=ctx.attempt, recovered=ctx.recovered, origin_path=ctx.path, duration_s=self._elapsed(ctx)))
 
-    def pause(self, inv: Invocation, ctx: BridgeNodeContext, origin_path: str, interrupt_ids: tuple[str, ...]) -> None:
+    def pause(self, inv: BridgeInvocation, ctx: BridgeNodeContext, origin_path: str, interrupt_ids: tuple[str, ...]) -> None:
         """An enclosing run stops because a descendant waits for input."""
         ev = self._event(ctx, NodePaused, waiting="input", origin_path=origin_path, interrupt_ids=interrupt_ids)
         self._end(inv, ctx, ev, NodeOutcome(status="waiting", event=ev, attempt_count=ctx.attempt, recovered=ctx.recovered, origin_path=origin_path, duration_s=self._elapsed(ctx)))
@@ -552,10 +552,10 @@ class Recorder:
     def _elapsed(ctx: BridgeNodeContext) -> float:
         return time.perf_counter() - ctx.started_at
 
-    def _end(self, inv: Invocation, ctx: BridgeNodeContext, ev: Event | list[Event], outcome: NodeOutcome, error_event: bool = False) -> None:
+    def _end(self, inv: BridgeInvocation, ctx: BridgeNodeContext, ev: Event | list[Event], outcome: NodeOutcome, error_event: bool = False) -> None:
         inv.open.pop(ctx.path, None)
         ctx.open = False
-        self._beat(ctx.session_id, ctx.path, False)
+        self._heartbeats.track(ctx.session_id, ctx.path, False)
         self._append(ctx.session_id, ev if isinstance(ev, list) else [ev])
         if error_event and self.plugins.wants("on_node_error"):
             self._end_hooks(ctx, "on_node_error", outcome.event)
@@ -566,35 +566,8 @@ class Recorder:
     # -- heartbeats --------------------------------------------------------------------
 
     def heartbeat(self, session_id: str, paths: Iterable[str]) -> None:
-        try:
-            self.store.heartbeat(session_id, list(paths))
-        except Exception as exc:  # a missed heartbeat must not fail the run
-            log.warning("heartbeat failed for session %s: %s", session_id, type(exc).__name__)
-
-    def _beat(self, session_id: str, path: str, on: bool) -> None:
-        with self._lock:
-            if on:
-                self._beating[(session_id, path)] = None
-                if self.heartbeat_interval > 0 and self._beat_thread is None:
-                    self._beat_thread = threading.Thread(target=self._beat_loop, name="flowscope-bridge-heartbeat", daemon=True)
-                    self._beat_thread.start()
-            else:
-                self._beating.pop((session_id, path), None)
-
-    def _beat_loop(self) -> None:
-        # A thread, not a task: a node that blocks the event loop (a sync ADK function) or
-        # runs in a worker thread (LangGraph) is still alive, and its heartbeat says so.
-        while not self._stop.wait(self.heartbeat_interval):
-            with self._lock:
-                by_session: dict[str, list[str]] = {}
-                for sid, path in self._beating:
-                    by_session.setdefault(sid, []).append(path)
-            for sid, paths in by_session.items():
-                self.heartbeat(sid, paths)
+        self._heartbeats.beat(session_id, paths)
 
     def close(self) -> None:
         """Stop the heartbeat thread (the store stays open: it is the caller's)."""
-        self._stop.set()
-        thread = self._beat_thread
-        if thread is not None:
-            thread.join(timeout=5)
+        self._heartbeats.close()

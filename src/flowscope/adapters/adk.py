@@ -53,8 +53,9 @@ from pydantic import PrivateAttr
 from ..events import InputRequested
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin
+from ..states import RunStatus
 from ..store.base import EventStore
-from ._recorder import BridgeNodeContext, Invocation, Recorder, name_of
+from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder, name_of
 
 __all__ = ["FlowscopeADK", "ObservedFunctionNode", "FlowscopeADKPlugin", "UnobservableNodeError"]
 
@@ -225,12 +226,12 @@ class FlowscopeADK:
         plugins: Iterable[Plugin] = (),
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
     ) -> None:
-        self.recorder = Recorder(
+        self.recorder = BridgeRecorder(
             store, plugins, heartbeat_interval, error_codes={AdkNodeTimeoutError: _TIMEOUT_CODE}, timeouts=(AdkNodeTimeoutError, TimeoutError)
         )
         self.plugin = FlowscopeADKPlugin(self)
         self.workflow: Workflow | None = None
-        self._invs: dict[str, Invocation] = {}  # ADK invocation id -> the one being recorded
+        self._invs: dict[str, BridgeInvocation] = {}  # ADK invocation id -> the one being recorded
         self._runs: dict[tuple[str, str], _Run] = {}  # (ADK invocation id, path) -> run in flight
         self._outputs: dict[str, Any] = {}  # ADK invocation id -> the root workflow's output
         self._errors: dict[str, str] = {}  # ADK invocation id -> path of the failure
@@ -317,7 +318,7 @@ class FlowscopeADK:
 
     # -- invocations -------------------------------------------------------------------
 
-    def _begin(self, ic: Any) -> Invocation:
+    def _begin(self, ic: Any) -> BridgeInvocation:
         adk_id = ic.invocation_id
         sid = ic.session.id
         ws = self.recorder.session(sid)
@@ -343,7 +344,7 @@ class FlowscopeADK:
                 self.recorder.complete(inv, ctx, answers[ids[-1]], True)
         return inv
 
-    def _inv(self, ctx: Any) -> Invocation:
+    def _inv(self, ctx: Any) -> BridgeInvocation:
         inv = self._invs.get(ctx.invocation_id)
         if inv is None:  # the plugin is not in Runner(plugins=...): record what we can
             log.warning("FlowscopeADK.plugin is not registered with the ADK Runner; run boundaries are not recorded")
@@ -389,7 +390,7 @@ class FlowscopeADK:
             path,
         )
 
-    def _settle(self, adk_id: str, inv: Invocation) -> None:
+    def _settle(self, adk_id: str, inv: BridgeInvocation) -> None:
         """Complete the nested workflows whose output ADK named and whose children ended."""
         for key in [k for k in self._wf_outputs if k[0] == adk_id]:
             path = key[1]
@@ -417,7 +418,7 @@ class FlowscopeADK:
         for key in [k for k in self._wf_outputs if k[0] == adk_id]:
             del self._wf_outputs[key]
         if error is not None:
-            status = "cancelled" if isinstance(error, asyncio.CancelledError) else "failed"
+            status: RunStatus = "cancelled" if isinstance(error, asyncio.CancelledError) else "failed"
             self.recorder.finish_run(inv, status, error=error, error_path=error_path or inv.root_path)
         elif any(e.invocation_id == inv.run.invocation_id for e in self.recorder.session(inv.run.session_id).pending):
             self.recorder.finish_run(inv, "paused")

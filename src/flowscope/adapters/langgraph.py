@@ -41,8 +41,9 @@ from ..errors import ErrorInfo
 from ..events import InputRequested
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin
+from ..states import RunStatus
 from ..store.base import EventStore
-from ._recorder import BridgeNodeContext, Invocation, Recorder
+from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder
 
 try:  # langgraph >= 1.2's graph lifecycle callbacks: the one signal of a breakpoint of the root graph
     from langgraph.callbacks import GraphCallbackHandler as _Handler
@@ -80,7 +81,7 @@ class _Graph:
 
     __slots__ = ("inv", "tasks", "interrupted", "continues", "claimed")
 
-    def __init__(self, inv: Invocation, continues: bool) -> None:
+    def __init__(self, inv: BridgeInvocation, continues: bool) -> None:
         self.inv = inv
         self.tasks: dict[str, _Task] = {}  # checkpoint namespace -> task
         self.interrupted = False
@@ -124,7 +125,7 @@ class FlowscopeCallbackHandler(_Handler):
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
     ) -> None:
         super().__init__()
-        self.recorder = Recorder(store, plugins, heartbeat_interval, error_codes={NodeTimeoutError: _TIMEOUT_CODE}, timeouts=(NodeTimeoutError, TimeoutError))
+        self.recorder = BridgeRecorder(store, plugins, heartbeat_interval, error_codes={NodeTimeoutError: _TIMEOUT_CODE}, timeouts=(NodeTimeoutError, TimeoutError))
         self.workflow: str | None = workflow if workflow is None or isinstance(workflow, str) else str(getattr(workflow, "name", "") or "") or None
         self._lock = threading.RLock()
         self._graphs: dict[UUID, _Graph] = {}  # root run id -> invocation
@@ -263,7 +264,7 @@ class FlowscopeCallbackHandler(_Handler):
         for key in [k for k, (root, _) in self._runs.items() if root == run_id]:
             del self._runs[key]
         if error is None:
-            status = "paused" if g.interrupted else "completed"
+            status: RunStatus = "paused" if g.interrupted else "completed"
             self.recorder.finish_run(g.inv, status, outputs if status == "completed" else None)
             return
         if isinstance(error, GraphInterrupt):

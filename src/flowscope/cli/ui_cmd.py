@@ -56,6 +56,9 @@ def ui(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        # listen before the URL is printed: a browser that opens it at once waits in the
+        # backlog until uvicorn accepts, where a bound socket not yet listening refuses it
+        sock.listen(2048)
     except OSError as exc:
         sock.close()
         store.close()

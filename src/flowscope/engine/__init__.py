@@ -4,11 +4,12 @@ It knows nothing of OpenTelemetry, Prometheus or SQL: it talks to a store throug
 ``EventStore`` port and to everything else through the hook port (``hooks.py``).
 
 Modules, each importing only those listed before it: ``graph`` (what a workflow is),
-``context`` (what a node and a plugin see), ``hooks`` (the plugin port), ``record`` (an
-invocation's state, emit and flush), ``attempts`` and ``pauses`` (a node run's attempts;
-input and jobs), ``invocation`` (scheduling a graph in steps), ``submit`` (the checks every entry point
-applies to a run's id and input), ``runner`` (the public ``Runner``: load, resume,
-snapshots).
+``context`` (what a node and a plugin see), ``hooks`` (the plugin port), ``tasks`` (an
+invocation's runs in flight and its abort), ``record`` (an invocation's record: emit and
+flush under its lease), ``attempts`` and ``pauses`` (a node run's attempts; input and
+jobs), ``invocation`` (the invocation composed of those parts, scheduling a graph in
+steps), ``submit`` (the checks every entry point applies to a run's id and input),
+``runner`` (the public ``Runner``: load, resume, snapshots).
 """
 
 from .context import NodeContext, NodeOutcome, PauseSignal, RunInfo

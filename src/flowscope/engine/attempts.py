@@ -5,7 +5,9 @@ budget allows, then appends exactly one terminal event: ``NodeCompleted``, a pau
 event, ``NodeCancelled``, ``NodeErrorEvent`` at the deepest failing path, or
 ``NodeErrorPropagated`` above it. Each ``except`` branch hands the terminal event to a
 small method that builds the :class:`~flowscope.engine.context.NodeOutcome` for
-``after_node``.
+``after_node``. A part of the invocation (``invocation.py``): it records through the
+invocation's :class:`~flowscope.engine.record.Recorder` and runs a nested workflow's
+graph through the scheduler it is given.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import random
 import threading
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from ..errors import (
     InvocationAbortedError,
@@ -30,95 +33,112 @@ from ..errors import (
 from ..events import NodeCancelled, NodeCompleted, NodeErrorEvent, NodeErrorPropagated, NodePaused, NodeRetrying, StateUpdated
 from .context import NodeContext, NodeOutcome, PauseSignal
 from .graph import Node, Route, Workflow, label_matches
+from .hooks import PluginDispatcher
 from .record import Halted, NodeResult, Recorder, json_value
+from .tasks import RunTasks
 
-__all__ = ["Attempts"]
+__all__ = ["Attempts", "GraphBody"]
 
 log = logging.getLogger("flowscope.engine")
 
 
-class Attempts(Recorder):
+#: The body of a nested workflow: its graph, run by the scheduler (``Invocation.run_graph``).
+GraphBody = Callable[[Workflow, NodeContext, Any], Awaitable[NodeResult]]
+
+
+class Attempts:
     """The part of an invocation that runs node bodies: attempts, retries, timeouts."""
 
-    async def run_graph(self, wf: Workflow, ctx: NodeContext, input: Any) -> NodeResult:
-        """The body of a nested workflow: its graph, run by the scheduler."""
-        raise NotImplementedError  # abstract: Invocation (invocation.py) schedules graphs
+    def __init__(
+        self,
+        rec: Recorder,
+        runs: RunTasks,
+        plugins: PluginDispatcher,
+        *,
+        max_recoveries: int,
+        rng: random.Random,
+        run_graph: GraphBody,
+    ) -> None:
+        self._rec = rec
+        self._runs = runs
+        self._plugins = plugins
+        self._hooks = plugins.has_node_hooks
+        self._max_recoveries = max_recoveries
+        self._rng = rng
+        self._run_graph = run_graph
 
     async def run_prepared(self, ctx: NodeContext, input: Any) -> NodeResult:
         """Run a prepared node run through its attempts and record how it ended."""
         node = ctx.node
         path = ctx.path
-        plugins = self.plugins
-        hooks = self.hooks
+        rec = self._rec
+        plugins = self._plugins
+        hooks = self._hooks
         if hooks:
             pending = plugins.start("before_node", ctx)  # plain-function hooks: no coroutine
             if pending is not None:
                 await pending
         ctx.started_at = t0 = time.perf_counter()
-        ns = self.ws.nodes[path]
+        ns = rec.ws.nodes[path]
         failures = ns.failures  # failed attempts already spent from this run's budget (R9, docs/design.md)
         outcome: NodeOutcome | None = None
         try:
-            if ctx.recovered and ns.recoveries > self.max_recoveries:
+            if ctx.recovered and ns.recoveries > self._max_recoveries:
                 raise RecoveryLimitError(
                     f"{path} was recovered {ns.recoveries} times after its process died "
-                    f"(max_recoveries={self.max_recoveries}); it may be killing its worker"
+                    f"(max_recoveries={self._max_recoveries}); it may be killing its worker"
                 )
             while True:
                 # No body starts, and no retry goes on after its backoff, once the lease
                 # may have expired by this process's clocks (check_lease raises Halted).
-                self.check_lease()
+                rec.check_lease()
                 try:
                     out = await self._attempt(node, ctx, input)
                     if hooks:  # plugins hear of a success only under a safe lease (else the flush stops it)
-                        self.check_lease()
+                        rec.check_lease()
                     result = self._result(ctx, out)
-                    if self.state.dirty:
-                        self.state.check_changes()
+                    if rec.state.dirty:
+                        rec.state.check_changes()
                     break
                 except Exception as exc:
                     failures += 1
                     delay = self._retry_delay(ctx, exc, failures)
                     if delay is None:
                         raise
-                    await self.flush()  # the failed attempt is on record before the next one begins
+                    await rec.flush()  # the failed attempt is on record before the next one begins
                     await asyncio.sleep(delay)
-                    ctx.attempt += 1
-                    # A new attempt walks its children again from the first: the same paths,
-                    # so the ones that completed are fast-forwarded, not re-run (R8, docs/design.md).
-                    ctx._children.clear()
-                    ctx._requests = ctx._jobs = 0
+                    ctx.next_attempt()
         except PauseSignal as p:
             outcome = self._paused(ctx, p, t0)
             raise
         except asyncio.CancelledError:
-            outcome = self._cancelled(ctx, self._cancel_reason(ctx), t0)
+            outcome = self._cancelled(ctx, self.cancel_reason(ctx), t0)
             raise
         except InvocationAbortedError:
-            self.aborting = True
-            outcome = self._cancelled(ctx, self.abort_reason, t0)
+            self._runs.aborted_inside()
+            outcome = self._cancelled(ctx, self._runs.abort_reason, t0)
             raise
         except Halted:
             # the invocation can record no more: its runs stop, as cancellations
-            outcome = self._cancelled(ctx, self._cancel_reason(ctx), t0)
+            outcome = self._cancelled(ctx, self.cancel_reason(ctx), t0)
             raise
         except (KeyboardInterrupt, SystemExit):
             # the process is going down: record that the run stopped, not that it failed
             outcome = self._cancelled(ctx, "interrupted", t0)
             raise
         except Exception as exc:
-            if self.aborting:  # e.g. a timeout that fired only because the run is being aborted (R3, docs/design.md)
-                outcome = self._cancelled(ctx, self.abort_reason, t0)
+            if self._runs.aborting:  # e.g. a timeout that fired only because the run is being aborted (R3, docs/design.md)
+                outcome = self._cancelled(ctx, self._runs.abort_reason, t0)
             elif self._recorded_below(exc, path):
                 outcome = self._propagated(ctx, exc, t0)
             else:
                 outcome = self._failed(ctx, exc, t0)
-                await self.flush()  # the failure is on record before it propagates (R1, docs/design.md)
+                await rec.flush()  # the failure is on record before it propagates (R1, docs/design.md)
                 if hooks:
                     await plugins.call("on_node_error", ctx, outcome.event)
             raise
         else:
-            ev = self.emit(
+            ev = rec.emit(
                 NodeCompleted,
                 path,
                 node.name,
@@ -137,8 +157,8 @@ class Attempts(Recorder):
                 )
             return result
         finally:
-            del self.in_flight[path]
-            if self.state.dirty:
+            self._runs.ended(path)
+            if rec.state.dirty:
                 self._emit_state(ctx)
             if hooks and outcome is not None:
                 pending = plugins.start("after_node", ctx, outcome)
@@ -160,10 +180,10 @@ class Attempts(Recorder):
         timeout = node.timeout
         if timeout is None:
             if isinstance(node, Workflow):
-                return await self.run_graph(node, ctx, input)
+                return await self._run_graph(node, ctx, input)
             return await node.execute(ctx, input)
         if isinstance(node, Workflow):
-            body = self.run_graph(node, ctx, input)
+            body = self._run_graph(node, ctx, input)
         elif node.is_sync:
             body = _in_thread(node, ctx, input)
         else:
@@ -173,7 +193,7 @@ class Attempts(Recorder):
             async with cm:
                 return await body
         except TimeoutError:
-            if cm.expired() and not self.aborting:
+            if cm.expired() and not self._runs.aborting:
                 raise NodeTimeoutError(f"{node.name} timed out after {timeout:g}s") from None
             raise
 
@@ -193,14 +213,14 @@ class Attempts(Recorder):
     def _retry_delay(self, ctx: NodeContext, exc: Exception, failures: int) -> float | None:
         """If the attempt that raised ``exc`` is retried, record ``NodeRetrying`` and return
         the delay before the next attempt; None if the failure is final (R4, docs/design.md)."""
-        if self.aborting or isinstance(exc, _NOT_RETRIED):
+        if self._runs.aborting or isinstance(exc, _NOT_RETRIED):
             return None
         retry = ctx.node.retry
         if retry is None or failures >= retry.max_attempts or not retry.retries(type(exc).__name__):
             return None
-        info = self.classify(exc)
-        delay = retry.delay(failures, self.rng)
-        self.emit(
+        info = self._rec.classify(exc)
+        delay = retry.delay(failures, self._rng)
+        self._rec.emit(
             NodeRetrying,
             ctx.path,
             ctx.node_name,
@@ -221,7 +241,7 @@ class Attempts(Recorder):
         if p.origin == ctx.path and p.event is not None:
             ev = p.event
         else:
-            ev = self.emit(
+            ev = self._rec.emit(
                 NodePaused, ctx.path, ctx.node_name, waiting=p.waiting, origin_path=p.origin, interrupt_ids=tuple(p.ids)
             )
         return NodeOutcome(
@@ -235,7 +255,7 @@ class Attempts(Recorder):
 
     def _cancelled(self, ctx: NodeContext, reason: str, t0: float) -> NodeOutcome:
         """The run stopped without failing (cancellation is not failure, R3, docs/design.md)."""
-        ev = self.emit(NodeCancelled, ctx.path, ctx.node_name, reason=reason)
+        ev = self._rec.emit(NodeCancelled, ctx.path, ctx.node_name, reason=reason)
         return NodeOutcome(
             status="cancellation",
             event=ev,
@@ -246,19 +266,21 @@ class Attempts(Recorder):
 
     def _recorded_below(self, exc: BaseException, path: str) -> bool:
         """Was ``exc`` already recorded by a descendant of ``path`` in this invocation?"""
-        prior = self.reported.get(id(exc))
-        return prior is not None and prior[0] is exc and prior[1].startswith(path + "/")
+        prior = self._rec.failure_of(exc)
+        return prior is not None and prior.path.startswith(path + "/")
 
     def _propagated(self, ctx: NodeContext, exc: Exception, t0: float) -> NodeOutcome:
         """A descendant's failure ends this run too: recorded at the deepest path already,
         it is propagated without a second record (R5, docs/design.md)."""
-        _, origin, code, message = self.reported[id(exc)]
-        ev = self.emit(
+        prior = self._rec.failure_of(exc)
+        assert prior is not None  # _recorded_below said so
+        origin = prior.path
+        ev = self._rec.emit(
             NodeErrorPropagated,
             ctx.path,
             ctx.node_name,
             origin_path=origin,
-            error_code=code,
+            error_code=prior.code,
             error_type=type(exc).__name__,
             attempt_count=ctx.attempt,
             error_qualname=error_qualname(exc),
@@ -269,7 +291,7 @@ class Attempts(Recorder):
             attempt_count=ctx.attempt,
             recovered=ctx.recovered,
             error=exc,
-            error_message=message,
+            error_message=prior.message,
             origin_path=origin,
             duration_s=time.perf_counter() - t0,
         )
@@ -277,8 +299,8 @@ class Attempts(Recorder):
     def _failed(self, ctx: NodeContext, exc: Exception, t0: float) -> NodeOutcome:
         """The run failed here: record the failure (the caller flushes it, so it is on record
         before it propagates, R1 in docs/design.md)."""
-        info = self.classify(exc)
-        ev = self.emit(
+        info = self._rec.classify(exc)
+        ev = self._rec.emit(
             NodeErrorEvent,
             ctx.path,
             ctx.node_name,
@@ -288,7 +310,7 @@ class Attempts(Recorder):
             attempt_count=ctx.attempt,
             error_qualname=info.qualname,
         )
-        self.reported[id(exc)] = (exc, ctx.path, info.code, info.message)
+        self._rec.note_failure(exc, ctx.path, info)
         outcome = NodeOutcome(
             status="timeout" if isinstance(exc, NodeTimeoutError) else "failure",
             event=ev,
@@ -307,19 +329,20 @@ class Attempts(Recorder):
         """Record the keys of ``ctx.state`` the run changed. A value JSON cannot hold has
         failed the run already (``STATE_NOT_SERIALIZABLE``); only that key is dropped, the
         valid changes are kept."""
-        changes, bad = self.state.take_changes()
+        changes, bad = self._rec.state.take_changes()
         if bad:
             log.error("ctx.state keys %s set by %s are not JSON-serialisable; not persisted", bad, ctx.path)
         if changes:
-            self.emit(StateUpdated, ctx.path, ctx.node_name, values=changes)
+            self._rec.emit(StateUpdated, ctx.path, ctx.node_name, values=changes)
 
-    def _cancel_reason(self, ctx: NodeContext) -> str:
+    def cancel_reason(self, ctx: NodeContext) -> str:
         """Why a cancelled run stopped: the abort, a lost lease or store fault, or the
         first reason set on it or an ancestor."""
-        if self.aborting:
-            return self.abort_reason
-        if self.halted is not None:
-            return "lease_lost" if isinstance(self.halted, LeaseLost) else "store_error"
+        if self._runs.aborting:
+            return self._runs.abort_reason
+        halted = self._rec.halted
+        if halted is not None:
+            return "lease_lost" if isinstance(halted, LeaseLost) else "store_error"
         c: NodeContext | None = ctx
         while c is not None:
             if c.cancel_reason:

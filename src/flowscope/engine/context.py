@@ -11,6 +11,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from ..states import OutcomeStatus, ResultStatus, Waiting
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..events import Event
     from ..store.base import EventStore
@@ -28,7 +30,7 @@ class PauseSignal(BaseException):
     then the asking run's terminal event, or None for a run that keeps waiting.
     """
 
-    def __init__(self, origin: str, waiting: str, ids: list[str], event: Event | None = None) -> None:
+    def __init__(self, origin: str, waiting: Waiting, ids: list[str], event: Event | None = None) -> None:
         super().__init__(f"{origin} is waiting for {waiting}")
         self.origin = origin
         self.waiting = waiting
@@ -75,7 +77,7 @@ class NodeOutcome:
     ``event`` is the run's terminal event; ``error`` the exception for a failure.
     """
 
-    status: str
+    status: OutcomeStatus
     event: Event
     attempt_count: int
     recovered: bool = False
@@ -90,7 +92,7 @@ class NodeOutcome:
 class RunResult:
     """How an invocation ended without an exception: ``completed`` or ``paused``."""
 
-    status: str
+    status: ResultStatus
     output: Any
     session_id: str
     invocation_id: str
@@ -205,6 +207,14 @@ class NodeContext:
     def idempotency_key(self) -> str:
         """Stable for this node run across attempts, resumes and crashes."""
         return hashlib.sha256(f"{self.session_id}\x00{self.path}".encode()).hexdigest()[:32]
+
+    def next_attempt(self) -> None:
+        """Begin the run's next attempt: its children, input requests and jobs are counted
+        again from the first, so it walks the same paths and ids (the ones that completed
+        are fast-forwarded, not re-run; R8, docs/design.md)."""
+        self.attempt += 1
+        self._children.clear()
+        self._requests = self._jobs = 0
 
     def child_path(self, name: str) -> str:
         """The next ``name@k`` path under this run (k counts runs of that name here)."""

@@ -35,6 +35,7 @@ __all__ = [
     "RETRY_REASON",
     "RETRYABLE",
     "Intake",
+    "RetryRequest",
     "answer_events",
     "answer_body",
     "cancel_events",
@@ -71,10 +72,19 @@ def answer_events(ws: WorkflowState, answers: Iterable[Answer], now: float | Non
     invocation_id = f"answer-{uuid.uuid4().hex}"
     seq = ws.last_seq
     out: list[Event] = []
-    for cls, path, node, fields in answers:
+    for a in answers:
         seq += 1
-        out.append(cls(session_id=ws.session_id, invocation_id=invocation_id, seq=seq, ts=now, path=path, node=node, **fields))
+        sid = ws.session_id
+        out.append(a.cls(session_id=sid, invocation_id=invocation_id, seq=seq, ts=now, path=a.path, node=a.node, **a.fields))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class RetryRequest:
+    """A retry message read: the path to run again from (None: the failed runs) and why."""
+
+    from_path: str | None
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +95,7 @@ class Intake:
 
     answers: tuple[Answer, ...] = ()
     cancel: str | None = None  # the reason
-    retry: tuple[str | None, str] | None = None  # (from_path, reason)
+    retry: RetryRequest | None = None
     ids: tuple[int, ...] = ()
 
 
@@ -95,7 +105,7 @@ def read_inbox(ws: WorkflowState, messages: Iterable[Message]) -> Intake:
     ids: list[int] = []
     given: set[tuple[str, str]] = set()
     cancel: str | None = None
-    retry: tuple[str | None, str] | None = None
+    retry: RetryRequest | None = None
     for msg in messages:
         ids.append(msg.message_id)
         body = msg.body
@@ -103,7 +113,8 @@ def read_inbox(ws: WorkflowState, messages: Iterable[Message]) -> Intake:
             cancel = cancel if cancel is not None else str(body.get("reason") or CANCEL_REASON)
             continue
         if msg.kind == "retry":
-            retry = retry if retry is not None else (body.get("from_path"), str(body.get("reason") or RETRY_REASON))
+            if retry is None:
+                retry = RetryRequest(body.get("from_path"), str(body.get("reason") or RETRY_REASON))
             continue
         if msg.kind != "answer":
             log.warning("session %s: dropped message %d of unknown kind %r", ws.session_id, msg.message_id, msg.kind)
@@ -183,7 +194,7 @@ def intake_events(ws: WorkflowState, intake: Intake) -> list[Event]:
             return []  # over already (the owner stopped it for this very message)
         return cancel_events(ws, intake.cancel)
     if intake.retry is not None and ws.status in RETRYABLE:
-        return retry_events(ws, *intake.retry)
+        return retry_events(ws, intake.retry.from_path, intake.retry.reason)
     return answer_events(ws, intake.answers)
 
 

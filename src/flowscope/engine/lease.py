@@ -17,7 +17,7 @@ the renewal that produced it was requested, and until its ``expires_at`` by
 over, whatever the store would say to a renewal now: the keeper renews no such lease and
 hands the invocation :class:`~flowscope.errors.LeaseExpired` instead. The same instants
 are checked by the invocation itself before each node body, each retry and each flush
-(``Recorder.check_lease``: a read of each clock), by a timer on its loop at the lease's
+(``Recorder.check_lease`` in ``record.py``: a read of each clock), by a timer on its loop at the lease's
 safe end (:meth:`LeaseKeeper._watch`), and on every tick of the keeper. A tick that comes late (the process was stopped, the clock jumped) therefore
 ends the invocations whose leases it finds unsafe, and the keeper wakes at the earliest
 such instant, so a lease whose renewals keep failing ends on time.
@@ -30,13 +30,23 @@ import asyncio
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
 
 from ..errors import LeaseExpired, LeaseLost, StoreNotWritable, describe_exception
 from ..ownership import Lease
 from ..store.base import EventStore
 
-__all__ = ["LeaseKeeper", "Leased", "safe_until", "lease_margin", "lease_expired", "LEASE_MARGIN", "MAX_LEASE_MARGIN_S"]
+__all__ = [
+    "LeaseKeeper",
+    "Leased",
+    "SafeUntil",
+    "safe_until",
+    "lease_margin",
+    "lease_expired",
+    "LEASE_MARGIN",
+    "MAX_LEASE_MARGIN_S",
+]
 
 log = logging.getLogger("flowscope.engine")
 
@@ -53,9 +63,18 @@ def lease_margin(lease_s: float) -> float:
     return min(LEASE_MARGIN * lease_s, MAX_LEASE_MARGIN_S)
 
 
-def safe_until(lease: Lease, lease_s: float, t0: float | None = None) -> tuple[float, float]:
-    """``(monotonic, wall)``: the instants, by ``time.monotonic()`` and by ``time.time()``,
-    until which ``lease`` (of ``lease_s``) is safe to act under.
+@dataclass(frozen=True, slots=True)
+class SafeUntil:
+    """The instants until which a lease is safe to act under: by ``time.monotonic()``
+    and by ``time.time()`` (the clock other processes judge it by)."""
+
+    monotonic: float
+    wall: float
+
+
+def safe_until(lease: Lease, lease_s: float, t0: float | None = None) -> SafeUntil:
+    """The instants, by ``time.monotonic()`` and by ``time.time()``, until which ``lease``
+    (of ``lease_s``) is safe to act under.
 
     ``t0`` is the ``time.monotonic()`` at which the acquisition or renewal that produced
     the lease was requested (the store counts ``lease_s`` from a wall-clock instant taken
@@ -70,7 +89,7 @@ def safe_until(lease: Lease, lease_s: float, t0: float | None = None) -> tuple[f
     mono, wall = time.monotonic(), time.time()
     left = lease.expires_at - wall  # by the wall clock, from now
     until = mono + min(left, lease_s) if t0 is None else min(t0 + lease_s, mono + left)
-    return (until - margin, lease.expires_at - margin)
+    return SafeUntil(until - margin, lease.expires_at - margin)
 
 
 def lease_expired(session_id: str, cause: BaseException | None = None) -> BaseException:
@@ -88,14 +107,20 @@ def lease_expired(session_id: str, cause: BaseException | None = None) -> BaseEx
 
 
 class Leased(Protocol):
-    """What the keeper needs of an invocation: its lease and until when it is safe, the
-    runs in flight, and a way to tell it, on its own loop, that the lease is gone."""
+    """What the keeper needs of an invocation's record: its lease and until when it is
+    safe, the runs in flight, and ways to tell it, on its own loop, that the lease is
+    gone or that mail arrived (``engine/record.py``'s ``Recorder``)."""
 
-    lease: Lease
-    #: Why the last renewal failed, when the store refused the write (else None).
-    renew_fault: BaseException | None
-    #: ``safe_until`` of the lease: ``(monotonic, wall)``.
-    lease_until: tuple[float, float]
+    @property
+    def lease(self) -> Lease: ...
+
+    @property
+    def renew_fault(self) -> BaseException | None:
+        """Why the last renewal failed, when the store refused the write (else None)."""
+
+    @property
+    def lease_until(self) -> SafeUntil:
+        """``safe_until`` of the lease."""
 
     @property
     def in_flight(self) -> Mapping[str, Any]: ...
@@ -104,13 +129,19 @@ class Leased(Protocol):
 
     def renewed(self, lease: Lease, t0: float) -> None: ...
 
+    def renew_refused(self, fault: BaseException) -> None: ...
+
     def lose_lease(self, exc: BaseException) -> None: ...
 
     def mail_arrived(self) -> None: ...
 
 
-#: An active invocation, by id: itself and its loop.
-_Item = tuple[int, tuple[Leased, asyncio.AbstractEventLoop]]
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """An invocation whose lease the keeper keeps, and the loop it runs on."""
+
+    inv: Leased
+    loop: asyncio.AbstractEventLoop
 
 
 class LeaseKeeper:
@@ -125,7 +156,7 @@ class LeaseKeeper:
         self.heartbeat_interval = heartbeat_interval
         self.name = name
         self._lock = threading.Lock()
-        self._active: dict[int, tuple[Leased, asyncio.AbstractEventLoop]] = {}
+        self._active: dict[int, _Kept] = {}  # by id of the invocation
         self._busy = threading.Lock()  # held through a round of renewals
         self._thread: threading.Thread | None = None
         # On the loops, one timer per invocation at the instant its lease stops being safe
@@ -136,7 +167,7 @@ class LeaseKeeper:
         """Keep ``inv``'s lease from now on (called on the invocation's loop)."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            self._active[id(inv)] = (inv, loop)
+            self._active[id(inv)] = _Kept(inv, loop)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
@@ -157,9 +188,8 @@ class LeaseKeeper:
     # on a renewal the store does not answer), or that expired while the process was stopped
 
     def _watch_at(self, inv: Leased, loop: asyncio.AbstractEventLoop) -> None:
-        mono, wall = inv.lease_until
-        now = time.monotonic()
-        left = min(mono - now, wall - time.time())
+        until = inv.lease_until
+        left = min(until.monotonic - time.monotonic(), until.wall - time.time())
         self._watches[id(inv)] = loop.call_at(loop.time() + max(left, 0.0), self._watch, inv, loop)
 
     def _watch(self, inv: Leased, loop: asyncio.AbstractEventLoop) -> None:
@@ -201,7 +231,7 @@ class LeaseKeeper:
             beat = hb > 0 and now - last_beat >= hb * 0.99
             with self._busy:
                 with self._lock:
-                    items = list(self._active.items())
+                    items = list(self._active.values())
                 # A lease no longer safe by this process's clocks (a late tick, renewals
                 # that failed) is not renewed: its invocation stops (LeaseExpired).
                 items = self._unsafe(items)
@@ -212,7 +242,7 @@ class LeaseKeeper:
                     self._mail(items)
                 if beat:
                     self._beat(items)
-                soonest = min((inv.lease_until[0] for _key, (inv, _loop) in items), default=None)
+                soonest = min((k.inv.lease_until.monotonic for k in items), default=None)
             if renew:
                 last_renew = now
             if beat:
@@ -220,69 +250,70 @@ class LeaseKeeper:
             if soonest is not None:  # wake when a lease whose renewals failed stops being safe
                 wait = min(tick, max(soonest - time.monotonic(), 0.001))
 
-    def _renew(self, items: list[_Item]) -> list[_Item]:
+    def _renew(self, items: list[_Kept]) -> list[_Kept]:
         """Renew the leases of ``items``; returns those still held. A lost one is handed to
         its invocation's loop."""
         if not items:
             return items
         t0 = time.monotonic()  # the renewed leases are safe until t0 + lease_s (safe_until)
         try:
-            results = self.store.renew_many([inv.lease for _key, (inv, _loop) in items], self.lease_s)
+            results = self.store.renew_many([k.inv.lease for k in items], self.lease_s)
         except Exception as exc:  # a store hiccup: the leases still have two thirds of their time
             log.log(_level(exc), "could not renew the leases of %d sessions: %s", len(items), describe_exception(exc))
             if isinstance(exc, StoreNotWritable):
-                for _key, (inv, _loop) in items:
-                    inv.renew_fault = exc  # why their leases may end: the store, not a takeover
+                for k in items:
+                    k.inv.renew_refused(exc)  # why their leases may end: the store, not a takeover
             return items
         held = []
-        for (key, (inv, loop)), result in zip(items, results):
+        for k, result in zip(items, results):
             if isinstance(result, LeaseLost):
                 with self._lock:
-                    self._active.pop(key, None)
-                _call_on(loop, inv.lose_lease, result)
+                    self._active.pop(id(k.inv), None)
+                _call_on(k.loop, k.inv.lose_lease, result)
             else:
-                inv.renewed(result, t0)
-                held.append((key, (inv, loop)))
+                k.inv.renewed(result, t0)
+                held.append(k)
         return held
 
-    def _mail(self, items: list[_Item]) -> None:
+    def _mail(self, items: list[_Kept]) -> None:
         """Tell the invocations whose session has a message (a cancel, an answer) so, on
         their loop: one store call per round, so an operator's cancel reaches a live run
         within a lease."""
         if not items:
             return
         try:
-            mailed = self.store.sessions_with_mail([inv.lease.session_id for _key, (inv, _loop) in items])
+            mailed = self.store.sessions_with_mail([k.inv.lease.session_id for k in items])
         except Exception as exc:  # the next round asks again
             log.warning("could not read the inboxes of %d sessions: %s", len(items), describe_exception(exc))
             return
-        for _key, (inv, loop) in items:
-            if inv.lease.session_id in mailed:
-                _call_on(loop, inv.mail_arrived)
+        for k in items:
+            if k.inv.lease.session_id in mailed:
+                _call_on(k.loop, k.inv.mail_arrived)
 
-    def _unsafe(self, items: list[_Item]) -> list[_Item]:
+    def _unsafe(self, items: list[_Kept]) -> list[_Kept]:
         """Hand the invocations of ``items`` whose leases are no longer safe their
         ``LeaseExpired``; returns the others."""
         kept = []
-        for key, (inv, loop) in items:
+        for k in items:
+            inv = k.inv
             if inv.lease_ok():
-                kept.append((key, (inv, loop)))
+                kept.append(k)
                 continue
             with self._lock:
-                self._active.pop(key, None)
-            _call_on(loop, inv.lose_lease, lease_expired(inv.lease.session_id, inv.renew_fault))
+                self._active.pop(id(inv), None)
+            _call_on(k.loop, inv.lose_lease, lease_expired(inv.lease.session_id, inv.renew_fault))
         return kept
 
-    def _beat(self, items: list[_Item]) -> None:
+    def _beat(self, items: list[_Kept]) -> None:
         """Write the heartbeats of the runs in flight in ``items``."""
         beats: dict[str, list[str]] = {}
-        for _key, (inv, _loop) in items:
+        for k in items:
             try:
-                paths = list(inv.in_flight)  # a copy made under the GIL; the loop mutates it
+                paths = list(k.inv.in_flight)  # a copy made under the GIL; the loop mutates it
             except RuntimeError:  # changed size while copying: beat next time
                 continue
             if paths:
-                beats[inv.lease.session_id] = paths
+                beats[k.inv.lease.session_id] = paths
         if not beats:
             return
         try:

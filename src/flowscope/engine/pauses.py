@@ -3,13 +3,16 @@
 A run that waits raises :class:`~flowscope.engine.context.PauseSignal` carrying the event
 that asked; the attempt loop makes that event the run's terminal event. On resume the
 run executes again from its start, and each ``request_input``/``await_job`` call replays
-its answer from the log instead of asking again.
+its answer from the log instead of asking again. :class:`Pauses` is the part of an
+invocation that does it (``invocation.py``), recording through its
+:class:`~flowscope.engine.record.Recorder`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..errors import JobFailedError, ResumeError, redact_message
@@ -24,23 +27,33 @@ __all__ = ["Pauses", "Answer", "validate_answers", "recorded_result", "FINISHED"
 
 log = logging.getLogger("flowscope.engine")
 
-#: An event to append for an answer given to ``resume()``: class, path, node, fields.
-Answer = tuple[type[Event], str, str, dict[str, Any]]
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An event to append for an answer given to ``resume()`` or sent to the inbox: its
+    class, the path and node of the run it answers, and its own fields."""
+
+    cls: type[Event]
+    path: str
+    node: str
+    fields: Mapping[str, Any]
 
 #: Session statuses that take no more answers (the finished ones, one copy in the store port).
 FINISHED = FINISHED_SESSION_STATUSES
 
 
-class Pauses(Recorder):
+class Pauses:
     """The part of an invocation that asks for input and waits for jobs."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self._rec = rec
 
     async def request_input(self, ctx: NodeContext, interrupt_id: str, prompt: str, payload: Any) -> Any:
         """The recorded answer to this request, or a pause that asks for it."""
-        ns = self.ws.nodes[ctx.path]
+        ns = self._rec.ws.nodes[ctx.path]
         if interrupt_id in ns.inputs:
             return ns.inputs[interrupt_id]
         payload = json_value(payload, f"the payload of input request {interrupt_id!r}")
-        ev = self.emit(InputRequested, ctx.path, ctx.node_name, interrupt_id=interrupt_id, prompt=str(prompt), payload=payload)
+        ev = self._rec.emit(InputRequested, ctx.path, ctx.node_name, interrupt_id=interrupt_id, prompt=str(prompt), payload=payload)
         raise PauseSignal(ctx.path, "input", [interrupt_id], ev)
 
     async def await_job(
@@ -56,7 +69,7 @@ class Pauses(Recorder):
         dispatch, keep waiting, return the data, or pause on a failed result."""
         path = ctx.path
         key = f"{path}#job{n}"
-        ns = self.ws.nodes[path]
+        ns = self._rec.ws.nodes[path]
         history = [j for j in ns.jobs.values() if j.job_key == key]
         i = 0
         while True:
@@ -72,7 +85,7 @@ class Pauses(Recorder):
             iid = f"{key}.{job.dispatch_attempt}"
             decision = ns.inputs.get(iid)
             if decision is None:
-                ev = self.emit(
+                ev = self._rec.emit(
                     InputRequested,
                     path,
                     ctx.node_name,
@@ -97,17 +110,18 @@ class Pauses(Recorder):
     ) -> JobDispatched:
         """Hand a job to ``dispatch`` and record it; a dispatch that raises is recorded as
         a failed result at once (returned), otherwise the run pauses for the result."""
-        job_id, idem = job_ids(self.session_id, key, attempt)
-        job = Job(job_id, idem, attempt, payload, ctx.trace_context.get("traceparent"), deadline_s, self.session_id, ctx.path)
+        rec = self._rec
+        job_id, idem = job_ids(rec.session_id, key, attempt)
+        job = Job(job_id, idem, attempt, payload, ctx.trace_context.get("traceparent"), deadline_s, rec.session_id, ctx.path)
         failed: dict[str, Any] | None = None
         try:
             r = dispatch(job)
             if asyncio.iscoroutine(r) or isinstance(r, asyncio.Future):
                 await r
         except Exception as exc:  # an HTTP 401/5xx, a refused connection: a failed result, not a crash
-            info = self.classify(exc)
+            info = rec.classify(exc)
             failed = dispatch_failure(info.type, info.message)
-        ev = self.emit(
+        ev = rec.emit(
             JobDispatched,
             ctx.path,
             ctx.node_name,
@@ -120,7 +134,7 @@ class Pauses(Recorder):
             job_key=key,
         )
         if failed is not None:
-            self.emit(JobResultReceived, ctx.path, ctx.node_name, job_id=job_id, success=False, error=failed["error"], result="failed")
+            rec.emit(JobResultReceived, ctx.path, ctx.node_name, job_id=job_id, success=False, error=failed["error"], result="failed")
             return ev
         raise PauseSignal(ctx.path, "job", [job_id], ev)
 
@@ -159,7 +173,7 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
             payload = ns.requests[iid].payload
             if isinstance(payload, dict) and payload.get("kind") == "job_failed" and value not in payload.get("actions", ()):
                 raise ResumeError(f"input {iid!r} answers a failed job: give one of {payload.get('actions')}, not {value!r}")
-            out.append((InputReceived, ns.path, ns.node, {"interrupt_id": iid, "value": value}))
+            out.append(Answer(InputReceived, ns.path, ns.node, {"interrupt_id": iid, "value": value}))
     for job_id, result in jobs.items():
         owner = next((ns for ns in nodes.values() if job_id in ns.jobs), None)
         if owner is None:
@@ -180,5 +194,5 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
             "data": r.get("data"),
             "result": verdict.result,
         }
-        out.append((JobResultReceived, owner.path, owner.node, fields))
+        out.append(Answer(JobResultReceived, owner.path, owner.node, fields))
     return out

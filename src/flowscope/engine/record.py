@@ -1,7 +1,7 @@
 """The record of one invocation: its live state, and the events it emits and flushes.
 
-:class:`Recorder` is the base every part of an invocation builds on (``attempts.py``,
-``pauses.py``, ``invocation.py``). It keeps the session's
+:class:`Recorder` is the part of an invocation every other part records through
+(``attempts.py``, ``pauses.py``, ``invocation.py``). It keeps the session's
 :class:`~flowscope.fold.WorkflowState` live: every event emitted is folded at once, so
 the state is always at the last emitted event. Events are buffered and appended in one
 transaction per flush (group commit); the scheduler flushes before a node body starts,
@@ -26,24 +26,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import time
-import uuid
-from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, overload
 
 from ..errors import ErrorInfo, OutputNotSerializableError, Redactor, StateNotSerializableError, classify
 from ..events import Event, RunFinished
-from ..fold import OPEN_STATES, WorkflowState, containers
+from ..fold import WorkflowState
 from ..jsontext import depth_over, dumps_finite, too_deep
 from ..ownership import Lease
+from ..states import RunStatus
 from ..store.base import EventStore
 from .commit import GroupCommit
-from .context import NodeContext, RunInfo
+from .context import NodeContext
 from .hooks import PluginDispatcher
-from .lease import lease_expired, safe_until
+from .lease import SafeUntil, lease_expired, safe_until
+from .tasks import RunTasks
 
-__all__ = ["Recorder", "Halted", "TrackedState", "NodeResult", "json_value"]
+__all__ = ["Recorder", "Halted", "TrackedState", "NodeResult", "Reported", "json_value"]
 
 log = logging.getLogger("flowscope.engine")
 
@@ -140,16 +140,25 @@ class Halted(BaseException):
         self.error = error
 
 
+@dataclass(frozen=True, slots=True)
 class NodeResult:
     """What a node run hands the scheduler: its output, the route it chose, and whether
     it produced an output at all (a run without one is no workflow's terminal)."""
 
-    __slots__ = ("output", "route", "has_output")
+    output: Any
+    route: str | int | None
+    has_output: bool
 
-    def __init__(self, output: Any, route: str | int | None, has_output: bool) -> None:
-        self.output = output
-        self.route = route
-        self.has_output = has_output
+
+@dataclass(frozen=True, slots=True)
+class Reported:
+    """Where a failure was recorded in this invocation (R5, docs/design.md): the exception
+    object, the path of its ``NodeErrorEvent``, and the code and (redacted) message recorded."""
+
+    error: BaseException
+    path: str
+    code: str
+    message: str
 
 
 class TrackedState(dict[str, Any]):
@@ -223,119 +232,106 @@ class TrackedState(dict[str, Any]):
 
 
 class Recorder:
-    """The state of one ``run``/``resume`` call and its record: emit, flush, finish."""
+    """The record of one ``run``/``resume`` call: its live fold, the events it emits and
+    flushes under its lease, and the failures it recorded.
+
+    The part every other part of an invocation records through. It implements the lease
+    keeper's :class:`~flowscope.engine.lease.Leased` (the lease is what every flush is
+    fenced by) and the group committer's ``Committing``.
+    """
 
     def __init__(
         self,
         *,
         store: EventStore,
+        commits: GroupCommit,
         plugins: PluginDispatcher,
         error_codes: Mapping[type, str],
         redact: Redactor,
-        max_recoveries: int,
-        rng: random.Random,
         session_id: str,
+        invocation_id: str,
         ws: WorkflowState,
-        workflow: str,
-        input: Any,
-        resumed: bool,
-        on_event: Callable[[Event], None] | None,
+        runs: RunTasks,
         lease: Lease,
         lease_s: float,
-        commits: GroupCommit | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        on_mail: Callable[[], None] | None = None,
     ) -> None:
-        self.store = store
-        self.commits = commits if commits is not None else GroupCommit(store)
-        self.lease = lease  # renewed by the runner's lease keeper, from its thread
-        self.lease_s = lease_s
-        #: Until when the lease is safe, (monotonic, wall): one tuple, replaced whole by
-        #: the keeper's thread, so the loop never reads half of a renewal.
-        self.lease_until = safe_until(lease, lease_s)
-        #: Why the keeper's last renewal failed, if the store refused the write (a full disk).
-        self.renew_fault: BaseException | None = None
-        #: The tasks of parallel branches running now (``Invocation._step``): a lost lease
-        #: cancels them at once, not only when the root task gets to it.
-        self.branches: set[asyncio.Task[Any]] = set()
-        self.epoch = lease.epoch  # every append is fenced by it
-        self.plugins = plugins
-        self.hooks = plugins.has_node_hooks
-        self.error_codes = error_codes
-        self.redact = redact  # every message recorded passes through it (R13, docs/design.md)
-        self.max_recoveries = max_recoveries
-        self.rng = rng
         self.session_id = session_id
-        self.invocation_id = uuid.uuid4().hex
-        self.ws = ws
-        self.snapshot_seq = ws.snapshot_seq
-        self.flushed_seq = ws.last_seq
-        self.submitted_seq = ws.last_seq  # the last seq handed to the committer
-        self.buffer: list[Event] = []
+        self.invocation_id = invocation_id
+        self._store = store
+        self._commits = commits
+        self._plugins = plugins
+        self._error_codes = error_codes
+        self._redact = redact  # every message recorded passes through it (R13, docs/design.md)
+        self._runs = runs  # cancelled when the lease is lost
+        self._lease = lease  # renewed by the runner's lease keeper, from its thread
+        self._lease_s = lease_s
+        #: Until when the lease is safe: one record, replaced whole by the keeper's thread,
+        #: so the loop never reads half of a renewal.
+        self._lease_until = safe_until(lease, lease_s)
+        #: Why the keeper's last renewal failed, if the store refused the write (a full disk).
+        self._renew_fault: BaseException | None = None
+        self._epoch = lease.epoch  # every append is fenced by it
+        self._ws = ws
+        self._state = TrackedState(ws.state)
+        self._snapshot_seq = ws.snapshot_seq
+        self._flushed_seq = ws.last_seq
+        self._submitted_seq = ws.last_seq  # the last seq handed to the committer
+        self._buffer: list[Event] = []
         #: Why this invocation can record no more (a failed append, a lost lease), or None.
-        self.halted: BaseException | None = None
-        self.state = TrackedState(ws.state)
-        # id(exc) -> (exc, path, error_code, error_message): where a failure was recorded in this
-        # invocation, so enclosing runs propagate it without recording it again
-        # (R5, docs/design.md). Keyed per invocation: the same exception object raised
-        # in another invocation is a new failure and is recorded again.
-        self.reported: dict[int, tuple[BaseException, str, str, str]] = {}
-        self.aborting = False
-        self.abort_reason = "aborted"  # the NodeCancelled reason of an abort (Runner.abort)
+        self._halted: BaseException | None = None
+        # id(exc) -> where a failure was recorded in this invocation, so enclosing runs
+        # propagate it without recording it again (R5, docs/design.md). Keyed per
+        # invocation: the same exception object raised in another invocation is a new
+        # failure and is recorded again.
+        self._reported: dict[int, Reported] = {}
+        self._on_event = on_event
         #: Called on the loop when the lease keeper finds a message in the session's inbox.
-        self.on_mail: Callable[[], None] | None = None
-        self.cancelled_by_request = False  # aborted for a cancel message (flowscope.cancel)
-        self.in_flight: dict[str, NodeContext] = {}
-        # Paths (and their ancestors) of waiting runs that now have what they waited for:
-        # answered by this resume, or by an earlier one whose process died before the run
-        # went on. Only these are re-executed; the others keep waiting without a new event.
-        self.answered: set[str] = set()
-        #: How many runs the log has in each status (the resume audit record counts them).
-        self.statuses: Counter[str] = Counter()
-        for ns in ws.nodes.values():
-            status = ns.status
-            self.statuses[status] += 1
-            if status != "waiting_input" and status != "waiting_job":
-                continue
-            if ns.origin_path not in (None, ns.path):
-                continue  # an enclosing run: ready when a descendant is
-            if (status == "waiting_input" and not ns.requests) or (status == "waiting_job" and ns.jobs and not ns.open_jobs):
-                self.mark_answered(ns.path)
-        #: Runs the log leaves open that contain another open run (containers, counted once
-        #: at the deepest path, docs/design.md): a crash cut off the run inside, so
-        #: re-entering one of these is not a recovery of its own.
-        open_paths = [p for p, ns in ws.nodes.items() if ns.status in OPEN_STATES]
-        self.containers = containers(open_paths) if len(open_paths) > 1 else set()
-        deepest_running = self.statuses["running"] - sum(1 for p in self.containers if ws.nodes[p].status == "running")
-        self.replayed = 0
-        self.recovered = 0
-        #: The ids of this session's last invocations in this process that halted on a
-        #: store error (set by the runner): the runs they left open were cut off by the
-        #: halt, cancelled though it could not be recorded, not by a crash.
-        self.cut_off: frozenset[str] = frozenset()
-        self.on_event = on_event
-        self.root_task: asyncio.Future[Any] | None = None
-        self.run = RunInfo(
-            session_id=session_id,
-            invocation_id=self.invocation_id,
-            workflow=workflow,
-            input=input,
-            resumed=resumed,
-            started_at=time.time(),
-            previous_trace_context=dict(ws.trace_context),
-            replayed=self.statuses["completed"],
-            recovered=deepest_running,
-            plugins=plugins.names,
-            store=store,
-        )
+        self._on_mail = on_mail
+
+    # -- what the record holds ---------------------------------------------------------
+
+    @property
+    def ws(self) -> WorkflowState:
+        """The session's live fold, always at the last emitted event (read it, never change it)."""
+        return self._ws
+
+    @property
+    def state(self) -> TrackedState:
+        """``ctx.state``: the session's state, its changes recorded after each run."""
+        return self._state
+
+    @property
+    def halted(self) -> BaseException | None:
+        """Why this invocation can record no more (a failed append, a lost lease), or None."""
+        return self._halted
+
+    @property
+    def snapshot_seq(self) -> int:
+        """The seq of the snapshot the session was loaded from (0: none)."""
+        return self._snapshot_seq
+
+    def in_sync(self) -> bool:
+        """Is the live fold exactly what the log holds (not halted, everything flushed)?"""
+        return self._halted is None and not self._buffer and self._flushed_seq == self._ws.last_seq
+
+    # -- failures ----------------------------------------------------------------------
 
     def classify(self, exc: BaseException) -> ErrorInfo:
         """How this invocation names a failure: its error codes, its redaction."""
-        return classify(exc, self.error_codes, self.redact)
+        return classify(exc, self._error_codes, self._redact)
 
-    def mark_answered(self, path: str) -> None:
-        """A waiting run at ``path`` (and so each of its ancestors) may go on."""
-        parts = path.split("/")
-        for i in range(1, len(parts) + 1):
-            self.answered.add("/".join(parts[:i]))
+    def note_failure(self, exc: BaseException, path: str, info: ErrorInfo) -> None:
+        """``exc`` was recorded as failing at ``path`` (its ``NodeErrorEvent`` emitted)."""
+        self._reported[id(exc)] = Reported(exc, path, info.code, info.message)
+
+    def failure_of(self, exc: BaseException) -> Reported | None:
+        """Where this invocation recorded ``exc``, or None if it did not."""
+        prior = self._reported.get(id(exc))
+        return prior if prior is not None and prior.error is exc else None
+
+    # -- emit and flush ----------------------------------------------------------------
 
     def emit(self, cls: type[E], path: str, node: str, **fields: Any) -> E:
         """Buffer a new event and fold it into the live state (a halted invocation only
@@ -343,15 +339,15 @@ class Recorder:
         e = cls(
             session_id=self.session_id,
             invocation_id=self.invocation_id,
-            seq=self.ws.last_seq + 1,  # the live fold is always at the last emitted event
+            seq=self._ws.last_seq + 1,  # the live fold is always at the last emitted event
             ts=time.time(),
             path=path,
             node=node,
             **fields,
         )
-        if self.halted is None:
-            self.buffer.append(e)
-            self.ws.apply(e)
+        if self._halted is None:
+            self._buffer.append(e)
+            self._ws.apply(e)
         return e
 
     async def flush(self) -> None:
@@ -361,39 +357,84 @@ class Recorder:
         If the append fails, the invocation halts: the store's error is kept and
         :class:`Halted` raised, and nothing is appended after it.
         """
-        batch = self.buffer
-        if not batch or self.halted is not None:
+        batch = self._buffer
+        if not batch or self._halted is not None:
             return
-        mono, wall = self.lease_until
-        if time.monotonic() >= mono or time.time() >= wall:
+        until = self._lease_until
+        if time.monotonic() >= until.monotonic or time.time() >= until.wall:
             self.check_lease()  # the lease may have expired: record nothing (raises Halted)
-        self.buffer = []
-        expected, self.submitted_seq = self.submitted_seq, batch[-1].seq
-        fut = self.commits.submit(self, self.session_id, batch, expected, self.epoch)
+        self._buffer = []
+        expected, self._submitted_seq = self._submitted_seq, batch[-1].seq
+        fut = self._commits.submit(self, self.session_id, batch, expected, self._epoch)
         if fut is not None:
             await fut
-        if self.halted is not None:
-            raise Halted(self.halted) from self.halted
+        if self._halted is not None:
+            raise Halted(self._halted) from self._halted
 
     def committed(self, batch: Sequence[Event], error: BaseException | None) -> None:
         """The committer settled ``batch``: halt on ``error``, else tell plugins and streams."""
         if error is not None:  # a lock, a full disk, a lost lease: all end the invocation
             self.halt(error)
             return
-        self.flushed_seq = batch[-1].seq
-        if self.plugins.has_on_event:
-            call = self.plugins.call_sync
+        self._flushed_seq = batch[-1].seq
+        if self._plugins.has_on_event:
+            call = self._plugins.call_sync
             for e in batch:
                 call("on_event", e)
-        if self.on_event is not None:
+        if self._on_event is not None:
             for e in batch:
-                self.on_event(e)
+                self._on_event(e)
 
     def halt(self, error: BaseException) -> None:
         """Record nothing more: ``error`` is what the caller will get."""
-        if self.halted is None:
-            self.halted = error
-        self.buffer = []
+        if self._halted is None:
+            self._halted = error
+        self._buffer = []
+
+    def finish(
+        self,
+        status: RunStatus,
+        *,
+        replayed: int,
+        recovered: int,
+        output: Any = None,
+        error_code: str | None = None,
+        error_path: str | None = None,
+    ) -> None:
+        """Emit the invocation's ``RunFinished`` (the caller flushes it)."""
+        self.emit(
+            RunFinished,
+            "",
+            "",
+            status=status,
+            output=output,
+            error_code=error_code,
+            error_path=error_path,
+            replayed=replayed,
+            recovered=recovered,
+        )
+
+    def heartbeat(self, paths: Iterable[str]) -> None:
+        self._store.heartbeat(self.session_id, list(paths))
+
+    # -- the lease (Leased, for the keeper) --------------------------------------------
+
+    @property
+    def lease(self) -> Lease:
+        """The lease as last renewed."""
+        return self._lease
+
+    @property
+    def lease_until(self) -> SafeUntil:
+        return self._lease_until
+
+    @property
+    def renew_fault(self) -> BaseException | None:
+        return self._renew_fault
+
+    @property
+    def in_flight(self) -> Mapping[str, NodeContext]:
+        return self._runs.in_flight
 
     def lose_lease(self, exc: BaseException) -> None:
         """Called on the loop when the lease is gone (taken over, or no longer safe): halt,
@@ -405,61 +446,50 @@ class Recorder:
         (``call_soon_threadsafe``) or from a signal handler (:meth:`Runner.check_leases
         <flowscope.engine.runner.Runner.check_leases>`): it takes no lock and calls no store.
         """
-        if self.halted is not None:
+        if self._halted is not None:
             return
         self.halt(exc)
-        self._cancel_runs(None)
-
-    def _cancel_runs(self, spare: asyncio.Task[Any] | None) -> None:
-        """Cancel the root task and every branch task but ``spare``."""
-        for task in (self.root_task, *self.branches):
-            if task is not None and task is not spare and not task.done():
-                task.cancel()
+        self._runs.cancel_all()
 
     def lease_ok(self) -> bool:
         """Is the lease still safe by this process's clocks (``lease.py``)?"""
-        mono, wall = self.lease_until
-        return time.monotonic() < mono and time.time() < wall
+        until = self._lease_until
+        return time.monotonic() < until.monotonic and time.time() < until.wall
+
+    def expire_if_unsafe(self) -> bool:
+        """Lose the lease with ``LeaseExpired`` if it is no longer safe by this process's
+        clocks; True if it did (:meth:`Runner.check_leases`)."""
+        if self._halted is not None or self.lease_ok():
+            return False
+        self.lose_lease(lease_expired(self.session_id, self._renew_fault))
+        return True
 
     def renewed(self, lease: Lease, t0: float) -> None:
         """The keeper renewed the lease (requested at monotonic ``t0``). Its thread calls this."""
-        self.lease_until = safe_until(lease, self.lease_s, t0)
-        self.lease = lease
-        self.renew_fault = None
+        self._lease_until = safe_until(lease, self._lease_s, t0)
+        self._lease = lease
+        self._renew_fault = None
+
+    def renew_refused(self, fault: BaseException) -> None:
+        """The store refused a renewal's write (the keeper's thread): why the lease may end."""
+        self._renew_fault = fault
 
     def check_lease(self) -> None:
         """Go on only if this invocation may still act: raise :class:`Halted` if it is
         halted, or if its lease is no longer safe (then it halts with ``LeaseExpired`` and
         its other runs are cancelled). Called before every node body, every retry's next
         attempt and every flush: a read of each clock, no store call."""
-        if self.halted is None:
-            mono, wall = self.lease_until
-            if time.monotonic() < mono and time.time() < wall:
+        if self._halted is None:
+            until = self._lease_until
+            if time.monotonic() < until.monotonic and time.time() < until.wall:
                 return
-            self.halt(lease_expired(self.session_id, self.renew_fault))
-            self._cancel_runs(asyncio.current_task())  # this one unwinds by the Halted below
-        error = self.halted
+            self.halt(lease_expired(self.session_id, self._renew_fault))
+            self._runs.cancel_all(asyncio.current_task())  # this one unwinds by the Halted below
+        error = self._halted
         assert error is not None
         raise Halted(error) from error
 
     def mail_arrived(self) -> None:
         """Called on the loop when the session's inbox has a message (see :mod:`.inbox`)."""
-        if self.on_mail is not None and self.halted is None:
-            self.on_mail()
-
-    def finish(self, status: str, output: Any = None, error_code: str | None = None, error_path: str | None = None) -> None:
-        """Emit the invocation's ``RunFinished`` (the caller flushes it)."""
-        self.emit(
-            RunFinished,
-            "",
-            "",
-            status=status,
-            output=output,
-            error_code=error_code,
-            error_path=error_path,
-            replayed=self.replayed,
-            recovered=self.recovered,
-        )
-
-    def heartbeat(self, paths: Iterable[str]) -> None:
-        self.store.heartbeat(self.session_id, list(paths))
+        if self._on_mail is not None and self._halted is None:
+            self._on_mail()

@@ -5,9 +5,10 @@ whole log), takes its lease in the store (refused while another live owner holds
 :mod:`flowscope.liveness`), and hands the walk to one
 :class:`~flowscope.engine.invocation.Invocation` per ``run``/``resume`` call. Every append
 is fenced by the lease's epoch; :mod:`.lease` keeps the lease from a thread of its own.
-Everything an invocation does is in the modules it is built from: ``invocation.py``
-(scheduling), ``attempts.py`` (attempts and terminal events), ``pauses.py`` (input and
-jobs), ``record.py`` (emit and flush).
+Everything an invocation does is in the parts it is composed of: ``invocation.py``
+(scheduling, the resume audit), ``attempts.py`` (attempts and terminal events),
+``pauses.py`` (input and jobs), ``record.py`` (emit and flush under the lease),
+``tasks.py`` (the runs in flight and the abort); the runner uses its public API only.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import asyncio
 import json
 import logging
 import random
-import time
 import uuid
 from typing import Any, AsyncIterator, Callable, ClassVar, Iterable, Mapping
 
@@ -34,7 +34,7 @@ from ..errors import (
     describe_exception,
     redact_message,
 )
-from ..events import Event, RunFinished, RunStarted
+from ..events import Event, RunFinished
 from ..fold import WorkflowState, rebuild, restore_state, snapshot_state
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..ownership import Lease, this_process
@@ -45,7 +45,7 @@ from .graph import Workflow
 from .hooks import Plugin, PluginDispatcher
 from .inbox import read_inbox, take_in
 from .invocation import Invocation
-from .lease import LeaseKeeper, lease_expired
+from .lease import LeaseKeeper
 from .pauses import Answer, validate_answers
 from .record import Halted, NodeResult
 from .submit import check_input, check_session_id, submit_run
@@ -126,7 +126,7 @@ class Runner:
         self._active: dict[str, Invocation] = {}
         #: session -> the ids of its last invocations here, which halted on a store error
         #: (not a lost lease), one after the other: the next invocation here knows the open
-        #: runs they started were cut off by a halt, not by a crash (Recorder.cut_off).
+        #: runs they started were cut off by a halt, not by a crash (ResumeAudit.cut_off).
         #: Bounded: oldest session dropped first.
         self._cut_off: dict[str, frozenset[str]] = {}
         self.lease_s = lease_s
@@ -214,12 +214,7 @@ class Runner:
         invocation of that session is running here.
         """
         inv = self._active.get(session_id)
-        if inv is None or inv.root_task is None or inv.root_task.done():
-            return False
-        inv.aborting = True
-        inv.abort_reason = reason
-        inv.root_task.cancel()
-        return True
+        return inv is not None and inv.abort(reason)
 
     def check_leases(self) -> int:
         """Stop now every invocation of this runner whose lease is no longer safe by this
@@ -233,8 +228,7 @@ class Runner:
         """
         stopped = 0
         for inv in list(self._active.values()):
-            if inv.halted is None and not inv.lease_ok():
-                inv.lose_lease(lease_expired(inv.session_id, inv.renew_fault))
+            if inv.expire_if_unsafe():
                 stopped += 1
         return stopped
 
@@ -340,15 +334,14 @@ class Runner:
             return
         cancel = read_inbox(inv.ws, messages).cancel
         if cancel is not None and not inv.aborting:
-            inv.cancelled_by_request = True
-            self.abort(inv.session_id, reason=cancel)
+            inv.abort(cancel, by_request=True)
 
     def _take_in_at_end(self, inv: Invocation) -> None:
         """An invocation that ended takes in what was sent meanwhile (an answer given while
         another branch ran, a cancel it stopped for, a retry of the failure it just
         recorded), so the session is answered, over or queued again when its lease is
         released. Best effort: whatever stays in the inbox, the next owner takes in."""
-        if inv.halted is not None or inv.buffer or inv.flushed_seq != inv.ws.last_seq:
+        if not inv.in_sync():
             return
         try:
             take_in(self.store, inv.ws, inv.lease)
@@ -381,7 +374,7 @@ class Runner:
         """After an invocation that left the session resumable, keep its fold if the log has
         grown by ``snapshot_every`` events since the last snapshot."""
         ws = inv.ws
-        if inv.halted is not None or inv.buffer or inv.flushed_seq != ws.last_seq:
+        if not inv.in_sync():
             return  # the live state is not exactly what the log holds
         if ws.last_seq - inv.snapshot_seq < self.snapshot_every:
             return
@@ -433,24 +426,24 @@ class Runner:
             input=input,
             resumed=not first,
             on_event=on_event,
+            on_mail=self._read_mail,
             lease=lease,
             lease_s=self.lease_s,
             commits=self._commits,
+            cut_off=self._cut_off.pop(session_id, frozenset()),
         )
-        inv.on_mail = lambda: self._read_mail(inv)
-        inv.cut_off = self._cut_off.pop(session_id, frozenset())
         self._active[session_id] = inv
         self._commits.active += 1
-        self._keeper.add(inv)
+        self._keeper.add(inv.record)
         result: RunResult | None = None
         error: BaseException | None = None
         try:
-            result = await self._drive(inv, input, not first, answers)
+            result = await self._drive(inv, input, answers)
         except BaseException as exc:
             error = exc
         self._active.pop(session_id, None)
         self._commits.active -= 1
-        self._keeper.remove(inv)
+        self._keeper.remove(inv.record)
         self._take_in_at_end(inv)
         self._release(inv.lease)
         if isinstance(error, InvocationAbortedError) and inv.cancelled_by_request:
@@ -477,26 +470,13 @@ class Runner:
         assert result is not None
         return result
 
-    async def _drive(self, inv: Invocation, input: Any, resumed: bool, answers: list[Answer]) -> RunResult:
+    async def _drive(self, inv: Invocation, input: Any, answers: list[Answer]) -> RunResult:
         """Record the invocation's start, walk the graph, record how it ended."""
         run = inv.run
         plugins = self.plugins
         if plugins.wants("before_run"):
             await plugins.call("before_run", run)
-        inv.emit(
-            RunStarted,
-            "",
-            "",
-            workflow=self.workflow.name,
-            input=input,
-            resumed=resumed,
-            replayed=run.replayed,
-            recovered=run.recovered,
-            trace_context=dict(run.trace_context),
-        )
-        for cls, path, node, fields in answers:
-            inv.emit(cls, path, node, **fields)
-            inv.mark_answered(path)
+        inv.begin(answers)
         result: RunResult | None = None
         try:
             out = await self._walk(inv, input)
@@ -526,10 +506,10 @@ class Runner:
             inv.finish("cancelled")
             raise
         except BaseException as exc:
-            reported = inv.reported.get(id(exc))
-            if reported is not None and reported[0] is exc:
-                run.error_message = reported[3]
-                inv.finish("failed", error_code=reported[2], error_path=reported[1])
+            reported = inv.failure_of(exc)
+            if reported is not None:
+                run.error_message = reported.message
+                inv.finish("failed", error_code=reported.code, error_path=reported.path)
             else:
                 info = inv.classify(exc)
                 run.error_message = info.message
@@ -547,7 +527,7 @@ class Runner:
         # RunStarted is appended with the first NodeStarted, before any node body runs
         # (a process that loses a race for the session fails there, having run nothing).
         root = self.workflow
-        task = inv.root_task = asyncio.ensure_future(inv.execute(root, input, None, f"{root.name}@1"))
+        task = inv.start_root(root, input)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:

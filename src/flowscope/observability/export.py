@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from ..events import Event
 from ..liveness import SPAN_HANDOVER_S, owner_alive, ships_own_spans
 from . import otlp
-from .log_spans import rebuild, span_id_for, trace_id_for
+from .log_spans import span_id_for, spans_of_log, trace_id_for
 from .otlp import guess_protocol
 from .shipping import flowscope_scope, last_heartbeat, readable_span, record_resource, unshipped
 from .spans import INCOMPLETE
@@ -69,7 +69,7 @@ def session_spans(
     events: Iterable[Event], service_name: str = "flowscope", *, lost: bool = False, alive_at: float | None = None
 ) -> list[ReadableSpan]:
     """The session's spans as SDK ``ReadableSpan`` objects (what an exporter takes): the
-    records of :func:`~flowscope.observability.log_spans.rebuild`, converted as the live
+    records of :func:`~flowscope.observability.log_spans.spans_of_log`, converted as the live
     plugin converts them (:func:`~flowscope.observability.shipping.readable_span`).
 
     Each invocation's spans carry the resource its process recorded in ``RunStarted``
@@ -82,7 +82,7 @@ def session_spans(
     scope = flowscope_scope()
     return [
         readable_span(r, default if r.resource is None else record_resource(r.resource), scope)
-        for r in rebuild(events, lost, alive_at)
+        for r in spans_of_log(events, lost, alive_at)
     ]
 
 

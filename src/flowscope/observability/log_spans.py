@@ -3,7 +3,7 @@
 This is the one walk from events to spans. :class:`SpanWalk` takes events in log order
 and hands each span to a callback the moment the log says it ended; the live
 :class:`~flowscope.observability.TracingPlugin` feeds it the events as they are appended,
-and :func:`rebuild` feeds it a whole log (``flowscope export``, and the catch-up that
+and :func:`spans_of_log` feeds it a whole log (``flowscope export``, and the catch-up that
 ships what a killed process did not). What goes on a span (names, attributes, status,
 span events) comes from :mod:`flowscope.observability.spans`; what the walk adds is what
 only the log knows: parentage by path, times from event timestamps, the link from a
@@ -45,11 +45,12 @@ from ..events import (
     RunStarted,
 )
 from . import spans as sp
+from .traceparent import format_traceparent, parse_traceparent
 
 __all__ = [
     "SpanRecord",
     "SpanWalk",
-    "rebuild",
+    "spans_of_log",
     "trace_id_for",
     "span_id_for",
     "invocation_context",
@@ -123,9 +124,8 @@ def span_id_for(session_id: str, invocation_id: str, path: str = "", attempt: in
     return int.from_bytes(_digest("flowscope-span", session_id, invocation_id, path, str(attempt))[:8], "big") or 1
 
 
-def traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
-    """The W3C ``traceparent`` header of a span context."""
-    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+#: The W3C ``traceparent`` header of a span context (one writer: ``traceparent.py``).
+traceparent = format_traceparent
 
 
 def invocation_context(session_id: str, invocation_id: str, trace_context: Mapping[str, str]) -> tuple[int, int | None, bool, str]:
@@ -134,14 +134,9 @@ def invocation_context(session_id: str, invocation_id: str, trace_context: Mappi
     trace_id = trace_id_for(session_id, invocation_id)
     parent: int | None = None
     sampled = True
-    tp = trace_context.get("traceparent", "")
-    parts = tp.split("-")
-    if len(parts) == 4 and len(parts[1]) == 32 and len(parts[3]) == 2:
-        try:
-            trace_id = int(parts[1], 16) or trace_id
-            sampled = bool(int(parts[3], 16) & 1)
-        except ValueError:
-            pass
+    recorded = parse_traceparent(trace_context.get("traceparent"))
+    if recorded is not None:
+        trace_id, sampled = recorded.trace_id, recorded.sampled
     raw = trace_context.get(PARENT_KEY)
     if raw:
         try:
@@ -385,7 +380,7 @@ class SpanWalk:
             self._close(span, self._node_end(inv, span), span.terminal.ts, seq, inv)
 
     def _close(self, span: _Open, end: sp.SpanEnd, at: float, seq: int, inv: _Invocation) -> None:
-        self.closing = span.order  # the start order of the span being emitted (rebuild sorts by it)
+        self.closing = span.order  # the start order of the span being emitted (spans_of_log sorts by it)
         self.emit(
             SpanRecord(
                 name=span.name,
@@ -420,7 +415,7 @@ class SpanWalk:
             self._abandon(inv)
 
 
-def rebuild(events: Iterable[Event], lost: bool = False, alive_at: float | None = None) -> list[SpanRecord]:
+def spans_of_log(events: Iterable[Event], lost: bool = False, alive_at: float | None = None) -> list[SpanRecord]:
     """The spans of a session's log, in start order; an invocation the log does not end is
     incomplete, and an error (its worker lost) when ``lost`` says its owner is gone, ending at
     ``alive_at`` (its last heartbeat) when that is later than its last event."""

@@ -58,6 +58,7 @@ from ..fold import from_descendant
 from ..plugins import HOOKS, Plugin
 from .labels import DEFAULT_MAX_SERIES, LabelBudget, code_label
 from .lean_prom import LeanCounter, LeanGauge, LeanHistogram
+from .traceparent import parse_traceparent
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.context import NodeContext, NodeOutcome, RunInfo
@@ -388,17 +389,11 @@ def _otel_instrument(meter: Any, spec: InstrumentSpec) -> Any:
 
 
 def _traceparent_exemplar(tp: str) -> dict[str, str] | None:
-    """The exemplar of a W3C ``traceparent`` (``00-<trace>-<span>-<flags>``) if sampled."""
-    parts = tp.split("-")
-    if len(parts) >= 4 and len(parts[1]) == 32 and len(parts[2]) == 16 and len(parts[3]) == 2:
-        try:
-            sampled = int(parts[3], 16) & 0x01
-            valid = int(parts[1], 16) != 0 and int(parts[2], 16) != 0
-        except ValueError:
-            return None
-        if sampled and valid:
-            return {"trace_id": parts[1].lower(), "span_id": parts[2].lower()}
-    return None
+    """The exemplar of a W3C ``traceparent`` if it is valid and sampled."""
+    parsed = parse_traceparent(tp)
+    if parsed is None or not parsed.sampled:
+        return None
+    return {"trace_id": format(parsed.trace_id, "032x"), "span_id": format(parsed.span_id, "016x")}
 
 
 #: The last hex digit of a traceparent's flags when its sampled bit is set.

@@ -35,6 +35,7 @@ from .. import __version__
 from ..events import Event
 from . import spans as sp
 from .log_spans import ResourceKey, SpanRecord, SpanWalk, invocation_context
+from .traceparent import parse_traceparent
 
 if TYPE_CHECKING:  # pragma: no cover
     from opentelemetry.context import Context
@@ -393,13 +394,7 @@ class Shipper:
 
 
 def _link_of(session_id: str, previous: Mapping[str, str]) -> tuple[int, int] | None:
-    tp = previous.get("traceparent", "")
-    parts = tp.split("-")
-    if len(parts) != 4 or len(parts[2]) != 16:
+    recorded = parse_traceparent(previous.get("traceparent"))
+    if recorded is None:
         return None
-    try:
-        span_id = int(parts[2], 16)
-    except ValueError:
-        return None
-    trace_id = invocation_context(session_id, "", previous)[0]
-    return (trace_id, span_id) if span_id else None
+    return invocation_context(session_id, "", previous)[0], recorded.span_id

@@ -208,7 +208,7 @@ class StoreCollector(Collector):
         for g in groups:
             if g.state not in OPEN_STATES:
                 continue
-            key = (str(g.workflow or ""), str(g.node or ""), g.state)
+            key: tuple[str, str, str] = (str(g.workflow or ""), str(g.node or ""), g.state)
             open_runs[key] = (float(g.count), float(g.oldest_started_at or 0.0))
             wn = key[:2]
             if g.state == "running":

@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any, Callable
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TracerProvider, TraceState
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ..events import NodeCompleted
 from ..plugins import Plugin
@@ -61,18 +60,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..engine.runner import RunResult
     from ..events import Event
 
-__all__ = ["TracingPlugin", "Redactor", "WALK_BATCH"]
+__all__ = ["TracingPlugin", "ValueRedactor", "WALK_BATCH"]
 
 log = logging.getLogger("flowscope.observability.tracing")
 
 #: ``redact(kind, value)``: kind is "input" or "output"; return the string to record as
 #: ``flowscope.node.input``/``flowscope.node.output``, or None to record nothing.
-Redactor = Callable[[str, Any], "str | None"]
+ValueRedactor = Callable[[str, Any], "str | None"]
 
 _KEY = "tracing"  # our slot in ctx.plugin_state / run.plugin_state
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
-_propagator = TraceContextTextMapPropagator()
 #: Appended events are walked in batches: at the next turn of the event loop (so a run
 #: that waits ships the spans it has ended), when this many are waiting, before a failed
 #: node's ``after_node`` and at the end of the invocation. Walking a batch back to back
@@ -122,7 +120,7 @@ class TracingPlugin(Plugin):
         self,
         tracer_provider: TracerProvider | None = None,
         record_stacktrace: bool = False,
-        redact: Redactor | None = None,
+        redact: ValueRedactor | None = None,
     ) -> None:
         self._provider = tracer_provider
         self._shipper: Shipper | None = None

@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Protocol, Sequence, cast
 
 from ..events import Event, RunSubmitted, UnknownEvent
 from ..fold import NodeState, WorkflowState
 from ..ownership import Owner
+from ..states import SessionStatus
 from .base import AppendBatch, lease_lost, number_events
 from .codec import Row
 
@@ -237,7 +238,9 @@ def resumed_state(
     ws = WorkflowState(session_id=session_id)
     ws.nodes = nodes
     if row is not None:
-        ws.workflow, ws.status, ws.started_at, ws.updated_at = row.workflow, row.status, row.started_at, row.updated_at
+        # a row's status is one the fold wrote: a SessionStatus read back as text
+        ws.workflow, ws.status = row.workflow, cast(SessionStatus, row.status)
+        ws.started_at, ws.updated_at = row.started_at, row.updated_at
         ws.last_seq, ws.invocations = row.last_seq, row.invocations
     return ws
 

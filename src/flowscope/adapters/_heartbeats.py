@@ -1,0 +1,64 @@
+"""The heartbeats of a bridge's runs in flight, refreshed from a thread of their own.
+
+A thread, not a task: a node that blocks the event loop (a sync ADK function) or runs in
+a worker thread (LangGraph) is still alive, and its heartbeat says so. A missed heartbeat
+never fails the run it observes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Iterable
+
+from ..store.base import EventStore
+
+__all__ = ["BridgeHeartbeats"]
+
+log = logging.getLogger("flowscope.adapters")
+
+
+class BridgeHeartbeats:
+    """Marks the runs in flight alive every ``interval`` seconds (0 turns it off)."""
+
+    def __init__(self, store: EventStore, interval: float) -> None:
+        self._store = store
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._beating: dict[tuple[str, str], None] = {}  # (session, path) of runs in flight
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def beat(self, session_id: str, paths: Iterable[str]) -> None:
+        """Mark ``paths`` of ``session_id`` alive now."""
+        try:
+            self._store.heartbeat(session_id, list(paths))
+        except Exception as exc:  # a missed heartbeat must not fail the run
+            log.warning("heartbeat failed for session %s: %s", session_id, type(exc).__name__)
+
+    def track(self, session_id: str, path: str, running: bool) -> None:
+        """The run at ``path`` started (``running``) or ended."""
+        with self._lock:
+            if running:
+                self._beating[(session_id, path)] = None
+                if self._interval > 0 and self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, name="flowscope-bridge-heartbeat", daemon=True)
+                    self._thread.start()
+            else:
+                self._beating.pop((session_id, path), None)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            with self._lock:
+                by_session: dict[str, list[str]] = {}
+                for sid, path in self._beating:
+                    by_session.setdefault(sid, []).append(path)
+            for sid, paths in by_session.items():
+                self.beat(sid, paths)
+
+    def close(self) -> None:
+        """Stop the thread."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=5)
