@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Iterable, Mapping, Protocol, Sequence, cast
+from typing import Any, Callable, Collection, Iterable, Mapping, Protocol, Sequence
 
 from ..events import Event, RunSubmitted, UnknownEvent
 from ..fold import NodeState, WorkflowState
@@ -65,7 +65,8 @@ class SessionRow:
     """
 
     workflow: str
-    status: str
+    #: One the fold wrote (``new`` for a row acquire() made), read back as text.
+    status: SessionStatus
     started_at: float | None
     updated_at: float | None
     last_seq: int
@@ -84,7 +85,7 @@ class SessionWrite:
 
     session_id: str
     workflow: str
-    status: str
+    status: SessionStatus
     started_at: float | None
     updated_at: float | None
     last_seq: int
@@ -111,10 +112,6 @@ class Cached:
     complete: bool
     #: The fold's node states, moved on in place by the next append.
     nodes: dict[str, NodeState]
-
-    @property
-    def last_seq(self) -> int:
-        return self.session.last_seq
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,11 +155,11 @@ def _builder(cls: type[Any]) -> Callable[..., Any]:
 
 
 #: ``SessionRow(...)`` with every field given, in order, for an adapter's hot path.
-make_session_row: Callable[[str, str, float | None, float | None, int, int, int, OwnerColumn, int], SessionRow] = (
-    _builder(SessionRow)
-)
+make_session_row: Callable[
+    [str, SessionStatus, float | None, float | None, int, int, int, OwnerColumn, int], SessionRow
+] = _builder(SessionRow)
 _make_session_write: Callable[
-    [str, str, str, float | None, float | None, int, int, float | None, bool, bool], SessionWrite
+    [str, str, SessionStatus, float | None, float | None, int, int, float | None, bool, bool], SessionWrite
 ] = _builder(SessionWrite)
 _make_cached: Callable[[SessionWrite, int, bool, dict[str, NodeState]], Cached] = _builder(Cached)
 
@@ -238,9 +235,7 @@ def resumed_state(
     ws = WorkflowState(session_id=session_id)
     ws.nodes = nodes
     if row is not None:
-        # a row's status is one the fold wrote: a SessionStatus read back as text
-        ws.workflow, ws.status = row.workflow, cast(SessionStatus, row.status)
-        ws.started_at, ws.updated_at = row.started_at, row.updated_at
+        ws.workflow, ws.status, ws.started_at, ws.updated_at = row.workflow, row.status, row.started_at, row.updated_at
         ws.last_seq, ws.invocations = row.last_seq, row.invocations
     return ws
 
@@ -285,7 +280,7 @@ def append_steps(
     if last == 0:  # a new session: every node run is one this append makes
         nodes: dict[str, NodeState] = {}
         complete = True
-    elif cached is not None and row is not None and cached.last_seq == last and cached.row_id == row.row_id:
+    elif cached is not None and row is not None and cached.session.last_seq == last and cached.row_id == row.row_id:
         nodes, complete = cached.nodes, cached.complete  # nobody appended since this store did
     else:
         nodes, complete = io.all_nodes(session_id)

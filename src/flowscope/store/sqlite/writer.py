@@ -14,6 +14,7 @@ from operator import itemgetter
 from typing import Any, Iterable, Iterator, Sequence
 
 from ...fold import NodeState
+from ...states import SessionStatus
 from ..appending import OwnerColumn, SessionRow, SessionWrite, make_session_row
 from . import queries as q
 
@@ -22,7 +23,7 @@ __all__ = ["Writer", "Bulk", "PATHS_PER_QUERY", "session_row", "in_chunks"]
 PATHS_PER_QUERY = 500  # below SQLite's limit on bound parameters
 
 
-def session_row(row: tuple[str, str, float | None, float | None, int, int, int, OwnerColumn]) -> SessionRow:
+def session_row(row: tuple[str, SessionStatus, float | None, float | None, int, int, int, OwnerColumn]) -> SessionRow:
     """A row of ``SQL_SESSION``: workflow, status, started_at, updated_at, last_seq,
     invocations, epoch, owner (:class:`SessionRow`'s fields, in order; no row id)."""
     return make_session_row(*row, 0)
