@@ -201,7 +201,7 @@ class PostgresEventStore(EventStore):
         with self._op("append events") as conn:
             try:
                 done = None
-                if cached is not None and events and cached.last_seq == expected_last_seq:
+                if cached is not None and events and cached.session.last_seq == expected_last_seq:
                     done = append_cached(conn, self._channel, session_id, events, encoded, epoch, cached)
                     cached = None  # tried: its node states may have moved on with the fold
                 if done is None:

@@ -21,6 +21,7 @@ from ..appending import (
     Cached,
     SessionRow,
     SessionWrite,
+    make_session_row,
     node_params,
     resumed_state,
     session_write,
@@ -41,7 +42,7 @@ FULL_LOAD_MAX = 2000
 def session_row(row: Sequence[Any]) -> SessionRow:
     """A row of ``SQL_SESSION_FOR_UPDATE`` (:class:`SessionRow`'s columns, in order)."""
     workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, row_id = row
-    return SessionRow(workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, row_id)
+    return make_session_row(workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, row_id)
 
 
 def _node_state(row: Sequence[Any]) -> NodeState:
@@ -116,7 +117,7 @@ def append_cached(
     state this store wrote last; None, with nothing written, when the session's row is no
     longer that state or the fence fails: the caller takes the locking path. The fold moves
     ``cached``'s node states on either way: the caller drops it."""
-    numbered = number_events(session_id, events, cached.last_seq, cached.last_seq)  # may raise: nothing sent
+    numbered = number_events(session_id, events, cached.session.last_seq, cached.session.last_seq)  # may raise: nothing sent
     nodes = cached.nodes
     paths = touched_paths(numbered)
     if not cached.complete and any(p not in nodes for p in paths):
@@ -138,7 +139,7 @@ def append_cached(
     except ValueError:
         return None  # a NaN or an infinity: the locking path sends it as a float
     params = {
-        "sid": session_id, "row_id": cached.row_id, "expected": cached.last_seq, "epoch": epoch,
+        "sid": session_id, "row_id": cached.row_id, "expected": cached.session.last_seq, "epoch": epoch,
         "status": written.status, "started_at": written.started_at, "updated_at": written.updated_at,
         "last_seq": written.last_seq, "invocations": written.invocations, "workflow": written.workflow,
         "channel": channel, "notify": written.woke, "events": events_json, "nodes": nodes_json,

@@ -237,14 +237,14 @@ class SqliteEventStore(EventStore):
                     raise
             except sqlite3.Error as exc:
                 raise self._error(exc, "append events") from exc
-            if _worth_keeping(numbered, entry):  # committed: keep the states for the next append
-                self._keep([(session_id, entry)])
+            if entry is not None and not _ends_invocation(numbered):  # committed: keep the states for the next append
+                self._keep({session_id: entry})
         return numbered
 
-    def _keep(self, entries: Iterable[tuple[str, Cached | None]]) -> None:
+    def _keep(self, entries: dict[str, Cached]) -> None:
         """Remember committed appends' node states for the next append (bounded)."""
         cache = self._node_cache
-        cache.update((sid, entry) for sid, entry in entries if entry is not None)
+        cache.update(entries)
         while len(cache) > _NODE_CACHE_SESSIONS:
             cache.pop(next(iter(cache)))
 
@@ -386,8 +386,8 @@ class SqliteEventStore(EventStore):
                 numbered, entry = take_in_steps(
                     Writer(conn), session_id, events, encoded, expected_last_seq, message_ids, epoch, cached
                 )
-            if _worth_keeping(numbered, entry):  # committed: keep the states for the next append
-                self._keep([(session_id, entry)])
+            if entry is not None and not _ends_invocation(numbered):  # committed: keep the states for the next append
+                self._keep({session_id: entry})
         return numbered
 
     def workers_seen(self, owner: Owner, workflows: Collection[str], ts: float | None = None) -> None:
@@ -460,7 +460,7 @@ class SqliteEventStore(EventStore):
         if self.readonly:
             raise self._read_only("append events")
         out: list[list[Event] | BaseException] = []
-        kept: list[tuple[str, Cached | None]] = []
+        kept: dict[str, Cached] = {}
         ids = [p.session_id for p in prepared]
         with self._lock:
             conn = self._conn
@@ -489,8 +489,8 @@ class SqliteEventStore(EventStore):
                             out.append(exc)
                         else:
                             out.append(numbered)
-                            if _worth_keeping(numbered, entry):
-                                kept.append((p.session_id, entry))
+                            if entry is not None and not _ends_invocation(numbered):
+                                kept[p.session_id] = entry
                         if bulk is None:
                             conn.execute("RELEASE batch")
                     if bulk is not None:
@@ -564,10 +564,10 @@ class SqliteEventStore(EventStore):
             maintenance.rebuild_projections(conn, self.path)
 
 
-def _worth_keeping(numbered: Sequence[Event], entry: Cached | None) -> bool:
-    """Whether to keep a committed append's state: not once its invocation ended (it appends
-    no more for a while), which bounds the cache by the sessions in the middle of one."""
-    return entry is not None and not (numbered and type(numbered[-1]) is RunFinished)
+def _ends_invocation(numbered: Sequence[Event]) -> bool:
+    """Whether an append ended its invocation: its session appends no more for a while, so
+    its state is not kept (which bounds the cache by the sessions in the middle of one)."""
+    return bool(numbered) and type(numbered[-1]) is RunFinished
 
 
 def _session_info(row: Sequence[Any]) -> SessionInfo:

@@ -14,7 +14,8 @@ from operator import itemgetter
 from typing import Any, Iterable, Iterator, Sequence
 
 from ...fold import NodeState
-from ..appending import SessionRow, SessionWrite
+from ...states import SessionStatus
+from ..appending import OwnerColumn, SessionRow, SessionWrite, make_session_row
 from . import queries as q
 
 __all__ = ["Writer", "Bulk", "PATHS_PER_QUERY", "session_row", "in_chunks"]
@@ -22,10 +23,10 @@ __all__ = ["Writer", "Bulk", "PATHS_PER_QUERY", "session_row", "in_chunks"]
 PATHS_PER_QUERY = 500  # below SQLite's limit on bound parameters
 
 
-def session_row(row: Sequence[Any]) -> SessionRow:
-    """A row of ``SQL_SESSION`` (its columns are :class:`SessionRow`'s, in order)."""
-    workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner = row
-    return SessionRow(workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner)
+def session_row(row: tuple[str, SessionStatus, float | None, float | None, int, int, int, OwnerColumn]) -> SessionRow:
+    """A row of ``SQL_SESSION``: workflow, status, started_at, updated_at, last_seq,
+    invocations, epoch, owner (:class:`SessionRow`'s fields, in order; no row id)."""
+    return make_session_row(*row, 0)
 
 
 def in_chunks(values: Sequence[str]) -> Iterator[tuple[str, Sequence[str]]]:
