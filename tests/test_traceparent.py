@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flowscope.observability.log_spans import invocation_context, trace_id_for
-from flowscope.observability.metrics import _resolve_exemplar
+from flowscope.observability.backends import resolve_exemplar
 from flowscope.observability.traceparent import TraceParent, format_traceparent, parse_traceparent
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -59,6 +59,6 @@ def test_every_reader_uses_the_one_parser() -> None:
     assert invocation_context("s", "i", {"traceparent": f"00-{'0' * 32}-{SPAN}-00"})[:3] == (derived, None, True)
     assert invocation_context("s", "i", {"traceparent": f"00-{TRACE}-{SPAN}-00"})[:3] == (int(TRACE, 16), None, False)
     # the metrics exemplar: only a valid, sampled header is one
-    assert _resolve_exemplar(f"00-{TRACE}-{SPAN}-01") == {"trace_id": TRACE, "span_id": SPAN}
-    assert _resolve_exemplar(f"00-{TRACE}-{SPAN}-00") is None
-    assert _resolve_exemplar(f"00-{TRACE.upper()}-{SPAN}-01") is None
+    assert resolve_exemplar(f"00-{TRACE}-{SPAN}-01") == {"trace_id": TRACE, "span_id": SPAN}
+    assert resolve_exemplar(f"00-{TRACE}-{SPAN}-00") is None
+    assert resolve_exemplar(f"00-{TRACE.upper()}-{SPAN}-01") is None
