@@ -177,7 +177,7 @@ class CrashingStore(EventStore):
     def open_runs(self) -> list[NodeRun]:
         return self.inner.open_runs()
 
-    # the ownership port (issue 13): passed through; a crash is simulated on appends only
+    # the ownership role: passed through; a crash is simulated on appends only
     def acquire(self, *args: Any, **kw: Any) -> Any:
         return self.inner.acquire(*args, **kw)
 
@@ -195,6 +195,27 @@ class CrashingStore(EventStore):
 
     def workers(self) -> Any:
         return self.inner.workers()
+
+    # the inbox and upkeep roles: passed through (a take-in appends, so a dead store refuses it)
+    def send(self, *args: Any, **kw: Any) -> Any:
+        return self.inner.send(*args, **kw)
+
+    def inbox(self, session_id: str) -> Any:
+        return self.inner.inbox(session_id)
+
+    def take_in(self, *args: Any, **kw: Any) -> Any:
+        if self.dead:
+            raise SimulatedCrash()
+        return self.inner.take_in(*args, **kw)
+
+    def exported_seq(self, session_id: str) -> int:
+        return self.inner.exported_seq(session_id)
+
+    def set_exported_seq(self, session_id: str, seq: int) -> None:
+        self.inner.set_exported_seq(session_id, seq)
+
+    def delete_sessions(self, session_ids: Any) -> list[str]:
+        return self.inner.delete_sessions(session_ids)
 
 
 def answers(store: EventStore, session_id: str) -> tuple[dict[str, Any], dict[str, Any]]:

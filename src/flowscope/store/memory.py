@@ -58,6 +58,7 @@ class MemoryEventStore(EventStore):
         self._workers: dict[str, WorkerInfo] = {}
         self._mail: dict[str, list[Message]] = {}  # the inbox: messages not yet taken in
         self._next_message = 1
+        self._exported: dict[str, int] = {}  # the span-shipping watermark per session
         self._lock = threading.RLock()
 
     @property
@@ -290,6 +291,16 @@ class MemoryEventStore(EventStore):
                 self._folded.pop(sid, None)
                 self._own.pop(sid, None)
                 self._mail.pop(sid, None)
-                self.__dict__.get("_exported_seqs", {}).pop(sid, None)  # the span watermark (EventStore's default)
+                self._exported.pop(sid, None)
                 deleted.append(sid)
         return deleted
+
+    # -- upkeep: the span watermark ------------------------------------------------------
+
+    def exported_seq(self, session_id: str) -> int:
+        return self._exported.get(session_id, 0)
+
+    def set_exported_seq(self, session_id: str, seq: int) -> None:
+        with self._lock:
+            if seq > self._exported.get(session_id, 0):
+                self._exported[session_id] = seq

@@ -1,0 +1,189 @@
+"""The records the store's roles pass: sessions, node runs, claims, workers, messages.
+
+Frozen dataclasses (and the constants that name their statuses), shared by every role
+(:mod:`.log`, :mod:`.ownership`, :mod:`.inbox`, :mod:`.upkeep`) and every adapter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Sequence
+
+from ..events import Event
+from ..fold import NodeState
+from ..ownership import Lease, Owner
+
+__all__ = [
+    "SessionInfo",
+    "NodeRun",
+    "OpenRunGroup",
+    "Claim",
+    "ClaimReason",
+    "WorkerInfo",
+    "QueuedGroup",
+    "JobResultGroup",
+    "Message",
+    "AppendBatch",
+    "WORKER_RETENTION_S",
+    "FINISHED_SESSION_STATUSES",
+    "SESSION_STATUSES",
+    "MESSAGE_KINDS",
+    "MAILED_STATUSES",
+]
+
+#: One session's part of :meth:`EventStore.append_many`: (session_id, events, expected_last_seq, epoch).
+AppendBatch = tuple[str, Sequence[Event], int, "int | None"]
+#: Why :meth:`EventStore.claim` took a session.
+ClaimReason = Literal["queued", "answered", "orphaned"]
+#: How long a worker that stopped recording itself stays in :meth:`EventStore.workers`.
+WORKER_RETENTION_S = 86400.0
+#: Session statuses that are over for good: only such sessions may be deleted.
+FINISHED_SESSION_STATUSES = ("completed", "failed", "cancelled")
+#: Every status :meth:`EventStore.sessions` gives a session (the fold's, but ``new``).
+SESSION_STATUSES = ("queued", "running", "paused", "answered", *FINISHED_SESSION_STATUSES)
+#: What a :class:`Message` may ask of a session's owner: ``answer`` carries input values
+#: (``body["inputs"]``, by interrupt id) and job results (``body["jobs"]``, by job id);
+#: ``cancel`` a ``reason``; ``retry`` a ``from_path`` (or None) and a ``reason``.
+MESSAGE_KINDS = ("answer", "cancel", "retry")
+#: Statuses in which a message in the inbox makes a session claimable (:func:`claim_reason`).
+MAILED_STATUSES = ("paused", "failed", "completed")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """One session as the store lists it."""
+
+    session_id: str
+    workflow: str
+    status: str
+    started_at: float | None
+    updated_at: float | None
+    last_seq: int
+    invocations: int
+    #: Who runs (or last ran) the session; None if no owner ever took it.
+    owner: Owner | None = None
+    #: The fencing epoch: every takeover (acquire, claim) advances it.
+    epoch: int = 0
+    #: When the owner's lease ends (0 once released; None without an owner).
+    lease_expires_at: float | None = None
+    #: When the run was submitted to be started by a worker (``RunSubmitted``), else None.
+    submitted_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRun:
+    """One row of the ``node_runs`` projection: the latest state of one node run."""
+
+    session_id: str
+    workflow: str
+    node: str
+    path: str
+    kind: str
+    status: str
+    attempt: int
+    retries: int
+    recoveries: int
+    started_at: float | None
+    ended_at: float | None
+    heartbeat_at: float | None
+    error_code: str | None
+    error_type: str | None
+    job_deadline_at: float | None
+
+    @classmethod
+    def from_state(cls, session_id: str, workflow: str, ns: NodeState) -> "NodeRun":
+        return cls(
+            session_id=session_id,
+            workflow=workflow,
+            node=ns.node,
+            path=ns.path,
+            kind=ns.kind,
+            status=ns.status,
+            attempt=ns.attempt,
+            retries=ns.retries,
+            recoveries=ns.recoveries,
+            started_at=ns.started_at,
+            ended_at=ns.ended_at,
+            heartbeat_at=ns.heartbeat_at,
+            error_code=ns.error_code,
+            error_type=ns.error_type,
+            job_deadline_at=ns.job_deadline_at,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRunGroup:
+    """The open runs of one (workflow, node, state), aggregated.
+
+    What :meth:`EventStore.open_run_summary` returns a list of: ``count`` runs, the
+    earliest ``oldest_started_at``; ``orphaned`` counts ``running`` runs and ``overdue``
+    counts ``waiting_job`` runs as :func:`flowscope.liveness.classify_open_run` names them.
+    """
+
+    workflow: str
+    node: str
+    state: str
+    count: int
+    oldest_started_at: float | None
+    orphaned: int = 0
+    overdue: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A session :meth:`EventStore.claim` took for its caller, and the lease it holds."""
+
+    session_id: str
+    workflow: str
+    reason: ClaimReason
+    lease: Lease
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker as it last recorded itself (:meth:`EventStore.workers_seen`)."""
+
+    worker_id: str
+    host: str
+    pid: int
+    workflows: tuple[str, ...]
+    seen_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedGroup:
+    """Queued sessions of one workflow (:meth:`EventStore.queued_summary`)."""
+
+    workflow: str
+    count: int
+    oldest_submitted_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobResultGroup:
+    """Job results recorded in the log for one (workflow, node, result)
+    (:meth:`EventStore.job_result_summary`). ``result`` is the guard's verdict
+    (success, failed, empty); ``workflow`` the session's."""
+
+    workflow: str
+    node: str
+    result: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A request for a session's owner, kept in the store beside the log (its inbox).
+
+    One writer per session: a process that does not own a live session (an operator's
+    answer, a job's result) never appends to its log; it sends a message, durable at
+    once, which the owner takes in at its next step, or the next owner when it takes the
+    session (:meth:`EventStore.take_in` appends what it says and deletes it, atomically).
+    ``message_id`` is the store's, increasing in the order messages were sent.
+    """
+
+    session_id: str
+    message_id: int
+    kind: str
+    body: Mapping[str, Any]
+    sent_at: float
