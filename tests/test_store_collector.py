@@ -650,10 +650,10 @@ def test_stuck_runs_audit_and_the_collector_count_the_same_runs(tmp_path):
     workflow and a paused session are one orphan and one waiting run in ``flowscope
     stuck``, ``runs``, ``audit`` and the StoreCollector alike (docs/design.md)."""
     from flowscope.cli.views import audit_rows, runs_rows, stuck_rows
-    from flowscope.store.testing import _nested_logs
+    from flowscope.store.testing import nested_logs
 
     store = SqliteEventStore(str(tmp_path / "nested.db"))
-    for sid, events in _nested_logs(time.time() - 3600).items():
+    for sid, events in nested_logs(time.time() - 3600).items():
         store.append(sid, events, 0)
     stuck = {(r["session_id"], r["node"], r["state"]) for r in stuck_rows(store, 0.0, 60.0)}
     assert stuck == {("crashed", "leaf", "orphaned"), ("crashed", "inner", "orphaned"),  # inner@10, inner@1-b

@@ -1,0 +1,79 @@
+"""The :class:`EventStore` contract as a reusable test suite: every adapter must pass it.
+
+Subclass :class:`EventStoreContract` in a class whose name starts with ``Test`` and give
+it the one factory, :meth:`~EventStoreContract.create_store`; pytest then collects and
+runs every ``test_*`` method against your store::
+
+    from flowscope.store.testing import EventStoreContract
+
+    class TestMyStore(EventStoreContract):
+        def create_store(self) -> EventStore:
+            return MyStore(self.tmp_path / "events.db")   # a fresh directory per test
+
+Each test gets a new, empty store from ``create_store()`` and closes it afterwards. The
+suite needs pytest (it uses fixtures, ``parametrize`` and ``raises``); flowscope does not
+import this module, so pytest is only needed where the suite runs. The helpers
+(:func:`one_of_each`, :func:`random_log`, :func:`append_in_batches`, ...) build the logs
+the contract uses, for an adapter's own tests too.
+
+The contract is cut like the port: :class:`EventLogContract`, :class:`OwnershipContract`,
+:class:`InboxContract` and :class:`UpkeepContract` test one role each, so a store that
+implements only the event log passes ``EventLogContract`` first; :class:`EventStoreContract`
+is all of them plus the rules that cross roles.
+"""
+
+from .base import ContractBase
+from .helpers import (
+    INV,
+    LIVENESS_CASES,
+    LIVENESS_NOW,
+    LIVENESS_STALE_AFTER_S,
+    SID,
+    answer_events,
+    append_in_batches,
+    dead_owner,
+    ev,
+    finished_session,
+    liveness_log,
+    nested_logs,
+    node_ev,
+    one_of_each,
+    other_host_owner,
+    paused_log,
+    random_log,
+    run_of,
+    submitted_log,
+)
+from .inbox import InboxContract
+from .log import EventLogContract
+from .ownership import OwnershipContract
+from .store import EventStoreContract
+from .upkeep import UpkeepContract
+
+__all__ = [
+    "EventStoreContract",
+    "EventLogContract",
+    "OwnershipContract",
+    "InboxContract",
+    "UpkeepContract",
+    "ContractBase",
+    "SID",
+    "INV",
+    "ev",
+    "node_ev",
+    "one_of_each",
+    "random_log",
+    "append_in_batches",
+    "run_of",
+    "LIVENESS_CASES",
+    "dead_owner",
+    "other_host_owner",
+    "LIVENESS_NOW",
+    "LIVENESS_STALE_AFTER_S",
+    "liveness_log",
+    "nested_logs",
+    "submitted_log",
+    "paused_log",
+    "answer_events",
+    "finished_session",
+]

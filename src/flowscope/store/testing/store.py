@@ -1,0 +1,95 @@
+"""The whole port's contract: :class:`EventStoreContract`, every role and the rules across them."""
+
+from __future__ import annotations
+
+import time
+
+from ...errors import ConcurrencyConflict, LeaseLost
+from ...events import (
+    NodeCompleted,
+    NodeStarted,
+    RunStarted,
+    RunSubmitted,
+)
+from ...ownership import this_process
+from ..base import EventStore
+from .helpers import (
+    dead_owner,
+    ev,
+    finished_session,
+    node_ev,
+    other_host_owner,
+    run_of,
+)
+from .inbox import InboxContract
+from .log import EventLogContract
+from .ownership import OwnershipContract
+from .upkeep import UpkeepContract
+
+__all__ = ["EventStoreContract"]
+
+class EventStoreContract(EventLogContract, OwnershipContract, InboxContract, UpkeepContract):
+    """What every :class:`~flowscope.store.base.EventStore` must do: every role's
+    contract, and the rules that cross roles (a pruned session takes its inbox and owner
+    with it; group commit refuses a lost lease; the span follower's list)."""
+
+    def test_a_deleted_session_takes_its_inbox_with_it(self, store: EventStore) -> None:
+        finished_session(store, "done", "completed")
+        store.send("done", "answer", {"inputs": {"ok": True}, "jobs": {}})
+        assert store.delete_sessions(["done"]) == ["done"]
+        assert store.inbox("done") == []
+
+    # ------------------------------------------------------------------ pruning: delete_sessions (issue 18)
+
+    def test_delete_sessions_removes_the_owner_and_spares_a_live_one(self, store: EventStore) -> None:
+        now = time.time()
+        me = this_process("w-prune")  # this very process: alive while its lease lasts
+        for sid in ("released", "held", "dead", "far-expired"):
+            finished_session(store, sid, "completed")
+        store.release(store.acquire("released", me, 15.0, now=now))
+        store.acquire("held", me, 15.0, now=now)  # finished, but its owner still holds it
+        store.acquire("dead", dead_owner(), 3600.0, now=now)  # the owner's process is gone
+        store.acquire("far-expired", other_host_owner(), 10.0, now=now - 60.0)
+        store.workers_seen(me, ["w"], ts=now)
+        assert store.delete_sessions(["released", "held", "dead", "far-expired"]) == ["released", "dead", "far-expired"]
+        assert {s.session_id for s in store.sessions()} == {"held"}
+        for sid in ("released", "dead", "far-expired"):
+            assert store.session_info(sid) is None
+            # the owner row went with the log: a new session of that id starts at epoch 1
+            assert store.acquire(sid, me, 15.0, now=now).epoch == 1
+        info = store.session_info("held")
+        assert info is not None and info.owner == me and info.epoch == 1
+        assert [w.worker_id for w in store.workers()] == [me.worker_id]  # workers are per worker: kept
+
+    def test_append_many_keeps_the_good_batches_and_returns_each_refusal(self, store: EventStore) -> None:
+        store.append("b", [ev(RunSubmitted, sid="b", workflow="w", ts=1.0)], 0)
+        lease = store.acquire("c", this_process(), 30.0)
+        store.append("c", [ev(RunSubmitted, sid="c", workflow="w", ts=1.0)], 0, epoch=lease.epoch)
+        out = store.append_many([
+            ("d", [ev(RunStarted, sid="d", workflow="w", ts=2.0)], 0, None),
+            ("a", [ev(RunStarted, sid="a", workflow="w", ts=2.0), node_ev(NodeStarted, "w@1/x@1", ts=3.0, sid="a")], 0, None),
+            ("b", [ev(RunStarted, sid="b", workflow="w", ts=2.0)], 0, None),  # the session is at 1: a conflict
+            ("c", [ev(RunStarted, sid="c", workflow="w", ts=2.0)], 1, lease.epoch + 1),  # a superseded epoch: fenced
+            ("a", [node_ev(NodeCompleted, "w@1/x@1", ts=4.0, sid="a")], 2, None),  # the same session again, in order
+        ])  # fmt: skip
+        assert len(out) == 5
+        assert isinstance(out[2], ConcurrencyConflict) and isinstance(out[3], LeaseLost)
+        assert [[e.seq for e in r] for r in (out[0], out[1], out[4]) if isinstance(r, list)] == [[1], [1, 2], [3]]
+        assert [store.last_seq(s) for s in "abcd"] == [3, 1, 1, 1]
+        assert [e.type for e in store.read("a")] == ["run_started", "node_started", "node_completed"]
+        assert run_of(store, "w@1/x@1", sid="a").status == "completed"  # the projection kept up
+        assert store.read("b")[0].type == "run_submitted" and len(store.read("c")) == 1
+
+    def test_unexported_lists_the_sessions_past_their_watermark_with_it(self, store: EventStore) -> None:
+        assert store.unexported() == []
+        for sid in ("a", "b", "c"):
+            finished_session(store, sid, "completed")  # 4 events each
+        assert sorted((i.session_id, m) for i, m in store.unexported()) == [("a", 0), ("b", 0), ("c", 0)]
+        store.set_exported_seq("a", 4)  # all shipped
+        store.set_exported_seq("b", 2)  # part
+        got = sorted((i.session_id, i.last_seq, m) for i, m in store.unexported())
+        assert got == [("b", 4, 2), ("c", 4, 0)]
+        info = dict((i.session_id, i) for i, _m in store.unexported())["b"]
+        assert info == store.session_info("b")
+        store.acquire("new", this_process("w"), 15.0)  # owned, no event: no session yet
+        assert "new" not in {i.session_id for i, _m in store.unexported()}

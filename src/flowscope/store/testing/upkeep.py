@@ -1,0 +1,84 @@
+"""The upkeep role's contract: :class:`UpkeepContract`."""
+
+from __future__ import annotations
+
+from ...events import (
+    InputRequested,
+    NodeErrorEvent,
+    NodeStarted,
+    RunFinished,
+    RunStarted,
+)
+from ..base import EventStore
+from .base import ContractBase
+from .helpers import (
+    ev,
+    finished_session,
+    node_ev,
+)
+
+__all__ = ["UpkeepContract"]
+
+class UpkeepContract(ContractBase):
+    """What every :class:`~flowscope.store.upkeep.Upkeep` must do: prune only whole
+    finished sessions, free their storage, and keep the span watermark moving forward."""
+
+    def test_delete_sessions_removes_whole_finished_sessions_only(self, store: EventStore) -> None:
+        for sid, status in (("done", "completed"), ("bad", "failed"), ("gone", "cancelled")):
+            finished_session(store, sid, status, with_snapshot=True)
+        store.append("open", [ev(RunStarted, sid="open", workflow="w", ts=1.0),
+                              node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid="open"),
+                              node_ev(InputRequested, "w@1/a@1", ts=3.0, sid="open", interrupt_id="x"),
+                              ev(RunFinished, sid="open", status="paused", ts=4.0)], 0)
+        keep = store.read("open")
+        assert store.delete_sessions(["open", "done", "nope", "bad", "done"]) == ["done", "bad"]
+        for sid in ("done", "bad"):
+            assert store.read(sid) == [] and store.last_seq(sid) == 0 and not store.has_session(sid)
+            assert store.node_runs(sid) == [] and store.load_snapshot(sid) is None
+        assert {s.session_id for s in store.sessions()} == {"gone", "open"}
+        assert store.read("open") == keep  # a paused session is never deleted
+        assert [r.session_id for r in store.open_runs()] == ["open"]
+        # a deleted id starts again from seq 1
+        finished_session(store, "done", "completed")
+        assert store.last_seq("done") == 4
+
+    def test_delete_sessions_never_deletes_a_failed_session_with_an_open_run(self, store: EventStore) -> None:
+        store.append("f", [ev(RunStarted, sid="f", workflow="w", ts=1.0),
+                           node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid="f"),
+                           node_ev(NodeStarted, "w@1/b@1", ts=2.0, sid="f"),
+                           node_ev(NodeErrorEvent, "w@1/b@1", ts=3.0, sid="f"),
+                           ev(RunFinished, sid="f", status="failed", ts=4.0)], 0)
+        assert store.delete_sessions(["f"]) == []
+        assert store.last_seq("f") == 5
+
+    def test_storage_bytes_shrink_when_sessions_are_deleted(self, store: EventStore) -> None:
+        for i in range(20):
+            finished_session(store, f"s{i}", "completed")
+        before = store.storage_bytes()
+        store.delete_sessions([f"s{i}" for i in range(20)])
+        after = store.storage_bytes()
+        if before is None:  # the memory store cannot tell
+            assert after is None
+        else:
+            assert after is not None and after < before
+
+    # ------------------------------------------------------------------ group commit, span watermark (issue 15)
+
+    def test_the_span_watermark_only_moves_forward_and_goes_with_a_pruned_session(self, store: EventStore) -> None:
+        assert store.exported_seq("s") == 0
+        finished_session(store, "s", "completed")
+        store.set_exported_seq("s", 3)
+        store.set_exported_seq("s", 1)  # never moves back
+        assert (store.exported_seq("s"), store.exported_seq("other")) == (3, 0)
+        store.set_exported_seq("s", 4)
+        assert store.exported_seq("s") == 4
+        assert store.delete_sessions(["s"]) == ["s"]
+        assert store.exported_seq("s") == 0  # a new session of that id ships its spans
+
+    def test_watermarks_of_several_sessions_advance_in_one_call_and_never_move_back(self, store: EventStore) -> None:
+        store.set_exported_seqs({})
+        store.set_exported_seqs({"a": 3, "b": 2})
+        store.set_exported_seqs({"a": 1, "b": 5, "c": 1})  # a stays: never moves back
+        assert [store.exported_seq(s) for s in "abcd"] == [3, 5, 1, 0]
+        store.set_exported_seq("c", 4)  # the one-session form is the same write
+        assert store.exported_seq("c") == 4
