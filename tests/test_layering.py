@@ -33,7 +33,36 @@ ENGINE_FORBIDDEN_PREFIXES = (
     "click",
 )
 # The store package holds the port (store.base) and the adapters; only the port is allowed.
-ENGINE_ALLOWED_STORE = {"flowscope.store.base"}
+ENGINE_ALLOWED_STORE = {
+    "flowscope.store.base",
+    "flowscope.store.records",
+    "flowscope.store.log",
+    "flowscope.store.ownership",
+    "flowscope.store.inbox",
+    "flowscope.store.upkeep",
+}
+#: A module a newcomer reads in one sitting: no module of src/ is longer.
+MAX_MODULE_LINES = 600
+#: The store adapters: none imports another's modules (what they share lives in store/).
+STORE_ADAPTERS = ("flowscope.store.memory", "flowscope.store.sqlite", "flowscope.store.postgres")
+#: Private names of other libraries flowscope relies on, each for a reason:
+PRIVATE_IMPORTS_ALLOWED = {
+    # the ADK bridge observes ADK's own parallel worker and retry rule (notes: engines-and-fleets.md)
+    ("google.adk.workflow._parallel_worker", "_ParallelWorker"),
+    ("google.adk.workflow.utils._retry_utils", "_get_retry_delay"),
+    ("google.adk.workflow.utils._retry_utils", "_should_retry_node"),
+    # the metrics server keeps prometheus-client's quiet request handler
+    ("prometheus_client.exposition", "_SilentHandler"),
+}
+#: Private modules of other libraries flowscope imports from, each for a reason:
+PRIVATE_MODULES_ALLOWED = (
+    # ADK keeps its workflow engine's classes (graph, nodes, node state) in private modules;
+    # the bridge observes them where they are (notes: engines-and-fleets.md)
+    "google.adk.workflow",
+    "google.adk.utils._function_call_names",
+    # the GenAI semantic conventions exist only as incubating attributes
+    "opentelemetry.semconv._incubating",
+)
 
 
 def module_name(path: Path) -> str:
@@ -129,6 +158,126 @@ def engine_violations(edges: dict[str, set[str]]) -> list[str]:
             if forbidden or store:
                 bad.append(f"{mod} imports {t}")
     return bad
+
+
+def long_modules(mods: dict[str, Path], limit: int = MAX_MODULE_LINES) -> list[str]:
+    """``module (N lines)`` for every module longer than ``limit`` lines."""
+    out = []
+    for name, path in sorted(mods.items()):
+        n = len(path.read_text().splitlines())
+        if n > limit:
+            out.append(f"{name} ({n} lines)")
+    return out
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(name: str, path: Path) -> list[str]:
+    """Private names ``name`` imports from another module: a ``_name`` from any module, or a
+    private module (``pkg._mod``) from outside its own package ``pkg``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    bad = []
+    for stmt in ast.walk(tree):
+        if isinstance(stmt, ast.ImportFrom):
+            if stmt.level:
+                base = package.split(".")
+                if stmt.level > 1:
+                    base = base[: -(stmt.level - 1)]
+                target = ".".join(base) + (f".{stmt.module}" if stmt.module else "")
+            else:
+                target = stmt.module or ""
+            for alias in stmt.names:
+                full = f"{target}.{alias.name}"
+                if _private(alias.name) and (target, alias.name) not in PRIVATE_IMPORTS_ALLOWED:
+                    # a private submodule of the importer's own package is its package's business
+                    if not (full.rpartition(".")[0] == package and target == package):
+                        bad.append(f"{name} imports {alias.name} from {target}")
+                bad.extend(_private_module(name, package, target))
+        elif isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                bad.extend(_private_module(name, package, alias.name))
+    return sorted(set(bad))
+
+
+def _private_module(importer: str, package: str, target: str) -> list[str]:
+    """A private module of flowscope imported from outside its package, or a third-party one
+    not in :data:`PRIVATE_MODULES_ALLOWED`."""
+    parts = target.split(".")
+    for i, part in enumerate(parts):
+        if _private(part):
+            owner = ".".join(parts[:i])
+            if target.startswith(PACKAGE + "."):
+                if package == owner or package.startswith(owner + "."):
+                    return []
+            elif any(target == m or target.startswith(m + ".") for m in PRIVATE_MODULES_ALLOWED):
+                return []
+            return [f"{importer} imports the private module {target}"]
+    return []
+
+
+def adapter_crossings(edges: dict[str, set[str]]) -> list[str]:
+    """``a imports b`` for every store adapter module that imports another adapter's."""
+    def adapter(mod: str) -> str | None:
+        return next((a for a in STORE_ADAPTERS if mod == a or mod.startswith(a + ".")), None)
+
+    bad = []
+    for mod, targets in sorted(edges.items()):
+        mine = adapter(mod)
+        if mine is None:
+            continue
+        for t in sorted(targets):
+            theirs = adapter(t)
+            if theirs is not None and theirs != mine:
+                bad.append(f"{mod} imports {t}")
+    return bad
+
+
+def test_no_module_is_longer_than_six_hundred_lines():
+    assert long_modules(modules()) == []
+
+
+def test_no_private_name_is_imported_across_modules():
+    bad = [b for name, path in modules().items() for b in private_imports(name, path)]
+    assert bad == []
+
+
+def test_the_store_adapters_import_none_of_each_others_modules():
+    assert adapter_crossings(graph()) == []
+
+
+def test_the_size_privacy_and_adapter_checks_catch_what_they_claim(tmp_path):
+    big = tmp_path / "big.py"
+    big.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    small = tmp_path / "small.py"
+    small.write_text("x = 1\n" * MAX_MODULE_LINES)
+    assert long_modules({"flowscope.big": big, "flowscope.small": small}) == [f"flowscope.big ({MAX_MODULE_LINES + 1} lines)"]
+
+    m = tmp_path / "m.py"
+    m.write_text(
+        "from ..store.base import _hidden\n"
+        "from ..adapters._recorder import BridgeRecorder\n"
+        "from ._sibling import thing\n"
+        "from prometheus_client.exposition import _SilentHandler\n"
+        "from google.adk.workflow._other import _Thing\n"
+        "from somelib._inner import Public\n"
+    )
+    assert private_imports("flowscope.adapters2.m", m) == [
+        "flowscope.adapters2.m imports _Thing from google.adk.workflow._other",
+        "flowscope.adapters2.m imports _hidden from flowscope.store.base",
+        "flowscope.adapters2.m imports the private module flowscope.adapters._recorder",
+        "flowscope.adapters2.m imports the private module somelib._inner",
+    ]
+    inside = tmp_path / "adk.py"
+    inside.write_text("from ._recorder import BridgeRecorder\n")
+    assert private_imports("flowscope.adapters.adk", inside) == []
+
+    assert adapter_crossings(
+        {"flowscope.store.sqlite.writer": {"flowscope.store.postgres.queries", "flowscope.store.appending"},
+         "flowscope.store.memory": {"flowscope.store.takeover"}}
+    ) == ["flowscope.store.sqlite.writer imports flowscope.store.postgres.queries"]
 
 
 def test_the_walker_sees_the_package():

@@ -1,0 +1,90 @@
+"""The pieces every listing's rows are made of: owners, answer and job hints, rounding, and
+which open or failed runs are counted (once, at the deepest path)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from typing import Any, Iterable
+
+from ..fold import OPEN_STATES, containers
+from ..liveness import (
+    owner_alive,
+)
+from ..store.base import NodeRun, SessionInfo
+
+__all__ = [
+    "JOB_RESULT_EXAMPLE",
+    "quoted",
+    "input_hint",
+    "job_hint",
+    "round_or_none",
+    "owner_row",
+    "open_containers",
+    "origin_failures",
+]
+
+JOB_RESULT_EXAMPLE = '{"success": true, "count": 1, "data": {}}'
+
+
+def quoted(text: str) -> str:
+    """``text`` in single quotes for a POSIX shell, always (a hint reads the same whatever
+    it holds), a quote inside it closed, escaped and reopened."""
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def input_hint(session_id: str, interrupt_id: str, payload: Any = None, prefix: str = "flowscope") -> str:
+    """The ``resume --input`` that answers ``interrupt_id``, quoted for a POSIX shell. The
+    value is ``JSON`` (the placeholder to replace), or ``"retry"`` for a failed job's
+    pause (its payload lists the actions), which is valid as printed."""
+    actions = payload.get("actions") if isinstance(payload, dict) and payload.get("kind") == "job_failed" else None
+    value = json.dumps(actions[0]) if actions else "JSON"
+    return f"{prefix} resume {shlex.quote(session_id)} --input {quoted(f'{interrupt_id}={value}')}"
+
+
+def job_hint(session_id: str, job_id: str, prefix: str = "flowscope") -> str:
+    """The ``resume --job`` that reports ``job_id``'s result, quoted for a POSIX shell:
+    pasted, its value is :data:`JOB_RESULT_EXAMPLE`, valid JSON."""
+    return f"{prefix} resume {shlex.quote(session_id)} --job {quoted(f'{job_id}={JOB_RESULT_EXAMPLE}')}"
+
+
+def round_or_none(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def owner_row(info: SessionInfo | None) -> dict[str, Any] | None:
+    """The session's ``owner`` as the listings show it, or None if no owner ever took it;
+    ``alive`` is :func:`flowscope.liveness.owner_alive`, the rule every command applies."""
+    if info is None or info.owner is None:
+        return None
+    o = info.owner
+    alive = owner_alive(o, info.lease_expires_at, time.time())
+    return {"worker_id": o.worker_id, "host": o.host, "pid": o.pid, "lease_expires_at": info.lease_expires_at, "alive": alive}
+
+
+def open_containers(runs: Iterable[NodeRun]) -> set[tuple[str, str]]:
+    """(session, path) of open runs that contain another open run (:func:`flowscope.fold.containers`):
+    their open state is the descendant's, which is the one listed and counted."""
+    open_paths: dict[str, list[str]] = {}
+    for r in runs:
+        if r.status in OPEN_STATES:
+            open_paths.setdefault(r.session_id, []).append(r.path)
+    return {(sid, p) for sid, paths in open_paths.items() if len(paths) > 1 for p in containers(paths)}
+
+
+def origin_failures(runs: Iterable[NodeRun]) -> set[tuple[str, str]]:
+    """(session, path) of failed runs that are where a failure began: no failed run below them.
+
+    An enclosing workflow (or the parent of a failed dynamic child) is failed too, with the
+    same error code; counting it again would double the errors.
+    """
+    failed: dict[str, list[str]] = {}
+    for r in runs:
+        if r.status == "failed":
+            failed.setdefault(r.session_id, []).append(r.path)
+    out: set[tuple[str, str]] = set()
+    for sid, paths in failed.items():
+        enclosing = containers(paths)
+        out.update((sid, p) for p in paths if p not in enclosing)
+    return out

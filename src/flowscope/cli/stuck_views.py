@@ -1,0 +1,340 @@
+"""The rows of ``flowscope audit`` and ``flowscope stuck``: attempts per node, and every
+open run that needs a person, each with its fix."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable
+
+from ..errors import StoreCorrupt
+from ..fold import OPEN_STATES, WorkflowState, rebuild
+from ..liveness import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    ORPHANED,
+    OVERDUE,
+    RUNNING,
+    WAITING_INPUT,
+    WAITING_JOB,
+    classify_open_run,
+    resume_lease_s,
+    worker_alive,
+)
+from ..store.base import EventStore, NodeRun, SessionInfo
+from .history import RetryReasons, retry_label
+from .rowparts import (
+    input_hint,
+    job_hint,
+    open_containers,
+    origin_failures,
+    owner_row,
+    round_or_none,
+)
+
+__all__ = ["AUDIT_KEYS", "AUDIT_RUN_KEYS", "STUCK_KEYS", "QUEUED", "STUCK_STATES", "audit_rows", "audit_run_rows", "stuck_rows"]
+
+AUDIT_KEYS = (
+    "workflow",
+    "node",
+    "kind",
+    "root",
+    "runs",
+    "completed",
+    "failed",
+    "errors",
+    "cancelled",
+    "open",
+    "attempts",
+    "max_attempt",
+    "retries",
+    "recoveries",
+    "error_codes",
+    "retry_errors",
+)
+
+AUDIT_RUN_KEYS = (
+    "session_id",
+    "workflow",
+    "node",
+    "path",
+    "kind",
+    "status",
+    "attempts",
+    "retries",
+    "recoveries",
+    "error_code",
+    "error_type",
+    "retried",
+    "started_at",
+    "ended_at",
+)
+
+STUCK_KEYS = (
+    "session_id",
+    "workflow",
+    "node",
+    "path",
+    "state",
+    "status",
+    "attempt",
+    "started_at",
+    "age_s",
+    "heartbeat_at",
+    "heartbeat_age_s",
+    "job_deadline_at",
+    "waiting_on",
+    "action",
+    "owner",
+)
+
+#: What ``stuck`` calls a queued session that no worker has started (not a node run's state).
+QUEUED = "queued"
+#: Every state ``flowscope stuck`` lists: the open runs' classes, and queued sessions.
+STUCK_STATES = (RUNNING, ORPHANED, WAITING_INPUT, WAITING_JOB, OVERDUE, QUEUED)
+
+#: The job result the hints print: valid JSON, a success with one item, to edit before use.
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def audit_rows(runs: list[NodeRun], retried: RetryReasons | None = None) -> list[dict[str, Any]]:
+    """Attempts, retries, recoveries and errors per workflow, path kind and node.
+
+    A workflow's root run and a node of the same name are two rows: the key is
+    (workflow, root or not, kind, node), never the name alone. ``retried`` (from
+    :func:`.history.retry_reasons`) adds the error type and code of every retried attempt.
+    """
+    origins = origin_failures(runs)
+    enclosing = open_containers(runs)
+    groups: dict[tuple[str, bool, str, str], dict[str, Any]] = {}
+    for r in runs:
+        root = "/" not in r.path
+        key = (r.workflow, root, r.kind, r.node)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = {
+                "workflow": r.workflow,
+                "node": r.node,
+                "kind": r.kind,
+                "root": root,
+                "runs": 0,
+                "completed": 0,
+                "failed": 0,
+                "errors": 0,
+                "cancelled": 0,
+                "open": 0,
+                "attempts": 0,
+                "max_attempt": 0,
+                "retries": 0,
+                "recoveries": 0,
+                "error_codes": {},
+                "retry_errors": {},
+            }
+        g["runs"] += 1
+        if r.status == "completed":
+            g["completed"] += 1
+        elif r.status == "failed":
+            g["failed"] += 1
+            if (r.session_id, r.path) in origins:
+                g["errors"] += 1
+                code = r.error_code or "UNKNOWN_ERROR"
+                g["error_codes"][code] = g["error_codes"].get(code, 0) + 1
+        elif r.status == "cancelled":
+            g["cancelled"] += 1
+        elif r.status in OPEN_STATES and (r.session_id, r.path) not in enclosing:
+            g["open"] += 1
+        g["attempts"] += r.attempt
+        g["max_attempt"] = max(g["max_attempt"], r.attempt)
+        g["retries"] += r.retries
+        g["recoveries"] += r.recoveries
+        for attempt in (retried or {}).get((r.session_id, r.path), ()):
+            label = retry_label(attempt)
+            g["retry_errors"][label] = g["retry_errors"].get(label, 0) + 1
+    return list(groups.values())
+
+
+def audit_run_rows(runs: list[NodeRun], retried: RetryReasons | None = None) -> list[dict[str, Any]]:
+    """One row per node run (``flowscope audit --by run``)."""
+    return [
+        {
+            "session_id": r.session_id,
+            "workflow": r.workflow,
+            "node": r.node,
+            "path": r.path,
+            "kind": r.kind,
+            "status": r.status,
+            "attempts": r.attempt,
+            "retries": r.retries,
+            "recoveries": r.recoveries,
+            "error_code": r.error_code,
+            "error_type": r.error_type,
+            "retried": list((retried or {}).get((r.session_id, r.path), ())),
+            "started_at": r.started_at,
+            "ended_at": r.ended_at,
+        }
+        for r in runs
+    ]
+
+
+# --------------------------------------------------------------------------- stuck
+
+
+def stuck_rows(
+    store: EventStore,
+    older_than_s: float,
+    stale_after_s: float,
+    *,
+    include_parents: bool = False,
+    states: Iterable[str] | None = None,
+    now: float | None = None,
+    on_skip: Callable[[str, StoreCorrupt], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Open runs older than ``older_than_s``, oldest first, classified by :mod:`flowscope.liveness`,
+    then queued sessions submitted longer ago than that (state ``queued``: no worker started them).
+
+    An orphaned run is listed whatever its age: its owner is known to be gone, so there is
+    nothing to wait for. The age applies to running and waiting runs, which may still move.
+
+    A session whose log cannot be read (a corrupt row) is left out, and ``on_skip`` told
+    why, so that one bad row does not hide every other stuck run of the database.
+
+    By default an enclosing run (a workflow node, or the parent of a dynamic child) is
+    left out when a run below it is listed: the innermost run is the one to act on.
+    """
+    now = time.time() if now is None else now
+    all_open = store.open_runs()
+    runs = list(all_open)
+    if not include_parents:
+        enclosing = open_containers(all_open)
+        runs = [r for r in runs if (r.session_id, r.path) not in enclosing]
+    wanted = set(states) if states else None
+    rows = []
+    states_cache: dict[str, WorkflowState] = {}
+    infos: dict[str, SessionInfo | None] = {}
+    skipped: set[str] = set()
+    for r in runs:
+        if r.session_id in skipped:
+            continue
+        young = r.started_at is not None and now - r.started_at < older_than_s
+        if young and r.status != RUNNING:  # only a running run can be an orphan
+            continue
+        if r.session_id not in infos:
+            infos[r.session_id] = store.session_info(r.session_id)
+        info = infos[r.session_id]
+        state = classify_open_run(
+            r.status, r.started_at, r.heartbeat_at, r.job_deadline_at, now, stale_after_s,
+            owner=info.owner if info is not None else None,
+            lease_expires_at=info.lease_expires_at if info is not None else None,
+        )
+        if wanted is not None and state not in wanted:
+            continue
+        if young and state != ORPHANED:
+            continue  # an orphan is known at once; the age is for runs that may still move
+        waiting_on: list[str] = []
+        payload: Any = None
+        if r.status in ("waiting_input", "waiting_job"):
+            ws = states_cache.get(r.session_id)
+            if ws is None:
+                try:
+                    ws = states_cache[r.session_id] = rebuild(store.read(r.session_id))
+                except StoreCorrupt as exc:
+                    skipped.add(r.session_id)
+                    if on_skip is not None:
+                        on_skip(r.session_id, exc)
+                    continue
+            ns = ws.nodes.get(r.path)
+            if ns is not None:
+                waiting_on = sorted(ns.requests) if r.status == "waiting_input" else [j.job_id for j in ns.open_jobs]
+                if waiting_on and waiting_on[0] in ns.requests:
+                    payload = ns.requests[waiting_on[0]].payload
+        beat_age = now - r.heartbeat_at if r.heartbeat_at is not None else None
+        rows.append(
+            {
+                "session_id": r.session_id,
+                "workflow": r.workflow,
+                "node": r.node,
+                "path": r.path,
+                "state": state,
+                "status": r.status,
+                "attempt": r.attempt,
+                "started_at": r.started_at,
+                "age_s": round_or_none(now - r.started_at) if r.started_at is not None else None,
+                "heartbeat_at": r.heartbeat_at if r.status == "running" else None,
+                "heartbeat_age_s": round_or_none(beat_age) if r.status == "running" and beat_age is not None else None,
+                "job_deadline_at": r.job_deadline_at,
+                "waiting_on": waiting_on,
+                "action": _action(r, state, waiting_on, beat_age, info, payload),
+                "owner": owner_row(info),
+            }
+        )
+    if skipped:
+        rows = [row for row in rows if row["session_id"] not in skipped]
+    if wanted is None or QUEUED in wanted:
+        rows.extend(_queued_rows(store, older_than_s, now))
+    return rows
+
+
+def _queued_rows(store: EventStore, older_than_s: float, now: float) -> list[dict[str, Any]]:
+    """Sessions submitted longer ago than ``older_than_s`` that no worker has started, with
+    what to do: start a worker for the workflow, or look at the live one's log (its claims
+    fail). Workers are alive by :func:`flowscope.liveness.worker_alive`."""
+    from ..examples import BUNDLED
+
+    cutoff = now - older_than_s
+    if not any(g.oldest_submitted_at is None or g.oldest_submitted_at <= cutoff for g in store.queued_summary()):
+        return []  # the store's index says nothing queued is old enough: no scan of every session
+    queued = [s for s in store.sessions() if s.status == QUEUED]
+    old = [s for s in queued if (s.submitted_at or s.started_at or now) <= cutoff]
+    if not old:
+        return []
+    live = [w for w in store.workers() if worker_alive(w.host, w.pid, w.seen_at, now)]
+    rows = []
+    for s in sorted(old, key=lambda s: s.submitted_at or 0.0):
+        since = s.submitted_at if s.submitted_at is not None else s.started_at
+        serving = [w for w in live if s.workflow in w.workflows]
+        if serving:
+            w = max(serving, key=lambda w: w.seen_at)
+            action = f"a live worker serves it ({w.worker_id} on {w.host} pid {w.pid}): its log says why it does not start"
+        else:
+            action = f"no live worker serves {s.workflow!r}: flowscope worker {BUNDLED.get(s.workflow, 'MODULE:ATTR')}"
+        rows.append(
+            {
+                "session_id": s.session_id,
+                "workflow": s.workflow,
+                "node": None,
+                "path": "",
+                "state": QUEUED,
+                "status": QUEUED,
+                "attempt": 0,
+                "started_at": since,
+                "age_s": round_or_none(now - since) if since is not None else None,
+                "heartbeat_at": None,
+                "heartbeat_age_s": None,
+                "job_deadline_at": None,
+                "waiting_on": ["a worker"],
+                "action": action,
+                "owner": owner_row(s),
+            }
+        )
+    return rows
+
+
+def _action(
+    r: NodeRun, state: str, waiting_on: list[str], beat_age: float | None, info: SessionInfo | None, payload: Any = None
+) -> str:
+    sid = r.session_id
+    owner = info.owner if info is not None else None
+    if state == ORPHANED:
+        # An owned session is free once orphaned; one without an owner is refused to a
+        # resume while its heartbeat looks fresh.
+        fresh = owner is None and beat_age is not None and beat_age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S)
+        return f"flowscope resume {sid}{' --force' if fresh else ''}"
+    if state == RUNNING:
+        if owner is not None:
+            return f"alive ({owner.describe()} holds the lease): check that worker; it is slow, blocked or looping"
+        return "alive (fresh heartbeat): check the worker; it is slow, blocked or looping"
+    if state == WAITING_INPUT:
+        return input_hint(sid, waiting_on[0] if waiting_on else "ID", payload)
+    if state in (WAITING_JOB, OVERDUE):
+        return job_hint(sid, waiting_on[0] if waiting_on else "JOB_ID")
+    return f"flowscope show {sid}"
