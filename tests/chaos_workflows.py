@@ -22,7 +22,7 @@ from flowscope import START, JoinNode, NodeContext, RetryConfig, Workflow, node
 __all__ = ["ALL", "chain", "fanout", "retrying", "asking", "job", "racing", "side_effect", "resume_args", "stop_workers"]
 
 STEP_S = float(os.environ.get("CHAOS_STEP_S", "0.08"))
-#: How long race_slow works (tests/test_answer_while_running.py gives it seconds, for the CLI).
+#: How long race_slow works (tests/engine/test_answer_while_running.py gives it seconds, for the CLI).
 RACE_SLOW_S = float(os.environ.get("RACE_SLOW_S", str(STEP_S * 5)))
 
 

@@ -9,6 +9,10 @@ import pytest
 from flowscope.store import MemoryEventStore
 
 sys.path.insert(0, str(Path(__file__).parent))
+# Test modules are filed in folders mirroring src/flowscope, with unique names; a few share
+# fixtures and helpers by importing each other (test_otlp_export's receiver, say).
+for _folder in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir() and p.name.isidentifier()):
+    sys.path.insert(1, str(_folder))
 
 
 #: Test modules whose imports alone take seconds (google-adk and langgraph with langsmith:

@@ -1,4 +1,4 @@
-"""Workflows of the production-shape signals test (tests/test_signals_e2e.py), served by
+"""Workflows of the production-shape signals test (tests/observability/test_signals_e2e.py), served by
 ``flowscope worker signal_workflows:ATTR`` processes. Every fault happens inside a nested
 workflow, so that a signal counted at a container instead of the deepest path shows.
 

@@ -1,4 +1,4 @@
-"""A worker process for the span-shipping SIGKILL test (tests/test_span_shipping.py).
+"""A worker process for the span-shipping SIGKILL test (tests/observability/test_span_shipping.py).
 
 ``python span_kill_worker.py DB SESSION ENDPOINT CONTEXTS MODE [BLOCK_AT]``: MODE ``run``
 starts a chain of 8 nodes on SQLite with the tracing plugin exporting to ENDPOINT over

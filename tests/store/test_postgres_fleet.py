@@ -30,10 +30,10 @@ import pytest
 from flowscope import Runner
 from flowscope.store import PostgresEventStore, rebuild
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import chaos_workflows as cw  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 HOSTS = ["host-a", "host-a", "host-b", "host-b"]
 LEASE_S = 3.0

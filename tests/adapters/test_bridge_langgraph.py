@@ -50,7 +50,7 @@ from flowscope.store import SqliteEventStore
 # imports take seconds (tests/conftest.py: SLOW_TO_IMPORT): the whole module is in the slow set
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]
 CLI = str(Path(sys.executable).with_name("flowscope"))
 
 

@@ -25,7 +25,7 @@ import pytest
 from flowscope.fold import rebuild
 from flowscope.store import SqliteEventStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 SESSIONS = 3
 

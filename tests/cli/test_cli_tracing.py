@@ -1,5 +1,5 @@
 """Tracing as it runs in production: ``flowscope worker`` and ``flowscope demo`` processes
-started through the CLI, a real OTLP receiver (otelsink, tests/test_otlp_export.py), a real
+started through the CLI, a real OTLP receiver (otelsink, tests/observability/test_otlp_export.py), a real
 HTTP server and a real instrumented HTTP client (``opentelemetry-instrumentation-urllib``)
 inside a node body, and a worker killed with SIGKILL (docs/telemetry.md, "Spans").
 """

@@ -27,8 +27,8 @@ from flowscope.ownership import Owner, this_process
 from flowscope.store.sqlite import SqliteEventStore
 from test_otlp_export import clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
-WORKER = str(Path(__file__).with_name("span_kill_worker.py"))
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+WORKER = str(Path(__file__).resolve().parents[1] / "span_kill_worker.py")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 NOW = 10_000.0
 
 

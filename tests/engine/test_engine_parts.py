@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ENGINE = Path(__file__).resolve().parent.parent / "src" / "flowscope" / "engine"
+ENGINE = Path(__file__).resolve().parents[2] / "src" / "flowscope" / "engine"
 
 
 def private_reaches(source: str) -> list[str]:

@@ -83,7 +83,7 @@ async def _one_case(case: int, tmp_path, request=None) -> None:
     inner = _store(case, tmp_path, request)
     point = rng.randint(1, len(base_events))
     mode = rng.choice(["crash", "crash", "abort"])
-    info = f"case={case} seed={seed} mode={mode} point={point} (FLOWSCOPE_FUZZ_ONLY={case} pytest tests/test_replay_fuzz.py)"
+    info = f"case={case} seed={seed} mode={mode} point={point} (FLOWSCOPE_FUZZ_ONLY={case} pytest tests/engine/test_replay_fuzz.py)"
 
     if mode == "crash":
         crashing = CrashingStore(inner, crash_at=point, commit_last=rng.random() < 0.5, effects=effects)

@@ -18,7 +18,7 @@ import pytest
 from pg_cluster import PASSWORD, PASSWORD_ROLE, PgCluster
 from prom_harness import PrometheusServer, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
 pytestmark = pytest.mark.slow

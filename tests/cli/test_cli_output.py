@@ -19,7 +19,7 @@ from flowscope import START, Runner, Workflow, node
 from flowscope.cli import cli
 from flowscope.store import SqliteEventStore
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

@@ -21,7 +21,7 @@ from flowscope.store.sqlite import SqliteEventStore
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_url_printed_first_is_already_listening(tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ from prom_harness import (
     render_grafana_expr,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards/grafana/flowscope-overview.json"
 DATASOURCES = ROOT / "dashboards/grafana/provisioning/datasources/flowscope.yml"
 DASHBOARD_PROVIDERS = ROOT / "dashboards/grafana/provisioning/dashboards/flowscope.yml"

@@ -48,7 +48,7 @@ from test_dashboards import ALERTS, alert_rules
 pytestmark = pytest.mark.slow
 
 FLOWSCOPE = Path(sys.executable).parent / "flowscope"
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 #: The shipped age thresholds (``15 * 60``, ``5 * 60`` seconds) divided by this: 3 s, 1 s.
 AGE_SCALE = 300
 WORKERS_JOB = "flowscope-workers"

@@ -15,7 +15,7 @@ from flowscope.store import SqliteEventStore, rebuild
 # Every test here starts processes or servers, or runs the demo end to end.
 pytestmark = pytest.mark.slow
 
-WORKER = str(Path(__file__).with_name("job_worker.py"))
+WORKER = str(Path(__file__).resolve().parents[1] / "job_worker.py")
 
 
 def step(db, dispatched, *args):

@@ -23,7 +23,7 @@ from conftest import of_type
 from flowscope import START, JoinNode, Plugin, RetryConfig, Route, Runner, Workflow, node
 from flowscope.observability import TracingPlugin
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 class Tracing:

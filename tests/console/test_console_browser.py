@@ -28,7 +28,7 @@ from console_workflows import APPROVAL_SESSION, FAILED_SESSION, PAUSED_SESSION, 
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/lib/chromium/chromium")
 #: Where the session page's screenshot goes when set (docs/console.md shows it).
 SCREENSHOT = os.environ.get("FLOWSCOPE_CONSOLE_SCREENSHOT")

@@ -20,7 +20,7 @@ from flowscope.errors import ConcurrencyConflict
 from flowscope.liveness import owner_alive
 from flowscope.store.sqlite import SqliteEventStore
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 PROC = str(HERE / "ownership_proc.py")
 FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 

@@ -4,7 +4,7 @@ its worker's death as an ERROR ending at its last heartbeat, job results as span
 a dead process's spans keeping its resource when another process ships them.
 
 In process, with a fresh SDK provider and an in-memory exporter per test; the processes
-(``flowscope worker`` killed with SIGKILL, a real OTLP receiver) are in tests/test_cli_tracing.py.
+(``flowscope worker`` killed with SIGKILL, a real OTLP receiver) are in tests/cli/test_cli_tracing.py.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from prom_harness import free_port
 pytestmark = pytest.mark.slow
 
 FLOWSCOPE = Path(sys.executable).parent / "flowscope"
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 #: Another loopback address (all of 127/8 is loopback on Linux): bound explicitly, so an
 #: endpoint that ignored --metrics-host would not answer on it.
 OTHER_HOST = "127.0.0.2"

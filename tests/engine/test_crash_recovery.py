@@ -17,7 +17,7 @@ from flowscope.store import SqliteEventStore, rebuild
 # Every test here starts processes or servers, or runs the demo end to end.
 pytestmark = pytest.mark.slow
 
-WORKER = str(Path(__file__).with_name("crash_worker.py"))
+WORKER = str(Path(__file__).resolve().parents[1] / "crash_worker.py")
 
 
 def worker(*args, check=True):
@@ -218,7 +218,7 @@ def test_two_processes_resume_the_same_session_at_once(tmp_path, base):
 async def test_a_session_whose_process_died_a_moment_ago_resumes_without_force(tmp_path):
     """The owner is a fact in the store, not a guess from a recent heartbeat: a
     process killed a moment ago is dead, so its session is taken over at once. (A live
-    owner is refused: tests/test_ownership_engine.py.)"""
+    owner is refused: tests/engine/test_ownership_engine.py.)"""
     from flowscope import Runner
 
     sys.path.insert(0, str(Path(WORKER).parent))

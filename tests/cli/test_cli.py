@@ -31,7 +31,7 @@ from flowscope.export import load_otlp_json
 from flowscope.store import SqliteEventStore
 
 FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 STALE = "0.5s"
 
 

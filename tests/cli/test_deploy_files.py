@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from flowscope.cli import cli
 from flowscope.cli.deploy_cmd import FOLDERS, shipped_files
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def repo_files() -> dict[str, bytes]:
