@@ -27,17 +27,17 @@ import json
 import threading
 import time
 from contextlib import contextmanager
+from operator import attrgetter
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ...errors import ConcurrencyConflict, LeaseLost, StoreCorrupt, StoreError, StoreReadOnly, StoreUnavailable
+from ...errors import ConcurrencyConflict, LeaseLost, StoreError, StoreReadOnly, StoreUnavailable
 from ...events import Event
-from ...fold import gc_paused
 from ...jsontext import dumps_finite
-from ...liveness import owner_alive, stale_before
+from ...liveness import stale_before
 from ...ownership import Lease, Owner, this_host
 from ..appending import Cached, append_steps, owner_from_column, prepare_batches, take_in_steps
 from ..base import (
@@ -56,7 +56,7 @@ from ..base import (
     one_renewal,
 )
 from ..codec import decode, encode
-from . import ownership
+from . import maintenance, ownership
 from . import queries as q
 from . import schema as sch
 from .conninfo import SYNCHRONOUS_COMMIT, build_conninfo, check_options
@@ -70,6 +70,8 @@ __all__ = ["PostgresEventStore", "SYNCHRONOUS_COMMIT"]
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
 _NODE_CACHE_SESSIONS = 64  # sessions whose state an append keeps for the next one
+#: The order of job_result_summary's groups: by workflow, node, then verdict.
+_BY_WORKFLOW_NODE_RESULT = attrgetter("workflow", "node", "result")
 
 
 class PostgresEventStore(EventStore):
@@ -268,31 +270,8 @@ class PostgresEventStore(EventStore):
 
     def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
         after = after_seq if after_seq > 0 else 0
-
-        def fetch(conn: Conn) -> list[Any]:
-            row = conn.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone()
-            if row is None or row[0] <= after:
-                return []
-            last = row[0]
-            with gc_paused():  # bounded by last_seq: a concurrent append beyond it cannot tear the read
-                rows = conn.execute(q.SQL_READ, (session_id, after, last)).fetchall()
-            if len(rows) != last - after:
-                raise self._gap(conn, session_id, after, last)
-            return rows
-
-        rows = self._run("read events", fetch, retry=True)
+        rows = self._run("read events", lambda c: maintenance.fetch(c, self.where, session_id, after), retry=True)
         return decode(self.where, session_id, after, rows)
-
-    def _gap(self, conn: Conn, session_id: str, after: int, last: int) -> StoreCorrupt:
-        expected = after + 1
-        for (s,) in conn.execute(q.SQL_READ_SEQS, (session_id, after, last)):
-            if s != expected:
-                break
-            expected += 1
-        return StoreCorrupt(
-            f"PostgreSQL at {self.where}: the log of session {session_id!r} has a gap: seq {expected} is missing "
-            f"(the session is at seq {last}); restore the database from a backup"
-        )
 
     def last_seq(self, session_id: str) -> int:
         row = self._run("read the last seq", lambda c: c.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone(), retry=True)
@@ -380,8 +359,11 @@ class PostgresEventStore(EventStore):
         def end(conn: Conn) -> None:
             with conn.transaction():
                 row = conn.execute(q.SQL_RELEASE, (lease.session_id, lease.epoch)).fetchone()
-                if row is not None and row[0] in ("queued", "answered", "running"):  # claimable at once now
-                    conn.execute(q.SQL_NOTIFY, (self._channel, row[1] or ""))
+                if row is None:
+                    return
+                status, workflow = row
+                if status in ("queued", "answered", "running"):  # claimable at once now
+                    conn.execute(q.SQL_NOTIFY, (self._channel, workflow or ""))
 
         self._run("release a lease", end, retry=True)
 
@@ -491,7 +473,8 @@ class PostgresEventStore(EventStore):
     def job_result_summary(self) -> list[JobResultGroup]:
         """The port's count in one ``GROUP BY`` over the log's job results."""
         rows = self._run("count job results", lambda c: c.execute(q.SQL_JOB_RESULTS).fetchall(), retry=True)
-        return [JobResultGroup(wf or "", node or "", str(result), int(n)) for wf, node, result, n in sorted(rows, key=lambda r: (r[0] or "", r[1] or "", str(r[2])))]
+        groups = [JobResultGroup(wf or "", node or "", str(result), int(n)) for wf, node, result, n in rows]
+        return sorted(groups, key=_BY_WORKFLOW_NODE_RESULT)
 
     # ------------------------------------------------------------------ waking workers
 
@@ -519,7 +502,10 @@ class PostgresEventStore(EventStore):
 
     def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
         row = self._run("read a snapshot", lambda c: c.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone(), retry=True)
-        return (int(row[0]), str(row[1])) if row is not None else None
+        if row is None:
+            return None
+        seq, data = row
+        return int(seq), str(data)
 
     # ------------------------------------------------------------------ span shipping
 
@@ -529,7 +515,7 @@ class PostgresEventStore(EventStore):
 
     def unexported(self) -> list[tuple[SessionInfo, int]]:
         rows = self._run("list sessions with spans to ship", lambda c: c.execute(q.SQL_UNEXPORTED).fetchall(), retry=True)
-        return [(_session_info(r[:-1]), int(r[-1])) for r in rows]
+        return [(_session_info(info), int(exported)) for *info, exported in rows]
 
     def set_exported_seq(self, session_id: str, seq: int) -> None:
         self.set_exported_seqs({session_id: seq})
@@ -553,22 +539,8 @@ class PostgresEventStore(EventStore):
         if not ids:
             return []
         self._writable("delete sessions")
-        now = time.time()
-        host = this_host()
-
-        def prune(conn: Conn) -> list[str]:
-            with conn.transaction():
-                conn.execute(q.SQL_PRUNE_LOCK, {"ids": ids})
-                # after the locks: a resume or a takeover that committed first keeps its log
-                rows = conn.execute(q.SQL_PRUNABLE, {"ids": ids}).fetchall()
-                prunable = {sid for sid, owner, lease in rows if not owner_alive(owner_from_column(owner), lease, now, host=host)}
-                deleted = [sid for sid in ids if sid in prunable]
-                if deleted:
-                    for statement in q.SQL_PRUNE:
-                        conn.execute(statement, {"ids": deleted})
-            return deleted
-
-        deleted = self._run("delete sessions", prune)  # no retry: a lost commit would report nothing deleted
+        # no retry: a lost commit would report nothing deleted
+        deleted = self._run("delete sessions", lambda c: maintenance.delete_sessions(c, ids))
         with self._cache_lock:
             for sid in deleted:
                 self._node_cache.pop(sid, None)

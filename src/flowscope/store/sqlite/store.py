@@ -440,7 +440,10 @@ class SqliteEventStore(EventStore):
     def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
         with self._op("read a snapshot") as conn:
             row = conn.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone()
-        return (row[0], row[1]) if row is not None else None
+        if row is None:
+            return None
+        seq, data = row
+        return seq, data
 
     # ------------------------------------------------------------------ group commit, span shipping
 
@@ -520,7 +523,7 @@ class SqliteEventStore(EventStore):
             if conn.execute(q.SQL_HAS_SPAN_EXPORTS).fetchone() is None:  # nothing shipped from this file yet
                 return [(_session_info(r), 0) for r in conn.execute(q.SQL_SESSIONS).fetchall()]
             rows = conn.execute(q.SQL_UNEXPORTED).fetchall()
-        return [(_session_info(r[:-1]), int(r[-1])) for r in rows]
+        return [(_session_info(info), int(exported)) for *info, exported in rows]
 
     def set_exported_seq(self, session_id: str, seq: int) -> None:
         self.set_exported_seqs({session_id: seq})

@@ -103,8 +103,12 @@ class Bulk(Writer):
 
     def read_sessions(self, session_ids: Sequence[str]) -> None:
         for marks, chunk in in_chunks(session_ids):
-            for r in self.conn.execute(q.SQL_SESSIONS_IN + marks, chunk):
-                self.rows[r[0]] = session_row(r[1:])
+            for sid, workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner in self.conn.execute(
+                q.SQL_SESSIONS_IN + marks, chunk
+            ):
+                self.rows[sid] = make_session_row(
+                    workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, 0
+                )
 
     def session(self, session_id: str) -> SessionRow | None:
         return self.rows.get(session_id)
