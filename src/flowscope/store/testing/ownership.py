@@ -38,9 +38,21 @@ from .helpers import (
 
 __all__ = ["OwnershipContract"]
 
+
 class OwnershipContract(ContractBase):
     """What every :class:`~flowscope.store.ownership.Ownership` must do (over its event
     log): leases, the fence on appends, claims, and the workers seen."""
+
+    def create_store(self) -> EventStore:
+        """A new, empty store for one test: ownership fences the log, so it is a whole store."""
+        raise NotImplementedError  # abstract
+
+    def open_again(self, store: EventStore) -> EventStore | None:
+        """A second handle on ``store``'s data (another connection, as another process
+        would have), or None if the store cannot have one (then the claim race runs
+        on the one object from two threads). The caller closes it."""
+        return None
+
 
     def test_acquire_records_owner_epoch_and_lease_on_the_session(self, store: EventStore) -> None:
         me = this_process("w-1")
