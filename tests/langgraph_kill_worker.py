@@ -1,5 +1,5 @@
 """Runs a LangGraph graph whose second node sleeps, recorded by the bridge into a SQLite store;
-the test kills this process with SIGKILL while that node runs (issue 17).
+the test kills this process with SIGKILL while that node runs.
 
 Usage: python langgraph_kill_worker.py DB THREAD_ID
 """

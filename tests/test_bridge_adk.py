@@ -1,4 +1,4 @@
-"""The ADK bridge (issue 17) against the real google-adk: function nodes only, no model, no network."""
+"""The ADK bridge against the real google-adk: function nodes only, no model, no network."""
 
 from __future__ import annotations
 
@@ -243,7 +243,7 @@ async def test_spans_nest_by_path_live_and_from_the_log(store):
     mine = [s for s in exporter.get_finished_spans() if s.instrumentation_scope.name == "flowscope"]
     by_path = {s.attributes["flowscope.node.path"]: s for s in mine if "flowscope.node.path" in s.attributes}
     assert set(by_path) == {"outer@1", "outer@1/inner@1", "outer@1/inner@1/flaky@1", "outer@1/tail@1"}
-    # one span for the invocation and its top workflow's run (issue 15)
+    # one span for the invocation and its top workflow's run
     (inv,) = [s for s in mine if s.attributes.get("gen_ai.operation.name") == "invoke_workflow" and s.parent is None]
     assert inv.name == "invoke_workflow outer" and inv.attributes["flowscope.run.outcome"] == "completed"
 

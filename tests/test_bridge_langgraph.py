@@ -1,4 +1,4 @@
-"""The LangGraph bridge (issue 17) against the real langgraph: function nodes, no model, no network."""
+"""The LangGraph bridge against the real langgraph: function nodes, no model, no network."""
 
 from __future__ import annotations
 
@@ -223,7 +223,7 @@ async def test_spans_nest_by_path_live_and_from_the_log_with_ainvoke(store):
     spans = exporter.get_finished_spans()
     by_path = {s.attributes["flowscope.node.path"]: s for s in spans if "flowscope.node.path" in s.attributes}
     assert set(by_path) == {"pipeline@1", "pipeline@1/first@1", "pipeline@1/sub@1", "pipeline@1/sub@1/step@1"}
-    # one span for the invocation and its top workflow's run (issue 15)
+    # one span for the invocation and its top workflow's run
     (inv,) = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "invoke_workflow" and s.parent is None]
     assert by_path["pipeline@1"] is inv
     for path in ("pipeline@1/first@1", "pipeline@1/sub@1"):

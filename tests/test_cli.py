@@ -255,7 +255,7 @@ def test_stuck_thresholds_and_states(demo_db):
     assert [(r["session_id"], r["state"]) for r in json.loads(result.stdout)] == [(ids["export"], "orphaned")]
     assert "nothing stuck" in invoke("--db", str(db), "stuck", "--state", "waiting_job").stdout
     rows = json.loads(invoke("--db", str(db), "stuck", "--older-than", "0s", "--stale-after", "1h", "--format", "json").stdout)
-    # issue 13: the killed worker's owner process is gone, so its run is orphaned at once,
+    # the killed worker's owner process is gone, so its run is orphaned at once,
     # whatever --stale-after says (that threshold is only for sessions without an owner)
     assert {r["session_id"]: r["state"] for r in rows} == {
         ids["export"]: "orphaned", ids["lost"]: "overdue", ids["queued"]: "queued"}  # the demo's queue: no worker serves it
@@ -406,7 +406,7 @@ def test_resume_recovers_a_killed_worker(tmp_path):
             assert wait_until_running(store, "crash-1", proc)
         finally:
             kill_worker(proc)
-    # issue 13: its owner's process is gone (same host), so it is orphaned at once and a
+    # its owner's process is gone (same host), so it is orphaned at once and a
     # plain resume takes it over, without --force and without waiting for its heartbeat
     proc = run_cli("--db", str(db), "resume", "crash-1")
     assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,4 @@
-"""The operator's CLI as a new user tries it (issue 18): every defect found, every command
+"""The operator's CLI as a new user tries it: every defect found, every command
 and flag added, through the console script in a subprocess on a real SQLite file."""
 
 from __future__ import annotations

@@ -216,7 +216,7 @@ def test_two_processes_resume_the_same_session_at_once(tmp_path, base):
 
 
 async def test_a_session_whose_process_died_a_moment_ago_resumes_without_force(tmp_path):
-    """Issue 13: the owner is a fact in the store, not a guess from a recent heartbeat: a
+    """The owner is a fact in the store, not a guess from a recent heartbeat: a
     process killed a moment ago is dead, so its session is taken over at once. (A live
     owner is refused: tests/test_ownership_engine.py.)"""
     from flowscope import Runner

@@ -80,7 +80,7 @@ CONTRACT: dict[str, tuple[str, tuple[str, ...], dict[str, set[str]]]] = {
     "flowscope_store_orphaned_runs": ("gauge", ("workflow", "node"), {}),
     "flowscope_store_overdue_jobs": ("gauge", ("workflow", "node"), {}),
     "flowscope_store_up": ("gauge", (), {}),  # 1 when the StoreCollector could read the store
-    # issue 13: the queue (from the store) and the workers (in-process, MetricsPlugin of a Worker)
+    # the queue (from the store) and the workers (in-process, MetricsPlugin of a Worker)
     "flowscope_store_queued_sessions": ("gauge", ("workflow",), {}),
     "flowscope_store_oldest_queued_timestamp_seconds": ("gauge", ("workflow",), {}),
     "flowscope_worker_claims_total": ("counter", ("workflow", "reason"),
@@ -634,7 +634,7 @@ def test_dashboard_shows_what_an_sre_needs():
     assert has(r'error_code="UNKNOWN_ERROR"'), "share of UNKNOWN_ERROR"
     assert has(r"by \(state\).*flowscope_store_open_runs"), "open runs by state"
     assert has(r"time\(\) - .*flowscope_store_oldest_open_run_start_timestamp_seconds"), "oldest age"
-    # issue 13: the queue and the workers
+    # the queue and the workers
     assert has(r"by \(workflow\).*flowscope_store_queued_sessions"), "queued sessions by workflow"
     assert has(r"time\(\) - .*flowscope_store_oldest_queued_timestamp_seconds"), "oldest queued age"
     assert has(r"by \(workflow, reason\).*flowscope_worker_claims_total"), "claims by reason"

@@ -1,4 +1,4 @@
-"""End to end (issue 8, "Must show"): the shipped dashboard and alert rules against the real
+"""End to end: the shipped dashboard and alert rules against the real
 ``flowscope demo`` and a real Prometheus.
 
 One test, in real processes, with real waiting:
@@ -324,7 +324,7 @@ def test_demo_scraped_by_a_real_prometheus_fills_the_dashboard_and_fires_the_orp
             raw = prom.query(f"{selector}[5m]")
             assert len(raw) == 1, raw
             samples = [(float(ts), float(v)) for ts, v in raw[0]["values"]]
-            # issue 13: the owner's process is gone (same host), so the run is orphaned from the
+            # the owner's process is gone (same host), so the run is orphaned from the
             # first scrape after the kill, not once its heartbeat is --stale-after old
             early = [(ts, v) for ts, v in samples if v > 0 and ts < last_beat - SCRAPE_SLACK]
             assert not early, f"{job}: orphaned before the worker was killed: {early}"

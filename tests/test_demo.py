@@ -163,7 +163,7 @@ def test_audit_and_stuck_json_report_them(demo):
 
 
 def test_the_killed_worker_is_orphaned_at_once_and_every_hint_runs_as_printed(tmp_path):
-    """Issue 13: no --stale-after wait for the dead worker; each `flowscope ...` line the
+    """No --stale-after wait for the dead worker; each `flowscope ...` line the
     demo prints under "next, try" (but serve-metrics, which serves until stopped) exits 0."""
     proc = run_cli("demo", cwd=tmp_path)  # the default --stale-after (5s): not waited for
     assert proc.returncode == 0, proc.stderr

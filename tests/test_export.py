@@ -156,7 +156,7 @@ def test_export_matches_the_live_spans_of_the_demo(demo_run, session_id):
     events = store.read(session_id)
     exported = tree_from_proto(load_otlp_json(export_json(events)))
     live = tree_from_sdk(_session_spans(live_spans, session_id))
-    assert len(live) >= 20  # one span per invocation and its top workflow's run (issue 15)
+    assert len(live) >= 20  # one span per invocation and its top workflow's run
     assert_same_spans(live, exported)
 
 

@@ -1,4 +1,4 @@
-"""Group commit across sessions (issue 15): concurrent sessions' events go to the store in
+"""Group commit across sessions: concurrent sessions' events go to the store in
 one transaction per loop turn; each session's next node still waits for its own terminal
 event to be committed; a failed transaction fails each of its sessions with the store's error."""
 

@@ -1,4 +1,4 @@
-"""Issue 14: bad input, odd values and hostile messages get a clear answer and lose nothing.
+"""Bad input, odd values and hostile messages get a clear answer and lose nothing.
 
 One test per bullet of the issue (routes, state, outputs across resume, redaction,
 bounded labels, phantom failures, hostile exceptions, names and ids, wide fan-outs, the

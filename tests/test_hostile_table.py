@@ -1,4 +1,4 @@
-"""Issue 14, must show: a table of hostile values (outputs, state values, exception types
+"""A table of hostile values (outputs, state values, exception types
 and messages, ids, names) fed through one workflow on one SQLite file.
 
 For each row: a clear error (the documented class and ``error_code``) or the documented

@@ -1,4 +1,4 @@
-"""The failure contract for long-running external jobs (issue 6), in one process."""
+"""The failure contract for long-running external jobs, in one process."""
 
 from __future__ import annotations
 
@@ -195,7 +195,7 @@ async def test_a_result_delivered_twice_while_still_paused_is_appended_once(stor
     first = worker.jobs[0].job_id
     await runner.resume("s", jobs={first: {"success": True, "data": 1}})
     before = store.last_seq("s")
-    with pytest.raises(ResumeError, match="already reported"):  # a redelivery (issue 13: an error, not dropped)
+    with pytest.raises(ResumeError, match="already reported"):  # a redelivery (an error, not dropped)
         await runner.resume("s", jobs={first: {"success": True, "data": 1}})
     assert store.last_seq("s") == before  # no empty invocation appended
     assert len([r for r in of_type(store.read("s"), "job_result") if r.job_id == first]) == 1

@@ -1,5 +1,5 @@
 """MetricsPlugin: exact sample values on a fresh registry per test, the same numbers through
-the OpenTelemetry backend, exemplars, bounded labels (docs/design.md, "Metrics"; issue 5)."""
+the OpenTelemetry backend, exemplars, bounded labels (docs/design.md, "Metrics")."""
 
 from __future__ import annotations
 
@@ -575,7 +575,7 @@ async def test_exemplars_with_the_real_tracing_plugin(metrics_first):
     invocations = {
         s.attributes["gen_ai.workflow.name"]: s
         for s in finished
-        # one span for the invocation and its top workflow's run (issue 15)
+        # one span for the invocation and its top workflow's run
         if s.attributes.get("gen_ai.operation.name") == "invoke_workflow"
     }
     wf_ex = {
@@ -637,8 +637,8 @@ def test_catalog_names_kinds_labels_buckets():
         "flowscope_workflow_duration_seconds": ("histogram", ("workflow", "outcome")),
         "flowscope_job_results": ("counter", ("workflow", "node", "result")),
         "flowscope_plugin_errors": ("counter", ("plugin", "hook")),
-        "flowscope_resume_conflicts": ("counter", ("workflow",)),  # issue 14
-        "flowscope_metrics_overflow": ("counter", ("metric",)),  # issue 14
+        "flowscope_resume_conflicts": ("counter", ("workflow",)),
+        "flowscope_metrics_overflow": ("counter", ("metric",)),
     }
     assert {name: f.type for name, f in families.items()} == {k: v[0] for k, v in expected.items()}
     for spec in INSTRUMENTS:
@@ -670,7 +670,7 @@ async def test_otel_dotted_names_and_units(m):
         "flowscope.node.runs", "flowscope.node.duration", "flowscope.node.errors", "flowscope.node.retries",
         "flowscope.node.attempts", "flowscope.nodes.running", "flowscope.workflow.runs",
         "flowscope.workflow.duration", "flowscope.job.results", "flowscope.plugin.errors",
-        "flowscope.resume.conflicts", "flowscope.metrics.overflow",  # issue 14
+        "flowscope.resume.conflicts", "flowscope.metrics.overflow",
     }  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Real OTLP export (issue 4): the real exporters (opentelemetry-exporter-otlp, HTTP/protobuf
+"""Real OTLP export: the real exporters (opentelemetry-exporter-otlp, HTTP/protobuf
 and gRPC), set up by ``configure_tracing``, sending to a real receiver written by someone
 else, in this process on 127.0.0.1.
 
@@ -203,7 +203,7 @@ async def test_spans_reach_a_real_otlp_receiver(protocol, monkeypatch):
     assert {scope for _res, scope, _s in received} == {"flowscope"}
     spans = [s for _r, _sc, s in received]
     by_id = {s.span_id: s for s in spans}
-    # paused (5), resumed (3), failed (3): the top workflow's run and its invocation are one span (issue 15)
+    # paused (5), resumed (3), failed (3): the top workflow's run and its invocation are one span
     assert len(by_id) == len(spans) == 11
 
     def span_attrs(s):
@@ -286,7 +286,7 @@ async def test_endpoint_and_protocol_from_the_standard_environment(protocol, mon
             wf = Workflow("w", edges=[(START, node(lambda x: x, name="a"))])
             await Runner(wf, plugins=[handle.plugin()]).run(1)
         received = collected.spans()
-    assert len(received) == 2  # the invocation (one span with its top workflow's run, issue 15) and node a
+    assert len(received) == 2  # the invocation (one span with its top workflow's run) and node a
     res = received[0][0]
     assert res["service.name"] == "renamed-by-operator"
     assert res["deployment.environment"] == "test"

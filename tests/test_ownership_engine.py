@@ -1,4 +1,4 @@
-"""Issue 13, engine side, with real processes on a real SQLite file: a killed owner is
+"""Engine side, with real processes on a real SQLite file: a killed owner is
 orphaned at once, a blocked owner keeps its lease, a stopped owner is fenced off."""
 
 from __future__ import annotations

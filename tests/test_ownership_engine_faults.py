@@ -1,4 +1,4 @@
-"""Issue 13, engine side, in one process: store faults at every append, lost leases,
+"""Engine side, in one process: store faults at every append, lost leases,
 live owners, sync-node timeouts, submitted runs and answers recorded through the store."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""StoreCollector and run ownership (issue 13): queued sessions, and orphaned runs by the
+"""StoreCollector and run ownership: queued sessions, and orphaned runs by the
 owner rule, scraped through a real prometheus-client registry."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Run ownership in the SQLite store (issue 13), across real processes: claims race
+"""Run ownership in the SQLite store, across real processes: claims race
 between processes, a SIGKILLed owner is taken over at once, a schema-2 file migrates in
 place, and the claim and queued queries read only their indexes."""
 

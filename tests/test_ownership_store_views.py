@@ -1,4 +1,4 @@
-"""The listings (stuck, show, runs) report the owner and classify runs by the owner rule (issue 13)."""
+"""The listings (stuck, show, runs) report the owner and classify runs by the owner rule."""
 
 from __future__ import annotations
 

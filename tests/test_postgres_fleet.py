@@ -1,4 +1,4 @@
-"""The fleet on PostgreSQL (issue 16, "Must show"): four ``flowscope worker`` processes
+"""The fleet on PostgreSQL: four ``flowscope worker`` processes
 posing as two hosts (``FLOWSCOPE_HOST``), 500 submitted sessions, workers SIGKILLed at
 random and restarted, both workers of one host killed at once and left down past their
 lease.

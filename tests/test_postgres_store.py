@@ -119,7 +119,7 @@ def test_concurrent_openers_migrate_once(url: str):
 
 
 def test_a_schema_1_database_is_migrated_to_the_span_watermark_table_keeping_its_log(url: str):
-    with PostgresEventStore(url) as s:  # a database as issue 16 wrote it: schema 1, one session
+    with PostgresEventStore(url) as s:  # a database as the first release wrote it: schema 1, one session
         s.append("old", [ev(RunSubmitted, sid="old", workflow="w", ts=1.0)], 0)
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("DROP TABLE span_exports")

@@ -1,4 +1,4 @@
-"""Rules R1-R7, R11, R12 and (within one process) R8/R9 of the design, and the seeds' cases."""
+"""Rules R1-R13 of the design (R8/R9 within one process), and the seeds' cases."""
 
 from __future__ import annotations
 
@@ -481,3 +481,57 @@ async def test_r12_non_serialisable_run_input_is_refused_before_anything_is_writ
     with pytest.raises(OutputNotSerializableError, match="run input"):
         await Runner(wf, store=store).run(object(), session_id="s")
     assert store.read("s") == []
+
+
+# -- R10: two writers of one session: one wins, the other appends nothing ----------------------
+
+
+async def test_r10_a_second_writer_mid_run_wins_and_the_runner_appends_nothing_after(store):
+    """Another process appends to the session while a node runs: the runner's next append
+    is refused with ConcurrencyConflict, and nothing of it reaches the log."""
+    from flowscope.errors import ConcurrencyConflict
+    from flowscope.events import StateUpdated
+
+    intruder = {}
+
+    def meddle(x):
+        seq = store.last_seq("s")
+        [e] = store.append("s", [StateUpdated(session_id="s", ts=1.0, values={"k": 1})], seq)
+        intruder["seq"] = e.seq
+        return x
+
+    wf = Workflow("w", edges=[(START, node(meddle, name="a"), node(lambda x: x, name="b"))])
+    with pytest.raises(ConcurrencyConflict):
+        await Runner(wf, store=store).run(1, session_id="s")
+    log = store.read("s")
+    assert log[-1].seq == intruder["seq"] and log[-1].type == "state_updated"
+
+
+def test_r10_an_append_under_a_superseded_epoch_raises_lease_lost_and_writes_nothing(store):
+    from flowscope.errors import LeaseLost
+    from flowscope.events import RunStarted
+    from flowscope.ownership import this_process
+
+    first = store.acquire("s", this_process("w1"), 30.0)
+    store.append("s", [RunStarted(session_id="s", ts=1.0, workflow="w")], 0, epoch=first.epoch)
+    second = store.acquire("s", this_process("w2"), 30.0, force=True)
+    assert second.epoch > first.epoch
+    with pytest.raises(LeaseLost):
+        store.append("s", [RunStarted(session_id="s", ts=2.0, workflow="w")], 1, epoch=first.epoch)
+    assert store.last_seq("s") == 1
+
+
+# -- R13: messages leave the process redacted, redacted where they are recorded ---------------
+
+
+async def test_r13_a_failure_message_is_redacted_where_it_is_recorded(store):
+    secret = "hunter2-very-secret"
+    exc = Boom(f"login failed for postgres://app:{secret}@db/x, see /home/alice/app/pay.py password={secret}")
+    wf = Workflow("w", edges=[(START, failing(exc))])
+    with pytest.raises(Boom):
+        await Runner(wf, store=store).run(1, session_id="s")
+    (err,) = of_type(store.read("s"), "node_error")
+    assert secret not in err.error_message and "/home/alice" not in err.error_message
+    assert err.error_message.startswith("login failed")  # the rest of the message is kept
+    # every event of the log, not only the error event, is free of the secret
+    assert all(secret not in repr(e) for e in store.read("s"))

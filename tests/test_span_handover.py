@@ -1,4 +1,4 @@
-"""Who ships a session's spans (issue 15): its owner, while it lives and ships its own;
+"""Who ships a session's spans: its owner, while it lives and ships its own;
 a follower (`flowscope export --follow`, `serve-metrics --otlp-endpoint`) otherwise, so
 that no span is sent twice and none is left behind."""
 

@@ -1,4 +1,4 @@
-"""Spans from the log (issue 15): the context a node body sees is the context of the span
+"""Spans from the log: the context a node body sees is the context of the span
 that is exported, live or by the next process after a SIGKILL, exactly once."""
 
 from __future__ import annotations

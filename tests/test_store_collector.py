@@ -1,5 +1,5 @@
 """StoreCollector across processes on a SqliteEventStore file, and a real HTTP scrape of
-serve_metrics (docs/design.md, issue 5). Real processes, real SIGKILL, real waiting:
+serve_metrics (docs/design.md). Real processes, real SIGKILL, real waiting:
 no timestamp is faked."""
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def test_a_killed_worker_leaves_a_running_run_that_becomes_orphaned(db, tmp_path
             what="the run to become orphaned",
         )
         assert time.time() - killed_at < 5
-        # issue 13: its owner is a dead process on this host, so it is orphaned at once,
+        # its owner is a dead process on this host, so it is orphaned at once,
         # without waiting for its heartbeat to go stale
         assert sample(dead, ORPHANED, workflow="nightly", node="crunch") == 1
         # counted once, at the deepest path: its workflow run is no second orphan

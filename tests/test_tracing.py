@@ -1,4 +1,4 @@
-"""TracingPlugin (issue 4; docs/design.md, "Spans").
+"""TracingPlugin (docs/design.md, "Spans").
 
 Every test builds a FRESH SDK TracerProvider with an InMemorySpanExporter behind a
 SimpleSpanProcessor and hands it to the plugin: the global provider is never touched.
@@ -84,7 +84,7 @@ async def test_invocation_and_node_spans_names_and_attributes(store, tracing):
     assert inv.name == "invoke_workflow orders"
     assert inv.kind.name == "INTERNAL"
     # One span for the invocation and its top workflow's run, with both sets of attributes
-    # (issue 15: before, the invocation span had an identical child for the root run).
+    # (no identical child span for the root run under the invocation span).
     assert dict(inv.attributes) == {
         "gen_ai.operation.name": "invoke_workflow",
         "gen_ai.workflow.name": "orders",
@@ -610,7 +610,7 @@ def test_resume_in_a_new_process_links_to_the_paused_invocation_and_attempts_con
     # prep completed in the first process: fast-forwarded, no span in the second
     assert set(nodes1) == {"orders@1", "orders@1/prep@1", "orders@1/approve@1"}
     assert set(nodes2) == {"orders@1", "orders@1/approve@1", "orders@1/ship@1"}
-    assert nodes2["orders@1"] == inv2  # one span for the invocation and its top workflow's run (issue 15)
+    assert nodes2["orders@1"] == inv2  # one span for the invocation and its top workflow's run
     assert nodes2["orders@1/approve@1"]["parent"] == nodes2["orders@1"]["span_id"]
 
 

@@ -1,4 +1,4 @@
-"""The worker (issue 13): SIGTERM drains, two claimers never share a session, and the CLI's
+"""The worker: SIGTERM drains, two claimers never share a session, and the CLI's
 ``worker``, ``start`` and code-less ``resume`` (real processes, real SQLite files)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Worker chaos (issue 13, "Must show"): three ``flowscope worker`` processes on one SQLite
+"""Worker chaos: three ``flowscope worker`` processes on one SQLite
 file, 100 submitted sessions, one worker SIGKILLed and restarted every half second.
 
 Sessions are chains, fan-outs with a join, a node retried after a failure, input pauses

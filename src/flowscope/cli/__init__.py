@@ -12,6 +12,7 @@ session or an argument is one line on stderr and exit code 2, never a traceback
 - :mod:`.operate_cmds`: resume, prune, serve-metrics (act on it)
 - :mod:`.action_cmds`: retry, cancel (an operator's actions, through the inbox)
 - :mod:`.demo_cmd`: demo
+- :mod:`.deploy_cmd`: deploy-files (the dashboards and collector configs the package ships)
 - :mod:`.ui_cmd`: ui (the console, :mod:`flowscope.console`)
 - :mod:`.worker_cmds`: worker, start (run ownership: workers serve submitted runs)
 - :mod:`.views` (rows), :mod:`.tables` and :mod:`.render` (drawing them), :mod:`.progress`,
@@ -20,11 +21,11 @@ session or an argument is one line on stderr and exit code 2, never a traceback
 
 from __future__ import annotations
 
-from . import action_cmds, demo_cmd, inspect_cmds, operate_cmds, ui_cmd, views, worker_cmds
+from . import action_cmds, demo_cmd, deploy_cmd, inspect_cmds, operate_cmds, ui_cmd, views, worker_cmds
 from .app import DEFAULT_DB, ENV_DB, cli, main
 from .failures import CliError
 
 __all__ = ["main", "cli", "CliError", "DEFAULT_DB", "ENV_DB", "views"]
 
-for _command in (*inspect_cmds.COMMANDS, *operate_cmds.COMMANDS, *action_cmds.COMMANDS, *worker_cmds.COMMANDS, *demo_cmd.COMMANDS, *ui_cmd.COMMANDS):
+for _command in (*inspect_cmds.COMMANDS, *operate_cmds.COMMANDS, *action_cmds.COMMANDS, *worker_cmds.COMMANDS, *demo_cmd.COMMANDS, *ui_cmd.COMMANDS, *deploy_cmd.COMMANDS):
     cli.add_command(_command)

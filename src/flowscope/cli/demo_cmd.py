@@ -301,7 +301,7 @@ def run_demo(
         click.echo("    docker run -d --name jaeger -p 16686:16686 -p 4317:4317 -p 4318:4318 jaegertracing/all-in-one")
         click.echo(f"    {prefix} demo --otlp-endpoint http://localhost:4318")
         click.echo(f"    {prefix} export {main_session} --otlp-endpoint http://localhost:4318")
-        click.echo("  The full stack (collector, Jaeger, Tempo, Prometheus, Grafana): docs/operations.md")
+        click.echo("  The full stack (collector, Jaeger, Tempo, Prometheus, Grafana): flowscope deploy-files DIR writes its configs; docs/operations.md")
 
         if server is not None:
             if tracing is not None:

@@ -167,7 +167,7 @@ def configure_cli_tracing(
         problem = unreachable(target)
         if problem is not None:
             if warn is not None:
-                warn(f"{problem}: the spans will be dropped (start a collector or Jaeger first: docs/operations.md)")
+                warn(f"{problem}: the spans will be dropped (start a collector or Jaeger first: `flowscope deploy-files DIR` writes one; docs/operations.md)")
             return None
         _quiet_sdk(target)
     # The CLI's short export timeout, unless the operator set one.

@@ -135,7 +135,7 @@ INSTRUMENTS: tuple[InstrumentSpec, ...] = (
     ),
 )  # fmt: skip
 
-#: The instruments of a :class:`~flowscope.worker.Worker` (issue 13). They are created on
+#: The instruments of a :class:`~flowscope.worker.Worker`. They are created on
 #: the first worker hook, so a process that runs no worker exposes none of them.
 WORKER_INSTRUMENTS: tuple[InstrumentSpec, ...] = (
     InstrumentSpec(

@@ -127,7 +127,7 @@ _MIGRATION_1 = [
     "CREATE INDEX workers_seen ON workers (seen_at)",
 ]
 
-#: Schema 2 (issue 15): each session's span-shipping watermark
+#: Schema 2: each session's span-shipping watermark
 #: (:meth:`~flowscope.store.base.EventStore.exported_seq`).
 _MIGRATION_2 = [
     "CREATE TABLE span_exports (session_id text PRIMARY KEY, exported_seq bigint NOT NULL)",

@@ -219,7 +219,7 @@ class PostgresEventStore(EventStore):
         return numbered
 
     def append_many(self, batches: Sequence[AppendBatch]) -> list[list[Event] | BaseException]:
-        """Every batch in one transaction (one commit for many sessions, issue 15's group
+        """Every batch in one transaction (one commit for many sessions: the group
         commit), each in a savepoint: a batch refused by its fence or its expected ``seq``
         writes nothing and its exception is its result; an error of the store itself rolls
         everything back and is raised. Sessions' rows are locked in session-id order, so
@@ -521,7 +521,7 @@ class PostgresEventStore(EventStore):
         row = self._run("read a snapshot", lambda c: c.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone(), retry=True)
         return (int(row[0]), str(row[1])) if row is not None else None
 
-    # ------------------------------------------------------------------ span shipping (issue 15)
+    # ------------------------------------------------------------------ span shipping
 
     def exported_seq(self, session_id: str) -> int:
         row = self._run("read the span watermark", lambda c: c.execute(q.SQL_EXPORTED_SEQ, (session_id,)).fetchone(), retry=True)

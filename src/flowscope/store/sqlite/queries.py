@@ -259,7 +259,7 @@ def node_state(row: Sequence[Any]) -> NodeState:
     return NodeState(**dict(zip(NODE_STATE_COLUMNS, row)))
 
 
-# -- the span-shipping watermark (issue 15): a table of its own, created on the first write,
+# -- the span-shipping watermark: a table of its own, created on the first write,
 # so that files without it stay valid and the schema version is unchanged.
 SQL_CREATE_SPAN_EXPORTS = (
     "CREATE TABLE IF NOT EXISTS span_exports (session_id TEXT PRIMARY KEY, exported_seq INTEGER NOT NULL) WITHOUT ROWID"

@@ -151,7 +151,7 @@ def _migrate_1_to_2(db: sqlite_utils.Database) -> None:
 
 
 def _migrate_2_to_3(db: sqlite_utils.Database) -> None:
-    """Run ownership (issue 13): owner, lease and fence per session; queued runs; workers.
+    """Run ownership: owner, lease and fence per session; queued runs; workers.
 
     Existing sessions get no owner (epoch 0): the liveness rule falls back to their
     heartbeats, as before.

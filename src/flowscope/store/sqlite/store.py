@@ -442,7 +442,7 @@ class SqliteEventStore(EventStore):
             row = conn.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone()
         return (row[0], row[1]) if row is not None else None
 
-    # ------------------------------------------------------------------ group commit, span shipping (issue 15)
+    # ------------------------------------------------------------------ group commit, span shipping
 
     def append_many(self, batches: Sequence[AppendBatch]) -> list[list[Event] | BaseException]:
         """Every batch in one ``BEGIN IMMEDIATE`` transaction (one fsync for many sessions).

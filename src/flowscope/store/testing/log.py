@@ -469,7 +469,7 @@ class EventLogContract(ContractBase):
         assert [e.output for e in completed] == values
         assert [type(e.output) for e in completed] == [type(v) for v in values]
 
-    # ------------------------------------------------------------------ ownership (issue 13)
+    # ------------------------------------------------------------------ ownership
 
     def test_status_goes_queued_running_paused_answered_running(self, store: EventLog) -> None:
         store.append(SID, submitted_log(SID, "orders", 5.0), 0)

@@ -45,7 +45,7 @@ class EventStoreContract(EventLogContract, OwnershipContract, InboxContract, Upk
         assert store.delete_sessions(["done"]) == ["done"]
         assert store.inbox("done") == []
 
-    # ------------------------------------------------------------------ pruning: delete_sessions (issue 18)
+    # ------------------------------------------------------------------ pruning: delete_sessions
 
     def test_delete_sessions_removes_the_owner_and_spares_a_live_one(self, store: EventStore) -> None:
         now = time.time()

@@ -68,7 +68,7 @@ class UpkeepContract(ContractBase):
         else:
             assert after is not None and after < before
 
-    # ------------------------------------------------------------------ group commit, span watermark (issue 15)
+    # ------------------------------------------------------------------ group commit, span watermark
 
     def test_the_span_watermark_only_moves_forward_and_goes_with_a_pruned_session(self, store: Upkeep) -> None:
         assert store.exported_seq("s") == 0
