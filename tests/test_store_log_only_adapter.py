@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import pytest
 
 from flowscope.events import Event, RunSubmitted, decode, encode
 from flowscope.fold import OPEN_STATES, rebuild
-from flowscope.store.base import EventLog, EventStore, Inbox, NodeRun, Ownership, SessionInfo, Upkeep, number_events
+from flowscope.store.base import (
+    EventLog,
+    EventStore,
+    Inbox,
+    NodeRun,
+    Ownership,
+    SessionInfo,
+    Upkeep,
+    number_events,
+)
 from flowscope.store.testing import EventLogContract
 
 

@@ -76,5 +76,5 @@ class EventStore(Inbox, Upkeep, Ownership):
     on the log (``take_in`` appends; pruning and the watermark's defaults read sessions):
     naming it before them as a base too would give no consistent method order."""
 
-    def __enter__(self) -> "EventStore":
+    def __enter__(self) -> EventStore:
         return self

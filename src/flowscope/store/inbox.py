@@ -8,7 +8,8 @@ through it. :class:`flowscope.store.testing.InboxContract` tests it.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 from ..events import Event
 from .log import EventLog

@@ -285,7 +285,13 @@ class OwnershipContract(ContractBase):
                 barrier = threading.Barrier(2)
                 got: dict[str, list[str]] = {}
 
-                def claim(name: str, s: EventStore, r: int = r) -> None:
+                def claim(
+                    name: str,
+                    s: EventStore,
+                    r: int = r,
+                    barrier: threading.Barrier = barrier,
+                    got: dict[str, list[str]] = got,
+                ) -> None:  # this round's barrier and results, bound now
                     barrier.wait()
                     for _ in range(6):
                         got.setdefault(name, []).extend(c.session_id for c in s.claim(this_process(name), [f"wf{r}"], 60.0, limit=2))
