@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import pytest
 
 from flowscope.events import Event, RunSubmitted, decode, encode
 from flowscope.fold import OPEN_STATES, rebuild
-from flowscope.store.base import EventLog, EventStore, Inbox, NodeRun, Ownership, SessionInfo, Upkeep, number_events
+from flowscope.store.base import (
+    EventLog,
+    EventStore,
+    Inbox,
+    NodeRun,
+    Ownership,
+    SessionInfo,
+    Upkeep,
+    number_events,
+)
 from flowscope.store.testing import EventLogContract
 
 
@@ -124,3 +133,19 @@ def test_the_roles_are_the_whole_port() -> None:
         for b in roles:
             if a is not b:
                 assert not own[a] & own[b], (a.__name__, b.__name__)
+
+
+def test_the_cli_listing_views_need_only_the_event_log() -> None:
+    """``runs``, ``show`` and the retry history read a store that is a log and nothing else."""
+    from flowscope.cli.history import retry_reasons
+    from flowscope.cli.views import load_session, runs_rows, session_rows
+    from flowscope.store.testing.helpers import SID, liveness_log
+
+    store = LogOnlyStore()
+    store.append(SID, liveness_log(), 0)
+    rows = runs_rows(store)
+    assert [r["session_id"] for r in rows] == [SID]
+    assert rows[0]["node_runs"] == len(store.node_runs(SID)) > 0
+    assert session_rows(store, store.sessions()) == rows
+    assert load_session(store, SID).session_id == SID
+    assert isinstance(retry_reasons(store, store.node_runs(SID)), dict)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from ..events import TERMINAL_TYPES, Event, InputRequested, NodeRetrying, to_dict
-from ..store.base import EventStore, NodeRun
+from ..store.base import EventLog, NodeRun
 
 __all__ = [
     "EVENT_KEYS",
@@ -83,7 +83,7 @@ def session_history(events: Sequence[Event]) -> SessionHistory:
     return SessionHistory(retried, segments, ordered)
 
 
-def retry_reasons(store: EventStore, runs: Iterable[NodeRun]) -> RetryReasons:
+def retry_reasons(store: EventLog, runs: Iterable[NodeRun]) -> RetryReasons:
     """The retried attempts of ``runs``, read from the logs of the sessions that retried."""
     wanted = {(r.session_id, r.path) for r in runs if r.retries}
     out: RetryReasons = {}

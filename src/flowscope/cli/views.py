@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import UnknownSessionError
 from ..fold import OPEN_STATES, NodeState, WorkflowState, rebuild
-from ..store.base import EventStore, SessionInfo
+from ..store.base import EventLog, SessionInfo
 from .history import SessionHistory, request_row
 from .rowparts import (
     JOB_RESULT_EXAMPLE,
@@ -128,7 +128,7 @@ def parse_duration(text: str) -> float:
     return total
 
 
-def load_session(store: EventStore, session_id: str) -> WorkflowState:
+def load_session(store: EventLog, session_id: str) -> WorkflowState:
     """The session's state from its log (the fold), or :class:`UnknownSessionError`."""
     events = store.read(session_id)
     if not events:
@@ -136,7 +136,7 @@ def load_session(store: EventStore, session_id: str) -> WorkflowState:
     return rebuild(events)
 
 
-def _where(store: EventStore) -> str:
+def _where(store: EventLog) -> str:
     path = getattr(store, "path", None)
     return str(path) if path else "the store"
 
@@ -145,7 +145,7 @@ def _where(store: EventStore) -> str:
 
 
 def runs_rows(
-    store: EventStore, *, limit: int | None = None, status: str | None = None, workflow: str | None = None
+    store: EventLog, *, limit: int | None = None, status: str | None = None, workflow: str | None = None
 ) -> list[dict[str, Any]]:
     """One row per session, most recently updated first."""
     sessions = store.sessions()
@@ -158,7 +158,7 @@ def runs_rows(
     return session_rows(store, sessions)
 
 
-def session_rows(store: EventStore, sessions: list[SessionInfo]) -> list[dict[str, Any]]:
+def session_rows(store: EventLog, sessions: list[SessionInfo]) -> list[dict[str, Any]]:
     """The ``runs`` rows of ``sessions`` (already selected, in the order given)."""
     if not sessions:
         return []

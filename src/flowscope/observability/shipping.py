@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    from ..store.base import EventStore
+    from ..store.base import Upkeep
 
 __all__ = [
     "Shipper",
@@ -148,7 +148,7 @@ def record_resource(key: ResourceKey) -> Resource:
     return Resource(dict(key))
 
 
-def last_heartbeat(store: EventStore, session_id: str) -> float | None:
+def last_heartbeat(store: Upkeep, session_id: str) -> float | None:
     """The session's last sign of life in the store: the latest heartbeat of its runs still
     ``running`` (the owner's lease keeper writes them as it renews the lease), or None."""
     beats = [r.heartbeat_at for r in store.node_runs(session_id) if r.status == "running" and r.heartbeat_at is not None]
@@ -202,7 +202,7 @@ class Ledger:
             mark = self._writing.get(session_id, 0)
             return [r for r in records if r.end_seq > mark and (r.trace_id, r.span_id) not in self._spans]
 
-    def register(self, store: EventStore, records: Sequence[SpanRecord]) -> None:
+    def register(self, store: Upkeep, records: Sequence[SpanRecord]) -> None:
         with self._lock:
             for r in records:
                 mark = self._sessions.get(r.session_id)
@@ -214,7 +214,7 @@ class Ledger:
 
     def exported(self, spans: Sequence[ReadableSpan], ok: bool) -> None:
         """The exporter returned (``ok``: SUCCESS): advance the watermarks it completed."""
-        writes: list[tuple[EventStore, str, int]] = []
+        writes: list[tuple[Upkeep, str, int]] = []
         with self._lock:
             touched: set[str] = set()
             for s in spans:
@@ -250,7 +250,7 @@ class Ledger:
                     writes.append((mark.store, session, upto))
                 if not mark.pending:
                     del self._sessions[session]
-        by_store: dict[int, tuple[EventStore, dict[str, int]]] = {}
+        by_store: dict[int, tuple[Upkeep, dict[str, int]]] = {}
         for store, session, seq in writes:
             by_store.setdefault(id(store), (store, {}))[1][session] = seq
         for store, marks in by_store.values():  # outside the lock: a store write can wait
@@ -267,7 +267,7 @@ class Ledger:
 class _Mark:
     __slots__ = ("store", "pending", "done", "written", "failed")
 
-    def __init__(self, store: EventStore) -> None:
+    def __init__(self, store: Upkeep) -> None:
         self.store = store
         self.pending: dict[int, int] = {}  # end seq -> spans handed over, not yet exported
         self.done = 0
@@ -342,7 +342,7 @@ class Shipper:
         result = self._sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL)
         return result.decision.is_sampled(), result.trace_state or _EMPTY_STATE
 
-    def ship(self, records: Sequence[SpanRecord], store: EventStore | None, extras: Mapping[int, Any] | None = None) -> None:
+    def ship(self, records: Sequence[SpanRecord], store: Upkeep | None, extras: Mapping[int, Any] | None = None) -> None:
         """Hand sampled records to the processors; with a store and a watermark exporter,
         they are registered first so the watermark follows their export."""
         processor = self._processor
@@ -368,7 +368,7 @@ class Shipper:
                 attrs, stack = extra
                 on_end(readable_span(r, resource, scope, attrs, stack))
 
-    def catch_up(self, store: EventStore | None, session_id: str, previous: Mapping[str, str]) -> tuple[int, int] | None:
+    def catch_up(self, store: Upkeep | None, session_id: str, previous: Mapping[str, str]) -> tuple[int, int] | None:
         """Before a resumed invocation: ship what the processes before this one did not
         (their cut-off run as incomplete) and return the ids of the invocation it resumes."""
         link = _link_of(session_id, previous)

@@ -70,7 +70,11 @@ __all__ = [
 
 class EventStore(Inbox, Upkeep, Ownership):
     """Every role: the store a runner with workers, an operator's inbox and span shipping
-    needs (the memory, SQLite and PostgreSQL adapters)."""
+    needs (the memory, SQLite and PostgreSQL adapters).
 
-    def __enter__(self) -> "EventStore":
+    :class:`EventLog` is in it through :class:`Inbox` and :class:`Upkeep`, which are built
+    on the log (``take_in`` appends; pruning and the watermark's defaults read sessions):
+    naming it before them as a base too would give no consistent method order."""
+
+    def __enter__(self) -> EventStore:
         return self

@@ -8,7 +8,8 @@ through it. :class:`flowscope.store.testing.InboxContract` tests it.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 from ..events import Event
 from .log import EventLog
@@ -24,8 +25,8 @@ class Inbox(EventLog):
     def send(self, session_id: str, kind: str, body: Mapping[str, Any], *, ts: float | None = None) -> Message:
         """Keep a :class:`Message` for the session's owner, durably, and return it; a
         paused session with a message is claimable as ``answered``. ``body`` is JSON data.
-        The default refuses: a store that holds no messages cannot be answered while its
-        sessions run (and :meth:`inbox` is always empty)."""
+        A store without this role holds no messages: its sessions cannot be answered
+        while they run, only resumed by ``flowscope resume``."""
 
     @abstractmethod
     def inbox(self, session_id: str) -> list[Message]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from ..errors import ConcurrencyConflict
 from ..events import Event, JobResultReceived
@@ -203,7 +204,7 @@ class EventLog(ABC):
     def close(self) -> None:
         """Release resources; the store is not used afterwards."""
 
-    def __enter__(self) -> "EventLog":
+    def __enter__(self) -> EventLog:
         return self
 
     def __exit__(self, *exc: object) -> None:

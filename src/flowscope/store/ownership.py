@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
 from ..errors import ConcurrencyConflict, LeaseLost
 from ..liveness import owner_alive

@@ -6,8 +6,9 @@ Frozen dataclasses (and the constants that name their statuses), shared by every
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from ..events import Event
 from ..fold import NodeState
@@ -91,7 +92,7 @@ class NodeRun:
     job_deadline_at: float | None
 
     @classmethod
-    def from_state(cls, session_id: str, workflow: str, ns: NodeState) -> "NodeRun":
+    def from_state(cls, session_id: str, workflow: str, ns: NodeState) -> NodeRun:
         return cls(
             session_id=session_id,
             workflow=workflow,

@@ -9,7 +9,7 @@ single ones). :class:`flowscope.store.testing.UpkeepContract` tests it.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import ConcurrencyConflict, LeaseLost
 from ..events import Event

@@ -8,7 +8,8 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from ...events import (
     Event,

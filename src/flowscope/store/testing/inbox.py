@@ -23,9 +23,15 @@ from .helpers import (
 
 __all__ = ["InboxContract"]
 
+
 class InboxContract(ContractBase):
     """What every :class:`~flowscope.store.inbox.Inbox` must do: keep messages until they
     are taken in with their events, and make a paused or failed session claimable."""
+
+    def create_store(self) -> EventStore:
+        """A new, empty store for one test: taking messages in is under an owner's lease, so a whole store."""
+        raise NotImplementedError  # abstract
+
 
     def test_a_message_is_kept_in_order_until_taken_in_with_its_events(self, store: EventStore) -> None:
         store.append(SID, paused_log(SID, "orders", 10.0), 0)

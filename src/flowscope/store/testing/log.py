@@ -57,9 +57,15 @@ from .helpers import (
 
 __all__ = ["EventLogContract"]
 
+
 class EventLogContract(ContractBase):
     """What every :class:`~flowscope.store.log.EventLog` must do: append under optimistic
     concurrency, number, read, and keep the projections equal to the fold of the log."""
+
+    def create_store(self) -> EventLog:
+        """A new, empty event log for one test; ``self.tmp_path`` is a fresh directory."""
+        raise NotImplementedError  # abstract
+
 
     def test_open_run_summary_agrees_with_the_liveness_rule(self, store: EventLog) -> None:
         store.append(SID, liveness_log(), 0)

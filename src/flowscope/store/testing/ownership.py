@@ -38,9 +38,21 @@ from .helpers import (
 
 __all__ = ["OwnershipContract"]
 
+
 class OwnershipContract(ContractBase):
     """What every :class:`~flowscope.store.ownership.Ownership` must do (over its event
     log): leases, the fence on appends, claims, and the workers seen."""
+
+    def create_store(self) -> EventStore:
+        """A new, empty store for one test: ownership fences the log, so it is a whole store."""
+        raise NotImplementedError  # abstract
+
+    def open_again(self, store: EventStore) -> EventStore | None:
+        """A second handle on ``store``'s data (another connection, as another process
+        would have), or None if the store cannot have one (then the claim race runs
+        on the one object from two threads). The caller closes it."""
+        return None
+
 
     def test_acquire_records_owner_epoch_and_lease_on_the_session(self, store: EventStore) -> None:
         me = this_process("w-1")
@@ -273,7 +285,13 @@ class OwnershipContract(ContractBase):
                 barrier = threading.Barrier(2)
                 got: dict[str, list[str]] = {}
 
-                def claim(name: str, s: EventStore, r: int = r) -> None:
+                def claim(
+                    name: str,
+                    s: EventStore,
+                    r: int = r,
+                    barrier: threading.Barrier = barrier,
+                    got: dict[str, list[str]] = got,
+                ) -> None:  # this round's barrier and results, bound now
                     barrier.wait()
                     for _ in range(6):
                         got.setdefault(name, []).extend(c.session_id for c in s.claim(this_process(name), [f"wf{r}"], 60.0, limit=2))

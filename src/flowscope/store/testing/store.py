@@ -28,10 +28,16 @@ from .upkeep import UpkeepContract
 
 __all__ = ["EventStoreContract"]
 
+
 class EventStoreContract(EventLogContract, OwnershipContract, InboxContract, UpkeepContract):
     """What every :class:`~flowscope.store.base.EventStore` must do: every role's
     contract, and the rules that cross roles (a pruned session takes its inbox and owner
     with it; group commit refuses a lost lease; the span follower's list)."""
+
+    def create_store(self) -> EventStore:
+        """A new, empty store for one test; ``self.tmp_path`` is a fresh directory."""
+        raise NotImplementedError  # abstract
+
 
     def test_a_deleted_session_takes_its_inbox_with_it(self, store: EventStore) -> None:
         finished_session(store, "done", "completed")

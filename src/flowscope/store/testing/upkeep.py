@@ -9,7 +9,7 @@ from ...events import (
     RunFinished,
     RunStarted,
 )
-from ..base import EventStore
+from ..upkeep import Upkeep
 from .base import ContractBase
 from .helpers import (
     ev,
@@ -19,11 +19,17 @@ from .helpers import (
 
 __all__ = ["UpkeepContract"]
 
+
 class UpkeepContract(ContractBase):
     """What every :class:`~flowscope.store.upkeep.Upkeep` must do: prune only whole
     finished sessions, free their storage, and keep the span watermark moving forward."""
 
-    def test_delete_sessions_removes_whole_finished_sessions_only(self, store: EventStore) -> None:
+    def create_store(self) -> Upkeep:
+        """A new, empty store with upkeep (an event log too) for one test."""
+        raise NotImplementedError  # abstract
+
+
+    def test_delete_sessions_removes_whole_finished_sessions_only(self, store: Upkeep) -> None:
         for sid, status in (("done", "completed"), ("bad", "failed"), ("gone", "cancelled")):
             finished_session(store, sid, status, with_snapshot=True)
         store.append("open", [ev(RunStarted, sid="open", workflow="w", ts=1.0),
@@ -42,7 +48,7 @@ class UpkeepContract(ContractBase):
         finished_session(store, "done", "completed")
         assert store.last_seq("done") == 4
 
-    def test_delete_sessions_never_deletes_a_failed_session_with_an_open_run(self, store: EventStore) -> None:
+    def test_delete_sessions_never_deletes_a_failed_session_with_an_open_run(self, store: Upkeep) -> None:
         store.append("f", [ev(RunStarted, sid="f", workflow="w", ts=1.0),
                            node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid="f"),
                            node_ev(NodeStarted, "w@1/b@1", ts=2.0, sid="f"),
@@ -51,7 +57,7 @@ class UpkeepContract(ContractBase):
         assert store.delete_sessions(["f"]) == []
         assert store.last_seq("f") == 5
 
-    def test_storage_bytes_shrink_when_sessions_are_deleted(self, store: EventStore) -> None:
+    def test_storage_bytes_shrink_when_sessions_are_deleted(self, store: Upkeep) -> None:
         for i in range(20):
             finished_session(store, f"s{i}", "completed")
         before = store.storage_bytes()
@@ -64,7 +70,7 @@ class UpkeepContract(ContractBase):
 
     # ------------------------------------------------------------------ group commit, span watermark
 
-    def test_the_span_watermark_only_moves_forward_and_goes_with_a_pruned_session(self, store: EventStore) -> None:
+    def test_the_span_watermark_only_moves_forward_and_goes_with_a_pruned_session(self, store: Upkeep) -> None:
         assert store.exported_seq("s") == 0
         finished_session(store, "s", "completed")
         store.set_exported_seq("s", 3)
@@ -75,7 +81,7 @@ class UpkeepContract(ContractBase):
         assert store.delete_sessions(["s"]) == ["s"]
         assert store.exported_seq("s") == 0  # a new session of that id ships its spans
 
-    def test_watermarks_of_several_sessions_advance_in_one_call_and_never_move_back(self, store: EventStore) -> None:
+    def test_watermarks_of_several_sessions_advance_in_one_call_and_never_move_back(self, store: Upkeep) -> None:
         store.set_exported_seqs({})
         store.set_exported_seqs({"a": 3, "b": 2})
         store.set_exported_seqs({"a": 1, "b": 5, "c": 1})  # a stays: never moves back
