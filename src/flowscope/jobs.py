@@ -12,10 +12,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-__all__ = ["Job", "Verdict", "check_result", "result_type_problem", "dispatch_failure", "job_failed_payload", "job_ids", "JOB_ACTIONS"]
+__all__ = [
+    "Job",
+    "Verdict",
+    "check_result",
+    "result_type_problem",
+    "dispatch_failure",
+    "job_failed_payload",
+    "job_ids",
+    "JOB_ACTIONS",
+]
 
 JOB_ACTIONS = ("retry", "abort")
 
@@ -89,7 +99,9 @@ def check_result(result: Mapping[str, Any] | Any, expect_count: bool) -> Verdict
             problem = f"the job failed: {str(error)[:500]}"
         else:
             problem = f"the job reported success={success!r}"
-        return Verdict("failed", problem, "fix the cause in the worker or its inputs, then answer 'retry'; or 'abort'")
+        return Verdict(
+            "failed", problem, "fix the cause in the worker or its inputs, then answer 'retry'; or 'abort'"
+        )
     if expect_count:
         count = result.get("count")
         if not isinstance(count, (int, float)) or isinstance(count, bool) or count <= 0:

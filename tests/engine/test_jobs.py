@@ -27,7 +27,9 @@ class Worker:
 def enrich_workflow(worker, expect_count=True, deadline_s=None, completed=None):
     @node
     async def enrich(ctx, rows):
-        data = await ctx.await_job(worker.dispatch, payload=rows, expect_count=expect_count, deadline_s=deadline_s)
+        data = await ctx.await_job(
+            worker.dispatch, payload=rows, expect_count=expect_count, deadline_s=deadline_s
+        )
         return {"enriched": data}
 
     @node

@@ -18,7 +18,8 @@ import asyncio
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..store.base import EventStore, SessionInfo
 
