@@ -21,6 +21,8 @@ __all__ = [
     "Verdict",
     "check_result",
     "result_type_problem",
+    "result_shape_problem",
+    "JOB_RESULT_KEYS",
     "dispatch_failure",
     "job_failed_payload",
     "job_ids",
@@ -28,6 +30,8 @@ __all__ = [
 ]
 
 JOB_ACTIONS = ("retry", "abort")
+#: The keys a reported job result may have.
+JOB_RESULT_KEYS = ("success", "count", "error", "data")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,20 @@ def result_type_problem(result: Mapping[str, Any] | Any) -> str | None:
     if count is None or (isinstance(count, (int, float)) and not isinstance(count, bool)):
         return None
     return f"'count' is {json.dumps(count)[:40]} ({type(count).__name__}); it must be a number (3, not \"3\")"
+
+
+def result_shape_problem(result: Any) -> str | None:
+    """What is wrong with a reported job result's shape, or None: it is a JSON object whose
+    keys are among :data:`JOB_RESULT_KEYS`, with a numeric ``count`` (:func:`result_type_problem`).
+    Anything else is refused when reported, whoever reports it (a worker, ``flowscope
+    resume --job``, the console): a typo (``"succes"``) would otherwise be recorded as a
+    failed job and the job's work lost."""
+    if not isinstance(result, Mapping):
+        return f"a job result is a JSON object, not {type(result).__name__} {json.dumps(result)[:40]}"
+    unknown = sorted(set(result) - set(JOB_RESULT_KEYS))
+    if unknown:
+        return f"unknown key(s) {', '.join(map(str, unknown))}; a job result has {', '.join(JOB_RESULT_KEYS)}"
+    return result_type_problem(result)
 
 
 def check_result(result: Mapping[str, Any] | Any, expect_count: bool) -> Verdict:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
 import click
 
+from ..engine.pauses import validate_answers, waiting_on
 from ..errors import ResumeError, StoreError, classify
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
-from ..jobs import result_type_problem
+from ..jobs import JOB_RESULT_KEYS
 from ..plugins import Plugin
 from ..store.base import FINISHED_SESSION_STATUSES
 from . import views
@@ -35,14 +35,13 @@ from .worker_cmds import cwd_importable, record_answers
 __all__ = ["resume", "prune", "serve_metrics_cmd", "parse_answers", "JOB_RESULT_KEYS", "COMMANDS"]
 
 #: The keys a job result may have (docs/cli.md); only ``success: true`` makes it a success.
-JOB_RESULT_KEYS = ("success", "count", "error", "data")
 
 
 def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
     """``ID=JSON`` pairs of ``--input``/``--job`` as a dict; a bad pair is a CliError saying how to quote it.
 
-    The shape of a ``--job`` value is checked by :func:`_check_answers`, once its id is
-    known to be a job of the session.
+    The shape of a ``--job`` value is checked by :func:`_check_answers` (the one rule), once
+    its id is known to be a job of the session.
     """
     out: dict[str, Any] = {}
     for raw in values:
@@ -54,53 +53,14 @@ def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
     return out
 
 
-def _check_job_result(job_id: str, value: Any) -> None:
-    """A job result is a JSON object whose keys are among :data:`JOB_RESULT_KEYS`: anything
-    else would be consumed as a failed result. (Without ``success: true`` the job guard
-    makes it an actionable pause, as for a worker's report.)"""
-    example = "--job " + shlex.quote(f"{job_id}={views.JOB_RESULT_EXAMPLE}")
-    if not isinstance(value, dict):
-        raise CliError(
-            f"--job {job_id}: a job result is a JSON object, not {type(value).__name__} {json.dumps(value)[:40]}: {example}"
-        )
-    unknown = sorted(set(value) - set(JOB_RESULT_KEYS))
-    if unknown:
-        raise CliError(
-            f"--job {job_id}: unknown key(s) {', '.join(unknown)}; a job result has {', '.join(JOB_RESULT_KEYS)}: {example}"
-        )
-    problem = result_type_problem(value)
-    if problem is not None:
-        raise CliError(f"--job {job_id}: {problem}: {example}")
-
-
-def _waiting_on(ws: WorkflowState) -> str:
-    """``input 'approval', job job-1``: what a session waits on, for messages."""
-    return ", ".join(
-        f"input {p.interrupt_id!r}" if isinstance(p, InputRequested) else f"job {p.job_id}"
-        for p in ws.pending
-        if isinstance(p, (InputRequested, JobDispatched))
-    )
-
-
 def _check_answers(ws: WorkflowState, answers: dict[str, Any], results: dict[str, Any]) -> None:
-    """Each --input names an open input request and each --job a dispatched job, or a
-    CliError says what the session does wait on (nothing is appended then)."""
-    open_inputs = {p.interrupt_id for p in ws.pending if isinstance(p, InputRequested)}
-    jobs = {jid for ns in ws.nodes.values() for jid in ns.jobs}
-    waiting = _waiting_on(ws) or "nothing"
-    for iid in answers:
-        if iid not in open_inputs:
-            hint = " (a job id: pass it with --job)" if iid in jobs else ""
-            raise CliError(
-                f"session {ws.session_id!r} has no open input request {iid!r}{hint}; it waits on {waiting}"
-            )
-    for jid in results:
-        if jid not in jobs:
-            hint = " (an input request: pass it with --input)" if jid in open_inputs else ""
-            raise CliError(
-                f"session {ws.session_id!r} has no dispatched job {jid!r}{hint}; it waits on {waiting}"
-            )
-        _check_job_result(jid, results[jid])
+    """The one rule (:func:`flowscope.engine.pauses.validate_answers`, as ``resume``, the
+    console and ``flowscope.answer`` apply it): an unknown id or a job result of the wrong
+    shape is one line saying what the session does wait on, and nothing is appended."""
+    try:
+        validate_answers(ws, answers, results)
+    except ResumeError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _is_bundled(name: str) -> bool:
@@ -266,7 +226,7 @@ def _resume_one(
             )
         if ws.status == "paused" and not answers and not results:
             raise CliError(
-                f"session {session!r} is paused waiting for {_waiting_on(ws) or 'nothing'}: answer with --input ID=JSON or --job ID=JSON"
+                f"session {session!r} is paused waiting for {waiting_on(ws) or 'nothing'}: answer with --input ID=JSON or --job ID=JSON"
             )
         _check_answers(ws, answers, results)
         if workflow_spec is None and not _is_bundled(ws.workflow):

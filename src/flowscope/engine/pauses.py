@@ -19,12 +19,12 @@ from typing import Any
 from ..errors import JobFailedError, ResumeError, redact_message
 from ..events import Event, InputReceived, InputRequested, JobDispatched, JobResultReceived
 from ..fold import WorkflowState
-from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids, result_type_problem
+from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids, result_shape_problem
 from ..store.base import FINISHED_SESSION_STATUSES
 from .context import NodeContext, PauseSignal
 from .record import Recorder, json_value
 
-__all__ = ["Pauses", "Answer", "validate_answers", "recorded_result", "FINISHED"]
+__all__ = ["Pauses", "Answer", "validate_answers", "waiting_on", "recorded_result", "FINISHED"]
 
 log = logging.getLogger("flowscope.engine")
 
@@ -182,14 +182,24 @@ def recorded_result(job_id: str, result: Any) -> Any:
     return result
 
 
+def waiting_on(ws: WorkflowState) -> str:
+    """``input 'approval', job job-1``: what a session waits on, for messages."""
+    return ", ".join(
+        f"input {p.interrupt_id!r}" if isinstance(p, InputRequested) else f"job {p.job_id}"
+        for p in ws.pending
+        if isinstance(p, (InputRequested, JobDispatched))
+    )
+
+
 def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping[str, Any]) -> list[Answer]:
     """Check answers (input values by interrupt id, job results by job id) against the
     session's open requests, and return the events that record them.
 
     The one rule ``resume(inputs=, jobs=)`` and :func:`flowscope.answer` share. It raises
     :class:`~flowscope.errors.ResumeError` before anything is appended for an unknown id,
-    an input already answered, a job already reported, a job result whose fields have the
-    wrong types (:func:`~flowscope.jobs.result_type_problem`), or a value JSON cannot hold.
+    an input already answered, a job already reported, a job result of the wrong shape
+    (:func:`~flowscope.jobs.result_shape_problem`), or a value JSON cannot hold. The CLI,
+    the console and ``resume`` all call it: one rule, one set of messages.
     """
     out: list[Answer] = []
     nodes = ws.nodes
@@ -201,11 +211,11 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
                 raise ResumeError(
                     f"input {iid!r} of session {sid!r} was already answered; an answer is given once"
                 )
-            open_ids = sorted(
-                {i for ns in nodes.values() if ns.status == "waiting_input" for i in ns.requests}
+            hint = (
+                " (a job id: give it as a job result)" if any(iid in ns.jobs for ns in nodes.values()) else ""
             )
             raise ResumeError(
-                f"session {sid!r} has no open input request {iid!r} (open: {', '.join(open_ids) or 'none'})"
+                f"session {sid!r} has no open input request {iid!r}{hint}; it waits on {waiting_on(ws) or 'nothing'}"
             )
         value = json_value(value, f"the input for {iid!r}")
         for ns in targets:
@@ -222,13 +232,17 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
     for job_id, result in jobs.items():
         owner = next((ns for ns in nodes.values() if job_id in ns.jobs), None)
         if owner is None:
-            raise ResumeError(f"session {sid!r} has no dispatched job {job_id!r}: check the job id")
+            asked = any(ns.status == "waiting_input" and job_id in ns.requests for ns in nodes.values())
+            hint = " (an input request: give it as an input)" if asked else ""
+            raise ResumeError(
+                f"session {sid!r} has no dispatched job {job_id!r}{hint}; it waits on {waiting_on(ws) or 'nothing'}"
+            )
         if job_id in owner.job_results:
             raise ResumeError(
                 f"job {job_id!r} of session {sid!r} already reported its result; a result is reported once"
             )
         result = recorded_result(job_id, result)
-        problem = result_type_problem(result)
+        problem = result_shape_problem(result)
         if problem is not None:
             raise ResumeError(f"the result of job {job_id!r} of session {sid!r} is refused: {problem}")
         verdict = check_result(result, owner.jobs[job_id].expect_count)
