@@ -4,6 +4,7 @@ invocations (a pause between them), and sessions in every state an operator acts
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,10 @@ from typing import Any
 from flowscope import START, NodeContext, Runner, Workflow, node
 from flowscope.examples.demo import batch_input, geocoding_result, order_fulfilment
 
-__all__ = ["big", "leaf", "make_big_session", "make_operator_sessions", "APPROVAL_SESSION", "FAILED_SESSION", "PAUSED_SESSION"]
+__all__ = [
+    "big", "leaf", "make_big_session", "make_operator_sessions", "APPROVAL_SESSION", "FAILED_SESSION",
+    "PAUSED_SESSION", "recovering", "HOLD_ENV",
+]
 
 APPROVAL_SESSION = "ops-approval"
 FAILED_SESSION = "ops-failed"
@@ -52,6 +56,22 @@ def make_big_session(db: Any, session_id: str = "big-10k", children: int = 9_998
     finally:
         if isinstance(db, (str, Path)):
             store.close()
+
+
+#: The file ``hold`` creates when its first attempt is inside its body (the test then kills it).
+HOLD_ENV = "CONSOLE_HOLD_FILE"
+
+
+@node
+async def hold(ctx: NodeContext, x: Any) -> Any:
+    if not ctx.recovered:  # the first attempt says it is inside, then waits to be killed
+        open(os.environ[HOLD_ENV], "w").close()
+        await asyncio.sleep(60)
+    return x
+
+
+#: A node whose first attempt never ends by itself; the attempt that recovers it returns.
+recovering = Workflow("recovering", edges=[(START, leaf, hold)])
 
 
 @node
