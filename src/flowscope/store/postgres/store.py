@@ -116,6 +116,7 @@ class PostgresEventStore(EventStore):
         self._node_cache: dict[str, Cached] = {}
         self._pool: ConnectionPool[Conn] | None = None
         self._wakeup = Wakeup(self._conninfo, self._channel)
+        self._changes = Wakeup(self._conninfo, self._channel + q.CHANGES_SUFFIX)
         conn = self._connect()
         try:
             self.schema_version_found = sch.ensure_schema(conn, self.where, schema, readonly)
@@ -188,6 +189,7 @@ class PostgresEventStore(EventStore):
         if pool is not None:
             pool.close()
         self._wakeup.close()
+        self._changes.close()
 
     # ------------------------------------------------------------------ appending
 
@@ -485,6 +487,14 @@ class PostgresEventStore(EventStore):
         if self._pool is None:
             raise self._closed()
         return self._wakeup.wait(timeout)
+
+    def wait_for_change(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until an append from any process moves a session's
+        status (``LISTEN`` on the changes channel); True if woken. The console's change feed
+        calls it from one thread, so its open pages hear of a change at once."""
+        if self._pool is None:
+            raise self._closed()
+        return self._changes.wait(timeout)
 
     # ------------------------------------------------------------------ snapshots
 

@@ -89,6 +89,8 @@ class Writer:
         ).fetchone()
         if row.woke:
             self.cur.execute(q.SQL_NOTIFY, (self.channel, row.workflow))  # delivered at commit
+        if not row.same_status:  # the console's pages: a status moved (one payload: one per commit)
+            self.cur.execute(q.SQL_NOTIFY, (self.channel + q.CHANGES_SUFFIX, ""))
         if made is None:
             return 0
         (row_id,) = made
@@ -173,6 +175,7 @@ class OneStatement:
             "status": written.status, "started_at": written.started_at, "updated_at": written.updated_at,
             "last_seq": written.last_seq, "invocations": written.invocations, "workflow": written.workflow,
             "channel": channel, "notify": written.woke, "events": events_json, "nodes": nodes_json,
+            "changes": channel + q.CHANGES_SUFFIX, "changed": not written.same_status,
         }
         found = conn.execute(q.SQL_APPEND_CACHED, params, prepare=True).fetchone()
         if found is None:
