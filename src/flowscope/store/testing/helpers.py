@@ -58,7 +58,8 @@ def one_of_each(sid: str = SID) -> list[Event]:
     common: dict[str, Any] = dict(session_id=sid, invocation_id="inv-7", path=p, node="fetch")
     return [
         RunStarted(session_id=sid, invocation_id="inv-7", ts=1.5, workflow="wf", input={"since": "2024-01-01", "n": [1, 2.5]},
-                   resumed=True, replayed=3, recovered=1, trace_context={"traceparent": "00-ab-cd-01"}),
+                   resumed=True, replayed=3, recovered=1, trace_context={"traceparent": "00-ab-cd-01"},
+                   owner={"worker_id": "w-7", "host": "h-7", "pid": 7}),
         NodeStarted(ts=2.0, attempt=2, kind="workflow", parent_path="wf@1", recovered=True, **common),
         NodeRetrying(ts=2.5, attempt=2, error_type="TimeoutError", error_code="UPSTREAM_TIMEOUT",
                      error_message="timed out after 2s", delay_s=0.25, error_qualname="etl.upstream.TimeoutError", **common),
