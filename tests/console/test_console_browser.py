@@ -6,8 +6,8 @@ After the demo, the list shows every demo session and filters on the server; a s
 page draws one row per node path and the pause between invocations; the approval is
 answered through its form and the worker completes the session (the page follows it
 live); a worker SIGKILLed mid-attempt is taken over by another after its lease, and the
-page shows both attempts with their two workers and the recovery; a failed session is retried and a paused one cancelled through their buttons; a
-foreign ``Host`` and a tokenless write are refused; a session of 10,000 node runs is drawn
+page shows both attempts with their two workers and the recovery; a failed session is
+retried and a paused one cancelled through their buttons; a foreign ``Host`` and a tokenless write are refused; a session of 10,000 node runs is drawn
 in under two seconds (navigation to drawn, measured in the browser) and stays responsive;
 no page logs a console error. The same list, waterfall and answer on PostgreSQL.
 """
