@@ -48,11 +48,10 @@ async def _child(reps: int, sessions: int) -> dict[str, float]:
     version has (``Runner``, ``SqliteEventStore``, ``Runner.run``)."""
     import gc
 
-    from peers_langgraph import async_sqlite_chain, sqlite_chain
-    from workflows import chain
-
     from flowscope import Runner
     from flowscope.store.sqlite import SqliteEventStore
+    from peers_langgraph import async_sqlite_chain, sqlite_chain
+    from workflows import chain
 
     tmp = tempfile.mkdtemp(prefix="flowscope-baseline-")
     chain_runner = Runner(chain(200), store=SqliteEventStore(os.path.join(tmp, "chain.db")))
@@ -99,7 +98,9 @@ def _extract(rev: str, into: Path) -> Path:
     """``REV``'s ``src/`` in a folder of its own (``git archive``: no worktree left behind)."""
     archive = into / "src.tar"
     with open(archive, "wb") as out:
-        subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev, "src"], stdout=out, check=True)
+        subprocess.run(
+            ["git", "-C", str(REPO), "archive", "--format=tar", rev, "src"], stdout=out, check=True
+        )
     with tarfile.open(archive) as tar:
         tar.extractall(into, filter="data")
     return into / "src"
@@ -107,7 +108,15 @@ def _extract(rev: str, into: Path) -> Path:
 
 def _run_child(src: Path, reps: int, sessions: int) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(HERE)]), "PYTHONDONTWRITEBYTECODE": "1"}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--reps", str(reps), "--sessions", str(sessions)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        "--reps",
+        str(reps),
+        "--sessions",
+        str(sessions),
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -123,24 +132,35 @@ def main() -> None:
     if args.child:
         print(json.dumps(asyncio.run(_child(args.reps, args.sessions))))
         return
-    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", args.rev], capture_output=True, text=True, check=True).stdout.strip()
-    trees = {f"{rev} ({args.rev})": _extract(args.rev, Path(tempfile.mkdtemp(prefix="flowscope-rev-"))), "this tree": REPO / "src"}
+    rev = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", args.rev], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    trees = {
+        f"{rev} ({args.rev})": _extract(args.rev, Path(tempfile.mkdtemp(prefix="flowscope-rev-"))),
+        "this tree": REPO / "src",
+    }
     results: dict[str, list[dict[str, float]]] = {label: [] for label in trees}
     for _ in range(args.procs):
         for label, src in trees.items():
             results[label].append(_run_child(src, args.reps, args.sessions))
             print(f"{label}: {results[label][-1]}", file=sys.stderr)
-    print("| tree | flowscope SQLite alone, µs/node | LangGraph + SqliteSaver, µs/node | ratio "
-          f"| {args.sessions:,} sessions: flowscope SQLite alone, node runs/s | LangGraph + AsyncSqliteSaver | ratio |")
+    print(
+        "| tree | flowscope SQLite alone, µs/node | LangGraph + SqliteSaver, µs/node | ratio "
+        f"| {args.sessions:,} sessions: flowscope SQLite alone, node runs/s | LangGraph + AsyncSqliteSaver | ratio |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for label, runs in results.items():
         m = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         chain_ratio = statistics.median(r["lg_chain"] / r["fs_chain"] for r in runs)
         many_ratio = statistics.median(r["fs_many"] / r["lg_many"] for r in runs)
-        print(f"| {label} | {m['fs_chain']:.1f} | {m['lg_chain']:.1f} | {chain_ratio:.2f}x "
-              f"| {m['fs_many']:,.0f} | {m['lg_many']:,.0f} | {many_ratio:.1f}x |")
-    print(f"\n{args.procs} child processes per tree, alternated; each ratio is the median of the children's "
-          "own ratios (flowscope and LangGraph timed in the same process).")
+        print(
+            f"| {label} | {m['fs_chain']:.1f} | {m['lg_chain']:.1f} | {chain_ratio:.2f}x "
+            f"| {m['fs_many']:,.0f} | {m['lg_many']:,.0f} | {many_ratio:.1f}x |"
+        )
+    print(
+        f"\n{args.procs} child processes per tree, alternated; each ratio is the median of the children's "
+        "own ratios (flowscope and LangGraph timed in the same process)."
+    )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ import tempfile
 import time
 import uuid
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -59,10 +60,19 @@ def _plugins(kind: str) -> list[Any]:
 def _store(kind: str, tmp: str) -> Any:
     from flowscope.store import MemoryEventStore, SqliteEventStore
 
-    return MemoryEventStore() if kind == "memory" else SqliteEventStore(os.path.join(tmp, f"{uuid.uuid4().hex}.db"))
+    return (
+        MemoryEventStore()
+        if kind == "memory"
+        else SqliteEventStore(os.path.join(tmp, f"{uuid.uuid4().hex}.db"))
+    )
 
 
-CONFIGS = ("engine alone", "bridge, memory store", "bridge, SQLite store", "bridge, SQLite + tracing + metrics")
+CONFIGS = (
+    "engine alone",
+    "bridge, memory store",
+    "bridge, SQLite store",
+    "bridge, SQLite + tracing + metrics",
+)
 _KINDS = {CONFIGS[1]: ("memory", ""), CONFIGS[2]: ("sqlite", ""), CONFIGS[3]: ("sqlite", "full")}
 
 
@@ -81,9 +91,8 @@ def _interleaved(runs: list[tuple[str, Callable[[], Any]]], reps: int) -> list[t
 
 
 def langgraph_rows(reps: int, tmp: str) -> list[tuple[str, float]]:
-    from peers_langgraph import _chain_graph
-
     from flowscope.adapters.langgraph import FlowscopeCallbackHandler
+    from peers_langgraph import _chain_graph
 
     graph = _chain_graph(NODES).compile(name="chain")
     runs: list[tuple[str, Callable[[], Any]]] = [(CONFIGS[0], lambda: graph.invoke({"x": 0}))]
@@ -95,7 +104,9 @@ def langgraph_rows(reps: int, tmp: str) -> list[tuple[str, float]]:
         closing += [handler, store]
 
         def run(handler: Any = handler) -> Any:
-            return graph.invoke({"x": 0}, {"configurable": {"thread_id": uuid.uuid4().hex}, "callbacks": [handler]})
+            return graph.invoke(
+                {"x": 0}, {"configurable": {"thread_id": uuid.uuid4().hex}, "callbacks": [handler]}
+            )
 
         runs.append((config, run))
     try:
@@ -110,9 +121,9 @@ def adk_rows(reps: int, tmp: str) -> list[tuple[str, float]]:
     from google.adk.runners import Runner
     from google.adk.sessions import InMemorySessionService
     from google.genai import types
-    from peers_adk import _chain
 
     from flowscope.adapters.adk import FlowscopeADK
+    from peers_adk import _chain
 
     message = types.Content(role="user", parts=[types.Part(text="0")])
     loop = asyncio.new_event_loop()
@@ -127,7 +138,10 @@ def adk_rows(reps: int, tmp: str) -> list[tuple[str, float]]:
             store = _store(store_kind, tmp)
             bridge = FlowscopeADK(store, plugins=_plugins(plugins), heartbeat_interval=0)
             closing += [bridge, store]
-            runner = Runner(app=App(name="bench", root_agent=bridge.instrument(_chain(NODES)), plugins=[bridge.plugin]), session_service=sessions)
+            runner = Runner(
+                app=App(name="bench", root_agent=bridge.instrument(_chain(NODES)), plugins=[bridge.plugin]),
+                session_service=sessions,
+            )
 
         async def once(runner: Any = runner, sessions: Any = sessions) -> None:
             sid = (await sessions.create_session(app_name="bench", user_id="u")).id
@@ -145,7 +159,10 @@ def adk_rows(reps: int, tmp: str) -> list[tuple[str, float]]:
 
 def _table(engine: str, rows: list[tuple[str, float]]) -> str:
     base = rows[0][1]
-    lines = [f"| {engine}: {NODES}-node chain | per run (ms) | per node run (µs) | added per node run (µs) |", "|---|---:|---:|---:|"]
+    lines = [
+        f"| {engine}: {NODES}-node chain | per run (ms) | per node run (µs) | added per node run (µs) |",
+        "|---|---:|---:|---:|",
+    ]
     for config, t in rows:
         added = "" if config == CONFIGS[0] else f"{(t - base) / NODES * 1e6:+.0f}"
         lines.append(f"| {config} | {t * 1e3:.1f} | {t / NODES * 1e6:.0f} | {added} |")

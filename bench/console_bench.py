@@ -29,11 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from console_workflows import make_big_session  # noqa: E402
-from store_bench import small_session  # noqa: E402
-
 from flowscope.console import api  # noqa: E402
 from flowscope.console.live import ChangeFeed  # noqa: E402
 from flowscope.store import SqliteEventStore  # noqa: E402
+from store_bench import small_session  # noqa: E402
 
 CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/lib/chromium/chromium")
 BIG = "big-10k"
@@ -92,13 +91,23 @@ async def browser_times(url: str, base: str, runs: int) -> dict[str, float]:
         page = await (await b.new_context(viewport={"width": 1400, "height": 900})).new_page()
         await page.goto(url)
         await page.wait_for_selector("body[data-ready='1']")
-        for name, target in (("list of 100,000 sessions", base + "/"), ("session of 10,000 runs", f"{base}/sessions/{BIG}")):
+        for name, target in (
+            ("list of 100,000 sessions", base + "/"),
+            ("session of 10,000 runs", f"{base}/sessions/{BIG}"),
+        ):
             paints, drawn = [], []
             for _ in range(runs):
                 await page.goto(target)
                 await page.wait_for_selector("body[data-ready='1']", timeout=30_000)
-                drawn.append(await page.evaluate("performance.getEntriesByName('flowscope-ready')[0].startTime") / 1000)
-                paints.append(await page.evaluate("(performance.getEntriesByName('first-contentful-paint')[0] || {startTime: 0}).startTime") / 1000)
+                drawn.append(
+                    await page.evaluate("performance.getEntriesByName('flowscope-ready')[0].startTime") / 1000
+                )
+                paints.append(
+                    await page.evaluate(
+                        "(performance.getEntriesByName('first-contentful-paint')[0] || {startTime: 0}).startTime"
+                    )
+                    / 1000
+                )
             out[f"{name}: first paint"] = statistics.median(paints)
             out[f"{name}: navigation to drawn"] = statistics.median(drawn)
         await b.close()
@@ -117,12 +126,27 @@ def main() -> None:
     db = directory / "console.db"
     t = time.perf_counter()
     build(db, args.sessions)
-    print(f"database: {args.sessions:,} sessions and a session of 10,000 runs ({time.perf_counter() - t:.0f}s to build or check)")
+    print(
+        f"database: {args.sessions:,} sessions and a session of 10,000 runs ({time.perf_counter() - t:.0f}s to build or check)"
+    )
     results = server_times(db)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from flowscope.cli import main; main()", "ui", "--db", str(db), "--port", "0", "--read-only"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-c",
+            "from flowscope.cli import main; main()",
+            "ui",
+            "--db",
+            str(db),
+            "--port",
+            "0",
+            "--read-only",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert proc.stdout is not None

@@ -36,7 +36,6 @@ import cProfile
 import datetime as _dt
 import gc
 import io
-import json
 import math
 import os
 import platform
@@ -49,10 +48,11 @@ import sys
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -321,7 +321,9 @@ class Bench:
                 self.store["append_rows"] = [dict(r, source="store_bench.bench_append") for r in rows]
                 return
             except Exception as exc:
-                self.notes.append(f"store_bench.bench_append failed ({type(exc).__name__}: {exc}); the harness's own append figure is used")
+                self.notes.append(
+                    f"store_bench.bench_append failed ({type(exc).__name__}: {exc}); the harness's own append figure is used"
+                )
         self.store["append_rows"] = self._own_append()
 
     def _own_append(self) -> list[dict[str, Any]]:
@@ -364,8 +366,8 @@ class Bench:
 
     def _resume(self) -> None:
         """Resume of a paused session with about 100,000 events (a 50,000-node chain paused at its end)."""
-        from flowscope.store.sqlite import SqliteEventStore
         from flowscope.fold import rebuild
+        from flowscope.store.sqlite import SqliteEventStore
 
         target = 10_000 if self.quick else 100_000
         sb = _module("store_bench")
@@ -384,7 +386,6 @@ class Bench:
         s = SqliteEventStore(base)
         events, sid = _paused_session(wf, store=s)
         s.close()
-        from flowscope import Runner
 
         reps = 3 if self.quick else 5
         total: list[float] = []
@@ -448,7 +449,9 @@ class Bench:
                     mb.build_store(path, target, 0.02)
                 built_by = "metrics_bench.build_store (2% of sessions open)"
             except Exception as exc:
-                self.notes.append(f"metrics_bench.build_store failed ({type(exc).__name__}: {exc}); the harness builds the store")
+                self.notes.append(
+                    f"metrics_bench.build_store failed ({type(exc).__name__}: {exc}); the harness builds the store"
+                )
                 for suffix in ("", "-wal", "-shm"):
                     if os.path.exists(path + suffix):
                         os.remove(path + suffix)
@@ -461,7 +464,9 @@ class Bench:
         n_events = c.execute("SELECT count(*) FROM events").fetchone()[0]
         sessions = c.execute("SELECT count(*) FROM sessions").fetchone()[0]
         n_runs = c.execute("SELECT count(*) FROM node_runs").fetchone()[0]
-        n_open = c.execute("SELECT count(*) FROM node_runs WHERE status IN ('running', 'waiting_input', 'waiting_job')").fetchone()[0]
+        n_open = c.execute(
+            "SELECT count(*) FROM node_runs WHERE status IN ('running', 'waiting_input', 'waiting_job')"
+        ).fetchone()[0]
         c.close()
         self.store["bulk_append"] = {
             "events": n_events,
@@ -475,7 +480,11 @@ class Bench:
 
             from flowscope.observability.store_collector import StoreCollector
         except Exception as exc:
-            self.store["scrape"] = {"events": n_events, "sessions": sessions, "na": f"StoreCollector has not landed ({type(exc).__name__}: {exc})"}
+            self.store["scrape"] = {
+                "events": n_events,
+                "sessions": sessions,
+                "na": f"StoreCollector has not landed ({type(exc).__name__}: {exc})",
+            }
             return
         store = SqliteEventStore(path)
         try:
@@ -516,7 +525,9 @@ class Bench:
 
         done, _ = _template_events(W.chain(49), 0)
         paused, _ = _paused_session(_resume_workflow(48))
-        crashed = done[: 2 + 2 * 10 + 1]  # ends with the NodeStarted of the 11th node: running, its worker dead
+        crashed = done[
+            : 2 + 2 * 10 + 1
+        ]  # ends with the NodeStarted of the 11th node: running, its worker dead
         store = SqliteEventStore(path)
         try:
             for i in range(target // len(done)):
@@ -563,9 +574,19 @@ class Bench:
         # against the peers, 200-chain
         pairs = [
             ("lg_sqlite", "fs_sqlite", VS_LANGGRAPH_MIN, "like for like: both on SQLite, no telemetry"),
-            ("lg_sqlite", "fs_full", VS_LANGGRAPH_MIN, "stricter: flowscope's full stack with tracing and metrics"),
+            (
+                "lg_sqlite",
+                "fs_full",
+                VS_LANGGRAPH_MIN,
+                "stricter: flowscope's full stack with tracing and metrics",
+            ),
             ("lg_sqlite_sync", "fs_sqlite", VS_LANGGRAPH_MIN, 'LangGraph durability="sync"'),
-            ("lg_sqlite_sync", "fs_full", VS_LANGGRAPH_MIN, 'LangGraph durability="sync", flowscope full stack'),
+            (
+                "lg_sqlite_sync",
+                "fs_full",
+                VS_LANGGRAPH_MIN,
+                'LangGraph durability="sync", flowscope full stack',
+            ),
             ("adk", "fs_engine", VS_ADK_MIN, "like for like: both in memory, no telemetry"),
             ("adk", "fs_full", VS_ADK_MIN, "stricter: flowscope's full stack against ADK in memory"),
         ]
@@ -573,18 +594,40 @@ class Bench:
             p, f = self.case("chain200", peer), self.case("chain200", fs)
             if p is None or f is None or p.median is None or f.median is None:
                 why = (p.na or p.error) if p and p.median is None else (f.na or f.error) if f else "missing"
-                add(f"≥ {need:g}× faster than {_short(peer)} ({_short(fs)}, 200-chain)", "n/a", None, str(why or ""))
+                add(
+                    f"≥ {need:g}× faster than {_short(peer)} ({_short(fs)}, 200-chain)",
+                    "n/a",
+                    None,
+                    str(why or ""),
+                )
                 continue
             ratio = p.median / f.median
-            add(f"≥ {need:g}× faster than {_short(peer)} ({_short(fs)}, 200-chain)", f"{ratio:.1f}×", ratio >= need, note, profile=fs)
+            add(
+                f"≥ {need:g}× faster than {_short(peer)} ({_short(fs)}, 200-chain)",
+                f"{ratio:.1f}×",
+                ratio >= need,
+                note,
+                profile=fs,
+            )
         r = self.store.get("resume")
-        store_side = next((x for x in self.store.get("resume_rows", []) if "rebuild" in x["name"] and "open" in x["name"]), None)
+        store_side = next(
+            (x for x in self.store.get("resume_rows", []) if "rebuild" in x["name"] and "open" in x["name"]),
+            None,
+        )
         add(
             f"resume of a {('10,000' if self.quick else '100,000')}-event session < {RESUME_MAX_S:g} s",
             f"{r['median_s']:.3f} s ({r['events']:,} events)" if r else "n/a",
             None if not r or self.quick else r["median_s"] < RESUME_MAX_S,
-            ("end to end through Runner.resume() in a new process" if r else str(self.store.get("resume_error") or self.store.get("na") or ""))
-            + (f"; the store's part alone (open + read + rebuild, store_bench): {store_side['median']:.3f} s" if store_side else ""),
+            (
+                "end to end through Runner.resume() in a new process"
+                if r
+                else str(self.store.get("resume_error") or self.store.get("na") or "")
+            )
+            + (
+                f"; the store's part alone (open + read + rebuild, store_bench): {store_side['median']:.3f} s"
+                if store_side
+                else ""
+            ),
             profile="resume",
         )
         s = self.store.get("scrape")
@@ -690,7 +733,7 @@ class Bench:
 
     def report(self, targets: list[dict[str, Any]]) -> str:
         L: list[str] = []
-        now = _dt.datetime.now(_dt.timezone.utc)
+        now = _dt.datetime.now(_dt.UTC)
         L.append("# flowscope benchmarks: side by side with LangGraph and the Agent Development Kit")
         L.append("")
         L.append(
@@ -700,7 +743,9 @@ class Bench:
         )
         if self.quick:
             L.append("")
-            L.append("**Quick smoke run: too few repetitions and scaled-down store figures; not the reference numbers.**")
+            L.append(
+                "**Quick smoke run: too few repetitions and scaled-down store figures; not the reference numbers.**"
+            )
         L.append("")
         L.append("## Method")
         L.append("")
@@ -799,7 +844,9 @@ class Bench:
                     f"{min(c.times) * 1e3:.2f}–{max(c.times) * 1e3:.2f} | {len(c.times)}{f' × {c.inner}' if c.inner > 1 else ''} | {re} | {rf} |"
                 )
             L.append("")
-            L.append("× engine / × full stack: this configuration's median divided by flowscope's (above 1: slower).")
+            L.append(
+                "× engine / × full stack: this configuration's median divided by flowscope's (above 1: slower)."
+            )
             L.append("")
         L.append("## Store figures")
         L.append("")
@@ -867,10 +914,16 @@ class Bench:
         L.append(f"| sum of the parts | {_fmt_us(total)} | |")
         L.append(f"| full stack, measured | {_fmt_us(u['fs_full'])} | |")
         need = []
-        for peer, factor, what in (("lg_sqlite", VS_LANGGRAPH_MIN, "LangGraph + SqliteSaver"), ("lg_sqlite_sync", VS_LANGGRAPH_MIN, 'LangGraph + SqliteSaver (durability="sync")'), ("adk", VS_ADK_MIN, "ADK")):
+        for peer, factor, what in (
+            ("lg_sqlite", VS_LANGGRAPH_MIN, "LangGraph + SqliteSaver"),
+            ("lg_sqlite_sync", VS_LANGGRAPH_MIN, 'LangGraph + SqliteSaver (durability="sync")'),
+            ("adk", VS_ADK_MIN, "ADK"),
+        ):
             p = self.us(wf, peer)
             if p is not None:
-                need.append(f"{factor:g}× faster than {what} ({_fmt_us(p)} µs/node) means at most {_fmt_us(p / factor)} µs/node")
+                need.append(
+                    f"{factor:g}× faster than {what} ({_fmt_us(p)} µs/node) means at most {_fmt_us(p / factor)} µs/node"
+                )
         L.append("")
         if need:
             L.append("In this run, " + "; ".join(need) + ".")
@@ -884,7 +937,9 @@ class Bench:
         L.append("| figure | median | detail | measured by |")
         L.append("| --- | ---: | --- | --- |")
         for row in self.store.get("append_rows", []):
-            L.append(f"| {row['name']} | {_fmt_val(row.get('median'), row.get('unit', ''))} | {row.get('extra', '')} | {row.get('source', '')} |")
+            L.append(
+                f"| {row['name']} | {_fmt_val(row.get('median'), row.get('unit', ''))} | {row.get('extra', '')} | {row.get('source', '')} |"
+            )
         b = self.store.get("bulk_append")
         if b:
             L.append(
@@ -903,7 +958,9 @@ class Bench:
         elif "resume_error" in self.store:
             L.append(f"| resume of a 100,000-event session | n/a | {self.store['resume_error']} | |")
         for row in self.store.get("resume_rows", []):
-            L.append(f"| {row['name']} | {_fmt_val(row.get('median'), row.get('unit', ''))} | {row.get('extra', '')} | {row.get('source', '')} |")
+            L.append(
+                f"| {row['name']} | {_fmt_val(row.get('median'), row.get('unit', ''))} | {row.get('extra', '')} | {row.get('source', '')} |"
+            )
         sc = self.store.get("scrape")
         if sc and "median_s" in sc:
             L.append(
@@ -1043,10 +1100,13 @@ def _pstats(pr: cProfile.Profile, title: str, per: int | None, top: int = 22) ->
     st = pstats.Stats(pr, stream=buf)
     total = st.total_tt  # type: ignore[attr-defined]
     rows = []
-    for (fn_file, line, fn), (cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+    for (fn_file, line, fn), (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
         rows.append((tt, ct, nc, f"{_shortpath(fn_file)}:{line}({fn})"))
     rows.sort(reverse=True)
-    lines = [f"{title}; total {total:.3f} s" + (f", {total * 1e6 / per:.1f} µs per node run (profiler overhead included)" if per else "")]
+    lines = [
+        f"{title}; total {total:.3f} s"
+        + (f", {total * 1e6 / per:.1f} µs per node run (profiler overhead included)" if per else "")
+    ]
     lines.append(f"{'tottime':>8} {'%':>5} {'cumtime':>8} {'calls':>9}  function")
     for tt, ct, nc, name in rows[:top]:
         lines.append(f"{tt:8.3f} {100 * tt / total:5.1f} {ct:8.3f} {nc:9d}  {name}")
@@ -1091,8 +1151,12 @@ def _machine() -> dict[str, str]:
         pass
     commit = ""
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"], capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"], capture_output=True, text=True
+        ).stdout.strip()
         if dirty:
             commit += " (with uncommitted changes under src/)"
     except Exception:
@@ -1135,14 +1199,26 @@ def _versions() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 2 repetitions, no 2,000-chain for the peers, small store figures")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 2 repetitions, no 2,000-chain for the peers, small store figures",
+    )
     ap.add_argument("--out", help="where to write the report (default: print it)")
     ap.add_argument("--reps", type=int, help="timed repetitions per case (default 7; 5 for the 2,000-chain)")
-    ap.add_argument("--only", help="comma-separated workflows: chain20,chain200,chain2000,fanout50,nested,pause200")
+    ap.add_argument(
+        "--only", help="comma-separated workflows: chain20,chain200,chain2000,fanout50,nested,pause200"
+    )
     ap.add_argument("--no-peers", action="store_true", help="flowscope only")
     ap.add_argument("--no-store", action="store_true", help="skip the store figures")
-    ap.add_argument("--profile", action="store_true", help="profile every flowscope configuration named by a target, missed or not")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile every flowscope configuration named by a target, missed or not",
+    )
     ap.add_argument("--no-profile", action="store_true", help="never profile")
     args = ap.parse_args(argv)
     if args.reps is not None and args.reps < 5 and not args.quick:

@@ -132,7 +132,9 @@ def part_plugin(n: int = 200, runs: int = 9, warmup: int = 3) -> None:
         "MetricsPlugin (prometheus) + sampled span": (lambda: [MetricsPlugin(CollectorRegistry())], True),
         "MetricsPlugin (prometheus + OTel)": (
             lambda: [
-                MetricsPlugin(CollectorRegistry(), meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]))
+                MetricsPlugin(
+                    CollectorRegistry(), meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()])
+                )
             ],
             False,
         ),
@@ -149,8 +151,12 @@ def part_plugin(n: int = 200, runs: int = 9, warmup: int = 3) -> None:
         for name, (_make, span) in configs.items():
             samples[name].append(per_node_us(wf, n, plugins[name], span))
     base = statistics.median(samples["no plugin"])
-    print(f"\n== per-node cost, chain of {n} nodes, memory store, median of {runs} runs after {warmup} warm-up")
-    print(f"{'configuration':45s} {'µs/node':>9s} {'plugin µs/node':>15s} {'ratio':>7s} {'cold 1st run':>13s}")
+    print(
+        f"\n== per-node cost, chain of {n} nodes, memory store, median of {runs} runs after {warmup} warm-up"
+    )
+    print(
+        f"{'configuration':45s} {'µs/node':>9s} {'plugin µs/node':>15s} {'ratio':>7s} {'cold 1st run':>13s}"
+    )
     for name, xs in samples.items():
         med = statistics.median(xs)
         print(f"{name:45s} {med:9.1f} {med - base:15.1f} {med / base:7.2f} {cold[name]:10.1f} µs")
@@ -189,11 +195,17 @@ def session_events(i: int, base_ts: float, open_kind: str | None) -> list:
         ev.append(NodeStarted(ts=t, path=path, node=name, parent_path=root, **common))
         last = k == NODES_PER_SESSION - 1
         if last and open_kind == "running":
-            ev.append(NodeRetrying(ts=t, path=path, node=name, error_type="ConnectionError", delay_s=1.0, **common))
+            ev.append(
+                NodeRetrying(ts=t, path=path, node=name, error_type="ConnectionError", delay_s=1.0, **common)
+            )
         elif last and open_kind == "input":
             ev.append(InputRequested(ts=t, path=path, node=name, interrupt_id=path, prompt="ok?", **common))
         elif last and open_kind == "job":
-            ev.append(JobDispatched(ts=t, path=path, node=name, job_id=f"job{i}", deadline_s=60.0, job_key=path, **common))
+            ev.append(
+                JobDispatched(
+                    ts=t, path=path, node=name, job_id=f"job{i}", deadline_s=60.0, job_key=path, **common
+                )
+            )
         else:
             ev.append(NodeCompleted(ts=t, path=path, node=name, output=k, **common))
     end = ts + 0.1
@@ -223,7 +235,9 @@ def build_store(path: str, total_events: int, open_fraction: float) -> None:
         written += len(events)
         i += 1
         if i % 2000 == 0:
-            print(f"  {written:>9,d} events ({written / (time.perf_counter() - t0):,.0f} events/s)", flush=True)
+            print(
+                f"  {written:>9,d} events ({written / (time.perf_counter() - t0):,.0f} events/s)", flush=True
+            )
     store.close()
     print(f"built {written:,d} events in {i:,d} sessions in {time.perf_counter() - t0:.1f}s")
 
@@ -288,10 +302,14 @@ def part_scrape(db: str | None, total_events: int, open_fraction: float) -> None
             generic.open_runs()
         print(f"{'store.open_runs() alone':45s} {(time.perf_counter() - t0) / 10 * 1e3:8.2f} ms")
         first, med, worst = time_scrapes(StoreCollector(generic, stale_after_s=300))
-        print(f"{'scrape via open_runs() (generic port)':45s} {med:8.2f} ms median  (first {first:.2f}, max {worst:.2f})")
+        print(
+            f"{'scrape via open_runs() (generic port)':45s} {med:8.2f} ms median  (first {first:.2f}, max {worst:.2f})"
+        )
         summarising = SummarisingSqliteStore(db)
         first, med, worst = time_scrapes(StoreCollector(summarising, stale_after_s=300))
-        print(f"{'scrape via open_run_summary() (SQL GROUP BY)':45s} {med:8.2f} ms median  (first {first:.2f}, max {worst:.2f})")
+        print(
+            f"{'scrape via open_run_summary() (SQL GROUP BY)':45s} {med:8.2f} ms median  (first {first:.2f}, max {worst:.2f})"
+        )
         samples = {
             (s.name, tuple(sorted(s.labels.items()))): s.value
             for f in StoreCollector(generic, stale_after_s=300).collect()
@@ -309,7 +327,9 @@ def part_scrape(db: str | None, total_events: int, open_fraction: float) -> None
             conn.execute("ANALYZE node_runs")
         try:
             first, med, worst = time_scrapes(StoreCollector(summarising, stale_after_s=300))
-            print(f"{'  ... + partial covering index (proposed)':45s} {med:8.2f} ms median  (first {first:.2f}, max {worst:.2f})")
+            print(
+                f"{'  ... + partial covering index (proposed)':45s} {med:8.2f} ms median  (first {first:.2f}, max {worst:.2f})"
+            )
         finally:
             with summarising._op("drop the proposed index") as conn:
                 conn.execute("DROP INDEX IF EXISTS node_runs_open")

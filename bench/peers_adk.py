@@ -18,8 +18,9 @@ default recursion limit, so the harness raises it (``sys.setrecursionlimit``).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["AdkConfig", "adk_configs", "available", "versions"]
 
@@ -81,7 +82,9 @@ def _fanout(n: int) -> Any:
 def _nested(inner: int, length: int) -> Any:
     from google.adk.workflow import Workflow
 
-    return Workflow(name="nested", edges=[("START", *[_chain(length, name=f"inner{j}") for j in range(inner)])])
+    return Workflow(
+        name="nested", edges=[("START", *[_chain(length, name=f"inner{j}") for j in range(inner)])]
+    )
 
 
 @dataclass
@@ -89,7 +92,9 @@ class AdkConfig:
     key: str
     label: str
 
-    def make(self, wf_key: str, spec: Any, tmpdir: str) -> tuple[Callable[[], Any] | None, str | None, Callable[[], None]]:
+    def make(
+        self, wf_key: str, spec: Any, tmpdir: str
+    ) -> tuple[Callable[[], Any] | None, str | None, Callable[[], None]]:
         """``(run, n/a reason, close)``: ``run`` is a coroutine function returning the output."""
         from google.adk.runners import Runner
         from google.adk.sessions import InMemorySessionService
@@ -128,7 +133,9 @@ class AdkConfig:
         if wf_key == "pause200":
             from google.adk.workflow.utils._workflow_hitl_utils import create_request_input_response
 
-            answer = types.Content(role="user", parts=[create_request_input_response("approval", {"value": 5})])
+            answer = types.Content(
+                role="user", parts=[create_request_input_response("approval", {"value": 5})]
+            )
 
             async def run(session_id: str) -> Any:
                 first = await drive(session_id, start)

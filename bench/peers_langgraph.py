@@ -19,10 +19,18 @@ import operator
 import os
 import sqlite3
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, TypedDict
+from typing import Annotated, Any, TypedDict
 
-__all__ = ["LangGraphConfig", "langgraph_configs", "available", "versions", "sqlite_chain", "async_sqlite_chain"]
+__all__ = [
+    "LangGraphConfig",
+    "langgraph_configs",
+    "available",
+    "versions",
+    "sqlite_chain",
+    "async_sqlite_chain",
+]
 
 
 def available() -> str | None:
@@ -123,7 +131,9 @@ class LangGraphConfig:
     sqlite: bool = False
     durability: str | None = None  # None: LangGraph's default ("async")
 
-    def make(self, wf_key: str, spec: Any, tmpdir: str) -> tuple[Callable[[], Any] | None, str | None, Callable[[], None]]:
+    def make(
+        self, wf_key: str, spec: Any, tmpdir: str
+    ) -> tuple[Callable[[], Any] | None, str | None, Callable[[], None]]:
         """``(run, n/a reason, close)``: ``run()`` executes the workflow once and returns its output."""
         from workflows import FAN, INNER, INNER_LEN, PAUSE_LEN
 
@@ -152,7 +162,11 @@ class LangGraphConfig:
         elif wf_key == "pause200":
             if saver is None:
                 close()
-                return None, "interrupt() needs a checkpointer: LangGraph cannot pause and resume without one", close
+                return (
+                    None,
+                    "interrupt() needs a checkpointer: LangGraph cannot pause and resume without one",
+                    close,
+                )
             graph = _chain_graph(PAUSE_LEN, ask_at=PAUSE_LEN // 2).compile(checkpointer=saver)
         else:
             raise KeyError(wf_key)
@@ -181,7 +195,9 @@ def langgraph_configs() -> list[LangGraphConfig]:
     return [
         LangGraphConfig("lg_plain", "LangGraph, no checkpointer"),
         LangGraphConfig("lg_sqlite", "LangGraph + SqliteSaver (default durability, async)", sqlite=True),
-        LangGraphConfig("lg_sqlite_sync", 'LangGraph + SqliteSaver (durability="sync")', sqlite=True, durability="sync"),
+        LangGraphConfig(
+            "lg_sqlite_sync", 'LangGraph + SqliteSaver (durability="sync")', sqlite=True, durability="sync"
+        ),
     ]
 
 
@@ -209,7 +225,9 @@ def sqlite_chain(n: int, folder: str) -> tuple[Callable[[], None], Callable[[], 
     graph = _chain_graph(n).compile(checkpointer=saver)
 
     def run() -> None:
-        out = graph.invoke({"x": 0}, {"recursion_limit": 2 * n + 100, "configurable": {"thread_id": uuid.uuid4().hex}})
+        out = graph.invoke(
+            {"x": 0}, {"recursion_limit": 2 * n + 100, "configurable": {"thread_id": uuid.uuid4().hex}}
+        )
         assert out["x"] == n
 
     return run, conn.close
@@ -232,7 +250,10 @@ async def async_sqlite_chain(n: int, sessions: int, folder: str) -> Any:
     graph = _chain_graph(n).compile(checkpointer=saver)
 
     async def once(k: int = sessions) -> float:
-        cfgs = [{"recursion_limit": 2 * n + 100, "configurable": {"thread_id": uuid.uuid4().hex}} for _ in range(k)]
+        cfgs = [
+            {"recursion_limit": 2 * n + 100, "configurable": {"thread_id": uuid.uuid4().hex}}
+            for _ in range(k)
+        ]
         gc.collect()
         t0 = time.perf_counter()
         outs = await asyncio.gather(*(graph.ainvoke({"x": 0}, c) for c in cfgs))

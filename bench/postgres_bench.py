@@ -26,8 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 
@@ -37,7 +38,6 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "bench")]
 from flowscope import Runner, Worker  # noqa: E402
 from flowscope.store import EventStore, PostgresEventStore, SqliteEventStore  # noqa: E402
 from flowscope.store.postgres.queries import SQL_APPEND_CACHED  # noqa: E402
-
 from pg_cluster import BIN_DIR, PgCluster  # noqa: E402
 from workflows import chain  # noqa: E402
 
@@ -102,9 +102,12 @@ def chain_per_node(cluster: PgCluster, n: int, reps: int) -> dict[str, float]:
     for sc in (None, "off"):
         store = PostgresEventStore(cluster.new_database("chain"), synchronous_commit=sc)
         opened.append(store)
-        configs[f"flowscope {sc or 'on'}"] = lambda sid, store=store: asyncio.run(Runner(wf, store).run(0, session_id=sid))
+        configs[f"flowscope {sc or 'on'}"] = lambda sid, store=store: asyncio.run(
+            Runner(wf, store).run(0, session_id=sid)
+        )
     try:
         from langgraph.checkpoint.postgres import PostgresSaver
+
         from peers_langgraph import _chain_graph
     except ImportError as exc:
         print(f"  LangGraph PostgresSaver not installed: {exc}")
@@ -118,7 +121,9 @@ def chain_per_node(cluster: PgCluster, n: int, reps: int) -> dict[str, float]:
             kw = {} if durability == "default" else {"durability": durability}
 
             def lg(sid: str, graph: Any = graph, kw: dict[str, Any] = kw) -> None:
-                out = graph.invoke({"x": 0}, {"configurable": {"thread_id": sid}, "recursion_limit": n + 10}, **kw)
+                out = graph.invoke(
+                    {"x": 0}, {"configurable": {"thread_id": sid}, "recursion_limit": n + 10}, **kw
+                )
                 assert out["x"] == n
 
             configs[f"langgraph {durability}"] = lg
@@ -128,7 +133,11 @@ def chain_per_node(cluster: PgCluster, n: int, reps: int) -> dict[str, float]:
     floor = psycopg.connect(floor_db, autocommit=True)
     opened.append(floor)
     floor.execute("CREATE TABLE step (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text)")
-    for label, sql in (("floor: round trip", "SELECT 1"), ("floor: durable one-row commit", "INSERT INTO step (v) VALUES ('x')")):
+    for label, sql in (
+        ("floor: round trip", "SELECT 1"),
+        ("floor: durable one-row commit", "INSERT INTO step (v) VALUES ('x')"),
+    ):
+
         def run_floor(_sid: str, sql: str = sql) -> None:
             for _ in range(n):
                 floor.execute(sql, prepare=True)
@@ -139,7 +148,7 @@ def chain_per_node(cluster: PgCluster, n: int, reps: int) -> dict[str, float]:
     names = list(configs)
     try:
         for rep in range(reps + 1):
-            for name in names[rep % len(names):] + names[: rep % len(names)]:
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
                 gc.collect()
                 t = time.perf_counter()
                 configs[name](f"{name.replace(' ', '-')}-{rep}")
@@ -147,7 +156,9 @@ def chain_per_node(cluster: PgCluster, n: int, reps: int) -> dict[str, float]:
                     times[name].append((time.perf_counter() - t) / n)
     finally:
         for o in opened:
-            o.close() if isinstance(o, (PostgresEventStore, psycopg.Connection)) else o.__exit__(None, None, None)
+            o.close() if isinstance(o, (PostgresEventStore, psycopg.Connection)) else o.__exit__(
+                None, None, None
+            )
     out = {name: statistics.median(ts) for name, ts in times.items()}
     exec_s = append_exec_seconds(cluster) if stats else None
     if exec_s is not None:
@@ -175,7 +186,8 @@ def append_exec_seconds(cluster: PgCluster) -> float | None:
     prefix = SQL_APPEND_CACHED.split("%(", 1)[0]
     with cluster.admin() as c:
         row = c.execute(
-            "SELECT sum(total_exec_time) / sum(calls) FROM pg_stat_statements WHERE query LIKE %s", (prefix + "%",)
+            "SELECT sum(total_exec_time) / sum(calls) FROM pg_stat_statements WHERE query LIKE %s",
+            (prefix + "%",),
         ).fetchone()
     return None if row is None or row[0] is None else float(row[0]) / 1e3
 
@@ -210,19 +222,30 @@ def build_million(url: str, sessions: int = 10_000, per_session: int = 100, open
         _template(s, "tpl-open", per_session, finished=False)
 
     clones = (("tpl-done", 1, sessions - open_sessions), ("tpl-open", sessions - open_sessions + 1, sessions))
-    cols = ("path, workflow, node, kind, parent_path, status, attempt, failures, retries, recoveries, "
-            "started_at, ended_at, heartbeat_at, error_code, error_type, job_deadline_at")
+    cols = (
+        "path, workflow, node, kind, parent_path, status, attempt, failures, retries, recoveries, "
+        "started_at, ended_at, heartbeat_at, error_code, error_type, job_deadline_at"
+    )
     scols = "workflow, status, started_at, updated_at, last_seq, invocations"
     with psycopg.connect(url, autocommit=True) as c:
         for tpl, lo, hi in clones:
             if hi < lo:
                 continue
-            c.execute("INSERT INTO events SELECT 'x' || g, e.seq, e.type, e.ts, e.invocation_id, e.path, e.node, e.payload "
-                      "FROM events e, generate_series(%s::int, %s::int) g WHERE e.session_id = %s", (lo, hi, tpl))
-            c.execute(f"INSERT INTO node_runs (session_id, {cols}) SELECT 'x' || g, {cols} "
-                      "FROM node_runs n, generate_series(%s::int, %s::int) g WHERE n.session_id = %s", (lo, hi, tpl))
-            c.execute(f"INSERT INTO sessions (session_id, {scols}) SELECT 'x' || g, {scols} "
-                      "FROM sessions s, generate_series(%s::int, %s::int) g WHERE s.session_id = %s", (lo, hi, tpl))
+            c.execute(
+                "INSERT INTO events SELECT 'x' || g, e.seq, e.type, e.ts, e.invocation_id, e.path, e.node, e.payload "
+                "FROM events e, generate_series(%s::int, %s::int) g WHERE e.session_id = %s",
+                (lo, hi, tpl),
+            )
+            c.execute(
+                f"INSERT INTO node_runs (session_id, {cols}) SELECT 'x' || g, {cols} "
+                "FROM node_runs n, generate_series(%s::int, %s::int) g WHERE n.session_id = %s",
+                (lo, hi, tpl),
+            )
+            c.execute(
+                f"INSERT INTO sessions (session_id, {scols}) SELECT 'x' || g, {scols} "
+                "FROM sessions s, generate_series(%s::int, %s::int) g WHERE s.session_id = %s",
+                (lo, hi, tpl),
+            )
         c.execute("DELETE FROM events WHERE session_id LIKE 'tpl-%%'")
         c.execute("DELETE FROM node_runs WHERE session_id LIKE 'tpl-%%'")
         c.execute("DELETE FROM sessions WHERE session_id LIKE 'tpl-%%'")
@@ -260,7 +283,9 @@ def peer_versions() -> str:
             out.append(f"{dist} {version(dist)}")
         except PackageNotFoundError:
             out.append(f"{dist} not installed")
-    server = subprocess.run([str(BIN_DIR / "postgres"), "--version"], capture_output=True, text=True).stdout.strip()
+    server = subprocess.run(
+        [str(BIN_DIR / "postgres"), "--version"], capture_output=True, text=True
+    ).stdout.strip()
     return ", ".join(out + [server])
 
 
@@ -287,35 +312,64 @@ def main(argv: list[str] | None = None) -> int:
         fs, fs_off = med["flowscope on"], med["flowscope off"]
         chain_rows = len(rows)  # the 200-chain's rows, printed together below
         rows.append(("200-chain per node, flowscope on PostgreSQL", f"{fs * 1e3:.3f} ms"))
-        rows.append(("200-chain per node, flowscope on PostgreSQL, synchronous_commit=off", f"{fs_off * 1e3:.3f} ms"))
+        rows.append(
+            ("200-chain per node, flowscope on PostgreSQL, synchronous_commit=off", f"{fs_off * 1e3:.3f} ms")
+        )
         for durability in ("default", "sync"):
             lg = med.get(f"langgraph {durability}")
             if lg is not None:
-                rows.append((f"200-chain per node, LangGraph PostgresSaver ({durability})",
-                             f"{lg * 1e3:.3f} ms ({lg / fs:.1f}x flowscope; {lg / fs_off:.1f}x with it off)"))
+                rows.append(
+                    (
+                        f"200-chain per node, LangGraph PostgresSaver ({durability})",
+                        f"{lg * 1e3:.3f} ms ({lg / fs:.1f}x flowscope; {lg / fs_off:.1f}x with it off)",
+                    )
+                )
         floor_rt, floor_commit = med["floor: round trip"], med["floor: durable one-row commit"]
         rows.append(("floor: one round trip (`SELECT 1`), per step", f"{floor_rt * 1e3:.3f} ms"))
-        rows.append(("floor: one durable one-row commit (autocommit `INSERT`), per step", f"{floor_commit * 1e3:.3f} ms"))
+        rows.append(
+            (
+                "floor: one durable one-row commit (autocommit `INSERT`), per step",
+                f"{floor_commit * 1e3:.3f} ms",
+            )
+        )
         exec_s = med.get("server execution of flowscope's append")
         if exec_s is not None:
-            rows.append(("server execution of flowscope's one-statement append (pg_stat_statements mean)", f"{exec_s * 1e3:.3f} ms"))
+            rows.append(
+                (
+                    "server execution of flowscope's one-statement append (pg_stat_statements mean)",
+                    f"{exec_s * 1e3:.3f} ms",
+                )
+            )
         lg_default = med.get("langgraph default")
         if lg_default is not None:
             budget = lg_default / 5
-            rows.append((
-                "5x LangGraph (default) needs per node; above the durable floor that leaves",
-                f"{budget * 1e3:.3f} ms; {(budget - floor_commit) * 1e3:.3f} ms (flowscope uses {(fs - floor_commit) * 1e3:.3f})",
-            ))
+            rows.append(
+                (
+                    "5x LangGraph (default) needs per node; above the durable floor that leaves",
+                    f"{budget * 1e3:.3f} ms; {(budget - floor_commit) * 1e3:.3f} ms (flowscope uses {(fs - floor_commit) * 1e3:.3f})",
+                )
+            )
         for row in rows[chain_rows:]:
             print(row)
         k = 5 if args.quick else 1  # the quick run: a fifth of the sessions
         # (sessions, events each, running sessions): ~1% running (~1,000 open runs); the
         # same open runs among 10x the sessions (the scrape must not grow with them); all running
-        for sessions_m, per, open_sessions in ((10_000, 100, 181), (100_000, 10, 1_000), (10_000, 100, 10_000)):
+        for sessions_m, per, open_sessions in (
+            (10_000, 100, 181),
+            (100_000, 10, 1_000),
+            (10_000, 100, 10_000),
+        ):
             url = cluster.new_database("million")
-            open_runs = build_million(url, sessions=sessions_m // k, per_session=per, open_sessions=open_sessions // k)
-            rows.append((f"StoreCollector scrape, {sessions_m // k * per:,} events in {sessions_m // k:,} sessions, "
-                         f"{open_runs:,} open runs", f"{scrape_ms(url, 20):.1f} ms"))
+            open_runs = build_million(
+                url, sessions=sessions_m // k, per_session=per, open_sessions=open_sessions // k
+            )
+            rows.append(
+                (
+                    f"StoreCollector scrape, {sessions_m // k * per:,} events in {sessions_m // k:,} sessions, "
+                    f"{open_runs:,} open runs",
+                    f"{scrape_ms(url, 20):.1f} ms",
+                )
+            )
             print(rows[-1])
     finally:
         cluster.stop()

@@ -29,9 +29,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import workflows as W  # noqa: E402
-from targets import Flow  # noqa: E402
-
 from flowscope.store.sqlite import SqliteEventStore  # noqa: E402
+from targets import Flow  # noqa: E402
 
 
 def profile(flow: Flow, runs: int, sessions: int, loop: asyncio.AbstractEventLoop) -> pstats.Stats:
@@ -60,8 +59,14 @@ def short(key: tuple[str, int, str]) -> str:
 
 #: Which part of the stack a function belongs to, by its file (first match wins).
 PARTS = (
-    ("tracing: the span walk and ids (log_spans.py, spans.py)", ("observability/log_spans.py", "observability/spans.py", "_hashlib")),
-    ("tracing: the plugin and shipping (tracing.py, shipping.py)", ("observability/tracing.py", "observability/shipping.py")),
+    (
+        "tracing: the span walk and ids (log_spans.py, spans.py)",
+        ("observability/log_spans.py", "observability/spans.py", "_hashlib"),
+    ),
+    (
+        "tracing: the plugin and shipping (tracing.py, shipping.py)",
+        ("observability/tracing.py", "observability/shipping.py"),
+    ),
     ("tracing: the OpenTelemetry SDK and API", ("opentelemetry/", "contextvars")),
     ("metrics (metrics.py, lean_prom.py)", ("observability/metrics.py", "observability/lean_prom.py")),
     ("the hook port (engine/hooks.py)", ("engine/hooks.py",)),
@@ -88,12 +93,16 @@ def diff(title: str, full: pstats.Stats, bare: pstats.Stats, node_runs: int, top
         by_part[part(key)] = by_part.get(part(key), 0.0) + added
     total_f = sum(v[0] for v in f.values()) * 1e6 / node_runs
     total_b = sum(v[0] for v in b.values()) * 1e6 / node_runs
-    print(f"\n### {title}: profiled {total_f:.1f} µs per node run (full stack) against {total_b:.1f} (SQLite alone)\n")
+    print(
+        f"\n### {title}: profiled {total_f:.1f} µs per node run (full stack) against {total_b:.1f} (SQLite alone)\n"
+    )
     print("| part | added µs/node run (profiled) |\n| --- | ---: |")
     for name, _marks in PARTS:
         print(f"| {name} | {by_part.get(name, 0.0):.1f} |")
     print()
-    print("| function (file:line) | added µs/node run | full stack µs/node run | calls per node run |\n| --- | ---: | ---: | ---: |")
+    print(
+        "| function (file:line) | added µs/node run | full stack µs/node run | calls per node run |\n| --- | ---: | ---: | ---: |"
+    )
     for added, own, calls, key in rows[:top]:
         print(f"| `{short(key)}` | {added:.2f} | {own:.2f} | {calls:.2f} |")
 

@@ -29,8 +29,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from flowscope.events import (
     Event,
@@ -69,12 +69,19 @@ class SessionWriter:
 
     def _add(self, cls, **kw) -> None:
         self.ts += self.rnd.choice((0.0005, 0.002, 0.01))
-        self.events.append(cls(session_id=self.sid, invocation_id=f"{self.sid}-inv{self.inv}", ts=self.ts, **kw))
+        self.events.append(
+            cls(session_id=self.sid, invocation_id=f"{self.sid}-inv{self.inv}", ts=self.ts, **kw)
+        )
 
     def start_invocation(self, resumed: bool = False) -> None:
         self.inv += 1
-        self._add(RunStarted, workflow=self.workflow, input={"since": "2024-01-01", "limit": 500}, resumed=resumed,
-                  trace_context={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
+        self._add(
+            RunStarted,
+            workflow=self.workflow,
+            input={"since": "2024-01-01", "limit": 500},
+            resumed=resumed,
+            trace_context={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+        )
 
     def next_path(self, name: str) -> str:
         k = self.counts[name] = self.counts.get(name, 0) + 1
@@ -91,8 +98,15 @@ class SessionWriter:
         if outcome is None:
             r = rnd.random()
             if r < 0.05:
-                self._add(NodeRetrying, attempt=1, error_type="TimeoutError", error_code="UPSTREAM_TIMEOUT",
-                          error_message="upstream timed out after 2.0s", delay_s=0.05, **kw)
+                self._add(
+                    NodeRetrying,
+                    attempt=1,
+                    error_type="TimeoutError",
+                    error_code="UPSTREAM_TIMEOUT",
+                    error_message="upstream timed out after 2.0s",
+                    delay_s=0.05,
+                    **kw,
+                )
                 attempt = 2
             if r < 0.1:
                 self._add(StateUpdated, values={"cursor": len(self.events)}, **kw)
@@ -101,22 +115,47 @@ class SessionWriter:
             if rnd.random() < 0.15:
                 self._add(NodeCompleted, output=None, has_output=False, attempt_count=attempt, **kw)
             else:
-                self._add(NodeCompleted, output={"rows": rnd.randint(0, 500), "ok": True, "id": f"ord-{len(self.events)}"},
-                          attempt_count=attempt, **kw)
+                self._add(
+                    NodeCompleted,
+                    output={"rows": rnd.randint(0, 500), "ok": True, "id": f"ord-{len(self.events)}"},
+                    attempt_count=attempt,
+                    **kw,
+                )
         elif outcome == "error":
-            self._add(NodeErrorEvent, error_code="UNKNOWN_ERROR", error_message="invalid literal for int()",
-                      error_type="ValueError", attempt_count=attempt, **kw)
+            self._add(
+                NodeErrorEvent,
+                error_code="UNKNOWN_ERROR",
+                error_message="invalid literal for int()",
+                error_type="ValueError",
+                attempt_count=attempt,
+                **kw,
+            )
         elif outcome == "input":
-            self._add(InputRequested, interrupt_id=f"{path}#approve", prompt="Approve the refund?",
-                      payload={"amount": 120.5, "currency": "EUR"}, **kw)
+            self._add(
+                InputRequested,
+                interrupt_id=f"{path}#approve",
+                prompt="Approve the refund?",
+                payload={"amount": 120.5, "currency": "EUR"},
+                **kw,
+            )
         elif outcome == "job":
-            self._add(JobDispatched, job_id=f"job-{self.sid}-{len(self.events)}", idempotency_key=f"idem-{len(self.events)}",
-                      deadline_s=3600.0, job_key=f"{name}#1", **kw)
+            self._add(
+                JobDispatched,
+                job_id=f"job-{self.sid}-{len(self.events)}",
+                idempotency_key=f"idem-{len(self.events)}",
+                deadline_s=3600.0,
+                job_key=f"{name}#1",
+                **kw,
+            )
         return path
 
     def finish(self, status: str) -> None:
-        self._add(RunFinished, status=status, output={"orders": len(self.events)} if status == "completed" else None,
-                  error_code="UNKNOWN_ERROR" if status == "failed" else None)
+        self._add(
+            RunFinished,
+            status=status,
+            output={"orders": len(self.events)} if status == "completed" else None,
+            error_code="UNKNOWN_ERROR" if status == "failed" else None,
+        )
 
 
 def big_session(sid: str, n: int) -> list[Event]:
@@ -132,7 +171,13 @@ def big_session(sid: str, n: int) -> list[Event]:
         w.finish("paused")
         if phase < 2:
             w.start_invocation(resumed=True)
-            w._add(InputReceived, path=path, node="approve", interrupt_id=f"{path}#approve", value={"approved": True})
+            w._add(
+                InputReceived,
+                path=path,
+                node="approve",
+                interrupt_id=f"{path}#approve",
+                value={"approved": True},
+            )
             w._add(NodeStarted, path=path, node="approve", attempt=1, parent_path=w.root)
             w._add(NodeCompleted, path=path, node="approve", output={"approved": True})
     return w.events
@@ -143,7 +188,17 @@ def small_session(sid: str, rnd: random.Random, n: int, t0: float) -> list[Event
     w = SessionWriter(sid, workflow=rnd.choice(("orders", "billing", "etl")), t0=t0, seed=rnd.random())
     w.start_invocation()
     r = rnd.random()
-    end = ("completed" if r < 0.90 else "error" if r < 0.94 else "input" if r < 0.97 else "job" if r < 0.99 else "crash")
+    end = (
+        "completed"
+        if r < 0.90
+        else "error"
+        if r < 0.94
+        else "input"
+        if r < 0.97
+        else "job"
+        if r < 0.99
+        else "crash"
+    )
     while len(w.events) < n - 4:
         w.node()
     if end == "completed":
@@ -210,8 +265,16 @@ def bench_append(directory: Path, runs: int, quick: bool) -> list[dict]:
 
         med, samples = median_of(one_run, runs)
         store.close()
-        rows.append(dict(name=label, median=med, unit="events/s", samples=samples, target=None,
-                         extra=f"{1e6 / med * batch:.0f} us/transaction"))
+        rows.append(
+            dict(
+                name=label,
+                median=med,
+                unit="events/s",
+                samples=samples,
+                target=None,
+                extra=f"{1e6 / med * batch:.0f} us/transaction",
+            )
+        )
     return rows
 
 
@@ -247,13 +310,30 @@ def bench_resume(directory: Path, runs: int, n: int) -> list[dict]:
         parts[k] = parts[k][1:]  # drop the warm-up
     label = f"resume of a {n:,}-event session"
     return [
-        dict(name=f"{label}: open + read + rebuild", median=statistics.median(parts["total"]), unit="s",
-             samples=parts["total"], target=0.3,
-             extra=f"{state_nodes[0]:,} node runs; CPU time {statistics.median(parts['cpu']) * 1000:.0f} ms"),
-        dict(name=f"{label}: read()", median=statistics.median(parts["read"]), unit="s", samples=parts["read"],
-             target=None, extra=f"{statistics.median(parts['read']) / n * 1e6:.2f} us/event"),
-        dict(name=f"{label}: rebuild()", median=statistics.median(parts["rebuild"]), unit="s",
-             samples=parts["rebuild"], target=None, extra="projection.rebuild"),
+        dict(
+            name=f"{label}: open + read + rebuild",
+            median=statistics.median(parts["total"]),
+            unit="s",
+            samples=parts["total"],
+            target=0.3,
+            extra=f"{state_nodes[0]:,} node runs; CPU time {statistics.median(parts['cpu']) * 1000:.0f} ms",
+        ),
+        dict(
+            name=f"{label}: read()",
+            median=statistics.median(parts["read"]),
+            unit="s",
+            samples=parts["read"],
+            target=None,
+            extra=f"{statistics.median(parts['read']) / n * 1e6:.2f} us/event",
+        ),
+        dict(
+            name=f"{label}: rebuild()",
+            median=statistics.median(parts["rebuild"]),
+            unit="s",
+            samples=parts["rebuild"],
+            target=None,
+            extra="projection.rebuild",
+        ),
     ]
 
 
@@ -304,14 +384,34 @@ def bench_open_runs(directory: Path, runs: int, total: int, per_session: int, re
     store.close()
     desc = f"{n_events:,} events, {n_sessions:,} sessions, {n_runs:,} node runs, {count[0]:,} open"
     rows = [
-        dict(name=f"open_runs() over {n_events:,} events", median=med_warm, unit="s", samples=samples_warm,
-             target=0.05, extra=desc),
-        dict(name="open_runs() on a newly opened read-only store", median=med_cold, unit="s", samples=samples_cold,
-             target=0.05, extra="open + query"),
+        dict(
+            name=f"open_runs() over {n_events:,} events",
+            median=med_warm,
+            unit="s",
+            samples=samples_warm,
+            target=0.05,
+            extra=desc,
+        ),
+        dict(
+            name="open_runs() on a newly opened read-only store",
+            median=med_cold,
+            unit="s",
+            samples=samples_cold,
+            target=0.05,
+            extra="open + query",
+        ),
     ]
     if built:
-        rows.append(dict(name="building that store (one run)", median=None, unit="", samples=[], target=None,
-                         extra=built))
+        rows.append(
+            dict(
+                name="building that store (one run)",
+                median=None,
+                unit="",
+                samples=[],
+                target=None,
+                extra=built,
+            )
+        )
     return rows
 
 
@@ -321,8 +421,14 @@ def bench_rebuild_projections(directory: Path, total: int) -> dict:
         t = time.perf_counter()
         store.rebuild_projections()
         seconds = time.perf_counter() - t
-    return dict(name=f"rebuild_projections() over {total:,} events (one run)", median=seconds, unit="s",
-                samples=[seconds], target=None, extra=f"{total / seconds:,.0f} events/s")
+    return dict(
+        name=f"rebuild_projections() over {total:,} events (one run)",
+        median=seconds,
+        unit="s",
+        samples=[seconds],
+        target=None,
+        extra=f"{total / seconds:,.0f} events/s",
+    )
 
 
 # --------------------------------------------------------------------------- report
@@ -344,21 +450,40 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         target = r["target"]
         ok = "" if target is None or r["median"] is None else ("yes" if r["median"] < target else "NO")
-        lines.append((r["name"], fmt(r["median"], r["unit"]), fmt(target, r["unit"]) if target else "", ok,
-                      str(len(r["samples"])) if r["samples"] else "", r.get("extra", "")))
+        lines.append(
+            (
+                r["name"],
+                fmt(r["median"], r["unit"]),
+                fmt(target, r["unit"]) if target else "",
+                ok,
+                str(len(r["samples"])) if r["samples"] else "",
+                r.get("extra", ""),
+            )
+        )
     widths = [max(len(str(x[i])) for x in [header] + lines) for i in range(len(header))]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     print("  ".join("-" * w for w in widths))
     for line in lines:
-        print("  ".join(str(x).ljust(w) if i in (0, 5) else str(x).rjust(w) for i, (x, w) in enumerate(zip(line, widths))))
+        print(
+            "  ".join(
+                str(x).ljust(w) if i in (0, 5) else str(x).rjust(w)
+                for i, (x, w) in enumerate(zip(line, widths))
+            )
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    ap.add_argument("--runs", type=int, default=5, help="measured runs per case (after one warm-up), at least 5")
-    ap.add_argument("--dir", type=Path, default=None, help="keep the databases here (the big store is reused)")
-    ap.add_argument("--rebuild", action="store_true", help="also time rebuild_projections() over the big store")
+    ap.add_argument(
+        "--runs", type=int, default=5, help="measured runs per case (after one warm-up), at least 5"
+    )
+    ap.add_argument(
+        "--dir", type=Path, default=None, help="keep the databases here (the big store is reused)"
+    )
+    ap.add_argument(
+        "--rebuild", action="store_true", help="also time rebuild_projections() over the big store"
+    )
     ap.add_argument("--json", type=Path, default=None, help="write the results as JSON")
     args = ap.parse_args(argv)
     runs = max(args.runs, 1 if args.quick else 5)
@@ -366,8 +491,11 @@ def main(argv: list[str] | None = None) -> int:
     total = 50_000 if args.quick else 1_000_000
     directory = args.dir or Path(tempfile.mkdtemp(prefix="flowscope-bench-"))
     directory.mkdir(parents=True, exist_ok=True)
-    print(f"flowscope store bench: python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
-          f"{os.cpu_count()} CPUs, {runs} runs per case after a warm-up, files in {directory}", flush=True)
+    print(
+        f"flowscope store bench: python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
+        f"{os.cpu_count()} CPUs, {runs} runs per case after a warm-up, files in {directory}",
+        flush=True,
+    )
     rows: list[dict] = []
     try:
         rows += bench_append(directory, runs, args.quick)
@@ -382,7 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
-    missed = [r["name"] for r in rows if r["target"] and r["median"] is not None and r["median"] >= r["target"]]
+    missed = [
+        r["name"] for r in rows if r["target"] and r["median"] is not None and r["median"] >= r["target"]
+    ]
     if missed:
         print("\nmissed targets: " + "; ".join(missed))
     return 0

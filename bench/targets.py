@@ -49,10 +49,11 @@ import tempfile
 import time
 import tracemalloc
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -97,8 +98,19 @@ class Sizes:
 
 FULL = Sizes()
 QUICK = Sizes(chain_reps=9, invoke_reps=15, session_reps=1, flat_reps=3, worker_reps=1, pg_reps=5)
-SMOKE = Sizes(chain=20, chain_reps=2, invoke_reps=1, sessions=20, session_reps=1, flat_chains=(5, 20),
-              flat_sessions=(5, 20), flat_reps=1, worker_reps=1, worker_node_runs=40, pg_reps=1)
+SMOKE = Sizes(
+    chain=20,
+    chain_reps=2,
+    invoke_reps=1,
+    sessions=20,
+    session_reps=1,
+    flat_chains=(5, 20),
+    flat_sessions=(5, 20),
+    flat_reps=1,
+    worker_reps=1,
+    worker_node_runs=40,
+    pg_reps=1,
+)
 
 
 # ----------------------------------------------------------------------------- parts
@@ -194,6 +206,7 @@ def lg_sqlite(n: int, folder: str, traced: bool) -> tuple[Callable[[], float], C
 
     run, close = peers_langgraph.sqlite_chain(n, folder)
     if not traced:
+
         def plain() -> float:
             gc.collect()
             t0 = time.perf_counter()
@@ -235,7 +248,9 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def interleave(configs: dict[str, Callable[[], float]], reps: int, log: Callable[[str], None]) -> dict[str, list[float]]:
+def interleave(
+    configs: dict[str, Callable[[], float]], reps: int, log: Callable[[str], None]
+) -> dict[str, list[float]]:
     """Seconds of every timed repetition, by configuration: every repetition runs each
     configuration once from a rotating offset; the first is a warm-up."""
     names = list(configs)
@@ -316,13 +331,18 @@ class Bench:
         n, s = self.sizes.chain, self.sizes
         self.log(f"{n}-chain")
         wf = W.chain(n)
-        flows = {"engine alone (memory)": Flow(wf, MemoryEventStore(), False),
-                 "SQLite alone": Flow(wf, self.sqlite(), False),
-                 "full stack": Flow(wf, self.sqlite(), True)}
+        flows = {
+            "engine alone (memory)": Flow(wf, MemoryEventStore(), False),
+            "SQLite alone": Flow(wf, self.sqlite(), False),
+            "full stack": Flow(wf, self.sqlite(), True),
+        }
         configs: dict[str, Callable[[], float]] = {k: self.sync(f.once) for k, f in flows.items()}
         configs["floor: one-row commit per node"] = sqlite_commit_floor(self.tmp, n)
         closers = []
-        for label, traced in (("LangGraph + SqliteSaver", False), ("LangGraph + SqliteSaver, OpenInference", True)):
+        for label, traced in (
+            ("LangGraph + SqliteSaver", False),
+            ("LangGraph + SqliteSaver, OpenInference", True),
+        ):
             run, close = lg_sqlite(n, self.tmp, traced)
             configs[label] = run
             closers.append(close)
@@ -331,22 +351,43 @@ class Bench:
             f.close()
         for c in closers:
             c()
-        self.p(f"### {n}-chain, µs per node\n\n{s.chain_reps} timed repetitions after a warm-up, interleaved.\n")
+        self.p(
+            f"### {n}-chain, µs per node\n\n{s.chain_reps} timed repetitions after a warm-up, interleaved.\n"
+        )
         self.table("configuration", runs, 1e6 / n, "µs/node")
         lg, lgt = "LangGraph + SqliteSaver", "LangGraph + SqliteSaver, OpenInference"
-        floor = (f"SQLite alone {paired(runs, lg, 'SQLite alone'):.1f}x; engine alone {paired(runs, lg, 'engine alone (memory)'):.0f}x; "
-                 f"one-row commit per node {paired(runs, lg, 'floor: one-row commit per node'):.0f}x")
-        floor_t = (f"SQLite alone {paired(runs, lgt, 'SQLite alone'):.1f}x; engine alone {paired(runs, lgt, 'engine alone (memory)'):.0f}x; "
-                   f"one-row commit per node {paired(runs, lgt, 'floor: one-row commit per node'):.0f}x")
-        self.p(f"OpenInference's tracing costs LangGraph {paired(runs, lgt, lg):.2f}x its untraced time; "
-               f"flowscope's telemetry costs it {paired(runs, 'full stack', 'SQLite alone'):.2f}x SQLite alone's.\n")
+        floor = (
+            f"SQLite alone {paired(runs, lg, 'SQLite alone'):.1f}x; engine alone {paired(runs, lg, 'engine alone (memory)'):.0f}x; "
+            f"one-row commit per node {paired(runs, lg, 'floor: one-row commit per node'):.0f}x"
+        )
+        floor_t = (
+            f"SQLite alone {paired(runs, lgt, 'SQLite alone'):.1f}x; engine alone {paired(runs, lgt, 'engine alone (memory)'):.0f}x; "
+            f"one-row commit per node {paired(runs, lgt, 'floor: one-row commit per node'):.0f}x"
+        )
+        self.p(
+            f"OpenInference's tracing costs LangGraph {paired(runs, lgt, lg):.2f}x its untraced time; "
+            f"flowscope's telemetry costs it {paired(runs, 'full stack', 'SQLite alone'):.2f}x SQLite alone's.\n"
+        )
         self.targets += [
-            Target(f"{n}-chain: full stack vs LangGraph + SqliteSaver", "≥ 8x", paired(runs, lg, "full stack"), floor),
-            Target(f"{n}-chain: full stack vs LangGraph + SqliteSaver traced by OpenInference", "≥ 12x",
-                   paired(runs, lgt, "full stack"), floor_t),
-            Target(f"{n}-chain: full stack's speed / SQLite alone's", "≥ 85%", paired(runs, "SQLite alone", "full stack"),
-                   f"SQLite alone {med(runs['SQLite alone']) * 1e6 / n:.0f} µs/node; engine alone "
-                   f"{med(runs['engine alone (memory)']) * 1e6 / n:.1f} µs/node"),
+            Target(
+                f"{n}-chain: full stack vs LangGraph + SqliteSaver",
+                "≥ 8x",
+                paired(runs, lg, "full stack"),
+                floor,
+            ),
+            Target(
+                f"{n}-chain: full stack vs LangGraph + SqliteSaver traced by OpenInference",
+                "≥ 12x",
+                paired(runs, lgt, "full stack"),
+                floor_t,
+            ),
+            Target(
+                f"{n}-chain: full stack's speed / SQLite alone's",
+                "≥ 85%",
+                paired(runs, "SQLite alone", "full stack"),
+                f"SQLite alone {med(runs['SQLite alone']) * 1e6 / n:.0f} µs/node; engine alone "
+                f"{med(runs['engine alone (memory)']) * 1e6 / n:.1f} µs/node",
+            ),
         ]
 
     def invoke(self) -> None:
@@ -354,13 +395,18 @@ class Bench:
         n, s = self.sizes.invoke_nodes, self.sizes
         self.log(f"{n}-node invocation")
         wf = W.chain(n)
-        flows = {"engine alone (memory)": Flow(wf, MemoryEventStore(), False),
-                 "SQLite alone": Flow(wf, self.sqlite(), False),
-                 "full stack": Flow(wf, self.sqlite(), True)}
+        flows = {
+            "engine alone (memory)": Flow(wf, MemoryEventStore(), False),
+            "SQLite alone": Flow(wf, self.sqlite(), False),
+            "full stack": Flow(wf, self.sqlite(), True),
+        }
         configs: dict[str, Callable[[], float]] = {k: self.sync(f.once) for k, f in flows.items()}
         configs[f"floor: {n} one-row commits"] = sqlite_commit_floor(self.tmp, n)
         closers = []
-        for label, traced in (("LangGraph + SqliteSaver", False), ("LangGraph + SqliteSaver, OpenInference", True)):
+        for label, traced in (
+            ("LangGraph + SqliteSaver", False),
+            ("LangGraph + SqliteSaver, OpenInference", True),
+        ):
             run, close = lg_sqlite(n, self.tmp, traced)
             configs[label] = run
             closers.append(close)
@@ -369,15 +415,21 @@ class Bench:
             f.close()
         for c in closers:
             c()
-        self.p(f"### A {n}-node workflow invocation, µs per invocation\n\nStart, run, finish, spans handed to the "
-               f"exporter (`force_flush` inside the timing, both sides). {s.invoke_reps} timed repetitions.\n")
+        self.p(
+            f"### A {n}-node workflow invocation, µs per invocation\n\nStart, run, finish, spans handed to the "
+            f"exporter (`force_flush` inside the timing, both sides). {s.invoke_reps} timed repetitions.\n"
+        )
         self.table("configuration", runs, 1e6, "µs/invocation")
         lgt = "LangGraph + SqliteSaver, OpenInference"
-        self.targets.append(Target(
-            f"{n}-node invocation: full stack vs LangGraph + SqliteSaver traced by OpenInference", "≥ 10x",
-            paired(runs, lgt, "full stack"),
-            f"SQLite alone {paired(runs, lgt, 'SQLite alone'):.1f}x; engine alone {paired(runs, lgt, 'engine alone (memory)'):.0f}x; "
-            f"untraced LangGraph {paired(runs, 'LangGraph + SqliteSaver', 'full stack'):.1f}x"))
+        self.targets.append(
+            Target(
+                f"{n}-node invocation: full stack vs LangGraph + SqliteSaver traced by OpenInference",
+                "≥ 10x",
+                paired(runs, lgt, "full stack"),
+                f"SQLite alone {paired(runs, lgt, 'SQLite alone'):.1f}x; engine alone {paired(runs, lgt, 'engine alone (memory)'):.0f}x; "
+                f"untraced LangGraph {paired(runs, 'LangGraph + SqliteSaver', 'full stack'):.1f}x",
+            )
+        )
 
     def sessions(self) -> None:
         """1,000 concurrent sessions of a 10-chain against LangGraph + AsyncSqliteSaver."""
@@ -386,10 +438,14 @@ class Bench:
         k, n, s = self.sizes.sessions, self.sizes.session_chain, self.sizes
         self.log(f"{k} sessions x {n}-chain")
         wf = W.chain(n)
-        flows = {"engine alone (memory)": Flow(wf, MemoryEventStore(), False),
-                 "SQLite alone": Flow(wf, self.sqlite(), False),
-                 "full stack": Flow(wf, self.sqlite(), True)}
-        configs: dict[str, Callable[[], float]] = {key: self.sync(lambda f=f: f.once(k)) for key, f in flows.items()}
+        flows = {
+            "engine alone (memory)": Flow(wf, MemoryEventStore(), False),
+            "SQLite alone": Flow(wf, self.sqlite(), False),
+            "full stack": Flow(wf, self.sqlite(), True),
+        }
+        configs: dict[str, Callable[[], float]] = {
+            key: self.sync(lambda f=f: f.once(k)) for key, f in flows.items()
+        }
         lg_once = self.loop.run_until_complete(peers_langgraph.async_sqlite_chain(n, k, self.tmp))
         configs["LangGraph + AsyncSqliteSaver"] = self.sync(lg_once)
         for f in flows.values():  # a smaller warm-up than a repetition: LangGraph's takes ~30 s
@@ -398,21 +454,31 @@ class Bench:
         names = list(configs)
         runs: dict[str, list[float]] = {key: [] for key in names}
         for rep in range(s.session_reps):
-            for name in names[rep % len(names):] + names[: rep % len(names)]:
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
                 runs[name].append(configs[name]())
             self.log(f"  repetition {rep + 1}/{s.session_reps}")
         for f in flows.values():
             f.close()
-        self.p(f"### {k:,} concurrent sessions of a {n}-node chain, µs per node run\n\n{s.session_reps} timed "
-               "repetitions after a warm-up of 100 sessions each; LangGraph runs `ainvoke` of every thread concurrently.\n")
+        self.p(
+            f"### {k:,} concurrent sessions of a {n}-node chain, µs per node run\n\n{s.session_reps} timed "
+            "repetitions after a warm-up of 100 sessions each; LangGraph runs `ainvoke` of every thread concurrently.\n"
+        )
         self.table("configuration", runs, 1e6 / (k * n), "µs/node run")
         lga = "LangGraph + AsyncSqliteSaver"
         self.p("Node runs/s: " + ", ".join(f"{key} {k * n / med(v):,.0f}" for key, v in runs.items()) + ".\n")
         self.targets += [
-            Target(f"{k:,} sessions: full stack vs LangGraph + AsyncSqliteSaver", "≥ 12x", paired(runs, lga, "full stack"),
-                   f"SQLite alone {paired(runs, lga, 'SQLite alone'):.1f}x; engine alone {paired(runs, lga, 'engine alone (memory)'):.0f}x"),
-            Target(f"{k:,} sessions: full stack's speed / SQLite alone's", "≥ 85%", paired(runs, "SQLite alone", "full stack"),
-                   f"engine alone {k * n / med(runs['engine alone (memory)']):,.0f} node runs/s"),
+            Target(
+                f"{k:,} sessions: full stack vs LangGraph + AsyncSqliteSaver",
+                "≥ 12x",
+                paired(runs, lga, "full stack"),
+                f"SQLite alone {paired(runs, lga, 'SQLite alone'):.1f}x; engine alone {paired(runs, lga, 'engine alone (memory)'):.0f}x",
+            ),
+            Target(
+                f"{k:,} sessions: full stack's speed / SQLite alone's",
+                "≥ 85%",
+                paired(runs, "SQLite alone", "full stack"),
+                f"engine alone {k * n / med(runs['engine alone (memory)']):,.0f} node runs/s",
+            ),
         ]
 
     def flat(self) -> None:
@@ -422,7 +488,10 @@ class Bench:
         chains: dict[str, dict[int, float]] = {"full stack": {}, "SQLite alone": {}}
         for n in s.flat_chains:
             wf = W.chain(n)
-            flows = {"full stack": Flow(wf, self.sqlite(), True), "SQLite alone": Flow(wf, self.sqlite(), False)}
+            flows = {
+                "full stack": Flow(wf, self.sqlite(), True),
+                "SQLite alone": Flow(wf, self.sqlite(), False),
+            }
             reps = s.flat_reps if n < 2000 else max(1, s.flat_reps - 2)
             runs = interleave({k: self.sync(f.once) for k, f in flows.items()}, reps, lambda _m: None)
             for k, f in flows.items():
@@ -432,7 +501,10 @@ class Bench:
         mem: dict[int, float] = {}
         for k in s.flat_sessions:
             wf = W.chain(10)
-            flows = {"full stack": Flow(wf, self.sqlite(), True), "SQLite alone": Flow(wf, self.sqlite(), False)}
+            flows = {
+                "full stack": Flow(wf, self.sqlite(), True),
+                "SQLite alone": Flow(wf, self.sqlite(), False),
+            }
             for f in flows.values():
                 self.loop.run_until_complete(f.once(min(k, 100)))
             reps = 1 if k >= 10000 else (s.flat_reps if k <= 100 else 2)
@@ -456,7 +528,9 @@ class Bench:
         self.p("| chain length | full stack µs/node | SQLite alone µs/node |\n| ---: | ---: | ---: |")
         for n in s.flat_chains:
             self.p(f"| {n:,} | {chains['full stack'][n]:.1f} | {chains['SQLite alone'][n]:.1f} |")
-        self.p("\n| concurrent sessions (10-chain) | full stack µs/node run | SQLite alone µs/node run | full stack memory per session (KiB, tracemalloc peak / sessions) |\n| ---: | ---: | ---: | ---: |")
+        self.p(
+            "\n| concurrent sessions (10-chain) | full stack µs/node run | SQLite alone µs/node run | full stack memory per session (KiB, tracemalloc peak / sessions) |\n| ---: | ---: | ---: | ---: |"
+        )
         for k in s.flat_sessions:
             self.p(f"| {k:,} | {sess['full stack'][k]:.1f} | {sess['SQLite alone'][k]:.1f} | {mem[k]:.1f} |")
         self.p()
@@ -466,10 +540,18 @@ class Bench:
 
         lo_c, hi_c, lo_s, hi_s = s.flat_chains[0], s.flat_chains[-1], s.flat_sessions[0], s.flat_sessions[-1]
         self.targets += [
-            Target(f"bench process: per node, {lo_c:,} → {hi_c:,} nodes (max/min)", "≤ 1.3", spread(chains["full stack"]),
-                   f"SQLite alone {spread(chains['SQLite alone']):.2f}"),
-            Target(f"bench process: per node run, {lo_s:,} → {hi_s:,} sessions (max/min)", "≤ 1.3", spread(sess["full stack"]),
-                   f"SQLite alone {spread(sess['SQLite alone']):.2f}; {mem[hi_s]:.1f} KiB per session at {hi_s:,}"),
+            Target(
+                f"bench process: per node, {lo_c:,} → {hi_c:,} nodes (max/min)",
+                "≤ 1.3",
+                spread(chains["full stack"]),
+                f"SQLite alone {spread(chains['SQLite alone']):.2f}",
+            ),
+            Target(
+                f"bench process: per node run, {lo_s:,} → {hi_s:,} sessions (max/min)",
+                "≤ 1.3",
+                spread(sess["full stack"]),
+                f"SQLite alone {spread(sess['SQLite alone']):.2f}; {mem[hi_s]:.1f} KiB per session at {hi_s:,}",
+            ),
         ]
 
     def worker(self) -> None:
@@ -493,26 +575,37 @@ class Bench:
         sess = {k: med(v) for k, v in sess_rows.items()}
         lo_s, hi_s = s.flat_sessions[0], s.flat_sessions[-1]
         self.p("### Flatness in a `flowscope worker` process\n")
-        self.p("`bench/worker_main.py worker worker_flows:WORKFLOWS --otlp-endpoint ... --metrics-port 0`: the real "
-               "command with its full stack on (tracing as `configure_tracing` builds it, into the no-op exporter; "
-               "metrics), SQLite. Submitted sessions; the figure is the time from the first `run_started` to the last "
-               "`run_finished` in the log, per node run; memory is the worker's peak RSS (`VmHWM`).\n")
+        self.p(
+            "`bench/worker_main.py worker worker_flows:WORKFLOWS --otlp-endpoint ... --metrics-port 0`: the real "
+            "command with its full stack on (tracing as `configure_tracing` builds it, into the no-op exporter; "
+            "metrics), SQLite. Submitted sessions; the figure is the time from the first `run_started` to the last "
+            "`run_finished` in the log, per node run; memory is the worker's peak RSS (`VmHWM`).\n"
+        )
         self.p("| chain length (one session at a time) | µs/node |\n| ---: | ---: |")
         for n in s.flat_chains:
             self.p(f"| {n:,} | {chains[n]:.1f} |")
-        self.p("\n| concurrent sessions (10-chain, `--concurrency` = sessions) | µs/node run | worker peak RSS (MiB) | "
-               f"per session above {lo_s:,} sessions' (KiB) |\n| ---: | ---: | ---: | ---: |")
+        self.p(
+            "\n| concurrent sessions (10-chain, `--concurrency` = sessions) | µs/node run | worker peak RSS (MiB) | "
+            f"per session above {lo_s:,} sessions' (KiB) |\n| ---: | ---: | ---: | ---: |"
+        )
         for k in s.flat_sessions:
             extra = "" if k == lo_s else f"{(hwm[k] - hwm[lo_s]) / (k - lo_s):.1f}"
             self.p(f"| {k:,} | {sess[k]:.1f} | {hwm[k] / 1024:.0f} | {extra} |")
         self.p()
         lo_c, hi_c = s.flat_chains[0], s.flat_chains[-1]
         self.targets += [
-            Target(f"worker process: per node, {lo_c:,} → {hi_c:,} nodes (max/min)", "≤ 1.3",
-                   max(chains.values()) / min(chains.values()), "the bench process's row above"),
-            Target(f"worker process: per node run, {lo_s:,} → {hi_s:,} sessions (max/min)", "≤ 1.3",
-                   max(sess.values()) / min(sess.values()),
-                   f"{(hwm[hi_s] - hwm[lo_s]) / (hi_s - lo_s):.1f} KiB per session at {hi_s:,}"),
+            Target(
+                f"worker process: per node, {lo_c:,} → {hi_c:,} nodes (max/min)",
+                "≤ 1.3",
+                max(chains.values()) / min(chains.values()),
+                "the bench process's row above",
+            ),
+            Target(
+                f"worker process: per node run, {lo_s:,} → {hi_s:,} sessions (max/min)",
+                "≤ 1.3",
+                max(sess.values()) / min(sess.values()),
+                f"{(hwm[hi_s] - hwm[lo_s]) / (hi_s - lo_s):.1f} KiB per session at {hi_s:,}",
+            ),
         ]
 
     def worker_once(self, n: int, sessions: int, concurrency: int) -> tuple[float, float]:
@@ -524,24 +617,48 @@ class Bench:
         for _ in range(sessions):
             runner.submit(0)
         store.close()
-        cmd = [sys.executable, str(HERE / "worker_main.py"), "worker", "worker_flows:WORKFLOWS", "--db", db,
-               "--concurrency", str(concurrency), "--poll", "50ms", "--lease", "60s",
-               "--otlp-endpoint", "http://127.0.0.1:9", "--metrics-port", "0"]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(HERE), os.environ.get("PYTHONPATH", "")]),
-                   FLOWSCOPE_BENCH_CHAINS=str(n))
-        proc = subprocess.Popen(cmd, cwd=str(HERE), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        cmd = [
+            sys.executable,
+            str(HERE / "worker_main.py"),
+            "worker",
+            "worker_flows:WORKFLOWS",
+            "--db",
+            db,
+            "--concurrency",
+            str(concurrency),
+            "--poll",
+            "50ms",
+            "--lease",
+            "60s",
+            "--otlp-endpoint",
+            "http://127.0.0.1:9",
+            "--metrics-port",
+            "0",
+        ]
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(HERE), os.environ.get("PYTHONPATH", "")]),
+            FLOWSCOPE_BENCH_CHAINS=str(n),
+        )
+        proc = subprocess.Popen(
+            cmd, cwd=str(HERE), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         conn = sqlite3.connect(db)
         last_progress, last_done = time.time(), -1
         try:
             while True:
                 time.sleep(0.1)
-                done = conn.execute("SELECT count(*) FROM sessions WHERE status != 'queued' AND status != 'running'").fetchone()[0]
+                done = conn.execute(
+                    "SELECT count(*) FROM sessions WHERE status != 'queued' AND status != 'running'"
+                ).fetchone()[0]
                 if done >= sessions:
                     break
                 if done != last_done:
                     last_progress, last_done = time.time(), done
                 if proc.poll() is not None or time.time() - last_progress > 120:
-                    raise RuntimeError(f"the worker stopped, or finished no session in 120 s: {proc.stderr.read().decode()[-500:] if proc.stderr else ''}")
+                    raise RuntimeError(
+                        f"the worker stopped, or finished no session in 120 s: {proc.stderr.read().decode()[-500:] if proc.stderr else ''}"
+                    )
             peak_kib = _vm_hwm(proc.pid)
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -570,7 +687,10 @@ class Bench:
             return
         self.log(f"ADK {n}-chain")
         wf = W.chain(n)
-        flows = {"engine alone (memory)": Flow(wf, MemoryEventStore(), False), "full stack": Flow(wf, self.sqlite(), True)}
+        flows = {
+            "engine alone (memory)": Flow(wf, MemoryEventStore(), False),
+            "full stack": Flow(wf, self.sqlite(), True),
+        }
         configs: dict[str, Callable[[], float]] = {k: self.sync(f.once) for k, f in flows.items()}
         key = f"chain{n}"
         spec = W.WORKFLOWS.get(key) or W.WorkflowSpec(key, key, n, n, key)
@@ -593,8 +713,14 @@ class Bench:
         self.p(f"### ADK workflow engine, {n}-chain, µs per node\n")
         self.table("configuration", runs, 1e6 / n, "µs/node")
         adk = "ADK Workflow (InMemorySessionService)"
-        self.targets.append(Target(f"{n}-chain: full stack vs ADK Workflow", "≥ 10x", paired(runs, adk, "full stack"),
-                                   f"engine alone {paired(runs, adk, 'engine alone (memory)'):.0f}x (both in memory)"))
+        self.targets.append(
+            Target(
+                f"{n}-chain: full stack vs ADK Workflow",
+                "≥ 10x",
+                paired(runs, adk, "full stack"),
+                f"engine alone {paired(runs, adk, 'engine alone (memory)'):.0f}x (both in memory)",
+            )
+        )
 
     def pg(self) -> None:
         """PostgreSQL: flowscope against LangGraph's PostgresSaver on the same durable server."""
@@ -602,9 +728,9 @@ class Bench:
             import psycopg
             from langgraph.checkpoint.postgres import PostgresSaver
 
+            import peers_langgraph
             from flowscope.store import PostgresEventStore
             from pg_cluster import PgCluster
-            import peers_langgraph
         except ImportError as exc:
             self.skipped["pg"] = f"{exc}"
             return
@@ -618,8 +744,10 @@ class Bench:
         opened: list[Any] = []
         try:
             wf = W.chain(n)
-            flows = {"PostgreSQL alone": Flow(wf, PostgresEventStore(cluster.new_database("alone")), False),
-                     "full stack on PostgreSQL": Flow(wf, PostgresEventStore(cluster.new_database("full")), True)}
+            flows = {
+                "PostgreSQL alone": Flow(wf, PostgresEventStore(cluster.new_database("alone")), False),
+                "full stack on PostgreSQL": Flow(wf, PostgresEventStore(cluster.new_database("full")), True),
+            }
             configs: dict[str, Callable[[], float]] = {k: self.sync(f.once) for k, f in flows.items()}
             cm = PostgresSaver.from_conn_string(cluster.new_database("lg"))
             saver = cm.__enter__()
@@ -659,21 +787,35 @@ class Bench:
                 else:  # PostgresSaver's context manager
                     o.__exit__(None, None, None)
             cluster.stop()
-        self.p(f"### PostgreSQL, {n}-chain, µs per node\n\nA throwaway cluster of Debian's binaries with the server's "
-               "durable defaults (fsync on, `synchronous_commit=on`), every configuration on its own database.\n")
+        self.p(
+            f"### PostgreSQL, {n}-chain, µs per node\n\nA throwaway cluster of Debian's binaries with the server's "
+            "durable defaults (fsync on, `synchronous_commit=on`), every configuration on its own database.\n"
+        )
         self.table("configuration", runs, 1e6 / n, "µs/node")
         lg_key = "LangGraph + PostgresSaver"
-        self.targets.append(Target(
-            f"{n}-chain on PostgreSQL: full stack vs LangGraph + PostgresSaver", "≥ 4x", paired(runs, lg_key, "full stack on PostgreSQL"),
-            f"PostgreSQL alone {paired(runs, lg_key, 'PostgreSQL alone'):.1f}x; durable one-row commit per node "
-            f"{paired(runs, lg_key, 'floor: durable one-row commit per node'):.1f}x "
-            f"({med(runs['floor: durable one-row commit per node']) * 1e6 / n:.0f} µs)"))
+        self.targets.append(
+            Target(
+                f"{n}-chain on PostgreSQL: full stack vs LangGraph + PostgresSaver",
+                "≥ 4x",
+                paired(runs, lg_key, "full stack on PostgreSQL"),
+                f"PostgreSQL alone {paired(runs, lg_key, 'PostgreSQL alone'):.1f}x; durable one-row commit per node "
+                f"{paired(runs, lg_key, 'floor: durable one-row commit per node'):.1f}x "
+                f"({med(runs['floor: durable one-row commit per node']) * 1e6 / n:.0f} µs)",
+            )
+        )
 
     # ------------------------------------------------------------------- report
 
     def run(self) -> int:
-        steps = {"chain": self.chain, "invoke": self.invoke, "sessions": self.sessions, "flat": self.flat,
-                 "worker": self.worker, "adk": self.adk, "pg": self.pg}
+        steps = {
+            "chain": self.chain,
+            "invoke": self.invoke,
+            "sessions": self.sessions,
+            "flat": self.flat,
+            "worker": self.worker,
+            "adk": self.adk,
+            "pg": self.pg,
+        }
         asyncio.set_event_loop(self.loop)
         load = os.getloadavg()
         for name, fn in steps.items():
@@ -691,20 +833,48 @@ class Bench:
             f"`PYTHONPATH=src python bench/targets.py{' ' + ' '.join(sys.argv[1:]) if sys.argv[1:] else ''}`, "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(self.started))}, {took:.0f} s; "
             f"load average (1, 5, 15 min) at start {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}, at the end "
-            + ", ".join(f"{x:.1f}" for x in os.getloadavg()) + f"; {os.cpu_count()} cores, "
+            + ", ".join(f"{x:.1f}" for x in os.getloadavg())
+            + f"; {os.cpu_count()} cores, "
             f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}.",
             "",
-            "Versions: " + ", ".join(f"{d} {_version(d)}" for d in (
-                "langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite", "langgraph-checkpoint-postgres",
-                "langchain-core", "openinference-instrumentation-langchain", "google-adk", "opentelemetry-sdk",
-                "prometheus-client", "psycopg")) + ".",
+            "Versions: "
+            + ", ".join(
+                f"{d} {_version(d)}"
+                for d in (
+                    "langgraph",
+                    "langgraph-checkpoint",
+                    "langgraph-checkpoint-sqlite",
+                    "langgraph-checkpoint-postgres",
+                    "langchain-core",
+                    "openinference-instrumentation-langchain",
+                    "google-adk",
+                    "opentelemetry-sdk",
+                    "prometheus-client",
+                    "psycopg",
+                )
+            )
+            + ".",
             "",
         ]
-        table = ["### Targets\n", "| target | wanted | measured | floor, same run | |", "| --- | ---: | ---: | --- | --- |"]
+        table = [
+            "### Targets\n",
+            "| target | wanted | measured | floor, same run | |",
+            "| --- | ---: | ---: | --- | --- |",
+        ]
         expected = _expected_targets(self.sizes, self.only)
         for t in self.targets:
             m = t.measured
-            shown = "—" if m is None else (f"{m:.0%}" if t.wanted.endswith("%") else f"{m:.1f}x" if t.wanted.endswith("x") else f"{m:.2f}")
+            shown = (
+                "—"
+                if m is None
+                else (
+                    f"{m:.0%}"
+                    if t.wanted.endswith("%")
+                    else f"{m:.1f}x"
+                    if t.wanted.endswith("x")
+                    else f"{m:.2f}"
+                )
+            )
             table.append(f"| {t.name} | {t.wanted} | {shown} | {t.floor} | {'pass' if t.ok else 'MISS'} |")
         missing = max(0, expected - len(self.targets))
         for name, why in self.skipped.items():
@@ -744,12 +914,16 @@ def _vm_hwm(pid: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks that the bench runs, measures nothing")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny sizes: checks that the bench runs, measures nothing"
+    )
     ap.add_argument("--only", default="", help=f"some sections, comma-separated: {','.join(SECTIONS)}")
     args = ap.parse_args(argv)
     only = {s for s in args.only.split(",") if s}
     if only - set(SECTIONS):
-        ap.error(f"--only: unknown section(s) {', '.join(sorted(only - set(SECTIONS)))}; choose from {','.join(SECTIONS)}")
+        ap.error(
+            f"--only: unknown section(s) {', '.join(sorted(only - set(SECTIONS)))}; choose from {','.join(SECTIONS)}"
+        )
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
     return Bench(sizes, only).run()
 

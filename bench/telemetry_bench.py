@@ -36,9 +36,10 @@ import tempfile
 import time
 import tracemalloc
 import uuid
+from collections.abc import Awaitable, Callable
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -86,9 +87,13 @@ class EmptyPlugin(Plugin):
 class Flow:
     """A flowscope configuration: a long-lived Runner over one store."""
 
-    def __init__(self, label: str, wf: Any, sqlite: bool, tracing: bool, metrics: bool, empty: bool = False) -> None:
+    def __init__(
+        self, label: str, wf: Any, sqlite: bool, tracing: bool, metrics: bool, empty: bool = False
+    ) -> None:
         self.label = label
-        self.store = SqliteEventStore(os.path.join(TMP, f"{uuid.uuid4().hex}.db")) if sqlite else MemoryEventStore()
+        self.store = (
+            SqliteEventStore(os.path.join(TMP, f"{uuid.uuid4().hex}.db")) if sqlite else MemoryEventStore()
+        )
         self.tp = provider() if tracing else None
         plugins: list[Any] = []
         if self.tp is not None:
@@ -125,8 +130,10 @@ EMPTY = "engine alone + a plugin that does nothing"
 #: Above this spread of the engine alone's middle half (as a share of its median), the run
 #: fell in one of the VM's slow phases: calm runs here stay under 15%, slow ones reach 40%.
 NOISY_SPREAD = 0.2
-NOISY = (": the VM went through slow phases during this run. Its absolute figures are not "
-         "comparable with a calm run's, and only the paired figures below mean much.")
+NOISY = (
+    ": the VM went through slow phases during this run. Its absolute figures are not "
+    "comparable with a calm run's, and only the paired figures below mean much."
+)
 
 
 async def chain200(reps: int) -> dict[str, list[float]]:
@@ -191,7 +198,12 @@ async def concurrent(reps: int, sessions: int = 1000, n: int = 10) -> dict[str, 
     bare = Flow("SQLite", wf, True, False, False)
     full = Flow("full stack", wf, True, True, True)
     lg = await peers_langgraph.async_sqlite_chain(n, sessions, TMP)
-    out: dict[str, list[float]] = {engine.label: [], "SQLite": [], "full stack": [], "LangGraph + AsyncSqliteSaver": []}
+    out: dict[str, list[float]] = {
+        engine.label: [],
+        "SQLite": [],
+        "full stack": [],
+        "LangGraph + AsyncSqliteSaver": [],
+    }
     for rep in range(reps + 1):
         runs: list[tuple[str, Callable[[], Awaitable[float]]]] = [
             (engine.label, lambda: engine.once(sessions)),
@@ -251,51 +263,77 @@ async def main() -> None:
         ("metrics over SQLite, µs/node", paired(runs, "SQLite + metrics", "SQLite", minus), "≤ 5"),
         ("full stack vs LangGraph + SqliteSaver", paired(runs, lg, "full stack", over), "≥ 8x"),
         ("1,000 sessions full stack, node runs/s", conc["full stack"], "≥ 20,000"),
-        ("1,000 sessions full stack vs LangGraph + AsyncSqliteSaver", paired(conc_runs, "full stack", lga, over), "≥ 25x"),
+        (
+            "1,000 sessions full stack vs LangGraph + AsyncSqliteSaver",
+            paired(conc_runs, "full stack", lga, over),
+            "≥ 25x",
+        ),
     ]
     print(f"## Telemetry at the cost floor (issue 15), {time.strftime('%Y-%m-%d')}\n")
-    print(f"`PYTHONPATH=src python bench/telemetry_bench.py{' --quick' if args.quick else ''}` on {platform.machine()}, "
-          f"{os.cpu_count()} cores, Python {platform.python_version()}, load average at start {os.getloadavg()[0]:.1f}; "
-          f"langgraph {version('langgraph')}, langgraph-checkpoint-sqlite {version('langgraph-checkpoint-sqlite')}, "
-          f"opentelemetry-sdk {version('opentelemetry-sdk')}, prometheus-client {version('prometheus-client')}; "
-          f"{3 * reps} timed repetitions of the 200-chain, {reps} of the rest (medians), took {time.time() - t0:.0f} s.\n")
-    print("### 200-chain, µs per node (median)\n\n| configuration | µs/node | middle half of the runs |\n| --- | ---: | ---: |")
+    print(
+        f"`PYTHONPATH=src python bench/telemetry_bench.py{' --quick' if args.quick else ''}` on {platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}, load average at start {os.getloadavg()[0]:.1f}; "
+        f"langgraph {version('langgraph')}, langgraph-checkpoint-sqlite {version('langgraph-checkpoint-sqlite')}, "
+        f"opentelemetry-sdk {version('opentelemetry-sdk')}, prometheus-client {version('prometheus-client')}; "
+        f"{3 * reps} timed repetitions of the 200-chain, {reps} of the rest (medians), took {time.time() - t0:.0f} s.\n"
+    )
+    print(
+        "### 200-chain, µs per node (median)\n\n| configuration | µs/node | middle half of the runs |\n| --- | ---: | ---: |"
+    )
     for k, v in c.items():
         lo, hi = spread[k]
         print(f"| {k} | {v:.1f} | {lo:.1f}–{hi:.1f} |")
     lo, hi = spread["engine alone (memory)"]
     width = (hi - lo) / c["engine alone (memory)"]
-    print(f"\nThe engine alone, the steadiest configuration, spread over {width:.0%} of its median in its "
-          f"middle half{NOISY if width > NOISY_SPREAD else '.'}")
-    print("\n### 1,000 concurrent sessions of a 10-node chain, node runs/s (median)\n\n| configuration | node runs/s |\n| --- | ---: |")
+    print(
+        f"\nThe engine alone, the steadiest configuration, spread over {width:.0%} of its median in its "
+        f"middle half{NOISY if width > NOISY_SPREAD else '.'}"
+    )
+    print(
+        "\n### 1,000 concurrent sessions of a 10-node chain, node runs/s (median)\n\n| configuration | node runs/s |\n| --- | ---: |"
+    )
     for k, v in conc.items():
         print(f"| {k} | {v:,.0f} |")
     print("\n### Flatness (full stack)\n\n| chain length | µs/node |\n| ---: | ---: |")
     for n, v in chains.items():
         print(f"| {n:,} | {v:.1f} |")
-    print("\n| concurrent sessions (10-chain) | µs per node run | memory per session (KiB, tracemalloc peak) |\n| ---: | ---: | ---: |")
+    print(
+        "\n| concurrent sessions (10-chain) | µs per node run | memory per session (KiB, tracemalloc peak) |\n| ---: | ---: | ---: |"
+    )
     for s, (v, kib) in sess.items():
         print(f"| {s:,} | {v:.1f} | {kib:.1f} |")
     print("\n### Targets\n\n| target | measured | wanted | |\n| --- | ---: | ---: | --- |")
     for name, value, want in rows:
         num = float(want.split()[1].replace(",", "").rstrip("x"))
         ok = value <= num if want.startswith("≤") else value >= num
-        shown = f"{value:,.1f}x" if want.endswith("x") else (f"{value:,.0f}" if value > 1000 else f"{value:.1f}")
+        shown = (
+            f"{value:,.1f}x" if want.endswith("x") else (f"{value:,.0f}" if value > 1000 else f"{value:.1f}")
+        )
         print(f"| {name} | {shown} | {want} | {'pass' if ok else 'MISS'} |")
     flat_c = max(chains.values()) / min(chains.values())
     flat_s = max(v for v, _ in sess.values()) / min(v for v, _ in sess.values())
-    print(f"| per-node cost 20 → 2,000 nodes (max/min) | {flat_c:.2f} | ≤ 1.3 | {'pass' if flat_c <= 1.3 else 'MISS'} |")
-    print(f"| per-run cost 10 → 10,000 sessions (max/min) | {flat_s:.2f} | ≤ 1.3 | {'pass' if flat_s <= 1.3 else 'MISS'} |")
+    print(
+        f"| per-node cost 20 → 2,000 nodes (max/min) | {flat_c:.2f} | ≤ 1.3 | {'pass' if flat_c <= 1.3 else 'MISS'} |"
+    )
+    print(
+        f"| per-run cost 10 → 10,000 sessions (max/min) | {flat_s:.2f} | ≤ 1.3 | {'pass' if flat_s <= 1.3 else 'MISS'} |"
+    )
     print("\nLayers' costs and ratios to a peer are medians of pairs from the same repetition.")
     print("\nWhat the targets sit on, from the same run:\n")
-    print(f"- the 1,000-session figures: the engine alone (no store, no plugins) ran "
-          f"{conc['engine alone (memory)']:,.0f} node runs/s, and SQLite alone was "
-          f"{paired(conc_runs, 'SQLite', lga, over):.1f}x LangGraph + AsyncSqliteSaver;")
-    print(f"- the 200-chain: SQLite alone was {paired(runs, lg, 'SQLite', over):.1f}x LangGraph + SqliteSaver, so 8x "
-          f"leaves {paired(runs, lg, 'SQLite', lambda x, y: x / 8 - y):.1f} µs/node for all the telemetry;")
-    print(f"- a plugin whose node hooks and `on_event` do nothing added "
-          f"{paired(runs, EMPTY, 'engine alone (memory)', minus):.1f} µs/node to the engine alone (memory store): "
-          "the hook port's own cost, under tracing's and metrics' figures.")
+    print(
+        f"- the 1,000-session figures: the engine alone (no store, no plugins) ran "
+        f"{conc['engine alone (memory)']:,.0f} node runs/s, and SQLite alone was "
+        f"{paired(conc_runs, 'SQLite', lga, over):.1f}x LangGraph + AsyncSqliteSaver;"
+    )
+    print(
+        f"- the 200-chain: SQLite alone was {paired(runs, lg, 'SQLite', over):.1f}x LangGraph + SqliteSaver, so 8x "
+        f"leaves {paired(runs, lg, 'SQLite', lambda x, y: x / 8 - y):.1f} µs/node for all the telemetry;"
+    )
+    print(
+        f"- a plugin whose node hooks and `on_event` do nothing added "
+        f"{paired(runs, EMPTY, 'engine alone (memory)', minus):.1f} µs/node to the engine alone (memory store): "
+        "the hook port's own cost, under tracing's and metrics' figures."
+    )
 
 
 if __name__ == "__main__":

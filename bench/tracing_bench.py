@@ -27,8 +27,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -80,7 +81,12 @@ def engine_only(wf: Workflow) -> Config:
 def with_tracing(wf: Workflow) -> Config:
     def make() -> tuple[Runner, Callable[[], None]]:
         provider, _ = sdk_provider()
-        runner = Runner(wf, store=MemoryEventStore(), plugins=[TracingPlugin(tracer_provider=provider)], heartbeat_interval=0)
+        runner = Runner(
+            wf,
+            store=MemoryEventStore(),
+            plugins=[TracingPlugin(tracer_provider=provider)],
+            heartbeat_interval=0,
+        )
         return runner, provider.shutdown
 
     return make
@@ -180,7 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for label, per_node in results.items():
             print(f"  {label:<55} {per_node * 1e6:8.1f} us/node")
         base, traced, api_only = list(results.values())[:3]
-        print(f"  {'tracing overhead (delta)':<55} {(traced - base) * 1e6:8.1f} us/node  ({traced / base:.2f}x the engine alone)")
+        print(
+            f"  {'tracing overhead (delta)':<55} {(traced - base) * 1e6:8.1f} us/node  ({traced / base:.2f}x the engine alone)"
+        )
         print(f"  {'  of which plugin + hook dispatch (no SDK)':<55} {(api_only - base) * 1e6:8.1f} us/node")
         print(f"  {'  of which the OpenTelemetry SDK':<55} {(traced - api_only) * 1e6:8.1f} us/node")
         if len(results) > 3:

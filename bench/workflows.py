@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -216,8 +217,9 @@ class FlowscopeConfig:
             if self.sqlite:
                 import flowscope.store.sqlite  # noqa: F401
             if self.tracing:
-                import flowscope.observability.tracing  # noqa: F401
                 import opentelemetry.sdk.trace  # noqa: F401
+
+                import flowscope.observability.tracing  # noqa: F401
             if self.metrics:
                 import flowscope.observability.metrics  # noqa: F401
         except Exception as exc:  # a module that has not landed yet
@@ -231,7 +233,13 @@ def flowscope_configs() -> list[FlowscopeConfig]:
         FlowscopeConfig("fs_sqlite", "flowscope + SQLite store", sqlite=True),
         FlowscopeConfig("fs_tracing", "flowscope + tracing (memory store)", tracing=True),
         FlowscopeConfig("fs_metrics", "flowscope + metrics (memory store)", metrics=True),
-        FlowscopeConfig("fs_full", "flowscope full stack (SQLite + tracing + metrics)", sqlite=True, tracing=True, metrics=True),
+        FlowscopeConfig(
+            "fs_full",
+            "flowscope full stack (SQLite + tracing + metrics)",
+            sqlite=True,
+            tracing=True,
+            metrics=True,
+        ),
     ]
 
 

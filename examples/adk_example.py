@@ -59,19 +59,25 @@ async def main() -> None:
                 (
                     "START",
                     FunctionNode(func=send_email, name="send_email"),
-                    FunctionNode(func=fetch, name="fetch", retry_config=RetryConfig(max_attempts=3, initial_delay=0.01)),
+                    FunctionNode(
+                        func=fetch, name="fetch", retry_config=RetryConfig(max_attempts=3, initial_delay=0.01)
+                    ),
                     FunctionNode(func=approve, name="approve", rerun_on_resume=True),
                 )
             ],
         )
     )
     sessions = InMemorySessionService()
-    runner = Runner(app=App(name="example", root_agent=workflow, plugins=[bridge.plugin]), session_service=sessions)
+    runner = Runner(
+        app=App(name="example", root_agent=workflow, plugins=[bridge.plugin]), session_service=sessions
+    )
     session = await sessions.create_session(app_name="example", user_id="ops")
 
     async def send(parts: list[Any]) -> Any:
         last = None
-        async for event in runner.run_async(user_id="ops", session_id=session.id, new_message=types.Content(role="user", parts=parts)):
+        async for event in runner.run_async(
+            user_id="ops", session_id=session.id, new_message=types.Content(role="user", parts=parts)
+        ):
             last = event
         return last
 

@@ -1,9 +1,9 @@
 """A LangGraph graph recorded by flowscope: retries, an interrupt and its resume, audited.
 
-    pip install 'flowscope[langgraph]'
-    python examples/langgraph_example.py          # writes langgraph-example.db
-    flowscope audit --db langgraph-example.db
-    flowscope show release-1 --db langgraph-example.db
+pip install 'flowscope[langgraph]'
+python examples/langgraph_example.py          # writes langgraph-example.db
+flowscope audit --db langgraph-example.db
+flowscope show release-1 --db langgraph-example.db
 """
 
 from __future__ import annotations
@@ -40,7 +40,11 @@ def approve(state: State) -> State:
 
 def main() -> None:
     g = StateGraph(State)
-    g.add_node("fetch", fetch, retry_policy=RetryPolicy(max_attempts=3, initial_interval=0.01, retry_on=ConnectionError))
+    g.add_node(
+        "fetch",
+        fetch,
+        retry_policy=RetryPolicy(max_attempts=3, initial_interval=0.01, retry_on=ConnectionError),
+    )
     g.add_node("approve", approve)
     g.add_edge(START, "fetch")
     g.add_edge("fetch", "approve")

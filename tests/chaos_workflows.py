@@ -19,7 +19,18 @@ from typing import Any
 
 from flowscope import START, JoinNode, NodeContext, RetryConfig, Workflow, node
 
-__all__ = ["ALL", "chain", "fanout", "retrying", "asking", "job", "racing", "side_effect", "resume_args", "stop_workers"]
+__all__ = [
+    "ALL",
+    "chain",
+    "fanout",
+    "retrying",
+    "asking",
+    "job",
+    "racing",
+    "side_effect",
+    "resume_args",
+    "stop_workers",
+]
 
 STEP_S = float(os.environ.get("CHAOS_STEP_S", "0.08"))
 #: How long race_slow works (tests/engine/test_answer_while_running.py gives it seconds, for the CLI).
@@ -28,8 +39,19 @@ RACE_SLOW_S = float(os.environ.get("RACE_SLOW_S", str(STEP_S * 5)))
 
 def side_effect(ctx: NodeContext, what: str) -> None:
     """Append this run's line to $CHAOS_LOG in one write (O_APPEND: lines never interleave)."""
-    line = json.dumps({"session": ctx.run.session_id, "path": ctx.path, "attempt": ctx.attempt,
-                       "what": what, "pid": os.getpid(), "ts": time.time()}) + "\n"
+    line = (
+        json.dumps(
+            {
+                "session": ctx.run.session_id,
+                "path": ctx.path,
+                "attempt": ctx.attempt,
+                "what": what,
+                "pid": os.getpid(),
+                "ts": time.time(),
+            }
+        )
+        + "\n"
+    )
     fd = os.open(os.environ["CHAOS_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -128,6 +150,7 @@ async def after_job(ctx: NodeContext, result: Any) -> Any:
 
 
 job = Workflow("chaos_job", edges=[(START, j0, external, after_job)])
+
 
 # -- an input asked for while another branch runs on: answered while the session runs
 @node

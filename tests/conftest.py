@@ -30,7 +30,9 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
         return None
     if collection_path.name in SLOW_TO_IMPORT:
         return True
-    if collection_path.name.startswith("test_") and _WHOLLY_SLOW in collection_path.read_text(encoding="utf-8"):
+    if collection_path.name.startswith("test_") and _WHOLLY_SLOW in collection_path.read_text(
+        encoding="utf-8"
+    ):
         return True
     return None
 

@@ -13,8 +13,15 @@ from flowscope import START, NodeContext, Runner, Workflow, node
 from flowscope.examples.demo import batch_input, geocoding_result, order_fulfilment
 
 __all__ = [
-    "big", "leaf", "make_big_session", "make_operator_sessions", "APPROVAL_SESSION", "FAILED_SESSION",
-    "PAUSED_SESSION", "recovering", "HOLD_ENV",
+    "big",
+    "leaf",
+    "make_big_session",
+    "make_operator_sessions",
+    "APPROVAL_SESSION",
+    "FAILED_SESSION",
+    "PAUSED_SESSION",
+    "recovering",
+    "HOLD_ENV",
 ]
 
 APPROVAL_SESSION = "ops-approval"
@@ -42,7 +49,9 @@ async def fan(ctx: NodeContext, n: Any) -> Any:
 big = Workflow("big", edges=[(START, fan)])
 
 
-def make_big_session(db: Any, session_id: str = "big-10k", children: int = 9_998, pause_s: float = 1.2) -> None:
+def make_big_session(
+    db: Any, session_id: str = "big-10k", children: int = 9_998, pause_s: float = 1.2
+) -> None:
     """A session of ``children + 2`` node runs (the workflow, ``fan``, its children), run in
     two invocations ``pause_s`` apart."""
     from flowscope.store import SqliteEventStore
@@ -90,7 +99,9 @@ def make_operator_sessions(store: Any, pause_s: float = 1.1) -> None:
     [job] = [p for p in first.pending if p.type == "job_dispatched"]
     time.sleep(pause_s)
     second = asyncio.run(runner.resume(APPROVAL_SESSION, jobs={job.job_id: geocoding_result(2)}))
-    assert second.status == "paused" and [p.interrupt_id for p in second.pending] == ["approval"], second.pending
+    assert second.status == "paused" and [p.interrupt_id for p in second.pending] == ["approval"], (
+        second.pending
+    )
     try:
         asyncio.run(Runner(failing, store).run(1, session_id=FAILED_SESSION))
     except ValueError:

@@ -70,7 +70,11 @@ def build(effects: str) -> Workflow:
     inner = Workflow("ship", edges=[(START, leaf("label"), leaf("dispatch"))])
     return Workflow(
         "orders",
-        edges=[(START, fetch, (a, marker, bill)), ((a, marker, bill), join), (join, inner, approve, leaf("report"), leaf("archive"), leaf("close"))],
+        edges=[
+            (START, fetch, (a, marker, bill)),
+            ((a, marker, bill), join),
+            (join, inner, approve, leaf("report"), leaf("archive"), leaf("close")),
+        ],
     )
 
 
@@ -96,7 +100,7 @@ async def main() -> None:
     else:
         go = os.environ.get("CRASH_WORKER_GO")
         if go:  # race another process: both read the session, then start together
-            events = store.read(session)
+            store.read(session)  # the read that races
             open(go + f".ready{os.getpid()}", "w").close()
             while not os.path.exists(go):
                 await asyncio.sleep(0.001)

@@ -147,7 +147,9 @@ class CrashingStore(EventStore):
     def dead(self) -> bool:
         return self.crashed_at_seq is not None
 
-    def append(self, session_id: str, events: Any, expected_last_seq: int, *, epoch: int | None = None) -> list[Event]:
+    def append(
+        self, session_id: str, events: Any, expected_last_seq: int, *, epoch: int | None = None
+    ) -> list[Event]:
         if self.dead:
             raise SimulatedCrash()
         if expected_last_seq + len(events) >= self.crash_at:

@@ -19,8 +19,17 @@ from flowscope.store import SqliteEventStore
 def build(dispatched: str) -> Workflow:
     def dispatch(job):
         with open(dispatched, "a") as f:
-            f.write(json.dumps({"job_id": job.job_id, "idempotency_key": job.idempotency_key,
-                                "dispatch_attempt": job.dispatch_attempt, "payload": job.payload}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "job_id": job.job_id,
+                        "idempotency_key": job.idempotency_key,
+                        "dispatch_attempt": job.dispatch_attempt,
+                        "payload": job.payload,
+                    }
+                )
+                + "\n"
+            )
 
     @node
     async def enrich(ctx, rows):

@@ -9,8 +9,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flowscope import START, NodeContext, Workflow, node
 from tests.chaos_workflows import side_effect
+
+from flowscope import START, NodeContext, Workflow, node
 
 __all__ = ["ALL", "gated", "steps", "long"]
 

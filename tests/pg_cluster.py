@@ -15,9 +15,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 __all__ = ["PgCluster", "BIN_DIR", "MISSING_HINT", "TEST_ROLE", "PASSWORD_ROLE", "PASSWORD"]
 
@@ -71,7 +72,7 @@ class PgCluster:
         return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=timeout)
 
     @classmethod
-    def start(cls, *, durable: bool = False, max_connections: int = 300, **settings: str) -> "PgCluster":
+    def start(cls, *, durable: bool = False, max_connections: int = 300, **settings: str) -> PgCluster:
         for binary in ("initdb", "pg_ctl", "postgres"):
             if not (BIN_DIR / binary).exists():
                 raise RuntimeError(MISSING_HINT)
@@ -86,7 +87,9 @@ class PgCluster:
         return c
 
     def _init(self, max_connections: int) -> None:
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8")
+        self._run(
+            "initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"
+        )
         conf = {
             "listen_addresses": "'127.0.0.1'",
             "port": str(self.port),
@@ -114,7 +117,9 @@ class PgCluster:
                 shutil.chown(p, "postgres", "postgres")
 
     def _pg_ctl_start(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "30", "start")
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "30", "start"
+        )
 
     def _create_roles(self) -> None:
         with self.admin() as conn:
@@ -129,7 +134,19 @@ class PgCluster:
 
     def restart(self) -> None:
         """``pg_ctl restart -m fast``: every connection is cut, the data stays."""
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "30", "restart", "-l", str(self.root / "server.log"))
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-m",
+            "fast",
+            "-w",
+            "-t",
+            "30",
+            "restart",
+            "-l",
+            str(self.root / "server.log"),
+        )
 
     def stop_server(self) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
@@ -146,7 +163,9 @@ class PgCluster:
     def admin(self, dbname: str = "postgres") -> Any:
         import psycopg
 
-        return psycopg.connect(host=str(self.socket_dir), port=self.port, user="postgres", dbname=dbname, autocommit=True)
+        return psycopg.connect(
+            host=str(self.socket_dir), port=self.port, user="postgres", dbname=dbname, autocommit=True
+        )
 
     def new_database(self, prefix: str = "t") -> str:
         """A fresh, empty database owned by the test role; its URL."""

@@ -34,9 +34,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "PrometheusNotFound",
@@ -73,8 +74,7 @@ class PrometheusQueryError(RuntimeError):
 
 def find_prometheus() -> str:
     """Path of the prometheus binary: $FLOWSCOPE_PROMETHEUS, then PATH, then /usr/bin."""
-    candidates = [os.environ.get("FLOWSCOPE_PROMETHEUS"), shutil.which("prometheus"),
-                  "/usr/bin/prometheus"]
+    candidates = [os.environ.get("FLOWSCOPE_PROMETHEUS"), shutil.which("prometheus"), "/usr/bin/prometheus"]
     for candidate in candidates:
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
@@ -133,20 +133,25 @@ class PrometheusServer:
     def config(self) -> dict[str, Any]:
         """The generated configuration (JSON is YAML, so no YAML library is needed)."""
         return {
-            "global": {"scrape_interval": self.scrape_interval,
-                       "scrape_timeout": self.scrape_interval,
-                       "evaluation_interval": self.evaluation_interval},
+            "global": {
+                "scrape_interval": self.scrape_interval,
+                "scrape_timeout": self.scrape_interval,
+                "evaluation_interval": self.evaluation_interval,
+            },
             "rule_files": [f"rules/{i}-{p.name}" for i, p in enumerate(self.rule_files)],
             "scrape_configs": [
-                {"job_name": job, "metrics_path": self.metrics_path,
-                 "scrape_interval": self.scrape_interval,
-                 "scrape_timeout": self.scrape_interval,
-                 "static_configs": [{"targets": targets}]}
+                {
+                    "job_name": job,
+                    "metrics_path": self.metrics_path,
+                    "scrape_interval": self.scrape_interval,
+                    "scrape_timeout": self.scrape_interval,
+                    "static_configs": [{"targets": targets}],
+                }
                 for job, targets in self._jobs.items()
             ],
         }
 
-    def start(self) -> "PrometheusServer":
+    def start(self) -> PrometheusServer:
         if self.process is not None:
             raise RuntimeError("Prometheus is already started")
         binary = self.binary or find_prometheus()
@@ -173,8 +178,12 @@ class PrometheusServer:
                     *self.extra_args,
                 ]
                 self.process = subprocess.Popen(
-                    args, stdout=self._log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, cwd=self.workdir)
+                    args,
+                    stdout=self._log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=self.workdir,
+                )
                 if self._wait_ready():
                     return self
                 last_error = self._terminate()
@@ -229,15 +238,20 @@ class PrometheusServer:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
-    def __enter__(self) -> "PrometheusServer":
+    def __enter__(self) -> PrometheusServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # ------------------------------------------------------------------ HTTP API
-    def api(self, path: str, params: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
-            *, expr: str = "") -> Any:
+    def api(
+        self,
+        path: str,
+        params: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+        *,
+        expr: str = "",
+    ) -> Any:
         """GET ``/api/v1/<path>`` and return its ``data``; raise PrometheusQueryError."""
         query = urllib.parse.urlencode(params or {}, doseq=True)
         url = f"{self.url}/api/v1/{path}" + (f"?{query}" if query else "")
@@ -249,11 +263,13 @@ class PrometheusServer:
                 body = json.loads(err.read() or b"{}")
             except ValueError:
                 body = {}
-            raise PrometheusQueryError(expr or url, body.get("errorType", f"HTTP {err.code}"),
-                                       body.get("error", err.reason)) from None
+            raise PrometheusQueryError(
+                expr or url, body.get("errorType", f"HTTP {err.code}"), body.get("error", err.reason)
+            ) from None
         if body.get("status") != "success":
-            raise PrometheusQueryError(expr or url, body.get("errorType", "unknown"),
-                                       body.get("error", "no error message"))
+            raise PrometheusQueryError(
+                expr or url, body.get("errorType", "unknown"), body.get("error", "no error message")
+            )
         return body["data"]
 
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
@@ -289,9 +305,14 @@ class PrometheusServer:
         return {row["metric"]["__name__"] for row in self.query(f"count by (__name__) ({match})")}
 
     # ------------------------------------------------------------------ waiting
-    def wait_for(self, expr: str, timeout: float = 10.0, *, interval: float = 0.2,
-                 predicate: Callable[[list[dict[str, Any]]], bool] | None = None
-                 ) -> list[dict[str, Any]]:
+    def wait_for(
+        self,
+        expr: str,
+        timeout: float = 10.0,
+        *,
+        interval: float = 0.2,
+        predicate: Callable[[list[dict[str, Any]]], bool] | None = None,
+    ) -> list[dict[str, Any]]:
         """Poll ``expr`` until it returns a non-empty result (and ``predicate(result)``).
 
         Raises TimeoutError with the last result and the targets' health.
@@ -303,23 +324,23 @@ class PrometheusServer:
             if result and (predicate is None or predicate(result)):
                 return result
             if time.monotonic() >= deadline:
-                health = [(t.get("scrapeUrl"), t.get("health"), t.get("lastError"))
-                          for t in self.targets()]
-                raise TimeoutError(f"{expr!r} not satisfied after {timeout}s; last result "
-                                   f"{result!r}; targets {health!r}")
+                health = [(t.get("scrapeUrl"), t.get("health"), t.get("lastError")) for t in self.targets()]
+                raise TimeoutError(
+                    f"{expr!r} not satisfied after {timeout}s; last result {result!r}; targets {health!r}"
+                )
             time.sleep(interval)
 
     def wait_for_targets_up(self, timeout: float = 10.0) -> list[dict[str, Any]]:
         """Wait until every configured target has been scraped successfully."""
         wanted = sum(len(ts) for ts in self._jobs.values())
-        return self.wait_for("up == 1", timeout,
-                             predicate=lambda result: len(result) >= wanted)
+        return self.wait_for("up == 1", timeout, predicate=lambda result: len(result) >= wanted)
 
     def wait_for_samples(self, n: int = 2, timeout: float = 15.0) -> None:
         """Wait until every target has been scraped at least ``n`` times (rate() needs 2)."""
         wanted = sum(len(ts) for ts in self._jobs.values())
-        self.wait_for(f"count_over_time(up[10m]) >= {n}", timeout,
-                      predicate=lambda result: len(result) >= wanted)
+        self.wait_for(
+            f"count_over_time(up[10m]) >= {n}", timeout, predicate=lambda result: len(result) >= wanted
+        )
 
 
 # ---------------------------------------------------------------------- Grafana queries
@@ -372,8 +393,9 @@ def _panels(panels: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
         yield from _panels(panel.get("panels", []))  # collapsed rows hold their panels
 
 
-def dashboard_queries(path: str | os.PathLike[str], datasource_type: str | None = "prometheus"
-                      ) -> list[DashboardQuery]:
+def dashboard_queries(
+    path: str | os.PathLike[str], datasource_type: str | None = "prometheus"
+) -> list[DashboardQuery]:
     """Every target query of every panel of a dashboard JSON file.
 
     With ``datasource_type`` (default ``"prometheus"``) only the targets of that
@@ -387,7 +409,14 @@ def dashboard_queries(path: str | os.PathLike[str], datasource_type: str | None 
             if datasource_type is not None and ds.get("type") != datasource_type:
                 continue
             expr = target.get("expr", target.get("query", ""))
-            queries.append(DashboardQuery(panel.get("title", ""), target.get("refId", ""),
-                                          ds.get("type", ""), ds.get("uid", ""), expr,
-                                          bool(target.get("exemplar"))))
+            queries.append(
+                DashboardQuery(
+                    panel.get("title", ""),
+                    target.get("refId", ""),
+                    ds.get("type", ""),
+                    ds.get("uid", ""),
+                    expr,
+                    bool(target.get("exemplar")),
+                )
+            )
     return queries

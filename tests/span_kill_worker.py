@@ -29,14 +29,19 @@ def chain(contexts: str, block_at: int) -> Workflow:
         async def body(ctx, x):
             sc = trace.get_current_span().get_span_context()
             with open(contexts, "a") as f:
-                f.write(json.dumps({
-                    "path": ctx.path,
-                    "attempt": ctx.attempt,
-                    "pid": os.getpid(),
-                    "trace_id": f"{sc.trace_id:032x}",
-                    "span_id": f"{sc.span_id:016x}",
-                    "traceparent": ctx.trace_context.get("traceparent"),
-                }) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "path": ctx.path,
+                            "attempt": ctx.attempt,
+                            "pid": os.getpid(),
+                            "trace_id": f"{sc.trace_id:032x}",
+                            "span_id": f"{sc.span_id:016x}",
+                            "traceparent": ctx.trace_context.get("traceparent"),
+                        }
+                    )
+                    + "\n"
+                )
                 f.flush()
                 os.fsync(f.fileno())
             if i == block_at:
@@ -54,7 +59,9 @@ def chain(contexts: str, block_at: int) -> Workflow:
 async def main() -> None:
     db, session, endpoint, contexts, mode = sys.argv[1:6]
     block_at = int(sys.argv[6]) if len(sys.argv) > 6 else 0
-    with configure_tracing("span-kill-worker", otlp_endpoint=endpoint, protocol="http/protobuf", timeout=5) as tracing:
+    with configure_tracing(
+        "span-kill-worker", otlp_endpoint=endpoint, protocol="http/protobuf", timeout=5
+    ) as tracing:
         runner = Runner(chain(contexts, block_at), store=SqliteEventStore(db), plugins=[tracing.plugin()])
         if mode == "run":
             await runner.run(0, session_id=session)

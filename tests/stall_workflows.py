@@ -26,8 +26,19 @@ def effect(ctx: NodeContext) -> None:
     The time is read before anything else, so a line stamped before a takeover was decided
     on before it."""
     ts = time.time()
-    line = json.dumps({"session": ctx.run.session_id, "invocation": ctx.run.invocation_id, "path": ctx.path,
-                       "attempt": ctx.attempt, "pid": os.getpid(), "ts": ts}) + "\n"
+    line = (
+        json.dumps(
+            {
+                "session": ctx.run.session_id,
+                "invocation": ctx.run.invocation_id,
+                "path": ctx.path,
+                "attempt": ctx.attempt,
+                "pid": os.getpid(),
+                "ts": ts,
+            }
+        )
+        + "\n"
+    )
     fd = os.open(os.environ["CHAOS_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -56,7 +67,9 @@ def _sleeper(name: str, seconds: float, first: bool = False) -> Any:
 
 
 # -- mid-body: a long await between two short nodes
-long_wait = Workflow("stall_long", edges=[(START, _sleeper("l0", 0.05), _sleeper("l1", 0.6), _sleeper("l2", 0.05))])
+long_wait = Workflow(
+    "stall_long", edges=[(START, _sleeper("l0", 0.05), _sleeper("l1", 0.6), _sleeper("l2", 0.05))]
+)
 
 # -- a chain of short nodes that write as they start: a stop lands between nodes as often
 # as inside one
@@ -91,7 +104,9 @@ async def bsum(ctx: NodeContext, joined: Any) -> Any:
     return sum(joined.values())
 
 
-fanout = Workflow("stall_fanout", edges=[(START, _sleeper("b_", 0.02), tuple(branches)), (tuple(branches), join, bsum)])
+fanout = Workflow(
+    "stall_fanout", edges=[(START, _sleeper("b_", 0.02), tuple(branches)), (tuple(branches), join, bsum)]
+)
 
 #: What ``flowscope worker tests.stall_workflows:ALL`` serves.
 ALL = [long_wait, chain, retrying, fanout]

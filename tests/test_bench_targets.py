@@ -19,11 +19,18 @@ def test_targets_entry_point_prints_the_table_and_exits_1_exactly_when_a_row_mis
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "targets.py"), "--quick", "--smoke", "--only", "invoke"],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     out = proc.stdout
     assert "### Targets" in out, proc.stderr[-2000:]
-    rows = [line for line in out.split("### Targets", 1)[1].splitlines() if line.startswith("| ") and "---" not in line][1:]
+    rows = [
+        line
+        for line in out.split("### Targets", 1)[1].splitlines()
+        if line.startswith("| ") and "---" not in line
+    ][1:]
     # the invocation's one target, measured (peers installed) or reported as not measured
     assert len(rows) == 1, rows
     missed = rows[0].rstrip().endswith("| MISS |")
@@ -35,7 +42,10 @@ def test_targets_entry_point_prints_the_table_and_exits_1_exactly_when_a_row_mis
 def test_targets_entry_point_refuses_an_unknown_section() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "targets.py"), "--only", "chain,nope"],
-        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=60,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+        timeout=60,
     )
     assert proc.returncode == 2
     assert "unknown section(s) nope" in proc.stderr

@@ -23,20 +23,50 @@ from flowscope.events import (
 COMMON = dict(session_id="s1", invocation_id="inv", seq=7, ts=1700000000.5, path="wf@1/a@1", node="a")
 
 SAMPLES = [
-    ev.RunStarted(**COMMON, workflow="wf", input={"x": 1}, resumed=True, replayed=3, recovered=1, trace_context={"traceparent": "00-abc"},
-                  owner={"worker_id": "w-1", "host": "h", "pid": 42}),
-    ev.RunFinished(**COMMON, status="failed", output=None, error_code="E", error_path="wf@1/a@1", replayed=2, recovered=1),
+    ev.RunStarted(
+        **COMMON,
+        workflow="wf",
+        input={"x": 1},
+        resumed=True,
+        replayed=3,
+        recovered=1,
+        trace_context={"traceparent": "00-abc"},
+        owner={"worker_id": "w-1", "host": "h", "pid": 42},
+    ),
+    ev.RunFinished(
+        **COMMON, status="failed", output=None, error_code="E", error_path="wf@1/a@1", replayed=2, recovered=1
+    ),
     ev.NodeStarted(**COMMON, attempt=2, kind="workflow", parent_path="wf@1", recovered=True),
-    ev.NodeRetrying(**COMMON, attempt=1, error_type="ValueError", error_code="UNKNOWN_ERROR", error_message="boom", delay_s=0.5),
+    ev.NodeRetrying(
+        **COMMON,
+        attempt=1,
+        error_type="ValueError",
+        error_code="UNKNOWN_ERROR",
+        error_message="boom",
+        delay_s=0.5,
+    ),
     ev.NodeCompleted(**COMMON, output=[1, {"a": None}], has_output=True, route="ok", attempt_count=3),
     ev.NodeErrorEvent(**COMMON, error_code="X", error_message="m", error_type="KeyError", attempt_count=3),
-    ev.NodeErrorPropagated(**COMMON, origin_path="wf@1/a@1/b@1", error_code="X", error_type="KeyError", attempt_count=1),
+    ev.NodeErrorPropagated(
+        **COMMON, origin_path="wf@1/a@1/b@1", error_code="X", error_type="KeyError", attempt_count=1
+    ),
     ev.NodeCancelled(**COMMON, reason="sibling_failed"),
     ev.NodePaused(**COMMON, waiting="job", origin_path="wf@1/a@1/b@1", interrupt_ids=("i1", "i2")),
     ev.InputRequested(**COMMON, interrupt_id="approval", prompt="ok?", payload={"kind": "x"}),
     ev.InputReceived(**COMMON, interrupt_id="approval", value=True),
-    ev.JobDispatched(**COMMON, job_id="j1", dispatch_attempt=2, idempotency_key="k", trace_context={"traceparent": "t"}, deadline_s=60.0, expect_count=True, job_key="wf@1/a@1#job1"),
-    ev.JobResultReceived(**COMMON, job_id="j1", success=True, count=0, error=None, data={"rows": []}, result="empty"),
+    ev.JobDispatched(
+        **COMMON,
+        job_id="j1",
+        dispatch_attempt=2,
+        idempotency_key="k",
+        trace_context={"traceparent": "t"},
+        deadline_s=60.0,
+        expect_count=True,
+        job_key="wf@1/a@1#job1",
+    ),
+    ev.JobResultReceived(
+        **COMMON, job_id="j1", success=True, count=0, error=None, data={"rows": []}, result="empty"
+    ),
     ev.StateUpdated(**COMMON, values={"k": [1, 2]}),
     ev.RunSubmitted(**COMMON, workflow="wf", input={"x": 2}),
 ]
@@ -64,8 +94,17 @@ def test_events_are_immutable():
 
 def test_catalog_type_names_are_the_spec_spelling():
     assert set(EVENT_TYPES) >= {
-        "run_started", "node_started", "node_retrying", "node_completed", "node_error",
-        "node_cancelled", "input_requested", "input_received", "job_dispatched", "job_result", "run_finished",
+        "run_started",
+        "node_started",
+        "node_retrying",
+        "node_completed",
+        "node_error",
+        "node_cancelled",
+        "input_requested",
+        "input_received",
+        "job_dispatched",
+        "job_result",
+        "run_finished",
     }
     assert ev.UNKNOWN_ERROR == "UNKNOWN_ERROR"
 
@@ -76,7 +115,15 @@ def test_completion_marker_defaults():
 
 
 def test_unknown_type_decodes_to_a_generic_event_and_round_trips():
-    raw = {"type": "node_teleported", "session_id": "s", "seq": 4, "path": "wf@1/x@1", "node": "x", "where": "mars", "schema_version": 9}
+    raw = {
+        "type": "node_teleported",
+        "session_id": "s",
+        "seq": 4,
+        "path": "wf@1/x@1",
+        "node": "x",
+        "where": "mars",
+        "schema_version": 9,
+    }
     e = from_dict(raw)
     assert isinstance(e, UnknownEvent)
     assert e.type == "node_teleported" and e.seq == 4 and e.path == "wf@1/x@1"
@@ -117,4 +164,3 @@ def test_a_run_started_from_before_the_owner_field_reads_back_with_no_owner():
     snap = snapshot_state(ws)
     del snap["owner"]
     assert restore_state(json.dumps(snap)).owner is None
-

@@ -13,7 +13,7 @@ import sqlite3
 
 import pytest
 
-from conftest import unavailable, of_type
+from conftest import of_type, unavailable
 from flowscope import START, RetryConfig, Route, Runner, Workflow, node
 from flowscope.errors import OutputNotSerializableError, RouteNotFoundError, StateNotSerializableError
 from flowscope.store import SqliteEventStore, rebuild
@@ -137,7 +137,9 @@ async def test_output_nested_10000_deep_is_not_serializable_and_not_retried(db):
             v = [v]
         return v
 
-    wf = Workflow("w", edges=[(START, node(deep, name="deep", retry=RetryConfig(max_attempts=3, initial_delay=0)))])
+    wf = Workflow(
+        "w", edges=[(START, node(deep, name="deep", retry=RetryConfig(max_attempts=3, initial_delay=0)))]
+    )
     with pytest.raises(OutputNotSerializableError, match="nested too deeply"):
         await Runner(wf, store=db).run(0, session_id="s")
     events = db.read("s")
@@ -148,7 +150,13 @@ async def test_output_nested_10000_deep_is_not_serializable_and_not_retried(db):
 
 # -- messages that leave the process -------------------------------------------------------------
 
-SECRETS = ("hunter2", "sk-live-0123456789abcdef", "AKIAIOSFODNN7EXAMPLE", "eyJhbGciOi.payload.sig", "/srv/app/secret-dir")
+SECRETS = (
+    "hunter2",
+    "sk-live-0123456789abcdef",
+    "AKIAIOSFODNN7EXAMPLE",
+    "eyJhbGciOi.payload.sig",
+    "/srv/app/secret-dir",
+)
 
 
 def leaky(x):
@@ -165,18 +173,22 @@ async def test_messages_are_redacted_in_store_spans_export_and_cli(tmp_path, cas
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from test_cli import invoke
 
     from flowscope.observability import TracingPlugin
-    from test_cli import invoke
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     path = tmp_path / "r.db"
-    inner = Workflow("inner", edges=[(START, node(leaky, name="leak", retry=RetryConfig(max_attempts=2, initial_delay=0)))])
+    inner = Workflow(
+        "inner", edges=[(START, node(leaky, name="leak", retry=RetryConfig(max_attempts=2, initial_delay=0)))]
+    )
     wf = Workflow("w", edges=[(START, inner)])
     with pytest.raises((RuntimeError, FileNotFoundError)):
-        await Runner(wf, store=SqliteEventStore(path), plugins=[TracingPlugin(tracer_provider=provider)]).run(case, session_id="s")
+        await Runner(wf, store=SqliteEventStore(path), plugins=[TracingPlugin(tracer_provider=provider)]).run(
+            case, session_id="s"
+        )
     texts = {"sqlite file": path.read_bytes().decode("utf-8", "replace")}
     for span in exporter.get_finished_spans():
         texts[f"span {span.name}"] = " ".join(
@@ -239,9 +251,18 @@ async def test_exception_whose_error_code_raises_is_unknown_error_at_its_own_pat
         await Runner(wf, store=db).run(0, session_id="s")
     events = db.read("s")
     (err,) = of_type(events, "node_error")
-    assert (err.path, err.error_type, err.error_code, err.error_message) == ("w@1/inner@1/leaf@1", "CodeRaises", "UNKNOWN_ERROR", "boom")
+    assert (err.path, err.error_type, err.error_code, err.error_message) == (
+        "w@1/inner@1/leaf@1",
+        "CodeRaises",
+        "UNKNOWN_ERROR",
+        "boom",
+    )
     started = {e.path for e in of_type(events, "node_started")}
-    ended = {e.path for e in events if e.type in ("node_completed", "node_error", "node_error_propagated", "node_cancelled")}
+    ended = {
+        e.path
+        for e in events
+        if e.type in ("node_completed", "node_error", "node_error_propagated", "node_cancelled")
+    }
     assert started == ended  # every NodeStarted has its one terminal event
     assert rebuild(events).nodes["w@1/inner@1/leaf@1"].status == "failed"
 
@@ -340,7 +361,9 @@ async def test_a_resume_that_loses_a_race_counts_one_conflict_and_no_failure(tmp
 
     reg_a, spans_a, plugins_a = observed()
     reg_c, spans_c, plugins_c = observed()
-    loser = asyncio.ensure_future(Runner(wf, store=SqliteEventStore(path), plugins=plugins_a).resume("s", inputs={"w@1/ask@1": 1}))
+    loser = asyncio.ensure_future(
+        Runner(wf, store=SqliteEventStore(path), plugins=plugins_a).resume("s", inputs={"w@1/ask@1": 1})
+    )
     while not calls:
         await asyncio.sleep(0.01)
     with pytest.raises(ConcurrencyConflict):  # refused at the start: the first resume's owner is alive
@@ -355,10 +378,14 @@ async def test_a_resume_that_loses_a_race_counts_one_conflict_and_no_failure(tmp
 
     for reg, spans in ((reg_a, spans_a), (reg_c, spans_c)):
         assert reg.get_sample_value("flowscope_resume_conflicts_total", {"workflow": "w"}) == 1
-        assert not reg.get_sample_value("flowscope_workflow_runs_total", {"workflow": "w", "outcome": "failed"})
+        assert not reg.get_sample_value(
+            "flowscope_workflow_runs_total", {"workflow": "w", "outcome": "failed"}
+        )
         for outcome in ("failure", "timeout"):
             for n in ("ask", "slow", "w"):
-                assert not reg.get_sample_value("flowscope_node_runs_total", {"workflow": "w", "node": n, "outcome": outcome})
+                assert not reg.get_sample_value(
+                    "flowscope_node_runs_total", {"workflow": "w", "node": n, "outcome": outcome}
+                )
         assert [s.name for s in spans.get_finished_spans() if s.status.status_code == StatusCode.ERROR] == []
         assert "UNKNOWN_ERROR" not in str([dict(s.attributes or {}) for s in spans.get_finished_spans()])
 
@@ -391,7 +418,12 @@ async def test_metric_labels_are_bounded_codes_look_like_codes_and_series_fold_i
         wf = Workflow("w", edges=[(START, node(fail(code), name="f"))])
         with pytest.raises(OddCode):
             await Runner(wf, store=db, plugins=[metrics]).run(0, session_id=f"c{i}")
-    labels = {s.labels["error_code"] for m in registry.collect() if m.name == "flowscope_node_errors" for s in m.samples}
+    labels = {
+        s.labels["error_code"]
+        for m in registry.collect()
+        if m.name == "flowscope_node_errors"
+        for s in m.samples
+    }
     assert labels == {"INVALID_ERROR_CODE", "OK_CODE"}
     kept = [of_type(db.read(f"c{i}"), "node_error")[0].error_code for i in range(len(codes))]
     assert kept == codes  # the events keep the original codes
@@ -402,13 +434,17 @@ async def test_metric_labels_are_bounded_codes_look_like_codes_and_series_fold_i
             await ctx.run_node(node(lambda x: x, name=f"child{i}"), i)
         return n
 
-    await Runner(Workflow("dyn", edges=[(START, fan)]), store=db, plugins=[metrics]).run(100, session_id="dyn")
+    await Runner(Workflow("dyn", edges=[(START, fan)]), store=db, plugins=[metrics]).run(
+        100, session_id="dyn"
+    )
     for metric in ("flowscope_node_runs", "flowscope_node_duration_seconds", "flowscope_nodes_running"):
         (m,) = [m for m in registry.collect() if m.name == metric]
         label_sets = {tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")) for s in m.samples}
         assert len(label_sets) <= 21, metric  # max_series, plus the one _other set
         assert any(dict(ls).get("node") == "_other" for ls in label_sets), metric
-    overflow = registry.get_sample_value("flowscope_metrics_overflow_total", {"metric": "flowscope_node_runs_total"})
+    overflow = registry.get_sample_value(
+        "flowscope_metrics_overflow_total", {"metric": "flowscope_node_runs_total"}
+    )
     assert overflow and overflow >= 80
 
 
@@ -482,7 +518,6 @@ async def test_store_collector_follows_a_replaced_or_deleted_file(tmp_path):
 
 
 async def test_one_corrupt_payload_row_makes_stuck_skip_that_session_with_a_warning(tmp_path):
-    from test_cli import invoke
 
     path = tmp_path / "c.db"
     await paused_sessions(path)
@@ -524,7 +559,9 @@ def test_a_bit_flipped_session_id_gives_a_one_line_error(tmp_path):
     for command in ("show", "export", "resume"):
         proc = subprocess.run(
             [FLOWSCOPE, "--db", str(path), command, flipped],
-            capture_output=True, env=env, timeout=60,
+            capture_output=True,
+            env=env,
+            timeout=60,
         )
         err = proc.stderr.decode("utf-8", "replace").strip()
         assert proc.returncode == 2, (command, err)
@@ -534,7 +571,7 @@ def test_a_bit_flipped_session_id_gives_a_one_line_error(tmp_path):
 
 # -- the CLI's own output ------------------------------------------------------------------------
 
-HOSTILE_MODULE = '''
+HOSTILE_MODULE = """
 from flowscope import START, Workflow, node
 
 
@@ -558,7 +595,7 @@ def boom(how):
 
 
 wf = Workflow("hostile", edges=[(START, ask, boom)])
-'''
+"""
 
 
 @pytest.mark.slow
@@ -582,15 +619,29 @@ def test_cli_resume_failure_is_exit_1_with_a_short_classified_line(tmp_path, how
     with SqliteEventStore(path) as store:
         asyncio.run(Runner(wf, store=store).run(None, session_id="s"))
     proc = subprocess.run(
-        [FLOWSCOPE, "--db", str(path), "resume", "s", "--input", f'ask@1="{how}"'.replace("ask@1", "hostile@1/ask@1"),
-         "--workflow", "hostile_wf:wf"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+        [
+            FLOWSCOPE,
+            "--db",
+            str(path),
+            "resume",
+            "s",
+            "--input",
+            f'ask@1="{how}"'.replace("ask@1", "hostile@1/ask@1"),
+            "--workflow",
+            "hostile_wf:wf",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-2000:]
     assert "this is a bug" not in out and "unexpected" not in out
     failed = [line for line in out.splitlines() if line.startswith("failed at")]
-    assert len(failed) == 1 and failed[0].startswith("failed at hostile@1/boom@1: UNKNOWN_ERROR: "), out[-2000:]
+    assert len(failed) == 1 and failed[0].startswith("failed at hostile@1/boom@1: UNKNOWN_ERROR: "), out[
+        -2000:
+    ]
     assert all(len(line) <= 1200 for line in out.splitlines())
     assert len(out) < 10_000
     if how == "str":

@@ -12,7 +12,8 @@ import datetime
 import decimal
 import enum
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -127,10 +128,22 @@ TABLE: list[tuple[str, tuple]] = [
     ("error_code empty", exc(lambda: Coded(""), "UNKNOWN_ERROR", "coded")),
     ("error_code not a code", exc(lambda: Coded("not a code!"), "not a code!", "coded")),
     ("error_code 10,000 chars", exc(lambda: Coded("C" * 10_000), "C" * 128, "coded")),
-    ("api key in message", exc(lambda: RuntimeError("key sk-abcdef0123456789"), "UNKNOWN_ERROR", "key sk-***")),
-    ("file path in message", exc(lambda: FileNotFoundError(2, "No such file", "/etc/secret/x"), "UNKNOWN_ERROR",
-                                 "[Errno 2] No such file: '<path>'")),
-    ("url credentials", exc(lambda: RuntimeError("GET http://u:pw@h/x"), "UNKNOWN_ERROR", "GET http://***:***@h/x")),
+    (
+        "api key in message",
+        exc(lambda: RuntimeError("key sk-abcdef0123456789"), "UNKNOWN_ERROR", "key sk-***"),
+    ),
+    (
+        "file path in message",
+        exc(
+            lambda: FileNotFoundError(2, "No such file", "/etc/secret/x"),
+            "UNKNOWN_ERROR",
+            "[Errno 2] No such file: '<path>'",
+        ),
+    ),
+    (
+        "url credentials",
+        exc(lambda: RuntimeError("GET http://u:pw@h/x"), "UNKNOWN_ERROR", "GET http://***:***@h/x"),
+    ),
     ("KeyError", exc(lambda: KeyError("k"), "UNKNOWN_ERROR", "'k'")),
     ("newlines in message", exc(lambda: RuntimeError("a\nb\r\nc"), "UNKNOWN_ERROR", "a\nb\r\nc")),
     ("surrogate in message", exc(lambda: RuntimeError("bad \udcff"), "UNKNOWN_ERROR", "bad \udcff")),
@@ -142,10 +155,14 @@ BAD_NODE_NAMES = ["n\ud800", "n\x00", "n" * 300, "a/b", "a@1", ""]
 
 def workflow_for(kind: str, payload: Any) -> Workflow:
     if kind == "output":
-        return Workflow("t", edges=[(START, node(lambda x: payload(), name="f"), node(lambda x: x, name="echo"))])
+        return Workflow(
+            "t", edges=[(START, node(lambda x: payload(), name="f"), node(lambda x: x, name="echo"))]
+        )
     if kind == "route":
         pick = node(lambda x: payload(), name="f")
-        return Workflow("t", edges=[(START, pick, {1: node(lambda x: x, name="one"), "a": node(lambda x: x, name="a")})])
+        return Workflow(
+            "t", edges=[(START, pick, {1: node(lambda x: x, name="one"), "a": node(lambda x: x, name="a")})]
+        )
     if kind == "state":
         key, value = payload
 
@@ -162,14 +179,22 @@ def workflow_for(kind: str, payload: Any) -> Workflow:
     return Workflow("t", edges=[(START, node(raise_it, name="f"))])
 
 
-EXPECTED_ERRORS = {ONS: OutputNotSerializableError, SNS: StateNotSerializableError, "ROUTE_NOT_FOUND": RouteNotFoundError}
+EXPECTED_ERRORS = {
+    ONS: OutputNotSerializableError,
+    SNS: StateNotSerializableError,
+    "ROUTE_NOT_FOUND": RouteNotFoundError,
+}
 
 
 def check_log(store: SqliteEventStore, sid: str) -> None:
     events = store.read(sid)
     assert [e.seq for e in events] == list(range(1, len(events) + 1)), sid
     started = {e.path for e in events if e.type == "node_started"}
-    ended = {e.path for e in events if e.type in ("node_completed", "node_error", "node_error_propagated", "node_cancelled")}
+    ended = {
+        e.path
+        for e in events
+        if e.type in ("node_completed", "node_error", "node_error_propagated", "node_cancelled")
+    }
     assert started == ended, sid  # every run has its one terminal event
     assert events[-1].type == "run_finished", sid
 
@@ -186,7 +211,9 @@ async def test_hostile_values_get_a_clear_answer_and_lose_nothing(tmp_path):
             result = await runner.run(None, session_id=sid)
             assert result.status == "completed", label
             if kind == "state":
-                assert rebuild(store.read(sid)).state == {"k": [1, 2] if isinstance(expected, tuple) else expected}, label
+                assert rebuild(store.read(sid)).state == {
+                    "k": [1, 2] if isinstance(expected, tuple) else expected
+                }, label
             else:
                 assert result.output == expected and type(result.output) is type(expected), label
                 assert store.read(sid)[-1].output == expected, label  # RunFinished, as read back
@@ -211,7 +238,9 @@ async def test_hostile_values_get_a_clear_answer_and_lose_nothing(tmp_path):
     for sid in BAD_SESSION_IDS[:-1]:  # "" means "make one up", as documented
         with pytest.raises(ValueError, match="session id"):
             await Runner(wf, store=store).run(1, session_id=sid)
-    assert (await Runner(wf, store=store).run(1, session_id=BAD_SESSION_IDS[-1] or None)).status == "completed"
+    assert (
+        await Runner(wf, store=store).run(1, session_id=BAD_SESSION_IDS[-1] or None)
+    ).status == "completed"
     for name in BAD_NODE_NAMES:
         with pytest.raises(ValueError, match="node name"):
             node(lambda x: x, name=name)

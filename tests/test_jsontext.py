@@ -12,7 +12,7 @@ from flowscope.jsontext import dumps, dumps_finite
 VALUES = [
     "abc", "é\u2028\x00\ud83d", 1, -(2**70), 1.5, 1e300, -0.0, True, None, [], {},
     [1, [2, {"a": "b"}]], {"k": [1.25, None, "x"], "ü": 1}, (1, 2),
-    {1: "int key", 2.5: "float key", True: "bool key", None: "none key"},
+    {1: "int key", 2.5: "float key", True: "bool key", None: "none key"},  # noqa: F601  (True is 1: the dump keeps one)
     {"attempt": 1, "kind": "task", "parent_path": "w@1", "recovered": False},
 ]  # fmt: skip
 

@@ -154,7 +154,9 @@ def engine_violations(edges: dict[str, set[str]]) -> list[str]:
             continue
         for t in sorted(targets):
             forbidden = any(t == p or t.startswith(p + ".") for p in ENGINE_FORBIDDEN_PREFIXES)
-            store = (t == "flowscope.store" or t.startswith("flowscope.store.")) and t not in ENGINE_ALLOWED_STORE
+            store = (
+                t == "flowscope.store" or t.startswith("flowscope.store.")
+            ) and t not in ENGINE_ALLOWED_STORE
             if forbidden or store:
                 bad.append(f"{mod} imports {t}")
     return bad
@@ -191,10 +193,14 @@ def private_imports(name: str, path: Path) -> list[str]:
                 target = stmt.module or ""
             for alias in stmt.names:
                 full = f"{target}.{alias.name}"
-                if _private(alias.name) and (target, alias.name) not in PRIVATE_IMPORTS_ALLOWED:
-                    # a private submodule of the importer's own package is its package's business
-                    if not (full.rpartition(".")[0] == package and target == package):
-                        bad.append(f"{name} imports {alias.name} from {target}")
+                # a private submodule of the importer's own package is its package's business
+                own_submodule = full.rpartition(".")[0] == package and target == package
+                if (
+                    _private(alias.name)
+                    and (target, alias.name) not in PRIVATE_IMPORTS_ALLOWED
+                    and not own_submodule
+                ):
+                    bad.append(f"{name} imports {alias.name} from {target}")
                 bad.extend(_private_module(name, package, target))
         elif isinstance(stmt, ast.Import):
             for alias in stmt.names:
@@ -220,6 +226,7 @@ def _private_module(importer: str, package: str, target: str) -> list[str]:
 
 def adapter_crossings(edges: dict[str, set[str]]) -> list[str]:
     """``a imports b`` for every store adapter module that imports another adapter's."""
+
     def adapter(mod: str) -> str | None:
         return next((a for a in STORE_ADAPTERS if mod == a or mod.startswith(a + ".")), None)
 
@@ -253,7 +260,9 @@ def test_the_size_privacy_and_adapter_checks_catch_what_they_claim(tmp_path):
     big.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
     small = tmp_path / "small.py"
     small.write_text("x = 1\n" * MAX_MODULE_LINES)
-    assert long_modules({"flowscope.big": big, "flowscope.small": small}) == [f"flowscope.big ({MAX_MODULE_LINES + 1} lines)"]
+    assert long_modules({"flowscope.big": big, "flowscope.small": small}) == [
+        f"flowscope.big ({MAX_MODULE_LINES + 1} lines)"
+    ]
 
     m = tmp_path / "m.py"
     m.write_text(
@@ -275,8 +284,13 @@ def test_the_size_privacy_and_adapter_checks_catch_what_they_claim(tmp_path):
     assert private_imports("flowscope.adapters.adk", inside) == []
 
     assert adapter_crossings(
-        {"flowscope.store.sqlite.writer": {"flowscope.store.postgres.queries", "flowscope.store.appending"},
-         "flowscope.store.memory": {"flowscope.store.takeover"}}
+        {
+            "flowscope.store.sqlite.writer": {
+                "flowscope.store.postgres.queries",
+                "flowscope.store.appending",
+            },
+            "flowscope.store.memory": {"flowscope.store.takeover"},
+        }
     ) == ["flowscope.store.sqlite.writer imports flowscope.store.postgres.queries"]
 
 
@@ -299,9 +313,9 @@ def test_the_engine_imports_no_store_adapter_observability_or_cli():
 def test_the_checks_catch_what_they_claim(tmp_path):
     """The two checks fail on a cycle and on an engine import of an adapter."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert engine_violations({"flowscope.engine.runner": {"flowscope.store.sqlite", "flowscope.store.base"}}) == [
-        "flowscope.engine.runner imports flowscope.store.sqlite"
-    ]
+    assert engine_violations(
+        {"flowscope.engine.runner": {"flowscope.store.sqlite", "flowscope.store.base"}}
+    ) == ["flowscope.engine.runner imports flowscope.store.sqlite"]
     # TYPE_CHECKING imports count.
     src = tmp_path / "m.py"
     src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .cli import app\n")

@@ -13,8 +13,9 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -35,11 +36,27 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
     db, log, flag = tmp_path / "ops.db", tmp_path / "effects.jsonl", tmp_path / "flag"
     SqliteEventStore(db).close()
     env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    env.update(CHAOS_LOG=str(log), OPS_FLAG=str(flag),
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]))
+    env.update(
+        CHAOS_LOG=str(log),
+        OPS_FLAG=str(flag),
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]),
+    )
     worker = subprocess.Popen(
-        [FLOWSCOPE, "--db", str(db), "worker", "tests.ops_workflows:ALL", "--lease", f"{LEASE_S:g}s", "--poll", "50ms"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.err", "wb"),
+        [
+            FLOWSCOPE,
+            "--db",
+            str(db),
+            "worker",
+            "tests.ops_workflows:ALL",
+            "--lease",
+            f"{LEASE_S:g}s",
+            "--poll",
+            "50ms",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "worker.err", "wb"),
     )
     try:
         yield db, log, flag
@@ -52,8 +69,14 @@ def operator_cli(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """A command from a shell that cannot import the workflows: another folder, no ROOT on the path."""
     env = {k: v for k, v in os.environ.items() if k not in ("FLOWSCOPE_DB", "PYTHONPATH")}
     env["PYTHONPATH"] = str(ROOT / "src")
-    return subprocess.run([FLOWSCOPE, "--db", str(db), *args], cwd=db.parent, env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [FLOWSCOPE, "--db", str(db), *args],
+        cwd=db.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def status(db: Path, sid: str) -> str:
@@ -88,15 +111,25 @@ def test_a_failed_session_is_retried_without_its_code_and_completes_keeping_its_
     r = operator_cli(db, "start", "ops_gated", "--input", "1", "--session", "g")
     assert r.returncode == 0, r.stderr
     wait("g to fail", lambda: status(db, "g") == "failed")
-    probe = subprocess.run([sys.executable, "-c", "import tests.ops_workflows"], cwd=db.parent,
-                           env={"PYTHONPATH": str(ROOT / "src"), "PATH": os.environ["PATH"]}, capture_output=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import tests.ops_workflows"],
+        cwd=db.parent,
+        env={"PYTHONPATH": str(ROOT / "src"), "PATH": os.environ["PATH"]},
+        capture_output=True,
+    )
     assert probe.returncode != 0  # the operator's shell cannot import the workflow
     flag.touch()
     r = operator_cli(db, "retry", "g", "--reason", "flag file created")
     assert r.returncode == 0, r.stderr
-    assert "queued g (ops_gated, was failed) to run again" in r.stdout and "a worker will pick it up" in r.stdout
+    assert (
+        "queued g (ops_gated, was failed) to run again" in r.stdout and "a worker will pick it up" in r.stdout
+    )
     wait("g to complete", lambda: status(db, "g") == "completed")
-    assert effects(log, "g") == {"g_first": [1], "g_gate": [1, 2], "g_last": [1]}  # attempts continue, g_first kept
+    assert effects(log, "g") == {
+        "g_first": [1],
+        "g_gate": [1, 2],
+        "g_last": [1],
+    }  # attempts continue, g_first kept
     submitted = [e for e in events(db, "g") if e.type == "run_submitted"]
     assert submitted[-1].reason.startswith("flag file created (retry, asked by ")
     assert [e.type for e in events(db, "g")].count("node_error") == 1  # the one failure before the retry
@@ -110,17 +143,33 @@ def test_retry_from_a_middle_node_runs_it_and_what_follows_again_and_nothing_bef
     wait("st to complete", lambda: status(db, "st") == "completed")
     r = operator_cli(db, "retry", "st", "--from", "s2")
     assert r.returncode == 0, r.stderr
-    wait("st to run again and complete", lambda: status(db, "st") == "completed" and "s3" in effects(log, "st")
-         and len(effects(log, "st")["s3"]) == 2)
+    wait(
+        "st to run again and complete",
+        lambda: (
+            status(db, "st") == "completed"
+            and "s3" in effects(log, "st")
+            and len(effects(log, "st")["s3"]) == 2
+        ),
+    )
     assert effects(log, "st") == {"s1": [1], "s2": [1, 2], "s3": [1, 2]}
     ws = rebuild(events(db, "st"))
-    assert ws.output == 4 and ws.nodes["ops_steps@1/s1@1"].attempt == 1 and ws.nodes["ops_steps@1/s2@1"].attempt == 2
+    assert (
+        ws.output == 4
+        and ws.nodes["ops_steps@1/s1@1"].attempt == 1
+        and ws.nodes["ops_steps@1/s2@1"].attempt == 2
+    )
     # a completed session needs a path; a running or unknown one is refused; nothing appended
     n = len(events(db, "st"))
-    for args, says in ((["retry", "st"], "give a path"), (["retry", "st", "--from", "nope"], "has no run at 'nope'"),
-                       (["retry", "missing"], "no session 'missing'")):
+    for args, says in (
+        (["retry", "st"], "give a path"),
+        (["retry", "st", "--from", "nope"], "has no run at 'nope'"),
+        (["retry", "missing"], "no session 'missing'"),
+    ):
         r = operator_cli(db, *args)
-        assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, (
+            args,
+            r.stderr,
+        )
     assert len(events(db, "st")) == n
 
 

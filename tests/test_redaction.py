@@ -13,7 +13,6 @@ from flowscope import START, Runner, Worker, Workflow, node
 from flowscope.engine.hooks import Plugin
 from flowscope.errors import describe_exception, redact_message
 from flowscope.store import SqliteEventStore
-
 from leaky_workflows import PLANTED, SECRETS
 
 
@@ -26,7 +25,10 @@ def test_the_default_redaction_removes_every_credential_shape(text, secret):
 
 def test_the_redaction_keeps_names_counts_and_quotes_around_what_it_hides():
     assert redact_message('{"password": "x1", "max_tokens": 5}') == '{"password": "***", "max_tokens": 5}'
-    assert redact_message("tokens: 3 and max_tokens=5 at w@1/check@1") == "tokens: 3 and max_tokens=5 at w@1/check@1"
+    assert (
+        redact_message("tokens: 3 and max_tokens=5 at w@1/check@1")
+        == "tokens: 3 and max_tokens=5 at w@1/check@1"
+    )
 
 
 class _Hostile(Exception):
@@ -110,7 +112,12 @@ def test_a_job_error_text_is_recorded_redacted_and_shown_so_by_events_and_show(t
         answer(store, "j", jobs={pending.job_id: {"success": False, "error": ALL_SECRETS}})
         recorded = "\n".join(repr(e) for e in store.read("j"))
     outputs = [recorded]
-    for args in (["events", "j"], ["events", "j", "--format", "json"], ["show", "j"], ["show", "j", "--format", "json"]):
+    for args in (
+        ["events", "j"],
+        ["events", "j", "--format", "json"],
+        ["show", "j"],
+        ["show", "j", "--format", "json"],
+    ):
         result = CliRunner().invoke(cli, ["--db", str(db), *args], catch_exceptions=False)
         assert result.exit_code == 0, result.output
         outputs.append(result.output)

@@ -17,10 +17,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_otlp_export import free_port, otelsink
 
 from flowscope.fold import rebuild
 from flowscope.store import SqliteEventStore
-from test_otlp_export import free_port, otelsink
 from leaky_workflows import PLANTED
 from leaky_workflows import SECRETS as ALL_SECRETS
 
@@ -37,8 +37,9 @@ def _env() -> dict[str, str]:
 
 
 def _cli(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FLOWSCOPE, "--db", str(db), *args], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [FLOWSCOPE, "--db", str(db), *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60
+    )
 
 
 def _scrape(port: int) -> str:
@@ -69,19 +70,47 @@ def test_no_planted_secret_reaches_stderr_events_spans_metrics_or_any_command(tm
     with otelsink("http", monkeypatch) as (endpoint, collected):
         err = tmp_path / "worker.err"
         worker = subprocess.Popen(
-            [FLOWSCOPE, "--db", str(db), "worker", "tests.leaky_workflows:ALL", "--poll", "50ms", "--lease", "3s",
-             "--metrics-port", str(metrics_port), "--otlp-endpoint", endpoint],
-            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=open(err, "wb"), text=True,
+            [
+                FLOWSCOPE,
+                "--db",
+                str(db),
+                "worker",
+                "tests.leaky_workflows:ALL",
+                "--poll",
+                "50ms",
+                "--lease",
+                "3s",
+                "--metrics-port",
+                str(metrics_port),
+                "--otlp-endpoint",
+                endpoint,
+            ],
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=open(err, "wb"),
+            text=True,
         )
         try:
             for sid, wf in (("leak", "leaking"), ("hostile", "broken_str"), ("job", "leaky_job")):
                 r = _cli(db, "start", wf, "--session", sid)
                 assert r.returncode == 0, r.stderr
             with SqliteEventStore(db, readonly=True) as store:
-                _wait("the sessions to fail or pause", lambda: [rebuild(store.read(s)).status for s in
-                                                                ("leak", "hostile", "job")] == ["failed", "failed", "paused"])
+                _wait(
+                    "the sessions to fail or pause",
+                    lambda: (
+                        [rebuild(store.read(s)).status for s in ("leak", "hostile", "job")]
+                        == ["failed", "failed", "paused"]
+                    ),
+                )
                 (pending,) = rebuild(store.read("job")).pending
-            r = _cli(db, "resume", "job", "--job", f"{pending.job_id}=" + json.dumps({"success": False, "error": ALL_SECRETS}))
+            r = _cli(
+                db,
+                "resume",
+                "job",
+                "--job",
+                f"{pending.job_id}=" + json.dumps({"success": False, "error": ALL_SECRETS}),
+            )
             assert r.returncode == 0, r.stderr
             outputs["resume --job"] = r.stdout + r.stderr
             outputs["worker metrics"] = _scrape(metrics_port)
@@ -100,19 +129,36 @@ def test_no_planted_secret_reaches_stderr_events_spans_metrics_or_any_command(tm
 
     with SqliteEventStore(db, readonly=True) as store:
         outputs["events"] = "\n".join(repr(e) for sid in ("leak", "hostile", "job") for e in store.read(sid))
-    commands = [["runs"], ["runs", "--format", "json"], ["audit"], ["audit", "--format", "json"],
-                ["stuck", "--older-than", "0s"], ["stuck", "--older-than", "0s", "--format", "json"]]
+    commands = [
+        ["runs"],
+        ["runs", "--format", "json"],
+        ["audit"],
+        ["audit", "--format", "json"],
+        ["stuck", "--older-than", "0s"],
+        ["stuck", "--older-than", "0s", "--format", "json"],
+    ]
     for sid in ("leak", "hostile", "job"):
-        commands += [["show", sid], ["show", sid, "--format", "json"], ["events", sid], ["events", sid, "--format", "json"],
-                     ["export", sid]]
+        commands += [
+            ["show", sid],
+            ["show", sid, "--format", "json"],
+            ["events", sid],
+            ["events", sid, "--format", "json"],
+            ["export", sid],
+        ]
     commands += [["resume", "leak"], ["cancel", "job"]]  # refusals and actions print too
     for args in commands:
         r = _cli(db, *args)
         assert "Traceback" not in r.stderr, (args, r.stderr)
         outputs[" ".join(args)] = r.stdout + r.stderr
     port = free_port()
-    serve = subprocess.Popen([FLOWSCOPE, "--db", str(db), "serve-metrics", "--port", str(port)], cwd=ROOT, env=_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    serve = subprocess.Popen(
+        [FLOWSCOPE, "--db", str(db), "serve-metrics", "--port", str(port)],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         outputs["serve-metrics"] = _scrape(port)
     finally:

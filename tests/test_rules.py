@@ -8,7 +8,12 @@ import pytest
 
 from conftest import of_type
 from flowscope import START, JoinNode, Plugin, RetryConfig, Runner, Workflow, node
-from flowscope.errors import InvocationAbortedError, NodeTimeoutError, OutputNotSerializableError, WorkflowError
+from flowscope.errors import (
+    InvocationAbortedError,
+    NodeTimeoutError,
+    OutputNotSerializableError,
+    WorkflowError,
+)
 from flowscope.store import rebuild
 
 
@@ -37,7 +42,12 @@ async def test_r1_thrown_node_gives_one_error_event_and_run_raises_the_original_
         await Runner(wf, store=store).run(1, session_id="s")
     assert info.value is exc
     (err,) = of_type(store.read("s"), "node_error")
-    assert (err.path, err.error_message, err.error_type, err.attempt_count) == ("w@1/bad@1", "card expired", "Boom", 1)
+    assert (err.path, err.error_message, err.error_type, err.attempt_count) == (
+        "w@1/bad@1",
+        "card expired",
+        "Boom",
+        1,
+    )
     finished = store.read("s")[-1]
     assert finished.type == "run_finished" and finished.status == "failed"
     assert (finished.error_code, finished.error_path) == ("UNKNOWN_ERROR", "w@1/bad@1")
@@ -237,7 +247,9 @@ async def test_r6_error_code_attribute_mapping_and_fallback(store):
     async def code_of(exc, **runner_kwargs):
         sid = f"s{id(exc)}"
         with pytest.raises(type(exc)):
-            await Runner(Workflow("w", edges=[(START, failing(exc))]), store=store, **runner_kwargs).run(None, session_id=sid)
+            await Runner(Workflow("w", edges=[(START, failing(exc))]), store=store, **runner_kwargs).run(
+                None, session_id=sid
+            )
         return of_type(store.read(sid), "node_error")[0]
 
     assert (await code_of(CodedError("declined"))).error_code == "PAYMENT_DECLINED"
@@ -273,7 +285,9 @@ async def test_r6_empty_or_raising_str_gives_the_class_name(store):
 
 async def test_r6_message_is_capped_and_has_no_traceback(store):
     with pytest.raises(Boom):
-        await Runner(Workflow("w", edges=[(START, failing(Boom("x" * 5000)))]), store=store).run(None, session_id="s")
+        await Runner(Workflow("w", edges=[(START, failing(Boom("x" * 5000)))]), store=store).run(
+            None, session_id="s"
+        )
     (err,) = of_type(store.read("s"), "node_error")
     assert len(err.error_message) == 1024
     for event in store.read("s"):
@@ -302,7 +316,12 @@ async def test_every_node_started_has_exactly_one_terminal_event(store):
 
     events = store.read("s")
     starts = of_type(events, "node_started")
-    assert {e.path for e in starts} == {"outer@1", "outer@1/inner@1", "outer@1/inner@1/a@1", "outer@1/inner@1/bad@1"}
+    assert {e.path for e in starts} == {
+        "outer@1",
+        "outer@1/inner@1",
+        "outer@1/inner@1/a@1",
+        "outer@1/inner@1/bad@1",
+    }
     for started in starts:
         terminals = [e for e in events if e.path == started.path and e.type in TERMINAL_TYPES]
         assert len(terminals) == 1, started.path
@@ -339,7 +358,9 @@ async def test_r8_marker_run_is_not_rerun_on_resume_sequential(store):
 async def test_r8_marker_run_is_not_rerun_in_a_parallel_branch(store):
     sent, send_email, approve = _marker_side_effects()
     join = JoinNode("join")
-    runner = Runner(Workflow("w", edges=[(START, (send_email, approve)), ((send_email, approve), join)]), store=store)
+    runner = Runner(
+        Workflow("w", edges=[(START, (send_email, approve)), ((send_email, approve), join)]), store=store
+    )
     await runner.run(None, session_id="s")
     result = await runner.resume("s", inputs={"approval": "ok"})
     assert result.output == {"send_email": None, "approve": "ok"}
@@ -371,7 +392,9 @@ async def test_r8_child_of_a_retried_nested_workflow_is_not_rerun(store):
             raise ConnectionError("flaky")
         return "ok"
 
-    inner = Workflow("inner", edges=[(START, send_email, shaky)], retry=RetryConfig(max_attempts=3, initial_delay=0))
+    inner = Workflow(
+        "inner", edges=[(START, send_email, shaky)], retry=RetryConfig(max_attempts=3, initial_delay=0)
+    )
     runner = Runner(Workflow("w", edges=[(START, inner)]), store=store)
     assert (await runner.run(None, session_id="s")).output == "ok"
     assert sent == ["w@1/inner@1/send_email@1"]
@@ -391,7 +414,11 @@ async def test_r8_retried_nested_workflow_with_marker_then_pause(store):
             raise ConnectionError("flaky")
         return x
 
-    inner = Workflow("inner", edges=[(START, send_email, shaky, approve)], retry=RetryConfig(max_attempts=2, initial_delay=0))
+    inner = Workflow(
+        "inner",
+        edges=[(START, send_email, shaky, approve)],
+        retry=RetryConfig(max_attempts=2, initial_delay=0),
+    )
     runner = Runner(Workflow("w", edges=[(START, inner)]), store=store)
     assert (await runner.run(None, session_id="s")).status == "paused"
     assert (await runner.resume("s", inputs={"approval": "go"})).output == "go"

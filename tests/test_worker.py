@@ -22,7 +22,7 @@ from flowscope.store import SqliteEventStore, rebuild
 ROOT = Path(__file__).resolve().parent.parent
 FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
-WORKFLOWS_PY = '''
+WORKFLOWS_PY = """
 import asyncio, os, json
 from flowscope import START, Workflow, node
 
@@ -49,7 +49,7 @@ async def ask(ctx, x):
 drainable = Workflow("drainable", edges=[(START, slow, tail)])
 asking = Workflow("asking", edges=[(START, ask)])
 ALL = [drainable, asking]
-'''
+"""
 
 
 def env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -61,14 +61,25 @@ def env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def cli(tmp_path: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FLOWSCOPE, "--db", str(tmp_path / "w.db"), *args], cwd=tmp_path,
-                          env=env(tmp_path, **extra), capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [FLOWSCOPE, "--db", str(tmp_path / "w.db"), *args],
+        cwd=tmp_path,
+        env=env(tmp_path, **extra),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def worker(tmp_path: Path, *args: str, **extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([FLOWSCOPE, "--db", str(tmp_path / "w.db"), "worker", "flows:ALL", "--poll", "50ms",
-                             *args], cwd=tmp_path, env=env(tmp_path, **extra), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [FLOWSCOPE, "--db", str(tmp_path / "w.db"), "worker", "flows:ALL", "--poll", "50ms", *args],
+        cwd=tmp_path,
+        env=env(tmp_path, **extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def effects(tmp_path: Path) -> list[dict]:
@@ -209,8 +220,10 @@ def test_sigterm_drains_a_running_node_keeps_pauses_and_releases_leases(flows):
     assert cli(tmp, "start", "drainable", "--input", "9", "--session", "d3").returncode == 0
     b = worker(tmp, "--drain", "200ms", SLOW_S="30")
     try:
-        wait_for(lambda: any(e["what"] == "slow-start" and e["session"] in ("d2", "d3") for e in effects(tmp)),
-                 what="b to start a slow node")
+        wait_for(
+            lambda: any(e["what"] == "slow-start" and e["session"] in ("d2", "d3") for e in effects(tmp)),
+            what="b to start a slow node",
+        )
         wait_for(lambda: sum(e["what"] == "slow-start" for e in effects(tmp)) >= 3, what="both slow nodes")
         b.send_signal(signal.SIGTERM)
         _out, err = b.communicate(timeout=30)
@@ -226,8 +239,11 @@ def test_sigterm_drains_a_running_node_keeps_pauses_and_releases_leases(flows):
     t0 = time.monotonic()
     try:
         with SqliteEventStore(tmp / "w.db", readonly=True) as store:
-            wait_for(lambda: all(rebuild(store.read(s)).status == "completed" for s in ("d2", "d3")),
-                     timeout=20, what="c to finish the handed-back sessions")
+            wait_for(
+                lambda: all(rebuild(store.read(s)).status == "completed" for s in ("d2", "d3")),
+                timeout=20,
+                what="c to finish the handed-back sessions",
+            )
         picked_up = time.monotonic() - t0
     finally:
         c.send_signal(signal.SIGTERM)

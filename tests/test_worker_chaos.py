@@ -57,15 +57,34 @@ def env_for(log: Path) -> dict[str, str]:
 
 def start_worker(db: Path, env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [FLOWSCOPE, "--db", str(db), "worker", "tests.chaos_workflows:ALL", "--lease", LEASE,
-         "--poll", "50ms", "--concurrency", "16", "--max-recoveries", "100", "--drain", "5s"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(out, "ab"),
+        [
+            FLOWSCOPE,
+            "--db",
+            str(db),
+            "worker",
+            "tests.chaos_workflows:ALL",
+            "--lease",
+            LEASE,
+            "--poll",
+            "50ms",
+            "--concurrency",
+            "16",
+            "--max-recoveries",
+            "100",
+            "--drain",
+            "5s",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(out, "ab"),
     )
 
 
 def cli(db: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FLOWSCOPE, "--db", str(db), *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [FLOWSCOPE, "--db", str(db), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def answer_now(db: Path, sid: str) -> AnswerReceipt:
@@ -92,7 +111,14 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
     env = env_for(log)
     os.environ["CHAOS_LOG"] = str(log)  # Runner.submit below runs nothing, but be safe
     # -- 100 sessions: 95 with Runner.submit, 5 with `flowscope start` (by name, no code)
-    plan = [cw.chain] * 30 + [cw.fanout] * 20 + [cw.retrying] * 20 + [cw.asking] * 15 + [cw.racing] * 10 + [cw.job] * 15
+    plan = (
+        [cw.chain] * 30
+        + [cw.fanout] * 20
+        + [cw.retrying] * 20
+        + [cw.asking] * 15
+        + [cw.racing] * 10
+        + [cw.job] * 15
+    )
     expected: dict[str, object] = {}
     with SqliteEventStore(db) as store:
         for i, wf in enumerate(plan[:-5]):
@@ -125,12 +151,16 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
                     break
                 assert time.monotonic() - t0 < 75, (
                     f"not done after 75s: {sorted((s, st) for s, st in statuses.items() if st != 'completed')[:10]}\n"
-                    + wlog.read_text()[-3000:])
+                    + wlog.read_text()[-3000:]
+                )
                 for sid, status in statuses.items():
                     if sid in answered or expected.get(sid) is not cw.racing or status != "running":
                         continue
                     # answered while the session runs (race_slow still at work): its inbox
-                    if any(ns.node == "race_ask" and ns.status == "waiting_input" for ns in rebuild(store.read(sid)).nodes.values()):
+                    if any(
+                        ns.node == "race_ask" and ns.status == "waiting_input"
+                        for ns in rebuild(store.read(sid)).nodes.values()
+                    ):
                         answered.add(sid)
                         race_futures.append(pool.submit(answer_now, db, sid))
                 for sid, status in statuses.items():
@@ -185,7 +215,7 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
         effect[(x["session"], x["path"], x["attempt"])] = x
     re_executed = retried = checked_runs = cut_after_effect = flaky_runs = 0
     with SqliteEventStore(db, readonly=True) as store:
-        for sid, wf in expected.items():
+        for sid in expected:
             events = store.read(sid)
             ws = rebuild(events)
             assert ws.status == "completed", (sid, ws.status)
@@ -221,10 +251,17 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
                         # a double side effect only where SIGKILL cut the run off: its worker
                         # was killed after the effect and before the next attempt's; never
                         # because an answer or anything else made a live worker drop its work
-                        done, again = effect[(sid, path, a)], effect[(sid, path, attempts[attempts.index(a) + 1])]
+                        done, again = (
+                            effect[(sid, path, a)],
+                            effect[(sid, path, attempts[attempts.index(a) + 1])],
+                        )
                         killed = killed_at.get(done["pid"])
                         assert killed is not None and done["ts"] <= killed <= again["ts"], (
-                            sid, path, attempts, "run again although its worker lived")
+                            sid,
+                            path,
+                            attempts,
+                            "run again although its worker lived",
+                        )
                 # attempts that neither completed nor were retried: cut off by a kill, run again
                 re_executed += sum(1 for a in range(1, ns.attempt) if (path, a) not in retry_attempts)
             assert checked >= 3, (sid, checked)  # every workflow has three nodes or more
@@ -237,7 +274,9 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
     # by a kill (before or after its side effect) and run again at a higher attempt
     assert flaky_runs == 20
     assert checked_runs == len(by_run)  # no side effect of a run the log does not have
-    print(f"\nchaos: 110 sessions, {kills} kills, {len(lines)} side effects, {retried} retried attempts, "
-          f"{re_executed} attempts cut off by a kill and run again ({cut_after_effect} after their side effect), "
-          f"{checked_runs} node runs checked, {pending} answers taken in by a running owner, {elapsed:.1f}s")
+    print(
+        f"\nchaos: 110 sessions, {kills} kills, {len(lines)} side effects, {retried} retried attempts, "
+        f"{re_executed} attempts cut off by a kill and run again ({cut_after_effect} after their side effect), "
+        f"{checked_runs} node runs checked, {pending} answers taken in by a running owner, {elapsed:.1f}s"
+    )
     assert re_executed > 0, "no kill cut a node off mid-flight: the test proved nothing about recovery"

@@ -31,10 +31,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -65,9 +66,27 @@ def env_for(log: Path) -> dict[str, str]:
 
 def start_worker(db: str, env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [FLOWSCOPE, "--db", db, "worker", "tests.stall_workflows:ALL", "--lease", f"{LEASE_S:g}s",
-         "--poll", "50ms", "--concurrency", "16", "--max-recoveries", "1000", "--drain", "3s"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(out, "ab"),
+        [
+            FLOWSCOPE,
+            "--db",
+            db,
+            "worker",
+            "tests.stall_workflows:ALL",
+            "--lease",
+            f"{LEASE_S:g}s",
+            "--poll",
+            "50ms",
+            "--concurrency",
+            "16",
+            "--max-recoveries",
+            "1000",
+            "--drain",
+            "3s",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(out, "ab"),
     )
 
 
@@ -92,7 +111,9 @@ class Round:
     stopped_at: float
 
 
-def run_pair(open_store: Callable[[], Any], db: str, work: Path, name: str, rounds: int, seed: int) -> list[Round]:
+def run_pair(
+    open_store: Callable[[], Any], db: str, work: Path, name: str, rounds: int, seed: int
+) -> list[Round]:
     """``rounds`` rounds on one database with two workers (see the module docstring)."""
     rnd = random.Random(seed)
     log, wlog = work / f"{name}.effects.jsonl", work / f"{name}.workers.log"
@@ -102,14 +123,20 @@ def run_pair(open_store: Callable[[], Any], db: str, work: Path, name: str, roun
     done: list[Round] = []
     try:
         pids = {w.pid: w for w in workers}
-        assert wait_until(lambda: set(pids) <= {i.pid for i in store.workers()}, 30, 0.05), \
-            wlog.read_text()[-2000:]
+        assert wait_until(lambda: set(pids) <= {i.pid for i in store.workers()}, 30, 0.05), wlog.read_text()[
+            -2000:
+        ]
         tries = 0
         while len(done) < rounds:
             tries += 1
-            assert tries <= rounds + 8, f"{name}: too many rounds without a takeover\n" + wlog.read_text()[-3000:]
+            assert tries <= rounds + 8, (
+                f"{name}: too many rounds without a takeover\n" + wlog.read_text()[-3000:]
+            )
             plan = rnd.choices(sw.ALL, k=SESSIONS_PER_ROUND)
-            sids = [Runner(wf, store).submit(i, session_id=f"{name}-{tries}-{i}-{wf.name}") for i, wf in enumerate(plan)]
+            sids = [
+                Runner(wf, store).submit(i, session_id=f"{name}-{tries}-{i}-{wf.name}")
+                for i, wf in enumerate(plan)
+            ]
             kind_of = {sid: wf.name for sid, wf in zip(sids, plan)}
 
             def infos() -> dict[str, Any]:
@@ -119,8 +146,11 @@ def run_pair(open_store: Callable[[], Any], db: str, work: Path, name: str, roun
                 return all(i is not None and i.status != "queued" for i in infos().values())
 
             assert wait_until(started, 20), (name, {s: i.status for s, i in infos().items() if i})
-            owners = Counter(i.owner.pid for i in infos().values()
-                             if i.status == "running" and i.owner is not None and i.owner.pid in pids)
+            owners = Counter(
+                i.owner.pid
+                for i in infos().values()
+                if i.status == "running" and i.owner is not None and i.owner.pid in pids
+            )
             if not owners:
                 continue  # all done already: nothing to stop
             victim = pids[owners.most_common(1)[0][0]]
@@ -128,12 +158,17 @@ def run_pair(open_store: Callable[[], Any], db: str, work: Path, name: str, roun
             victim.send_signal(signal.SIGSTOP)
             stopped_at = time.time()
             now = infos()
-            held = {sid: (i.epoch, i.lease_expires_at or 0.0) for sid, i in now.items()
-                    if i.status == "running" and i.owner is not None and i.owner.pid == victim.pid}
+            held = {
+                sid: (i.epoch, i.lease_expires_at or 0.0)
+                for sid, i in now.items()
+                if i.status == "running" and i.owner is not None and i.owner.pid == victim.pid
+            }
             # the stopped worker's invocation of each (its RunStarted is the last one): lines of a
             # later invocation of the same worker (it may claim a session again, rightly, once
             # the taker has let it go) are not the stalled owner's
-            stale = {sid: [e.invocation_id for e in store.read(sid) if e.type == "run_started"][-1] for sid in held}
+            stale = {
+                sid: [e.invocation_id for e in store.read(sid) if e.type == "run_started"][-1] for sid in held
+            }
 
             def taken() -> bool:
                 cur = infos()
@@ -144,15 +179,28 @@ def run_pair(open_store: Callable[[], Any], db: str, work: Path, name: str, roun
             ok = wait_until(taken, LEASE_S + 1.2, 0.02)
             time.sleep(rnd.uniform(0.0, 0.3))  # the taker runs on a while
             victim.send_signal(signal.SIGCONT)
-            assert wait_until(lambda: all(i.status == "completed" for i in infos().values()), 30, 0.05), \
-                (name, {s: i.status for s, i in infos().items()}, wlog.read_text()[-3000:])
+            assert wait_until(lambda: all(i.status == "completed" for i in infos().values()), 30, 0.05), (
+                name,
+                {s: i.status for s, i in infos().items()},
+                wlog.read_text()[-3000:],
+            )
             if ok and held:
-                done.append(Round(victim.pid, {sid: exp for sid, (_e, exp) in held.items()}, stale,
-                                  Counter(kind_of[sid] for sid in held), stopped_at))
+                done.append(
+                    Round(
+                        victim.pid,
+                        {sid: exp for sid, (_e, exp) in held.items()},
+                        stale,
+                        Counter(kind_of[sid] for sid in held),
+                        stopped_at,
+                    )
+                )
     finally:
         cw.stop_workers(workers)
         store.close()
-    assert all(w.returncode == 0 for w in workers), ([w.returncode for w in workers], wlog.read_text()[-3000:])
+    assert all(w.returncode == 0 for w in workers), (
+        [w.returncode for w in workers],
+        wlog.read_text()[-3000:],
+    )
     print(f"{name}: {len(done)} rounds in {tries} tries")
     return done
 
@@ -180,17 +228,21 @@ def check(work: Path, results: dict[str, list[Round]]) -> tuple[int, int, Counte
 def stall_rounds(tmp_path: Path, stores: list[tuple[Callable[[], Any], str]], rounds: int) -> None:
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=len(stores)) as pool:
-        futures = {f"p{i}": pool.submit(run_pair, opener, db, tmp_path, f"p{i}", rounds, 100 + i)
-                   for i, (opener, db) in enumerate(stores)}
+        futures = {
+            f"p{i}": pool.submit(run_pair, opener, db, tmp_path, f"p{i}", rounds, 100 + i)
+            for i, (opener, db) in enumerate(stores)
+        }
         results = {name: f.result() for name, f in futures.items()}
     n, before, kinds, late = check(tmp_path, results)
     retries = sum(1 for _sid, path, attempt, _t in late if "/flaky@" in path and attempt > 1)
     starts = sum(1 for _sid, path, _a, _t in late if "stall_chain@" in path)  # written as the body starts
-    print(f"\nstall: {n} rounds in {len(stores)} parallel pairs, {sum(kinds.values())} sessions held by a "
-          f"stopped worker ({dict(kinds)}), {before} of its lines before the stop, "
-          f"{len(late)} after the takeover ({starts} bodies started, {retries} retries gone on after their "
-          f"backoff, {len(late) - starts - retries} bodies finished after their await), "
-          f"{time.monotonic() - t0:.1f}s")
+    print(
+        f"\nstall: {n} rounds in {len(stores)} parallel pairs, {sum(kinds.values())} sessions held by a "
+        f"stopped worker ({dict(kinds)}), {before} of its lines before the stop, "
+        f"{len(late)} after the takeover ({starts} bodies started, {retries} retries gone on after their "
+        f"backoff, {len(late) - starts - retries} bodies finished after their await), "
+        f"{time.monotonic() - t0:.1f}s"
+    )
     assert n >= rounds * len(stores)
     assert late == [], late[:20]
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from conftest import unavailable
-
 from flowscope import START, NodeContext, Runner, Worker, Workflow, node
 from flowscope.errors import StoreDiskFull, StoreNotWritable, StoreReadOnly
 from flowscope.outage import BACKOFF_CAP_S, StoreOutage
@@ -112,7 +111,9 @@ def test_a_full_sqlite_store_sessions_are_taken_back_by_their_worker_without_a_r
             _GATES[sid] = asyncio.Event()
         w = Worker(store, [wf], poll_s=0.02, lease_s=3.0, max_store_outage_s=30.0)
         task = asyncio.ensure_future(w.run())
-        await _until(lambda: sum(r.path.endswith("_big@1") for r in store.open_runs()) == 3, "three runs in flight")
+        await _until(
+            lambda: sum(r.path.endswith("_big@1") for r in store.open_runs()) == 3, "three runs in flight"
+        )
         _limit(store, None)
         for sid in sids:
             _GATES[sid].set()
@@ -174,7 +175,7 @@ async def _until(pred, what: str, timeout: float = 20.0) -> None:
 
 # ---------------------------------------------------------------------------- real processes
 
-FLOWS_PY = '''
+FLOWS_PY = """
 import asyncio, os
 from flowscope import START, Workflow, node
 
@@ -186,7 +187,7 @@ async def chatty(ctx, x):
     return x
 
 looping = Workflow("looping", edges=[(START, chatty)])
-'''
+"""
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -202,7 +203,9 @@ def tiny_fs(tmp_path):
     mnt.mkdir()
     if os.geteuid() != 0:
         unavailable("mounting a small tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         unavailable(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
@@ -232,11 +235,34 @@ def test_flowscope_worker_on_a_full_disk_says_it_once_and_exits_3(tmp_path, tiny
     db = tiny_fs / "w.db"
     env = _env(tmp_path)
     for i in range(4):
-        subprocess.run([FLOWSCOPE, "--db", str(db), "start", "looping", "--input", str(i)], cwd=tmp_path, env=env,
-                       check=True, capture_output=True, timeout=60)
-    proc = subprocess.Popen([FLOWSCOPE, "--db", str(db), "worker", "flows:looping", "--poll", "50ms", "--lease", "2s",
-                             "--max-store-outage", "2s"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+        subprocess.run(
+            [FLOWSCOPE, "--db", str(db), "start", "looping", "--input", str(i)],
+            cwd=tmp_path,
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    proc = subprocess.Popen(
+        [
+            FLOWSCOPE,
+            "--db",
+            str(db),
+            "worker",
+            "flows:looping",
+            "--poll",
+            "50ms",
+            "--lease",
+            "2s",
+            "--max-store-outage",
+            "2s",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         probe = SqliteEventStore(db, readonly=True)
         deadline = time.monotonic() + 30
@@ -262,7 +288,9 @@ def test_flowscope_worker_on_a_full_disk_says_it_once_and_exits_3(tmp_path, tiny
     store = SqliteEventStore(db)
     for s in store.sessions():
         assert s.status == "running" and s.last_seq >= 3  # resumable from its log
-        row = store._conn.execute("SELECT recoveries FROM sessions WHERE session_id = ?", (s.session_id,)).fetchone()
+        row = store._conn.execute(
+            "SELECT recoveries FROM sessions WHERE session_id = ?", (s.session_id,)
+        ).fetchone()
         assert row[0] == 0
     store.close()
 
@@ -274,13 +302,25 @@ def test_flowscope_worker_on_a_read_only_postgres_database_stops_with_exit_3(tmp
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     url = pg_cluster.new_database("readonly_worker")
     env = _env(tmp_path)
-    subprocess.run([FLOWSCOPE, "--db", url, "start", "looping", "--input", "1"], cwd=tmp_path, env=env,
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [FLOWSCOPE, "--db", url, "start", "looping", "--input", "1"],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     dbname = url.rsplit("/", 1)[1].split("?")[0]
     with pg_cluster.admin() as a:
         a.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
-    r = subprocess.run([FLOWSCOPE, "--db", url, "worker", "flows:looping", "--poll", "50ms", "--max-store-outage", "1s"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [FLOWSCOPE, "--db", url, "worker", "flows:looping", "--poll", "50ms", "--max-store-outage", "1s"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 3, r.stderr
     assert "Traceback" not in r.stderr

@@ -5,6 +5,8 @@ is recorded in an event-sourced store, so a paused or crashed run resumes withou
 re-running finished work.
 """
 
+from .actions import ActionReceipt, cancel, retry
+from .answers import AnswerReceipt, answer
 from .engine import (
     START,
     JoinNode,
@@ -13,17 +15,14 @@ from .engine import (
     NodeOutcome,
     RetryConfig,
     Route,
-    Runner,
     RunInfo,
+    Runner,
     RunResult,
     Workflow,
     node,
 )
-from .actions import ActionReceipt, cancel, retry
-from .answers import AnswerReceipt, answer
 from .plugins import Plugin
 from .store.memory import MemoryEventStore as _MemoryEventStore
-
 from .worker import Worker
 
 # The composition root: the engine knows only the EventStore port, so the package that

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import getpass
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .engine.inbox import CANCEL_REASON, RETRY_REASON, take_in
 from .engine.pauses import FINISHED
@@ -61,7 +62,9 @@ def load(store: EventStore, session_id: str) -> WorkflowState:
     """The session's state, or :class:`~flowscope.errors.UnknownSessionError`."""
     events = store.read(session_id)
     if not events:
-        raise UnknownSessionError(f"no session {session_id!r} in the store: check the id (flowscope runs lists them)")
+        raise UnknownSessionError(
+            f"no session {session_id!r} in the store: check the id (flowscope runs lists them)"
+        )
     return rebuild(events)
 
 
@@ -99,11 +102,17 @@ def _path(ws: WorkflowState, from_path: str) -> str:
     if len(named) == 1:
         return named[0]
     if named:
-        raise ResumeError(f"node {from_path!r} ran at {len(named)} paths in session {ws.session_id!r}: give one of {', '.join(named[:5])}")
-    raise ResumeError(f"session {ws.session_id!r} has no run at {from_path!r}: give a path that `flowscope show` lists")
+        raise ResumeError(
+            f"node {from_path!r} ran at {len(named)} paths in session {ws.session_id!r}: give one of {', '.join(named[:5])}"
+        )
+    raise ResumeError(
+        f"session {ws.session_id!r} has no run at {from_path!r}: give a path that `flowscope show` lists"
+    )
 
 
-def retry(store: EventStore, session_id: str, from_path: str | None = None, reason: str | None = None) -> ActionReceipt:
+def retry(
+    store: EventStore, session_id: str, from_path: str | None = None, reason: str | None = None
+) -> ActionReceipt:
     """Run a failed session again, or, from ``from_path``, a finished one (failed or
     completed): finished runs before the path are kept, the path and what follows it run
     again as new attempts (numbers continue). The session is queued for a worker of its
@@ -116,7 +125,9 @@ def retry(store: EventStore, session_id: str, from_path: str | None = None, reas
     ws = load(store, session_id)
     path = _path(ws, from_path) if from_path is not None else None
     if ws.status == "completed" and path is None:
-        raise ResumeError(f"session {session_id!r} completed; give a path to run it again from (retry --from PATH)")
+        raise ResumeError(
+            f"session {session_id!r} completed; give a path to run it again from (retry --from PATH)"
+        )
     if ws.status == "cancelled":
         raise ResumeError(f"session {session_id!r} was cancelled; it is over for good")
     if ws.status not in ("failed", "completed"):

@@ -13,8 +13,9 @@ answers as if they had been passed to ``resume()``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .actions import deliver, load
 from .engine.inbox import answer_body

@@ -8,8 +8,8 @@ failure is named the same way everywhere.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from .events import UNKNOWN_ERROR
 
@@ -238,7 +238,11 @@ _REDACTIONS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]],
             r"([\"']?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&'\"}\])]+)",
             re.IGNORECASE,
         ),
-        lambda m: m.group(1) + m.group(2) + (m.group(3)[0] + "***" + m.group(3)[0] if m.group(3)[0] in "\"'" else "***"),
+        lambda m: (
+            m.group(1)
+            + m.group(2)
+            + (m.group(3)[0] + "***" + m.group(3)[0] if m.group(3)[0] in "\"'" else "***")
+        ),
     ),
     # (a path's trailing colon is the sentence's: "/x/flowscope.db: the disk is full")
     (re.compile(r"(?<![\w.@~:/-])~?/[^\s/'\"]+(?:/[^\s/'\"]*)*(?<!:)"), "<path>"),

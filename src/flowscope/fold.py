@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import gc
 import json
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from .events import (
     Event,
@@ -299,7 +300,11 @@ class WorkflowState:
             handler = _NODE_HANDLERS.get(type(e))  # NodeState.apply, inlined: the replay's hot loop
             if handler is not None:
                 handler(ns, e)
-                if self.status == "paused" and type(e) in _ANSWER_TYPES and e.invocation_id.startswith("answer-"):
+                if (
+                    self.status == "paused"
+                    and type(e) in _ANSWER_TYPES
+                    and e.invocation_id.startswith("answer-")
+                ):
                     self.status = "answered"  # recorded by answer(), for the next invocation to consume
             elif type(e) is StateUpdated:
                 self.state.update(e.values)

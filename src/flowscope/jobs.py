@@ -12,12 +12,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-__all__ = ["Job", "Verdict", "check_result", "result_type_problem", "dispatch_failure", "job_failed_payload", "job_ids", "JOB_ACTIONS"]
+__all__ = [
+    "Job",
+    "Verdict",
+    "check_result",
+    "result_type_problem",
+    "result_shape_problem",
+    "JOB_RESULT_KEYS",
+    "dispatch_failure",
+    "job_failed_payload",
+    "job_ids",
+    "JOB_ACTIONS",
+]
 
 JOB_ACTIONS = ("retry", "abort")
+#: The keys a reported job result may have.
+JOB_RESULT_KEYS = ("success", "count", "error", "data")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +86,20 @@ def result_type_problem(result: Mapping[str, Any] | Any) -> str | None:
     return f"'count' is {json.dumps(count)[:40]} ({type(count).__name__}); it must be a number (3, not \"3\")"
 
 
+def result_shape_problem(result: Any) -> str | None:
+    """What is wrong with a reported job result's shape, or None: it is a JSON object whose
+    keys are among :data:`JOB_RESULT_KEYS`, with a numeric ``count`` (:func:`result_type_problem`).
+    Anything else is refused when reported, whoever reports it (a worker, ``flowscope
+    resume --job``, the console): a typo (``"succes"``) would otherwise be recorded as a
+    failed job and the job's work lost."""
+    if not isinstance(result, Mapping):
+        return f"a job result is a JSON object, not {type(result).__name__} {json.dumps(result)[:40]}"
+    unknown = sorted(set(result) - set(JOB_RESULT_KEYS))
+    if unknown:
+        return f"unknown key(s) {', '.join(map(str, unknown))}; a job result has {', '.join(JOB_RESULT_KEYS)}"
+    return result_type_problem(result)
+
+
 def check_result(result: Mapping[str, Any] | Any, expect_count: bool) -> Verdict:
     """The one guard: success only when ``success is True`` (and ``count > 0`` with ``expect_count``)."""
     if not isinstance(result, Mapping):
@@ -89,7 +117,9 @@ def check_result(result: Mapping[str, Any] | Any, expect_count: bool) -> Verdict
             problem = f"the job failed: {str(error)[:500]}"
         else:
             problem = f"the job reported success={success!r}"
-        return Verdict("failed", problem, "fix the cause in the worker or its inputs, then answer 'retry'; or 'abort'")
+        return Verdict(
+            "failed", problem, "fix the cause in the worker or its inputs, then answer 'retry'; or 'abort'"
+        )
     if expect_count:
         count = result.get("count")
         if not isinstance(count, (int, float)) or isinstance(count, bool) or count <= 0:

@@ -17,8 +17,9 @@ this encodes but cannot be read again. The engine refuses deeper values where th
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from json import encoder as _encoder
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["dumps", "dumps_finite", "MAX_DEPTH", "depth_over", "too_deep"]
 

@@ -55,7 +55,9 @@ def resume_lease_s(heartbeat_interval: float) -> float:
     return 3 * max(heartbeat_interval, 1.0)
 
 
-def owner_alive(owner: Owner | None, lease_expires_at: float | None, now: float, *, host: str | None = None) -> bool:
+def owner_alive(
+    owner: Owner | None, lease_expires_at: float | None, now: float, *, host: str | None = None
+) -> bool:
     """Whether ``owner`` still holds its lease on a session: the one ownership rule.
 
     False without an owner or a lease, once the lease has expired (``lease_expires_at <=
@@ -65,9 +67,8 @@ def owner_alive(owner: Owner | None, lease_expires_at: float | None, now: float,
     """
     if owner is None or lease_expires_at is None or lease_expires_at <= now:
         return False
-    if owner.host == (host or this_host()) and not process_alive(owner.pid, owner.started_at):
-        return False
-    return True
+    # same host: the lease is not enough, the process must still be there
+    return not (owner.host == (host or this_host()) and not process_alive(owner.pid, owner.started_at))
 
 
 #: How recently a worker must have recorded itself (``EventStore.workers_seen``) to count
@@ -75,7 +76,15 @@ def owner_alive(owner: Owner | None, lease_expires_at: float | None, now: float,
 WORKER_SEEN_WITHIN_S = 15.0
 
 
-def worker_alive(host: str, pid: int, seen_at: float, now: float, *, within_s: float = WORKER_SEEN_WITHIN_S, local: str | None = None) -> bool:
+def worker_alive(
+    host: str,
+    pid: int,
+    seen_at: float,
+    now: float,
+    *,
+    within_s: float = WORKER_SEEN_WITHIN_S,
+    local: str | None = None,
+) -> bool:
     """Whether a worker that recorded itself on ``host`` as ``pid`` at ``seen_at`` is alive:
     :func:`owner_alive` with its record as the lease (``seen_at + within_s``), so a worker
     not seen within a lease, or whose process is gone on this host (``local``, default
@@ -119,7 +128,9 @@ def stale_before(now: float, stale_after_s: float) -> float:
     return now - stale_after_s
 
 
-def is_orphaned(started_at: float | None, last_heartbeat: float | None, now: float, stale_after_s: float) -> bool:
+def is_orphaned(
+    started_at: float | None, last_heartbeat: float | None, now: float, stale_after_s: float
+) -> bool:
     """A ``running`` run is orphaned when its last heartbeat (its start, if it never beat)
     is older than ``stale_after_s``, or when it has neither: its worker is gone."""
     beat = last_heartbeat if last_heartbeat is not None else started_at

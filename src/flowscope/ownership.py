@@ -14,11 +14,20 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
-__all__ = ["Owner", "Lease", "owner_record", "this_host", "this_process", "process_start_time", "process_alive"]
+__all__ = [
+    "Owner",
+    "Lease",
+    "owner_record",
+    "this_host",
+    "this_process",
+    "process_start_time",
+    "process_alive",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +44,18 @@ class Owner:
     ships_spans: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"worker_id": self.worker_id, "host": self.host, "pid": self.pid, "started_at": self.started_at}
+        d: dict[str, Any] = {
+            "worker_id": self.worker_id,
+            "host": self.host,
+            "pid": self.pid,
+            "started_at": self.started_at,
+        }
         if self.ships_spans:  # absent otherwise: records written before the flag read the same
             d["ships_spans"] = True
         return d
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Owner":
+    def from_dict(cls, data: Mapping[str, Any]) -> Owner:
         started = data.get("started_at")
         return cls(
             worker_id=str(data.get("worker_id") or ""),

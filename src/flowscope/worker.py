@@ -33,7 +33,8 @@ import logging
 import signal
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from .engine import Runner, Workflow
 from .engine.hooks import Plugin, PluginDispatcher
@@ -271,7 +272,7 @@ class Worker:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return
 
     # -- store outages (flowscope.outage) --------------------------------------------------
@@ -281,7 +282,9 @@ class Worker:
         if self._outage.failed(exc):
             log.warning(
                 "the store refuses writes: %s; not claiming, retrying every %gs at most, stopping if it lasts %gs",
-                describe_exception(exc), self._outage.cap_s, self._outage.limit_s,
+                describe_exception(exc),
+                self._outage.cap_s,
+                self._outage.limit_s,
             )
 
     def _writable(self) -> None:
@@ -368,7 +371,12 @@ class Worker:
             before = self.store.last_seq(sid)
             try:
                 result = await runner.resume(sid, lease=claim.lease)
-            except (ResumeError, OutputNotSerializableError, ValueError, TypeError) as exc:  # its checks, if nothing ran
+            except (
+                ResumeError,
+                OutputNotSerializableError,
+                ValueError,
+                TypeError,
+            ) as exc:  # its checks, if nothing ran
                 if isinstance(exc, SessionCancelledError) or self.store.last_seq(sid) != before:
                     raise
                 self._back_off(claim, exc)
@@ -394,7 +402,9 @@ class Worker:
             self._write_fault(exc)
         except Exception as exc:  # the workflow's own failure, or a session that cannot run
             self._count("failed")
-            log.warning("session %s (%s, %s) failed: %s", sid, claim.workflow, claim.reason, describe_exception(exc))
+            log.warning(
+                "session %s (%s, %s) failed: %s", sid, claim.workflow, claim.reason, describe_exception(exc)
+            )
         finally:
             self._active.pop(sid, None)
             await self._hooks.call("on_worker_release", claim)
@@ -417,7 +427,13 @@ class Worker:
         self._count("backed_off")
         log.warning(
             "session %s (%s, %s) failed its checks (%d of %d), held for %gs: %s",
-            sid, claim.workflow, claim.reason, n, self.max_check_failures, delay, describe_exception(exc),
+            sid,
+            claim.workflow,
+            claim.reason,
+            n,
+            self.max_check_failures,
+            delay,
+            describe_exception(exc),
         )
         try:  # a lease of its own, not renewed: the session is claimable again when it ends
             self.store.acquire(sid, self.owner, delay)
@@ -429,14 +445,22 @@ class Worker:
         appended under ``lease`` (the claim's, when no resume released it) or a new one."""
         sid = claim.session_id
         self._count("failed")
-        log.warning("session %s (%s, %s) cannot run, marked failed: %s", sid, claim.workflow, claim.reason, describe_exception(exc))
+        log.warning(
+            "session %s (%s, %s) cannot run, marked failed: %s",
+            sid,
+            claim.workflow,
+            claim.reason,
+            describe_exception(exc),
+        )
         try:
             lease = lease or self.store.acquire(sid, self.owner, self.lease_s)
         except Exception as err:
             log.warning("session %s: could not mark it failed: %s", sid, describe_exception(err))
             return
         try:
-            self.store.append(sid, cannot_run_events(sid, claim.workflow, exc), self.store.last_seq(sid), epoch=lease.epoch)
+            self.store.append(
+                sid, cannot_run_events(sid, claim.workflow, exc), self.store.last_seq(sid), epoch=lease.epoch
+            )
         except Exception as err:
             log.warning("session %s: could not mark it failed: %s", sid, describe_exception(err))
         finally:
@@ -458,7 +482,7 @@ class Worker:
             self._hand_back(claim)
         if left:
             await asyncio.wait([task for _claim, task in left], timeout=max(5.0, self.lease_s))
-        for claim, task in list(self._active.values()):  # a node that ignores cancellation
+        for _claim, task in list(self._active.values()):  # a node that ignores cancellation
             task.cancel()
         await asyncio.gather(*(task for _c, task in left), return_exceptions=True)
 

@@ -4,28 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
+from collections.abc import AsyncGenerator
 from pathlib import Path
-import logging
-from typing import Any, AsyncGenerator
+from typing import Any
 
 import pytest
-from google.adk.events.request_input import RequestInput
 from google.adk.agents.base_agent import BaseAgent
 from google.adk.apps import App
 from google.adk.events.event import Event
+from google.adk.events.request_input import RequestInput
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
 from google.adk.workflow import BaseNode, FunctionNode, JoinNode, Node, RetryConfig, Workflow, node
 from google.adk.workflow._parallel_worker import _ParallelWorker
 from google.adk.workflow.utils._workflow_hitl_utils import create_request_input_response
 from google.genai import types
-from pydantic import ConfigDict, Field
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_client import CollectorRegistry
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+from pydantic import ConfigDict, Field
 
 from flowscope.adapters.adk import FlowscopeADK, UnobservableNodeError
 from flowscope.cli import views
@@ -62,7 +63,9 @@ class Driver:
         node = bridge.instrument(workflow) if bridge is not None else workflow
         plugins = [bridge.plugin] if bridge is not None else []
         # ADK 2.13's setup: the plugins go in the App (Runner(plugins=...) is deprecated)
-        self.runner = Runner(app=App(name=APP, root_agent=node, plugins=plugins), session_service=self.sessions)
+        self.runner = Runner(
+            app=App(name=APP, root_agent=node, plugins=plugins), session_service=self.sessions
+        )
         self.session_id = ""
 
     async def start(self, text: str = "go") -> list[Any]:
@@ -70,10 +73,17 @@ class Driver:
         return await self._send(types.Content(role="user", parts=[types.Part(text=text)]))
 
     async def answer(self, interrupt_id: str, response: dict[str, Any]) -> list[Any]:
-        return await self._send(types.Content(role="user", parts=[create_request_input_response(interrupt_id, response)]))
+        return await self._send(
+            types.Content(role="user", parts=[create_request_input_response(interrupt_id, response)])
+        )
 
     async def _send(self, message: Any) -> list[Any]:
-        return [e async for e in self.runner.run_async(user_id=USER, session_id=self.session_id, new_message=message)]
+        return [
+            e
+            async for e in self.runner.run_async(
+                user_id=USER, session_id=self.session_id, new_message=message
+            )
+        ]
 
 
 @pytest.fixture
@@ -96,7 +106,13 @@ def seed_workflow(emails: list[str]) -> Workflow:
 
     return Workflow(
         name="report",
-        edges=[("START", FunctionNode(func=send_email, name="send_email"), FunctionNode(func=ask, name="ask", rerun_on_resume=True))],
+        edges=[
+            (
+                "START",
+                FunctionNode(func=send_email, name="send_email"),
+                FunctionNode(func=ask, name="ask", rerun_on_resume=True),
+            )
+        ],
     )
 
 
@@ -124,7 +140,12 @@ async def test_seed_scenario_sends_one_email_with_the_bridge_and_two_without(sto
     runs = [e for e in log if isinstance(e, RunStarted)]
     assert [r.resumed for r in runs] == [False, True] and runs[0].invocation_id != runs[1].invocation_id
     req = next(e for e in log if isinstance(e, InputRequested))
-    assert (req.path, req.interrupt_id, req.prompt, req.payload) == ("report@1/ask@1", "approval", "send the report?", {"to": "ops"})
+    assert (req.path, req.interrupt_id, req.prompt, req.payload) == (
+        "report@1/ask@1",
+        "approval",
+        "send the report?",
+        {"to": "ops"},
+    )
     got = next(e for e in log if isinstance(e, InputReceived))
     assert (got.path, got.value) == ("report@1/ask@1", {"ok": True})
     assert [e.status for e in log if isinstance(e, RunFinished)] == ["paused", "completed"]
@@ -150,7 +171,13 @@ def retry_workflow(calls: dict[str, int]) -> Workflow:
 
     return Workflow(
         name="sync",
-        edges=[("START", FunctionNode(func=flaky, name="flaky", retry_config=RETRY), FunctionNode(func=doomed, name="doomed", retry_config=RETRY))],
+        edges=[
+            (
+                "START",
+                FunctionNode(func=flaky, name="flaky", retry_config=RETRY),
+                FunctionNode(func=doomed, name="doomed", retry_config=RETRY),
+            )
+        ],
     )
 
 
@@ -162,21 +189,38 @@ async def test_retries_and_a_final_failure(store):
     assert calls == {"flaky": 3, "doomed": 3}
     log = store.read(d.session_id)
     flaky = [e for e in log if e.path == "sync@1/flaky@1"]
-    assert [type(e).__name__ for e in flaky] == ["NodeStarted", "NodeRetrying", "NodeRetrying", "NodeCompleted"]
+    assert [type(e).__name__ for e in flaky] == [
+        "NodeStarted",
+        "NodeRetrying",
+        "NodeRetrying",
+        "NodeCompleted",
+    ]
     assert [e.attempt for e in flaky if isinstance(e, NodeRetrying)] == [1, 2]
-    assert all(e.error_type == "ConnectionError" and e.error_code == "UNKNOWN_ERROR" for e in flaky if isinstance(e, NodeRetrying))
+    assert all(
+        e.error_type == "ConnectionError" and e.error_code == "UNKNOWN_ERROR"
+        for e in flaky
+        if isinstance(e, NodeRetrying)
+    )
     assert flaky[-1].attempt_count == 3 and flaky[-1].output == 3
 
     errors = [e for e in log if isinstance(e, NodeErrorEvent)]
     assert len(errors) == 1  # one record, at the deepest path, not one per attempt or per level
     err = errors[0]
     assert (err.path, err.error_type, err.error_code, err.error_message, err.attempt_count) == (
-        "sync@1/doomed@1", "PermissionError", "UNKNOWN_ERROR", "token revoked", 3
+        "sync@1/doomed@1",
+        "PermissionError",
+        "UNKNOWN_ERROR",
+        "token revoked",
+        3,
     )
     assert len([e for e in log if isinstance(e, NodeRetrying) and e.path == "sync@1/doomed@1"]) == 2
     finished = log[-1]
     assert isinstance(finished, RunFinished)
-    assert (finished.status, finished.error_code, finished.error_path) == ("failed", "UNKNOWN_ERROR", "sync@1/doomed@1")
+    assert (finished.status, finished.error_code, finished.error_path) == (
+        "failed",
+        "UNKNOWN_ERROR",
+        "sync@1/doomed@1",
+    )
     ws = rebuild(log)
     assert ws.nodes["sync@1"].status == "failed" and ws.nodes["sync@1"].origin_path == "sync@1/doomed@1"
 
@@ -192,7 +236,12 @@ async def test_attempt_numbers_continue_across_an_adk_resume(store):
             return RequestInput(interrupt_id="ok", message="approve?")
         return {"approved": ctx.resume_inputs["ok"]["yes"]}
 
-    wf = Workflow(name="gate", edges=[("START", FunctionNode(func=approve, name="approve", retry_config=RETRY, rerun_on_resume=True))])
+    wf = Workflow(
+        name="gate",
+        edges=[
+            ("START", FunctionNode(func=approve, name="approve", retry_config=RETRY, rerun_on_resume=True))
+        ],
+    )
     d = Driver(wf, FlowscopeADK(store))
     await d.start()
     await d.answer("ok", {"yes": True})
@@ -234,8 +283,12 @@ async def test_spans_nest_by_path_live_and_from_the_log(store):
             raise ConnectionError("again")
         return 1
 
-    inner = Workflow(name="inner", edges=[("START", FunctionNode(func=flaky, name="flaky", retry_config=RETRY))])
-    wf = Workflow(name="outer", edges=[("START", inner, FunctionNode(func=lambda node_input: None, name="tail"))])
+    inner = Workflow(
+        name="inner", edges=[("START", FunctionNode(func=flaky, name="flaky", retry_config=RETRY))]
+    )
+    wf = Workflow(
+        name="outer", edges=[("START", inner, FunctionNode(func=lambda node_input: None, name="tail"))]
+    )
     metrics = MetricsPlugin()
     d = Driver(wf, FlowscopeADK(store, plugins=[TracingPlugin(tracer_provider=provider), metrics]))
     await d.start()
@@ -244,7 +297,9 @@ async def test_spans_nest_by_path_live_and_from_the_log(store):
     by_path = {s.attributes["flowscope.node.path"]: s for s in mine if "flowscope.node.path" in s.attributes}
     assert set(by_path) == {"outer@1", "outer@1/inner@1", "outer@1/inner@1/flaky@1", "outer@1/tail@1"}
     # one span for the invocation and its top workflow's run
-    (inv,) = [s for s in mine if s.attributes.get("gen_ai.operation.name") == "invoke_workflow" and s.parent is None]
+    (inv,) = [
+        s for s in mine if s.attributes.get("gen_ai.operation.name") == "invoke_workflow" and s.parent is None
+    ]
     assert inv.name == "invoke_workflow outer" and inv.attributes["flowscope.run.outcome"] == "completed"
 
     def parent(path: str) -> int:
@@ -254,7 +309,9 @@ async def test_spans_nest_by_path_live_and_from_the_log(store):
     assert parent("outer@1/inner@1") == parent("outer@1/tail@1") == by_path["outer@1"].context.span_id
     assert parent("outer@1/inner@1/flaky@1") == by_path["outer@1/inner@1"].context.span_id
     flaky_span = by_path["outer@1/inner@1/flaky@1"]
-    assert flaky_span.name == "invoke_node flaky" and flaky_span.attributes["flowscope.node.attempt_count"] == 3
+    assert (
+        flaky_span.name == "invoke_node flaky" and flaky_span.attributes["flowscope.node.attempt_count"] == 3
+    )
     assert [e.name for e in flaky_span.events] == ["node.retry", "node.retry"]
     tail = by_path["outer@1/tail@1"].attributes
     assert tail["flowscope.node.completed"] is True and tail["flowscope.node.has_output"] is False
@@ -267,9 +324,26 @@ async def test_spans_nest_by_path_live_and_from_the_log(store):
         assert exported[path].parent.span_id == exported[path.rsplit("/", 1)[0]].context.span_id
     assert exported["outer@1/inner@1/flaky@1"].attributes["flowscope.node.attempt_count"] == 3
 
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for m in metrics.registry.collect() for s in m.samples}
-    assert samples[("flowscope_node_retries_total", (("error_type", "ConnectionError"), ("node", "flaky"), ("workflow", "outer")))] == 2
-    assert samples[("flowscope_node_runs_total", (("node", "tail"), ("outcome", "success"), ("workflow", "outer")))] == 1
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for m in metrics.registry.collect()
+        for s in m.samples
+    }
+    assert (
+        samples[
+            (
+                "flowscope_node_retries_total",
+                (("error_type", "ConnectionError"), ("node", "flaky"), ("workflow", "outer")),
+            )
+        ]
+        == 2
+    )
+    assert (
+        samples[
+            ("flowscope_node_runs_total", (("node", "tail"), ("outcome", "success"), ("workflow", "outer")))
+        ]
+        == 1
+    )
 
 
 @pytest.mark.slow
@@ -284,15 +358,28 @@ async def test_flowscope_cli_audits_an_adk_session(store, tmp_path):
     db = str(tmp_path / "adk.db")
     cli = str(Path(sys.executable).with_name("flowscope"))
 
-    audit = json.loads(subprocess.run([cli, "audit", "--db", db, "--format", "json"], capture_output=True, text=True, check=True).stdout)
+    audit = json.loads(
+        subprocess.run(
+            [cli, "audit", "--db", db, "--format", "json"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     rows = {(r["workflow"], r["node"]): r for r in audit}
     assert rows[("sync", "flaky")]["attempts"] == 3 and rows[("sync", "flaky")]["retries"] == 2
     assert rows[("sync", "doomed")]["attempts"] == 3 and rows[("sync", "doomed")]["errors"] == 1
     assert rows[("sync", "sync")]["kind"] == "workflow"
     assert rows[("report", "send_email")]["completed"] == 1
 
-    stuck = json.loads(subprocess.run([cli, "stuck", "--db", db, "--format", "json", "--older-than", "0s"], capture_output=True, text=True, check=True).stdout)
-    assert [(r["session_id"], r["path"], r["state"]) for r in stuck] == [(d2.session_id, "report@1/ask@1", "waiting_input")]
+    stuck = json.loads(
+        subprocess.run(
+            [cli, "stuck", "--db", db, "--format", "json", "--older-than", "0s"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert [(r["session_id"], r["path"], r["state"]) for r in stuck] == [
+        (d2.session_id, "report@1/ask@1", "waiting_input")
+    ]
     for cmd in (["runs"], ["show", d.session_id], ["export", d.session_id]):
         subprocess.run([cli, *cmd, "--db", db], capture_output=True, text=True, check=True)
 
@@ -309,7 +396,11 @@ async def test_flowscope_cli_audits_an_adk_session(store, tmp_path):
 def otel_errors(caplog):
     """The ERROR lines OpenTelemetry logs during a test (a context detached in another context)."""
     caplog.set_level(logging.ERROR, logger="opentelemetry")
-    yield lambda: [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry") and r.levelno >= logging.ERROR]
+    yield lambda: [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("opentelemetry") and r.levelno >= logging.ERROR
+    ]
 
 
 def observed(store) -> tuple[FlowscopeADK, MetricsPlugin]:
@@ -320,12 +411,19 @@ def observed(store) -> tuple[FlowscopeADK, MetricsPlugin]:
 
 
 def samples(metrics: MetricsPlugin, name: str) -> dict[tuple, float]:
-    return {tuple(sorted(s.labels.items())): s.value for m in metrics.registry.collect() for s in m.samples if s.name == name}
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for m in metrics.registry.collect()
+        for s in m.samples
+        if s.name == name
+    }
 
 
 def audit(store, sid: str) -> dict[str, dict[str, Any]]:
     runs = store.node_runs(sid)
-    return {r["node"]: r for r in views.audit_rows(runs, retry_reasons(store, runs)) if r["kind"] != "workflow"}
+    return {
+        r["node"]: r for r in views.audit_rows(runs, retry_reasons(store, runs)) if r["kind"] != "workflow"
+    }
 
 
 def square_workflow(calls: dict[int, int], fail_until: int) -> Workflow:
@@ -336,7 +434,9 @@ def square_workflow(calls: dict[int, int], fail_until: int) -> Workflow:
             raise ConnectionError("flaky upstream")
         return node_input * node_input
 
-    return Workflow(name="fan", edges=[("START", FunctionNode(func=lambda node_input: [1, 2, 3], name="items"), square)])
+    return Workflow(
+        name="fan", edges=[("START", FunctionNode(func=lambda node_input: [1, 2, 3], name="items"), square)]
+    )
 
 
 async def test_parallel_worker_items_are_runs_under_the_worker_path(store, otel_errors):
@@ -349,13 +449,27 @@ async def test_parallel_worker_items_are_runs_under_the_worker_path(store, otel_
     items = sorted({e.path for e in log if isinstance(e, NodeStarted) and e.parent_path == "fan@1/square@1"})
     assert items == ["fan@1/square@1/square@1", "fan@1/square@1/square@2", "fan@1/square@1/square@3"]
     flaky = [e for e in log if e.path == "fan@1/square@1/square@2"]
-    assert [type(e).__name__ for e in flaky] == ["NodeStarted", "NodeRetrying", "NodeRetrying", "NodeCompleted"]
+    assert [type(e).__name__ for e in flaky] == [
+        "NodeStarted",
+        "NodeRetrying",
+        "NodeRetrying",
+        "NodeCompleted",
+    ]
     assert flaky[-1].attempt_count == 3 and flaky[-1].output == 4
     ws = rebuild(log)
     assert ws.nodes["fan@1/square@1"].status == "completed" and ws.nodes["fan@1/square@1"].output == [1, 4, 9]
     rows = audit(store, d.session_id)
-    assert (rows["square"]["runs"], rows["square"]["attempts"], rows["square"]["retries"]) == (4, 6, 2)  # the worker and 3 items
-    assert samples(metrics, "flowscope_node_retries_total")[(("error_type", "ConnectionError"), ("node", "square"), ("workflow", "fan"))] == 2
+    assert (rows["square"]["runs"], rows["square"]["attempts"], rows["square"]["retries"]) == (
+        4,
+        6,
+        2,
+    )  # the worker and 3 items
+    assert (
+        samples(metrics, "flowscope_node_retries_total")[
+            (("error_type", "ConnectionError"), ("node", "square"), ("workflow", "fan"))
+        ]
+        == 2
+    )
     assert otel_errors() == []
 
 
@@ -373,7 +487,14 @@ async def test_a_parallel_worker_item_that_fails_for_good_is_the_error_with_ever
     assert propagated == {"fan@1/square@1": err.path, "fan@1": err.path}
     assert (log[-1].status, log[-1].error_path) == ("failed", err.path)
     errors = samples(metrics, "flowscope_node_errors_total")
-    assert errors == {(("error_code", "UNKNOWN_ERROR"), ("error_type", "ConnectionError"), ("node", "square"), ("workflow", "fan")): 1}
+    assert errors == {
+        (
+            ("error_code", "UNKNOWN_ERROR"),
+            ("error_type", "ConnectionError"),
+            ("node", "square"),
+            ("workflow", "fan"),
+        ): 1
+    }
     assert otel_errors() == []
 
 
@@ -388,18 +509,32 @@ async def test_an_input_request_in_a_parallel_worker_item_pauses_the_worker(stor
         return {"i": node_input}
 
     bridge, _ = observed(store)
-    d = Driver(Workflow(name="rev", edges=[("START", FunctionNode(func=lambda node_input: [1, 2, 3], name="items"), review)]), bridge)
+    d = Driver(
+        Workflow(
+            name="rev",
+            edges=[("START", FunctionNode(func=lambda node_input: [1, 2, 3], name="items"), review)],
+        ),
+        bridge,
+    )
     await d.start()
     log = store.read(d.session_id)
     (req,) = [e for e in log if isinstance(e, InputRequested)]
     assert req.path == "rev@1/review@1/review@2"
-    assert {e.path: e.interrupt_ids for e in log if isinstance(e, NodePaused)} == {"rev@1/review@1": ("ok-2",), "rev@1": ("ok-2",)}
+    assert {e.path: e.interrupt_ids for e in log if isinstance(e, NodePaused)} == {
+        "rev@1/review@1": ("ok-2",),
+        "rev@1": ("ok-2",),
+    }
     final = await d.answer("ok-2", {"yes": True})
     assert final[-1].output == [{"i": 1}, {"i": 2}, {"i": 3}]
     log = store.read(d.session_id)
     assert [e.path for e in log if isinstance(e, InputReceived)] == [req.path]
     started = [e.path for e in log if isinstance(e, NodeStarted) and e.path.startswith("rev@1/review@1/")]
-    assert sorted(started) == ["rev@1/review@1/review@1", "rev@1/review@1/review@2", "rev@1/review@1/review@2", "rev@1/review@1/review@3"]
+    assert sorted(started) == [
+        "rev@1/review@1/review@1",
+        "rev@1/review@1/review@2",
+        "rev@1/review@1/review@2",
+        "rev@1/review@1/review@3",
+    ]
     assert rebuild(log).status == "completed" and runs.count(1) == 1
     assert otel_errors() == []
 
@@ -429,18 +564,46 @@ class Doubler(Node):
 async def test_basenode_and_node_subclasses_are_observed(store, otel_errors):
     flaky = FlakyNode(name="flaky", succeed_on_iteration=3, retry_config=RETRY)
     tracker = flaky.tracker  # shared with the bridge's copy of the node
-    wf = Workflow(name="custom", edges=[("START", flaky, FunctionNode(func=lambda node_input: [1, 2], name="pair"), Doubler(name="double", parallel_worker=True))])
+    wf = Workflow(
+        name="custom",
+        edges=[
+            (
+                "START",
+                flaky,
+                FunctionNode(func=lambda node_input: [1, 2], name="pair"),
+                Doubler(name="double", parallel_worker=True),
+            )
+        ],
+    )
     bridge, metrics = observed(store)
     d = Driver(wf, bridge)
     events = await d.start()
     assert events[-1].output == [2, 4] and tracker["attempt_counts"] == [1, 2, 3]
     log = store.read(d.session_id)
     mine = [e for e in log if e.path == "custom@1/flaky@1"]
-    assert [type(e).__name__ for e in mine] == ["NodeStarted", "NodeRetrying", "NodeRetrying", "NodeCompleted"]
+    assert [type(e).__name__ for e in mine] == [
+        "NodeStarted",
+        "NodeRetrying",
+        "NodeRetrying",
+        "NodeCompleted",
+    ]
     assert mine[-1].attempt_count == 3 and mine[-1].output == {"iteration": 3}
-    doubled = {e.path: e.output for e in log if isinstance(e, NodeCompleted) and e.path.startswith("custom@1/double@1")}
-    assert doubled == {"custom@1/double@1/double@1": 2, "custom@1/double@1/double@2": 4, "custom@1/double@1": [2, 4]}
-    assert samples(metrics, "flowscope_node_retries_total")[(("error_type", "ConnectionError"), ("node", "flaky"), ("workflow", "custom"))] == 2
+    doubled = {
+        e.path: e.output
+        for e in log
+        if isinstance(e, NodeCompleted) and e.path.startswith("custom@1/double@1")
+    }
+    assert doubled == {
+        "custom@1/double@1/double@1": 2,
+        "custom@1/double@1/double@2": 4,
+        "custom@1/double@1": [2, 4],
+    }
+    assert (
+        samples(metrics, "flowscope_node_retries_total")[
+            (("error_type", "ConnectionError"), ("node", "flaky"), ("workflow", "custom"))
+        ]
+        == 2
+    )
     assert otel_errors() == []
 
 
@@ -448,13 +611,18 @@ class Echo(BaseAgent):
     """An agent that needs no model: it says its name."""
 
     async def _run_async_impl(self, ctx: Any) -> AsyncGenerator[Any, None]:
-        yield Event(author=self.name, content=types.Content(role="model", parts=[types.Part(text=f"hi from {self.name}")]))
+        yield Event(
+            author=self.name,
+            content=types.Content(role="model", parts=[types.Part(text=f"hi from {self.name}")]),
+        )
 
 
 async def test_a_nested_workflow_of_agents_and_a_join_is_recorded(store, otel_errors):
     join = JoinNode(name="join")
     inner = Workflow(name="inner", edges=[("START", Echo(name="a"), join), ("START", Echo(name="b"), join)])
-    wf = Workflow(name="outer", edges=[("START", inner, FunctionNode(func=lambda node_input: None, name="tail"))])
+    wf = Workflow(
+        name="outer", edges=[("START", inner, FunctionNode(func=lambda node_input: None, name="tail"))]
+    )
     bridge, _ = observed(store)
     d = Driver(wf, bridge)
     await d.start()
@@ -469,7 +637,9 @@ async def test_a_nested_workflow_of_agents_and_a_join_is_recorded(store, otel_er
         "outer@1/tail@1": "function",
     }
     ended = [e.path for e in log if isinstance(e, NodeCompleted)]
-    assert ended.index("outer@1/inner@1/join@1") < ended.index("outer@1/inner@1") < ended.index("outer@1")  # children first
+    assert (
+        ended.index("outer@1/inner@1/join@1") < ended.index("outer@1/inner@1") < ended.index("outer@1")
+    )  # children first
     ws = rebuild(log)
     assert all(n.status == "completed" for n in ws.nodes.values()) and len(ws.nodes) == 6
     assert otel_errors() == []
@@ -484,15 +654,31 @@ def test_instrument_refuses_a_workflow_subclass_that_overrides_how_it_runs(store
         """A subclass that only names defaults: instrumented as a Workflow."""
 
     inner = Custom(name="special", edges=[("START", FunctionNode(func=lambda node_input: 1, name="one"))])
-    with pytest.raises(UnobservableNodeError, match="'special' is a Custom, a Workflow subclass that overrides how it runs"):
+    with pytest.raises(
+        UnobservableNodeError, match="'special' is a Custom, a Workflow subclass that overrides how it runs"
+    ):
         FlowscopeADK(store).instrument(Workflow(name="outer", edges=[("START", inner)]))
     plain = Plain(name="plain", edges=[("START", FunctionNode(func=lambda node_input: 1, name="one"))])
     FlowscopeADK(store).instrument(Workflow(name="outer", edges=[("START", plain)]))
 
 
 async def test_a_parallel_worker_of_workflows_records_each_item_workflow_and_its_nodes(store, otel_errors):
-    per = Workflow(name="per", edges=[("START", FunctionNode(func=lambda node_input: node_input + 1, name="inc"), FunctionNode(func=lambda node_input: node_input * 10, name="ten"))])
-    wf = Workflow(name="top", edges=[("START", FunctionNode(func=lambda node_input: [1, 2], name="items"), _ParallelWorker(node=per))])
+    per = Workflow(
+        name="per",
+        edges=[
+            (
+                "START",
+                FunctionNode(func=lambda node_input: node_input + 1, name="inc"),
+                FunctionNode(func=lambda node_input: node_input * 10, name="ten"),
+            )
+        ],
+    )
+    wf = Workflow(
+        name="top",
+        edges=[
+            ("START", FunctionNode(func=lambda node_input: [1, 2], name="items"), _ParallelWorker(node=per))
+        ],
+    )
     bridge, _ = observed(store)
     d = Driver(wf, bridge)
     assert (await d.start())[-1].output == [20, 30]
@@ -517,7 +703,12 @@ async def test_a_dynamic_node_the_bridge_never_met_is_reported_loudly(store, cap
     async def caller(ctx: Any, node_input: Any) -> Any:
         return await ctx.run_node(hidden, node_input=1)
 
-    d = Driver(Workflow(name="dyn", edges=[("START", FunctionNode(func=caller, name="caller", rerun_on_resume=True))]), FlowscopeADK(store))
+    d = Driver(
+        Workflow(
+            name="dyn", edges=[("START", FunctionNode(func=caller, name="caller", rerun_on_resume=True))]
+        ),
+        FlowscopeADK(store),
+    )
     with caplog.at_level(logging.WARNING, logger="flowscope.adapters.adk"):
         await d.start()
     (msg,) = [r.getMessage() for r in caplog.records if r.name == "flowscope.adapters.adk"]
@@ -539,7 +730,16 @@ async def test_an_adk_timeout_is_a_retried_attempt_and_a_final_timeout_is_a_time
         return 2
 
     retry2 = RetryConfig(max_attempts=2, initial_delay=0.0, jitter=0.0)
-    wf = Workflow(name="slowpoke", edges=[("START", FunctionNode(func=slow, name="slow", timeout=0.1, retry_config=retry2), FunctionNode(func=hung, name="hung", timeout=0.1, retry_config=retry2))])
+    wf = Workflow(
+        name="slowpoke",
+        edges=[
+            (
+                "START",
+                FunctionNode(func=slow, name="slow", timeout=0.1, retry_config=retry2),
+                FunctionNode(func=hung, name="hung", timeout=0.1, retry_config=retry2),
+            )
+        ],
+    )
     bridge, metrics = observed(store)
     d = Driver(wf, bridge)
     with pytest.raises(Exception) as raised:
@@ -548,9 +748,18 @@ async def test_an_adk_timeout_is_a_retried_attempt_and_a_final_timeout_is_a_time
     log = store.read(d.session_id)
     slow_log = [e for e in log if e.path == "slowpoke@1/slow@1"]
     assert [type(e).__name__ for e in slow_log] == ["NodeStarted", "NodeRetrying", "NodeCompleted"]
-    assert (slow_log[1].error_type, slow_log[1].error_code, slow_log[-1].attempt_count) == ("NodeTimeoutError", "NODE_TIMEOUT", 2)
+    assert (slow_log[1].error_type, slow_log[1].error_code, slow_log[-1].attempt_count) == (
+        "NodeTimeoutError",
+        "NODE_TIMEOUT",
+        2,
+    )
     (err,) = [e for e in log if isinstance(e, NodeErrorEvent)]
-    assert (err.path, err.error_type, err.error_code, err.attempt_count) == ("slowpoke@1/hung@1", "NodeTimeoutError", "NODE_TIMEOUT", 2)
+    assert (err.path, err.error_type, err.error_code, err.attempt_count) == (
+        "slowpoke@1/hung@1",
+        "NodeTimeoutError",
+        "NODE_TIMEOUT",
+        2,
+    )
     assert err.error_message == str(raised.value)
     assert not [e for e in log if type(e).__name__ == "NodeCancelled"]
     runs = samples(metrics, "flowscope_node_runs_total")

@@ -16,16 +16,16 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import END, START, StateGraph
 from langgraph.errors import NodeTimeoutError
 from langgraph.func import entrypoint, task
+from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, RetryPolicy, Send, TimeoutPolicy, interrupt
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_client import CollectorRegistry
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry import trace
 from opentelemetry.trace import StatusCode
+from prometheus_client import CollectorRegistry
 
 from flowscope.adapters.langgraph import FlowscopeCallbackHandler
 from flowscope.cli import views
@@ -106,14 +106,24 @@ def test_retries_under_a_retry_policy_and_a_final_failure(store):
     assert calls == {"flaky": 3, "doomed": 3}
     log = store.read("t-retry")
     flaky = of(log, "sync@1/flaky@1")
-    assert [type(e).__name__ for e in flaky] == ["NodeStarted", "NodeRetrying", "NodeRetrying", "NodeCompleted"]
+    assert [type(e).__name__ for e in flaky] == [
+        "NodeStarted",
+        "NodeRetrying",
+        "NodeRetrying",
+        "NodeCompleted",
+    ]
     assert [e.attempt for e in flaky if isinstance(e, NodeRetrying)] == [1, 2]
     assert {e.error_type for e in flaky if isinstance(e, NodeRetrying)} == {"ConnectionError"}
     assert flaky[-1].attempt_count == 3 and flaky[-1].output == {"n": 3}
 
     errors = [e for e in log if isinstance(e, NodeErrorEvent)]
     assert len(errors) == 1
-    assert (errors[0].path, errors[0].error_type, errors[0].error_code, errors[0].attempt_count) == ("sync@1/doomed@1", "PermissionError", "UNKNOWN_ERROR", 3)
+    assert (errors[0].path, errors[0].error_type, errors[0].error_code, errors[0].attempt_count) == (
+        "sync@1/doomed@1",
+        "PermissionError",
+        "UNKNOWN_ERROR",
+        3,
+    )
     assert len([e for e in of(log, "sync@1/doomed@1") if isinstance(e, NodeRetrying)]) == 2
     assert (log[-1].status, log[-1].error_path) == ("failed", "sync@1/doomed@1")
     assert rebuild(log).nodes["sync@1"].status == "failed"
@@ -149,10 +159,22 @@ def test_an_interrupt_is_a_pause_and_command_resume_its_answer(store):
     log = store.read("t-ask")
     assert not [e for e in log if isinstance(e, NodeErrorEvent)]  # a pause, not an error
     req = next(e for e in log if isinstance(e, InputRequested))
-    assert (req.path, req.interrupt_id, req.prompt, req.payload) == ("release@1/ask@1", intr.id, "ship it?", {"prompt": "ship it?", "n": 1})
+    assert (req.path, req.interrupt_id, req.prompt, req.payload) == (
+        "release@1/ask@1",
+        intr.id,
+        "ship it?",
+        {"prompt": "ship it?", "n": 1},
+    )
     assert log[-1].status == "paused" and rebuild(log).pending == [req]
-    ask_span = next(s for s in exporter.get_finished_spans() if s.attributes.get("flowscope.node.path") == "release@1/ask@1")
-    assert ask_span.attributes["flowscope.node.outcome"] == "waiting" and ask_span.status.status_code is StatusCode.UNSET
+    ask_span = next(
+        s
+        for s in exporter.get_finished_spans()
+        if s.attributes.get("flowscope.node.path") == "release@1/ask@1"
+    )
+    assert (
+        ask_span.attributes["flowscope.node.outcome"] == "waiting"
+        and ask_span.status.status_code is StatusCode.UNSET
+    )
     assert ask_span.attributes["flowscope.interrupt.id"] == intr.id
 
     assert graph.invoke(Command(resume="yes"), cfg) == {"n": 0, "answer": "yes"}
@@ -224,7 +246,11 @@ async def test_spans_nest_by_path_live_and_from_the_log_with_ainvoke(store):
     by_path = {s.attributes["flowscope.node.path"]: s for s in spans if "flowscope.node.path" in s.attributes}
     assert set(by_path) == {"pipeline@1", "pipeline@1/first@1", "pipeline@1/sub@1", "pipeline@1/sub@1/step@1"}
     # one span for the invocation and its top workflow's run
-    (inv,) = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "invoke_workflow" and s.parent is None]
+    (inv,) = [
+        s
+        for s in spans
+        if s.attributes.get("gen_ai.operation.name") == "invoke_workflow" and s.parent is None
+    ]
     assert by_path["pipeline@1"] is inv
     for path in ("pipeline@1/first@1", "pipeline@1/sub@1"):
         assert by_path[path].parent.span_id == by_path["pipeline@1"].context.span_id
@@ -247,13 +273,26 @@ def test_flowscope_cli_audits_a_langgraph_session(store, tmp_path):
         retry_graph({}).invoke({"n": 0}, config(handler, "t-audit"))
     approval_graph([]).invoke({"n": 0}, config(handler, "t-waiting"))
     db = str(tmp_path / "lg.db")
-    audit = json.loads(subprocess.run([CLI, "audit", "--db", db, "--format", "json"], capture_output=True, text=True, check=True).stdout)
+    audit = json.loads(
+        subprocess.run(
+            [CLI, "audit", "--db", db, "--format", "json"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     rows = {(r["workflow"], r["node"]): r for r in audit}
     assert (rows[("sync", "flaky")]["attempts"], rows[("sync", "flaky")]["retries"]) == (3, 2)
     assert (rows[("sync", "doomed")]["attempts"], rows[("sync", "doomed")]["errors"]) == (3, 1)
     assert rows[("release", "release")]["kind"] == "workflow"
-    stuck = json.loads(subprocess.run([CLI, "stuck", "--db", db, "--format", "json", "--older-than", "0s"], capture_output=True, text=True, check=True).stdout)
-    assert [(r["session_id"], r["path"], r["state"]) for r in stuck] == [("t-waiting", "release@1/ask@1", "waiting_input")]
+    stuck = json.loads(
+        subprocess.run(
+            [CLI, "stuck", "--db", db, "--format", "json", "--older-than", "0s"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert [(r["session_id"], r["path"], r["state"]) for r in stuck] == [
+        ("t-waiting", "release@1/ask@1", "waiting_input")
+    ]
     for cmd in (["runs"], ["show", "t-audit"], ["export", "t-audit"]):
         subprocess.run([CLI, *cmd, "--db", db], capture_output=True, text=True, check=True)
 
@@ -261,13 +300,17 @@ def test_flowscope_cli_audits_a_langgraph_session(store, tmp_path):
 @pytest.mark.slow
 def test_a_process_killed_mid_node_leaves_an_open_run_that_stuck_finds(tmp_path):
     db = str(tmp_path / "killed.db")
-    proc = subprocess.Popen([sys.executable, str(HERE / "langgraph_kill_worker.py"), db, "t-kill"], env=os.environ.copy())
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "langgraph_kill_worker.py"), db, "t-kill"], env=os.environ.copy()
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if os.path.exists(db):
                 with SqliteEventStore(db) as s:
-                    if any(isinstance(e, NodeStarted) and e.path == "etl@1/enrich@1" for e in s.read("t-kill")):
+                    if any(
+                        isinstance(e, NodeStarted) and e.path == "etl@1/enrich@1" for e in s.read("t-kill")
+                    ):
                         break
             assert proc.poll() is None, "the worker exited before the node started"
             time.sleep(0.05)
@@ -288,11 +331,21 @@ def test_a_process_killed_mid_node_leaves_an_open_run_that_stuck_finds(tmp_path)
     assert (row.path, row.status) == ("etl@1/enrich@1", "running")
     assert row.heartbeat_at is not None and row.heartbeat_at > row.started_at  # the heartbeat thread beat
 
-    out = subprocess.run([CLI, "stuck", "--db", db, "--format", "json", "--older-than", "0s"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [CLI, "stuck", "--db", db, "--format", "json", "--older-than", "0s"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rows = json.loads(out.stdout)
     assert [(r["session_id"], r["path"]) for r in rows] == [("t-kill", "etl@1/enrich@1")]
     time.sleep(1.2)
-    out = subprocess.run([CLI, "stuck", "--db", db, "--format", "json", "--older-than", "0s", "--stale-after", "1s"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [CLI, "stuck", "--db", db, "--format", "json", "--older-than", "0s", "--stale-after", "1s"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert [(r["path"], r["state"]) for r in json.loads(out.stdout)] == [("etl@1/enrich@1", "orphaned")]
 
 
@@ -307,23 +360,36 @@ def test_a_process_killed_mid_node_leaves_an_open_run_that_stuck_finds(tmp_path)
 def otel_errors(caplog):
     """The ERROR lines OpenTelemetry logs during a test (a context detached in another context)."""
     caplog.set_level(logging.ERROR, logger="opentelemetry")
-    yield lambda: [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry") and r.levelno >= logging.ERROR]
+    yield lambda: [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("opentelemetry") and r.levelno >= logging.ERROR
+    ]
 
 
 def traced(store, **kw: Any) -> tuple[FlowscopeCallbackHandler, MetricsPlugin]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
     metrics = MetricsPlugin(registry=CollectorRegistry())  # this test's counts only
-    return FlowscopeCallbackHandler(store, plugins=[TracingPlugin(tracer_provider=provider), metrics], **kw), metrics
+    return FlowscopeCallbackHandler(
+        store, plugins=[TracingPlugin(tracer_provider=provider), metrics], **kw
+    ), metrics
 
 
 def samples(metrics: MetricsPlugin, name: str) -> dict[tuple, float]:
-    return {tuple(sorted(s.labels.items())): s.value for m in metrics.registry.collect() for s in m.samples if s.name == name}
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for m in metrics.registry.collect()
+        for s in m.samples
+        if s.name == name
+    }
 
 
 def audit(store, sid: str) -> dict[str, dict[str, Any]]:
     runs = store.node_runs(sid)
-    return {r["node"]: r for r in views.audit_rows(runs, retry_reasons(store, runs)) if r["kind"] != "workflow"}
+    return {
+        r["node"]: r for r in views.audit_rows(runs, retry_reasons(store, runs)) if r["kind"] != "workflow"
+    }
 
 
 def test_a_resume_after_a_failure_continues_the_failed_run_with_exact_attempts(store, otel_errors):
@@ -357,7 +423,11 @@ def test_a_resume_after_a_failure_continues_the_failed_run_with_exact_attempts(s
     assert calls == {"one": 1, "two": 5}  # LangGraph kept one's writes: it ran once
 
     log = store.read("t-pending")
-    assert sorted({e.path for e in log if isinstance(e, NodeStarted)}) == ["pending@1", "pending@1/one@1", "pending@1/two@1"]
+    assert sorted({e.path for e in log if isinstance(e, NodeStarted)}) == [
+        "pending@1",
+        "pending@1/one@1",
+        "pending@1/two@1",
+    ]
     two_log = of(log, "pending@1/two@1")
     assert [e.attempt for e in two_log if isinstance(e, NodeStarted)] == [1, 3, 5]
     assert [e.attempt for e in two_log if isinstance(e, NodeRetrying)] == [1, 3]
@@ -366,14 +436,39 @@ def test_a_resume_after_a_failure_continues_the_failed_run_with_exact_attempts(s
     assert [r.resumed for r in log if isinstance(r, RunStarted)] == [False, True, True]
     assert [e.status for e in log if isinstance(e, RunFinished)] == ["failed", "failed", "completed"]
     ws = rebuild(log)
-    assert (ws.status, ws.nodes["pending@1/two@1"].status, ws.nodes["pending@1/two@1"].attempt) == ("completed", "completed", 5)
+    assert (ws.status, ws.nodes["pending@1/two@1"].status, ws.nodes["pending@1/two@1"].attempt) == (
+        "completed",
+        "completed",
+        5,
+    )
 
     rows = audit(store, "t-pending")
     # one run of five attempts, completed in the end (ERRORS counts runs that ended failed)
-    assert (rows["two"]["runs"], rows["two"]["completed"], rows["two"]["attempts"], rows["two"]["retries"], rows["two"]["errors"]) == (1, 1, 5, 2, 0)
+    assert (
+        rows["two"]["runs"],
+        rows["two"]["completed"],
+        rows["two"]["attempts"],
+        rows["two"]["retries"],
+        rows["two"]["errors"],
+    ) == (1, 1, 5, 2, 0)
     assert (rows["one"]["runs"], rows["one"]["attempts"]) == (1, 1)
-    assert samples(metrics, "flowscope_node_errors_total")[(("error_code", "UNKNOWN_ERROR"), ("error_type", "ConnectionError"), ("node", "two"), ("workflow", "pending"))] == 2
-    assert samples(metrics, "flowscope_node_retries_total")[(("error_type", "ConnectionError"), ("node", "two"), ("workflow", "pending"))] == 2
+    assert (
+        samples(metrics, "flowscope_node_errors_total")[
+            (
+                ("error_code", "UNKNOWN_ERROR"),
+                ("error_type", "ConnectionError"),
+                ("node", "two"),
+                ("workflow", "pending"),
+            )
+        ]
+        == 2
+    )
+    assert (
+        samples(metrics, "flowscope_node_retries_total")[
+            (("error_type", "ConnectionError"), ("node", "two"), ("workflow", "pending"))
+        ]
+        == 2
+    )
     runs = samples(metrics, "flowscope_node_runs_total")
     assert runs[(("node", "two"), ("outcome", "failure"), ("workflow", "pending"))] == 2
     assert runs[(("node", "two"), ("outcome", "success"), ("workflow", "pending"))] == 1
@@ -415,12 +510,18 @@ def test_an_interrupt_in_a_subgraph_is_recorded_once_and_the_enclosing_runs_paus
     assert set(paused) == {mid, bar, "nested@1"}
     assert all(p.interrupt_ids == (intr.id,) and p.origin_path == leaf for p in paused.values())
     assert rebuild(log).pending == requests
-    waiting = {dict(k)["node"]: v for k, v in samples(metrics, "flowscope_node_runs_total").items() if ("outcome", "waiting") in k}
+    waiting = {
+        dict(k)["node"]: v
+        for k, v in samples(metrics, "flowscope_node_runs_total").items()
+        if ("outcome", "waiting") in k
+    }
     assert waiting == {"ask": 1}  # paused once, at the deepest path: the enclosing runs are containers
 
     assert graph.invoke(Command(resume="baz"), cfg) == {"n": 1, "answer": "baz"}
     log = store.read("t-sub")
-    assert [(e.path, e.interrupt_id, e.value) for e in log if isinstance(e, InputReceived)] == [(leaf, intr.id, "baz")]
+    assert [(e.path, e.interrupt_id, e.value) for e in log if isinstance(e, InputReceived)] == [
+        (leaf, intr.id, "baz")
+    ]
     for path in (leaf, mid, bar):  # each run continued at its path, attempt 1, and completed once
         assert [e.attempt for e in of(log, path) if isinstance(e, NodeStarted)] == [1, 1]
         assert len([e for e in of(log, path) if isinstance(e, NodeCompleted)]) == 1
@@ -470,7 +571,9 @@ def test_a_conditional_edge_from_start_records_no_start_task(store):
     b.add_conditional_edges(START, lambda s: "a" if s.get("n") == 0 else "b", ["a", "b"])
     b.add_edge("a", END)
     b.add_edge("b", END)
-    assert b.compile(name="route").invoke({"n": 0}, config(FlowscopeCallbackHandler(store), "t-route")) == {"n": 1}
+    assert b.compile(name="route").invoke({"n": 0}, config(FlowscopeCallbackHandler(store), "t-route")) == {
+        "n": 1
+    }
     assert [e.path for e in store.read("t-route") if isinstance(e, NodeStarted)] == ["route@1", "route@1/a@1"]
 
 
@@ -479,14 +582,20 @@ async def test_timeout_policy_retries_are_node_retrying_and_a_final_timeout_is_a
     # its run_timeout, retried by its RetryPolicy).
     tries = {"slow": 0, "hung": 0}
 
-    @task(timeout=TimeoutPolicy(run_timeout=0.05), retry_policy=RetryPolicy(max_attempts=3, initial_interval=0.0, jitter=False))
+    @task(
+        timeout=TimeoutPolicy(run_timeout=0.05),
+        retry_policy=RetryPolicy(max_attempts=3, initial_interval=0.0, jitter=False),
+    )
     async def slow(x: int) -> int:
         tries["slow"] += 1
         if tries["slow"] < 3:
             await asyncio.sleep(5)
         return x + 1
 
-    @task(timeout=TimeoutPolicy(idle_timeout=0.05), retry_policy=RetryPolicy(max_attempts=2, initial_interval=0.0, jitter=False))
+    @task(
+        timeout=TimeoutPolicy(idle_timeout=0.05),
+        retry_policy=RetryPolicy(max_attempts=2, initial_interval=0.0, jitter=False),
+    )
     async def hung(x: int) -> int:
         tries["hung"] += 1
         await asyncio.sleep(5)
@@ -506,20 +615,38 @@ async def test_timeout_policy_retries_are_node_retrying_and_a_final_timeout_is_a
     (slow_path,) = {e.path for e in log if isinstance(e, NodeStarted) and e.node == "slow"}
     (hung_path,) = {e.path for e in log if isinstance(e, NodeStarted) and e.node == "hung"}
     retries = [e for e in of(log, slow_path) if isinstance(e, NodeRetrying)]
-    assert [(e.attempt, e.error_type, e.error_code) for e in retries] == [(1, "NodeTimeoutError", "NODE_TIMEOUT"), (2, "NodeTimeoutError", "NODE_TIMEOUT")]
+    assert [(e.attempt, e.error_type, e.error_code) for e in retries] == [
+        (1, "NodeTimeoutError", "NODE_TIMEOUT"),
+        (2, "NodeTimeoutError", "NODE_TIMEOUT"),
+    ]
     assert [e.attempt_count for e in of(log, slow_path) if isinstance(e, NodeCompleted)] == [3]
     assert [e.attempt for e in of(log, hung_path) if isinstance(e, NodeRetrying)] == [1]
     (err,) = [e for e in log if isinstance(e, NodeErrorEvent)]
-    assert (err.path, err.error_type, err.error_code, err.attempt_count) == (hung_path, "NodeTimeoutError", "NODE_TIMEOUT", 2)
+    assert (err.path, err.error_type, err.error_code, err.attempt_count) == (
+        hung_path,
+        "NodeTimeoutError",
+        "NODE_TIMEOUT",
+        2,
+    )
     assert err.error_message == str(raised.value) and "idle timeout" in err.error_message
     assert not [e for e in log if type(e).__name__ == "NodeCancelled"]
     assert (log[-1].status, log[-1].error_path, log[-1].error_code) == ("failed", hung_path, "NODE_TIMEOUT")
     runs = samples(metrics, "flowscope_node_runs_total")
     assert runs[(("node", "hung"), ("outcome", "timeout"), ("workflow", "flow"))] == 1
     assert runs[(("node", "slow"), ("outcome", "success"), ("workflow", "flow"))] == 1
-    assert samples(metrics, "flowscope_node_retries_total")[(("error_type", "NodeTimeoutError"), ("node", "slow"), ("workflow", "flow"))] == 2
+    assert (
+        samples(metrics, "flowscope_node_retries_total")[
+            (("error_type", "NodeTimeoutError"), ("node", "slow"), ("workflow", "flow"))
+        ]
+        == 2
+    )
     rows = audit(store, "t-timeout")
-    assert (rows["slow"]["attempts"], rows["slow"]["retries"], rows["hung"]["attempts"], rows["hung"]["errors"]) == (3, 2, 2, 1)
+    assert (
+        rows["slow"]["attempts"],
+        rows["slow"]["retries"],
+        rows["hung"]["attempts"],
+        rows["hung"]["errors"],
+    ) == (3, 2, 2, 1)
     assert otel_errors() == []
 
 
@@ -564,7 +691,11 @@ async def test_spans_end_in_their_own_context_so_opentelemetry_logs_no_error(sto
     inner.add_edge(START, "x")
     inner.add_edge("x", "y")
     graphs = {}
-    for name, node, kw in (("failed", broken, {}), ("timed", hangs, {"timeout": TimeoutPolicy(run_timeout=0.05)}), ("bp", inner.compile(interrupt_before=["y"]), {})):
+    for name, node, kw in (
+        ("failed", broken, {}),
+        ("timed", hangs, {"timeout": TimeoutPolicy(run_timeout=0.05)}),
+        ("bp", inner.compile(interrupt_before=["y"]), {}),
+    ):
         b = StateGraph(State)
         b.add_node("ok", lambda s: {"n": 1})
         b.add_node("step", node, **kw)
@@ -598,7 +729,10 @@ def test_a_failure_inside_a_subgraph_is_one_error_at_the_deepest_path(store):
     log = store.read("t-deep")
     (err,) = [e for e in log if isinstance(e, NodeErrorEvent)]
     assert (err.path, err.error_type) == ("deep@1/sub@1/broken@1", "PermissionError")
-    assert {e.path: e.origin_path for e in log if isinstance(e, NodeErrorPropagated)} == {"deep@1/sub@1": err.path, "deep@1": err.path}
+    assert {e.path: e.origin_path for e in log if isinstance(e, NodeErrorPropagated)} == {
+        "deep@1/sub@1": err.path,
+        "deep@1": err.path,
+    }
     assert (log[-1].status, log[-1].error_path) == ("failed", err.path)
 
 
@@ -615,7 +749,10 @@ def test_a_breakpoint_of_the_root_graph_pauses_the_run_and_none_resumes_it(store
     assert rebuild(store.read("t-brk")).status == "paused"
     assert graph.invoke(None, cfg) == {"n": 2}
     log = store.read("t-brk")
-    assert [(r.resumed, r.input) for r in log if isinstance(r, RunStarted)] == [(False, {"n": 0}), (True, None)]
+    assert [(r.resumed, r.input) for r in log if isinstance(r, RunStarted)] == [
+        (False, {"n": 0}),
+        (True, None),
+    ]
     assert [e.status for e in log if isinstance(e, RunFinished)] == ["paused", "completed"]
     assert sorted({e.path for e in log if isinstance(e, NodeStarted)}) == ["brk@1", "brk@1/a@1", "brk@1/b@1"]
     assert otel_errors() == []
@@ -649,7 +786,9 @@ def test_failed_send_branches_resume_each_at_its_own_path(store):
     failing.clear()
     assert sorted(graph.invoke(None, cfg)["done"]) == [1, 2, 3]
     log = store.read("t-fanfail")
-    assert len({e.path for e in log if isinstance(e, NodeStarted) and e.node == "work"}) == 3  # three runs, no more
+    assert (
+        len({e.path for e in log if isinstance(e, NodeStarted) and e.node == "work"}) == 3
+    )  # three runs, no more
     for err in [e for e in log if isinstance(e, NodeErrorEvent)]:
         item = int(err.error_message.split()[1])
         (done,) = [e for e in of(log, err.path) if isinstance(e, NodeCompleted)]
@@ -684,7 +823,9 @@ def test_a_resume_in_another_process_continues_the_failed_run_by_order(store):
     assert rebuild(log).nodes["handoff@1/flaky@1"].status == "completed"
 
 
-async def test_the_callers_context_holds_no_span_after_ainvoke_and_a_node_bodys_span_is_the_nodes_child(store):
+async def test_the_callers_context_holds_no_span_after_ainvoke_and_a_node_bodys_span_is_the_nodes_child(
+    store,
+):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -702,7 +843,9 @@ async def test_the_callers_context_holds_no_span_after_ainvoke_and_a_node_bodys_
     await graph.ainvoke({"n": 0}, config(handler, "t-ctx-1"))
     assert not trace.get_current_span().get_span_context().is_valid  # nothing left current in the caller
     await graph.ainvoke({"n": 0}, config(handler, "t-ctx-2"))
-    traces = {rebuild(store.read(sid)).trace_context["traceparent"].split("-")[1] for sid in ("t-ctx-1", "t-ctx-2")}
+    traces = {
+        rebuild(store.read(sid)).trace_context["traceparent"].split("-")[1] for sid in ("t-ctx-1", "t-ctx-2")
+    }
     assert len(traces) == 2  # the second invocation did not join the first one's trace
 
     exporter.clear()

@@ -39,7 +39,9 @@ def run_cli(*args: str, cwd: str | os.PathLike | None = None, env: dict | None =
     """The console script in a subprocess."""
     full_env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
     full_env.update(env or {})
-    return subprocess.run([FLOWSCOPE, *args], capture_output=True, text=True, cwd=cwd, env=full_env, timeout=timeout)
+    return subprocess.run(
+        [FLOWSCOPE, *args], capture_output=True, text=True, cwd=cwd, env=full_env, timeout=timeout
+    )
 
 
 def invoke(*args: str, env: dict | None = None, input: str | None = None):
@@ -76,7 +78,9 @@ def demo_db(tmp_path_factory):
     """A database filled by `flowscope demo` (run once)."""
     d = tmp_path_factory.mktemp("clidemo")
     db = d / "demo.db"
-    result = invoke("--db", str(db), "demo", "--stale-after", STALE)  # in this process: the console script has tests of its own
+    result = invoke(
+        "--db", str(db), "demo", "--stale-after", STALE
+    )  # in this process: the console script has tests of its own
     assert result.exit_code == 0, result.output
     with SqliteEventStore(db, readonly=True) as store:
         sessions = {s.session_id: s for s in store.sessions()}
@@ -222,7 +226,11 @@ def test_show_json_has_the_timeline_of_the_failed_run(demo_db):
     rows = json.loads(invoke("--db", str(db), "show", ids["declined"], "--format", "json").stdout)
     by_path = {r["path"]: r for r in rows}
     bad = by_path["order_fulfilment@1/ship@1/charge_card@2"]
-    assert (bad["status"], bad["error_code"], bad["error_type"]) == ("failed", "PAYMENT_DECLINED", "PaymentDeclined")
+    assert (bad["status"], bad["error_code"], bad["error_type"]) == (
+        "failed",
+        "PAYMENT_DECLINED",
+        "PaymentDeclined",
+    )
     assert "declined" in bad["error_message"] and bad["depth"] == 2
     ship = by_path["order_fulfilment@1/ship@1"]
     assert ship["status"] == "failed" and ship["origin_path"] == bad["path"]
@@ -240,11 +248,17 @@ def test_runs_filters(demo_db):
     rows = json.loads(invoke("--db", str(db), "runs", "--status", "failed", "--format", "json").stdout)
     assert [r["session_id"] for r in rows] == [ids["declined"]]
     assert rows[0]["error_code"] == "PAYMENT_DECLINED" and rows[0]["failed_runs"] == 1
-    rows = json.loads(invoke("--db", str(db), "runs", "--workflow", "nightly_export", "--format", "json").stdout)
+    rows = json.loads(
+        invoke("--db", str(db), "runs", "--workflow", "nightly_export", "--format", "json").stdout
+    )
     # the killed worker's session and the demo's queue (two served, one left queued)
-    assert ids["export"] in [r["session_id"] for r in rows] and {r["workflow"] for r in rows} == {"nightly_export"}
+    assert ids["export"] in [r["session_id"] for r in rows] and {r["workflow"] for r in rows} == {
+        "nightly_export"
+    }
     assert sorted(r["status"] for r in rows) == ["completed", "completed", "queued", "running"]
-    assert [r["open_runs"] for r in rows if r["session_id"] == ids["export"]] == [1]  # export_rows, not its workflow
+    assert [r["open_runs"] for r in rows if r["session_id"] == ids["export"]] == [
+        1
+    ]  # export_rows, not its workflow
     rows = json.loads(invoke("--db", str(db), "runs", "--limit", "1", "--format", "json").stdout)
     assert len(rows) == 1
 
@@ -254,13 +268,22 @@ def test_stuck_thresholds_and_states(demo_db):
     result = invoke("--db", str(db), "stuck", "--format", "json")  # default: older than 15m, orphans at once
     assert [(r["session_id"], r["state"]) for r in json.loads(result.stdout)] == [(ids["export"], "orphaned")]
     assert "nothing stuck" in invoke("--db", str(db), "stuck", "--state", "waiting_job").stdout
-    rows = json.loads(invoke("--db", str(db), "stuck", "--older-than", "0s", "--stale-after", "1h", "--format", "json").stdout)
+    rows = json.loads(
+        invoke(
+            "--db", str(db), "stuck", "--older-than", "0s", "--stale-after", "1h", "--format", "json"
+        ).stdout
+    )
     # the killed worker's owner process is gone, so its run is orphaned at once,
     # whatever --stale-after says (that threshold is only for sessions without an owner)
     assert {r["session_id"]: r["state"] for r in rows} == {
-        ids["export"]: "orphaned", ids["lost"]: "overdue", ids["queued"]: "queued"}  # the demo's queue: no worker serves it
+        ids["export"]: "orphaned",
+        ids["lost"]: "overdue",
+        ids["queued"]: "queued",
+    }  # the demo's queue: no worker serves it
     rows = json.loads(
-        invoke("--db", str(db), "stuck", "--older-than", "0", "--stale-after", STALE, "--all", "--format", "json").stdout
+        invoke(
+            "--db", str(db), "stuck", "--older-than", "0", "--stale-after", STALE, "--all", "--format", "json"
+        ).stdout
     )
     assert {r["path"] for r in rows} == {
         "",  # the queued session: no run yet
@@ -270,11 +293,35 @@ def test_stuck_thresholds_and_states(demo_db):
         "order_fulfilment@1/enrich_addresses@1",
     }
     rows = json.loads(
-        invoke("--db", str(db), "stuck", "--older-than", "0", "--stale-after", STALE, "--state", "orphaned", "--format", "json").stdout
+        invoke(
+            "--db",
+            str(db),
+            "stuck",
+            "--older-than",
+            "0",
+            "--stale-after",
+            STALE,
+            "--state",
+            "orphaned",
+            "--format",
+            "json",
+        ).stdout
     )
     assert [(r["session_id"], r["path"]) for r in rows] == [(ids["export"], "nightly_export@1/export_rows@1")]
     rows = json.loads(
-        invoke("--db", str(db), "stuck", "--older-than", "0", "--stale-after", STALE, "--state", "waiting_input", "--format", "json").stdout
+        invoke(
+            "--db",
+            str(db),
+            "stuck",
+            "--older-than",
+            "0",
+            "--stale-after",
+            STALE,
+            "--state",
+            "waiting_input",
+            "--format",
+            "json",
+        ).stdout
     )
     assert rows == []
 
@@ -339,7 +386,12 @@ def test_bad_databases_through_the_console_script(bad_dbs, kind):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "command",
-    [["show", "no-such-session"], ["export", "no-such-session"], ["resume", "no-such-session"], ["audit", "--session", "no-such-session"]],
+    [
+        ["show", "no-such-session"],
+        ["export", "no-such-session"],
+        ["resume", "no-such-session"],
+        ["audit", "--session", "no-such-session"],
+    ],
     ids=lambda c: c[0],
 )
 def test_unknown_session(demo_db, command):
@@ -352,14 +404,37 @@ def test_unknown_session(demo_db, command):
 def test_resume_argument_errors(paused_db):
     db, sid, job_id = paused_db
     d = str(db)
-    assert_one_line_error(run_cli("--db", d, "resume", sid, "--input", "approval=yes"), "not valid JSON", "approval=\"yes\"")
-    assert_one_line_error(invoke("--db", d, "resume", sid, "--job", f"{job_id}={{success: true}}"), "not valid JSON")
+    assert_one_line_error(
+        run_cli("--db", d, "resume", sid, "--input", "approval=yes"), "not valid JSON", 'approval="yes"'
+    )
+    assert_one_line_error(
+        invoke("--db", d, "resume", sid, "--job", f"{job_id}={{success: true}}"), "not valid JSON"
+    )
     assert_one_line_error(invoke("--db", d, "resume", sid, "--input", "approval"), "expects ID=JSON")
-    assert_one_line_error(invoke("--db", d, "resume", sid, "--input", "nope=1"), "no open input request 'nope'")
-    assert_one_line_error(run_cli("--db", d, "resume", sid, "--job", "job-unknown={}"), "no dispatched job 'job-unknown'")
+    assert_one_line_error(
+        invoke("--db", d, "resume", sid, "--input", "nope=1"), "no open input request 'nope'"
+    )
+    assert_one_line_error(
+        run_cli("--db", d, "resume", sid, "--job", "job-unknown={}"), "no dispatched job 'job-unknown'"
+    )
     assert_one_line_error(invoke("--db", d, "resume", sid), "waiting for job " + job_id, "--job")
-    assert_one_line_error(invoke("--db", d, "resume", sid, "--job", f"{job_id}={{}}", "--workflow", "nosuchmodule:wf"), "cannot import")
-    assert_one_line_error(invoke("--db", d, "resume", sid, "--job", f"{job_id}={{}}", "--workflow", "flowscope.examples.worker:nightly_export"), "order_fulfilment")
+    assert_one_line_error(
+        invoke("--db", d, "resume", sid, "--job", f"{job_id}={{}}", "--workflow", "nosuchmodule:wf"),
+        "cannot import",
+    )
+    assert_one_line_error(
+        invoke(
+            "--db",
+            d,
+            "resume",
+            sid,
+            "--job",
+            f"{job_id}={{}}",
+            "--workflow",
+            "flowscope.examples.worker:nightly_export",
+        ),
+        "order_fulfilment",
+    )
     with SqliteEventStore(db, readonly=True) as store:
         assert [e.type for e in store.read(sid)][-1] == "run_finished"  # nothing was appended
         assert len(store.read(sid)) == store.last_seq(sid)
@@ -372,12 +447,21 @@ def test_resume_walks_a_session_to_the_end_through_every_pause(paused_db):
     proc = run_cli("--db", d, "resume", sid, "--job", f'{job_id}={{"success": true, "count": 0}}')
     assert proc.returncode == 0, proc.stderr
     assert "paused again" in proc.stdout and "retry or abort" in proc.stdout
-    iid = re.search(r"--input '([^=]+)=\"retry\"'", proc.stdout).group(1)  # a failed job's pause: the hint is valid as printed
+    iid = re.search(r"--input '([^=]+)=\"retry\"'", proc.stdout).group(
+        1
+    )  # a failed job's pause: the hint is valid as printed
     result = invoke("--db", d, "resume", sid, "--input", f'{iid}="retry"')
     assert result.exit_code == 0, result.output
     new_job = re.search(r"--job '(job-[0-9a-f]+)=", result.stdout).group(1)
     assert new_job != job_id
-    result = invoke("--db", d, "resume", sid, "--job", f'{new_job}={{"success": true, "count": 3, "data": {{"geocoded": [1, 2, 3]}}}}')
+    result = invoke(
+        "--db",
+        d,
+        "resume",
+        sid,
+        "--job",
+        f'{new_job}={{"success": true, "count": 3, "data": {{"geocoded": [1, 2, 3]}}}}',
+    )
     assert result.exit_code == 0 and "'approval'" in result.stdout
     proc = run_cli("--db", d, "resume", sid, "--input", "approval=true")
     assert proc.returncode == 0, proc.stderr
@@ -411,7 +495,9 @@ def test_resume_recovers_a_killed_worker(tmp_path):
     proc = run_cli("--db", str(db), "resume", "crash-1")
     assert proc.returncode == 0, proc.stderr
     assert "completed" in proc.stdout and "recovered" in proc.stdout
-    rows = json.loads(invoke("--db", str(db), "audit", "--session", "crash-1", "--by", "run", "--format", "json").stdout)
+    rows = json.loads(
+        invoke("--db", str(db), "audit", "--session", "crash-1", "--by", "run", "--format", "json").stdout
+    )
     (export_rows,) = [r for r in rows if r["node"] == "export_rows"]
     assert (export_rows["status"], export_rows["attempts"], export_rows["recoveries"]) == ("completed", 2, 1)
     (snapshot,) = [r for r in rows if r["node"] == "snapshot"]
@@ -434,13 +520,25 @@ def test_an_unexpected_error_is_one_line_too(demo_db, monkeypatch):
         raise RuntimeError("boom\nwith a second line")
 
     monkeypatch.setattr(views, "runs_rows", broken)
-    line = assert_one_line_error(invoke("--db", str(db), "runs"), "unexpected RuntimeError", "boom with a second line")
+    line = assert_one_line_error(
+        invoke("--db", str(db), "runs"), "unexpected RuntimeError", "boom with a second line"
+    )
     assert "FLOWSCOPE_DEBUG" in line
 
 
 @pytest.mark.slow
 def test_help_and_version():
-    for command in ([], ["demo"], ["runs"], ["show"], ["audit"], ["stuck"], ["resume"], ["serve-metrics"], ["export"]):
+    for command in (
+        [],
+        ["demo"],
+        ["runs"],
+        ["show"],
+        ["audit"],
+        ["stuck"],
+        ["resume"],
+        ["serve-metrics"],
+        ["export"],
+    ):
         result = invoke(*command, "--help")
         assert result.exit_code == 0 and "Usage:" in result.stdout
     proc = run_cli("--version")
@@ -498,7 +596,14 @@ def test_export_to_an_otlp_endpoint(demo_db):
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         db, ids = demo_db
-        proc = run_cli("--db", str(db), "export", ids["declined"], "--otlp-endpoint", f"http://127.0.0.1:{server.server_port}")
+        proc = run_cli(
+            "--db",
+            str(db),
+            "export",
+            ids["declined"],
+            "--otlp-endpoint",
+            f"http://127.0.0.1:{server.server_port}",
+        )
         assert proc.returncode == 0, proc.stderr
         assert "sent" in proc.stderr + proc.stdout
     finally:
@@ -520,7 +625,16 @@ def _free_port() -> int:
 def test_export_to_an_unreachable_endpoint_is_one_line(demo_db):
     db, ids = demo_db
     port = _free_port()
-    proc = run_cli("--db", str(db), "export", ids["orders"], "--otlp-endpoint", f"http://127.0.0.1:{port}", "--timeout", "1")
+    proc = run_cli(
+        "--db",
+        str(db),
+        "export",
+        ids["orders"],
+        "--otlp-endpoint",
+        f"http://127.0.0.1:{port}",
+        "--timeout",
+        "1",
+    )
     assert_one_line_error(proc, "could not send", f"127.0.0.1:{port}")
 
 
@@ -553,8 +667,13 @@ def test_serve_metrics_serves_the_store_until_signalled(demo_db, sig):
         url = _read_url(proc)
         assert url.startswith("http://127.0.0.1:")
         body = urllib.request.urlopen(url, timeout=10).read().decode()
-        assert re.search(r'flowscope_store_orphaned_runs\{node="export_rows",workflow="nightly_export"\} 1\.0', body), body
-        assert 'flowscope_store_open_runs{node="export_rows",state="running",workflow="nightly_export"} 1.0' in body
+        assert re.search(
+            r'flowscope_store_orphaned_runs\{node="export_rows",workflow="nightly_export"\} 1\.0', body
+        ), body
+        assert (
+            'flowscope_store_open_runs{node="export_rows",state="running",workflow="nightly_export"} 1.0'
+            in body
+        )
         proc.send_signal(sig)
         assert proc.wait(timeout=10) == 0
         assert "Traceback" not in proc.stderr.read()
@@ -571,7 +690,9 @@ def test_serve_metrics_port_in_use(demo_db):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        assert_one_line_error(run_cli("--db", str(db), "serve-metrics", "--port", str(port)), f"127.0.0.1:{port}")
+        assert_one_line_error(
+            run_cli("--db", str(db), "serve-metrics", "--port", str(port)), f"127.0.0.1:{port}"
+        )
 
 
 def test_stuck_classifies_waiting_input_waiting_job_and_overdue(tmp_path):
@@ -599,9 +720,15 @@ def test_stuck_classifies_waiting_input_waiting_job_and_overdue(tmp_path):
     assert set(by_session) == {"s-input", "s-job", "s-late"}
     assert (by_session["s-input"]["state"], by_session["s-input"]["waiting_on"]) == ("waiting_input", ["go"])
     assert by_session["s-input"]["action"] == "flowscope resume s-input --input 'go=JSON'"
-    assert by_session["s-job"]["state"] == "waiting_job" and by_session["s-job"]["job_deadline_at"] is not None
+    assert (
+        by_session["s-job"]["state"] == "waiting_job" and by_session["s-job"]["job_deadline_at"] is not None
+    )
     assert by_session["s-late"]["state"] == "overdue"
-    only = json.loads(invoke("--db", str(db), "stuck", "--older-than", "0s", "--state", "overdue", "--format", "json").stdout)
+    only = json.loads(
+        invoke(
+            "--db", str(db), "stuck", "--older-than", "0s", "--state", "overdue", "--format", "json"
+        ).stdout
+    )
     assert [r["session_id"] for r in only] == ["s-late"]
     table = invoke("--db", str(db), "show", "s-input").stdout
     assert "WAITING for go" in table and "flowscope resume s-input --input 'go=JSON'" in table
@@ -673,7 +800,9 @@ def test_each_store_error_class_gives_its_line_and_exit_2(tmp_path, monkeypatch,
     db = tmp_path / "flows.db"
     with SqliteEventStore(db):
         pass
-    monkeypatch.setattr("flowscope.store.sqlite.SqliteEventStore", raising_store(klass(f"{db} said no"), on=on))
+    monkeypatch.setattr(
+        "flowscope.store.sqlite.SqliteEventStore", raising_store(klass(f"{db} said no"), on=on)
+    )
     command = ["runs"] if on == "open" else ["show", "s1"]
     advice = STORE_ERROR_ADVICE[klass].format(path=db)
     line = assert_one_line_error(invoke("--db", str(db), *command), f"{db} said no: ", advice)
@@ -687,7 +816,9 @@ def test_a_plain_store_error_prints_its_own_message(tmp_path, monkeypatch):
     with SqliteEventStore(db):
         pass
     message = f"{db} is corrupt, malformed and not a flowscope database (words, not a class)"
-    monkeypatch.setattr("flowscope.store.sqlite.SqliteEventStore", raising_store(fs_errors.StoreError(message)))
+    monkeypatch.setattr(
+        "flowscope.store.sqlite.SqliteEventStore", raising_store(fs_errors.StoreError(message))
+    )
     line = assert_one_line_error(invoke("--db", str(db), "runs"))
     assert line == f"flowscope: error: {message}"
 
@@ -711,7 +842,9 @@ def test_a_folder_named_corrupt_gets_no_corruption_advice(tmp_path):
     assert "backup" not in line and ".recover" not in line
     # a missing file under such a folder, for a read command and for the demo (which creates it)
     missing = folder / "missing.db"
-    line = assert_one_line_error(run_cli("--db", str(missing), "runs"), "no flowscope database at", "missing.db")
+    line = assert_one_line_error(
+        run_cli("--db", str(missing), "runs"), "no flowscope database at", "missing.db"
+    )
     assert "backup" not in line and ".recover" not in line
     nowhere = tmp_path / "gone" / "corrupt" / "flows.db"
     line = assert_one_line_error(run_cli("--db", str(nowhere), "demo"), "flows.db")
@@ -720,7 +853,9 @@ def test_a_folder_named_corrupt_gets_no_corruption_advice(tmp_path):
 
 
 @pytest.mark.parametrize("cmd", [["serve-metrics", "--port", "0"], ["export", "--follow"]])
-@pytest.mark.parametrize("endpoint, says", [("ftp://x", "is http(s)://host[:port] or host:port"), ("http://:x", "not a URL")])
+@pytest.mark.parametrize(
+    "endpoint, says", [("ftp://x", "is http(s)://host[:port] or host:port"), ("http://:x", "not a URL")]
+)
 def test_a_span_followers_bad_otlp_endpoint_is_one_line_and_exit_2(demo_db, cmd, endpoint, says):
     db, _sessions = demo_db
     r = invoke("--db", str(db), *cmd, "--otlp-endpoint", endpoint)

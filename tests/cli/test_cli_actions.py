@@ -62,7 +62,10 @@ def test_a_bulk_action_lists_with_dry_run_and_needs_yes_to_act(tmp_path):
     assert done.exit_code == 0 and done.output.count("queued f") == 3, done.output
     done = run(db, "cancel", "--state", "paused", "--yes")
     assert done.exit_code == 0 and done.output.count("cancelled p") == 3, done.output
-    assert statuses(db) == {**{f"p{i}": "cancelled" for i in range(3)}, **{f"f{i}": "queued" for i in range(3)}}
+    assert statuses(db) == {
+        **{f"p{i}": "cancelled" for i in range(3)},
+        **{f"f{i}": "queued" for i in range(3)},
+    }
 
 
 def test_a_bulk_action_wants_a_session_or_filters_not_both_and_not_neither(tmp_path):
@@ -85,8 +88,13 @@ def test_a_bulk_resume_answers_every_selected_session_and_skips_the_ones_it_cann
     assert statuses(db) == {**{f"p{i}": "paused" for i in range(3)}, **{f"f{i}": "failed" for i in range(3)}}
     done = run(db, "resume", "--state", "paused", "--workflow", "asking", "--input", "go=true", "--yes")
     assert done.exit_code == 0 and done.output.count("recorded input go for p") == 3, done.output
-    assert statuses(db) == {**{f"p{i}": "answered" for i in range(3)}, **{f"f{i}": "failed" for i in range(3)}}
-    again = run(db, "resume", "--state", "answered", "--input", "go=true", "--yes")  # already answered: one line each
+    assert statuses(db) == {
+        **{f"p{i}": "answered" for i in range(3)},
+        **{f"f{i}": "failed" for i in range(3)},
+    }
+    again = run(
+        db, "resume", "--state", "answered", "--input", "go=true", "--yes"
+    )  # already answered: one line each
     assert again.exit_code == 0 and again.output.count("skipped p") == 3, again.output
     both = run(db, "resume", "p0", "--state", "paused")
     assert both.exit_code == 2 and "not both" in both.output

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from flowscope import START, Plugin, Runner, Worker, Workflow, answer, node
 from flowscope.cli import main
 from flowscope.errors import OutputNotSerializableError, ResumeError
@@ -111,23 +112,38 @@ def everything(db: Path) -> dict[str, int]:
 
 BAD = {
     "start_nan_input": (["start", "wf", "--input", "NaN"], ["--input", "NaN is not a JSON number"]),
-    "start_infinite_input": (["start", "wf", "--input", "[1, -Infinity]"], ["--input", "-Infinity is not a JSON number"]),
-    "start_long_session_id": (["start", "wf", "--session", LONG_ID], ["--session", "300 characters long; at most 256"]),
+    "start_infinite_input": (
+        ["start", "wf", "--input", "[1, -Infinity]"],
+        ["--input", "-Infinity is not a JSON number"],
+    ),
+    "start_long_session_id": (
+        ["start", "wf", "--session", LONG_ID],
+        ["--session", "300 characters long; at most 256"],
+    ),
     "start_empty_session_id": (["start", "wf", "--session", ""], ["--session", "must not be empty"]),
     "start_control_in_session_id": (["start", "wf", "--session", "a\tb"], ["--session", "control character"]),
-    "resume_nan_answer": (["resume", "p-input", "--input", "go=NaN"], ["--input go", "NaN is not a JSON number"]),
+    "resume_nan_answer": (
+        ["resume", "p-input", "--input", "go=NaN"],
+        ["--input go", "NaN is not a JSON number"],
+    ),
     "resume_count_as_text": (
         ["resume", "p-job", "--job", '{job}={{"success": true, "count": "3"}}'],
         ["'count' is \"3\" (str); it must be a number"],
     ),
-    "worker_lease_zero": (["worker", "flows_{tag}:wf", "--lease", "0s"], ["--lease", "not a positive duration"]),
+    "worker_lease_zero": (
+        ["worker", "flows_{tag}:wf", "--lease", "0s"],
+        ["--lease", "not a positive duration"],
+    ),
     "worker_poll_zero": (["worker", "flows_{tag}:wf", "--poll", "0"], ["--poll", "not a positive duration"]),
     "worker_spec_names_a_node": (["worker", "flows_{tag}:a_node"], ["is a node ('a_node'), not a workflow"]),
     "worker_module_raises_at_import": (
         ["worker", "boom_{tag}:wf"],
         ["importing module 'boom_", "raised RuntimeError: cannot reach db with password=*** at <path>"],
     ),
-    "resume_workflow_names_a_node": (["resume", "p-input", "--input", "go=1", "--workflow", "flows_{tag}:a_node"], ["is a node"]),
+    "resume_workflow_names_a_node": (
+        ["resume", "p-input", "--input", "go=1", "--workflow", "flows_{tag}:a_node"],
+        ["is a node"],
+    ),
 }
 
 
@@ -152,7 +168,9 @@ def test_start_and_runner_submit_refuse_the_same_values(tmp_path, invoke):
         with pytest.raises(ValueError, match="300 characters long; at most 256"):
             runner.submit(1, session_id=LONG_ID)
         assert store.sessions() == []
-    assert_one_line_error(invoke("--db", str(db), "start", "wf", "--session", LONG_ID), "300 characters long; at most 256")
+    assert_one_line_error(
+        invoke("--db", str(db), "start", "wf", "--session", LONG_ID), "300 characters long; at most 256"
+    )
     assert everything(db) == {}
 
 
@@ -183,13 +201,18 @@ def test_start_of_a_workflow_no_live_worker_serves_warns_and_names_what_they_ser
     result = invoke("--db", str(db), "start", "invoice_pipline", "--session", "typo")
     assert result.exit_code == 0, result.stderr
     assert result.stdout.strip() == "typo"
-    assert "warning: queued invoice_pipline as session typo, but no worker serves 'invoice_pipline'" in result.stderr
+    assert (
+        "warning: queued invoice_pipline as session typo, but no worker serves 'invoice_pipline'"
+        in result.stderr
+    )
     assert "the live workers serve invoice_pipeline; check the name" in result.stderr
 
 
 def _submit_raw(store: SqliteEventStore, sid: str, workflow: str, input: object) -> None:
     """A RunSubmitted written without submit()'s checks (an older flowscope, another tool)."""
-    event = RunSubmitted(session_id=sid, invocation_id="submit-raw", seq=1, ts=time.time(), workflow=workflow, input=input)
+    event = RunSubmitted(
+        session_id=sid, invocation_id="submit-raw", seq=1, ts=time.time(), workflow=workflow, input=input
+    )
     store.append(sid, [event], 0)
 
 
@@ -201,7 +224,9 @@ async def _serve_for(worker: Worker, seconds: float) -> None:
 
 
 @pytest.mark.slow
-def test_a_worker_marks_a_session_it_can_never_run_failed_and_backs_off_one_that_fails_its_checks(tmp_path, invoke):
+def test_a_worker_marks_a_session_it_can_never_run_failed_and_backs_off_one_that_fails_its_checks(
+    tmp_path, invoke
+):
     """A 300-character id (the engine refuses it) ends failed at its first claim; a queued
     session whose input is NaN fails its resume checks: held for lease_s, then twice that,
     and marked failed at the third failure, with the reason: three claims in two seconds of

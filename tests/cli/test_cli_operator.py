@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from flowscope.actions import operator
-
 from flowscope.errors import LeaseLost
 from flowscope.events import RunFinished
 from flowscope.ownership import this_process
@@ -29,7 +28,7 @@ FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flow
 #: Workflows of a user's own, saved as ``flows.py`` in the test's folder (the current
 #: directory of every command, so ``--workflow flows:NAME`` must find it).
 FLOWS = textwrap.dedent(
-    '''
+    """
     import sys, time
     from flowscope import RetryConfig, Runner, START, Workflow, node
     from flowscope.store import SqliteEventStore
@@ -94,14 +93,16 @@ FLOWS = textwrap.dedent(
             real = time.time
             time.time = lambda: real() + 46.0
             Runner(orders, store=SqliteEventStore(db)).resume_sync(session, inputs={"approval": True})
-    '''
+    """
 )
 
 
 def flowscope(*args: str, cwd: Path, env: dict | None = None, timeout: float = 60, stdin=subprocess.DEVNULL):
     full = {k: v for k, v in os.environ.items() if k not in ("FLOWSCOPE_DB", "FLOWSCOPE_UTC")}
     full.update(env or {})
-    return subprocess.run([FLOWSCOPE, *args], capture_output=True, text=True, cwd=cwd, env=full, timeout=timeout, stdin=stdin)
+    return subprocess.run(
+        [FLOWSCOPE, *args], capture_output=True, text=True, cwd=cwd, env=full, timeout=timeout, stdin=stdin
+    )
 
 
 def one_line_error(proc, *fragments: str) -> str:
@@ -120,7 +121,13 @@ def work(tmp_path):
 
 
 def run_flow(work: Path, which: str, session: str, *extra: str, db: str = "ops.db") -> None:
-    proc = subprocess.run([sys.executable, "flows.py", db, which, session, *extra], cwd=work, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "flows.py", db, which, session, *extra],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -178,7 +185,11 @@ def test_a_run_resumed_46s_later_is_drawn_as_segments_with_the_pause_as_a_gap(wo
     run_flow(work, "orders", "o1", "--resume-later")
     proc = flowscope("--db", "ops.db", "show", "o1", cwd=work)
     assert proc.returncode == 0, proc.stderr
-    bars = {line.split()[0]: re.search(r"\|([^|]*)\|", line).group(1) for line in proc.stdout.splitlines() if "|" in line}
+    bars = {
+        line.split()[0]: re.search(r"\|([^|]*)\|", line).group(1)
+        for line in proc.stdout.splitlines()
+        if "|" in line
+    }
     assert ":" in bars["approve@1"] and ":" in bars["orders@1"]
     # the root's bar: two pieces around the one-column gap, not one 46 s bar
     before, _, after = bars["orders@1"].partition(":")
@@ -194,7 +205,9 @@ def test_a_run_resumed_46s_later_is_drawn_as_segments_with_the_pause_as_a_gap(wo
 @pytest.mark.slow
 def test_one_resume_prints_one_kept_count(work):
     run_flow(work, "orders", "o2")
-    proc = flowscope("--db", "ops.db", "resume", "o2", "--input", "approval=true", "--workflow", "flows:orders", cwd=work)
+    proc = flowscope(
+        "--db", "ops.db", "resume", "o2", "--input", "approval=true", "--workflow", "flows:orders", cwd=work
+    )
     assert proc.returncode == 0, proc.stderr
     started = re.search(r"(\d+) finished run\(s\) kept from the log", proc.stdout)
     finished = re.search(r"completed \(o2, (\d+) finished run\(s\) kept", proc.stdout)
@@ -205,7 +218,9 @@ def test_one_resume_prints_one_kept_count(work):
 @pytest.mark.slow
 def test_resume_finds_the_workflow_module_in_the_current_directory(work):
     run_flow(work, "orders", "o3")
-    proc = flowscope("--db", "ops.db", "resume", "o3", "--input", "approval=true", "--workflow", "flows:orders", cwd=work)
+    proc = flowscope(
+        "--db", "ops.db", "resume", "o3", "--input", "approval=true", "--workflow", "flows:orders", cwd=work
+    )
     assert proc.returncode == 0 and "completed" in proc.stdout, proc.stderr
 
 
@@ -215,7 +230,9 @@ def test_messages_say_what_is_true(demo, tmp_path):
     proc = flowscope("runs", "--status", "cancelled", cwd=d)
     assert proc.returncode == 0
     assert "no sessions match --status cancelled" in proc.stdout and "flowscope demo" not in proc.stdout
-    line = one_line_error(flowscope("resume", ids["lost"], "--input", "wrongid=true", cwd=d), "no open input request 'wrongid'")
+    line = one_line_error(
+        flowscope("resume", ids["lost"], "--input", "wrongid=true", cwd=d), "no open input request 'wrongid'"
+    )
     assert "(open: none)" not in line and "job job-" in line
     line = one_line_error(flowscope("--db", str(tmp_path), "demo", cwd=tmp_path), "is a directory")
     assert "flowscope demo" not in line and str(tmp_path / "flowscope.db") in line
@@ -225,18 +242,30 @@ def test_messages_say_what_is_true(demo, tmp_path):
 def test_a_job_result_must_be_an_object_with_the_documented_keys(demo, tmp_path):
     d = copy_demo(demo, tmp_path)
     sid = demo[1]["lost"]
-    job = next(r for r in as_json(flowscope("stuck", "--older-than", "0s", "--format", "json", cwd=d)) if r["session_id"] == sid)["waiting_on"][0]
+    job = next(
+        r
+        for r in as_json(flowscope("stuck", "--older-than", "0s", "--format", "json", cwd=d))
+        if r["session_id"] == sid
+    )["waiting_on"][0]
     with SqliteEventStore(d / "flowscope.db", readonly=True) as store:
         before = store.last_seq(sid)
-    one_line_error(flowscope("resume", sid, "--job", f"{job}=[1,2]", cwd=d), "a job result is a JSON object", "list")
-    one_line_error(flowscope("resume", sid, "--job", f'{job}={{"succes": true}}', cwd=d), "unknown key(s) succes")
+    one_line_error(
+        flowscope("resume", sid, "--job", f"{job}=[1,2]", cwd=d), "a job result is a JSON object", "list"
+    )
+    one_line_error(
+        flowscope("resume", sid, "--job", f'{job}={{"succes": true}}', cwd=d), "unknown key(s) succes"
+    )
     with SqliteEventStore(d / "flowscope.db", readonly=True) as store:
         assert store.last_seq(sid) == before  # nothing consumed
 
 
 @pytest.mark.slow
 def test_usage_errors_are_one_line_and_bare_flowscope_is_help(tmp_path):
-    for args, fragment in ((["nonsense"], "No such command 'nonsense'"), (["show"], "Missing argument 'SESSION'"), (["runs", "--bogus"], "--bogus")):
+    for args, fragment in (
+        (["nonsense"], "No such command 'nonsense'"),
+        (["show"], "Missing argument 'SESSION'"),
+        (["runs", "--bogus"], "--bogus"),
+    ):
         one_line_error(flowscope(*args, cwd=tmp_path), fragment, "--help`")
     proc = flowscope(cwd=tmp_path)
     assert proc.returncode == 0 and "Commands:" in proc.stdout and "prune" in proc.stdout
@@ -286,7 +315,11 @@ def _sessions(db: Path) -> dict[str, str]:
 @pytest.mark.parametrize("how", ["ctrl-d", "ctrl-c"])
 def test_ctrl_c_or_ctrl_d_at_an_interactive_prompt_stops_the_demo_at_once(tmp_path, how):
     proc = subprocess.Popen(
-        [FLOWSCOPE, "demo", "--interactive"], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [FLOWSCOPE, "demo", "--interactive"],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         seen = _read_until(proc, b"retry or abort?")
@@ -329,7 +362,20 @@ def test_a_demo_longer_than_30s_still_kills_its_worker_mid_run(tmp_path):
     assert proc.returncode == 0, err
     assert b"killed with SIGKILL inside nightly_export@1/export_rows@1" in out, out[-1500:]
     assert b"did not reach" not in out
-    rows = as_json(flowscope("stuck", "--older-than", "0s", "--stale-after", "0.5s", "--state", "orphaned", "--format", "json", cwd=tmp_path))
+    rows = as_json(
+        flowscope(
+            "stuck",
+            "--older-than",
+            "0s",
+            "--stale-after",
+            "0.5s",
+            "--state",
+            "orphaned",
+            "--format",
+            "json",
+            cwd=tmp_path,
+        )
+    )
     assert [r["path"] for r in rows] == ["nightly_export@1/export_rows@1"]
 
 
@@ -366,7 +412,9 @@ def test_show_gives_the_heartbeat_the_idempotency_key_and_the_fix(demo):
 def test_show_prints_the_fix_of_a_failed_jobs_pause(demo, tmp_path):
     d = copy_demo(demo, tmp_path)
     sid = demo[1]["lost"]
-    job = next(j for r in as_json(flowscope("show", sid, "--format", "json", cwd=d)) for j in r["jobs"])["job_id"]
+    job = next(j for r in as_json(flowscope("show", sid, "--format", "json", cwd=d)) for j in r["jobs"])[
+        "job_id"
+    ]
     proc = flowscope("resume", sid, "--job", f'{job}={{"success": true, "count": 0}}', cwd=d)
     assert proc.returncode == 0 and "paused again" in proc.stdout, proc.stderr
     rows = as_json(flowscope("show", sid, "--format", "json", cwd=d))
@@ -384,8 +432,12 @@ def test_events_prints_the_log_with_payloads_redacted_unless_asked(demo):
     rows = as_json(flowscope("events", ids["orders"], "--format", "json", cwd=d))
     with SqliteEventStore(d / "flowscope.db", readonly=True) as store:
         log = store.read(ids["orders"])
-    assert [r["seq"] for r in rows] == [e.seq for e in log] and [r["type"] for r in rows] == [e.type for e in log]
-    completed = next(r for r in rows if r["type"] == "node_completed" and r["path"].endswith("fetch_orders@1"))
+    assert [r["seq"] for r in rows] == [e.seq for e in log] and [r["type"] for r in rows] == [
+        e.type for e in log
+    ]
+    completed = next(
+        r for r in rows if r["type"] == "node_completed" and r["path"].endswith("fetch_orders@1")
+    )
     assert re.fullmatch(r"<redacted: \d+ bytes>", completed["fields"]["output"])
     assert completed["fields"]["attempt_count"] == 2  # the other fields as written
     table = flowscope("events", ids["orders"], cwd=d).stdout
@@ -404,11 +456,22 @@ def test_cancel_ends_a_paused_session_for_good(demo, tmp_path):
     proc = flowscope("cancel", sid, "--reason", "the batch was withdrawn", cwd=d)
     assert proc.returncode == 0 and "2 open run(s) cancelled" in proc.stdout, proc.stderr
     events = as_json(flowscope("events", sid, "--format", "json", cwd=d))
-    assert [e["type"] for e in events[-4:]] == ["run_started", "node_cancelled", "node_cancelled", "run_finished"]
+    assert [e["type"] for e in events[-4:]] == [
+        "run_started",
+        "node_cancelled",
+        "node_cancelled",
+        "run_finished",
+    ]
     assert events[-1]["fields"]["status"] == "cancelled"
-    assert {e["fields"]["reason"] for e in events[-3:-1]} == {f"the batch was withdrawn (asked by {operator()})"}
+    assert {e["fields"]["reason"] for e in events[-3:-1]} == {
+        f"the batch was withdrawn (asked by {operator()})"
+    }
     assert _sessions(d / "flowscope.db")[sid] == "cancelled"
-    assert not [r for r in as_json(flowscope("stuck", "--older-than", "0s", "--format", "json", cwd=d)) if r["session_id"] == sid]
+    assert not [
+        r
+        for r in as_json(flowscope("stuck", "--older-than", "0s", "--format", "json", cwd=d))
+        if r["session_id"] == sid
+    ]
     one_line_error(flowscope("resume", sid, "--job", "x={}", cwd=d), "was cancelled")
     one_line_error(flowscope("cancel", sid, cwd=d), "already cancelled")
     one_line_error(flowscope("cancel", demo[1]["orders"], cwd=d), "already completed")
@@ -424,21 +487,36 @@ def test_cancel_asks_a_live_owner_to_stop_and_force_fences_it(demo, tmp_path):
         before = store.last_seq(sid)
     proc = flowscope("cancel", sid, cwd=d)
     assert proc.returncode == 0, proc.stderr
-    assert f"asked w-alive on {alive.host} pid {alive.pid}" in proc.stdout and "next lease renewal" in proc.stdout
-    with SqliteEventStore(d / "flowscope.db") as store:  # sent to its inbox: nothing appended, the owner keeps its epoch
+    assert (
+        f"asked w-alive on {alive.host} pid {alive.pid}" in proc.stdout
+        and "next lease renewal" in proc.stdout
+    )
+    with SqliteEventStore(
+        d / "flowscope.db"
+    ) as store:  # sent to its inbox: nothing appended, the owner keeps its epoch
         info = store.session_info(sid)
-        assert store.last_seq(sid) == before and info is not None and (info.owner, info.epoch) == (alive, taken.epoch)
+        assert (
+            store.last_seq(sid) == before
+            and info is not None
+            and (info.owner, info.epoch) == (alive, taken.epoch)
+        )
         assert [m.kind for m in store.inbox(sid)] == ["cancel"]
     proc = flowscope("cancel", sid, "--force", cwd=d)
     assert proc.returncode == 0, proc.stderr
     assert "--force: took the session from" in proc.stderr
     assert _sessions(d / "flowscope.db")[sid] == "cancelled"
-    with SqliteEventStore(d / "flowscope.db") as store:  # the live owner is fenced off, the cancel's lease released
+    with SqliteEventStore(
+        d / "flowscope.db"
+    ) as store:  # the live owner is fenced off, the cancel's lease released
         info = store.session_info(sid)
         assert info is not None and info.epoch == taken.epoch + 1 and info.lease_expires_at == 0
         with pytest.raises(LeaseLost):
-            store.append(sid, [RunFinished(session_id=sid, invocation_id="late", ts=time.time(), status="completed")],
-                         store.last_seq(sid), epoch=taken.epoch)
+            store.append(
+                sid,
+                [RunFinished(session_id=sid, invocation_id="late", ts=time.time(), status="completed")],
+                store.last_seq(sid),
+                epoch=taken.epoch,
+            )
         assert store.inbox(sid) == []  # the forced cancel took the request in with it
 
 
@@ -448,14 +526,18 @@ def test_prune_deletes_old_finished_sessions_only_and_says_what_it_freed(demo, t
     ids = demo[1]
     dry = as_json(flowscope("prune", "--older-than", "0s", "--dry-run", "--format", "json", cwd=d))
     # never the open ones (nor the queued one); the two the demo's worker served from the queue
-    assert sorted(r["session_id"] for r in dry) == sorted([ids["orders"], ids["declined"], ids["1"], ids["2"]])
+    assert sorted(r["session_id"] for r in dry) == sorted(
+        [ids["orders"], ids["declined"], ids["1"], ids["2"]]
+    )
     assert len(_sessions(d / "flowscope.db")) == 7  # a dry run deletes nothing
     assert "nothing deleted" in flowscope("prune", "--older-than", "0s", "--dry-run", cwd=d).stdout
     kept = flowscope("prune", "--older-than", "1h", cwd=d)
     assert kept.returncode == 0 and "deleted 0 session(s)" in kept.stdout
     proc = flowscope("prune", "--older-than", "0s", "--status", "failed", cwd=d)
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"deleted 1 session\(s\), 55 event\(s\).*freed \d+ KiB of \d+ KiB", proc.stdout), proc.stdout
+    assert re.search(r"deleted 1 session\(s\), 55 event\(s\).*freed \d+ KiB of \d+ KiB", proc.stdout), (
+        proc.stdout
+    )
     left = _sessions(d / "flowscope.db")
     assert ids["declined"] not in left
     assert set(left) == {ids["orders"], ids["lost"], ids["export"], ids["1"], ids["2"], ids["later"]}
@@ -487,14 +569,18 @@ def test_show_follow_redraws_until_the_session_ends(work):
                 pass
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        proc = flowscope("--db", "ops.db", "show", "f1", "--follow", "--interval", "0.1s", cwd=work, timeout=30)
+        proc = flowscope(
+            "--db", "ops.db", "show", "f1", "--follow", "--interval", "0.1s", cwd=work, timeout=30
+        )
     finally:
         runner.wait(timeout=30)
     assert proc.returncode == 0, proc.stderr
     draws = [line for line in proc.stdout.splitlines() if line.startswith("-- ")]
     assert len(draws) >= 2 and draws[-1].split(": ")[1].startswith("completed"), proc.stdout
     assert "running" in " ".join(draws[:-1])
-    one_line_error(flowscope("--db", "ops.db", "show", "f1", "--follow", "--format", "json", cwd=work), "--follow")
+    one_line_error(
+        flowscope("--db", "ops.db", "show", "f1", "--follow", "--format", "json", cwd=work), "--follow"
+    )
 
 
 @pytest.mark.slow  # over a second: several console-script runs
@@ -506,7 +592,10 @@ def test_utc_prints_every_time_in_utc_and_tables_name_the_zone(demo):
     utc_text = time.strftime("%Y-%m-%d %H:%M", time.gmtime(started))
     local = flowscope("runs", cwd=d, env=tokyo).stdout
     assert "STARTED (JST)" in local
-    for proc in (flowscope("--utc", "runs", cwd=d, env=tokyo), flowscope("runs", cwd=d, env={**tokyo, "FLOWSCOPE_UTC": "1"})):
+    for proc in (
+        flowscope("--utc", "runs", cwd=d, env=tokyo),
+        flowscope("runs", cwd=d, env={**tokyo, "FLOWSCOPE_UTC": "1"}),
+    ):
         assert "STARTED (UTC)" in proc.stdout and utc_text in proc.stdout
     show = flowscope("--utc", "show", ids["orders"], cwd=d, env=tokyo).stdout
     assert re.search(r"started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", show)
@@ -517,18 +606,24 @@ def test_cancel_session_of_an_orphan_goes_through_the_fence():
     """An orphaned session (its owner's process is gone) is cancelled without --force:
     the cancel takes the lease (epoch + 1), appends under it and releases it, so the dead
     owner, were it to wake up, writes nothing more."""
+    from flowscope.cli.session_ops import SessionFinished, SessionOwned, cancel_session, live_owner
     from flowscope.events import NodeStarted, RunStarted
     from flowscope.fold import rebuild
     from flowscope.store import MemoryEventStore
-    from flowscope.cli.session_ops import SessionFinished, SessionOwned, cancel_session, live_owner
     from flowscope.store.testing import dead_owner
 
     store = MemoryEventStore()
     gone = dead_owner()
     lease = store.acquire("s", gone, 3600.0)
-    store.append("s", [RunStarted(session_id="s", invocation_id="i", ts=1.0, workflow="w"),
-                       NodeStarted(session_id="s", invocation_id="i", ts=2.0, path="w@1/a@1", node="a")], 0,
-                 epoch=lease.epoch)
+    store.append(
+        "s",
+        [
+            RunStarted(session_id="s", invocation_id="i", ts=1.0, workflow="w"),
+            NodeStarted(session_id="s", invocation_id="i", ts=2.0, path="w@1/a@1", node="a"),
+        ],
+        0,
+        epoch=lease.epoch,
+    )
     assert live_owner(store, "s") is None  # the lease is current but its process is gone
     ws, events = cancel_session(store, rebuild(store.read("s")), "withdrawn")
     assert [e.type for e in events] == ["run_started", "node_cancelled", "run_finished"]
@@ -536,13 +631,20 @@ def test_cancel_session_of_an_orphan_goes_through_the_fence():
     assert info is not None and info.status == "cancelled" and info.epoch == lease.epoch + 1
     assert info.lease_expires_at == 0 and info.owner != gone
     with pytest.raises(LeaseLost):
-        store.append("s", [RunFinished(session_id="s", invocation_id="i", ts=3.0, status="completed")], 4, epoch=lease.epoch)
+        store.append(
+            "s",
+            [RunFinished(session_id="s", invocation_id="i", ts=3.0, status="completed")],
+            4,
+            epoch=lease.epoch,
+        )
     with pytest.raises(SessionFinished):
         cancel_session(store, rebuild(store.read("s")), "again")
     # a live owner (this process) is refused, naming it, and keeps its epoch
     me = this_process("w-me")
     held = store.acquire("t", me, 60.0)
-    store.append("t", [RunStarted(session_id="t", invocation_id="j", ts=1.0, workflow="w")], 0, epoch=held.epoch)
+    store.append(
+        "t", [RunStarted(session_id="t", invocation_id="j", ts=1.0, workflow="w")], 0, epoch=held.epoch
+    )
     assert live_owner(store, "t") is not None
     with pytest.raises(SessionOwned, match=f"{me.host} pid {me.pid}"):
         cancel_session(store, rebuild(store.read("t")), "no")

@@ -38,7 +38,9 @@ def long_node(x):
 
 @node(name="approve_" + LONG)
 async def approve(ctx, x):
-    return await ctx.request_input("approve the quarter-end close for every region?", interrupt_id="approval_" + LONG)
+    return await ctx.request_input(
+        "approve the quarter-end close for every region?", interrupt_id="approval_" + LONG
+    )
 
 
 FLOWS = """
@@ -62,8 +64,12 @@ def wide_db(tmp_path_factory):
     db = tmp_path_factory.mktemp("wide") / "wide.db"
     with SqliteEventStore(db) as store:
         with pytest.raises(ValueError):
-            Runner(Workflow("ledger_" + LONG, edges=[(START, long_node)]), store).run_sync(1, session_id="failed-" + "x" * 40)
-        Runner(Workflow("approval_" + LONG, edges=[(START, approve)]), store).run_sync(1, session_id="paused-" + "y" * 40)
+            Runner(Workflow("ledger_" + LONG, edges=[(START, long_node)]), store).run_sync(
+                1, session_id="failed-" + "x" * 40
+            )
+        Runner(Workflow("approval_" + LONG, edges=[(START, approve)]), store).run_sync(
+            1, session_id="paused-" + "y" * 40
+        )
     return db
 
 
@@ -108,7 +114,7 @@ def test_a_pipe_without_columns_gets_every_cell_whole(wide_db):
 def _pasted(line: str, option: str) -> object:
     """The value a printed ``flowscope resume ... OPTION 'ID=VALUE'`` hint gives, parsed as
     a shell (shlex) and then as JSON, as the command itself would."""
-    words = shlex.split(line[line.index("flowscope resume"):])
+    words = shlex.split(line[line.index("flowscope resume") :])
     _id, _, value = words[words.index(option) + 1].partition("=")
     return json.loads(value)
 
@@ -152,9 +158,11 @@ def test_a_job_result_with_a_text_count_is_refused_with_a_clear_line(tmp_path, m
     job_id = re.search(r"job (job-[0-9a-f]+)", out).group(1)
     with SqliteEventStore(db, readonly=True) as store:
         before = store.last_seq("c1")
-    result = CliRunner().invoke(cli, ["--db", db, "resume", "c1", "--job", f'{job_id}={{"success": true, "count": "3"}}'])
+    result = CliRunner().invoke(
+        cli, ["--db", db, "resume", "c1", "--job", f'{job_id}={{"success": true, "count": "3"}}']
+    )
     assert result.exit_code == 2
-    assert "'count' is \"3\" (str); it must be a number (3, not \"3\")" in result.stderr
+    assert '\'count\' is "3" (str); it must be a number (3, not "3")' in result.stderr
     with SqliteEventStore(db, readonly=True) as store:
         assert store.last_seq("c1") == before
 
@@ -163,7 +171,9 @@ def test_a_corrupt_file_is_told_to_restore_from_a_backup_once(tmp_path):
     db = tmp_path / "broken.db"
     with SqliteEventStore(db) as store:
         for i in range(40):
-            Runner(Workflow("w", edges=[(START, node(lambda x: x, name="n"))]), store).run_sync("z" * 2000, session_id=f"s{i}")
+            Runner(Workflow("w", edges=[(START, node(lambda x: x, name="n"))]), store).run_sync(
+                "z" * 2000, session_id=f"s{i}"
+            )
     raw = bytearray(db.read_bytes())
     raw[200:] = b"\xa5" * (len(raw) - 200)
     db.write_bytes(bytes(raw))

@@ -20,16 +20,16 @@ from click.testing import CliRunner
 from flowscope import START, Runner, Workflow, answer, node
 from flowscope.cli import cli
 from flowscope.store import SqliteEventStore, rebuild
-SESSION_STATUSES = ("queued", "running", "paused", "answered", "completed", "failed", "cancelled")
-from flowscope.store.testing import dead_owner
 
+SESSION_STATUSES = ("queued", "running", "paused", "answered", "completed", "failed", "cancelled")
 import flowscope
+from flowscope.store.testing import dead_owner
 
 #: The flowscope the tests import: the console script's processes run the same code.
 SRC = Path(flowscope.__file__).resolve().parent.parent
 FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
-INVOICES = '''
+INVOICES = """
 import asyncio
 from flowscope import START, Workflow, node
 
@@ -39,7 +39,7 @@ async def charge(ctx, x):
     return x
 
 invoice_pipeline = Workflow("invoice_pipeline", edges=[(START, charge)])
-'''
+"""
 
 
 def invoke(*args: str):
@@ -49,8 +49,14 @@ def invoke(*args: str):
 def console(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
-    return subprocess.run([FLOWSCOPE, "--db", str(tmp / "ops.db"), *args], cwd=tmp, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [FLOWSCOPE, "--db", str(tmp / "ops.db"), *args],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def wait_for(pred, timeout: float = 20.0, what: str = "") -> None:
@@ -66,11 +72,27 @@ def test_right_after_the_only_worker_is_sigkilled_stuck_fails_and_resume_names_n
     assert console(tmp_path, "start", "invoice_pipeline", "--session", "inv-1").returncode == 0
     env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
-    worker = subprocess.Popen([FLOWSCOPE, "--db", str(tmp_path / "ops.db"), "worker", "invoices:invoice_pipeline",
-                               "--poll", "50ms"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [
+            FLOWSCOPE,
+            "--db",
+            str(tmp_path / "ops.db"),
+            "worker",
+            "invoices:invoice_pipeline",
+            "--poll",
+            "50ms",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         with SqliteEventStore(tmp_path / "ops.db", readonly=True) as store:
-            wait_for(lambda: "invoice_pipeline@1/charge@1" in rebuild(store.read("inv-1")).nodes, what="the charge to start")
+            wait_for(
+                lambda: "invoice_pipeline@1/charge@1" in rebuild(store.read("inv-1")).nodes,
+                what="the charge to start",
+            )
         alive = json.loads(console(tmp_path, "runs", "--format", "json").stdout)
         assert alive[0]["owner"]["alive"] is True and alive[0]["owner"]["pid"] == worker.pid
     finally:
@@ -81,7 +103,9 @@ def test_right_after_the_only_worker_is_sigkilled_stuck_fails_and_resume_names_n
     assert stuck.returncode == 1, (stuck.stdout, stuck.stderr)
     assert "inv-1" in stuck.stdout and "orphaned" in stuck.stdout
     rows = json.loads(console(tmp_path, "stuck", "--format", "json").stdout)
-    assert [(r["session_id"], r["state"], r["owner"]["alive"]) for r in rows] == [("inv-1", "orphaned", False)]
+    assert [(r["session_id"], r["state"], r["owner"]["alive"]) for r in rows] == [
+        ("inv-1", "orphaned", False)
+    ]
     # the next action stuck printed: no worker will pick it up, and it says which one is gone
     resume = console(tmp_path, "resume", "inv-1")
     assert "a worker will pick it up" not in resume.stdout + resume.stderr
@@ -89,22 +113,40 @@ def test_right_after_the_only_worker_is_sigkilled_stuck_fails_and_resume_names_n
     # a run queued now is queued for nobody, and start says so
     start = console(tmp_path, "start", "invoice_pipeline", "--session", "inv-2")
     assert start.returncode == 0 and "a worker will pick it up" not in start.stderr
-    assert f"warning: queued invoice_pipeline as session inv-2, but no live worker for 'invoice_pipeline'" in start.stderr
+    assert (
+        "warning: queued invoice_pipeline as session inv-2, but no live worker for 'invoice_pipeline'"
+        in start.stderr
+    )
 
 
 def test_stuck_lists_queued_sessions_older_than_the_threshold(tmp_path):
     db = tmp_path / "q.db"
     with SqliteEventStore(db) as store:
-        Runner(Workflow("nobody_serves", edges=[(START, node(lambda x: x, name="n"))]), store).submit(1, session_id="q-1")
+        Runner(Workflow("nobody_serves", edges=[(START, node(lambda x: x, name="n"))]), store).submit(
+            1, session_id="q-1"
+        )
     assert "nothing stuck" in invoke("--db", str(db), "stuck", "--older-than", "1h").stdout
     result = invoke("--db", str(db), "stuck", "--older-than", "0s", "--fail-if-any", "--format", "json")
     assert result.exit_code == 1
     (row,) = json.loads(result.stdout)
     assert (row["session_id"], row["state"], row["status"]) == ("q-1", "queued", "queued")
     assert row["action"] == "no live worker serves 'nobody_serves': flowscope worker MODULE:ATTR"
-    assert json.loads(invoke("--db", str(db), "stuck", "--older-than", "0s", "--state", "orphaned", "--format", "json").stdout) == []
-    assert [r["session_id"] for r in json.loads(
-        invoke("--db", str(db), "stuck", "--older-than", "0s", "--state", "queued", "--format", "json").stdout)] == ["q-1"]
+    assert (
+        json.loads(
+            invoke(
+                "--db", str(db), "stuck", "--older-than", "0s", "--state", "orphaned", "--format", "json"
+            ).stdout
+        )
+        == []
+    )
+    assert [
+        r["session_id"]
+        for r in json.loads(
+            invoke(
+                "--db", str(db), "stuck", "--older-than", "0s", "--state", "queued", "--format", "json"
+            ).stdout
+        )
+    ] == ["q-1"]
 
 
 @node
@@ -127,7 +169,9 @@ def every_status(tmp_path_factory):
         for sid in ("paused", "answered", "cancelled"):
             Runner(asking, store).run_sync(None, session_id=sid)
         answer(store, "answered", {"go": 1})
-        Runner(Workflow("plain", edges=[(START, node(lambda x: x, name="ok"))]), store).run_sync(1, session_id="completed")
+        Runner(Workflow("plain", edges=[(START, node(lambda x: x, name="ok"))]), store).run_sync(
+            1, session_id="completed"
+        )
         with pytest.raises(ValueError):
             Runner(Workflow("failing", edges=[(START, boom)]), store).run_sync(1, session_id="failed")
     assert invoke("--db", str(db), "cancel", "cancelled").exit_code == 0
@@ -154,4 +198,8 @@ def test_a_worker_record_whose_process_is_gone_is_not_a_worker_that_will_pick_it
     assert f"no live worker for 'asking': w-killed on {gone.host} pid {gone.pid} (seen" in started.stderr
     resumed = invoke("--db", str(db), "resume", "p", "--input", "go=1")
     assert resumed.exit_code == 0, resumed.output
-    assert "a worker will pick it up" not in resumed.stdout and "w-killed" in resumed.stdout and "is gone" in resumed.stdout
+    assert (
+        "a worker will pick it up" not in resumed.stdout
+        and "w-killed" in resumed.stdout
+        and "is gone" in resumed.stdout
+    )

@@ -16,16 +16,16 @@ import time
 from pathlib import Path
 
 import pytest
+from test_otlp_export import attrs, clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
 import flowscope
 from flowscope.store.sqlite import SqliteEventStore
-from test_otlp_export import attrs, clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
 pytestmark = pytest.mark.slow
 
 SRC = str(Path(flowscope.__file__).resolve().parents[1])  # the flowscope under test, for the processes
 
-FLOWS_PY = '''
+FLOWS_PY = """
 import asyncio
 import os
 import urllib.request
@@ -55,7 +55,7 @@ async def export_rows(ctx, x):
 
 orders = Workflow("orders", edges=[(START, Workflow("stock", edges=[(START, reserve)]))])
 nightly = Workflow("nightly", edges=[(START, Workflow("dump", edges=[(START, export_rows)]))])
-'''
+"""
 
 
 class Inventory(http.server.BaseHTTPRequestHandler):
@@ -96,8 +96,14 @@ def cli(db: Path) -> list[str]:
 
 
 def start_session(tmp_path: Path, db: Path, workflow: str, session: str, env: dict[str, str]) -> None:
-    r = subprocess.run([*cli(db), "start", workflow, "--input", "7", "--session", session], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [*cli(db), "start", workflow, "--input", "7", "--session", session],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -116,8 +122,14 @@ def status(db: Path, session: str) -> str | None:
 
 
 def serve(tmp_path: Path, db: Path, spec: str, env: dict[str, str], *options: str) -> subprocess.Popen:
-    return subprocess.Popen([*cli(db), "worker", spec, "--poll", "50ms", *options], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*cli(db), "worker", spec, "--poll", "50ms", *options],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def stop(proc: subprocess.Popen) -> str:
@@ -143,14 +155,20 @@ def test_an_instrumented_http_clients_span_in_a_node_body_is_a_child_of_the_node
 ):
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     db = tmp_path / "w.db"
-    with otelsink("http/protobuf", monkeypatch) as (endpoint, collected), \
-            otelsink("http/protobuf", monkeypatch) as (other, elsewhere):
+    with (
+        otelsink("http/protobuf", monkeypatch) as (endpoint, collected),
+        otelsink("http/protobuf", monkeypatch) as (other, elsewhere),
+    ):
         # --otlp-endpoint wins over the variable, which points at another receiver
         env = base_env(INVENTORY_URL=inventory, OTEL_EXPORTER_OTLP_ENDPOINT=other)
         start_session(tmp_path, db, "orders", "o1", env)
         w = serve(tmp_path, db, "flows:orders", env, "--otlp-endpoint", endpoint)
         try:
-            wait_for(lambda: len(collected.spans()) >= 4, 60, "the invocation, stock, reserve and the client's span")
+            wait_for(
+                lambda: len(collected.spans()) >= 4,
+                60,
+                "the invocation, stock, reserve and the client's span",
+            )
         finally:
             stop(w)
         spans = spans_of(collected)
@@ -164,13 +182,21 @@ def test_an_instrumented_http_clients_span_in_a_node_body_is_a_child_of_the_node
     # and the server was called in that trace: the client propagated its own span's context
     assert Inventory.seen == [f"00-{client.trace_id.hex()}-{client.span_id.hex()}-01"]
     # the flowscope spans say what they are by convention
-    assert (a(reserve, "gen_ai.operation.name"), a(reserve, "gen_ai.conversation.id")) == ("invoke_node", "o1")
+    assert (a(reserve, "gen_ai.operation.name"), a(reserve, "gen_ai.conversation.id")) == (
+        "invoke_node",
+        "o1",
+    )
     stock = by_name["invoke_workflow stock"]
-    assert (a(stock, "gen_ai.operation.name"), a(stock, "gen_ai.workflow.name"), a(stock, "gen_ai.conversation.id")) == (
-        "invoke_workflow", "stock", "o1")
+    assert (
+        a(stock, "gen_ai.operation.name"),
+        a(stock, "gen_ai.workflow.name"),
+        a(stock, "gen_ai.conversation.id"),
+    ) == ("invoke_workflow", "stock", "o1")
 
 
-def test_flowscope_worker_with_only_the_otel_variables_sends_its_spans_where_they_say(tmp_path, monkeypatch, inventory):
+def test_flowscope_worker_with_only_the_otel_variables_sends_its_spans_where_they_say(
+    tmp_path, monkeypatch, inventory
+):
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     db = tmp_path / "w.db"
     with otelsink("grpc", monkeypatch) as (endpoint, collected):
@@ -190,28 +216,49 @@ def test_flowscope_worker_with_only_the_otel_variables_sends_its_spans_where_the
             stop(w)
         received = collected.spans()
         headers = collected.headers
-    assert {s.name for _r, _sc, s in received} == {"invoke_workflow orders", "invoke_workflow stock", "invoke_node reserve", "GET"}
-    assert {(r["service.name"], r["deployment.environment.name"]) for r, _sc, _s in received} == {("orders-svc", "test")}
+    assert {s.name for _r, _sc, s in received} == {
+        "invoke_workflow orders",
+        "invoke_workflow stock",
+        "invoke_node reserve",
+        "GET",
+    }
+    assert {(r["service.name"], r["deployment.environment.name"]) for r, _sc, _s in received} == {
+        ("orders-svc", "test")
+    }
     assert all(dict(h).get("x-tenant") == "blue" for h in headers)
 
 
 def test_flowscope_demo_with_only_otel_exporter_otlp_endpoint_sends_its_spans(tmp_path, monkeypatch):
     with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
-        r = subprocess.run([*cli(tmp_path / "d.db"), "demo", "--stale-after", "0.3s"], cwd=tmp_path,
-                           env=base_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint), capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [*cli(tmp_path / "d.db"), "demo", "--stale-after", "0.3s"],
+            cwd=tmp_path,
+            env=base_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
         received = collected.spans()
     names = {s.name for _r, _sc, s in received}
-    assert {"invoke_workflow order_fulfilment", "invoke_node fetch_orders", "invoke_workflow reserve_stock"} <= names
+    assert {
+        "invoke_workflow order_fulfilment",
+        "invoke_node fetch_orders",
+        "invoke_workflow reserve_stock",
+    } <= names
     assert {res["service.name"] for res, _sc, _s in received} == {"flowscope-demo"}
     assert f"spans to otlp http/protobuf {endpoint}" in r.stdout
 
 
-def test_otel_sdk_disabled_sends_no_span_even_to_an_otlp_endpoint_and_says_so(tmp_path, monkeypatch, inventory):
+def test_otel_sdk_disabled_sends_no_span_even_to_an_otlp_endpoint_and_says_so(
+    tmp_path, monkeypatch, inventory
+):
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     db = tmp_path / "w.db"
     with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
-        env = base_env(INVENTORY_URL=inventory, OTEL_SDK_DISABLED="true", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
+        env = base_env(
+            INVENTORY_URL=inventory, OTEL_SDK_DISABLED="true", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint
+        )
         start_session(tmp_path, db, "orders", "o1", env)
         w = serve(tmp_path, db, "flows:orders", env, "--otlp-endpoint", endpoint)
         try:
@@ -226,15 +273,23 @@ def test_otel_sdk_disabled_sends_no_span_even_to_an_otlp_endpoint_and_says_so(tm
 # -- a crash is visible in the trace ----------------------------------------------------------------
 
 
-def test_a_sigkilled_workers_cut_off_run_arrives_as_a_worker_lost_error_ending_at_its_last_heartbeat(tmp_path, monkeypatch):
+def test_a_sigkilled_workers_cut_off_run_arrives_as_a_worker_lost_error_ending_at_its_last_heartbeat(
+    tmp_path, monkeypatch
+):
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     db = tmp_path / "w.db"
     hung = tmp_path / "hung"
     path = "nightly@1/dump@1/export_rows@1"
     with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
         start_session(tmp_path, db, "nightly", "n1", base_env())
-        first = serve(tmp_path, db, "flows:nightly", base_env(HUNG_FILE=str(hung), OTEL_SERVICE_NAME="nightly-a"),
-                      "--otlp-endpoint", endpoint)
+        first = serve(
+            tmp_path,
+            db,
+            "flows:nightly",
+            base_env(HUNG_FILE=str(hung), OTEL_SERVICE_NAME="nightly-a"),
+            "--otlp-endpoint",
+            endpoint,
+        )
         try:
             wait_for(hung.exists, 60, "the node to hang")
             time.sleep(0.3)  # the batch processor ships what ended before the hang
@@ -246,7 +301,14 @@ def test_a_sigkilled_workers_cut_off_run_arrives_as_a_worker_lost_error_ending_a
             first_invocation = store.read("n1")[-1].invocation_id
         assert run.status == "running" and run.heartbeat_at is not None
         # the next worker recovers the session: it ships what the dead one did not, then reruns the node
-        second = serve(tmp_path, db, "flows:nightly", base_env(OTEL_SERVICE_NAME="nightly-b"), "--otlp-endpoint", endpoint)
+        second = serve(
+            tmp_path,
+            db,
+            "flows:nightly",
+            base_env(OTEL_SERVICE_NAME="nightly-b"),
+            "--otlp-endpoint",
+            endpoint,
+        )
         try:
             wait_for(lambda: status(db, "n1") == "completed", 60, "the recovered session to complete")
             wait_for(lambda: len(collected.spans()) >= 6, 30, "both invocations' spans")
@@ -261,8 +323,12 @@ def test_a_sigkilled_workers_cut_off_run_arrives_as_a_worker_lost_error_ending_a
     for p, (res, span) in cut.items():
         assert span.status.code == span.status.STATUS_CODE_ERROR, p
         assert a(span, "error.type") == "flowscope.WorkerLost", p
-        assert span.end_time_unix_nano == int(round(run.heartbeat_at * 1e9)), p  # its last sign of life, not its last event
-        assert res["service.name"] == "nightly-a", p  # the dead process's resource, though nightly-b shipped it
+        assert span.end_time_unix_nano == int(round(run.heartbeat_at * 1e9)), (
+            p
+        )  # its last sign of life, not its last event
+        assert res["service.name"] == "nightly-a", (
+            p
+        )  # the dead process's resource, though nightly-b shipped it
     assert cut[path][1].end_time_unix_nano - cut[path][1].start_time_unix_nano >= 0.2e9
     rerun = [s for res, _sc, s in received if s.trace_id != cut_trace and a(s, "flowscope.node.path") == path]
     assert len(rerun) == 1 and rerun[0].status.code != rerun[0].status.STATUS_CODE_ERROR

@@ -29,7 +29,9 @@ FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flow
 
 def run_cli(*args: str, timeout: float = 60, cwd=None):
     env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    return subprocess.run([FLOWSCOPE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+    return subprocess.run(
+        [FLOWSCOPE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
+    )
 
 
 def invoke(*args: str, input: str | None = None):
@@ -123,7 +125,11 @@ def test_the_demo_database_holds_everything_it_promises(demo):
     assert types[-1] == "run_finished" and ws.status == "completed"
     # a node that fails with a coded error, in a second session
     (err,) = [e for e in declined if e.type == "node_error"]
-    assert (err.node, err.error_code, err.error_type) == ("charge_card", "PAYMENT_DECLINED", "PaymentDeclined")
+    assert (err.node, err.error_code, err.error_type) == (
+        "charge_card",
+        "PAYMENT_DECLINED",
+        "PaymentDeclined",
+    )
     assert rebuild(declined).status == "failed"
     # a job the worker never reports: the session waits on it
     with SqliteEventStore(db, readonly=True) as store:
@@ -145,14 +151,25 @@ def test_audit_and_stuck_json_report_them(demo):
     assert fetch["retries"] == 3 and fetch["attempts"] == 6 and fetch["max_attempt"] == 2  # three batches
     charge = by_node[("order_fulfilment", "charge_card")]
     assert charge["errors"] == 1 and charge["error_codes"] == {"PAYMENT_DECLINED": 1}
-    assert by_node[("order_fulfilment", "ship")]["failed"] == 1 and by_node[("order_fulfilment", "ship")]["errors"] == 0
+    assert (
+        by_node[("order_fulfilment", "ship")]["failed"] == 1
+        and by_node[("order_fulfilment", "ship")]["errors"] == 0
+    )
     assert by_node[("nightly_export", "export_rows")]["open"] == 1
     # its workflow run is the container of that run: no second open run (the deepest path counts)
     assert [r["open"] for r in audit if r["node"] == "nightly_export" and r["root"]] == [0]
     assert by_node[("order_fulfilment", "send_confirmations")]["completed"] == 1
-    stuck = json.loads(run_cli("--db", str(db), "stuck", "--older-than", "0s", "--stale-after", "0.3s", "--format", "json").stdout)
+    stuck = json.loads(
+        run_cli(
+            "--db", str(db), "stuck", "--older-than", "0s", "--stale-after", "0.3s", "--format", "json"
+        ).stdout
+    )
     by_state = {r["state"]: r for r in stuck}
-    assert set(by_state) == {"orphaned", "overdue", "queued"}  # the demo leaves one run queued, no worker serves it
+    assert set(by_state) == {
+        "orphaned",
+        "overdue",
+        "queued",
+    }  # the demo leaves one run queued, no worker serves it
     assert by_state["queued"]["session_id"].endswith("-queued-later")
     orphan, overdue = by_state["orphaned"], by_state["overdue"]
     assert (orphan["session_id"], orphan["path"]) == (ids["export"], "nightly_export@1/export_rows@1")
@@ -170,16 +187,23 @@ def test_the_killed_worker_is_orphaned_at_once_and_every_hint_runs_as_printed(tm
     ids = sessions_of(tmp_path / "flowscope.db")
     assert "orphaned at once" in proc.stdout
     stuck = json.loads(run_cli("stuck", "--older-than", "0s", "--format", "json", cwd=tmp_path).stdout)
-    assert {r["session_id"]: r["state"] for r in stuck if r["state"] == "orphaned"} == {ids["export"]: "orphaned"}
+    assert {r["session_id"]: r["state"] for r in stuck if r["state"] == "orphaned"} == {
+        ids["export"]: "orphaned"
+    }
     hints = [line.strip().split("   #")[0].strip() for line in proc.stdout.split("next, try")[1].splitlines()]
-    commands = [h for h in hints if h.startswith("flowscope ") and "serve-metrics" not in h
-                and "--otlp-endpoint" not in h]
+    commands = [
+        h
+        for h in hints
+        if h.startswith("flowscope ") and "serve-metrics" not in h and "--otlp-endpoint" not in h
+    ]
     assert any(f"resume {ids['export']}" in c for c in commands) and any("--job" in c for c in commands)
     # The hints are shell lines: run them with this interpreter's console script first on PATH.
     env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     for command in commands:
-        result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+        result = subprocess.run(
+            command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env
+        )
         assert result.returncode == 0, (command, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
 
@@ -232,18 +256,32 @@ def test_the_demo_sends_spans_to_an_otlp_endpoint(tmp_path):
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         # In its own process: the demo makes its tracer provider the global one, once per process.
-        result = run_cli("--db", str(tmp_path / "o.db"), "demo", "--otlp-endpoint", f"http://127.0.0.1:{server.server_port}")
+        result = run_cli(
+            "--db",
+            str(tmp_path / "o.db"),
+            "demo",
+            "--otlp-endpoint",
+            f"http://127.0.0.1:{server.server_port}",
+        )
         assert result.returncode == 0, result.stderr
     finally:
         server.shutdown()
         server.server_close()
     spans = [s for r in received for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
     services = {
-        kv.value.string_value for r in received for rs in r.resource_spans for kv in rs.resource.attributes if kv.key == "service.name"
+        kv.value.string_value
+        for r in received
+        for rs in r.resource_spans
+        for kv in rs.resource.attributes
+        if kv.key == "service.name"
     }
     names = {s.name for s in spans}
     assert services == {"flowscope-demo"}
-    assert {"invoke_workflow order_fulfilment", "invoke_node fetch_orders", "invoke_workflow reserve_stock"} <= names
+    assert {
+        "invoke_workflow order_fulfilment",
+        "invoke_node fetch_orders",
+        "invoke_workflow reserve_stock",
+    } <= names
     assert any(s.status.code == 2 and s.name == "invoke_node charge_card" for s in spans)
 
 
@@ -272,10 +310,22 @@ def test_metrics_port_serves_during_and_after_the_run_until_sigterm(tmp_path):
         body = urllib.request.urlopen(url, timeout=10).read().decode()
         # the in-process metrics of the runs ...
         # (2 repeats x 2 batches, and the batch whose job is lost)
-        assert re.search(r'flowscope_node_runs_total\{node="fetch_orders",outcome="success",workflow="order_fulfilment"\} 5\.0', body)
-        assert re.search(r'flowscope_node_retries_total\{error_type="InventoryUnavailable",node="fetch_orders",workflow="order_fulfilment"\} 5\.0', body)
-        assert 'flowscope_node_errors_total{error_code="PAYMENT_DECLINED",error_type="PaymentDeclined",node="charge_card",workflow="order_fulfilment"} 2.0' in body
-        assert re.search(r'flowscope_job_results_total\{node="enrich_addresses",result="empty",workflow="order_fulfilment"\} 4\.0', body)
+        assert re.search(
+            r'flowscope_node_runs_total\{node="fetch_orders",outcome="success",workflow="order_fulfilment"\} 5\.0',
+            body,
+        )
+        assert re.search(
+            r'flowscope_node_retries_total\{error_type="InventoryUnavailable",node="fetch_orders",workflow="order_fulfilment"\} 5\.0',
+            body,
+        )
+        assert (
+            'flowscope_node_errors_total{error_code="PAYMENT_DECLINED",error_type="PaymentDeclined",node="charge_card",workflow="order_fulfilment"} 2.0'
+            in body
+        )
+        assert re.search(
+            r'flowscope_job_results_total\{node="enrich_addresses",result="empty",workflow="order_fulfilment"\} 4\.0',
+            body,
+        )
         # ... and the store collector, which sees the killed worker's orphaned run
         assert 'flowscope_store_orphaned_runs{node="export_rows",workflow="nightly_export"} 1.0' in body
         assert 'flowscope_store_overdue_jobs{node="enrich_addresses",workflow="order_fulfilment"} 1.0' in body

@@ -72,7 +72,8 @@ def test_deploy_files_into_a_file_is_one_line_and_exit_two(tmp_path):
 def test_the_wheel_carries_the_dashboards_and_collectors(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
-        check=True, capture_output=True,
+        check=True,
+        capture_output=True,
     )
     [wheel] = tmp_path.glob("flowscope-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())

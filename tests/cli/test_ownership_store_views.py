@@ -26,41 +26,84 @@ def test_a_dead_owner_is_orphaned_at_once_and_every_listing_names_the_owner(tmp_
     gone = dead_owner("w-killed")
     with SqliteEventStore(db) as store:
         lease = store.acquire("dead", gone, 3600.0, now=now)
-        store.append("dead", [ev(RunStarted, sid="dead", workflow="shop", ts=now - 1),
-                              node_ev(NodeStarted, "shop@1/charge@1", ts=now - 1, sid="dead")], 0, epoch=lease.epoch)
+        store.append(
+            "dead",
+            [
+                ev(RunStarted, sid="dead", workflow="shop", ts=now - 1),
+                node_ev(NodeStarted, "shop@1/charge@1", ts=now - 1, sid="dead"),
+            ],
+            0,
+            epoch=lease.epoch,
+        )
         me = this_process("w-live")
         live = store.acquire("live", me, 60.0, now=now)
-        store.append("live", [ev(RunStarted, sid="live", workflow="shop", ts=now - 7200),
-                              node_ev(NodeStarted, "shop@1/charge@1", ts=now - 7200, sid="live")], 0, epoch=live.epoch)
+        store.append(
+            "live",
+            [
+                ev(RunStarted, sid="live", workflow="shop", ts=now - 7200),
+                node_ev(NodeStarted, "shop@1/charge@1", ts=now - 7200, sid="live"),
+            ],
+            0,
+            epoch=live.epoch,
+        )
         rows = {r["session_id"]: r for r in views.stuck_rows(store, 0.0, 60.0, now=now)}
         assert rows["dead"]["state"] == "orphaned"  # a fresh heartbeat, a current lease: its process is gone
         assert rows["dead"]["action"] == "flowscope resume dead"  # no --force needed
-        assert rows["dead"]["owner"] == {"worker_id": "w-killed", "host": gone.host, "pid": gone.pid,
-                                         "lease_expires_at": now + 3600.0, "alive": False}
+        assert rows["dead"]["owner"] == {
+            "worker_id": "w-killed",
+            "host": gone.host,
+            "pid": gone.pid,
+            "lease_expires_at": now + 3600.0,
+            "alive": False,
+        }
         assert rows["live"]["state"] == "running"  # a heartbeat two hours old, but the lease is held
         assert "w-live" in rows["live"]["action"]
         runs = {r["session_id"]: r for r in views.runs_rows(store)}
-        assert runs["live"]["owner"] == {"worker_id": "w-live", "host": me.host, "pid": me.pid,
-                                         "lease_expires_at": now + 60.0, "alive": True}
+        assert runs["live"]["owner"] == {
+            "worker_id": "w-live",
+            "host": me.host,
+            "pid": me.pid,
+            "lease_expires_at": now + 60.0,
+            "alive": True,
+        }
         [show] = views.show_rows(views.load_session(store, "dead"), store.session_info("dead"))
         assert show["owner"] == rows["dead"]["owner"]
     # the CLI as an operator runs it: no --stale-after
     env = {**os.environ, "FLOWSCOPE_DB": str(db)}
-    proc = subprocess.run([FLOWSCOPE, "stuck", "--db", str(db), "--older-than", "0s",
-                           "--format", "json"], capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [FLOWSCOPE, "stuck", "--db", str(db), "--older-than", "0s", "--format", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     listed = {r["session_id"]: r for r in json.loads(proc.stdout)}
     assert listed["dead"]["state"] == "orphaned" and listed["dead"]["owner"]["pid"] == gone.pid
-    proc = subprocess.run([FLOWSCOPE, "runs", "--db", str(db), "--format", "json"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [FLOWSCOPE, "runs", "--db", str(db), "--format", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert {r["session_id"]: r["owner"]["worker_id"] for r in json.loads(proc.stdout)} == {"dead": "w-killed", "live": "w-live"}
+    assert {r["session_id"]: r["owner"]["worker_id"] for r in json.loads(proc.stdout)} == {
+        "dead": "w-killed",
+        "live": "w-live",
+    }
 
 
 def test_sessions_without_an_owner_keep_the_heartbeat_rule(tmp_path):
     with SqliteEventStore(tmp_path / "v.db") as store:
-        store.append("old", [ev(RunStarted, sid="old", workflow="w", ts=900.0),
-                             node_ev(NodeStarted, "w@1/a@1", ts=900.0, sid="old")], 0)
+        store.append(
+            "old",
+            [
+                ev(RunStarted, sid="old", workflow="w", ts=900.0),
+                node_ev(NodeStarted, "w@1/a@1", ts=900.0, sid="old"),
+            ],
+            0,
+        )
         [row] = views.stuck_rows(store, 0.0, 60.0, now=1000.0)
         assert (row["state"], row["owner"]) == ("orphaned", None)
         [row] = views.stuck_rows(store, 0.0, 600.0, now=1000.0)

@@ -41,7 +41,9 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def run(*args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([FLOWSCOPE, *args], cwd=ROOT, env=env(**extra), capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(
+        [FLOWSCOPE, *args], cwd=ROOT, env=env(**extra), capture_output=True, text=True, timeout=timeout
+    )
     assert PASSWORD not in r.stdout and PASSWORD not in r.stderr, (args, r.stdout[-500:], r.stderr[-500:])
     return r
 
@@ -62,16 +64,28 @@ def test_every_command_takes_a_url_and_never_prints_its_password(pw_url: str, tm
     assert run("--db", pw_url, "export", orders, "-o", str(out)).returncode == 0
     assert "resourceSpans" in out.read_text()
     unknown = run("--db", pw_url, "show", "no-such-session")
-    assert unknown.returncode == 2 and "flowscope_pw:***@" in unknown.stderr and "\n" not in unknown.stderr.strip()
+    assert (
+        unknown.returncode == 2
+        and "flowscope_pw:***@" in unknown.stderr
+        and "\n" not in unknown.stderr.strip()
+    )
     # a worker by URL: start by name, served, resumed without the code
     sid = run("--db", pw_url, "start", "chaos_ask", "--input", "1", "--session", "cli-ask").stdout.strip()
     assert sid == "cli-ask"
-    worker = subprocess.Popen([FLOWSCOPE, "--db", pw_url, "worker", "tests.chaos_workflows:ALL", "--poll", "2s"],
-                              cwd=ROOT, env=env(CHAOS_LOG=str(tmp_path / "fx.jsonl")),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [FLOWSCOPE, "--db", pw_url, "worker", "tests.chaos_workflows:ALL", "--poll", "2s"],
+        cwd=ROOT,
+        env=env(CHAOS_LOG=str(tmp_path / "fx.jsonl")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
-        while '"paused"' not in (s := run("--db", pw_url, "runs", "--format", "json").stdout) or "cli-ask" not in s:
+        while (
+            '"paused"' not in (s := run("--db", pw_url, "runs", "--format", "json").stdout)
+            or "cli-ask" not in s
+        ):
             assert time.monotonic() < deadline and worker.poll() is None
             time.sleep(0.3)
         answer = run("--db", pw_url, "resume", "cli-ask", "--input", "go=true")
@@ -90,20 +104,37 @@ def test_every_command_takes_a_url_and_never_prints_its_password(pw_url: str, tm
     assert worker.returncode == 0, werr[-1000:]
     assert PASSWORD not in wout + werr
     # prune by URL: the completed sessions go, the paused and orphaned ones stay
-    dry = run("--db", pw_url, "prune", "--older-than", "0s", "--status", "completed", "--dry-run", "--format", "json")
+    dry = run(
+        "--db",
+        pw_url,
+        "prune",
+        "--older-than",
+        "0s",
+        "--status",
+        "completed",
+        "--dry-run",
+        "--format",
+        "json",
+    )
     assert dry.returncode == 0, dry.stderr
     doomed = {r["session_id"] for r in json.loads(dry.stdout)}
     assert "cli-ask" in doomed and orders in doomed, doomed
     pruned = run("--db", pw_url, "prune", "--older-than", "0s", "--status", "completed")
-    assert pruned.returncode == 0 and f"deleted {len(doomed)} session(s)" in pruned.stdout, pruned.stdout + pruned.stderr
+    assert pruned.returncode == 0 and f"deleted {len(doomed)} session(s)" in pruned.stdout, (
+        pruned.stdout + pruned.stderr
+    )
     assert "freed" in pruned.stdout, pruned.stdout
     assert run("--db", pw_url, "show", "cli-ask").returncode == 2
-    left = {r["session"] if "session" in r else r["session_id"]: r["status"]
-            for r in json.loads(run("--db", pw_url, "runs", "--format", "json").stdout)}
+    left = {
+        r["session"] if "session" in r else r["session_id"]: r["status"]
+        for r in json.loads(run("--db", pw_url, "runs", "--format", "json").stdout)
+    }
     assert left and not doomed & set(left) and "completed" not in left.values(), left
     stuck_after = run("--db", pw_url, "stuck", "--older-than", "0s", "--format", "json")
     key = lambda r: (r["session_id"], r["path"])  # noqa: E731
-    assert sorted(map(key, json.loads(stuck_after.stdout))) == sorted(map(key, json.loads(stuck.stdout)))  # kept
+    assert sorted(map(key, json.loads(stuck_after.stdout))) == sorted(
+        map(key, json.loads(stuck.stdout))
+    )  # kept
 
 
 def test_wrong_password_and_unreachable_are_one_line_errors(pg_cluster: PgCluster):
@@ -118,24 +149,36 @@ def test_wrong_password_and_unreachable_are_one_line_errors(pg_cluster: PgCluste
 
 def test_serve_metrics_on_a_url_scraped_by_prometheus(pg_cluster: PgCluster, tmp_path: Path):
     url = pg_cluster.new_database("prom")
+    import chaos_workflows as cw
     from flowscope import Runner
+    from flowscope.events import NodeStarted, RunStarted
     from flowscope.ownership import Owner
     from flowscope.store import PostgresEventStore
-    from flowscope.events import NodeStarted, RunStarted
     from flowscope.store.testing import ev
-
-    import chaos_workflows as cw
 
     with PostgresEventStore(url) as s:
         for i in range(3):
             Runner(cw.chain, s).submit(i, session_id=f"q{i}")  # queued: no worker serves them
         dead = Owner(worker_id="gone", host="host-elsewhere", pid=1, started_at=1.0)
         lease = s.acquire("o1", dead, 0.5, now=time.time() - 10)  # a lease that ended 9.5 s ago
-        s.append("o1", [ev(RunStarted, "o1", workflow="chaos_chain"),
-                        ev(NodeStarted, "o1", path="chaos_chain/c1", node="c1")], 0, epoch=lease.epoch)
+        s.append(
+            "o1",
+            [
+                ev(RunStarted, "o1", workflow="chaos_chain"),
+                ev(NodeStarted, "o1", path="chaos_chain/c1", node="c1"),
+            ],
+            0,
+            epoch=lease.epoch,
+        )
     port = free_port()
-    serve = subprocess.Popen([FLOWSCOPE, "--db", url, "serve-metrics", "--port", str(port)], cwd=ROOT, env=env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    serve = subprocess.Popen(
+        [FLOWSCOPE, "--db", url, "serve-metrics", "--port", str(port)],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         with PrometheusServer([f"127.0.0.1:{port}"]) as prom:
             prom.wait_for("flowscope_store_up == 1", timeout=30)

@@ -81,19 +81,30 @@ def test_api_rows_are_the_cli_json_rows_for_the_same_store(db):
     assert c.get("/api/audit", params={"by": "run"}).json() == cli_json(db, "audit", "--by", "run")
     moving = ("age_s", "heartbeat_age_s")  # measured against the clock at each call
     api_stuck = [{k: v for k, v in r.items() if k not in moving} for r in c.get("/api/stuck").json()]
-    cli_stuck = [{k: v for k, v in r.items() if k not in moving} for r in cli_json(db, "stuck", "--older-than", "0s")]
-    assert api_stuck == cli_stuck and {r["session_id"] for r in api_stuck} == {APPROVAL_SESSION, PAUSED_SESSION}
+    cli_stuck = [
+        {k: v for k, v in r.items() if k not in moving} for r in cli_json(db, "stuck", "--older-than", "0s")
+    ]
+    assert api_stuck == cli_stuck and {r["session_id"] for r in api_stuck} == {
+        APPROVAL_SESSION,
+        PAUSED_SESSION,
+    }
 
 
 def test_the_session_list_filters_pages_and_counts_attention_on_the_server(db):
     c, _ = client(db)
     everything = c.get("/api/sessions").json()
-    assert [r["session_id"] for r in everything] == [r["session_id"] for r in cli_json(db, "runs")]  # newest first
+    assert [r["session_id"] for r in everything] == [
+        r["session_id"] for r in cli_json(db, "runs")
+    ]  # newest first
     r = c.get("/api/sessions", params={"status": "failed"})
     assert [x["session_id"] for x in r.json()] == [FAILED_SESSION] and r.headers["x-total-count"] == "1"
-    assert [x["session_id"] for x in c.get("/api/sessions", params={"error_code": "UNKNOWN_ERROR"}).json()] == [FAILED_SESSION]
+    assert [
+        x["session_id"] for x in c.get("/api/sessions", params={"error_code": "UNKNOWN_ERROR"}).json()
+    ] == [FAILED_SESSION]
     assert c.get("/api/sessions", params={"error_code": "NO_SUCH_CODE"}).json() == []
-    assert [x["session_id"] for x in c.get("/api/sessions", params={"q": "APPROV"}).json()] == [APPROVAL_SESSION]
+    assert [x["session_id"] for x in c.get("/api/sessions", params={"q": "APPROV"}).json()] == [
+        APPROVAL_SESSION
+    ]
     assert {x["workflow"] for x in c.get("/api/sessions", params={"workflow": "big"}).json()} == {"big"}
     assert c.get("/api/sessions", params={"since": "1h"}).headers["x-total-count"] == "3"
     assert c.get("/api/sessions", params={"until": "2001-01-01"}).json() == []
@@ -140,7 +151,12 @@ def test_nothing_the_cli_redacts_is_shown(db):
     events = c.get(f"/api/sessions/{APPROVAL_SESSION}/events", params={"types": "run_started"}).json()
     assert events and all(e["fields"]["input"].startswith("<redacted: ") for e in events)
     failures = c.get(f"/api/sessions/{FAILED_SESSION}/events", params={"failures": "1"}).json()
-    assert {e["type"] for e in failures} <= {"node_error", "node_error_propagated", "node_retrying", "run_finished"}
+    assert {e["type"] for e in failures} <= {
+        "node_error",
+        "node_error_propagated",
+        "node_retrying",
+        "run_finished",
+    }
     assert any(e["type"] == "node_error" for e in failures)
 
 
@@ -180,13 +196,23 @@ def test_a_write_without_the_token_or_from_a_foreign_origin_is_refused_and_recor
     url = f"/api/sessions/{APPROVAL_SESSION}/answer"
     assert c.post(url, json=answer, headers={"x-flowscope-token": ""}).status_code == 403
     assert c.post(url, json=answer, headers={"origin": "http://attacker.example"}).status_code == 403
-    assert c.post(url, json=answer, headers={"origin": BASE, "sec-fetch-site": "cross-site"}).status_code == 403
-    assert c.post(f"/api/sessions/{FAILED_SESSION}/retry", json={}, headers={"origin": "http://127.0.0.1:1"}).status_code == 403
+    assert (
+        c.post(url, json=answer, headers={"origin": BASE, "sec-fetch-site": "cross-site"}).status_code == 403
+    )
+    assert (
+        c.post(
+            f"/api/sessions/{FAILED_SESSION}/retry", json={}, headers={"origin": "http://127.0.0.1:1"}
+        ).status_code
+        == 403
+    )
     assert statuses(fresh) == before
     with SqliteEventStore(fresh, readonly=True) as s:
         assert s.inbox(APPROVAL_SESSION) == []
     ok = c.post(url, json=answer, headers={"origin": BASE})
-    assert ok.status_code == 200 and ok.json()["command"] == f"flowscope resume {APPROVAL_SESSION} --input approval=true"
+    assert (
+        ok.status_code == 200
+        and ok.json()["command"] == f"flowscope resume {APPROVAL_SESSION} --input approval=true"
+    )
     assert statuses(fresh)[APPROVAL_SESSION] == "answered"
 
 
@@ -208,13 +234,26 @@ def test_a_read_only_console_refuses_every_write(fresh):
 
 def test_every_response_carries_the_content_security_policy(db):
     c, _ = client(db)
-    for path in ("/", "/stuck", f"/sessions/{APPROVAL_SESSION}", "/static/app.js", "/favicon.ico", "/api/info"):
+    for path in (
+        "/",
+        "/stuck",
+        f"/sessions/{APPROVAL_SESSION}",
+        "/static/app.js",
+        "/favicon.ico",
+        "/api/info",
+    ):
         r = c.get(path)
         assert r.status_code == 200, path
         assert r.headers["content-security-policy"].split(";")[0] == "default-src 'self'"
-        assert r.headers["x-content-type-options"] == "nosniff" and r.headers["referrer-policy"] == "no-referrer"
+        assert (
+            r.headers["x-content-type-options"] == "nosniff" and r.headers["referrer-policy"] == "no-referrer"
+        )
     shell = c.get("/").text
-    assert "<script type=\"module\" src=\"/static/app.js\">" in shell and "<script>" not in shell and "style=" not in shell
+    assert (
+        '<script type="module" src="/static/app.js">' in shell
+        and "<script>" not in shell
+        and "style=" not in shell
+    )
 
 
 # --------------------------------------------------------------------------- the actions
@@ -236,11 +275,16 @@ def test_answers_are_validated_before_anything_is_recorded(fresh):
 def test_retry_cancel_and_bulk_go_through_the_operator_actions(fresh):
     c, _ = client(fresh)
     r = c.post(f"/api/sessions/{FAILED_SESSION}/retry", json={"reason": "fixed the export"})
-    assert r.status_code == 200 and r.json()["command"] == f"flowscope retry {FAILED_SESSION} --reason 'fixed the export'"
+    assert (
+        r.status_code == 200
+        and r.json()["command"] == f"flowscope retry {FAILED_SESSION} --reason 'fixed the export'"
+    )
     assert c.post(f"/api/sessions/{PAUSED_SESSION}/retry", json={}).status_code == 409  # not failed
     assert c.post(f"/api/sessions/{PAUSED_SESSION}/cancel", json={}).json()["kind"] == "cancel"
     assert statuses(fresh)[FAILED_SESSION] == "queued" and statuses(fresh)[PAUSED_SESSION] == "cancelled"
-    assert c.post("/api/bulk", json={"action": "cancel"}).status_code == 400  # no filter: it would touch everything
+    assert (
+        c.post("/api/bulk", json={"action": "cancel"}).status_code == 400
+    )  # no filter: it would touch everything
     count = c.post("/api/bulk", json={"action": "cancel", "state": "paused"}).json()
     assert count["count"] == 1 and count["session_ids"] == [APPROVAL_SESSION]
     assert count["command"] == "flowscope cancel --state paused --yes"
@@ -256,7 +300,6 @@ def test_each_attempt_names_the_worker_whose_invocation_ran_it(tmp_path):
     import asyncio
 
     from console_workflows import big
-
     from flowscope import Runner
 
     db = tmp_path / "owners.db"
@@ -273,7 +316,10 @@ def test_each_attempt_names_the_worker_whose_invocation_ran_it(tmp_path):
     fan = next(r for r in rows if r["path"] == "big@1/fan@1")
     assert [s["owner"]["worker_id"] for s in fan["segments"]] == ["w-one", "w-two"]
     run = c.get("/api/sessions/two-owners/run", params={"path": "big@1/fan@1"}).json()
-    assert [(a["owner"]["worker_id"], a["outcome"]) for a in run["attempts"]] == [("w-one", "paused"), ("w-two", "completed")]
+    assert [(a["owner"]["worker_id"], a["outcome"]) for a in run["attempts"]] == [
+        ("w-one", "paused"),
+        ("w-two", "completed"),
+    ]
 
 
 # --------------------------------------------------------------------------- live, layout, command
@@ -309,7 +355,12 @@ def test_every_open_page_refreshing_after_a_change_costs_the_store_one_listing(d
 
     with Counting(db, readonly=True) as store:
         feed = ChangeFeed(store, interval=60.0)
-        for f in (api.SessionFilter(), api.SessionFilter(status="failed"), api.SessionFilter(q="ops"), api.SessionFilter()):
+        for f in (
+            api.SessionFilter(),
+            api.SessionFilter(status="failed"),
+            api.SessionFilter(q="ops"),
+            api.SessionFilter(),
+        ):
             api.list_sessions(feed, f, now=1_000_000.5)  # four pages, one store version, one second
         assert store.calls == {"sessions": 1, "open_runs": 1}
         feed.changed()  # the store moved: the next page reads it again, once
@@ -325,7 +376,11 @@ def test_the_waterfall_axis_compresses_idle_gaps_and_writes_their_length():
     assert axis.x(2.0) == pytest.approx(480.0) and axis.x(3602.0) == pytest.approx(520.0)
     assert axis.x(3604.0) == pytest.approx(1000.0)  # the busy time fills the rest, to scale
     rows = [
-        {"started_at": 0.0, "ended_at": 3604.0, "segments": [{"started_at": 0.0, "ended_at": 2.0}, {"started_at": 3602.0, "ended_at": 3604.0}]},
+        {
+            "started_at": 0.0,
+            "ended_at": 3604.0,
+            "segments": [{"started_at": 0.0, "ended_at": 2.0}, {"started_at": 3602.0, "ended_at": 3604.0}],
+        },
         {"started_at": 1.0, "ended_at": None},
         {"started_at": None, "ended_at": None},
     ]
@@ -341,7 +396,11 @@ def test_flowscope_ui_without_its_extra_says_how_to_install_it(db, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn raises ImportError
     r = CliRunner().invoke(cli, ["--db", str(db), "ui"])
-    assert r.exit_code == 2 and r.output.strip() == "flowscope: error: the console needs its extra: pip install 'flowscope[ui]' (Starlette and uvicorn)"
+    assert (
+        r.exit_code == 2
+        and r.output.strip()
+        == "flowscope: error: the console needs its extra: pip install 'flowscope[ui]' (Starlette and uvicorn)"
+    )
 
 
 @pytest.mark.slow
@@ -356,7 +415,9 @@ def test_on_postgresql_the_api_serves_the_cli_rows_and_acts(pg_cluster):
         runs = CliRunner().invoke(cli, ["--db", url, "runs", "--format", "json"], catch_exceptions=False)
         assert c.get("/api/sessions").json() == json.loads(runs.output)
         r = c.get("/api/sessions", params={"attention": "failed"})
-        assert [x["session_id"] for x in r.json()] == [FAILED_SESSION] and json.loads(r.headers["x-attention"])["waiting_input"] == 2
+        assert [x["session_id"] for x in r.json()] == [FAILED_SESSION] and json.loads(
+            r.headers["x-attention"]
+        )["waiting_input"] == 2
         assert c.get(f"/api/sessions/{APPROVAL_SESSION}/waterfall").json()["invocations"] == 2
         assert c.post(f"/api/sessions/{FAILED_SESSION}/retry", json={}).status_code == 200
         assert c.post(f"/api/sessions/{PAUSED_SESSION}/cancel", json={}).status_code == 200

@@ -18,14 +18,21 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
 from conftest import unavailable
-from console_workflows import APPROVAL_SESSION, FAILED_SESSION, PAUSED_SESSION, make_big_session, make_operator_sessions
+from console_workflows import (
+    APPROVAL_SESSION,
+    FAILED_SESSION,
+    PAUSED_SESSION,
+    make_big_session,
+    make_operator_sessions,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -53,7 +60,11 @@ class Console:
         self.log = logs / "ui.stderr"
         with open(self.log, "w") as err:  # a file, not a pipe nobody reads: a full pipe blocks the process
             self.proc = subprocess.Popen(
-                flowscope("ui", "--db", db, "--port", "0", *extra), env=_env(), stdout=subprocess.PIPE, stderr=err, text=True
+                flowscope("ui", "--db", db, "--port", "0", *extra),
+                env=_env(),
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
             )
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
@@ -72,7 +83,10 @@ def start_worker(db: str, logs: Path) -> subprocess.Popen[str]:
     with open(logs / "worker.stderr", "w") as err:
         return subprocess.Popen(
             flowscope("--db", db, "worker", "flowscope.examples.demo:order_fulfilment", "--poll", "100ms"),
-            env=_env(), stdout=subprocess.DEVNULL, stderr=err, text=True,
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
         )
 
 
@@ -91,7 +105,9 @@ def demo_db(tmp_path_factory) -> Path:
     from flowscope.store import SqliteEventStore
 
     db = tmp_path_factory.mktemp("console-browser") / "demo.db"
-    r = subprocess.run(flowscope("demo", "--db", str(db)), env=_env(), capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        flowscope("demo", "--db", str(db)), env=_env(), capture_output=True, text=True, timeout=180
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     with SqliteEventStore(db) as store:
         make_operator_sessions(store, pause_s=1.1)
@@ -118,7 +134,9 @@ async def browser() -> Any:
     except ImportError:
         unavailable("playwright is not installed: pip install -e '.[test]'")
     if not Path(CHROMIUM).exists():
-        unavailable(f"no Chromium at {CHROMIUM}: apt-get install -y --no-install-recommends chromium (./scripts/test does)")
+        unavailable(
+            f"no Chromium at {CHROMIUM}: apt-get install -y --no-install-recommends chromium (./scripts/test does)"
+        )
     async with async_playwright() as p:
         b = await p.chromium.launch(
             executable_path=CHROMIUM,
@@ -136,7 +154,9 @@ class Page:
     def __init__(self, page: Any) -> None:
         self.page = page
         self.errors: list[str] = []
-        page.on("console", lambda m: self.errors.append(f"{page.url}: {m.text}") if m.type == "error" else None)
+        page.on(
+            "console", lambda m: self.errors.append(f"{page.url}: {m.text}") if m.type == "error" else None
+        )
         page.on("pageerror", lambda e: self.errors.append(f"{page.url}: {e}"))
 
     async def open(self, url: str) -> None:
@@ -160,10 +180,14 @@ async def status_of(page: Page, want: str, timeout: float = 30.0) -> None:
             "() => [document.querySelector('#status')?.textContent, document.querySelector('#confirm-error')?.textContent,"
             " document.querySelector('#notice')?.textContent, document.querySelector('#live-state')?.textContent]"
         )
-        raise AssertionError(f"the page never showed {want}: status, dialog error, notice, live = {seen}; {page.errors}") from None
+        raise AssertionError(
+            f"the page never showed {want}: status, dialog error, notice, live = {seen}; {page.errors}"
+        ) from None
 
 
-async def test_the_demo_sessions_list_filters_and_the_waterfall_draws_every_path_and_the_pause(browser, console, demo_db):
+async def test_the_demo_sessions_list_filters_and_the_waterfall_draws_every_path_and_the_pause(
+    browser, console, demo_db
+):
     from flowscope.store import SqliteEventStore
 
     with SqliteEventStore(demo_db, readonly=True) as store:
@@ -189,16 +213,23 @@ async def test_the_demo_sessions_list_filters_and_the_waterfall_draws_every_path
     assert await rows.count() == len(approval_paths)
     assert sorted(await rows.evaluate_all("els => els.map(e => e.dataset.path)")) == sorted(approval_paths)
     gap = p.page.locator(".wf-head .gap")
-    assert await gap.count() == 1 and float(await gap.get_attribute("data-gap")) >= 1.0  # the pause, compressed
+    assert (
+        await gap.count() == 1 and float(await gap.get_attribute("data-gap")) >= 1.0
+    )  # the pause, compressed
     assert (await p.page.locator(".wf-head .gap-label").inner_text()).endswith("s")
     fetch = p.page.locator(".wf-row[data-path$='fetch_orders@1']")
     await fetch.click()
     await p.page.wait_for_selector("#detail table.rows")
     attempts = await p.page.locator("#detail table.rows").first.inner_text()
     assert "retried" in attempts and "INVENTORY_UNAVAILABLE" in attempts
-    await p.page.locator("#detail table.rows").first.locator("tbody tr").first.click()  # the retried attempt alone
+    await (
+        p.page.locator("#detail table.rows").first.locator("tbody tr").first.click()
+    )  # the retried attempt alone
     assert (await p.page.locator("#attempt-filter").inner_text()).startswith("attempt 1: 2 of ")
-    assert await p.page.locator("#run-events tbody td:nth-child(2)").all_inner_texts() == ["node_started", "node_retrying"]
+    assert await p.page.locator("#run-events tbody td:nth-child(2)").all_inner_texts() == [
+        "node_started",
+        "node_retrying",
+    ]
     if SCREENSHOT:
         await p.page.screenshot(path=SCREENSHOT)
 
@@ -221,7 +252,10 @@ async def test_answering_the_approval_from_the_page_lets_a_worker_complete_the_s
     await form.locator("textarea").fill("true")
     await form.locator("button[data-submit]").click()
     await p.page.wait_for_selector("#confirm[open]")
-    assert await p.page.locator("#confirm-cmd").inner_text() == f"flowscope resume {APPROVAL_SESSION} --input approval=true"
+    assert (
+        await p.page.locator("#confirm-cmd").inner_text()
+        == f"flowscope resume {APPROVAL_SESSION} --input approval=true"
+    )
     await p.page.click("#confirm-yes")
     await status_of(p, "completed")  # answered, then the worker ran it: the page followed live
     assert p.errors == []
@@ -233,7 +267,10 @@ async def test_retry_and_cancel_through_the_buttons(browser, console):
     await p.open(f"{console.base}/sessions/{FAILED_SESSION}")
     await p.page.click("#action-retry")
     await p.page.fill("#confirm-reason", "fixed the export")
-    assert await p.page.locator("#confirm-cmd").inner_text() == f"flowscope retry {FAILED_SESSION} --reason 'fixed the export'"
+    assert (
+        await p.page.locator("#confirm-cmd").inner_text()
+        == f"flowscope retry {FAILED_SESSION} --reason 'fixed the export'"
+    )
     await p.page.click("#confirm-yes")
     await status_of(p, "queued", timeout=10)
 
@@ -252,7 +289,11 @@ async def test_a_foreign_host_and_a_tokenless_write_are_refused(browser, console
     rebound = await page.goto(f"http://rebound.example:{port}/")  # DNS rebinding: another name for 127.0.0.1
     assert rebound is not None and rebound.status == 421
     await page.goto(console.base + "/")
-    r = await page.request.post(f"{console.base}/api/sessions/{FAILED_SESSION}/cancel", data="{}", headers={"content-type": "application/json"})
+    r = await page.request.post(
+        f"{console.base}/api/sessions/{FAILED_SESSION}/cancel",
+        data="{}",
+        headers={"content-type": "application/json"},
+    )
     assert r.status == 403 and "token" in (await r.json())["error"]
     await context.close()
 
@@ -264,7 +305,9 @@ async def test_a_change_recorded_by_another_process_reaches_an_open_event_stream
     from flowscope.store import SqliteEventStore
 
     token = console.url.split("token=", 1)[1]
-    async with httpx.AsyncClient(base_url=console.base, headers={"x-flowscope-token": token}, timeout=10) as http:
+    async with httpx.AsyncClient(
+        base_url=console.base, headers={"x-flowscope-token": token}, timeout=10
+    ) as http:
         async with http.stream("GET", "/api/live") as stream:
             lines = stream.aiter_lines()
             assert (await anext(lines)).startswith("retry: ") and await anext(lines) == "event: hello"
@@ -286,7 +329,11 @@ async def test_a_read_only_console_shows_no_write_and_serves_none(browser, demo_
         assert await p.page.locator("#bulk-go").count() == 0
         await p.open(f"{c.base}/sessions/demo-x")  # an unknown session: one line, no console error
         assert "no session 'demo-x'" in await p.page.locator("#summary .error").inner_text()
-        declined = next(s for s in await p.page.evaluate("fetch('/api/sessions?status=failed').then(r => r.json())") if s["session_id"].startswith("demo-"))
+        declined = next(
+            s
+            for s in await p.page.evaluate("fetch('/api/sessions?status=failed').then(r => r.json())")
+            if s["session_id"].startswith("demo-")
+        )
         await p.open(f"{c.base}/sessions/{declined['session_id']}")
         assert await p.page.locator("#summary button").count() == 0  # no retry, no cancel
         r = await p.page.evaluate(
@@ -329,9 +376,22 @@ def start_named_worker(db: str, logs: Path, name: str, env: dict[str, str]) -> s
     """A ``flowscope worker`` serving ``recovering`` as ``name`` on host ``host-<name>``, 2 s leases."""
     with open(logs / f"{name}.stderr", "w") as err:
         return subprocess.Popen(
-            flowscope("--db", db, "worker", "console_workflows:recovering", "--lease", "2s", "--poll", "100ms",
-                      "--worker-id", name),
-            env={**env, "FLOWSCOPE_HOST": f"host-{name}"}, stdout=subprocess.DEVNULL, stderr=err, text=True,
+            flowscope(
+                "--db",
+                db,
+                "worker",
+                "console_workflows:recovering",
+                "--lease",
+                "2s",
+                "--poll",
+                "100ms",
+                "--worker-id",
+                name,
+            ),
+            env={**env, "FLOWSCOPE_HOST": f"host-{name}"},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
         )
 
 
@@ -339,7 +399,6 @@ async def test_a_worker_killed_mid_attempt_is_taken_over_and_the_page_shows_both
     import httpx
 
     from console_workflows import HOLD_ENV, recovering
-
     from flowscope import Runner
     from flowscope.store import SqliteEventStore
 
@@ -351,7 +410,9 @@ async def test_a_worker_killed_mid_attempt_is_taken_over_and_the_page_shows_both
     try:
         deadline = time.monotonic() + 60
         while not held.exists():  # the first attempt is inside its body
-            assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "worker-a.stderr").read_text()
+            assert first.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "worker-a.stderr"
+            ).read_text()
             time.sleep(0.05)
         first.kill()  # SIGKILL: its lease stays in the store until it expires
         first.wait()
@@ -368,15 +429,23 @@ async def test_a_worker_killed_mid_attempt_is_taken_over_and_the_page_shows_both
                 info = store.session_info(sid)
             if info is not None and info.status == "completed":
                 break
-            assert second.poll() is None and time.monotonic() < deadline, (tmp_path / "worker-b.stderr").read_text()
+            assert second.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "worker-b.stderr"
+            ).read_text()
             time.sleep(0.1)
         token = c.url.split("token=", 1)[1]
-        async with httpx.AsyncClient(base_url=c.base, headers={"x-flowscope-token": token}, timeout=10) as http:
+        async with httpx.AsyncClient(
+            base_url=c.base, headers={"x-flowscope-token": token}, timeout=10
+        ) as http:
             run = (await http.get(f"/api/sessions/{sid}/run", params={"path": "recovering@1/hold@1"})).json()
-        attempts = [(a["attempt"], a["owner"]["worker_id"], a["owner"]["host"], a["outcome"], a["recovered"])
-                    for a in run["attempts"]]
-        assert attempts == [(1, "worker-a", "host-worker-a", "lost", False),
-                            (2, "worker-b", "host-worker-b", "completed", True)]
+        attempts = [
+            (a["attempt"], a["owner"]["worker_id"], a["owner"]["host"], a["outcome"], a["recovered"])
+            for a in run["attempts"]
+        ]
+        assert attempts == [
+            (1, "worker-a", "host-worker-a", "lost", False),
+            (2, "worker-b", "host-worker-b", "completed", True),
+        ]
         assert run["row"]["recoveries"] == 1
 
         p = await new_page(browser, c)
@@ -402,9 +471,8 @@ async def test_a_worker_killed_mid_attempt_is_taken_over_and_the_page_shows_both
 def pg_url(pg_cluster) -> str:
     """A database owned by the password role, with the operator's sessions; its URL, with
     the password in it (which nothing may show)."""
-    from pg_cluster import PASSWORD, PASSWORD_ROLE
-
     from flowscope.store.postgres import PostgresEventStore
+    from pg_cluster import PASSWORD, PASSWORD_ROLE
 
     name = f"ui_{os.getpid()}"
     with pg_cluster.admin() as a:
@@ -435,7 +503,9 @@ async def test_the_console_on_postgresql_lists_draws_and_answers(browser, pg_url
         try:
             await status_of(p, "completed")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; worker: {(tmp_path / 'worker.stderr').read_text()[-2000:]}") from None
+            raise AssertionError(
+                f"{exc}; worker: {(tmp_path / 'worker.stderr').read_text()[-2000:]}"
+            ) from None
         assert p.errors == []
         await p.page.context.close()
     finally:

@@ -30,8 +30,20 @@ def test_the_url_printed_first_is_already_listening(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db), "ui", "--port", "0"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-c",
+            "from flowscope.cli import main; main()",
+            "--db",
+            str(db),
+            "ui",
+            "--port",
+            "0",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert proc.stdout is not None

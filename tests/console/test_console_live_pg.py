@@ -12,8 +12,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -46,7 +47,7 @@ async def next_event(lines: AsyncIterator[str], timeout: float) -> str:
     async def read() -> str:
         async for line in lines:
             if line.startswith("event: "):
-                return line[len("event: "):]
+                return line[len("event: ") :]
         raise AssertionError("the event stream ended")
 
     return await asyncio.wait_for(read(), timeout)
@@ -69,12 +70,16 @@ async def test_on_postgresql_another_process_change_wakes_every_open_stream_with
     cfg = ConsoleConfig(store=store, db_shown=url, port=port, read_only=True, live_interval_s=INTERVAL_S)
     app = create_app(cfg)
     feed = app.state.feed
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient(base_url=base, headers={"x-flowscope-token": cfg.token}, timeout=60) as http:
+        async with httpx.AsyncClient(
+            base_url=base, headers={"x-flowscope-token": cfg.token}, timeout=60
+        ) as http:
             async with OpenStreams(http, PAGES) as pages:
                 for lines in pages:
                     assert await next_event(lines, 10) == "hello"
@@ -84,8 +89,13 @@ async def test_on_postgresql_another_process_change_wakes_every_open_stream_with
                     await asyncio.sleep(0.05)
                 await asyncio.sleep(0.3)  # (that look found nothing new: no page was sent a change)
                 before = feed.probes
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-                other = subprocess.Popen([sys.executable, "-c", OTHER, url], env=env, stderr=subprocess.PIPE, text=True)
+                env = {
+                    **os.environ,
+                    "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+                }
+                other = subprocess.Popen(
+                    [sys.executable, "-c", OTHER, url], env=env, stderr=subprocess.PIPE, text=True
+                )
                 t0 = time.monotonic()
                 try:
                     for step in ("running", "completed"):

@@ -29,8 +29,9 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pytest
 import yaml
@@ -64,32 +65,72 @@ NODE_OUTCOMES = {"success", "failure", "timeout", "cancellation", "waiting"}
 WORKFLOW_OUTCOMES = {"completed", "failed", "paused", "cancelled"}
 CONTRACT: dict[str, tuple[str, tuple[str, ...], dict[str, set[str]]]] = {
     "flowscope_node_runs_total": ("counter", ("workflow", "node", "outcome"), {"outcome": NODE_OUTCOMES}),
-    "flowscope_node_duration_seconds": ("histogram", ("workflow", "node", "outcome"), {"outcome": NODE_OUTCOMES}),
+    "flowscope_node_duration_seconds": (
+        "histogram",
+        ("workflow", "node", "outcome"),
+        {"outcome": NODE_OUTCOMES},
+    ),
     "flowscope_node_errors_total": ("counter", ("workflow", "node", "error_code", "error_type"), {}),
     "flowscope_node_retries_total": ("counter", ("workflow", "node", "error_type"), {}),
     "flowscope_node_attempts": ("histogram", ("workflow", "node"), {}),
     "flowscope_nodes_running": ("gauge", ("workflow", "node"), {}),
     "flowscope_workflow_runs_total": ("counter", ("workflow", "outcome"), {"outcome": WORKFLOW_OUTCOMES}),
-    "flowscope_workflow_duration_seconds": ("histogram", ("workflow", "outcome"), {"outcome": WORKFLOW_OUTCOMES}),
-    "flowscope_job_results_total": ("counter", ("workflow", "node", "result"), {"result": {"success", "failed", "empty"}}),
+    "flowscope_workflow_duration_seconds": (
+        "histogram",
+        ("workflow", "outcome"),
+        {"outcome": WORKFLOW_OUTCOMES},
+    ),
+    "flowscope_job_results_total": (
+        "counter",
+        ("workflow", "node", "result"),
+        {"result": {"success", "failed", "empty"}},
+    ),
     "flowscope_plugin_errors_total": ("counter", ("plugin", "hook"), {}),
-    "flowscope_store_open_runs": ("gauge", ("workflow", "node", "state"),
-                                  {"state": {"running", "waiting_input", "waiting_job"}}),
+    "flowscope_store_open_runs": (
+        "gauge",
+        ("workflow", "node", "state"),
+        {"state": {"running", "waiting_input", "waiting_job"}},
+    ),
     "flowscope_store_oldest_open_run_start_timestamp_seconds": (
-        "gauge", ("workflow", "node", "state"), {"state": {"running", "waiting_input", "waiting_job"}}),
+        "gauge",
+        ("workflow", "node", "state"),
+        {"state": {"running", "waiting_input", "waiting_job"}},
+    ),
     "flowscope_store_orphaned_runs": ("gauge", ("workflow", "node"), {}),
     "flowscope_store_overdue_jobs": ("gauge", ("workflow", "node"), {}),
     "flowscope_store_up": ("gauge", (), {}),  # 1 when the StoreCollector could read the store
     # the queue (from the store) and the workers (in-process, MetricsPlugin of a Worker)
     "flowscope_store_queued_sessions": ("gauge", ("workflow",), {}),
     "flowscope_store_oldest_queued_timestamp_seconds": ("gauge", ("workflow",), {}),
-    "flowscope_worker_claims_total": ("counter", ("workflow", "reason"),
-                                      {"reason": {"queued", "answered", "orphaned"}}),
+    "flowscope_worker_claims_total": (
+        "counter",
+        ("workflow", "reason"),
+        {"reason": {"queued", "answered", "orphaned"}},
+    ),
     "flowscope_worker_leases_lost_total": ("counter", ("workflow",), {}),
     "flowscope_worker_active_sessions": ("gauge", ("workflow",), {}),
 }
-NODE_DURATION_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
-                         1800, 3600, 7200)
+NODE_DURATION_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1800,
+    3600,
+    7200,
+)
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10)
 TARGET_LABELS = {"job", "instance"}
 #: Series Prometheus itself records for every target (an alert may read them).
@@ -111,8 +152,23 @@ def series_names() -> dict[str, str]:
 SERIES = series_names()
 
 # ---------------------------------------------------------------------- PromQL scanning
-PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or",
-                   "unless", "offset", "bool", "inf", "nan", "atan2", "le"}
+PROMQL_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "bool",
+    "inf",
+    "nan",
+    "atan2",
+    "le",
+}
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 _GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 _SELECTOR = re.compile(r"(?<![\w:])([a-zA-Z_:][\w:]*)\s*\{([^}]*)\}")
@@ -124,15 +180,15 @@ def promql_metric_names(expr: str) -> set[str]:
     """Metric names an expression reads: identifiers that are not functions, keywords,
     label names (in braces or grouping clauses), strings or durations."""
     text = _GROUPING.sub(" ", expr)
-    text = re.sub(r"\{[^}]*\}", " ", text)          # matchers (label names and values)
+    text = re.sub(r"\{[^}]*\}", " ", text)  # matchers (label names and values)
     text = _STRING.sub(" ", text)
-    text = re.sub(r"\[[^\]]*\]", " ", text)          # range / subquery durations
+    text = re.sub(r"\[[^\]]*\]", " ", text)  # range / subquery durations
     text = re.sub(r"\boffset\s+\S+", " ", text)
     names = set()
     for match in _IDENT.finditer(text):
         name = match.group(1)
-        rest = text[match.end():].lstrip()
-        if rest.startswith("("):                      # a function call
+        rest = text[match.end() :].lstrip()
+        if rest.startswith("("):  # a function call
             continue
         if name.lower() in PROMQL_KEYWORDS:
             continue
@@ -158,8 +214,9 @@ def promql_problems(expr: str, where: str) -> list[str]:
     for clause, labels in _GROUPING.findall(expr):
         for label in filter(None, (part.strip() for part in labels.split(","))):
             if label not in all_labels | TARGET_LABELS | {"le"}:
-                problems.append(f"{where}: `{clause} ({labels})` uses label {label!r} that no "
-                                "contract metric has")
+                problems.append(
+                    f"{where}: `{clause} ({labels})` uses label {label!r} that no contract metric has"
+                )
     for name, matchers in _SELECTOR.findall(expr):
         if name not in SERIES:
             continue
@@ -171,8 +228,10 @@ def promql_problems(expr: str, where: str) -> list[str]:
             elif label in values and "$" not in value and op in ("=", "=~", "!="):
                 for alternative in value.split("|"):
                     if alternative not in values[label]:
-                        problems.append(f"{where}: {name}{{{label}}} never has the value "
-                                        f"{alternative!r} (allowed: {sorted(values[label])})")
+                        problems.append(
+                            f"{where}: {name}{{{label}}} never has the value "
+                            f"{alternative!r} (allowed: {sorted(values[label])})"
+                        )
     return problems
 
 
@@ -210,23 +269,24 @@ def markdown_anchors(markdown: str) -> set[str]:
 
 
 def alert_rules(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [rule for group in doc.get("groups", []) for rule in group.get("rules", [])
-            if "alert" in rule]
+    return [rule for group in doc.get("groups", []) for rule in group.get("rules", []) if "alert" in rule]
 
 
 @pytest.fixture(scope="session")
 def promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        pytest.fail("promtool is not installed: install Debian's `prometheus` package "
-                    "(apt-get install -y prometheus) which provides promtool; .ci/run must "
-                    "install it", pytrace=False)
+        pytest.fail(
+            "promtool is not installed: install Debian's `prometheus` package "
+            "(apt-get install -y prometheus) which provides promtool; .ci/run must "
+            "install it",
+            pytrace=False,
+        )
     return path
 
 
 def run_promtool(promtool: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([promtool, *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd)
+    return subprocess.run([promtool, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 def assert_no_problems(problems: list[str]) -> None:
@@ -234,10 +294,16 @@ def assert_no_problems(problems: list[str]) -> None:
 
 
 # ====================================================================== promtool
-REQUIRED_ALERTS = {"FlowscopeNodeStuckRunning", "FlowscopeRunOrphaned", "FlowscopeJobOverdue",
-                   "FlowscopeJobEmptyResults", "FlowscopeNodeErrorRateHigh",
-                   "FlowscopeUnknownErrorCodes", "FlowscopeQueuedWorkNotPickedUp",
-                   "FlowscopeMetricsEndpointDown"}
+REQUIRED_ALERTS = {
+    "FlowscopeNodeStuckRunning",
+    "FlowscopeRunOrphaned",
+    "FlowscopeJobOverdue",
+    "FlowscopeJobEmptyResults",
+    "FlowscopeNodeErrorRateHigh",
+    "FlowscopeUnknownErrorCodes",
+    "FlowscopeQueuedWorkNotPickedUp",
+    "FlowscopeMetricsEndpointDown",
+}
 
 
 @pytest.mark.slow
@@ -312,13 +378,16 @@ def test_every_alert_has_firing_pending_and_silent_unit_tests():
             for item in group["alert_rule_test"]:
                 for alert in item.get("exp_alerts") or []:
                     if set(alert.get("exp_annotations", {})) != {"summary", "description", "runbook_url"}:
-                        problems.append(f"{rule['alert']}: test {group.get('name')!r} does not "
-                                        "check the rendered annotations")
+                        problems.append(
+                            f"{rule['alert']}: test {group.get('name')!r} does not "
+                            "check the rendered annotations"
+                        )
     assert_no_problems(problems)
 
 
-def _mutation_fails(promtool: str, tmp_path: Path, alert: str, mutate: Callable[[dict], None],
-                    groups: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+def _mutation_fails(
+    promtool: str, tmp_path: Path, alert: str, mutate: Callable[[dict], None], groups: list[dict[str, Any]]
+) -> subprocess.CompletedProcess[str]:
     rules = load_yaml(ALERTS)
     rule = next(r for r in alert_rules(rules) if r["alert"] == alert)
     mutate(rule)
@@ -349,9 +418,11 @@ def test_alert_unit_tests_fail_when_the_rule_is_broken(promtool, tmp_path, alert
     def always(rule):
         rule["expr"] = "vector(1)"
 
-    for name, mutate, groups in [("without `for` (pending checks)", no_for, coverage["pending"]),
-                                 ("never true (firing checks)", never, coverage["firing"]),
-                                 ("always true (silent checks)", always, coverage["silent"])]:
+    for name, mutate, groups in [
+        ("without `for` (pending checks)", no_for, coverage["pending"]),
+        ("never true (firing checks)", never, coverage["firing"]),
+        ("always true (silent checks)", always, coverage["silent"]),
+    ]:
         baseline = _mutation_fails(promtool, tmp_path, alert, lambda rule: None, groups)
         assert baseline.returncode == 0, baseline.stdout + baseline.stderr
         result = _mutation_fails(promtool, tmp_path, alert, mutate, groups)
@@ -362,8 +433,10 @@ def test_alert_unit_tests_fail_when_the_rule_is_broken(promtool, tmp_path, alert
 @pytest.mark.slow
 def test_dashboard_queries_are_valid_promql(promtool, tmp_path):
     """promtool parses every (rendered) panel query as a recording rule expression."""
-    rules = [{"record": f"flowscope_dashboard_check_{i}", "expr": q.rendered()}
-             for i, q in enumerate(dashboard_queries(DASHBOARD))]
+    rules = [
+        {"record": f"flowscope_dashboard_check_{i}", "expr": q.rendered()}
+        for i, q in enumerate(dashboard_queries(DASHBOARD))
+    ]
     assert rules
     path = tmp_path / "dashboard-queries.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
@@ -407,8 +480,18 @@ def test_alert_rules_follow_the_conventions():
     assert_no_problems(check_alert_rules(load_yaml(ALERTS), OPERATIONS.read_text()))
 
 
-@pytest.mark.parametrize("breakage", ["no for", "no severity", "no runbook", "bad anchor",
-                                      "unknown metric", "bad label value", "missing section"])
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        "no for",
+        "no severity",
+        "no runbook",
+        "bad anchor",
+        "unknown metric",
+        "bad label value",
+        "missing section",
+    ],
+)
 def test_alert_rule_checks_detect_breakage(breakage):
     doc = load_yaml(ALERTS)
     docs = OPERATIONS.read_text()
@@ -438,9 +521,17 @@ def test_operations_guide_is_a_runbook():
     for rule in alert_rules(load_yaml(ALERTS)):
         if f"### {rule['alert']}\n" not in text:
             problems.append(f"no section `### {rule['alert']}`")
-    for command in ("flowscope stuck --older-than 15m", "flowscope show SESSION", "flowscope audit",
-                    "flowscope resume SESSION", "--input ID=", "--job JOB_ID=",
-                    "flowscope serve-metrics", "stale_after_s", "heartbeat"):
+    for command in (
+        "flowscope stuck --older-than 15m",
+        "flowscope show SESSION",
+        "flowscope audit",
+        "flowscope resume SESSION",
+        "--input ID=",
+        "--job JOB_ID=",
+        "flowscope serve-metrics",
+        "stale_after_s",
+        "heartbeat",
+    ):
         if command not in text:
             problems.append(f"the guide never mentions {command!r}")
     for link in re.findall(r"\]\(#([^)]+)\)", text):
@@ -453,7 +544,7 @@ def test_operations_guide_is_a_runbook():
 def test_operations_alert_table_matches_the_rules():
     """The table under "## Alerts" lists every rule once, with its severity and `for`."""
     text = OPERATIONS.read_text()
-    section = text[text.index("## Alerts"):text.index("### ", text.index("## Alerts"))]
+    section = text[text.index("## Alerts") : text.index("### ", text.index("## Alerts"))]
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -470,8 +561,11 @@ def check_datasources(doc: dict[str, Any]) -> list[str]:
     sources = doc.get("datasources", [])
     uids = {ds.get("uid") for ds in sources}
     by_type = {ds.get("type"): ds for ds in sources}
-    for kind, uid in (("prometheus", "flowscope-prometheus"), ("tempo", "flowscope-tempo"),
-                      ("jaeger", "flowscope-jaeger")):
+    for kind, uid in (
+        ("prometheus", "flowscope-prometheus"),
+        ("tempo", "flowscope-tempo"),
+        ("jaeger", "flowscope-jaeger"),
+    ):
         if by_type.get(kind, {}).get("uid") != uid:
             problems.append(f"the {kind} datasource must have the fixed uid {uid}")
     prometheus = by_type.get("prometheus", {})
@@ -491,8 +585,9 @@ def check_datasources(doc: dict[str, Any]) -> list[str]:
             if uid is not None and uid not in uids:
                 problems.append(f"{ds.get('name')}: {key} points at unknown uid {uid}")
             for query in ds.get("jsonData", {}).get(key, {}).get("queries", []):
-                problems += promql_problems(query["query"].replace("$$__tags", ""),
-                                            f"{ds.get('name')} {key} {query.get('name')}")
+                problems += promql_problems(
+                    query["query"].replace("$$__tags", ""), f"{ds.get('name')} {key} {query.get('name')}"
+                )
     if len(uids) != len(sources):
         problems.append("datasource uids must be unique")
     return problems
@@ -542,8 +637,9 @@ def check_dashboard(dashboard: dict[str, Any], datasources: dict[str, Any]) -> l
         elif ds["uid"] not in provisioned:
             problems.append(f"{where}: datasource uid {ds['uid']!r} is not provisioned")
         elif ds.get("type") and ds["type"] != provisioned[ds["uid"]]:
-            problems.append(f"{where}: datasource {ds['uid']} has type {provisioned[ds['uid']]}, "
-                            f"not {ds['type']}")
+            problems.append(
+                f"{where}: datasource {ds['uid']} has type {provisioned[ds['uid']]}, not {ds['type']}"
+            )
 
     def check_variables(text: str, where: str) -> None:
         for match in re.finditer(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]", text):
@@ -603,7 +699,7 @@ def check_dashboard(dashboard: dict[str, Any], datasources: dict[str, Any]) -> l
                     labels = CONTRACT[SERIES[metric]][1]
                     for var in ("workflow", "node"):
                         if var in labels and not re.search(rf'{var}=~"\${var}"', matchers):
-                            problems.append(f"{where}: {metric} is not filtered by {var}=~\"${var}\"")
+                            problems.append(f'{where}: {metric} is not filtered by {var}=~"${var}"')
 
     used = " ".join(t.get("expr", t.get("query", "")) for p in panels for t in p.get("targets", []))
     for name in ("workflow", "node"):
@@ -621,8 +717,7 @@ def test_dashboard_shows_what_an_sre_needs():
     queries = dashboard_queries(DASHBOARD)
     exprs = [q.expr for q in queries]
     used = set().union(*(promql_metric_names(render_grafana_expr(e)) for e in exprs))
-    missing = {metric for metric in CONTRACT
-               if not any(SERIES[name] == metric for name in used)}
+    missing = {metric for metric in CONTRACT if not any(SERIES[name] == metric for name in used)}
     assert not missing, f"no panel shows {sorted(missing)}"
 
     def has(pattern: str) -> bool:
@@ -641,17 +736,33 @@ def test_dashboard_shows_what_an_sre_needs():
     assert has(r"flowscope_worker_leases_lost_total"), "leases lost"
     assert has(r"by \([^)]*instance[^)]*\).*flowscope_worker_active_sessions"), "active sessions per worker"
     for quantile in ("0.5", "0.95"):
-        assert any(f"histogram_quantile({quantile}" in q.expr and "by (le, node)" in q.expr
-                   and "flowscope_node_duration_seconds_bucket" in q.expr for q in queries), quantile
-    assert any(q.exemplar and "flowscope_node_duration_seconds_bucket" in q.expr for q in queries), \
+        assert any(
+            f"histogram_quantile({quantile}" in q.expr
+            and "by (le, node)" in q.expr
+            and "flowscope_node_duration_seconds_bucket" in q.expr
+            for q in queries
+        ), quantile
+    assert any(q.exemplar and "flowscope_node_duration_seconds_bucket" in q.expr for q in queries), (
         "the node duration panel must show exemplars"
+    )
     tempo = dashboard_queries(DASHBOARD, "tempo")
     assert tempo and all(q.datasource_uid == "flowscope-tempo" for q in tempo)
 
 
-@pytest.mark.parametrize("breakage", ["unknown uid", "target uid", "undefined variable",
-                                      "unknown metric", "unknown label", "no variable filter",
-                                      "old schema", "overlap", "no workflow variable"])
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        "unknown uid",
+        "target uid",
+        "undefined variable",
+        "unknown metric",
+        "unknown label",
+        "no variable filter",
+        "old schema",
+        "overlap",
+        "no workflow variable",
+    ],
+)
 def test_dashboard_checks_detect_breakage(breakage):
     dashboard = load_dashboard()
     panels = [p for p in all_panels(dashboard["panels"]) if p["type"] != "row"]
@@ -674,15 +785,17 @@ def test_dashboard_checks_detect_breakage(breakage):
     elif breakage == "overlap":
         panel["gridPos"] = dict(panels[0]["gridPos"])
     elif breakage == "no workflow variable":
-        dashboard["templating"]["list"] = [v for v in dashboard["templating"]["list"]
-                                           if v["name"] != "workflow"]
+        dashboard["templating"]["list"] = [
+            v for v in dashboard["templating"]["list"] if v["name"] != "workflow"
+        ]
     assert check_dashboard(dashboard, load_yaml(DATASOURCES))
 
 
 def test_promql_scanner():
     assert promql_metric_names(
         'sum by (le, node) (rate(flowscope_node_duration_seconds_bucket{node=~"a|b"}[5m])) '
-        '/ on (node) group_left up offset 5m > 1e-9') == {"flowscope_node_duration_seconds_bucket", "up"}
+        "/ on (node) group_left up offset 5m > 1e-9"
+    ) == {"flowscope_node_duration_seconds_bucket", "up"}
     assert promql_metric_names('label_values({__name__=~"a_total|b"}, workflow)') >= {"a_total", "b"}
     assert promql_problems("up == 0", "x") == []  # Prometheus' own series of a target
     assert promql_problems("flowscope_up == 0", "x")
@@ -699,12 +812,22 @@ def test_dashboard_provider_loads_the_dashboard_folder():
 
 # ====================================================================== OTel Collector
 RECEIVERS = {"otlp", "prometheus", "hostmetrics", "filelog", "zipkin"}
-PROCESSORS = {"batch", "memory_limiter", "resource", "attributes", "transform", "filter",
-              "tail_sampling", "probabilistic_sampler"}
+PROCESSORS = {
+    "batch",
+    "memory_limiter",
+    "resource",
+    "attributes",
+    "transform",
+    "filter",
+    "tail_sampling",
+    "probabilistic_sampler",
+}
 EXPORTERS = {"otlp_grpc", "otlp_http", "debug", "prometheus", "nop"}
-CONNECTORS = {"span_metrics": ({"traces"}, {"metrics"}),
-              "forward": ({"traces", "metrics", "logs"}, {"traces", "metrics", "logs"}),
-              "count": ({"traces", "metrics", "logs"}, {"metrics"})}
+CONNECTORS = {
+    "span_metrics": ({"traces"}, {"metrics"}),
+    "forward": ({"traces", "metrics", "logs"}, {"traces", "metrics", "logs"}),
+    "count": ({"traces", "metrics", "logs"}, {"metrics"}),
+}
 EXTENSIONS = {"health_check", "pprof", "zpages"}
 DEPRECATED = {
     "logging": "the `logging` exporter was removed: use `debug`",
@@ -721,10 +844,17 @@ def component_type(component_id: str) -> str:
 
 def check_collector(config: dict[str, Any]) -> list[str]:
     problems = []
-    sections = {kind: config.get(kind) or {} for kind in
-                ("receivers", "processors", "exporters", "connectors", "extensions")}
-    allowed = {"receivers": RECEIVERS, "processors": PROCESSORS, "exporters": EXPORTERS,
-               "connectors": set(CONNECTORS), "extensions": EXTENSIONS}
+    sections = {
+        kind: config.get(kind) or {}
+        for kind in ("receivers", "processors", "exporters", "connectors", "extensions")
+    }
+    allowed = {
+        "receivers": RECEIVERS,
+        "processors": PROCESSORS,
+        "exporters": EXPORTERS,
+        "connectors": set(CONNECTORS),
+        "extensions": EXTENSIONS,
+    }
     for kind, components in sections.items():
         for cid in components:
             ctype = component_type(cid)
@@ -751,17 +881,20 @@ def check_collector(config: dict[str, Any]) -> list[str]:
         signal = component_type(name)
         if signal not in {"traces", "metrics", "logs"}:
             problems.append(f"pipeline {name}: unknown signal {signal}")
-        for key, kinds in (("receivers", ("receivers", "connectors")),
-                           ("processors", ("processors",)),
-                           ("exporters", ("exporters", "connectors"))):
+        for key, kinds in (
+            ("receivers", ("receivers", "connectors")),
+            ("processors", ("processors",)),
+            ("exporters", ("exporters", "connectors")),
+        ):
             ids = pipeline.get(key) or []
             if key != "processors" and not ids:
                 problems.append(f"pipeline {name}: no {key}")
             for cid in ids:
                 kind = next((k for k in kinds if cid in sections[k]), None)
                 if kind is None:
-                    problems.append(f"pipeline {name}: {key[:-1]} {cid} is not defined in "
-                                    f"{' or '.join(kinds)}")
+                    problems.append(
+                        f"pipeline {name}: {key[:-1]} {cid} is not defined in {' or '.join(kinds)}"
+                    )
                     continue
                 used[kind].add(cid)
                 if kind == "connectors":
@@ -776,9 +909,11 @@ def check_collector(config: dict[str, Any]) -> list[str]:
     for cid in sections["connectors"]:
         exporters_in, receivers_in = as_exporter.get(cid, set()), as_receiver.get(cid, set())
         if not exporters_in or not receivers_in:
-            problems.append(f"connector {cid} must be an exporter in one pipeline and a receiver "
-                            f"in another (exporter in {sorted(exporters_in)}, receiver in "
-                            f"{sorted(receivers_in)})")
+            problems.append(
+                f"connector {cid} must be an exporter in one pipeline and a receiver "
+                f"in another (exporter in {sorted(exporters_in)}, receiver in "
+                f"{sorted(receivers_in)})"
+            )
         if exporters_in & receivers_in:
             problems.append(f"connector {cid} is exporter and receiver of the same pipeline")
         ctype = component_type(cid)
@@ -803,24 +938,38 @@ def test_collector_sends_traces_to_jaeger_and_tempo_and_metrics_to_prometheus():
     exporters = config["exporters"]
     receivers = config["receivers"]["otlp"]["protocols"]
     assert {"grpc", "http"} <= set(receivers)
-    trace_exporters = {cid for name, p in pipelines.items() if component_type(name) == "traces"
-                       for cid in p["exporters"]}
-    endpoints = {exporters[cid]["endpoint"] for cid in trace_exporters if cid in exporters
-                 and component_type(cid) in ("otlp_grpc", "otlp_http")}
+    trace_exporters = {
+        cid for name, p in pipelines.items() if component_type(name) == "traces" for cid in p["exporters"]
+    }
+    endpoints = {
+        exporters[cid]["endpoint"]
+        for cid in trace_exporters
+        if cid in exporters and component_type(cid) in ("otlp_grpc", "otlp_http")
+    }
     assert any(e.startswith("jaeger:") for e in endpoints), endpoints
     assert any(e.startswith("tempo:") for e in endpoints), endpoints
     connectors = [cid for cid in trace_exporters if component_type(cid) == "span_metrics"]
     assert connectors, "the traces pipeline must feed the span_metrics connector"
     assert config["connectors"][connectors[0]]["exemplars"]["enabled"] is True
-    metric_exporters = {cid for name, p in pipelines.items() if component_type(name) == "metrics"
-                        for cid in p["exporters"]}
+    metric_exporters = {
+        cid for name, p in pipelines.items() if component_type(name) == "metrics" for cid in p["exporters"]
+    }
     prometheus = [cid for cid in metric_exporters if component_type(cid) == "prometheus"]
     assert prometheus, "the metrics pipeline must end in the prometheus exporter"
     assert exporters[prometheus[0]].get("enable_open_metrics") is True, "exemplars need OpenMetrics"
 
 
-@pytest.mark.parametrize("breakage", ["undefined exporter", "dangling connector", "deprecated name",
-                                      "wrong signal", "unused receiver", "unknown processor"])
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        "undefined exporter",
+        "dangling connector",
+        "deprecated name",
+        "wrong signal",
+        "unused receiver",
+        "unknown processor",
+    ],
+)
 def test_collector_checks_detect_breakage(breakage):
     config = load_yaml(COLLECTOR)
     pipelines = config["service"]["pipelines"]
@@ -862,9 +1011,9 @@ def host_path(service: dict[str, Any], base: Path, container_path: str) -> Path 
     path = PurePosixPath(container_path)
     best = None
     for source, target in bind_mounts(service, base):
-        if path == target or target in path.parents:
-            if best is None or len(target.parts) > len(best[1].parts):
-                best = (source, target)
+        inside = path == target or target in path.parents
+        if inside and (best is None or len(target.parts) > len(best[1].parts)):
+            best = (source, target)
     if best is None:
         return None
     return best[0].joinpath(*path.relative_to(best[1]).parts)
@@ -901,7 +1050,7 @@ def check_compose(compose: dict[str, Any], base: Path) -> list[str]:
         for dep in service.get("depends_on") or []:
             if dep not in services:
                 problems.append(f"{name}: depends on unknown service {dep}")
-    if not REQUIRED_SERVICES <= set(services):
+    if not set(services) >= REQUIRED_SERVICES:
         return problems
 
     def mounted(service_name: str, container_path: str | None, expected: Path, what: str) -> None:
@@ -935,28 +1084,46 @@ def check_compose(compose: dict[str, Any], base: Path) -> list[str]:
                 for target in static.get("targets", []):
                     host = target.rsplit(":", 1)[0]
                     if host == "host.docker.internal":
-                        if not any("host.docker.internal:host-gateway" in str(h)
-                                   for h in prometheus.get("extra_hosts", [])):
-                            problems.append("prometheus scrapes host.docker.internal: add "
-                                            "extra_hosts host.docker.internal:host-gateway")
+                        if not any(
+                            "host.docker.internal:host-gateway" in str(h)
+                            for h in prometheus.get("extra_hosts", [])
+                        ):
+                            problems.append(
+                                "prometheus scrapes host.docker.internal: add "
+                                "extra_hosts host.docker.internal:host-gateway"
+                            )
                     elif host not in services and host != "localhost":
                         problems.append(f"prometheus.yml scrapes {target}: no such service")
 
     collector = services["otel-collector"]
-    mounted("otel-collector", flag_value(collector.get("command", []), "--config"),
-            base / "otel-collector.yaml", "config")
-    mounted("tempo", flag_value(services["tempo"].get("command", []), "-config.file"),
-            base / "tempo.yaml", "config")
+    mounted(
+        "otel-collector",
+        flag_value(collector.get("command", []), "--config"),
+        base / "otel-collector.yaml",
+        "config",
+    )
+    mounted(
+        "tempo",
+        flag_value(services["tempo"].get("command", []), "-config.file"),
+        base / "tempo.yaml",
+        "config",
+    )
 
-    grafana = services["grafana"]
     dashboards_dir = ROOT / "dashboards/grafana"
-    mounted("grafana", "/etc/grafana/provisioning/datasources/flowscope.yml", DATASOURCES,
-            "datasource provisioning")
-    mounted("grafana", "/etc/grafana/provisioning/dashboards/flowscope.yml", DASHBOARD_PROVIDERS,
-            "dashboard provisioning")
+    mounted(
+        "grafana",
+        "/etc/grafana/provisioning/datasources/flowscope.yml",
+        DATASOURCES,
+        "datasource provisioning",
+    )
+    mounted(
+        "grafana",
+        "/etc/grafana/provisioning/dashboards/flowscope.yml",
+        DASHBOARD_PROVIDERS,
+        "dashboard provisioning",
+    )
     provider_path = load_yaml(DASHBOARD_PROVIDERS)["providers"][0]["options"]["path"]
-    mounted("grafana", f"{provider_path}/{DASHBOARD.name}", dashboards_dir / DASHBOARD.name,
-            "dashboard")
+    mounted("grafana", f"{provider_path}/{DASHBOARD.name}", dashboards_dir / DASHBOARD.name, "dashboard")
     return problems
 
 
@@ -965,21 +1132,24 @@ def test_compose_file():
     assert_no_problems(check_compose(compose, COMPOSE.parent))
 
 
-@pytest.mark.parametrize("breakage", ["missing file", "no exemplars", "latest", "moved dashboard",
-                                      "no service"])
+@pytest.mark.parametrize(
+    "breakage", ["missing file", "no exemplars", "latest", "moved dashboard", "no service"]
+)
 def test_compose_checks_detect_breakage(breakage):
     compose = load_yaml(COMPOSE)
     services = compose["services"]
     if breakage == "missing file":
         services["tempo"]["volumes"][0] = "./tempo-local.yaml:/etc/tempo/tempo.yaml:ro"
     elif breakage == "no exemplars":
-        services["prometheus"]["command"] = [a for a in services["prometheus"]["command"]
-                                             if "exemplar" not in a]
+        services["prometheus"]["command"] = [
+            a for a in services["prometheus"]["command"] if "exemplar" not in a
+        ]
     elif breakage == "latest":
         services["grafana"]["image"] = "grafana/grafana:latest"
     elif breakage == "moved dashboard":
-        services["grafana"]["volumes"] = [v for v in services["grafana"]["volumes"]
-                                          if "flowscope-overview.json" not in v]
+        services["grafana"]["volumes"] = [
+            v for v in services["grafana"]["volumes"] if "flowscope-overview.json" not in v
+        ]
     elif breakage == "no service":
         del services["jaeger"]
     assert check_compose(compose, COMPOSE.parent)
@@ -996,7 +1166,7 @@ def test_configs_agree_on_hosts_and_ports():
     assert f"otel-collector:{exporter_port}" in targets
     telemetry = collector["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"]
     assert f"otel-collector:{telemetry['port']}" in targets
-    assert "host.docker.internal:9464" in targets   # flowscope serve-metrics' default port
+    assert "host.docker.internal:9464" in targets  # flowscope serve-metrics' default port
     for cid, exporter in collector["exporters"].items():
         if component_type(cid) in ("otlp_grpc", "otlp_http"):
             host = exporter["endpoint"].split("://")[-1].split(":")[0]
@@ -1032,7 +1202,8 @@ def contract_registry():
     for node, outcome in (("fetch", "success"), ("enrich", "failure"), ("enrich", "success")):
         m["flowscope_node_runs_total"].labels("demo", node, outcome).inc(3)
         m["flowscope_node_duration_seconds"].labels("demo", node, outcome).observe(
-            0.2, exemplar={"trace_id": trace_id})
+            0.2, exemplar={"trace_id": trace_id}
+        )
         m["flowscope_node_attempts"].labels("demo", node).observe(2)
         m["flowscope_nodes_running"].labels("demo", node).set(1)
     m["flowscope_node_errors_total"].labels("demo", "enrich", "UNKNOWN_ERROR", "KeyError").inc()
@@ -1046,11 +1217,13 @@ def contract_registry():
     # store: enrich's worker died an hour ago (orphaned), slow is alive but stuck
     for node in ("enrich", "slow"):
         m["flowscope_store_open_runs"].labels("demo", node, "running").set(1)
-        m["flowscope_store_oldest_open_run_start_timestamp_seconds"].labels(
-            "demo", node, "running").set(now - 3600)
+        m["flowscope_store_oldest_open_run_start_timestamp_seconds"].labels("demo", node, "running").set(
+            now - 3600
+        )
     m["flowscope_store_open_runs"].labels("demo", "approve", "waiting_input").set(1)
     m["flowscope_store_oldest_open_run_start_timestamp_seconds"].labels(
-        "demo", "approve", "waiting_input").set(now - 60)
+        "demo", "approve", "waiting_input"
+    ).set(now - 60)
     m["flowscope_store_orphaned_runs"].labels("demo", "enrich").set(1)
     m["flowscope_store_orphaned_runs"].labels("demo", "slow").set(0)
     m["flowscope_store_overdue_jobs"].labels("demo", "enrich").set(0)
@@ -1091,13 +1264,14 @@ def test_real_prometheus_scrapes_the_contract_and_evaluates_dashboard_and_alerts
             scraped = prom.series_names('{__name__=~"flowscope_.+|up"}')
             queries = dashboard_queries(DASHBOARD)
             rules = alert_rules(load_yaml(ALERTS))
-            used = set().union(*(promql_metric_names(q.rendered()) for q in queries),
-                               *(promql_metric_names(r["expr"]) for r in rules))
+            used = set().union(
+                *(promql_metric_names(q.rendered()) for q in queries),
+                *(promql_metric_names(r["expr"]) for r in rules),
+            )
             assert used - scraped == set(), f"not in the scrape: {sorted(used - scraped)}"
 
             # every panel query returns at least one series
-            empty = [f"{q.panel}/{q.ref_id}: {q.rendered()}" for q in queries
-                     if not prom.query(q.rendered())]
+            empty = [f"{q.panel}/{q.ref_id}: {q.rendered()}" for q in queries if not prom.query(q.rendered())]
             assert not empty, "panel queries without data:\n" + "\n".join(empty)
 
             # every alert expression evaluates; the store-backed ones are true as expected
@@ -1118,8 +1292,9 @@ def test_real_prometheus_scrapes_the_contract_and_evaluates_dashboard_and_alerts
             assert all(r["health"] == "ok" for r in prom.rules()), prom.rules()
 
             # exemplars survive the scrape (OpenMetrics + exemplar storage)
-            exemplars = prom.query_exemplars("flowscope_node_duration_seconds_bucket",
-                                             time.time() - 300, time.time() + 60)
+            exemplars = prom.query_exemplars(
+                "flowscope_node_duration_seconds_bucket", time.time() - 300, time.time() + 60
+            )
             trace_ids = {e["labels"].get("trace_id") for s in exemplars for e in s["exemplars"]}
             assert "4bf92f3577b34da6a3ce929d0e0e4736" in trace_ids, exemplars
 
@@ -1134,4 +1309,3 @@ def test_real_prometheus_scrapes_the_contract_and_evaluates_dashboard_and_alerts
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
-

@@ -42,12 +42,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import pytest
+import yaml
+from test_dashboards import ALERTS, DASHBOARD, alert_rules, promql_metric_names
 
 from prom_harness import PrometheusServer, dashboard_queries, find_prometheus, free_port
-from test_dashboards import ALERTS, DASHBOARD, alert_rules, promql_metric_names
 
 # Every test here starts processes or servers, or runs the demo end to end.
 pytestmark = pytest.mark.slow
@@ -130,7 +129,9 @@ class OtlpSink(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.trace_ids: set[str] = set()
         self.spans = 0
-        self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, name="otlp-sink", daemon=True)
+        self.thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.05}, name="otlp-sink", daemon=True
+        )
         self.thread.start()
 
     @property
@@ -160,9 +161,15 @@ def child_env(cwd: Path | None = None) -> dict[str, str]:
 
 def start(args: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
-        return subprocess.Popen([str(FLOWSCOPE), *args], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=cwd, env=child_env(cwd),
-                                start_new_session=True)
+        return subprocess.Popen(
+            [str(FLOWSCOPE), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env=child_env(cwd),
+            start_new_session=True,
+        )
 
 
 def scrape(port: int) -> str | None:
@@ -192,8 +199,10 @@ def processes_using(marker: str) -> dict[int, str]:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = next((line for line in (entry / "status").read_text().splitlines()
-                          if line.startswith("State:")), "")
+            state = next(
+                (line for line in (entry / "status").read_text().splitlines() if line.startswith("State:")),
+                "",
+            )
         except OSError:
             continue
         if marker in cmdline and "zombie" not in state:
@@ -242,8 +251,9 @@ def test_demo_scraped_by_a_real_prometheus_fills_the_dashboard_and_fires_the_orp
     assert len(queries) >= 15 and rules
 
     sink = OtlpSink()
-    prom = PrometheusServer({DEMO_JOB: [f"127.0.0.1:{demo_port}"],
-                             STORE_JOB: [f"127.0.0.1:{store_port}"]}, rule_files=[ALERTS])
+    prom = PrometheusServer(
+        {DEMO_JOB: [f"127.0.0.1:{demo_port}"], STORE_JOB: [f"127.0.0.1:{store_port}"]}, rule_files=[ALERTS]
+    )
     demo = serve = None
     t0 = time.monotonic()
     try:
@@ -252,9 +262,23 @@ def test_demo_scraped_by_a_real_prometheus_fills_the_dashboard_and_fires_the_orp
         # wait for it, or the demo's traffic is over before anyone looks.
         prom.start()
         prom.wait_for(f'up{{job="{DEMO_JOB}"}}', timeout=30)
-        demo = start(["demo", "--db", str(db), "--metrics-port", str(demo_port),
-                      "--stale-after", f"{STALE_AFTER:g}s", "--repeat", str(REPEAT),
-                      "--otlp-endpoint", sink.endpoint], demo_log, tmp_path)
+        demo = start(
+            [
+                "demo",
+                "--db",
+                str(db),
+                "--metrics-port",
+                str(demo_port),
+                "--stale-after",
+                f"{STALE_AFTER:g}s",
+                "--repeat",
+                str(REPEAT),
+                "--otlp-endpoint",
+                sink.endpoint,
+            ],
+            demo_log,
+            tmp_path,
+        )
 
         # serve-metrics reads the store the demo writes (it refuses a missing database)
         deadline = time.monotonic() + 30
@@ -262,8 +286,19 @@ def test_demo_scraped_by_a_real_prometheus_fills_the_dashboard_and_fires_the_orp
             assert demo.poll() is None, f"demo exited {demo.returncode}:\n{tail(demo_log)}"
             assert time.monotonic() < deadline, f"demo endpoint not up after 30s:\n{tail(demo_log)}"
             time.sleep(0.1)
-        serve = start(["serve-metrics", "--db", str(db), "--port", str(store_port),
-                       "--stale-after", f"{STALE_AFTER:g}s"], store_log, tmp_path)
+        serve = start(
+            [
+                "serve-metrics",
+                "--db",
+                str(db),
+                "--port",
+                str(store_port),
+                "--stale-after",
+                f"{STALE_AFTER:g}s",
+            ],
+            store_log,
+            tmp_path,
+        )
 
         # the demo is done: it says so, and its endpoint has the workflow runs and the orphan
         deadline = time.monotonic() + 40
@@ -272,15 +307,20 @@ def test_demo_scraped_by_a_real_prometheus_fills_the_dashboard_and_fires_the_orp
             text = scrape(demo_port) or ""
             found = scraped_samples(text) if text else {}
             outcomes = {labels.get("outcome") for labels in found.get("flowscope_workflow_runs_total", [])}
-            orphan_series = {(labels["workflow"], labels["node"])
-                             for labels in found.get("flowscope_store_orphaned_runs", [])}
-            if ("serving metrics at" in demo_log.read_text()
-                    and {"completed", "failed"} <= outcomes
-                    and ("nightly_export", "export_rows") in orphan_series):
+            orphan_series = {
+                (labels["workflow"], labels["node"])
+                for labels in found.get("flowscope_store_orphaned_runs", [])
+            }
+            if (
+                "serving metrics at" in demo_log.read_text()
+                and {"completed", "failed"} <= outcomes
+                and ("nightly_export", "export_rows") in orphan_series
+            ):
                 break
             assert time.monotonic() < deadline, (
                 f"demo not done after 40s: outcomes {outcomes}, orphan series {orphan_series}\n"
-                f"{tail(demo_log)}")
+                f"{tail(demo_log)}"
+            )
             time.sleep(0.2)
         assert "killed with SIGKILL" in demo_log.read_text(), tail(demo_log)  # without psycopg
         assert "ModuleNotFoundError" not in demo_log.read_text(), tail(demo_log)
@@ -290,18 +330,27 @@ def test_demo_scraped_by_a_real_prometheus_fills_the_dashboard_and_fires_the_orp
         orphan_expr = by_alert["FlowscopeRunOrphaned"]
 
         def dead_worker(result: list[dict[str, Any]], job: str) -> list[dict[str, Any]]:
-            return [s for s in result if s["metric"].get("job") == job
-                    and s["metric"].get("workflow") == "nightly_export"
-                    and s["metric"].get("node") == "export_rows"]
+            return [
+                s
+                for s in result
+                if s["metric"].get("job") == job
+                and s["metric"].get("workflow") == "nightly_export"
+                and s["metric"].get("node") == "export_rows"
+            ]
 
-        result = prom.wait_for(orphan_expr, timeout=STALE_AFTER + 20,
-                               predicate=lambda r: all(dead_worker(r, j) for j in (DEMO_JOB, STORE_JOB)))
+        result = prom.wait_for(
+            orphan_expr,
+            timeout=STALE_AFTER + 20,
+            predicate=lambda r: all(dead_worker(r, j) for j in (DEMO_JOB, STORE_JOB)),
+        )
         for job in (DEMO_JOB, STORE_JOB):
             assert [s["value"][1] for s in dead_worker(result, job)] == ["1"], result
         # one dead worker, one orphan per endpoint: export_rows, at the deepest path (its
         # workflow run is the container of it, not a second orphan)
         assert sorted((s["metric"]["job"], s["metric"]["node"]) for s in result) == [
-            (DEMO_JOB, "export_rows"), (STORE_JOB, "export_rows")], result
+            (DEMO_JOB, "export_rows"),
+            (STORE_JOB, "export_rows"),
+        ], result
 
         from flowscope.store import SqliteEventStore
 
@@ -319,8 +368,9 @@ def test_demo_scraped_by_a_real_prometheus_fills_the_dashboard_and_fires_the_orp
         # Prometheus' samples, from both endpoints: orphaned only from the threshold on; and the
         # demo's shows the run open but not yet orphaned before it (serve-metrics may start late)
         for job in (DEMO_JOB, STORE_JOB):
-            selector = ('flowscope_store_orphaned_runs{workflow="nightly_export", node="export_rows", '
-                        f'job="{job}"}}')
+            selector = (
+                f'flowscope_store_orphaned_runs{{workflow="nightly_export", node="export_rows", job="{job}"}}'
+            )
             raw = prom.query(f"{selector}[5m]")
             assert len(raw) == 1, raw
             samples = [(float(ts), float(v)) for ts, v in raw[0]["values"]]
@@ -332,11 +382,15 @@ def test_demo_scraped_by_a_real_prometheus_fills_the_dashboard_and_fires_the_orp
             assert first is not None and all(v == 1 for ts, v in samples if ts >= first), (job, samples)
             if job == DEMO_JOB:
                 assert first < threshold - SCRAPE_SLACK, (
-                    f"orphaned only at {first}, after the heartbeat threshold {threshold}: it waited for staleness")
+                    f"orphaned only at {first}, after the heartbeat threshold {threshold}: it waited for staleness"
+                )
         assert dead_worker(prom.query(orphan_expr), DEMO_JOB)
         # the server evaluates the rule: the alert is pending (its `for` is minutes)
-        prom.wait_for('ALERTS{alertname="FlowscopeRunOrphaned", alertstate="pending", '
-                      'workflow="nightly_export", node="export_rows"}', timeout=10)
+        prom.wait_for(
+            'ALERTS{alertname="FlowscopeRunOrphaned", alertstate="pending", '
+            'workflow="nightly_export", node="export_rows"}',
+            timeout=10,
+        )
 
         # ------------------------------------------------------------ the dashboard
         scraped = set(prom.api("label/__name__/values"))
@@ -344,17 +398,23 @@ def test_demo_scraped_by_a_real_prometheus_fills_the_dashboard_and_fires_the_orp
         while True:  # a scrape may lag on a loaded machine: retry a little before failing
             results = {key(q): prom.query(q.rendered()) for q in queries}
             empty = {k for k, r in results.items() if not r}
-            not_finite = {k for k in FINITE_PANELS
-                          if not any(math.isfinite(float(s["value"][1])) for s in results[k])}
-            if (empty - DEMO_MAYBE["panels"] == DEMO_GAPS["panels"] and not not_finite
-                    or time.monotonic() > deadline):
+            not_finite = {
+                k for k in FINITE_PANELS if not any(math.isfinite(float(s["value"][1])) for s in results[k])
+            }
+            if (
+                empty - DEMO_MAYBE["panels"] == DEMO_GAPS["panels"]
+                and not not_finite
+                or time.monotonic() > deadline
+            ):
                 break
             time.sleep(0.5)
         unexpected = empty - DEMO_GAPS["panels"] - DEMO_MAYBE["panels"]
         assert not unexpected, "panel queries without data:\n" + "\n".join(
-            f"{q.panel} [{q.ref_id}]: {q.rendered()}" for q in queries if key(q) in unexpected)
+            f"{q.panel} [{q.ref_id}]: {q.rendered()}" for q in queries if key(q) in unexpected
+        )
         assert DEMO_GAPS["panels"] <= empty, (
-            f"the demo now fills {sorted(DEMO_GAPS['panels'] - empty)}: remove them from DEMO_GAPS")
+            f"the demo now fills {sorted(DEMO_GAPS['panels'] - empty)}: remove them from DEMO_GAPS"
+        )
         assert not not_finite, {k: results[k] for k in not_finite}
         panel_names = set().union(*(promql_metric_names(q.rendered()) for q in queries))
         gap_names = set().union(*DEMO_GAPS["alert_metrics"].values())
@@ -388,7 +448,8 @@ def test_demo_scraped_by_a_real_prometheus_fills_the_dashboard_and_fires_the_orp
                 exported = set(sink.trace_ids)
             assert trace_ids <= exported, (
                 f"exemplar trace ids not exported: {sorted(trace_ids - exported)[:5]} "
-                f"({sink.spans} spans received)")
+                f"({sink.spans} spans received)"
+            )
 
         # ------------------------------------------------------------ the alert rules
         scraped = set(prom.api("label/__name__/values"))
@@ -401,11 +462,13 @@ def test_demo_scraped_by_a_real_prometheus_fills_the_dashboard_and_fires_the_orp
             maybe = DEMO_MAYBE["alert_metrics"].get(rule["alert"], set())
             assert gaps <= missing <= gaps | maybe, (
                 f"{rule['alert']} reads {sorted(missing)}, which the demo does not expose "
-                "(or no longer misses: update DEMO_GAPS)")
+                "(or no longer misses: update DEMO_GAPS)"
+            )
         loaded = {r["name"]: r for r in prom.rules()}
         assert set(by_alert) <= set(loaded), sorted(loaded)
-        assert all(r["health"] == "ok" for r in loaded.values()), \
-            [(n, r.get("lastError")) for n, r in loaded.items() if r["health"] != "ok"]
+        assert all(r["health"] == "ok" for r in loaded.values()), [
+            (n, r.get("lastError")) for n, r in loaded.items() if r["health"] != "ok"
+        ]
 
         # ------------------------------------------------------------ stop
         stop(demo, demo_log, "flowscope demo")

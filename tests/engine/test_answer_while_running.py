@@ -17,8 +17,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,9 @@ def _env(log: Path) -> dict[str, str]:
 
 
 def _cli(db: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FLOWSCOPE, "--db", db, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [FLOWSCOPE, "--db", db, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def _wait(what: str, done: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -58,7 +61,10 @@ def _race(db: str, open_store: Callable[[], Any], tmp_path: Path) -> None:
     err = tmp_path / "worker.err"
     worker = subprocess.Popen(
         [FLOWSCOPE, "--db", db, "worker", "tests.chaos_workflows:ALL", "--lease", "5s", "--poll", "50ms"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(err, "wb"),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(err, "wb"),
     )
     try:
         sids: list[str] = []
@@ -68,10 +74,12 @@ def _race(db: str, open_store: Callable[[], Any], tmp_path: Path) -> None:
             assert r.returncode == 0, r.stderr
             sids.append(f"race-{i}")
         with open_store() as store:
+
             def asked(sid: str) -> bool:
                 ws = rebuild(store.read(sid))
                 return any(ns.status == "waiting_input" for ns in ws.nodes.values()) and any(
-                    ns.node == "race_slow" and ns.status == "running" for ns in ws.nodes.values())
+                    ns.node == "race_slow" and ns.status == "running" for ns in ws.nodes.values()
+                )
 
             for sid in sids:
                 _wait(f"{sid} to ask while race_slow runs", lambda: asked(sid))
@@ -80,7 +88,9 @@ def _race(db: str, open_store: Callable[[], Any], tmp_path: Path) -> None:
                 assert r.returncode == 0, (r.stdout, r.stderr)
                 said.append(r.stdout)
             for sid in sids:
-                _wait(f"{sid} to complete", lambda: rebuild(store.read(sid)).status == "completed", timeout=60)
+                _wait(
+                    f"{sid} to complete", lambda: rebuild(store.read(sid)).status == "completed", timeout=60
+                )
             for sid in sids:
                 events = store.read(sid)
                 assert [e.type for e in events].count("input_received") == 1
@@ -105,7 +115,9 @@ def test_an_answer_while_another_branch_runs_runs_nothing_twice_on_sqlite(tmp_pa
     _race(str(db), lambda: SqliteEventStore(db, readonly=True), tmp_path)
 
 
-def test_an_answer_while_another_branch_runs_runs_nothing_twice_on_postgresql(pg_cluster: Any, tmp_path: Path):
+def test_an_answer_while_another_branch_runs_runs_nothing_twice_on_postgresql(
+    pg_cluster: Any, tmp_path: Path
+):
     from flowscope.store.postgres import PostgresEventStore
 
     url = pg_cluster.new_database("race")

@@ -21,7 +21,9 @@ WORKER = str(Path(__file__).resolve().parents[1] / "crash_worker.py")
 
 
 def worker(*args, check=True):
-    proc = subprocess.run([sys.executable, WORKER, *map(str, args)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, WORKER, *map(str, args)], capture_output=True, text=True, timeout=60
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"worker {args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -71,8 +73,12 @@ def _appends_per_invocation() -> tuple[int, int]:
     with tempfile.TemporaryDirectory() as d:
         counts = []
         for mode in ("run", "resume"):
-            proc = subprocess.run([sys.executable, WORKER, f"{d}/c.db", f"{d}/c.eff", "s", mode],
-                                  capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(
+                [sys.executable, WORKER, f"{d}/c.db", f"{d}/c.eff", "s", mode],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert proc.returncode == 0, proc.stderr
             counts.append(int(proc.stderr.split()[-1]))
     return counts[0], counts[1]
@@ -106,7 +112,10 @@ def _check(db, effects, base_effects, killed_events):
     # every NodeStarted of an invocation that was not killed has its terminal event
     killed_invocations = {e.invocation_id for e in killed_events}
     for s in (e for e in events if e.type == "node_started" and e.invocation_id not in killed_invocations):
-        assert any(t.path == s.path and t.invocation_id == s.invocation_id and t.type in TERMINAL_TYPES for t in events)
+        assert any(
+            t.path == s.path and t.invocation_id == s.invocation_id and t.type in TERMINAL_TYPES
+            for t in events
+        )
     return state
 
 
@@ -156,8 +165,13 @@ def test_recovered_attempt_numbers_continue_after_a_crash(tmp_path):
     assert done[0].attempt_count == 3
 
 
-IN_BODY_KILLS = ["orders@1/pack@1", "orders@1/notify@1", "orders@1/bill@1/charge@1",
-                 "orders@1/ship@1/label@1", "orders@1/ship@1/dispatch@1"]
+IN_BODY_KILLS = [
+    "orders@1/pack@1",
+    "orders@1/notify@1",
+    "orders@1/bill@1/charge@1",
+    "orders@1/ship@1/label@1",
+    "orders@1/ship@1/dispatch@1",
+]
 
 
 @pytest.mark.parametrize("node_path", IN_BODY_KILLS)
@@ -166,8 +180,13 @@ def test_sigkill_inside_a_node_body_from_outside(tmp_path, node_path, base):
     _base_db, base_effects, _ = base
     db, effects = tmp_path / "crash.db", tmp_path / "crash.effects"
     env = dict(os.environ, CRASH_WORKER_HOLD=node_path)
-    proc = subprocess.Popen([sys.executable, WORKER, str(db), str(effects), "s", "run"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, WORKER, str(db), str(effects), "s", "run"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     hold = Path(str(effects) + ".holding")
     import time
 
@@ -193,8 +212,13 @@ def test_two_processes_resume_the_same_session_at_once(tmp_path, base):
     go = tmp_path / "go"
     env = dict(os.environ, CRASH_WORKER_GO=str(go), CRASH_WORKER_LINGER="1.5")
     procs = [
-        subprocess.Popen([sys.executable, WORKER, str(db), str(effects), "s", "resume"], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, WORKER, str(db), str(effects), "s", "resume"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
     import time

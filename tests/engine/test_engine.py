@@ -44,7 +44,9 @@ async def test_a_plain_function_that_returns_an_awaitable_is_awaited_and_plain_v
         (lambda _x: b"x".decode(), "x"),
     ]:
         sid = f"s{want!r}"
-        result = await Runner(Workflow("w", edges=[(START, node(body, name="a"))]), store=store).run(1, session_id=sid)
+        result = await Runner(Workflow("w", edges=[(START, node(body, name="a"))]), store=store).run(
+            1, session_id=sid
+        )
         assert result.output == want, body
 
 
@@ -118,10 +120,18 @@ async def test_join_after_a_route_fires_with_the_branches_that_ran(store):
 
 
 async def test_nested_workflow_paths_and_output(store):
-    inner = Workflow("inner", edges=[(START, node(lambda x: x + 1, name="a"), node(lambda x: x * 2, name="b"))])
+    inner = Workflow(
+        "inner", edges=[(START, node(lambda x: x + 1, name="a"), node(lambda x: x * 2, name="b"))]
+    )
     outer = Workflow("outer", edges=[(START, inner, node(lambda x: x - 1, name="c"))])
     assert (await Runner(outer, store=store).run(1, session_id="s")).output == 3
-    assert paths(store, "s") == ["outer@1", "outer@1/inner@1", "outer@1/inner@1/a@1", "outer@1/inner@1/b@1", "outer@1/c@1"]
+    assert paths(store, "s") == [
+        "outer@1",
+        "outer@1/inner@1",
+        "outer@1/inner@1/a@1",
+        "outer@1/inner@1/b@1",
+        "outer@1/c@1",
+    ]
     kinds = {e.path: e.kind for e in of_type(store.read("s"), "node_started")}
     assert kinds["outer@1/inner@1"] == "workflow"
 
@@ -151,7 +161,12 @@ async def test_loop_counts_passes_in_paths_and_stops_at_the_step_limit(store):
     end = node(lambda n: f"n={n}", name="end")
     wf = Workflow("w", edges=[(START, check, {"again": inc, "done": end}), (inc, check)])
     assert (await Runner(wf, store=store).run(0, session_id="s")).output == "n=3"
-    assert [p for p in paths(store, "s") if "check" in p] == ["w@1/check@1", "w@1/check@2", "w@1/check@3", "w@1/check@4"]
+    assert [p for p in paths(store, "s") if "check" in p] == [
+        "w@1/check@1",
+        "w@1/check@2",
+        "w@1/check@3",
+        "w@1/check@4",
+    ]
 
     forever = Workflow("f", edges=[(START, check, {"again": inc, "done": end}), (inc, check)], max_steps=10)
     with pytest.raises(WorkflowError, match="max_steps"):
@@ -189,7 +204,10 @@ async def test_retry_with_backoff_then_success(store):
     assert (await Runner(wf, store=store).run(None, session_id="s")).output == "ok"
     assert calls == [1, 2, 3]
     retries = of_type(store.read("s"), "node_retrying")
-    assert [(r.attempt, r.error_type, r.delay_s) for r in retries] == [(1, "ConnectionError", 0.01), (2, "ConnectionError", 0.02)]
+    assert [(r.attempt, r.error_type, r.delay_s) for r in retries] == [
+        (1, "ConnectionError", 0.01),
+        (2, "ConnectionError", 0.02),
+    ]
     assert of_type(store.read("s"), "node_completed")[0].attempt_count == 3
 
 
@@ -226,7 +244,9 @@ async def test_timeout_applies_per_attempt(store):
             await asyncio.sleep(5)
         return "fast"
 
-    assert (await Runner(Workflow("w", edges=[(START, slow_then_fast)]), store=store).run(None, session_id="s")).output == "fast"
+    assert (
+        await Runner(Workflow("w", edges=[(START, slow_then_fast)]), store=store).run(None, session_id="s")
+    ).output == "fast"
     assert calls == [1, 2]
     assert of_type(store.read("s"), "node_retrying")[0].error_code == "NODE_TIMEOUT"
 
@@ -259,7 +279,10 @@ async def test_abort_cancels_runs_and_raises_invocation_aborted(store):
         await task
     events = store.read("s")
     assert of_type(events, "node_error") == []
-    assert {(e.path, e.reason) for e in of_type(events, "node_cancelled")} == {("w@1", "aborted"), ("w@1/long@1", "aborted")}
+    assert {(e.path, e.reason) for e in of_type(events, "node_cancelled")} == {
+        ("w@1", "aborted"),
+        ("w@1/long@1", "aborted"),
+    }
     assert events[-1].type == "run_finished" and events[-1].status == "cancelled"
     assert runner.abort("s") is False
 
@@ -284,7 +307,9 @@ async def test_cancelling_the_callers_task_cancels_the_run(store):
         started.set()
         await asyncio.sleep(10)
 
-    task = asyncio.ensure_future(Runner(Workflow("w", edges=[(START, long)]), store=store).run(None, session_id="s"))
+    task = asyncio.ensure_future(
+        Runner(Workflow("w", edges=[(START, long)]), store=store).run(None, session_id="s")
+    )
     await started.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -406,21 +431,62 @@ async def test_a_crash_inside_a_nested_workflow_is_one_recovery_of_the_run_it_cu
     store = MemoryEventStore()
     sid, inv = "crashed", "dead-process"
     log = [RunStarted(session_id=sid, invocation_id=inv, ts=1.0, workflow="outer", input=1)]
-    for path, name, kind, parent in (("outer@1", "outer", "workflow", ""), ("outer@1/first@1", "first", "function", "outer@1")):
-        log.append(Started(session_id=sid, invocation_id=inv, ts=1.0, path=path, node=name, attempt=1, kind=kind, parent_path=parent))
-    log.append(NodeCompleted(session_id=sid, invocation_id=inv, ts=1.1, path="outer@1/first@1", node="first", output=1, has_output=True, attempt_count=1))
-    for path, name, kind, parent in (("outer@1/inner@1", "inner", "workflow", "outer@1"),
-                                     ("outer@1/inner@1/leaf@1", "leaf", "function", "outer@1/inner@1")):
-        log.append(Started(session_id=sid, invocation_id=inv, ts=1.2, path=path, node=name, attempt=1, kind=kind, parent_path=parent))
+    for path, name, kind, parent in (
+        ("outer@1", "outer", "workflow", ""),
+        ("outer@1/first@1", "first", "function", "outer@1"),
+    ):
+        log.append(
+            Started(
+                session_id=sid,
+                invocation_id=inv,
+                ts=1.0,
+                path=path,
+                node=name,
+                attempt=1,
+                kind=kind,
+                parent_path=parent,
+            )
+        )
+    log.append(
+        NodeCompleted(
+            session_id=sid,
+            invocation_id=inv,
+            ts=1.1,
+            path="outer@1/first@1",
+            node="first",
+            output=1,
+            has_output=True,
+            attempt_count=1,
+        )
+    )
+    for path, name, kind, parent in (
+        ("outer@1/inner@1", "inner", "workflow", "outer@1"),
+        ("outer@1/inner@1/leaf@1", "leaf", "function", "outer@1/inner@1"),
+    ):
+        log.append(
+            Started(
+                session_id=sid,
+                invocation_id=inv,
+                ts=1.2,
+                path=path,
+                node=name,
+                attempt=1,
+                kind=kind,
+                parent_path=parent,
+            )
+        )
     store.append(sid, log, 0)
 
     result = await Runner(outer, store=store).resume(sid)
     assert result.status == "completed" and result.output == 2
-    events = store.read(sid)[len(log):]
+    events = store.read(sid)[len(log) :]
     [started] = [e for e in events if isinstance(e, RunStarted)]
     [finished] = [e for e in events if isinstance(e, RunFinished)]
     assert (started.recovered, finished.recovered, result.recovered) == (1, 1, 1)
     assert {e.path: e.recovered for e in events if isinstance(e, Started)} == {
-        "outer@1": False, "outer@1/inner@1": False, "outer@1/inner@1/leaf@1": True}
+        "outer@1": False,
+        "outer@1/inner@1": False,
+        "outer@1/inner@1/leaf@1": True,
+    }
     rows = audit_rows(store.node_runs(sid))
     assert {r["node"]: r["recoveries"] for r in rows} == {"outer": 0, "first": 0, "inner": 0, "leaf": 1}

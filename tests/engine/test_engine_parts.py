@@ -30,10 +30,18 @@ def private_reaches(source: str) -> list[str]:
 
 
 def test_no_engine_module_reaches_into_another_objects_private_state():
-    reaches = {p.name: r for p in sorted(ENGINE.glob("*.py")) if (r := private_reaches(p.read_text(encoding="utf-8")))}
+    reaches = {
+        p.name: r
+        for p in sorted(ENGINE.glob("*.py"))
+        if (r := private_reaches(p.read_text(encoding="utf-8")))
+    }
     assert reaches == {}
 
 
 def test_the_check_sees_reads_writes_and_calls():
     src = "ctx._children.clear()\nctx._requests = 0\nx = inv._rec\nself._ok = 1\ncls._ok2\nobj.__class__\n"
-    assert sorted(private_reaches(src)) == ["ctx._children (line 1)", "ctx._requests (line 2)", "inv._rec (line 3)"]
+    assert sorted(private_reaches(src)) == [
+        "ctx._children (line 1)",
+        "ctx._requests (line 2)",
+        "inv._rec (line 3)",
+    ]

@@ -27,7 +27,9 @@ class Worker:
 def enrich_workflow(worker, expect_count=True, deadline_s=None, completed=None):
     @node
     async def enrich(ctx, rows):
-        data = await ctx.await_job(worker.dispatch, payload=rows, expect_count=expect_count, deadline_s=deadline_s)
+        data = await ctx.await_job(
+            worker.dispatch, payload=rows, expect_count=expect_count, deadline_s=deadline_s
+        )
         return {"enriched": data}
 
     @node
@@ -230,3 +232,40 @@ def test_the_guard():
     assert check_result({"success": 1}, expect_count=False).result == "failed"
     assert check_result(None, expect_count=False).result == "failed"
     assert check_result({"success": False, "error": "x"}, expect_count=False).problem == "the job failed: x"
+
+
+@pytest.mark.parametrize(
+    "result, says",
+    [
+        ([1, 2], "a job result is a JSON object, not list"),
+        ({"succes": True}, "unknown key(s) succes"),
+        ({"success": True, "count": "3"}, "must be a number"),
+    ],
+)
+async def test_one_rule_refuses_a_job_result_of_the_wrong_shape_whoever_reports_it(store, result, says):
+    """resume(), flowscope.answer() (what the console calls) and the CLI share one rule: a
+    result of the wrong shape is refused before anything is recorded, never judged failed."""
+    from flowscope import answer
+
+    worker = Worker()
+    runner = Runner(enrich_workflow(worker), store=store)
+    await runner.run([1], session_id="s")
+    (job,) = worker.jobs
+    before = store.last_seq("s")
+    with pytest.raises(ResumeError, match="refused") as by_resume:
+        await runner.resume("s", jobs={job.job_id: result})
+    with pytest.raises(ResumeError, match="refused") as by_answer:
+        answer(store, "s", jobs={job.job_id: result})
+    assert says in str(by_resume.value) and str(by_resume.value) == str(by_answer.value)
+    assert store.last_seq("s") == before and not store.inbox("s")
+
+
+async def test_an_unknown_id_says_what_the_session_waits_on(store):
+    worker = Worker()
+    runner = Runner(enrich_workflow(worker), store=store)
+    await runner.run([1], session_id="s")
+    (job,) = worker.jobs
+    with pytest.raises(ResumeError) as info:
+        await runner.resume("s", inputs={job.job_id: True})
+    assert "(a job id: give it as a job result)" in str(info.value)
+    assert f"it waits on job {job.job_id}" in str(info.value)

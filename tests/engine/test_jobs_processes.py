@@ -19,8 +19,9 @@ WORKER = str(Path(__file__).resolve().parents[1] / "job_worker.py")
 
 
 def step(db, dispatched, *args):
-    proc = subprocess.run([sys.executable, WORKER, str(db), str(dispatched), *args],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, WORKER, str(db), str(dispatched), *args], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -33,7 +34,9 @@ def test_dispatch_result_retry_and_success_each_in_its_own_process(tmp_path):
     assert len(jobs) == 1 and first["pending"] == [jobs[0]["job_id"]]
 
     # the worker reports "success" with nothing done: another process delivers it
-    empty = step(db, queue, "resume", "--job", f'{jobs[0]["job_id"]}={json.dumps({"success": True, "count": 0})}')
+    empty = step(
+        db, queue, "resume", "--job", f"{jobs[0]['job_id']}={json.dumps({'success': True, 'count': 0})}"
+    )
     assert empty["status"] == "paused"
     (interrupt,) = empty["pending"]
     state = rebuild(SqliteEventStore(db).read("s"))
@@ -47,7 +50,13 @@ def test_dispatch_result_retry_and_success_each_in_its_own_process(tmp_path):
     assert jobs[1]["dispatch_attempt"] == 2 and jobs[1]["job_id"] != jobs[0]["job_id"]
     assert jobs[1]["idempotency_key"] != jobs[0]["idempotency_key"]
 
-    done = step(db, queue, "resume", "--job", f'{jobs[1]["job_id"]}={json.dumps({"success": True, "count": 3, "data": [7, 8, 9]})}')
+    done = step(
+        db,
+        queue,
+        "resume",
+        "--job",
+        f"{jobs[1]['job_id']}={json.dumps({'success': True, 'count': 3, 'data': [7, 8, 9]})}",
+    )
     assert done == {"status": "completed", "pending": [], "output": {"rows": [7, 8, 9]}}
     assert len(queue.read_text().splitlines()) == 2  # no dispatch was repeated
 

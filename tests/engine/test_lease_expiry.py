@@ -109,7 +109,11 @@ async def test_no_result_is_recorded_and_no_next_body_starts_once_the_lease_may_
     # plugins (spans, metrics) are told that a stopped, not that it succeeded
     assert outcomes == [("a", "cancellation"), ("w", "cancellation")]
     events = db.read("s")
-    assert [e.type for e in events] == ["run_started", "node_started", "node_started"]  # a's result: not recorded
+    assert [e.type for e in events] == [
+        "run_started",
+        "node_started",
+        "node_started",
+    ]  # a's result: not recorded
     assert db.session_info("s").lease_expires_at == 0  # released: another owner may take it at once
     # the next owner re-runs a as a new attempt and goes on
     clock.offset = 0.0
@@ -159,7 +163,11 @@ async def test_no_failure_is_recorded_once_the_lease_may_have_expired(db, clock)
     runner = Runner(Workflow("w", edges=[(START, fails)]), store=db, lease_s=5.0)
     with pytest.raises(LeaseExpired):  # not the body's error: it is not this owner's to report
         await runner.run(1, session_id="s")
-    assert [e.type for e in db.read("s")] == ["run_started", "node_started", "node_started"]  # no node_retrying
+    assert [e.type for e in db.read("s")] == [
+        "run_started",
+        "node_started",
+        "node_started",
+    ]  # no node_retrying
 
 
 @pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it

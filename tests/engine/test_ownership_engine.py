@@ -4,7 +4,6 @@ orphaned at once, a blocked owner keeps its lease, a stopped owner is fenced off
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -71,7 +70,9 @@ def test_a_killed_owner_is_orphaned_at_once_and_resumed_without_force(tmp_path):
     info = SqliteEventStore(db).session_info("s")
     assert info is not None and info.status == "running" and info.owner is not None and info.owner.pid == pid
     now = time.time()
-    assert info.lease_expires_at is not None and info.lease_expires_at > now + 10  # the lease has ~15 s left...
+    assert (
+        info.lease_expires_at is not None and info.lease_expires_at > now + 10
+    )  # the lease has ~15 s left...
     assert not owner_alive(info.owner, info.lease_expires_at, now)  # ...but its process is gone: orphaned
     launched = time.time()
     resumer = start(db, effects, "resume", 15.0)
@@ -122,7 +123,11 @@ def test_a_sync_node_that_blocks_the_loop_keeps_its_lease(tmp_path):
     assert f"pid {owner.pid}" in refusals[-1] and "ago" in refusals[-1]
     out, err = owner.communicate(timeout=60)
     assert out.split()[:2] == ["completed", "4"], (out, err)
-    assert [(path.split("/")[-1], a) for _, path, a in effects_of(effects)] == [("first@1", 1), ("block@1", 1), ("last@1", 1)]
+    assert [(path.split("/")[-1], a) for _, path, a in effects_of(effects)] == [
+        ("first@1", 1),
+        ("block@1", 1),
+        ("last@1", 1),
+    ]
     events = SqliteEventStore(db).read("s")
     assert len([e for e in events if e.type == "run_started"]) == 1
 

@@ -70,7 +70,11 @@ def rich_workflow(effects: Counter[str]) -> Workflow:
     inner = Workflow("inner", edges=[(START, leaf("x"), leaf("y"))])
     return Workflow(
         "rich",
-        edges=[(START, leaf("fetch"), (a, b, flaky)), ((a, b, flaky), join), (join, inner, approve, leaf("done"))],
+        edges=[
+            (START, leaf("fetch"), (a, b, flaky)),
+            ((a, b, flaky), join),
+            (join, inner, approve, leaf("done")),
+        ],
     )
 
 
@@ -115,7 +119,9 @@ async def test_a_failed_append_at_every_point_reaches_the_caller_and_nothing_com
         output, seen = await drive(store, effects)
         where = f"append {k} of {total}"
         assert output == expected, where
-        assert len(seen) == 1 and seen[0] is store.error, where  # the store's own error, never a numbering one
+        assert len(seen) == 1 and seen[0] is store.error, (
+            where
+        )  # the store's own error, never a numbering one
         events = store.read("s")
         assert [e.seq for e in events] == list(range(1, len(events) + 1)), where
         assert rebuild(events).status == "completed", where
@@ -125,7 +131,10 @@ async def test_a_failed_append_at_every_point_reaches_the_caller_and_nothing_com
         assert all(n == 1 for n in completed.values()), where
         for path in completed:  # a completed run is never started again
             done = next(e.seq for e in events if e.type == "node_completed" and e.path == path)
-            assert not any(e.type == "node_started" and e.path == path and e.seq > done for e in events), (where, path)
+            assert not any(e.type == "node_started" and e.path == path and e.seq > done for e in events), (
+                where,
+                path,
+            )
         for path, n in effects.items():  # every body that ran is on record: no unrecorded work
             assert n == started[path] + retried[path], (where, path, n, started[path], retried[path])
         # the failed invocation appended nothing after its failure and no RunFinished
@@ -334,7 +343,9 @@ async def test_answer_records_answers_that_resume_consumes():
     assert (await runner.run(1, session_id="s")).status == "paused"
     job_id = next(e.job_id for e in store.read("s") if e.type == "job_dispatched")
     receipt = answer(store, "s", inputs={"a": "A"})
-    assert isinstance(receipt, AnswerReceipt) and receipt == AnswerReceipt("s", "p", ("a",), (), store.last_seq("s"))
+    assert isinstance(receipt, AnswerReceipt) and receipt == AnswerReceipt(
+        "s", "p", ("a",), (), store.last_seq("s")
+    )
     assert rebuild(store.read("s")).status == "answered"
     answer(store, "s", jobs={job_id: {"success": True, "data": "D"}})
     result = await runner.resume("s")  # consumes both, as if given to resume()

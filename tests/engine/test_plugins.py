@@ -25,6 +25,7 @@ class Recorder(Plugin):
 
     def before_node(self, ctx):
         if self.use_async:
+
             async def hook():
                 self._rec("before_node", ctx.path, ctx.kind)
 
@@ -76,9 +77,17 @@ async def test_before_hooks_in_registration_order_after_hooks_reversed(store):
     await Runner(build(), store=store, plugins=plugins).run(None, session_id="s")
     for path in ("w@1/inner@1/leaf@1", "w@1/dyn@1/child@1", "w@1/join@1"):
         around = [(n, h) for (n, h, p, *_r) in log if p == path]
-        assert around == [("first", "before_node"), ("second", "before_node"), ("second", "after_node"), ("first", "after_node")]
+        assert around == [
+            ("first", "before_node"),
+            ("second", "before_node"),
+            ("second", "after_node"),
+            ("first", "after_node"),
+        ]
     assert [(n, h) for (n, h, *_r) in log if h.endswith("_run")] == [
-        ("first", "before_run"), ("second", "before_run"), ("second", "after_run"), ("first", "after_run"),
+        ("first", "before_run"),
+        ("second", "before_run"),
+        ("second", "after_run"),
+        ("first", "after_run"),
     ]
 
 
@@ -86,7 +95,11 @@ async def test_nested_runs_are_bracketed_by_their_parent(store):
     log = []
     await Runner(build(), store=store, plugins=[Recorder("p", log)]).run(None, session_id="s")
     seq = [(h, p) for (_n, h, p, *_r) in log if h in ("before_node", "after_node")]
-    for parent, child in (("w@1/inner@1", "w@1/inner@1/leaf@1"), ("w@1/dyn@1", "w@1/dyn@1/child@1"), ("w@1", "w@1/a@1")):
+    for parent, child in (
+        ("w@1/inner@1", "w@1/inner@1/leaf@1"),
+        ("w@1/dyn@1", "w@1/dyn@1/child@1"),
+        ("w@1", "w@1/a@1"),
+    ):
         assert seq.index(("before_node", parent)) < seq.index(("before_node", child))
         assert seq.index(("after_node", child)) < seq.index(("after_node", parent))
 
@@ -99,7 +112,9 @@ async def test_on_node_error_and_failure_outcomes(store):
 
     inner = Workflow("inner", edges=[(START, node(bad, name="bad"))])
     with pytest.raises(ValueError):
-        await Runner(Workflow("w", edges=[(START, inner)]), store=store, plugins=[Recorder("p", log)]).run(None, session_id="s")
+        await Runner(Workflow("w", edges=[(START, inner)]), store=store, plugins=[Recorder("p", log)]).run(
+            None, session_id="s"
+        )
     assert [e for e in log if e[1] == "on_node_error"] == [("p", "on_node_error", "w@1/inner@1/bad@1")]
     outcomes = {p: st for (_n, h, p, *rest) in log if h == "after_node" for st in rest}
     assert outcomes == {"w@1/inner@1/bad@1": "failure", "w@1/inner@1": "failure", "w@1": "failure"}

@@ -22,7 +22,6 @@ import pytest
 
 from flowscope import Plugin, Runner
 from flowscope.store import MemoryEventStore, rebuild
-
 from fuzz_workflows import CrashingStore, Effects, build_workflow, drive
 
 CASES = int(os.environ.get("FLOWSCOPE_FUZZ_CASES", "200"))
@@ -120,10 +119,14 @@ async def _one_case(case: int, tmp_path, request=None) -> None:
     assert output == expected, f"different final output: {info}"
     assert [e.seq for e in events] == list(range(1, len(events) + 1)), f"log has gaps: {info}"
     assert _completed_paths(events) == _completed_paths(base_events), f"different completed runs: {info}"
-    cut = effects_dead_reset.crashed_at_seq if mode == "crash" and effects_dead_reset.crashed_at_seq else point
+    cut = (
+        effects_dead_reset.crashed_at_seq if mode == "crash" and effects_dead_reset.crashed_at_seq else point
+    )
     done_before = _completed_paths(events[:cut]) & set(base_effects.counts)  # runs with a side effect
     for path in done_before:
-        assert effects.counts[path] == 1, f"{path} completed before the interruption but ran {effects.counts[path]}x: {info}"
+        assert effects.counts[path] == 1, (
+            f"{path} completed before the interruption but ran {effects.counts[path]}x: {info}"
+        )
     for path, n in effects.counts.items():
         assert n <= 2, f"{path} ran {n} times: {info}"
     assert rebuild(events).status == "completed", info

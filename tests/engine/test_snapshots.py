@@ -8,17 +8,17 @@ import logging
 import pytest
 
 from flowscope import START, Runner, Workflow, node
-from flowscope.store import MemoryEventStore, SqliteEventStore, rebuild
 from flowscope.fold import restore_state, snapshot_state
-
+from flowscope.store import MemoryEventStore, SqliteEventStore, rebuild
 from fuzz_workflows import Effects, build_workflow, drive
-
 
 #: The first seeds run in the fast loop, all forty in the full suite.
 FAST_SEEDS = 12
 
 
-@pytest.mark.parametrize("seed", [s if s < FAST_SEEDS else pytest.param(s, marks=pytest.mark.slow) for s in range(40)])
+@pytest.mark.parametrize(
+    "seed", [s if s < FAST_SEEDS else pytest.param(s, marks=pytest.mark.slow) for s in range(40)]
+)
 async def test_a_snapshot_restores_exactly_the_fold_at_every_point(seed):
     store = MemoryEventStore()
     wf = build_workflow(5000 + seed, Effects())

@@ -79,7 +79,10 @@ def tree_from_sdk(spans) -> dict:
             "message": s.status.description or "",
             "attrs": dict(s.attributes),
             "events": [(e.name, dict(e.attributes)) for e in s.events],
-            "links": [(l.context.trace_id.to_bytes(16, "big"), l.context.span_id.to_bytes(8, "big")) for l in s.links],
+            "links": [
+                (l.context.trace_id.to_bytes(16, "big"), l.context.span_id.to_bytes(8, "big"))
+                for l in s.links
+            ],
         }
         for s in spans
     ]
@@ -87,7 +90,11 @@ def tree_from_sdk(spans) -> dict:
 
 
 def _keyed(rows) -> dict:
-    inv_of_trace = {r["trace"]: r["attrs"]["flowscope.invocation.id"] for r in rows if "flowscope.invocation.id" in r["attrs"]}
+    inv_of_trace = {
+        r["trace"]: r["attrs"]["flowscope.invocation.id"]
+        for r in rows
+        if "flowscope.invocation.id" in r["attrs"]
+    }
     seen = defaultdict(int)
     key_of = {}
     for r in sorted(rows, key=lambda r: r["start"]):
@@ -118,7 +125,7 @@ def live_provider():
 
 
 def assert_same_spans(live: dict, exported: dict) -> None:
-    assert set(exported) == set(live), (sorted(set(live) ^ set(exported)))
+    assert set(exported) == set(live), sorted(set(live) ^ set(exported))
     for key, want in live.items():
         got = exported[key]
         assert got == want, f"{key}:\n live     {want}\n exported {got}"
@@ -174,16 +181,25 @@ def test_export_shows_what_the_demo_promises(demo_run):
     assert declined["attrs"]["flowscope.error.code"] == "PAYMENT_DECLINED"
     assert [e[0] for e in declined["events"]] == ["exception"]
     (ship,) = by_path["order_fulfilment@1/ship@1"]
-    assert ship["status"] == "ERROR" and ship["events"] == []  # no second exception event (R5 in docs/design.md)
+    assert (
+        ship["status"] == "ERROR" and ship["events"] == []
+    )  # no second exception event (R5 in docs/design.md)
     assert ship["attrs"]["flowscope.error.origin_path"] == "order_fulfilment@1/ship@1/charge_card@2"
-    waits = [s for s in by_path["order_fulfilment@1/enrich_addresses@1"] if s["attrs"]["flowscope.node.outcome"] == "waiting"]
+    waits = [
+        s
+        for s in by_path["order_fulfilment@1/enrich_addresses@1"]
+        if s["attrs"]["flowscope.node.outcome"] == "waiting"
+    ]
     assert waits and all(s["status"] == "UNSET" and s["attrs"]["flowscope.interrupt.id"] for s in waits)
     invocations = [s for s in spans.values() if "flowscope.invocation.id" in s["attrs"]]
     assert len(invocations) == 5
     assert sum(1 for s in invocations if s["links"]) == 4  # every resume links to the invocation before it
     ok = tree_from_proto(export_request(store.read("orders")))
     (marker,) = [s for k, s in ok.items() if k[1].endswith("send_confirmations@1")]
-    assert marker["attrs"]["flowscope.node.completed"] is True and marker["attrs"]["flowscope.node.has_output"] is False
+    assert (
+        marker["attrs"]["flowscope.node.completed"] is True
+        and marker["attrs"]["flowscope.node.has_output"] is False
+    )
 
 
 # --------------------------------------------------------------------------- edge cases, live vs export
@@ -213,7 +229,9 @@ def edge_workflow():
     def first(ctx, x):
         return x
 
-    inner = Workflow("inner", edges=[(START, first, child)], retry=RetryConfig(max_attempts=2, initial_delay=0, jitter=0))
+    inner = Workflow(
+        "inner", edges=[(START, first, child)], retry=RetryConfig(max_attempts=2, initial_delay=0, jitter=0)
+    )
 
     @node(timeout=0.02)
     async def too_slow(ctx, x):
@@ -292,7 +310,13 @@ def everything_workflow():
 
 
 def _event_times_from_proto(request):
-    return sorted((s.name, e.name, e.time_unix_nano) for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans for e in s.events)
+    return sorted(
+        (s.name, e.name, e.time_unix_nano)
+        for rs in request.resource_spans
+        for ss in rs.scope_spans
+        for s in ss.spans
+        for e in s.events
+    )
 
 
 def _event_times_from_sdk(spans):
@@ -316,15 +340,22 @@ async def test_live_and_exported_spans_agree_for_retry_pause_dynamic_child_failu
 
     # what the session had to show, so that the comparison above is not vacuous
     outcomes = {(k[0], k[1]): s["attrs"].get("flowscope.node.outcome") for k, s in exported.items() if k[1]}
-    (first,) = [k[0] for k, s in exported.items() if "flowscope.invocation.id" in s["attrs"] and not s["links"]]
+    (first,) = [
+        k[0] for k, s in exported.items() if "flowscope.invocation.id" in s["attrs"] and not s["links"]
+    ]
     (second,) = {k[0] for k in exported} - {first}
     by_path = {}
     for (inv, path, _n), s in exported.items():
         by_path.setdefault(path, []).append((inv, s))
     (flaky,) = by_path["everything@1/flaky@1"]
-    assert [e[0] for e in flaky[1]["events"]] == ["node.retry"] and flaky[1]["attrs"]["flowscope.node.attempt_count"] == 2
+    assert [e[0] for e in flaky[1]["events"]] == ["node.retry"] and flaky[1]["attrs"][
+        "flowscope.node.attempt_count"
+    ] == 2
     child = "everything@1/inner_all@1/spawn@1/ask_then_fail@1"
-    assert sorted(s["attrs"]["flowscope.node.outcome"] for _inv, s in by_path[child]) == ["failure", "waiting"]
+    assert sorted(s["attrs"]["flowscope.node.outcome"] for _inv, s in by_path[child]) == [
+        "failure",
+        "waiting",
+    ]
     failed = next(s for _inv, s in by_path[child] if s["status"] == "ERROR")
     assert [e[0] for e in failed["events"]] == ["exception"] and failed["message"] == "refused: no"
     assert failed["parent"][1] == "everything@1/inner_all@1/spawn@1"  # the dynamic child under its parent
@@ -337,7 +368,10 @@ async def test_live_and_exported_spans_agree_for_retry_pause_dynamic_child_failu
     assert outcomes[(second, "everything@1/inner_all@1/slow@1")] == "cancellation"
     assert outcomes[(first, "everything@1/inner_all@1/slow@1")] == "waiting"
     resumed = exported[(second, "everything@1", 1)]  # the invocation and its top workflow's run: one span
-    assert resumed["links"] == [(first, "everything@1", 1)] and resumed["attrs"]["flowscope.run.outcome"] == "failed"
+    assert (
+        resumed["links"] == [(first, "everything@1", 1)]
+        and resumed["attrs"]["flowscope.run.outcome"] == "failed"
+    )
 
 
 # --------------------------------------------------------------------------- determinism and format
@@ -424,7 +458,9 @@ class _Sink(http.server.BaseHTTPRequestHandler):
 def otlp_sink():
     _Sink.received = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)  # a quick shutdown()
+    t = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )  # a quick shutdown()
     t.start()
     yield f"http://127.0.0.1:{server.server_port}", _Sink.received
     server.shutdown()

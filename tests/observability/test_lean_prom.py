@@ -78,8 +78,13 @@ def test_exemplars_are_resolved_at_scrape_and_a_bucket_keeps_its_last_one():
     assert resolved == []  # nothing is formatted on the observation path
     text = openmetrics_latest(reg).decode()
     [family] = [f for f in text_string_to_metric_families(text) if f.name == "d_seconds"]
-    exemplars = {s.labels["le"]: s.exemplar for s in family.samples if s.name == "d_seconds_bucket" and s.exemplar}
-    assert {le: (e.labels["trace_id"], e.value) for le, e in exemplars.items()} == {"0.1": ("t1", 0.05), "1.0": ("t2", 0.7)}
+    exemplars = {
+        s.labels["le"]: s.exemplar for s in family.samples if s.name == "d_seconds_bucket" and s.exemplar
+    }
+    assert {le: (e.labels["trace_id"], e.value) for le, e in exemplars.items()} == {
+        "0.1": ("t1", 0.05),
+        "1.0": ("t2", 0.7),
+    }
     assert sorted(resolved) == ["bad", "t1", "t2"]
 
 
@@ -106,7 +111,12 @@ def test_increments_from_many_threads_are_not_lost():
         t.start()
     for t in threads:
         t.join()
-    got = {s.name: s.value for f in reg.collect() for s in f.samples if not s.name.endswith("_created") and s.labels.get("le") in (None, "+Inf")}
+    got = {
+        s.name: s.value
+        for f in reg.collect()
+        for s in f.samples
+        if not s.name.endswith("_created") and s.labels.get("le") in (None, "+Inf")
+    }
     assert got["c_total"] == got["g"] == got["h_count"] == got["h_bucket"] == 80_000
     assert got["h_sum"] == pytest.approx(80_000 * 0.2)
 

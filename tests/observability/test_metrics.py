@@ -112,7 +112,9 @@ class Metrics:
         for (name, labels), value in samples.items():
             for key, v in labels:
                 assert v not in ids, f"{name} has an id as label {key}={v!r}"
-                assert v not in paths and "@" not in v and "/" not in v, f"{name} has a path as label {key}={v!r}"
+                assert v not in paths and "@" not in v and "/" not in v, (
+                    f"{name} has a path as label {key}={v!r}"
+                )
             if name == "flowscope_nodes_running":
                 assert value == 0, f"{dict(labels)} still running"
         otel = otel_as_prometheus(self.reader)
@@ -157,7 +159,10 @@ async def test_success(m):
     assert m.value("flowscope_workflow_runs_total", workflow="orders", outcome="completed") == 1
     for n in ("first", "second"):
         assert m.value("flowscope_node_runs_total", workflow="orders", node=n, outcome="success") == 1
-        assert m.value("flowscope_node_duration_seconds_count", workflow="orders", node=n, outcome="success") == 1
+        assert (
+            m.value("flowscope_node_duration_seconds_count", workflow="orders", node=n, outcome="success")
+            == 1
+        )
         assert m.value("flowscope_node_attempts_count", workflow="orders", node=n) == 1
         assert m.value("flowscope_node_attempts_sum", workflow="orders", node=n) == 1
         assert m.value("flowscope_node_attempts_bucket", workflow="orders", node=n, le="1.0") == 1
@@ -181,8 +186,18 @@ async def test_duration_is_measured():
     await m.runner(chain("w", slow)).run(1)
     total = m.value("flowscope_node_duration_seconds_sum", workflow="w", node="slow", outcome="success")
     assert 0.03 <= total < 1.0
-    assert m.value("flowscope_node_duration_seconds_bucket", workflow="w", node="slow", outcome="success", le="0.025") == 0
-    assert m.value("flowscope_node_duration_seconds_bucket", workflow="w", node="slow", outcome="success", le="1.0") == 1
+    assert (
+        m.value(
+            "flowscope_node_duration_seconds_bucket", workflow="w", node="slow", outcome="success", le="0.025"
+        )
+        == 0
+    )
+    assert (
+        m.value(
+            "flowscope_node_duration_seconds_bucket", workflow="w", node="slow", outcome="success", le="1.0"
+        )
+        == 1
+    )
     m.check_invariants()
 
 
@@ -193,9 +208,16 @@ async def test_failure_without_a_code(m):
 
     with pytest.raises(ValueError):
         await m.runner(chain("orders", ok, charge)).run(1)
-    assert m.value(
-        "flowscope_node_errors_total", workflow="orders", node="charge", error_code=UNKNOWN_ERROR, error_type="ValueError"
-    ) == 1
+    assert (
+        m.value(
+            "flowscope_node_errors_total",
+            workflow="orders",
+            node="charge",
+            error_code=UNKNOWN_ERROR,
+            error_type="ValueError",
+        )
+        == 1
+    )
     assert m.total("flowscope_node_errors_total") == 1
     assert m.value("flowscope_node_runs_total", workflow="orders", node="charge", outcome="failure") == 1
     assert m.value("flowscope_node_runs_total", workflow="orders", node="ok", outcome="success") == 1
@@ -215,10 +237,16 @@ async def test_failure_with_a_code(m):
 
     with pytest.raises(PaymentDeclined):
         await m.runner(chain("orders", charge)).run(1)
-    assert m.value(
-        "flowscope_node_errors_total",
-        workflow="orders", node="charge", error_code="PAYMENT_DECLINED", error_type="PaymentDeclined",
-    ) == 1
+    assert (
+        m.value(
+            "flowscope_node_errors_total",
+            workflow="orders",
+            node="charge",
+            error_code="PAYMENT_DECLINED",
+            error_type="PaymentDeclined",
+        )
+        == 1
+    )
     assert m.total("flowscope_node_errors_total") == 1
 
 
@@ -230,9 +258,16 @@ async def test_mapped_exception_type(m):
     runner = m.runner(chain("orders", fetch), error_codes={TimeoutError: "UPSTREAM_TIMEOUT"})
     with pytest.raises(TimeoutError):
         await runner.run(1)
-    assert m.value(
-        "flowscope_node_errors_total", workflow="orders", node="fetch", error_code="UPSTREAM_TIMEOUT", error_type="TimeoutError"
-    ) == 1
+    assert (
+        m.value(
+            "flowscope_node_errors_total",
+            workflow="orders",
+            node="fetch",
+            error_code="UPSTREAM_TIMEOUT",
+            error_type="TimeoutError",
+        )
+        == 1
+    )
     assert m.total("flowscope_node_errors_total") == 1
     # a mapped TimeoutError is a failure; "timeout" is the node's own timeout only
     assert m.value("flowscope_node_runs_total", workflow="orders", node="fetch", outcome="failure") == 1
@@ -250,7 +285,10 @@ async def test_retries_then_success(m):
 
     await m.runner(chain("orders", flaky)).run(1)
     assert len(calls) == 3
-    assert m.value("flowscope_node_retries_total", workflow="orders", node="flaky", error_type="ConnectionError") == 2
+    assert (
+        m.value("flowscope_node_retries_total", workflow="orders", node="flaky", error_type="ConnectionError")
+        == 2
+    )
     assert m.total("flowscope_node_errors_total") == 0
     assert m.value("flowscope_node_runs_total", workflow="orders", node="flaky", outcome="success") == 1
     assert m.value("flowscope_node_attempts_count", workflow="orders", node="flaky") == 1
@@ -266,10 +304,22 @@ async def test_retries_exhausted(m):
 
     with pytest.raises(ConnectionError):
         await m.runner(chain("orders", broken)).run(1)
-    assert m.value("flowscope_node_retries_total", workflow="orders", node="broken", error_type="ConnectionError") == 2
-    assert m.value(
-        "flowscope_node_errors_total", workflow="orders", node="broken", error_code=UNKNOWN_ERROR, error_type="ConnectionError"
-    ) == 1
+    assert (
+        m.value(
+            "flowscope_node_retries_total", workflow="orders", node="broken", error_type="ConnectionError"
+        )
+        == 2
+    )
+    assert (
+        m.value(
+            "flowscope_node_errors_total",
+            workflow="orders",
+            node="broken",
+            error_code=UNKNOWN_ERROR,
+            error_type="ConnectionError",
+        )
+        == 1
+    )
     assert m.total("flowscope_node_errors_total") == 1
     assert m.value("flowscope_node_runs_total", workflow="orders", node="broken", outcome="failure") == 1
     # the attempts histogram sees every attempt of the run
@@ -288,9 +338,16 @@ async def test_timeout(m):
 
     with pytest.raises(NodeTimeoutError):
         await m.runner(chain("orders", sleepy)).run(1)
-    assert m.value(
-        "flowscope_node_errors_total", workflow="orders", node="sleepy", error_code="NODE_TIMEOUT", error_type="NodeTimeoutError"
-    ) == 1
+    assert (
+        m.value(
+            "flowscope_node_errors_total",
+            workflow="orders",
+            node="sleepy",
+            error_code="NODE_TIMEOUT",
+            error_type="NodeTimeoutError",
+        )
+        == 1
+    )
     assert m.total("flowscope_node_errors_total") == 1
     assert m.value("flowscope_node_runs_total", workflow="orders", node="sleepy", outcome="timeout") == 1
     assert m.value("flowscope_node_runs_total", workflow="orders", node="sleepy", outcome="failure") is None
@@ -313,11 +370,23 @@ async def test_cancelled_sibling_is_not_an_error(m):
     with pytest.raises(KeyError):
         await m.runner(Workflow("orders", edges=[(START, (slow, fails))])).run(1)
     assert m.value("flowscope_node_runs_total", workflow="orders", node="slow", outcome="cancellation") == 1
-    assert m.value("flowscope_node_duration_seconds_count", workflow="orders", node="slow", outcome="cancellation") == 1
+    assert (
+        m.value(
+            "flowscope_node_duration_seconds_count", workflow="orders", node="slow", outcome="cancellation"
+        )
+        == 1
+    )
     assert m.value("flowscope_node_runs_total", workflow="orders", node="fails", outcome="failure") == 1
-    assert m.value(
-        "flowscope_node_errors_total", workflow="orders", node="fails", error_code=UNKNOWN_ERROR, error_type="KeyError"
-    ) == 1
+    assert (
+        m.value(
+            "flowscope_node_errors_total",
+            workflow="orders",
+            node="fails",
+            error_code=UNKNOWN_ERROR,
+            error_type="KeyError",
+        )
+        == 1
+    )
     assert m.total("flowscope_node_errors_total") == 1
     assert m.total("flowscope_node_errors_total", node="slow") == 0
     # a cancelled run has no attempt count to report
@@ -335,9 +404,16 @@ async def test_nested_failure_is_counted_once(m):
     with pytest.raises(ValueError):
         await m.runner(outer).run(1)
     assert m.total("flowscope_node_errors_total") == 1
-    assert m.value(
-        "flowscope_node_errors_total", workflow="outer", node="deep", error_code=UNKNOWN_ERROR, error_type="ValueError"
-    ) == 1
+    assert (
+        m.value(
+            "flowscope_node_errors_total",
+            workflow="outer",
+            node="deep",
+            error_code=UNKNOWN_ERROR,
+            error_type="ValueError",
+        )
+        == 1
+    )
     # one failure, at the deepest path: the enclosing runs are containers of it
     assert m.value("flowscope_node_runs_total", workflow="outer", node="deep", outcome="failure") == 1
     assert m.total("flowscope_node_runs_total", outcome="failure") == 1
@@ -367,7 +443,9 @@ async def test_paused_run_then_resumed(m):
     assert done.status == "completed"
     assert m.value("flowscope_node_runs_total", workflow="orders", node="approve", outcome="success") == 1
     assert m.value("flowscope_node_runs_total", workflow="orders", node="approve", outcome="waiting") == 1
-    assert m.value("flowscope_node_runs_total", workflow="orders", node="ok", outcome="success") == 1  # not re-run
+    assert (
+        m.value("flowscope_node_runs_total", workflow="orders", node="ok", outcome="success") == 1
+    )  # not re-run
     assert m.value("flowscope_node_attempts_sum", workflow="orders", node="approve") == 1  # the same attempt
     assert m.value("flowscope_workflow_runs_total", workflow="orders", outcome="completed") == 1
     assert m.value("flowscope_workflow_runs_total", workflow="orders", outcome="paused") == 1
@@ -386,7 +464,9 @@ async def test_raising_plugin_is_counted(m):
     result = await m.runner(chain("orders", ok, node(lambda x: x, name="two")), Broken()).run(1)
     assert result.status == "completed"
     assert m.value("flowscope_plugin_errors_total", plugin="broken", hook="before_run") == 1
-    assert m.value("flowscope_plugin_errors_total", plugin="broken", hook="after_node") == 3  # ok, two, orders
+    assert (
+        m.value("flowscope_plugin_errors_total", plugin="broken", hook="after_node") == 3
+    )  # ok, two, orders
     assert m.total("flowscope_plugin_errors_total") == 4
     assert m.total("flowscope_node_runs_total", outcome="success") == 2  # ok, two: the workflow's is its own
 
@@ -477,7 +557,9 @@ async def test_duration_exemplars_carry_the_current_trace_id(m):
     assert len(node_ex) == 1  # ok, one bucket (the workflow's own run is flowscope_workflow_duration_seconds)
     assert {e["trace_id"] for e in node_ex} == {trace_id}
     assert all(len(e["span_id"]) == 16 for e in node_ex)
-    assert {e["trace_id"] for e in _exemplars(m.registry, "flowscope_workflow_duration_seconds_bucket")} == {trace_id}
+    assert {e["trace_id"] for e in _exemplars(m.registry, "flowscope_workflow_duration_seconds_bucket")} == {
+        trace_id
+    }
     text = generate_openmetrics(m.registry).decode()
     assert f'trace_id="{trace_id}"' in text
     assert "trace_id" not in generate_latest(m.registry).decode()  # classic text has no exemplars
@@ -529,16 +611,20 @@ async def test_exemplar_is_the_node_span_with_a_tracing_plugin(m):
     assert set(by_node) == {"ok"}
     for name in ("ok",):
         sc = node_spans[name].get_span_context()
-        assert by_node[name] == {"trace_id": format(sc.trace_id, "032x"), "span_id": format(sc.span_id, "016x")}
+        assert by_node[name] == {
+            "trace_id": format(sc.trace_id, "032x"),
+            "span_id": format(sc.span_id, "016x"),
+        }
 
 
 @pytest.mark.parametrize("metrics_first", [False, True], ids=["tracing-first", "metrics-first"])
 async def test_exemplars_with_the_real_tracing_plugin(metrics_first):
     """The node's own span, and the invocation's span for the workflow duration, in
     either plugin order (the run's traceparent is used, not only the current span)."""
-    from flowscope.observability import tracing
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from flowscope.observability import tracing
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=ALWAYS_ON)
@@ -562,7 +648,10 @@ async def test_exemplars_with_the_real_tracing_plugin(metrics_first):
     }
 
     def ids(span):
-        return {"trace_id": format(span.context.trace_id, "032x"), "span_id": format(span.context.span_id, "016x")}
+        return {
+            "trace_id": format(span.context.trace_id, "032x"),
+            "span_id": format(span.context.span_id, "016x"),
+        }
 
     node_ex = {
         (s.labels["workflow"], s.labels["node"]): s.exemplar.labels
@@ -570,7 +659,12 @@ async def test_exemplars_with_the_real_tracing_plugin(metrics_first):
         for s in f.samples
         if s.name == "flowscope_node_duration_seconds_bucket" and s.exemplar is not None
     }
-    assert set(node_spans) == {("orders", "ok"), ("orders", "orders"), ("billing", "fails"), ("billing", "billing")}
+    assert set(node_spans) == {
+        ("orders", "ok"),
+        ("orders", "orders"),
+        ("billing", "fails"),
+        ("billing", "billing"),
+    }
     assert node_ex == {key: ids(span) for key, span in node_spans.items() if key[0] != key[1]}
     invocations = {
         s.attributes["gen_ai.workflow.name"]: s
@@ -646,9 +740,33 @@ def test_catalog_names_kinds_labels_buckets():
         assert spec.labels == expected[base][1]
         collector = registry._names_to_collectors[spec.prom_name]
         assert tuple(collector._labelnames) == spec.labels
-    assert registry._names_to_collectors["flowscope_node_duration_seconds"]._upper_bounds[:-1] == list(DURATION_BUCKETS)
-    assert registry._names_to_collectors["flowscope_node_attempts"]._upper_bounds[:-1] == list(ATTEMPT_BUCKETS)
-    assert DURATION_BUCKETS == (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+    assert registry._names_to_collectors["flowscope_node_duration_seconds"]._upper_bounds[:-1] == list(
+        DURATION_BUCKETS
+    )
+    assert registry._names_to_collectors["flowscope_node_attempts"]._upper_bounds[:-1] == list(
+        ATTEMPT_BUCKETS
+    )
+    assert DURATION_BUCKETS == (
+        0.005,
+        0.01,
+        0.025,
+        0.05,
+        0.1,
+        0.25,
+        0.5,
+        1,
+        2.5,
+        5,
+        10,
+        30,
+        60,
+        120,
+        300,
+        600,
+        1800,
+        3600,
+        7200,
+    )
     assert ATTEMPT_BUCKETS == (1, 2, 3, 4, 5, 7, 10)
 
 
@@ -656,14 +774,21 @@ async def test_otel_dotted_names_and_units(m):
     with pytest.raises(ZeroDivisionError):
         await m.runner(chain("orders", node(lambda x: 1 / 0, name="div"))).run(1)
     data = m.reader.get_metrics_data()
-    metrics = {metric.name: metric for rm in data.resource_metrics for sm in rm.scope_metrics for metric in sm.metrics}
+    metrics = {
+        metric.name: metric
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+    }
     assert set(metrics) >= {
         "flowscope.node.runs", "flowscope.node.duration", "flowscope.node.errors", "flowscope.node.attempts",
         "flowscope.nodes.running", "flowscope.workflow.runs", "flowscope.workflow.duration",
     }  # fmt: skip
     assert metrics["flowscope.node.duration"].unit == "s"
     assert metrics["flowscope.workflow.duration"].unit == "s"
-    assert list(metrics["flowscope.node.duration"].data.data_points[0].explicit_bounds) == list(DURATION_BUCKETS)
+    assert list(metrics["flowscope.node.duration"].data.data_points[0].explicit_bounds) == list(
+        DURATION_BUCKETS
+    )
     assert metrics["flowscope.node.runs"].data.is_monotonic
     assert not metrics["flowscope.nodes.running"].data.is_monotonic
     assert {s.otel_name for s in INSTRUMENTS} == {
@@ -684,7 +809,12 @@ async def test_otel_only_backend_registers_nothing_in_prometheus():
     await Runner(chain("orders", ok), plugins=[plugin]).run(1)
     assert set(REGISTRY._names_to_collectors) == before
     samples = otel_as_prometheus(reader)
-    assert samples[("flowscope_node_runs_total", (("node", "ok"), ("outcome", "success"), ("workflow", "orders")))] == 1
+    assert (
+        samples[
+            ("flowscope_node_runs_total", (("node", "ok"), ("outcome", "success"), ("workflow", "orders")))
+        ]
+        == 1
+    )
     assert samples[("flowscope_workflow_runs_total", (("outcome", "completed"), ("workflow", "orders")))] == 1
 
 
@@ -693,9 +823,12 @@ async def test_two_plugins_on_one_registry_share_the_collectors():
     a, b = MetricsPlugin(registry), MetricsPlugin(registry)
     await Runner(chain("orders", ok), plugins=[a]).run(1)
     await Runner(chain("orders", ok), plugins=[b]).run(2)
-    assert registry.get_sample_value(
-        "flowscope_node_runs_total", {"workflow": "orders", "node": "ok", "outcome": "success"}
-    ) == 2
+    assert (
+        registry.get_sample_value(
+            "flowscope_node_runs_total", {"workflow": "orders", "node": "ok", "outcome": "success"}
+        )
+        == 2
+    )
 
 
 async def test_two_plugins_on_one_meter_provider_share_the_instruments():
@@ -705,7 +838,12 @@ async def test_two_plugins_on_one_meter_provider_share_the_instruments():
     await Runner(chain("orders", ok), plugins=[a]).run(1)
     await Runner(chain("orders", ok), plugins=[b]).run(2)
     samples = otel_as_prometheus(reader)
-    assert samples[("flowscope_node_runs_total", (("node", "ok"), ("outcome", "success"), ("workflow", "orders")))] == 2
+    assert (
+        samples[
+            ("flowscope_node_runs_total", (("node", "ok"), ("outcome", "success"), ("workflow", "orders")))
+        ]
+        == 2
+    )
 
 
 def test_default_registry_twice_does_not_crash():

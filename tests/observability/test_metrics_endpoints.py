@@ -57,8 +57,18 @@ def test_every_command_that_serves_metrics_binds_metrics_host(tmp_path):
     ports = {"demo": free_port(), "worker": free_port(), "serve": free_port()}
     commands = {
         "demo": ["demo", "--db", db, "--metrics-host", OTHER_HOST, "--metrics-port", str(ports["demo"])],
-        "worker": ["worker", "signal_workflows:SERVED", "--db", db, "--metrics-host", OTHER_HOST,
-                   "--metrics-port", str(ports["worker"]), "--drain", "0s"],
+        "worker": [
+            "worker",
+            "signal_workflows:SERVED",
+            "--db",
+            db,
+            "--metrics-host",
+            OTHER_HOST,
+            "--metrics-port",
+            str(ports["worker"]),
+            "--drain",
+            "0s",
+        ],
         "serve": ["serve-metrics", "--db", db, "--metrics-host", OTHER_HOST, "--port", str(ports["serve"])],
     }
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -66,8 +76,15 @@ def test_every_command_that_serves_metrics_binds_metrics_host(tmp_path):
         for name in ("demo", "worker", "serve"):  # serve-metrics needs the database the demo makes
             log = open(tmp_path / f"{name}.log", "wb")
             with log:
-                procs[name] = subprocess.Popen([str(FLOWSCOPE), *commands[name]], stdout=log, stderr=subprocess.STDOUT,
-                                               stdin=subprocess.DEVNULL, cwd=tmp_path, env=_env(), start_new_session=True)
+                procs[name] = subprocess.Popen(
+                    [str(FLOWSCOPE), *commands[name]],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=tmp_path,
+                    env=_env(),
+                    start_new_session=True,
+                )
             deadline = time.monotonic() + 40
             while not _answers(OTHER_HOST, ports[name]):
                 assert procs[name].poll() is None, (tmp_path / f"{name}.log").read_text()

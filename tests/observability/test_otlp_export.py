@@ -16,9 +16,8 @@ import threading
 import time
 from contextlib import contextmanager
 
-import pytest
-
 import oteltest.sink as oteltest_sink  # the OTLP receiver: the "oteltest" test dependency
+import pytest
 from oteltest.sink.handler import RequestHandler  # noqa: E402
 
 from flowscope import START, RetryConfig, Runner, Workflow, node  # noqa: E402
@@ -184,7 +183,9 @@ async def run_scenario(provider):
     assert (await runner.run(1, session_id="s1")).status == "paused"
     assert (await runner.resume("s1", inputs={"ship": "yes"})).output == "yes"
     with pytest.raises(ValueError):
-        await Runner(bad, store=store, plugins=[TracingPlugin(tracer_provider=provider)]).run(1, session_id="s2")
+        await Runner(bad, store=store, plugins=[TracingPlugin(tracer_provider=provider)]).run(
+            1, session_id="s2"
+        )
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -237,7 +238,9 @@ async def test_spans_reach_a_real_otlp_receiver(protocol, monkeypatch):
             assert span_attrs(parent)["flowscope.node.path"] == path.rsplit("/", 1)[0]
         else:
             assert span_attrs(parent)["gen_ai.operation.name"] == "invoke_workflow"
-        expected = ("invoke_workflow " if span_attrs(s)["flowscope.node.kind"] == "workflow" else "invoke_node ")
+        expected = (
+            "invoke_workflow " if span_attrs(s)["flowscope.node.kind"] == "workflow" else "invoke_node "
+        )
         assert s.name == expected + span_attrs(s)["flowscope.node.name"]
 
     def only(name, trace_of):
@@ -315,7 +318,11 @@ async def test_unreachable_collector_does_not_fail_or_stall_the_run(protocol, ca
     shutdown_s = time.monotonic() - t0
     # bounded by the exporter's own timeout (plus its last backoff step and thread joins), generously
     assert shutdown_s < 3 * timeout + 5, shutdown_s
-    failures = [r for r in caplog.records if r.name.startswith("opentelemetry.exporter") and r.levelno >= logging.WARNING]
+    failures = [
+        r
+        for r in caplog.records
+        if r.name.startswith("opentelemetry.exporter") and r.levelno >= logging.WARNING
+    ]
     assert failures, caplog.text
     assert any("export" in r.getMessage().lower() for r in failures), caplog.text
     handle.shutdown()  # idempotent

@@ -9,9 +9,9 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
+from flowscope import ownership
 from flowscope.events import NodeStarted, RunStarted, RunSubmitted
 from flowscope.observability.store_collector import StoreCollector
-from flowscope import ownership
 from flowscope.ownership import Owner, process_start_time, this_host, this_process
 from flowscope.store import EventStore, MemoryEventStore, SqliteEventStore
 from flowscope.store.testing import dead_owner, ev, node_ev
@@ -30,7 +30,9 @@ def store(request, tmp_path):
 
 
 def submit(store: EventStore, sid: str, workflow: str, ts: float) -> None:
-    store.append(sid, [RunSubmitted(session_id=sid, invocation_id="submit", ts=ts, workflow=workflow, input=1)], 0)
+    store.append(
+        sid, [RunSubmitted(session_id=sid, invocation_id="submit", ts=ts, workflow=workflow, input=1)], 0
+    )
 
 
 def test_queued_sessions_and_the_oldest_submit_time_per_workflow(store):
@@ -61,11 +63,25 @@ def test_a_dead_same_host_owner_is_orphaned_at_once_and_a_live_one_never(store):
     registry.register(StoreCollector(store, stale_after_s=300.0))  # heartbeats would wait 5 minutes
     gone = dead_owner("w-killed")
     lease = store.acquire("dead", gone, 3600.0, now=now)
-    store.append("dead", [ev(RunStarted, sid="dead", workflow="shop", ts=now),
-                          node_ev(NodeStarted, "shop@1/charge@1", ts=now, sid="dead")], 0, epoch=lease.epoch)
+    store.append(
+        "dead",
+        [
+            ev(RunStarted, sid="dead", workflow="shop", ts=now),
+            node_ev(NodeStarted, "shop@1/charge@1", ts=now, sid="dead"),
+        ],
+        0,
+        epoch=lease.epoch,
+    )
     live = store.acquire("live", this_process("w-live"), 60.0, now=now)
-    store.append("live", [ev(RunStarted, sid="live", workflow="shop", ts=now - 3600),
-                          node_ev(NodeStarted, "shop@1/charge@1", ts=now - 3600, sid="live")], 0, epoch=live.epoch)
+    store.append(
+        "live",
+        [
+            ev(RunStarted, sid="live", workflow="shop", ts=now - 3600),
+            node_ev(NodeStarted, "shop@1/charge@1", ts=now - 3600, sid="live"),
+        ],
+        0,
+        epoch=live.epoch,
+    )
     labels = {"workflow": "shop", "node": "charge"}
     assert registry.get_sample_value(OPEN, {**labels, "state": "running"}) == 2
     assert registry.get_sample_value(ORPHANED, labels) == 1  # the dead one, with a fresh heartbeat
@@ -107,8 +123,15 @@ def test_a_live_owner_stays_alive_when_the_wall_clock_is_adjusted_across_a_secon
     }
     for sid, owner in owners.items():
         lease = store.acquire(sid, owner, 60.0, now=now)
-        store.append(sid, [ev(RunStarted, sid=sid, workflow="shop", ts=now),
-                           node_ev(NodeStarted, "shop@1/charge@1", ts=now, sid=sid)], 0, epoch=lease.epoch)
+        store.append(
+            sid,
+            [
+                ev(RunStarted, sid=sid, workflow="shop", ts=now),
+                node_ev(NodeStarted, "shop@1/charge@1", ts=now, sid=sid),
+            ],
+            0,
+            epoch=lease.epoch,
+        )
     labels = {"workflow": "shop", "node": "charge"}
     assert registry.get_sample_value(OPEN, {**labels, "state": "running"}) == 2
     assert registry.get_sample_value(ORPHANED, labels) == 1  # the reused pid's, never the live owner's

@@ -36,14 +36,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
+from test_dashboards import ALERTS, alert_rules
 
 from prom_harness import PrometheusServer, find_prometheus, free_port
-from test_dashboards import ALERTS, alert_rules
 
 pytestmark = pytest.mark.slow
 
@@ -82,15 +83,27 @@ class Fleet:
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "wb")
         with log:
-            proc = subprocess.Popen([str(FLOWSCOPE), *args], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=self.tmp, env=child_env(),
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [str(FLOWSCOPE), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.tmp,
+                env=child_env(),
+                start_new_session=True,
+            )
         self.procs[name] = proc
         return proc
 
     def cli(self, *args: str) -> str:
-        out = subprocess.run([str(FLOWSCOPE), *args, "--db", str(self.db)], capture_output=True, text=True,
-                             cwd=self.tmp, env=child_env(), timeout=60)
+        out = subprocess.run(
+            [str(FLOWSCOPE), *args, "--db", str(self.db)],
+            capture_output=True,
+            text=True,
+            cwd=self.tmp,
+            env=child_env(),
+            timeout=60,
+        )
         assert out.returncode == 0, f"flowscope {' '.join(args)}: {out.stdout}{out.stderr}"
         return out.stdout.strip()
 
@@ -131,16 +144,31 @@ def test_each_fault_fires_exactly_its_alert_once_at_the_deepest_path(tmp_path):
     ports = {"serve": free_port(), "killed": free_port(), "served": free_port()}
     instance = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     fleet = Fleet(tmp_path, db)
-    prom = PrometheusServer({STORE_JOB: [instance["serve"]], WORKERS_JOB: [instance["killed"], instance["served"]]},
-                            rule_files=[ALERTS])
+    prom = PrometheusServer(
+        {STORE_JOB: [instance["serve"]], WORKERS_JOB: [instance["killed"], instance["served"]]},
+        rule_files=[ALERTS],
+    )
     store = None
     t0 = time.monotonic()
     try:
         prom.start()
-        fleet.start("serve", "serve-metrics", "--db", str(db), "--port", str(ports["serve"]), "--stale-after", "2s")
+        fleet.start(
+            "serve", "serve-metrics", "--db", str(db), "--port", str(ports["serve"]), "--stale-after", "2s"
+        )
         for name, spec in (("killed", "signal_workflows:KILLED"), ("served", "signal_workflows:SERVED")):
-            fleet.start(name, "worker", spec, "--db", str(db), "--metrics-port", str(ports[name]),
-                        "--poll", "100ms", "--drain", "500ms")
+            fleet.start(
+                name,
+                "worker",
+                spec,
+                "--db",
+                str(db),
+                "--metrics-port",
+                str(ports[name]),
+                "--poll",
+                "100ms",
+                "--drain",
+                "500ms",
+            )
         prom.wait_for_targets_up(timeout=40)
         store = SqliteEventStore(db, readonly=True)
 
@@ -151,8 +179,13 @@ def test_each_fault_fires_exactly_its_alert_once_at_the_deepest_path(tmp_path):
             for alert, expr in rules.items():
                 keep = ("instance",) if alert == "FlowscopeMetricsEndpointDown" else ()
                 out[alert] = {
-                    tuple(sorted((k, v) for k, v in s["metric"].items()
-                                 if k != "__name__" and (k not in TARGET_LABELS or k in keep)))
+                    tuple(
+                        sorted(
+                            (k, v)
+                            for k, v in s["metric"].items()
+                            if k != "__name__" and (k not in TARGET_LABELS or k in keep)
+                        )
+                    )
                     for s in prom.query(expr)
                 }
             return out
@@ -161,7 +194,9 @@ def test_each_fault_fires_exactly_its_alert_once_at_the_deepest_path(tmp_path):
             now = firing()
             return {a: now[a] - before.get(a, set()) for a in now if now[a] - before.get(a, set())}
 
-        def expect(before: dict[str, set[Any]], expected: dict[str, set[Any]], what: str, timeout: float = 25) -> None:
+        def expect(
+            before: dict[str, set[Any]], expected: dict[str, set[Any]], what: str, timeout: float = 25
+        ) -> None:
             """Poll until the series new since ``before`` are ``expected``, then hold them for
             two more evaluations (a signal that lags behind the first is caught)."""
             seen: list[dict[str, set[Any]]] = []
@@ -169,10 +204,13 @@ def test_each_fault_fires_exactly_its_alert_once_at_the_deepest_path(tmp_path):
             def settled() -> bool:
                 seen.append(new_since(before))
                 return seen[-1] == expected
+
             try:
                 wait(settled, timeout, what, fleet)
             except AssertionError as exc:
-                raise AssertionError(f"{what}: expected {expected}, last {seen[-1] if seen else None}\n{exc}") from None
+                raise AssertionError(
+                    f"{what}: expected {expected}, last {seen[-1] if seen else None}\n{exc}"
+                ) from None
             time.sleep(1.2)  # one more scrape and evaluation
             assert new_since(before) == expected, what
 
@@ -194,60 +232,103 @@ def test_each_fault_fires_exactly_its_alert_once_at_the_deepest_path(tmp_path):
         # a first batch creates the series (increase() needs a sample before the failures)
         first = [fleet.cli("start", "card_wf", "--input", json.dumps({"declined": d})) for d in (False, True)]
         wait(lambda: all(status(s) in FINISHED for s in first), 20, "the first card batch", fleet)
-        prom.wait_for('flowscope_node_runs_total{workflow="card_wf", node="charge_card", outcome="failure"}', 10)
-        second = [fleet.cli("start", "card_wf", "--input", json.dumps({"declined": d}))
-                  for d in (False, False, False, False, False, True)]
+        prom.wait_for(
+            'flowscope_node_runs_total{workflow="card_wf", node="charge_card", outcome="failure"}', 10
+        )
+        second = [
+            fleet.cli("start", "card_wf", "--input", json.dumps({"declined": d}))
+            for d in (False, False, False, False, False, True)
+        ]
         wait(lambda: all(status(s) in FINISHED for s in second), 20, "the second card batch", fleet)
         assert [status(s) for s in first + second].count("failed") == 2
-        expect(before, {"FlowscopeNodeErrorRateHigh": {labels(workflow="card_wf", node="charge_card")}},
-               "a declined card inside payment")
+        expect(
+            before,
+            {"FlowscopeNodeErrorRateHigh": {labels(workflow="card_wf", node="charge_card")}},
+            "a declined card inside payment",
+        )
 
         # ---------------------------------------------------------------- 2. a hung node
         before = firing()
         hung = fleet.cli("start", "hang_wf")
-        stalled = wait(lambda: (r := run_of(hung, "stall")) is not None and r.status == "running" and r,
-                       20, "the stall run", fleet)
-        wait(lambda: time.time() - stalled.started_at > 15 * 60 / AGE_SCALE + 0.5, 10, "the stall's age", fleet)
-        expect(before, {"FlowscopeNodeStuckRunning": {labels(workflow="hang_wf", node="stall", state="running")}},
-               "a node hung inside hang_inner")
+        stalled = wait(
+            lambda: (r := run_of(hung, "stall")) is not None and r.status == "running" and r,
+            20,
+            "the stall run",
+            fleet,
+        )
+        wait(
+            lambda: time.time() - stalled.started_at > 15 * 60 / AGE_SCALE + 0.5, 10, "the stall's age", fleet
+        )
+        expect(
+            before,
+            {"FlowscopeNodeStuckRunning": {labels(workflow="hang_wf", node="stall", state="running")}},
+            "a node hung inside hang_inner",
+        )
 
         # ---------------------------------------------------------------- 3. a SIGKILLed worker
         before = firing()
         doomed = fleet.cli("start", "kill_wf")
-        wait(lambda: (r := run_of(doomed, "hang_forever")) is not None and r.status == "running",
-             20, "the doomed run", fleet)
+        wait(
+            lambda: (r := run_of(doomed, "hang_forever")) is not None and r.status == "running",
+            20,
+            "the doomed run",
+            fleet,
+        )
         fleet.alive("killed")
         os.kill(fleet.procs["killed"].pid, signal.SIGKILL)
         assert fleet.procs["killed"].wait(10) == -signal.SIGKILL
-        expect(before, {"FlowscopeRunOrphaned": {labels(workflow="kill_wf", node="hang_forever")},
-                        "FlowscopeMetricsEndpointDown": {labels(instance=instance["killed"])}},
-               "a worker killed inside kill_inner")
+        expect(
+            before,
+            {
+                "FlowscopeRunOrphaned": {labels(workflow="kill_wf", node="hang_forever")},
+                "FlowscopeMetricsEndpointDown": {labels(instance=instance["killed"])},
+            },
+            "a worker killed inside kill_inner",
+        )
         stuck = json.loads(fleet.cli("stuck", "--older-than", "0s", "--format", "json"))
         assert sorted((r["workflow"], r["node"], r["state"]) for r in stuck) == [
-            ("hang_wf", "stall", "running"), ("kill_wf", "hang_forever", "orphaned")], stuck
+            ("hang_wf", "stall", "running"),
+            ("kill_wf", "hang_forever", "orphaned"),
+        ], stuck
 
         # ---------------------------------------------------------------- 4. an empty job result
         before = firing()
         enrich = fleet.cli("start", "job_wf")
-        job_id = wait(lambda: next((e.job_id for e in rebuild(store.read(enrich)).pending
-                                    if e.type == "job_dispatched"), None), 20, "the dispatched job", fleet)
-        fleet.cli("resume", enrich, "--job", f"{job_id}={json.dumps({'success': True, 'count': 0, 'data': []})}")
-        expect(before, {"FlowscopeJobEmptyResults": {labels(workflow="job_wf", node="geocode")}},
-               "an empty job result answered with flowscope resume --job")
+        job_id = wait(
+            lambda: next(
+                (e.job_id for e in rebuild(store.read(enrich)).pending if e.type == "job_dispatched"), None
+            ),
+            20,
+            "the dispatched job",
+            fleet,
+        )
+        fleet.cli(
+            "resume", enrich, "--job", f"{job_id}={json.dumps({'success': True, 'count': 0, 'data': []})}"
+        )
+        expect(
+            before,
+            {"FlowscopeJobEmptyResults": {labels(workflow="job_wf", node="geocode")}},
+            "an empty job result answered with flowscope resume --job",
+        )
         assert not prom.query(f'flowscope_job_results_total{{job="{WORKERS_JOB}"}}'), "counted twice"
 
         # ---------------------------------------------------------------- 5. queued work nobody serves
         before = firing()
         fleet.cli("start", "queued_wf")
-        expect(before, {"FlowscopeQueuedWorkNotPickedUp": {labels(workflow="queued_wf")}}, "queued_wf, unserved")
+        expect(
+            before, {"FlowscopeQueuedWorkNotPickedUp": {labels(workflow="queued_wf")}}, "queued_wf, unserved"
+        )
 
         # ---------------------------------------------------------------- 6. the store's endpoint stops
         before = firing()
         fleet.alive("serve")
         fleet.procs["serve"].send_signal(signal.SIGTERM)
         assert fleet.procs["serve"].wait(10) == 0, fleet.log("serve")
-        expect(before, {"FlowscopeMetricsEndpointDown": {labels(instance=instance["serve"])}},
-               "serve-metrics stopped")
+        expect(
+            before,
+            {"FlowscopeMetricsEndpointDown": {labels(instance=instance["serve"])}},
+            "serve-metrics stopped",
+        )
 
         fleet.alive("served")
         fleet.procs["served"].send_signal(signal.SIGTERM)

@@ -53,12 +53,17 @@ def orders_workflow() -> Workflow:
 
 async def test_every_span_names_its_genai_operation_and_session_and_workflow_spans_their_workflow():
     p, exporter = provider()
-    await Runner(orders_workflow(), store=MemoryEventStore(), plugins=[TracingPlugin(tracer_provider=p)]).run(1, session_id="sess-9")
+    await Runner(orders_workflow(), store=MemoryEventStore(), plugins=[TracingPlugin(tracer_provider=p)]).run(
+        1, session_id="sess-9"
+    )
     spans = by_path(exporter.get_finished_spans())
     assert set(spans) == {"orders@1", "orders@1/fetch@1", "orders@1/billing@1", "orders@1/billing@1/charge@1"}
     for s in spans.values():
         assert s.attributes["gen_ai.conversation.id"] == "sess-9"
-    ops = {path: (s.attributes["gen_ai.operation.name"], s.attributes.get("gen_ai.workflow.name")) for path, s in spans.items()}
+    ops = {
+        path: (s.attributes["gen_ai.operation.name"], s.attributes.get("gen_ai.workflow.name"))
+        for path, s in spans.items()
+    }
     assert ops == {
         "orders@1": ("invoke_workflow", "orders"),  # the invocation and its root run
         "orders@1/billing@1": ("invoke_workflow", "billing"),  # a nested workflow
@@ -71,7 +76,9 @@ async def test_every_span_names_its_genai_operation_and_session_and_workflow_spa
 async def test_the_tracer_scope_carries_the_schema_url_of_the_conventions_followed_live_and_in_export():
     p, exporter = provider()
     store = MemoryEventStore()
-    await Runner(orders_workflow(), store=store, plugins=[TracingPlugin(tracer_provider=p)]).run(1, session_id="s")
+    await Runner(orders_workflow(), store=store, plugins=[TracingPlugin(tracer_provider=p)]).run(
+        1, session_id="s"
+    )
     for spans in (exporter.get_finished_spans(), session_spans(store.read("s"))):
         assert {(s.instrumentation_scope.name, s.instrumentation_scope.schema_url) for s in spans} == {
             ("flowscope", "https://opentelemetry.io/schemas/1.41.0")
@@ -129,7 +136,11 @@ async def test_a_run_cut_off_by_its_workers_death_is_an_error_that_ends_at_its_l
     log = await cut_off_log()
     beat = log[-1].ts + 3.0  # the lease keeper's last heartbeat, 3 s after the run's last event
     n = {r.attributes["flowscope.node.path"]: r for r in spans_of_log(log, lost=True, alive_at=beat)}
-    for path in ("orders@1/billing@1/charge@1", "orders@1/billing@1", "orders@1"):  # the run, its workflow, the invocation
+    for path in (
+        "orders@1/billing@1/charge@1",
+        "orders@1/billing@1",
+        "orders@1",
+    ):  # the run, its workflow, the invocation
         r = n[path]
         assert (r.error, r.attributes["error.type"]) == (
             "the worker running this was lost: its process ended before the run did",
@@ -143,21 +154,36 @@ async def test_a_run_cut_off_by_its_workers_death_is_an_error_that_ends_at_its_l
         p: (r.error is not None, r.end) for p, r in n.items()
     }
     # a heartbeat older than the last event does not move the end back
-    (late,) = [r for r in spans_of_log(log, lost=True, alive_at=log[0].ts) if r.attributes["flowscope.node.path"].endswith("charge@1")]
+    (late,) = [
+        r
+        for r in spans_of_log(log, lost=True, alive_at=log[0].ts)
+        if r.attributes["flowscope.node.path"].endswith("charge@1")
+    ]
     assert late.end == log[-1].ts
 
 
 async def test_a_log_that_stops_while_its_owner_may_live_is_incomplete_not_an_error():
     log = await cut_off_log()
-    for r in spans_of_log(log):  # flowscope export of a session still running: nothing says its worker is gone
+    for r in spans_of_log(
+        log
+    ):  # flowscope export of a session still running: nothing says its worker is gone
         assert r.error is None and "error.type" not in r.attributes
 
 
 async def test_an_invocation_a_later_one_superseded_without_an_end_is_a_worker_lost_error():
     log = await cut_off_log()
     last = log[-1]
-    resumed = RunStarted(session_id="s", invocation_id="inv-2", seq=last.seq + 1, ts=last.ts + 10, workflow="orders", resumed=True)
-    first = [r for r in spans_of_log([*log, resumed]) if r.trace_id == trace_id_for("s", log[0].invocation_id)]
+    resumed = RunStarted(
+        session_id="s",
+        invocation_id="inv-2",
+        seq=last.seq + 1,
+        ts=last.ts + 10,
+        workflow="orders",
+        resumed=True,
+    )
+    first = [
+        r for r in spans_of_log([*log, resumed]) if r.trace_id == trace_id_for("s", log[0].invocation_id)
+    ]
     charge = next(r for r in first if r.attributes["flowscope.node.path"].endswith("charge@1"))
     assert charge.attributes["error.type"] == "flowscope.WorkerLost" and charge.end == last.ts
 
@@ -165,11 +191,14 @@ async def test_an_invocation_a_later_one_superseded_without_an_end_is_a_worker_l
 # -- job results ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("result, verdict, count", [
-    ({"success": True, "count": 0, "data": []}, "empty", 0),
-    ({"success": False, "error": "token expired"}, "failed", None),
-    ({"success": True, "count": 2, "data": [1, 2]}, "success", 2),
-])
+@pytest.mark.parametrize(
+    "result, verdict, count",
+    [
+        ({"success": True, "count": 0, "data": []}, "empty", 0),
+        ({"success": False, "error": "token expired"}, "failed", None),
+        ({"success": True, "count": 2, "data": [1, 2]}, "success", 2),
+    ],
+)
 async def test_a_job_result_is_a_span_event_on_the_run_it_answers(result, verdict, count):
     jobs = []
 
@@ -182,7 +211,9 @@ async def test_a_job_result_is_a_span_event_on_the_run_it_answers(result, verdic
 
     p, exporter = provider()
     store = MemoryEventStore()
-    runner = Runner(Workflow("etl", edges=[(START, enrich)]), store=store, plugins=[TracingPlugin(tracer_provider=p)])
+    runner = Runner(
+        Workflow("etl", edges=[(START, enrich)]), store=store, plugins=[TracingPlugin(tracer_provider=p)]
+    )
     await runner.run([1], session_id="s")
     resumed = await runner.resume("s", jobs={jobs[0].job_id: result})
     expected = {"flowscope.job.id": jobs[0].job_id, "flowscope.job.result": verdict}
@@ -202,11 +233,16 @@ async def test_a_job_result_is_a_span_event_on_the_run_it_answers(result, verdic
 
 
 async def test_spans_shipped_for_a_dead_process_keep_its_resource():
-    dead_provider, _ = provider("orders-worker-a", **{"service.version": "1.2.3", "process.command_args": ["--db", "postgres://u:pw@h/db"]})
+    dead_provider, _ = provider(
+        "orders-worker-a",
+        **{"service.version": "1.2.3", "process.command_args": ["--db", "postgres://u:pw@h/db"]},
+    )
     log = await cut_off_log(TracingPlugin(tracer_provider=dead_provider))
     recorded = json.loads(log[0].trace_context[RESOURCE_KEY])
     assert recorded["service.name"] == "orders-worker-a" and recorded["service.version"] == "1.2.3"
-    assert not [k for k in recorded if k.startswith("process.")]  # command lines and paths stay out of the log
+    assert not [
+        k for k in recorded if k.startswith("process.")
+    ]  # command lines and paths stay out of the log
 
     shipper_provider, shipped = provider("orders-worker-b")
     records, _ = unshipped(log, 0, ended=True)
@@ -215,8 +251,12 @@ async def test_spans_shipped_for_a_dead_process_keep_its_resource():
     assert spans and {s.resource.attributes["service.name"] for s in spans} == {"orders-worker-a"}
     assert {s.resource.attributes.get("service.version") for s in spans} == {"1.2.3"}
     # and in an export, whatever --service-name says
-    assert {s.resource.attributes["service.name"] for s in session_spans(log, "flowscope")} == {"orders-worker-a"}
+    assert {s.resource.attributes["service.name"] for s in session_spans(log, "flowscope")} == {
+        "orders-worker-a"
+    }
     # an invocation that recorded none gets the shipping process's own (or export's service.name)
     bare = await cut_off_log()
     Shipper(shipper_provider).ship(unshipped(bare, 0, ended=True)[0], None)
-    assert {s.resource.attributes["service.name"] for s in shipped.get_finished_spans()[len(spans):]} == {"orders-worker-b"}
+    assert {s.resource.attributes["service.name"] for s in shipped.get_finished_spans()[len(spans) :]} == {
+        "orders-worker-b"
+    }

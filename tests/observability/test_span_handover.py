@@ -16,6 +16,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from test_otlp_export import clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
 from flowscope import START, Runner, Workflow, node
 from flowscope.liveness import ships_own_spans
@@ -25,7 +26,6 @@ from flowscope.observability.otlp import span_exporter
 from flowscope.observability.shipping import WatermarkExporter
 from flowscope.ownership import Owner, this_process
 from flowscope.store.sqlite import SqliteEventStore
-from test_otlp_export import clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
 WORKER = str(Path(__file__).resolve().parents[1] / "span_kill_worker.py")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -44,7 +44,13 @@ def dead_pid() -> int:
         (None, None, NOW, None, False),  # nobody ever owned it
         ("plain", NOW + 10, NOW, None, False),  # a live owner that does not ship its own spans
         ("ships", NOW + 10, NOW, None, True),  # a live owner that does
-        ("ships", 0.0, NOW - 1, None, True),  # released a second ago, its process alive: its exporter may hold the last batch
+        (
+            "ships",
+            0.0,
+            NOW - 1,
+            None,
+            True,
+        ),  # released a second ago, its process alive: its exporter may hold the last batch
         ("ships", 0.0, NOW - 31, None, False),  # released long ago: what is left is the follower's
         ("dead", NOW + 10, NOW, None, False),  # killed on this host: at once, lease or not
         ("dead", 0.0, NOW - 1, None, False),
@@ -78,8 +84,12 @@ async def test_a_runner_says_in_its_owner_record_whether_it_ships_its_spans(tmp_
     recording.add_span_processor(SimpleSpanProcessor(WatermarkExporter(InMemorySpanExporter())))
     plain = TracerProvider()
     plain.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
-    await Runner(one_node(), store=store, plugins=[TracingPlugin(tracer_provider=recording)]).run(1, session_id="ships")
-    await Runner(one_node(), store=store, plugins=[TracingPlugin(tracer_provider=plain)]).run(1, session_id="plain")
+    await Runner(one_node(), store=store, plugins=[TracingPlugin(tracer_provider=recording)]).run(
+        1, session_id="ships"
+    )
+    await Runner(one_node(), store=store, plugins=[TracingPlugin(tracer_provider=plain)]).run(
+        1, session_id="plain"
+    )
     await Runner(one_node(), store=store).run(1, session_id="none")
     flags = {sid: store.session_info(sid).owner.ships_spans for sid in ("ships", "plain", "none")}
     assert flags == {"ships": True, "plain": False, "none": False}
@@ -94,11 +104,21 @@ def test_a_follower_beside_a_live_shipping_worker_sends_no_span_twice(tmp_path, 
     db, contexts = tmp_path / "flowscope.db", tmp_path / "contexts.jsonl"
     SqliteEventStore(str(db)).close()
     env = dict(os.environ, PYTHONPATH=SRC, OTEL_BSP_SCHEDULE_DELAY="1500")
-    for name in ("OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED"):
+    for name in (
+        "OTEL_SERVICE_NAME",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_SDK_DISABLED",
+    ):
         env.pop(name, None)
     with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
-        proc = subprocess.Popen([sys.executable, WORKER, str(db), "s", endpoint, str(contexts), "run"], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, WORKER, str(db), "s", endpoint, str(contexts), "run"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         store = SqliteEventStore(str(db))
         exporter = span_exporter("http/protobuf", endpoint, timeout=5.0)
         sent_by_follower = 0
@@ -124,7 +144,7 @@ def test_a_follower_beside_a_live_shipping_worker_sends_no_span_twice(tmp_path, 
     assert watermark == last
 
 
-FLOWS_PY = '''
+FLOWS_PY = """
 from flowscope import START, Workflow, node
 
 @node
@@ -136,7 +156,7 @@ async def two(ctx, x):
     return x * 2
 
 traced = Workflow("traced", edges=[(START, one, two)])
-'''
+"""
 
 
 @pytest.mark.slow
@@ -144,19 +164,39 @@ def test_flowscope_worker_with_an_otlp_endpoint_ships_the_sessions_it_runs_and_s
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     db = tmp_path / "w.db"
     env = dict(os.environ, PYTHONPATH=SRC, OTEL_BSP_SCHEDULE_DELAY="50")
-    for name in ("OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED", "FLOWSCOPE_DB"):
+    for name in (
+        "OTEL_SERVICE_NAME",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_SDK_DISABLED",
+        "FLOWSCOPE_DB",
+    ):
         env.pop(name, None)
     cli = [sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db)]
     with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
         for i in range(3):
-            r = subprocess.run([*cli, "start", "traced", "--input", str(i), "--session", f"t{i}"], cwd=tmp_path, env=env,
-                               capture_output=True, text=True, timeout=60)
+            r = subprocess.run(
+                [*cli, "start", "traced", "--input", str(i), "--session", f"t{i}"],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert r.returncode == 0, r.stderr
-        w = subprocess.Popen([*cli, "worker", "flows:traced", "--poll", "50ms", "--otlp-endpoint", endpoint], cwd=tmp_path,
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        w = subprocess.Popen(
+            [*cli, "worker", "flows:traced", "--poll", "50ms", "--otlp-endpoint", endpoint],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 60
-            while len(collected.spans()) < 3 * 3 and time.monotonic() < deadline:  # per session: the invocation, two nodes
+            while (
+                len(collected.spans()) < 3 * 3 and time.monotonic() < deadline
+            ):  # per session: the invocation, two nodes
                 time.sleep(0.05)
             store = SqliteEventStore(str(db))
             infos = {sid: store.session_info(sid) for sid in ("t0", "t1", "t2")}
@@ -166,7 +206,9 @@ def test_flowscope_worker_with_an_otlp_endpoint_ships_the_sessions_it_runs_and_s
             _out, err = w.communicate(timeout=30)
         assert w.returncode == 0, err
         received = [s for _r, _sc, s in collected.spans()]
-    assert {sid: (i.status, i.owner.ships_spans) for sid, i in infos.items()} == {sid: ("completed", True) for sid in infos}
+    assert {sid: (i.status, i.owner.ships_spans) for sid, i in infos.items()} == {
+        sid: ("completed", True) for sid in infos
+    }
     names = sorted(s.name for s in received)
     assert names == sorted(["invoke_workflow traced", "invoke_node one", "invoke_node two"] * 3)
     assert len({(s.trace_id, s.span_id) for s in received}) == 9

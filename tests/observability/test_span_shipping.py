@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from test_otlp_export import attrs, clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
 from flowscope import START, Runner, Workflow, node
 from flowscope.examples.demo import DemoDriver, batch_input
@@ -26,7 +27,6 @@ from flowscope.observability import TracingPlugin
 from flowscope.observability.shipping import Ledger, WatermarkExporter
 from flowscope.store import MemoryEventStore
 from flowscope.store.sqlite import SqliteEventStore
-from test_otlp_export import attrs, clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
 WORKER = str(Path(__file__).resolve().parents[1] / "span_kill_worker.py")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -57,17 +57,26 @@ def _wait_for(cond, timeout: float, what: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k, shipper", [(1, "resume"), (3, "resume"), (6, "resume"), (3, "follow"), (2, "serve-metrics")])
+@pytest.mark.parametrize(
+    "k, shipper", [(1, "resume"), (3, "resume"), (6, "resume"), (3, "follow"), (2, "serve-metrics")]
+)
 def test_sigkill_after_k_node_runs_every_finished_span_reaches_the_receiver_once_with_the_ids_its_body_saw(
     k, shipper, tmp_path, monkeypatch
 ):
     db, contexts = tmp_path / "flowscope.db", tmp_path / "contexts.jsonl"
     env = dict(os.environ, PYTHONPATH=SRC, OTEL_BSP_SCHEDULE_DELAY="20")
-    for name in ("OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED"):
+    for name in (
+        "OTEL_SERVICE_NAME",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_SDK_DISABLED",
+    ):
         env.pop(name, None)
     with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
         args = [sys.executable, WORKER, str(db), "s", endpoint, str(contexts)]
-        proc = subprocess.Popen([*args, "run", str(k + 1)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [*args, "run", str(k + 1)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         try:
             # node k+1 has written its context and hangs: k node runs have finished
             _wait_for(lambda: len(_contexts(contexts)) == k + 1, 60, f"{k} node runs")
@@ -83,20 +92,48 @@ def test_sigkill_after_k_node_runs_every_finished_span_reaches_the_receiver_once
             done = subprocess.run([*args, "resume"], env=env, capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stderr
             assert done.stdout.split() == ["completed", "8"]
-        elif shipper == "follow":  # flowscope export --follow tails the store (twice over: the second pass sends nothing)
-            cmd = [sys.executable, "-c", "from flowscope.cli import main; main()", "export", "--follow", "--rounds", "2"]
+        elif (
+            shipper == "follow"
+        ):  # flowscope export --follow tails the store (twice over: the second pass sends nothing)
+            cmd = [
+                sys.executable,
+                "-c",
+                "from flowscope.cli import main; main()",
+                "export",
+                "--follow",
+                "--rounds",
+                "2",
+            ]
             done = subprocess.run(
-                [*cmd, "--interval", "0.05", "--db", str(db), "--otlp-endpoint", endpoint], env=env, capture_output=True, text=True, timeout=120
+                [*cmd, "--interval", "0.05", "--db", str(db), "--otlp-endpoint", endpoint],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
             assert done.returncode == 0, done.stderr
         elif shipper == "serve-metrics":  # the store's metrics server ships them too, while it serves
-            cmd = [sys.executable, "-c", "from flowscope.cli import main; main()", "serve-metrics", "--port", "0"]
+            cmd = [
+                sys.executable,
+                "-c",
+                "from flowscope.cli import main; main()",
+                "serve-metrics",
+                "--port",
+                "0",
+            ]
             server = subprocess.Popen(
                 [*cmd, "--db", str(db), "--otlp-endpoint", endpoint, "--ship-interval", "50ms"],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
             try:
-                _wait_for(lambda: len(collected.spans()) >= k + 2, 60, "serve-metrics to ship the killed run's spans")
+                _wait_for(
+                    lambda: len(collected.spans()) >= k + 2,
+                    60,
+                    "serve-metrics to ship the killed run's spans",
+                )
                 time.sleep(0.3)  # a few more passes: nothing more is sent
             finally:
                 server.send_signal(signal.SIGTERM)
@@ -160,7 +197,9 @@ async def test_a_span_the_node_body_starts_is_the_child_of_the_node_span():
         return x
 
     wf = Workflow("w", edges=[(START, node(lambda x: x, name="pre"), call)])
-    await Runner(wf, store=MemoryEventStore(), plugins=[TracingPlugin(tracer_provider=provider)]).run(1, session_id="s")
+    await Runner(wf, store=MemoryEventStore(), plugins=[TracingPlugin(tracer_provider=provider)]).run(
+        1, session_id="s"
+    )
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert set(spans) == {"invoke_workflow w", "invoke_node pre", "invoke_node call", "GET /inventory"}
     node_span, child = spans["invoke_node call"], spans["GET /inventory"]
@@ -176,7 +215,9 @@ async def test_an_invocation_started_in_a_callers_span_joins_its_trace_live_and_
     store = MemoryEventStore()
     wf = Workflow("w", edges=[(START, node(lambda x: x, name="a"))])
     with provider.get_tracer("app").start_as_current_span("POST /orders") as outer:
-        await Runner(wf, store=store, plugins=[TracingPlugin(tracer_provider=provider)]).run(1, session_id="s")
+        await Runner(wf, store=store, plugins=[TracingPlugin(tracer_provider=provider)]).run(
+            1, session_id="s"
+        )
     live = {s.name: s for s in exporter.get_finished_spans()}
     inv = live["invoke_workflow w"]
     assert inv.context.trace_id == outer.get_span_context().trace_id
@@ -198,7 +239,9 @@ async def test_a_sampled_out_trace_emits_nothing_and_says_so_in_its_traceparent(
         return x
 
     store = MemoryEventStore()
-    await Runner(Workflow("w", edges=[(START, a)]), store=store, plugins=[TracingPlugin(tracer_provider=provider)]).run(1, session_id="s")
+    await Runner(
+        Workflow("w", edges=[(START, a)]), store=store, plugins=[TracingPlugin(tracer_provider=provider)]
+    ).run(1, session_id="s")
     assert exporter.get_finished_spans() == ()
     assert seen[0].endswith("-00")
     assert store.read("s")[0].trace_context["traceparent"].endswith("-00")
@@ -237,7 +280,8 @@ def test_the_live_spans_of_the_demo_are_the_spans_export_rebuilds_field_for_fiel
     asyncio.run(go())
     live = sorted((_fields(s) for s in exporter.get_finished_spans()), key=lambda f: f["context"])
     rebuilt = sorted(
-        (_fields(s) for sid in ("orders", "declined") for s in session_spans(store.read(sid))), key=lambda f: f["context"]
+        (_fields(s) for sid in ("orders", "declined") for s in session_spans(store.read(sid))),
+        key=lambda f: f["context"],
     )
     assert len(live) >= 20 and any(f["events"] for f in live) and any(f["links"] for f in live)
     assert live == rebuilt
@@ -320,14 +364,23 @@ async def test_one_export_of_many_sessions_spans_advances_their_watermarks_in_on
     store = _CountingStore(tmp_path / "f.db")
     inner = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(WatermarkExporter(inner, Ledger()), max_queue_size=10_000, max_export_batch_size=10_000, schedule_delay_millis=60_000))
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            WatermarkExporter(inner, Ledger()),
+            max_queue_size=10_000,
+            max_export_batch_size=10_000,
+            schedule_delay_millis=60_000,
+        )
+    )
     wf = Workflow("w", edges=[(START, node(lambda x: x, name="a"), node(lambda x: x, name="b"))])
     runner = Runner(wf, store=store, plugins=[TracingPlugin(tracer_provider=provider)])
     sids = [f"s{i}" for i in range(100)]
     await asyncio.gather(*(runner.run(1, session_id=s) for s in sids))
     assert provider.force_flush()
     assert len(inner.get_finished_spans()) == 100 * 3
-    assert [store.exported_seq(s) for s in sids] == [store.last_seq(s) for s in sids]  # every span shipped, on record
+    assert [store.exported_seq(s) for s in sids] == [
+        store.last_seq(s) for s in sids
+    ]  # every span shipped, on record
     assert sum(store.watermark_calls) == 100 and len(store.watermark_calls) <= 2, store.watermark_calls
     provider.shutdown()
 
@@ -352,7 +405,9 @@ class _Requests(SpanExporter):
         return SpanExportResult.FAILURE if len(self.requests) in self.refuse else SpanExportResult.SUCCESS
 
 
-async def test_a_follower_pass_sends_many_sessions_per_request_and_records_each_requests_watermarks_once(tmp_path, monkeypatch):
+async def test_a_follower_pass_sends_many_sessions_per_request_and_records_each_requests_watermarks_once(
+    tmp_path, monkeypatch
+):
     from flowscope.export import ExportError
     from flowscope.observability import export as export_mod
 
@@ -377,8 +432,12 @@ async def test_a_follower_pass_sends_many_sessions_per_request_and_records_each_
     assert other.watermark_calls == [3]  # the accepted request's sessions, written before the next request
     first = {s.context.span_id for s in flaky.requests[0]}
     shipped = [s for s in sids if other.exported_seq(s) == other.last_seq(s)]
-    assert len(shipped) == 3 and all(other.exported_seq(s) == 0 for s in sids if s not in shipped)  # 3 sessions x 3 spans = 9 >= 7
+    assert len(shipped) == 3 and all(
+        other.exported_seq(s) == 0 for s in sids if s not in shipped
+    )  # 3 sessions x 3 spans = 9 >= 7
     assert export_mod.ship_store(other, flaky) == 30 * 3 - 9  # the rest, next pass
     later = [s.context.span_id for r in flaky.requests[2:] for s in r]
-    assert not first & set(later) and len(later) == len(set(later)) == 30 * 3 - 9  # nothing accepted is sent again
+    assert (
+        not first & set(later) and len(later) == len(set(later)) == 30 * 3 - 9
+    )  # nothing accepted is sent again
     assert all(other.exported_seq(s) == other.last_seq(s) for s in sids)

@@ -13,11 +13,11 @@ import time
 import urllib.request
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from flowscope import START, Runner, Workflow, node
 from flowscope.errors import StoreError
@@ -122,7 +122,9 @@ def test_a_killed_worker_leaves_a_running_run_that_becomes_orphaned(db, tmp_path
         dead = scrape(collector)
         assert sample(dead, OPEN, workflow="nightly", node="crunch", state="running") == 1
         orphaned = wait_for(
-            lambda: (s := scrape(collector)) and sample(s, ORPHANED, workflow="nightly", node="crunch") == 1 and s,
+            lambda: (
+                (s := scrape(collector)) and sample(s, ORPHANED, workflow="nightly", node="crunch") == 1 and s
+            ),
             timeout=10,
             what="the run to become orphaned",
         )
@@ -181,7 +183,10 @@ def test_a_paused_run_is_waiting_input_and_reports_zero_once_answered(db, tmp_pa
     assert sample(paused, OPEN, workflow="release", node="release", state="waiting_input") is None
     assert sum(v for (name, _), v in paused.items() if name == OPEN) == 1
     started = {r.node: r.started_at for r in store.open_runs()}
-    assert sample(paused, OLDEST, workflow="release", node="approve", state="waiting_input") == started["approve"]
+    assert (
+        sample(paused, OLDEST, workflow="release", node="approve", state="waiting_input")
+        == started["approve"]
+    )
     time.sleep(0.6)  # waiting for a human is not orphaned, however long it takes
     later = scrape(collector)
     assert sample(later, ORPHANED, workflow="release", node="approve") is None
@@ -261,7 +266,16 @@ class ExplodingStore:
 def test_describe_does_not_touch_the_store():
     collector = StoreCollector(ExplodingStore())
     families = list(collector.describe())
-    assert [f.name for f in families] == [OPEN, OLDEST, ORPHANED, OVERDUE, QUEUED, OLDEST_QUEUED, UP, "flowscope_job_results"]
+    assert [f.name for f in families] == [
+        OPEN,
+        OLDEST,
+        ORPHANED,
+        OVERDUE,
+        QUEUED,
+        OLDEST_QUEUED,
+        UP,
+        "flowscope_job_results",
+    ]
     assert all(f.samples == [] for f in families)
     registry = CollectorRegistry()  # registering calls describe()
     registry.register(collector)
@@ -358,7 +372,10 @@ def test_the_store_aggregate_is_used_when_the_store_has_one():
 
         def open_run_summary(self, now, stale_after_s):
             calls.append((now, stale_after_s))
-            return [("w", "a", "running", 2, 50.0, 1, 0), OpenRunGroup("w", "j", "waiting_job", 1, 60.0, 0, 1)]
+            return [
+                ("w", "a", "running", 2, 50.0, 1, 0),
+                OpenRunGroup("w", "j", "waiting_job", 1, 60.0, 0, 1),
+            ]
 
     samples = scrape(StoreCollector(SummarisingStore(), stale_after_s=30, clock=lambda: 123.0))
     assert calls == [(123.0, 30.0)]
@@ -387,7 +404,9 @@ def test_series_seen_before_report_zero(db):
         assert sample(s, OPEN, workflow="w", node="wait", state="waiting_input") == 0
         assert sample(s, OLDEST, workflow="w", node="wait", state="waiting_input") == 0
     # a fresh collector never saw it: nothing to report
-    assert sample(scrape(StoreCollector(store)), OPEN, workflow="w", node="wait", state="waiting_input") is None
+    assert (
+        sample(scrape(StoreCollector(store)), OPEN, workflow="w", node="wait", state="waiting_input") is None
+    )
     store.close()
 
 
@@ -423,7 +442,9 @@ def test_serve_metrics_over_http(db):
 
     import asyncio
 
-    runner = Runner(Workflow("shop", edges=[(START, fetch, approve)]), store=store, plugins=[MetricsPlugin(registry)])
+    runner = Runner(
+        Workflow("shop", edges=[(START, fetch, approve)]), store=store, plugins=[MetricsPlugin(registry)]
+    )
     with tracer.start_as_current_span("caller") as span:
         asyncio.run(runner.run(1, session_id="http-session"))
     trace_id = format(span.get_span_context().trace_id, "032x")
@@ -441,12 +462,17 @@ def test_serve_metrics_over_http(db):
         runs = {(s.labels["node"], s.labels["outcome"]): s.value for s in families["flowscope_node_runs"].samples
                 if s.name == "flowscope_node_runs_total"}  # fmt: skip
         assert runs == {("fetch", "success"): 1, ("approve", "waiting"): 1}  # one pause, at the deepest path
-        open_runs = {(s.labels["node"], s.labels["state"]): s.value for s in families["flowscope_store_open_runs"].samples}
+        open_runs = {
+            (s.labels["node"], s.labels["state"]): s.value
+            for s in families["flowscope_store_open_runs"].samples
+        }
         assert open_runs == {("approve", "waiting_input"): 1}  # the workflow run is its container
         assert [s.value for s in families["flowscope_store_up"].samples] == [1]
         assert "trace_id" not in text  # no exemplars in the classic format
 
-        ctype, om = _get(server.url, accept="application/openmetrics-text; version=1.0.0; charset=utf-8", gzip_ok=True)
+        ctype, om = _get(
+            server.url, accept="application/openmetrics-text; version=1.0.0; charset=utf-8", gzip_ok=True
+        )
         assert ctype.startswith("application/openmetrics-text")
         assert om.endswith("# EOF\n")
         om_families = {f.name: f for f in parse_openmetrics(om)}
@@ -473,7 +499,11 @@ def test_serve_metrics_without_a_store_serves_the_registry_and_survives_a_broken
     registry = CollectorRegistry()
     import asyncio
 
-    asyncio.run(Runner(Workflow("w", edges=[(START, node(lambda x: x, name="a"))]), plugins=[MetricsPlugin(registry)]).run(1))
+    asyncio.run(
+        Runner(
+            Workflow("w", edges=[(START, node(lambda x: x, name="a"))]), plugins=[MetricsPlugin(registry)]
+        ).run(1)
+    )
     with serve_metrics(registry=registry, port=0) as server:
         assert server.store_collector is None
         _, text = _get(server.url)
@@ -546,7 +576,9 @@ def test_queued_and_open_series_are_bounded_like_the_metrics_plugin_and_add_up(t
     registry = CollectorRegistry()
     registry.register(StoreCollector(store, max_series=50))
     for _scrape in range(2):  # the second scrape keeps the same sets: nothing grows past the budget
-        samples = [s for m in registry.collect() if m.name == "flowscope_store_queued_sessions" for s in m.samples]
+        samples = [
+            s for m in registry.collect() if m.name == "flowscope_store_queued_sessions" for s in m.samples
+        ]
         assert len(samples) == 51
         assert sum(s.value for s in samples) == 120
         other = [s for s in samples if s.labels["workflow"] == "_other"]
@@ -604,7 +636,8 @@ def test_job_results_are_counted_from_the_store_whoever_recorded_them(tmp_path):
     counted = scrape(collector)
     assert sample(counted, JOB_RESULTS, workflow="etl", node="geocode", result="empty") == 1
     assert [k for k in counted if k[0] == JOB_RESULTS] == [
-        (JOB_RESULTS, (("node", "geocode"), ("result", "empty"), ("workflow", "etl")))]
+        (JOB_RESULTS, (("node", "geocode"), ("result", "empty"), ("workflow", "etl")))
+    ]
 
     with writer._op("delete a session") as conn:  # what prune does to an old session's log
         conn.execute("DELETE FROM events WHERE session_id = 'old'")
@@ -631,14 +664,21 @@ def test_serve_metrics_exposes_one_job_results_family_the_stores(tmp_path):
             return await ctx.await_job(lambda job: None, payload=x, expect_count=True)
 
         wf = Workflow("etl", edges=[(START, Workflow("enrich", edges=[(START, geocode)]))])
-        resumed = asyncio.run(Runner(wf, store=store, plugins=[plugin]).resume("s1", jobs={job: {"success": True, "count": 0}}))
+        resumed = asyncio.run(
+            Runner(wf, store=store, plugins=[plugin]).resume("s1", jobs={job: {"success": True, "count": 0}})
+        )
         assert resumed.status == "paused"  # the empty result is an actionable pause
-        assert registry.get_sample_value(JOB_RESULTS, {"workflow": "etl", "node": "geocode", "result": "empty"}) == 1
+        assert (
+            registry.get_sample_value(JOB_RESULTS, {"workflow": "etl", "node": "geocode", "result": "empty"})
+            == 1
+        )
         with urllib.request.urlopen(server.url, timeout=5) as resp:
             text = resp.read().decode()
         families = [f for f in parse_text(text) if f.name == "flowscope_job_results"]
         assert len(families) == 1, [f.name for f in parse_text(text)]
-        values = {tuple(sorted(s.labels.items())): s.value for s in families[0].samples if s.name == JOB_RESULTS}
+        values = {
+            tuple(sorted(s.labels.items())): s.value for s in families[0].samples if s.name == JOB_RESULTS
+        }
         assert values == {(("node", "geocode"), ("result", "empty"), ("workflow", "etl")): 1.0}
     finally:
         server.shutdown()
@@ -656,13 +696,19 @@ def test_stuck_runs_audit_and_the_collector_count_the_same_runs(tmp_path):
     for sid, events in nested_logs(time.time() - 3600).items():
         store.append(sid, events, 0)
     stuck = {(r["session_id"], r["node"], r["state"]) for r in stuck_rows(store, 0.0, 60.0)}
-    assert stuck == {("crashed", "leaf", "orphaned"), ("crashed", "inner", "orphaned"),  # inner@10, inner@1-b
-                     ("paused", "ask", "waiting_input"), ("between", "bw", "orphaned")}
+    assert stuck == {
+        ("crashed", "leaf", "orphaned"),
+        ("crashed", "inner", "orphaned"),  # inner@10, inner@1-b
+        ("paused", "ask", "waiting_input"),
+        ("between", "bw", "orphaned"),
+    }
     samples = scrape(StoreCollector(store, stale_after_s=60.0))
     orphaned = {k: v for k, v in samples.items() if k[0] == ORPHANED and v}
-    assert orphaned == {(ORPHANED, (("node", "bw"), ("workflow", "bw"))): 1,
-                        (ORPHANED, (("node", "inner"), ("workflow", "wf"))): 2,
-                        (ORPHANED, (("node", "leaf"), ("workflow", "wf"))): 1}
+    assert orphaned == {
+        (ORPHANED, (("node", "bw"), ("workflow", "bw"))): 1,
+        (ORPHANED, (("node", "inner"), ("workflow", "wf"))): 2,
+        (ORPHANED, (("node", "leaf"), ("workflow", "wf"))): 1,
+    }
     open_runs = sum(v for k, v in samples.items() if k[0] == OPEN)
     assert open_runs == 5 == sum(r["open_runs"] for r in runs_rows(store))
     assert sum(r["open"] for r in audit_rows(store.node_runs())) == 5

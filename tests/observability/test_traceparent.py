@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from flowscope.observability.log_spans import invocation_context, trace_id_for
 from flowscope.observability.backends import resolve_exemplar
+from flowscope.observability.log_spans import invocation_context, trace_id_for
 from flowscope.observability.traceparent import TraceParent, format_traceparent, parse_traceparent
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -21,7 +21,9 @@ def test_a_valid_header_reads_as_its_ids_and_flag() -> None:
 
 
 def test_a_later_version_may_carry_more_fields() -> None:
-    assert parse_traceparent(f"01-{TRACE}-{SPAN}-01-extra") == TraceParent(int(TRACE, 16), int(SPAN, 16), True)
+    assert parse_traceparent(f"01-{TRACE}-{SPAN}-01-extra") == TraceParent(
+        int(TRACE, 16), int(SPAN, 16), True
+    )
 
 
 @pytest.mark.parametrize(
@@ -56,8 +58,16 @@ def test_format_and_parse_round_trip() -> None:
 def test_every_reader_uses_the_one_parser() -> None:
     # the span walk keeps an invalid header's derived trace id and samples it
     derived = trace_id_for("s", "i")
-    assert invocation_context("s", "i", {"traceparent": f"00-{'0' * 32}-{SPAN}-00"})[:3] == (derived, None, True)
-    assert invocation_context("s", "i", {"traceparent": f"00-{TRACE}-{SPAN}-00"})[:3] == (int(TRACE, 16), None, False)
+    assert invocation_context("s", "i", {"traceparent": f"00-{'0' * 32}-{SPAN}-00"})[:3] == (
+        derived,
+        None,
+        True,
+    )
+    assert invocation_context("s", "i", {"traceparent": f"00-{TRACE}-{SPAN}-00"})[:3] == (
+        int(TRACE, 16),
+        None,
+        False,
+    )
     # the metrics exemplar: only a valid, sampled header is one
     assert resolve_exemplar(f"00-{TRACE}-{SPAN}-01") == {"trace_id": TRACE, "span_id": SPAN}
     assert resolve_exemplar(f"00-{TRACE}-{SPAN}-00") is None

@@ -46,7 +46,11 @@ class Tracing:
         return span
 
     def nodes(self):
-        return {s.attributes["flowscope.node.path"]: s for s in self.spans if "flowscope.node.path" in s.attributes}
+        return {
+            s.attributes["flowscope.node.path"]: s
+            for s in self.spans
+            if "flowscope.node.path" in s.attributes
+        }
 
     def invocations(self):
         return [s for s in self.spans if "flowscope.invocation.id" in s.attributes]
@@ -76,7 +80,9 @@ def traceparent_of(span):
 
 
 async def test_invocation_and_node_spans_names_and_attributes(store, tracing):
-    wf = Workflow("orders", edges=[(START, node(lambda x: x + 1, name="fetch"), node(lambda x: x * 2, name="check"))])
+    wf = Workflow(
+        "orders", edges=[(START, node(lambda x: x + 1, name="fetch"), node(lambda x: x * 2, name="check"))]
+    )
     result = await Runner(wf, store=store, plugins=[tracing.plugin()]).run(1, session_id="sess-1")
     assert result.output == 4
 
@@ -153,7 +159,13 @@ async def test_nested_workflows_dynamic_children_and_parallel_siblings_nest_by_p
     join = JoinNode("join")
     wf = Workflow(
         "w",
-        edges=[(START, node(lambda x: x, name="src"), (a, b)), (a, join), (b, join), (join, inner), (inner, dyn)],
+        edges=[
+            (START, node(lambda x: x, name="src"), (a, b)),
+            (a, join),
+            (b, join),
+            (join, inner),
+            (inner, dyn),
+        ],
     )
     await Runner(wf, store=store, plugins=[tracing.plugin()]).run(1, session_id="s")
     n = tracing.nodes()
@@ -178,7 +190,10 @@ async def test_nested_workflows_dynamic_children_and_parallel_siblings_nest_by_p
     assert n["w@1/join@1"].name == "invoke_node join"
     assert n["w@1/join@1"].attributes["flowscope.node.kind"] == "join"
     assert n["w@1/dyn@1/child@2"].name == "invoke_node child"
-    for child, parent in (("w@1/dyn@1/child@1", "w@1/dyn@1"), ("w@1/inner@1/deep@1/leaf@1", "w@1/inner@1/deep@1")):
+    for child, parent in (
+        ("w@1/dyn@1/child@1", "w@1/dyn@1"),
+        ("w@1/inner@1/deep@1/leaf@1", "w@1/inner@1/deep@1"),
+    ):
         assert n[parent].start_time <= n[child].start_time <= n[child].end_time <= n[parent].end_time
 
 
@@ -189,14 +204,20 @@ async def test_concurrent_invocations_on_one_plugin_keep_their_own_trees(store, 
         return x
 
     plugin = tracing.plugin()
-    runner = Runner(Workflow("w", edges=[(START, step, node(lambda x: x, name="after"))]), store=store, plugins=[plugin])
+    runner = Runner(
+        Workflow("w", edges=[(START, step, node(lambda x: x, name="after"))]), store=store, plugins=[plugin]
+    )
     r1, r2 = await asyncio.gather(runner.run(1, session_id="one"), runner.run(2, session_id="two"))
     invs = {s.attributes["gen_ai.conversation.id"]: s for s in tracing.invocations()}
     assert set(invs) == {"one", "two"}
     assert invs["one"].context.trace_id != invs["two"].context.trace_id
     for inv in invs.values():
         tree = [s for s in tracing.spans if s.context.trace_id == inv.context.trace_id]
-        assert sorted(s.attributes.get("flowscope.node.path", "") for s in tree) == ["w@1", "w@1/after@1", "w@1/step@1"]
+        assert sorted(s.attributes.get("flowscope.node.path", "") for s in tree) == [
+            "w@1",
+            "w@1/after@1",
+            "w@1/step@1",
+        ]
 
 
 # -- retries -----------------------------------------------------------------------------------------------------------------
@@ -212,7 +233,9 @@ async def test_retried_node_has_one_span_with_a_retry_event_per_failed_attempt(s
             raise ConnectionError(f"refused #{len(calls)}")
         return "ok"
 
-    await Runner(Workflow("w", edges=[(START, flaky)]), store=store, plugins=[tracing.plugin()]).run(1, session_id="s")
+    await Runner(Workflow("w", edges=[(START, flaky)]), store=store, plugins=[tracing.plugin()]).run(
+        1, session_id="s"
+    )
     spans = [s for s in tracing.spans if s.name == "invoke_node flaky"]
     assert len(spans) == 1
     span = spans[0]
@@ -239,7 +262,9 @@ async def test_exhausted_retries_end_with_one_exception_event_and_the_attempt_co
         raise ConnectionError("down")
 
     with pytest.raises(ConnectionError):
-        await Runner(Workflow("w", edges=[(START, always)]), store=store, plugins=[tracing.plugin()]).run(1, session_id="s")
+        await Runner(Workflow("w", edges=[(START, always)]), store=store, plugins=[tracing.plugin()]).run(
+            1, session_id="s"
+        )
     span = tracing.node("w@1/always@1")
     assert [e.name for e in span.events] == ["node.retry", "node.retry", "exception"]
     assert span.attributes["flowscope.node.attempt_count"] == 3
@@ -275,7 +300,10 @@ async def test_failure_marks_the_failing_span_enclosing_spans_and_cancelled_sibl
     assert "flowscope.error.origin_path" not in failing.attributes
     (exc,) = failing.events
     assert exc.name == "exception"
-    assert dict(exc.attributes) == {"exception.type": "ValueError", "exception.message": "the ledger does not balance"}
+    assert dict(exc.attributes) == {
+        "exception.type": "ValueError",
+        "exception.message": "the ledger does not balance",
+    }
 
     for path in ("outer@1/inner@1", "outer@1"):
         span = tracing.node(path)
@@ -311,7 +339,9 @@ async def test_error_code_attribute_and_user_mapping_reach_the_span(store, traci
         raise Declined("card declined")
 
     with pytest.raises(Declined):
-        await Runner(Workflow("w", edges=[(START, charge)]), store=store, plugins=[tracing.plugin()]).run(1, session_id="a")
+        await Runner(Workflow("w", edges=[(START, charge)]), store=store, plugins=[tracing.plugin()]).run(
+            1, session_id="a"
+        )
     assert tracing.node("w@1/charge@1").attributes["flowscope.error.code"] == "PAYMENT_DECLINED"
     assert tracing.node("w@1").attributes["flowscope.error.code"] == "PAYMENT_DECLINED"
     assert tracing.invocation().attributes["flowscope.error.code"] == "PAYMENT_DECLINED"
@@ -323,7 +353,10 @@ async def test_error_code_attribute_and_user_mapping_reach_the_span(store, traci
         raise TimeoutError("upstream slow")
 
     runner = Runner(
-        Workflow("w", edges=[(START, call)]), store=store, plugins=[tracing.plugin()], error_codes={TimeoutError: "UPSTREAM_TIMEOUT"}
+        Workflow("w", edges=[(START, call)]),
+        store=store,
+        plugins=[tracing.plugin()],
+        error_codes={TimeoutError: "UPSTREAM_TIMEOUT"},
     )
     with pytest.raises(TimeoutError):
         await runner.run(1, session_id="b")
@@ -351,7 +384,9 @@ async def test_genuine_timeout_is_an_error_span_with_outcome_timeout(store, trac
     from flowscope.errors import NodeTimeoutError
 
     with pytest.raises(NodeTimeoutError):
-        await Runner(Workflow("w", edges=[(START, hang)]), store=store, plugins=[tracing.plugin()]).run(1, session_id="s")
+        await Runner(Workflow("w", edges=[(START, hang)]), store=store, plugins=[tracing.plugin()]).run(
+            1, session_id="s"
+        )
     span = tracing.node("w@1/hang@1")
     assert span.attributes["flowscope.node.outcome"] == "timeout"
     assert span.attributes["error.type"] == "flowscope.errors.NodeTimeoutError"
@@ -457,7 +492,12 @@ async def test_user_spans_in_a_node_body_nest_under_the_node_span(store, tracing
     join = JoinNode("join")
     wf = Workflow(
         "w",
-        edges=[(START, fetch, (sync_branch, async_branch)), (sync_branch, join), (async_branch, join), (join, dyn)],
+        edges=[
+            (START, fetch, (sync_branch, async_branch)),
+            (sync_branch, join),
+            (async_branch, join),
+            (join, dyn),
+        ],
     )
     await Runner(wf, store=store, plugins=[tracing.plugin()]).run(1, session_id="s")
     by_name = {s.name: s for s in tracing.spans}
@@ -497,7 +537,11 @@ async def test_resume_in_process_links_to_the_paused_invocation(store, tracing):
     async def approve(ctx, x):
         return await ctx.request_input("ok?", interrupt_id="go")
 
-    runner = Runner(Workflow("w", edges=[(START, node(lambda x: x, name="prep"), approve)]), store=store, plugins=[tracing.plugin()])
+    runner = Runner(
+        Workflow("w", edges=[(START, node(lambda x: x, name="prep"), approve)]),
+        store=store,
+        plugins=[tracing.plugin()],
+    )
     await runner.run(1, session_id="s")
     (first,) = tracing.invocations()
     tracing.exporter.clear()
@@ -578,13 +622,18 @@ def run_process(tmp_path, mode):
 @pytest.mark.slow
 def test_resume_in_a_new_process_links_to_the_paused_invocation_and_attempts_continue(tmp_path):
     import flowscope.store.sqlite  # noqa: F401  (the resume below runs on it)
+
     first = run_process(tmp_path, "run")
     second = run_process(tmp_path, "resume")
     assert (first["status"], second["status"]) == ("paused", "completed")
 
     def by(doc):
         inv = [s for s in doc["spans"] if s["attributes"].get("gen_ai.operation.name") == "invoke_workflow"]
-        nodes = {s["attributes"]["flowscope.node.path"]: s for s in doc["spans"] if "flowscope.node.path" in s["attributes"]}
+        nodes = {
+            s["attributes"]["flowscope.node.path"]: s
+            for s in doc["spans"]
+            if "flowscope.node.path" in s["attributes"]
+        }
         assert len(inv) == 1
         return inv[0], nodes
 
@@ -601,12 +650,16 @@ def test_resume_in_a_new_process_links_to_the_paused_invocation_and_attempts_con
     assert a1["attributes"]["flowscope.node.outcome"] == "waiting"
     assert a1["attributes"]["flowscope.interrupt.id"] == "approval"
     assert a1["attributes"]["flowscope.node.attempt_count"] == 2
-    assert [e["attributes"]["flowscope.node.attempt"] for e in a1["events"] if e["name"] == "node.retry"] == [1]
+    assert [e["attributes"]["flowscope.node.attempt"] for e in a1["events"] if e["name"] == "node.retry"] == [
+        1
+    ]
     # new process: the same attempt 2 continues, fails, and attempt 3 completes
     a2 = nodes2["orders@1/approve@1"]
     assert a2["attributes"]["flowscope.node.outcome"] == "success"
     assert a2["attributes"]["flowscope.node.attempt_count"] == 3
-    assert [e["attributes"]["flowscope.node.attempt"] for e in a2["events"] if e["name"] == "node.retry"] == [2]
+    assert [e["attributes"]["flowscope.node.attempt"] for e in a2["events"] if e["name"] == "node.retry"] == [
+        2
+    ]
     # prep completed in the first process: fast-forwarded, no span in the second
     assert set(nodes1) == {"orders@1", "orders@1/prep@1", "orders@1/approve@1"}
     assert set(nodes2) == {"orders@1", "orders@1/approve@1", "orders@1/ship@1"}
@@ -657,7 +710,9 @@ async def test_no_node_input_or_output_in_any_attribute(store, tracing):
     assert len(spans) > 8
     values = [repr(v) for v in all_attribute_values(spans)]
     assert values and not [v for v in values if SECRET in v]
-    assert not [s for s in spans if any(k in s.attributes for k in ("flowscope.node.input", "flowscope.node.output"))]
+    assert not [
+        s for s in spans if any(k in s.attributes for k in ("flowscope.node.input", "flowscope.node.output"))
+    ]
 
 
 async def test_redaction_hook_opts_in(store, tracing):
@@ -764,11 +819,24 @@ async def test_a_waiting_run_has_shipped_the_spans_it_ended(store, tracing):
         await release.wait()
         return x
 
-    wf = Workflow("w", edges=[(START, node(lambda x: x, name="first"), node(lambda x: x, name="second"), node(wait, name="wait"))])
+    wf = Workflow(
+        "w",
+        edges=[
+            (
+                START,
+                node(lambda x: x, name="first"),
+                node(lambda x: x, name="second"),
+                node(wait, name="wait"),
+            )
+        ],
+    )
     run = asyncio.ensure_future(Runner(wf, store=store, plugins=[tracing.plugin()]).run(1, session_id="s"))
     while not seen and not run.done():  # a run that failed early ends the wait, and the test
         await asyncio.sleep(0.001)
-    assert seen and seen[0] == {"w@1/first@1", "w@1/second@1"}  # ended before "wait" started, exported while it waits
+    assert seen and seen[0] == {
+        "w@1/first@1",
+        "w@1/second@1",
+    }  # ended before "wait" started, exported while it waits
     release.set()
     assert (await run).output == 1
     assert set(tracing.nodes()) == {"w@1", "w@1/first@1", "w@1/second@1", "w@1/wait@1"}
@@ -792,7 +860,9 @@ async def test_a_long_run_that_never_waits_ships_spans_before_it_ends(store, tra
     assert len(tracing.nodes()) == n + 2  # every node, the last and the workflow's run
 
 
-async def test_a_walk_that_raises_between_hooks_is_logged_and_never_reaches_the_loop(store, tracing, monkeypatch, caplog):
+async def test_a_walk_that_raises_between_hooks_is_logged_and_never_reaches_the_loop(
+    store, tracing, monkeypatch, caplog
+):
     from flowscope.observability.log_spans import SpanWalk
 
     def boom(self, event):
@@ -813,7 +883,9 @@ async def test_a_walk_that_raises_between_hooks_is_logged_and_never_reaches_the_
     assert "tracing: building spans from the log raised RuntimeError: walk" in caplog.text
 
 
-async def test_an_event_the_walk_cannot_take_costs_its_own_span_not_the_rest_of_its_batch(store, tracing, monkeypatch, caplog):
+async def test_an_event_the_walk_cannot_take_costs_its_own_span_not_the_rest_of_its_batch(
+    store, tracing, monkeypatch, caplog
+):
     from flowscope.events import NodeStarted
     from flowscope.observability.log_spans import SpanWalk
 
@@ -844,10 +916,16 @@ def test_a_loop_closed_before_the_batch_was_walked_is_not_kept_alive(tracing):
     from flowscope.events import RunStarted
 
     plugin = tracing.plugin()
-    plugin.before_run(RunInfo(session_id="s", invocation_id="i", workflow="w", input=None, resumed=False, started_at=time.time()))
+    plugin.before_run(
+        RunInfo(
+            session_id="s", invocation_id="i", workflow="w", input=None, resumed=False, started_at=time.time()
+        )
+    )
     loop = asyncio.new_event_loop()
     # One loop turn: the event is queued and the walk scheduled for the next turn, which never comes.
-    loop.call_soon(plugin.on_event, RunStarted(session_id="s", invocation_id="i", seq=1, ts=time.time(), workflow="w"))
+    loop.call_soon(
+        plugin.on_event, RunStarted(session_id="s", invocation_id="i", seq=1, ts=time.time(), workflow="w")
+    )
     loop.call_soon(loop.stop)
     loop.run_forever()
     loop.close()

@@ -65,7 +65,9 @@ async def test_a_failed_transaction_fails_each_of_its_sessions_with_the_stores_e
 
     store = Locking()
     runner = Runner(chain(store), store=store)
-    results = await asyncio.gather(*(runner.run(0, session_id=f"s{i}") for i in range(10)), return_exceptions=True)
+    results = await asyncio.gather(
+        *(runner.run(0, session_id=f"s{i}") for i in range(10)), return_exceptions=True
+    )
     failed = [r for r in results if isinstance(r, BaseException)]
     assert store.fail > 1 and len(failed) == store.fail
     assert all(isinstance(r, StoreLocked) for r in failed)
@@ -81,17 +83,21 @@ def test_append_many_keeps_the_good_batches_and_returns_each_refusal(kind, tmp_p
     store = MemoryEventStore() if kind == "memory" else SqliteEventStore(tmp_path / "m.db")
 
     def ev(sid, seq):
-        return RunSubmitted(session_id=sid, invocation_id="i", seq=seq, ts=float(seq), workflow="w", input=None)
+        return RunSubmitted(
+            session_id=sid, invocation_id="i", seq=seq, ts=float(seq), workflow="w", input=None
+        )
 
     store.append("b", [ev("b", 1)], 0)
     lease = store.acquire("c", this_process(), 30.0)
     store.append("c", [ev("c", 1)], 0, epoch=lease.epoch)
-    out = store.append_many([
-        ("a", [ev("a", 1), ev("a", 2)], 0, None),
-        ("b", [ev("b", 2)], 0, None),  # expected 0, the session is at 1: a conflict
-        ("c", [ev("c", 2)], 1, lease.epoch + 1),  # a superseded epoch: fenced
-        ("d", [ev("d", 1)], 0, None),
-    ])
+    out = store.append_many(
+        [
+            ("a", [ev("a", 1), ev("a", 2)], 0, None),
+            ("b", [ev("b", 2)], 0, None),  # expected 0, the session is at 1: a conflict
+            ("c", [ev("c", 2)], 1, lease.epoch + 1),  # a superseded epoch: fenced
+            ("d", [ev("d", 1)], 0, None),
+        ]
+    )
     assert [e.seq for e in out[0]] == [1, 2] and [e.seq for e in out[3]] == [1]
     assert isinstance(out[1], ConcurrencyConflict) and isinstance(out[2], LeaseLost)
     assert [store.last_seq(s) for s in "abcd"] == [2, 1, 1, 1]

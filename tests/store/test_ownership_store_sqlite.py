@@ -33,7 +33,9 @@ def db_path(tmp_path):
 
 
 def submit(store, sid, workflow="wf", ts=1000.0):
-    store.append(sid, [RunSubmitted(session_id=sid, invocation_id="submit", ts=ts, workflow=workflow, input=sid)], 0)
+    store.append(
+        sid, [RunSubmitted(session_id=sid, invocation_id="submit", ts=ts, workflow=workflow, input=sid)], 0
+    )
 
 
 # --------------------------------------------------------------------------- two processes claim
@@ -101,8 +103,12 @@ OWNER_SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_a_sigkilled_owner_process_is_taken_over_at_once(db_path):
-    child = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, str(db_path)], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ})
+    child = subprocess.Popen(
+        [sys.executable, "-c", OWNER_SCRIPT, str(db_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         with SqliteEventStore(db_path) as store:
@@ -118,8 +124,12 @@ def test_a_sigkilled_owner_process_is_taken_over_at_once(db_path):
             assert time.monotonic() - t0 < 1.0
             with pytest.raises(LeaseLost):  # the dead owner's epoch is fenced off
                 store.append("s1", [node_ev(NodeStarted, "wf@1/b@1", ts=1.0, sid="s1")], 2, epoch=1)
-            store.append("s1", [node_ev(NodeStarted, "wf@1/a@1", ts=2.0, sid="s1", attempt=2, recovered=True)], 2,
-                         epoch=c.lease.epoch)
+            store.append(
+                "s1",
+                [node_ev(NodeStarted, "wf@1/a@1", ts=2.0, sid="s1", attempt=2, recovered=True)],
+                2,
+                epoch=c.lease.epoch,
+            )
     finally:
         if child.poll() is None:
             child.kill()
@@ -136,8 +146,13 @@ def make_schema_2_file(path) -> None:
     db.table("meta").create({"key": str, "value": str}, pk="key")
     MIGRATIONS[0](db)
     MIGRATIONS[1](db)
-    conn.executemany("INSERT INTO meta VALUES (?, ?)", [("application", "flowscope"), ("schema_version", "2")])
-    events = [ev(RunStarted, sid="old", workflow="legacy", ts=10.0), node_ev(NodeStarted, "legacy@1/a@1", ts=11.0, sid="old")]
+    conn.executemany(
+        "INSERT INTO meta VALUES (?, ?)", [("application", "flowscope"), ("schema_version", "2")]
+    )
+    events = [
+        ev(RunStarted, sid="old", workflow="legacy", ts=10.0),
+        node_ev(NodeStarted, "legacy@1/a@1", ts=11.0, sid="old"),
+    ]
     for seq, e in enumerate(events, 1):
         conn.execute(q.SQL_INSERT_EVENT, ("old", seq) + encode(str(path), "old", e))
     conn.execute("INSERT INTO sessions VALUES ('old', 'legacy', 'running', 10.0, 11.0, 2, 1)")
@@ -157,10 +172,13 @@ def test_a_schema_2_database_migrates_in_place(db_path):
         # schema 5: the inbox, empty
         assert store.inbox("old") == []
         # schema 4: the open-runs index's predicate is the OR form, with the old open run in it
-        [sql] = [r[0] for r in store._conn.execute("SELECT sql FROM sqlite_master WHERE name = 'node_runs_open'")]
+        [sql] = [
+            r[0] for r in store._conn.execute("SELECT sql FROM sqlite_master WHERE name = 'node_runs_open'")
+        ]
         assert "status = 'running' OR" in sql and " IN (" not in sql, sql
         assert store._conn.execute(
-            f"SELECT count(*) FROM node_runs INDEXED BY node_runs_open WHERE {OPEN_WHERE}").fetchone() == (1,)
+            f"SELECT count(*) FROM node_runs INDEXED BY node_runs_open WHERE {OPEN_WHERE}"
+        ).fetchone() == (1,)
         [info] = store.sessions()
         assert (info.session_id, info.workflow, info.status, info.last_seq) == ("old", "legacy", "running", 2)
         assert (info.owner, info.epoch, info.lease_expires_at, info.submitted_at) == (None, 0, None, None)
@@ -203,7 +221,10 @@ def test_claim_and_queued_queries_read_only_their_index(db_path, sql, index):
         assert conn is not None
         conn.execute("ANALYZE")
         plan = " / ".join(
-            r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, {"now": 1.0, "host": "h", "workflows": '["wf"]'})
+            r[3]
+            for r in conn.execute(
+                "EXPLAIN QUERY PLAN " + sql, {"now": 1.0, "host": "h", "workflows": '["wf"]'}
+            )
         )
     assert index in plan, plan
     assert "events" not in plan, plan

@@ -7,7 +7,8 @@ cache."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -25,7 +26,6 @@ from flowscope.events import (
 from flowscope.ownership import Owner
 from flowscope.store import NodeRun, PostgresEventStore, rebuild
 from flowscope.store.testing import ev
-
 from pg_cluster import PgCluster
 
 # A real PostgreSQL cluster, started by the test session: the full suite, not the fast loop.
@@ -65,13 +65,20 @@ def node_step(sid: str, k: int) -> list[Any]:
 
 def projection_matches_the_log(store: PostgresEventStore, sid: str) -> None:
     ws = rebuild(store.read(sid))
-    expected = sorted((NodeRun.from_state(sid, ws.workflow, ns) for ns in ws.nodes.values()), key=lambda r: r.path)
+    expected = sorted(
+        (NodeRun.from_state(sid, ws.workflow, ns) for ns in ws.nodes.values()), key=lambda r: r.path
+    )
     assert sorted(store.node_runs(sid), key=lambda r: r.path) == expected
     info = store.session_info(sid)
     assert info is not None
-    assert (info.workflow, info.status, info.started_at, info.updated_at, info.last_seq, info.invocations) == (
-        ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations
-    )
+    assert (
+        info.workflow,
+        info.status,
+        info.started_at,
+        info.updated_at,
+        info.last_seq,
+        info.invocations,
+    ) == (ws.workflow, ws.status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations)
 
 
 def start(store: PostgresEventStore, sid: str, epoch: int | None = None) -> int:
@@ -99,7 +106,10 @@ def test_a_cached_state_behind_another_stores_append_is_not_written(url: str):
             a.append("s", node_step("s", 1), last - 2)
         assert a.append("s", node_step("s", 2), last)[-1].seq == last + 2  # the locking path
         last += 2
-        assert a.append("s", [ev(RunFinished, "s", status="completed", output=3, ts=20.0)], last)[-1].seq == last + 1
+        assert (
+            a.append("s", [ev(RunFinished, "s", status="completed", output=3, ts=20.0)], last)[-1].seq
+            == last + 1
+        )
         assert [e.seq for e in a.read("s")] == list(range(1, last + 2))
         projection_matches_the_log(a, "s")
         assert a.session_info("s").status == "completed"  # type: ignore[union-attr]
@@ -147,8 +157,16 @@ def test_a_cached_append_notifies_only_when_it_makes_the_session_claimable(url: 
         last = s.append("q", pause, last)[-1].seq
         assert listener.wait_for_work(0.3) is False  # running, then paused: nobody to wake
         before = len(statements)
-        answer = ev(InputReceived, "q", path="wf/n2", node="n2", interrupt_id="i1", value=1, ts=21.0,
-                    invocation_id="answer-1")
+        answer = ev(
+            InputReceived,
+            "q",
+            path="wf/n2",
+            node="n2",
+            interrupt_id="i1",
+            value=1,
+            ts=21.0,
+            invocation_id="answer-1",
+        )
         s.append("q", [answer], last)
         assert len(statements) == before + 1  # still the one statement, NOTIFY included
         assert s.session_info("q").status == "answered"  # type: ignore[union-attr]

@@ -54,14 +54,34 @@ def env_for(log: Path, host: str | None = None) -> dict[str, str]:
 def start_worker(url: str, log: Path, host: str, out: Path) -> subprocess.Popen[bytes]:
     # --poll 2s: idle workers are woken by NOTIFY; polling only backs it up
     return subprocess.Popen(
-        [FLOWSCOPE, "--db", url, "worker", "tests.chaos_workflows:ALL", "--lease", f"{LEASE_S:g}s",
-         "--poll", "2s", "--concurrency", "32", "--max-recoveries", "100", "--drain", "5s"],
-        cwd=ROOT, env=env_for(log, host), stdout=subprocess.DEVNULL, stderr=open(out, "ab"),
+        [
+            FLOWSCOPE,
+            "--db",
+            url,
+            "worker",
+            "tests.chaos_workflows:ALL",
+            "--lease",
+            f"{LEASE_S:g}s",
+            "--poll",
+            "2s",
+            "--concurrency",
+            "32",
+            "--max-recoveries",
+            "100",
+            "--drain",
+            "5s",
+        ],
+        cwd=ROOT,
+        env=env_for(log, host),
+        stdout=subprocess.DEVNULL,
+        stderr=open(out, "ab"),
     )
 
 
 def cli(url: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FLOWSCOPE, "--db", url, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [FLOWSCOPE, "--db", url, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def _serving(store: PostgresEventStore, infos: list, pids: list[int]) -> bool:
@@ -106,9 +126,14 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
         now = time.time()
         kills += 1
         if wid is not None:
-            held = {s.session_id: s.lease_expires_at or 0.0 for s in store.sessions()
-                    if s.owner is not None and s.owner.worker_id == wid and s.status == "running"
-                    and (s.lease_expires_at or 0) > now}
+            held = {
+                s.session_id: s.lease_expires_at or 0.0
+                for s in store.sessions()
+                if s.owner is not None
+                and s.owner.worker_id == wid
+                and s.status == "running"
+                and (s.lease_expires_at or 0) > now
+            }
             watched.append((wid, HOSTS[i], held, now))
 
     try:
@@ -119,15 +144,20 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
             now = time.time()
             for n, (wid, _host, held, _at) in enumerate(watched):
                 for s in infos:
-                    if s.session_id in held and (n, s.session_id) not in taken and s.owner is not None \
-                            and s.owner.worker_id != wid:
+                    if (
+                        s.session_id in held
+                        and (n, s.session_id) not in taken
+                        and s.owner is not None
+                        and s.owner.worker_id != wid
+                    ):
                         taken[(n, s.session_id)] = (now, s.owner.host)
             statuses = {s.session_id: s.status for s in infos}
             if all(statuses.get(sid) == "completed" for sid in expected):
                 break
             assert time.monotonic() - t0 < 150, (
                 f"not done after 150s: {sorted((s, st) for s, st in statuses.items() if st != 'completed')[:10]}\n"
-                + wlog.read_text()[-3000:])
+                + wlog.read_text()[-3000:]
+            )
             for sid, status in statuses.items():
                 if status != "paused" or sid in answered:
                     continue
@@ -148,8 +178,11 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
             # host-b stays down until host-a has taken every session it held over (host-a
             # claims queued sessions first, so that may take longer than the lease): a
             # restarted host-b worker would otherwise take its own host's orphans at once
-            if host_b_down_until is not None and mono >= host_b_down_until and all(
-                    (n, sid) in taken for n in split for sid in watched[n][2]):
+            if (
+                host_b_down_until is not None
+                and mono >= host_b_down_until
+                and all((n, sid) in taken for n in split for sid in watched[n][2])
+            ):
                 if not any(watched[n][2] for n in split):
                     split_done = False  # they held nothing any more when killed: split again
                 workers[2] = start_worker(url, log, "host-b", wlog)
@@ -176,12 +209,13 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
 
     assert all(w.returncode == 0 for w in workers), [w.returncode for w in workers]
     assert kills >= 5, f"only {kills} kills"
-    assert len(answer_results) == 70 and all(r.returncode == 0 for r in answer_results), \
-        [r.stderr for r in answer_results if r.returncode]
+    assert len(answer_results) == 70 and all(r.returncode == 0 for r in answer_results), [
+        r.stderr for r in answer_results if r.returncode
+    ]
 
     # -- takeovers: same host at once, the other host only after the lease
     same_host_fast = other_host_after = 0
-    for n, (wid, host, held, killed_at) in enumerate(watched):
+    for n, (_wid, host, held, killed_at) in enumerate(watched):
         for sid, lease_end in held.items():
             if (n, sid) not in taken:
                 continue  # finished by nobody else? it completed: the final check covers it
@@ -190,14 +224,23 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
                 if when < lease_end:
                     same_host_fast += 1
             else:
-                assert when >= lease_end - 0.05, (sid, "taken by another host before its lease ended",
-                                                  when - killed_at, lease_end - killed_at)
+                assert when >= lease_end - 0.05, (
+                    sid,
+                    "taken by another host before its lease ended",
+                    when - killed_at,
+                    lease_end - killed_at,
+                )
                 other_host_after += 1
-    assert same_host_fast > 0, ("no same-host takeover before the lease ended",
-                                [(w, h, len(held)) for w, h, held, _ in watched])
-    assert other_host_after > 0, ("the host-b sessions were never taken over by host-a", split,
-                                  [(n, sid, taken.get((n, sid))) for n in split for sid in watched[n][2]][:6],
-                                  [(w, h, len(held)) for w, h, held, _ in watched])
+    assert same_host_fast > 0, (
+        "no same-host takeover before the lease ended",
+        [(w, h, len(held)) for w, h, held, _ in watched],
+    )
+    assert other_host_after > 0, (
+        "the host-b sessions were never taken over by host-a",
+        split,
+        [(n, sid, taken.get((n, sid))) for n in split for sid in watched[n][2]][:6],
+        [(w, h, len(held)) for w, h, held, _ in watched],
+    )
 
     # -- every session completed; no event lost or duplicated; side effects once
     lines = [json.loads(x) for x in log.read_text().splitlines()]
@@ -236,13 +279,19 @@ def test_four_workers_on_two_hosts_500_sessions_with_kills(pg_cluster, tmp_path)
                     cut += 1
     assert checked_runs == len(by_run)
     # every flaky node failed its first attempt (retried) or was cut off in it, and went on
-    flaky_again = sum(1 for sid, wf in expected.items() if wf is cw.retrying
-                      and max(ns.attempt for ns in rebuild(store.read(sid)).nodes.values() if ns.node == "flaky") >= 2)
+    flaky_again = sum(
+        1
+        for sid, wf in expected.items()
+        if wf is cw.retrying
+        and max(ns.attempt for ns in rebuild(store.read(sid)).nodes.values() if ns.node == "flaky") >= 2
+    )
     assert flaky_again == 120 and retried > 0
     stuck = cli(url, env, "stuck", "--older-than", "0s", "--format", "json")
     assert stuck.returncode == 0 and json.loads(stuck.stdout) == [], stuck.stdout + stuck.stderr
     store.close()
-    print(f"\nfleet: 500 sessions, 4 workers on 2 hosts, {kills} kills, {len(lines)} side effects, "
-          f"{retried} retried, {cut} cut off after their effect, {same_host_fast} same-host takeovers "
-          f"before the lease, {other_host_after} other-host takeovers after it (host-b down {host_b_down_s:.1f}s), "
-          f"{elapsed:.1f}s")
+    print(
+        f"\nfleet: 500 sessions, 4 workers on 2 hosts, {kills} kills, {len(lines)} side effects, "
+        f"{retried} retried, {cut} cut off after their effect, {same_host_fast} same-host takeovers "
+        f"before the lease, {other_host_after} other-host takeovers after it (host-b down {host_b_down_s:.1f}s), "
+        f"{elapsed:.1f}s"
+    )

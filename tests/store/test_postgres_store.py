@@ -26,7 +26,6 @@ from flowscope.ownership import Owner
 from flowscope.store import PostgresEventStore, rebuild
 from flowscope.store.postgres import DB_SCHEMA_VERSION, redact, server
 from flowscope.store.testing import ev
-
 from pg_cluster import PASSWORD, PASSWORD_ROLE, PgCluster
 
 # A real PostgreSQL cluster, started by the test session: the full suite, not the fast loop.
@@ -115,7 +114,9 @@ def test_concurrent_openers_migrate_once(url: str):
         found = list(pool.map(open_one, range(6)))
     assert sorted(found) == [0] + [DB_SCHEMA_VERSION] * 5  # one migrated, five found it done
     with psycopg.connect(url) as c:
-        assert c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(DB_SCHEMA_VERSION),)
+        assert c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (
+            str(DB_SCHEMA_VERSION),
+        )
 
 
 def test_a_schema_1_database_is_migrated_to_the_span_watermark_table_keeping_its_log(url: str):
@@ -159,7 +160,9 @@ def test_two_workers_claiming_the_same_queued_session_at_once_one_wins(url: str)
         with pytest.raises(LeaseLost):
             loser.append("q1", [ev(NodeStarted, "q1", path="wf/a", node="a")], 1, epoch=won.lease.epoch + 1)
         assert loser.last_seq("q1") == 1
-        stores[winners[0]].append("q1", [ev(NodeStarted, "q1", path="wf/a", node="a")], 1, epoch=won.lease.epoch)
+        stores[winners[0]].append(
+            "q1", [ev(NodeStarted, "q1", path="wf/a", node="a")], 1, epoch=won.lease.epoch
+        )
     finally:
         for s in stores:
             s.close()
@@ -242,8 +245,12 @@ def test_renewals_from_threads_while_appending(url: str):
             th.start()
         for n in range(20):
             for lease in leases:
-                s.append(lease.session_id, [ev(NodeStarted, lease.session_id, path=f"wf/{n}", node="x")], n,
-                         epoch=lease.epoch)
+                s.append(
+                    lease.session_id,
+                    [ev(NodeStarted, lease.session_id, path=f"wf/{n}", node="x")],
+                    n,
+                    epoch=lease.epoch,
+                )
         stop.set()
         for th in threads:
             th.join()

@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from test_store_contract import append_in_batches, node_ev, one_of_each, random_log
 
+from conftest import unavailable
 from flowscope.errors import (
     ConcurrencyConflict,
     NotAFlowscopeDatabase,
@@ -41,13 +43,9 @@ from flowscope.events import (
     to_dict,
 )
 from flowscope.store import MemoryEventStore, NodeRun, SqliteEventStore, rebuild
+from flowscope.store.sqlite import EventNotSerializableError
 from flowscope.store.sqlite import queries as queries_mod
 from flowscope.store.sqlite import schema as sqlite_mod
-from flowscope.store.sqlite import EventNotSerializableError
-
-from conftest import unavailable
-
-from test_store_contract import append_in_batches, node_ev, one_of_each, random_log
 
 SID = "s1"
 
@@ -122,13 +120,16 @@ def test_events_table_keeps_hot_fields_in_columns_and_the_rest_as_json(db_path):
     c = raw(db_path)
     row = c.execute(
         "SELECT type, ts, invocation_id, path, node, json_extract(payload, '$.error_code'), payload "
-        "FROM events WHERE session_id = ? AND type = 'node_error'", (SID,)
+        "FROM events WHERE session_id = ? AND type = 'node_error'",
+        (SID,),
     ).fetchone()
     assert row[:6] == ("node_error", 5.5, "inv-7", "wf@1/fetch@1", "fetch", "BAD_INPUT")
     payload = json.loads(row[6])
     assert set(payload) == {"error_code", "error_message", "error_type", "attempt_count", "error_qualname"}
     # the projection row for the same run
-    nr = c.execute("SELECT status, error_code, workflow FROM node_runs WHERE session_id = ?", (SID,)).fetchone()
+    nr = c.execute(
+        "SELECT status, error_code, workflow FROM node_runs WHERE session_id = ?", (SID,)
+    ).fetchone()
     assert nr == ("cancelled", "BAD_INPUT", "wf")
 
 
@@ -170,8 +171,19 @@ def test_two_store_objects_racing_with_the_same_expected_seq(db_path):
             last = store.last_seq(SID)
             barrier.wait()
             try:
-                store.append(SID, [StateUpdated(session_id=SID, ts=float(r), path="w@1/x@1", node="x",
-                                                values={"writer": name, "round": r})], last)
+                store.append(
+                    SID,
+                    [
+                        StateUpdated(
+                            session_id=SID,
+                            ts=float(r),
+                            path="w@1/x@1",
+                            node="x",
+                            values={"writer": name, "round": r},
+                        )
+                    ],
+                    last,
+                )
                 outcome[name].append("won")
             except ConcurrencyConflict:
                 outcome[name].append("lost")
@@ -200,8 +212,19 @@ def _race_worker(path, name, rounds, barrier, queue):  # runs in a separate proc
         last = store.last_seq(SID)
         barrier.wait()
         try:
-            store.append(SID, [StateUpdated(session_id=SID, ts=float(r), path="w@1/x@1", node="x",
-                                            values={"writer": name, "round": r})], last)
+            store.append(
+                SID,
+                [
+                    StateUpdated(
+                        session_id=SID,
+                        ts=float(r),
+                        path="w@1/x@1",
+                        node="x",
+                        values={"writer": name, "round": r},
+                    )
+                ],
+                last,
+            )
             results.append("won")
         except ConcurrencyConflict:
             results.append("lost")
@@ -217,7 +240,9 @@ def test_two_processes_racing_appends_exactly_one_wins(db_path):
     rounds = 25
     barrier = ctx.Barrier(2)
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_race_worker, args=(str(db_path), n, rounds, barrier, queue)) for n in ("p1", "p2")]
+    procs = [
+        ctx.Process(target=_race_worker, args=(str(db_path), n, rounds, barrier, queue)) for n in ("p1", "p2")
+    ]
     for p in procs:
         p.start()
     results = dict(queue.get(timeout=120) for _ in procs)
@@ -250,7 +275,9 @@ def test_processes_creating_the_same_new_file_at_once(db_path):
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(3)
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_create_worker, args=(str(db_path), f"p{i}", barrier, queue)) for i in range(3)]
+    procs = [
+        ctx.Process(target=_create_worker, args=(str(db_path), f"p{i}", barrier, queue)) for i in range(3)
+    ]
     for p in procs:
         p.start()
     results = dict(queue.get(timeout=120) for _ in procs)
@@ -455,7 +482,10 @@ def _grow_wal(store, sessions: int, steps: int) -> None:
         for k in range(steps):
             store.append(
                 sid,
-                [node_ev(NodeStarted, f"w@1/n{k}@1", 2.0 + k, sid), node_ev(NodeCompleted, f"w@1/n{k}@1", 2.5 + k, sid)],
+                [
+                    node_ev(NodeStarted, f"w@1/n{k}@1", 2.0 + k, sid),
+                    node_ev(NodeCompleted, f"w@1/n{k}@1", 2.5 + k, sid),
+                ],
                 store.last_seq(sid),
             )
 
@@ -466,11 +496,18 @@ def test_the_wal_is_checkpointed_every_16_mib_not_every_mib(db_path):
     with SqliteEventStore(db_path) as s:
         page = s._conn.execute("PRAGMA page_size").fetchone()[0]
         assert page == sqlite_mod.PAGE_SIZE
-        assert s._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == sqlite_mod.WAL_CHECKPOINT_BYTES // page
+        assert (
+            s._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+            == sqlite_mod.WAL_CHECKPOINT_BYTES // page
+        )
         _grow_wal(s, 4, 100)
         wal = os.path.getsize(f"{db_path}-wal")
-        assert 2 * 1024 * 1024 < wal < sqlite_mod.WAL_CHECKPOINT_BYTES, wal  # grew past 1 MiB: no checkpoint yet
-        assert raw(db_path).execute("SELECT count(*) FROM events").fetchone()[0] == 4 * 201  # all in the WAL, visible
+        assert 2 * 1024 * 1024 < wal < sqlite_mod.WAL_CHECKPOINT_BYTES, (
+            wal
+        )  # grew past 1 MiB: no checkpoint yet
+        assert (
+            raw(db_path).execute("SELECT count(*) FROM events").fetchone()[0] == 4 * 201
+        )  # all in the WAL, visible
 
 
 @pytest.mark.slow
@@ -479,8 +516,12 @@ def test_the_wal_stays_bounded_and_everything_reaches_the_database_file(db_path)
         schema_only = os.path.getsize(db_path)
         _grow_wal(s, 20, 300)  # ~6,000 steps of ~10 frames: several times WAL_CHECKPOINT_BYTES
         wal = os.path.getsize(f"{db_path}-wal")
-        assert wal <= sqlite_mod.WAL_CHECKPOINT_BYTES * 1.1, wal  # reset at each checkpoint, never past the limit
-        assert os.path.getsize(db_path) > schema_only + 1024 * 1024  # checkpoints moved the pages into the file
+        assert wal <= sqlite_mod.WAL_CHECKPOINT_BYTES * 1.1, (
+            wal
+        )  # reset at each checkpoint, never past the limit
+        assert (
+            os.path.getsize(db_path) > schema_only + 1024 * 1024
+        )  # checkpoints moved the pages into the file
     with SqliteEventStore(db_path, readonly=True) as r:
         assert all(r.last_seq(f"wal-{i}") == 601 for i in range(20))
 
@@ -489,7 +530,9 @@ def test_a_read_only_store_never_checkpoints(db_path):
     with SqliteEventStore(db_path) as s:
         s.append(SID, [started()], 0)
     with SqliteEventStore(db_path, readonly=True) as r:
-        assert r._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000  # untouched: it writes nothing
+        assert (
+            r._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
+        )  # untouched: it writes nothing
 
 
 # --------------------------------------------------------------------------- bad input
@@ -516,8 +559,9 @@ def test_a_directory_is_not_a_database(tmp_path):
     assert str(tmp_path) in str(exc.value)
 
 
-@pytest.mark.parametrize("content", [b"hello, I am a text file\n" * 10, b"\x00" * 4096,
-                                     b"SQLite format 3\x00" + b"\xff" * 4000])
+@pytest.mark.parametrize(
+    "content", [b"hello, I am a text file\n" * 10, b"\x00" * 4096, b"SQLite format 3\x00" + b"\xff" * 4000]
+)
 def test_a_file_that_is_not_sqlite(tmp_path, content):
     p = tmp_path / "notes.db"
     p.write_bytes(content)
@@ -544,11 +588,17 @@ def test_a_sqlite_file_of_another_application(tmp_path):
     assert raw(p).execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # not switched to WAL
 
 
-@pytest.mark.parametrize("ddl,rows", [
-    ("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)", [("application", "someone-else"), ("schema_version", "1")]),
-    ("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)", []),
-    ("CREATE TABLE meta (id INTEGER, blob BLOB)", None),
-])
+@pytest.mark.parametrize(
+    "ddl,rows",
+    [
+        (
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)",
+            [("application", "someone-else"), ("schema_version", "1")],
+        ),
+        ("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)", []),
+        ("CREATE TABLE meta (id INTEGER, blob BLOB)", None),
+    ],
+)
 def test_a_foreign_meta_table(tmp_path, ddl, rows):
     p = tmp_path / "other.db"
     c = raw(p)
@@ -578,8 +628,16 @@ def test_a_schema_newer_than_the_code(db_path):
 @pytest.mark.parametrize("bad", ["{not json", '{"output": 1', "[1, 2]", '"text"', "", '{"a": 1}, {"b": 2}'])
 def test_a_corrupt_row_names_the_file_the_session_and_the_seq(db_path, bad):
     with SqliteEventStore(db_path) as s:
-        s.append(SID, [started(), node_ev(NodeStarted, "w@1/a@1", ts=2.0),
-                       node_ev(NodeCompleted, "w@1/a@1", ts=3.0, output=1), RunFinished(session_id=SID, ts=4.0)], 0)
+        s.append(
+            SID,
+            [
+                started(),
+                node_ev(NodeStarted, "w@1/a@1", ts=2.0),
+                node_ev(NodeCompleted, "w@1/a@1", ts=3.0, output=1),
+                RunFinished(session_id=SID, ts=4.0),
+            ],
+            0,
+        )
         s.append("other", [started("other")], 0)
         raw(db_path).execute("UPDATE events SET payload = ? WHERE session_id = ? AND seq = 3", (bad, SID))
         with pytest.raises(StoreError) as exc:
@@ -593,7 +651,9 @@ def test_a_corrupt_row_names_the_file_the_session_and_the_seq(db_path, bad):
 
 def test_a_gap_in_the_log_is_reported(db_path):
     with SqliteEventStore(db_path) as s:
-        s.append(SID, [started(), node_ev(NodeStarted, "w@1/a@1", ts=2.0), RunFinished(session_id=SID, ts=3.0)], 0)
+        s.append(
+            SID, [started(), node_ev(NodeStarted, "w@1/a@1", ts=2.0), RunFinished(session_id=SID, ts=3.0)], 0
+        )
         raw(db_path).execute("DELETE FROM events WHERE seq = 2")
         with pytest.raises(StoreError) as exc:
             s.read(SID)
@@ -625,9 +685,11 @@ def test_readonly_store_reads_but_never_writes(db_path):
     writer = SqliteEventStore(db_path)
     with SqliteEventStore(db_path, readonly=True) as ro:
         assert ro.last_seq(SID) == 2 and ro.open_runs() == writer.open_runs()
-        for call in (lambda: ro.append(SID, [RunFinished(session_id=SID, ts=3.0)], 2),
-                     lambda: ro.heartbeat(SID, ["w@1/a@1"], ts=9.0),
-                     ro.rebuild_projections):
+        for call in (
+            lambda: ro.append(SID, [RunFinished(session_id=SID, ts=3.0)], 2),
+            lambda: ro.heartbeat(SID, ["w@1/a@1"], ts=9.0),
+            ro.rebuild_projections,
+        ):
             with pytest.raises(StoreError) as exc:
                 call()
             assert str(db_path) in str(exc.value) and "read-only" in str(exc.value)
@@ -700,7 +762,9 @@ def test_a_failing_migration_leaves_the_file_as_it_was(db_path, monkeypatch):
         SqliteEventStore(db_path)
     assert str(db_path) in str(exc.value) and "migrat" in str(exc.value)
     c = raw(db_path)
-    assert dict(c.execute("SELECT key, value FROM meta").fetchall())["schema_version"] == str(len(sqlite_mod.MIGRATIONS) - 1)
+    assert dict(c.execute("SELECT key, value FROM meta").fetchall())["schema_version"] == str(
+        len(sqlite_mod.MIGRATIONS) - 1
+    )
     assert "half_done" not in [r[1] for r in c.execute("PRAGMA table_info(sessions)")]
 
 
@@ -718,7 +782,11 @@ def test_cached_node_states_are_dropped_when_another_writer_appended(db_path):
     a, b = SqliteEventStore(db_path), SqliteEventStore(db_path)
     a.append(SID, [started(), node_ev(NodeStarted, "w@1/x@1", 2.0, attempt=1)], 0)
     b.append(SID, [node_ev(NodeRetrying, "w@1/x@1", 3.0, attempt=1), node_ev(NodeStarted, "w@1/y@1", 3.5)], 2)
-    a.append(SID, [node_ev(NodeCompleted, "w@1/x@1", 4.0, attempt_count=2), node_ev(NodeCompleted, "w@1/y@1", 4.5)], 4)
+    a.append(
+        SID,
+        [node_ev(NodeCompleted, "w@1/x@1", 4.0, attempt_count=2), node_ev(NodeCompleted, "w@1/y@1", 4.5)],
+        4,
+    )
     incremental = {r.path: r for r in a.node_runs(SID)}
     assert incremental["w@1/x@1"].retries == 1 and incremental["w@1/x@1"].attempt == 2  # b's retry kept
     a.rebuild_projections()
@@ -729,7 +797,9 @@ def test_an_append_from_cached_state_never_moves_a_heartbeat_back(db_path):
     from flowscope.events import NodeRetrying, NodeStarted
 
     store = SqliteEventStore(db_path)
-    store.append(SID, [started(), node_ev(NodeStarted, "w@1/x@1", 2.0), node_ev(NodeStarted, "w@1/y@1", 2.0)], 0)
+    store.append(
+        SID, [started(), node_ev(NodeStarted, "w@1/x@1", 2.0), node_ev(NodeStarted, "w@1/y@1", 2.0)], 0
+    )
     store.heartbeat(SID, ["w@1/x@1"], ts=50.0)
     store.append(SID, [node_ev(NodeRetrying, "w@1/x@1", 3.0, attempt=1)], 3)  # cached heartbeat is 2.0
     (row,) = [r for r in store.node_runs(SID) if r.path == "w@1/x@1"]
@@ -756,15 +826,23 @@ def test_open_run_summary_matches_folding_open_runs(db_path):
                 evs.append(node_ev(InputRequested, path, 11.0 + i, sid=sid, interrupt_id="q"))
             elif end.startswith("job"):
                 deadline = 5.0 if end == "job_late" else 1e9
-                evs.append(node_ev(JobDispatched, path, 11.0 + i, sid=sid, job_id=f"j{i}{j}", deadline_s=deadline))
+                evs.append(
+                    node_ev(JobDispatched, path, 11.0 + i, sid=sid, job_id=f"j{i}{j}", deadline_s=deadline)
+                )
         store.append(sid, evs, 0)
     store.heartbeat("s3", [r.path for r in store.node_runs("s3")], ts=1000.0)
     now, stale = 100.0, 50.0
-    expected = sorted(summarize_open_runs(store.open_runs(), now, stale), key=lambda g: (g.workflow, g.node, g.state))
+    expected = sorted(
+        summarize_open_runs(store.open_runs(), now, stale), key=lambda g: (g.workflow, g.node, g.state)
+    )
     got = store.open_run_summary(now=now, stale_after_s=stale)
     assert got == expected and any(g.orphaned for g in got) and any(g.overdue for g in got)
-    plan = " ".join(str(r) for r in raw(db_path).execute(
-        "EXPLAIN QUERY PLAN " + queries_mod.SQL_OPEN_SUMMARY, {"now": now, "stale_before": now - stale}))
+    plan = " ".join(
+        str(r)
+        for r in raw(db_path).execute(
+            "EXPLAIN QUERY PLAN " + queries_mod.SQL_OPEN_SUMMARY, {"now": now, "stale_before": now - stale}
+        )
+    )
     assert "node_runs_open" in plan
 
 
@@ -773,8 +851,12 @@ def test_open_run_summary_matches_folding_open_runs(db_path):
 
 def _filled(path, n=400):
     with SqliteEventStore(path) as s:
-        s.append(SID, [started()] + [node_ev(NodeCompleted, f"w@1/n@{i}", ts=float(i), output={"x": "y" * 200})
-                                     for i in range(n)], 0)
+        s.append(
+            SID,
+            [started()]
+            + [node_ev(NodeCompleted, f"w@1/n@{i}", ts=float(i), output={"x": "y" * 200}) for i in range(n)],
+            0,
+        )
 
 
 def _assert_typed(exc_info, cls, path, code_name):
@@ -826,7 +908,10 @@ def unwritable(db_path):
         yield db_path
         db_path.chmod(0o644)
         return
-    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(db_path)], capture_output=True).returncode:
+    if (
+        shutil.which("chattr") is None
+        or subprocess.run(["chattr", "+i", str(db_path)], capture_output=True).returncode
+    ):
         unavailable("running as root without chattr +i: no way to make a file unwritable")
     try:
         yield db_path
@@ -851,7 +936,9 @@ def test_a_full_database_is_store_disk_full(db_path):
         seq = s.last_seq(SID)
         with pytest.raises(StoreDiskFull) as exc:
             for i in range(200):
-                seq = s.append(SID, [node_ev(NodeCompleted, f"w@1/m@{i}", ts=1.0, output={"x": "z" * 3000})], seq)[-1].seq
+                seq = s.append(
+                    SID, [node_ev(NodeCompleted, f"w@1/m@{i}", ts=1.0, output={"x": "z" * 3000})], seq
+                )[-1].seq
         _assert_typed(exc, StoreDiskFull, db_path, "SQLITE_FULL")
         assert s.last_seq(SID) == seq  # the failed append wrote nothing
         assert [e.seq for e in s.read(SID)] == list(range(1, seq + 1))
@@ -868,8 +955,10 @@ def test_a_lock_held_past_busy_timeout_is_store_locked_whatever_the_path_says(tm
     holder.execute("BEGIN IMMEDIATE")
     try:
         with SqliteEventStore(p, busy_timeout=0.1) as s:
-            for call in (lambda: s.append(SID, [RunFinished(session_id=SID, ts=2.0)], 1),
-                         lambda: s.heartbeat(SID, ["w@1/a@1"], ts=3.0)):
+            for call in (
+                lambda: s.append(SID, [RunFinished(session_id=SID, ts=2.0)], 1),
+                lambda: s.heartbeat(SID, ["w@1/a@1"], ts=3.0),
+            ):
                 with pytest.raises(StoreLocked) as exc:
                     call()
                 _assert_typed(exc, StoreLocked, p, "SQLITE_BUSY")
@@ -881,7 +970,9 @@ def test_a_lock_held_past_busy_timeout_is_store_locked_whatever_the_path_says(tm
 def test_a_newer_schema_is_store_schema_too_new(db_path):
     with SqliteEventStore(db_path) as s:
         s.append(SID, [started()], 0)
-    raw(db_path).execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(sqlite_mod.DB_SCHEMA_VERSION + 1),))
+    raw(db_path).execute(
+        "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(sqlite_mod.DB_SCHEMA_VERSION + 1),)
+    )
     for readonly in (False, True):
         with pytest.raises(StoreSchemaTooNew):
             SqliteEventStore(db_path, readonly=readonly)
@@ -920,7 +1011,9 @@ def test_sqlite_codes_map_to_classes_not_messages(tmp_path):
     err = store_error(cantopen.value, "x.db", "open it", 1.0)
     assert type(err) is StoreUnavailable and "x.db" in str(err)
     # an error raised by Python code has no SQLite code: a plain StoreError, even if it says "locked"
-    err = store_error(sqlite3.OperationalError("database is locked, corrupt, readonly, full"), "x.db", "read", 1.0)
+    err = store_error(
+        sqlite3.OperationalError("database is locked, corrupt, readonly, full"), "x.db", "read", 1.0
+    )
     assert type(err) is StoreError
 
 

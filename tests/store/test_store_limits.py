@@ -42,9 +42,13 @@ def rows(path) -> int:
 
 def test_a_run_input_nested_980_levels_is_refused_before_anything_is_written(tmp_path):
     store = SqliteEventStore(tmp_path / "d.db")
-    with pytest.raises(OutputNotSerializableError, match=f"nested too deeply: deeper than {MAX_DEPTH} levels"):
+    with pytest.raises(
+        OutputNotSerializableError, match=f"nested too deeply: deeper than {MAX_DEPTH} levels"
+    ):
         asyncio.run(Runner(WF, store).run(nested(980)))
-    with pytest.raises(OutputNotSerializableError, match=f"nested too deeply: deeper than {MAX_DEPTH} levels"):
+    with pytest.raises(
+        OutputNotSerializableError, match=f"nested too deeply: deeper than {MAX_DEPTH} levels"
+    ):
         Runner(WF, store).submit(nested(980))
     store.close()
     assert rows(tmp_path / "d.db") == 0  # no empty sessions row
@@ -70,7 +74,9 @@ def test_the_nesting_limit_is_the_same_for_start_and_run_and_what_is_let_in_is_r
             asyncio.run(Runner(WF, store).run(too_deep))
     text_ok = "[" * MAX_DEPTH + "]" * MAX_DEPTH
     text_deep = "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)
-    good = CliRunner().invoke(cli, ["--db", str(db), "start", "echo", "--input", text_ok, "--session", "deep-ok"])
+    good = CliRunner().invoke(
+        cli, ["--db", str(db), "start", "echo", "--input", text_ok, "--session", "deep-ok"]
+    )
     assert good.exit_code == 0, good.output
     bad = CliRunner().invoke(cli, ["--db", str(db), "start", "echo", "--input", text_deep])
     assert bad.exit_code == 2

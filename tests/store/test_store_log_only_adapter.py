@@ -35,7 +35,9 @@ class LogOnlyStore(EventLog):
 
     def __init__(self) -> None:
         self._db = sqlite3.connect(":memory:", check_same_thread=False)
-        self._db.execute("CREATE TABLE events (session_id TEXT, seq INTEGER, body TEXT, PRIMARY KEY (session_id, seq))")
+        self._db.execute(
+            "CREATE TABLE events (session_id TEXT, seq INTEGER, body TEXT, PRIMARY KEY (session_id, seq))"
+        )
         self._beats: dict[tuple[str, str], float] = {}
 
     def append(
@@ -55,7 +57,9 @@ class LogOnlyStore(EventLog):
         return [decode(body) for (body,) in rows]
 
     def last_seq(self, session_id: str) -> int:
-        (seq,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?", (session_id,)).fetchone()
+        (seq,) = self._db.execute(
+            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?", (session_id,)
+        ).fetchone()
         return int(seq)
 
     def _session_ids(self) -> list[str]:
@@ -69,8 +73,16 @@ class LogOnlyStore(EventLog):
             # submitted_at: the last RunSubmitted's (a retry queues the session again)
             submitted = next((e.ts for e in reversed(log) if isinstance(e, RunSubmitted)), None)
             out.append(
-                SessionInfo(sid, s.workflow, s.status, s.started_at, s.updated_at, s.last_seq, s.invocations,
-                            submitted_at=submitted)
+                SessionInfo(
+                    sid,
+                    s.workflow,
+                    s.status,
+                    s.started_at,
+                    s.updated_at,
+                    s.last_seq,
+                    s.invocations,
+                    submitted_at=submitted,
+                )
             )
         return sorted(out, key=lambda s: s.updated_at or 0.0, reverse=True)
 
@@ -93,7 +105,9 @@ class LogOnlyStore(EventLog):
         return out
 
     def open_runs(self) -> list[NodeRun]:
-        return sorted((r for r in self.node_runs() if r.status in OPEN_STATES), key=lambda r: r.started_at or 0.0)
+        return sorted(
+            (r for r in self.node_runs() if r.status in OPEN_STATES), key=lambda r: r.started_at or 0.0
+        )
 
     def close(self) -> None:
         self._db.close()
@@ -125,7 +139,8 @@ def test_the_roles_are_the_whole_port() -> None:
     """Every abstract method of EventStore belongs to exactly one role."""
     roles = (EventLog, Ownership, Inbox, Upkeep)
     own = {
-        role: set(role.__abstractmethods__) - (set(EventLog.__abstractmethods__) if role is not EventLog else set())
+        role: set(role.__abstractmethods__)
+        - (set(EventLog.__abstractmethods__) if role is not EventLog else set())
         for role in roles
     }
     assert set().union(*own.values()) == set(EventStore.__abstractmethods__)

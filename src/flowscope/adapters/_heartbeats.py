@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..store.base import EventStore
 
@@ -42,7 +42,9 @@ class BridgeHeartbeats:
             if running:
                 self._beating[(session_id, path)] = None
                 if self._interval > 0 and self._thread is None:
-                    self._thread = threading.Thread(target=self._loop, name="flowscope-bridge-heartbeat", daemon=True)
+                    self._thread = threading.Thread(
+                        target=self._loop, name="flowscope-bridge-heartbeat", daemon=True
+                    )
                     self._thread.start()
             else:
                 self._beating.pop((session_id, path), None)

@@ -26,16 +26,14 @@ nothing there.
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext
 
 from .. import NodeOutcome, RunInfo
 from ..errors import ConcurrencyConflict, ErrorInfo, classify, describe_exception
@@ -59,8 +57,26 @@ from ..plugins import Plugin, PluginDispatcher
 from ..states import OutcomeStatus, RunStatus
 from ..store.base import EventStore
 from ._heartbeats import BridgeHeartbeats
+from ._runs import (
+    BridgeInvocation,
+    BridgeNodeContext,
+    BridgeResult,
+    BridgeSession,
+    OpenRunSpan,
+    jsonable,
+    name_of,
+    parent_of,
+)
 
-__all__ = ["BridgeRecorder", "BridgeNodeContext", "BridgeResult", "BridgeInvocation", "jsonable", "parent_of", "name_of"]
+__all__ = [
+    "BridgeRecorder",
+    "BridgeNodeContext",
+    "BridgeResult",
+    "BridgeInvocation",
+    "jsonable",
+    "parent_of",
+    "name_of",
+]
 
 log = logging.getLogger("flowscope.adapters")
 
@@ -68,149 +84,6 @@ log = logging.getLogger("flowscope.adapters")
 #: succeeds only in that very context, which tells the end of a run whether it may reset
 #: what the hooks set there (a token used in another context raises ValueError).
 _RUN_HERE: contextvars.ContextVar[object] = contextvars.ContextVar("flowscope_bridge_run", default=None)
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` as the store can keep it: itself if JSON-serialisable, a pydantic model's
-    dump, else a marker naming its type (the engine's output stays untouched)."""
-    try:
-        json.dumps(value, allow_nan=False)
-        return value
-    except (TypeError, ValueError):
-        pass
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        try:
-            out = dump(mode="json")
-            json.dumps(out, allow_nan=False)
-            return out
-        except Exception:  # a model that does not dump to JSON falls through to the marker
-            pass
-    return {"unserializable": type(value).__name__}
-
-
-def parent_of(path: str) -> str:
-    """``"wf@1/a@2"`` -> ``"wf@1"``; a top-level path has no parent (``""``)."""
-    return path.rsplit("/", 1)[0] if "/" in path else ""
-
-
-def name_of(path: str) -> str:
-    """The node name of a path's last ``name@k`` segment."""
-    return path.rsplit("/", 1)[-1].rsplit("@", 1)[0]
-
-
-@dataclass(frozen=True, slots=True)
-class BridgeResult:
-    """What ``after_run`` hooks are handed (the fields of ``RunResult`` plugins read)."""
-
-    status: str
-    output: Any
-    session_id: str
-    invocation_id: str
-    pending: tuple[Event, ...] = ()
-
-
-class _OpenRunSpan(NonRecordingSpan):
-    """A run's span as the node body sees it: its context while the run is open, an
-    invalid one after (so a context the engine left holding it starts no child of an
-    ended run, and the next invocation does not join its trace)."""
-
-    def __init__(self, context: SpanContext, run: BridgeNodeContext) -> None:
-        super().__init__(context)
-        self._run = run
-
-    def get_span_context(self) -> SpanContext:
-        return super().get_span_context() if self._run.open else INVALID_SPAN_CONTEXT
-
-    def is_recording(self) -> bool:
-        return False
-
-
-class BridgeNodeContext:
-    """A node run as plugins see it: the attributes of ``flowscope.NodeContext`` that
-    hooks read, filled from the other engine's context instead of flowscope's runner."""
-
-    __slots__ = (
-        "session_id",
-        "invocation_id",
-        "path",
-        "node_name",
-        "kind",
-        "attempt",
-        "recovered",
-        "parent",
-        "input",
-        "trace_context",
-        "plugin_state",
-        "cancel_reason",
-        "started_at",
-        "run",
-        "state",
-        "hooks",
-        "body_tokens",
-        "open",
-        "_recorder",
-    )
-
-    def __init__(
-        self,
-        recorder: BridgeRecorder,
-        inv: BridgeInvocation,
-        path: str,
-        kind: str,
-        attempt: int,
-        recovered: bool,
-        parent: BridgeNodeContext | None,
-        input: Any,
-    ) -> None:
-        self._recorder = recorder
-        self.session_id = inv.run.session_id
-        self.invocation_id = inv.run.invocation_id
-        self.path = path
-        self.node_name = name_of(path)
-        self.kind = kind
-        self.attempt = attempt
-        self.recovered = recovered
-        self.parent = parent
-        self.input = input  # for plugins' redaction hooks only; never persisted
-        self.trace_context: dict[str, str] = {}
-        self.plugin_state: dict[str, Any] = {}
-        self.cancel_reason: str | None = None
-        self.started_at = time.perf_counter()
-        self.run = inv.run
-        self.state: dict[str, Any] = {}
-        self.hooks: contextvars.Context | None = None  # where this run's node hooks run
-        self.open = True  # until the run ends: its span is current for the body until then
-        # (marker token, [(var, token)]) for what the start hooks set in the engine's context
-        self.body_tokens: tuple[contextvars.Token[object], list[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]]]] | None = None
-
-    @property
-    def parent_path(self) -> str:
-        return self.parent.path if self.parent is not None else ""
-
-    def heartbeat(self) -> None:
-        self._recorder.heartbeat(self.session_id, [self.path])
-
-    def __repr__(self) -> str:
-        return f"<BridgeNodeContext {self.path} attempt={self.attempt}>"
-
-
-@dataclass(slots=True)
-class _Session:
-    """The recorder's view of one session: its fold and the seq to append after."""
-
-    ws: WorkflowState
-    last_seq: int
-
-
-@dataclass(slots=True)
-class BridgeInvocation:
-    """One invocation of the other engine (a run or a resume) being recorded."""
-
-    run: RunInfo
-    root_path: str
-    open: dict[str, BridgeNodeContext] = field(default_factory=dict)
-    finished: bool = False
 
 
 class BridgeRecorder:
@@ -237,7 +110,7 @@ class BridgeRecorder:
         self.plugins = PluginDispatcher(plugins)
         self.heartbeat_interval = heartbeat_interval
         self._lock = threading.RLock()
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, BridgeSession] = {}
         self._heartbeats = BridgeHeartbeats(store, heartbeat_interval)  # of the runs in flight
 
     # -- the log -----------------------------------------------------------------------
@@ -251,12 +124,12 @@ class BridgeRecorder:
         with self._lock:
             return self._session(session_id).ws.nodes.get(path)
 
-    def _session(self, session_id: str, reload: bool = False) -> _Session:
+    def _session(self, session_id: str, reload: bool = False) -> BridgeSession:
         s = self._sessions.get(session_id)
         if s is None or reload:
             events = self.store.read(session_id)
             ws = rebuild(events)
-            s = self._sessions[session_id] = _Session(ws, ws.last_seq)
+            s = self._sessions[session_id] = BridgeSession(ws, ws.last_seq)
         return s
 
     def _append(self, session_id: str, events: Sequence[Event]) -> list[Event]:
@@ -271,7 +144,12 @@ class BridgeRecorder:
                     s = self._session(session_id, reload=True)
                     stored = self.store.append(session_id, events, expected_last_seq=s.last_seq)
             except Exception as exc:  # recording never fails the observed workflow
-                log.warning("could not record %d event(s) for session %s: %s", len(events), session_id, describe_exception(exc))
+                log.warning(
+                    "could not record %d event(s) for session %s: %s",
+                    len(events),
+                    session_id,
+                    describe_exception(exc),
+                )
                 return []
             for e in stored:
                 s.ws.apply(e)
@@ -299,7 +177,11 @@ class BridgeRecorder:
         with self._lock:
             ws = self._session(session_id).ws
             replayed = sum(1 for ns in ws.nodes.values() if ns.status == "completed") if resumed else 0
-            recovered = sum(1 for ns in ws.nodes.values() if ns.status == "running" and ns.kind != "workflow") if resumed else 0
+            recovered = (
+                sum(1 for ns in ws.nodes.values() if ns.status == "running" and ns.kind != "workflow")
+                if resumed
+                else 0
+            )
             previous = dict(ws.trace_context) if resumed else {}
             pending = [e for e in ws.pending if isinstance(e, InputRequested)]
             root_attempt = ws.nodes[root_path].attempt if root_path in ws.nodes else 1
@@ -370,10 +252,21 @@ class BridgeRecorder:
             if ctx is None:
                 continue
             if status == "completed":
-                self.complete(inv, ctx, output if path == inv.root_path else None, path == inv.root_path and output is not None)
+                self.complete(
+                    inv,
+                    ctx,
+                    output if path == inv.root_path else None,
+                    path == inv.root_path and output is not None,
+                )
             elif status == "paused":
-                ids = tuple(e.interrupt_id for e in self.session(sid).pending if isinstance(e, InputRequested) and e.path.startswith(path + "/"))
-                origin = next((e.path for e in self.session(sid).pending if e.path.startswith(path + "/")), "")
+                ids = tuple(
+                    e.interrupt_id
+                    for e in self.session(sid).pending
+                    if isinstance(e, InputRequested) and e.path.startswith(path + "/")
+                )
+                origin = next(
+                    (e.path for e in self.session(sid).pending if e.path.startswith(path + "/")), ""
+                )
                 self.pause(inv, ctx, origin, ids)
             elif status == "failed" and info is not None and error_path and error_path.startswith(path + "/"):
                 self.propagate(inv, ctx, error_path, info.code, info.type, info.qualname)
@@ -394,8 +287,12 @@ class BridgeRecorder:
         )
         self._append(sid, [finished])
         pending = tuple(self.session(sid).pending) if status == "paused" else ()
-        result = BridgeResult(status, output, sid, inv.run.invocation_id, pending) if status != "failed" else None
-        self.plugins.call_sync("after_run", inv.run, result, error if status in ("failed", "cancelled") else None)
+        result = (
+            BridgeResult(status, output, sid, inv.run.invocation_id, pending) if status != "failed" else None
+        )
+        self.plugins.call_sync(
+            "after_run", inv.run, result, error if status in ("failed", "cancelled") else None
+        )
 
     # -- node runs ---------------------------------------------------------------------
 
@@ -458,7 +355,7 @@ class BridgeRecorder:
                 # engine may report the start in its caller's context (LangGraph's ainvoke
                 # does, and ends the run elsewhere); left there, it is an invalid span.
                 span = trace.get_current_span(otel_now)
-                value = trace.set_span_in_context(_OpenRunSpan(span.get_span_context(), ctx), otel_now)
+                value = trace.set_span_in_context(OpenRunSpan(span.get_span_context(), ctx), otel_now)
             changed.append((var, value))
         if changed:
             marker = _RUN_HERE.set(ctx)
@@ -499,60 +396,187 @@ class BridgeRecorder:
         return classify(error, self.error_codes)
 
     def _event(self, ctx: BridgeNodeContext, cls: type[Event], **fields: Any) -> Event:
-        return cls(session_id=ctx.session_id, invocation_id=ctx.invocation_id, ts=time.time(), path=ctx.path, node=ctx.node_name, **fields)
+        return cls(
+            session_id=ctx.session_id,
+            invocation_id=ctx.invocation_id,
+            ts=time.time(),
+            path=ctx.path,
+            node=ctx.node_name,
+            **fields,
+        )
 
-    def retrying(self, ctx: BridgeNodeContext, attempt: int, error: BaseException | ErrorInfo, delay_s: float) -> None:
+    def retrying(
+        self, ctx: BridgeNodeContext, attempt: int, error: BaseException | ErrorInfo, delay_s: float
+    ) -> None:
         """``NodeRetrying``: attempt ``attempt`` failed and another follows (``error`` may be
         named by the bridge when the engine reports no exception for the attempt)."""
         info = error if isinstance(error, ErrorInfo) else self.classify(error)
-        ev = self._event(ctx, NodeRetrying, attempt=attempt, error_type=info.type, error_code=info.code, error_message=info.message, delay_s=float(delay_s), error_qualname=info.qualname)
+        ev = self._event(
+            ctx,
+            NodeRetrying,
+            attempt=attempt,
+            error_type=info.type,
+            error_code=info.code,
+            error_message=info.message,
+            delay_s=float(delay_s),
+            error_qualname=info.qualname,
+        )
         self._append(ctx.session_id, [ev])
         ctx.attempt = attempt + 1
 
-    def complete(self, inv: BridgeInvocation, ctx: BridgeNodeContext, output: Any, has_output: bool, attempt_count: int | None = None) -> None:
+    def complete(
+        self,
+        inv: BridgeInvocation,
+        ctx: BridgeNodeContext,
+        output: Any,
+        has_output: bool,
+        attempt_count: int | None = None,
+    ) -> None:
         """``NodeCompleted``; ``has_output=False`` is the completion marker."""
         count = attempt_count if attempt_count is not None else ctx.attempt
-        ev = self._event(ctx, NodeCompleted, output=jsonable(output) if has_output else None, has_output=has_output, attempt_count=count)
-        self._end(inv, ctx, ev, NodeOutcome(status="success", event=ev, attempt_count=count, recovered=ctx.recovered, duration_s=self._elapsed(ctx)))
+        ev = self._event(
+            ctx,
+            NodeCompleted,
+            output=jsonable(output) if has_output else None,
+            has_output=has_output,
+            attempt_count=count,
+        )
+        self._end(
+            inv,
+            ctx,
+            ev,
+            NodeOutcome(
+                status="success",
+                event=ev,
+                attempt_count=count,
+                recovered=ctx.recovered,
+                duration_s=self._elapsed(ctx),
+            ),
+        )
 
-    def fail(self, inv: BridgeInvocation, ctx: BridgeNodeContext, error: BaseException, attempt_count: int) -> None:
+    def fail(
+        self, inv: BridgeInvocation, ctx: BridgeNodeContext, error: BaseException, attempt_count: int
+    ) -> None:
         """The one ``NodeErrorEvent`` of a run that failed for good (the deepest path)."""
         info = self.classify(error)
-        ev = self._event(ctx, NodeErrorEvent, error_code=info.code, error_message=info.message, error_type=info.type, attempt_count=attempt_count, error_qualname=info.qualname)
+        ev = self._event(
+            ctx,
+            NodeErrorEvent,
+            error_code=info.code,
+            error_message=info.message,
+            error_type=info.type,
+            attempt_count=attempt_count,
+            error_qualname=info.qualname,
+        )
         status: OutcomeStatus = "timeout" if isinstance(error, self.timeouts) else "failure"
-        self._end(inv, ctx, ev, NodeOutcome(status=status, event=ev, attempt_count=attempt_count, recovered=ctx.recovered, error=error, origin_path=ctx.path, duration_s=self._elapsed(ctx)), error_event=True)
+        self._end(
+            inv,
+            ctx,
+            ev,
+            NodeOutcome(
+                status=status,
+                event=ev,
+                attempt_count=attempt_count,
+                recovered=ctx.recovered,
+                error=error,
+                origin_path=ctx.path,
+                duration_s=self._elapsed(ctx),
+            ),
+            error_event=True,
+        )
 
     def propagate(
-        self, inv: BridgeInvocation, ctx: BridgeNodeContext, origin_path: str, code: str, error_type: str, error_qualname: str = ""
+        self,
+        inv: BridgeInvocation,
+        ctx: BridgeNodeContext,
+        origin_path: str,
+        code: str,
+        error_type: str,
+        error_qualname: str = "",
     ) -> None:
         """An enclosing run failed because a descendant did (no second ``NodeErrorEvent``)."""
         ev = self._event(
-            ctx, NodeErrorPropagated, origin_path=origin_path, error_code=code, error_type=error_type,
-            attempt_count=ctx.attempt, error_qualname=error_qualname,
+            ctx,
+            NodeErrorPropagated,
+            origin_path=origin_path,
+            error_code=code,
+            error_type=error_type,
+            attempt_count=ctx.attempt,
+            error_qualname=error_qualname,
         )
-        self._end(inv, ctx, ev, NodeOutcome(status="failure", event=ev, attempt_count=ctx.attempt, recovered=ctx.recovered, origin_path=origin_path, duration_s=self._elapsed(ctx)))
+        self._end(
+            inv,
+            ctx,
+            ev,
+            self._outcome(ctx, ev, "failure", origin_path=origin_path),
+        )
 
     def cancel(self, inv: BridgeInvocation, ctx: BridgeNodeContext, reason: str = "cancelled") -> None:
         ctx.cancel_reason = reason
         ev = self._event(ctx, NodeCancelled, reason=reason)
-        self._end(inv, ctx, ev, NodeOutcome(status="cancellation", event=ev, attempt_count=ctx.attempt, recovered=ctx.recovered, duration_s=self._elapsed(ctx)))
+        self._end(
+            inv,
+            ctx,
+            ev,
+            self._outcome(ctx, ev, "cancellation"),
+        )
 
-    def request_input(self, inv: BridgeInvocation, ctx: BridgeNodeContext, requests: Sequence[tuple[str, str, Any]]) -> None:
+    def request_input(
+        self, inv: BridgeInvocation, ctx: BridgeNodeContext, requests: Sequence[tuple[str, str, Any]]
+    ) -> None:
         """One ``InputRequested`` per ``(interrupt_id, prompt, payload)``: the run pauses."""
-        evs = [self._event(ctx, InputRequested, interrupt_id=i, prompt=p, payload=jsonable(v)) for i, p, v in requests]
+        evs = [
+            self._event(ctx, InputRequested, interrupt_id=i, prompt=p, payload=jsonable(v))
+            for i, p, v in requests
+        ]
         if evs:
-            self._end(inv, ctx, evs, NodeOutcome(status="waiting", event=evs[-1], attempt_count=ctx.attempt, recovered=ctx.recovered, origin_path=ctx.path, duration_s=self._elapsed(ctx)))
+            self._end(
+                inv,
+                ctx,
+                evs,
+                NodeOutcome(
+                    status="waiting",
+                    event=evs[-1],
+                    attempt_count=ctx.attempt,
+                    recovered=ctx.recovered,
+                    origin_path=ctx.path,
+                    duration_s=self._elapsed(ctx),
+                ),
+            )
 
-    def pause(self, inv: BridgeInvocation, ctx: BridgeNodeContext, origin_path: str, interrupt_ids: tuple[str, ...]) -> None:
+    def pause(
+        self, inv: BridgeInvocation, ctx: BridgeNodeContext, origin_path: str, interrupt_ids: tuple[str, ...]
+    ) -> None:
         """An enclosing run stops because a descendant waits for input."""
-        ev = self._event(ctx, NodePaused, waiting="input", origin_path=origin_path, interrupt_ids=interrupt_ids)
-        self._end(inv, ctx, ev, NodeOutcome(status="waiting", event=ev, attempt_count=ctx.attempt, recovered=ctx.recovered, origin_path=origin_path, duration_s=self._elapsed(ctx)))
+        ev = self._event(
+            ctx, NodePaused, waiting="input", origin_path=origin_path, interrupt_ids=interrupt_ids
+        )
+        self._end(
+            inv,
+            ctx,
+            ev,
+            self._outcome(ctx, ev, "waiting", origin_path=origin_path),
+        )
+
+    def _outcome(self, ctx: BridgeNodeContext, ev: Event, status: OutcomeStatus, **more: Any) -> NodeOutcome:
+        """The outcome the after-node hooks get for ``ctx``'s run ending with ``ev``."""
+        return NodeOutcome(
+            status=status, event=ev, attempt_count=ctx.attempt, recovered=ctx.recovered,
+            duration_s=self._elapsed(ctx), **more,
+        )  # fmt: skip
 
     @staticmethod
     def _elapsed(ctx: BridgeNodeContext) -> float:
         return time.perf_counter() - ctx.started_at
 
-    def _end(self, inv: BridgeInvocation, ctx: BridgeNodeContext, ev: Event | list[Event], outcome: NodeOutcome, error_event: bool = False) -> None:
+    def _end(
+        self,
+        inv: BridgeInvocation,
+        ctx: BridgeNodeContext,
+        ev: Event | list[Event],
+        outcome: NodeOutcome,
+        error_event: bool = False,
+    ) -> None:
         inv.open.pop(ctx.path, None)
         ctx.open = False
         self._heartbeats.track(ctx.session_id, ctx.path, False)

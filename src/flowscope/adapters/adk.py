@@ -32,7 +32,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any, AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Iterable
+from typing import Any
 
 from google.adk.agents.base_agent import BaseAgent
 from google.adk.events.event import Event as AdkEvent
@@ -161,7 +162,9 @@ def _observed_class(cls: type) -> type:
     with _OBSERVED_LOCK:
         out = _OBSERVED.get(cls)
         if out is None:
-            out = _OBSERVED[cls] = type(f"Observed{cls.__name__}", (_Observing, cls), {"__module__": __name__, "__doc__": cls.__doc__})
+            out = _OBSERVED[cls] = type(
+                f"Observed{cls.__name__}", (_Observing, cls), {"__module__": __name__, "__doc__": cls.__doc__}
+            )
         return out
 
 
@@ -227,7 +230,11 @@ class FlowscopeADK:
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
     ) -> None:
         self.recorder = BridgeRecorder(
-            store, plugins, heartbeat_interval, error_codes={AdkNodeTimeoutError: _TIMEOUT_CODE}, timeouts=(AdkNodeTimeoutError, TimeoutError)
+            store,
+            plugins,
+            heartbeat_interval,
+            error_codes={AdkNodeTimeoutError: _TIMEOUT_CODE},
+            timeouts=(AdkNodeTimeoutError, TimeoutError),
         )
         self.plugin = FlowscopeADKPlugin(self)
         self.workflow: Workflow | None = None
@@ -236,7 +243,9 @@ class FlowscopeADK:
         self._outputs: dict[str, Any] = {}  # ADK invocation id -> the root workflow's output
         self._errors: dict[str, str] = {}  # ADK invocation id -> path of the failure
         self._messages: dict[str, Any] = {}  # ADK invocation id -> the user message
-        self._wf_outputs: dict[tuple[str, str], Any] = {}  # (ADK invocation id, path) -> a nested workflow's output
+        self._wf_outputs: dict[
+            tuple[str, str], Any
+        ] = {}  # (ADK invocation id, path) -> a nested workflow's output
         self._warned: set[str] = set()  # names of unobserved nodes already warned about
 
     # -- instrumenting -----------------------------------------------------------------
@@ -260,7 +269,10 @@ class FlowscopeADK:
                 done = copies[id(node)] = self._observed(node, workflow.name)
             return done
 
-        edges = [Edge(from_node=observed(e.from_node), to_node=observed(e.to_node), route=e.route) for e in graph.edges]
+        edges = [
+            Edge(from_node=observed(e.from_node), to_node=observed(e.to_node), route=e.route)
+            for e in graph.edges
+        ]
         out = workflow.model_copy(update={"edges": edges, "graph": None})
         out.graph = out._build_graph()
         return out
@@ -284,11 +296,15 @@ class FlowscopeADK:
                 )
             return self._instrument(node)
         if not isinstance(node, BaseNode):
-            raise UnobservableNodeError(f"{where}: {type(node).__name__} {getattr(node, 'name', '')!r} is not an ADK BaseNode; build the workflow from nodes")
+            raise UnobservableNodeError(
+                f"{where}: {type(node).__name__} {getattr(node, 'name', '')!r} is not an ADK BaseNode; build the workflow from nodes"
+            )
         try:
             observing = _observed_class(type(node))
         except TypeError as exc:  # a class that cannot be subclassed
-            raise UnobservableNodeError(f"{where}: node {node.name!r} ({type(node).__name__}) cannot be observed: {exc}") from None
+            raise UnobservableNodeError(
+                f"{where}: node {node.name!r} ({type(node).__name__}) cannot be observed: {exc}"
+            ) from None
         new: Any = node.model_copy()
         object.__setattr__(new, "__class__", observing)  # same fields, run() observed
         if new.__pydantic_private__ is None:
@@ -328,10 +344,16 @@ class FlowscopeADK:
             invocation_id = f"{adk_id}{_SEP}{int(k[1]) + 1 if len(k) == 2 else 2}"
         else:
             invocation_id = adk_id
-        root = self.workflow.name if self.workflow is not None else getattr(getattr(ic, "agent", None), "name", "workflow")
+        root = (
+            self.workflow.name
+            if self.workflow is not None
+            else getattr(getattr(ic, "agent", None), "name", "workflow")
+        )
         message = self._messages.pop(adk_id, None)
         answers = _answers(message)
-        text = " ".join(p.text for p in (message.parts or []) if p.text) or None if message is not None else None
+        text = (
+            " ".join(p.text for p in (message.parts or []) if p.text) or None if message is not None else None
+        )
         inv = self.recorder.begin_run(sid, invocation_id, root, text, resumed, f"{root}@1", answers)
         self._invs[adk_id] = inv
         # A node that asked for input and does not re-run on resume takes the answer as its
@@ -347,7 +369,9 @@ class FlowscopeADK:
     def _inv(self, ctx: Any) -> BridgeInvocation:
         inv = self._invs.get(ctx.invocation_id)
         if inv is None:  # the plugin is not in Runner(plugins=...): record what we can
-            log.warning("FlowscopeADK.plugin is not registered with the ADK Runner; run boundaries are not recorded")
+            log.warning(
+                "FlowscopeADK.plugin is not registered with the ADK Runner; run boundaries are not recorded"
+            )
             inv = self._begin(ctx._invocation_context)
         return inv
 
@@ -356,10 +380,16 @@ class FlowscopeADK:
         inv = self._invs.get(ic.invocation_id)
         if inv is None or info is None:
             return
-        if info.path and info.path not in inv.open and self.recorder.node_state(inv.run.session_id, info.path) is None:
+        if (
+            info.path
+            and info.path not in inv.open
+            and self.recorder.node_state(inv.run.session_id, info.path) is None
+        ):
             self._unobserved(info.path)
         if event.error_code is not None and info.path:
-            self._settle_cancelled(ic.invocation_id, info.path, event.error_code == AdkNodeTimeoutError.__name__)
+            self._settle_cancelled(
+                ic.invocation_id, info.path, event.error_code == AdkNodeTimeoutError.__name__
+            )
         if not info.output_for:
             return
         for path in info.output_for:
@@ -406,7 +436,11 @@ class FlowscopeADK:
         adk_id = ic.invocation_id
         if adk_id in self._invs:  # attempts cancelled under a timeout that ADK said nothing more about
             for key in [k for k, r in self._runs.items() if k[0] == adk_id and r.cancelled is not None]:
-                self._settle_cancelled(adk_id, key[1], isinstance(error, AdkNodeTimeoutError) and error.node_name == name_of(key[1]))
+                self._settle_cancelled(
+                    adk_id,
+                    key[1],
+                    isinstance(error, AdkNodeTimeoutError) and error.node_name == name_of(key[1]),
+                )
         inv = self._invs.pop(adk_id, None)
         output = self._outputs.pop(adk_id, None)
         error_path = self._errors.pop(adk_id, None)
@@ -420,7 +454,10 @@ class FlowscopeADK:
         if error is not None:
             status: RunStatus = "cancelled" if isinstance(error, asyncio.CancelledError) else "failed"
             self.recorder.finish_run(inv, status, error=error, error_path=error_path or inv.root_path)
-        elif any(e.invocation_id == inv.run.invocation_id for e in self.recorder.session(inv.run.session_id).pending):
+        elif any(
+            e.invocation_id == inv.run.invocation_id
+            for e in self.recorder.session(inv.run.session_id).pending
+        ):
             self.recorder.finish_run(inv, "paused")
         else:
             self.recorder.finish_run(inv, "completed", output)
@@ -458,13 +495,19 @@ class FlowscopeADK:
         inv = self._inv(ctx)
         error: BaseException = exc.error if isinstance(exc, DynamicNodeFailError) else exc
         if _should_retry_node(error, node.retry_config, AdkNodeState(attempt_count=ctx.attempt_count)):
-            config = node.retry_config.model_copy(update={"jitter": 0.0}) if node.retry_config is not None else None
+            config = (
+                node.retry_config.model_copy(update={"jitter": 0.0})
+                if node.retry_config is not None
+                else None
+            )
             delay = _get_retry_delay(config, AdkNodeState(attempt_count=ctx.attempt_count))
             self.recorder.retrying(run.ctx, run.ctx.attempt, error, delay)
             return
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
         child = exc.error_node_path if isinstance(exc, DynamicNodeFailError) else None
-        if child and self.recorder.node_state(inv.run.session_id, child) is not None:  # the child holds the error event
+        if (
+            child and self.recorder.node_state(inv.run.session_id, child) is not None
+        ):  # the child holds the error event
             info = self.recorder.classify(error)
             self.recorder.propagate(inv, run.ctx, child, info.code, info.type, info.qualname)
             self._errors.setdefault(ctx.invocation_id, child)
@@ -494,8 +537,14 @@ class FlowscopeADK:
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
         inv = self._inv(ctx)
         prefix = ctx.node_path + "/"
-        below = [e for e in self.recorder.session(inv.run.session_id).pending if isinstance(e, InputRequested) and e.path.startswith(prefix)]
-        self.recorder.pause(inv, run.ctx, below[0].path if below else "", tuple(dict.fromkeys(e.interrupt_id for e in below)))
+        below = [
+            e
+            for e in self.recorder.session(inv.run.session_id).pending
+            if isinstance(e, InputRequested) and e.path.startswith(prefix)
+        ]
+        self.recorder.pause(
+            inv, run.ctx, below[0].path if below else "", tuple(dict.fromkeys(e.interrupt_id for e in below))
+        )
 
     def _requested(self, run: _Run, ctx: Any, requests: list[tuple[str, str, Any]]) -> None:
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
@@ -526,4 +575,3 @@ def _answers(message: Any) -> dict[str, Any]:
         if resp is not None and resp.name == REQUEST_INPUT_FUNCTION_CALL_NAME and resp.id:
             out[resp.id] = resp.response
     return out
-

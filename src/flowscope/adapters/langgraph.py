@@ -30,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
@@ -125,8 +126,18 @@ class FlowscopeCallbackHandler(_Handler):
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
     ) -> None:
         super().__init__()
-        self.recorder = BridgeRecorder(store, plugins, heartbeat_interval, error_codes={NodeTimeoutError: _TIMEOUT_CODE}, timeouts=(NodeTimeoutError, TimeoutError))
-        self.workflow: str | None = workflow if workflow is None or isinstance(workflow, str) else str(getattr(workflow, "name", "") or "") or None
+        self.recorder = BridgeRecorder(
+            store,
+            plugins,
+            heartbeat_interval,
+            error_codes={NodeTimeoutError: _TIMEOUT_CODE},
+            timeouts=(NodeTimeoutError, TimeoutError),
+        )
+        self.workflow: str | None = (
+            workflow
+            if workflow is None or isinstance(workflow, str)
+            else str(getattr(workflow, "name", "") or "") or None
+        )
         self._lock = threading.RLock()
         self._graphs: dict[UUID, _Graph] = {}  # root run id -> invocation
         # Every chain run we saw under a graph -> (root run id, the task it runs in or None).
@@ -166,13 +177,20 @@ class FlowscopeCallbackHandler(_Handler):
             node = md.get("langgraph_node")
             depth = ns.count("|") + 1 if ns else 0
             parent_depth = task.depth if task is not None else 0
-            is_task = bool(node) and kwargs.get("name") == node and depth == parent_depth + 1 and ns.rsplit("|", 1)[-1].startswith(f"{node}:")
+            is_task = (
+                bool(node)
+                and kwargs.get("name") == node
+                and depth == parent_depth + 1
+                and ns.rsplit("|", 1)[-1].startswith(f"{node}:")
+            )
             if not is_task or node in _INTERNAL:
                 self._runs[run_id] = seen
                 return
             self._runs[run_id] = (root, self._task_start(g, task, ns, str(node), depth, run_id, inputs))
 
-    def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+    def on_chain_end(
+        self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
         with self._lock:
             g = self._graphs.get(run_id)
             if g is not None:
@@ -186,7 +204,9 @@ class FlowscopeCallbackHandler(_Handler):
                     self._forget(g.inv.run.session_id, task.ns)  # never run again
                     self.recorder.complete(g.inv, task.ctx, outputs, outputs is not None)
 
-    def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+    def on_chain_error(
+        self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
         with self._lock:
             g = self._graphs.get(run_id)
             if g is not None:
@@ -223,7 +243,11 @@ class FlowscopeCallbackHandler(_Handler):
         it passes through on its way up (a subgraph's node) is paused, as the root is."""
         interrupts = error.args[0] if error.args else ()
         sid = g.inv.run.session_id
-        pending = {e.interrupt_id: e.path for e in self.recorder.session(sid).pending if isinstance(e, InputRequested)}
+        pending = {
+            e.interrupt_id: e.path
+            for e in self.recorder.session(sid).pending
+            if isinstance(e, InputRequested)
+        }
         ids = list(dict.fromkeys(str(i.id) for i in interrupts))
         new = [(str(i.id), _prompt(i.value), i.value) for i in interrupts if str(i.id) not in pending]
         new = list({i: (i, p, v) for i, p, v in new}.values())
@@ -243,7 +267,9 @@ class FlowscopeCallbackHandler(_Handler):
         # A resume continues the thread: Command(resume=...)/Command(goto=...), or None
         # (after a failure, a crash or a breakpoint). Other input starts the graph anew.
         continues = inputs is None or isinstance(inputs, Command)
-        resumed = ws.invocations > 0 and (continues or ws.status in ("paused", "running", "failed", "cancelled"))
+        resumed = ws.invocations > 0 and (
+            continues or ws.status in ("paused", "running", "failed", "cancelled")
+        )
         answers: dict[str, Any] = {}
         if isinstance(inputs, Command) and inputs.resume is not None:
             open_ids = [e.interrupt_id for e in ws.pending if isinstance(e, InputRequested)]
@@ -255,7 +281,9 @@ class FlowscopeCallbackHandler(_Handler):
             recorded_input: Any = {"resume": value}
         else:
             recorded_input = inputs
-        inv = self.recorder.begin_run(session_id, str(run_id), workflow, recorded_input, resumed, f"{workflow}@1", answers)
+        inv = self.recorder.begin_run(
+            session_id, str(run_id), workflow, recorded_input, resumed, f"{workflow}@1", answers
+        )
         self._graphs[run_id] = _Graph(inv, continues and ws.invocations > 0)
         self._runs[run_id] = (run_id, None)
 
@@ -306,7 +334,9 @@ class FlowscopeCallbackHandler(_Handler):
 
     # -- tasks -------------------------------------------------------------------------
 
-    def _task_start(self, g: _Graph, parent: _Task | None, ns: str, node: str, depth: int, run_id: UUID, inputs: Any) -> _Task:
+    def _task_start(
+        self, g: _Graph, parent: _Task | None, ns: str, node: str, depth: int, run_id: UUID, inputs: Any
+    ) -> _Task:
         task = g.tasks.get(ns)
         if task is not None:  # another attempt of a task we follow
             if not task.done:
@@ -319,7 +349,12 @@ class FlowscopeCallbackHandler(_Handler):
                     # one's chain reports its cancellation, which is then ignored).
                     elapsed = time.monotonic() - task.started
                     message = f"Node '{node}' exceeded its timeout (attempt abandoned after {elapsed:.3f}s)."
-                    self.recorder.retrying(task.ctx, task.ctx.attempt, ErrorInfo(_TIMEOUT_CODE, NodeTimeoutError.__name__, message), 0.0)
+                    self.recorder.retrying(
+                        task.ctx,
+                        task.ctx.attempt,
+                        ErrorInfo(_TIMEOUT_CODE, NodeTimeoutError.__name__, message),
+                        0.0,
+                    )
             task.error = None
             task.run_id = run_id
             task.started = time.monotonic()
@@ -336,7 +371,10 @@ class FlowscopeCallbackHandler(_Handler):
             # (this process saw it); else the first such run of the node, by order.
             known = self._paths.get((sid, ns))
             candidates = [ws.nodes[known]] if known in ws.nodes else []
-            candidates += sorted((n for n in ws.nodes.values() if n.node == node and n.parent_path == parent_path), key=lambda n: n.started_at or 0.0)
+            candidates += sorted(
+                (n for n in ws.nodes.values() if n.node == node and n.parent_path == parent_path),
+                key=lambda n: n.started_at or 0.0,
+            )
             earlier = next(
                 (
                     n

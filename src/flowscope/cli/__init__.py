@@ -27,5 +27,13 @@ from .failures import CliError
 
 __all__ = ["main", "cli", "CliError", "DEFAULT_DB", "ENV_DB", "views"]
 
-for _command in (*inspect_cmds.COMMANDS, *operate_cmds.COMMANDS, *action_cmds.COMMANDS, *worker_cmds.COMMANDS, *demo_cmd.COMMANDS, *ui_cmd.COMMANDS, *deploy_cmd.COMMANDS):
+for _command in (
+    *inspect_cmds.COMMANDS,
+    *operate_cmds.COMMANDS,
+    *action_cmds.COMMANDS,
+    *worker_cmds.COMMANDS,
+    *demo_cmd.COMMANDS,
+    *ui_cmd.COMMANDS,
+    *deploy_cmd.COMMANDS,
+):
     cli.add_command(_command)

@@ -8,7 +8,8 @@ Given no SESSION, both act on every session the filters select (``--workflow``,
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -38,11 +39,24 @@ def bulk_options(fn: Any) -> Any:
     """``--workflow``, ``--state``, ``--older-than``, ``--dry-run``, ``--yes``: one set for every bulk action."""
     for option in reversed(
         (
-            click.option("--workflow", metavar="NAME", help="Without SESSION: only sessions of this workflow."),
-            click.option("--state", type=click.Choice(SELECTABLE_STATES), help="Without SESSION: only sessions in this state."),
-            click.option("--older-than", type=DURATION, default=None, help="Without SESSION: only sessions last updated this long ago (e.g. 10m)."),
+            click.option(
+                "--workflow", metavar="NAME", help="Without SESSION: only sessions of this workflow."
+            ),
+            click.option(
+                "--state",
+                type=click.Choice(SELECTABLE_STATES),
+                help="Without SESSION: only sessions in this state.",
+            ),
+            click.option(
+                "--older-than",
+                type=DURATION,
+                default=None,
+                help="Without SESSION: only sessions last updated this long ago (e.g. 10m).",
+            ),
             click.option("--dry-run", is_flag=True, help="List what would change; change nothing."),
-            click.option("--yes", is_flag=True, help="Without SESSION: act on every session the filters select."),
+            click.option(
+                "--yes", is_flag=True, help="Without SESSION: act on every session the filters select."
+            ),
         )
     ):
         fn = option(fn)
@@ -50,7 +64,12 @@ def bulk_options(fn: Any) -> Any:
 
 
 def _targets(
-    store: Any, session: str | None, workflow: str | None, state: str | None, older_than: float | None, action: str
+    store: Any,
+    session: str | None,
+    workflow: str | None,
+    state: str | None,
+    older_than: float | None,
+    action: str,
 ) -> list[str] | None:
     """The sessions to act on: SESSION alone, or the filtered set (None: nothing selected,
     said already). A bulk action without a filter is refused: it would touch everything."""
@@ -59,7 +78,9 @@ def _targets(
             raise CliError(f"{action}: give SESSION or filters (--workflow, --state, --older-than), not both")
         return [session]
     if not (workflow or state or older_than is not None):
-        raise CliError(f"{action}: give a SESSION, or filters (--workflow, --state, --older-than) to act on several")
+        raise CliError(
+            f"{action}: give a SESSION, or filters (--workflow, --state, --older-than) to act on several"
+        )
     found: list[SessionInfo] = select_sessions(store, workflow=workflow, state=state, older_than_s=older_than)
     if not found:
         click.echo(f"no session matches the filters; nothing to {action}")
@@ -93,7 +114,9 @@ def for_each_target(
                 click.echo(f"  {sid}  {info.workflow}  {info.status}  updated {fmt_time(info.updated_at)}")
         return
     if session is None and not yes:
-        raise CliError(f"{action} would act on {len(sids)} session(s): list them with --dry-run, act on them with --yes")
+        raise CliError(
+            f"{action} would act on {len(sids)} session(s): list them with --dry-run, act on them with --yes"
+        )
     for sid in sids:
         try:
             act(sid)
@@ -106,8 +129,10 @@ def for_each_target(
 def _said_retry(store: Any, receipt: ActionReceipt, from_path: str | None) -> str:
     where = f" from {from_path}" if from_path else ""
     if receipt.pending and receipt.owner is not None:
-        return (f"sent a retry{where} to {receipt.session_id} ({receipt.workflow}): its owner, {receipt.owner.describe()}, "
-                "queues it again when its invocation ends")
+        return (
+            f"sent a retry{where} to {receipt.session_id} ({receipt.workflow}): its owner, {receipt.owner.describe()}, "
+            "queues it again when its invocation ends"
+        )
     _seen, hint = worker_hint(store, receipt.workflow, prefix=command_prefix(store.path))
     return f"queued {receipt.session_id} ({receipt.workflow}, was {receipt.was}) to run again{where}; {hint}"
 
@@ -115,7 +140,12 @@ def _said_retry(store: Any, receipt: ActionReceipt, from_path: str | None) -> st
 @click.command()
 @click.argument("session", required=False)
 @db_option
-@click.option("--from", "from_path", metavar="PATH", help="Run again from this node run (a path, or a node name with one run): it and what follows it run as new attempts.")
+@click.option(
+    "--from",
+    "from_path",
+    metavar="PATH",
+    help="Run again from this node run (a path, or a node name with one run): it and what follows it run as new attempts.",
+)
 @click.option("--reason", default=None, help="Why: recorded in the log with who asked.")
 @bulk_options
 def retry(
@@ -146,15 +176,33 @@ def retry(
         click.echo(_said_retry(store, receipt, from_path))
 
     with store:
-        for_each_target(store, session, one, "retry", workflow=workflow, state=state, older_than=older_than,
-                        dry_run=dry_run, yes=yes)
+        for_each_target(
+            store,
+            session,
+            one,
+            "retry",
+            workflow=workflow,
+            state=state,
+            older_than=older_than,
+            dry_run=dry_run,
+            yes=yes,
+        )
 
 
 @click.command()
 @click.argument("session", required=False)
 @db_option
-@click.option("--reason", default=CANCEL_REASON, show_default=True, help="Why: recorded on every cancelled run, with who asked.")
-@click.option("--force", is_flag=True, help="Cancel now even if a live owner holds the session's lease (you know it is dead): its lease is fenced off.")
+@click.option(
+    "--reason",
+    default=CANCEL_REASON,
+    show_default=True,
+    help="Why: recorded on every cancelled run, with who asked.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Cancel now even if a live owner holds the session's lease (you know it is dead): its lease is fenced off.",
+)
 @bulk_options
 def cancel(
     session: str | None,
@@ -178,8 +226,17 @@ def cancel(
     text = " ".join(reason.split()) or CANCEL_REASON
     store = open_store(db, write=True)
     with store:
-        for_each_target(store, session, lambda sid: _cancel_one(store, sid, text, force), "cancel",
-                        workflow=workflow, state=state, older_than=older_than, dry_run=dry_run, yes=yes)
+        for_each_target(
+            store,
+            session,
+            lambda sid: _cancel_one(store, sid, text, force),
+            "cancel",
+            workflow=workflow,
+            state=state,
+            older_than=older_than,
+            dry_run=dry_run,
+            yes=yes,
+        )
 
 
 def _cancel_one(store: Any, sid: str, reason: str, force: bool) -> None:
@@ -191,9 +248,15 @@ def _cancel_one(store: Any, sid: str, reason: str, force: bool) -> None:
         except SessionFinished as exc:
             raise CliError(str(exc)) from None
         if held is not None and held.owner is not None:
-            click.echo(f"warning: --force: took the session from {held.owner.describe()}, whose lease was current", err=True)
+            click.echo(
+                f"warning: --force: took the session from {held.owner.describe()}, whose lease was current",
+                err=True,
+            )
         runs = sum(1 for e in events if e.type == "node_cancelled")
-        click.echo(click.style("cancelled", fg="bright_black") + f" {sid} ({before.workflow}, was {before.status}): {runs} open run(s) cancelled")
+        click.echo(
+            click.style("cancelled", fg="bright_black")
+            + f" {sid} ({before.workflow}, was {before.status}): {runs} open run(s) cancelled"
+        )
         return
     try:
         receipt = cancel_action(store, sid, reason)
@@ -207,7 +270,10 @@ def _cancel_one(store: Any, sid: str, reason: str, force: bool) -> None:
         return
     after = views.load_session(store, sid)
     runs = _cancelled_runs(store, sid)
-    click.echo(click.style("cancelled", fg="bright_black") + f" {sid} ({after.workflow}, was {receipt.was}): {runs} open run(s) cancelled")
+    click.echo(
+        click.style("cancelled", fg="bright_black")
+        + f" {sid} ({after.workflow}, was {receipt.was}): {runs} open run(s) cancelled"
+    )
 
 
 def _cancelled_runs(store: Any, sid: str) -> int:

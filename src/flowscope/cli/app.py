@@ -12,8 +12,9 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -201,7 +202,9 @@ def shown_db(db: str) -> str:
     return redact(db)
 
 
-def open_store(db: str | None, *, write: bool = False, create: bool = False) -> SqliteEventStore | PostgresEventStore:
+def open_store(
+    db: str | None, *, write: bool = False, create: bool = False
+) -> SqliteEventStore | PostgresEventStore:
     """Open the store ``db`` names: a SQLite file, or a PostgreSQL database for a
     ``postgresql://`` URL. Read commands never create or modify anything.
 
@@ -229,7 +232,9 @@ def open_store(db: str | None, *, write: bool = False, create: bool = False) -> 
         raise StoreUnavailable(f"no flowscope database at {path}")
     if p.is_dir():
         # not DB_HINT: running `flowscope demo` with this --db would fail the same way
-        raise CliError(f"{path} is a directory: --db takes a file, e.g. --db {shlex.quote(str(p / DEFAULT_DB))}")
+        raise CliError(
+            f"{path} is a directory: --db takes a file, e.g. --db {shlex.quote(str(p / DEFAULT_DB))}"
+        )
     if p.exists() and p.stat().st_size == 0 and not create:
         raise NotAFlowscopeDatabase(f"{path} is an empty file, not a flowscope database")
     return SqliteEventStore(path, readonly=not (write or create))
@@ -250,7 +255,9 @@ def json_arg(text: str, option: str, key: str | None = None) -> Any:
         raise CliError(too_deep(what)) from None
     except ValueError as exc:
         example = f"{key}=" + json.dumps(text) if key is not None else json.dumps(text)
-        raise CliError(f"{what}: {text!r} is not valid JSON ({exc}); quote a string as JSON: {option} {shlex.quote(example)}") from None
+        raise CliError(
+            f"{what}: {text!r} is not valid JSON ({exc}); quote a string as JSON: {option} {shlex.quote(example)}"
+        ) from None
 
 
 def emit(rows: list[dict[str, Any]], fmt: str, keys: tuple[str, ...], table: Callable[[], str]) -> None:

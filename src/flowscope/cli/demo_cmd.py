@@ -6,14 +6,15 @@ import asyncio
 import os
 import signal
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
 from ..events import JobDispatched
 from ..fold import rebuild
-from . import views
 from ..store.postgres.dsn import is_postgres_url
+from . import views
 from .app import (
     DURATION,
     command_prefix,
@@ -24,10 +25,10 @@ from .app import (
     resolve_db,
     shown_db,
 )
+from .history import retry_reasons, session_history
 from .progress import ProgressPlugin
 from .render import waterfall_lines
 from .runtime import configure_cli_tracing, resolve_otlp_protocol, start_metrics_server, wait_for_signal
-from .history import retry_reasons, session_history
 from .tables import audit_table, session_header
 
 __all__ = ["demo", "run_demo", "DemoStopped", "WORKER_HANG_S", "COMMANDS"]
@@ -38,13 +39,39 @@ WORKER_HANG_S = 86400.0
 
 @click.command()
 @db_option
-@click.option("--otlp-endpoint", metavar="URL", help="Send spans to a collector, Jaeger or Tempo (e.g. http://localhost:4318); default: OTEL_EXPORTER_OTLP_ENDPOINT.")
+@click.option(
+    "--otlp-endpoint",
+    metavar="URL",
+    help="Send spans to a collector, Jaeger or Tempo (e.g. http://localhost:4318); default: OTEL_EXPORTER_OTLP_ENDPOINT.",
+)
 @otlp_protocol_option
-@click.option("--interactive", is_flag=True, help="Ask you for the approval (and the failed job's retry) instead of answering automatically.")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT", help="Serve metrics (in-process and store) on --metrics-host:PORT, and keep serving after the run until Ctrl-C/SIGTERM.")
+@click.option(
+    "--interactive",
+    is_flag=True,
+    help="Ask you for the approval (and the failed job's retry) instead of answering automatically.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    metavar="PORT",
+    help="Serve metrics (in-process and store) on --metrics-host:PORT, and keep serving after the run until Ctrl-C/SIGTERM.",
+)
 @metrics_host_option
-@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Run the demo workflows this many times (traffic for dashboards).")
-@click.option("--stale-after", type=DURATION, default="5s", show_default=True, help="When the killed worker's run counts as orphaned (for the metrics endpoint and the hints).")
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run the demo workflows this many times (traffic for dashboards).",
+)
+@click.option(
+    "--stale-after",
+    type=DURATION,
+    default="5s",
+    show_default=True,
+    help="When the killed worker's run counts as orphaned (for the metrics endpoint and the hints).",
+)
 def demo(
     db: str | None,
     otlp_endpoint: str | None,
@@ -163,7 +190,9 @@ def run_demo(
         if tracing is not None:
             plugins.append(tracing.plugin())
             if otlp_endpoint:
-                spans_to = f", spans to {otlp_endpoint} ({resolve_otlp_protocol(otlp_endpoint, otlp_protocol)})"
+                spans_to = (
+                    f", spans to {otlp_endpoint} ({resolve_otlp_protocol(otlp_endpoint, otlp_protocol)})"
+                )
             elif tracing.exporters:  # from the OTEL_* variables
                 spans_to = ", spans to " + ", ".join(tracing.exporters)
         # Job results are counted from the log by the metrics endpoint's StoreCollector.
@@ -173,7 +202,9 @@ def run_demo(
 
         click.echo(f"flowscope demo: database {shown_db(db)}" + spans_to)
         if metrics_port is not None:
-            server = start_metrics_server(store, registry, host=metrics_host, port=metrics_port, stale_after=stale_after)
+            server = start_metrics_server(
+                store, registry, host=metrics_host, port=metrics_port, stale_after=stale_after
+            )
             click.echo(f"metrics (in-process and store): {server.url}")
 
         tag = new_tag()
@@ -200,18 +231,32 @@ def run_demo(
                 progress.enabled = i == 0
                 for session, scenario, title in (
                     (main_session + suffix, "normal", "a batch of orders, end to end"),
-                    (failed_session + suffix, "card_declined", "a second batch, with a card that is declined"),
+                    (
+                        failed_session + suffix,
+                        "card_declined",
+                        "a second batch, with a card that is declined",
+                    ),
                 ):
                     if i == 0:
                         _section(f"{title}: session {session}")
-                    rep = await driver.run_batch(session, batch_input(f"B-{tag}{suffix}-{scenario[:4]}", scenario))
+                    rep = await driver.run_batch(
+                        session, batch_input(f"B-{tag}{suffix}-{scenario[:4]}", scenario)
+                    )
                     reports.append(rep)
                     if rep.status == "completed":
-                        line = click.style("completed", fg="green") + f" after {rep.invocations} invocation(s): {rep.output}"
+                        line = (
+                            click.style("completed", fg="green")
+                            + f" after {rep.invocations} invocation(s): {rep.output}"
+                        )
                     elif rep.status == "failed":
-                        line = click.style("failed", fg="red") + f" (as intended) after {rep.invocations} invocation(s): {rep.error}"
+                        line = (
+                            click.style("failed", fg="red")
+                            + f" (as intended) after {rep.invocations} invocation(s): {rep.error}"
+                        )
                     else:
-                        line = click.style(rep.status, fg="yellow") + f" after {rep.invocations} invocation(s)"
+                        line = (
+                            click.style(rep.status, fg="yellow") + f" after {rep.invocations} invocation(s)"
+                        )
                     click.echo(("  => " if i == 0 else f"  run {i + 1}/{repeat} {session}: ") + line)
 
         lost_session = f"demo-{tag}-lost"
@@ -220,7 +265,9 @@ def run_demo(
             _section(f"a third batch, whose geocoding job the worker loses: session {lost_session}")
             progress.enabled = True
             rep = await driver.run_batch(
-                lost_session, batch_input(f"B-{tag}-lost", "normal", geocoding_deadline_s=stale_after), answer=False
+                lost_session,
+                batch_input(f"B-{tag}-lost", "normal", geocoding_deadline_s=stale_after),
+                answer=False,
             )
             return rep
 
@@ -229,29 +276,45 @@ def run_demo(
         lost_jobs = [p.job_id for p in lost.extra.get("pending", []) if isinstance(p, JobDispatched)]
         if lost_jobs:
             click.echo(f"  the worker never reports {lost_jobs[0]}: the session waits (waiting_job), and is")
-            click.echo(f"  overdue once the job is past its deadline_s={stale_after:g}s (flowscope stuck, flowscope_store_overdue_jobs)")
+            click.echo(
+                f"  overdue once the job is past its deadline_s={stale_after:g}s (flowscope stuck, flowscope_store_overdue_jobs)"
+            )
 
         queue = [f"demo-{tag}-queued-{i + 1}" for i in range(QUEUED_SESSIONS)]
-        _section(f"a queue served by a worker: {len(queue)} sessions submitted, claimed and run by flowscope.Worker")
+        _section(
+            f"a queue served by a worker: {len(queue)} sessions submitted, claimed and run by flowscope.Worker"
+        )
         outcomes = asyncio.run(_serve_queue(store, worker_plugins, queue))
         done = ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items())) or "nothing"
-        click.echo(f"  the worker claimed them from the queue and ran them: {done} (flowscope_worker_claims_total)")
+        click.echo(
+            f"  the worker claimed them from the queue and ran them: {done} (flowscope_worker_claims_total)"
+        )
         left_queued = f"demo-{tag}-queued-later"
         _submit_export(store, left_queued)
         click.echo(f"  {left_queued}, submitted after the worker stopped, stays queued until a worker serves")
-        click.echo("  nightly_export (flowscope_store_queued_sessions; flowscope worker flowscope.examples.worker:nightly_export)")
+        click.echo(
+            "  nightly_export (flowscope_store_queued_sessions; flowscope worker flowscope.examples.worker:nightly_export)"
+        )
 
         _section(f"a worker killed mid-run: session {worker_session}")
         running = wait_until_running(store, worker_session, proc, timeout=30.0)
         pid = proc.pid
         err = kill_worker(proc)
         if running:
-            click.echo(f"  worker pid {pid} started nightly_export; killed with SIGKILL inside {HANGING_PATH}")
+            click.echo(
+                f"  worker pid {pid} started nightly_export; killed with SIGKILL inside {HANGING_PATH}"
+            )
             click.echo("  its run stays 'running' in the store with no end, and its heartbeat stops:")
-            click.echo("  its owner's process is gone, so it is orphaned at once (flowscope stuck, flowscope_store_orphaned_runs)")
+            click.echo(
+                "  its owner's process is gone, so it is orphaned at once (flowscope stuck, flowscope_store_orphaned_runs)"
+            )
         else:
             run = next((r for r in store.node_runs(worker_session) if r.path == HANGING_PATH), None)
-            where = f"{HANGING_PATH} was {run.status} when it was stopped" if run is not None else f"it never reached {HANGING_PATH}"
+            where = (
+                f"{HANGING_PATH} was {run.status} when it was stopped"
+                if run is not None
+                else f"it never reached {HANGING_PATH}"
+            )
             detail = f": {err.splitlines()[-1]}" if err else ""
             click.echo(click.style(f"  warning: no orphaned run this time: {where}{detail}", fg="yellow"))
 
@@ -262,7 +325,9 @@ def run_demo(
         log = store.read(main_session)
         ws = rebuild(log)
         history = session_history(log)
-        waterfall = waterfall_lines(views.show_rows(ws, history=history), end_ts=ws.updated_at, windows=history.windows)
+        waterfall = waterfall_lines(
+            views.show_rows(ws, history=history), end_ts=ws.updated_at, windows=history.windows
+        )
         for line in session_header(ws) + [""] + waterfall:
             click.echo(line)
 
@@ -281,14 +346,22 @@ def run_demo(
             (f"{prefix} show {main_session}", "the waterfall above"),
             (f"{prefix} show {failed_session}", "the PAYMENT_DECLINED failure, where it began"),
             (f"{prefix} audit --format json", "attempts, retries, recoveries, errors per node"),
-            (f"{prefix} stuck --older-than 0s --stale-after {stale}", "the killed worker's orphaned run, the overdue job"),
-            (f"{prefix} resume {worker_session}", "recover the orphaned run (no --force): a new attempt, finished nodes kept"),
+            (
+                f"{prefix} stuck --older-than 0s --stale-after {stale}",
+                "the killed worker's orphaned run, the overdue job",
+            ),
+            (
+                f"{prefix} resume {worker_session}",
+                "recover the orphaned run (no --force): a new attempt, finished nodes kept",
+            ),
             (f"{prefix} export {main_session} -o spans.json", "its spans as OTLP JSON, rebuilt from the log"),
             (f"{prefix} serve-metrics", "Prometheus metrics over the store on 127.0.0.1:9464"),
         ]
         if lost_jobs:
             result = '{"success": true, "count": 3, "data": {"geocoded": [1, 2, 3]}}'
-            hints.insert(6, (f"{prefix} resume {lost_session} --job '{lost_jobs[0]}={result}'", "report the lost job"))
+            hints.insert(
+                6, (f"{prefix} resume {lost_session} --job '{lost_jobs[0]}={result}'", "report the lost job")
+            )
         width = min(56, max(len(c) for c, _ in hints))
         for command, what in hints:
             if len(command) > width:
@@ -298,10 +371,14 @@ def run_demo(
                 click.echo(f"  {command:<{width}}   # {what}")
         click.echo("")
         click.echo("  The same spans in Jaeger (UI on http://localhost:16686):")
-        click.echo("    docker run -d --name jaeger -p 16686:16686 -p 4317:4317 -p 4318:4318 jaegertracing/all-in-one")
+        click.echo(
+            "    docker run -d --name jaeger -p 16686:16686 -p 4317:4317 -p 4318:4318 jaegertracing/all-in-one"
+        )
         click.echo(f"    {prefix} demo --otlp-endpoint http://localhost:4318")
         click.echo(f"    {prefix} export {main_session} --otlp-endpoint http://localhost:4318")
-        click.echo("  The full stack (collector, Jaeger, Tempo, Prometheus, Grafana): flowscope deploy-files DIR writes its configs; docs/operations.md")
+        click.echo(
+            "  The full stack (collector, Jaeger, Tempo, Prometheus, Grafana): flowscope deploy-files DIR writes its configs; docs/operations.md"
+        )
 
         if server is not None:
             if tracing is not None:
@@ -335,7 +412,9 @@ def _submit_export(store: Any, session_id: str) -> None:
     Runner(nightly_export, store=store).submit(export_input(0.0), session_id=session_id)
 
 
-async def _serve_queue(store: Any, plugins: list[Any], sessions: list[str], timeout: float = 30.0) -> dict[str, int]:
+async def _serve_queue(
+    store: Any, plugins: list[Any], sessions: list[str], timeout: float = 30.0
+) -> dict[str, int]:
     """Submit ``sessions`` and let a :class:`~flowscope.Worker` claim and run them, then stop
     it: the queue and the worker series (``flowscope_worker_*``) get real traffic. Returns
     the worker's outcomes."""

@@ -38,7 +38,9 @@ def shipped_files() -> dict[str, Traversable]:
     for folder in FOLDERS:
         node = root / folder
         if not node.is_dir():
-            raise CliError(f"this flowscope install has no {folder}/ (a broken install?); reinstall flowscope")
+            raise CliError(
+                f"this flowscope install has no {folder}/ (a broken install?); reinstall flowscope"
+            )
         walk(node, folder)
     return out
 

@@ -13,6 +13,7 @@ from typing import IO, Any
 import click
 
 from ..errors import (
+    MAX_ERROR_MESSAGE,
     ConcurrencyConflict,
     FlowscopeError,
     NotAFlowscopeDatabase,
@@ -25,7 +26,6 @@ from ..errors import (
     StoreSchemaTooNew,
     StoreUnavailable,
     UnknownSessionError,
-    MAX_ERROR_MESSAGE,
     classify,
 )
 from ..events import EventDecodeError
@@ -164,7 +164,9 @@ def to_cli_error(exc: BaseException, db: str | None = None) -> CliError:
     if isinstance(exc, EventDecodeError):
         return CliError(f"the database holds an event this flowscope cannot read: {msg}")
     if isinstance(exc, UnicodeError):  # a bit-flipped or mistyped argument: not UTF-8 text
-        return CliError(f"an argument is not valid UTF-8 text ({type(exc).__name__}); check it for a typo or a corrupted byte")
+        return CliError(
+            f"an argument is not valid UTF-8 text ({type(exc).__name__}); check it for a typo or a corrupted byte"
+        )
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
         return CliError(f"{exc.strerror or msg}{where}")

@@ -10,8 +10,9 @@ fold's business.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..events import TERMINAL_TYPES, Event, InputRequested, NodeRetrying, RunStarted, to_dict
 from ..store.base import EventLog, NodeRun

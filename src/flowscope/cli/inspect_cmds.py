@@ -5,19 +5,30 @@ from __future__ import annotations
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..fold import WorkflowState, rebuild
 from ..store.base import FINISHED_SESSION_STATUSES, SESSION_STATUSES
 from . import views
-from .app import DURATION, db_option, emit, format_option, open_store, wide_option, otlp_protocol_option, resolve_db, shown_db
+from .app import (
+    DURATION,
+    db_option,
+    emit,
+    format_option,
+    open_store,
+    otlp_protocol_option,
+    resolve_db,
+    shown_db,
+    wide_option,
+)
 from .failures import EXIT_FAILED, CliError, one_line, unknown_session
-from .runtime import follower_exporter
 from .history import EVENT_KEYS, event_rows, retry_reasons, session_history
 from .render import fmt_time, render_table, waterfall_lines, zone_name
+from .runtime import follower_exporter
 from .tables import audit_table, pending_hint, runs_table, session_header, stuck_table
 
 if TYPE_CHECKING:
@@ -26,23 +37,32 @@ if TYPE_CHECKING:
 __all__ = ["runs", "show", "audit", "stuck", "events", "export", "COMMANDS"]
 
 
-
 @click.command()
 @db_option
 @format_option
 @wide_option
-@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True, help="At most this many sessions (0: all).")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=50,
+    show_default=True,
+    help="At most this many sessions (0: all).",
+)
 @click.option("--status", type=click.Choice(list(SESSION_STATUSES)), help="Only sessions with this status.")
 @click.option("--workflow", help="Only sessions of this workflow.")
 def runs(db: str | None, fmt: str, limit: int, status: str | None, workflow: str | None) -> None:
     """List sessions, most recently updated first."""
     with open_store(db) as store:
         rows = views.runs_rows(store, limit=limit or None, status=status, workflow=workflow)
-    filters = " ".join(f"{opt} {shlex.quote(v)}" for opt, v in (("--status", status), ("--workflow", workflow)) if v)
+    filters = " ".join(
+        f"{opt} {shlex.quote(v)}" for opt, v in (("--status", status), ("--workflow", workflow)) if v
+    )
     emit(rows, fmt, views.RUN_KEYS, lambda: runs_table(rows, filters))
 
 
-def _session_view(store: EventStore, session: str, where: str) -> tuple[WorkflowState, list[dict[str, Any]], Callable[[], str]]:
+def _session_view(
+    store: EventStore, session: str, where: str
+) -> tuple[WorkflowState, list[dict[str, Any]], Callable[[], str]]:
     """A session's state, its ``show`` rows and the table people read (header, waterfall,
     what it waits on), from one read of its log and its owner."""
     log = store.read(session)
@@ -64,8 +84,16 @@ def _session_view(store: EventStore, session: str, where: str) -> tuple[Workflow
 @db_option
 @format_option
 @wide_option
-@click.option("--follow", "-f", is_flag=True, help="Redraw the table as the session advances, until it ends or Ctrl-C.")
-@click.option("--interval", type=DURATION, default="1s", show_default=True, help="With --follow: how often to look for new events.")
+@click.option(
+    "--follow", "-f", is_flag=True, help="Redraw the table as the session advances, until it ends or Ctrl-C."
+)
+@click.option(
+    "--interval",
+    type=DURATION,
+    default="1s",
+    show_default=True,
+    help="With --follow: how often to look for new events.",
+)
 def show(session: str, db: str | None, fmt: str, follow: bool, interval: float) -> None:
     """Waterfall of a session's node runs, from its event log.
 
@@ -75,7 +103,9 @@ def show(session: str, db: str | None, fmt: str, follow: bool, interval: float) 
     """
     if follow:
         if fmt != "table":
-            raise CliError("--follow redraws the table: drop --format, or poll `flowscope show --format json`")
+            raise CliError(
+                "--follow redraws the table: drop --format, or poll `flowscope show --format json`"
+            )
         _follow(db, session, interval)
         return
     store = open_store(db)
@@ -99,7 +129,11 @@ def _follow(db: str | None, session: str, interval: float) -> None:
                     if tty:
                         click.clear()
                     click.echo(table())
-                    click.echo(click.style(f"-- {fmt_time(time.time(), zone=True)}: {ws.status}, {last} events", dim=True))
+                    click.echo(
+                        click.style(
+                            f"-- {fmt_time(time.time(), zone=True)}: {ws.status}, {last} events", dim=True
+                        )
+                    )
                     if ws.status in FINISHED_SESSION_STATUSES:  # over: --follow stops
                         return
                     click.echo("")
@@ -112,9 +146,17 @@ def _follow(db: str | None, session: str, interval: float) -> None:
 @db_option
 @format_option
 @wide_option
-@click.option("--session", "sessions", multiple=True, metavar="SESSION", help="Only this session (repeatable).")
+@click.option(
+    "--session", "sessions", multiple=True, metavar="SESSION", help="Only this session (repeatable)."
+)
 @click.option("--workflow", help="Only this workflow.")
-@click.option("--by", type=click.Choice(["node", "run"]), default="node", show_default=True, help="One row per workflow and node, or per node run.")
+@click.option(
+    "--by",
+    type=click.Choice(["node", "run"]),
+    default="node",
+    show_default=True,
+    help="One row per workflow and node, or per node run.",
+)
 def audit(db: str | None, fmt: str, sessions: tuple[str, ...], workflow: str | None, by: str) -> None:
     """Attempts, retries, recoveries and errors per workflow and node.
 
@@ -169,7 +211,12 @@ def audit(db: str | None, fmt: str, sessions: tuple[str, ...], workflow: str | N
     type=click.Choice(list(views.STUCK_STATES)),
     help="Only these states (repeatable).",
 )
-@click.option("--all", "include_parents", is_flag=True, help="Also list enclosing runs (workflow nodes, parents of dynamic children).")
+@click.option(
+    "--all",
+    "include_parents",
+    is_flag=True,
+    help="Also list enclosing runs (workflow nodes, parents of dynamic children).",
+)
 @click.option("--fail-if-any", is_flag=True, help="Exit 1 when anything is listed (for cron and CI checks).")
 def stuck(
     db: str | None,
@@ -193,7 +240,12 @@ def stuck(
     """
     with open_store(db) as store:
         rows = views.stuck_rows(
-            store, older_than, stale_after, include_parents=include_parents, states=states or None, on_skip=_warn_skipped
+            store,
+            older_than,
+            stale_after,
+            include_parents=include_parents,
+            states=states or None,
+            on_skip=_warn_skipped,
         )
     emit(rows, fmt, views.STUCK_KEYS, lambda: stuck_table(rows))
     if fail_if_any and rows:
@@ -205,7 +257,11 @@ def stuck(
 @db_option
 @format_option
 @wide_option
-@click.option("--show-payloads", is_flag=True, help="Print inputs, outputs, answers and job data as written (they may hold personal data).")
+@click.option(
+    "--show-payloads",
+    is_flag=True,
+    help="Print inputs, outputs, answers and job data as written (they may hold personal data).",
+)
 def events(session: str, db: str | None, fmt: str, show_payloads: bool) -> None:
     """The session's event log itself: every event, every field, in order.
 
@@ -250,14 +306,35 @@ def _warn_skipped(session_id: str, exc: Exception) -> None:
 @click.command()
 @click.argument("session", required=False)
 @db_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write the OTLP JSON here (default: stdout).")
-@click.option("--otlp-endpoint", metavar="URL", help="Send the spans to this OTLP endpoint instead (e.g. http://localhost:4318).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write the OTLP JSON here (default: stdout).",
+)
+@click.option(
+    "--otlp-endpoint",
+    metavar="URL",
+    help="Send the spans to this OTLP endpoint instead (e.g. http://localhost:4318).",
+)
 @otlp_protocol_option
-@click.option("--service-name", default="flowscope", show_default=True, help="The service.name resource attribute.")
-@click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for the endpoint.")
-@click.option("--follow", is_flag=True, help="Tail the store and send spans as they are appended (needs --otlp-endpoint).")
-@click.option("--interval", type=float, default=1.0, show_default=True, help="With --follow: seconds between passes.")
-@click.option("--rounds", type=int, default=None, hidden=True, help="With --follow: stop after this many passes.")
+@click.option(
+    "--service-name", default="flowscope", show_default=True, help="The service.name resource attribute."
+)
+@click.option(
+    "--timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for the endpoint."
+)
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Tail the store and send spans as they are appended (needs --otlp-endpoint).",
+)
+@click.option(
+    "--interval", type=float, default=1.0, show_default=True, help="With --follow: seconds between passes."
+)
+@click.option(
+    "--rounds", type=int, default=None, hidden=True, help="With --follow: stop after this many passes."
+)
 def export(
     session: str | None,
     db: str | None,
@@ -299,7 +376,10 @@ def export(
         except ExportError as exc:
             raise CliError(str(exc)) from None
         traces = len({s.context.trace_id for s in spans})
-        click.echo(f"sent {len(spans)} spans ({traces} traces, one per invocation) of session {session} to {otlp_endpoint}", err=output is None)
+        click.echo(
+            f"sent {len(spans)} spans ({traces} traces, one per invocation) of session {session} to {otlp_endpoint}",
+            err=output is None,
+        )
     if output or not otlp_endpoint:
         text = to_otlp_json(export_request(events, service_name, lost=lost, alive_at=alive_at))
         if output:
@@ -325,7 +405,13 @@ def _owner_lost(store: Any, session: str) -> tuple[bool, float | None]:
 
 
 def _export_follow(
-    db: str | None, endpoint: str | None, protocol: str | None, service_name: str, timeout: float, interval: float, rounds: int | None
+    db: str | None,
+    endpoint: str | None,
+    protocol: str | None,
+    service_name: str,
+    timeout: float,
+    interval: float,
+    rounds: int | None,
 ) -> None:
     from ..export import ExportError
     from ..observability.export import follow

@@ -3,37 +3,45 @@
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
 import click
 
+from ..engine.pauses import validate_answers, waiting_on
 from ..errors import ResumeError, StoreError, classify
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
-from ..jobs import result_type_problem
+from ..jobs import JOB_RESULT_KEYS
 from ..plugins import Plugin
 from ..store.base import FINISHED_SESSION_STATUSES
 from . import views
-from .app import DURATION, command_prefix, db_option, emit, format_option, json_arg, open_store, otlp_protocol_option
+from .action_cmds import for_each_target
+from .app import (
+    DURATION,
+    command_prefix,
+    db_option,
+    emit,
+    format_option,
+    json_arg,
+    open_store,
+    otlp_protocol_option,
+)
 from .failures import EXIT_FAILED, CliError, failure_line
 from .render import fmt_duration, fmt_time, render_table, zone_name
 from .runtime import SpanFollower, configure_cli_tracing, start_metrics_server, wait_for_signal
-from .action_cmds import for_each_target
 from .session_ops import SELECTABLE_STATES, live_owner, prune_candidates
 from .worker_cmds import cwd_importable, record_answers
 
 __all__ = ["resume", "prune", "serve_metrics_cmd", "parse_answers", "JOB_RESULT_KEYS", "COMMANDS"]
 
 #: The keys a job result may have (docs/cli.md); only ``success: true`` makes it a success.
-JOB_RESULT_KEYS = ("success", "count", "error", "data")
 
 
 def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
     """``ID=JSON`` pairs of ``--input``/``--job`` as a dict; a bad pair is a CliError saying how to quote it.
 
-    The shape of a ``--job`` value is checked by :func:`_check_answers`, once its id is
-    known to be a job of the session.
+    The shape of a ``--job`` value is checked by :func:`_check_answers` (the one rule), once
+    its id is known to be a job of the session.
     """
     out: dict[str, Any] = {}
     for raw in values:
@@ -45,45 +53,14 @@ def parse_answers(values: tuple[str, ...], option: str) -> dict[str, Any]:
     return out
 
 
-def _check_job_result(job_id: str, value: Any) -> None:
-    """A job result is a JSON object whose keys are among :data:`JOB_RESULT_KEYS`: anything
-    else would be consumed as a failed result. (Without ``success: true`` the job guard
-    makes it an actionable pause, as for a worker's report.)"""
-    example = "--job " + shlex.quote(f"{job_id}={views.JOB_RESULT_EXAMPLE}")
-    if not isinstance(value, dict):
-        raise CliError(f"--job {job_id}: a job result is a JSON object, not {type(value).__name__} {json.dumps(value)[:40]}: {example}")
-    unknown = sorted(set(value) - set(JOB_RESULT_KEYS))
-    if unknown:
-        raise CliError(f"--job {job_id}: unknown key(s) {', '.join(unknown)}; a job result has {', '.join(JOB_RESULT_KEYS)}: {example}")
-    problem = result_type_problem(value)
-    if problem is not None:
-        raise CliError(f"--job {job_id}: {problem}: {example}")
-
-
-def _waiting_on(ws: WorkflowState) -> str:
-    """``input 'approval', job job-1``: what a session waits on, for messages."""
-    return ", ".join(
-        f"input {p.interrupt_id!r}" if isinstance(p, InputRequested) else f"job {p.job_id}"
-        for p in ws.pending
-        if isinstance(p, (InputRequested, JobDispatched))
-    )
-
-
 def _check_answers(ws: WorkflowState, answers: dict[str, Any], results: dict[str, Any]) -> None:
-    """Each --input names an open input request and each --job a dispatched job, or a
-    CliError says what the session does wait on (nothing is appended then)."""
-    open_inputs = {p.interrupt_id for p in ws.pending if isinstance(p, InputRequested)}
-    jobs = {jid for ns in ws.nodes.values() for jid in ns.jobs}
-    waiting = _waiting_on(ws) or "nothing"
-    for iid in answers:
-        if iid not in open_inputs:
-            hint = " (a job id: pass it with --job)" if iid in jobs else ""
-            raise CliError(f"session {ws.session_id!r} has no open input request {iid!r}{hint}; it waits on {waiting}")
-    for jid in results:
-        if jid not in jobs:
-            hint = " (an input request: pass it with --input)" if jid in open_inputs else ""
-            raise CliError(f"session {ws.session_id!r} has no dispatched job {jid!r}{hint}; it waits on {waiting}")
-        _check_job_result(jid, results[jid])
+    """The one rule (:func:`flowscope.engine.pauses.validate_answers`, as ``resume``, the
+    console and ``flowscope.answer`` apply it): an unknown id or a job result of the wrong
+    shape is one line saying what the session does wait on, and nothing is appended."""
+    try:
+        validate_answers(ws, answers, results)
+    except ResumeError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _is_bundled(name: str) -> bool:
@@ -114,15 +91,51 @@ def _resolve_workflow(name: str, spec: str | None) -> Any:
 @click.command()
 @click.argument("session", required=False)
 @db_option
-@click.option("--input", "inputs", multiple=True, metavar="ID=JSON", help="Answer the input request ID (repeatable), e.g. approval=true.")
-@click.option("--job", "jobs", multiple=True, metavar="ID=JSON", help='Deliver the result of job ID (repeatable), e.g. JOB=\'{"success": true, "count": 3}\'.')
-@click.option("--workflow", "workflow_spec", metavar="MODULE:ATTR", help="Run the session here with this workflow's code (without it, --input/--job are recorded for a worker).")
-@click.option("--force", is_flag=True, help="Take the session from its owner even if that owner looks alive (it is known to be dead).")
-@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of this invocation to an OTLP endpoint; default: OTEL_EXPORTER_OTLP_ENDPOINT.")
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="ID=JSON",
+    help="Answer the input request ID (repeatable), e.g. approval=true.",
+)
+@click.option(
+    "--job",
+    "jobs",
+    multiple=True,
+    metavar="ID=JSON",
+    help='Deliver the result of job ID (repeatable), e.g. JOB=\'{"success": true, "count": 3}\'.',
+)
+@click.option(
+    "--workflow",
+    "workflow_spec",
+    metavar="MODULE:ATTR",
+    help="Run the session here with this workflow's code (without it, --input/--job are recorded for a worker).",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Take the session from its owner even if that owner looks alive (it is known to be dead).",
+)
+@click.option(
+    "--otlp-endpoint",
+    metavar="URL",
+    help="Send the spans of this invocation to an OTLP endpoint; default: OTEL_EXPORTER_OTLP_ENDPOINT.",
+)
 @otlp_protocol_option
-@click.option("--state", type=click.Choice(SELECTABLE_STATES), help="Without SESSION: every session in this state (with --workflow NAME or MODULE:ATTR, of that workflow).")
-@click.option("--older-than", type=DURATION, default=None, help="Without SESSION: only sessions last updated this long ago (e.g. 10m).")
-@click.option("--dry-run", is_flag=True, help="Without SESSION: list the sessions it would resume; change nothing.")
+@click.option(
+    "--state",
+    type=click.Choice(SELECTABLE_STATES),
+    help="Without SESSION: every session in this state (with --workflow NAME or MODULE:ATTR, of that workflow).",
+)
+@click.option(
+    "--older-than",
+    type=DURATION,
+    default=None,
+    help="Without SESSION: only sessions last updated this long ago (e.g. 10m).",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Without SESSION: list the sessions it would resume; change nothing."
+)
 @click.option("--yes", is_flag=True, help="Without SESSION: resume every session the filters select.")
 def resume(
     session: str | None,
@@ -171,8 +184,17 @@ def resume(
             failed += 1  # said already; the others go on
 
     with open_store(db) as store:
-        for_each_target(store, None, one, "resume", workflow=name, state=state, older_than=older_than,
-                        dry_run=dry_run, yes=yes)
+        for_each_target(
+            store,
+            None,
+            one,
+            "resume",
+            workflow=name,
+            state=state,
+            older_than=older_than,
+            dry_run=dry_run,
+            yes=yes,
+        )
     if failed:
         raise click.exceptions.Exit(EXIT_FAILED)
 
@@ -199,10 +221,12 @@ def _resume_one(
         if ws.status == "completed":
             raise CliError(f"session {session!r} already completed; there is nothing to resume")
         if ws.status == "cancelled":
-            raise CliError(f"session {session!r} was cancelled; it is over for good (flowscope runs --status cancelled)")
+            raise CliError(
+                f"session {session!r} was cancelled; it is over for good (flowscope runs --status cancelled)"
+            )
         if ws.status == "paused" and not answers and not results:
             raise CliError(
-                f"session {session!r} is paused waiting for {_waiting_on(ws) or 'nothing'}: answer with --input ID=JSON or --job ID=JSON"
+                f"session {session!r} is paused waiting for {waiting_on(ws) or 'nothing'}: answer with --input ID=JSON or --job ID=JSON"
             )
         _check_answers(ws, answers, results)
         if workflow_spec is None and not _is_bundled(ws.workflow):
@@ -213,7 +237,10 @@ def _resume_one(
             return
         wf = _resolve_workflow(ws.workflow, workflow_spec)
         tracing = configure_cli_tracing(
-            otlp_endpoint, otlp_protocol, "flowscope", warn=lambda text: click.echo(f"warning: {text}", err=True)
+            otlp_endpoint,
+            otlp_protocol,
+            "flowscope",
+            warn=lambda text: click.echo(f"warning: {text}", err=True),
         )
         plugins: list[Plugin] = [ProgressPlugin(click.echo)]
         if tracing is not None:
@@ -249,7 +276,10 @@ def _resume_one(
         out = json.dumps(result.output, ensure_ascii=False)
         if len(out) > 300:
             out = out[:297] + "..."
-        click.echo(click.style("completed", fg="green") + f" ({session}, {kept} finished run(s) kept, {recovered} recovered): {out}")
+        click.echo(
+            click.style("completed", fg="green")
+            + f" ({session}, {kept} finished run(s) kept, {recovered} recovered): {out}"
+        )
 
 
 def _resume_record(store: Any, session: str, invocation_id: str) -> tuple[int, int]:
@@ -267,7 +297,12 @@ PRUNE_KEYS = ("session_id", "workflow", "status", "updated_at", "events")
 @click.command()
 @db_option
 @format_option
-@click.option("--older-than", type=DURATION, required=True, help="Only sessions whose last event is older than this (e.g. 30d).")
+@click.option(
+    "--older-than",
+    type=DURATION,
+    required=True,
+    help="Only sessions whose last event is older than this (e.g. 30d).",
+)
 @click.option(
     "--status",
     "statuses",
@@ -287,11 +322,21 @@ def prune(db: str | None, fmt: str, older_than: float, statuses: tuple[str, ...]
     with store:
         candidates = prune_candidates(store, older_than, statuses or None)
         before = store.storage_bytes()
-        deleted = set(store.delete_sessions([c.session_id for c in candidates])) if not dry_run and candidates else set()
+        deleted = (
+            set(store.delete_sessions([c.session_id for c in candidates]))
+            if not dry_run and candidates
+            else set()
+        )
         after = store.storage_bytes()
     chosen = [c for c in candidates if dry_run or c.session_id in deleted]
     rows = [
-        {"session_id": c.session_id, "workflow": c.workflow, "status": c.status, "updated_at": c.updated_at, "events": c.events}
+        {
+            "session_id": c.session_id,
+            "workflow": c.workflow,
+            "status": c.status,
+            "updated_at": c.updated_at,
+            "events": c.events,
+        }
         for c in chosen
     ]
     events = sum(c.events for c in chosen)
@@ -314,25 +359,63 @@ def prune(db: str | None, fmt: str, older_than: float, statuses: tuple[str, ...]
         )
     age = fmt_duration(older_than)
     if dry_run:
-        click.echo(f"would delete {len(rows)} session(s), {events} event(s), last updated more than {age} ago (--dry-run: nothing deleted)")
+        click.echo(
+            f"would delete {len(rows)} session(s), {events} event(s), last updated more than {age} ago (--dry-run: nothing deleted)"
+        )
         return
     freed = ""
     if before is not None and after is not None:
         freed = f"; freed {max(before - after, 0) / 1024:.0f} KiB of {before / 1024:.0f} KiB in use"
     skipped = len(candidates) - len(rows)
     note = f" ({skipped} skipped: resumed meanwhile)" if skipped else ""
-    click.echo(f"deleted {len(rows)} session(s), {events} event(s), last updated more than {age} ago{freed}{note}")
+    click.echo(
+        f"deleted {len(rows)} session(s), {events} event(s), last updated more than {age} ago{freed}{note}"
+    )
 
 
 @click.command("serve-metrics")
 @db_option
-@click.option("--host", "--metrics-host", "host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 exposes it: nothing here authenticates).")
-@click.option("--port", type=click.IntRange(0, 65535), default=9464, show_default=True, help="Port (0 picks a free one).")
-@click.option("--stale-after", type=DURATION, default="60s", show_default=True, help="A running run whose heartbeat is older than this counts as orphaned.")
-@click.option("--otlp-endpoint", metavar="URL", help="Also ship the spans no live worker will send (a killed worker's, say) to this OTLP endpoint.")
+@click.option(
+    "--host",
+    "--metrics-host",
+    "host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind (0.0.0.0 exposes it: nothing here authenticates).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=9464,
+    show_default=True,
+    help="Port (0 picks a free one).",
+)
+@click.option(
+    "--stale-after",
+    type=DURATION,
+    default="60s",
+    show_default=True,
+    help="A running run whose heartbeat is older than this counts as orphaned.",
+)
+@click.option(
+    "--otlp-endpoint",
+    metavar="URL",
+    help="Also ship the spans no live worker will send (a killed worker's, say) to this OTLP endpoint.",
+)
 @otlp_protocol_option
-@click.option("--service-name", default="flowscope", show_default=True, help="With --otlp-endpoint: the service.name of the spans it ships.")
-@click.option("--ship-interval", type=DURATION, default="1s", show_default=True, help="With --otlp-endpoint: how often to look for spans to ship.")
+@click.option(
+    "--service-name",
+    default="flowscope",
+    show_default=True,
+    help="With --otlp-endpoint: the service.name of the spans it ships.",
+)
+@click.option(
+    "--ship-interval",
+    type=DURATION,
+    default="1s",
+    show_default=True,
+    help="With --otlp-endpoint: how often to look for spans to ship.",
+)
 def serve_metrics_cmd(
     db: str | None,
     host: str,
@@ -358,9 +441,18 @@ def serve_metrics_cmd(
         registry = CollectorRegistry(auto_describe=True)
         server = start_metrics_server(store, registry, host=host, port=port, stale_after=stale_after)
         if otlp_endpoint:
-            follower = SpanFollower(store, otlp_endpoint, otlp_protocol, service_name, ship_interval, warn=lambda t: click.echo(f"warning: {t}", err=True))
+            follower = SpanFollower(
+                store,
+                otlp_endpoint,
+                otlp_protocol,
+                service_name,
+                ship_interval,
+                warn=lambda t: click.echo(f"warning: {t}", err=True),
+            )
         shipping = f"; shipping spans to {otlp_endpoint}" if otlp_endpoint else ""
-        click.echo(f"serving {server.url} (store {store.path}, orphaned after {stale_after:g}s{shipping}); Ctrl-C to stop")
+        click.echo(
+            f"serving {server.url} (store {store.path}, orphaned after {stale_after:g}s{shipping}); Ctrl-C to stop"
+        )
         try:
             wait_for_signal()
         finally:

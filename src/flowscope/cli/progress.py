@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..plugins import Plugin
 from .app import silence_stdout
@@ -47,7 +48,10 @@ class ProgressPlugin(Plugin):
         if t == "run_started":
             if e.resumed:
                 extra = f", {e.recovered} crashed run(s) to re-execute" if e.recovered else ""
-                return say("resume", f"invocation {e.invocation_id[:8]}: {e.replayed} finished run(s) kept from the log{extra}")
+                return say(
+                    "resume",
+                    f"invocation {e.invocation_id[:8]}: {e.replayed} finished run(s) kept from the log{extra}",
+                )
             return say("run", f"invocation {e.invocation_id[:8]} of {e.workflow}")
         if t == "node_completed":
             note = "   returned nothing: completion marker" if not e.has_output else ""
@@ -69,7 +73,9 @@ class ProgressPlugin(Plugin):
         if t == "input_requested":
             payload = e.payload if isinstance(e.payload, dict) else {}
             if payload.get("kind") == "job_failed":
-                return say("pause", f"{where} {payload.get('problem')}; asks {e.interrupt_id!r}: retry or abort")
+                return say(
+                    "pause", f"{where} {payload.get('problem')}; asks {e.interrupt_id!r}: retry or abort"
+                )
             return say("pause", f"{where} asks {e.interrupt_id!r}: {e.prompt}")
         if t == "input_received":
             return say("answer", f"{where} {e.interrupt_id!r} = {e.value!r}")

@@ -11,7 +11,8 @@ import re
 import shutil
 import sys
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import click
 
@@ -91,7 +92,9 @@ def table_width() -> int | None:
     return None
 
 
-def fit_widths(widths: Sequence[int], headers: Sequence[str], limit: int | None, fixed: Sequence[bool] = ()) -> list[int]:
+def fit_widths(
+    widths: Sequence[int], headers: Sequence[str], limit: int | None, fixed: Sequence[bool] = ()
+) -> list[int]:
     """Column widths that fit ``limit`` characters with two spaces between columns.
 
     The widest columns give way first (one cap for all of them, as high as fits); a column
@@ -263,6 +266,7 @@ def render_csv(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
 
 # --------------------------------------------------------------------------- waterfall
 
+
 def _detail(r: dict[str, Any]) -> str:
     bits: list[str] = []
     status = r["status"]
@@ -279,7 +283,13 @@ def _detail(r: dict[str, Any]) -> str:
         reasons = r.get("retried") or ()
         why = ""
         if reasons:
-            why = " (" + ", ".join(f"{a['attempt']}: {a['error_type'] or 'Exception'} [{a['error_code']}]" for a in reasons) + ")"
+            why = (
+                " ("
+                + ", ".join(
+                    f"{a['attempt']}: {a['error_type'] or 'Exception'} [{a['error_code']}]" for a in reasons
+                )
+                + ")"
+            )
         bits.append(f"{r['retries']} retr{'y' if r['retries'] == 1 else 'ies'}{why}")
     if r.get("recoveries"):
         bits.append(f"recovered {r['recoveries']}x after a crash")
@@ -355,11 +365,18 @@ def waterfall_lines(
         table_rows.append({**r, "_name": name, "_bar": bar, "_detail": _detail(r)})
     columns: list[Column] = [
         ("NODE", lambda r: r["_name"]),
-        ("START", lambda r: "+" + fmt_duration(r.get("start_offset_s")) if r.get("start_offset_s") is not None else "-"),
+        (
+            "START",
+            lambda r: (
+                "+" + fmt_duration(r.get("start_offset_s")) if r.get("start_offset_s") is not None else "-"
+            ),
+        ),
         ("DURATION", lambda r: fmt_duration(r.get("duration_s"))),
         ("STATUS", lambda r: r["status"]),
         ("ATT", lambda r: r["attempts"]),
         ("TIMELINE", lambda r: r["_bar"]),
         ("DETAIL", lambda r: r["_detail"]),
     ]
-    return render_table(table_rows, columns, color_key="STATUS", max_width=120, fixed=("TIMELINE",)).split("\n")
+    return render_table(table_rows, columns, color_key="STATUS", max_width=120, fixed=("TIMELINE",)).split(
+        "\n"
+    )

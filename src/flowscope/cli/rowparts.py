@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..fold import OPEN_STATES, containers
 from ..liveness import (
@@ -38,7 +39,9 @@ def input_hint(session_id: str, interrupt_id: str, payload: Any = None, prefix: 
     """The ``resume --input`` that answers ``interrupt_id``, quoted for a POSIX shell. The
     value is ``JSON`` (the placeholder to replace), or ``"retry"`` for a failed job's
     pause (its payload lists the actions), which is valid as printed."""
-    actions = payload.get("actions") if isinstance(payload, dict) and payload.get("kind") == "job_failed" else None
+    actions = (
+        payload.get("actions") if isinstance(payload, dict) and payload.get("kind") == "job_failed" else None
+    )
     value = json.dumps(actions[0]) if actions else "JSON"
     return f"{prefix} resume {shlex.quote(session_id)} --input {quoted(f'{interrupt_id}={value}')}"
 
@@ -60,7 +63,13 @@ def owner_row(info: SessionInfo | None) -> dict[str, Any] | None:
         return None
     o = info.owner
     alive = owner_alive(o, info.lease_expires_at, time.time())
-    return {"worker_id": o.worker_id, "host": o.host, "pid": o.pid, "lease_expires_at": info.lease_expires_at, "alive": alive}
+    return {
+        "worker_id": o.worker_id,
+        "host": o.host,
+        "pid": o.pid,
+        "lease_expires_at": info.lease_expires_at,
+        "alive": alive,
+    }
 
 
 def open_containers(runs: Iterable[NodeRun]) -> set[tuple[str, str]]:

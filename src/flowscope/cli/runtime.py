@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .failures import CliError
 
@@ -68,7 +69,9 @@ def check_endpoint(endpoint: str, option: str = "--otlp-endpoint") -> None:
     except ValueError as exc:
         raise CliError(f"{option} {endpoint}: not a URL ({exc}); use e.g. http://localhost:4318") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise CliError(f"{option} {endpoint}: an OTLP endpoint is http(s)://host[:port] or host:port, e.g. http://localhost:4318")
+        raise CliError(
+            f"{option} {endpoint}: an OTLP endpoint is http(s)://host[:port] or host:port, e.g. http://localhost:4318"
+        )
 
 
 def unreachable(endpoint: str) -> str | None:
@@ -106,7 +109,9 @@ class _FirstExportProblem(logging.Handler):
         self.said = True
         import click
 
-        click.echo(f"warning: spans could not be sent to {self.endpoint}; later ones may be dropped too", err=True)
+        click.echo(
+            f"warning: spans could not be sent to {self.endpoint}; later ones may be dropped too", err=True
+        )
 
 
 def _quiet_sdk(endpoint: str) -> None:
@@ -167,11 +172,17 @@ def configure_cli_tracing(
         problem = unreachable(target)
         if problem is not None:
             if warn is not None:
-                warn(f"{problem}: the spans will be dropped (start a collector or Jaeger first: `flowscope deploy-files DIR` writes one; docs/operations.md)")
+                warn(
+                    f"{problem}: the spans will be dropped (start a collector or Jaeger first: `flowscope deploy-files DIR` writes one; docs/operations.md)"
+                )
             return None
         _quiet_sdk(target)
     # The CLI's short export timeout, unless the operator set one.
-    timeout = None if otlp.env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT") else EXPORT_TIMEOUT_S
+    timeout = (
+        None
+        if otlp.env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+        else EXPORT_TIMEOUT_S
+    )
     try:
         handle = configure_tracing(service, otlp_endpoint=endpoint or None, protocol=proto, timeout=timeout)
     except ValueError as exc:
@@ -198,7 +209,15 @@ class SpanFollower:
     an OTLP endpoint. A refused export or a store hiccup is said once and retried the next
     pass; :meth:`stop` ends it."""
 
-    def __init__(self, store: Any, endpoint: str, protocol: str | None, service: str, interval: float, warn: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        store: Any,
+        endpoint: str,
+        protocol: str | None,
+        service: str,
+        interval: float,
+        warn: Callable[[str], None],
+    ) -> None:
         self.exporter = follower_exporter(endpoint, protocol, FOLLOW_TIMEOUT_S)
         # The exporter's own retry and failure lines would repeat on every pass: the
         # follower says once what the endpoint refused (warn) and retries.
@@ -215,7 +234,13 @@ class SpanFollower:
 
         while not self._stop.is_set():
             try:
-                follow(self.store, self.exporter, service_name=self.service, interval=self.interval, stop=self._stop)
+                follow(
+                    self.store,
+                    self.exporter,
+                    service_name=self.service,
+                    interval=self.interval,
+                    stop=self._stop,
+                )
             except (ExportError, StoreError) as exc:  # said once; the watermark keeps what was not sent
                 text = str(exc)
                 if text not in self._said:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from ..engine.inbox import CANCEL_REASON, cancel_events, take_in
 from ..errors import ConcurrencyConflict
@@ -33,7 +33,6 @@ __all__ = [
     "SELECTABLE_STATES",
     "select_sessions",
 ]
-
 
 
 class SessionOwned(Exception):
@@ -118,7 +117,10 @@ def prune_candidates(
     out = [
         PruneCandidate(s.session_id, s.workflow, s.status, s.updated_at, s.last_seq)
         for s in store.sessions()
-        if s.status in wanted and s.status in FINISHED_SESSION_STATUSES and old(s) and s.session_id not in with_open
+        if s.status in wanted
+        and s.status in FINISHED_SESSION_STATUSES
+        and old(s)
+        and s.session_id not in with_open
     ]
     out.sort(key=lambda c: c.updated_at or 0.0)
     return out
@@ -126,7 +128,16 @@ def prune_candidates(
 
 #: What ``--state`` of a bulk action may name: a session status, or ``orphaned`` (running,
 #: its owner gone by the liveness rule).
-SELECTABLE_STATES = ("queued", "running", "orphaned", "paused", "answered", "failed", "completed", "cancelled")
+SELECTABLE_STATES = (
+    "queued",
+    "running",
+    "orphaned",
+    "paused",
+    "answered",
+    "failed",
+    "completed",
+    "cancelled",
+)
 
 
 def select_sessions(
@@ -147,7 +158,11 @@ def select_sessions(
         if older_than_s is not None and (s.updated_at is None or now - s.updated_at < older_than_s):
             return False
         if state == "orphaned":
-            return s.status == "running" and s.owner is not None and not owner_alive(s.owner, s.lease_expires_at, now)
+            return (
+                s.status == "running"
+                and s.owner is not None
+                and not owner_alive(s.owner, s.lease_expires_at, now)
+            )
         if state == "running":
             return s.status == "running" and owner_alive(s.owner, s.lease_expires_at, now)
         return state is None or s.status == state

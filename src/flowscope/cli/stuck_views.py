@@ -4,7 +4,8 @@ open run that needs a person, each with its fix."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..errors import StoreCorrupt
 from ..fold import OPEN_STATES, WorkflowState, rebuild
@@ -30,7 +31,16 @@ from .rowparts import (
     round_or_none,
 )
 
-__all__ = ["AUDIT_KEYS", "AUDIT_RUN_KEYS", "STUCK_KEYS", "QUEUED", "STUCK_STATES", "audit_rows", "audit_run_rows", "stuck_rows"]
+__all__ = [
+    "AUDIT_KEYS",
+    "AUDIT_RUN_KEYS",
+    "STUCK_KEYS",
+    "QUEUED",
+    "STUCK_STATES",
+    "audit_rows",
+    "audit_run_rows",
+    "stuck_rows",
+]
 
 AUDIT_KEYS = (
     "workflow",
@@ -222,7 +232,12 @@ def stuck_rows(
             infos[r.session_id] = store.session_info(r.session_id)
         info = infos[r.session_id]
         state = classify_open_run(
-            r.status, r.started_at, r.heartbeat_at, r.job_deadline_at, now, stale_after_s,
+            r.status,
+            r.started_at,
+            r.heartbeat_at,
+            r.job_deadline_at,
+            now,
+            stale_after_s,
             owner=info.owner if info is not None else None,
             lease_expires_at=info.lease_expires_at if info is not None else None,
         )
@@ -244,7 +259,9 @@ def stuck_rows(
                     continue
             ns = ws.nodes.get(r.path)
             if ns is not None:
-                waiting_on = sorted(ns.requests) if r.status == "waiting_input" else [j.job_id for j in ns.open_jobs]
+                waiting_on = (
+                    sorted(ns.requests) if r.status == "waiting_input" else [j.job_id for j in ns.open_jobs]
+                )
                 if waiting_on and waiting_on[0] in ns.requests:
                     payload = ns.requests[waiting_on[0]].payload
         beat_age = now - r.heartbeat_at if r.heartbeat_at is not None else None
@@ -260,7 +277,9 @@ def stuck_rows(
                 "started_at": r.started_at,
                 "age_s": round_or_none(now - r.started_at) if r.started_at is not None else None,
                 "heartbeat_at": r.heartbeat_at if r.status == "running" else None,
-                "heartbeat_age_s": round_or_none(beat_age) if r.status == "running" and beat_age is not None else None,
+                "heartbeat_age_s": round_or_none(beat_age)
+                if r.status == "running" and beat_age is not None
+                else None,
                 "job_deadline_at": r.job_deadline_at,
                 "waiting_on": waiting_on,
                 "action": _action(r, state, waiting_on, beat_age, info, payload),
@@ -281,7 +300,9 @@ def _queued_rows(store: EventStore, older_than_s: float, now: float) -> list[dic
     from ..examples import BUNDLED
 
     cutoff = now - older_than_s
-    if not any(g.oldest_submitted_at is None or g.oldest_submitted_at <= cutoff for g in store.queued_summary()):
+    if not any(
+        g.oldest_submitted_at is None or g.oldest_submitted_at <= cutoff for g in store.queued_summary()
+    ):
         return []  # the store's index says nothing queued is old enough: no scan of every session
     queued = [s for s in store.sessions() if s.status == QUEUED]
     old = [s for s in queued if (s.submitted_at or s.started_at or now) <= cutoff]
@@ -320,14 +341,21 @@ def _queued_rows(store: EventStore, older_than_s: float, now: float) -> list[dic
 
 
 def _action(
-    r: NodeRun, state: str, waiting_on: list[str], beat_age: float | None, info: SessionInfo | None, payload: Any = None
+    r: NodeRun,
+    state: str,
+    waiting_on: list[str],
+    beat_age: float | None,
+    info: SessionInfo | None,
+    payload: Any = None,
 ) -> str:
     sid = r.session_id
     owner = info.owner if info is not None else None
     if state == ORPHANED:
         # An owned session is free once orphaned; one without an owner is refused to a
         # resume while its heartbeat looks fresh.
-        fresh = owner is None and beat_age is not None and beat_age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S)
+        fresh = (
+            owner is None and beat_age is not None and beat_age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S)
+        )
         return f"flowscope resume {sid}{' --force' if fresh else ''}"
     if state == RUNNING:
         if owner is not None:

@@ -12,8 +12,8 @@ import click
 
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
-from .views import input_hint, job_hint
 from .render import fmt_duration, fmt_time, one_line_text, render_table, table_width, zone_name
+from .views import input_hint, job_hint
 
 __all__ = ["runs_table", "session_header", "pending_hint", "audit_table", "stuck_table"]
 
@@ -49,10 +49,17 @@ def session_header(ws: WorkflowState) -> list[str]:
     parts go on as many lines as they need, the failure's message is cut with ``…``
     (``--wide``, ``flowscope events`` print it whole)."""
     limit = table_width()
-    status = click.style(ws.status, fg={"completed": "green", "failed": "red", "paused": "yellow"}.get(ws.status))
+    status = click.style(
+        ws.status, fg={"completed": "green", "failed": "red", "paused": "yellow"}.get(ws.status)
+    )
     dur = (ws.updated_at - ws.started_at) if ws.started_at is not None and ws.updated_at is not None else None
-    parts = [(f"session {ws.session_id}", None), (f"workflow {ws.workflow}", None), (status, ws.status),
-             (f"{ws.invocations} invocation(s)", None), (f"{ws.last_seq} events", None)]
+    parts = [
+        (f"session {ws.session_id}", None),
+        (f"workflow {ws.workflow}", None),
+        (status, ws.status),
+        (f"{ws.invocations} invocation(s)", None),
+        (f"{ws.last_seq} events", None),
+    ]
     lines: list[str] = []
     line, width = "", 0
     for text, plain in parts:
@@ -84,13 +91,17 @@ def pending_hint(ws: WorkflowState) -> list[str]:
     for p in pending:
         if isinstance(p, InputRequested):
             prompt = one_line_text(p.prompt)
-            out.append(f"  input {p.interrupt_id!r}: {prompt}   -> {input_hint(ws.session_id, p.interrupt_id, p.payload)}")
+            out.append(
+                f"  input {p.interrupt_id!r}: {prompt}   -> {input_hint(ws.session_id, p.interrupt_id, p.payload)}"
+            )
             payload = p.payload if isinstance(p.payload, dict) else {}
             if payload.get("fix"):
                 out.append(f"    fix: {one_line_text(str(payload['fix']))}")
         elif isinstance(p, JobDispatched):
             out.append(f"  job {p.job_id} ({p.path})   -> {job_hint(ws.session_id, p.job_id)}")
-            out.append(f"    idempotency key {p.idempotency_key or '-'}; dispatched {fmt_time(p.ts, zone=True)}")
+            out.append(
+                f"    idempotency key {p.idempotency_key or '-'}; dispatched {fmt_time(p.ts, zone=True)}"
+            )
     return out
 
 
@@ -107,7 +118,12 @@ def audit_table(rows: list[dict[str, Any]], by: str) -> str:
                 ("RETRIES", lambda r: r["retries"]),
                 ("RECOVERIES", lambda r: r["recoveries"]),
                 ("ERROR", lambda r: r["error_code"] or ""),
-                ("RETRIED", lambda r: ", ".join(f"{a['attempt']}: {a['error_type']} [{a['error_code']}]" for a in r["retried"])),
+                (
+                    "RETRIED",
+                    lambda r: ", ".join(
+                        f"{a['attempt']}: {a['error_type']} [{a['error_code']}]" for a in r["retried"]
+                    ),
+                ),
             ],
             color_key="STATUS",
             empty="no node runs",
@@ -142,7 +158,12 @@ def stuck_table(rows: list[dict[str, Any]]) -> str:
             ("PATH", lambda r: r["path"]),
             ("STATE", lambda r: r["state"]),
             ("AGE", lambda r: fmt_duration(r["age_s"])),
-            ("HEARTBEAT", lambda r: (fmt_duration(r["heartbeat_age_s"]) + " ago") if r["heartbeat_age_s"] is not None else "-"),
+            (
+                "HEARTBEAT",
+                lambda r: (
+                    (fmt_duration(r["heartbeat_age_s"]) + " ago") if r["heartbeat_age_s"] is not None else "-"
+                ),
+            ),
             ("ATT", lambda r: r["attempt"]),
             ("WAITING ON", lambda r: r["waiting_on"] or ""),
             ("NEXT", lambda r: r["action"]),

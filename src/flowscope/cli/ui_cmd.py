@@ -21,12 +21,45 @@ INSTALL_HINT = "the console needs its extra: pip install 'flowscope[ui]' (Starle
 
 @click.command()
 @db_option
-@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on (keep it on loopback unless you know why).")
-@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="The port (0: any free port).")
-@click.option("--read-only", is_flag=True, help="Serve no write at all (answers, retry, cancel are refused); the store is opened read-only.")
-@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME", help="Also accept this Host header (a name this machine is reached by; repeatable).")
-@click.option("--stale-after", type=float, default=60.0, show_default=True, help="Seconds after which a running run without an owner and with an old heartbeat counts as orphaned.")
-@click.option("--queued-after", type=float, default=60.0, show_default=True, help="Seconds queued after which a session is 'queued too long'.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address to listen on (keep it on loopback unless you know why).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8765,
+    show_default=True,
+    help="The port (0: any free port).",
+)
+@click.option(
+    "--read-only",
+    is_flag=True,
+    help="Serve no write at all (answers, retry, cancel are refused); the store is opened read-only.",
+)
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also accept this Host header (a name this machine is reached by; repeatable).",
+)
+@click.option(
+    "--stale-after",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds after which a running run without an owner and with an old heartbeat counts as orphaned.",
+)
+@click.option(
+    "--queued-after",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds queued after which a session is 'queued too long'.",
+)
 def ui(
     db: str | None,
     host: str,
@@ -78,7 +111,11 @@ def ui(
     click.echo(config.url())
     mode = "read-only" if read_only else "read-write"
     click.echo(f"flowscope ui: {shown_db(path)} ({mode}); Ctrl-C stops it", err=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=1))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=1
+        )
+    )
     try:
         server.run(sockets=[sock])
     finally:

@@ -132,7 +132,9 @@ def load_session(store: EventLog, session_id: str) -> WorkflowState:
     """The session's state from its log (the fold), or :class:`UnknownSessionError`."""
     events = store.read(session_id)
     if not events:
-        raise UnknownSessionError(f"no session {session_id!r} in {_where(store)}: `flowscope runs` lists the sessions")
+        raise UnknownSessionError(
+            f"no session {session_id!r} in {_where(store)}: `flowscope runs` lists the sessions"
+        )
     return rebuild(events)
 
 
@@ -166,7 +168,9 @@ def session_rows(store: EventLog, sessions: list[SessionInfo]) -> list[dict[str,
     runs = [r for s in sessions for r in store.node_runs(s.session_id)]  # indexed by session
     origins = origin_failures(runs)
     enclosing = open_containers(runs)
-    per: dict[str, dict[str, Any]] = {sid: {"node_runs": 0, "open_runs": 0, "failed_runs": 0, "error_code": None} for sid in wanted}
+    per: dict[str, dict[str, Any]] = {
+        sid: {"node_runs": 0, "open_runs": 0, "failed_runs": 0, "error_code": None} for sid in wanted
+    }
     for r in runs:
         acc = per[r.session_id]
         acc["node_runs"] += 1
@@ -178,7 +182,9 @@ def session_rows(store: EventLog, sessions: list[SessionInfo]) -> list[dict[str,
                 acc["error_code"] = r.error_code
     rows = []
     for s in sessions:
-        duration = (s.updated_at - s.started_at) if s.started_at is not None and s.updated_at is not None else None
+        duration = (
+            (s.updated_at - s.started_at) if s.started_at is not None and s.updated_at is not None else None
+        )
         rows.append(
             {
                 "session_id": s.session_id,
@@ -276,7 +282,9 @@ def show_rows(
                 "answered_interrupts": sorted(ns.inputs),
                 "jobs": jobs,
                 "heartbeat_at": ns.heartbeat_at if ns.status == "running" else None,
-                "requests": [request_row(req) for req in ns.requests.values()] if ns.status == "waiting_input" else [],
+                "requests": [request_row(req) for req in ns.requests.values()]
+                if ns.status == "waiting_input"
+                else [],
                 "retried": list(history.retried.get(ns.path, ())) if history is not None else [],
                 "segments": list(history.segments.get(ns.path, ())) if history is not None else [],
                 "owner": owner,

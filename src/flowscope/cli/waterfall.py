@@ -10,8 +10,9 @@ units. :func:`waterfall_layout` gives each ``show`` row its segments on that axi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["GAP_S", "Axis", "Gap", "waterfall_layout"]
 
@@ -40,7 +41,12 @@ class Axis:
     longer than :data:`GAP_S` between them as ``gap_width`` units."""
 
     def __init__(
-        self, t0: float, t1: float, windows: Sequence[tuple[float, float]], width: float, gap_width: float = 1.0
+        self,
+        t0: float,
+        t1: float,
+        windows: Sequence[tuple[float, float]],
+        width: float,
+        gap_width: float = 1.0,
     ) -> None:
         merged: list[list[float]] = []
         for a, b in sorted(windows):
@@ -115,7 +121,13 @@ def waterfall_layout(
         "t0": t0,
         "t1": t1,
         "gaps": [
-            {"x": round(g.x, 2), "width": g.width, "start": g.start, "end": g.end, "duration_s": round(g.duration_s, 3)}
+            {
+                "x": round(g.x, 2),
+                "width": g.width,
+                "start": g.start,
+                "end": g.end,
+                "duration_s": round(g.duration_s, 3),
+            }
             for g in axis.gaps()
         ],
         "segments": out,

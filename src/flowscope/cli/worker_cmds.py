@@ -15,9 +15,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -43,7 +41,18 @@ if TYPE_CHECKING:
     from ..store.postgres import PostgresEventStore
     from ..store.sqlite import SqliteEventStore
 
-__all__ = ["worker_cmd", "start", "load_workflows", "worker_hint", "worker_command", "submit_by_name", "record_answers", "cwd_importable", "StoreOutageStop", "COMMANDS"]
+__all__ = [
+    "worker_cmd",
+    "start",
+    "load_workflows",
+    "worker_hint",
+    "worker_command",
+    "submit_by_name",
+    "record_answers",
+    "cwd_importable",
+    "StoreOutageStop",
+    "COMMANDS",
+]
 
 #: How recently a worker must have recorded itself to count as serving a workflow (the
 #: one rule, :func:`flowscope.liveness.worker_alive`).
@@ -62,7 +71,9 @@ def load_workflows(specs: tuple[str, ...]) -> list[Any]:
     for spec in specs:
         try:
             obj = load_target(spec)
-            out.extend(as_workflow(item, spec) for item in (list(obj) if isinstance(obj, (list, tuple)) else [obj]))
+            out.extend(
+                as_workflow(item, spec) for item in (list(obj) if isinstance(obj, (list, tuple)) else [obj])
+            )
         except ValueError as exc:
             raise CliError(f"{exc}" if str(exc).startswith(spec) else f"{spec}: {exc}") from None
     return out
@@ -82,7 +93,9 @@ def worker_command(workflow: str, prefix: str = "flowscope") -> str:
     return f"{prefix} worker {BUNDLED.get(workflow, 'MODULE:ATTR')}"
 
 
-def worker_hint(store: EventStore, workflow: str, now: float | None = None, prefix: str = "flowscope") -> tuple[bool, str]:
+def worker_hint(
+    store: EventStore, workflow: str, now: float | None = None, prefix: str = "flowscope"
+) -> tuple[bool, str]:
     """Whether a live worker serves ``workflow``, and the sentence that says so.
 
     Alive is :func:`flowscope.liveness.worker_alive`: recorded within
@@ -112,12 +125,19 @@ def worker_hint(store: EventStore, workflow: str, now: float | None = None, pref
         )
     others = sorted({name for w in alive for name in w.workflows})
     if others:
-        return False, f"no worker serves {workflow!r}: the live workers serve {', '.join(others)}; check the name, or {start}"
+        return (
+            False,
+            f"no worker serves {workflow!r}: the live workers serve {', '.join(others)}; check the name, or {start}",
+        )
     return False, f"no worker for {workflow!r} seen in the last {SEEN_WITHIN_S:g}s: {start}"
 
 
 def record_answers(
-    store: SqliteEventStore | PostgresEventStore, session: str, ws: WorkflowState, inputs: dict[str, Any], jobs: dict[str, Any]
+    store: SqliteEventStore | PostgresEventStore,
+    session: str,
+    ws: WorkflowState,
+    inputs: dict[str, Any],
+    jobs: dict[str, Any],
 ) -> None:
     """``flowscope resume`` without the workflow's code: record the answers with
     :func:`flowscope.answer` and say whether a worker will pick the session up."""
@@ -129,7 +149,11 @@ def record_answers(
     here = f"{prefix} resume {session}" + ("" if ws.workflow in BUNDLED else " --workflow MODULE:ATTR")
     if not inputs and not jobs:
         info = store.session_info(session)
-        orphaned = ws.status == "running" and info is not None and not owner_alive(info.owner, info.lease_expires_at, time.time())
+        orphaned = (
+            ws.status == "running"
+            and info is not None
+            and not owner_alive(info.owner, info.lease_expires_at, time.time())
+        )
         seen, hint = worker_hint(store, ws.workflow, prefix=prefix)
         if seen and (ws.status in ("queued", "answered") or orphaned):
             click.echo(f"nothing to record for {session} ({ws.workflow}, {ws.status}); {hint}")
@@ -163,7 +187,9 @@ def submit_by_name(store: EventStore, workflow: str, input: Any, session_id: str
 @click.command("start")
 @click.argument("workflow")
 @db_option
-@click.option("--input", "input_json", default="null", metavar="JSON", help="The run input, as JSON (default null).")
+@click.option(
+    "--input", "input_json", default="null", metavar="JSON", help="The run input, as JSON (default null)."
+)
 @click.option("--session", "session_id", metavar="ID", help="The session id (default: a new random one).")
 def start(workflow: str, db: str | None, input_json: str, session_id: str | None) -> None:
     """Submit a run of WORKFLOW (its name: no code needed) for a worker to start.
@@ -196,18 +222,68 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
 @click.command("worker")
 @click.argument("specs", nargs=-1, required=True, metavar="MODULE:ATTR...")
 @db_option
-@click.option("--concurrency", type=click.IntRange(1, None), default=64, show_default=True, help="Sessions run at once.")
-@click.option("--lease", "lease_s", type=POSITIVE_DURATION, default="15s", show_default=True, help="The lease each session is held under (renewed every third).")
-@click.option("--drain", "drain_s", type=DURATION, default="30s", show_default=True, help="On SIGTERM, how long sessions in hand may run on before they are handed back.")
-@click.option("--poll", "poll_s", type=POSITIVE_DURATION, default="500ms", show_default=True, help="How often to look for work when there was none.")
+@click.option(
+    "--concurrency", type=click.IntRange(1, None), default=64, show_default=True, help="Sessions run at once."
+)
+@click.option(
+    "--lease",
+    "lease_s",
+    type=POSITIVE_DURATION,
+    default="15s",
+    show_default=True,
+    help="The lease each session is held under (renewed every third).",
+)
+@click.option(
+    "--drain",
+    "drain_s",
+    type=DURATION,
+    default="30s",
+    show_default=True,
+    help="On SIGTERM, how long sessions in hand may run on before they are handed back.",
+)
+@click.option(
+    "--poll",
+    "poll_s",
+    type=POSITIVE_DURATION,
+    default="500ms",
+    show_default=True,
+    help="How often to look for work when there was none.",
+)
 @click.option("--worker-id", metavar="ID", help="This worker's id (default: host-pid-random).")
-@click.option("--max-recoveries", type=click.IntRange(0, None), default=3, show_default=True, help="Orphaned sessions recovered more often are left alone.")
-@click.option("--max-store-outage", "max_store_outage_s", type=DURATION, default="60s", show_default=True, help="Stop (exit 3) when no write to the database has gone through for this long (a full disk, a read-only database).")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve this worker's Prometheus metrics on --metrics-host:PORT.")
+@click.option(
+    "--max-recoveries",
+    type=click.IntRange(0, None),
+    default=3,
+    show_default=True,
+    help="Orphaned sessions recovered more often are left alone.",
+)
+@click.option(
+    "--max-store-outage",
+    "max_store_outage_s",
+    type=DURATION,
+    default="60s",
+    show_default=True,
+    help="Stop (exit 3) when no write to the database has gone through for this long (a full disk, a read-only database).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve this worker's Prometheus metrics on --metrics-host:PORT.",
+)
 @metrics_host_option
-@click.option("--otlp-endpoint", metavar="URL", help="Send the spans of the sessions it runs to this OTLP endpoint (and those a killed worker had not sent); default: OTEL_EXPORTER_OTLP_ENDPOINT.")
+@click.option(
+    "--otlp-endpoint",
+    metavar="URL",
+    help="Send the spans of the sessions it runs to this OTLP endpoint (and those a killed worker had not sent); default: OTEL_EXPORTER_OTLP_ENDPOINT.",
+)
 @otlp_protocol_option
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="warning",
+    show_default=True,
+)
 def worker_cmd(
     specs: tuple[str, ...],
     db: str | None,
@@ -239,7 +315,9 @@ def worker_cmd(
     workflows = load_workflows(specs)
     store = open_store(db, write=True, create=True)
     server = None
-    tracing = configure_cli_tracing(otlp_endpoint, otlp_protocol, "flowscope-worker", warn=lambda t: click.echo(f"warning: {t}", err=True))
+    tracing = configure_cli_tracing(
+        otlp_endpoint, otlp_protocol, "flowscope-worker", warn=lambda t: click.echo(f"warning: {t}", err=True)
+    )
     with store:
         plugins: list[Plugin] = [tracing.plugin()] if tracing is not None else []
         if metrics_port is not None:
@@ -255,7 +333,9 @@ def worker_cmd(
             try:
                 server = start_metrics_http(metrics_port, metrics_host, registry)
             except OSError as exc:
-                raise CliError(f"cannot listen on {metrics_host}:{metrics_port}: {exc.strerror or exc}") from None
+                raise CliError(
+                    f"cannot listen on {metrics_host}:{metrics_port}: {exc.strerror or exc}"
+                ) from None
         w = Worker(
             store,
             workflows,
@@ -269,7 +349,10 @@ def worker_cmd(
             max_store_outage_s=max_store_outage_s,
         )
         names = ", ".join(sorted(w.workflows))
-        click.echo(f"worker {w.owner.worker_id} (pid {w.owner.pid}) serving {names} from {store.path}; SIGTERM or Ctrl-C drains", err=True)
+        click.echo(
+            f"worker {w.owner.worker_id} (pid {w.owner.pid}) serving {names} from {store.path}; SIGTERM or Ctrl-C drains",
+            err=True,
+        )
         outage: StoreNotWritable | None = None
         try:
             asyncio.run(_serve(w))

@@ -15,8 +15,9 @@ from __future__ import annotations
 import calendar
 import time
 import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..cli import views
 from ..cli.history import event_rows, request_row, retry_reasons, session_history
@@ -93,7 +94,9 @@ def parse_time(text: str, now: float) -> float:
     try:
         return now - views.parse_duration(s)
     except ValueError:
-        raise ValueError(f"{text!r} is not a time: give epoch seconds, a UTC date (2026-12-02T13:50), or a duration ago (15m)") from None
+        raise ValueError(
+            f"{text!r} is not a time: give epoch seconds, a UTC date (2026-12-02T13:50), or a duration ago (15m)"
+        ) from None
 
 
 def parse_filter(params: Mapping[str, str], now: float | None = None) -> SessionFilter:
@@ -159,7 +162,12 @@ def attention_sets(
     for r in store.open_runs():
         info = by_id.get(r.session_id)
         state = classify_open_run(
-            r.status, r.started_at, r.heartbeat_at, r.job_deadline_at, now, stale_after_s,
+            r.status,
+            r.started_at,
+            r.heartbeat_at,
+            r.job_deadline_at,
+            now,
+            stale_after_s,
             owner=info.owner if info is not None else None,
             lease_expires_at=info.lease_expires_at if info is not None else None,
         )
@@ -184,11 +192,22 @@ class _FeedCache:
         self._tabs: tuple[tuple[int, int, float, float], dict[str, set[str]]] | None = None
 
     def tabs(
-        self, store: EventStore, version: int, sessions: Sequence[SessionInfo], now: float, stale_after_s: float, queued_after_s: float
+        self,
+        store: EventStore,
+        version: int,
+        sessions: Sequence[SessionInfo],
+        now: float,
+        stale_after_s: float,
+        queued_after_s: float,
     ) -> dict[str, set[str]]:
         key = (version, int(now), stale_after_s, queued_after_s)
         if self._tabs is None or self._tabs[0] != key:
-            self._tabs = key, attention_sets(store, sessions, now=now, stale_after_s=stale_after_s, queued_after_s=queued_after_s)
+            self._tabs = (
+                key,
+                attention_sets(
+                    store, sessions, now=now, stale_after_s=stale_after_s, queued_after_s=queued_after_s
+                ),
+            )
         return self._tabs[1]
 
     def of(self, store: EventStore, sessions: Iterable[SessionInfo]) -> dict[str, str | None]:
@@ -201,7 +220,7 @@ class _FeedCache:
 
 
 #: One cache per change feed (per console, per store).
-_CACHES: "weakref.WeakKeyDictionary[ChangeFeed, _FeedCache]" = weakref.WeakKeyDictionary()
+_CACHES: weakref.WeakKeyDictionary[ChangeFeed, _FeedCache] = weakref.WeakKeyDictionary()
 
 
 def _matches(s: SessionInfo, f: SessionFilter) -> bool:
@@ -266,7 +285,9 @@ def _owner(info: SessionInfo | None) -> dict[str, Any] | None:
     return views.owner_row(info)
 
 
-def session_waterfall(store: EventStore, session_id: str, *, width: float = 1000.0, gap_width: float = 40.0) -> dict[str, Any]:
+def session_waterfall(
+    store: EventStore, session_id: str, *, width: float = 1000.0, gap_width: float = 40.0
+) -> dict[str, Any]:
     """Everything the session page draws, from one read of the log: the session (status,
     times, owner, its error), a row per node path in ``show`` order (depth-first, the
     fold's fields), each row's segments (one per invocation that ran it) on the compressed
@@ -289,7 +310,9 @@ def session_waterfall(store: EventStore, session_id: str, *, width: float = 1000
         {"started_at": ns.started_at, "ended_at": ns.ended_at, "segments": history.segments.get(ns.path)}
         for ns, _depth in tree
     ]
-    layout = waterfall_layout(light, width=width, gap_width=gap_width, end_ts=ws.updated_at, windows=history.windows)
+    layout = waterfall_layout(
+        light, width=width, gap_width=gap_width, end_ts=ws.updated_at, windows=history.windows
+    )
     compact = []
     for (ns, depth), segs in zip(tree, layout.pop("segments")):
         start, end = ns.started_at, ns.ended_at
@@ -314,7 +337,14 @@ def session_waterfall(store: EventStore, session_id: str, *, width: float = 1000
     for ns, _depth in tree:
         if ns.status == "waiting_input":
             for req in ns.requests.values():
-                waiting.append({"kind": "input", "path": ns.path, **request_row(req), "actions": _actions(ws, ns.path, req.interrupt_id)})
+                waiting.append(
+                    {
+                        "kind": "input",
+                        "path": ns.path,
+                        **request_row(req),
+                        "actions": _actions(ws, ns.path, req.interrupt_id),
+                    }
+                )
         elif ns.status == "waiting_job":
             for job in ns.open_jobs:
                 waiting.append(
@@ -324,7 +354,9 @@ def session_waterfall(store: EventStore, session_id: str, *, width: float = 1000
                         "job_id": job.job_id,
                         "expect_count": job.expect_count,
                         "deadline_s": job.deadline_s,
-                        "keys": ["success", "count", "data", "error"] if job.expect_count else ["success", "data", "error"],
+                        "keys": ["success", "count", "data", "error"]
+                        if job.expect_count
+                        else ["success", "data", "error"],
                     }
                 )
     return {
@@ -343,8 +375,19 @@ def session_waterfall(store: EventStore, session_id: str, *, width: float = 1000
         "last_seq": ws.last_seq,
         "invocations": len(history.windows),
         "columns": [
-            "path", "name", "depth", "status", "kind", "attempts", "retries", "recoveries",
-            "start_offset_s", "duration_s", "segments", "has_children", "error_code",
+            "path",
+            "name",
+            "depth",
+            "status",
+            "kind",
+            "attempts",
+            "retries",
+            "recoveries",
+            "start_offset_s",
+            "duration_s",
+            "segments",
+            "has_children",
+            "error_code",
         ],
         "rows": compact,
         "axis": layout,
@@ -399,7 +442,13 @@ def attempt_rows(log: Sequence[Event], path: str) -> list[dict[str, Any]]:
             continue
         elif isinstance(e, NodeRetrying):
             # the next attempt starts after the delay, inside the same run: no NodeStarted
-            current.update(ended_at=e.ts, outcome="retried", error_type=e.error_type, error_code=e.error_code, error_message=e.error_message)
+            current.update(
+                ended_at=e.ts,
+                outcome="retried",
+                error_type=e.error_type,
+                error_code=e.error_code,
+                error_message=e.error_message,
+            )
             current = _attempt(e.attempt + 1, e.invocation_id, e.ts + e.delay_s, False, current["owner"])
             out.append(current)
         elif e.type in TERMINAL_TYPES and current["outcome"] is None:
@@ -454,11 +503,18 @@ def session_events(
     if path:
         log = [e for e in log if e.path == path or e.path.startswith(path + "/")]
     if failures:
-        log = [e for e in log if e.type in ("node_error", "node_error_propagated", "node_retrying") or getattr(e, "status", None) == "failed"]
+        log = [
+            e
+            for e in log
+            if e.type in ("node_error", "node_error_propagated", "node_retrying")
+            or getattr(e, "status", None) == "failed"
+        ]
     return event_rows(log)
 
 
-def stuck(store: EventStore, *, older_than_s: float = 0.0, stale_after_s: float = 60.0, states: Iterable[str] = ()) -> list[dict[str, Any]]:
+def stuck(
+    store: EventStore, *, older_than_s: float = 0.0, stale_after_s: float = 60.0, states: Iterable[str] = ()
+) -> list[dict[str, Any]]:
     """The rows of ``flowscope stuck`` (a corrupt session left out, as the CLI does)."""
     return views.stuck_rows(store, older_than_s, stale_after_s, states=list(states) or None)
 

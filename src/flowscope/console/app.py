@@ -27,10 +27,11 @@ import secrets
 import shlex
 import threading
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Any
 from urllib.parse import urlencode
-from typing import Any, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -152,7 +153,9 @@ class Guard:
         if not path.startswith("/api/"):
             return None
         if not self.token_ok(request):
-            return JSONResponse({"error": "refused: no valid token; open the URL `flowscope ui` printed"}, status_code=403)
+            return JSONResponse(
+                {"error": "refused: no valid token; open the URL `flowscope ui` printed"}, status_code=403
+            )
         if request.method not in ("GET", "HEAD"):
             origin = request.headers.get("origin")
             if origin is not None and origin.lower() not in cfg.origins():
@@ -160,7 +163,10 @@ class Guard:
             if request.headers.get("sec-fetch-site") == "cross-site":
                 return JSONResponse({"error": "refused: a cross-site write"}, status_code=403)
             if cfg.read_only:
-                return JSONResponse({"error": "refused: this console is read-only (flowscope ui --read-only)"}, status_code=403)
+                return JSONResponse(
+                    {"error": "refused: this console is read-only (flowscope ui --read-only)"},
+                    status_code=403,
+                )
         return None
 
 
@@ -231,7 +237,9 @@ def create_app(config: ConsoleConfig) -> Starlette:
         if token is not None:
             # the token moves into a cookie, and out of the address bar and the history
             rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            response: Response = RedirectResponse(request.url.path + (f"?{urlencode(rest)}" if rest else ""), status_code=303)
+            response: Response = RedirectResponse(
+                request.url.path + (f"?{urlencode(rest)}" if rest else ""), status_code=303
+            )
             if hmac.compare_digest(token.encode(), config.token.encode()):
                 response.set_cookie(config.cookie, config.token, httponly=True, samesite="strict", path="/")
             return response
@@ -258,7 +266,11 @@ def create_app(config: ConsoleConfig) -> Starlette:
     async def sessions(request: Request) -> Response:
         f = api.parse_filter(request.query_params)
         rows, total, tabs = await call(
-            api.list_sessions, feed, f, stale_after_s=config.stale_after_s, queued_after_s=config.queued_after_s
+            api.list_sessions,
+            feed,
+            f,
+            stale_after_s=config.stale_after_s,
+            queued_after_s=config.queued_after_s,
         )
         headers = {"x-total-count": str(total), "x-attention": json.dumps(tabs, separators=(",", ":"))}
         return JSONResponse(_rows(rows, views.RUN_KEYS), headers=headers)
@@ -307,7 +319,12 @@ def create_app(config: ConsoleConfig) -> Starlette:
         q = request.query_params
         types = [t for t in q.getlist("type") if t] + [t for t in (q.get("types") or "").split(",") if t]
         rows = await call(
-            api.session_events, store, sid, types=types, path=q.get("path") or None, failures=q.get("failures") in ("1", "true")
+            api.session_events,
+            store,
+            sid,
+            types=types,
+            path=q.get("path") or None,
+            failures=q.get("failures") in ("1", "true"),
         )
         return JSONResponse(_rows(rows, EVENT_KEYS))
 
@@ -350,7 +367,9 @@ def create_app(config: ConsoleConfig) -> Starlette:
                 quiet = 0.0
                 yield f"event: change\ndata: {json.dumps({'version': v})}\n\n"
 
-        return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-store"})
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"cache-control": "no-store"}
+        )
 
     # ------------------------------------------------------------------ writes
 
@@ -387,11 +406,13 @@ def create_app(config: ConsoleConfig) -> Starlette:
         if not isinstance(inputs, dict) or not isinstance(jobs, dict):
             raise ValueError("inputs and jobs are JSON objects, by interrupt id and by job id")
         command = cli(
-            "resume", sid,
+            "resume",
+            sid,
             *[a for k, v in inputs.items() for a in ("--input", f"{k}={json.dumps(v)}")],
             *[a for k, v in jobs.items() for a in ("--job", f"{k}={json.dumps(v)}")],
         )
         if data.get("dry_run"):
+
             def check() -> None:
                 validate_answers(rebuild(store.read(sid) or _unknown(sid)), inputs, jobs)
 
@@ -421,7 +442,11 @@ def create_app(config: ConsoleConfig) -> Starlette:
         reason = data.get("reason") or None
         r = await call(retry_action, store, sid, from_path=from_path, reason=reason)
         feed.changed()
-        args = ["retry", sid] + (["--from", from_path] if from_path else []) + (["--reason", reason] if reason else [])
+        args = (
+            ["retry", sid]
+            + (["--from", from_path] if from_path else [])
+            + (["--reason", reason] if reason else [])
+        )
         return JSONResponse(receipt(r, cli(*args)))
 
     @guarded
@@ -448,17 +473,28 @@ def create_app(config: ConsoleConfig) -> Starlette:
         if state is not None and state not in SELECTABLE_STATES:
             raise ValueError(f"state is one of {', '.join(SELECTABLE_STATES)}")
         if not (workflow or state or older):
-            raise ValueError("a bulk action needs a filter (workflow, state, older_than): it would touch everything")
+            raise ValueError(
+                "a bulk action needs a filter (workflow, state, older_than): it would touch everything"
+            )
         older_s = views.parse_duration(older) if older else None
         found = await call(select_sessions, store, workflow=workflow, state=state, older_than_s=older_s)
         sids = [s.session_id for s in found]
-        flags = [a for k, v in (("--workflow", workflow), ("--state", state), ("--older-than", older)) if v for a in (k, v)]
+        flags = [
+            a
+            for k, v in (("--workflow", workflow), ("--state", state), ("--older-than", older))
+            if v
+            for a in (k, v)
+        ]
         command = cli(action, *flags, "--yes")
         confirm = data.get("confirm")
         if confirm is None:
-            return JSONResponse({"action": action, "count": len(sids), "session_ids": sids, "command": command})
+            return JSONResponse(
+                {"action": action, "count": len(sids), "session_ids": sids, "command": command}
+            )
         if confirm != len(sids):
-            raise ResumeError(f"the filters now select {len(sids)} session(s), not {confirm}: look again before acting")
+            raise ResumeError(
+                f"the filters now select {len(sids)} session(s), not {confirm}: look again before acting"
+            )
         reason = data.get("reason") or None
         results = []
         for sid in sids:

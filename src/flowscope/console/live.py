@@ -26,7 +26,8 @@ import contextlib
 import os
 import threading
 import time
-from typing import Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 from ..store.base import EventStore, SessionInfo
 from ..store.sqlite import SqliteEventStore
@@ -115,7 +116,9 @@ class ChangeFeed:
         if self._listener is None:
             with self._lock:
                 if self._listener is None:
-                    self._listener = threading.Thread(target=self._listen, name="flowscope-ui-listen", daemon=True)
+                    self._listener = threading.Thread(
+                        target=self._listen, name="flowscope-ui-listen", daemon=True
+                    )
                     self._listener.start()
         if self._noticed:  # a notice the last probe was too soon for: probe after the gap
             timeout = min(timeout, NOTICE_GAP_S)

@@ -18,7 +18,8 @@ import logging
 import random
 import threading
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ..errors import (
     InvocationAbortedError,
@@ -30,7 +31,15 @@ from ..errors import (
     StateNotSerializableError,
     error_qualname,
 )
-from ..events import NodeCancelled, NodeCompleted, NodeErrorEvent, NodeErrorPropagated, NodePaused, NodeRetrying, StateUpdated
+from ..events import (
+    NodeCancelled,
+    NodeCompleted,
+    NodeErrorEvent,
+    NodeErrorPropagated,
+    NodePaused,
+    NodeRetrying,
+    StateUpdated,
+)
 from .context import NodeContext, NodeOutcome, PauseSignal
 from .graph import Node, Route, Workflow, label_matches
 from .hooks import PluginDispatcher
@@ -127,7 +136,9 @@ class Attempts:
             outcome = self._cancelled(ctx, "interrupted", t0)
             raise
         except Exception as exc:
-            if self._runs.aborting:  # e.g. a timeout that fired only because the run is being aborted (R3, docs/design.md)
+            if (
+                self._runs.aborting
+            ):  # e.g. a timeout that fired only because the run is being aborted (R3, docs/design.md)
                 outcome = self._cancelled(ctx, self._runs.abort_reason, t0)
             elif self._recorded_below(exc, path):
                 outcome = self._propagated(ctx, exc, t0)
@@ -242,7 +253,12 @@ class Attempts:
             ev = p.event
         else:
             ev = self._rec.emit(
-                NodePaused, ctx.path, ctx.node_name, waiting=p.waiting, origin_path=p.origin, interrupt_ids=tuple(p.ids)
+                NodePaused,
+                ctx.path,
+                ctx.node_name,
+                waiting=p.waiting,
+                origin_path=p.origin,
+                interrupt_ids=tuple(p.ids),
             )
         return NodeOutcome(
             status="waiting",

@@ -12,8 +12,9 @@ halts that invocation with the store's own exception, as a failed ``append`` doe
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from ..events import Event
 

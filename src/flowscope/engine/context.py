@@ -8,8 +8,9 @@ port and the invocation both depend on this module and it depends on neither.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..states import OutcomeStatus, ResultStatus, Waiting
 

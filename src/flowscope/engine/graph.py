@@ -5,8 +5,9 @@ from __future__ import annotations
 import inspect
 import random
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from ..errors import WorkflowError
 
@@ -295,7 +296,9 @@ class Workflow(Node):
 
     def _add_chain(self, chain: Sequence[Any]) -> None:
         if not isinstance(chain, (tuple, list)) or len(chain) < 2:
-            raise WorkflowError(f"workflow {self.name!r}: an edge is a tuple of at least two elements, got {chain!r}")
+            raise WorkflowError(
+                f"workflow {self.name!r}: an edge is a tuple of at least two elements, got {chain!r}"
+            )
         first, *rest = chain
         tails: list[Any] = [START] if first is START else self._targets(first)
         for element in rest:

@@ -17,8 +17,9 @@ import asyncio
 import inspect
 import logging
 from collections import Counter
+from collections.abc import Awaitable, Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Awaitable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import describe_exception
 
@@ -144,7 +145,14 @@ class PluginDispatcher:
                 return self._finish(hook, plugin, result, hooks[i + 1 :], args)
         return None
 
-    async def _finish(self, hook: str, plugin: Plugin, first: Awaitable[Any], rest: list[tuple[Plugin, Any]], args: tuple[Any, ...]) -> None:
+    async def _finish(
+        self,
+        hook: str,
+        plugin: Plugin,
+        first: Awaitable[Any],
+        rest: list[tuple[Plugin, Any]],
+        args: tuple[Any, ...],
+    ) -> None:
         try:
             await first
         except Exception as exc:

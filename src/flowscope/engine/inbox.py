@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ..errors import ResumeError
 from ..events import Event, NodeCancelled, RunFinished, RunStarted, RunSubmitted
@@ -75,7 +76,17 @@ def answer_events(ws: WorkflowState, answers: Iterable[Answer], now: float | Non
     for a in answers:
         seq += 1
         sid = ws.session_id
-        out.append(a.cls(session_id=sid, invocation_id=invocation_id, seq=seq, ts=now, path=a.path, node=a.node, **a.fields))
+        out.append(
+            a.cls(
+                session_id=sid,
+                invocation_id=invocation_id,
+                seq=seq,
+                ts=now,
+                path=a.path,
+                node=a.node,
+                **a.fields,
+            )
+        )
     return out
 
 
@@ -117,7 +128,9 @@ def read_inbox(ws: WorkflowState, messages: Iterable[Message]) -> Intake:
                 retry = RetryRequest(body.get("from_path"), str(body.get("reason") or RETRY_REASON))
             continue
         if msg.kind != "answer":
-            log.warning("session %s: dropped message %d of unknown kind %r", ws.session_id, msg.message_id, msg.kind)
+            log.warning(
+                "session %s: dropped message %d of unknown kind %r", ws.session_id, msg.message_id, msg.kind
+            )
             continue
         items = [("input", k, v) for k, v in (body.get("inputs") or {}).items()]
         items += [("job", k, v) for k, v in (body.get("jobs") or {}).items()]
@@ -125,9 +138,18 @@ def read_inbox(ws: WorkflowState, messages: Iterable[Message]) -> Intake:
             if (what, key) in given:
                 continue  # a second message answered the same request: the first counts
             try:
-                found = validate_answers(ws, {key: value} if what == "input" else {}, {key: value} if what == "job" else {})
+                found = validate_answers(
+                    ws, {key: value} if what == "input" else {}, {key: value} if what == "job" else {}
+                )
             except ResumeError as exc:  # already answered in the log, or no longer asked
-                log.info("session %s: message %d: %s %r not taken in: %s", ws.session_id, msg.message_id, what, key, exc)
+                log.info(
+                    "session %s: message %d: %s %r not taken in: %s",
+                    ws.session_id,
+                    msg.message_id,
+                    what,
+                    key,
+                    exc,
+                )
                 continue
             given.add((what, key))
             answers.extend(found)
@@ -141,11 +163,19 @@ def cancel_events(ws: WorkflowState, reason: str, now: float | None = None) -> l
     inv = uuid.uuid4().hex
     sid = ws.session_id
     seq = ws.last_seq
-    out: list[Event] = [RunStarted(session_id=sid, invocation_id=inv, seq=seq + 1, ts=now, workflow=ws.workflow, resumed=True)]
+    out: list[Event] = [
+        RunStarted(session_id=sid, invocation_id=inv, seq=seq + 1, ts=now, workflow=ws.workflow, resumed=True)
+    ]
     open_runs = sorted((ns for ns in ws.nodes.values() if ns.is_open), key=lambda ns: -ns.path.count("/"))
     for i, ns in enumerate(open_runs, start=seq + 2):
-        out.append(NodeCancelled(session_id=sid, invocation_id=inv, seq=i, ts=now, path=ns.path, node=ns.node, reason=reason))
-    out.append(RunFinished(session_id=sid, invocation_id=inv, seq=seq + len(out) + 1, ts=now, status="cancelled"))
+        out.append(
+            NodeCancelled(
+                session_id=sid, invocation_id=inv, seq=i, ts=now, path=ns.path, node=ns.node, reason=reason
+            )
+        )
+    out.append(
+        RunFinished(session_id=sid, invocation_id=inv, seq=seq + len(out) + 1, ts=now, status="cancelled")
+    )
     return out
 
 
@@ -168,7 +198,9 @@ def reopened_paths(ws: WorkflowState, from_path: str | None) -> list[str]:
     return sorted(out, key=lambda p: -p.count("/"))  # innermost first, as a cancel records them
 
 
-def retry_events(ws: WorkflowState, from_path: str | None, reason: str, now: float | None = None) -> list[Event]:
+def retry_events(
+    ws: WorkflowState, from_path: str | None, reason: str, now: float | None = None
+) -> list[Event]:
     """The events a retry records outside any invocation (``retry-...``): a
     ``NodeCancelled(reason)`` for every run it reopens, then a ``RunSubmitted`` that queues
     the session again for a worker, with who asked and why in its ``reason``."""
@@ -179,10 +211,28 @@ def retry_events(ws: WorkflowState, from_path: str | None, reason: str, now: flo
     out: list[Event] = []
     for path in reopened_paths(ws, from_path):
         seq += 1
-        out.append(NodeCancelled(session_id=sid, invocation_id=inv, seq=seq, ts=now, path=path, node=ws.nodes[path].node,
-                                 reason=reason))
-    out.append(RunSubmitted(session_id=sid, invocation_id=inv, seq=seq + 1, ts=now, workflow=ws.workflow, input=ws.input,
-                            reason=reason))
+        out.append(
+            NodeCancelled(
+                session_id=sid,
+                invocation_id=inv,
+                seq=seq,
+                ts=now,
+                path=path,
+                node=ws.nodes[path].node,
+                reason=reason,
+            )
+        )
+    out.append(
+        RunSubmitted(
+            session_id=sid,
+            invocation_id=inv,
+            seq=seq + 1,
+            ts=now,
+            workflow=ws.workflow,
+            input=ws.input,
+            reason=reason,
+        )
+    )
     return out
 
 

@@ -22,8 +22,9 @@ import asyncio
 import random
 import time
 import uuid
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, cast
+from typing import Any, cast
 
 from ..errors import ErrorInfo, Redactor, WorkflowError
 from ..events import Event, NodeCancelled, NodeStarted, RunStarted
@@ -77,7 +78,9 @@ class ResumeAudit:
                 continue
             if ns.origin_path not in (None, ns.path):
                 continue  # an enclosing run: ready when a descendant is
-            if (status == "waiting_input" and not ns.requests) or (status == "waiting_job" and ns.jobs and not ns.open_jobs):
+            if (status == "waiting_input" and not ns.requests) or (
+                status == "waiting_job" and ns.jobs and not ns.open_jobs
+            ):
                 self.mark_answered(ns.path)
         open_paths = [p for p, ns in ws.nodes.items() if ns.status in OPEN_STATES]
         self._containers = containers(open_paths) if len(open_paths) > 1 else set()
@@ -281,7 +284,11 @@ class Invocation:
         return self._runs.start_root(self.execute(root, input, None, f"{root.name}@1"))
 
     def finish(
-        self, status: RunStatus, output: Any = None, error_code: str | None = None, error_path: str | None = None
+        self,
+        status: RunStatus,
+        output: Any = None,
+        error_code: str | None = None,
+        error_path: str | None = None,
     ) -> None:
         """Emit the invocation's ``RunFinished`` (the caller flushes it)."""
         audit = self._audit
@@ -330,7 +337,9 @@ class Invocation:
 
     # -- one activation ----------------------------------------------------------------------
 
-    def prepare(self, node: Node, input: Any, parent: NodeContext | None, path: str) -> NodeContext | NodeResult:
+    def prepare(
+        self, node: Node, input: Any, parent: NodeContext | None, path: str
+    ) -> NodeContext | NodeResult:
         """Decide what a node activation is: a recorded result to fast-forward, a run still
         waiting (raises the pause), or a run to execute (returns its context, NodeStarted
         emitted)."""
@@ -344,7 +353,9 @@ class Invocation:
                 return self.replay(ns)
             if status == "waiting_input" or status == "waiting_job":
                 if not self._audit.is_answered(path):  # nothing new for it: it keeps waiting, silently
-                    raise PauseSignal(ns.origin_path or path, "job" if status == "waiting_job" else "input", [])
+                    raise PauseSignal(
+                        ns.origin_path or path, "job" if status == "waiting_job" else "input", []
+                    )
                 attempt = ns.attempt or 1  # continuing after a pause is the same attempt (R9, docs/design.md)
             elif status == "running":  # its process died mid-run: a new attempt (R9, docs/design.md)
                 attempt = ns.attempt + 1

@@ -30,8 +30,9 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 from ..errors import LeaseExpired, LeaseLost, StoreNotWritable, describe_exception
 from ..ownership import Lease
@@ -259,7 +260,12 @@ class LeaseKeeper:
         try:
             results = self.store.renew_many([k.inv.lease for k in items], self.lease_s)
         except Exception as exc:  # a store hiccup: the leases still have two thirds of their time
-            log.log(_level(exc), "could not renew the leases of %d sessions: %s", len(items), describe_exception(exc))
+            log.log(
+                _level(exc),
+                "could not renew the leases of %d sessions: %s",
+                len(items),
+                describe_exception(exc),
+            )
             if isinstance(exc, StoreNotWritable):
                 for k in items:
                     k.inv.renew_refused(exc)  # why their leases may end: the store, not a takeover

@@ -12,20 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..errors import JobFailedError, ResumeError, redact_message
 from ..events import Event, InputReceived, InputRequested, JobDispatched, JobResultReceived
 from ..fold import WorkflowState
-from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids, result_type_problem
+from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids, result_shape_problem
 from ..store.base import FINISHED_SESSION_STATUSES
 from .context import NodeContext, PauseSignal
 from .record import Recorder, json_value
 
-__all__ = ["Pauses", "Answer", "validate_answers", "recorded_result", "FINISHED"]
+__all__ = ["Pauses", "Answer", "validate_answers", "waiting_on", "recorded_result", "FINISHED"]
 
 log = logging.getLogger("flowscope.engine")
+
 
 @dataclass(frozen=True, slots=True)
 class Answer:
@@ -36,6 +38,7 @@ class Answer:
     path: str
     node: str
     fields: Mapping[str, Any]
+
 
 #: Session statuses that take no more answers (the finished ones, one copy in the store port).
 FINISHED = FINISHED_SESSION_STATUSES
@@ -53,7 +56,14 @@ class Pauses:
         if interrupt_id in ns.inputs:
             return ns.inputs[interrupt_id]
         payload = json_value(payload, f"the payload of input request {interrupt_id!r}")
-        ev = self._rec.emit(InputRequested, ctx.path, ctx.node_name, interrupt_id=interrupt_id, prompt=str(prompt), payload=payload)
+        ev = self._rec.emit(
+            InputRequested,
+            ctx.path,
+            ctx.node_name,
+            interrupt_id=interrupt_id,
+            prompt=str(prompt),
+            payload=payload,
+        )
         raise PauseSignal(ctx.path, "input", [interrupt_id], ev)
 
     async def await_job(
@@ -74,14 +84,18 @@ class Pauses:
         i = 0
         while True:
             if i == len(history):
-                history.append(await self._dispatch(ctx, key, i + 1, dispatch, payload, expect_count, deadline_s))
+                history.append(
+                    await self._dispatch(ctx, key, i + 1, dispatch, payload, expect_count, deadline_s)
+                )
             job = history[i]
             res = ns.job_results.get(job.job_id)
             if res is None:  # in flight: never dispatch the same attempt twice
                 raise PauseSignal(path, "job", [job.job_id])
             if res.result == "success":
                 return res.data
-            verdict = check_result({"success": res.success, "count": res.count, "error": res.error}, job.expect_count)
+            verdict = check_result(
+                {"success": res.success, "count": res.count, "error": res.error}, job.expect_count
+            )
             iid = f"{key}.{job.dispatch_attempt}"
             decision = ns.inputs.get(iid)
             if decision is None:
@@ -95,7 +109,9 @@ class Pauses:
                 )
                 raise PauseSignal(path, "input", [iid], ev)
             if decision == "abort":
-                raise JobFailedError(f"job {job.job_id} {verdict.result}: {verdict.problem}; aborted by the operator")
+                raise JobFailedError(
+                    f"job {job.job_id} {verdict.result}: {verdict.problem}; aborted by the operator"
+                )
             i += 1  # "retry": the next dispatch attempt (a new job, a new idempotency key)
 
     async def _dispatch(
@@ -112,7 +128,16 @@ class Pauses:
         a failed result at once (returned), otherwise the run pauses for the result."""
         rec = self._rec
         job_id, idem = job_ids(rec.session_id, key, attempt)
-        job = Job(job_id, idem, attempt, payload, ctx.trace_context.get("traceparent"), deadline_s, rec.session_id, ctx.path)
+        job = Job(
+            job_id,
+            idem,
+            attempt,
+            payload,
+            ctx.trace_context.get("traceparent"),
+            deadline_s,
+            rec.session_id,
+            ctx.path,
+        )
         failed: dict[str, Any] | None = None
         try:
             r = dispatch(job)
@@ -134,7 +159,15 @@ class Pauses:
             job_key=key,
         )
         if failed is not None:
-            rec.emit(JobResultReceived, ctx.path, ctx.node_name, job_id=job_id, success=False, error=failed["error"], result="failed")
+            rec.emit(
+                JobResultReceived,
+                ctx.path,
+                ctx.node_name,
+                job_id=job_id,
+                success=False,
+                error=failed["error"],
+                result="failed",
+            )
             return ev
         raise PauseSignal(ctx.path, "job", [job_id], ev)
 
@@ -149,14 +182,24 @@ def recorded_result(job_id: str, result: Any) -> Any:
     return result
 
 
+def waiting_on(ws: WorkflowState) -> str:
+    """``input 'approval', job job-1``: what a session waits on, for messages."""
+    return ", ".join(
+        f"input {p.interrupt_id!r}" if isinstance(p, InputRequested) else f"job {p.job_id}"
+        for p in ws.pending
+        if isinstance(p, (InputRequested, JobDispatched))
+    )
+
+
 def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping[str, Any]) -> list[Answer]:
     """Check answers (input values by interrupt id, job results by job id) against the
     session's open requests, and return the events that record them.
 
     The one rule ``resume(inputs=, jobs=)`` and :func:`flowscope.answer` share. It raises
     :class:`~flowscope.errors.ResumeError` before anything is appended for an unknown id,
-    an input already answered, a job already reported, a job result whose fields have the
-    wrong types (:func:`~flowscope.jobs.result_type_problem`), or a value JSON cannot hold.
+    an input already answered, a job already reported, a job result of the wrong shape
+    (:func:`~flowscope.jobs.result_shape_problem`), or a value JSON cannot hold. The CLI,
+    the console and ``resume`` all call it: one rule, one set of messages.
     """
     out: list[Answer] = []
     nodes = ws.nodes
@@ -165,23 +208,41 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
         targets = [ns for ns in nodes.values() if ns.status == "waiting_input" and iid in ns.requests]
         if not targets:
             if any(iid in ns.inputs for ns in nodes.values()):
-                raise ResumeError(f"input {iid!r} of session {sid!r} was already answered; an answer is given once")
-            open_ids = sorted({i for ns in nodes.values() if ns.status == "waiting_input" for i in ns.requests})
-            raise ResumeError(f"session {sid!r} has no open input request {iid!r} (open: {', '.join(open_ids) or 'none'})")
+                raise ResumeError(
+                    f"input {iid!r} of session {sid!r} was already answered; an answer is given once"
+                )
+            hint = (
+                " (a job id: give it as a job result)" if any(iid in ns.jobs for ns in nodes.values()) else ""
+            )
+            raise ResumeError(
+                f"session {sid!r} has no open input request {iid!r}{hint}; it waits on {waiting_on(ws) or 'nothing'}"
+            )
         value = json_value(value, f"the input for {iid!r}")
         for ns in targets:
             payload = ns.requests[iid].payload
-            if isinstance(payload, dict) and payload.get("kind") == "job_failed" and value not in payload.get("actions", ()):
-                raise ResumeError(f"input {iid!r} answers a failed job: give one of {payload.get('actions')}, not {value!r}")
+            if (
+                isinstance(payload, dict)
+                and payload.get("kind") == "job_failed"
+                and value not in payload.get("actions", ())
+            ):
+                raise ResumeError(
+                    f"input {iid!r} answers a failed job: give one of {payload.get('actions')}, not {value!r}"
+                )
             out.append(Answer(InputReceived, ns.path, ns.node, {"interrupt_id": iid, "value": value}))
     for job_id, result in jobs.items():
         owner = next((ns for ns in nodes.values() if job_id in ns.jobs), None)
         if owner is None:
-            raise ResumeError(f"session {sid!r} has no dispatched job {job_id!r}: check the job id")
+            asked = any(ns.status == "waiting_input" and job_id in ns.requests for ns in nodes.values())
+            hint = " (an input request: give it as an input)" if asked else ""
+            raise ResumeError(
+                f"session {sid!r} has no dispatched job {job_id!r}{hint}; it waits on {waiting_on(ws) or 'nothing'}"
+            )
         if job_id in owner.job_results:
-            raise ResumeError(f"job {job_id!r} of session {sid!r} already reported its result; a result is reported once")
+            raise ResumeError(
+                f"job {job_id!r} of session {sid!r} already reported its result; a result is reported once"
+            )
         result = recorded_result(job_id, result)
-        problem = result_type_problem(result)
+        problem = result_shape_problem(result)
         if problem is not None:
             raise ResumeError(f"the result of job {job_id!r} of session {sid!r} is refused: {problem}")
         verdict = check_result(result, owner.jobs[job_id].expect_count)

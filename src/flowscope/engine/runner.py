@@ -18,18 +18,19 @@ import json
 import logging
 import random
 import uuid
-from typing import Any, AsyncIterator, Callable, ClassVar, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any, ClassVar
 
 from ..errors import (
     ConcurrencyConflict,
     InvocationAbortedError,
     LeaseLost,
+    Redactor,
     ResumeError,
     SessionCancelledError,
     StoreError,
     StoreNotWritable,
     UnknownSessionError,
-    Redactor,
     WorkflowError,
     describe_exception,
     redact_message,
@@ -39,8 +40,8 @@ from ..fold import WorkflowState, rebuild, restore_state, snapshot_state
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..ownership import Lease, this_process
 from ..store.base import EventStore
-from .context import PauseSignal, RunResult
 from .commit import GroupCommit
+from .context import PauseSignal, RunResult
 from .graph import Workflow
 from .hooks import Plugin, PluginDispatcher
 from .inbox import read_inbox, take_in
@@ -113,7 +114,7 @@ class Runner:
         if not isinstance(store, EventStore):  # Runner(wf, store="x.db"): say so now, not at the first read
             raise TypeError(
                 f"Runner's store is an EventStore, not {type(store).__name__} {str(store)[:60]!r}: "
-                "pass one, e.g. store=SqliteEventStore(\"runs.db\") (from flowscope.store)"
+                'pass one, e.g. store=SqliteEventStore("runs.db") (from flowscope.store)'
             )
         self.store: EventStore = store
         self.plugins = PluginDispatcher(plugins)
@@ -132,7 +133,9 @@ class Runner:
         self.lease_s = lease_s
         self.owner = this_process(worker_id, ships_spans=self.plugins.ships_spans)
         self._commits = GroupCommit(self.store)  # appends of concurrent sessions share transactions
-        self._keeper = LeaseKeeper(self.store, lease_s, heartbeat_interval, f"flowscope-lease-{workflow.name}")
+        self._keeper = LeaseKeeper(
+            self.store, lease_s, heartbeat_interval, f"flowscope-lease-{workflow.name}"
+        )
 
     # -- public API -------------------------------------------------------------------
 
@@ -159,7 +162,9 @@ class Runner:
         ``lease``: a lease already taken (a worker's ``store.claim()``) to run under,
         instead of acquiring one; ``force`` takes the session from a live owner.
         """
-        return await self._invoke(session_id, None, resume=True, inputs=inputs, jobs=jobs, force=force, lease=lease)
+        return await self._invoke(
+            session_id, None, resume=True, inputs=inputs, jobs=jobs, force=force, lease=lease
+        )
 
     def submit(self, input: Any = None, session_id: str | None = None) -> str:
         """Record a run to be started later (by a worker, or :meth:`resume`), without
@@ -282,7 +287,9 @@ class Runner:
         if ws.status == "completed":
             raise ResumeError(f"session {ws.session_id!r} already completed; there is nothing to resume")
 
-    def _take(self, session_id: str, resume: bool, force: bool, lease: Lease | None) -> tuple[WorkflowState, Lease]:
+    def _take(
+        self, session_id: str, resume: bool, force: bool, lease: Lease | None
+    ) -> tuple[WorkflowState, Lease]:
         """Load the session and hold its lease: the one given, or one acquired now.
 
         Acquiring comes after the load's checks and before anything is appended; the
@@ -302,7 +309,9 @@ class Runner:
             if resume:
                 taken = take_in(self.store, ws, lease)  # what others sent while it was not ours
                 if any(type(e) is RunFinished and e.status == "cancelled" for e in taken):
-                    raise SessionCancelledError(f"session {session_id!r} was cancelled by a request in its inbox")
+                    raise SessionCancelledError(
+                        f"session {session_id!r} was cancelled by a request in its inbox"
+                    )
                 self._check(ws, inbox_read=True)
         except BaseException:
             if lease is not None:
@@ -321,7 +330,12 @@ class Runner:
             # A store that refuses writes is the caller's error already (a worker says it
             # once per episode): no second warning per session.
             level = logging.INFO if isinstance(exc, StoreNotWritable) else logging.WARNING
-            log.log(level, "could not release the lease of session %s: %s", lease.session_id, describe_exception(exc))
+            log.log(
+                level,
+                "could not release the lease of session %s: %s",
+                lease.session_id,
+                describe_exception(exc),
+            )
 
     def _read_mail(self, inv: Invocation) -> None:
         """The session's inbox has mail while it runs here: a cancel stops the run now
@@ -346,7 +360,9 @@ class Runner:
         try:
             take_in(self.store, inv.ws, inv.lease)
         except Exception as exc:
-            log.warning("session %s: could not take in its messages: %s", inv.session_id, describe_exception(exc))
+            log.warning(
+                "session %s: could not take in its messages: %s", inv.session_id, describe_exception(exc)
+            )
 
     def _load_snapshot(self, session_id: str) -> WorkflowState | None:
         """The session's state from its last snapshot plus the events after it, or None.
@@ -379,9 +395,13 @@ class Runner:
         if ws.last_seq - inv.snapshot_seq < self.snapshot_every:
             return
         try:
-            self.store.save_snapshot(inv.session_id, ws.last_seq, json.dumps(snapshot_state(ws), separators=(",", ":")))
+            self.store.save_snapshot(
+                inv.session_id, ws.last_seq, json.dumps(snapshot_state(ws), separators=(",", ":"))
+            )
         except Exception as exc:  # a snapshot is an optimisation: never fail the run for it
-            log.warning("could not save a snapshot of session %s: %s", inv.session_id, describe_exception(exc))
+            log.warning(
+                "could not save a snapshot of session %s: %s", inv.session_id, describe_exception(exc)
+            )
 
     async def _invoke(
         self,
@@ -410,7 +430,9 @@ class Runner:
         except BaseException:
             self._release(lease)
             raise
-        first = not resume or (ws.status == "queued" and ws.invocations == 0)  # a submitted run starts as a first run
+        first = not resume or (
+            ws.status == "queued" and ws.invocations == 0
+        )  # a submitted run starts as a first run
         if resume:
             input = ws.input
         inv = Invocation(

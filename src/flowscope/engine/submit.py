@@ -62,7 +62,9 @@ def submit_run(store: EventStore, workflow: str, input: Any = None, session_id: 
     return sid
 
 
-def cannot_run_events(session_id: str, workflow: str, exc: BaseException, now: float | None = None) -> list[Event]:
+def cannot_run_events(
+    session_id: str, workflow: str, exc: BaseException, now: float | None = None
+) -> list[Event]:
     """The events that end a session no runner can start: an invocation of its own in
     which the workflow's root run fails with :data:`CANNOT_RUN` and the reason (the
     exception's message, redacted), and ``RunFinished(failed)``. ``flowscope show`` then
@@ -73,7 +75,9 @@ def cannot_run_events(session_id: str, workflow: str, exc: BaseException, now: f
     message = redact_message(" ".join(str(exc).split()))
     return [
         RunStarted(session_id=session_id, invocation_id=inv, ts=now, workflow=workflow, resumed=True),
-        NodeStarted(session_id=session_id, invocation_id=inv, ts=now, path=root, node=workflow, kind="workflow"),
+        NodeStarted(
+            session_id=session_id, invocation_id=inv, ts=now, path=root, node=workflow, kind="workflow"
+        ),
         NodeErrorEvent(
             session_id=session_id,
             invocation_id=inv,
@@ -84,5 +88,12 @@ def cannot_run_events(session_id: str, workflow: str, exc: BaseException, now: f
             error_message=f"the session cannot run: {message}",
             error_type=type(exc).__name__,
         ),
-        RunFinished(session_id=session_id, invocation_id=inv, ts=now, status="failed", error_code=CANNOT_RUN, error_path=root),
+        RunFinished(
+            session_id=session_id,
+            invocation_id=inv,
+            ts=now,
+            status="failed",
+            error_code=CANNOT_RUN,
+            error_path=root,
+        ),
     ]

@@ -10,7 +10,8 @@ runs record how they ended (``attempts.py``).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
+from typing import Any
 
 from .context import NodeContext
 

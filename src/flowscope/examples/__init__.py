@@ -56,12 +56,16 @@ def as_workflow(obj: Any, spec: str) -> Any:
     from ..engine import Node, Workflow
 
     if isinstance(obj, Node) and not isinstance(obj, Workflow):
-        raise ValueError(f"{spec} is a node ({obj.name!r}), not a workflow: name the Workflow whose edges use it")
+        raise ValueError(
+            f"{spec} is a node ({obj.name!r}), not a workflow: name the Workflow whose edges use it"
+        )
     if not isinstance(obj, Workflow) and callable(obj) and not isinstance(obj, type):
         try:
             obj = obj()
         except Exception as exc:
-            raise ValueError(f"{spec} is a function that raised {type(exc).__name__} when called with no arguments, not a Workflow factory") from None
+            raise ValueError(
+                f"{spec} is a function that raised {type(exc).__name__} when called with no arguments, not a Workflow factory"
+            ) from None
     if not isinstance(obj, Workflow):
         raise ValueError(f"{spec} is a {type(obj).__name__}, not a flowscope Workflow")
     return obj

@@ -28,10 +28,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from .. import JoinNode, NodeContext, Plugin, RetryConfig, Route, Runner, START, Workflow, node
+from .. import START, JoinNode, NodeContext, Plugin, RetryConfig, Route, Runner, Workflow, node
 
 __all__ = [
     "order_fulfilment",
@@ -74,7 +75,12 @@ _CUSTOMERS = [
 def batch_input(batch: str, scenario: str = "normal", geocoding_deadline_s: float = 3600.0) -> dict[str, Any]:
     """The run input of one batch. ``scenario="card_declined"`` makes one card fail;
     ``geocoding_deadline_s`` is how long the geocoding job may take before it is overdue."""
-    return {"batch": batch, "warehouse": "eu-west-1", "scenario": scenario, "geocoding_deadline_s": geocoding_deadline_s}
+    return {
+        "batch": batch,
+        "warehouse": "eu-west-1",
+        "scenario": scenario,
+        "geocoding_deadline_s": geocoding_deadline_s,
+    }
 
 
 def _orders(batch: dict[str, Any]) -> list[dict[str, Any]]:
@@ -85,7 +91,14 @@ def _orders(batch: dict[str, Any]) -> list[dict[str, Any]]:
         if batch.get("scenario") == "card_declined" and i == 1:
             card = "tok_declined_0002"
         orders.append(
-            {"id": oid.format(n=n), "customer": name, "address": address, "item": item, "amount": amount, "card": card}
+            {
+                "id": oid.format(n=n),
+                "customer": name,
+                "address": address,
+                "item": item,
+                "amount": amount,
+                "card": card,
+            }
         )
     return orders
 
@@ -167,10 +180,17 @@ async def approve(ctx: NodeContext, joined: Any) -> Any:
     data = joined["reserve_stock"]
     answer = await ctx.request_input(
         f"Ship {len(data['orders'])} orders of batch {data['batch']} for {data['total']:.2f} EUR?",
-        payload={"kind": "approval", "batch": data["batch"], "orders": len(data["orders"]), "total": data["total"]},
+        payload={
+            "kind": "approval",
+            "batch": data["batch"],
+            "orders": len(data["orders"]),
+            "total": data["total"],
+        },
         interrupt_id="approval",
     )
-    approved = answer is True or (isinstance(answer, str) and answer.lower() in ("yes", "y", "approve", "approved"))
+    approved = answer is True or (
+        isinstance(answer, str) and answer.lower() in ("yes", "y", "approve", "approved")
+    )
     return Route("approved" if approved else "rejected", output={**data, **joined["enrich_addresses"]})
 
 
@@ -178,7 +198,9 @@ async def approve(ctx: NodeContext, joined: Any) -> Any:
 async def charge_card(ctx: NodeContext, order: Any) -> Any:
     await asyncio.sleep(0.005)
     if order["card"].startswith("tok_declined"):
-        raise PaymentDeclined(f"card ending {order['card'][-4:]} declined for order {order['id']}: insufficient funds")
+        raise PaymentDeclined(
+            f"card ending {order['card'][-4:]} declined for order {order['id']}: insufficient funds"
+        )
     return {"order": order["id"], "charge": "ch_" + ctx.idempotency_key[:12], "amount": order["amount"]}
 
 
@@ -285,20 +307,28 @@ class DemoDriver:
                         value = self.ask_job_failure(p)
                     else:
                         value = "retry"
-                        self.echo(f"  {'operator':<9} answers {p.interrupt_id!r} with \"retry\" (automatic; --interactive asks you)")
+                        self.echo(
+                            f'  {"operator":<9} answers {p.interrupt_id!r} with "retry" (automatic; --interactive asks you)'
+                        )
                 else:
                     if self.ask_approval is not None:
                         value = self.ask_approval(p)
                     else:
                         value = True
-                        self.echo(f"  {'operator':<9} approves {p.interrupt_id!r} (automatic; --interactive asks you)")
+                        self.echo(
+                            f"  {'operator':<9} approves {p.interrupt_id!r} (automatic; --interactive asks you)"
+                        )
                 inputs[p.interrupt_id] = value
         return inputs, jobs
 
-    async def run_batch(self, session_id: str, run_input: dict[str, Any], *, answer: bool = True) -> SessionReport:
+    async def run_batch(
+        self, session_id: str, run_input: dict[str, Any], *, answer: bool = True
+    ) -> SessionReport:
         """Run one batch to its end, answering every pause (``answer=False``: stop at the
         first pause, as if the job's worker lost it). A failure is reported, not raised."""
-        report = SessionReport(session_id, order_fulfilment.name, run_input.get("scenario", "normal"), "running")
+        report = SessionReport(
+            session_id, order_fulfilment.name, run_input.get("scenario", "normal"), "running"
+        )
         try:
             result = await self.runner.run(run_input, session_id=session_id)
             report.invocations = 1

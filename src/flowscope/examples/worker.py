@@ -46,7 +46,11 @@ async def export_rows(ctx: NodeContext, snap: Any) -> Any:
         if ctx.attempt == 1 and hang > 0:  # the first attempt is slow: long enough to be killed in
             await asyncio.sleep(hang / partitions)
         ctx.heartbeat()  # a long step tells the store it is alive
-    return {"snapshot": snap["snapshot"], "rows": snap["rows"], "files": [f"part-{i}.parquet" for i in range(partitions)]}
+    return {
+        "snapshot": snap["snapshot"],
+        "rows": snap["rows"],
+        "files": [f"part-{i}.parquet" for i in range(partitions)],
+    }
 
 
 @node
@@ -61,7 +65,9 @@ nightly_export = Workflow("nightly_export", edges=[(START, snapshot, export_rows
 HANGING_PATH = "nightly_export@1/export_rows@1"
 
 
-def start_worker(db: str, session_id: str, hang_s: float = 30.0, heartbeat_s: float = 0.2) -> subprocess.Popen[bytes]:
+def start_worker(
+    db: str, session_id: str, hang_s: float = 30.0, heartbeat_s: float = 0.2
+) -> subprocess.Popen[bytes]:
     """Start ``python -m flowscope.examples.worker`` on ``db`` (the caller kills it)."""
     cmd = [
         sys.executable,
@@ -77,11 +83,17 @@ def start_worker(db: str, session_id: str, hang_s: float = 30.0, heartbeat_s: fl
         str(heartbeat_s),
     ]
     return subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
 
 
-def wait_until_running(store: Any, session_id: str, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> bool:
+def wait_until_running(
+    store: Any, session_id: str, proc: subprocess.Popen[bytes], timeout: float = 20.0
+) -> bool:
     """Poll the store until the worker's ``export_rows`` run is ``running`` (True), or the
     worker exited or the timeout passed (False)."""
     deadline = time.monotonic() + timeout
@@ -124,11 +136,17 @@ def _open(db: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flowscope.examples.worker", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m flowscope.examples.worker", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--db", required=True, help="the SQLite file, or a postgresql:// URL")
     parser.add_argument("--session", required=True, help="the session id to start")
-    parser.add_argument("--hang", type=float, default=30.0, help="seconds the first attempt of export_rows takes")
-    parser.add_argument("--heartbeat", type=float, default=0.2, help="the runner's heartbeat interval in seconds")
+    parser.add_argument(
+        "--hang", type=float, default=30.0, help="seconds the first attempt of export_rows takes"
+    )
+    parser.add_argument(
+        "--heartbeat", type=float, default=0.2, help="the runner's heartbeat interval in seconds"
+    )
     args = parser.parse_args(argv)
 
     store = _open(args.db)

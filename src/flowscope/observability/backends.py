@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry.trace import SpanContext, get_current_span
 from prometheus_client import CollectorRegistry

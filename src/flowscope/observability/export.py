@@ -25,7 +25,8 @@ import base64
 import json
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..events import Event
 from ..liveness import SPAN_HANDOVER_S, owner_alive, ships_own_spans
@@ -58,6 +59,7 @@ __all__ = [
     "follow",
 ]
 
+
 class ExportError(Exception):
     """The spans could not be sent to the endpoint."""
 
@@ -66,7 +68,11 @@ class ExportError(Exception):
 
 
 def session_spans(
-    events: Iterable[Event], service_name: str = "flowscope", *, lost: bool = False, alive_at: float | None = None
+    events: Iterable[Event],
+    service_name: str = "flowscope",
+    *,
+    lost: bool = False,
+    alive_at: float | None = None,
 ) -> list[ReadableSpan]:
     """The session's spans as SDK ``ReadableSpan`` objects (what an exporter takes): the
     records of :func:`~flowscope.observability.log_spans.spans_of_log`, converted as the live
@@ -87,7 +93,11 @@ def session_spans(
 
 
 def export_request(
-    events: Iterable[Event], service_name: str = "flowscope", *, lost: bool = False, alive_at: float | None = None
+    events: Iterable[Event],
+    service_name: str = "flowscope",
+    *,
+    lost: bool = False,
+    alive_at: float | None = None,
 ) -> ExportTraceServiceRequest:
     """The session's spans as an OTLP ``ExportTraceServiceRequest`` (what the exporters send)."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -121,7 +131,11 @@ def to_otlp_json(request: ExportTraceServiceRequest) -> str:
 
 
 def export_json(
-    events: Iterable[Event], service_name: str = "flowscope", *, lost: bool = False, alive_at: float | None = None
+    events: Iterable[Event],
+    service_name: str = "flowscope",
+    *,
+    lost: bool = False,
+    alive_at: float | None = None,
 ) -> str:
     """OTLP/JSON of the session's spans; the same log always gives the same text."""
     return to_otlp_json(export_request(events, service_name, lost=lost, alive_at=alive_at))
@@ -147,7 +161,9 @@ def load_otlp_json(text: str | bytes) -> ExportTraceServiceRequest:
 # --------------------------------------------------------------------------- sending
 
 
-def send_spans(spans: list[ReadableSpan], endpoint: str, protocol: str | None = None, timeout: float = 10.0) -> None:
+def send_spans(
+    spans: list[ReadableSpan], endpoint: str, protocol: str | None = None, timeout: float = 10.0
+) -> None:
     """Send spans with the real OTLP exporter (HTTP/protobuf or gRPC). Raises :class:`ExportError`."""
     protocol = protocol or guess_protocol(endpoint)
     from opentelemetry.sdk.trace.export import SpanExportResult
@@ -165,7 +181,9 @@ def send_spans(spans: list[ReadableSpan], endpoint: str, protocol: str | None = 
     try:
         result = exporter.export(spans)
     except Exception as exc:  # pragma: no cover - exporters return FAILURE rather than raise
-        raise ExportError(f"could not send spans to {target} ({protocol}): {type(exc).__name__}: {exc}") from None
+        raise ExportError(
+            f"could not send spans to {target} ({protocol}): {type(exc).__name__}: {exc}"
+        ) from None
     finally:
         try:
             exporter.shutdown()
@@ -250,7 +268,9 @@ def ship_store(
         records, _ = unshipped(events, mark, ended, last_heartbeat(store, sid) if ended else None)
         # Every span the log ended up to its last event goes out; the ones still open end later.
         batch.extend(
-            readable_span(r, default if r.resource is None else record_resource(r.resource), scope) for r in records if r.sampled
+            readable_span(r, default if r.resource is None else record_resource(r.resource), scope)
+            for r in records
+            if r.sampled
         )
         waiting[sid] = events[-1].seq
         if len(batch) >= FOLLOW_BATCH_SPANS:

@@ -11,7 +11,7 @@ new ones into one ``_other`` set and counting each fold
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["INVALID_ERROR_CODE", "OTHER", "MAX_CODE_LABEL", "DEFAULT_MAX_SERIES", "code_label", "LabelBudget"]
 
@@ -37,7 +37,9 @@ class LabelBudget:
 
     __slots__ = ("max_series", "on_overflow")
 
-    def __init__(self, max_series: int = DEFAULT_MAX_SERIES, on_overflow: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, max_series: int = DEFAULT_MAX_SERIES, on_overflow: Callable[[str], None] | None = None
+    ) -> None:
         if max_series < 1:
             raise ValueError("max_series must be at least 1")
         self.max_series = max_series

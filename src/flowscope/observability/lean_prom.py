@@ -16,11 +16,17 @@ import threading
 import time
 from abc import abstractmethod
 from bisect import bisect_left
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.samples import Exemplar, Sample
 from prometheus_client.utils import floatToGoString
 
@@ -36,7 +42,9 @@ class _Lean(Collector):
 
     _family_type: Callable[..., Any]
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry | None) -> None:
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry | None
+    ) -> None:
         self._name = name
         self._documentation = documentation
         self._labelnames = tuple(labelnames)
@@ -171,7 +179,9 @@ class LeanHistogram(_Lean):
         if bounds != tuple(sorted(bounds)):
             raise ValueError("buckets must be in increasing order")
         # a list, with +Inf last, as prometheus-client's Histogram keeps it
-        self._upper_bounds = list(bounds + (float("inf"),) if not bounds or bounds[-1] != float("inf") else bounds)
+        self._upper_bounds = list(
+            bounds + (float("inf"),) if not bounds or bounds[-1] != float("inf") else bounds
+        )
         self._les = [floatToGoString(b) for b in self._upper_bounds]
         self._resolve = resolve
         super().__init__(name, documentation, labelnames, registry)
@@ -192,7 +202,9 @@ class LeanHistogram(_Lean):
             buckets.append((le, acc, exemplar) if exemplar is not None else (le, acc))
         family.add_metric(values, buckets, total)
         # beside its child's other samples: OpenMetrics wants each label set's samples together
-        family.samples.append(Sample(self._name + "_created", dict(zip(self._labelnames, values)), child.created))
+        family.samples.append(
+            Sample(self._name + "_created", dict(zip(self._labelnames, values)), child.created)
+        )
 
     def _exemplar(self, kept: tuple[Any, float, float] | None) -> Exemplar | None:
         if kept is None or self._resolve is None:

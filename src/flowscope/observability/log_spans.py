@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable, Iterable, Mapping
 
 from opentelemetry.util.types import AttributeValue
 
@@ -121,14 +121,19 @@ def trace_id_for(session_id: str, invocation_id: str) -> int:
 def span_id_for(session_id: str, invocation_id: str, path: str = "", attempt: int = 1) -> int:
     """The span id of an invocation (``path=""``, which is also its top workflow's run) or of
     the run of ``path`` that started at ``attempt`` in it."""
-    return int.from_bytes(_digest("flowscope-span", session_id, invocation_id, path, str(attempt))[:8], "big") or 1
+    return (
+        int.from_bytes(_digest("flowscope-span", session_id, invocation_id, path, str(attempt))[:8], "big")
+        or 1
+    )
 
 
 #: The W3C ``traceparent`` header of a span context (one writer: ``traceparent.py``).
 traceparent = format_traceparent
 
 
-def invocation_context(session_id: str, invocation_id: str, trace_context: Mapping[str, str]) -> tuple[int, int | None, bool, str]:
+def invocation_context(
+    session_id: str, invocation_id: str, trace_context: Mapping[str, str]
+) -> tuple[int, int | None, bool, str]:
     """``(trace id, parent span id, sampled, tracestate)`` of an invocation from what its
     ``RunStarted.trace_context`` recorded; derived ids and "sampled" when it recorded nothing."""
     trace_id = trace_id_for(session_id, invocation_id)
@@ -162,7 +167,13 @@ def resource_of(raw: str) -> ResourceKey | None:
         return None
     if not isinstance(data, dict):
         return None
-    out = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in data.items() if isinstance(k, str) and _attribute_value(v)))
+    out = tuple(
+        sorted(
+            (k, tuple(v) if isinstance(v, list) else v)
+            for k, v in data.items()
+            if isinstance(k, str) and _attribute_value(v)
+        )
+    )
     return out or None
 
 
@@ -270,7 +281,9 @@ class SpanWalk:
     # -- invocations --------------------------------------------------------------------
 
     def _start_invocation(self, e: RunStarted) -> None:
-        for old in list(self.invocations.values()):  # a new invocation began: any still open ended with its process
+        for old in list(
+            self.invocations.values()
+        ):  # a new invocation began: any still open ended with its process
             self._abandon(old, lost=True)
         trace_id, parent, sampled, state = invocation_context(self.session, e.invocation_id, e.trace_context)
         self._order += 1
@@ -286,7 +299,13 @@ class SpanWalk:
         )
         raw = e.trace_context.get(RESOURCE_KEY)
         self.invocations[e.invocation_id] = _Invocation(
-            e.invocation_id, span, sampled, state, last_ts=e.ts, last_seq=e.seq, resource=resource_of(raw) if raw else None
+            e.invocation_id,
+            span,
+            sampled,
+            state,
+            last_ts=e.ts,
+            last_seq=e.seq,
+            resource=resource_of(raw) if raw else None,
         )
         self.previous = (trace_id, span.span_id)
 
@@ -314,13 +333,17 @@ class SpanWalk:
                 self._finish_node(inv, span, inv.last_seq, finished=False, lost=lost, at=at)
         self._close_invocation(inv, sp.unfinished_invocation_end(lost), at, inv.last_seq, lost)
 
-    def _close_invocation(self, inv: _Invocation, end: sp.SpanEnd, at: float, seq: int, lost: bool = False) -> None:
+    def _close_invocation(
+        self, inv: _Invocation, end: sp.SpanEnd, at: float, seq: int, lost: bool = False
+    ) -> None:
         del self.invocations[inv.id]
         span = inv.span
         if inv.root_start is not None:  # one span for the invocation and its top workflow's run
             root_end = inv.root_end
             if root_end is None:
-                root_end = sp.unfinished_node_end(invocation_finished=end.attributes.get(sp.INCOMPLETE) is None, lost=lost)
+                root_end = sp.unfinished_node_end(
+                    invocation_finished=end.attributes.get(sp.INCOMPLETE) is None, lost=lost
+                )
             span.attributes = {**span.attributes, **inv.root_start}
             span.events.extend(root_end.events)
             end = sp.SpanEnd(
@@ -368,14 +391,24 @@ class SpanWalk:
         if isinstance(ev, NodeErrorPropagated):
             found = inv.errors.get(ev.origin_path)
             origin = found[1] if found else None
-        count = ev.attempt_count if isinstance(ev, (NodeCompleted, NodeErrorEvent, NodeErrorPropagated)) else 0
+        count = (
+            ev.attempt_count if isinstance(ev, (NodeCompleted, NodeErrorEvent, NodeErrorPropagated)) else 0
+        )
         return sp.node_end(ev, count or span.attempt, span.recovered, origin)
 
     def _finish_node(
-        self, inv: _Invocation, span: _Open, seq: int, finished: bool = True, lost: bool = False, at: float | None = None
+        self,
+        inv: _Invocation,
+        span: _Open,
+        seq: int,
+        finished: bool = True,
+        lost: bool = False,
+        at: float | None = None,
     ) -> None:
         if span.terminal is None:  # no terminal event: cancelled with its invocation, or its process died
-            self._close(span, sp.unfinished_node_end(finished, lost), inv.last_ts if at is None else at, seq, inv)
+            self._close(
+                span, sp.unfinished_node_end(finished, lost), inv.last_ts if at is None else at, seq, inv
+            )
         else:
             self._close(span, self._node_end(inv, span), span.terminal.ts, seq, inv)
 
@@ -415,7 +448,9 @@ class SpanWalk:
             self._abandon(inv)
 
 
-def spans_of_log(events: Iterable[Event], lost: bool = False, alive_at: float | None = None) -> list[SpanRecord]:
+def spans_of_log(
+    events: Iterable[Event], lost: bool = False, alive_at: float | None = None
+) -> list[SpanRecord]:
     """The spans of a session's log, in start order; an invocation the log does not end is
     incomplete, and an error (its worker lost) when ``lost`` says its owner is gone, ending at
     ``alive_at`` (its last heartbeat) when that is later than its last event."""

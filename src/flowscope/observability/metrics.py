@@ -42,7 +42,6 @@ Several plugins on one registry (two runners on the default ``REGISTRY``, say) s
 the same collectors instead of failing with "Duplicated timeseries".
 """
 
-
 from __future__ import annotations
 
 import time
@@ -142,7 +141,9 @@ class MetricsPlugin(Plugin):
         self._meter = meter
         self._worker: dict[str, Instrument] | None = None  # WORKER_INSTRUMENTS, on first use
         self._instruments: dict[str, Instrument] = {}
-        self.budget = LabelBudget(max_series, self._overflowed)  # R13: at most max_series label sets per metric
+        self.budget = LabelBudget(
+            max_series, self._overflowed
+        )  # R13: at most max_series label sets per metric
         #: Whether this plugin counts job results (False: a StoreCollector counts them).
         self.job_results = job_results
         for spec in INSTRUMENTS:
@@ -225,7 +226,9 @@ class MetricsPlugin(Plugin):
                 status = "failed"
         key = (run.workflow, status)
         self._workflow_runs.series(key).add()
-        self._workflow_duration.series(key).record(max(0.0, time.time() - run.started_at), exemplar_source(run.trace_context))
+        self._workflow_duration.series(key).record(
+            max(0.0, time.time() - run.started_at), exemplar_source(run.trace_context)
+        )
 
     # -- node hooks --------------------------------------------------------------------------
 
@@ -252,7 +255,10 @@ class MetricsPlugin(Plugin):
         pair = ns.by_outcome.get(status)
         if pair is None:  # once per (workflow, node, outcome)
             key = (ctx.run.workflow, ctx.node_name, status)
-            pair = ns.by_outcome[status] = (self._bind(self._node_runs, key), self._bind(self._node_duration, key))
+            pair = ns.by_outcome[status] = (
+                self._bind(self._node_runs, key),
+                self._bind(self._node_duration, key),
+            )
         pair[0].add()
         pair[1].record(outcome.duration_s, exemplar_source(ctx.trace_context))
         if status == "success" or status == "failure" or status == "timeout":
@@ -328,7 +334,9 @@ class MetricsPlugin(Plugin):
         self._worker_instruments(workflow)["worker_leases_lost"].series((workflow,)).add()
 
     def __repr__(self) -> str:
-        backends = [b for b, on in (("prometheus", self.registry), ("otel", self.meter_provider)) if on is not None]
+        backends = [
+            b for b, on in (("prometheus", self.registry), ("otel", self.meter_provider)) if on is not None
+        ]
         return f"<MetricsPlugin {'+'.join(backends)}>"
 
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -31,7 +32,14 @@ from prometheus_client.registry import Collector
 from ..store.base import EventStore
 from .store_collector import JOB_RESULTS, StoreCollector
 
-__all__ = ["serve_metrics", "start_metrics_http", "MetricsServer", "DEFAULT_PORT", "LISTEN_BACKLOG", "READ_TIMEOUT_S"]
+__all__ = [
+    "serve_metrics",
+    "start_metrics_http",
+    "MetricsServer",
+    "DEFAULT_PORT",
+    "LISTEN_BACKLOG",
+    "READ_TIMEOUT_S",
+]
 
 #: The port of ``flowscope serve-metrics`` (OpenTelemetry's Prometheus exporter default).
 DEFAULT_PORT = 9464
@@ -103,7 +111,7 @@ class MetricsServer:
         server.server_close()
         self._thread.join(timeout)
 
-    def __enter__(self) -> "MetricsServer":
+    def __enter__(self) -> MetricsServer:
         return self
 
     def __exit__(self, *exc: object) -> None:

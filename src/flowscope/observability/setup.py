@@ -40,7 +40,6 @@ __all__ = ["configure_tracing", "install_global", "TracingHandle", "PROTOCOLS"]
 log = logging.getLogger("flowscope.observability.setup")
 
 
-
 class TracingHandle:
     """What :func:`configure_tracing` returns: the provider, and how to flush and shut it down.
 
@@ -132,14 +131,18 @@ def configure_tracing(
     if use_otlp:
         # The watermark follows what this exporter accepted: a killed process's unsent spans
         # are shipped by the next one to open the session (shipping.py).
-        exporter = WatermarkExporter(otlp.span_exporter(protocol, otlp_endpoint, timeout=timeout, headers=headers))
+        exporter = WatermarkExporter(
+            otlp.span_exporter(protocol, otlp_endpoint, timeout=timeout, headers=headers)
+        )
         provider.add_span_processor(BatchSpanProcessor(exporter))
         described.append(f"otlp {protocol} {otlp_endpoint or env_endpoint or '(default endpoint)'}")
     if use_console:
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
         described.append("console")
     if not described:
-        log.info("configure_tracing(%r): no exporter configured; spans are recorded but go nowhere", service_name)
+        log.info(
+            "configure_tracing(%r): no exporter configured; spans are recorded but go nowhere", service_name
+        )
 
     if set_global:
         from opentelemetry import trace

@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.trace import Event as SpanEvent
 from opentelemetry.sdk.trace import ReadableSpan
@@ -151,7 +152,11 @@ def record_resource(key: ResourceKey) -> Resource:
 def last_heartbeat(store: Upkeep, session_id: str) -> float | None:
     """The session's last sign of life in the store: the latest heartbeat of its runs still
     ``running`` (the owner's lease keeper writes them as it renews the lease), or None."""
-    beats = [r.heartbeat_at for r in store.node_runs(session_id) if r.status == "running" and r.heartbeat_at is not None]
+    beats = [
+        r.heartbeat_at
+        for r in store.node_runs(session_id)
+        if r.status == "running" and r.heartbeat_at is not None
+    ]
     return max(beats) if beats else None
 
 
@@ -257,7 +262,9 @@ class Ledger:
             try:
                 store.set_exported_seqs(marks)  # one transaction for all the sessions of this export
             except Exception as exc:  # the next opener ships these again: duplicates, never a loss
-                log.warning("could not record that the spans of %d sessions were exported: %s", len(marks), exc)
+                log.warning(
+                    "could not record that the spans of %d sessions were exported: %s", len(marks), exc
+                )
             with self._lock:
                 for session, seq in marks.items():
                     if self._writing.get(session) == seq and session not in self._sessions:
@@ -342,7 +349,9 @@ class Shipper:
         result = self._sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL)
         return result.decision.is_sampled(), result.trace_state or _EMPTY_STATE
 
-    def ship(self, records: Sequence[SpanRecord], store: Upkeep | None, extras: Mapping[int, Any] | None = None) -> None:
+    def ship(
+        self, records: Sequence[SpanRecord], store: Upkeep | None, extras: Mapping[int, Any] | None = None
+    ) -> None:
         """Hand sampled records to the processors; with a store and a watermark exporter,
         they are registered first so the watermark follows their export."""
         processor = self._processor
@@ -368,7 +377,9 @@ class Shipper:
                 attrs, stack = extra
                 on_end(readable_span(r, resource, scope, attrs, stack))
 
-    def catch_up(self, store: Upkeep | None, session_id: str, previous: Mapping[str, str]) -> tuple[int, int] | None:
+    def catch_up(
+        self, store: Upkeep | None, session_id: str, previous: Mapping[str, str]
+    ) -> tuple[int, int] | None:
         """Before a resumed invocation: ship what the processes before this one did not
         (their cut-off run as incomplete) and return the ids of the invocation it resumes."""
         link = _link_of(session_id, previous)
@@ -378,7 +389,9 @@ class Shipper:
             mark = store.exported_seq(session_id)
             if mark >= store.last_seq(session_id):
                 return link
-            records, last = unshipped(store.read(session_id), mark, ended=True, alive_at=last_heartbeat(store, session_id))
+            records, last = unshipped(
+                store.read(session_id), mark, ended=True, alive_at=last_heartbeat(store, session_id)
+            )
         except Exception as exc:  # telemetry never fails the run
             log.warning("could not read session %s to ship its spans: %s", session_id, exc)
             return link

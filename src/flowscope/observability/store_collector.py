@@ -54,7 +54,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -236,7 +237,9 @@ class StoreCollector(Collector):
             f_overdue.add_metric(wn, overdue.get(wn, 0.0))
         return [f_open, f_oldest, f_orphaned, f_overdue]
 
-    def _bounded(self, seen: set[Any], now: dict[Any, Any], merge: Callable[[Any, Any], Any]) -> dict[Any, Any]:
+    def _bounded(
+        self, seen: set[Any], now: dict[Any, Any], merge: Callable[[Any, Any], Any]
+    ) -> dict[Any, Any]:
         """``now`` with the label sets past ``max_series`` merged into the ``_other`` set;
         ``seen`` (the sets reported so far, which report 0 rather than vanish) grows to
         at most ``max_series`` and the ``_other`` set. Called under the lock."""
@@ -252,9 +255,13 @@ class StoreCollector(Collector):
         return out
 
     def _queued_families(self, queued: list[QueuedGroup]) -> list[GaugeMetricFamily]:
-        now_queued = {str(g.workflow or ""): (float(g.count), float(g.oldest_submitted_at or 0.0)) for g in queued}
+        now_queued = {
+            str(g.workflow or ""): (float(g.count), float(g.oldest_submitted_at or 0.0)) for g in queued
+        }
         with self._lock:
-            bounded = self._bounded(self._seen_queued_keys, {(wf,): v for wf, v in now_queued.items()}, _count_and_oldest)
+            bounded = self._bounded(
+                self._seen_queued_keys, {(wf,): v for wf, v in now_queued.items()}, _count_and_oldest
+            )
             now_queued = {key[0]: v for key, v in bounded.items()}
             seen = sorted(k[0] for k in self._seen_queued_keys)
         f_queued = GaugeMetricFamily(QUEUED, _HELP[QUEUED], labels=_LABELS[QUEUED])
@@ -264,7 +271,6 @@ class StoreCollector(Collector):
             f_queued.add_metric((wf,), count)
             f_oldest.add_metric((wf,), oldest)
         return [f_queued, f_oldest]
-
 
     def _job_results_family(self, groups: list[JobResultGroup]) -> CounterMetricFamily:
         """``flowscope_job_results_total``: what the log's count grew by since the first

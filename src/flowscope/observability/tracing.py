@@ -42,8 +42,9 @@ import asyncio
 import logging
 import traceback
 import weakref
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -129,7 +130,9 @@ class TracingPlugin(Plugin):
         self._runs: dict[str, _Run] = {}  # invocation id -> its run
         #: per event loop, the runs with appended events not walked yet (WALK_BATCH); weak,
         #: so a loop closed before its callback ran leaves nothing behind
-        self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Run]] = weakref.WeakKeyDictionary()
+        self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Run]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @property
     def shipper(self) -> Shipper:
@@ -164,13 +167,17 @@ class TracingPlugin(Plugin):
         else:
             trace_id = trace_id_for(sid, iid)
         span_id = span_id_for(sid, iid)
-        sampled, state = shipper.sample(trace_id, sp.invocation_span_name(run.workflow), otel_context.get_current())
+        sampled, state = shipper.sample(
+            trace_id, sp.invocation_span_name(run.workflow), otel_context.get_current()
+        )
         tc["traceparent"] = traceparent(trace_id, span_id, sampled)
         if state:
             tc["tracestate"] = state.to_header()
         st = self._runs[iid] = _Run(trace_id, span_id, _SAMPLED if sampled else _UNSAMPLED, state, run.store)
         if sampled and shipper.enabled:
-            if shipper.resource_record:  # whoever ships these spans after a crash gives them this process's resource
+            if (
+                shipper.resource_record
+            ):  # whoever ships these spans after a crash gives them this process's resource
                 tc[RESOURCE_KEY] = shipper.resource_record
             st.walk = SpanWalk(partial(self._emit, st), sid)
             if run.resumed:  # ship what the process before this one did not, and link to it
@@ -294,10 +301,15 @@ class TracingPlugin(Plugin):
             self._ship(st)
 
     def _emit(self, st: _Run, record: SpanRecord) -> None:
-        if self.record_stacktrace and record.error is not None and record.events and record.span_id != st.span_id:
-            if record.events[-1].name == sp.EXCEPTION_EVENT:  # its stack is known in after_node
-                st.held[record.span_id] = record
-                return
+        if (
+            self.record_stacktrace
+            and record.error is not None
+            and record.events
+            and record.span_id != st.span_id
+            and record.events[-1].name == sp.EXCEPTION_EVENT
+        ):
+            st.held[record.span_id] = record  # its stack is known in after_node
+            return
         st.out.append(record)
 
     def _ship(self, st: _Run) -> None:

@@ -2,9 +2,9 @@
 
 from typing import TYPE_CHECKING
 
+from ..fold import NodeState, WorkflowState, rebuild
 from .base import EventStore, NodeRun, SessionInfo
 from .memory import MemoryEventStore
-from ..fold import NodeState, WorkflowState, rebuild
 
 if TYPE_CHECKING:  # for type checkers; at run time __getattr__ below imports it on first use
     from .postgres import PostgresEventStore

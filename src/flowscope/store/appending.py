@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from ..events import Event, RunSubmitted, UnknownEvent
 from ..fold import NodeState, WorkflowState
@@ -133,7 +134,9 @@ def prepare_batches(
     out = []
     for session_id, events, expected, epoch in batches:
         evs = events if isinstance(events, (list, tuple)) else list(events)
-        out.append(PreparedBatch(session_id, evs, [encode(where, session_id, e) for e in evs], expected, epoch))
+        out.append(
+            PreparedBatch(session_id, evs, [encode(where, session_id, e) for e in evs], expected, epoch)
+        )
     return out
 
 
@@ -148,7 +151,9 @@ def _builder(cls: type[Any]) -> Callable[..., Any]:
     for name in names:
         scope[f"set_{name}"] = cls.__dict__[name].__set__
         body.append(f"set_{name}(o, {name})")
-    source = f"def build({', '.join(names)}):\n" + "".join(f"    {line}\n" for line in body) + "    return o\n"
+    source = (
+        f"def build({', '.join(names)}):\n" + "".join(f"    {line}\n" for line in body) + "    return o\n"
+    )
     exec(source, scope)  # noqa: S102 - generated from dataclass field names only, no input
     build: Callable[..., Any] = scope["build"]
     return build
@@ -197,7 +202,9 @@ def check_fence(session_id: str, row: SessionRow | None, epoch: int | None) -> N
     session's (it was taken over): the fence, checked before anything is written."""
     current = row.epoch if row is not None else 0
     if epoch is not None and current != epoch:
-        raise lease_lost(session_id, current, owner_from_column(row.owner) if row is not None else None, epoch)
+        raise lease_lost(
+            session_id, current, owner_from_column(row.owner) if row is not None else None, epoch
+        )
 
 
 def touched_paths(numbered: Sequence[Event]) -> list[str]:
@@ -222,8 +229,22 @@ def node_params(session_id: str, workflow: str, ns: NodeState) -> tuple[Any, ...
     """The parameters of a node-runs upsert: session, workflow, then
     :data:`~flowscope.store.projection_sql.NODE_STATE_COLUMNS`."""
     return (
-        session_id, workflow, ns.path, ns.node, ns.kind, ns.parent_path, ns.status, ns.attempt, ns.failures,
-        ns.retries, ns.recoveries, ns.started_at, ns.ended_at, ns.heartbeat_at, ns.error_code, ns.error_type,
+        session_id,
+        workflow,
+        ns.path,
+        ns.node,
+        ns.kind,
+        ns.parent_path,
+        ns.status,
+        ns.attempt,
+        ns.failures,
+        ns.retries,
+        ns.recoveries,
+        ns.started_at,
+        ns.ended_at,
+        ns.heartbeat_at,
+        ns.error_code,
+        ns.error_type,
         ns.job_deadline_at,
     )
 
@@ -235,7 +256,12 @@ def resumed_state(
     ws = WorkflowState(session_id=session_id)
     ws.nodes = nodes
     if row is not None:
-        ws.workflow, ws.status, ws.started_at, ws.updated_at = row.workflow, row.status, row.started_at, row.updated_at
+        ws.workflow, ws.status, ws.started_at, ws.updated_at = (
+            row.workflow,
+            row.status,
+            row.started_at,
+            row.updated_at,
+        )
         ws.last_seq, ws.invocations = row.last_seq, row.invocations
     return ws
 
@@ -251,8 +277,16 @@ def session_write(
         same = before.last_seq != 0 and before.workflow == ws.workflow and before.status == status
         woke = status in CLAIMABLE and before.status != status
     return _make_session_write(
-        ws.session_id, ws.workflow, status, ws.started_at, ws.updated_at, ws.last_seq, ws.invocations,
-        submitted_at(numbered), same, woke,
+        ws.session_id,
+        ws.workflow,
+        status,
+        ws.started_at,
+        ws.updated_at,
+        ws.last_seq,
+        ws.invocations,
+        submitted_at(numbered),
+        same,
+        woke,
     )
 
 
@@ -280,7 +314,12 @@ def append_steps(
     if last == 0:  # a new session: every node run is one this append makes
         nodes: dict[str, NodeState] = {}
         complete = True
-    elif cached is not None and row is not None and cached.session.last_seq == last and cached.row_id == row.row_id:
+    elif (
+        cached is not None
+        and row is not None
+        and cached.session.last_seq == last
+        and cached.row_id == row.row_id
+    ):
         nodes, complete = cached.nodes, cached.complete  # nobody appended since this store did
     else:
         nodes, complete = io.all_nodes(session_id)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..errors import StoreCorrupt, StoreError
 from ..events import COMMON_FIELDS, EVENT_TYPES, Event, EventDecodeError, UnknownEvent, from_dict, to_dict
@@ -90,7 +91,14 @@ def _not_serializable(
 # --------------------------------------------------------------------------- fast constructors
 
 #: How the generated code names the hot columns, the builder's first six parameters.
-_COLUMN_ARGS = {"session_id": "sid", "seq": "seq", "ts": "ts", "invocation_id": "inv", "path": "path", "node": "node"}
+_COLUMN_ARGS = {
+    "session_id": "sid",
+    "seq": "seq",
+    "ts": "ts",
+    "invocation_id": "inv",
+    "path": "path",
+    "node": "node",
+}
 _MISSING = object()
 
 

@@ -22,7 +22,9 @@ class Inbox(EventLog):
     """Durable messages for a session's owner, one writer per session."""
 
     @abstractmethod
-    def send(self, session_id: str, kind: str, body: Mapping[str, Any], *, ts: float | None = None) -> Message:
+    def send(
+        self, session_id: str, kind: str, body: Mapping[str, Any], *, ts: float | None = None
+    ) -> Message:
         """Keep a :class:`Message` for the session's owner, durably, and return it; a
         paused session with a message is claimable as ``answered``. ``body`` is JSON data.
         A store without this role holds no messages: its sessions cannot be answered

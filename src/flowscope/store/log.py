@@ -23,7 +23,9 @@ from .records import JobResultGroup, NodeRun, OpenRunGroup, QueuedGroup, Session
 __all__ = ["EventLog", "number_events", "summarize_open_runs"]
 
 
-def number_events(session_id: str, events: Sequence[Event], last_seq: int, expected_last_seq: int) -> list[Event]:
+def number_events(
+    session_id: str, events: Sequence[Event], last_seq: int, expected_last_seq: int
+) -> list[Event]:
     """Check optimistic concurrency and give every event its ``seq``.
 
     Events that already carry a ``seq`` (the runner numbers its own) must continue the
@@ -87,8 +89,15 @@ def summarize_open_runs(
             a[1] = started
         owner, lease = owners.get(r.session_id, (None, None))
         cls = classify_open_run(
-            state, started, r.heartbeat_at, r.job_deadline_at, now, stale_after_s,
-            owner=owner, lease_expires_at=lease, host=host,
+            state,
+            started,
+            r.heartbeat_at,
+            r.job_deadline_at,
+            now,
+            stale_after_s,
+            owner=owner,
+            lease_expires_at=lease,
+            host=host,
         )
         if cls == ORPHANED:
             a[2] += 1

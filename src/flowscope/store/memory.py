@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..events import Event, RunSubmitted
+from ..fold import OPEN_STATES, WorkflowState
 from ..liveness import owner_alive
 from ..ownership import Lease, Owner
 from .base import (
@@ -23,7 +25,6 @@ from .base import (
     number_events,
 )
 from .takeover import ClaimCandidate, ClaimPick, check_acquire, claim_cut, claim_rule, lost_lease
-from ..fold import OPEN_STATES, WorkflowState
 
 __all__ = ["MemoryEventStore"]
 
@@ -111,8 +112,17 @@ class MemoryEventStore(EventStore):
     def _info(self, sid: str, s: WorkflowState) -> SessionInfo:
         own = self._own.get(sid) or _Ownership()
         return SessionInfo(
-            sid, s.workflow, s.status, s.started_at, s.updated_at, s.last_seq, s.invocations,
-            own.owner, own.epoch, own.lease_expires_at, own.submitted_at,
+            sid,
+            s.workflow,
+            s.status,
+            s.started_at,
+            s.updated_at,
+            s.last_seq,
+            s.invocations,
+            own.owner,
+            own.epoch,
+            own.lease_expires_at,
+            own.submitted_at,
         )
 
     def sessions(self) -> list[SessionInfo]:
@@ -203,13 +213,21 @@ class MemoryEventStore(EventStore):
                     continue
                 own = self._own.get(sid) or _Ownership()
                 candidate = ClaimCandidate(
-                    sid, s.workflow, s.status, own.owner, own.lease_expires_at, own.recoveries, None,
+                    sid,
+                    s.workflow,
+                    s.status,
+                    own.owner,
+                    own.lease_expires_at,
+                    own.recoveries,
+                    None,
                     mail=bool(self._mail.get(sid)),
                 )
                 reason = claim_rule(candidate, now, host=None, max_recoveries=max_recoveries)
                 if reason is None:
                     continue
-                since = own.submitted_at if reason == "queued" else s.updated_at  # answered, orphaned: the last event
+                since = (
+                    own.submitted_at if reason == "queued" else s.updated_at
+                )  # answered, orphaned: the last event
                 found.append(ClaimPick(since or 0.0, sid, s.workflow, reason))
             out: list[Claim] = []
             for pick in claim_cut(found, limit):
@@ -222,7 +240,9 @@ class MemoryEventStore(EventStore):
 
     # ------------------------------------------------------------------ the inbox
 
-    def send(self, session_id: str, kind: str, body: Mapping[str, Any], *, ts: float | None = None) -> Message:
+    def send(
+        self, session_id: str, kind: str, body: Mapping[str, Any], *, ts: float | None = None
+    ) -> Message:
         with self._lock:
             msg = Message(session_id, self._next_message, kind, dict(body), time.time() if ts is None else ts)
             self._next_message += 1
@@ -263,7 +283,9 @@ class MemoryEventStore(EventStore):
     def workers_seen(self, owner: Owner, workflows: Collection[str], ts: float | None = None) -> None:
         now = time.time() if ts is None else ts
         with self._lock:
-            self._workers[owner.worker_id] = WorkerInfo(owner.worker_id, owner.host, owner.pid, tuple(sorted(workflows)), now)
+            self._workers[owner.worker_id] = WorkerInfo(
+                owner.worker_id, owner.host, owner.pid, tuple(sorted(workflows)), now
+            )
             for wid in [w for w, info in self._workers.items() if info.seen_at < now - WORKER_RETENTION_S]:
                 del self._workers[wid]
 

@@ -96,7 +96,9 @@ def count_dead_owners(
     groups = [OpenRunGroup(*r) for r in rows]
     if dead:
         groups = [
-            dataclasses.replace(g, orphaned=g.orphaned + dead.get((g.workflow, g.node), 0)) if g.state == "running" else g
+            dataclasses.replace(g, orphaned=g.orphaned + dead.get((g.workflow, g.node), 0))
+            if g.state == "running"
+            else g
             for g in groups
         ]
     return groups
@@ -132,7 +134,9 @@ class Ownership(ABC):
         """Extend ``lease`` to ``now + lease_s``; :class:`~flowscope.errors.LeaseLost` if the
         session's epoch is no longer ``lease.epoch``. Callable from any thread."""
 
-    def renew_many(self, leases: Sequence[Lease], lease_s: float, *, now: float | None = None) -> list[Lease | LeaseLost]:
+    def renew_many(
+        self, leases: Sequence[Lease], lease_s: float, *, now: float | None = None
+    ) -> list[Lease | LeaseLost]:
         """Renew each of ``leases`` (one round of a lease keeper): in order, the renewed
         lease or the :class:`~flowscope.errors.LeaseLost` of one whose epoch moved on.
 

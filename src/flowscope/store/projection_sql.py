@@ -30,6 +30,7 @@ NODE_STATE_COLUMNS = (
     "job_deadline_at",
 )
 
+
 def open_where(column: str = "status", *, as_or: bool = False) -> str:
     """The open states of ``column`` as literal SQL (our constants, never input).
 

@@ -8,9 +8,10 @@ driver is imported here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Iterable, Protocol
+from typing import Protocol
 
 from ..errors import LeaseLost
 from ..liveness import owner_alive
@@ -63,14 +64,20 @@ def check_acquire(session_id: str, owner: Owner, held: HeldLease | None, now: fl
     if force or held is None:
         return
     holder = held.owner
-    if holder is not None and holder.worker_id != owner.worker_id and owner_alive(holder, held.lease_expires_at, now):
+    if (
+        holder is not None
+        and holder.worker_id != owner.worker_id
+        and owner_alive(holder, held.lease_expires_at, now)
+    ):
         raise owned_elsewhere(session_id, holder, held.lease_expires_at, held.lease_renewed_at, now)
 
 
 def lost_lease(session_id: str, held: HeldLease | None, epoch: int) -> LeaseLost:
     """The error for a write or a renewal under ``epoch`` that the session's ownership
     ``held`` (None: no row) no longer matches."""
-    return lease_lost(session_id, held.epoch if held is not None else 0, held.owner if held is not None else None, epoch)
+    return lease_lost(
+        session_id, held.epoch if held is not None else 0, held.owner if held is not None else None, epoch
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +112,9 @@ class ClaimPick:
     epoch: int = 0
 
 
-def claim_rule(c: ClaimCandidate, now: float, *, host: str | None, max_recoveries: int | None) -> ClaimReason | None:
+def claim_rule(
+    c: ClaimCandidate, now: float, *, host: str | None, max_recoveries: int | None
+) -> ClaimReason | None:
     """Why a claim may take ``c`` (:func:`~flowscope.store.base.claim_reason`), or None; an
     orphan taken over more than ``max_recoveries`` times is left alone."""
     reason = claim_reason(c.status, c.owner, c.lease_expires_at, now, host=host, mail=c.mail)

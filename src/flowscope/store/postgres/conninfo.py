@@ -28,23 +28,35 @@ def check_options(schema: str, synchronous_commit: str | None) -> None:
     if not _IDENTIFIER.match(schema):
         raise ValueError(f"schema must be a lower-case SQL identifier, not {schema!r}")
     if synchronous_commit is not None and synchronous_commit not in SYNCHRONOUS_COMMIT:
-        raise ValueError(f"synchronous_commit must be one of {SYNCHRONOUS_COMMIT}, not {synchronous_commit!r}")
+        raise ValueError(
+            f"synchronous_commit must be one of {SYNCHRONOUS_COMMIT}, not {synchronous_commit!r}"
+        )
 
 
 def build_conninfo(
-    dsn: str, schema: str, readonly: bool, timeout: float, synchronous_commit: str | None, application_name: str
+    dsn: str,
+    schema: str,
+    readonly: bool,
+    timeout: float,
+    synchronous_commit: str | None,
+    application_name: str,
 ) -> tuple[str, Target]:
     """The conninfo for ``dsn`` with the store's options, and its :data:`Target`."""
     try:
         info = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise StoreError(f"not a PostgreSQL URL or conninfo: {redact(dsn)}: {exc.__class__.__name__}") from None
+        raise StoreError(
+            f"not a PostgreSQL URL or conninfo: {redact(dsn)}: {exc.__class__.__name__}"
+        ) from None
     options = [str(info.get("options") or ""), f"-c search_path={schema}"]
     if synchronous_commit is not None:
         options.append(f"-c synchronous_commit={synchronous_commit}")
     if readonly:
         options.append("-c default_transaction_read_only=on")
-    extra: dict[str, Any] = {"options": " ".join(o for o in options if o), "application_name": application_name}
+    extra: dict[str, Any] = {
+        "options": " ".join(o for o in options if o),
+        "application_name": application_name,
+    }
     if "connect_timeout" not in info:
         extra["connect_timeout"] = max(1, int(timeout))
     host = str(info.get("host") or info.get("hostaddr") or "localhost").split(",")[0]

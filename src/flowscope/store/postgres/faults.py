@@ -52,24 +52,38 @@ def store_error(exc: BaseException, where: str, action: str) -> StoreError:
     state = getattr(exc, "sqlstate", None)
     klass = state[:2] if isinstance(state, str) else None
     if state in _LOCKED:
-        return StoreLocked(f"PostgreSQL at {where}: could not {action}: a lock or serialization conflict ({state}); retry")
+        return StoreLocked(
+            f"PostgreSQL at {where}: could not {action}: a lock or serialization conflict ({state}); retry"
+        )
     if is_connection_lost(exc):
         return StoreUnavailable(
             f"lost the connection to PostgreSQL at {where} while trying to {action}: "
             "the server restarted or the network dropped; retry (a run resumes where its log ends)"
         )
     if state == "25006":
-        return StoreReadOnly(f"PostgreSQL at {where} refuses writes ({state}): cannot {action}; use a writable server")
+        return StoreReadOnly(
+            f"PostgreSQL at {where} refuses writes ({state}): cannot {action}; use a writable server"
+        )
     if state == "42501":
-        return StoreReadOnly(f"PostgreSQL at {where}: this role may not {action} ({state}): grant it the privileges")
+        return StoreReadOnly(
+            f"PostgreSQL at {where}: this role may not {action} ({state}): grant it the privileges"
+        )
     if state == "53100":
-        return StoreDiskFull(f"PostgreSQL at {where}: the server's disk is full: cannot {action}; free space and retry")
+        return StoreDiskFull(
+            f"PostgreSQL at {where}: the server's disk is full: cannot {action}; free space and retry"
+        )
     if klass == "53":
-        return StoreUnavailable(f"PostgreSQL at {where} is out of resources ({state}): cannot {action}; retry, or lower the pool sizes")
+        return StoreUnavailable(
+            f"PostgreSQL at {where} is out of resources ({state}): cannot {action}; retry, or lower the pool sizes"
+        )
     if klass == "XX":
-        return StoreCorrupt(f"PostgreSQL at {where} reports corrupt data ({state}) while trying to {action}: restore from a backup")
+        return StoreCorrupt(
+            f"PostgreSQL at {where} reports corrupt data ({state}) while trying to {action}: restore from a backup"
+        )
     if klass == "28":
-        return StoreUnavailable(f"PostgreSQL at {where} refused the credentials ({state}): check the user and password")
+        return StoreUnavailable(
+            f"PostgreSQL at {where} refused the credentials ({state}): check the user and password"
+        )
     if state == "3D000":
         return StoreUnavailable(f"PostgreSQL at {where}: no such database: create it first (createdb)")
     return StoreError(f"PostgreSQL at {where}: cannot {action}: {one_line(exc)}")
@@ -92,7 +106,9 @@ def _reachable(host: str, port: int, timeout: float) -> bool:
         return False
 
 
-def connect_error(exc: BaseException, where: str, host: str, port: int, user: str, timeout: float) -> StoreError:
+def connect_error(
+    exc: BaseException, where: str, host: str, port: int, user: str, timeout: float
+) -> StoreError:
     """The error for a connection attempt that failed (``psycopg.connect`` raised ``exc``)."""
     if isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None:
         if not _reachable(host, port, timeout):

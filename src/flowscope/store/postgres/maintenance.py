@@ -9,14 +9,14 @@ from typing import Any
 
 import psycopg
 
-from ...errors import StoreCorrupt
+from ...errors import StoreCorrupt, StoreError
 from ...fold import gc_paused
 from ...liveness import owner_alive
 from ...ownership import this_host
 from ..appending import owner_from_column
 from . import queries as q
 
-__all__ = ["fetch", "delete_sessions"]
+__all__ = ["fetch", "delete_sessions", "save_snapshot", "load_snapshot", "exported_seq"]
 
 Conn = psycopg.Connection[Any]
 
@@ -56,9 +56,39 @@ def delete_sessions(conn: Conn, ids: list[str]) -> list[str]:
         conn.execute(q.SQL_PRUNE_LOCK, {"ids": ids})
         # after the locks: a resume or a takeover that committed first keeps its log
         rows = conn.execute(q.SQL_PRUNABLE, {"ids": ids}).fetchall()
-        prunable = {sid for sid, owner, lease in rows if not owner_alive(owner_from_column(owner), lease, now, host=host)}
+        prunable = {
+            sid
+            for sid, owner, lease in rows
+            if not owner_alive(owner_from_column(owner), lease, now, host=host)
+        }
         deleted = [sid for sid in ids if sid in prunable]
         if deleted:
             for statement in q.SQL_PRUNE:
                 conn.execute(statement, {"ids": deleted})
     return deleted
+
+
+def save_snapshot(conn: Conn, where: str, session_id: str, seq: int, data: str) -> None:
+    """Keep the session's snapshot at ``seq``; refused if the log is not that far yet."""
+    with conn.transaction():
+        row = conn.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone()
+        if row is None or seq > row[0]:
+            raise StoreError(
+                f"PostgreSQL at {where}: a snapshot of session {session_id!r} at seq {seq} is ahead of its log"
+            )
+        conn.execute(q.SQL_SAVE_SNAPSHOT, (session_id, seq, data))
+
+
+def load_snapshot(conn: Conn, session_id: str) -> tuple[int, str] | None:
+    """The session's last snapshot as ``(seq, data)``, or None."""
+    row = conn.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone()
+    if row is None:
+        return None
+    seq, data = row
+    return int(seq), str(data)
+
+
+def exported_seq(conn: Conn, session_id: str) -> int:
+    """The session's span watermark, 0 if none."""
+    row = conn.execute(q.SQL_EXPORTED_SEQ, (session_id,)).fetchone()
+    return int(row[0]) if row is not None else 0

@@ -8,7 +8,8 @@ over locked ones (``SKIP LOCKED``), so concurrent claimers never wait for each o
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -25,9 +26,17 @@ __all__ = ["acquire", "renew", "claim"]
 Conn = psycopg.Connection[Any]
 
 
-def _take(conn: Conn, sids: list[str], owner: Owner, expires: float, now: float, recovered: list[str]) -> dict[str, int]:
+def _take(
+    conn: Conn, sids: list[str], owner: Owner, expires: float, now: float, recovered: list[str]
+) -> dict[str, int]:
     """Record ``owner``'s lease on the (locked) sessions, epoch + 1 each; their new epochs."""
-    params = {"owner": Jsonb(owner.to_dict()), "expires": expires, "now": now, "sids": sids, "recovered": recovered}
+    params = {
+        "owner": Jsonb(owner.to_dict()),
+        "expires": expires,
+        "now": now,
+        "sids": sids,
+        "recovered": recovered,
+    }
     return {sid: int(epoch) for sid, epoch in conn.execute(q.SQL_TAKE, params).fetchall()}
 
 
@@ -36,15 +45,22 @@ def acquire(conn: Conn, session_id: str, owner: Owner, expires: float, now: floa
     with conn.transaction():
         row = conn.execute(q.SQL_OWNERSHIP_FOR_UPDATE, (session_id,)).fetchone()
         if row is None:
-            made = conn.execute(q.SQL_NEW_OWNED, (session_id, Jsonb(owner.to_dict()), expires, now)).fetchone()
+            made = conn.execute(
+                q.SQL_NEW_OWNED, (session_id, Jsonb(owner.to_dict()), expires, now)
+            ).fetchone()
             if made is not None:
                 return int(made[0])
             row = conn.execute(q.SQL_OWNERSHIP_FOR_UPDATE, (session_id,)).fetchone()  # made meanwhile
             if row is None:  # made and removed meanwhile: nothing holds it
                 raise ConcurrencyConflict(f"session {session_id!r} changed while being acquired; retry")
         held, epoch, lease_expires_at, lease_renewed_at = row
-        check_acquire(session_id, owner, LeaseRow(owner_from_column(held), epoch, lease_expires_at, lease_renewed_at), now,
-                      force=force)
+        check_acquire(
+            session_id,
+            owner,
+            LeaseRow(owner_from_column(held), epoch, lease_expires_at, lease_renewed_at),
+            now,
+            force=force,
+        )
         return _take(conn, [session_id], owner, expires, now, [])[session_id]
 
 
@@ -77,8 +93,15 @@ def _candidates(rows: Iterable[Sequence[Any]], status: str = "") -> Iterable[Cla
     for sid, workflow, owner, lease_expires_at, recoveries, since, epoch, *own in rows:
         row_status = own[0] if own else status
         yield ClaimCandidate(
-            sid, workflow, row_status, owner_from_column(owner), lease_expires_at, recoveries, since,
-            mail=row_status in MAILED_STATUSES, epoch=epoch,
+            sid,
+            workflow,
+            row_status,
+            owner_from_column(owner),
+            lease_expires_at,
+            recoveries,
+            since,
+            mail=row_status in MAILED_STATUSES,
+            epoch=epoch,
         )
 
 
@@ -112,12 +135,18 @@ def claim(
         dead = claim_picks(_candidates(rows), now, host=host, max_recoveries=max_recoveries)
         if dead:
             sids, epochs = [d.session_id for d in dead], [d.epoch for d in dead]
-            locked = {r[0] for r in conn.execute(q.SQL_CLAIM_LOCK, (sids, epochs))}  # if their epoch has not moved
+            locked = {
+                r[0] for r in conn.execute(q.SQL_CLAIM_LOCK, (sids, epochs))
+            }  # if their epoch has not moved
             found += [d for d in dead if d.session_id in locked]
         chosen = claim_cut(found, limit)
         if not chosen:
             return []
         recovered = [c.session_id for c in chosen if c.reason == "orphaned"]
         taken = _take(conn, [c.session_id for c in chosen], owner, now + lease_s, now, recovered)
-    return [Claim(c.session_id, c.workflow, c.reason, Lease(c.session_id, owner, taken[c.session_id], now + lease_s))
-            for c in chosen]
+    return [
+        Claim(
+            c.session_id, c.workflow, c.reason, Lease(c.session_id, owner, taken[c.session_id], now + lease_s)
+        )
+        for c in chosen
+    ]

@@ -102,16 +102,29 @@ SQL_UPSERT_NODE = (
 )
 #: Another workflow's run in a session: every node run takes its name.
 SQL_RENAME_WORKFLOW = "UPDATE node_runs SET workflow = %s WHERE session_id = %s"
-SQL_LOAD_NODES = f"SELECT {', '.join(NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = %s AND path = ANY(%s)"
+SQL_LOAD_NODES = (
+    f"SELECT {', '.join(NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = %s AND path = ANY(%s)"
+)
 #: Up to ``%s`` node runs of a session: all of them when fewer come back.
 SQL_LOAD_ALL_NODES = f"SELECT {', '.join(NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = %s LIMIT %s"
 
 #: The SQL types of the node-run columns (migration 1's), for the rows a cached append sends.
 _NODE_STATE_TYPES = {
-    "path": "text", "node": "text", "kind": "text", "parent_path": "text", "status": "text",
-    "attempt": "integer", "failures": "integer", "retries": "integer", "recoveries": "integer",
-    "started_at": "float8", "ended_at": "float8", "heartbeat_at": "float8",
-    "error_code": "text", "error_type": "text", "job_deadline_at": "float8",
+    "path": "text",
+    "node": "text",
+    "kind": "text",
+    "parent_path": "text",
+    "status": "text",
+    "attempt": "integer",
+    "failures": "integer",
+    "retries": "integer",
+    "recoveries": "integer",
+    "started_at": "float8",
+    "ended_at": "float8",
+    "heartbeat_at": "float8",
+    "error_code": "text",
+    "error_type": "text",
+    "job_deadline_at": "float8",
 }
 #: The keys of each event object in SQL_APPEND_CACHED's ``events`` (its columns after the session).
 EVENT_KEYS = ("seq", "type", "ts", "invocation_id", "path", "node", "payload")
@@ -181,7 +194,9 @@ SQL_OPEN_SAME_HOST = (
 )
 _INFO_COLUMNS = f"session_id, {', '.join(_SESSION_COLUMNS)}, owner, epoch, lease_expires_at, submitted_at"
 #: In SessionInfo field order; rows made by acquire() alone (no event yet) are no session.
-SQL_SESSIONS = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 ORDER BY coalesce(updated_at, 0) DESC, id"
+SQL_SESSIONS = (
+    f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 ORDER BY coalesce(updated_at, 0) DESC, id"
+)
 SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = %s AND last_seq > 0"
 
 # -- ownership
@@ -268,9 +283,7 @@ SQL_SEND = (
 SQL_INBOX = "SELECT message_id, kind, body, sent_at FROM messages WHERE session_id = %s ORDER BY message_id"
 SQL_DROP_MESSAGES = "DELETE FROM messages WHERE session_id = %s AND message_id = ANY(%s::bigint[])"
 #: A sent message makes a paused session claimable: wake the workers of its workflow.
-SQL_NOTIFY_MAILED = (
-    "SELECT pg_notify(%s, workflow) FROM sessions WHERE session_id = %s AND status = 'paused'"
-)
+SQL_NOTIFY_MAILED = "SELECT pg_notify(%s, workflow) FROM sessions WHERE session_id = %s AND status = 'paused'"
 SQL_MAILED = "SELECT DISTINCT session_id FROM messages WHERE session_id = ANY(%s)"
 SQL_JOB_RESULTS = (
     "SELECT s.workflow, e.node, e.payload::json->>'result', count(*) FROM events AS e "
@@ -305,7 +318,9 @@ CHANGES_SUFFIX = ".changes"
 #: acquire or claim of one of them waits, or (SKIP LOCKED) passes it over, until the
 #: prune commits. SQL_PRUNABLE then runs on a snapshot taken after the locks, so it sees
 #: every append that committed before them.
-SQL_PRUNE_LOCK = "SELECT session_id FROM sessions WHERE session_id = ANY(%(ids)s) ORDER BY session_id FOR UPDATE"
+SQL_PRUNE_LOCK = (
+    "SELECT session_id FROM sessions WHERE session_id = ANY(%(ids)s) ORDER BY session_id FOR UPDATE"
+)
 #: Sessions among ``%(ids)s`` that may be deleted: finished and without an open run, with
 #: their owner and lease, for the owner rule (liveness.owner_alive) in Python.
 SQL_PRUNABLE = (

@@ -154,10 +154,13 @@ DB_SCHEMA_VERSION = len(MIGRATIONS)
 
 def read_version(conn: psycopg.Connection[Any], where: str) -> int:
     """The schema version recorded in the database's schema (0 for an empty one)."""
-    tables = {r[0] for r in conn.execute(
-        # pg_tables, not information_schema: that one hides the tables this role may not read
-        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
-    )}
+    tables = {
+        r[0]
+        for r in conn.execute(
+            # pg_tables, not information_schema: that one hides the tables this role may not read
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+        )
+    }
     if "meta" not in tables:
         if tables:
             shown = ", ".join(sorted(tables)[:5])
@@ -168,7 +171,9 @@ def read_version(conn: psycopg.Connection[Any], where: str) -> int:
         return 0
     meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     if meta.get("application") != APPLICATION:
-        raise NotAFlowscopeDatabase(f"PostgreSQL at {where} is not a flowscope database (its meta table is another's)")
+        raise NotAFlowscopeDatabase(
+            f"PostgreSQL at {where} is not a flowscope database (its meta table is another's)"
+        )
     try:
         return int(meta.get("schema_version", 0))
     except (TypeError, ValueError):
@@ -196,7 +201,9 @@ def ensure_schema(conn: psycopg.Connection[Any], where: str, schema: str, readon
         return version
     if readonly:
         if version == 0:
-            raise StoreUnavailable(f"PostgreSQL at {where} has no flowscope tables yet: start a worker or run something first")
+            raise StoreUnavailable(
+                f"PostgreSQL at {where} has no flowscope tables yet: start a worker or run something first"
+            )
         raise StoreReadOnly(
             f"PostgreSQL at {where} has flowscope schema {version}; this version uses schema {DB_SCHEMA_VERSION}: "
             "open it once without readonly to migrate it"
@@ -204,7 +211,9 @@ def ensure_schema(conn: psycopg.Connection[Any], where: str, schema: str, readon
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (MIGRATION_LOCK, schema))
         if not exists:
-            conn.execute(psycopg.sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(psycopg.sql.Identifier(schema)))
+            conn.execute(
+                psycopg.sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(psycopg.sql.Identifier(schema))
+            )
         found = _check(read_version(conn, where), where)  # another worker may have migrated meanwhile
         for step in range(found, DB_SCHEMA_VERSION):
             for statement in MIGRATIONS[step]:

@@ -26,9 +26,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from operator import attrgetter
-from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -56,6 +57,7 @@ from ..base import (
     one_renewal,
 )
 from ..codec import decode, encode
+from . import inbox as mail
 from . import maintenance, ownership
 from . import queries as q
 from . import schema as sch
@@ -111,7 +113,9 @@ class PostgresEventStore(EventStore):
         #: The URL with its password masked: what messages and hints print.
         self.path = redact(dsn)
         self._channel = f"flowscope.{schema}"
-        self._conninfo, self._target = build_conninfo(dsn, schema, readonly, timeout, synchronous_commit, application_name)
+        self._conninfo, self._target = build_conninfo(
+            dsn, schema, readonly, timeout, synchronous_commit, application_name
+        )
         self._cache_lock = threading.Lock()
         self._node_cache: dict[str, Cached] = {}
         self._pool: ConnectionPool[Conn] | None = None
@@ -153,7 +157,9 @@ class PostgresEventStore(EventStore):
             raise connect_error(exc, self.where, host, port, user, min(self.timeout, 3.0)) from None
 
     def _closed(self) -> StoreUnavailable:
-        return StoreUnavailable(f"PostgreSQL at {self.where}: the store is closed; open a new PostgresEventStore")
+        return StoreUnavailable(
+            f"PostgreSQL at {self.where}: the store is closed; open a new PostgresEventStore"
+        )
 
     @contextmanager
     def _op(self, action: str) -> Iterator[Conn]:
@@ -182,7 +188,9 @@ class PostgresEventStore(EventStore):
 
     def _writable(self, action: str) -> None:
         if self.readonly:
-            raise StoreReadOnly(f"PostgreSQL at {self.where} is open read-only: cannot {action}; open it without readonly=True")
+            raise StoreReadOnly(
+                f"PostgreSQL at {self.where} is open read-only: cannot {action}; open it without readonly=True"
+            )
 
     def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -211,7 +219,9 @@ class PostgresEventStore(EventStore):
                 if done is None:
                     with conn.pipeline(), conn.transaction():
                         io = Writer(conn, self._channel)
-                        numbered, entry = append_steps(io, session_id, events, encoded, expected_last_seq, epoch, cached)
+                        numbered, entry = append_steps(
+                            io, session_id, events, encoded, expected_last_seq, epoch, cached
+                        )
                 else:
                     numbered, entry = done
             except psycopg.errors.UniqueViolation as exc:
@@ -229,34 +239,37 @@ class PostgresEventStore(EventStore):
         everything back and is raised. Sessions' rows are locked in session-id order, so
         two group commits cannot deadlock."""
         if len(batches) <= 1 or type(self).append is not PostgresEventStore.append:
-            return super().append_many(batches)  # one batch: append (its one-statement path); a wrapped append: through it
+            return super().append_many(
+                batches
+            )  # one batch: append (its one-statement path); a wrapped append: through it
         prepared = prepare_batches(batches, encode, self.where)
         self._writable("append events")
         with self._cache_lock:
-            cached = {p.session_id: self._node_cache.pop(p.session_id, None) for p in prepared}  # a failed append leaves none
+            cached = {
+                p.session_id: self._node_cache.pop(p.session_id, None) for p in prepared
+            }  # a failed append leaves none
         out: list[list[Event] | BaseException | None] = [None] * len(prepared)
         entries: dict[str, Cached | None] = {}
-        with self._op("append events") as conn:
-            with conn.transaction():
-                io = Writer(conn, self._channel)
-                for i in sorted(range(len(prepared)), key=lambda i: prepared[i].session_id):
-                    p = prepared[i]
-                    sid = p.session_id
-                    known = entries[sid] if sid in entries else cached.pop(sid, None)
-                    try:
-                        with conn.transaction():  # a savepoint; the locking path, so rows lock in id order
-                            numbered, entry = append_steps(
-                                io, sid, p.events, p.encoded, p.expected_last_seq, p.epoch, known
-                            )
-                    except psycopg.errors.UniqueViolation as exc:
-                        if exc.diag.constraint_name != "events_pkey":
-                            raise
-                        out[i] = appended_first(sid, p.expected_last_seq)
-                    except (ConcurrencyConflict, LeaseLost) as exc:
-                        out[i] = exc
-                    else:
-                        out[i] = numbered
-                        entries[sid] = entry
+        with self._op("append events") as conn, conn.transaction():
+            io = Writer(conn, self._channel)
+            for i in sorted(range(len(prepared)), key=lambda i: prepared[i].session_id):
+                p = prepared[i]
+                sid = p.session_id
+                known = entries[sid] if sid in entries else cached.pop(sid, None)
+                try:
+                    with conn.transaction():  # a savepoint; the locking path, so rows lock in id order
+                        numbered, entry = append_steps(
+                            io, sid, p.events, p.encoded, p.expected_last_seq, p.epoch, known
+                        )
+                except psycopg.errors.UniqueViolation as exc:
+                    if exc.diag.constraint_name != "events_pkey":
+                        raise
+                    out[i] = appended_first(sid, p.expected_last_seq)
+                except (ConcurrencyConflict, LeaseLost) as exc:
+                    out[i] = exc
+                else:
+                    out[i] = numbered
+                    entries[sid] = entry
         self._keep({sid: entry for sid, entry in entries.items() if entry is not None})
         return [r for r in out if r is not None]
 
@@ -272,11 +285,15 @@ class PostgresEventStore(EventStore):
 
     def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
         after = after_seq if after_seq > 0 else 0
-        rows = self._run("read events", lambda c: maintenance.fetch(c, self.where, session_id, after), retry=True)
+        rows = self._run(
+            "read events", lambda c: maintenance.fetch(c, self.where, session_id, after), retry=True
+        )
         return decode(self.where, session_id, after, rows)
 
     def last_seq(self, session_id: str) -> int:
-        row = self._run("read the last seq", lambda c: c.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone(), retry=True)
+        row = self._run(
+            "read the last seq", lambda c: c.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone(), retry=True
+        )
         return int(row[0]) if row is not None else 0
 
     def sessions(self) -> list[SessionInfo]:
@@ -284,7 +301,9 @@ class PostgresEventStore(EventStore):
         return [_session_info(r) for r in rows]
 
     def session_info(self, session_id: str) -> SessionInfo | None:
-        row = self._run("read a session", lambda c: c.execute(q.SQL_SESSION_INFO, (session_id,)).fetchone(), retry=True)
+        row = self._run(
+            "read a session", lambda c: c.execute(q.SQL_SESSION_INFO, (session_id,)).fetchone(), retry=True
+        )
         return _session_info(row) if row is not None else None
 
     def heartbeat(self, session_id: str, paths: Iterable[str], ts: float | None = None) -> None:
@@ -294,7 +313,9 @@ class PostgresEventStore(EventStore):
         def fetch(conn: Conn) -> list[Any]:
             if session_id is None:
                 return conn.execute(q.SQL_NODE_RUNS + " ORDER BY id").fetchall()
-            return conn.execute(q.SQL_NODE_RUNS + " WHERE session_id = %s ORDER BY id", (session_id,)).fetchall()
+            return conn.execute(
+                q.SQL_NODE_RUNS + " WHERE session_id = %s ORDER BY id", (session_id,)
+            ).fetchall()
 
         return [NodeRun(*r) for r in self._run("read node runs", fetch, retry=True)]
 
@@ -319,7 +340,9 @@ class PostgresEventStore(EventStore):
             return summary.fetchall(), same_host.fetchall()
 
         rows, same_host = self._run("summarise open runs", fetch, retry=True)
-        return count_dead_owners(rows, ((w, n, owner_from_column(o), lease, c) for w, n, o, lease, c in same_host), now, host)
+        return count_dead_owners(
+            rows, ((w, n, owner_from_column(o), lease, c) for w, n, o, lease, c in same_host), now, host
+        )
 
     # ------------------------------------------------------------------ ownership
 
@@ -338,7 +361,9 @@ class PostgresEventStore(EventStore):
     def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
         return one_renewal(self.renew_many([lease], lease_s, now=now))
 
-    def renew_many(self, leases: Sequence[Lease], lease_s: float, *, now: float | None = None) -> list[Lease | LeaseLost]:
+    def renew_many(
+        self, leases: Sequence[Lease], lease_s: float, *, now: float | None = None
+    ) -> list[Lease | LeaseLost]:
         now = time.time() if now is None else now
         if not leases:
             return []
@@ -387,43 +412,39 @@ class PostgresEventStore(EventStore):
 
         def take(conn: Conn) -> list[Claim]:
             return ownership.claim(
-                conn, owner, workflows, lease_s, limit=limit, max_recoveries=max_recoveries, now=now, host=host
+                conn,
+                owner,
+                workflows,
+                lease_s,
+                limit=limit,
+                max_recoveries=max_recoveries,
+                now=now,
+                host=host,
             )
 
         return self._run("claim sessions", take)
 
     # ------------------------------------------------------------------ the inbox
 
-    def send(self, session_id: str, kind: str, body: Mapping[str, Any], *, ts: float | None = None) -> Message:
+    def send(
+        self, session_id: str, kind: str, body: Mapping[str, Any], *, ts: float | None = None
+    ) -> Message:
         now = time.time() if ts is None else ts
         text = dumps_finite(body)
         self._writable("send a message")
-
-        def send(conn: Conn) -> int:
-            with conn.transaction():
-                row = conn.execute(q.SQL_SEND, (session_id, kind, text, now)).fetchone()
-                conn.execute(q.SQL_NOTIFY_MAILED, (self._channel, session_id))  # delivered at commit
-            assert row is not None  # INSERT ... RETURNING gives its row
-            return int(row[0])
-
-        return Message(session_id, self._run("send a message", send), kind, json.loads(text), now)
+        message_id = self._run(
+            "send a message", lambda c: mail.send(c, self._channel, session_id, kind, text, now)
+        )
+        return Message(session_id, message_id, kind, json.loads(text), now)
 
     def inbox(self, session_id: str) -> list[Message]:
-        def read(conn: Conn) -> list[Any]:
-            return conn.execute(q.SQL_INBOX, (session_id,)).fetchall()
-
-        rows = self._run("read the inbox", read, retry=True)
-        return [Message(session_id, int(mid), kind, body, sent) for mid, kind, body, sent in rows]
+        return self._run("read the inbox", lambda c: mail.messages(c, session_id), retry=True)
 
     def sessions_with_mail(self, session_ids: Collection[str]) -> set[str]:
         if not session_ids:
             return set()
         ids = list(session_ids)
-
-        def read(conn: Conn) -> set[str]:
-            return {r[0] for r in conn.execute(q.SQL_MAILED, (ids,))}
-
-        return self._run("read the inbox", read, retry=True)
+        return self._run("read the inbox", lambda c: mail.mailed(c, ids), retry=True)
 
     def take_in(
         self,
@@ -443,7 +464,9 @@ class PostgresEventStore(EventStore):
             try:
                 with conn.transaction():
                     io = Writer(conn, self._channel)
-                    numbered, entry = take_in_steps(io, session_id, events, encoded, expected_last_seq, message_ids, epoch, cached)
+                    numbered, entry = take_in_steps(
+                        io, session_id, events, encoded, expected_last_seq, message_ids, epoch, cached
+                    )
             except psycopg.errors.UniqueViolation as exc:
                 if exc.diag.constraint_name != "events_pkey":
                     raise
@@ -469,7 +492,9 @@ class PostgresEventStore(EventStore):
         return [WorkerInfo(wid, host, pid, tuple(wfs or ()), seen) for wid, host, pid, wfs, seen in rows]
 
     def queued_summary(self) -> list[QueuedGroup]:
-        rows = self._run("summarise queued sessions", lambda c: c.execute(q.SQL_QUEUED_SUMMARY).fetchall(), retry=True)
+        rows = self._run(
+            "summarise queued sessions", lambda c: c.execute(q.SQL_QUEUED_SUMMARY).fetchall(), retry=True
+        )
         return [QueuedGroup(wf, int(n), oldest) for wf, n, oldest in rows]
 
     def job_result_summary(self) -> list[JobResultGroup]:
@@ -500,31 +525,23 @@ class PostgresEventStore(EventStore):
 
     def save_snapshot(self, session_id: str, seq: int, data: str) -> None:
         self._writable("save a snapshot")
-
-        def save(conn: Conn) -> None:
-            with conn.transaction():
-                row = conn.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone()
-                if row is None or seq > row[0]:
-                    raise StoreError(f"PostgreSQL at {self.where}: a snapshot of session {session_id!r} at seq {seq} is ahead of its log")
-                conn.execute(q.SQL_SAVE_SNAPSHOT, (session_id, seq, data))
-
+        save = lambda c: maintenance.save_snapshot(c, self.where, session_id, seq, data)
         self._run("save a snapshot", save, retry=True)
 
     def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
-        row = self._run("read a snapshot", lambda c: c.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone(), retry=True)
-        if row is None:
-            return None
-        seq, data = row
-        return int(seq), str(data)
+        return self._run("read a snapshot", lambda c: maintenance.load_snapshot(c, session_id), retry=True)
 
     # ------------------------------------------------------------------ span shipping
 
     def exported_seq(self, session_id: str) -> int:
-        row = self._run("read the span watermark", lambda c: c.execute(q.SQL_EXPORTED_SEQ, (session_id,)).fetchone(), retry=True)
-        return int(row[0]) if row is not None else 0
+        return self._run(
+            "read the span watermark", lambda c: maintenance.exported_seq(c, session_id), retry=True
+        )
 
     def unexported(self) -> list[tuple[SessionInfo, int]]:
-        rows = self._run("list sessions with spans to ship", lambda c: c.execute(q.SQL_UNEXPORTED).fetchall(), retry=True)
+        rows = self._run(
+            "list sessions with spans to ship", lambda c: c.execute(q.SQL_UNEXPORTED).fetchall(), retry=True
+        )
         return [(_session_info(info), int(exported)) for *info, exported in rows]
 
     def set_exported_seq(self, session_id: str, seq: int) -> None:
@@ -537,7 +554,9 @@ class PostgresEventStore(EventStore):
         items = sorted(marks.items())  # rows locked in session-id order: two exporters never deadlock
         params = {"sids": [sid for sid, _ in items], "seqs": [seq for _, seq in items]}
         # one statement; retried: the upsert keeps the larger watermark, so running it twice changes nothing
-        self._run("advance the span watermarks", lambda c: c.execute(q.SQL_SET_EXPORTED_SEQS, params), retry=True)
+        self._run(
+            "advance the span watermarks", lambda c: c.execute(q.SQL_SET_EXPORTED_SEQS, params), retry=True
+        )
 
     # ------------------------------------------------------------------ pruning (flowscope prune)
 
@@ -565,12 +584,24 @@ class PostgresEventStore(EventStore):
         """Bytes of the live rows of every flowscope table (what ``delete_sessions``
         frees), not of the files: PostgreSQL reuses a deleted row's space for new rows and
         shrinks a file only with ``VACUUM FULL``. It reads every row: an operator's query."""
-        row = self._run("measure the database", lambda c: c.execute(q.SQL_STORAGE_BYTES).fetchone(), retry=True)
+        row = self._run(
+            "measure the database", lambda c: c.execute(q.SQL_STORAGE_BYTES).fetchone(), retry=True
+        )
         return int(row[0]) if row is not None else None
 
 
 def _session_info(row: Sequence[Any]) -> SessionInfo:
     sid, workflow, status, started, updated, last_seq, invocations, owner, epoch, lease, submitted = row
     return SessionInfo(
-        sid, workflow, status, started, updated, int(last_seq), int(invocations), owner_from_column(owner), int(epoch), lease, submitted
+        sid,
+        workflow,
+        status,
+        started,
+        updated,
+        int(last_seq),
+        int(invocations),
+        owner_from_column(owner),
+        int(epoch),
+        lease,
+        submitted,
     )

@@ -30,7 +30,9 @@ class Wakeup:
         if self._listener is None:
             with self._wake:
                 if self._listener is None:
-                    self._listener = threading.Thread(target=self._listen, name="flowscope-pg-listen", daemon=True)
+                    self._listener = threading.Thread(
+                        target=self._listen, name="flowscope-pg-listen", daemon=True
+                    )
                     self._listener.start()
         with self._wake:
             if not self._woken and not self._closing.is_set():

@@ -10,7 +10,8 @@ both: this module only reads and writes rows."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import psycopg
 
@@ -23,7 +24,15 @@ from ..codec import Row
 from . import queries as q
 from . import schema as sch
 
-__all__ = ["Writer", "OneStatement", "NeedsLock", "append_cached", "appended_first", "session_row", "FULL_LOAD_MAX"]
+__all__ = [
+    "Writer",
+    "OneStatement",
+    "NeedsLock",
+    "append_cached",
+    "appended_first",
+    "session_row",
+    "FULL_LOAD_MAX",
+]
 
 Conn = psycopg.Connection[Any]
 #: Node runs an append loads at most to know all of a session's (more: the ones it touches).
@@ -33,7 +42,9 @@ FULL_LOAD_MAX = 2000
 def session_row(row: Sequence[Any]) -> SessionRow:
     """A row of ``SQL_SESSION_FOR_UPDATE`` (:class:`SessionRow`'s columns, in order)."""
     workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, row_id = row
-    return make_session_row(workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, row_id)
+    return make_session_row(
+        workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, row_id
+    )
 
 
 def _node_state(row: Sequence[Any]) -> NodeState:
@@ -84,8 +95,16 @@ class Writer:
     def write_session(self, row: SessionWrite) -> int:
         made = self.cur.execute(
             q.SQL_UPSERT_SESSION,
-            (row.session_id, row.workflow, row.status, row.started_at, row.updated_at, row.last_seq,
-             row.invocations, row.submitted_at),
+            (
+                row.session_id,
+                row.workflow,
+                row.status,
+                row.started_at,
+                row.updated_at,
+                row.last_seq,
+                row.invocations,
+                row.submitted_at,
+            ),
         ).fetchone()
         if row.woke:
             self.cur.execute(q.SQL_NOTIFY, (self.channel, row.workflow))  # delivered at commit
@@ -120,8 +139,15 @@ class OneStatement:
     def __init__(self, cached: Cached, epoch: int | None) -> None:
         s = cached.session
         self.row = make_session_row(
-            s.workflow, s.status, s.started_at, s.updated_at, s.last_seq, s.invocations,
-            epoch if epoch is not None else 0, None, cached.row_id,
+            s.workflow,
+            s.status,
+            s.started_at,
+            s.updated_at,
+            s.last_seq,
+            s.invocations,
+            epoch if epoch is not None else 0,
+            None,
+            cached.row_id,
         )
         self.epoch = epoch
         self.event_rows: list[tuple[Any, ...]] = []
@@ -171,11 +197,22 @@ class OneStatement:
             return False
         row = self.row
         params = {
-            "sid": written.session_id, "row_id": row.row_id, "expected": row.last_seq, "epoch": self.epoch,
-            "status": written.status, "started_at": written.started_at, "updated_at": written.updated_at,
-            "last_seq": written.last_seq, "invocations": written.invocations, "workflow": written.workflow,
-            "channel": channel, "notify": written.woke, "events": events_json, "nodes": nodes_json,
-            "changes": channel + q.CHANGES_SUFFIX, "changed": not written.same_status,
+            "sid": written.session_id,
+            "row_id": row.row_id,
+            "expected": row.last_seq,
+            "epoch": self.epoch,
+            "status": written.status,
+            "started_at": written.started_at,
+            "updated_at": written.updated_at,
+            "last_seq": written.last_seq,
+            "invocations": written.invocations,
+            "workflow": written.workflow,
+            "channel": channel,
+            "notify": written.woke,
+            "events": events_json,
+            "nodes": nodes_json,
+            "changes": channel + q.CHANGES_SUFFIX,
+            "changed": not written.same_status,
         }
         found = conn.execute(q.SQL_APPEND_CACHED, params, prepare=True).fetchone()
         if found is None:
@@ -200,7 +237,9 @@ def append_cached(
     io = OneStatement(cached, epoch)
     last = cached.session.last_seq
     try:
-        numbered, entry = append_steps(io, session_id, events, encoded, last, epoch, cached)  # may raise: nothing sent
+        numbered, entry = append_steps(
+            io, session_id, events, encoded, last, epoch, cached
+        )  # may raise: nothing sent
     except NeedsLock:
         return None
     if not io.send(conn, channel):

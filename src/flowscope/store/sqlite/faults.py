@@ -82,17 +82,23 @@ def store_error(exc: BaseException, path: str, action: str, busy_timeout: float)
             "retry, or raise busy_timeout"
         )
     if code == sqlite3.SQLITE_NOTADB:
-        return NotAFlowscopeDatabase(f"{path} is not a SQLite database: point flowscope at its own database file")
+        return NotAFlowscopeDatabase(
+            f"{path} is not a SQLite database: point flowscope at its own database file"
+        )
     if code == sqlite3.SQLITE_CORRUPT:
         return StoreCorrupt(f"{path} is corrupt (could not {action}): restore it from a backup")
     if code == sqlite3.SQLITE_READONLY:
         return StoreReadOnly(f"{path} is read-only: cannot {action}; open it writable or with readonly=True")
     if code == sqlite3.SQLITE_FULL:
-        return StoreDiskFull(f"{path}: the disk or the database size limit is full: cannot {action}; free space and retry")
+        return StoreDiskFull(
+            f"{path}: the disk or the database size limit is full: cannot {action}; free space and retry"
+        )
     if code == sqlite3.SQLITE_IOERR and wal_looks_removed(path):
         return _wal_removed_elsewhere(path, action)
     if code == sqlite3.SQLITE_CANTOPEN:
-        return StoreUnavailable(f"cannot open flowscope database {path} (to {action}): check the path and its permissions")
+        return StoreUnavailable(
+            f"cannot open flowscope database {path} (to {action}): check the path and its permissions"
+        )
     return StoreError(f"{path}: cannot {action}: {_one_line(exc)}")
 
 

@@ -1,6 +1,6 @@
 """Whole-log work in SQLite's SQL, in the caller's transaction: reading a stretch of a log
-(a gap is reported, never skipped), rebuilding the projections from the log, and pruning
-finished sessions (``flowscope prune``)."""
+(a gap is reported, never skipped), rebuilding the projections from the log, pruning
+finished sessions (``flowscope prune``), counting job results and the span watermark."""
 
 from __future__ import annotations
 
@@ -9,16 +9,24 @@ import sqlite3
 import time
 from typing import Any
 
-from ...errors import StoreCorrupt
+from ...errors import StoreCorrupt, StoreError
 from ...fold import WorkflowState
 from ...liveness import owner_alive
 from ...ownership import this_host
 from ..appending import node_params, owner_from_column, session_write
-from . import queries as q
 from ..codec import decode
+from . import queries as q
 from .writer import Writer
 
-__all__ = ["fetch", "rebuild_projections", "delete_sessions"]
+__all__ = [
+    "fetch",
+    "rebuild_projections",
+    "delete_sessions",
+    "job_results_after",
+    "exported_seq",
+    "save_snapshot",
+    "load_snapshot",
+]
 
 
 def fetch(conn: sqlite3.Connection, path: str, session_id: str, after_seq: int, last_seq: int) -> list[Any]:
@@ -43,13 +51,17 @@ def rebuild_projections(conn: sqlite3.Connection, path: str) -> None:
     :meth:`~flowscope.store.sqlite.store.SqliteEventStore.rebuild_projections`)."""
     heartbeats = {
         (sid, p): hb
-        for sid, p, hb in conn.execute("SELECT session_id, path, heartbeat_at FROM node_runs WHERE status = 'running'")
+        for sid, p, hb in conn.execute(
+            "SELECT session_id, path, heartbeat_at FROM node_runs WHERE status = 'running'"
+        )
     }
     conn.execute("DELETE FROM node_runs")
     # sessions rows stay: their ownership columns are not in the log; the upserts
     # below rewrite every column the log defines
     conn.execute("UPDATE sessions SET submitted_at = NULL")
-    sessions = conn.execute("SELECT session_id, max(seq) FROM events GROUP BY session_id ORDER BY min(rowid)").fetchall()
+    sessions = conn.execute(
+        "SELECT session_id, max(seq) FROM events GROUP BY session_id ORDER BY min(rowid)"
+    ).fetchall()
     writer = Writer(conn)
     for session_id, last in sessions:
         events = decode(path, session_id, 0, fetch(conn, path, session_id, 0, last))
@@ -60,7 +72,11 @@ def rebuild_projections(conn: sqlite3.Connection, path: str) -> None:
         rows = []
         for ns in ws.nodes.values():
             hb = heartbeats.get((session_id, ns.path))
-            if ns.status == "running" and hb is not None and (ns.heartbeat_at is None or hb > ns.heartbeat_at):
+            if (
+                ns.status == "running"
+                and hb is not None
+                and (ns.heartbeat_at is None or hb > ns.heartbeat_at)
+            ):
                 ns.heartbeat_at = hb
             rows.append(node_params(session_id, ws.workflow, ns))
         writer.upsert_nodes(rows)
@@ -74,7 +90,9 @@ def delete_sessions(conn: sqlite3.Connection, ids: list[str]) -> list[str]:
     now = time.time()
     host = this_host()
     rows = conn.execute(q.SQL_PRUNABLE, {"ids": json.dumps(ids)}).fetchall()
-    prunable = {sid for sid, owner, lease in rows if not owner_alive(owner_from_column(owner), lease, now, host=host)}
+    prunable = {
+        sid for sid, owner, lease in rows if not owner_alive(owner_from_column(owner), lease, now, host=host)
+    }
     deleted = [sid for sid in ids if sid in prunable]
     if deleted:
         params = {"ids": json.dumps(deleted)}
@@ -83,3 +101,40 @@ def delete_sessions(conn: sqlite3.Connection, ids: list[str]) -> list[str]:
         if conn.execute(q.SQL_HAS_SPAN_EXPORTS).fetchone() is not None:
             conn.execute(q.SQL_PRUNE_SPAN_EXPORTS, params)
     return deleted
+
+
+def job_results_after(conn: sqlite3.Connection, after: int) -> tuple[list[Any], int]:
+    """The job results appended after rowid ``after``, grouped by (workflow, node, result),
+    and the log's last rowid now (the log's rowids grow with each commit, one writer at a
+    time; rows deleted from the end are counted from what is there now)."""
+    upto = int(conn.execute(q.SQL_LAST_EVENT_ROWID).fetchone()[0])
+    after = min(after, upto)
+    if upto == after:
+        return [], upto
+    return conn.execute(q.SQL_JOB_RESULTS_AFTER, {"after": after, "upto": upto}).fetchall(), upto
+
+
+def exported_seq(conn: sqlite3.Connection, session_id: str) -> int:
+    """The session's span watermark, 0 if none (no span was ever shipped from this file: no table yet)."""
+    try:
+        row = conn.execute(q.SQL_EXPORTED_SEQ, (session_id,)).fetchone()
+    except sqlite3.OperationalError:
+        return 0
+    return int(row[0]) if row is not None else 0
+
+
+def save_snapshot(conn: sqlite3.Connection, path: str, session_id: str, seq: int, data: str) -> None:
+    """Keep the session's snapshot at ``seq``; refused if the log is not that far yet."""
+    row = conn.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone()
+    if row is None or seq > row[0]:
+        raise StoreError(f"{path}: a snapshot of session {session_id!r} at seq {seq} is ahead of its log")
+    conn.execute(q.SQL_SAVE_SNAPSHOT, (session_id, seq, data))
+
+
+def load_snapshot(conn: sqlite3.Connection, session_id: str) -> tuple[int, str] | None:
+    """The session's last snapshot as ``(seq, data)``, or None."""
+    row = conn.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone()
+    if row is None:
+        return None
+    seq, data = row
+    return int(seq), str(data)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
-from typing import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from ...errors import LeaseLost
 from ...ownership import Lease, Owner, this_host
@@ -39,7 +39,9 @@ def lease_row(conn: sqlite3.Connection, session_id: str) -> LeaseRow | None:
     return LeaseRow(owner_from_column(owner), epoch, lease_expires_at, lease_renewed_at)
 
 
-def _take(conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float, *, recovered: bool) -> int:
+def _take(
+    conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float, *, recovered: bool
+) -> int:
     """Record ``owner``'s lease on the session (made if missing), epoch + 1; the new epoch."""
     params = {
         "sid": session_id,
@@ -52,14 +54,18 @@ def _take(conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: floa
     return epoch
 
 
-def acquire(conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float, *, force: bool) -> Lease:
+def acquire(
+    conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float, *, force: bool
+) -> Lease:
     """:meth:`~flowscope.store.base.EventStore.acquire` in the open transaction."""
     check_acquire(session_id, owner, lease_row(conn, session_id), now, force=force)
     epoch = _take(conn, session_id, owner, lease_s, now, recovered=False)
     return Lease(session_id, owner, epoch, now + lease_s)
 
 
-def renew(conn: sqlite3.Connection, leases: Sequence[Lease], lease_s: float, now: float) -> list[Lease | LeaseLost]:
+def renew(
+    conn: sqlite3.Connection, leases: Sequence[Lease], lease_s: float, now: float
+) -> list[Lease | LeaseLost]:
     """:meth:`~flowscope.store.base.EventStore.renew_many` in the open transaction."""
     out: list[Lease | LeaseLost] = []
     for lease in leases:
@@ -75,8 +81,14 @@ def _candidates(cursor: sqlite3.Cursor, status: str) -> Iterator[ClaimCandidate]
     """A claim query's rows as candidates, read as they are asked for."""
     for sid, workflow, owner, lease_expires_at, recoveries, since, *mailed in cursor:
         yield ClaimCandidate(
-            sid, workflow, mailed[0] if mailed else status, owner_from_column(owner), lease_expires_at, recoveries,
-            since, mail=bool(mailed),
+            sid,
+            workflow,
+            mailed[0] if mailed else status,
+            owner_from_column(owner),
+            lease_expires_at,
+            recoveries,
+            since,
+            mail=bool(mailed),
         )
 
 
@@ -97,10 +109,21 @@ def claim(
     found: list[ClaimPick] = []
     for sql, status in _CLAIM_QUERIES:
         found += claim_picks(
-            _candidates(conn.execute(sql, params), status), now, host=host, max_recoveries=max_recoveries, limit=limit
+            _candidates(conn.execute(sql, params), status),
+            now,
+            host=host,
+            max_recoveries=max_recoveries,
+            limit=limit,
         )
     claims = []
     for pick in claim_cut(found, limit):
         epoch = _take(conn, pick.session_id, owner, lease_s, now, recovered=pick.reason == "orphaned")
-        claims.append(Claim(pick.session_id, pick.workflow, pick.reason, Lease(pick.session_id, owner, epoch, now + lease_s)))
+        claims.append(
+            Claim(
+                pick.session_id,
+                pick.workflow,
+                pick.reason,
+                Lease(pick.session_id, owner, epoch, now + lease_s),
+            )
+        )
     return claims

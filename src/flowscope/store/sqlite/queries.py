@@ -7,7 +7,8 @@ our own constants (column names, the open states).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ...fold import NodeState
 from ..base import FINISHED_SESSION_STATUSES, NodeRun
@@ -93,7 +94,9 @@ SQL_UPSERT_SESSION = (
 #: move. The upsert above sets ``status`` too, and SQLite rewrites the entries of every partial
 #: index on a column the statement sets (``sessions_running`` on each step of a running
 #: session), one WAL page more per commit.
-SQL_ADVANCE_SESSION = "UPDATE sessions SET started_at = ?, updated_at = ?, last_seq = ?, invocations = ? WHERE session_id = ?"
+SQL_ADVANCE_SESSION = (
+    "UPDATE sessions SET started_at = ?, updated_at = ?, last_seq = ?, invocations = ? WHERE session_id = ?"
+)
 #: Another workflow's run in a session: every node run takes its name.
 SQL_RENAME_WORKFLOW = "UPDATE node_runs SET workflow = ? WHERE session_id = ?"
 _NODE_ROW_COLUMNS = ("session_id", "workflow") + NODE_STATE_COLUMNS
@@ -151,10 +154,14 @@ SQL_OPEN_SAME_HOST = (
     f"AND {_NOT_CONTAINER} "
     "GROUP BY n.workflow, n.node, s.owner, s.lease_expires_at"
 )
-SQL_HEARTBEAT = "UPDATE node_runs SET heartbeat_at = ? WHERE session_id = ? AND path = ? AND status = 'running'"
+SQL_HEARTBEAT = (
+    "UPDATE node_runs SET heartbeat_at = ? WHERE session_id = ? AND path = ? AND status = 'running'"
+)
 _INFO_COLUMNS = f"session_id, {_SESSION_COLUMNS}, owner, epoch, lease_expires_at, submitted_at"
 #: In SessionInfo field order; rows made by acquire() alone (no event yet) are no session.
-SQL_SESSIONS = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 ORDER BY coalesce(updated_at, 0.0) DESC, rowid"
+SQL_SESSIONS = (
+    f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 ORDER BY coalesce(updated_at, 0.0) DESC, rowid"
+)
 SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = ? AND last_seq > 0"
 
 # -- ownership
@@ -167,7 +174,9 @@ SQL_TAKE = (
     "recoveries = sessions.recoveries + :recovered "
     "RETURNING epoch"
 )
-SQL_RENEW = "UPDATE sessions SET lease_expires_at = ?, lease_renewed_at = ? WHERE session_id = ? AND epoch = ?"
+SQL_RENEW = (
+    "UPDATE sessions SET lease_expires_at = ?, lease_renewed_at = ? WHERE session_id = ? AND epoch = ?"
+)
 SQL_RELEASE = "UPDATE sessions SET lease_expires_at = 0 WHERE session_id = ? AND epoch = ?"
 # Claim candidates, one statement per reason, each through its partial index, oldest
 # first; rows a live owner holds are filtered out in Python (base.claim_reason). The
@@ -204,7 +213,9 @@ SQL_DROP_MESSAGES = (
     "DELETE FROM messages WHERE session_id = :sid AND message_id IN (SELECT value FROM json_each(:ids))"
 )
 #: ``:ids`` is a JSON array of session ids.
-SQL_MAILED = "SELECT DISTINCT session_id FROM messages WHERE session_id IN (SELECT value FROM json_each(:ids))"
+SQL_MAILED = (
+    "SELECT DISTINCT session_id FROM messages WHERE session_id IN (SELECT value FROM json_each(:ids))"
+)
 SQL_QUEUED_SUMMARY = (
     "SELECT workflow, count(*), min(submitted_at) FROM sessions WHERE status = 'queued' "
     "GROUP BY workflow ORDER BY workflow"
@@ -241,7 +252,9 @@ SQL_PRUNABLE = (
 #: Every table keyed by session, in the order a prune deletes from them; ``sessions``
 #: holds the owner, epoch and lease too. ``workers`` is per worker and stays.
 PRUNE_TABLES = ("events", "node_runs", "snapshots", "messages", "sessions")
-SQL_PRUNE = tuple(f"DELETE FROM {table} WHERE session_id IN (SELECT value FROM json_each(:ids))" for table in PRUNE_TABLES)
+SQL_PRUNE = tuple(
+    f"DELETE FROM {table} WHERE session_id IN (SELECT value FROM json_each(:ids))" for table in PRUNE_TABLES
+)
 #: A pruned session's span watermark goes too (a new session under the same id ships its
 #: spans); ``span_exports`` exists only once a span was shipped from this file.
 SQL_HAS_SPAN_EXPORTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'span_exports'"
@@ -261,9 +274,7 @@ def node_state(row: Sequence[Any]) -> NodeState:
 
 # -- the span-shipping watermark: a table of its own, created on the first write,
 # so that files without it stay valid and the schema version is unchanged.
-SQL_CREATE_SPAN_EXPORTS = (
-    "CREATE TABLE IF NOT EXISTS span_exports (session_id TEXT PRIMARY KEY, exported_seq INTEGER NOT NULL) WITHOUT ROWID"
-)
+SQL_CREATE_SPAN_EXPORTS = "CREATE TABLE IF NOT EXISTS span_exports (session_id TEXT PRIMARY KEY, exported_seq INTEGER NOT NULL) WITHOUT ROWID"
 SQL_EXPORTED_SEQ = "SELECT exported_seq FROM span_exports WHERE session_id = ?"
 #: A span follower's pass: the sessions whose log moved past their watermark, in one query.
 SQL_UNEXPORTED = (

@@ -37,12 +37,19 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import sqlite_utils
 
-from ...errors import NotAFlowscopeDatabase, StoreCorrupt, StoreError, StoreReadOnly, StoreSchemaTooNew, StoreUnavailable
+from ...errors import (
+    NotAFlowscopeDatabase,
+    StoreCorrupt,
+    StoreError,
+    StoreReadOnly,
+    StoreSchemaTooNew,
+    StoreUnavailable,
+)
 from ..projection_sql import NODE_STATE_COLUMNS, open_where
 from .faults import primary_code, store_error
 
@@ -141,7 +148,9 @@ def _migrate_0_to_1(db: sqlite_utils.Database) -> None:
 
 def _migrate_1_to_2(db: sqlite_utils.Database) -> None:
     """Snapshots of a session's folded state, so a long session resumes without reading its whole log."""
-    db.table("snapshots").create({"session_id": str, "seq": int, "data": str}, pk="session_id", not_null={"seq", "data"})
+    db.table("snapshots").create(
+        {"session_id": str, "seq": int, "data": str}, pk="session_id", not_null={"seq", "data"}
+    )
     # Open runs (stuck, orphaned, overdue; the StoreCollector's scrape) through a partial
     # index that holds only them: finished runs, nearly every row, are not in it, so an
     # append touches it only when a run opens or closes, and a heartbeat never does. It
@@ -202,7 +211,11 @@ def _migrate_4_to_5(db: sqlite_utils.Database) -> None:
 #: ``MIGRATIONS[i]`` takes a database at schema ``i`` to schema ``i + 1``; each runs in the
 #: transaction that records the new version, so a failed migration leaves the file as it was.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
-    _migrate_0_to_1, _migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4, _migrate_4_to_5,
+    _migrate_0_to_1,
+    _migrate_1_to_2,
+    _migrate_2_to_3,
+    _migrate_3_to_4,
+    _migrate_4_to_5,
 ]
 #: The version of this file format (tables and payloads) that this code writes.
 DB_SCHEMA_VERSION = len(MIGRATIONS)
@@ -258,7 +271,9 @@ def _connect_read_only(path: str, busy_timeout: float) -> sqlite3.Connection:
     folder), where SQLite cannot create the WAL's ``-shm`` file beside the database,
     ``immutable=1``: nobody can be writing a file that cannot be written."""
     uri = Path(path).resolve().as_uri()
-    conn = sqlite3.connect(uri + "?mode=ro", uri=True, isolation_level=None, check_same_thread=False, timeout=busy_timeout)
+    conn = sqlite3.connect(
+        uri + "?mode=ro", uri=True, isolation_level=None, check_same_thread=False, timeout=busy_timeout
+    )
     try:
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         return conn
@@ -268,7 +283,11 @@ def _connect_read_only(path: str, busy_timeout: float) -> sqlite3.Connection:
             raise
         conn.close()  # no writer can hold a lock on a file nobody can write
     return sqlite3.connect(
-        uri + "?mode=ro&immutable=1", uri=True, isolation_level=None, check_same_thread=False, timeout=busy_timeout
+        uri + "?mode=ro&immutable=1",
+        uri=True,
+        isolation_level=None,
+        check_same_thread=False,
+        timeout=busy_timeout,
     )
 
 
@@ -283,12 +302,16 @@ def read_version(conn: sqlite3.Connection, db: sqlite_utils.Database, path: str)
     tables = set(db.table_names())
     if "meta" not in tables:
         if tables - {"sqlite_sequence", "sqlite_stat1", "sqlite_stat4"}:
-            raise NotAFlowscopeDatabase(f"{path} is not a flowscope database (it has no flowscope meta table)")
+            raise NotAFlowscopeDatabase(
+                f"{path} is not a flowscope database (it has no flowscope meta table)"
+            )
         return 0
     try:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     except sqlite3.OperationalError as exc:
-        raise NotAFlowscopeDatabase(f"{path} is not a flowscope database (unexpected meta table: {exc})") from exc
+        raise NotAFlowscopeDatabase(
+            f"{path} is not a flowscope database (unexpected meta table: {exc})"
+        ) from exc
     if meta.get("application") != APPLICATION:
         raise NotAFlowscopeDatabase(f"{path} is not a flowscope database")
     try:

@@ -20,8 +20,9 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import sqlite_utils
 
@@ -47,10 +48,9 @@ from ..base import (
     count_dead_owners,
     one_renewal,
 )
-from . import maintenance, ownership
-from . import queries as q
-from . import schema
 from ..codec import decode, encode
+from . import maintenance, ownership, schema
+from . import queries as q
 from .faults import store_error, wal_removed
 from .files import WalWatch, identity
 from .writer import Bulk, Writer
@@ -123,7 +123,9 @@ class SqliteEventStore(EventStore):
             self._close_quietly()
             raise store_error(exc, self.path, "open it", busy_timeout) from exc
         self._identity = identity(self.path)
-        self._wal = WalWatch(self.path, not readonly and self.journal_mode == "wal" and self.path != ":memory:")
+        self._wal = WalWatch(
+            self.path, not readonly and self.journal_mode == "wal" and self.path != ":memory:"
+        )
 
     def refresh(self) -> None:
         """Reopen the file if the one at :attr:`path` is not the one open (another inode or
@@ -225,11 +227,15 @@ class SqliteEventStore(EventStore):
             conn = self._conn
             if conn is None:
                 raise self._closed()
-            cached = self._node_cache.pop(session_id, None)  # a failed append leaves none: the next reads the rows
+            cached = self._node_cache.pop(
+                session_id, None
+            )  # a failed append leaves none: the next reads the rows
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    numbered, entry = append_steps(Writer(conn), session_id, events, encoded, expected_last_seq, epoch, cached)
+                    numbered, entry = append_steps(
+                        Writer(conn), session_id, events, encoded, expected_last_seq, epoch, cached
+                    )
                     self._wal.check()
                     conn.execute("COMMIT")
                 except BaseException:
@@ -237,8 +243,8 @@ class SqliteEventStore(EventStore):
                     raise
             except sqlite3.Error as exc:
                 raise self._error(exc, "append events") from exc
-            if entry is not None and not _ends_invocation(numbered):  # committed: keep the states for the next append
-                self._keep({session_id: entry})
+            if entry is not None and not _ends_invocation(numbered):
+                self._keep({session_id: entry})  # committed: keep the states for the next append
         return numbered
 
     def _keep(self, entries: dict[str, Cached]) -> None:
@@ -284,7 +290,9 @@ class SqliteEventStore(EventStore):
             if session_id is None:
                 rows = conn.execute(q.SQL_NODE_RUNS + " ORDER BY rowid").fetchall()
             else:
-                rows = conn.execute(q.SQL_NODE_RUNS + " WHERE session_id = ? ORDER BY rowid", (session_id,)).fetchall()
+                rows = conn.execute(
+                    q.SQL_NODE_RUNS + " WHERE session_id = ? ORDER BY rowid", (session_id,)
+                ).fetchall()
         return [NodeRun(*r) for r in rows]
 
     def open_runs(self) -> list[NodeRun]:
@@ -300,7 +308,9 @@ class SqliteEventStore(EventStore):
         with self._op("summarise open runs") as conn:
             rows = conn.execute(q.SQL_OPEN_SUMMARY, params).fetchall()
             same_host = conn.execute(q.SQL_OPEN_SAME_HOST, {"now": now, "host": host}).fetchall()
-        return count_dead_owners(rows, ((w, n, owner_from_column(o), lease, c) for w, n, o, lease, c in same_host), now, host)
+        return count_dead_owners(
+            rows, ((w, n, owner_from_column(o), lease, c) for w, n, o, lease, c in same_host), now, host
+        )
 
     # ------------------------------------------------------------------ ownership
 
@@ -314,7 +324,9 @@ class SqliteEventStore(EventStore):
     def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
         return one_renewal(self.renew_many([lease], lease_s, now=now))
 
-    def renew_many(self, leases: Sequence[Lease], lease_s: float, *, now: float | None = None) -> list[Lease | LeaseLost]:
+    def renew_many(
+        self, leases: Sequence[Lease], lease_s: float, *, now: float | None = None
+    ) -> list[Lease | LeaseLost]:
         now = time.time() if now is None else now
         if not leases:
             return []
@@ -347,11 +359,15 @@ class SqliteEventStore(EventStore):
         if limit <= 0 or not workflows:
             return []
         with self._write("claim sessions") as conn:
-            return ownership.claim(conn, owner, workflows, lease_s, limit=limit, max_recoveries=max_recoveries, now=now)
+            return ownership.claim(
+                conn, owner, workflows, lease_s, limit=limit, max_recoveries=max_recoveries, now=now
+            )
 
     # ------------------------------------------------------------------ the inbox
 
-    def send(self, session_id: str, kind: str, body: Mapping[str, Any], *, ts: float | None = None) -> Message:
+    def send(
+        self, session_id: str, kind: str, body: Mapping[str, Any], *, ts: float | None = None
+    ) -> Message:
         now = time.time() if ts is None else ts
         text = dumps_finite(body)
         with self._write("send a message") as conn:
@@ -386,7 +402,9 @@ class SqliteEventStore(EventStore):
                 numbered, entry = take_in_steps(
                     Writer(conn), session_id, events, encoded, expected_last_seq, message_ids, epoch, cached
                 )
-            if entry is not None and not _ends_invocation(numbered):  # committed: keep the states for the next append
+            if entry is not None and not _ends_invocation(
+                numbered
+            ):  # committed: keep the states for the next append
                 self._keep({session_id: entry})
         return numbered
 
@@ -400,7 +418,10 @@ class SqliteEventStore(EventStore):
     def workers(self) -> list[WorkerInfo]:
         with self._op("list workers") as conn:
             rows = conn.execute(q.SQL_WORKERS).fetchall()
-        return [WorkerInfo(wid, host, pid, tuple(json.loads(wfs or "[]")), seen) for wid, host, pid, wfs, seen in rows]
+        return [
+            WorkerInfo(wid, host, pid, tuple(json.loads(wfs or "[]")), seen)
+            for wid, host, pid, wfs, seen in rows
+        ]
 
     def queued_summary(self) -> list[QueuedGroup]:
         with self._op("summarise queued sessions") as conn:
@@ -417,10 +438,7 @@ class SqliteEventStore(EventStore):
             if identity != self._identity:
                 counts, after = {}, 0
             with self._op("count job results") as conn:
-                upto = int(conn.execute(q.SQL_LAST_EVENT_ROWID).fetchone()[0])
-                if upto < after:  # rows deleted from the end: count from what is there now
-                    after = upto
-                rows = conn.execute(q.SQL_JOB_RESULTS_AFTER, {"after": after, "upto": upto}).fetchall() if upto > after else []
+                rows, upto = maintenance.job_results_after(conn, after)
             counts = dict(counts)
             for workflow, node, result, n in rows:
                 key = (workflow or "", node or "", str(result))
@@ -432,18 +450,11 @@ class SqliteEventStore(EventStore):
 
     def save_snapshot(self, session_id: str, seq: int, data: str) -> None:
         with self._write("save a snapshot") as conn:
-            row = conn.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone()
-            if row is None or seq > row[0]:
-                raise StoreError(f"{self.path}: a snapshot of session {session_id!r} at seq {seq} is ahead of its log")
-            conn.execute(q.SQL_SAVE_SNAPSHOT, (session_id, seq, data))
+            maintenance.save_snapshot(conn, self.path, session_id, seq, data)
 
     def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
         with self._op("read a snapshot") as conn:
-            row = conn.execute(q.SQL_LOAD_SNAPSHOT, (session_id,)).fetchone()
-        if row is None:
-            return None
-        seq, data = row
-        return seq, data
+            return maintenance.load_snapshot(conn, session_id)
 
     # ------------------------------------------------------------------ group commit, span shipping
 
@@ -512,11 +523,7 @@ class SqliteEventStore(EventStore):
 
     def exported_seq(self, session_id: str) -> int:
         with self._op("read the span watermark") as conn:
-            try:
-                row = conn.execute(q.SQL_EXPORTED_SEQ, (session_id,)).fetchone()
-            except sqlite3.OperationalError:  # no span was ever shipped from this file: no table yet
-                return 0
-        return int(row[0]) if row is not None else 0
+            return maintenance.exported_seq(conn, session_id)
 
     def unexported(self) -> list[tuple[SessionInfo, int]]:
         with self._op("list sessions with spans to ship") as conn:
@@ -577,5 +584,15 @@ def _session_info(row: Sequence[Any]) -> SessionInfo:
     """A row of ``SQL_SESSIONS`` / ``SQL_SESSION_INFO``."""
     sid, workflow, status, started, updated, last_seq, invocations, owner, epoch, lease, submitted = row
     return SessionInfo(
-        sid, workflow, status, started, updated, last_seq, invocations, owner_from_column(owner), epoch, lease, submitted
+        sid,
+        workflow,
+        status,
+        started,
+        updated,
+        last_seq,
+        invocations,
+        owner_from_column(owner),
+        epoch,
+        lease,
+        submitted,
     )

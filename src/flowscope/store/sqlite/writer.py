@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 from ...fold import NodeState
 from ...states import SessionStatus
@@ -23,7 +24,9 @@ __all__ = ["Writer", "Bulk", "PATHS_PER_QUERY", "session_row", "in_chunks"]
 PATHS_PER_QUERY = 500  # below SQLite's limit on bound parameters
 
 
-def session_row(row: tuple[str, SessionStatus, float | None, float | None, int, int, int, OwnerColumn]) -> SessionRow:
+def session_row(
+    row: tuple[str, SessionStatus, float | None, float | None, int, int, int, OwnerColumn],
+) -> SessionRow:
     """A row of ``SQL_SESSION``: workflow, status, started_at, updated_at, last_seq,
     invocations, epoch, owner (:class:`SessionRow`'s fields, in order; no row id)."""
     return make_session_row(*row, 0)
@@ -43,7 +46,16 @@ def _advance_params(w: SessionWrite) -> tuple[Any, ...]:
 
 def _upsert_params(w: SessionWrite) -> tuple[Any, ...]:
     """The parameters of ``SQL_UPSERT_SESSION`` (``submitted_at`` is kept once set)."""
-    return (w.session_id, w.workflow, w.status, w.started_at, w.updated_at, w.last_seq, w.invocations, w.submitted_at)
+    return (
+        w.session_id,
+        w.workflow,
+        w.status,
+        w.started_at,
+        w.updated_at,
+        w.last_seq,
+        w.invocations,
+        w.submitted_at,
+    )
 
 
 class Writer:
@@ -103,9 +115,17 @@ class Bulk(Writer):
 
     def read_sessions(self, session_ids: Sequence[str]) -> None:
         for marks, chunk in in_chunks(session_ids):
-            for sid, workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner in self.conn.execute(
-                q.SQL_SESSIONS_IN + marks, chunk
-            ):
+            for (
+                sid,
+                workflow,
+                status,
+                started_at,
+                updated_at,
+                last_seq,
+                invocations,
+                epoch,
+                owner,
+            ) in self.conn.execute(q.SQL_SESSIONS_IN + marks, chunk):
                 self.rows[sid] = make_session_row(
                     workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, 0
                 )

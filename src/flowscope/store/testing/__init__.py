@@ -47,12 +47,14 @@ from .helpers import (
 from .inbox import InboxContract
 from .log import EventLogContract
 from .ownership import OwnershipContract
+from .projection import ProjectionContract
 from .store import EventStoreContract
 from .upkeep import UpkeepContract
 
 __all__ = [
     "EventStoreContract",
     "EventLogContract",
+    "ProjectionContract",
     "OwnershipContract",
     "InboxContract",
     "UpkeepContract",

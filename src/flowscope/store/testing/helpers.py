@@ -34,7 +34,28 @@ from ...liveness import owner_alive
 from ...ownership import Owner, process_start_time, this_host
 from ..base import EventLog, NodeRun, Upkeep
 
-__all__ = ["SID", "INV", "ev", "node_ev", "one_of_each", "random_log", "append_in_batches", "run_of", "LIVENESS_CASES", "dead_owner", "other_host_owner", "LIVENESS_NOW", "LIVENESS_STALE_AFTER_S", "NAMES", "liveness_log", "nested_logs", "submitted_log", "paused_log", "answer_events", "finished_session"]
+__all__ = [
+    "SID",
+    "INV",
+    "ev",
+    "node_ev",
+    "one_of_each",
+    "random_log",
+    "append_in_batches",
+    "run_of",
+    "LIVENESS_CASES",
+    "dead_owner",
+    "other_host_owner",
+    "LIVENESS_NOW",
+    "LIVENESS_STALE_AFTER_S",
+    "NAMES",
+    "liveness_log",
+    "nested_logs",
+    "submitted_log",
+    "paused_log",
+    "answer_events",
+    "finished_session",
+]
 
 SID = "s1"
 INV = "inv-1"
@@ -57,31 +78,103 @@ def one_of_each(sid: str = SID) -> list[Event]:
     p = "wf@1/fetch@1"
     common: dict[str, Any] = dict(session_id=sid, invocation_id="inv-7", path=p, node="fetch")
     return [
-        RunStarted(session_id=sid, invocation_id="inv-7", ts=1.5, workflow="wf", input={"since": "2024-01-01", "n": [1, 2.5]},
-                   resumed=True, replayed=3, recovered=1, trace_context={"traceparent": "00-ab-cd-01"},
-                   owner={"worker_id": "w-7", "host": "h-7", "pid": 7}),
+        RunStarted(
+            session_id=sid,
+            invocation_id="inv-7",
+            ts=1.5,
+            workflow="wf",
+            input={"since": "2024-01-01", "n": [1, 2.5]},
+            resumed=True,
+            replayed=3,
+            recovered=1,
+            trace_context={"traceparent": "00-ab-cd-01"},
+            owner={"worker_id": "w-7", "host": "h-7", "pid": 7},
+        ),
         NodeStarted(ts=2.0, attempt=2, kind="workflow", parent_path="wf@1", recovered=True, **common),
-        NodeRetrying(ts=2.5, attempt=2, error_type="TimeoutError", error_code="UPSTREAM_TIMEOUT",
-                     error_message="timed out after 2s", delay_s=0.25, error_qualname="etl.upstream.TimeoutError", **common),
+        NodeRetrying(
+            ts=2.5,
+            attempt=2,
+            error_type="TimeoutError",
+            error_code="UPSTREAM_TIMEOUT",
+            error_message="timed out after 2s",
+            delay_s=0.25,
+            error_qualname="etl.upstream.TimeoutError",
+            **common,
+        ),
         StateUpdated(ts=2.6, values={"cursor": 42, "seen": ["a", "b"]}, **common),
         InputRequested(ts=3.0, interrupt_id="approve", prompt="Approve?", payload={"amount": 12.5}, **common),
         InputReceived(ts=3.5, interrupt_id="approve", value={"ok": True, "by": "ann"}, **common),
-        JobDispatched(ts=4.0, job_id="job-1", dispatch_attempt=2, idempotency_key="key-2",
-                      trace_context={"traceparent": "00-ef-01-01"}, deadline_s=3600.0, expect_count=True,
-                      job_key="enrich#1", **common),
-        JobResultReceived(ts=4.5, job_id="job-1", success=True, count=7, error="partial", data={"rows": [1, 2]},
-                          result="success", **common),
-        NodePaused(ts=4.6, waiting="job", origin_path="wf@1/fetch@1/child@1", interrupt_ids=("a", "b"), **common),
-        NodeCompleted(ts=5.0, output={"rows": 7, "nested": {"x": None}}, has_output=False, route="ok",
-                      attempt_count=3, completed=False, **common),
-        NodeErrorEvent(ts=5.5, error_code="BAD_INPUT", error_message="bad row 3", error_type="ValueError",
-                       attempt_count=4, error_qualname="etl.rows.ValueError", **common),
-        NodeErrorPropagated(ts=5.6, origin_path="wf@1/fetch@1/child@1", error_code="BAD_INPUT",
-                            error_type="ValueError", attempt_count=2, error_qualname="etl.rows.ValueError", **common),
+        JobDispatched(
+            ts=4.0,
+            job_id="job-1",
+            dispatch_attempt=2,
+            idempotency_key="key-2",
+            trace_context={"traceparent": "00-ef-01-01"},
+            deadline_s=3600.0,
+            expect_count=True,
+            job_key="enrich#1",
+            **common,
+        ),
+        JobResultReceived(
+            ts=4.5,
+            job_id="job-1",
+            success=True,
+            count=7,
+            error="partial",
+            data={"rows": [1, 2]},
+            result="success",
+            **common,
+        ),
+        NodePaused(
+            ts=4.6, waiting="job", origin_path="wf@1/fetch@1/child@1", interrupt_ids=("a", "b"), **common
+        ),
+        NodeCompleted(
+            ts=5.0,
+            output={"rows": 7, "nested": {"x": None}},
+            has_output=False,
+            route="ok",
+            attempt_count=3,
+            completed=False,
+            **common,
+        ),
+        NodeErrorEvent(
+            ts=5.5,
+            error_code="BAD_INPUT",
+            error_message="bad row 3",
+            error_type="ValueError",
+            attempt_count=4,
+            error_qualname="etl.rows.ValueError",
+            **common,
+        ),
+        NodeErrorPropagated(
+            ts=5.6,
+            origin_path="wf@1/fetch@1/child@1",
+            error_code="BAD_INPUT",
+            error_type="ValueError",
+            attempt_count=2,
+            error_qualname="etl.rows.ValueError",
+            **common,
+        ),
         NodeCancelled(ts=5.7, reason="sibling failed", **common),
-        RunFinished(session_id=sid, invocation_id="inv-7", ts=6.0, status="failed", output={"partial": True},
-                    error_code="BAD_INPUT", error_path=p, replayed=2, recovered=1),
-        RunSubmitted(session_id=sid, invocation_id="inv-8", ts=7.0, workflow="wf", input={"again": [1]}, reason="retried by ops: flaky disk"),
+        RunFinished(
+            session_id=sid,
+            invocation_id="inv-7",
+            ts=6.0,
+            status="failed",
+            output={"partial": True},
+            error_code="BAD_INPUT",
+            error_path=p,
+            replayed=2,
+            recovered=1,
+        ),
+        RunSubmitted(
+            session_id=sid,
+            invocation_id="inv-8",
+            ts=7.0,
+            workflow="wf",
+            input={"again": [1]},
+            reason="retried by ops: flaky disk",
+        ),
     ]
 
 
@@ -113,11 +206,31 @@ def random_log(rnd: random.Random, sid: str, n: int, t0: float = 1000.0) -> list
         for p in list(waiting):
             kind = waiting.pop(p)
             if kind == "input":
-                add(InputReceived, path=p, node=p.split("/")[-1].split("@")[0], interrupt_id=f"i-{p}", value=rnd.random())
+                add(
+                    InputReceived,
+                    path=p,
+                    node=p.split("/")[-1].split("@")[0],
+                    interrupt_id=f"i-{p}",
+                    value=rnd.random(),
+                )
             else:
-                add(JobResultReceived, path=p, node=p.split("/")[-1].split("@")[0], job_id=f"j-{p}",
-                    success=True, count=1, data={"k": 1}, result="success")
-            add(NodeStarted, path=p, node=p.split("/")[-1].split("@")[0], attempt=attempts[p], parent_path="wf@1")
+                add(
+                    JobResultReceived,
+                    path=p,
+                    node=p.split("/")[-1].split("@")[0],
+                    job_id=f"j-{p}",
+                    success=True,
+                    count=1,
+                    data={"k": 1},
+                    result="success",
+                )
+            add(
+                NodeStarted,
+                path=p,
+                node=p.split("/")[-1].split("@")[0],
+                attempt=attempts[p],
+                parent_path="wf@1",
+            )
             running.append(p)
         for _ in range(rnd.randint(3, 30)):
             r = rnd.random()
@@ -126,15 +239,29 @@ def random_log(rnd: random.Random, sid: str, n: int, t0: float = 1000.0) -> list
                 name = rnd.choice(NAMES)
                 p = f"wf@1/{name}@{counter}"
                 attempts[p] = 1
-                add(NodeStarted, path=p, node=name, attempt=1, kind=rnd.choice(("function", "workflow")),
-                    parent_path="wf@1")
+                add(
+                    NodeStarted,
+                    path=p,
+                    node=name,
+                    attempt=1,
+                    kind=rnd.choice(("function", "workflow")),
+                    parent_path="wf@1",
+                )
                 running.append(p)
                 continue
             p = rnd.choice(running)
             node = p.split("/")[-1].split("@")[0]
             if r < 0.4:
-                add(NodeRetrying, path=p, node=node, attempt=attempts[p], error_type="TimeoutError",
-                    error_code="UPSTREAM_TIMEOUT", error_message="slow", delay_s=0.01)
+                add(
+                    NodeRetrying,
+                    path=p,
+                    node=node,
+                    attempt=attempts[p],
+                    error_type="TimeoutError",
+                    error_code="UPSTREAM_TIMEOUT",
+                    error_message="slow",
+                    delay_s=0.01,
+                )
                 attempts[p] += 1
             elif r < 0.45:
                 add(StateUpdated, path=p, node=node, values={"k": rnd.randint(0, 9)})
@@ -144,22 +271,55 @@ def random_log(rnd: random.Random, sid: str, n: int, t0: float = 1000.0) -> list
                 running.remove(p)
                 if r < 0.7:
                     has = rnd.random() < 0.7
-                    add(NodeCompleted, path=p, node=node, output={"v": rnd.randint(0, 99)} if has else None,
-                        has_output=has, attempt_count=attempts[p])
+                    add(
+                        NodeCompleted,
+                        path=p,
+                        node=node,
+                        output={"v": rnd.randint(0, 99)} if has else None,
+                        has_output=has,
+                        attempt_count=attempts[p],
+                    )
                 elif r < 0.76:
-                    add(NodeErrorEvent, path=p, node=node, error_code=rnd.choice(("UNKNOWN_ERROR", "BAD")),
-                        error_type="ValueError", error_message="boom", attempt_count=attempts[p])
+                    add(
+                        NodeErrorEvent,
+                        path=p,
+                        node=node,
+                        error_code=rnd.choice(("UNKNOWN_ERROR", "BAD")),
+                        error_type="ValueError",
+                        error_message="boom",
+                        attempt_count=attempts[p],
+                    )
                 elif r < 0.8:
-                    add(NodeErrorPropagated, path=p, node=node, origin_path=p + "/child@1", error_code="BAD",
-                        error_type="ValueError", attempt_count=attempts[p])
+                    add(
+                        NodeErrorPropagated,
+                        path=p,
+                        node=node,
+                        origin_path=p + "/child@1",
+                        error_code="BAD",
+                        error_type="ValueError",
+                        attempt_count=attempts[p],
+                    )
                 elif r < 0.85:
                     add(NodeCancelled, path=p, node=node, reason="sibling failed")
                 elif r < 0.9:
-                    add(InputRequested, path=p, node=node, interrupt_id=f"i-{p}", prompt="ok?", payload={"q": 1})
+                    add(
+                        InputRequested,
+                        path=p,
+                        node=node,
+                        interrupt_id=f"i-{p}",
+                        prompt="ok?",
+                        payload={"q": 1},
+                    )
                     waiting[p] = "input"
                 elif r < 0.95:
-                    add(JobDispatched, path=p, node=node, job_id=f"j-{p}", idempotency_key=f"k-{p}",
-                        deadline_s=rnd.choice((None, 60.0, 3600.0)))
+                    add(
+                        JobDispatched,
+                        path=p,
+                        node=node,
+                        job_id=f"j-{p}",
+                        idempotency_key=f"k-{p}",
+                        deadline_s=rnd.choice((None, 60.0, 3600.0)),
+                    )
                     waiting[p] = "job"
                 else:
                     add(NodePaused, path=p, node=node, waiting="input", origin_path=p + "/child@1")
@@ -171,18 +331,34 @@ def random_log(rnd: random.Random, sid: str, n: int, t0: float = 1000.0) -> list
             inv_no += 1
             add(RunStarted, workflow="wf", resumed=True, recovered=len(running))
             for p in running:
-                add(NodeStarted, path=p, node=p.split("/")[-1].split("@")[0], attempt=attempts[p], recovered=True,
-                    parent_path="wf@1")
-                add(NodeCompleted, path=p, node=p.split("/")[-1].split("@")[0], output=None, has_output=False,
-                    attempt_count=attempts[p])
+                add(
+                    NodeStarted,
+                    path=p,
+                    node=p.split("/")[-1].split("@")[0],
+                    attempt=attempts[p],
+                    recovered=True,
+                    parent_path="wf@1",
+                )
+                add(
+                    NodeCompleted,
+                    path=p,
+                    node=p.split("/")[-1].split("@")[0],
+                    output=None,
+                    has_output=False,
+                    attempt_count=attempts[p],
+                )
             running = []
         status = "paused" if waiting else rnd.choice(("completed", "failed", "cancelled"))
         if running and rnd.random() < 0.5:
             status = "failed"
             for p in running:
                 add(NodeCancelled, path=p, node=p.split("/")[-1].split("@")[0], reason="aborted")
-        add(RunFinished, status=status, output={"inv": inv_no} if status == "completed" else None,
-            error_code="BAD" if status == "failed" else None)
+        add(
+            RunFinished,
+            status=status,
+            output={"inv": inv_no} if status == "completed" else None,
+            error_code="BAD" if status == "failed" else None,
+        )
     return out
 
 
@@ -231,7 +407,11 @@ def liveness_log(sid: str = SID) -> list[Event]:
         out.append(node_ev(NodeStarted, p, ts=started, sid=sid))
         if status == "waiting_job":
             deadline_s = None if deadline is None else deadline - (started + 1.0)
-            out.append(node_ev(JobDispatched, p, ts=started + 1.0, sid=sid, job_id=f"j-{name}", deadline_s=deadline_s))
+            out.append(
+                node_ev(
+                    JobDispatched, p, ts=started + 1.0, sid=sid, job_id=f"j-{name}", deadline_s=deadline_s
+                )
+            )
         elif status == "waiting_input":
             out.append(node_ev(InputRequested, p, ts=started + 1.0, sid=sid, interrupt_id=f"i-{name}"))
         elif status == "completed":
@@ -240,6 +420,7 @@ def liveness_log(sid: str = SID) -> list[Event]:
 
 
 # --------------------------------------------------------------------------- containers
+
 
 def nested_logs(t: float) -> dict[str, list[Event]]:
     """Sessions whose open runs nest (counted once, at the deepest path):
@@ -252,9 +433,14 @@ def nested_logs(t: float) -> dict[str, list[Event]]:
     - ``between``: ``bw@1`` running with only finished runs below it: it is the cut-off run.
     """
     crashed: list[Event] = [ev(RunStarted, sid="crashed", workflow="wf", ts=t)]
-    for path, kind in (("wf@1", "workflow"), ("wf@1/done@1", "function"), ("wf@1/inner@1", "workflow"),
-                       ("wf@1/inner@1/leaf@1", "function"), ("wf@1/inner@10", "function"),
-                       ("wf@1/inner@1-b", "function")):
+    for path, kind in (
+        ("wf@1", "workflow"),
+        ("wf@1/done@1", "function"),
+        ("wf@1/inner@1", "workflow"),
+        ("wf@1/inner@1/leaf@1", "function"),
+        ("wf@1/inner@10", "function"),
+        ("wf@1/inner@1-b", "function"),
+    ):
         parent = path.rsplit("/", 1)[0] if "/" in path else ""
         crashed.append(node_ev(NodeStarted, path, ts=t + 1, sid="crashed", kind=kind, parent_path=parent))
     crashed.append(node_ev(NodeCompleted, "wf@1/done@1", ts=t + 2, sid="crashed"))
@@ -263,8 +449,15 @@ def nested_logs(t: float) -> dict[str, list[Event]]:
         node_ev(NodeStarted, "pw@1", ts=t + 1, sid="paused", kind="workflow"),
         node_ev(NodeStarted, "pw@1/ask@1", ts=t + 1, sid="paused", parent_path="pw@1"),
         node_ev(InputRequested, "pw@1/ask@1", ts=t + 2, sid="paused", interrupt_id="ok"),
-        node_ev(NodePaused, "pw@1", ts=t + 2, sid="paused", waiting="input", origin_path="pw@1/ask@1",
-                interrupt_ids=("ok",)),
+        node_ev(
+            NodePaused,
+            "pw@1",
+            ts=t + 2,
+            sid="paused",
+            waiting="input",
+            origin_path="pw@1/ask@1",
+            interrupt_ids=("ok",),
+        ),
         ev(RunFinished, sid="paused", status="paused", ts=t + 3),
     ]
     between: list[Event] = [
@@ -303,7 +496,9 @@ def other_host_owner(worker_id: str = "w-far", pid: int = 4242) -> Owner:
 
 
 def submitted_log(sid: str, workflow: str, ts: float) -> list[Event]:
-    return [RunSubmitted(session_id=sid, invocation_id="submit-1", ts=ts, workflow=workflow, input={"n": sid})]
+    return [
+        RunSubmitted(session_id=sid, invocation_id="submit-1", ts=ts, workflow=workflow, input={"n": sid})
+    ]
 
 
 def paused_log(sid: str, workflow: str, t: float) -> list[Event]:
@@ -317,8 +512,17 @@ def paused_log(sid: str, workflow: str, t: float) -> list[Event]:
 
 
 def answer_events(sid: str, workflow: str, t: float) -> list[Event]:
-    return [node_ev(InputReceived, f"{workflow}@1/ask@1", ts=t, sid=sid, interrupt_id="ok", value=True,
-                    invocation_id="answer-1a2b")]
+    return [
+        node_ev(
+            InputReceived,
+            f"{workflow}@1/ask@1",
+            ts=t,
+            sid=sid,
+            interrupt_id="ok",
+            value=True,
+            invocation_id="answer-1a2b",
+        )
+    ]
 
 
 # --------------------------------------------------------------------------- the contract
@@ -326,9 +530,15 @@ def answer_events(sid: str, workflow: str, t: float) -> list[Event]:
 
 def finished_session(store: Upkeep, sid: str, status: str, with_snapshot: bool = False) -> None:
     """A session of four events that ended with ``status`` (a prune candidate)."""
-    store.append(sid, [ev(RunStarted, sid=sid, workflow="w", ts=1.0),
-                       node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid=sid),
-                       node_ev(NodeCompleted, "w@1/a@1", ts=3.0, sid=sid),
-                       ev(RunFinished, sid=sid, status=status, ts=4.0)], 0)
+    store.append(
+        sid,
+        [
+            ev(RunStarted, sid=sid, workflow="w", ts=1.0),
+            node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid=sid),
+            node_ev(NodeCompleted, "w@1/a@1", ts=3.0, sid=sid),
+            ev(RunFinished, sid=sid, status=status, ts=4.0),
+        ],
+        0,
+    )
     if with_snapshot:
         store.save_snapshot(sid, 4, '{"format": 0}')

@@ -32,7 +32,6 @@ class InboxContract(ContractBase):
         """A new, empty store for one test: taking messages in is under an owner's lease, so a whole store."""
         raise NotImplementedError  # abstract
 
-
     def test_a_message_is_kept_in_order_until_taken_in_with_its_events(self, store: EventStore) -> None:
         store.append(SID, paused_log(SID, "orders", 10.0), 0)
         first = store.send(SID, "answer", {"inputs": {"ok": True}, "jobs": {}}, ts=11.0)
@@ -45,12 +44,19 @@ class InboxContract(ContractBase):
         ]
         lease = store.acquire(SID, this_process("w-owner"), 15.0)
         with pytest.raises(LeaseLost):  # a superseded owner takes nothing in
-            store.take_in(SID, answer_events(SID, "orders", 13.0), 4, [first.message_id], epoch=lease.epoch - 1)
+            store.take_in(
+                SID, answer_events(SID, "orders", 13.0), 4, [first.message_id], epoch=lease.epoch - 1
+            )
         with pytest.raises(ConcurrencyConflict):  # nor one behind the log
             store.take_in(SID, answer_events(SID, "orders", 13.0), 3, [first.message_id], epoch=lease.epoch)
         assert len(store.inbox(SID)) == 2 and store.last_seq(SID) == 4  # nothing written
-        stored = store.take_in(SID, answer_events(SID, "orders", 13.0), 4, [first.message_id, second.message_id],
-                               epoch=lease.epoch)
+        stored = store.take_in(
+            SID,
+            answer_events(SID, "orders", 13.0),
+            4,
+            [first.message_id, second.message_id],
+            epoch=lease.epoch,
+        )
         assert [e.seq for e in stored] == [5] and store.last_seq(SID) == 5
         assert store.inbox(SID) == [] and [m.session_id for m in store.inbox("other")] == ["other"]
         assert store.session_info(SID).status == "answered"  # type: ignore[union-attr]
@@ -59,17 +65,28 @@ class InboxContract(ContractBase):
         assert store.take_in(SID, [], 5, [late.message_id], epoch=lease.epoch) == []
         assert store.inbox(SID) == [] and store.last_seq(SID) == 5
 
-    def test_a_session_with_a_message_is_claimed_paused_as_answered_failed_as_queued(self, store: EventStore) -> None:
+    def test_a_session_with_a_message_is_claimed_paused_as_answered_failed_as_queued(
+        self, store: EventStore
+    ) -> None:
         now = time.time()
         store.append("mailed", paused_log("mailed", "wf", now - 50), 0)
         store.append("quiet", paused_log("quiet", "wf", now - 60), 0)
         store.append("held", paused_log("held", "wf", now - 70), 0)
         store.acquire("held", this_process("w-live"), 15.0, now=now)  # a live owner keeps its mail
-        store.append("failed", [ev(RunStarted, sid="failed", workflow="wf", ts=now - 45),
-                                ev(RunFinished, sid="failed", status="failed", ts=now - 44)], 0)
+        store.append(
+            "failed",
+            [
+                ev(RunStarted, sid="failed", workflow="wf", ts=now - 45),
+                ev(RunFinished, sid="failed", status="failed", ts=now - 44),
+            ],
+            0,
+        )
         store.send("mailed", "answer", {"inputs": {"ok": True}, "jobs": {}})
         store.send("held", "answer", {"inputs": {"ok": True}, "jobs": {}})
         store.send("failed", "retry", {"from_path": None, "reason": "again"})
         claims = store.claim(this_process("w-claimer"), ["wf"], 15.0, limit=5, now=now)
-        assert sorted((c.session_id, c.reason) for c in claims) == [("failed", "queued"), ("mailed", "answered")]
+        assert sorted((c.session_id, c.reason) for c in claims) == [
+            ("failed", "queued"),
+            ("mailed", "answered"),
+        ]
         assert store.claim(this_process("w-other"), ["other"], 15.0, limit=5, now=now) == []

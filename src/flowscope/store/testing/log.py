@@ -1,138 +1,51 @@
-"""The event log role's contract: :class:`EventLogContract`."""
+"""The event log role's contract: :class:`EventLogContract` (its appends here, its
+projections in :mod:`.projection`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import random
-import time
 
 import pytest
 
 from ...errors import ConcurrencyConflict
 from ...events import (
-    InputReceived,
     InputRequested,
     JobDispatched,
     JobResultReceived,
-    NodeCancelled,
     NodeCompleted,
-    NodeErrorEvent,
     NodePaused,
-    NodeRetrying,
     NodeStarted,
     RunFinished,
     RunStarted,
-    UnknownEvent,
 )
-from ...fold import OPEN_STATES, containers, rebuild
+from ...fold import OPEN_STATES, containers
 from ...liveness import ORPHANED, OVERDUE, classify_open_run
 from ..base import (
     EventLog,
     JobResultGroup,
-    NodeRun,
     OpenRunGroup,
-    QueuedGroup,
     SessionInfo,
     summarize_open_runs,
 )
-from .base import ContractBase
 from .helpers import (
-    INV,
     LIVENESS_CASES,
     LIVENESS_NOW,
     LIVENESS_STALE_AFTER_S,
     SID,
-    answer_events,
-    append_in_batches,
     ev,
     liveness_log,
     nested_logs,
     node_ev,
     one_of_each,
-    paused_log,
-    random_log,
-    run_of,
-    submitted_log,
 )
+from .projection import ProjectionContract
 
 __all__ = ["EventLogContract"]
 
 
-class EventLogContract(ContractBase):
+class EventLogContract(ProjectionContract):
     """What every :class:`~flowscope.store.log.EventLog` must do: append under optimistic
     concurrency, number, read, and keep the projections equal to the fold of the log."""
-
-    def create_store(self) -> EventLog:
-        """A new, empty event log for one test; ``self.tmp_path`` is a fresh directory."""
-        raise NotImplementedError  # abstract
-
-
-    def test_open_run_summary_agrees_with_the_liveness_rule(self, store: EventLog) -> None:
-        store.append(SID, liveness_log(), 0)
-        beats = {f"live@1/{name}@1": beat for name, _s, _st, beat, _d, _c in LIVENESS_CASES if beat is not None}
-        for path, beat in beats.items():
-            store.heartbeat(SID, [path], ts=beat)
-        now, stale = LIVENESS_NOW, LIVENESS_STALE_AFTER_S
-        runs = {r.node: r for r in store.node_runs(SID)}
-        groups = {g.node: g for g in store.open_run_summary(now, stale)}
-        assert len(groups) == len(LIVENESS_CASES) - 1  # the completed run is in no group
-        for name, status, started, _beat, deadline, expected in LIVENESS_CASES:
-            r = runs[name]
-            assert (r.status, r.started_at, r.job_deadline_at) == (status, started, deadline), name
-            cls = classify_open_run(r.status, r.started_at, r.heartbeat_at, r.job_deadline_at, now, stale)
-            assert cls == expected, name
-            if status not in OPEN_STATES:
-                assert name not in groups
-                continue
-            g = groups[name]
-            assert (g.workflow, g.state, g.count, g.oldest_started_at) == ("live", status, 1, started), name
-            assert (g.orphaned, g.overdue) == (int(cls == ORPHANED), int(cls == OVERDUE)), name
-        key = lambda g: (g.workflow, g.node, g.state)  # noqa: E731
-        assert sorted(store.open_run_summary(now, stale), key=key) == sorted(
-            summarize_open_runs(store.open_runs(), now, stale), key=key
-        )
-
-    def test_open_run_summary_counts_once_at_the_deepest_path(self, store: EventLog) -> None:
-        """A run open only because a run below it is (a container) is in no group: one dead
-        worker is one orphan, one pause one waiting run (docs/design.md, "Counting once")."""
-        for sid, events in nested_logs(100.0).items():
-            store.append(sid, events, 0)
-        now, stale = 1000.0, 60.0  # every heartbeat (at 101) is stale: the running runs are orphaned
-        key = lambda g: (g.workflow, g.node, g.state)  # noqa: E731
-        got = sorted(store.open_run_summary(now, stale), key=key)
-        assert got == [
-            OpenRunGroup("bw", "bw", "running", 1, 101.0, 1, 0),
-            OpenRunGroup("pw", "ask", "waiting_input", 1, 101.0, 0, 0),
-            OpenRunGroup("wf", "inner", "running", 2, 101.0, 2, 0),  # inner@10 and inner@1-b
-            OpenRunGroup("wf", "leaf", "running", 1, 101.0, 1, 0),
-        ]
-        assert got == sorted(summarize_open_runs(store.open_runs(), now, stale), key=key)
-        by_session: dict[str, list[str]] = {}
-        for r in store.open_runs():
-            by_session.setdefault(r.session_id, []).append(r.path)
-        assert {sid: containers(paths) for sid, paths in by_session.items()} == {
-            "crashed": {"wf@1", "wf@1/inner@1"}, "paused": {"pw@1"}, "between": set()}
-
-    def test_job_result_summary_counts_every_result_in_the_log(self, store: EventLog) -> None:
-        assert store.job_result_summary() == []
-        p = "etl@1/inner@1/enrich@1"
-        store.append("j1", [ev(RunStarted, sid="j1", workflow="etl", ts=1.0),
-                            node_ev(NodeStarted, p, ts=2.0, sid="j1"),
-                            node_ev(JobDispatched, p, ts=3.0, sid="j1", job_id="a"),
-                            node_ev(JobResultReceived, p, ts=4.0, sid="j1", job_id="a", success=True, count=0,
-                                    result="empty", invocation_id="answer-1")], 0)
-        assert store.job_result_summary() == [JobResultGroup("etl", "enrich", "empty", 1)]
-        # appended later (another process's answer, another session): counted on the next call
-        store.append("j1", [node_ev(JobResultReceived, p, ts=5.0, sid="j1", job_id="b", success=True, count=2,
-                                    result="success")], 4)
-        store.append("j2", [ev(RunStarted, sid="j2", workflow="etl", ts=1.0),
-                            node_ev(JobResultReceived, p, ts=6.0, sid="j2", job_id="c", success=False,
-                                    result="failed"),
-                            node_ev(JobResultReceived, p, ts=7.0, sid="j2", job_id="d", success=True, count=0,
-                                    result="empty")], 0)
-        assert sorted(store.job_result_summary(), key=lambda g: g.result) == [
-            JobResultGroup("etl", "enrich", "empty", 2), JobResultGroup("etl", "enrich", "failed", 1),
-            JobResultGroup("etl", "enrich", "success", 1)]
 
     def test_round_trip_of_every_event_type(self, store: EventLog) -> None:
         sample = one_of_each()
@@ -172,15 +85,23 @@ class EventLogContract(ContractBase):
         assert store.read(SID) == [e1, e2]
 
     @pytest.mark.parametrize("bad_seq", [1, 2, 4, 7])
-    def test_pre_numbered_events_that_do_not_continue_the_log_are_rejected(self, store: EventLog, bad_seq: int) -> None:
+    def test_pre_numbered_events_that_do_not_continue_the_log_are_rejected(
+        self, store: EventLog, bad_seq: int
+    ) -> None:
         store.append(SID, [ev(RunStarted, workflow="w", ts=1.0), node_ev(NodeStarted, "w@1/a@1", ts=2.0)], 0)
         before = (store.read(SID), store.sessions(), store.node_runs())
         with pytest.raises(ValueError):
             store.append(SID, [node_ev(NodeCompleted, "w@1/a@1", ts=3.0, seq=bad_seq)], 2)
         # a valid first event does not let an invalid second one through
         with pytest.raises(ValueError):
-            store.append(SID, [node_ev(NodeCompleted, "w@1/a@1", ts=3.0, seq=3),
-                                     node_ev(NodeStarted, "w@1/b@1", ts=4.0, seq=3)], 2)
+            store.append(
+                SID,
+                [
+                    node_ev(NodeCompleted, "w@1/a@1", ts=3.0, seq=3),
+                    node_ev(NodeStarted, "w@1/b@1", ts=4.0, seq=3),
+                ],
+                2,
+            )
         assert (store.read(SID), store.sessions(), store.node_runs()) == before
 
     def test_an_event_of_another_session_is_rejected(self, store: EventLog) -> None:
@@ -237,13 +158,21 @@ class EventLogContract(ContractBase):
         store.append(SID, [ev(RunStarted, workflow="orders", ts=10.0)], 0)
         [s] = store.sessions()
         assert s == SessionInfo(SID, "orders", "running", 10.0, 10.0, 1, 1)
-        store.append(SID, [node_ev(NodeStarted, "orders@1/a@1", ts=11.0),
-                                 node_ev(InputRequested, "orders@1/a@1", ts=12.0, interrupt_id="x"),
-                                 ev(RunFinished, status="paused", ts=13.0)], 1)
+        store.append(
+            SID,
+            [
+                node_ev(NodeStarted, "orders@1/a@1", ts=11.0),
+                node_ev(InputRequested, "orders@1/a@1", ts=12.0, interrupt_id="x"),
+                ev(RunFinished, status="paused", ts=13.0),
+            ],
+            1,
+        )
         [s] = store.sessions()
         assert (s.status, s.last_seq, s.updated_at, s.invocations) == ("paused", 4, 13.0, 1)
         # a resume: a second invocation, the workflow and start time stay those of the first
-        store.append(SID, [ev(RunStarted, workflow="renamed", resumed=True, ts=20.0, invocation_id="inv-2")], 4)
+        store.append(
+            SID, [ev(RunStarted, workflow="renamed", resumed=True, ts=20.0, invocation_id="inv-2")], 4
+        )
         [s] = store.sessions()
         assert (s.workflow, s.status, s.started_at, s.invocations) == ("orders", "running", 10.0, 2)
         store.append(SID, [ev(RunFinished, status="completed", ts=21.0, invocation_id="inv-2")], 5)
@@ -255,249 +184,118 @@ class EventLogContract(ContractBase):
         store.append("c", [ev(RunStarted, sid="c", workflow="wc", ts=3.0)], 0)
         store.append("a", [ev(RunFinished, sid="a", status="failed", ts=4.0)], 1)
         assert [(s.session_id, s.status) for s in store.sessions()] == [
-            ("a", "failed"), ("c", "running"), ("b", "running")]
-
-    def test_node_runs_projection_follows_the_state_machine(self, store: EventLog) -> None:
-        s = store
-        p = "orders@1/fetch@1"
-        seq = s.append(SID, [ev(RunStarted, workflow="orders", ts=100.0),
-                             node_ev(NodeStarted, p, ts=101.0, kind="function", parent_path="orders@1")], 0)[-1].seq
-        r = run_of(s, p)
-        assert (r.session_id, r.workflow, r.node, r.path, r.kind) == (SID, "orders", "fetch", p, "function")
-        assert (r.status, r.attempt, r.retries, r.recoveries) == ("running", 1, 0, 0)
-        assert (r.started_at, r.ended_at, r.heartbeat_at, r.error_code, r.error_type, r.job_deadline_at) == (
-            101.0, None, 101.0, None, None, None)
-
-        seq = s.append(SID, [node_ev(NodeRetrying, p, ts=102.0, attempt=1, error_type="TimeoutError",
-                                     error_code="UPSTREAM_TIMEOUT")], seq)[-1].seq
-        r = run_of(s, p)
-        assert (r.status, r.attempt, r.retries, r.heartbeat_at) == ("running", 2, 1, 102.0)
-        seq = s.append(SID, [node_ev(NodeRetrying, p, ts=103.0, attempt=2, error_type="TimeoutError")], seq)[-1].seq
-        assert (run_of(s, p).attempt, run_of(s, p).retries) == (3, 2)
-
-        seq = s.append(SID, [node_ev(NodeCompleted, p, ts=104.0, output={"rows": 3}, attempt_count=3)], seq)[-1].seq
-        r = run_of(s, p)
-        assert (r.status, r.attempt, r.retries, r.started_at, r.ended_at) == ("completed", 3, 2, 101.0, 104.0)
-
-        q = "orders@1/check@1"
-        seq = s.append(SID, [node_ev(NodeStarted, q, ts=105.0),
-                             node_ev(NodeErrorEvent, q, ts=106.0, error_code="BAD_INPUT", error_type="ValueError",
-                                     error_message="row 3", attempt_count=1)], seq)[-1].seq
-        r = run_of(s, q)
-        assert (r.status, r.error_code, r.error_type, r.ended_at, r.attempt) == ("failed", "BAD_INPUT", "ValueError", 106.0, 1)
-
-        c = "orders@1/crm@1"
-        seq = s.append(SID, [node_ev(NodeStarted, c, ts=107.0), node_ev(NodeCancelled, c, ts=108.0)], seq)[-1].seq
-        assert (run_of(s, c).status, run_of(s, c).ended_at) == ("cancelled", 108.0)
-
-        i = "orders@1/approve@1"
-        seq = s.append(SID, [node_ev(NodeStarted, i, ts=109.0),
-                             node_ev(InputRequested, i, ts=110.0, interrupt_id="ok", prompt="?")], seq)[-1].seq
-        assert run_of(s, i).status == "waiting_input"
-        # resume: the input arrives and the run starts again, same attempt
-        seq = s.append(SID, [node_ev(InputReceived, i, ts=111.0, interrupt_id="ok", value=True),
-                             node_ev(NodeStarted, i, ts=112.0, attempt=1)], seq)[-1].seq
-        r = run_of(s, i)
-        assert (r.status, r.attempt, r.started_at, r.ended_at) == ("running", 1, 109.0, None)
-
-        j = "orders@1/enrich@1"
-        seq = s.append(SID, [node_ev(NodeStarted, j, ts=113.0),
-                             node_ev(JobDispatched, j, ts=114.0, job_id="job-1", deadline_s=3600.0)], seq)[-1].seq
-        r = run_of(s, j)
-        assert (r.status, r.job_deadline_at) == ("waiting_job", 114.0 + 3600.0)
-        seq = s.append(SID, [node_ev(JobResultReceived, j, ts=115.0, job_id="job-1", success=True, result="success")],
-                       seq)[-1].seq
-        assert run_of(s, j).job_deadline_at is None
-        seq = s.append(SID, [node_ev(JobDispatched, j, ts=116.0, job_id="job-2")], seq)[-1].seq
-        assert (run_of(s, j).status, run_of(s, j).job_deadline_at) == ("waiting_job", None)  # no deadline given
-
-        w = "orders@1/sub@1"
-        seq = s.append(SID, [node_ev(NodeStarted, w, ts=117.0, kind="workflow"),
-                             node_ev(NodePaused, w, ts=118.0, waiting="job", origin_path=w + "/x@1")], seq)[-1].seq
-        assert (run_of(s, w).status, run_of(s, w).kind) == ("waiting_job", "workflow")
-
-        # a crash: the next invocation recovers the running run with the next attempt
-        seq = s.append(SID, [ev(RunStarted, workflow="orders", resumed=True, recovered=1, ts=120.0, invocation_id="i2"),
-                             node_ev(NodeStarted, i, ts=121.0, attempt=2, recovered=True, invocation_id="i2")], seq)[-1].seq
-        r = run_of(s, i)
-        assert (r.status, r.attempt, r.recoveries, r.heartbeat_at) == ("running", 2, 1, 121.0)
-
-        # the projection is the fold of the log
-        state = rebuild(s.read(SID))
-        assert s.node_runs(SID) == [NodeRun.from_state(SID, state.workflow, ns) for ns in state.nodes.values()]
-
-    def test_a_failed_run_resumed_by_an_operator_keeps_numbering(self, store: EventLog) -> None:
-        p = "w@1/a@1"
-        s = store
-        s.append(SID, [ev(RunStarted, workflow="w", ts=1.0), node_ev(NodeStarted, p, ts=2.0),
-                       node_ev(NodeRetrying, p, ts=3.0, attempt=1), node_ev(NodeRetrying, p, ts=4.0, attempt=2),
-                       node_ev(NodeErrorEvent, p, ts=5.0, attempt_count=3, error_code="X")], 0)
-        assert (run_of(s, p).status, run_of(s, p).attempt, run_of(s, p).error_code) == ("failed", 3, "X")
-        s.append(SID, [node_ev(NodeStarted, p, ts=6.0, attempt=4)], 5)
-        r = run_of(s, p)
-        assert (r.status, r.attempt, r.retries, r.error_code, r.error_type) == ("running", 4, 2, None, None)
-
-    def test_node_runs_for_one_session_or_all(self, store: EventLog) -> None:
-        store.append("a", [ev(RunStarted, sid="a", workflow="wa", ts=1.0),
-                                 node_ev(NodeStarted, "wa@1/x@1", sid="a", ts=2.0)], 0)
-        store.append("b", [ev(RunStarted, sid="b", workflow="wb", ts=1.0),
-                                 node_ev(NodeStarted, "wb@1/y@1", sid="b", ts=2.0),
-                                 node_ev(NodeStarted, "wb@1/z@1", sid="b", ts=3.0)], 0)
-        assert [r.path for r in store.node_runs("a")] == ["wa@1/x@1"]
-        assert [r.path for r in store.node_runs("b")] == ["wb@1/y@1", "wb@1/z@1"]
-        assert sorted((r.session_id, r.workflow, r.path) for r in store.node_runs()) == [
-            ("a", "wa", "wa@1/x@1"), ("b", "wb", "wb@1/y@1"), ("b", "wb", "wb@1/z@1")]
-        assert store.node_runs("nobody") == []
-
-    def test_heartbeat_changes_only_running_rows(self, store: EventLog) -> None:
-        s = store
-        s.append(SID, [ev(RunStarted, workflow="w", ts=1.0),
-                       node_ev(NodeStarted, "w@1/run@1", ts=2.0),
-                       node_ev(NodeStarted, "w@1/done@1", ts=2.0), node_ev(NodeCompleted, "w@1/done@1", ts=3.0),
-                       node_ev(NodeStarted, "w@1/wait@1", ts=2.0),
-                       node_ev(InputRequested, "w@1/wait@1", ts=3.0, interrupt_id="i"),
-                       node_ev(NodeStarted, "w@1/job@1", ts=2.0), node_ev(JobDispatched, "w@1/job@1", ts=3.0, job_id="j")], 0)
-        before = {r.path: r for r in s.node_runs(SID)}
-        s.heartbeat(SID, ["w@1/run@1", "w@1/done@1", "w@1/wait@1", "w@1/job@1", "w@1/nope@1"], ts=50.0)
-        after = {r.path: r for r in s.node_runs(SID)}
-        assert after["w@1/run@1"].heartbeat_at == 50.0
-        assert after["w@1/run@1"] == dataclasses.replace(before["w@1/run@1"], heartbeat_at=50.0)
-        for p in ("w@1/done@1", "w@1/wait@1", "w@1/job@1"):
-            assert after[p] == before[p]
-        assert set(after) == set(before)
-        s.heartbeat("nobody", ["w@1/run@1"], ts=60.0)  # an unknown session is not an error
-        s.heartbeat(SID, [], ts=60.0)
-        assert run_of(s, "w@1/run@1").heartbeat_at == 50.0
-        t0 = time.time()
-        s.heartbeat(SID, ["w@1/run@1"])
-        beat = run_of(s, "w@1/run@1").heartbeat_at
-        assert beat is not None and t0 - 1 <= beat <= time.time() + 1
-        assert s.read(SID)[-1].seq == 8  # heartbeats are not events
-
-    def test_heartbeat_many_beats_running_rows_of_several_sessions(self, store: EventLog) -> None:
-        s = store
-        for sid in ("a", "b"):
-            s.append(sid, [ev(RunStarted, sid=sid, workflow="w", ts=1.0),
-                           node_ev(NodeStarted, "w@1/run@1", sid=sid, ts=2.0),
-                           node_ev(NodeStarted, "w@1/done@1", sid=sid, ts=2.0),
-                           node_ev(NodeCompleted, "w@1/done@1", sid=sid, ts=3.0)], 0)
-        s.heartbeat_many({"a": ["w@1/run@1", "w@1/done@1"], "b": ["w@1/run@1"], "nobody": ["w@1/run@1"]}, ts=50.0)
-        for sid in ("a", "b"):
-            beats = {r.path: r.heartbeat_at for r in s.node_runs(sid)}
-            assert beats == {"w@1/run@1": 50.0, "w@1/done@1": 2.0}, (sid, beats)
-        s.heartbeat_many({}, ts=60.0)
-        s.heartbeat_many({"a": []}, ts=60.0)
-        assert {r.path: r.heartbeat_at for r in s.node_runs("a")}["w@1/run@1"] == 50.0
-
-    def test_open_runs_lists_only_open_states_oldest_first(self, store: EventLog) -> None:
-        s = store
-        s.append("a", [ev(RunStarted, sid="a", workflow="wa", ts=1.0),
-                       node_ev(NodeStarted, "wa@1/late@1", sid="a", ts=30.0),
-                       node_ev(NodeStarted, "wa@1/done@1", sid="a", ts=5.0), node_ev(NodeCompleted, "wa@1/done@1", sid="a", ts=6.0),
-                       node_ev(NodeStarted, "wa@1/bad@1", sid="a", ts=4.0),
-                       node_ev(NodeErrorEvent, "wa@1/bad@1", sid="a", ts=6.0),
-                       node_ev(NodeStarted, "wa@1/job@1", sid="a", ts=10.0),
-                       node_ev(JobDispatched, "wa@1/job@1", sid="a", ts=11.0, job_id="j", deadline_s=5.0)], 0)
-        s.append("b", [ev(RunStarted, sid="b", workflow="wb", ts=1.0),
-                       node_ev(NodeStarted, "wb@1/wait@1", sid="b", ts=20.0),
-                       node_ev(InputRequested, "wb@1/wait@1", sid="b", ts=21.0, interrupt_id="i"),
-                       node_ev(NodeStarted, "wb@1/first@1", sid="b", ts=2.0),
-                       node_ev(NodeStarted, "wb@1/gone@1", sid="b", ts=3.0),
-                       node_ev(NodeCancelled, "wb@1/gone@1", sid="b", ts=7.0)], 0)
-        runs = s.open_runs()
-        assert [(r.session_id, r.path, r.status) for r in runs] == [
-            ("b", "wb@1/first@1", "running"),
-            ("a", "wa@1/job@1", "waiting_job"),
-            ("b", "wb@1/wait@1", "waiting_input"),
-            ("a", "wa@1/late@1", "running"),
+            ("a", "failed"),
+            ("c", "running"),
+            ("b", "running"),
         ]
-        assert all(r.status in OPEN_STATES for r in runs)
-        assert runs[1].job_deadline_at == 16.0 and runs[1].workflow == "wa"
-        # the open set shrinks as runs end
-        s.append("b", [node_ev(NodeCompleted, "wb@1/first@1", sid="b", ts=40.0)], 6)
-        assert [r.path for r in s.open_runs()] == ["wa@1/job@1", "wb@1/wait@1", "wa@1/late@1"]
 
-    def test_unknown_event_types_round_trip_and_are_skipped_by_the_projection(self, store: EventLog) -> None:
-        s = store
-        unknown_run = UnknownEvent(type="run_annotated", session_id=SID, invocation_id=INV, ts=2.0,
-                                   data={"note": "from a newer writer", "schema_version": 9})
-        unknown_node = UnknownEvent(type="node_progress", session_id=SID, invocation_id=INV, ts=3.5,
-                                    path="w@1/a@1", node="a", data={"percent": 40})
-        unknown_new_path = UnknownEvent(type="node_progress", session_id=SID, invocation_id=INV, ts=3.6,
-                                        path="w@1/ghost@1", node="ghost", data={})
-        stored = s.append(SID, [ev(RunStarted, workflow="w", ts=1.0), unknown_run,
-                                node_ev(NodeStarted, "w@1/a@1", ts=3.0), unknown_node, unknown_new_path,
-                                node_ev(NodeCompleted, "w@1/a@1", ts=4.0)], 0)
-        back = s.read(SID)
-        assert back == stored
-        run_note, node_note = back[1], back[3]
-        assert type(run_note) is UnknownEvent and run_note.type == "run_annotated"
-        assert run_note.data == {"note": "from a newer writer", "schema_version": 9}
-        assert isinstance(node_note, UnknownEvent)
-        assert node_note.data == {"percent": 40} and node_note.path == "w@1/a@1"
-        assert [r.path for r in s.node_runs(SID)] == ["w@1/a@1"]  # no row for the unknown-only path
-        assert run_of(s, "w@1/a@1").status == "completed"
-        [info] = s.sessions()
-        assert (info.status, info.last_seq, info.workflow) == ("running", 6, "w")
-        assert rebuild(back).unknown_events == 3
+    # -- the summaries derived from the projections (metrics scrapes)
 
-    def test_projection_equals_the_fold_of_the_log(self, store: EventLog) -> None:
-        rnd = random.Random(7)
-        for k, sid in enumerate(("r1", "r2", "r3")):
-            log = random_log(rnd, sid, 120, t0=1000.0 * (k + 1))
-            append_in_batches(store, sid, log, rnd)
-        for sid in ("r1", "r2", "r3"):
-            events = store.read(sid)
-            assert [e.seq for e in events] == list(range(1, len(events) + 1))
-            state = rebuild(events)
-            assert store.node_runs(sid) == [NodeRun.from_state(sid, state.workflow, ns) for ns in state.nodes.values()]
-            [info] = [i for i in store.sessions() if i.session_id == sid]
-            assert info == SessionInfo(sid, state.workflow, state.status, state.started_at, state.updated_at,
-                                       state.last_seq, state.invocations)
-        open_runs = store.open_runs()
-        assert open_runs == sorted((r for r in store.node_runs() if r.status in OPEN_STATES),
-                                   key=lambda r: r.started_at or 0.0)
+    def test_open_run_summary_agrees_with_the_liveness_rule(self, store: EventLog) -> None:
+        store.append(SID, liveness_log(), 0)
+        beats = {
+            f"live@1/{name}@1": beat for name, _s, _st, beat, _d, _c in LIVENESS_CASES if beat is not None
+        }
+        for path, beat in beats.items():
+            store.heartbeat(SID, [path], ts=beat)
+        now, stale = LIVENESS_NOW, LIVENESS_STALE_AFTER_S
+        runs = {r.node: r for r in store.node_runs(SID)}
+        groups = {g.node: g for g in store.open_run_summary(now, stale)}
+        assert len(groups) == len(LIVENESS_CASES) - 1  # the completed run is in no group
+        for name, status, started, _beat, deadline, expected in LIVENESS_CASES:
+            r = runs[name]
+            assert (r.status, r.started_at, r.job_deadline_at) == (status, started, deadline), name
+            cls = classify_open_run(r.status, r.started_at, r.heartbeat_at, r.job_deadline_at, now, stale)
+            assert cls == expected, name
+            if status not in OPEN_STATES:
+                assert name not in groups
+                continue
+            g = groups[name]
+            assert (g.workflow, g.state, g.count, g.oldest_started_at) == ("live", status, 1, started), name
+            assert (g.orphaned, g.overdue) == (int(cls == ORPHANED), int(cls == OVERDUE)), name
+        key = lambda g: (g.workflow, g.node, g.state)  # noqa: E731
+        assert sorted(store.open_run_summary(now, stale), key=key) == sorted(
+            summarize_open_runs(store.open_runs(), now, stale), key=key
+        )
 
-    def test_node_run_output_values_round_trip_exactly(self, store: EventLog) -> None:
-        values = [None, 0, -1, 2**53 + 1, 1.5, -0.25, 1e300, "", "ünïcødé ✓ \u2028", "emoji \U0001F600", True, False,
-                  [], {}, [1, [2, [3]]], {"a": {"b": None, "c": [True, 1.0]}}]
-        events = [node_ev(NodeCompleted, f"w@1/v@{i}", ts=float(i), output=v) for i, v in enumerate(values)]
-        store.append(SID, events, 0)
-        back = store.read(SID)
-        completed = [e for e in back if isinstance(e, NodeCompleted)]
-        assert len(completed) == len(back)
-        assert [e.output for e in completed] == values
-        assert [type(e.output) for e in completed] == [type(v) for v in values]
+    def test_open_run_summary_counts_once_at_the_deepest_path(self, store: EventLog) -> None:
+        """A run open only because a run below it is (a container) is in no group: one dead
+        worker is one orphan, one pause one waiting run (docs/design.md, "Counting once")."""
+        for sid, events in nested_logs(100.0).items():
+            store.append(sid, events, 0)
+        now, stale = 1000.0, 60.0  # every heartbeat (at 101) is stale: the running runs are orphaned
+        key = lambda g: (g.workflow, g.node, g.state)  # noqa: E731
+        got = sorted(store.open_run_summary(now, stale), key=key)
+        assert got == [
+            OpenRunGroup("bw", "bw", "running", 1, 101.0, 1, 0),
+            OpenRunGroup("pw", "ask", "waiting_input", 1, 101.0, 0, 0),
+            OpenRunGroup("wf", "inner", "running", 2, 101.0, 2, 0),  # inner@10 and inner@1-b
+            OpenRunGroup("wf", "leaf", "running", 1, 101.0, 1, 0),
+        ]
+        assert got == sorted(summarize_open_runs(store.open_runs(), now, stale), key=key)
+        by_session: dict[str, list[str]] = {}
+        for r in store.open_runs():
+            by_session.setdefault(r.session_id, []).append(r.path)
+        assert {sid: containers(paths) for sid, paths in by_session.items()} == {
+            "crashed": {"wf@1", "wf@1/inner@1"},
+            "paused": {"pw@1"},
+            "between": set(),
+        }
 
-    # ------------------------------------------------------------------ ownership
-
-    def test_status_goes_queued_running_paused_answered_running(self, store: EventLog) -> None:
-        store.append(SID, submitted_log(SID, "orders", 5.0), 0)
-        [s] = store.sessions()
-        assert (s.status, s.workflow, s.submitted_at, s.started_at, s.invocations) == ("queued", "orders", 5.0, None, 0)
-        assert rebuild(store.read(SID)).input == {"n": SID}
-        store.append(SID, paused_log(SID, "orders", 10.0), 1)
-        [s] = store.sessions()
-        assert (s.status, s.started_at, s.submitted_at, s.invocations) == ("paused", 10.0, 5.0, 1)
-        store.append(SID, answer_events(SID, "orders", 20.0), 5)
-        assert store.sessions()[0].status == "answered"
-        store.append(SID, answer_events(SID, "orders", 21.0), 6)  # a second answer keeps it answered
-        assert store.sessions()[0].status == "answered"
-        store.append(SID, [ev(RunStarted, workflow="orders", resumed=True, ts=30.0, invocation_id="inv-2")], 7)
-        assert store.sessions()[0].status == "running"
-        assert rebuild(store.read(SID)).status == "running"
-        # an input received inside an invocation is no answer
-        store.append("s2", paused_log("s2", "orders", 1.0)
-                     + [node_ev(InputReceived, "orders@1/ask@1", ts=5.0, sid="s2", interrupt_id="ok")], 0)
-        info = store.session_info("s2")
-        assert info is not None and info.status == "paused"
-
-    def test_queued_summary(self, store: EventLog) -> None:
-        assert store.queued_summary() == []
-        store.append("a1", submitted_log("a1", "alpha", 30.0), 0)
-        store.append("a2", submitted_log("a2", "alpha", 10.0), 0)
-        store.append("b1", submitted_log("b1", "beta", 20.0), 0)
-        store.append("r", paused_log("r", "alpha", 1.0), 0)
-        assert store.queued_summary() == [QueuedGroup("alpha", 2, 10.0), QueuedGroup("beta", 1, 20.0)]
-        store.append("a2", [ev(RunStarted, sid="a2", workflow="alpha", ts=40.0)], 1)  # started: no longer queued
-        assert store.queued_summary() == [QueuedGroup("alpha", 1, 30.0), QueuedGroup("beta", 1, 20.0)]
+    def test_job_result_summary_counts_every_result_in_the_log(self, store: EventLog) -> None:
+        assert store.job_result_summary() == []
+        p = "etl@1/inner@1/enrich@1"
+        store.append(
+            "j1",
+            [
+                ev(RunStarted, sid="j1", workflow="etl", ts=1.0),
+                node_ev(NodeStarted, p, ts=2.0, sid="j1"),
+                node_ev(JobDispatched, p, ts=3.0, sid="j1", job_id="a"),
+                node_ev(
+                    JobResultReceived,
+                    p,
+                    ts=4.0,
+                    sid="j1",
+                    job_id="a",
+                    success=True,
+                    count=0,
+                    result="empty",
+                    invocation_id="answer-1",
+                ),
+            ],
+            0,
+        )
+        assert store.job_result_summary() == [JobResultGroup("etl", "enrich", "empty", 1)]
+        # appended later (another process's answer, another session): counted on the next call
+        store.append(
+            "j1",
+            [
+                node_ev(
+                    JobResultReceived,
+                    p,
+                    ts=5.0,
+                    sid="j1",
+                    job_id="b",
+                    success=True,
+                    count=2,
+                    result="success",
+                )
+            ],
+            4,
+        )
+        store.append(
+            "j2",
+            [
+                ev(RunStarted, sid="j2", workflow="etl", ts=1.0),
+                node_ev(JobResultReceived, p, ts=6.0, sid="j2", job_id="c", success=False, result="failed"),
+                node_ev(
+                    JobResultReceived, p, ts=7.0, sid="j2", job_id="d", success=True, count=0, result="empty"
+                ),
+            ],
+            0,
+        )
+        assert sorted(store.job_result_summary(), key=lambda g: g.result) == [
+            JobResultGroup("etl", "enrich", "empty", 2),
+            JobResultGroup("etl", "enrich", "failed", 1),
+            JobResultGroup("etl", "enrich", "success", 1),
+        ]

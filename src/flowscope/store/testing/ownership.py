@@ -53,7 +53,6 @@ class OwnershipContract(ContractBase):
         on the one object from two threads). The caller closes it."""
         return None
 
-
     def test_acquire_records_owner_epoch_and_lease_on_the_session(self, store: EventStore) -> None:
         me = this_process("w-1")
         lease = store.acquire(SID, me, 15.0, now=1000.0)  # the session need not exist yet
@@ -119,10 +118,16 @@ class OwnershipContract(ContractBase):
         lease = store.acquire(SID, this_process("w-here"), 10.0, now=1010.0)  # expires_at <= now: expired
         assert lease.epoch == 2
 
-    def test_append_under_a_superseded_epoch_raises_lease_lost_and_writes_nothing(self, store: EventStore) -> None:
+    def test_append_under_a_superseded_epoch_raises_lease_lost_and_writes_nothing(
+        self, store: EventStore
+    ) -> None:
         first = store.acquire(SID, this_process("w-1"), 15.0, force=True)
-        store.append(SID, [ev(RunStarted, workflow="w", ts=1.0), node_ev(NodeStarted, "w@1/a@1", ts=2.0)], 0,
-                     epoch=first.epoch)
+        store.append(
+            SID,
+            [ev(RunStarted, workflow="w", ts=1.0), node_ev(NodeStarted, "w@1/a@1", ts=2.0)],
+            0,
+            epoch=first.epoch,
+        )
         second = store.acquire(SID, this_process("w-2"), 15.0, force=True)
         assert second.epoch == first.epoch + 1
         before = (store.read(SID), store.sessions(), store.node_runs(), store.open_runs())
@@ -164,7 +169,11 @@ class OwnershipContract(ContractBase):
         info_b = store.session_info("b")
         assert info_b is not None and info_b.epoch == taker.epoch  # the taker's lease is untouched
         expiries = {sid: store.session_info(sid) for sid in leases}
-        assert {sid: i.lease_expires_at for sid, i in expiries.items() if i is not None} == {"a": 1025.0, "b": 1020.0, "c": 1025.0}
+        assert {sid: i.lease_expires_at for sid, i in expiries.items() if i is not None} == {
+            "a": 1025.0,
+            "b": 1020.0,
+            "c": 1025.0,
+        }
         assert store.renew_many([], 15.0) == []
 
     def test_renew_from_another_thread(self, store: EventStore) -> None:
@@ -184,8 +193,12 @@ class OwnershipContract(ContractBase):
         t = threading.Thread(target=renew_loop)
         t.start()
         for i in range(20):  # the owning thread keeps appending meanwhile
-            store.append(SID, [node_ev(StateUpdated, "w@1/a@1", ts=time.time(), values={"i": i})], i + 1,
-                         epoch=lease.epoch)
+            store.append(
+                SID,
+                [node_ev(StateUpdated, "w@1/a@1", ts=time.time(), values={"i": i})],
+                i + 1,
+                epoch=lease.epoch,
+            )
         t.join(30)
         [result] = out
         assert isinstance(result, Lease), result
@@ -193,7 +206,9 @@ class OwnershipContract(ContractBase):
         assert info is not None and info.lease_expires_at == result.expires_at > lease.expires_at
         assert store.last_seq(SID) == 21
 
-    def test_release_keeps_the_owner_and_lets_another_take_over_without_force(self, store: EventStore) -> None:
+    def test_release_keeps_the_owner_and_lets_another_take_over_without_force(
+        self, store: EventStore
+    ) -> None:
         a = this_process("w-a")
         lease = store.acquire(SID, a, 15.0)
         store.append(SID, [ev(RunStarted, workflow="w", ts=1.0), ev(RunFinished, status="paused", ts=2.0)], 0)
@@ -211,7 +226,9 @@ class OwnershipContract(ContractBase):
         me = this_process("w-claimer")
         store.append("q-new", submitted_log("q-new", "wf", now - 10), 0)
         store.append("q-old", submitted_log("q-old", "wf", now - 50), 0)
-        store.append("answered", paused_log("answered", "wf", now - 40) + answer_events("answered", "wf", now - 30), 0)
+        store.append(
+            "answered", paused_log("answered", "wf", now - 40) + answer_events("answered", "wf", now - 30), 0
+        )
         gone = dead_owner()
         store.acquire("orphan", gone, 3600.0, now=now - 20)
         store.append("orphan", [ev(RunStarted, sid="orphan", workflow="wf", ts=now - 20)], 0, epoch=1)
@@ -220,23 +237,40 @@ class OwnershipContract(ContractBase):
         store.append("expired", [ev(RunStarted, sid="expired", workflow="wf", ts=now - 100)], 0, epoch=1)
         claims = store.claim(me, ["wf"], 15.0, limit=10, now=now)
         assert [(c.session_id, c.reason) for c in claims] == [
-            ("expired", "orphaned"), ("q-old", "queued"), ("answered", "answered"), ("orphan", "orphaned"),
-            ("q-new", "queued")]
+            ("expired", "orphaned"),
+            ("q-old", "queued"),
+            ("answered", "answered"),
+            ("orphan", "orphaned"),
+            ("q-new", "queued"),
+        ]
         for c in claims:
             assert c.workflow == "wf" and c.lease.owner == me and c.lease.expires_at == now + 15.0
             info = store.session_info(c.session_id)
             assert info is not None and (info.owner, info.epoch) == (me, c.lease.epoch)
         assert {c.session_id: c.lease.epoch for c in claims} == {
-            "expired": 2, "q-old": 1, "answered": 1, "orphan": 2, "q-new": 1}
-        assert store.claim(this_process("w-second"), ["wf"], 15.0, limit=10, now=now + 1) == []  # all held now
+            "expired": 2,
+            "q-old": 1,
+            "answered": 1,
+            "orphan": 2,
+            "q-new": 1,
+        }
+        assert (
+            store.claim(this_process("w-second"), ["wf"], 15.0, limit=10, now=now + 1) == []
+        )  # all held now
 
     def test_claim_leaves_what_it_may_not_take(self, store: EventStore) -> None:
         now = time.time()
         me = this_process("w-claimer")
         store.append("other-wf", submitted_log("other-wf", "other", now - 60), 0)
         store.append("paused", paused_log("paused", "wf", now - 60), 0)
-        store.append("done", [ev(RunStarted, sid="done", workflow="wf", ts=now - 60),
-                              ev(RunFinished, sid="done", status="completed", ts=now - 59)], 0)
+        store.append(
+            "done",
+            [
+                ev(RunStarted, sid="done", workflow="wf", ts=now - 60),
+                ev(RunFinished, sid="done", status="completed", ts=now - 59),
+            ],
+            0,
+        )
         store.append("ownerless", [ev(RunStarted, sid="ownerless", workflow="wf", ts=now - 3600)], 0)
         live = this_process("w-live")
         store.acquire("held", live, 15.0, now=now)
@@ -252,7 +286,11 @@ class OwnershipContract(ContractBase):
         # "q"), the sessions can be claimed again
         later = store.claim(me, ["wf", "other"], 15.0, limit=5, now=now + 16)
         assert sorted((c.session_id, c.reason) for c in later) == [
-            ("held", "orphaned"), ("held-queued", "queued"), ("other-wf", "queued"), ("q", "queued")]
+            ("held", "orphaned"),
+            ("held-queued", "queued"),
+            ("other-wf", "queued"),
+            ("q", "queued"),
+        ]
 
     def test_claim_respects_the_limit_and_max_recoveries(self, store: EventStore) -> None:
         now = 1000.0
@@ -261,14 +299,19 @@ class OwnershipContract(ContractBase):
         a, b = this_process("w-a"), this_process("w-b")
         first = store.claim(a, ["wf"], 15.0, limit=2, now=now)
         second = store.claim(b, ["wf"], 15.0, limit=2, now=now)
-        assert [c.session_id for c in first] == ["q0", "q1"] and [c.session_id for c in second] == ["q2", "q3"]
+        assert [c.session_id for c in first] == ["q0", "q1"] and [c.session_id for c in second] == [
+            "q2",
+            "q3",
+        ]
         far = other_host_owner()
         store.acquire("crashy", far, 10.0, now=now)
         store.append("crashy", [ev(RunStarted, sid="crashy", workflow="crash", ts=now)], 0, epoch=1)
         t = now
         for _ in range(3):  # taken over as orphaned 3 times: its lease runs out each time
             t += 20.0
-            [c] = store.claim(other_host_owner("w-x", pid=7), ["crash"], 10.0, limit=5, max_recoveries=2, now=t)
+            [c] = store.claim(
+                other_host_owner("w-x", pid=7), ["crash"], 10.0, limit=5, max_recoveries=2, now=t
+            )
             assert (c.session_id, c.reason) == ("crashy", "orphaned")
         assert store.claim(a, ["crash"], 10.0, limit=5, max_recoveries=2, now=t + 20) == []
         [c] = store.claim(a, ["crash"], 10.0, limit=5, now=t + 20)  # no limit given
@@ -294,9 +337,14 @@ class OwnershipContract(ContractBase):
                 ) -> None:  # this round's barrier and results, bound now
                     barrier.wait()
                     for _ in range(6):
-                        got.setdefault(name, []).extend(c.session_id for c in s.claim(this_process(name), [f"wf{r}"], 60.0, limit=2))
+                        got.setdefault(name, []).extend(
+                            c.session_id for c in s.claim(this_process(name), [f"wf{r}"], 60.0, limit=2)
+                        )
 
-                threads = [threading.Thread(target=claim, args=("w-a", store)), threading.Thread(target=claim, args=("w-b", second))]
+                threads = [
+                    threading.Thread(target=claim, args=("w-a", store)),
+                    threading.Thread(target=claim, args=("w-b", second)),
+                ]
                 for t in threads:
                     t.start()
                 for t in threads:
@@ -317,10 +365,14 @@ class OwnershipContract(ContractBase):
         store.workers_seen(a, ["orders", "billing"], ts=1000.0)
         store.workers_seen(b, ["orders"], ts=1001.0)
         assert [(w.worker_id, w.host, w.pid, w.workflows, w.seen_at) for w in store.workers()] == [
-            ("w-b", b.host, 99, ("orders",), 1001.0), ("w-a", a.host, a.pid, ("billing", "orders"), 1000.0)]
+            ("w-b", b.host, 99, ("orders",), 1001.0),
+            ("w-a", a.host, a.pid, ("billing", "orders"), 1000.0),
+        ]
         store.workers_seen(a, ["orders"], ts=1002.0)  # each renewal updates the one row
         assert [(w.worker_id, w.workflows, w.seen_at) for w in store.workers()] == [
-            ("w-a", ("orders",), 1002.0), ("w-b", ("orders",), 1001.0)]
+            ("w-a", ("orders",), 1002.0),
+            ("w-b", ("orders",), 1001.0),
+        ]
         store.workers_seen(a, ["orders"], ts=1001.0 + 86400.0 + 1)  # b not seen for a day: forgotten
         assert [w.worker_id for w in store.workers()] == ["w-a"]
 
@@ -344,8 +396,14 @@ class OwnershipContract(ContractBase):
                     store.release(lease)
                 else:
                     store.renew(lease, lease_in, now=now)
-            store.append(sid, [ev(RunStarted, sid=sid, workflow="own", ts=now - 7200),
-                               node_ev(NodeStarted, f"own@1/{sid}@1", ts=now - 7200, sid=sid)], 0)
+            store.append(
+                sid,
+                [
+                    ev(RunStarted, sid=sid, workflow="own", ts=now - 7200),
+                    node_ev(NodeStarted, f"own@1/{sid}@1", ts=now - 7200, sid=sid),
+                ],
+                0,
+            )
             store.heartbeat(sid, [f"own@1/{sid}@1"], ts=now - age)
         groups = {g.node: g for g in store.open_run_summary(now, 60.0)}
         owners = {s.session_id: (s.owner, s.lease_expires_at) for s in store.sessions()}
@@ -354,12 +412,21 @@ class OwnershipContract(ContractBase):
             assert (g.state, g.count, g.orphaned) == ("running", 1, int(expected == ORPHANED)), sid
             r = run_of(store, f"own@1/{sid}@1", sid)
             owner, lease_end = owners[sid]
-            got = classify_open_run(r.status, r.started_at, r.heartbeat_at, r.job_deadline_at, now, 60.0,
-                                    owner=owner, lease_expires_at=lease_end)
+            got = classify_open_run(
+                r.status,
+                r.started_at,
+                r.heartbeat_at,
+                r.job_deadline_at,
+                now,
+                60.0,
+                owner=owner,
+                lease_expires_at=lease_end,
+            )
             assert got == expected, sid
         key = lambda g: (g.workflow, g.node, g.state)  # noqa: E731
         owned = {sid: o for sid, o in owners.items() if o[0] is not None}
         assert sorted(store.open_run_summary(now, 60.0), key=key) == sorted(
-            summarize_open_runs(store.open_runs(), now, 60.0, owned), key=key)
+            summarize_open_runs(store.open_runs(), now, 60.0, owned), key=key
+        )
 
     # ------------------------------------------------------------------ the inbox: one writer per session

@@ -38,7 +38,6 @@ class EventStoreContract(EventLogContract, OwnershipContract, InboxContract, Upk
         """A new, empty store for one test; ``self.tmp_path`` is a fresh directory."""
         raise NotImplementedError  # abstract
 
-
     def test_a_deleted_session_takes_its_inbox_with_it(self, store: EventStore) -> None:
         finished_session(store, "done", "completed")
         store.send("done", "answer", {"inputs": {"ok": True}, "jobs": {}})
@@ -57,7 +56,11 @@ class EventStoreContract(EventLogContract, OwnershipContract, InboxContract, Upk
         store.acquire("dead", dead_owner(), 3600.0, now=now)  # the owner's process is gone
         store.acquire("far-expired", other_host_owner(), 10.0, now=now - 60.0)
         store.workers_seen(me, ["w"], ts=now)
-        assert store.delete_sessions(["released", "held", "dead", "far-expired"]) == ["released", "dead", "far-expired"]
+        assert store.delete_sessions(["released", "held", "dead", "far-expired"]) == [
+            "released",
+            "dead",
+            "far-expired",
+        ]
         assert {s.session_id for s in store.sessions()} == {"held"}
         for sid in ("released", "dead", "far-expired"):
             assert store.session_info(sid) is None
@@ -80,7 +83,11 @@ class EventStoreContract(EventLogContract, OwnershipContract, InboxContract, Upk
         ])  # fmt: skip
         assert len(out) == 5
         assert isinstance(out[2], ConcurrencyConflict) and isinstance(out[3], LeaseLost)
-        assert [[e.seq for e in r] for r in (out[0], out[1], out[4]) if isinstance(r, list)] == [[1], [1, 2], [3]]
+        assert [[e.seq for e in r] for r in (out[0], out[1], out[4]) if isinstance(r, list)] == [
+            [1],
+            [1, 2],
+            [3],
+        ]
         assert [store.last_seq(s) for s in "abcd"] == [3, 1, 1, 1]
         assert [e.type for e in store.read("a")] == ["run_started", "node_started", "node_completed"]
         assert run_of(store, "w@1/x@1", sid="a").status == "completed"  # the projection kept up

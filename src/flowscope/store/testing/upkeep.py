@@ -28,14 +28,19 @@ class UpkeepContract(ContractBase):
         """A new, empty store with upkeep (an event log too) for one test."""
         raise NotImplementedError  # abstract
 
-
     def test_delete_sessions_removes_whole_finished_sessions_only(self, store: Upkeep) -> None:
         for sid, status in (("done", "completed"), ("bad", "failed"), ("gone", "cancelled")):
             finished_session(store, sid, status, with_snapshot=True)
-        store.append("open", [ev(RunStarted, sid="open", workflow="w", ts=1.0),
-                              node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid="open"),
-                              node_ev(InputRequested, "w@1/a@1", ts=3.0, sid="open", interrupt_id="x"),
-                              ev(RunFinished, sid="open", status="paused", ts=4.0)], 0)
+        store.append(
+            "open",
+            [
+                ev(RunStarted, sid="open", workflow="w", ts=1.0),
+                node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid="open"),
+                node_ev(InputRequested, "w@1/a@1", ts=3.0, sid="open", interrupt_id="x"),
+                ev(RunFinished, sid="open", status="paused", ts=4.0),
+            ],
+            0,
+        )
         keep = store.read("open")
         assert store.delete_sessions(["open", "done", "nope", "bad", "done"]) == ["done", "bad"]
         for sid in ("done", "bad"):
@@ -49,11 +54,17 @@ class UpkeepContract(ContractBase):
         assert store.last_seq("done") == 4
 
     def test_delete_sessions_never_deletes_a_failed_session_with_an_open_run(self, store: Upkeep) -> None:
-        store.append("f", [ev(RunStarted, sid="f", workflow="w", ts=1.0),
-                           node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid="f"),
-                           node_ev(NodeStarted, "w@1/b@1", ts=2.0, sid="f"),
-                           node_ev(NodeErrorEvent, "w@1/b@1", ts=3.0, sid="f"),
-                           ev(RunFinished, sid="f", status="failed", ts=4.0)], 0)
+        store.append(
+            "f",
+            [
+                ev(RunStarted, sid="f", workflow="w", ts=1.0),
+                node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid="f"),
+                node_ev(NodeStarted, "w@1/b@1", ts=2.0, sid="f"),
+                node_ev(NodeErrorEvent, "w@1/b@1", ts=3.0, sid="f"),
+                ev(RunFinished, sid="f", status="failed", ts=4.0),
+            ],
+            0,
+        )
         assert store.delete_sessions(["f"]) == []
         assert store.last_seq("f") == 5
 
@@ -70,7 +81,9 @@ class UpkeepContract(ContractBase):
 
     # ------------------------------------------------------------------ group commit, span watermark
 
-    def test_the_span_watermark_only_moves_forward_and_goes_with_a_pruned_session(self, store: Upkeep) -> None:
+    def test_the_span_watermark_only_moves_forward_and_goes_with_a_pruned_session(
+        self, store: Upkeep
+    ) -> None:
         assert store.exported_seq("s") == 0
         finished_session(store, "s", "completed")
         store.set_exported_seq("s", 3)
@@ -81,7 +94,9 @@ class UpkeepContract(ContractBase):
         assert store.delete_sessions(["s"]) == ["s"]
         assert store.exported_seq("s") == 0  # a new session of that id ships its spans
 
-    def test_watermarks_of_several_sessions_advance_in_one_call_and_never_move_back(self, store: Upkeep) -> None:
+    def test_watermarks_of_several_sessions_advance_in_one_call_and_never_move_back(
+        self, store: Upkeep
+    ) -> None:
         store.set_exported_seqs({})
         store.set_exported_seqs({"a": 3, "b": 2})
         store.set_exported_seqs({"a": 1, "b": 5, "c": 1})  # a stays: never moves back

@@ -1,0 +1,183 @@
+"""The records of a bridged run: a node run's context, an invocation, the session a
+bridge appends to, and the value and path helpers both bridges use."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext
+
+from .. import RunInfo
+from ..events import (
+    Event,
+)
+from ..fold import WorkflowState
+
+__all__ = [
+    "HeartbeatSink",
+    "BridgeNodeContext",
+    "BridgeInvocation",
+    "BridgeResult",
+    "BridgeSession",
+    "OpenRunSpan",
+    "jsonable",
+    "parent_of",
+    "name_of",
+]
+
+
+class HeartbeatSink(Protocol):
+    """What a run's context needs of its recorder: to say its run is alive."""
+
+    def heartbeat(self, session_id: str, paths: Iterable[str]) -> None: ...
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as the store can keep it: itself if JSON-serialisable, a pydantic model's
+    dump, else a marker naming its type (the engine's output stays untouched)."""
+    try:
+        json.dumps(value, allow_nan=False)
+        return value
+    except (TypeError, ValueError):
+        pass
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        try:
+            out = dump(mode="json")
+            json.dumps(out, allow_nan=False)
+            return out
+        except Exception:  # a model that does not dump to JSON falls through to the marker
+            pass
+    return {"unserializable": type(value).__name__}
+
+
+def parent_of(path: str) -> str:
+    """``"wf@1/a@2"`` -> ``"wf@1"``; a top-level path has no parent (``""``)."""
+    return path.rsplit("/", 1)[0] if "/" in path else ""
+
+
+def name_of(path: str) -> str:
+    """The node name of a path's last ``name@k`` segment."""
+    return path.rsplit("/", 1)[-1].rsplit("@", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeResult:
+    """What ``after_run`` hooks are handed (the fields of ``RunResult`` plugins read)."""
+
+    status: str
+    output: Any
+    session_id: str
+    invocation_id: str
+    pending: tuple[Event, ...] = ()
+
+
+class OpenRunSpan(NonRecordingSpan):
+    """A run's span as the node body sees it: its context while the run is open, an
+    invalid one after (so a context the engine left holding it starts no child of an
+    ended run, and the next invocation does not join its trace)."""
+
+    def __init__(self, context: SpanContext, run: BridgeNodeContext) -> None:
+        super().__init__(context)
+        self._run = run
+
+    def get_span_context(self) -> SpanContext:
+        return super().get_span_context() if self._run.open else INVALID_SPAN_CONTEXT
+
+    def is_recording(self) -> bool:
+        return False
+
+
+class BridgeNodeContext:
+    """A node run as plugins see it: the attributes of ``flowscope.NodeContext`` that
+    hooks read, filled from the other engine's context instead of flowscope's runner."""
+
+    __slots__ = (
+        "session_id",
+        "invocation_id",
+        "path",
+        "node_name",
+        "kind",
+        "attempt",
+        "recovered",
+        "parent",
+        "input",
+        "trace_context",
+        "plugin_state",
+        "cancel_reason",
+        "started_at",
+        "run",
+        "state",
+        "hooks",
+        "body_tokens",
+        "open",
+        "_recorder",
+    )
+
+    def __init__(
+        self,
+        recorder: HeartbeatSink,
+        inv: BridgeInvocation,
+        path: str,
+        kind: str,
+        attempt: int,
+        recovered: bool,
+        parent: BridgeNodeContext | None,
+        input: Any,
+    ) -> None:
+        self._recorder = recorder
+        self.session_id = inv.run.session_id
+        self.invocation_id = inv.run.invocation_id
+        self.path = path
+        self.node_name = name_of(path)
+        self.kind = kind
+        self.attempt = attempt
+        self.recovered = recovered
+        self.parent = parent
+        self.input = input  # for plugins' redaction hooks only; never persisted
+        self.trace_context: dict[str, str] = {}
+        self.plugin_state: dict[str, Any] = {}
+        self.cancel_reason: str | None = None
+        self.started_at = time.perf_counter()
+        self.run = inv.run
+        self.state: dict[str, Any] = {}
+        self.hooks: contextvars.Context | None = None  # where this run's node hooks run
+        self.open = True  # until the run ends: its span is current for the body until then
+        # (marker token, [(var, token)]) for what the start hooks set in the engine's context
+        self.body_tokens: (
+            tuple[contextvars.Token[object], list[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]]]]
+            | None
+        ) = None
+
+    @property
+    def parent_path(self) -> str:
+        return self.parent.path if self.parent is not None else ""
+
+    def heartbeat(self) -> None:
+        self._recorder.heartbeat(self.session_id, [self.path])
+
+    def __repr__(self) -> str:
+        return f"<BridgeNodeContext {self.path} attempt={self.attempt}>"
+
+
+@dataclass(slots=True)
+class BridgeSession:
+    """The recorder's view of one session: its fold and the seq to append after."""
+
+    ws: WorkflowState
+    last_seq: int
+
+
+@dataclass(slots=True)
+class BridgeInvocation:
+    """One invocation of the other engine (a run or a resume) being recorded."""
+
+    run: RunInfo
+    root_path: str
+    open: dict[str, BridgeNodeContext] = field(default_factory=dict)
+    finished: bool = False
