@@ -91,10 +91,13 @@ class ChangeFeed:
         """The feed's one listening thread: each notice marks the feed and wakes every ticker."""
         assert self._notices is not None
         while not self._closing.is_set():
+            t = time.monotonic()
             try:
                 noticed = self._notices.wait_for_change(1.0)
-            except Exception:  # the store was closed (or failed): the tickers poll on
+            except Exception:  # the store failed: the tickers poll on
                 return
+            if not noticed and time.monotonic() - t < 0.5:  # a closed store answers at once
+                self._closing.wait(1.0)
             if noticed:
                 with self._lock:
                     self._noticed = True

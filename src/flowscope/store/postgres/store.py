@@ -120,7 +120,8 @@ class PostgresEventStore(EventStore):
         self._node_cache: dict[str, Cached] = {}
         self._pool: ConnectionPool[Conn] | None = None
         self._wakeup = Wakeup(self._conninfo, self._channel)
-        self._changes = Wakeup(self._conninfo, self._channel + q.CHANGES_SUFFIX)
+        #: The console's notices (an append moved a session's status), closed with the workers'.
+        self.wait_for_change = self._wakeup.sibling(self._channel + q.CHANGES_SUFFIX).wait
         conn = self._connect()
         try:
             self.schema_version_found = sch.ensure_schema(conn, self.where, schema, readonly)
@@ -197,7 +198,6 @@ class PostgresEventStore(EventStore):
         if pool is not None:
             pool.close()
         self._wakeup.close()
-        self._changes.close()
 
     # ------------------------------------------------------------------ appending
 
@@ -512,14 +512,6 @@ class PostgresEventStore(EventStore):
         if self._pool is None:
             raise self._closed()
         return self._wakeup.wait(timeout)
-
-    def wait_for_change(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds until an append from any process moves a session's
-        status (``LISTEN`` on the changes channel); True if woken. The console's change feed
-        calls it from one thread, so its open pages hear of a change at once."""
-        if self._pool is None:
-            raise self._closed()
-        return self._changes.wait(timeout)
 
     # ------------------------------------------------------------------ snapshots
 
