@@ -4,6 +4,7 @@ invocations (a pause between them), and sessions in every state an operator acts
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ __all__ = [
     "APPROVAL_SESSION",
     "FAILED_SESSION",
     "PAUSED_SESSION",
+    "recovering",
+    "HOLD_ENV",
 ]
 
 APPROVAL_SESSION = "ops-approval"
@@ -62,6 +65,22 @@ def make_big_session(
     finally:
         if isinstance(db, (str, Path)):
             store.close()
+
+
+#: The file ``hold`` creates when its first attempt is inside its body (the test then kills it).
+HOLD_ENV = "CONSOLE_HOLD_FILE"
+
+
+@node
+async def hold(ctx: NodeContext, x: Any) -> Any:
+    if not ctx.recovered:  # the first attempt says it is inside, then waits to be killed
+        open(os.environ[HOLD_ENV], "w").close()
+        await asyncio.sleep(60)
+    return x
+
+
+#: A node whose first attempt never ends by itself; the attempt that recovers it returns.
+recovering = Workflow("recovering", edges=[(START, leaf, hold)])
 
 
 @node

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -30,6 +31,7 @@ SAMPLES = [
         replayed=3,
         recovered=1,
         trace_context={"traceparent": "00-abc"},
+        owner={"worker_id": "w-1", "host": "h", "pid": 42},
     ),
     ev.RunFinished(
         **COMMON, status="failed", output=None, error_code="E", error_path="wf@1/a@1", replayed=2, recovered=1
@@ -140,3 +142,25 @@ def test_extra_fields_from_a_newer_writer_are_ignored():
 def test_corrupt_input_is_a_clear_decode_error(bad):
     with pytest.raises(EventDecodeError):
         decode(bad)
+
+
+def test_a_run_started_from_before_the_owner_field_reads_back_with_no_owner():
+    from flowscope.fold import rebuild, restore_state, snapshot_state
+    from flowscope.store import codec
+
+    started = SAMPLES[0]
+    old = to_dict(started)
+    del old["owner"]
+    assert from_dict(old).owner is None and from_dict(old).workflow == "wf"
+    # the stores' row codec: a payload written without the field takes the default
+    row = codec.encode("test.db", "s1", started)
+    payload = json.loads(row[5])
+    del payload["owner"]
+    [back] = codec.decode("test.db", "s1", 6, [(*row[:5], json.dumps(payload))])
+    assert back.owner is None and back == dataclasses.replace(started, owner=None)
+    # the fold exposes the latest invocation's owner; a snapshot taken before it restores
+    ws = rebuild([dataclasses.replace(started, path="", node="")])
+    assert ws.owner == {"worker_id": "w-1", "host": "h", "pid": 42}
+    snap = snapshot_state(ws)
+    del snap["owner"]
+    assert restore_state(json.dumps(snap)).owner is None

@@ -79,6 +79,9 @@ class RunStarted(Event):
     recovered: int = 0
     # Trace context of this invocation, filled by plugins in before_run (W3C traceparent).
     trace_context: dict[str, str] = field(default_factory=dict)
+    #: Who ran this invocation and so every attempt in it: ``{"worker_id", "host", "pid"}``
+    #: of the lease owner; None where nobody held a lease (and in logs written before it).
+    owner: dict[str, Any] | None = None
 
 
 @dataclass(**_EVENT)

@@ -261,6 +261,8 @@ class WorkflowState:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     trace_context: dict[str, str] = field(default_factory=dict)
+    #: The latest invocation's owner as its ``RunStarted`` recorded it (None: not recorded).
+    owner: dict[str, Any] | None = None
     invocations: int = 0
     invocation_id: str = ""
     last_seq: int = 0
@@ -316,6 +318,7 @@ class WorkflowState:
             self.invocation_id = e.invocation_id
             self.status = "running"
             self.trace_context = dict(e.trace_context)
+            self.owner = e.owner
         elif isinstance(e, RunFinished):
             self.status = e.status
             self.output = e.output
@@ -415,7 +418,8 @@ def restore_state(text: str | bytes) -> WorkflowState:
         d = json.loads(text)
         if not isinstance(d, dict) or d.get("format") != SNAPSHOT_FORMAT:
             raise ValueError("unknown snapshot format")
-        ws = WorkflowState(**{f: d[f] for f in _RUN_FIELDS})
+        # a run-level field added since the snapshot was taken keeps its default
+        ws = WorkflowState(**{f: d[f] for f in _RUN_FIELDS if f in d})
         ws.snapshot_seq = ws.last_seq
         nodes = ws.nodes
         n = len(_NODE_SCALARS)

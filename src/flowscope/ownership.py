@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["Owner", "Lease", "this_host", "this_process", "process_start_time", "process_alive"]
+__all__ = [
+    "Owner",
+    "Lease",
+    "owner_record",
+    "this_host",
+    "this_process",
+    "process_start_time",
+    "process_alive",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +78,12 @@ class Lease:
     owner: Owner
     epoch: int
     expires_at: float
+
+
+def owner_record(owner: Owner) -> dict[str, Any]:
+    """What an invocation's ``RunStarted.owner`` records of the process that runs it: enough
+    to name the worker of each attempt (its id, host and pid), not the liveness details."""
+    return {"worker_id": owner.worker_id, "host": owner.host, "pid": owner.pid}
 
 
 def this_host() -> str:

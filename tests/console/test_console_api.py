@@ -296,6 +296,32 @@ def test_retry_cancel_and_bulk_go_through_the_operator_actions(fresh):
     assert statuses(fresh)[APPROVAL_SESSION] == "cancelled"
 
 
+def test_each_attempt_names_the_worker_whose_invocation_ran_it(tmp_path):
+    import asyncio
+
+    from console_workflows import big
+    from flowscope import Runner
+
+    db = tmp_path / "owners.db"
+    with SqliteEventStore(db) as store:
+        asyncio.run(Runner(big, store, worker_id="w-one").run(2, session_id="two-owners"))
+        asyncio.run(Runner(big, store, worker_id="w-two").resume("two-owners", inputs={"half": True}))
+        started = [e for e in store.read("two-owners") if e.type == "run_started"]
+    # the engine records each invocation's lease owner; the fold keeps the latest one
+    assert [e.owner["worker_id"] for e in started] == ["w-one", "w-two"]
+    assert all(e.owner["host"] and e.owner["pid"] == os.getpid() for e in started)
+    c, _ = client(db)
+    rows = c.get("/api/sessions/two-owners").json()
+    assert rows == cli_json(db, "show", "two-owners")  # the same key in show's JSON and the API
+    fan = next(r for r in rows if r["path"] == "big@1/fan@1")
+    assert [s["owner"]["worker_id"] for s in fan["segments"]] == ["w-one", "w-two"]
+    run = c.get("/api/sessions/two-owners/run", params={"path": "big@1/fan@1"}).json()
+    assert [(a["owner"]["worker_id"], a["outcome"]) for a in run["attempts"]] == [
+        ("w-one", "paused"),
+        ("w-two", "completed"),
+    ]
+
+
 # --------------------------------------------------------------------------- live, layout, command
 
 

@@ -5,8 +5,9 @@ database, with a real ``flowscope worker`` serving the demo workflow.
 After the demo, the list shows every demo session and filters on the server; a session
 page draws one row per node path and the pause between invocations; the approval is
 answered through its form and the worker completes the session (the page follows it
-live); a failed session is retried and a paused one cancelled through their buttons; a
-foreign ``Host`` and a tokenless write are refused; a session of 10,000 node runs is drawn
+live); a worker SIGKILLed mid-attempt is taken over by another after its lease, and the
+page shows both attempts with their two workers and the recovery; a failed session is
+retried and a paused one cancelled through their buttons; a foreign ``Host`` and a tokenless write are refused; a session of 10,000 node runs is drawn
 in under two seconds (navigation to drawn, measured in the browser) and stays responsive;
 no page logs a console error. The same list, waterfall and answer on PostgreSQL.
 """
@@ -369,6 +370,101 @@ async def test_a_session_of_ten_thousand_node_runs_opens_in_under_two_seconds(br
     assert scrolled < 1.0
     assert p.errors == []
     await p.page.context.close()  # and its event stream
+
+
+def start_named_worker(db: str, logs: Path, name: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """A ``flowscope worker`` serving ``recovering`` as ``name`` on host ``host-<name>``, 2 s leases."""
+    with open(logs / f"{name}.stderr", "w") as err:
+        return subprocess.Popen(
+            flowscope(
+                "--db",
+                db,
+                "worker",
+                "console_workflows:recovering",
+                "--lease",
+                "2s",
+                "--poll",
+                "100ms",
+                "--worker-id",
+                name,
+            ),
+            env={**env, "FLOWSCOPE_HOST": f"host-{name}"},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+        )
+
+
+async def test_a_worker_killed_mid_attempt_is_taken_over_and_the_page_shows_both_workers(browser, tmp_path):
+    import httpx
+
+    from console_workflows import HOLD_ENV, recovering
+    from flowscope import Runner
+    from flowscope.store import SqliteEventStore
+
+    db, held = tmp_path / "recovery.db", tmp_path / "holding"
+    env = {**_env(), HOLD_ENV: str(held)}
+    with SqliteEventStore(db) as store:
+        sid = Runner(recovering, store).submit(7, session_id="recovered")
+    first = start_named_worker(str(db), tmp_path, "worker-a", env)
+    try:
+        deadline = time.monotonic() + 60
+        while not held.exists():  # the first attempt is inside its body
+            assert first.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "worker-a.stderr"
+            ).read_text()
+            time.sleep(0.05)
+        first.kill()  # SIGKILL: its lease stays in the store until it expires
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    # another host: it cannot see worker-a's process, so it waits for the lease to expire
+    second = start_named_worker(str(db), tmp_path, "worker-b", env)
+    c = Console(str(db), tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with SqliteEventStore(db, readonly=True) as store:
+                info = store.session_info(sid)
+            if info is not None and info.status == "completed":
+                break
+            assert second.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "worker-b.stderr"
+            ).read_text()
+            time.sleep(0.1)
+        token = c.url.split("token=", 1)[1]
+        async with httpx.AsyncClient(
+            base_url=c.base, headers={"x-flowscope-token": token}, timeout=10
+        ) as http:
+            run = (await http.get(f"/api/sessions/{sid}/run", params={"path": "recovering@1/hold@1"})).json()
+        attempts = [
+            (a["attempt"], a["owner"]["worker_id"], a["owner"]["host"], a["outcome"], a["recovered"])
+            for a in run["attempts"]
+        ]
+        assert attempts == [
+            (1, "worker-a", "host-worker-a", "lost", False),
+            (2, "worker-b", "host-worker-b", "completed", True),
+        ]
+        assert run["row"]["recoveries"] == 1
+
+        p = await new_page(browser, c)
+        await p.open(f"{c.base}/sessions/{sid}")
+        row = p.page.locator(".wf-row[data-path='recovering@1/hold@1']")
+        assert await row.locator(".seg.recovered").count() == 1  # the recovery, marked on the bar
+        await row.click()
+        await p.page.wait_for_selector("#detail table.rows")
+        table = p.page.locator("#detail table.rows").first
+        workers = await table.locator("td.worker").all_inner_texts()
+        outcomes = await table.locator("tbody td:nth-child(6)").all_inner_texts()
+        assert workers == ["worker-a on host-worker-a", "worker-b on host-worker-b"]
+        assert outcomes == ["lost", "completed (recovered)"]
+        assert p.errors == []
+        await p.page.context.close()
+    finally:
+        stop(second)
+        err = c.stop()
+    assert "Traceback" not in err, err
 
 
 @pytest.fixture(scope="module")

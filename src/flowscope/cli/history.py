@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import TERMINAL_TYPES, Event, InputRequested, NodeRetrying, to_dict
+from ..events import TERMINAL_TYPES, Event, InputRequested, NodeRetrying, RunStarted, to_dict
 from ..store.base import EventLog, NodeRun
 
 __all__ = [
@@ -43,8 +43,8 @@ PAYLOAD_FIELDS = frozenset({"input", "output", "value", "payload", "data", "valu
 
 @dataclass(frozen=True, slots=True)
 class SessionHistory:
-    """Per path: the retried attempts and the segments (one per invocation that ran it);
-    and the invocations' windows, ``(started_at, ended_at)`` in order."""
+    """Per path: the retried attempts and the segments (one per invocation that ran it, with
+    that invocation's ``owner``); and the invocations' windows, ``(started_at, ended_at)`` in order."""
 
     retried: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     segments: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -62,10 +62,13 @@ def session_history(events: Sequence[Event]) -> SessionHistory:
     open_segment: dict[str, dict[str, Any]] = {}
     seg: dict[str, Any] | None
     windows: dict[str, list[float]] = {}
+    owners: dict[str, dict[str, Any] | None] = {}  # invocation -> its RunStarted's owner
     for e in events:
         w = windows.setdefault(e.invocation_id, [e.ts, e.ts])
         w[1] = max(w[1], e.ts)
         if not e.path:
+            if isinstance(e, RunStarted):
+                owners[e.invocation_id] = e.owner
             continue
         if isinstance(e, NodeRetrying):
             retried.setdefault(e.path, []).append(_retry(e))
@@ -73,7 +76,12 @@ def session_history(events: Sequence[Event]) -> SessionHistory:
             previous = open_segment.pop(e.path, None)
             if previous is not None and previous["ended_at"] is None:  # its process died: no end
                 previous["ended_at"] = windows[previous["invocation_id"]][1]
-            seg = {"invocation_id": e.invocation_id, "started_at": e.ts, "ended_at": None}
+            seg = {
+                "invocation_id": e.invocation_id,
+                "started_at": e.ts,
+                "ended_at": None,
+                "owner": owners.get(e.invocation_id),
+            }
             segments.setdefault(e.path, []).append(seg)
             open_segment[e.path] = seg
         elif e.type in TERMINAL_TYPES:

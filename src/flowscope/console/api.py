@@ -23,7 +23,7 @@ from ..cli import views
 from ..cli.history import event_rows, request_row, retry_reasons, session_history
 from ..cli.waterfall import waterfall_layout
 from ..errors import UnknownSessionError
-from ..events import TERMINAL_TYPES, Event, NodeRetrying, NodeStarted
+from ..events import TERMINAL_TYPES, Event, NodeRetrying, NodeStarted, RunStarted
 from ..fold import rebuild
 from ..liveness import ORPHANED, OVERDUE, RUNNING, WAITING_INPUT, WAITING_JOB, classify_open_run
 from ..store.base import EventStore, SessionInfo
@@ -402,10 +402,13 @@ def _actions(ws: Any, path: str, interrupt_id: str) -> list[str]:
     return list(payload.get("actions") or ()) if payload.get("kind") == "job_failed" else []
 
 
-def _attempt(attempt: int, invocation_id: str, started_at: float, recovered: bool) -> dict[str, Any]:
+def _attempt(
+    attempt: int, invocation_id: str, started_at: float, recovered: bool, owner: dict[str, Any] | None
+) -> dict[str, Any]:
     return {
         "attempt": attempt,
         "invocation_id": invocation_id,
+        "owner": owner,
         "started_at": started_at,
         "ended_at": None,
         "recovered": recovered,
@@ -418,18 +421,22 @@ def _attempt(attempt: int, invocation_id: str, started_at: float, recovered: boo
 
 def attempt_rows(log: Sequence[Event], path: str) -> list[dict[str, Any]]:
     """The attempts of the run at ``path``, oldest first: each one's number, invocation,
-    start, end, outcome (completed, retried, failed, cancelled, paused, lost: its process
+    ``owner`` (the worker that ran it, as its invocation's ``RunStarted`` recorded it), start,
+    end, outcome (completed, retried, failed, cancelled, paused, lost: its process
     died before it ended), and for a failed or retried attempt its error type, code and
     message (redacted where it was recorded)."""
     out: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
+    owners: dict[str, dict[str, Any] | None] = {}
     for e in log:
         if e.path != path:
+            if isinstance(e, RunStarted):
+                owners[e.invocation_id] = e.owner
             continue
         if isinstance(e, NodeStarted):
             if current is not None and current["outcome"] is None:
                 current["outcome"] = "lost"
-            current = _attempt(e.attempt, e.invocation_id, e.ts, e.recovered)
+            current = _attempt(e.attempt, e.invocation_id, e.ts, e.recovered, owners.get(e.invocation_id))
             out.append(current)
         elif current is None:
             continue
@@ -442,7 +449,7 @@ def attempt_rows(log: Sequence[Event], path: str) -> list[dict[str, Any]]:
                 error_code=e.error_code,
                 error_message=e.error_message,
             )
-            current = _attempt(e.attempt + 1, e.invocation_id, e.ts + e.delay_s, False)
+            current = _attempt(e.attempt + 1, e.invocation_id, e.ts + e.delay_s, False, current["owner"])
             out.append(current)
         elif e.type in TERMINAL_TYPES and current["outcome"] is None:
             outcome = {

@@ -543,7 +543,7 @@ async def _changes(feed: ChangeFeed, interval: float, call: Callable[..., Awaita
     """Each new version of ``feed``, or None after a quiet interval (to notice a closed page)."""
     last = await call(feed.version)
     while True:
-        await asyncio.sleep(interval)
+        await feed.wait(interval)  # or less: a store's notice of a change wakes every open page
         v = await call(feed.version)
         if v != last:
             last = v

@@ -10,23 +10,43 @@ The probe is the cheapest sign of a change the store offers: for a SQLite file, 
 rewrites them); for any other store, the digest of ``sessions()`` (one query, whose
 answer the session list reuses), asked less often when it is slow (ten times its own
 duration at least).
+
+A store that can say when it changed (:class:`ChangeNotices`: PostgreSQL listens, ``LISTEN``, on a
+channel its appends notify when a session's status moves) wakes the feed: one thread of
+the feed waits for its notices, and every open page's ticker (:meth:`ChangeFeed.wait`)
+wakes at once; the first to ask probes the store (once, for all of them), so a change
+made by another process reaches every open page promptly while the store is still probed
+once per notice or per ``interval``, never once per page.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from ..store.base import EventStore, SessionInfo
+from ..store.sqlite import SqliteEventStore
 
-__all__ = ["ChangeFeed", "DEFAULT_INTERVAL_S"]
+__all__ = ["ChangeFeed", "ChangeNotices", "DEFAULT_INTERVAL_S", "NOTICE_GAP_S"]
 
-#: The least time between two probes of the store.
+#: The least time between two probes of the store, without a notice.
 DEFAULT_INTERVAL_S = 1.0
+#: The least time between two probes that notices asked for (a burst of them: one probe).
+NOTICE_GAP_S = 0.05
+
+
+@runtime_checkable
+class ChangeNotices(Protocol):
+    """A store that can wait for another process's change (PostgreSQL: ``LISTEN``)."""
+
+    def wait_for_change(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until the store changed; True if it did."""
+        ...
 
 
 def _file_probe(path: str) -> Callable[[], Any]:
@@ -57,12 +77,68 @@ class ChangeFeed:
         self._sessions: list[SessionInfo] | None = None
         self._sessions_version = -1
         self.probes = 0  # how many times the store was probed (tests read it)
-        path = getattr(store, "path", None)
-        self._probe_files = _file_probe(path) if isinstance(path, str) and path != ":memory:" else None
+        # a SQLite file's own files; never a path-like name of another store (a URL)
+        path = store.path if isinstance(store, SqliteEventStore) else None
+        self._probe_files = _file_probe(path) if path is not None and path != ":memory:" else None
+        #: A notice came since the last probe: the next one need not wait for ``interval``.
+        self._noticed = False
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._listener: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._notices = store if self._probe_files is None and isinstance(store, ChangeNotices) else None
+
+    def _listen(self) -> None:
+        """The feed's one listening thread: each notice marks the feed and wakes every ticker."""
+        assert self._notices is not None
+        while not self._closing.is_set():
+            t = time.monotonic()
+            try:
+                noticed = self._notices.wait_for_change(1.0)
+            except Exception:  # the store failed: the tickers poll on
+                return
+            if not noticed and time.monotonic() - t < 0.5:  # a closed store answers at once
+                self._closing.wait(1.0)
+            if noticed:
+                with self._lock:
+                    self._noticed = True
+                    waiters = list(self._waiters)
+                for loop, ev in waiters:
+                    with contextlib.suppress(RuntimeError):  # its loop has closed
+                        loop.call_soon_threadsafe(ev.set)
+
+    def close(self) -> None:
+        """Stop listening for notices (the thread ends within a second)."""
+        self._closing.set()
+
+    async def wait(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, less if the store gives notice of a change (then
+        the next :meth:`version` probes it). Without notices, a plain sleep."""
+        if self._notices is None:
+            await asyncio.sleep(timeout)
+            return
+        if self._listener is None:
+            with self._lock:
+                if self._listener is None:
+                    self._listener = threading.Thread(
+                        target=self._listen, name="flowscope-ui-listen", daemon=True
+                    )
+                    self._listener.start()
+        if self._noticed:  # a notice the last probe was too soon for: probe after the gap
+            timeout = min(timeout, NOTICE_GAP_S)
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        with self._lock:
+            self._waiters.add(entry)
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(entry[1].wait(), timeout)
+        finally:
+            with self._lock:
+                self._waiters.discard(entry)
 
     def _probe(self) -> None:
         t = time.monotonic()
         self.probes += 1
+        self._noticed = False  # a notice during the probe marks it again
         if self._probe_files is not None:
             mark: Any = self._probe_files()
             sessions = None
@@ -80,7 +156,7 @@ class ChangeFeed:
     def version(self) -> int:
         """The change version now: probes the store if the last probe is old enough."""
         with self._lock:
-            wait = max(self.interval, 10 * self._cost)
+            wait = max(NOTICE_GAP_S if self._noticed else self.interval, 10 * self._cost)
             if self._mark is None or time.monotonic() - self._probed_at >= wait:
                 self._probe()
             return self._version
@@ -105,7 +181,7 @@ class ChangeFeed:
         loop = asyncio.get_running_loop()
         last = await loop.run_in_executor(None, self.version)
         while True:
-            await asyncio.sleep(poll if poll is not None else self.interval)
+            await self.wait(poll if poll is not None else self.interval)
             v = await loop.run_in_executor(None, self.version)
             if v != last:
                 last = v

@@ -30,7 +30,7 @@ from ..errors import ErrorInfo, Redactor, WorkflowError
 from ..events import Event, NodeCancelled, NodeStarted, RunStarted
 from ..fold import OPEN_STATES, NodeState, WorkflowState, containers
 from ..jobs import Job
-from ..ownership import Lease
+from ..ownership import Lease, owner_record
 from ..states import RunStatus
 from ..store.base import EventStore
 from .attempts import Attempts
@@ -273,6 +273,7 @@ class Invocation:
             replayed=run.replayed,
             recovered=run.recovered,
             trace_context=dict(run.trace_context),
+            owner=owner_record(rec.lease.owner),
         )
         for a in answers:
             rec.emit(a.cls, a.path, a.node, **a.fields)

@@ -153,6 +153,7 @@ export async function sessionPage(main, sid) {
       h("h3", {}, "Attempts ", h("span", { class: "muted" }, "(click one for its events alone)")),
       table([
         ["#", (a) => a.attempt], ["Invocation", (a) => a.invocation_id.slice(0, 8), "id"],
+        ["Worker", (a) => (a.owner ? `${a.owner.worker_id} on ${a.owner.host}` : "-"), "worker"],
         ["Started", (a) => fmtTime(a.started_at)], ["Took", (a) => fmtDuration(a.duration_s)],
         ["Outcome", (a) => a.outcome + (a.recovered ? " (recovered)" : "")],
         ["Error", (a) => (a.error_code ? `${a.error_type} [${a.error_code}] ${a.error_message || ""}` : "-"), "wrap"],

@@ -53,6 +53,7 @@ __all__ = [
     "SQL_SAVE_SNAPSHOT",
     "SQL_LOAD_SNAPSHOT",
     "SQL_NOTIFY",
+    "CHANGES_SUFFIX",
     "SQL_EXPORTED_SEQ",
     "SQL_UNEXPORTED",
     "SQL_SET_EXPORTED_SEQS",
@@ -149,7 +150,8 @@ SQL_APPEND_CACHED = (
     f"AS x({', '.join(f'{c} {_NODE_STATE_TYPES[c]}' for c in NODE_STATE_COLUMNS)}) "
     "ON CONFLICT (session_id, path) DO UPDATE SET "
     + SQL_UPSERT_NODE.split(" DO UPDATE SET ", 1)[1]
-    + "), w AS (SELECT pg_notify(%(channel)s, %(workflow)s) FROM s WHERE %(notify)s) "
+    + "), w AS (SELECT pg_notify(%(channel)s, %(workflow)s) FROM s WHERE %(notify)s "
+    "UNION ALL SELECT pg_notify(%(changes)s, '') FROM s WHERE %(changed)s) "
     "SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM w)"
 )
 _NODE_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(NodeRun))
@@ -305,6 +307,11 @@ SQL_SAVE_SNAPSHOT = (
 SQL_LOAD_SNAPSHOT = "SELECT seq, data FROM snapshots WHERE session_id = %s"
 #: Wake listening workers (the payload is the workflow's name); sent at commit.
 SQL_NOTIFY = "SELECT pg_notify(%s, %s)"
+#: The channel (the workers' own plus this) on which an append that moved a session's
+#: status says so, for the console's open pages: an empty payload, so a transaction
+#: that moves many sessions sends one notification; at commit, with the status change only
+#: (not every append: a notifying commit takes the database's notify lock).
+CHANGES_SUFFIX = ".changes"
 
 # -- pruning (flowscope prune): ``%(ids)s`` is a text[] of session ids
 #: Lock the sessions' rows first, in one order (two prunes never deadlock): an append,

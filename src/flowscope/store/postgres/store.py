@@ -120,6 +120,8 @@ class PostgresEventStore(EventStore):
         self._node_cache: dict[str, Cached] = {}
         self._pool: ConnectionPool[Conn] | None = None
         self._wakeup = Wakeup(self._conninfo, self._channel)
+        #: The console's notices (an append moved a session's status), closed with the workers'.
+        self.wait_for_change = self._wakeup.sibling(self._channel + q.CHANGES_SUFFIX).wait
         conn = self._connect()
         try:
             self.schema_version_found = sch.ensure_schema(conn, self.where, schema, readonly)

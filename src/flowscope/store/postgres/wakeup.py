@@ -40,6 +40,13 @@ class Wakeup:
             woken, self._woken = self._woken, False
         return woken
 
+    def sibling(self, channel: str) -> Wakeup:
+        """The notifications on another ``channel`` of the same database (a listener of its
+        own, started on its first wait), closed with this one."""
+        other = Wakeup(self._conninfo, channel)
+        other._closing = self._closing
+        return other
+
     def close(self) -> None:
         """Stop listening; a waiter returns at once."""
         self._closing.set()

@@ -108,6 +108,8 @@ class Writer:
         ).fetchone()
         if row.woke:
             self.cur.execute(q.SQL_NOTIFY, (self.channel, row.workflow))  # delivered at commit
+        if not row.same_status:  # the console's pages: a status moved (one payload: one per commit)
+            self.cur.execute(q.SQL_NOTIFY, (self.channel + q.CHANGES_SUFFIX, ""))
         if made is None:
             return 0
         (row_id,) = made
@@ -209,6 +211,8 @@ class OneStatement:
             "notify": written.woke,
             "events": events_json,
             "nodes": nodes_json,
+            "changes": channel + q.CHANGES_SUFFIX,
+            "changed": not written.same_status,
         }
         found = conn.execute(q.SQL_APPEND_CACHED, params, prepare=True).fetchone()
         if found is None:

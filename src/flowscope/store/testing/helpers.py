@@ -88,6 +88,7 @@ def one_of_each(sid: str = SID) -> list[Event]:
             replayed=3,
             recovered=1,
             trace_context={"traceparent": "00-ab-cd-01"},
+            owner={"worker_id": "w-7", "host": "h-7", "pid": 7},
         ),
         NodeStarted(ts=2.0, attempt=2, kind="workflow", parent_path="wf@1", recovered=True, **common),
         NodeRetrying(
