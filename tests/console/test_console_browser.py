@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/lib/chromium/chromium")
-#: Where the session page's screenshot goes when set (docs/console.md shows it).
+#: Where the session page's screenshot goes when set (docs/ui.md shows it).
 SCREENSHOT = os.environ.get("FLOWSCOPE_CONSOLE_SCREENSHOT")
 BIG = "big-10k"
 

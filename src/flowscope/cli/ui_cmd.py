@@ -74,7 +74,7 @@ def ui(
     Sessions with filters and attention tabs, one waterfall per session across its
     invocations, attempts and events per node, answers, retry, cancel and bulk actions,
     live as the store changes. Everything goes through the same functions as the CLI.
-    See docs/console.md.
+    See docs/ui.md.
     """
     try:
         import uvicorn
