@@ -18,7 +18,7 @@ from typing import Any
 
 from flowscope import START, JoinNode, NodeContext, RetryConfig, Workflow, node
 
-__all__ = ["ALL", "KINDS", "effect"]
+__all__ = ["ALL", "KINDS", "STOPPED", "effect"]
 
 
 def effect(ctx: NodeContext) -> None:
@@ -108,7 +108,24 @@ fanout = Workflow(
     "stall_fanout", edges=[(START, _sleeper("b_", 0.02), tuple(branches)), (tuple(branches), join, bsum)]
 )
 
+
+# -- threads: a body hands work to asyncio.to_thread, a sync body with a timeout runs in a
+# thread of its own, then the run waits long enough for a test to look at every thread
+@node
+async def to_thread(ctx: NodeContext, x: Any) -> Any:
+    return await asyncio.to_thread(lambda: (x or 0) + 1)
+
+
+@node(timeout=5.0)
+def sync_step(ctx: NodeContext, x: Any) -> Any:
+    return x + 1
+
+
+threads = Workflow("stall_threads", edges=[(START, to_thread, sync_step, _sleeper("t_wait", 30.0))])
+
 #: What ``flowscope worker tests.stall_workflows:ALL`` serves.
-ALL = [long_wait, chain, retrying, fanout]
+ALL = [long_wait, chain, retrying, fanout, threads]
+#: The workflows the SIGSTOP rounds submit.
+STOPPED = [long_wait, chain, retrying, fanout]
 #: The workflows by name, for submitting.
 KINDS = {wf.name: wf for wf in ALL}

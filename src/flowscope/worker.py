@@ -34,6 +34,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .engine import Runner, Workflow
@@ -52,6 +53,7 @@ from .errors import (
 from .outage import DEFAULT_LIMIT_S, StoreOutage
 from .ownership import Lease, Owner, this_process
 from .store.base import Claim, EventStore
+from .threads import block_sigcont
 
 __all__ = ["Worker", "DRAIN_REASON", "CHECK_BACKOFF_CAP_S"]
 
@@ -191,6 +193,9 @@ class Worker:
         next_seen = 0.0
         waiter: asyncio.Future[bool] | None = None
         restore = self._on_sigcont()
+        # store.wait_for_work blocks, so it waits in a thread: one that leaves SIGCONT to
+        # the main thread, whose handler checks the leases (threads.py)
+        waits = ThreadPoolExecutor(1, thread_name_prefix="flowscope-wait-for-work", initializer=block_sigcont)
         try:
             while not self._stop.is_set():
                 now = time.time()
@@ -216,7 +221,7 @@ class Worker:
                 # PostgreSQL); store.wait_for_work blocks, so it waits in a thread, and a
                 # wait still running from the last round is waited on again, not doubled.
                 if waiter is None or waiter.done():
-                    waiter = asyncio.ensure_future(asyncio.to_thread(self.store.wait_for_work, self.poll_s))
+                    waiter = self._loop.run_in_executor(waits, self.store.wait_for_work, self.poll_s)
                 woken = asyncio.ensure_future(self._wake.wait())
                 await asyncio.wait((woken, waiter), timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
@@ -225,6 +230,7 @@ class Worker:
                 await self._drain()
             finally:
                 restore()
+                waits.shutdown(wait=False)
                 self._loop = None
         if self.stopped_by is not None:
             raise self.stopped_by

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterable
 
 from ..store.base import EventStore
+from ..threads import start_thread
 
 __all__ = ["BridgeHeartbeats"]
 
@@ -42,10 +43,7 @@ class BridgeHeartbeats:
             if running:
                 self._beating[(session_id, path)] = None
                 if self._interval > 0 and self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._loop, name="flowscope-bridge-heartbeat", daemon=True
-                    )
-                    self._thread.start()
+                    self._thread = start_thread(self._loop, "flowscope-bridge-heartbeat")
             else:
                 self._beating.pop((session_id, path), None)
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from ..threads import start_thread
 from .failures import CliError
 
 if TYPE_CHECKING:
@@ -225,8 +226,7 @@ class SpanFollower:
         self.store, self.service, self.interval, self.warn = store, service, interval, warn
         self._stop = threading.Event()
         self._said: set[str] = set()
-        self._thread = threading.Thread(target=self._run, name="flowscope-span-follower", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._run, "flowscope-span-follower")
 
     def _run(self) -> None:
         from ..errors import StoreError

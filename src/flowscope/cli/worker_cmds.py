@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -24,6 +25,7 @@ from ..errors import OutputNotSerializableError, StoreNotWritable
 from ..fold import WorkflowState
 from ..liveness import WORKER_SEEN_WITHIN_S, worker_alive
 from ..store.base import EventStore
+from ..threads import block_sigcont, sigcont_blocked
 from .app import (
     DURATION,
     POSITIVE_DURATION,
@@ -313,11 +315,17 @@ def worker_cmd(
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     workflows = load_workflows(specs)
-    store = open_store(db, write=True, create=True)
+    # The threads started here (the database pool's, the span exporter's) inherit a mask
+    # that leaves SIGCONT to the main thread, whose handler checks the leases (threads.py).
+    with sigcont_blocked():
+        store = open_store(db, write=True, create=True)
+        tracing = configure_cli_tracing(
+            otlp_endpoint,
+            otlp_protocol,
+            "flowscope-worker",
+            warn=lambda t: click.echo(f"warning: {t}", err=True),
+        )
     server = None
-    tracing = configure_cli_tracing(
-        otlp_endpoint, otlp_protocol, "flowscope-worker", warn=lambda t: click.echo(f"warning: {t}", err=True)
-    )
     with store:
         plugins: list[Plugin] = [tracing.plugin()] if tracing is not None else []
         if metrics_port is not None:
@@ -381,6 +389,10 @@ class StoreOutageStop(CliError):
 async def _serve(w: Any) -> None:
     """Run the worker with SIGTERM and SIGINT calling its stop()."""
     loop = asyncio.get_running_loop()
+    # what node bodies hand to asyncio.to_thread: threads that leave SIGCONT to the main thread
+    loop.set_default_executor(
+        ThreadPoolExecutor(thread_name_prefix="flowscope-to-thread", initializer=block_sigcont)
+    )
     installed = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:

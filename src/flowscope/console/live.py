@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..store.base import EventStore, SessionInfo
 from ..store.sqlite import SqliteEventStore
+from ..threads import start_thread
 
 __all__ = ["ChangeFeed", "ChangeNotices", "DEFAULT_INTERVAL_S", "NOTICE_GAP_S"]
 
@@ -119,10 +120,7 @@ class ChangeFeed:
         if self._listener is None:
             with self._lock:
                 if self._listener is None:
-                    self._listener = threading.Thread(
-                        target=self._listen, name="flowscope-ui-listen", daemon=True
-                    )
-                    self._listener.start()
+                    self._listener = start_thread(self._listen, "flowscope-ui-listen")
         if self._noticed:  # a notice the last probe was too soon for: probe after the gap
             timeout = min(timeout, NOTICE_GAP_S)
         entry = (asyncio.get_running_loop(), asyncio.Event())

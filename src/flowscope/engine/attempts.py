@@ -16,7 +16,6 @@ import asyncio
 import contextvars
 import logging
 import random
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -40,6 +39,7 @@ from ..events import (
     NodeRetrying,
     StateUpdated,
 )
+from ..threads import start_thread
 from .context import NodeContext, NodeOutcome, PauseSignal
 from .graph import Node, Route, Workflow, label_matches
 from .hooks import PluginDispatcher
@@ -417,7 +417,7 @@ async def _in_thread(node: Node, ctx: NodeContext, input: Any) -> Any:
         except RuntimeError:  # the loop has closed since: nobody waits for it
             pass
 
-    threading.Thread(target=work, name=f"flowscope-node-{node.name}", daemon=True).start()
+    start_thread(work, f"flowscope-node-{node.name}")
     result = await fut
     if asyncio.iscoroutine(result):  # a sync function that returned a coroutine
         result = await result

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from ..errors import LeaseExpired, LeaseLost, StoreNotWritable, describe_exception
 from ..ownership import Lease
 from ..store.base import EventStore
+from ..threads import start_thread
 
 __all__ = [
     "LeaseKeeper",
@@ -170,8 +171,7 @@ class LeaseKeeper:
         with self._lock:
             self._active[id(inv)] = _Kept(inv, loop)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-                self._thread.start()
+                self._thread = start_thread(self._run, self.name)
         self._watch_at(inv, loop)
 
     def remove(self, inv: Leased) -> None:

@@ -30,6 +30,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from ..store.base import EventStore
+from ..threads import start_thread
 from .store_collector import JOB_RESULTS, StoreCollector
 
 __all__ = [
@@ -64,8 +65,7 @@ def start_metrics_http(port: int, host: str, registry: CollectorRegistry) -> tup
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     server_class = type("_MetricsServer", (_Server,), {"address_family": family})
     httpd: Any = make_server(host, port, make_wsgi_app(registry), server_class, handler_class=_Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
+    thread = start_thread(httpd.serve_forever, "flowscope-metrics-http")
     return httpd, thread
 
 

@@ -9,6 +9,8 @@ import threading
 import psycopg
 from psycopg import sql
 
+from ...threads import start_thread
+
 __all__ = ["Wakeup"]
 
 
@@ -30,10 +32,7 @@ class Wakeup:
         if self._listener is None:
             with self._wake:
                 if self._listener is None:
-                    self._listener = threading.Thread(
-                        target=self._listen, name="flowscope-pg-listen", daemon=True
-                    )
-                    self._listener.start()
+                    self._listener = start_thread(self._listen, "flowscope-pg-listen")
         with self._wake:
             if not self._woken and not self._closing.is_set():
                 self._wake.wait(timeout)
