@@ -10,7 +10,7 @@ runs record how they ended (``attempts.py``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 from .context import NodeContext
@@ -34,9 +34,10 @@ class RunTasks:
     # -- runs in flight ----------------------------------------------------------------
 
     @property
-    def in_flight(self) -> Mapping[str, NodeContext]:
+    def in_flight(self) -> dict[str, NodeContext]:
         """The runs started and not ended, by path (the lease keeper copies its keys from
-        its thread: a dict, mutated only on the loop)."""
+        its thread: a dict, mutated only on the loop). The engine's parts add and remove
+        runs in it directly on their hot path, as :meth:`started` and :meth:`ended` do."""
         return self._in_flight
 
     def started(self, ctx: NodeContext) -> None:
