@@ -22,7 +22,7 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, NamedTuple, cast
 
 from ..errors import ErrorInfo, Redactor, WorkflowError
@@ -280,8 +280,22 @@ class Invocation:
             self._audit.mark_answered(a.path)
 
     def start_root(self, root: Workflow, input: Any) -> asyncio.Future[Any]:
-        """Run the root workflow as the task :meth:`abort` cancels."""
+        """Run the root workflow as a task of its own, the one :meth:`abort` cancels (where
+        the caller runs in no task; else :meth:`walk`)."""
         return self._runs.start_root(self.execute(root, input, None, f"{root.name}@1"))
+
+    def enter_walk(
+        self, task: asyncio.Task[Any], root: Workflow, input: Any
+    ) -> Coroutine[Any, Any, NodeResult]:
+        """The root workflow's run, to be awaited in the caller's own ``task``, which
+        :meth:`abort` and a lost lease cancel while it runs, until :meth:`leave_walk`."""
+        self._runs.enter(task)
+        return self.execute(root, input, None, f"{root.name}@1")
+
+    def leave_walk(self) -> int:
+        """The root run is over (:meth:`enter_walk`): how many times its task was cancelled
+        for it meanwhile, which the caller takes back (``Task.uncancel``)."""
+        return self._runs.leave()
 
     def finish(
         self,
