@@ -50,6 +50,9 @@ __all__ = ["Attempts", "GraphBody"]
 
 log = logging.getLogger("flowscope.engine")
 
+#: A node whose class keeps this ``execute`` runs its body through ``Node.begin`` directly.
+_NODE_EXECUTE = Node.execute
+
 
 #: The body of a nested workflow: its graph, run by the scheduler (``Invocation.run_graph``).
 GraphBody = Callable[[Workflow, NodeContext, Any], Awaitable[NodeResult]]
@@ -75,6 +78,11 @@ class Attempts:
         self._max_recoveries = max_recoveries
         self._rng = rng
         self._run_graph = run_graph
+        # read once per node run: the recorder's live fold, ctx.state and the runs in flight
+        # (each the same object for the whole invocation)
+        self._nodes = rec.ws.nodes
+        self._state = rec.state
+        self._in_flight = runs.in_flight
 
     async def run_prepared(self, ctx: NodeContext, input: Any) -> NodeResult:
         """Run a prepared node run through its attempts and record how it ended."""
@@ -88,9 +96,15 @@ class Attempts:
             if pending is not None:
                 await pending
         ctx.started_at = t0 = time.perf_counter()
-        ns = rec.ws.nodes[path]
+        ns = self._nodes[path]
         failures = ns.failures  # failed attempts already spent from this run's budget (R9, docs/design.md)
         outcome: NodeOutcome | None = None
+        state = self._state
+        # a plain body (no timeout, not a graph, Node's own execute): started here, and
+        # awaited only if it returns an awaitable; no coroutine of its own
+        plain = (
+            node.timeout is None and type(node).execute is _NODE_EXECUTE and not isinstance(node, Workflow)
+        )
         try:
             if ctx.recovered and ns.recoveries > self._max_recoveries:
                 raise RecoveryLimitError(
@@ -102,12 +116,17 @@ class Attempts:
                 # may have expired by this process's clocks (check_lease raises Halted).
                 rec.check_lease()
                 try:
-                    out = await self._attempt(node, ctx, input)
+                    if plain:
+                        out, awaiting = node.begin(ctx, input)
+                        if awaiting:
+                            out = await out
+                    else:
+                        out = await self._attempt(node, ctx, input)
                     if hooks:  # plugins hear of a success only under a safe lease (else the flush stops it)
                         rec.check_lease()
                     result = self._result(ctx, out)
-                    if rec.state.dirty:
-                        rec.state.check_changes()
+                    if state.dirty:
+                        state.check_changes()
                     break
                 except Exception as exc:
                     failures += 1
@@ -168,8 +187,8 @@ class Attempts:
                 )
             return result
         finally:
-            self._runs.ended(path)
-            if rec.state.dirty:
+            self._in_flight.pop(path, None)  # the run ended (RunTasks.ended)
+            if state.dirty:
                 self._emit_state(ctx)
             if hooks and outcome is not None:
                 pending = plugins.start("after_node", ctx, outcome)

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..events import Event
 
@@ -30,8 +29,7 @@ class Committing(Protocol):
     def committed(self, batch: Sequence[Event], error: BaseException | None) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class _Queued:
+class _Queued(NamedTuple):
     """A flush waiting for the end of the loop turn: its batch, and whom to tell."""
 
     rec: Committing

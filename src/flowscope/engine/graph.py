@@ -183,12 +183,19 @@ class Node:
             return fn(ctx)
         return fn()
 
+    def begin(self, ctx: Any, input: Any) -> tuple[Any, bool]:
+        """Start the body once (one attempt): ``(its value, False)`` for a body that is done
+        (a plain function), or ``(an awaitable of its value, True)``. What :meth:`execute`
+        awaits; the engine calls it directly, so a plain body runs without a coroutine."""
+        if self.fn is None:
+            return input, False
+        r = self.call(ctx, input)
+        return r, self._is_async or (type(r) not in _PLAIN and inspect.isawaitable(r))
+
     async def execute(self, ctx: Any, input: Any) -> Any:
         """Run the body once (one attempt)."""
-        if self.fn is None:
-            return input
-        r = self.call(ctx, input)
-        if self._is_async or (type(r) not in _PLAIN and inspect.isawaitable(r)):
+        r, pending = self.begin(ctx, input)
+        if pending:
             r = await r
         return r
 

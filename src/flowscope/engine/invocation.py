@@ -22,9 +22,8 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any, NamedTuple, cast
 
 from ..errors import ErrorInfo, Redactor, WorkflowError
 from ..events import Event, NodeCancelled, NodeStarted, RunStarted
@@ -45,8 +44,7 @@ from .tasks import RunTasks
 __all__ = ["Invocation", "ResumeAudit", "Activation"]
 
 
-@dataclass(frozen=True, slots=True)
-class Activation:
+class Activation(NamedTuple):
     """A node activated in a step of a graph, and the input it is activated with."""
 
     node: Node
@@ -175,6 +173,8 @@ class Invocation:
         self._attempts = Attempts(
             self._rec, self._runs, plugins, max_recoveries=max_recoveries, rng=rng, run_graph=self.run_graph
         )
+        self._nodes = ws.nodes  # the live fold's node states (the same dict for the whole invocation)
+        self._in_flight = self._runs.in_flight
         self._pauses = Pauses(self._rec)
         #: The invocation as plugins see it (``before_run``, ``after_run``).
         self.run = RunInfo(
@@ -280,8 +280,22 @@ class Invocation:
             self._audit.mark_answered(a.path)
 
     def start_root(self, root: Workflow, input: Any) -> asyncio.Future[Any]:
-        """Run the root workflow as the task :meth:`abort` cancels."""
+        """Run the root workflow as a task of its own, the one :meth:`abort` cancels (where
+        the caller runs in no task; else :meth:`walk`)."""
         return self._runs.start_root(self.execute(root, input, None, f"{root.name}@1"))
+
+    def enter_walk(
+        self, task: asyncio.Task[Any], root: Workflow, input: Any
+    ) -> Coroutine[Any, Any, NodeResult]:
+        """The root workflow's run, to be awaited in the caller's own ``task``, which
+        :meth:`abort` and a lost lease cancel while it runs, until :meth:`leave_walk`."""
+        self._runs.enter(task)
+        return self.execute(root, input, None, f"{root.name}@1")
+
+    def leave_walk(self) -> int:
+        """The root run is over (:meth:`enter_walk`): how many times its task was cancelled
+        for it meanwhile, which the caller takes back (``Task.uncancel``)."""
+        return self._runs.leave()
 
     def finish(
         self,
@@ -343,7 +357,7 @@ class Invocation:
         """Decide what a node activation is: a recorded result to fast-forward, a run still
         waiting (raises the pause), or a run to execute (returns its context, NodeStarted
         emitted)."""
-        ns = self._rec.ws.nodes.get(path)
+        ns = self._nodes.get(path)
         recovered = False
         if ns is None:
             attempt = 1
@@ -376,7 +390,7 @@ class Invocation:
             parent_path=parent.path if parent is not None else "",
             recovered=recovered,
         )
-        self._runs.started(ctx)
+        self._in_flight[path] = ctx  # RunTasks.started
         return ctx
 
     def replay(self, ns: NodeState) -> NodeResult:
@@ -398,7 +412,9 @@ class Invocation:
     async def run_graph(self, wf: Workflow, ctx: NodeContext, input: Any) -> NodeResult:
         """One pass through a workflow's graph, a step at a time."""
         successors = wf.successors
-        nodes = self._rec.ws.nodes
+        nodes = self._nodes
+        rec = self._rec
+        run_prepared = self._attempts.run_prepared
         acts = [Activation(n, input) for n, _label in successors[START]]
         joins: dict[Node, dict[str, Any]] = {}
         terminals: list[tuple[str, Any]] = []
@@ -416,8 +432,14 @@ class Invocation:
                 ns = nodes.get(path)
                 if ns is not None and ns.status == "completed":
                     results = (self.replay(ns),)  # no coroutine for a recorded run
-                else:
-                    results = (await self.execute(n, inp, ctx, path),)
+                else:  # execute(), inline
+                    r = self.prepare(n, inp, ctx, path)
+                    if isinstance(r, NodeContext):
+                        # a workflow's body is its children, which flush before they run
+                        if n.kind != "workflow":
+                            await rec.flush()
+                        r = await run_prepared(r, inp)
+                    results = (r,)
             else:
                 results = await self._step(acts, ctx)
             nxt: list[Activation] = []

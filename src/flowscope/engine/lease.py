@@ -31,8 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..errors import LeaseExpired, LeaseLost, StoreNotWritable, describe_exception
 from ..ownership import Lease
@@ -65,8 +64,7 @@ def lease_margin(lease_s: float) -> float:
     return min(LEASE_MARGIN * lease_s, MAX_LEASE_MARGIN_S)
 
 
-@dataclass(frozen=True, slots=True)
-class SafeUntil:
+class SafeUntil(NamedTuple):
     """The instants until which a lease is safe to act under: by ``time.monotonic()``
     and by ``time.time()`` (the clock other processes judge it by)."""
 
@@ -138,8 +136,7 @@ class Leased(Protocol):
     def mail_arrived(self) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class _Kept:
+class _Kept(NamedTuple):
     """An invocation whose lease the keeper keeps, and the loop it runs on."""
 
     inv: Leased

@@ -28,8 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import Any, NamedTuple, TypeVar, overload
 
 from ..errors import ErrorInfo, OutputNotSerializableError, Redactor, StateNotSerializableError, classify
 from ..events import Event, RunFinished
@@ -141,8 +140,7 @@ class Halted(BaseException):
         self.error = error
 
 
-@dataclass(frozen=True, slots=True)
-class NodeResult:
+class NodeResult(NamedTuple):
     """What a node run hands the scheduler: its output, the route it chose, and whether
     it produced an output at all (a run without one is no workflow's terminal)."""
 
@@ -151,8 +149,7 @@ class NodeResult:
     has_output: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Reported:
+class Reported(NamedTuple):
     """Where a failure was recorded in this invocation (R5, docs/design.md): the exception
     object, the path of its ``NodeErrorEvent``, and the code and (redacted) message recorded."""
 

@@ -50,6 +50,7 @@ from .lease import LeaseKeeper
 from .pauses import Answer, validate_answers
 from .record import Halted, NodeResult
 from .submit import check_input, check_session_id, submit_run
+from .tasks import settle_cancels, take_back_cancels
 
 __all__ = ["Runner", "RunResult"]
 
@@ -544,19 +545,31 @@ class Runner:
         return result
 
     async def _walk(self, inv: Invocation, input: Any) -> NodeResult:
-        """Run the root workflow as a task that :meth:`abort` can cancel; whatever an abort
+        """Run the root workflow where :meth:`abort` can cancel it: in the caller's own task
+        (no task of its own, no loop turns to start and finish one); whatever an abort
         surfaces as (a cancellation, a timeout) is raised as ``InvocationAbortedError``."""
         # RunStarted is appended with the first NodeStarted, before any node body runs
         # (a process that loses a race for the session fails there, having run nothing).
-        root = self.workflow
-        task = inv.start_root(root, input)
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if not task.done():  # our caller was cancelled: cancel the run with it
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        task = asyncio.current_task()
+        if task is None:  # driven outside any task: the walk runs in one of its own
+            inner = asyncio.ensure_future(self._walk(inv, input))
+            try:
+                return await inner
+            except asyncio.CancelledError:
+                inner.cancel()
+                await asyncio.gather(inner, return_exceptions=True)
                 raise
+        cancels = 0
+        delivered = False  # a CancelledError reached us
+        try:
+            try:
+                out = await inv.enter_walk(task, self.workflow, input)
+            finally:
+                cancels = inv.leave_walk()
+        except asyncio.CancelledError:
+            delivered = True
+            if not take_back_cancels(task, cancels):
+                raise  # our caller was cancelled (too), or a body raised it itself: it stands
             if inv.halted is not None:  # the lease was lost: the runs were cancelled for it
                 raise Halted(inv.halted) from None
             if not inv.aborting:
@@ -568,6 +581,15 @@ class Runner:
             if inv.aborting:
                 raise _aborted(inv) from exc
             raise
+        finally:
+            if cancels and not delivered:
+                await settle_cancels(task, cancels)
+        if cancels:  # cancelled in the very step that ended the run: it ends as the cancellation
+            if inv.halted is not None:
+                raise Halted(inv.halted)
+            if inv.aborting:
+                raise _aborted(inv)
+        return out
 
 
 def _aborted(inv: Invocation) -> InvocationAbortedError:

@@ -10,12 +10,12 @@ runs record how they ended (``attempts.py``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 from .context import NodeContext
 
-__all__ = ["RunTasks"]
+__all__ = ["RunTasks", "take_back_cancels", "settle_cancels"]
 
 
 class RunTasks:
@@ -23,7 +23,12 @@ class RunTasks:
 
     def __init__(self) -> None:
         self._in_flight: dict[str, NodeContext] = {}
+        #: The task the root workflow's run runs in: the caller's own (:meth:`enter`), or
+        #: one of its own (:meth:`start_root`, where there is no current task).
         self._root: asyncio.Future[Any] | None = None
+        self._inline = False  # the root runs in the caller's task
+        self._walking = False  # ... and is running now
+        self._cancels = 0  # cancel() calls made on the caller's task for the run
         #: The tasks of parallel branches running now: a lost lease cancels them at once,
         #: not only when the root task gets to it.
         self._branches: set[asyncio.Task[Any]] = set()
@@ -34,9 +39,10 @@ class RunTasks:
     # -- runs in flight ----------------------------------------------------------------
 
     @property
-    def in_flight(self) -> Mapping[str, NodeContext]:
+    def in_flight(self) -> dict[str, NodeContext]:
         """The runs started and not ended, by path (the lease keeper copies its keys from
-        its thread: a dict, mutated only on the loop)."""
+        its thread: a dict, mutated only on the loop). The engine's parts add and remove
+        runs in it directly on their hot path, as :meth:`started` and :meth:`ended` do."""
         return self._in_flight
 
     def started(self, ctx: NodeContext) -> None:
@@ -50,9 +56,25 @@ class RunTasks:
     # -- tasks -------------------------------------------------------------------------
 
     def start_root(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
-        """Run the root workflow's run as the task an abort cancels."""
+        """Run the root workflow's run as a task of its own, the one an abort cancels (where
+        the caller runs in no task)."""
         task = self._root = asyncio.ensure_future(coro)
         return task
+
+    def enter(self, task: asyncio.Task[Any]) -> None:
+        """The root workflow's run runs in the caller's own ``task`` from now on, until
+        :meth:`leave`: an abort or a lost lease cancels that task while it does (no task of
+        its own, and no loop turn to start and finish one)."""
+        self._root = task
+        self._inline = True
+        self._walking = True
+
+    def leave(self) -> int:
+        """The root run is over (:meth:`enter`); returns how many times its task was
+        cancelled for it meanwhile (the caller takes those cancellations back)."""
+        self._walking = False
+        cancels, self._cancels = self._cancels, 0
+        return cancels
 
     def add_branches(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
         self._branches.update(tasks)
@@ -60,10 +82,25 @@ class RunTasks:
     def drop_branches(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
         self._branches.difference_update(tasks)
 
+    def _cancel_root(self, spare: asyncio.Task[Any] | None = None) -> bool:
+        """Cancel the root run's task (not ``spare``); False if it is not running."""
+        root = self._root
+        if root is None or root is spare:
+            return False
+        if self._inline:
+            if not self._walking:  # the caller's task, past its run: not ours to cancel
+                return False
+            self._cancels += 1
+        elif root.done():
+            return False
+        root.cancel()
+        return True
+
     def cancel_all(self, spare: asyncio.Task[Any] | None = None) -> None:
-        """Cancel the root task and every branch task but ``spare``."""
-        for task in (self._root, *self._branches):
-            if task is not None and task is not spare and not task.done():
+        """Cancel the root run's task and every branch task but ``spare``."""
+        self._cancel_root(spare)
+        for task in self._branches:
+            if task is not spare and not task.done():
                 task.cancel()
 
     # -- the abort ---------------------------------------------------------------------
@@ -84,18 +121,43 @@ class RunTasks:
         return self._by_request
 
     def abort(self, reason: str, *, by_request: bool = False) -> bool:
-        """Abort the runs: cancel the root task, recording ``reason``. False if the root
-        is not running (nothing to abort)."""
+        """Abort the runs: cancel the root run's task, recording ``reason``. False if the
+        root run is not running (nothing to abort)."""
         if by_request:
             self._by_request = True
         root = self._root
-        if root is None or root.done():
+        if root is None or (not self._walking if self._inline else root.done()):
             return False
         self._aborting = True
         self._abort_reason = reason
-        root.cancel()
+        self._cancel_root()
         return True
 
     def aborted_inside(self) -> None:
         """A run raised ``InvocationAbortedError`` itself: the others end as an abort's."""
         self._aborting = True
+
+
+def take_back_cancels(task: asyncio.Task[Any], cancels: int) -> bool:
+    """Take back the ``cancels`` cancellations an invocation requested of the caller's
+    ``task`` for its run (an abort, a lost lease: :meth:`RunTasks.leave`); True if they were
+    all there was (no one else cancelled the task meanwhile) and there was one."""
+    for _ in range(cancels):
+        task.uncancel()
+    return cancels > 0 and task.cancelling() == 0
+
+
+async def settle_cancels(task: asyncio.Task[Any], cancels: int) -> None:
+    """The run ended without the ``cancels`` it requested of ``task`` reaching it as a
+    ``CancelledError`` (requested in the step that ended the run, or turned into another
+    error by a body): a cancellation still pending lands here and is taken back, with the
+    others. A cancellation of the caller's own (``Task.cancelling``) still stands: raised."""
+    if getattr(task, "_must_cancel", False):  # requested of the running task: lands at its next await
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            pass
+    for _ in range(cancels):
+        task.uncancel()
+    if task.cancelling():
+        raise asyncio.CancelledError

@@ -9,11 +9,11 @@ over its open transaction. Pure Python: no database driver is imported here.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from operator import attrgetter
+from typing import Any, NamedTuple, Protocol
 
 from ..events import Event, RunSubmitted, UnknownEvent
 from ..fold import NodeState, WorkflowState
@@ -21,6 +21,7 @@ from ..ownership import Owner
 from ..states import SessionStatus
 from .base import AppendBatch, lease_lost, number_events
 from .codec import Row
+from .projection_sql import NODE_STATE_COLUMNS
 
 __all__ = [
     "AppendIO",
@@ -38,6 +39,7 @@ __all__ = [
     "owner_from_column",
     "prepare_batches",
     "resumed_state",
+    "session_row_of",
     "session_write",
     "submitted_at",
     "take_in_steps",
@@ -57,12 +59,13 @@ def owner_from_column(data: OwnerColumn) -> Owner | None:
     return Owner.from_dict(json.loads(data) if isinstance(data, str) else data)
 
 
-@dataclass(frozen=True, slots=True)
-class SessionRow:
+class SessionRow(NamedTuple):
     """A session's row as an append reads it, before it writes: the fold's columns and the fence.
 
     A row that :meth:`~flowscope.store.base.EventStore.acquire` made before the first event
-    has ``last_seq`` 0, an empty workflow and the status ``new``.
+    has ``last_seq`` 0, an empty workflow and the status ``new``. A named tuple: an append
+    reads one, and building it is one C call (:func:`make_session_row`), where a frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__``.
     """
 
     workflow: str
@@ -80,8 +83,7 @@ class SessionRow:
     row_id: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class SessionWrite:
+class SessionWrite(NamedTuple):
     """A session's row as an append leaves it: the fold's columns, and what moved."""
 
     session_id: str
@@ -101,18 +103,23 @@ class SessionWrite:
     woke: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Cached:
+class Cached(NamedTuple):
     """A session as this store object's last append there left it: its next append folds on
-    these node states instead of reading them back, while nobody else appended."""
+    this state instead of reading it back, while nobody else appended."""
 
     session: SessionWrite
     #: :attr:`SessionRow.row_id` of the row written.
     row_id: int
     #: ``nodes`` holds every node run of the session (else only some: look up the others).
     complete: bool
-    #: The fold's node states, moved on in place by the next append.
-    nodes: dict[str, NodeState]
+    #: The store's fold after that append (its columns are ``session``'s), moved on in
+    #: place by the next append: no new ``WorkflowState`` per append.
+    ws: WorkflowState
+
+    @property
+    def nodes(self) -> dict[str, NodeState]:
+        """The fold's node states."""
+        return self.ws.nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,33 +147,30 @@ def prepare_batches(
     return out
 
 
-def _builder(cls: type[Any]) -> Callable[..., Any]:
-    """A positional constructor of the frozen, slotted dataclass ``cls`` that sets each slot
-    through its descriptor, as :mod:`.codec` builds events: the dataclass's ``__init__``
-    (one ``object.__setattr__`` per field) costs 2.5x as much (measured: 0.9 against 2.3 µs
-    for 9 fields), and every append makes three of these records."""
-    names = [f.name for f in dataclasses.fields(cls)]
-    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
-    body = ["o = new(cls)"]
-    for name in names:
-        scope[f"set_{name}"] = cls.__dict__[name].__set__
-        body.append(f"set_{name}(o, {name})")
-    source = (
-        f"def build({', '.join(names)}):\n" + "".join(f"    {line}\n" for line in body) + "    return o\n"
+_new = tuple.__new__
+
+
+def make_session_row(
+    workflow: str,
+    status: SessionStatus,
+    started_at: float | None,
+    updated_at: float | None,
+    last_seq: int,
+    invocations: int,
+    epoch: int,
+    owner: OwnerColumn,
+    row_id: int,
+) -> SessionRow:
+    """``SessionRow(...)`` with every field given, in order."""
+    return _new(
+        SessionRow, (workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, row_id)
     )
-    exec(source, scope)  # noqa: S102 - generated from dataclass field names only, no input
-    build: Callable[..., Any] = scope["build"]
-    return build
 
 
-#: ``SessionRow(...)`` with every field given, in order, for an adapter's hot path.
-make_session_row: Callable[
-    [str, SessionStatus, float | None, float | None, int, int, int, OwnerColumn, int], SessionRow
-] = _builder(SessionRow)
-_make_session_write: Callable[
-    [str, str, SessionStatus, float | None, float | None, int, int, float | None, bool, bool], SessionWrite
-] = _builder(SessionWrite)
-_make_cached: Callable[[SessionWrite, int, bool, dict[str, NodeState]], Cached] = _builder(Cached)
+def session_row_of(values: tuple[Any, ...]) -> SessionRow:
+    """A :class:`SessionRow` of a tuple of its nine fields, in order (one C call: an
+    adapter's hot path, e.g. a fetched row plus its row id)."""
+    return _new(SessionRow, values)
 
 
 class AppendIO(Protocol):
@@ -225,28 +229,14 @@ def event_params(session_id: str, numbered: Sequence[Event], encoded: Sequence[R
     return [(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)]
 
 
+#: A node state's :data:`~flowscope.store.projection_sql.NODE_STATE_COLUMNS`, as a tuple (one C call).
+_node_columns = attrgetter(*NODE_STATE_COLUMNS)
+
+
 def node_params(session_id: str, workflow: str, ns: NodeState) -> tuple[Any, ...]:
     """The parameters of a node-runs upsert: session, workflow, then
     :data:`~flowscope.store.projection_sql.NODE_STATE_COLUMNS`."""
-    return (
-        session_id,
-        workflow,
-        ns.path,
-        ns.node,
-        ns.kind,
-        ns.parent_path,
-        ns.status,
-        ns.attempt,
-        ns.failures,
-        ns.retries,
-        ns.recoveries,
-        ns.started_at,
-        ns.ended_at,
-        ns.heartbeat_at,
-        ns.error_code,
-        ns.error_type,
-        ns.job_deadline_at,
-    )
+    return (session_id, workflow) + _node_columns(ns)
 
 
 def resumed_state(
@@ -276,17 +266,20 @@ def session_write(
     else:  # last_seq 0: a row acquire() made before the first event, none of the fold's columns
         same = before.last_seq != 0 and before.workflow == ws.workflow and before.status == status
         woke = status in CLAIMABLE and before.status != status
-    return _make_session_write(
-        ws.session_id,
-        ws.workflow,
-        status,
-        ws.started_at,
-        ws.updated_at,
-        ws.last_seq,
-        ws.invocations,
-        submitted_at(numbered),
-        same,
-        woke,
+    return _new(
+        SessionWrite,
+        (
+            ws.session_id,
+            ws.workflow,
+            status,
+            ws.started_at,
+            ws.updated_at,
+            ws.last_seq,
+            ws.invocations,
+            submitted_at(numbered),
+            same,
+            woke,
+        ),
     )
 
 
@@ -304,15 +297,24 @@ def append_steps(
 
     Raises :class:`~flowscope.errors.LeaseLost` (the fence) or
     :class:`~flowscope.errors.ConcurrencyConflict` (the expected seq) before it writes anything.
+    The hot path of every store that uses it (once per node run): the steps are written out
+    here rather than as a call each, and a session's next append folds on the
+    ``WorkflowState`` its last one left (``cached``) rather than on a new one.
     """
     row = io.session(session_id)
-    check_fence(session_id, row, epoch)
-    last = row.last_seq if row is not None else 0
+    if row is None:
+        last = 0
+        if epoch is not None and epoch != 0:
+            check_fence(session_id, row, epoch)  # raises
+    else:
+        last = row.last_seq
+        if epoch is not None and row.epoch != epoch:
+            check_fence(session_id, row, epoch)  # raises
     numbered = number_events(session_id, events, last, expected_last_seq)  # may raise: nothing written
     if not numbered:
         return numbered, cached
     if last == 0:  # a new session: every node run is one this append makes
-        nodes: dict[str, NodeState] = {}
+        ws = resumed_state(session_id, row, {})
         complete = True
     elif (
         cached is not None
@@ -320,27 +322,35 @@ def append_steps(
         and cached.session.last_seq == last
         and cached.row_id == row.row_id
     ):
-        nodes, complete = cached.nodes, cached.complete  # nobody appended since this store did
+        ws, complete = cached.ws, cached.complete  # nobody appended since this store did
     else:
         nodes, complete = io.all_nodes(session_id)
-    ws = resumed_state(session_id, row, nodes)
-    paths = touched_paths(numbered)
-    missing = [] if complete else [p for p in paths if p not in nodes]
-    if missing:
-        for ns in io.nodes(session_id, missing):
-            nodes[ns.path] = ns
-    apply = ws.apply
-    for e in numbered:
-        apply(e)  # the one definition of what an event means (flowscope.fold)
+        ws = resumed_state(session_id, row, nodes)
     nodes = ws.nodes
+    apply = ws.apply
+    if complete:  # the node runs an append writes: the paths it moves, once each, in order
+        touched: dict[str, None] = {}
+        for e in numbered:
+            apply(e)  # the one definition of what an event means (flowscope.fold)
+            if e.path and type(e) is not UnknownEvent:
+                touched[e.path] = None
+        paths: Iterable[str] = touched
+    else:
+        paths = touched_paths(numbered)
+        missing = [p for p in paths if p not in nodes]
+        if missing:
+            for ns in io.nodes(session_id, missing):
+                nodes[ns.path] = ns
+        for e in numbered:
+            apply(e)
     workflow = ws.workflow
-    io.insert_events(event_params(session_id, numbered, encoded))
-    io.upsert_nodes([node_params(session_id, workflow, nodes[p]) for p in paths if p in nodes])
+    io.insert_events([(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)])
+    io.upsert_nodes([(session_id, workflow) + _node_columns(nodes[p]) for p in paths if p in nodes])
     if last != 0 and row is not None and workflow != row.workflow:
         io.rename_workflow(session_id, workflow)
     written = session_write(ws, numbered, row)
     row_id = io.write_session(written)
-    return numbered, _make_cached(written, row_id, complete, nodes)
+    return numbered, _new(Cached, (written, row_id, complete, ws))
 
 
 def take_in_steps(

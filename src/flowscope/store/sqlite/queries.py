@@ -27,6 +27,8 @@ __all__ = [
     "SQL_READ_SEQS",
     "SQL_UPSERT_SESSION",
     "SQL_ADVANCE_SESSION",
+    "SQL_ADVANCE_GUARDED",
+    "SQL_MOVE_GUARDED",
     "SQL_RENAME_WORKFLOW",
     "SQL_UPSERT_NODE",
     "SQL_LOAD_NODES",
@@ -96,6 +98,17 @@ SQL_UPSERT_SESSION = (
 #: session), one WAL page more per commit.
 SQL_ADVANCE_SESSION = (
     "UPDATE sessions SET started_at = ?, updated_at = ?, last_seq = ?, invocations = ? WHERE session_id = ?"
+)
+#: A session's next append on the row this store wrote last (the writer's cache): the update
+#: applies only if the row is still at the expected ``last_seq`` and ``epoch`` (nobody else
+#: appended or took the session since), which is the fence and the seq check in one
+#: statement, no read of the row first. ``rowcount`` 0: nothing written, the append reads.
+SQL_ADVANCE_GUARDED = SQL_ADVANCE_SESSION + " AND last_seq = ? AND epoch = ?"
+#: The same, for an append that moves the session's status or workflow.
+SQL_MOVE_GUARDED = (
+    "UPDATE sessions SET workflow = ?, status = ?, started_at = ?, updated_at = ?, last_seq = ?, "
+    "invocations = ?, submitted_at = coalesce(?, submitted_at) "
+    "WHERE session_id = ? AND last_seq = ? AND epoch = ?"
 )
 #: Another workflow's run in a session: every node run takes its name.
 SQL_RENAME_WORKFLOW = "UPDATE node_runs SET workflow = ? WHERE session_id = ?"

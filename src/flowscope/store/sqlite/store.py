@@ -32,7 +32,7 @@ from ...fold import gc_paused
 from ...jsontext import dumps_finite
 from ...liveness import stale_before
 from ...ownership import Lease, Owner, this_host
-from ..appending import Cached, append_steps, owner_from_column, prepare_batches, take_in_steps
+from ..appending import Cached, owner_from_column, prepare_batches, take_in_steps
 from ..base import (
     WORKER_RETENTION_S,
     AppendBatch,
@@ -51,9 +51,10 @@ from ..base import (
 from ..codec import decode, encode
 from . import maintenance, ownership, schema
 from . import queries as q
+from .appends import append_group, append_one, ends_invocation
 from .faults import store_error, wal_removed
 from .files import WalWatch, identity
-from .writer import Bulk, Writer
+from .writer import Writer
 
 __all__ = ["SqliteEventStore"]
 
@@ -227,24 +228,18 @@ class SqliteEventStore(EventStore):
             conn = self._conn
             if conn is None:
                 raise self._closed()
-            cached = self._node_cache.pop(
-                session_id, None
-            )  # a failed append leaves none: the next reads the rows
+            # a failed append leaves none: the next reads the rows
+            cached = self._node_cache.pop(session_id, None)
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    numbered, entry = append_steps(
-                        Writer(conn), session_id, events, encoded, expected_last_seq, epoch, cached
-                    )
-                    self._wal.check()
-                    conn.execute("COMMIT")
-                except BaseException:
-                    schema.rollback(conn)
-                    raise
+                numbered, entry = append_one(
+                    conn, self._wal.check, session_id, events, encoded, expected_last_seq, epoch, cached
+                )
             except sqlite3.Error as exc:
                 raise self._error(exc, "append events") from exc
-            if entry is not None and not _ends_invocation(numbered):
-                self._keep({session_id: entry})  # committed: keep the states for the next append
+            if entry is not None and not (numbered and type(numbered[-1]) is RunFinished):
+                self._node_cache[session_id] = entry  # committed: keep the state for the next append
+                if len(self._node_cache) > _NODE_CACHE_SESSIONS:
+                    self._keep({})
         return numbered
 
     def _keep(self, entries: dict[str, Cached]) -> None:
@@ -402,7 +397,7 @@ class SqliteEventStore(EventStore):
                 numbered, entry = take_in_steps(
                     Writer(conn), session_id, events, encoded, expected_last_seq, message_ids, epoch, cached
                 )
-            if entry is not None and not _ends_invocation(
+            if entry is not None and not ends_invocation(
                 numbered
             ):  # committed: keep the states for the next append
                 self._keep({session_id: entry})
@@ -473,52 +468,19 @@ class SqliteEventStore(EventStore):
         prepared = prepare_batches(batches, encode, self.path)
         if self.readonly:
             raise self._read_only("append events")
-        out: list[list[Event] | BaseException] = []
-        kept: dict[str, Cached] = {}
         ids = [p.session_id for p in prepared]
         with self._lock:
             conn = self._conn
             if conn is None:
                 raise self._closed()
-            # Each session once (the usual case): its rows are collected and written for all
-            # sessions with one statement per table. A refused batch has written nothing.
-            bulk = Bulk(conn) if len(set(ids)) == len(ids) else None
-            io = bulk if bulk is not None else Writer(conn)
+            cached = {sid: self._node_cache.pop(sid, None) for sid in ids}
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    if bulk is not None:
-                        bulk.read_sessions(ids)
-                    for p in prepared:
-                        cached = self._node_cache.pop(p.session_id, None)
-                        if bulk is None:
-                            conn.execute("SAVEPOINT batch")
-                        try:
-                            numbered, entry = append_steps(
-                                io, p.session_id, p.events, p.encoded, p.expected_last_seq, p.epoch, cached
-                            )
-                        except (ConcurrencyConflict, LeaseLost) as exc:
-                            if bulk is None:
-                                conn.execute("ROLLBACK TO batch")
-                            out.append(exc)
-                        else:
-                            out.append(numbered)
-                            if entry is not None and not _ends_invocation(numbered):
-                                kept[p.session_id] = entry
-                        if bulk is None:
-                            conn.execute("RELEASE batch")
-                    if bulk is not None:
-                        bulk.write()
-                    self._wal.check()
-                    conn.execute("COMMIT")
-                except BaseException:
-                    for sid in ids:  # the states of a rolled-back append are not the log's
-                        self._node_cache.pop(sid, None)
-                    schema.rollback(conn)
-                    raise
-                self._keep(kept)
+                out, kept = append_group(
+                    conn, self._wal.check, prepared, cached, unique=len(cached) == len(ids)
+                )
             except sqlite3.Error as exc:
                 raise self._error(exc, "append events") from exc
+            self._keep(kept)
         return out
 
     def exported_seq(self, session_id: str) -> int:
@@ -572,12 +534,6 @@ class SqliteEventStore(EventStore):
         self._node_cache.clear()
         with self._write("rebuild the projections") as conn:
             maintenance.rebuild_projections(conn, self.path)
-
-
-def _ends_invocation(numbered: Sequence[Event]) -> bool:
-    """Whether an append ended its invocation: its session appends no more for a while, so
-    its state is not kept (which bounds the cache by the sessions in the middle of one)."""
-    return bool(numbered) and type(numbered[-1]) is RunFinished
 
 
 def _session_info(row: Sequence[Any]) -> SessionInfo:

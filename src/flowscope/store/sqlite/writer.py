@@ -1,9 +1,13 @@
 """An append's reads and writes in SQLite's SQL (:class:`~flowscope.store.appending.AppendIO`).
 
-:class:`Writer` runs each statement at once; :class:`Bulk`, for a group commit
-(:meth:`~flowscope.store.sqlite.store.SqliteEventStore.append_many`), reads every
-session's row with one query and collects the rows to write, then writes them with one
-statement per table. What an append is lives in :mod:`flowscope.store.appending`.
+:class:`Writer` runs each statement at once. :class:`Bulk`, for appends
+(:meth:`~flowscope.store.sqlite.store.SqliteEventStore.append` and the group commit's
+``append_many``), reads the sessions' rows with one query, or takes a session's row from
+what this store wrote last (:meth:`Bulk.guard`), collects the rows to write, then writes
+them with one statement per table (:meth:`Bulk.write`). A guarded session's row is updated
+only if it is still at the ``last_seq`` and ``epoch`` expected: the fence and the seq check
+in the update itself, with no read of the row before it. What an append is lives in
+:mod:`flowscope.store.appending`.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 from ...fold import NodeState
 from ...states import SessionStatus
-from ..appending import OwnerColumn, SessionRow, SessionWrite, make_session_row
+from ..appending import Cached, OwnerColumn, SessionRow, SessionWrite, session_row_of
 from . import queries as q
 
 __all__ = ["Writer", "Bulk", "PATHS_PER_QUERY", "session_row", "in_chunks"]
@@ -29,7 +33,7 @@ def session_row(
 ) -> SessionRow:
     """A row of ``SQL_SESSION``: workflow, status, started_at, updated_at, last_seq,
     invocations, epoch, owner (:class:`SessionRow`'s fields, in order; no row id)."""
-    return make_session_row(*row, 0)
+    return session_row_of(row + (0,))
 
 
 def in_chunks(values: Sequence[str]) -> Iterator[tuple[str, Sequence[str]]]:
@@ -68,7 +72,7 @@ class Writer:
 
     def session(self, session_id: str) -> SessionRow | None:
         row = self.conn.execute(q.SQL_SESSION, (session_id,)).fetchone()
-        return session_row(row) if row is not None else None
+        return session_row_of(row + (0,)) if row is not None else None
 
     def all_nodes(self, session_id: str) -> tuple[dict[str, NodeState], bool]:
         return {}, False  # none read ahead: the append looks up the runs it touches
@@ -99,68 +103,134 @@ class Writer:
 
 
 class Bulk(Writer):
-    """A group commit's statements: the sessions' rows read for all at once
-    (:meth:`read_sessions`), the rows to write collected and written by :meth:`write`.
-    Each session once: a session's second append would not see its first one's rows."""
+    """Appends' statements, collected: the sessions' rows read for all at once
+    (:meth:`read_sessions`) or taken from this store's last append (:meth:`guard`), the
+    rows to write collected and written by :meth:`write`. Each session once: a session's
+    second append would not see its first one's rows."""
 
-    __slots__ = ("rows", "event_rows", "node_rows", "session_rows", "advance_rows")
+    __slots__ = (
+        "rows",
+        "guarded",
+        "event_rows",
+        "node_rows",
+        "session_rows",
+        "advance_rows",
+        "advance_guarded",
+        "move_guarded",
+    )
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         super().__init__(conn)
         self.rows: dict[str, SessionRow] = {}
+        #: The sessions whose row is the one this store wrote last (:meth:`guard`).
+        self.guarded: set[str] = set()
         self.event_rows: list[tuple[Any, ...]] = []
         self.node_rows: list[tuple[Any, ...]] = []
         self.session_rows: list[tuple[Any, ...]] = []
         self.advance_rows: list[tuple[Any, ...]] = []
+        self.advance_guarded: list[tuple[Any, ...]] = []
+        self.move_guarded: list[tuple[Any, ...]] = []
 
     def read_sessions(self, session_ids: Sequence[str]) -> None:
+        rows = self.rows
         for marks, chunk in in_chunks(session_ids):
-            for (
-                sid,
-                workflow,
-                status,
-                started_at,
-                updated_at,
-                last_seq,
-                invocations,
-                epoch,
-                owner,
-            ) in self.conn.execute(q.SQL_SESSIONS_IN + marks, chunk):
-                self.rows[sid] = make_session_row(
-                    workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, 0
-                )
+            for r in self.conn.execute(q.SQL_SESSIONS_IN + marks, chunk):
+                rows[r[0]] = session_row_of(r[1:] + (0,))
+
+    def guard(self, session_id: str, cached: Cached, epoch: int) -> None:
+        """Take the session's row as this store's last append wrote it (``cached``), under
+        ``epoch``: not read, but written only if the stored row still is that one
+        (:meth:`write` says whether every guarded row was)."""
+        s = cached.session
+        self.rows[session_id] = session_row_of(
+            (s.workflow, s.status, s.started_at, s.updated_at, s.last_seq, s.invocations, epoch, None, 0)
+        )
+        self.guarded.add(session_id)
 
     def session(self, session_id: str) -> SessionRow | None:
         return self.rows.get(session_id)
 
     def insert_events(self, rows: list[tuple[Any, ...]]) -> None:
-        self.event_rows.extend(rows)
+        self.event_rows += rows
 
     def upsert_nodes(self, rows: list[tuple[Any, ...]]) -> None:
-        self.node_rows.extend(rows)
+        self.node_rows += rows
 
     def write_session(self, row: SessionWrite) -> int:
-        if row.same_status:
+        sid = row.session_id
+        if sid in self.guarded:
+            before = self.rows[sid]
+            if row.same_status:
+                self.advance_guarded.append(
+                    (
+                        row.started_at,
+                        row.updated_at,
+                        row.last_seq,
+                        row.invocations,
+                        sid,
+                        before.last_seq,
+                        before.epoch,
+                    )
+                )
+            else:
+                self.move_guarded.append(
+                    (
+                        row.workflow,
+                        row.status,
+                        row.started_at,
+                        row.updated_at,
+                        row.last_seq,
+                        row.invocations,
+                        row.submitted_at,
+                        sid,
+                        before.last_seq,
+                        before.epoch,
+                    )
+                )
+        elif row.same_status:
             self.advance_rows.append(_advance_params(row))
         else:
             self.session_rows.append(_upsert_params(row))
         return 0
 
-    def write(self) -> None:
-        """One statement per table, rows in key order: SQLite then walks each B-tree once,
-        left to right, instead of jumping to a random leaf per session."""
-        self.event_rows.sort(key=_BY_SESSION_SEQ)
-        self.node_rows.sort(key=_BY_SESSION_PATH)
-        self.advance_rows.sort(key=_BY_LAST)
+    def write(self) -> bool:
+        """Write the collected rows, one statement per table, the guarded sessions' rows
+        first. False, with none of the events and node runs written, if a guarded row was
+        not the one expected (another process appended or took the session over): the
+        caller rolls the transaction back and appends again reading the rows.
+
+        Rows go in key order: SQLite then walks each B-tree once, left to right, instead of
+        jumping to a random leaf per session."""
         conn = self.conn
-        conn.executemany(q.SQL_INSERT_EVENT, self.event_rows)
-        conn.executemany(q.SQL_UPSERT_NODE, self.node_rows)
-        conn.executemany(q.SQL_UPSERT_SESSION, self.session_rows)
-        conn.executemany(q.SQL_ADVANCE_SESSION, self.advance_rows)
+        guarded = len(self.advance_guarded) + len(self.move_guarded)
+        if guarded:
+            done = 0
+            if self.advance_guarded:
+                self.advance_guarded.sort(key=_BY_SESSION_OF_GUARDED_ADVANCE)
+                done += conn.executemany(q.SQL_ADVANCE_GUARDED, self.advance_guarded).rowcount
+            if self.move_guarded:
+                done += conn.executemany(q.SQL_MOVE_GUARDED, self.move_guarded).rowcount
+            if done != guarded:
+                return False
+        event_rows, node_rows = self.event_rows, self.node_rows
+        if len(event_rows) > 1:
+            event_rows.sort(key=_BY_SESSION_SEQ)
+        if len(node_rows) > 1:
+            node_rows.sort(key=_BY_SESSION_PATH)
+        conn.executemany(q.SQL_INSERT_EVENT, event_rows)
+        conn.executemany(q.SQL_UPSERT_NODE, node_rows)
+        if self.session_rows:
+            conn.executemany(q.SQL_UPSERT_SESSION, self.session_rows)
+        if self.advance_rows:
+            self.advance_rows.sort(key=_BY_LAST)
+            conn.executemany(q.SQL_ADVANCE_SESSION, self.advance_rows)
+        return True
 
 
 # The keys of the rows a group commit writes: (session_id, seq) of an event row,
-# (session_id, path) of a node_runs row, the session id last in SQL_ADVANCE_SESSION's.
+# (session_id, path) of a node_runs row, the session id last in SQL_ADVANCE_SESSION's
+# (fifth in SQL_ADVANCE_GUARDED's).
 _BY_SESSION_SEQ = itemgetter(0, 1)
 _BY_SESSION_PATH = itemgetter(0, 2)
 _BY_LAST = itemgetter(-1)
+_BY_SESSION_OF_GUARDED_ADVANCE = itemgetter(4)

@@ -1,0 +1,184 @@
+"""An append's transactions in SQLite: one session's (:func:`append_one`) and a group
+commit's (:func:`append_group`), each ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the store's
+connection, its lock held by the caller.
+
+A session's next append on the state this store wrote last (its cached fold, at the seq
+the caller expects) does not read the session's row: the row is *guarded*
+(:meth:`~.writer.Bulk.guard`), written only if it is still at the expected ``last_seq``
+and ``epoch``, so the fence and the seq check cost no statement of their own. If another
+process moved the row meanwhile, nothing was written: the transaction is rolled back and
+the append runs again, reading the row, and raises what a read finds
+(``ConcurrencyConflict``, ``LeaseLost``). What an append is lives in
+:mod:`flowscope.store.appending`; the statements in :mod:`.writer`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+
+from ...errors import ConcurrencyConflict, LeaseLost
+from ...events import Event, RunFinished
+from ..appending import Cached, PreparedBatch, append_steps
+from ..codec import Row
+from . import schema
+from .writer import Bulk, Writer
+
+__all__ = ["append_one", "append_group", "ends_invocation", "Outcome"]
+
+#: A group commit's result per batch (its events as stored, or why it was refused) and the
+#: states to keep for the sessions' next appends.
+Outcome = tuple[list[list[Event] | BaseException], dict[str, Cached]]
+
+
+def ends_invocation(numbered: Sequence[Event]) -> bool:
+    """Whether an append ended its invocation: its session appends no more for a while, so
+    its state is not kept (which bounds the cache by the sessions in the middle of one)."""
+    return bool(numbered) and type(numbered[-1]) is RunFinished
+
+
+def append_one(
+    conn: sqlite3.Connection,
+    check: Callable[[], None],
+    session_id: str,
+    events: Sequence[Event],
+    encoded: list[Row],
+    expected_last_seq: int,
+    epoch: int | None,
+    cached: Cached | None,
+) -> tuple[list[Event], Cached | None]:
+    """One append in a transaction of its own; ``check`` runs before the commit (the
+    store's -wal watch). Guarded on ``cached`` when it is at ``expected_last_seq`` and the
+    append is fenced."""
+    if cached is not None and epoch is not None and events and cached.session.last_seq == expected_last_seq:
+        bulk = Bulk(conn)
+        bulk.guard(session_id, cached, epoch)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            numbered, entry = append_steps(
+                bulk, session_id, events, encoded, expected_last_seq, epoch, cached
+            )
+            if bulk.write():
+                check()
+                conn.execute("COMMIT")
+                return numbered, entry
+        except BaseException:
+            schema.rollback(conn)
+            raise
+        schema.rollback(conn)
+        cached = None  # its state moved on with the fold: read the rows
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        numbered, entry = append_steps(
+            Writer(conn), session_id, events, encoded, expected_last_seq, epoch, cached
+        )
+        check()
+        conn.execute("COMMIT")
+    except BaseException:
+        schema.rollback(conn)
+        raise
+    return numbered, entry
+
+
+def append_group(
+    conn: sqlite3.Connection,
+    check: Callable[[], None],
+    prepared: list[PreparedBatch],
+    cached: dict[str, Cached | None],
+    *,
+    unique: bool,
+) -> Outcome:
+    """A group commit in one transaction. Sessions that come once each (``unique``, the
+    usual case) are collected and written with one statement per table; otherwise each
+    batch runs in a savepoint. A refused batch writes nothing; its exception is its result."""
+    if not unique:
+        return _each(conn, check, prepared, cached)
+    done = _bulk(conn, check, prepared, cached, guard=True)
+    if done is None:  # a guarded row had moved: nothing written, read them all
+        done = _bulk(conn, check, prepared, {}, guard=False)
+        assert done is not None
+    return done
+
+
+def _bulk(
+    conn: sqlite3.Connection,
+    check: Callable[[], None],
+    prepared: list[PreparedBatch],
+    cached: dict[str, Cached | None],
+    *,
+    guard: bool,
+) -> Outcome | None:
+    """Sessions that each come once, collected (:class:`Bulk`). With ``guard``, a session's
+    row this store wrote last is not read but guarded; None, with nothing written, if one
+    of them had moved."""
+    bulk = Bulk(conn)
+    unread = []
+    for p in prepared:
+        c = cached.get(p.session_id)
+        if guard and c is not None and p.epoch is not None and c.session.last_seq == p.expected_last_seq:
+            bulk.guard(p.session_id, c, p.epoch)
+        else:
+            unread.append(p.session_id)
+    out: list[list[Event] | BaseException] = []
+    kept: dict[str, Cached] = {}
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        bulk.read_sessions(unread)
+        for p in prepared:
+            sid = p.session_id
+            try:
+                numbered, entry = append_steps(
+                    bulk, sid, p.events, p.encoded, p.expected_last_seq, p.epoch, cached.get(sid)
+                )
+            except (ConcurrencyConflict, LeaseLost) as exc:
+                out.append(exc)
+            else:
+                out.append(numbered)
+                if entry is not None and not ends_invocation(numbered):
+                    kept[sid] = entry
+        if not bulk.write():
+            schema.rollback(conn)
+            return None
+        check()
+        conn.execute("COMMIT")
+    except BaseException:
+        schema.rollback(conn)
+        raise
+    return out, kept
+
+
+def _each(
+    conn: sqlite3.Connection,
+    check: Callable[[], None],
+    prepared: list[PreparedBatch],
+    cached: dict[str, Cached | None],
+) -> Outcome:
+    """A session more than once: each batch in a savepoint, its statements run at once, so
+    a session's second batch sees its first."""
+    out: list[list[Event] | BaseException] = []
+    kept: dict[str, Cached] = {}
+    io = Writer(conn)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for p in prepared:
+            sid = p.session_id
+            known = kept.pop(sid, None) or cached.pop(sid, None)
+            conn.execute("SAVEPOINT batch")
+            try:
+                numbered, entry = append_steps(
+                    io, sid, p.events, p.encoded, p.expected_last_seq, p.epoch, known
+                )
+            except (ConcurrencyConflict, LeaseLost) as exc:
+                conn.execute("ROLLBACK TO batch")
+                out.append(exc)
+            else:
+                out.append(numbered)
+                if entry is not None and not ends_invocation(numbered):
+                    kept[sid] = entry
+            conn.execute("RELEASE batch")
+        check()
+        conn.execute("COMMIT")
+    except BaseException:
+        schema.rollback(conn)
+        raise
+    return out, kept
