@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..events import Event
+from ..ownership import Lease
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store.base import EventStore
@@ -26,11 +27,14 @@ __all__ = ["GroupCommit", "Committing"]
 class Committing(Protocol):
     """What the committer tells a recorder when its batch is settled."""
 
-    def committed(self, batch: Sequence[Event], error: BaseException | None) -> None: ...
+    def committed(
+        self, batch: Sequence[Event], error: BaseException | None, released: bool = False
+    ) -> None: ...
 
 
 class _Queued(NamedTuple):
-    """A flush waiting for the end of the loop turn: its batch, and whom to tell."""
+    """A flush waiting for the end of the loop turn: its batch, whom to tell, and the lease
+    to end with it (an invocation's last flush)."""
 
     rec: Committing
     session_id: str
@@ -38,6 +42,7 @@ class _Queued(NamedTuple):
     expected: int
     epoch: int | None
     done: asyncio.Future[None]
+    release: Lease | None
 
 
 class GroupCommit:
@@ -49,35 +54,58 @@ class GroupCommit:
         self._queue: list[_Queued] = []
 
     def submit(
-        self, rec: Committing, session_id: str, batch: list[Event], expected: int, epoch: int | None
+        self,
+        rec: Committing,
+        session_id: str,
+        batch: list[Event],
+        expected: int,
+        epoch: int | None,
+        release: Lease | None = None,
     ) -> asyncio.Future[None] | None:
         """Append ``batch`` now (returns None) or at the end of this loop turn (returns the
         future to await). Either way ``rec.committed`` is called with the outcome, also when
-        the awaiting task is cancelled meanwhile."""
+        the awaiting task is cancelled meanwhile. With ``release`` (an invocation's last
+        flush), the lease ends in the same step unless the session has mail
+        (``EventStore.append_and_release``); ``committed`` is told whether it did."""
         if self.active <= 1 and not self._queue:
+            released = False
             try:
-                self.store.append(session_id, batch, expected, epoch=epoch)
+                if release is None:
+                    self.store.append(session_id, batch, expected, epoch=epoch)
+                else:
+                    results, ended = self.store.append_and_release(
+                        [(session_id, batch, expected, epoch)], {session_id: release}
+                    )
+                    if isinstance(results[0], BaseException):
+                        raise results[0]
+                    released = session_id in ended
             except BaseException as exc:  # a lock, a full disk, a lost lease: the recorder halts
                 rec.committed(batch, exc)
             else:
-                rec.committed(batch, None)
+                rec.committed(batch, None, released)
             return None
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         if not self._queue:
             loop.call_soon(self._commit)
-        self._queue.append(_Queued(rec, session_id, batch, expected, epoch, fut))
+        self._queue.append(_Queued(rec, session_id, batch, expected, epoch, fut, release))
         return fut
 
     def _commit(self) -> None:
         queue, self._queue = self._queue, []
+        batches = [(q.session_id, q.batch, q.expected, q.epoch) for q in queue]
+        leases = {q.session_id: q.release for q in queue if q.release is not None}
+        ended: set[str] = set()
         try:
-            results = self.store.append_many([(q.session_id, q.batch, q.expected, q.epoch) for q in queue])
+            if leases:
+                results, ended = self.store.append_and_release(batches, leases)
+            else:
+                results = self.store.append_many(batches)
         except BaseException as exc:  # the store failed the transaction: every batch in it failed
             outcome: list[BaseException | None] = [exc] * len(queue)
         else:
             outcome = [r if isinstance(r, BaseException) else None for r in results]
         for q, error in zip(queue, outcome):
-            q.rec.committed(q.batch, error)
+            q.rec.committed(q.batch, error, q.release is not None and q.session_id in ended)
             if not q.done.done():
                 q.done.set_result(None)

@@ -315,8 +315,13 @@ class Invocation:
             error_path=error_path,
         )
 
-    async def flush(self) -> None:
-        await self._rec.flush()
+    async def flush(self, release: bool = False) -> None:
+        await self._rec.flush(release)
+
+    @property
+    def released(self) -> bool:
+        """Did the last flush end the lease (``flush(release=True)``)?"""
+        return self._rec.released
 
     def abort(self, reason: str, *, by_request: bool = False) -> bool:
         """Cancel the runs (``NodeCancelled`` with ``reason``); False if the root is not running."""

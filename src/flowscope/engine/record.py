@@ -287,6 +287,7 @@ class Recorder:
         self._on_event = on_event
         #: Called on the loop when the lease keeper finds a message in the session's inbox.
         self._on_mail = on_mail
+        self._released = False
 
     # -- what the record holds ---------------------------------------------------------
 
@@ -309,6 +310,11 @@ class Recorder:
     def snapshot_seq(self) -> int:
         """The seq of the snapshot the session was loaded from (0: none)."""
         return self._snapshot_seq
+
+    @property
+    def released(self) -> bool:
+        """Did the last flush end the lease (``flush(release=True)``, the session had no mail)?"""
+        return self._released
 
     def in_sync(self) -> bool:
         """Is the live fold exactly what the log holds (not halted, everything flushed)?"""
@@ -348,9 +354,13 @@ class Recorder:
             self._ws.apply(e)
         return e
 
-    async def flush(self) -> None:
+    async def flush(self, release: bool = False) -> None:
         """Append everything buffered in one transaction (shared with other sessions ready
         in the same loop turn, ``commit.py``) and return once it is committed.
+
+        ``release``: the invocation's last flush; the lease ends in the same step unless
+        the session has mail (:attr:`released` says whether it did), so that the lease
+        keeper must no longer renew it.
 
         If the append fails, the invocation halts: the store's error is kept and
         :class:`Halted` raised, and nothing is appended after it.
@@ -363,18 +373,22 @@ class Recorder:
             self.check_lease()  # the lease may have expired: record nothing (raises Halted)
         self._buffer = []
         expected, self._submitted_seq = self._submitted_seq, batch[-1].seq
-        fut = self._commits.submit(self, self.session_id, batch, expected, self._epoch)
+        fut = self._commits.submit(
+            self, self.session_id, batch, expected, self._epoch, self._lease if release else None
+        )
         if fut is not None:
             await fut
         if self._halted is not None:
             raise Halted(self._halted) from self._halted
 
-    def committed(self, batch: Sequence[Event], error: BaseException | None) -> None:
-        """The committer settled ``batch``: halt on ``error``, else tell plugins and streams."""
+    def committed(self, batch: Sequence[Event], error: BaseException | None, released: bool = False) -> None:
+        """The committer settled ``batch``: halt on ``error``, else tell plugins and streams.
+        ``released``: the lease ended with it (a last flush, :meth:`flush`)."""
         if error is not None:  # a lock, a full disk, a lost lease: all end the invocation
             self.halt(error)
             return
         self._flushed_seq = batch[-1].seq
+        self._released = released
         if self._plugins.has_on_event:
             call = self._plugins.call_sync
             for e in batch:

@@ -14,7 +14,6 @@ Everything an invocation does is in the parts it is composed of: ``invocation.py
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import uuid
@@ -36,7 +35,7 @@ from ..errors import (
     redact_message,
 )
 from ..events import Event, RunFinished
-from ..fold import WorkflowState, rebuild, restore_state, snapshot_state
+from ..fold import WorkflowState, rebuild
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..ownership import Lease, this_process
 from ..store.base import EventStore
@@ -49,6 +48,7 @@ from .invocation import Invocation
 from .lease import LeaseKeeper
 from .pauses import Answer, validate_answers
 from .record import Halted, NodeResult
+from .snapshots import load_snapshot, save_snapshot
 from .submit import check_input, check_session_id, submit_run
 from .tasks import settle_cancels, take_back_cancels
 
@@ -260,11 +260,9 @@ class Runner:
     def _load(self, session_id: str, resume: bool) -> WorkflowState:
         if not resume:
             if self.store.last_seq(session_id) > 0:
-                raise WorkflowError(
-                    f"session {session_id!r} already exists: resume it with resume() or run with a new session_id"
-                )
+                raise _exists(session_id)
             return WorkflowState(session_id=session_id)
-        ws = self._load_snapshot(session_id)
+        ws = load_snapshot(self.store, session_id)
         if ws is None:
             events = self.store.read(session_id)
             if not events:
@@ -300,6 +298,13 @@ class Runner:
         if lease is not None and lease.session_id != session_id:
             raise ValueError(f"the lease is for session {lease.session_id!r}, not {session_id!r}")
         try:
+            if (
+                not resume and lease is None and not force
+            ):  # a new session: the check and the lease in one step
+                lease = self.store.acquire_new(session_id, self.owner, self.lease_s)
+                if lease is None:
+                    raise _exists(session_id)
+                return WorkflowState(session_id=session_id), lease
             ws = self._load(session_id, resume)
             if lease is None:
                 lease = self.store.acquire(session_id, self.owner, self.lease_s, force=force)
@@ -365,45 +370,6 @@ class Runner:
                 "session %s: could not take in its messages: %s", inv.session_id, describe_exception(exc)
             )
 
-    def _load_snapshot(self, session_id: str) -> WorkflowState | None:
-        """The session's state from its last snapshot plus the events after it, or None.
-
-        A snapshot is only a cache of the fold: one that cannot be read is ignored (and the
-        whole log folded instead), never trusted half-way.
-        """
-        snap = self.store.load_snapshot(session_id)
-        if snap is None:
-            return None
-        seq, data = snap
-        try:
-            ws = restore_state(data)
-            if ws.last_seq != seq:
-                raise ValueError(f"it claims seq {ws.last_seq}, stored as {seq}")
-        except (ValueError, TypeError, KeyError) as exc:
-            log.warning("ignoring the snapshot of session %s (%s); folding the whole log", session_id, exc)
-            return None
-        apply = ws.apply
-        for e in self.store.read(session_id, seq):
-            apply(e)
-        return ws
-
-    def _save_snapshot(self, inv: Invocation) -> None:
-        """After an invocation that left the session resumable, keep its fold if the log has
-        grown by ``snapshot_every`` events since the last snapshot."""
-        ws = inv.ws
-        if not inv.in_sync():
-            return  # the live state is not exactly what the log holds
-        if ws.last_seq - inv.snapshot_seq < self.snapshot_every:
-            return
-        try:
-            self.store.save_snapshot(
-                inv.session_id, ws.last_seq, json.dumps(snapshot_state(ws), separators=(",", ":"))
-            )
-        except Exception as exc:  # a snapshot is an optimisation: never fail the run for it
-            log.warning(
-                "could not save a snapshot of session %s: %s", inv.session_id, describe_exception(exc)
-            )
-
     async def _invoke(
         self,
         session_id: str,
@@ -467,8 +433,9 @@ class Runner:
         self._active.pop(session_id, None)
         self._commits.active -= 1
         self._keeper.remove(inv.record)
-        self._take_in_at_end(inv)
-        self._release(inv.lease)
+        if not inv.released:  # else the last flush ended the lease: the session had no mail
+            self._take_in_at_end(inv)
+            self._release(inv.lease)
         if isinstance(error, InvocationAbortedError) and inv.cancelled_by_request:
             error = SessionCancelledError(f"session {session_id!r} was cancelled: {inv.abort_reason}")
         plugins = self.plugins
@@ -539,9 +506,14 @@ class Runner:
                 inv.finish("failed", error_code=info.code)
             raise
         finally:
-            await inv.flush()  # a failure to append RunFinished halts the invocation like any other
+            # The last flush ends the lease unless the session has mail (then it is taken
+            # in first, _invoke): no renewal may follow, so the keeper lets go of it first.
+            self._keeper.remove(inv.record)
+            await inv.flush(
+                release=True
+            )  # a failure to append RunFinished halts the invocation like any other
             if result is None or result.status != "completed":
-                self._save_snapshot(inv)
+                save_snapshot(self.store, inv, self.snapshot_every)
         return result
 
     async def _walk(self, inv: Invocation, input: Any) -> NodeResult:
@@ -590,6 +562,12 @@ class Runner:
             if inv.aborting:
                 raise _aborted(inv)
         return out
+
+
+def _exists(session_id: str) -> WorkflowError:
+    return WorkflowError(
+        f"session {session_id!r} already exists: resume it with resume() or run with a new session_id"
+    )
 
 
 def _aborted(inv: Invocation) -> InvocationAbortedError:

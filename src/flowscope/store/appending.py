@@ -35,6 +35,7 @@ __all__ = [
     "check_fence",
     "event_params",
     "make_session_row",
+    "new_session",
     "node_params",
     "owner_from_column",
     "prepare_batches",
@@ -171,6 +172,15 @@ def session_row_of(values: tuple[Any, ...]) -> SessionRow:
     """A :class:`SessionRow` of a tuple of its nine fields, in order (one C call: an
     adapter's hot path, e.g. a fetched row plus its row id)."""
     return _new(SessionRow, values)
+
+
+def new_session(session_id: str) -> Cached:
+    """What a store may keep for a session it just acquired with no events yet (its row's
+    ``last_seq`` 0, no workflow, status ``new``): the first append folds on this, and an SQL
+    store can guard that row instead of reading it back."""
+    ws = WorkflowState(session_id=session_id)
+    written = _new(SessionWrite, (session_id, "", "new", None, None, 0, 0, None, False, False))
+    return _new(Cached, (written, 0, True, ws))
 
 
 class AppendIO(Protocol):
@@ -314,7 +324,15 @@ def append_steps(
     if not numbered:
         return numbered, cached
     if last == 0:  # a new session: every node run is one this append makes
-        ws = resumed_state(session_id, row, {})
+        if (
+            cached is not None
+            and cached.session.last_seq == 0
+            and cached.ws.last_seq == 0
+            and not cached.ws.nodes
+        ):
+            ws = cached.ws  # new_session()'s
+        else:
+            ws = resumed_state(session_id, row, {})
         complete = True
     elif (
         cached is not None
