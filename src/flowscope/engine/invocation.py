@@ -19,9 +19,9 @@ the invocation through its public methods and properties only.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
-import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, NamedTuple, cast
 
@@ -41,7 +41,19 @@ from .pauses import Answer, Pauses
 from .record import NodeResult, Recorder, Reported, TrackedState
 from .tasks import RunTasks
 
-__all__ = ["Invocation", "ResumeAudit", "Activation"]
+__all__ = ["Invocation", "ResumeAudit", "Activation", "new_id"]
+
+
+_new = tuple.__new__  # a NamedTuple from a tuple, one C call
+
+
+def new_id() -> str:
+    """A new random id: 32 hex digits, a version-4 UUID's (``uuid.uuid4().hex``, without
+    building a ``UUID``)."""
+    b = bytearray(os.urandom(16))
+    b[6] = (b[6] & 0x0F) | 0x40
+    b[8] = (b[8] & 0x3F) | 0x80
+    return b.hex()
 
 
 class Activation(NamedTuple):
@@ -149,7 +161,9 @@ class Invocation:
         cut_off: frozenset[str] = frozenset(),
     ) -> None:
         self.session_id = session_id
-        self.invocation_id = uuid.uuid4().hex
+        self.invocation_id = new_id()
+        #: Is the runner's lease keeper keeping its lease (set by the runner)?
+        self.kept = False
         self._workflow = workflow
         self._input = input
         self._resumed = resumed
@@ -420,7 +434,7 @@ class Invocation:
         nodes = self._nodes
         rec = self._rec
         run_prepared = self._attempts.run_prepared
-        acts = [Activation(n, input) for n, _label in successors[START]]
+        acts = [_new(Activation, (n, input)) for n, _label in successors[START]]
         joins: dict[Node, dict[str, Any]] = {}
         terminals: list[tuple[str, Any]] = []
         steps = 0
@@ -432,19 +446,34 @@ class Invocation:
                 )
             results: tuple[NodeResult, ...] | list[NodeResult]
             if len(acts) == 1:  # a chain: no step machinery (the common case, and the replay path)
-                n, inp = acts[0].node, acts[0].input
-                path = ctx.child_path(n.name)
-                ns = nodes.get(path)
-                if ns is not None and ns.status == "completed":
-                    results = (self.replay(ns),)  # no coroutine for a recorded run
-                else:  # execute(), inline
-                    r = self.prepare(n, inp, ctx, path)
-                    if isinstance(r, NodeContext):
-                        # a workflow's body is its children, which flush before they run
-                        if n.kind != "workflow":
-                            await rec.flush()
-                        r = await run_prepared(r, inp)
-                    results = (r,)
+                n, inp = acts[0]
+                while True:
+                    path = ctx.child_path(n.name)
+                    ns = nodes.get(path)
+                    if ns is not None and ns.status == "completed":
+                        r = self.replay(ns)  # no coroutine for a recorded run
+                    else:  # execute(), inline
+                        prepared = self.prepare(n, inp, ctx, path)
+                        if isinstance(prepared, NodeContext):
+                            # a workflow's body is its children, which flush before they run
+                            if n.kind != "workflow":
+                                await rec.flush()
+                            r = await run_prepared(prepared, inp)
+                        else:
+                            r = prepared
+                    nexts = successors[n]
+                    # one plain edge on: the next step is that node alone, with this output
+                    if len(nexts) != 1 or nexts[0][1] is not None or nexts[0][0].kind == "join":
+                        break
+                    steps += 1
+                    if steps > wf.max_steps:
+                        raise WorkflowError(
+                            f"workflow {wf.name!r} ran more than max_steps={wf.max_steps} steps: "
+                            "a loop that does not end?"
+                        )
+                    n, inp = nexts[0][0], r.output
+                acts = [_new(Activation, (n, inp))]
+                results = (r,)
             else:
                 results = await self._step(acts, ctx)
             nxt: list[Activation] = []
@@ -459,16 +488,16 @@ class Invocation:
                         buf = joins.setdefault(target, {})
                         buf[n.name] = r.output
                         if len(buf) == len(wf.predecessors[target]):
-                            nxt.append(Activation(target, joins.pop(target)))
+                            nxt.append(_new(Activation, (target, joins.pop(target))))
                     else:
-                        nxt.append(Activation(target, r.output))
+                        nxt.append(_new(Activation, (target, r.output)))
                 if not fired and r.has_output:
                     terminals.append((n.name, r.output))
             if not nxt and joins:
                 # Routing skipped some predecessors and nothing else can run: the joins
                 # fire with the inputs they have, in declaration order.
                 for j in sorted(joins, key=wf.order.__getitem__):
-                    nxt.append(Activation(j, joins.pop(j)))
+                    nxt.append(_new(Activation, (j, joins.pop(j))))
             acts = nxt
         if len(terminals) > 1:
             names = ", ".join(name for name, _ in terminals)

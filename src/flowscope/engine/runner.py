@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
@@ -44,7 +43,7 @@ from .context import PauseSignal, RunResult
 from .graph import Workflow
 from .hooks import Plugin, PluginDispatcher
 from .inbox import read_inbox, take_in
-from .invocation import Invocation
+from .invocation import Invocation, new_id
 from .lease import LeaseKeeper
 from .pauses import Answer, validate_answers
 from .record import Halted, NodeResult
@@ -143,7 +142,7 @@ class Runner:
     async def run(self, input: Any = None, *, session_id: str | None = None) -> RunResult:
         """Run the workflow in a new session. A failure raises the node's original exception."""
         input = check_input(input)
-        return await self._invoke(session_id or uuid.uuid4().hex, input, resume=False)
+        return await self._invoke(session_id or new_id(), input, resume=False)
 
     async def resume(
         self,
@@ -191,7 +190,7 @@ class Runner:
     async def stream(self, input: Any = None, *, session_id: str | None = None) -> AsyncIterator[Event]:
         """Run and yield every event as it is appended; a failure is raised after its
         ``NodeErrorEvent`` has been yielded (R2, docs/design.md)."""
-        sid = session_id or uuid.uuid4().hex
+        sid = session_id or new_id()
         async for e in self._stream(lambda cb: self._invoke(sid, input, resume=False, on_event=cb)):
             yield e
 
@@ -424,6 +423,7 @@ class Runner:
         self._active[session_id] = inv
         self._commits.active += 1
         self._keeper.add(inv.record)
+        inv.kept = True
         result: RunResult | None = None
         error: BaseException | None = None
         try:
@@ -432,7 +432,8 @@ class Runner:
             error = exc
         self._active.pop(session_id, None)
         self._commits.active -= 1
-        self._keeper.remove(inv.record)
+        if inv.kept:  # _drive stopped before its last flush
+            self._keeper.remove(inv.record)
         if not inv.released:  # else the last flush ended the lease: the session had no mail
             self._take_in_at_end(inv)
             self._release(inv.lease)
