@@ -45,6 +45,7 @@ __all__ = ["Invocation", "ResumeAudit", "Activation", "new_id"]
 
 
 _new = tuple.__new__  # a NamedTuple from a tuple, one C call
+_NONE: frozenset[str] = frozenset()
 
 
 def new_id() -> str:
@@ -76,7 +77,7 @@ class ResumeAudit:
     """
 
     def __init__(self, ws: WorkflowState, cut_off: frozenset[str]) -> None:
-        self._answered: set[str] = set()
+        self._answered: set[str] | None = None  # made by the first mark_answered
         completed = running = 0
         for ns in ws.nodes.values():
             status = ns.status
@@ -93,7 +94,7 @@ class ResumeAudit:
             ):
                 self.mark_answered(ns.path)
         open_paths = [p for p, ns in ws.nodes.items() if ns.status in OPEN_STATES]
-        self._containers = containers(open_paths) if len(open_paths) > 1 else set()
+        self._containers = containers(open_paths) if len(open_paths) > 1 else _NONE
         #: Completed runs in the log at the start (``RunStarted.replayed``).
         self.completed_at_start = completed
         #: Runs left running at the deepest path (``RunStarted.recovered``).
@@ -117,12 +118,15 @@ class ResumeAudit:
 
     def mark_answered(self, path: str) -> None:
         """A waiting run at ``path`` (and so each of its ancestors) may go on."""
+        answered = self._answered
+        if answered is None:
+            answered = self._answered = set()
         parts = path.split("/")
         for i in range(1, len(parts) + 1):
-            self._answered.add("/".join(parts[:i]))
+            answered.add("/".join(parts[:i]))
 
     def is_answered(self, path: str) -> bool:
-        return path in self._answered
+        return self._answered is not None and path in self._answered
 
     def replay(self) -> None:
         """A completed run is fast-forwarded."""
@@ -181,11 +185,12 @@ class Invocation:
             lease=lease,
             lease_s=lease_s,
             on_event=on_event,
-            on_mail=(lambda: on_mail(self)) if on_mail is not None else None,
+            on_mail=on_mail,
+            mail_for=self,
         )
         self._audit = ResumeAudit(ws, cut_off)
         self._attempts = Attempts(
-            self._rec, self._runs, plugins, max_recoveries=max_recoveries, rng=rng, run_graph=self.run_graph
+            self._rec, self._runs, plugins, max_recoveries=max_recoveries, rng=rng, graphs=self
         )
         self._nodes = ws.nodes  # the live fold's node states (the same dict for the whole invocation)
         self._in_flight = self._runs.in_flight
@@ -298,13 +303,17 @@ class Invocation:
         the caller runs in no task; else :meth:`walk`)."""
         return self._runs.start_root(self.execute(root, input, None, f"{root.name}@1"))
 
-    def enter_walk(
-        self, task: asyncio.Task[Any], root: Workflow, input: Any
-    ) -> Coroutine[Any, Any, NodeResult]:
-        """The root workflow's run, to be awaited in the caller's own ``task``, which
+    def enter_walk(self, task: asyncio.Task[Any], root: Workflow, input: Any) -> NodeContext | NodeResult:
+        """Prepare the root workflow's run (:meth:`prepare`: a recorded result, or the
+        context of a run to :meth:`run_root`) in the caller's own ``task``, which
         :meth:`abort` and a lost lease cancel while it runs, until :meth:`leave_walk`."""
         self._runs.enter(task)
-        return self.execute(root, input, None, f"{root.name}@1")
+        return self.prepare(root, input, None, f"{root.name}@1")
+
+    def run_root(self, ctx: NodeContext, input: Any) -> Coroutine[Any, Any, NodeResult]:
+        """The root workflow's run prepared by :meth:`enter_walk` (its body is its graph,
+        whose nodes flush before they run)."""
+        return self._attempts.run_prepared(ctx, input)
 
     def leave_walk(self) -> int:
         """The root run is over (:meth:`enter_walk`): how many times its task was cancelled
@@ -456,8 +465,11 @@ class Invocation:
                         prepared = self.prepare(n, inp, ctx, path)
                         if isinstance(prepared, NodeContext):
                             # a workflow's body is its children, which flush before they run
-                            if n.kind != "workflow":
-                                await rec.flush()
+                            if n.kind != "workflow":  # rec.flush(), without a coroutine
+                                fut = rec.flush_start()
+                                if fut is not None:
+                                    await fut
+                                    rec.flush_end()
                             r = await run_prepared(prepared, inp)
                         else:
                             r = prepared

@@ -39,7 +39,7 @@ from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..ownership import Lease, this_process
 from ..store.base import EventStore
 from .commit import GroupCommit
-from .context import PauseSignal, RunResult
+from .context import NodeContext, PauseSignal, RunResult
 from .graph import Workflow
 from .hooks import Plugin, PluginDispatcher
 from .inbox import read_inbox, take_in
@@ -49,7 +49,7 @@ from .pauses import Answer, validate_answers
 from .record import Halted, NodeResult
 from .snapshots import load_snapshot, save_snapshot
 from .submit import check_input, check_session_id, submit_run
-from .tasks import settle_cancels, take_back_cancels
+from .tasks import others_ready, settle_cancels, take_back_cancels
 
 __all__ = ["Runner", "RunResult"]
 
@@ -133,6 +133,7 @@ class Runner:
         self.lease_s = lease_s
         self.owner = this_process(worker_id, ships_spans=self.plugins.ships_spans)
         self._commits = GroupCommit(self.store)  # appends of concurrent sessions share transactions
+        self._on_mail = self._read_mail  # bound once, not per invocation
         self._keeper = LeaseKeeper(
             self.store, lease_s, heartbeat_interval, f"flowscope-lease-{workflow.name}"
         )
@@ -414,7 +415,7 @@ class Runner:
             input=input,
             resumed=not first,
             on_event=on_event,
-            on_mail=self._read_mail,
+            on_mail=self._on_mail,
             lease=lease,
             lease_s=self.lease_s,
             commits=self._commits,
@@ -532,11 +533,16 @@ class Runner:
                 inner.cancel()
                 await asyncio.gather(inner, return_exceptions=True)
                 raise
+        if others_ready(task.get_loop()):
+            # Let the invocations started in the same loop turn start too (one turn), so that
+            # their flushes share group commits (commit.py) instead of each running alone.
+            await asyncio.sleep(0)
         cancels = 0
         delivered = False  # a CancelledError reached us
         try:
             try:
-                out = await inv.enter_walk(task, self.workflow, input)
+                root = inv.enter_walk(task, self.workflow, input)
+                out = await inv.run_root(root, input) if isinstance(root, NodeContext) else root
             finally:
                 cancels = inv.leave_walk()
         except asyncio.CancelledError:

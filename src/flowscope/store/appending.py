@@ -104,6 +104,10 @@ class SessionWrite(NamedTuple):
     woke: bool
 
 
+#: Node statuses a run does not leave within an invocation: the append cache lets them go.
+_ENDED = frozenset({"completed", "failed", "cancelled"})
+
+
 class Cached(NamedTuple):
     """A session as this store object's last append there left it: its next append folds on
     this state instead of reading it back, while nobody else appended."""
@@ -114,12 +118,16 @@ class Cached(NamedTuple):
     #: ``nodes`` holds every node run of the session (else only some: look up the others).
     complete: bool
     #: The store's fold after that append (its columns are ``session``'s), moved on in
-    #: place by the next append: no new ``WorkflowState`` per append.
+    #: place by the next append: no new ``WorkflowState`` per append. It holds the runs
+    #: still open: a run that ended (completed, failed, cancelled) is written and let go.
     ws: WorkflowState
+    #: The paths of the runs let go: with ``complete``, a path in neither ``ws.nodes`` nor
+    #: here is a new run; one here is read back if an append touches it again.
+    finished: set[str]
 
     @property
     def nodes(self) -> dict[str, NodeState]:
-        """The fold's node states."""
+        """The fold's node states (of the runs still open)."""
         return self.ws.nodes
 
 
@@ -180,7 +188,7 @@ def new_session(session_id: str) -> Cached:
     store can guard that row instead of reading it back."""
     ws = WorkflowState(session_id=session_id)
     written = _new(SessionWrite, (session_id, "", "new", None, None, 0, 0, None, False, False))
-    return _new(Cached, (written, 0, True, ws))
+    return _new(Cached, (written, 0, True, ws, set()))
 
 
 class AppendIO(Protocol):
@@ -330,9 +338,9 @@ def append_steps(
             and cached.ws.last_seq == 0
             and not cached.ws.nodes
         ):
-            ws = cached.ws  # new_session()'s
+            ws, finished = cached.ws, cached.finished  # new_session()'s
         else:
-            ws = resumed_state(session_id, row, {})
+            ws, finished = resumed_state(session_id, row, {}), set()
         complete = True
     elif (
         cached is not None
@@ -340,25 +348,27 @@ def append_steps(
         and cached.session.last_seq == last
         and cached.row_id == row.row_id
     ):
-        ws, complete = cached.ws, cached.complete  # nobody appended since this store did
+        ws, complete, finished = cached.ws, cached.complete, cached.finished  # nobody appended since
     else:
         nodes, complete = io.all_nodes(session_id)
-        ws = resumed_state(session_id, row, nodes)
+        ws, finished = resumed_state(session_id, row, nodes), set()
     nodes = ws.nodes
     apply = ws.apply
-    if complete:  # the node runs an append writes: the paths it moves, once each, in order
+    if complete and (not finished or finished.isdisjoint(e.path for e in numbered)):
+        # the node runs an append writes: the paths it moves, once each, in order
         touched: dict[str, None] = {}
         for e in numbered:
             apply(e)  # the one definition of what an event means (flowscope.fold)
             if e.path and type(e) is not UnknownEvent:
                 touched[e.path] = None
         paths: Iterable[str] = touched
-    else:
+    else:  # node states to read first: the session's runs not at hand (or let go, below)
         paths = touched_paths(numbered)
-        missing = [p for p in paths if p not in nodes]
+        missing = [p for p in paths if p not in nodes and (not complete or p in finished)]
         if missing:
             for ns in io.nodes(session_id, missing):
                 nodes[ns.path] = ns
+            finished.difference_update(missing)
         for e in numbered:
             apply(e)
     workflow = ws.workflow
@@ -368,7 +378,12 @@ def append_steps(
         io.rename_workflow(session_id, workflow)
     written = session_write(ws, numbered, row)
     row_id = io.write_session(written)
-    return numbered, _new(Cached, (written, row_id, complete, ws))
+    for p in paths:  # a run that ended is written: its state is let go (read back if touched again)
+        state = nodes.get(p)
+        if state is not None and state.status in _ENDED:
+            del nodes[p]
+            finished.add(p)
+    return numbered, _new(Cached, (written, row_id, complete, ws, finished))
 
 
 def take_in_steps(

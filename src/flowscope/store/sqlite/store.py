@@ -506,6 +506,15 @@ class SqliteEventStore(EventStore):
             except (ConcurrencyConflict, LeaseLost) as exc:
                 return [exc], set()
             return [numbered], {sid} if one_released else set()
+        # A group commit of many sessions makes a few short-lived objects per event (rows,
+        # records), none in a cycle, all dead when it returns: the collector would only move
+        # them to older generations on their way (as in read(), fold.gc_paused).
+        with gc_paused():
+            return self._group_locked(batches, leases)
+
+    def _group_locked(
+        self, batches: Sequence[AppendBatch], leases: Mapping[str, Lease] | None
+    ) -> tuple[list[list[Event] | BaseException], set[str]]:
         prepared = prepare_batches(batches, encode, self.path)
         if self.readonly:
             raise self._read_only("append events")
@@ -580,16 +589,7 @@ class SqliteEventStore(EventStore):
 def _session_info(row: Sequence[Any]) -> SessionInfo:
     """A row of ``SQL_SESSIONS`` / ``SQL_SESSION_INFO``."""
     sid, workflow, status, started, updated, last_seq, invocations, owner, epoch, lease, submitted = row
+    owned = owner_from_column(owner)
     return SessionInfo(
-        sid,
-        workflow,
-        status,
-        started,
-        updated,
-        last_seq,
-        invocations,
-        owner_from_column(owner),
-        epoch,
-        lease,
-        submitted,
+        sid, workflow, status, started, updated, last_seq, invocations, owned, epoch, lease, submitted
     )
