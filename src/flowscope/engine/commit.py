@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..events import Event
+from ..fold import gc_paused
 from ..ownership import Lease
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,6 +93,13 @@ class GroupCommit:
         return fut
 
     def _commit(self) -> None:
+        # One callback for every queued session: its per-batch rows and results are dead when
+        # it returns, none in a cycle; the collector would only promote them on their way
+        # (with thousands of sessions, to the oldest generation, which it then walks whole).
+        with gc_paused():
+            self._commit_queued()
+
+    def _commit_queued(self) -> None:
         queue, self._queue = self._queue, []
         batches = [(q.session_id, q.batch, q.expected, q.epoch) for q in queue]
         leases = {q.session_id: q.release for q in queue if q.release is not None}

@@ -108,22 +108,30 @@ class SessionWrite(NamedTuple):
 _ENDED = frozenset({"completed", "failed", "cancelled"})
 
 
-class Cached(NamedTuple):
+class Cached:
     """A session as this store object's last append there left it: its next append folds on
-    this state instead of reading it back, while nobody else appended."""
+    this state instead of reading it back, while nobody else appended. That append moves it
+    on in place (no new record per append); a store keeps it only once its transaction
+    committed, and drops it on any failure."""
 
-    session: SessionWrite
-    #: :attr:`SessionRow.row_id` of the row written.
-    row_id: int
-    #: ``nodes`` holds every node run of the session (else only some: look up the others).
-    complete: bool
-    #: The store's fold after that append (its columns are ``session``'s), moved on in
-    #: place by the next append: no new ``WorkflowState`` per append. It holds the runs
-    #: still open: a run that ended (completed, failed, cancelled) is written and let go.
-    ws: WorkflowState
-    #: The paths of the runs let go: with ``complete``, a path in neither ``ws.nodes`` nor
-    #: here is a new run; one here is read back if an append touches it again.
-    finished: set[str]
+    __slots__ = ("session", "row_id", "complete", "ws", "finished")
+
+    def __init__(
+        self, session: SessionWrite, row_id: int, complete: bool, ws: WorkflowState, finished: set[str]
+    ) -> None:
+        self.session = session
+        #: :attr:`SessionRow.row_id` of the row written.
+        self.row_id = row_id
+        #: ``nodes`` holds every node run of the session still open (else only some: look up
+        #: the others).
+        self.complete = complete
+        #: The store's fold after that append (its columns are ``session``'s), moved on in
+        #: place by the next append: no new ``WorkflowState`` per append. It holds the runs
+        #: still open: a run that ended (completed, failed, cancelled) is written and let go.
+        self.ws = ws
+        #: The paths of the runs let go: with ``complete``, a path in neither ``ws.nodes`` nor
+        #: here is a new run; one here is read back if an append touches it again.
+        self.finished = finished
 
     @property
     def nodes(self) -> dict[str, NodeState]:
@@ -188,7 +196,7 @@ def new_session(session_id: str) -> Cached:
     store can guard that row instead of reading it back."""
     ws = WorkflowState(session_id=session_id)
     written = _new(SessionWrite, (session_id, "", "new", None, None, 0, 0, None, False, False))
-    return _new(Cached, (written, 0, True, ws, set()))
+    return Cached(written, 0, True, ws, set())
 
 
 class AppendIO(Protocol):
@@ -383,7 +391,10 @@ def append_steps(
         if state is not None and state.status in _ENDED:
             del nodes[p]
             finished.add(p)
-    return numbered, _new(Cached, (written, row_id, complete, ws, finished))
+    if cached is not None and cached.ws is ws:  # the same state, moved on: the same record
+        cached.session, cached.row_id, cached.complete, cached.finished = written, row_id, complete, finished
+        return numbered, cached
+    return numbered, Cached(written, row_id, complete, ws, finished)
 
 
 def take_in_steps(

@@ -506,15 +506,6 @@ class SqliteEventStore(EventStore):
             except (ConcurrencyConflict, LeaseLost) as exc:
                 return [exc], set()
             return [numbered], {sid} if one_released else set()
-        # A group commit of many sessions makes a few short-lived objects per event (rows,
-        # records), none in a cycle, all dead when it returns: the collector would only move
-        # them to older generations on their way (as in read(), fold.gc_paused).
-        with gc_paused():
-            return self._group_locked(batches, leases)
-
-    def _group_locked(
-        self, batches: Sequence[AppendBatch], leases: Mapping[str, Lease] | None
-    ) -> tuple[list[list[Event] | BaseException], set[str]]:
         prepared = prepare_batches(batches, encode, self.path)
         if self.readonly:
             raise self._read_only("append events")
