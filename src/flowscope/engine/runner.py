@@ -511,9 +511,9 @@ class Runner:
             # The last flush ends the lease unless the session has mail (then it is taken
             # in first, _invoke): no renewal may follow, so the keeper lets go of it first.
             self._keeper.remove(inv.record)
-            await inv.flush(
-                release=True
-            )  # a failure to append RunFinished halts the invocation like any other
+            inv.kept = False
+            # a failure to append RunFinished halts the invocation like any other
+            await inv.flush(release=True)
             if result is None or result.status != "completed":
                 save_snapshot(self.store, inv, self.snapshot_every)
         return result
