@@ -38,7 +38,7 @@ from ..jsontext import depth_over, dumps_finite, too_deep
 from ..ownership import Lease
 from ..states import RunStatus
 from ..store.base import EventStore
-from .commit import GroupCommit
+from .commit import GroupCommit, TurnWait
 from .context import NodeContext
 from .hooks import PluginDispatcher
 from .lease import SafeUntil, lease_expired, safe_until
@@ -385,10 +385,10 @@ class Recorder:
             await fut
             self.flush_end()
 
-    def flush_start(self, release: bool = False) -> asyncio.Future[None] | None:
+    def flush_start(self, release: bool = False) -> TurnWait | None:
         """:meth:`flush` up to its wait, for a caller on the hot path that awaits without a
         coroutine of its own: None when there is nothing to wait for (nothing buffered, or
-        appended now: :class:`Halted` raised if that failed), else the future to await,
+        appended now: :class:`Halted` raised if that failed), else the wait to await,
         then :meth:`flush_end`."""
         batch = self._buffer
         if not batch or self._halted is not None:
@@ -406,7 +406,7 @@ class Recorder:
         return fut
 
     def flush_end(self) -> None:
-        """After :meth:`flush_start`'s future: raise :class:`Halted` if the append failed."""
+        """After :meth:`flush_start`'s wait: raise :class:`Halted` if the append failed."""
         if self._halted is not None:
             raise Halted(self._halted) from self._halted
 
