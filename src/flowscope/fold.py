@@ -94,6 +94,26 @@ def containers(paths: Iterable[str]) -> set[str]:
     return out
 
 
+class _NoEntries(dict[str, Any]):
+    """The empty dict a node run starts with for its inputs, requests, jobs and job results:
+    one, shared and read-only (most runs never get any), so a node state costs four dicts
+    less; the fold gives a run its own dict when it first adds to one."""
+
+    __slots__ = ()
+    __hash__ = object.__hash__  # type: ignore[assignment]  # a dataclass default must be hashable
+
+    def _read_only(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise TypeError(
+            "a node run's empty record is shared and read-only: the fold gives the run its own dict"
+        )
+
+    __setitem__ = __delitem__ = pop = popitem = clear = update = setdefault = __ior__ = _read_only
+
+
+#: What :class:`NodeState`'s dict fields hold until the fold adds to them.
+NO_ENTRIES: dict[str, Any] = _NoEntries()
+
+
 @dataclass(slots=True)
 class NodeState:
     """What the log says about one node run (one path).
@@ -124,10 +144,11 @@ class NodeState:
     heartbeat_at: float | None = None
     job_deadline_at: float | None = None
     invocation_id: str = ""
-    inputs: dict[str, Any] = field(default_factory=dict)
-    requests: dict[str, InputRequested] = field(default_factory=dict)
-    jobs: dict[str, JobDispatched] = field(default_factory=dict)
-    job_results: dict[str, JobResultReceived] = field(default_factory=dict)
+    # Read-only and shared while empty (NO_ENTRIES): read them, never change them.
+    inputs: dict[str, Any] = NO_ENTRIES
+    requests: dict[str, InputRequested] = NO_ENTRIES
+    jobs: dict[str, JobDispatched] = NO_ENTRIES
+    job_results: dict[str, JobResultReceived] = NO_ENTRIES
 
     @property
     def is_open(self) -> bool:
@@ -161,7 +182,8 @@ class NodeState:
         self.heartbeat_at = e.ts
         self.ended_at = None
         self.invocation_id = e.invocation_id
-        self.requests.clear()  # a re-executed run asks again for what it still needs
+        if self.requests:
+            self.requests.clear()  # a re-executed run asks again for what it still needs
         self.error_code = self.error_type = self.error_message = self.origin_path = None
 
     def _completed(self, e: NodeCompleted) -> None:
@@ -206,21 +228,30 @@ class NodeState:
 
     def _input_requested(self, e: InputRequested) -> None:
         self.status = "waiting_input"
+        if self.requests is NO_ENTRIES:
+            self.requests = {}
         self.requests[e.interrupt_id] = e
         self.ended_at = e.ts
 
     def _input_received(self, e: InputReceived) -> None:
+        if self.inputs is NO_ENTRIES:
+            self.inputs = {}
         self.inputs[e.interrupt_id] = e.value
-        self.requests.pop(e.interrupt_id, None)
+        if self.requests:
+            self.requests.pop(e.interrupt_id, None)
 
     def _job_dispatched(self, e: JobDispatched) -> None:
         self.status = "waiting_job"
+        if self.jobs is NO_ENTRIES:
+            self.jobs = {}
         self.jobs[e.job_id] = e
         deadline = e.deadline_s
         self.job_deadline_at = e.ts + deadline if deadline is not None else None
         self.ended_at = e.ts
 
     def _job_result(self, e: JobResultReceived) -> None:
+        if self.job_results is NO_ENTRIES:
+            self.job_results = {}
         self.job_results[e.job_id] = e
         self.job_deadline_at = None
 

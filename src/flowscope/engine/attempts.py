@@ -18,7 +18,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import (
     InvocationAbortedError,
@@ -46,12 +46,18 @@ from .hooks import PluginDispatcher
 from .record import Halted, NodeResult, Recorder, json_value
 from .tasks import RunTasks
 
-__all__ = ["Attempts", "GraphBody"]
+__all__ = ["Attempts", "GraphBody", "GraphRunner"]
 
 log = logging.getLogger("flowscope.engine")
 
 #: A node whose class keeps this ``execute`` runs its body through ``Node.begin`` directly.
 _NODE_EXECUTE = Node.execute
+
+
+class GraphRunner(Protocol):
+    """What runs a nested workflow's body, its graph: the scheduler (``Invocation``)."""
+
+    def run_graph(self, wf: Workflow, ctx: NodeContext, input: Any) -> Awaitable[NodeResult]: ...
 
 
 #: The body of a nested workflow: its graph, run by the scheduler (``Invocation.run_graph``).
@@ -69,7 +75,7 @@ class Attempts:
         *,
         max_recoveries: int,
         rng: random.Random,
-        run_graph: GraphBody,
+        graphs: GraphRunner,
     ) -> None:
         self._rec = rec
         self._runs = runs
@@ -77,7 +83,7 @@ class Attempts:
         self._hooks = plugins.has_node_hooks
         self._max_recoveries = max_recoveries
         self._rng = rng
-        self._run_graph = run_graph
+        self._graphs = graphs  # not its bound run_graph: one object less per invocation
         # read once per node run: the recorder's live fold, ctx.state and the runs in flight
         # (each the same object for the whole invocation)
         self._nodes = rec.ws.nodes
@@ -102,9 +108,10 @@ class Attempts:
         state = self._state
         # a plain body (no timeout, not a graph, Node's own execute): started here, and
         # awaited only if it returns an awaitable; no coroutine of its own
-        plain = (
-            node.timeout is None and type(node).execute is _NODE_EXECUTE and not isinstance(node, Workflow)
-        )
+        untimed = node.timeout is None
+        graph = isinstance(node, Workflow)
+        plain = untimed and not graph and type(node).execute is _NODE_EXECUTE
+        graphs = self._graphs if untimed and graph else None  # a nested graph, run from here
         try:
             if ctx.recovered and ns.recoveries > self._max_recoveries:
                 raise RecoveryLimitError(
@@ -120,6 +127,8 @@ class Attempts:
                         out, awaiting = node.begin(ctx, input)
                         if awaiting:
                             out = await out
+                    elif graphs is not None:
+                        out = await graphs.run_graph(node, ctx, input)  # type: ignore[arg-type]
                     else:
                         out = await self._attempt(node, ctx, input)
                     if hooks:  # plugins hear of a success only under a safe lease (else the flush stops it)
@@ -210,10 +219,10 @@ class Attempts:
         timeout = node.timeout
         if timeout is None:
             if isinstance(node, Workflow):
-                return await self._run_graph(node, ctx, input)
+                return await self._graphs.run_graph(node, ctx, input)
             return await node.execute(ctx, input)
         if isinstance(node, Workflow):
-            body = self._run_graph(node, ctx, input)
+            body = self._graphs.run_graph(node, ctx, input)
         elif node.is_sync:
             body = _in_thread(node, ctx, input)
         else:

@@ -12,32 +12,64 @@ halts that invocation with the store's own exception, as a failed ``append`` doe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..events import Event
+from ..fold import gc_paused
+from ..ownership import Lease
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store.base import EventStore
 
-__all__ = ["GroupCommit", "Committing"]
+__all__ = ["GroupCommit", "Committing", "TurnWait"]
 
 
 class Committing(Protocol):
     """What the committer tells a recorder when its batch is settled."""
 
-    def committed(self, batch: Sequence[Event], error: BaseException | None) -> None: ...
+    def committed(
+        self, batch: Sequence[Event], error: BaseException | None, released: bool = False
+    ) -> None: ...
+
+
+class TurnWait:
+    """What a queued flush awaits: the group commit's callback, which the first flush of the
+    loop turn scheduled (``call_soon``) before any of the turn's flushes yielded, so it runs
+    before their tasks resume (the loop runs callbacks in the order they were scheduled).
+    Awaiting it is a bare yield (as ``asyncio.sleep(0)``), repeated until the commit marks it
+    settled: no future, no done-callback, no wake-up method per flush. A cancellation of the
+    waiting task lands at the ``await``, as it would on a future; the commit still tells the
+    recorder how its batch ended."""
+
+    __slots__ = ("settled",)
+
+    def __init__(self) -> None:
+        self.settled = False
+
+    def __await__(self) -> Generator[None, None, None]:
+        return self  # type: ignore[return-value]  # an iterator, as a generator would be
+
+    def __iter__(self) -> TurnWait:
+        return self
+
+    def __next__(self) -> None:
+        if self.settled:
+            raise StopIteration
+        return None  # a bare yield: the task steps again in the next loop turn
 
 
 class _Queued(NamedTuple):
-    """A flush waiting for the end of the loop turn: its batch, and whom to tell."""
+    """A flush waiting for the end of the loop turn: its batch, whom to tell, and the lease
+    to end with it (an invocation's last flush)."""
 
     rec: Committing
     session_id: str
     batch: list[Event]
     expected: int
     epoch: int | None
-    done: asyncio.Future[None]
+    done: TurnWait
+    release: Lease | None
 
 
 class GroupCommit:
@@ -49,35 +81,63 @@ class GroupCommit:
         self._queue: list[_Queued] = []
 
     def submit(
-        self, rec: Committing, session_id: str, batch: list[Event], expected: int, epoch: int | None
-    ) -> asyncio.Future[None] | None:
+        self,
+        rec: Committing,
+        session_id: str,
+        batch: list[Event],
+        expected: int,
+        epoch: int | None,
+        release: Lease | None = None,
+    ) -> TurnWait | None:
         """Append ``batch`` now (returns None) or at the end of this loop turn (returns the
-        future to await). Either way ``rec.committed`` is called with the outcome, also when
-        the awaiting task is cancelled meanwhile."""
+        :class:`TurnWait` to await). Either way ``rec.committed`` is called with the outcome,
+        also when the awaiting task is cancelled meanwhile. With ``release`` (an invocation's last
+        flush), the lease ends in the same step unless the session has mail
+        (``EventStore.append_and_release``); ``committed`` is told whether it did."""
         if self.active <= 1 and not self._queue:
+            released = False
             try:
-                self.store.append(session_id, batch, expected, epoch=epoch)
+                if release is None:
+                    self.store.append(session_id, batch, expected, epoch=epoch)
+                else:
+                    results, ended = self.store.append_and_release(
+                        [(session_id, batch, expected, epoch)], {session_id: release}
+                    )
+                    if isinstance(results[0], BaseException):
+                        raise results[0]
+                    released = session_id in ended
             except BaseException as exc:  # a lock, a full disk, a lost lease: the recorder halts
                 rec.committed(batch, exc)
             else:
-                rec.committed(batch, None)
+                rec.committed(batch, None, released)
             return None
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
+        wait = TurnWait()
         if not self._queue:
-            loop.call_soon(self._commit)
-        self._queue.append(_Queued(rec, session_id, batch, expected, epoch, fut))
-        return fut
+            asyncio.get_running_loop().call_soon(self._commit)  # before this flush's task yields
+        self._queue.append(_Queued(rec, session_id, batch, expected, epoch, wait, release))
+        return wait
 
     def _commit(self) -> None:
+        # One callback for every queued session: its per-batch rows and results are dead when
+        # it returns, none in a cycle; the collector would only promote them on their way
+        # (with thousands of sessions, to the oldest generation, which it then walks whole).
+        with gc_paused():
+            self._commit_queued()
+
+    def _commit_queued(self) -> None:
         queue, self._queue = self._queue, []
+        batches = [(q.session_id, q.batch, q.expected, q.epoch) for q in queue]
+        leases = {q.session_id: q.release for q in queue if q.release is not None}
+        ended: set[str] = set()
         try:
-            results = self.store.append_many([(q.session_id, q.batch, q.expected, q.epoch) for q in queue])
+            if leases:
+                results, ended = self.store.append_and_release(batches, leases)
+            else:
+                results = self.store.append_many(batches)
         except BaseException as exc:  # the store failed the transaction: every batch in it failed
             outcome: list[BaseException | None] = [exc] * len(queue)
         else:
             outcome = [r if isinstance(r, BaseException) else None for r in results]
         for q, error in zip(queue, outcome):
-            q.rec.committed(q.batch, error)
-            if not q.done.done():
-                q.done.set_result(None)
+            q.rec.committed(q.batch, error, q.release is not None and q.session_id in ended)
+            q.done.settled = True

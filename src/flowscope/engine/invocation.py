@@ -19,9 +19,9 @@ the invocation through its public methods and properties only.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
-import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, NamedTuple, cast
 
@@ -41,7 +41,20 @@ from .pauses import Answer, Pauses
 from .record import NodeResult, Recorder, Reported, TrackedState
 from .tasks import RunTasks
 
-__all__ = ["Invocation", "ResumeAudit", "Activation"]
+__all__ = ["Invocation", "ResumeAudit", "Activation", "new_id"]
+
+
+_new = tuple.__new__  # a NamedTuple from a tuple, one C call
+_NONE: frozenset[str] = frozenset()
+
+
+def new_id() -> str:
+    """A new random id: 32 hex digits, a version-4 UUID's (``uuid.uuid4().hex``, without
+    building a ``UUID``)."""
+    b = bytearray(os.urandom(16))
+    b[6] = (b[6] & 0x0F) | 0x40
+    b[8] = (b[8] & 0x3F) | 0x80
+    return b.hex()
 
 
 class Activation(NamedTuple):
@@ -64,7 +77,7 @@ class ResumeAudit:
     """
 
     def __init__(self, ws: WorkflowState, cut_off: frozenset[str]) -> None:
-        self._answered: set[str] = set()
+        self._answered: set[str] | None = None  # made by the first mark_answered
         completed = running = 0
         for ns in ws.nodes.values():
             status = ns.status
@@ -81,7 +94,7 @@ class ResumeAudit:
             ):
                 self.mark_answered(ns.path)
         open_paths = [p for p, ns in ws.nodes.items() if ns.status in OPEN_STATES]
-        self._containers = containers(open_paths) if len(open_paths) > 1 else set()
+        self._containers = containers(open_paths) if len(open_paths) > 1 else _NONE
         #: Completed runs in the log at the start (``RunStarted.replayed``).
         self.completed_at_start = completed
         #: Runs left running at the deepest path (``RunStarted.recovered``).
@@ -105,12 +118,15 @@ class ResumeAudit:
 
     def mark_answered(self, path: str) -> None:
         """A waiting run at ``path`` (and so each of its ancestors) may go on."""
+        answered = self._answered
+        if answered is None:
+            answered = self._answered = set()
         parts = path.split("/")
         for i in range(1, len(parts) + 1):
-            self._answered.add("/".join(parts[:i]))
+            answered.add("/".join(parts[:i]))
 
     def is_answered(self, path: str) -> bool:
-        return path in self._answered
+        return self._answered is not None and path in self._answered
 
     def replay(self) -> None:
         """A completed run is fast-forwarded."""
@@ -149,7 +165,9 @@ class Invocation:
         cut_off: frozenset[str] = frozenset(),
     ) -> None:
         self.session_id = session_id
-        self.invocation_id = uuid.uuid4().hex
+        self.invocation_id = new_id()
+        #: Is the runner's lease keeper keeping its lease (set by the runner)?
+        self.kept = False
         self._workflow = workflow
         self._input = input
         self._resumed = resumed
@@ -167,11 +185,12 @@ class Invocation:
             lease=lease,
             lease_s=lease_s,
             on_event=on_event,
-            on_mail=(lambda: on_mail(self)) if on_mail is not None else None,
+            on_mail=on_mail,
+            mail_for=self,
         )
         self._audit = ResumeAudit(ws, cut_off)
         self._attempts = Attempts(
-            self._rec, self._runs, plugins, max_recoveries=max_recoveries, rng=rng, run_graph=self.run_graph
+            self._rec, self._runs, plugins, max_recoveries=max_recoveries, rng=rng, graphs=self
         )
         self._nodes = ws.nodes  # the live fold's node states (the same dict for the whole invocation)
         self._in_flight = self._runs.in_flight
@@ -284,13 +303,17 @@ class Invocation:
         the caller runs in no task; else :meth:`walk`)."""
         return self._runs.start_root(self.execute(root, input, None, f"{root.name}@1"))
 
-    def enter_walk(
-        self, task: asyncio.Task[Any], root: Workflow, input: Any
-    ) -> Coroutine[Any, Any, NodeResult]:
-        """The root workflow's run, to be awaited in the caller's own ``task``, which
+    def enter_walk(self, task: asyncio.Task[Any], root: Workflow, input: Any) -> NodeContext | NodeResult:
+        """Prepare the root workflow's run (:meth:`prepare`: a recorded result, or the
+        context of a run to :meth:`run_root`) in the caller's own ``task``, which
         :meth:`abort` and a lost lease cancel while it runs, until :meth:`leave_walk`."""
         self._runs.enter(task)
-        return self.execute(root, input, None, f"{root.name}@1")
+        return self.prepare(root, input, None, f"{root.name}@1")
+
+    def run_root(self, ctx: NodeContext, input: Any) -> Coroutine[Any, Any, NodeResult]:
+        """The root workflow's run prepared by :meth:`enter_walk` (its body is its graph,
+        whose nodes flush before they run)."""
+        return self._attempts.run_prepared(ctx, input)
 
     def leave_walk(self) -> int:
         """The root run is over (:meth:`enter_walk`): how many times its task was cancelled
@@ -315,8 +338,13 @@ class Invocation:
             error_path=error_path,
         )
 
-    async def flush(self) -> None:
-        await self._rec.flush()
+    async def flush(self, release: bool = False) -> None:
+        await self._rec.flush(release)
+
+    @property
+    def released(self) -> bool:
+        """Did the last flush end the lease (``flush(release=True)``)?"""
+        return self._rec.released
 
     def abort(self, reason: str, *, by_request: bool = False) -> bool:
         """Cancel the runs (``NodeCancelled`` with ``reason``); False if the root is not running."""
@@ -415,7 +443,7 @@ class Invocation:
         nodes = self._nodes
         rec = self._rec
         run_prepared = self._attempts.run_prepared
-        acts = [Activation(n, input) for n, _label in successors[START]]
+        acts = [_new(Activation, (n, input)) for n, _label in successors[START]]
         joins: dict[Node, dict[str, Any]] = {}
         terminals: list[tuple[str, Any]] = []
         steps = 0
@@ -427,19 +455,37 @@ class Invocation:
                 )
             results: tuple[NodeResult, ...] | list[NodeResult]
             if len(acts) == 1:  # a chain: no step machinery (the common case, and the replay path)
-                n, inp = acts[0].node, acts[0].input
-                path = ctx.child_path(n.name)
-                ns = nodes.get(path)
-                if ns is not None and ns.status == "completed":
-                    results = (self.replay(ns),)  # no coroutine for a recorded run
-                else:  # execute(), inline
-                    r = self.prepare(n, inp, ctx, path)
-                    if isinstance(r, NodeContext):
-                        # a workflow's body is its children, which flush before they run
-                        if n.kind != "workflow":
-                            await rec.flush()
-                        r = await run_prepared(r, inp)
-                    results = (r,)
+                n, inp = acts[0]
+                while True:
+                    path = ctx.child_path(n.name)
+                    ns = nodes.get(path)
+                    if ns is not None and ns.status == "completed":
+                        r = self.replay(ns)  # no coroutine for a recorded run
+                    else:  # execute(), inline
+                        prepared = self.prepare(n, inp, ctx, path)
+                        if isinstance(prepared, NodeContext):
+                            # a workflow's body is its children, which flush before they run
+                            if n.kind != "workflow":  # rec.flush(), without a coroutine
+                                fut = rec.flush_start()
+                                if fut is not None:
+                                    await fut
+                                    rec.flush_end()
+                            r = await run_prepared(prepared, inp)
+                        else:
+                            r = prepared
+                    nexts = successors[n]
+                    # one plain edge on: the next step is that node alone, with this output
+                    if len(nexts) != 1 or nexts[0][1] is not None or nexts[0][0].kind == "join":
+                        break
+                    steps += 1
+                    if steps > wf.max_steps:
+                        raise WorkflowError(
+                            f"workflow {wf.name!r} ran more than max_steps={wf.max_steps} steps: "
+                            "a loop that does not end?"
+                        )
+                    n, inp = nexts[0][0], r.output
+                acts = [_new(Activation, (n, inp))]
+                results = (r,)
             else:
                 results = await self._step(acts, ctx)
             nxt: list[Activation] = []
@@ -454,16 +500,16 @@ class Invocation:
                         buf = joins.setdefault(target, {})
                         buf[n.name] = r.output
                         if len(buf) == len(wf.predecessors[target]):
-                            nxt.append(Activation(target, joins.pop(target)))
+                            nxt.append(_new(Activation, (target, joins.pop(target))))
                     else:
-                        nxt.append(Activation(target, r.output))
+                        nxt.append(_new(Activation, (target, r.output)))
                 if not fired and r.has_output:
                     terminals.append((n.name, r.output))
             if not nxt and joins:
                 # Routing skipped some predecessors and nothing else can run: the joins
                 # fire with the inputs they have, in declaration order.
                 for j in sorted(joins, key=wf.order.__getitem__):
-                    nxt.append(Activation(j, joins.pop(j)))
+                    nxt.append(_new(Activation, (j, joins.pop(j))))
             acts = nxt
         if len(terminals) > 1:
             names = ", ".join(name for name, _ in terminals)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -62,6 +63,13 @@ MAX_LEASE_MARGIN_S = 1.0
 def lease_margin(lease_s: float) -> float:
     """How long before its end by this process's clocks a lease of ``lease_s`` is no longer trusted."""
     return min(LEASE_MARGIN * lease_s, MAX_LEASE_MARGIN_S)
+
+
+#: How many times this process is a fork's child: a keeper started before the fork has no
+#: thread in the child (threads do not survive fork()), so it starts one.
+_forks = [0]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
 class SafeUntil(NamedTuple):
@@ -158,25 +166,27 @@ class LeaseKeeper:
         self._active: dict[int, _Kept] = {}  # by id of the invocation
         self._busy = threading.Lock()  # held through a round of renewals
         self._thread: threading.Thread | None = None
-        # On the loops, one timer per invocation at the instant its lease stops being safe
-        # (touched only on the loop: add, remove and the timer itself).
-        self._watches: dict[int, asyncio.TimerHandle] = {}
+        self._forks = _forks[0]  # the process's forks when the thread started (a child has none)
+        # On each loop, one timer at the earliest instant one of its invocations' leases
+        # stops being safe, and that instant in the loop's time (touched only on the loop:
+        # add and the timer itself). A loop closed with its timer armed is dropped at the
+        # next add.
+        self._watches: dict[asyncio.AbstractEventLoop, tuple[float, asyncio.TimerHandle]] = {}
 
     def add(self, inv: Leased) -> None:
         """Keep ``inv``'s lease from now on (called on the invocation's loop)."""
         loop = asyncio.get_running_loop()
         with self._lock:
             self._active[id(inv)] = _Kept(inv, loop)
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None or self._forks != _forks[0]:  # none yet, or one of the parent's
                 self._thread = start_thread(self._run, self.name)
+                self._forks = _forks[0]
         self._watch_at(inv, loop)
 
     def remove(self, inv: Leased) -> None:
         """Stop keeping ``inv``'s lease. Returns once no renewal of it is in progress, so
-        a release that follows is never undone by a late renewal."""
-        watch = self._watches.pop(id(inv), None)
-        if watch is not None:
-            watch.cancel()
+        a release that follows is never undone by a late renewal. (The loop's timer stays
+        armed: when it fires, it finds the invocations still kept.)"""
         with self._lock:
             self._active.pop(id(inv), None)
         with self._busy:
@@ -186,28 +196,48 @@ class LeaseKeeper:
     # on a renewal the store does not answer), or that expired while the process was stopped
 
     def _watch_at(self, inv: Leased, loop: asyncio.AbstractEventLoop) -> None:
+        """Make sure ``loop``'s timer fires no later than the instant ``inv``'s lease stops
+        being safe (one timer per loop, at the earliest of its invocations')."""
         until = inv.lease_until
-        left = min(until.monotonic - time.monotonic(), until.wall - time.time())
-        self._watches[id(inv)] = loop.call_at(loop.time() + max(left, 0.0), self._watch, inv, loop)
+        at = loop.time() + max(min(until.monotonic - time.monotonic(), until.wall - time.time()), 0.0)
+        armed = self._watches.get(loop)
+        if armed is not None:
+            if armed[0] <= at:
+                return  # it fires first, and then looks at every invocation of the loop
+            armed[1].cancel()
+        elif len(self._watches) > 0:
+            for other in [lp for lp in self._watches if lp.is_closed()]:  # its timer will never fire
+                del self._watches[other]
+        self._watches[loop] = (at, loop.call_at(at, self._watch, loop))
 
-    def _watch(self, inv: Leased, loop: asyncio.AbstractEventLoop) -> None:
-        """The instant ``inv``'s lease stops being safe, unless the keeper renewed it
-        meanwhile: then the watch moves to the renewed lease's instant. A timer of the loop,
-        so after a stop it runs in the same turn as the timers of the bodies' ``await``s
-        that expired with it, and cancels those bodies before they take their step."""
-        key = id(inv)
-        if self._watches.pop(key, None) is None:
-            return  # removed meanwhile
-        if inv.lease_ok():
-            self._watch_at(inv, loop)
-            return
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The earliest instant one of ``loop``'s invocations' leases stops being safe: each
+        invocation whose lease is no longer safe loses it; the timer moves to the earliest
+        instant of those left. A timer of the loop, so after a stop it runs in the same turn
+        as the timers of the bodies' ``await``s that expired with it, and cancels those
+        bodies before they take their step."""
+        self._watches.pop(loop, None)
         with self._lock:
-            self._active.pop(key, None)
-        inv.lose_lease(lease_expired(inv.lease.session_id, inv.renew_fault))
+            mine = [k.inv for k in self._active.values() if k.loop is loop]
+        for inv in mine:
+            if inv.lease_ok():
+                self._watch_at(inv, loop)
+                continue
+            with self._lock:
+                self._active.pop(id(inv), None)
+            inv.lose_lease(lease_expired(inv.lease.session_id, inv.renew_fault))
 
     # -- the thread
 
     def _run(self) -> None:
+        try:
+            self._rounds()
+        finally:  # however it ends, the next add starts a new one
+            with self._lock:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+    def _rounds(self) -> None:
         hb = self.heartbeat_interval
         tick = min(self.period, hb) if hb > 0 else self.period
         last_renew = last_beat = time.monotonic()

@@ -28,6 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple, TypeVar, overload
 
 from ..errors import ErrorInfo, OutputNotSerializableError, Redactor, StateNotSerializableError, classify
@@ -37,7 +38,7 @@ from ..jsontext import depth_over, dumps_finite, too_deep
 from ..ownership import Lease
 from ..states import RunStatus
 from ..store.base import EventStore
-from .commit import GroupCommit
+from .commit import GroupCommit, TurnWait
 from .context import NodeContext
 from .hooks import PluginDispatcher
 from .lease import SafeUntil, lease_expired, safe_until
@@ -159,12 +160,23 @@ class Reported(NamedTuple):
     message: str
 
 
+_CLEAN: frozenset[str] = frozenset()
+
+
 class TrackedState(dict[str, Any]):
     """``ctx.state``: a dict that remembers which keys changed since the last event."""
 
     def __init__(self, initial: Mapping[str, Any]) -> None:
         super().__init__(initial)
-        self.dirty: set[str] = set()
+        #: The keys changed since the last event (none: a shared empty frozenset, so a run
+        #: that changes no state makes no set).
+        self.dirty: AbstractSet[str] = _CLEAN
+
+    def _mark(self, key: str) -> None:
+        dirty = self.dirty
+        if type(dirty) is not set:
+            dirty = self.dirty = set()
+        dirty.add(key)
 
     def __setitem__(self, key: str, value: Any) -> None:
         # Refused where it is set, so the node that set it fails, naming the key; the
@@ -174,11 +186,11 @@ class TrackedState(dict[str, Any]):
                 f"ctx.state key {key!r} is a {type(key).__name__}: state keys are str (JSON object keys)"
             )
         super().__setitem__(key, json_value(value, f"ctx.state[{key!r}]", StateNotSerializableError))
-        self.dirty.add(key)
+        self._mark(key)
 
     def __delitem__(self, key: str) -> None:
         super().__delitem__(key)
-        self.dirty.add(key)
+        self._mark(key)
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         for k, v in dict(*args, **kwargs).items():
@@ -197,11 +209,12 @@ class TrackedState(dict[str, Any]):
 
     def pop(self, key: str, /, *default: Any) -> Any:
         if key in self:
-            self.dirty.add(key)
+            self._mark(key)
         return super().pop(key, *default)
 
     def clear(self) -> None:
-        self.dirty.update(self.keys())
+        for key in self.keys():
+            self._mark(key)
         super().clear()
 
     def check_changes(self) -> None:
@@ -225,7 +238,7 @@ class TrackedState(dict[str, Any]):
             except StateNotSerializableError:
                 bad.append(k)
                 dict.pop(self, k, None)  # the live state keeps what the log will hold
-        self.dirty.clear()
+        self.dirty = _CLEAN
         return changes, bad
 
 
@@ -253,7 +266,8 @@ class Recorder:
         lease: Lease,
         lease_s: float,
         on_event: Callable[[Event], None] | None = None,
-        on_mail: Callable[[], None] | None = None,
+        on_mail: Callable[[Any], None] | None = None,
+        mail_for: Any = None,
     ) -> None:
         self.session_id = session_id
         self.invocation_id = invocation_id
@@ -287,6 +301,8 @@ class Recorder:
         self._on_event = on_event
         #: Called on the loop when the lease keeper finds a message in the session's inbox.
         self._on_mail = on_mail
+        self._mail_for = mail_for  # what on_mail is called with (the invocation)
+        self._released = False
 
     # -- what the record holds ---------------------------------------------------------
 
@@ -309,6 +325,11 @@ class Recorder:
     def snapshot_seq(self) -> int:
         """The seq of the snapshot the session was loaded from (0: none)."""
         return self._snapshot_seq
+
+    @property
+    def released(self) -> bool:
+        """Did the last flush end the lease (``flush(release=True)``, the session had no mail)?"""
+        return self._released
 
     def in_sync(self) -> bool:
         """Is the live fold exactly what the log holds (not halted, everything flushed)?"""
@@ -348,33 +369,55 @@ class Recorder:
             self._ws.apply(e)
         return e
 
-    async def flush(self) -> None:
+    async def flush(self, release: bool = False) -> None:
         """Append everything buffered in one transaction (shared with other sessions ready
         in the same loop turn, ``commit.py``) and return once it is committed.
+
+        ``release``: the invocation's last flush; the lease ends in the same step unless
+        the session has mail (:attr:`released` says whether it did), so that the lease
+        keeper must no longer renew it.
 
         If the append fails, the invocation halts: the store's error is kept and
         :class:`Halted` raised, and nothing is appended after it.
         """
+        fut = self.flush_start(release)
+        if fut is not None:
+            await fut
+            self.flush_end()
+
+    def flush_start(self, release: bool = False) -> TurnWait | None:
+        """:meth:`flush` up to its wait, for a caller on the hot path that awaits without a
+        coroutine of its own: None when there is nothing to wait for (nothing buffered, or
+        appended now: :class:`Halted` raised if that failed), else the wait to await,
+        then :meth:`flush_end`."""
         batch = self._buffer
         if not batch or self._halted is not None:
-            return
+            return None
         until = self._lease_until
         if time.monotonic() >= until.monotonic or time.time() >= until.wall:
             self.check_lease()  # the lease may have expired: record nothing (raises Halted)
         self._buffer = []
         expected, self._submitted_seq = self._submitted_seq, batch[-1].seq
-        fut = self._commits.submit(self, self.session_id, batch, expected, self._epoch)
-        if fut is not None:
-            await fut
+        fut = self._commits.submit(
+            self, self.session_id, batch, expected, self._epoch, self._lease if release else None
+        )
+        if fut is None:
+            self.flush_end()
+        return fut
+
+    def flush_end(self) -> None:
+        """After :meth:`flush_start`'s wait: raise :class:`Halted` if the append failed."""
         if self._halted is not None:
             raise Halted(self._halted) from self._halted
 
-    def committed(self, batch: Sequence[Event], error: BaseException | None) -> None:
-        """The committer settled ``batch``: halt on ``error``, else tell plugins and streams."""
+    def committed(self, batch: Sequence[Event], error: BaseException | None, released: bool = False) -> None:
+        """The committer settled ``batch``: halt on ``error``, else tell plugins and streams.
+        ``released``: the lease ended with it (a last flush, :meth:`flush`)."""
         if error is not None:  # a lock, a full disk, a lost lease: all end the invocation
             self.halt(error)
             return
         self._flushed_seq = batch[-1].seq
+        self._released = released
         if self._plugins.has_on_event:
             call = self._plugins.call_sync
             for e in batch:
@@ -490,4 +533,4 @@ class Recorder:
     def mail_arrived(self) -> None:
         """Called on the loop when the session's inbox has a message (see :mod:`.inbox`)."""
         if self._on_mail is not None and self._halted is None:
-            self._on_mail()
+            self._on_mail(self._mail_for)

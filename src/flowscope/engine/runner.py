@@ -14,10 +14,8 @@ Everything an invocation does is in the parts it is composed of: ``invocation.py
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
@@ -36,21 +34,22 @@ from ..errors import (
     redact_message,
 )
 from ..events import Event, RunFinished
-from ..fold import WorkflowState, rebuild, restore_state, snapshot_state
+from ..fold import WorkflowState, rebuild
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..ownership import Lease, this_process
 from ..store.base import EventStore
 from .commit import GroupCommit
-from .context import PauseSignal, RunResult
+from .context import NodeContext, PauseSignal, RunResult
 from .graph import Workflow
 from .hooks import Plugin, PluginDispatcher
 from .inbox import read_inbox, take_in
-from .invocation import Invocation
+from .invocation import Invocation, new_id
 from .lease import LeaseKeeper
 from .pauses import Answer, validate_answers
 from .record import Halted, NodeResult
+from .snapshots import load_snapshot, save_snapshot
 from .submit import check_input, check_session_id, submit_run
-from .tasks import settle_cancels, take_back_cancels
+from .tasks import others_ready, settle_cancels, take_back_cancels
 
 __all__ = ["Runner", "RunResult"]
 
@@ -134,6 +133,7 @@ class Runner:
         self.lease_s = lease_s
         self.owner = this_process(worker_id, ships_spans=self.plugins.ships_spans)
         self._commits = GroupCommit(self.store)  # appends of concurrent sessions share transactions
+        self._on_mail = self._read_mail  # bound once, not per invocation
         self._keeper = LeaseKeeper(
             self.store, lease_s, heartbeat_interval, f"flowscope-lease-{workflow.name}"
         )
@@ -143,7 +143,7 @@ class Runner:
     async def run(self, input: Any = None, *, session_id: str | None = None) -> RunResult:
         """Run the workflow in a new session. A failure raises the node's original exception."""
         input = check_input(input)
-        return await self._invoke(session_id or uuid.uuid4().hex, input, resume=False)
+        return await self._invoke(session_id or new_id(), input, resume=False)
 
     async def resume(
         self,
@@ -191,7 +191,7 @@ class Runner:
     async def stream(self, input: Any = None, *, session_id: str | None = None) -> AsyncIterator[Event]:
         """Run and yield every event as it is appended; a failure is raised after its
         ``NodeErrorEvent`` has been yielded (R2, docs/design.md)."""
-        sid = session_id or uuid.uuid4().hex
+        sid = session_id or new_id()
         async for e in self._stream(lambda cb: self._invoke(sid, input, resume=False, on_event=cb)):
             yield e
 
@@ -260,11 +260,9 @@ class Runner:
     def _load(self, session_id: str, resume: bool) -> WorkflowState:
         if not resume:
             if self.store.last_seq(session_id) > 0:
-                raise WorkflowError(
-                    f"session {session_id!r} already exists: resume it with resume() or run with a new session_id"
-                )
+                raise _exists(session_id)
             return WorkflowState(session_id=session_id)
-        ws = self._load_snapshot(session_id)
+        ws = load_snapshot(self.store, session_id)
         if ws is None:
             events = self.store.read(session_id)
             if not events:
@@ -300,6 +298,13 @@ class Runner:
         if lease is not None and lease.session_id != session_id:
             raise ValueError(f"the lease is for session {lease.session_id!r}, not {session_id!r}")
         try:
+            if (
+                not resume and lease is None and not force
+            ):  # a new session: the check and the lease in one step
+                lease = self.store.acquire_new(session_id, self.owner, self.lease_s)
+                if lease is None:
+                    raise _exists(session_id)
+                return WorkflowState(session_id=session_id), lease
             ws = self._load(session_id, resume)
             if lease is None:
                 lease = self.store.acquire(session_id, self.owner, self.lease_s, force=force)
@@ -365,45 +370,6 @@ class Runner:
                 "session %s: could not take in its messages: %s", inv.session_id, describe_exception(exc)
             )
 
-    def _load_snapshot(self, session_id: str) -> WorkflowState | None:
-        """The session's state from its last snapshot plus the events after it, or None.
-
-        A snapshot is only a cache of the fold: one that cannot be read is ignored (and the
-        whole log folded instead), never trusted half-way.
-        """
-        snap = self.store.load_snapshot(session_id)
-        if snap is None:
-            return None
-        seq, data = snap
-        try:
-            ws = restore_state(data)
-            if ws.last_seq != seq:
-                raise ValueError(f"it claims seq {ws.last_seq}, stored as {seq}")
-        except (ValueError, TypeError, KeyError) as exc:
-            log.warning("ignoring the snapshot of session %s (%s); folding the whole log", session_id, exc)
-            return None
-        apply = ws.apply
-        for e in self.store.read(session_id, seq):
-            apply(e)
-        return ws
-
-    def _save_snapshot(self, inv: Invocation) -> None:
-        """After an invocation that left the session resumable, keep its fold if the log has
-        grown by ``snapshot_every`` events since the last snapshot."""
-        ws = inv.ws
-        if not inv.in_sync():
-            return  # the live state is not exactly what the log holds
-        if ws.last_seq - inv.snapshot_seq < self.snapshot_every:
-            return
-        try:
-            self.store.save_snapshot(
-                inv.session_id, ws.last_seq, json.dumps(snapshot_state(ws), separators=(",", ":"))
-            )
-        except Exception as exc:  # a snapshot is an optimisation: never fail the run for it
-            log.warning(
-                "could not save a snapshot of session %s: %s", inv.session_id, describe_exception(exc)
-            )
-
     async def _invoke(
         self,
         session_id: str,
@@ -449,7 +415,7 @@ class Runner:
             input=input,
             resumed=not first,
             on_event=on_event,
-            on_mail=self._read_mail,
+            on_mail=self._on_mail,
             lease=lease,
             lease_s=self.lease_s,
             commits=self._commits,
@@ -458,6 +424,7 @@ class Runner:
         self._active[session_id] = inv
         self._commits.active += 1
         self._keeper.add(inv.record)
+        inv.kept = True
         result: RunResult | None = None
         error: BaseException | None = None
         try:
@@ -466,9 +433,11 @@ class Runner:
             error = exc
         self._active.pop(session_id, None)
         self._commits.active -= 1
-        self._keeper.remove(inv.record)
-        self._take_in_at_end(inv)
-        self._release(inv.lease)
+        if inv.kept:  # _drive stopped before its last flush
+            self._keeper.remove(inv.record)
+        if not inv.released:  # else the last flush ended the lease: the session had no mail
+            self._take_in_at_end(inv)
+            self._release(inv.lease)
         if isinstance(error, InvocationAbortedError) and inv.cancelled_by_request:
             error = SessionCancelledError(f"session {session_id!r} was cancelled: {inv.abort_reason}")
         plugins = self.plugins
@@ -539,9 +508,14 @@ class Runner:
                 inv.finish("failed", error_code=info.code)
             raise
         finally:
-            await inv.flush()  # a failure to append RunFinished halts the invocation like any other
+            # The last flush ends the lease unless the session has mail (then it is taken
+            # in first, _invoke): no renewal may follow, so the keeper lets go of it first.
+            self._keeper.remove(inv.record)
+            inv.kept = False
+            # a failure to append RunFinished halts the invocation like any other
+            await inv.flush(release=True)
             if result is None or result.status != "completed":
-                self._save_snapshot(inv)
+                save_snapshot(self.store, inv, self.snapshot_every)
         return result
 
     async def _walk(self, inv: Invocation, input: Any) -> NodeResult:
@@ -559,11 +533,16 @@ class Runner:
                 inner.cancel()
                 await asyncio.gather(inner, return_exceptions=True)
                 raise
+        if others_ready(task.get_loop()):
+            # Let the invocations started in the same loop turn start too (one turn), so that
+            # their flushes share group commits (commit.py) instead of each running alone.
+            await asyncio.sleep(0)
         cancels = 0
         delivered = False  # a CancelledError reached us
         try:
             try:
-                out = await inv.enter_walk(task, self.workflow, input)
+                root = inv.enter_walk(task, self.workflow, input)
+                out = await inv.run_root(root, input) if isinstance(root, NodeContext) else root
             finally:
                 cancels = inv.leave_walk()
         except asyncio.CancelledError:
@@ -590,6 +569,12 @@ class Runner:
             if inv.aborting:
                 raise _aborted(inv)
         return out
+
+
+def _exists(session_id: str) -> WorkflowError:
+    return WorkflowError(
+        f"session {session_id!r} already exists: resume it with resume() or run with a new session_id"
+    )
 
 
 def _aborted(inv: Invocation) -> InvocationAbortedError:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .context import NodeContext
 
-__all__ = ["RunTasks", "take_back_cancels", "settle_cancels"]
+__all__ = ["RunTasks", "take_back_cancels", "settle_cancels", "others_ready"]
 
 
 class RunTasks:
@@ -31,7 +31,7 @@ class RunTasks:
         self._cancels = 0  # cancel() calls made on the caller's task for the run
         #: The tasks of parallel branches running now: a lost lease cancels them at once,
         #: not only when the root task gets to it.
-        self._branches: set[asyncio.Task[Any]] = set()
+        self._branches: set[asyncio.Task[Any]] | None = None  # made by the first step with branches
         self._aborting = False
         self._abort_reason = "aborted"
         self._by_request = False
@@ -77,10 +77,13 @@ class RunTasks:
         return cancels
 
     def add_branches(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
+        if self._branches is None:
+            self._branches = set()
         self._branches.update(tasks)
 
     def drop_branches(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
-        self._branches.difference_update(tasks)
+        if self._branches is not None:
+            self._branches.difference_update(tasks)
 
     def _cancel_root(self, spare: asyncio.Task[Any] | None = None) -> bool:
         """Cancel the root run's task (not ``spare``); False if it is not running."""
@@ -99,7 +102,7 @@ class RunTasks:
     def cancel_all(self, spare: asyncio.Task[Any] | None = None) -> None:
         """Cancel the root run's task and every branch task but ``spare``."""
         self._cancel_root(spare)
-        for task in self._branches:
+        for task in self._branches or ():
             if task is not spare and not task.done():
                 task.cancel()
 
@@ -161,3 +164,11 @@ async def settle_cancels(task: asyncio.Task[Any], cancels: int) -> None:
         task.uncancel()
     if task.cancelling():
         raise asyncio.CancelledError
+
+
+def others_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether other callbacks wait to run in ``loop``'s next turn (other tasks may be about
+    to start invocations). Read from the loop's ready queue where it has the standard
+    library's (``_ready``); True where it cannot be told."""
+    ready = getattr(loop, "_ready", None)
+    return ready is None or len(ready) > 0

@@ -35,6 +35,7 @@ __all__ = [
     "check_fence",
     "event_params",
     "make_session_row",
+    "new_session",
     "node_params",
     "owner_from_column",
     "prepare_batches",
@@ -103,22 +104,38 @@ class SessionWrite(NamedTuple):
     woke: bool
 
 
-class Cached(NamedTuple):
-    """A session as this store object's last append there left it: its next append folds on
-    this state instead of reading it back, while nobody else appended."""
+#: Node statuses a run does not leave within an invocation: the append cache lets them go.
+_ENDED = frozenset({"completed", "failed", "cancelled"})
 
-    session: SessionWrite
-    #: :attr:`SessionRow.row_id` of the row written.
-    row_id: int
-    #: ``nodes`` holds every node run of the session (else only some: look up the others).
-    complete: bool
-    #: The store's fold after that append (its columns are ``session``'s), moved on in
-    #: place by the next append: no new ``WorkflowState`` per append.
-    ws: WorkflowState
+
+class Cached:
+    """A session as this store object's last append there left it: its next append folds on
+    this state instead of reading it back, while nobody else appended. That append moves it
+    on in place (no new record per append); a store keeps it only once its transaction
+    committed, and drops it on any failure."""
+
+    __slots__ = ("session", "row_id", "complete", "ws", "finished")
+
+    def __init__(
+        self, session: SessionWrite, row_id: int, complete: bool, ws: WorkflowState, finished: set[str]
+    ) -> None:
+        self.session = session
+        #: :attr:`SessionRow.row_id` of the row written.
+        self.row_id = row_id
+        #: ``nodes`` holds every node run of the session still open (else only some: look up
+        #: the others).
+        self.complete = complete
+        #: The store's fold after that append (its columns are ``session``'s), moved on in
+        #: place by the next append: no new ``WorkflowState`` per append. It holds the runs
+        #: still open: a run that ended (completed, failed, cancelled) is written and let go.
+        self.ws = ws
+        #: The paths of the runs let go: with ``complete``, a path in neither ``ws.nodes`` nor
+        #: here is a new run; one here is read back if an append touches it again.
+        self.finished = finished
 
     @property
     def nodes(self) -> dict[str, NodeState]:
-        """The fold's node states."""
+        """The fold's node states (of the runs still open)."""
         return self.ws.nodes
 
 
@@ -171,6 +188,15 @@ def session_row_of(values: tuple[Any, ...]) -> SessionRow:
     """A :class:`SessionRow` of a tuple of its nine fields, in order (one C call: an
     adapter's hot path, e.g. a fetched row plus its row id)."""
     return _new(SessionRow, values)
+
+
+def new_session(session_id: str) -> Cached:
+    """What a store may keep for a session it just acquired with no events yet (its row's
+    ``last_seq`` 0, no workflow, status ``new``): the first append folds on this, and an SQL
+    store can guard that row instead of reading it back."""
+    ws = WorkflowState(session_id=session_id)
+    written = _new(SessionWrite, (session_id, "", "new", None, None, 0, 0, None, False, False))
+    return Cached(written, 0, True, ws, set())
 
 
 class AppendIO(Protocol):
@@ -314,7 +340,15 @@ def append_steps(
     if not numbered:
         return numbered, cached
     if last == 0:  # a new session: every node run is one this append makes
-        ws = resumed_state(session_id, row, {})
+        if (
+            cached is not None
+            and cached.session.last_seq == 0
+            and cached.ws.last_seq == 0
+            and not cached.ws.nodes
+        ):
+            ws, finished = cached.ws, cached.finished  # new_session()'s
+        else:
+            ws, finished = resumed_state(session_id, row, {}), set()
         complete = True
     elif (
         cached is not None
@@ -322,25 +356,27 @@ def append_steps(
         and cached.session.last_seq == last
         and cached.row_id == row.row_id
     ):
-        ws, complete = cached.ws, cached.complete  # nobody appended since this store did
+        ws, complete, finished = cached.ws, cached.complete, cached.finished  # nobody appended since
     else:
         nodes, complete = io.all_nodes(session_id)
-        ws = resumed_state(session_id, row, nodes)
+        ws, finished = resumed_state(session_id, row, nodes), set()
     nodes = ws.nodes
     apply = ws.apply
-    if complete:  # the node runs an append writes: the paths it moves, once each, in order
+    if complete and (not finished or finished.isdisjoint(e.path for e in numbered)):
+        # the node runs an append writes: the paths it moves, once each, in order
         touched: dict[str, None] = {}
         for e in numbered:
             apply(e)  # the one definition of what an event means (flowscope.fold)
             if e.path and type(e) is not UnknownEvent:
                 touched[e.path] = None
         paths: Iterable[str] = touched
-    else:
+    else:  # node states to read first: the session's runs not at hand (or let go, below)
         paths = touched_paths(numbered)
-        missing = [p for p in paths if p not in nodes]
+        missing = [p for p in paths if p not in nodes and (not complete or p in finished)]
         if missing:
             for ns in io.nodes(session_id, missing):
                 nodes[ns.path] = ns
+            finished.difference_update(missing)
         for e in numbered:
             apply(e)
     workflow = ws.workflow
@@ -350,7 +386,15 @@ def append_steps(
         io.rename_workflow(session_id, workflow)
     written = session_write(ws, numbered, row)
     row_id = io.write_session(written)
-    return numbered, _new(Cached, (written, row_id, complete, ws))
+    for p in paths:  # a run that ended is written: its state is let go (read back if touched again)
+        state = nodes.get(p)
+        if state is not None and state.status in _ENDED:
+            del nodes[p]
+            finished.add(p)
+    if cached is not None and cached.ws is ws:  # the same state, moved on: the same record
+        cached.session, cached.row_id, cached.complete, cached.finished = written, row_id, complete, finished
+        return numbered, cached
+    return numbered, Cached(written, row_id, complete, ws, finished)
 
 
 def take_in_steps(

@@ -15,6 +15,10 @@ names of the role modules, where they were before the port was cut.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
+from ..events import Event
+from ..ownership import Lease, Owner
 from .inbox import Inbox
 from .log import EventLog, number_events, summarize_open_runs
 from .ownership import Ownership, claim_reason, count_dead_owners, lease_lost, one_renewal, owned_elsewhere
@@ -78,3 +82,49 @@ class EventStore(Inbox, Upkeep, Ownership):
 
     def __enter__(self) -> EventStore:
         return self
+
+    # -- derived across roles: an invocation's first and last steps, in one step where the
+    # store can (the SQLite adapter: one transaction each)
+
+    def acquire_new(
+        self, session_id: str, owner: Owner, lease_s: float, *, now: float | None = None
+    ) -> Lease | None:
+        """:meth:`acquire` a session that has no events yet (what ``Runner.run`` starts),
+        or None, with nothing written, if it has some: the check and the lease in one step.
+
+        This default reads :meth:`last_seq` and then acquires; the SQLite store does both in
+        one transaction."""
+        if self.last_seq(session_id) > 0:
+            return None
+        return self.acquire(session_id, owner, lease_s, now=now)
+
+    def append_and_release(
+        self, batches: Sequence[AppendBatch], leases: Mapping[str, Lease]
+    ) -> tuple[list[list[Event] | BaseException], set[str]]:
+        """:meth:`append_many`, then the end of the ``leases`` (by session id) of the
+        sessions whose batch was appended and whose inbox holds no message (their owner
+        takes those in first, :mod:`flowscope.engine.inbox`): an invocation's last append
+        and the release of its lease. Returns the batches' results, as ``append_many``'s,
+        and the sessions whose lease was released.
+
+        This default calls :meth:`append_many`, :meth:`sessions_with_mail` and
+        :meth:`release`, and releases nothing if one of those fails after the append (the
+        caller releases then); the SQLite store does all of it in one transaction."""
+        results = self.append_many(batches)
+        done = [
+            sid
+            for (sid, _events, _expected, _epoch), r in zip(batches, results)
+            if sid in leases and not isinstance(r, BaseException)
+        ]
+        released: set[str] = set()
+        if not done:
+            return results, released
+        try:
+            mailed = self.sessions_with_mail(done)
+            for sid in done:
+                if sid not in mailed:
+                    self.release(leases[sid])
+                    released.add(sid)
+        except Exception:  # best effort: the appends stand; the caller releases what is left
+            pass
+        return results, released

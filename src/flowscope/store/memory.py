@@ -16,6 +16,7 @@ from ..ownership import Lease, Owner
 from .base import (
     FINISHED_SESSION_STATUSES,
     WORKER_RETENTION_S,
+    AppendBatch,
     Claim,
     EventStore,
     Message,
@@ -178,6 +179,32 @@ class MemoryEventStore(EventStore):
         own.owner, own.epoch = owner, own.epoch + 1
         own.lease_expires_at, own.lease_renewed_at = now + lease_s, now
         return Lease(session_id, owner, own.epoch, now + lease_s)
+
+    def acquire_new(
+        self, session_id: str, owner: Owner, lease_s: float, *, now: float | None = None
+    ) -> Lease | None:
+        now = time.time() if now is None else now
+        with self._lock:  # the check and the lease under one lock
+            if self._events.get(session_id):
+                return None
+            own = self._own.setdefault(session_id, _Ownership())
+            check_acquire(session_id, owner, own, now, force=False)
+            return self._take(session_id, own, owner, lease_s, now)
+
+    def append_and_release(
+        self, batches: Sequence[AppendBatch], leases: Mapping[str, Lease]
+    ) -> tuple[list[list[Event] | BaseException], set[str]]:
+        with self._lock:  # the appends, the inbox check and the releases under one lock
+            results = self.append_many(batches)
+            released: set[str] = set()
+            for (sid, _events, _expected, _epoch), r in zip(batches, results):
+                lease = leases.get(sid)
+                if lease is not None and not isinstance(r, BaseException) and not self._mail.get(sid):
+                    own = self._own.get(sid)
+                    if own is not None and own.epoch == lease.epoch:
+                        own.lease_expires_at = 0.0
+                        released.add(sid)
+            return results, released
 
     def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
         now = time.time() if now is None else now

@@ -15,20 +15,22 @@ the append runs again, reading the row, and raises what a read finds
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ...errors import ConcurrencyConflict, LeaseLost
 from ...events import Event, RunFinished
+from ...ownership import Lease
 from ..appending import Cached, PreparedBatch, append_steps
 from ..codec import Row
+from . import queries as q
 from . import schema
-from .writer import Bulk, Writer
+from .writer import Bulk, Writer, in_chunks
 
-__all__ = ["append_one", "append_group", "ends_invocation", "Outcome"]
+__all__ = ["append_one", "append_group", "release_unmailed", "ends_invocation", "Outcome"]
 
-#: A group commit's result per batch (its events as stored, or why it was refused) and the
-#: states to keep for the sessions' next appends.
-Outcome = tuple[list[list[Event] | BaseException], dict[str, Cached]]
+#: A group commit's result per batch (its events as stored, or why it was refused), the
+#: states to keep for the sessions' next appends, and the sessions whose lease it ended.
+Outcome = tuple[list[list[Event] | BaseException], dict[str, Cached], set[str]]
 
 
 def ends_invocation(numbered: Sequence[Event]) -> bool:
@@ -46,10 +48,12 @@ def append_one(
     expected_last_seq: int,
     epoch: int | None,
     cached: Cached | None,
-) -> tuple[list[Event], Cached | None]:
+    release: Lease | None = None,
+) -> tuple[list[Event], Cached | None, bool]:
     """One append in a transaction of its own; ``check`` runs before the commit (the
     store's -wal watch). Guarded on ``cached`` when it is at ``expected_last_seq`` and the
-    append is fenced."""
+    append is fenced. With ``release``, the lease ends in the same transaction unless the
+    session has mail (:func:`release_unmailed`); the last value says whether it did."""
     if cached is not None and epoch is not None and events and cached.session.last_seq == expected_last_seq:
         bulk = Bulk(conn)
         bulk.guard(session_id, cached, epoch)
@@ -59,9 +63,12 @@ def append_one(
                 bulk, session_id, events, encoded, expected_last_seq, epoch, cached
             )
             if bulk.write():
+                released = release is not None and bool(
+                    release_unmailed(conn, {session_id: release}, [session_id])
+                )
                 check()
                 conn.execute("COMMIT")
-                return numbered, entry
+                return numbered, entry, released
         except BaseException:
             schema.rollback(conn)
             raise
@@ -72,12 +79,30 @@ def append_one(
         numbered, entry = append_steps(
             Writer(conn), session_id, events, encoded, expected_last_seq, epoch, cached
         )
+        released = release is not None and bool(release_unmailed(conn, {session_id: release}, [session_id]))
         check()
         conn.execute("COMMIT")
     except BaseException:
         schema.rollback(conn)
         raise
-    return numbered, entry
+    return numbered, entry, released
+
+
+def release_unmailed(
+    conn: sqlite3.Connection, leases: Mapping[str, Lease], appended: Sequence[str]
+) -> set[str]:
+    """In the open transaction: end the leases of the ``appended`` sessions that have one in
+    ``leases`` and no message in their inbox; the sessions released."""
+    sids = [sid for sid in appended if sid in leases]
+    if not sids:
+        return set()
+    mailed: set[str] = set()
+    for marks, chunk in in_chunks(sids):
+        mailed.update(r[0] for r in conn.execute(q.SQL_MAILED_IN + marks, chunk))
+    rows = [(sid, leases[sid].epoch) for sid in sids if sid not in mailed]
+    if rows:
+        conn.executemany(q.SQL_RELEASE, rows)
+    return {sid for sid, _epoch in rows}
 
 
 def append_group(
@@ -87,15 +112,18 @@ def append_group(
     cached: dict[str, Cached | None],
     *,
     unique: bool,
+    leases: Mapping[str, Lease] | None = None,
 ) -> Outcome:
     """A group commit in one transaction. Sessions that come once each (``unique``, the
     usual case) are collected and written with one statement per table; otherwise each
-    batch runs in a savepoint. A refused batch writes nothing; its exception is its result."""
+    batch runs in a savepoint. A refused batch writes nothing; its exception is its result.
+    With ``leases``, those of the appended sessions without mail end in the same
+    transaction (:func:`release_unmailed`)."""
     if not unique:
-        return _each(conn, check, prepared, cached)
-    done = _bulk(conn, check, prepared, cached, guard=True)
+        return _each(conn, check, prepared, cached, leases)
+    done = _bulk(conn, check, prepared, cached, leases, guard=True)
     if done is None:  # a guarded row had moved: nothing written, read them all
-        done = _bulk(conn, check, prepared, {}, guard=False)
+        done = _bulk(conn, check, prepared, {}, leases, guard=False)
         assert done is not None
     return done
 
@@ -105,6 +133,7 @@ def _bulk(
     check: Callable[[], None],
     prepared: list[PreparedBatch],
     cached: dict[str, Cached | None],
+    leases: Mapping[str, Lease] | None,
     *,
     guard: bool,
 ) -> Outcome | None:
@@ -139,12 +168,13 @@ def _bulk(
         if not bulk.write():
             schema.rollback(conn)
             return None
+        released = release_unmailed(conn, leases, _appended(prepared, out)) if leases else set()
         check()
         conn.execute("COMMIT")
     except BaseException:
         schema.rollback(conn)
         raise
-    return out, kept
+    return out, kept, released
 
 
 def _each(
@@ -152,6 +182,7 @@ def _each(
     check: Callable[[], None],
     prepared: list[PreparedBatch],
     cached: dict[str, Cached | None],
+    leases: Mapping[str, Lease] | None,
 ) -> Outcome:
     """A session more than once: each batch in a savepoint, its statements run at once, so
     a session's second batch sees its first."""
@@ -176,9 +207,17 @@ def _each(
                 if entry is not None and not ends_invocation(numbered):
                     kept[sid] = entry
             conn.execute("RELEASE batch")
+        released = release_unmailed(conn, leases, _appended(prepared, out)) if leases else set()
         check()
         conn.execute("COMMIT")
     except BaseException:
         schema.rollback(conn)
         raise
-    return out, kept
+    return out, kept, released
+
+
+def _appended(prepared: list[PreparedBatch], out: list[list[Event] | BaseException]) -> list[str]:
+    """The sessions of the batches that were appended (not refused), once each."""
+    return list(
+        dict.fromkeys(p.session_id for p, r in zip(prepared, out) if not isinstance(r, BaseException))
+    )

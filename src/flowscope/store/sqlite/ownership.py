@@ -10,6 +10,7 @@ import dataclasses
 import json
 import sqlite3
 from collections.abc import Collection, Iterator, Sequence
+from functools import lru_cache
 
 from ...errors import LeaseLost
 from ...ownership import Lease, Owner, this_host
@@ -18,7 +19,7 @@ from ..base import Claim
 from ..takeover import ClaimCandidate, ClaimPick, LeaseRow, check_acquire, claim_cut, claim_picks, lost_lease
 from . import queries as q
 
-__all__ = ["lease_row", "acquire", "renew", "claim"]
+__all__ = ["lease_row", "acquire", "acquire_new", "renew", "claim"]
 
 #: A claim's candidate queries, oldest first each, with the status of their rows (the
 #: mailed rows' is their last column).
@@ -39,27 +40,52 @@ def lease_row(conn: sqlite3.Connection, session_id: str) -> LeaseRow | None:
     return LeaseRow(owner_from_column(owner), epoch, lease_expires_at, lease_renewed_at)
 
 
+@lru_cache(maxsize=64)
+def _owner_text(owner: Owner) -> str:
+    """The ``owner`` column of ``owner`` (a process's owners are few and immutable)."""
+    return json.dumps(owner.to_dict())
+
+
 def _take(
     conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float, *, recovered: bool
-) -> int:
-    """Record ``owner``'s lease on the session (made if missing), epoch + 1; the new epoch."""
+) -> tuple[int, int]:
+    """Record ``owner``'s lease on the session (made if missing), epoch + 1; the new epoch
+    and the session's last seq."""
     params = {
         "sid": session_id,
-        "owner": json.dumps(owner.to_dict()),
+        "owner": _owner_text(owner),
         "expires": now + lease_s,
         "now": now,
         "recovered": int(recovered),
     }
-    epoch: int = conn.execute(q.SQL_TAKE, params).fetchone()[0]
-    return epoch
+    epoch, last_seq = conn.execute(q.SQL_TAKE, params).fetchone()
+    return int(epoch), int(last_seq)
 
 
 def acquire(
     conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float, *, force: bool
-) -> Lease:
-    """:meth:`~flowscope.store.base.EventStore.acquire` in the open transaction."""
+) -> tuple[Lease, int]:
+    """:meth:`~flowscope.store.base.EventStore.acquire` in the open transaction: the lease,
+    and the session's last seq (0: no events yet)."""
     check_acquire(session_id, owner, lease_row(conn, session_id), now, force=force)
-    epoch = _take(conn, session_id, owner, lease_s, now, recovered=False)
+    epoch, last_seq = _take(conn, session_id, owner, lease_s, now, recovered=False)
+    return Lease(session_id, owner, epoch, now + lease_s), last_seq
+
+
+def acquire_new(
+    conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float
+) -> Lease | None:
+    """:meth:`~flowscope.store.base.EventStore.acquire_new` in the open transaction: None,
+    with nothing written, if the session has events."""
+    row = conn.execute(q.SQL_OWNERSHIP_SEQ, (session_id,)).fetchone()
+    held = None
+    if row is not None:
+        stored, epoch, lease_expires_at, lease_renewed_at, last_seq = row
+        if last_seq > 0:
+            return None
+        held = LeaseRow(owner_from_column(stored), epoch, lease_expires_at, lease_renewed_at)
+    check_acquire(session_id, owner, held, now, force=False)
+    epoch, _last_seq = _take(conn, session_id, owner, lease_s, now, recovered=False)
     return Lease(session_id, owner, epoch, now + lease_s)
 
 
@@ -117,7 +143,9 @@ def claim(
         )
     claims = []
     for pick in claim_cut(found, limit):
-        epoch = _take(conn, pick.session_id, owner, lease_s, now, recovered=pick.reason == "orphaned")
+        epoch, _last_seq = _take(
+            conn, pick.session_id, owner, lease_s, now, recovered=pick.reason == "orphaned"
+        )
         claims.append(
             Claim(
                 pick.session_id,

@@ -40,6 +40,8 @@ __all__ = [
     "SQL_OPEN_SAME_HOST",
     "SQL_SESSION_INFO",
     "SQL_OWNERSHIP",
+    "SQL_OWNERSHIP_SEQ",
+    "SQL_MAILED_IN",
     "SQL_TAKE",
     "SQL_RENEW",
     "SQL_RELEASE",
@@ -179,13 +181,20 @@ SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = ? A
 
 # -- ownership
 SQL_OWNERSHIP = "SELECT owner, epoch, lease_expires_at, lease_renewed_at FROM sessions WHERE session_id = ?"
+#: SQL_OWNERSHIP and the last seq: acquire_new's one read.
+SQL_OWNERSHIP_SEQ = (
+    "SELECT owner, epoch, lease_expires_at, lease_renewed_at, last_seq FROM sessions WHERE session_id = ?"
+)
+#: The sessions among ``(?, ?, ...)`` with a message in their inbox (the lease keeper's
+#: question, and an invocation's last append's).
+SQL_MAILED_IN = "SELECT DISTINCT session_id FROM messages WHERE session_id IN "
 SQL_TAKE = (
     "INSERT INTO sessions (session_id, last_seq, owner, epoch, lease_expires_at, lease_renewed_at) "
     "VALUES (:sid, 0, :owner, 1, :expires, :now) "
     "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, epoch = sessions.epoch + 1, "
     "lease_expires_at = excluded.lease_expires_at, lease_renewed_at = excluded.lease_renewed_at, "
     "recoveries = sessions.recoveries + :recovered "
-    "RETURNING epoch"
+    "RETURNING epoch, last_seq"
 )
 SQL_RENEW = (
     "UPDATE sessions SET lease_expires_at = ?, lease_renewed_at = ? WHERE session_id = ? AND epoch = ?"

@@ -20,8 +20,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import sqlite_utils
@@ -32,7 +31,7 @@ from ...fold import gc_paused
 from ...jsontext import dumps_finite
 from ...liveness import stale_before
 from ...ownership import Lease, Owner, this_host
-from ..appending import Cached, owner_from_column, prepare_batches, take_in_steps
+from ..appending import Cached, new_session, owner_from_column, prepare_batches, take_in_steps
 from ..base import (
     WORKER_RETENTION_S,
     AppendBatch,
@@ -52,6 +51,7 @@ from ..codec import decode, encode
 from . import maintenance, ownership, schema
 from . import queries as q
 from .appends import append_group, append_one, ends_invocation
+from .connection import Use
 from .faults import store_error, wal_removed
 from .files import WalWatch, identity
 from .writer import Writer
@@ -170,16 +170,10 @@ class SqliteEventStore(EventStore):
     def _read_only(self, action: str) -> StoreReadOnly:
         return StoreReadOnly(f"{self.path} is open read-only: cannot {action}; open it without readonly=True")
 
-    @contextmanager
-    def _op(self, action: str) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise self._closed()
-            try:
-                yield conn
-            except sqlite3.Error as exc:
-                raise self._error(exc, action) from exc
+    def _op(self, action: str) -> Use:
+        """``with self._op(action) as conn``: the connection under the store's lock; a
+        sqlite3 error in the block is raised as the :class:`StoreError` for ``action``."""
+        return Use(self, action, False)
 
     def _error(self, exc: sqlite3.Error, action: str) -> StoreError:
         """The :class:`StoreError` for ``exc``: first, whether our -wal file was removed."""
@@ -187,20 +181,11 @@ class SqliteEventStore(EventStore):
             return wal_removed(self.path)
         return store_error(exc, self.path, action, self.busy_timeout)
 
-    @contextmanager
-    def _write(self, action: str) -> Iterator[sqlite3.Connection]:
+    def _write(self, action: str) -> Use:
         """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on any error."""
         if self.readonly:
             raise self._read_only(action)
-        with self._op(action) as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-                self._wal.check()
-                conn.execute("COMMIT")
-            except BaseException:
-                schema.rollback(conn)
-                raise
+        return Use(self, action, True)
 
     def _close_quietly(self) -> None:
         if self._conn is not None:
@@ -219,20 +204,40 @@ class SqliteEventStore(EventStore):
     def append(
         self, session_id: str, events: Sequence[Event], expected_last_seq: int, *, epoch: int | None = None
     ) -> list[Event]:
+        return self._append(session_id, events, expected_last_seq, epoch, None)[0]
+
+    def _append(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        expected_last_seq: int,
+        epoch: int | None,
+        release: Lease | None,
+    ) -> tuple[list[Event], bool]:
+        """One append in its own transaction (:func:`.appends.append_one`); with ``release``,
+        the lease ends in it too unless the session has mail (True if it did)."""
         if not isinstance(events, (list, tuple)):
             events = list(events)  # iterated twice below
         encoded = [encode(self.path, session_id, e) for e in events]  # fails before anything is locked
         if self.readonly:
             raise self._read_only("append events")
-        with self._lock:  # the hot path: the same as _write(), without the context-manager overhead
+        with self._lock:  # the hot path: the same as _write(), without a context manager
             conn = self._conn
             if conn is None:
                 raise self._closed()
             # a failed append leaves none: the next reads the rows
             cached = self._node_cache.pop(session_id, None)
             try:
-                numbered, entry = append_one(
-                    conn, self._wal.check, session_id, events, encoded, expected_last_seq, epoch, cached
+                numbered, entry, released = append_one(
+                    conn,
+                    self._wal.check,
+                    session_id,
+                    events,
+                    encoded,
+                    expected_last_seq,
+                    epoch,
+                    cached,
+                    release,
                 )
             except sqlite3.Error as exc:
                 raise self._error(exc, "append events") from exc
@@ -240,7 +245,7 @@ class SqliteEventStore(EventStore):
                 self._node_cache[session_id] = entry  # committed: keep the state for the next append
                 if len(self._node_cache) > _NODE_CACHE_SESSIONS:
                     self._keep({})
-        return numbered
+        return numbered, released
 
     def _keep(self, entries: dict[str, Cached]) -> None:
         """Remember committed appends' node states for the next append (bounded)."""
@@ -314,7 +319,25 @@ class SqliteEventStore(EventStore):
     ) -> Lease:
         now = time.time() if now is None else now
         with self._write("acquire a session") as conn:
-            return ownership.acquire(conn, session_id, owner, lease_s, now, force=force)
+            lease, last_seq = ownership.acquire(conn, session_id, owner, lease_s, now, force=force)
+            if last_seq == 0:  # no events yet: the first append is guarded on this row, not read
+                self._node_cache[session_id] = new_session(session_id)
+            else:
+                self._node_cache.pop(session_id, None)
+        return lease
+
+    def acquire_new(
+        self, session_id: str, owner: Owner, lease_s: float, *, now: float | None = None
+    ) -> Lease | None:
+        """The port's, in one transaction (the check, the lease)."""
+        if type(self).acquire is not SqliteEventStore.acquire:  # a subclass that wraps acquire
+            return super().acquire_new(session_id, owner, lease_s, now=now)
+        now = time.time() if now is None else now
+        with self._write("acquire a session") as conn:
+            lease = ownership.acquire_new(conn, session_id, owner, lease_s, now)
+            if lease is not None:  # no events yet: the first append is guarded on this row
+                self._node_cache[session_id] = new_session(session_id)
+        return lease
 
     def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
         return one_renewal(self.renew_many([lease], lease_s, now=now))
@@ -459,12 +482,30 @@ class SqliteEventStore(EventStore):
         result); an error of the store itself rolls everything back and is raised."""
         if type(self).append is not SqliteEventStore.append:  # a subclass that wraps append: go through it
             return super().append_many(batches)
-        if len(batches) == 1:
+        return self._group(batches, None)[0]
+
+    def append_and_release(
+        self, batches: Sequence[AppendBatch], leases: Mapping[str, Lease]
+    ) -> tuple[list[list[Event] | BaseException], set[str]]:
+        """The port's, in one transaction: the appends, the inbox check, the releases."""
+        if (
+            type(self).append is not SqliteEventStore.append
+            or type(self).release is not SqliteEventStore.release
+        ):
+            return super().append_and_release(batches, leases)
+        return self._group(batches, leases)
+
+    def _group(
+        self, batches: Sequence[AppendBatch], leases: Mapping[str, Lease] | None
+    ) -> tuple[list[list[Event] | BaseException], set[str]]:
+        if len(batches) == 1:  # one session's append, guarded on its cached row
             sid, events, expected, epoch = batches[0]
+            lease = leases.get(sid) if leases else None
             try:
-                return [self.append(sid, events, expected, epoch=epoch)]
+                numbered, one_released = self._append(sid, events, expected, epoch, lease)
             except (ConcurrencyConflict, LeaseLost) as exc:
-                return [exc]
+                return [exc], set()
+            return [numbered], {sid} if one_released else set()
         prepared = prepare_batches(batches, encode, self.path)
         if self.readonly:
             raise self._read_only("append events")
@@ -475,13 +516,13 @@ class SqliteEventStore(EventStore):
                 raise self._closed()
             cached = {sid: self._node_cache.pop(sid, None) for sid in ids}
             try:
-                out, kept = append_group(
-                    conn, self._wal.check, prepared, cached, unique=len(cached) == len(ids)
+                out, kept, released = append_group(
+                    conn, self._wal.check, prepared, cached, unique=len(cached) == len(ids), leases=leases
                 )
             except sqlite3.Error as exc:
                 raise self._error(exc, "append events") from exc
             self._keep(kept)
-        return out
+        return out, released
 
     def exported_seq(self, session_id: str) -> int:
         with self._op("read the span watermark") as conn:
@@ -539,16 +580,7 @@ class SqliteEventStore(EventStore):
 def _session_info(row: Sequence[Any]) -> SessionInfo:
     """A row of ``SQL_SESSIONS`` / ``SQL_SESSION_INFO``."""
     sid, workflow, status, started, updated, last_seq, invocations, owner, epoch, lease, submitted = row
+    owned = owner_from_column(owner)
     return SessionInfo(
-        sid,
-        workflow,
-        status,
-        started,
-        updated,
-        last_seq,
-        invocations,
-        owner_from_column(owner),
-        epoch,
-        lease,
-        submitted,
+        sid, workflow, status, started, updated, last_seq, invocations, owned, epoch, lease, submitted
     )

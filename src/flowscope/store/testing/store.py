@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from ...errors import ConcurrencyConflict, LeaseLost
 from ...events import (
     NodeCompleted,
     NodeStarted,
+    RunFinished,
     RunStarted,
     RunSubmitted,
 )
@@ -106,3 +109,47 @@ class EventStoreContract(EventLogContract, OwnershipContract, InboxContract, Upk
         assert info == store.session_info("b")
         store.acquire("new", this_process("w"), 15.0)  # owned, no event: no session yet
         assert "new" not in {i.session_id for i, _m in store.unexported()}
+
+    # ------------------------------------------------------------------ an invocation's first and last steps
+
+    def test_acquire_new_takes_a_session_without_events_and_leaves_one_with_events(
+        self, store: EventStore
+    ) -> None:
+        me, other = this_process("w-new"), other_host_owner()
+        lease = store.acquire_new("fresh", me, 15.0)
+        assert lease is not None and lease.epoch >= 1 and lease.owner == me
+        info = store.session_info("fresh")
+        assert info is None or info.last_seq == 0  # owned, no event: no session to list yet
+        with pytest.raises(ConcurrencyConflict):  # a live owner holds it
+            store.acquire_new("fresh", other, 15.0)
+        store.append("fresh", [ev(RunStarted, sid="fresh", workflow="w", ts=1.0)], 0, epoch=lease.epoch)
+        store.release(lease)
+        assert store.acquire_new("fresh", other, 15.0) is None  # it has events: refused, nothing written
+        later = store.acquire("fresh", me, 15.0)
+        assert later.epoch == lease.epoch + 1  # acquire_new advanced no epoch
+
+    def test_append_and_release_ends_the_leases_of_sessions_without_mail(self, store: EventStore) -> None:
+        me, other = this_process("w-end"), other_host_owner()
+        leases = {sid: store.acquire(sid, me, 15.0) for sid in ("quiet", "mailed", "fenced")}
+        for sid, lease in leases.items():
+            store.append(sid, [ev(RunStarted, sid=sid, workflow="w", ts=1.0)], 0, epoch=lease.epoch)
+        store.send("mailed", "answer", {"inputs": {"ok": True}, "jobs": {}})
+        taken = store.acquire("fenced", other, 15.0, force=True)  # taken over: its last append is fenced
+        out, released = store.append_and_release(
+            [
+                (sid, [ev(RunFinished, sid=sid, ts=2.0, status="completed")], 1, lease.epoch)
+                for sid, lease in leases.items()
+            ],
+            leases,
+        )
+        assert isinstance(out[2], LeaseLost) and [len(r) for r in out[:2] if isinstance(r, list)] == [1, 1]
+        assert released == {"quiet"}  # "mailed" keeps its lease for its owner to take the message in
+        assert store.acquire("quiet", other, 15.0).epoch == leases["quiet"].epoch + 1  # free at once
+        with pytest.raises(ConcurrencyConflict):
+            store.acquire("mailed", other, 15.0)
+        assert store.acquire("fenced", other, 15.0).epoch == taken.epoch + 1  # the same owner takes it again
+        one, ended = store.append_and_release(
+            [("solo", [ev(RunStarted, sid="solo", workflow="w", ts=1.0)], 0, None)],
+            {"solo": store.acquire("solo", me, 15.0)},
+        )
+        assert [e.seq for e in one[0]] == [1] and ended == {"solo"}  # type: ignore[union-attr]
