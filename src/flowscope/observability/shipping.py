@@ -74,10 +74,80 @@ def readable_span(
 ) -> ReadableSpan:
     """The SDK span of a record: the one conversion, for live spans and exports alike.
     ``extra`` adds attributes the log does not hold (redacted input/output); ``stacktrace``
-    goes on the ``exception`` span event."""
+    goes on the ``exception`` span event.
+
+    Only the span's context is made now (a processor's ``on_end`` reads it); the rest is
+    made from the record when it is first read, which for a batch processor is its export,
+    in the exporter's thread, not on the event loop that ended the span."""
     state = _trace_state(r.trace_state) if r.trace_state else _EMPTY_STATE
-    ctx = SpanContext(r.trace_id, r.span_id, False, _SAMPLED, state)
-    parent = SpanContext(r.trace_id, r.parent_id, False, _SAMPLED, state) if r.parent_id else None
+    return _RecordSpan(
+        SpanContext(r.trace_id, r.span_id, False, _SAMPLED, state), (r, resource, scope, extra, stacktrace)
+    )
+
+
+class _Unmade:
+    """A field of a :class:`_RecordSpan` not made yet: reading it makes them all. A
+    non-data descriptor, so once made the instance's own value is read, at no cost."""
+
+    __slots__ = ("name",)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, span: Any, owner: type | None = None) -> Any:
+        if span is None:
+            return self
+        return span._make(self.name)
+
+
+class _RecordSpan(ReadableSpan):
+    """A ``ReadableSpan`` whose fields are made from its record on first read (:func:`_fill`).
+
+    It is a ``ReadableSpan`` to every processor and exporter: each of its fields and
+    properties reads as the SDK's own would. Reading any field but the context makes them
+    all, once; two threads reading at once both make the same values."""
+
+    _name = _Unmade()
+    _kind = _Unmade()
+    _instrumentation_info = _Unmade()
+    _instrumentation_scope = _Unmade()
+    _parent = _Unmade()
+    _start_time = _Unmade()
+    _end_time = _Unmade()
+    _attributes = _Unmade()
+    _events = _Unmade()
+    _links = _Unmade()
+    _resource = _Unmade()
+    _status = _Unmade()
+
+    def __init__(self, context: SpanContext, pending: tuple[Any, ...]) -> None:  # no super().__init__: lazily
+        self._context = context
+        self._pending = pending
+
+    def _make(self, name: str) -> Any:
+        fields = self.__dict__
+        pending = fields.get("_pending")
+        if pending is not None:  # else another thread made them since this one looked
+            _fill(self, *pending)
+            fields.pop("_pending", None)
+        return fields[name]
+
+    def __getattr__(self, name: str) -> Any:  # a field a later SDK's ReadableSpan sets, not made yet
+        if "_pending" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self._make("_context")
+        return object.__getattribute__(self, name)
+
+
+def _fill(
+    span: ReadableSpan,
+    r: SpanRecord,
+    resource: Resource,
+    scope: InstrumentationScope,
+    extra: Mapping[str, Any] | None,
+    stacktrace: str | None,
+) -> None:
+    state = span._context.trace_state if span._context is not None else _EMPTY_STATE
     attributes = r.attributes  # the SDK keeps its own copy
     if extra:
         attributes = {**attributes, **extra}
@@ -88,10 +158,11 @@ def readable_span(
             if stacktrace is not None and e.name == sp.EXCEPTION_EVENT:
                 attrs[sp.EXCEPTION_STACKTRACE] = stacktrace
             events.append(SpanEvent(e.name, attrs, e.time_ns))
-    return ReadableSpan(
+    ReadableSpan.__init__(
+        span,
         name=r.name,
-        context=ctx,
-        parent=parent,
+        context=span._context,
+        parent=SpanContext(r.trace_id, r.parent_id, False, _SAMPLED, state) if r.parent_id else None,
         resource=resource,
         attributes=attributes,
         events=events,

@@ -42,8 +42,7 @@ import asyncio
 import logging
 import traceback
 import weakref
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -53,7 +52,16 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Trace
 from ..events import NodeCompleted
 from ..plugins import Plugin
 from . import spans as sp
-from .log_spans import PARENT_KEY, RESOURCE_KEY, SpanRecord, SpanWalk, span_id_for, trace_id_for, traceparent
+from .log_spans import (
+    PARENT_KEY,
+    RESOURCE_KEY,
+    SpanRecord,
+    SpanWalk,
+    span_id_for,
+    span_ids,
+    trace_id_for,
+    traceparent,
+)
 from .shipping import Shipper
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,22 +92,55 @@ class _Run:
     """One invocation: its derived context, the walk its events feed, and what only the
     live process knows about its spans (redacted input/output, stack traces)."""
 
-    __slots__ = ("trace_id", "span_id", "flags", "state", "store", "walk", "out", "extra", "held", "pending")
+    __slots__ = (
+        "trace_id",
+        "span_id",
+        "flags",
+        "state",
+        "state_header",
+        "store",
+        "walk",
+        "out",
+        "extra",
+        "held",
+        "pending",
+        "ids",
+        "known",
+        "tp_head",
+        "tp_tail",
+    )
 
-    def __init__(self, trace_id: int, span_id: int, flags: TraceFlags, state: TraceState, store: Any) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        invocation_id: str,
+        trace_id: int,
+        span_id: int,
+        sampled: bool,
+        state: TraceState,
+        store: Any,
+    ) -> None:
         self.trace_id = trace_id
         self.store = store  # where the watermark is kept (RunInfo.store)
         self.span_id = span_id
-        self.flags = flags
+        self.flags = _SAMPLED if sampled else _UNSAMPLED
         self.state = state
+        self.state_header = state.to_header() if state else ""
         self.walk: SpanWalk | None = None  # None: sampled out, or nowhere to send spans
-        self.out: list[SpanRecord] = []  # the spans one event ended, shipped together
+        self.out: list[SpanRecord] = []  # the spans the walk ended, shipped together
         #: span id -> attributes the log does not keep (redacted input and output)
         self.extra: dict[int, dict[str, Any]] = {}
         #: failed spans waiting for after_node to add their stack trace (record_stacktrace)
         self.held: dict[int, SpanRecord] = {}
         #: appended events not walked yet (see WALK_BATCH)
         self.pending: list[Event] = []
+        #: the span id of a node run, from (path, attempt), derived once per run (span_ids)
+        self.ids = span_ids(session_id, invocation_id)
+        #: ids derived when a node body began, for the walk to take (SpanWalk.known)
+        self.known: dict[tuple[str, str, int], int] = {}
+        #: the traceparent of a node run is tp_head + its span id (hex) + tp_tail
+        self.tp_head = f"00-{trace_id:032x}-"
+        self.tp_tail = "-01" if sampled else "-00"
 
 
 class TracingPlugin(Plugin):
@@ -173,13 +214,14 @@ class TracingPlugin(Plugin):
         tc["traceparent"] = traceparent(trace_id, span_id, sampled)
         if state:
             tc["tracestate"] = state.to_header()
-        st = self._runs[iid] = _Run(trace_id, span_id, _SAMPLED if sampled else _UNSAMPLED, state, run.store)
+        st = self._runs[iid] = _Run(sid, iid, trace_id, span_id, sampled, state, run.store)
         if sampled and shipper.enabled:
             if (
                 shipper.resource_record
             ):  # whoever ships these spans after a crash gives them this process's resource
                 tc[RESOURCE_KEY] = shipper.resource_record
-            st.walk = SpanWalk(partial(self._emit, st), sid)
+            # emits into st.out (a bound list method: the walk holds no cycle back to st)
+            st.walk = SpanWalk(st.out.append, sid, st.known)
             if run.resumed:  # ship what the process before this one did not, and link to it
                 st.walk.previous = shipper.catch_up(run.store, sid, run.previous_trace_context)
 
@@ -193,7 +235,8 @@ class TracingPlugin(Plugin):
         st.walk.close(run.invocation_id)
         st.out.extend(st.held.values())
         st.held.clear()
-        self._ship(st)
+        self._ship(st, hold=False)
+        st.walk = None
 
     # -- node runs ----------------------------------------------------------------------
 
@@ -204,15 +247,17 @@ class TracingPlugin(Plugin):
         if ctx.parent is None:  # the top workflow's run is the invocation's span
             span_id = st.span_id
         else:
-            span_id = span_id_for(ctx.session_id, ctx.invocation_id, ctx.path, ctx.attempt)
+            span_id = st.ids(ctx.path, ctx.attempt)
+            if st.walk is not None:  # the walk takes it when it starts or ends the run's span
+                st.known[(ctx.invocation_id, ctx.path, ctx.attempt)] = span_id
         sc = SpanContext(st.trace_id, span_id, False, st.flags, st.state)
         # Current in this task until after_node: spans the body starts are children of this run's.
         token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(sc)))
         ctx.plugin_state[_KEY] = (token, span_id)
         tc = ctx.trace_context
-        tc["traceparent"] = traceparent(st.trace_id, span_id, st.flags.sampled)
-        if st.state:
-            tc["tracestate"] = st.state.to_header()
+        tc["traceparent"] = f"{st.tp_head}{span_id:016x}{st.tp_tail}"  # traceparent(), prefix made once
+        if st.state_header:
+            tc["tracestate"] = st.state_header
         if self.redact is not None and st.walk is not None:
             text = self._redacted("input", ctx.input)
             if text is not None:
@@ -224,6 +269,8 @@ class TracingPlugin(Plugin):
             return
         token, span_id = mine
         otel_context.detach(token)  # logs (never raises) if the token is foreign
+        if self.redact is None and not self.record_stacktrace:
+            return  # nothing only the live process knows: the span is the log's
         st = self._runs.get(ctx.invocation_id)
         if st is None or st.walk is None:
             return
@@ -254,14 +301,26 @@ class TracingPlugin(Plugin):
     # -- events: the spans ---------------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
-        st = self._runs.get(event.invocation_id)
+        self.on_events((event,))
+
+    def on_events(self, events: Sequence[Event]) -> None:
+        """The events of one append (one invocation's): queued for the next walk."""
+        if not events:
+            return
+        iid = events[0].invocation_id
+        if events[-1].invocation_id != iid:  # not one invocation's append: take them one by one
+            for e in events:
+                self.on_events((e,))
+            return
+        st = self._runs.get(iid)
         if st is None or st.walk is None:
             return
         pending = st.pending
-        pending.append(event)
+        first = not pending
+        pending.extend(events)
         if len(pending) >= WALK_BATCH:
             self._walk_pending(st)
-        elif len(pending) == 1:
+        elif first:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # no loop in this thread: walk it now
@@ -300,24 +359,31 @@ class TracingPlugin(Plugin):
         if st.out:
             self._ship(st)
 
-    def _emit(self, st: _Run, record: SpanRecord) -> None:
+    def _ship(self, st: _Run, hold: bool = True) -> None:
+        """Ship what the walk ended (st.out, which the walk appends to: emptied, not replaced)."""
+        out = st.out
+        try:
+            if hold and self.record_stacktrace:
+                out = [r for r in out if not self._hold(st, r)]
+            extras = None
+            if st.extra:
+                extras = {r.span_id: (st.extra.pop(r.span_id), None) for r in out if r.span_id in st.extra}
+            self.shipper.ship(out, st.store, extras)
+        finally:
+            st.out.clear()
+
+    @staticmethod
+    def _hold(st: _Run, record: SpanRecord) -> bool:
+        """Keep a failed run's span for its stack trace, known in after_node."""
         if (
-            self.record_stacktrace
-            and record.error is not None
+            record.error is not None
             and record.events
             and record.span_id != st.span_id
             and record.events[-1].name == sp.EXCEPTION_EVENT
         ):
-            st.held[record.span_id] = record  # its stack is known in after_node
-            return
-        st.out.append(record)
-
-    def _ship(self, st: _Run) -> None:
-        out, st.out = st.out, []
-        extras = None
-        if st.extra:
-            extras = {r.span_id: (st.extra.pop(r.span_id), None) for r in out if r.span_id in st.extra}
-        self.shipper.ship(out, st.store, extras)
+            st.held[record.span_id] = record
+            return True
+        return False
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Flush the provider's processors."""
