@@ -170,19 +170,31 @@ class PluginDispatcher:
         isolated per call, an async hook's coroutine is scheduled, as :meth:`call_sync` does."""
         for plugin, fn, batched in self._deliver:
             if batched:
-                self._sync(plugin, "on_events", fn, events)
-            else:
-                for e in events:
-                    self._sync(plugin, "on_event", fn, e)
+                try:
+                    result = fn(events)
+                except Exception as exc:
+                    self._failed(plugin, "on_events", exc)
+                    continue
+                if result is not None and inspect.isawaitable(result):
+                    self._schedule(plugin, "on_events", result)
+                continue
+            for e in events:
+                try:
+                    result = fn(e)
+                except Exception as exc:
+                    self._failed(plugin, "on_event", exc)
+                    continue
+                if result is not None and inspect.isawaitable(result):
+                    self._schedule(plugin, "on_event", result)
 
-    def _sync(self, plugin: Plugin, hook: str, fn: Callable[[Any], Any], arg: Any) -> None:
+    def _schedule(self, plugin: Plugin, hook: str, result: Awaitable[Any]) -> None:
+        """Run an async hook's awaitable on the running loop; its failure is isolated too."""
         try:
-            result = fn(arg)
-            if result is not None and inspect.isawaitable(result):
-                task = asyncio.ensure_future(result)
-                task.add_done_callback(partial(self._task_done, plugin=plugin, hook=hook))
-        except Exception as exc:
+            task = asyncio.ensure_future(result)
+        except Exception as exc:  # no running loop
             self._failed(plugin, hook, exc)
+            return
+        task.add_done_callback(partial(self._task_done, plugin=plugin, hook=hook))
 
     async def _finish(
         self,

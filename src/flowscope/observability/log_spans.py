@@ -49,7 +49,8 @@ __all__ = [
     "spans_of_log",
     "trace_id_for",
     "span_id_for",
-    "span_ids",
+    "span_id_head",
+    "span_id_after",
     "invocation_context",
     "traceparent",
     "PARENT_KEY",
@@ -125,18 +126,19 @@ def span_id_for(session_id: str, invocation_id: str, path: str = "", attempt: in
     )
 
 
-def span_ids(session_id: str, invocation_id: str) -> Callable[[str, int], int]:
-    """``span_id_for(session_id, invocation_id, path, attempt)`` as a function of ``(path,
-    attempt)``: the same ids, with the invocation's part of the digest hashed once (the
-    live plugin derives one per node run, uncached)."""
-    head = hashlib.sha256(f"flowscope-span\x00{session_id}\x00{invocation_id}\x00".encode())
+def span_id_head(session_id: str, invocation_id: str) -> Any:
+    """The invocation's part of its runs' span ids, hashed once: :func:`span_id_after`
+    gives ``span_id_for(session_id, invocation_id, path, attempt)`` from it (the live
+    plugin derives one per node run, uncached)."""
+    return hashlib.sha256(f"flowscope-span\x00{session_id}\x00{invocation_id}\x00".encode())
 
-    def span_id(path: str, attempt: int) -> int:
-        h = head.copy()
-        h.update(f"{path}\x00{attempt}".encode())
-        return int.from_bytes(h.digest()[:8], "big") or 1
 
-    return span_id
+def span_id_after(head: Any, path: str, attempt: int) -> int:
+    """:func:`span_id_for` of the run of ``path`` that started at ``attempt``, from its
+    invocation's :func:`span_id_head`."""
+    h = head.copy()
+    h.update(f"{path}\x00{attempt}".encode())
+    return int.from_bytes(h.digest()[:8], "big") or 1
 
 
 #: The W3C ``traceparent`` header of a span context (one writer: ``traceparent.py``).
@@ -280,6 +282,8 @@ class SpanWalk:
     deriving it again. The ids are :func:`span_id_for`'s either way.
     """
 
+    __slots__ = ("emit", "session", "invocations", "previous", "errors", "known", "_order", "closing")
+
     def __init__(
         self, emit: Emit, session_id: str = "", known: dict[tuple[str, str, int], int] | None = None
     ) -> None:
@@ -312,10 +316,6 @@ class SpanWalk:
     def _on_run_finished(self, inv: _Invocation | None, e: Any) -> None:
         if inv is not None:
             self._finish_invocation(inv, e)
-
-    def _on_node_started(self, inv: _Invocation | None, e: Any) -> None:
-        if inv is not None:
-            self._start_node(inv, e)
 
     def _on_retrying(self, inv: _Invocation | None, e: Any) -> None:
         span = inv.open.get(e.path) if inv is not None and e.path else None
@@ -351,6 +351,11 @@ class SpanWalk:
             inv.errors[path] = self.errors[path] = (sp.error_type_of(e), e.error_message)
         if path == inv.root:
             inv.root_end = self._node_end(inv, span)
+        elif kind == "node_completed":  # most runs: _node_end's first case, without its call
+            del inv.open[path]
+            self._close(
+                span, sp.node_end(e, e.attempt_count or span.attempt, span.recovered), e.ts, e.seq, inv
+            )
         elif kind != "job_dispatched":
             # A JobDispatched whose dispatch failed is followed by the job's result and
             # an InputRequested in the same run: that span ends with the last of them.
@@ -435,7 +440,9 @@ class SpanWalk:
 
     # -- node runs ----------------------------------------------------------------------
 
-    def _start_node(self, inv: _Invocation, e: NodeStarted) -> None:
+    def _start_node(self, inv: _Invocation | None, e: NodeStarted) -> None:
+        if inv is None:
+            return
         path = e.path
         old = inv.open.pop(path, None)
         if old is not None and old is not inv.span:  # the same path again (a nested workflow's retry)
@@ -516,7 +523,7 @@ class SpanWalk:
             SpanRecord(
                 span.name,
                 span.trace_id,
-                self._span_id(span),
+                span.span_id or self._span_id(span),
                 span.parent_id,
                 span.start,
                 at,
@@ -552,7 +559,7 @@ _Handler = Callable[[SpanWalk, "_Invocation | None", Any], Any]
 _HANDLERS: dict[str, _Handler] = {
     "run_started": SpanWalk._on_run_started,
     "run_finished": SpanWalk._on_run_finished,
-    "node_started": SpanWalk._on_node_started,
+    "node_started": SpanWalk._start_node,
     "node_retrying": SpanWalk._on_retrying,
     "job_result": SpanWalk._on_job_result,
     "node_error": SpanWalk._on_error,

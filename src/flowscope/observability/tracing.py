@@ -43,11 +43,13 @@ import logging
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TracerProvider, TraceState
+from opentelemetry.context import Context
+from opentelemetry.trace import NonRecordingSpan, TraceFlags, TracerProvider, TraceState
 
 from ..events import NodeCompleted
 from ..plugins import Plugin
@@ -57,11 +59,13 @@ from .log_spans import (
     RESOURCE_KEY,
     SpanRecord,
     SpanWalk,
+    span_id_after,
     span_id_for,
-    span_ids,
+    span_id_head,
     trace_id_for,
     traceparent,
 )
+from .sdk_spans import span_context
 from .shipping import Shipper
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -86,6 +90,42 @@ _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 #: costs ~13 µs less per node than walking each event as it is appended (bench/RESULTS.md):
 #: the walk's and the SDK's code stay warm. The spans and their ids are the same.
 WALK_BATCH = 256
+
+
+def _context_var() -> ContextVar[Context] | None:
+    """The ``ContextVar`` the OpenTelemetry API keeps the current context in, when it is
+    its default runtime context (``OTEL_PYTHON_CONTEXT`` unset), else None: a node's
+    context is then set and reset through that variable, as ``attach``/``detach`` do,
+    without their two calls each; another runtime context is called through the API."""
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    var = getattr(runtime, "_current_context", None)
+    if type(runtime).__name__ == "ContextVarsRuntimeContext" and isinstance(var, ContextVar):
+        return var
+    return None
+
+
+_CONTEXT = _context_var()
+#: The key the API keeps the current span under (set_span_in_context's), read once.
+_SPAN_KEY = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, Context())))
+
+
+class _NodeSpan(NonRecordingSpan):
+    """The current span while a node body runs: the API's non-recording span, with its
+    context in a slot (no instance dict: one object fewer per running node to collect)."""
+
+    __slots__ = ("_context",)
+
+
+def _detach(token: Any) -> None:
+    """Reset the context a node's body ran in (``otel_context.detach``: never raises)."""
+    var = _CONTEXT
+    if var is not None:
+        try:
+            var.reset(token)
+            return
+        except Exception:  # a token of another context: the API logs it
+            pass
+    otel_context.detach(token)
 
 
 class _Run:
@@ -128,14 +168,14 @@ class _Run:
         self.state_header = state.to_header() if state else ""
         self.walk: SpanWalk | None = None  # None: sampled out, or nowhere to send spans
         self.out: list[SpanRecord] = []  # the spans the walk ended, shipped together
-        #: span id -> attributes the log does not keep (redacted input and output)
-        self.extra: dict[int, dict[str, Any]] = {}
+        #: span id -> attributes the log does not keep (redacted input and output); made on first use
+        self.extra: dict[int, dict[str, Any]] | None = None
         #: failed spans waiting for after_node to add their stack trace (record_stacktrace)
-        self.held: dict[int, SpanRecord] = {}
+        self.held: dict[int, SpanRecord] | None = None
         #: appended events not walked yet (see WALK_BATCH)
         self.pending: list[Event] = []
-        #: the span id of a node run, from (path, attempt), derived once per run (span_ids)
-        self.ids = span_ids(session_id, invocation_id)
+        #: the span id of a node run, from (path, attempt): span_id_after(ids, path, attempt)
+        self.ids = span_id_head(session_id, invocation_id)
         #: ids derived when a node body began, for the walk to take (SpanWalk.known)
         self.known: dict[tuple[str, str, int], int] = {}
         #: the traceparent of a node run is tp_head + its span id (hex) + tp_tail
@@ -233,8 +273,9 @@ class TracingPlugin(Plugin):
         # Without RunFinished in the log (the store failed, the lease was lost) what the
         # log holds of this invocation ends here, incomplete, as an export would show it.
         st.walk.close(run.invocation_id)
-        st.out.extend(st.held.values())
-        st.held.clear()
+        if st.held:
+            st.out.extend(st.held.values())
+            st.held.clear()
         self._ship(st, hold=False)
         st.walk = None
 
@@ -247,13 +288,19 @@ class TracingPlugin(Plugin):
         if ctx.parent is None:  # the top workflow's run is the invocation's span
             span_id = st.span_id
         else:
-            span_id = st.ids(ctx.path, ctx.attempt)
+            span_id = span_id_after(st.ids, ctx.path, ctx.attempt)
             if st.walk is not None:  # the walk takes it when it starts or ends the run's span
                 st.known[(ctx.invocation_id, ctx.path, ctx.attempt)] = span_id
-        sc = SpanContext(st.trace_id, span_id, False, st.flags, st.state)
+        span = _NodeSpan(span_context(st.trace_id, span_id, st.flags, st.state))
         # Current in this task until after_node: spans the body starts are children of this run's.
-        token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(sc)))
-        ctx.plugin_state[_KEY] = (token, span_id)
+        var = _CONTEXT
+        if var is not None:  # set_span_in_context + attach, without their calls
+            token: Any = var.set(Context({**var.get(), _SPAN_KEY: span}))
+        else:
+            token = otel_context.attach(trace.set_span_in_context(span))
+        # the span id too when after_node adds what only this process knows to its span
+        keep = self.redact is not None or self.record_stacktrace
+        ctx.plugin_state[_KEY] = (token, span_id) if keep else token
         tc = ctx.trace_context
         tc["traceparent"] = f"{st.tp_head}{span_id:016x}{st.tp_tail}"  # traceparent(), prefix made once
         if st.state_header:
@@ -261,29 +308,37 @@ class TracingPlugin(Plugin):
         if self.redact is not None and st.walk is not None:
             text = self._redacted("input", ctx.input)
             if text is not None:
-                st.extra.setdefault(span_id, {})[sp.NODE_INPUT] = text
+                self._extra(st, span_id)[sp.NODE_INPUT] = text
 
     def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
         mine = ctx.plugin_state.pop(_KEY, None)
         if mine is None:
             return
+        if type(mine) is not tuple:  # nothing only the live process knows: the span is the log's
+            _detach(mine)
+            return
         token, span_id = mine
-        otel_context.detach(token)  # logs (never raises) if the token is foreign
-        if self.redact is None and not self.record_stacktrace:
-            return  # nothing only the live process knows: the span is the log's
+        _detach(token)
         st = self._runs.get(ctx.invocation_id)
         if st is None or st.walk is None:
             return
         if self.redact is not None and isinstance(outcome.event, NodeCompleted):
             text = self._redacted("output", outcome.event.output)
             if text is not None:  # the completion is appended after this hook: in time for its span
-                st.extra.setdefault(span_id, {})[sp.NODE_OUTPUT] = text
+                self._extra(st, span_id)[sp.NODE_OUTPUT] = text
         if outcome.error is not None and self.record_stacktrace:
             self._walk_pending(st)  # the failure's span, to hold for its stack trace
-        held = st.held.pop(span_id, None)
+        held = st.held.pop(span_id, None) if st.held else None
         if held is not None:
             stack = "".join(traceback.format_exception(outcome.error)) if outcome.error is not None else None
-            self.shipper.ship([held], st.store, {span_id: (st.extra.pop(span_id, None), stack)})
+            extra = st.extra.pop(span_id, None) if st.extra else None
+            self.shipper.ship([held], st.store, {span_id: (extra, stack)})
+
+    @staticmethod
+    def _extra(st: _Run, span_id: int) -> dict[str, Any]:
+        if st.extra is None:
+            st.extra = {}
+        return st.extra.setdefault(span_id, {})
 
     def _redacted(self, kind: str, value: Any) -> str | None:
         redact = self.redact
@@ -333,16 +388,38 @@ class TracingPlugin(Plugin):
             waiting.append(st)
 
     def _walk_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Walk every run with events waiting, then ship the spans they ended together (one
+        hand-over for the loop turn: one ledger registration, not one per session)."""
         # Called by the loop, not through the plugin hooks: a failure to ship is logged here,
         # as the hooks would, and never reaches the loop or the run.
-        for st in self._waiting.pop(loop, ()):
+        ready: list[_Run] = []
+        # a run is listed again when it walked a full batch (WALK_BATCH) meanwhile: once each
+        for st in dict.fromkeys(self._waiting.pop(loop, ())):
             try:
-                self._walk_pending(st)
+                self._walk(st)
             except Exception as exc:
                 log.warning("tracing: shipping spans raised %s: %s", type(exc).__name__, exc)
+            if st.out:
+                ready.append(st)
+        if not ready:
+            return
+        try:
+            if len(ready) == 1 or any(st.store is not ready[0].store for st in ready):
+                for st in ready:
+                    self._ship(st)
+            else:  # the common case: one runner's store
+                self._ship_together(ready)
+        except Exception as exc:
+            log.warning("tracing: shipping spans raised %s: %s", type(exc).__name__, exc)
 
     def _walk_pending(self, st: _Run) -> None:
         """Walk the events appended since the last walk, and ship the spans they ended."""
+        self._walk(st)
+        if st.out:
+            self._ship(st)
+
+    def _walk(self, st: _Run) -> None:
+        """Walk the events appended since the last walk (the spans they end go to st.out)."""
         pending = st.pending
         if not pending or st.walk is None:
             return
@@ -356,21 +433,41 @@ class TracingPlugin(Plugin):
                 failed = failed or exc
         if failed is not None:
             log.warning("tracing: building spans from the log raised %s: %s", type(failed).__name__, failed)
-        if st.out:
-            self._ship(st)
 
     def _ship(self, st: _Run, hold: bool = True) -> None:
         """Ship what the walk ended (st.out, which the walk appends to: emptied, not replaced)."""
-        out = st.out
         try:
-            if hold and self.record_stacktrace:
-                out = [r for r in out if not self._hold(st, r)]
-            extras = None
-            if st.extra:
-                extras = {r.span_id: (st.extra.pop(r.span_id), None) for r in out if r.span_id in st.extra}
+            out, extras = self._outgoing(st, hold)
             self.shipper.ship(out, st.store, extras)
         finally:
             st.out.clear()
+
+    def _ship_together(self, runs: list[_Run]) -> None:
+        """Ship what the walks of several runs on one store ended, in one hand-over."""
+        records: list[SpanRecord] = []
+        extras: dict[int, Any] | None = None
+        try:
+            for st in runs:
+                out, extra = self._outgoing(st, True)
+                records += out
+                if extra:
+                    extras = {**extras, **extra} if extras else extra
+            self.shipper.ship(records, runs[0].store, extras)
+        finally:
+            for st in runs:
+                st.out.clear()
+
+    def _outgoing(self, st: _Run, hold: bool) -> tuple[list[SpanRecord], dict[int, Any] | None]:
+        """What of st.out goes out now (a failed run's span waits for its stack trace in
+        after_node), and the attributes only the live process knows of it."""
+        out = st.out
+        if hold and self.record_stacktrace:
+            out = [r for r in out if not self._hold(st, r)]
+        extras = None
+        if st.extra:
+            extra = st.extra
+            extras = {r.span_id: (extra.pop(r.span_id), None) for r in out if r.span_id in extra}
+        return out, extras
 
     @staticmethod
     def _hold(st: _Run, record: SpanRecord) -> bool:
@@ -381,6 +478,8 @@ class TracingPlugin(Plugin):
             and record.span_id != st.span_id
             and record.events[-1].name == sp.EXCEPTION_EVENT
         ):
+            if st.held is None:
+                st.held = {}
             st.held[record.span_id] = record
             return True
         return False
