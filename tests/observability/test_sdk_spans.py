@@ -84,3 +84,41 @@ def test_live_span_ids_are_the_derived_ones():
     for path, attempt in [("w@1/a@1", 1), ("w@1/a@1", 3), ("w@1/x@2/y@1", 2), ("", 1)]:
         assert span_id_after(head, path, attempt) == span_id_for("sess", "inv", path, attempt)
     assert span_id_after(head, "p", 1) == span_id_after(head, "p", 1)  # the head is not consumed
+
+
+def test_the_walk_makes_whole_records():
+    """The walk builds records positionally: every field lands where SpanRecord names it."""
+    import time
+
+    from flowscope.events import NodeCompleted, NodeStarted, RunFinished, RunStarted
+    from flowscope.observability.log_spans import spans_of_log
+
+    t, common = time.time(), {"session_id": "s", "invocation_id": "i"}
+    log = [
+        RunStarted(seq=1, ts=t, workflow="w", **common),
+        NodeStarted(seq=2, ts=t, path="w@1", node="w", kind="workflow", **common),
+        NodeStarted(seq=3, ts=t + 1, path="w@1/a@1", node="a", parent_path="w@1", **common),
+        NodeCompleted(seq=4, ts=t + 2, path="w@1/a@1", node="a", attempt_count=1, **common),
+        NodeCompleted(seq=5, ts=t + 3, path="w@1", node="w", attempt_count=1, **common),
+        RunFinished(seq=6, ts=t + 4, status="completed", **common),
+    ]
+    root, a = spans_of_log(log)
+    assert len(SpanRecord._fields) == 15
+    assert (a.name, a.parent_id, a.start, a.end, a.end_seq, a.session_id) == (
+        "invoke_node a",
+        root.span_id,
+        t + 1,
+        t + 2,
+        4,
+        "s",
+    )
+    assert (a.error, a.events, a.links, a.sampled, a.trace_state, a.resource) == (
+        None,
+        (),
+        (),
+        True,
+        "",
+        None,
+    )
+    assert a.span_id == span_id_for("s", "i", "w@1/a@1", 1) and a.trace_id == root.trace_id
+    assert (root.end_seq, root.parent_id, root.attributes["flowscope.run.outcome"]) == (6, None, "completed")

@@ -270,6 +270,7 @@ class _Invocation:
 
 
 Emit = Callable[[SpanRecord], None]
+_new_record = tuple.__new__
 
 
 class SpanWalk:
@@ -454,14 +455,14 @@ class SpanWalk:
             inv.span.attempt = e.attempt
             inv.span.recovered = bool(e.recovered)
             return
-        parent = inv.open.get(e.parent_path) if e.parent_path else None
+        parent = (inv.open.get(e.parent_path) if e.parent_path else None) or inv.span
         key = (e.invocation_id, path, e.attempt)
         self._order += 1
         span = inv.open[path] = _Open(
             sp.node_span_name(e.kind, e.node),
             inv.span.trace_id,
             self.known.pop(key, 0),
-            self._span_id(parent or inv.span),
+            parent.span_id or self._span_id(parent),
             e.ts,
             sp.node_attributes(e.node, path, e.kind, self.session),
             self._order,
@@ -520,22 +521,25 @@ class SpanWalk:
         elif end.events:
             events = end.events
         self.emit(
-            SpanRecord(
-                span.name,
-                span.trace_id,
-                span.span_id or self._span_id(span),
-                span.parent_id,
-                span.start,
-                at,
-                attributes,
-                end.error,
-                events,
-                span.links,
-                seq,
-                inv.sampled,
-                inv.trace_state,
-                self.session,
-                inv.resource,
+            _new_record(  # SpanRecord(...), all 15 fields in order, without its __new__'s call
+                SpanRecord,
+                (
+                    span.name,
+                    span.trace_id,
+                    span.span_id or self._span_id(span),
+                    span.parent_id,
+                    span.start,
+                    at,
+                    attributes,
+                    end.error,
+                    events,
+                    span.links,
+                    seq,
+                    inv.sampled,
+                    inv.trace_state,
+                    self.session,
+                    inv.resource,
+                ),
             )
         )
 

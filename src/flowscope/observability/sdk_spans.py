@@ -126,7 +126,8 @@ class _Span(ReadableSpan):
 
 
 #: Parent contexts by (trace id, span id): the spans of one parent share one (a chain's
-#: nodes, a fan-out's branches). Bounded; a miss only makes another equal context.
+#: nodes, a fan-out's branches). Small (each entry is an object the collector keeps
+#: walking); a miss only makes another equal context.
 _PARENTS: dict[tuple[int, int], SpanContext] = {}
 
 
@@ -135,7 +136,7 @@ def _parent(trace_id: int, span_id: int, state: TraceState) -> SpanContext:
     found = _PARENTS.get(key)
     if found is not None and found.trace_state is state:
         return found
-    if len(_PARENTS) >= 1024:
+    if len(_PARENTS) >= 64:
         _PARENTS.clear()
     made = _PARENTS[key] = span_context(trace_id, span_id, SAMPLED, state)
     return made
@@ -231,11 +232,16 @@ def readable_span(
         and 0 < span_id <= _MAX_SPAN_ID
     ):  # most spans (a completed run's): what _made makes of them, in one call
         parent = r.parent_id
+        parent_context = None
+        if parent:  # _parent(trace_id, parent, EMPTY_STATE), its cache read here
+            parent_context = _PARENTS.get((trace_id, parent))
+            if parent_context is None or parent_context.trace_state is not EMPTY_STATE:
+                parent_context = _parent(trace_id, parent, EMPTY_STATE)
         return _Span(
             r.name,
             _new_tuple(SpanContext, (trace_id, span_id, False, SAMPLED, EMPTY_STATE, True)),
             scope,
-            _parent(trace_id, parent, EMPTY_STATE) if parent else None,
+            parent_context,
             round(r.start * 1e9),
             round(r.end * 1e9),
             r.attributes,

@@ -209,11 +209,10 @@ class TracingPlugin(Plugin):
         self.record_stacktrace = record_stacktrace
         self.redact = redact
         self._runs: dict[str, _Run] = {}  # invocation id -> its run
-        #: per event loop, the runs with appended events not walked yet (WALK_BATCH); weak,
-        #: so a loop closed before its callback ran leaves nothing behind
-        self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Run]] = (
-            weakref.WeakKeyDictionary()
-        )
+        #: this loop turn's runs with appended events not walked yet (WALK_BATCH), and the
+        #: loop (weakly: a loop closed before its callback ran is not kept); a turn of another
+        #: loop (another thread) schedules its own callback
+        self._turn: tuple[weakref.ref[asyncio.AbstractEventLoop], list[_Run]] | None = None
 
     @property
     def shipper(self) -> Shipper:
@@ -315,7 +314,14 @@ class TracingPlugin(Plugin):
         if mine is None:
             return
         if type(mine) is not tuple:  # nothing only the live process knows: the span is the log's
-            _detach(mine)
+            var = _CONTEXT
+            if var is not None:
+                try:
+                    var.reset(mine)  # _detach, without its call
+                    return
+                except Exception:  # a token of another context: the API logs it
+                    pass
+            otel_context.detach(mine)
             return
         token, span_id = mine
         _detach(token)
@@ -381,20 +387,25 @@ class TracingPlugin(Plugin):
             except RuntimeError:  # no loop in this thread: walk it now
                 self._walk_pending(st)
                 return
-            waiting = self._waiting.get(loop)
-            if waiting is None:  # one callback per loop turn for all the runs with events waiting
-                waiting = self._waiting[loop] = []
-                loop.call_soon(self._walk_waiting, loop)
-            waiting.append(st)
+            turn = self._turn
+            if turn is not None and turn[0]() is loop:
+                turn[1].append(st)
+            else:  # one callback per loop turn for all the runs with events waiting
+                waiting = [st]
+                self._turn = (weakref.ref(loop), waiting)  # weak: a closed loop is not kept
+                loop.call_soon(self._walk_waiting, waiting)
 
-    def _walk_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _walk_waiting(self, waiting: list[_Run]) -> None:
         """Walk every run with events waiting, then ship the spans they ended together (one
         hand-over for the loop turn: one ledger registration, not one per session)."""
         # Called by the loop, not through the plugin hooks: a failure to ship is logged here,
         # as the hooks would, and never reaches the loop or the run.
+        turn = self._turn
+        if turn is not None and turn[1] is waiting:
+            self._turn = None
         ready: list[_Run] = []
         # a run is listed again when it walked a full batch (WALK_BATCH) meanwhile: once each
-        for st in dict.fromkeys(self._waiting.pop(loop, ())):
+        for st in dict.fromkeys(waiting):
             try:
                 self._walk(st)
             except Exception as exc:
