@@ -315,13 +315,14 @@ class Shipper:
         todo = [r for r in records if r.sampled]
         if not todo:
             return
-        ledger = self.ledger
+        procs = getattr(processor, "_span_processors", None)  # both looked up again when it changed
+        ledger = self._ledger if procs is self._seen else self.ledger
         if store is not None and ledger is not None:
             ledger.register(store, todo)
         own, scope = self._resource, self._scope
         assert own is not None
         mine = self._own_resource
-        on_ends = self._on_ends
+        on_ends = self._ends if procs is self._ends_of else self._on_ends
         on_end = on_ends[0] if len(on_ends) == 1 else processor.on_end
         for r in todo:
             # A dead process's spans keep its resource; this process's own, the provider's.

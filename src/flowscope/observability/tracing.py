@@ -448,7 +448,10 @@ class TracingPlugin(Plugin):
     def _ship(self, st: _Run, hold: bool = True) -> None:
         """Ship what the walk ended (st.out, which the walk appends to: emptied, not replaced)."""
         try:
-            out, extras = self._outgoing(st, hold)
+            if st.extra or (hold and self.record_stacktrace):
+                out, extras = self._outgoing(st, hold)
+            else:  # what _outgoing returns then, without its call
+                out, extras = st.out, None
             self.shipper.ship(out, st.store, extras)
         finally:
             st.out.clear()
