@@ -108,15 +108,17 @@ def _digest(*parts: str) -> bytes:
     return hashlib.sha256("\x00".join(parts).encode()).digest()
 
 
-# Cached: export and the catch-up ask once per span, and the walk of a live run only for
-# the runs whose node body the plugin never saw begin (span_ids below derives the rest).
-@lru_cache(maxsize=4096)
+# Cached for what is asked twice close together: an invocation's ids (its plugin's
+# before_run, then its walk's RunStarted). Export asks once per span, the live plugin
+# derives node runs' ids itself (span_id_head): a bigger cache only keeps more objects
+# for the garbage collector to walk.
+@lru_cache(maxsize=256)
 def trace_id_for(session_id: str, invocation_id: str) -> int:
     """The trace id of one invocation: 128 bits of SHA-256 over the session and invocation ids."""
     return int.from_bytes(_digest("flowscope-trace", session_id, invocation_id)[:16], "big") or 1
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=256)
 def span_id_for(session_id: str, invocation_id: str, path: str = "", attempt: int = 1) -> int:
     """The span id of an invocation (``path=""``, which is also its top workflow's run) or of
     the run of ``path`` that started at ``attempt`` in it."""
