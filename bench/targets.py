@@ -124,7 +124,7 @@ class CountingExporter(W.NoopSpanExporter):
 
     def export(self, spans: Any) -> SpanExportResult:
         self.spans += len(spans)
-        return SpanExportResult.SUCCESS
+        return super().export(spans)  # reads each span as an exporter would
 
 
 def provider(watermark: bool) -> tuple[Any, CountingExporter]:
@@ -459,6 +459,9 @@ class Bench:
             self.log(f"  repetition {rep + 1}/{s.session_reps}")
         for f in flows.values():
             f.close()
+        # AsyncSqliteSaver's connection is a non-daemon aiosqlite thread: closed here, or the
+        # interpreter waits for it at exit and the command never ends
+        self.loop.run_until_complete(lg_once.keep[0].__aexit__(None, None, None))
         self.p(
             f"### {k:,} concurrent sessions of a {n}-node chain, µs per node run\n\n{s.session_reps} timed "
             "repetitions after a warm-up of 100 sessions each; LangGraph runs `ainvoke` of every thread concurrently.\n"

@@ -129,3 +129,38 @@ async def test_dispatcher_skips_hooks_a_plugin_does_not_override():
     d = PluginDispatcher([OnlyEvents()])
     assert d.has_on_event and not d.has_node_hooks and not d.wants("before_run")
     assert not PluginDispatcher([]).has_on_event
+
+
+async def test_events_reach_a_plugin_once_per_append_or_once_per_event(store):
+    """on_events gets each append's events in one call; a plugin with only on_event gets
+    them one by one; a failure in either is isolated and counted under its hook."""
+    batches: list[list[str]] = []
+    singles: list[str] = []
+
+    class Batched(Plugin):
+        name = "batched"
+
+        def on_events(self, events):
+            batches.append([e.type for e in events])
+            raise RuntimeError("batch")
+
+    class Single(Plugin):
+        name = "single"
+
+        def on_event(self, event):
+            singles.append(event.type)
+            raise RuntimeError("one")
+
+    runner = Runner(
+        Workflow("w", edges=[(START, node(lambda x: x, name="a"), node(lambda x: x, name="b"))]),
+        store=store,
+        plugins=[Batched(), Single()],
+    )
+    await runner.run(1, session_id="s")
+    flat = [t for b in batches for t in b]
+    assert flat == singles == [e.type for e in store.read("s")]
+    assert len(batches) < len(flat)  # appends of several events came in one call
+    assert runner.plugins.errors[("batched", "on_events")] == len(batches)
+    assert runner.plugins.errors[("single", "on_event")] == len(singles)
+    d = PluginDispatcher([Batched()])
+    assert d.has_on_event and d.wants("on_event") and d.wants("on_events")

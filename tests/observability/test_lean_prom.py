@@ -126,3 +126,51 @@ def test_a_name_registered_twice_is_refused_like_prometheus_client():
     LeanCounter("dup", "h", [], reg)
     with pytest.raises(ValueError, match="Duplicated"):
         Counter("dup", "h", registry=reg)
+
+
+def test_each_threads_shard_adds_to_what_a_scrape_reads():
+    """Per-thread shards (what the metrics plugin's node path observes into, without a
+    lock) expose the same samples as the locked observations they stand for."""
+    theirs, ours = pair()
+    c1, c2 = Counter("runs", "h", ["w"], registry=theirs), LeanCounter("runs", "h", ["w"], ours)
+    g1, g2 = Gauge("running", "h", ["w"], registry=theirs), LeanGauge("running", "h", ["w"], ours)
+    h1 = Histogram("dur_seconds", "h", ["w"], buckets=BUCKETS, registry=theirs)
+    h2 = LeanHistogram("dur_seconds", "h", ["w"], ours, buckets=BUCKETS)
+
+    def work(values) -> None:
+        runs, running, dur = c2.labels("a").shard(), g2.labels("a").shard(), h2.labels("a").shard()
+        for v in values:
+            runs.value += 1.0
+            running.value += 2.0
+            running.value -= 1.0
+            dur.observe(v)
+
+    values = [0.0, 0.0625, 0.125, 0.25, 0.5, 0.75, 1.0, 3.0, 5.0, 7.5, 1024.0]  # sums exact in any order
+    threads = [threading.Thread(target=work, args=(values[i::3],)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    c2.labels("a").inc(2)  # the locked path beside the shards
+    h2.labels("a").observe(0.25)
+    for v in [*values, 0.25]:
+        h1.labels("a").observe(v)
+    c1.labels("a").inc(len(values) + 2)
+    g1.labels("a").inc(len(values))
+    assert samples(ours) == samples(theirs)
+    g2.labels("a").set(4)  # a gauge set is the total, shards included
+    g1.labels("a").set(4)
+    assert samples(ours) == samples(theirs)
+
+
+def test_a_shards_exemplar_is_kept_per_bucket_the_latest_wins():
+    reg = CollectorRegistry()
+    h = LeanHistogram("d_seconds", "h", [], reg, buckets=BUCKETS, resolve=lambda s: {"trace_id": s})
+    child = h.labels()
+    child.observe(0.05, "old")
+    child.shard().observe(0.06, "new", 2e9)  # stamped later than the locked one
+    child.shard().observe(0.7, "mine", 1.0)
+    text = openmetrics_latest(reg).decode()
+    [family] = [f for f in text_string_to_metric_families(text) if f.name == "d_seconds"]
+    got = {s.labels["le"]: s.exemplar.labels["trace_id"] for s in family.samples if s.exemplar}
+    assert got == {"0.1": "new", "1.0": "mine"}

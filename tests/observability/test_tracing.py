@@ -860,6 +860,25 @@ async def test_a_long_run_that_never_waits_ships_spans_before_it_ends(store, tra
     assert len(tracing.nodes()) == n + 2  # every node, the last and the workflow's run
 
 
+async def test_every_span_is_handed_over_once_across_batches_and_loop_turns(store, tracing):
+    """Full batches (WALK_BATCH) walked inside on_events and the loop turn's walk of the same
+    run: each span reaches the processors exactly once."""
+    from flowscope.observability.tracing import WALK_BATCH
+
+    n = WALK_BATCH + 40
+
+    async def turn(x):
+        await asyncio.sleep(0)  # the loop turns: the runs waiting are walked
+        return x + 1
+
+    steps = [node(lambda x: x + 1, name=f"n{i}") for i in range(n)]
+    wf = Workflow("w", edges=[(START, *steps, node(turn, name="turn"))], max_steps=n + 10)
+    runs = [Runner(wf, store=store, plugins=[tracing.plugin()]).run(0, session_id=f"s{i}") for i in range(3)]
+    assert [r.output for r in await asyncio.gather(*runs)] == [n + 1] * 3
+    ids = [s.context.span_id for s in tracing.spans]
+    assert len(ids) == len(set(ids)) == 3 * (n + 2)
+
+
 async def test_a_walk_that_raises_between_hooks_is_logged_and_never_reaches_the_loop(
     store, tracing, monkeypatch, caplog
 ):

@@ -17,7 +17,7 @@ import asyncio
 import inspect
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ HOOKS = (
     "after_node",
     "on_node_error",
     "on_event",
+    "on_events",
     "on_worker_claim",
     "on_lease_lost",
     "on_resume_conflict",
@@ -69,6 +70,12 @@ class Plugin:
     def on_event(self, event: Event) -> Any:
         """Every event, after it is appended to the store."""
 
+    def on_events(self, events: Sequence[Event]) -> Any:
+        """The events of one append, in log order, after they are appended: one call per
+        append instead of one per event. A plugin that overrides it gets no ``on_event``
+        call from the engine (it may call its own); one that overrides only ``on_event``
+        gets one call per event, as before."""
+
     def on_worker_claim(self, claim: Claim) -> Any:
         """A worker took a session (``claim.workflow``, ``claim.reason``: queued, answered
         or orphaned) and is about to run it. Called by the worker, never by the engine."""
@@ -96,21 +103,29 @@ def _overrides(plugin: Plugin, hook: str) -> bool:
 class PluginDispatcher:
     """Calls the hooks of a list of plugins, skipping those a plugin does not override.
 
-    The engine only ever talks to this class. Lists of bound hooks are computed once, so
-    a run with no plugins pays nothing per node.
+    The engine only ever talks to this class. The bound hooks are computed once, as
+    tuples, so a run with no plugins pays nothing per node and a node hook's call is one
+    loop over plain functions.
     """
 
     def __init__(self, plugins: Iterable[Plugin] = ()) -> None:
         self.plugins = list(plugins)
         self.names = tuple(getattr(p, "name", type(p).__name__) for p in self.plugins)
         self.errors: Counter[tuple[str, str]] = Counter()
-        self._hooks: dict[str, list[tuple[Plugin, Any]]] = {}
+        self._hooks: dict[str, tuple[tuple[Plugin, Any], ...]] = {}
         for hook in (*HOOKS, "on_plugin_error"):
             bound = [(p, getattr(p, hook)) for p in self.plugins if _overrides(p, hook)]
             if hook.startswith("after_"):
                 bound.reverse()
-            self._hooks[hook] = bound
-        self.has_on_event = bool(self._hooks["on_event"])
+            self._hooks[hook] = tuple(bound)
+        #: Who hears of appended events, in registration order: a plugin's ``on_events``
+        #: (one call per append) if it overrides it, else its ``on_event`` (one per event).
+        self._deliver: tuple[tuple[Plugin, Callable[[Any], Any], bool], ...] = tuple(
+            (p, p.on_events, True) if _overrides(p, "on_events") else (p, p.on_event, False)
+            for p in self.plugins
+            if _overrides(p, "on_events") or _overrides(p, "on_event")
+        )
+        self.has_on_event = bool(self._deliver)
         self.has_node_hooks = bool(
             self._hooks["before_node"] or self._hooks["after_node"] or self._hooks["on_node_error"]
         )
@@ -122,6 +137,8 @@ class PluginDispatcher:
         return any(getattr(p, "ships_spans", False) for p in self.plugins)
 
     def wants(self, hook: str) -> bool:
+        if hook == "on_event" or hook == "on_events":
+            return self.has_on_event
         return bool(self._hooks[hook])
 
     async def call(self, hook: str, *args: Any) -> None:
@@ -135,22 +152,56 @@ class PluginDispatcher:
         path's case): the hooks run now and None is returned. From the first hook that
         returns an awaitable on, the rest is returned, to be awaited, in the same order."""
         hooks = self._hooks[hook]
-        for i, (plugin, fn) in enumerate(hooks):
+        i = 0
+        for plugin, fn in hooks:
+            i += 1
             try:
                 result = fn(*args)
             except Exception as exc:  # R11 (docs/design.md): a plugin never fails the run
                 self._failed(plugin, hook, exc)
                 continue
             if result is not None and inspect.isawaitable(result):
-                return self._finish(hook, plugin, result, hooks[i + 1 :], args)
+                return self._finish(hook, plugin, result, hooks[i:], args)
         return None
+
+    def on_events(self, events: Sequence[Event]) -> None:
+        """Tell plugins of the events of one append (in log order): one ``on_events`` call
+        each, or one ``on_event`` per event for a plugin that only has that. Failures are
+        isolated per call, an async hook's coroutine is scheduled, as :meth:`call_sync` does."""
+        for plugin, fn, batched in self._deliver:
+            if batched:
+                try:
+                    result = fn(events)
+                except Exception as exc:
+                    self._failed(plugin, "on_events", exc)
+                    continue
+                if result is not None and inspect.isawaitable(result):
+                    self._schedule(plugin, "on_events", result)
+                continue
+            for e in events:
+                try:
+                    result = fn(e)
+                except Exception as exc:
+                    self._failed(plugin, "on_event", exc)
+                    continue
+                if result is not None and inspect.isawaitable(result):
+                    self._schedule(plugin, "on_event", result)
+
+    def _schedule(self, plugin: Plugin, hook: str, result: Awaitable[Any]) -> None:
+        """Run an async hook's awaitable on the running loop; its failure is isolated too."""
+        try:
+            task = asyncio.ensure_future(result)
+        except Exception as exc:  # no running loop
+            self._failed(plugin, hook, exc)
+            return
+        task.add_done_callback(partial(self._task_done, plugin=plugin, hook=hook))
 
     async def _finish(
         self,
         hook: str,
         plugin: Plugin,
         first: Awaitable[Any],
-        rest: list[tuple[Plugin, Any]],
+        rest: tuple[tuple[Plugin, Any], ...],
         args: tuple[Any, ...],
     ) -> None:
         try:
@@ -167,7 +218,11 @@ class PluginDispatcher:
 
     def call_sync(self, hook: str, *args: Any) -> None:
         """Like :meth:`call` for places that cannot await; an async hook's coroutine is
-        scheduled on the running loop instead of awaited."""
+        scheduled on the running loop instead of awaited. ``on_event`` (one event) reaches
+        the plugins that take batches too, as a batch of one (:meth:`on_events`)."""
+        if hook == "on_event" or hook == "on_events":
+            self.on_events(args[0] if hook == "on_events" else args)
+            return
         for plugin, fn in self._hooks[hook]:
             try:
                 result = fn(*args)

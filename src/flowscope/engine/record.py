@@ -419,9 +419,7 @@ class Recorder:
         self._flushed_seq = batch[-1].seq
         self._released = released
         if self._plugins.has_on_event:
-            call = self._plugins.call_sync
-            for e in batch:
-                call("on_event", e)
+            self._plugins.on_events(batch)  # one call per plugin and append, not per event
         if self._on_event is not None:
             for e in batch:
                 self._on_event(e)

@@ -121,6 +121,16 @@ class Series:
         if self._otel is not None:
             self._otel.record(value, self._attrs)
 
+    def shard(self) -> Any:
+        """The calling thread's shard of the series' prometheus child (``lean_prom``), when
+        the series is that child alone: the thread may then observe into it with plain
+        arithmetic. None when it also feeds OpenTelemetry, or counts overflows
+        (:class:`FoldedSeries`): observe through :meth:`add`/:meth:`record` then."""
+        if self._otel is not None or self._prom is None:
+            return None
+        make = getattr(self._prom, "shard", None)
+        return make() if make is not None else None
+
 
 class Instrument:
     __slots__ = ("spec", "prom", "otel", "budget", "_series", "_lock")
@@ -184,6 +194,9 @@ class FoldedSeries(Series):
     def record(self, value: float, exemplar: Any = None) -> None:
         self._overflow()
         Series.record(self, value, exemplar)
+
+    def shard(self) -> Any:
+        return None  # each observation counts an overflow: through record/add
 
 
 def otel_instrument(meter: Any, spec: InstrumentSpec) -> Any:

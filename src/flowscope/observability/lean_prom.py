@@ -8,6 +8,11 @@ exposition the same: one lock, one ``bisect`` for the bucket, and an exemplar *s
 ``trace_id``/``span_id`` exemplar only when Prometheus scrapes. They register on a
 ``CollectorRegistry`` like any collector and expose the same names, types, buckets,
 ``_created`` samples and exemplars as prometheus-client's classes.
+
+A child also hands out per-thread *shards* (:meth:`_Value.shard`,
+:meth:`_HistogramChild.shard`): a part of its value that only the thread that asked for it
+updates, with plain attribute arithmetic and no lock (the metrics plugin's node path keeps
+its thread's shards); a scrape adds every shard to the child's own value.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from abc import abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
+from threading import get_ident
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -30,7 +36,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar, Sample
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["LeanCounter", "LeanGauge", "LeanHistogram", "ExemplarResolver"]
+__all__ = ["LeanCounter", "LeanGauge", "LeanHistogram", "ExemplarResolver", "Shard", "HistogramShard"]
 
 #: Turns an exemplar source kept at observation time into exemplar labels (or None).
 ExemplarResolver = Callable[[Any], "dict[str, str] | None"]
@@ -86,15 +92,25 @@ class _Lean(Collector):
         yield family
 
 
+class Shard:
+    """One thread's part of a counter's or gauge's value: that thread adds to ``value``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+
 class _Value:
     """One label set's value: a gauge's, and a counter's (which refuses to go down)."""
 
-    __slots__ = ("value", "created", "_lock")
+    __slots__ = ("value", "created", "_lock", "_shards")
 
     def __init__(self) -> None:
         self.value = 0.0
         self.created = time.time()
         self._lock = threading.Lock()
+        self._shards: dict[int, Shard] = {}  # by thread
 
     def inc(self, amount: float = 1.0) -> None:
         with self._lock:  # several event loops in several threads may share one registry
@@ -106,6 +122,21 @@ class _Value:
     def set(self, value: float) -> None:
         with self._lock:
             self.value = float(value)
+            for part in self._shards.values():  # the shards' parts are in the value set
+                self.value -= part.value
+
+    def shard(self) -> Shard:
+        """The calling thread's part of this value, for that thread alone to add to."""
+        ident = get_ident()
+        part = self._shards.get(ident)
+        if part is None:
+            with self._lock:
+                part = self._shards.setdefault(ident, Shard())
+        return part
+
+    def total(self) -> float:
+        """The value with every thread's part (what a scrape reads)."""
+        return self.value + sum(part.value for part in list(self._shards.values()))
 
 
 class _CounterValue(_Value):
@@ -127,7 +158,7 @@ class LeanCounter(_Lean):
         return _CounterValue()
 
     def _add(self, family: Any, values: tuple[str, ...], child: _CounterValue) -> None:
-        family.add_metric(values, child.value, created=child.created)
+        family.add_metric(values, child.total(), created=child.created)
 
 
 class LeanGauge(_Lean):
@@ -137,11 +168,33 @@ class LeanGauge(_Lean):
         return _Value()
 
     def _add(self, family: Any, values: tuple[str, ...], child: _Value) -> None:
-        family.add_metric(values, child.value)
+        family.add_metric(values, child.total())
+
+
+class HistogramShard:
+    """One thread's part of a histogram child: only that thread observes into it."""
+
+    __slots__ = ("bounds", "counts", "sum", "exemplars")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds  # the upper bounds, +Inf last
+        self.counts = [0] * len(bounds)  # per bucket, not cumulative
+        self.sum = 0.0
+        #: per bucket, the last (exemplar source, value, timestamp), or None
+        self.exemplars: list[tuple[Any, float, float] | None] = [None] * len(bounds)
+
+    def observe(self, amount: float, exemplar: Any = None, ts: float = 0.0) -> None:
+        """Count ``amount`` (no lock: the owning thread only); ``exemplar`` as in
+        :meth:`_HistogramChild.observe`, stamped ``ts`` (the time it was observed)."""
+        i = bisect_left(self.bounds, amount)
+        self.counts[i] += 1
+        self.sum += amount
+        if exemplar is not None:
+            self.exemplars[i] = (exemplar, amount, ts)
 
 
 class _HistogramChild:
-    __slots__ = ("bounds", "counts", "sum", "exemplars", "created", "_lock")
+    __slots__ = ("bounds", "counts", "sum", "exemplars", "created", "_lock", "_shards")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds  # the upper bounds, +Inf last
@@ -150,6 +203,7 @@ class _HistogramChild:
         self.exemplars: list[tuple[Any, float, float] | None] = [None] * len(bounds)
         self.created = time.time()
         self._lock = threading.Lock()
+        self._shards: dict[int, HistogramShard] = {}  # by thread
 
     def observe(self, amount: float, exemplar: Any = None) -> None:
         """Count ``amount``; ``exemplar`` (a source for the resolver, or None to keep the
@@ -160,6 +214,28 @@ class _HistogramChild:
             self.sum += amount
             if exemplar is not None:
                 self.exemplars[i] = (exemplar, amount, time.time())
+
+    def shard(self) -> HistogramShard:
+        """The calling thread's part of this histogram, for that thread alone to observe into."""
+        ident = get_ident()
+        part = self._shards.get(ident)
+        if part is None:
+            with self._lock:
+                part = self._shards.setdefault(ident, HistogramShard(self.bounds))
+        return part
+
+    def snapshot(self) -> tuple[list[int], float, list[tuple[Any, float, float] | None]]:
+        """Counts per bucket, sum and each bucket's latest exemplar, every thread's part in."""
+        with self._lock:
+            counts, total, kept = list(self.counts), self.sum, list(self.exemplars)
+            parts = list(self._shards.values())
+        for part in parts:  # read while its thread may observe: at most that observation off
+            total += part.sum
+            for i, (n, ex) in enumerate(zip(list(part.counts), list(part.exemplars))):
+                counts[i] += n
+                if ex is not None and (kept[i] is None or ex[2] >= kept[i][2]):  # type: ignore[index]
+                    kept[i] = ex
+        return counts, total, kept
 
 
 class LeanHistogram(_Lean):
@@ -192,8 +268,7 @@ class LeanHistogram(_Lean):
         return _HistogramChild(tuple(self._upper_bounds))
 
     def _add(self, family: Any, values: tuple[str, ...], child: _HistogramChild) -> None:
-        with child._lock:
-            counts, total, kept = list(child.counts), child.sum, list(child.exemplars)
+        counts, total, kept = child.snapshot()
         buckets: list[Any] = []
         acc = 0
         for le, n, ex in zip(self._les, counts, kept):

@@ -28,18 +28,14 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any, NamedTuple
 
 from opentelemetry.util.types import AttributeValue
 
 from ..events import (
     TERMINAL_TYPES,
     Event,
-    JobDispatched,
     JobResultReceived,
-    NodeCompleted,
-    NodeErrorEvent,
-    NodeErrorPropagated,
-    NodeRetrying,
     NodeStarted,
     RunFinished,
     RunStarted,
@@ -53,6 +49,8 @@ __all__ = [
     "spans_of_log",
     "trace_id_for",
     "span_id_for",
+    "span_id_head",
+    "span_id_after",
     "invocation_context",
     "traceparent",
     "PARENT_KEY",
@@ -73,14 +71,15 @@ RESOURCE_KEY = "flowscope.resource"
 ResourceKey = tuple[tuple[str, AttributeValue], ...]
 
 
-@dataclass(frozen=True, slots=True)
-class SpanRecord:
+class SpanRecord(NamedTuple):
     """One span: what an exporter needs, in plain values (times in epoch seconds).
 
     ``error`` is the description of an ERROR status (None: UNSET); ``links`` are
     ``(trace_id, span_id)`` pairs. ``end_seq`` is the ``seq`` of the event that ended the
     span (the shipping watermark counts in it); ``sampled`` and ``trace_state`` are the
-    sampling decision recorded for the trace when it started.
+    sampling decision recorded for the trace when it started. Immutable, and a tuple: the
+    live plugin makes one per span on the event loop, where a frozen dataclass's
+    ``__init__`` costs four times as much.
     """
 
     name: str
@@ -109,15 +108,17 @@ def _digest(*parts: str) -> bytes:
     return hashlib.sha256("\x00".join(parts).encode()).digest()
 
 
-# Cached: the live plugin asks for a node's span id when the node starts (its body's
-# context) and the walk again when its NodeStarted is appended; export asks once per span.
-@lru_cache(maxsize=4096)
+# Cached for what is asked twice close together: an invocation's ids (its plugin's
+# before_run, then its walk's RunStarted). Export asks once per span, the live plugin
+# derives node runs' ids itself (span_id_head): a bigger cache only keeps more objects
+# for the garbage collector to walk.
+@lru_cache(maxsize=256)
 def trace_id_for(session_id: str, invocation_id: str) -> int:
     """The trace id of one invocation: 128 bits of SHA-256 over the session and invocation ids."""
     return int.from_bytes(_digest("flowscope-trace", session_id, invocation_id)[:16], "big") or 1
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=256)
 def span_id_for(session_id: str, invocation_id: str, path: str = "", attempt: int = 1) -> int:
     """The span id of an invocation (``path=""``, which is also its top workflow's run) or of
     the run of ``path`` that started at ``attempt`` in it."""
@@ -125,6 +126,21 @@ def span_id_for(session_id: str, invocation_id: str, path: str = "", attempt: in
         int.from_bytes(_digest("flowscope-span", session_id, invocation_id, path, str(attempt))[:8], "big")
         or 1
     )
+
+
+def span_id_head(session_id: str, invocation_id: str) -> Any:
+    """The invocation's part of its runs' span ids, hashed once: :func:`span_id_after`
+    gives ``span_id_for(session_id, invocation_id, path, attempt)`` from it (the live
+    plugin derives one per node run, uncached)."""
+    return hashlib.sha256(f"flowscope-span\x00{session_id}\x00{invocation_id}\x00".encode())
+
+
+def span_id_after(head: Any, path: str, attempt: int) -> int:
+    """:func:`span_id_for` of the run of ``path`` that started at ``attempt``, from its
+    invocation's :func:`span_id_head`."""
+    h = head.copy()
+    h.update(f"{path}\x00{attempt}".encode())
+    return int.from_bytes(h.digest()[:8], "big") or 1
 
 
 #: The W3C ``traceparent`` header of a span context (one writer: ``traceparent.py``).
@@ -180,22 +196,60 @@ def resource_of(raw: str) -> ResourceKey | None:
 # --------------------------------------------------------------------------- the walk
 
 
-@dataclass(slots=True)
 class _Open:
     """A span being built: its start, and what the walk learns before it ends."""
 
-    name: str
-    trace_id: int
-    span_id: int
-    parent_id: int | None
-    start: float
-    attributes: sp.Attributes
-    order: int
-    events: list[sp.SpanEventRecord] = field(default_factory=list)
-    links: tuple[tuple[int, int], ...] = ()
-    terminal: Event | None = None  # the last terminal event of the run in this invocation
-    attempt: int = 1  # the run's current attempt (NodeStarted's, + 1 per NodeRetrying)
-    recovered: bool = False
+    __slots__ = (
+        "name",
+        "trace_id",
+        "span_id",
+        "parent_id",
+        "start",
+        "attributes",
+        "order",
+        "events",
+        "links",
+        "terminal",
+        "attempt",
+        "recovered",
+        "key",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        trace_id: int,
+        span_id: int,
+        parent_id: int | None,
+        start: float,
+        attributes: sp.Attributes,
+        order: int,
+        attempt: int = 1,
+        recovered: bool = False,
+        links: tuple[tuple[int, int], ...] = (),
+        key: tuple[str, str, int] | None = None,
+    ) -> None:
+        self.name = name
+        self.trace_id = trace_id
+        #: 0 until derived (:meth:`SpanWalk._span_id`): a live run's id is the one the
+        #: plugin derived when its body began, which may come after its NodeStarted is walked
+        self.span_id = span_id
+        self.parent_id = parent_id
+        self.start = start
+        self.attributes = attributes  # this span's own dict: completed in place at its end
+        self.order = order
+        self.events: list[sp.SpanEventRecord] | None = None  # made on the first span event
+        self.links = links
+        self.terminal: Event | None = None  # the last terminal event of the run in this invocation
+        self.attempt = attempt  # the run's current attempt (NodeStarted's, + 1 per NodeRetrying)
+        self.recovered = recovered
+        self.key = key  # (invocation id, path, the attempt it started at): what its id derives from
+
+    def add_event(self, event: sp.SpanEventRecord) -> None:
+        if self.events is None:
+            self.events = [event]
+        else:
+            self.events.append(event)
 
 
 @dataclass(slots=True)
@@ -218,19 +272,30 @@ class _Invocation:
 
 
 Emit = Callable[[SpanRecord], None]
+_new_record = tuple.__new__
 
 
 class SpanWalk:
     """Events in, spans out: ``apply(event)`` for each event of one session in log order;
     ``emit(record)`` is called for each span as soon as the log ends it. :meth:`close_all`
-    ends what is still open as incomplete (its process died, or the log stops here)."""
+    ends what is still open as incomplete (its process died, or the log stops here).
 
-    def __init__(self, emit: Emit, session_id: str = "") -> None:
+    ``known``: span ids a live caller derived already, by ``(invocation id, path, attempt)``
+    (the tracing plugin, when a node body begins); the walk takes each one instead of
+    deriving it again. The ids are :func:`span_id_for`'s either way.
+    """
+
+    __slots__ = ("emit", "session", "invocations", "previous", "errors", "known", "_order", "closing")
+
+    def __init__(
+        self, emit: Emit, session_id: str = "", known: dict[tuple[str, str, int], int] | None = None
+    ) -> None:
         self.emit = emit
         self.session = session_id
         self.invocations: dict[str, _Invocation] = {}
         self.previous: tuple[int, int] | None = None  # (trace id, span id) of the last invocation
         self.errors: dict[str, tuple[str, str]] = {}  # path -> its last failure, session-wide
+        self.known: dict[tuple[str, str, int], int] = known if known is not None else {}
         self._order = 0
         self.closing = 0
 
@@ -242,41 +307,63 @@ class SpanWalk:
             if e.ts > inv.last_ts:
                 inv.last_ts = e.ts
             inv.last_seq = e.seq
-        if isinstance(e, RunStarted):
-            self._start_invocation(e)
-            return
-        if inv is None:
-            if isinstance(e, NodeErrorEvent):
-                self.errors[e.path] = (sp.error_type_of(e), e.error_message)
-            return  # outside any invocation we saw begin: nothing to hang it on
-        if isinstance(e, RunFinished):
+        handler = _HANDLERS.get(e.type)  # by the event's type: one lookup, not a chain of isinstance
+        if handler is not None:
+            handler(self, inv, e)
+
+    # -- the handlers, by event type (_HANDLERS) -------------------------------------------
+
+    def _on_run_started(self, inv: _Invocation | None, e: Any) -> None:
+        self._start_invocation(e)
+
+    def _on_run_finished(self, inv: _Invocation | None, e: Any) -> None:
+        if inv is not None:
             self._finish_invocation(inv, e)
-        elif isinstance(e, NodeStarted):
-            self._start_node(inv, e)
-        elif e.path:
-            span = inv.open.get(e.path)
-            if isinstance(e, JobResultReceived):
-                if span is None or span is inv.span:  # the run it answers starts next
-                    inv.jobs.setdefault(e.path, []).append(e)
-                else:
-                    span.events.append(sp.job_result_event(e, max(e.ts, span.start)))
-                return
-            if span is None:
-                return
-            if isinstance(e, NodeRetrying):
-                span.events.append(sp.retry_event(e))
-                span.attempt = e.attempt + 1
-            elif e.type in TERMINAL_TYPES:
-                span.terminal = e
-                if isinstance(e, NodeErrorEvent):
-                    inv.errors[e.path] = self.errors[e.path] = (sp.error_type_of(e), e.error_message)
-                if e.path == inv.root:
-                    inv.root_end = self._node_end(inv, span)
-                elif not isinstance(e, JobDispatched):
-                    # A JobDispatched whose dispatch failed is followed by the job's result and
-                    # an InputRequested in the same run: that span ends with the last of them.
-                    del inv.open[e.path]
-                    self._close(span, self._node_end(inv, span), e.ts, e.seq, inv)
+
+    def _on_retrying(self, inv: _Invocation | None, e: Any) -> None:
+        span = inv.open.get(e.path) if inv is not None and e.path else None
+        if span is not None:
+            span.add_event(sp.retry_event(e))
+            span.attempt = e.attempt + 1
+
+    def _on_job_result(self, inv: _Invocation | None, e: Any) -> None:
+        if inv is None or not e.path:
+            return
+        span = inv.open.get(e.path)
+        if span is None or span is inv.span:  # the run it answers starts next
+            inv.jobs.setdefault(e.path, []).append(e)
+        else:
+            span.add_event(sp.job_result_event(e, max(e.ts, span.start)))
+
+    def _on_error(self, inv: _Invocation | None, e: Any) -> None:
+        if inv is None:  # outside any invocation we saw begin: nothing to hang it on but its failure
+            self.errors[e.path] = (sp.error_type_of(e), e.error_message)
+        else:
+            self._on_terminal(inv, e)
+
+    def _on_terminal(self, inv: _Invocation | None, e: Any) -> None:
+        if inv is None or not e.path:
+            return
+        path = e.path
+        span = inv.open.get(path)
+        if span is None:
+            return
+        span.terminal = e
+        kind = e.type
+        if kind == "node_error":
+            inv.errors[path] = self.errors[path] = (sp.error_type_of(e), e.error_message)
+        if path == inv.root:
+            inv.root_end = self._node_end(inv, span)
+        elif kind == "node_completed":  # most runs: _node_end's first case, without its call
+            del inv.open[path]
+            self._close(
+                span, sp.node_end(e, e.attempt_count or span.attempt, span.recovered), e.ts, e.seq, inv
+            )
+        elif kind != "job_dispatched":
+            # A JobDispatched whose dispatch failed is followed by the job's result and
+            # an InputRequested in the same run: that span ends with the last of them.
+            del inv.open[path]
+            self._close(span, self._node_end(inv, span), e.ts, e.seq, inv)
 
     # -- invocations --------------------------------------------------------------------
 
@@ -288,13 +375,13 @@ class SpanWalk:
         trace_id, parent, sampled, state = invocation_context(self.session, e.invocation_id, e.trace_context)
         self._order += 1
         span = _Open(
-            name=sp.invocation_span_name(e.workflow),
-            trace_id=trace_id,
-            span_id=span_id_for(self.session, e.invocation_id),
-            parent_id=parent,
-            start=e.ts,
-            attributes=sp.invocation_attributes(e.workflow, self.session, e.invocation_id, e.resumed),
-            order=self._order,
+            sp.invocation_span_name(e.workflow),
+            trace_id,
+            span_id_for(self.session, e.invocation_id),
+            parent,
+            e.ts,
+            sp.invocation_attributes(e.workflow, self.session, e.invocation_id, e.resumed),
+            self._order,
             links=(self.previous,) if e.resumed and self.previous is not None else (),
         )
         raw = e.trace_context.get(RESOURCE_KEY)
@@ -344,8 +431,9 @@ class SpanWalk:
                 root_end = sp.unfinished_node_end(
                     invocation_finished=end.attributes.get(sp.INCOMPLETE) is None, lost=lost
                 )
-            span.attributes = {**span.attributes, **inv.root_start}
-            span.events.extend(root_end.events)
+            span.attributes.update(inv.root_start)
+            for ev in root_end.events:
+                span.add_event(ev)
             end = sp.SpanEnd(
                 {**root_end.attributes, **end.attributes},
                 end.error if end.error is not None else root_end.error,
@@ -355,7 +443,9 @@ class SpanWalk:
 
     # -- node runs ----------------------------------------------------------------------
 
-    def _start_node(self, inv: _Invocation, e: NodeStarted) -> None:
+    def _start_node(self, inv: _Invocation | None, e: NodeStarted) -> None:
+        if inv is None:
+            return
         path = e.path
         old = inv.open.pop(path, None)
         if old is not None and old is not inv.span:  # the same path again (a nested workflow's retry)
@@ -367,33 +457,44 @@ class SpanWalk:
             inv.span.attempt = e.attempt
             inv.span.recovered = bool(e.recovered)
             return
-        parent = inv.open.get(e.parent_path) if e.parent_path else None
+        parent = (inv.open.get(e.parent_path) if e.parent_path else None) or inv.span
+        key = (e.invocation_id, path, e.attempt)
         self._order += 1
         span = inv.open[path] = _Open(
-            name=sp.node_span_name(e.kind, e.node),
-            trace_id=inv.span.trace_id,
-            span_id=span_id_for(self.session, e.invocation_id, path, e.attempt),
-            parent_id=(parent or inv.span).span_id,
-            start=e.ts,
-            attributes=sp.node_attributes(e.node, path, e.kind, self.session),
-            order=self._order,
-            attempt=e.attempt,
-            recovered=bool(e.recovered),
+            sp.node_span_name(e.kind, e.node),
+            inv.span.trace_id,
+            self.known.pop(key, 0),
+            parent.span_id or self._span_id(parent),
+            e.ts,
+            sp.node_attributes(e.node, path, e.kind, self.session),
+            self._order,
+            e.attempt,
+            bool(e.recovered),
+            key=key,
         )
         if inv.jobs:
             for job in inv.jobs.pop(path, ()):
-                span.events.append(sp.job_result_event(job, max(job.ts, span.start)))
+                span.add_event(sp.job_result_event(job, max(job.ts, span.start)))
+
+    def _span_id(self, span: _Open) -> int:
+        """The span's id, derived now if it was not known when it started."""
+        if not span.span_id:
+            key = span.key
+            assert key is not None  # only a node run's span starts without its id
+            span.span_id = self.known.pop(key, 0) or span_id_for(self.session, *key)
+        return span.span_id
 
     def _node_end(self, inv: _Invocation, span: _Open) -> sp.SpanEnd:
-        ev = span.terminal
+        ev: Any = span.terminal
         assert ev is not None
+        kind = ev.type
+        if kind == "node_completed":
+            return sp.node_end(ev, ev.attempt_count or span.attempt, span.recovered)
         origin = None
-        if isinstance(ev, NodeErrorPropagated):
+        if kind == "node_error_propagated":
             found = inv.errors.get(ev.origin_path)
             origin = found[1] if found else None
-        count = (
-            ev.attempt_count if isinstance(ev, (NodeCompleted, NodeErrorEvent, NodeErrorPropagated)) else 0
-        )
+        count = ev.attempt_count if kind == "node_error" or kind == "node_error_propagated" else 0
         return sp.node_end(ev, count or span.attempt, span.recovered, origin)
 
     def _finish_node(
@@ -414,23 +515,33 @@ class SpanWalk:
 
     def _close(self, span: _Open, end: sp.SpanEnd, at: float, seq: int, inv: _Invocation) -> None:
         self.closing = span.order  # the start order of the span being emitted (spans_of_log sorts by it)
+        attributes = span.attributes  # the span's own dict, done with once it is emitted
+        attributes.update(end.attributes)
+        events: tuple[sp.SpanEventRecord, ...] = ()
+        if span.events is not None:
+            events = (*span.events, *end.events)
+        elif end.events:
+            events = end.events
         self.emit(
-            SpanRecord(
-                name=span.name,
-                trace_id=span.trace_id,
-                span_id=span.span_id,
-                parent_id=span.parent_id,
-                start=span.start,
-                end=at,
-                attributes={**span.attributes, **end.attributes},
-                error=end.error,
-                events=(*span.events, *end.events) if span.events or end.events else (),
-                links=span.links,
-                end_seq=seq,
-                sampled=inv.sampled,
-                trace_state=inv.trace_state,
-                session_id=self.session,
-                resource=inv.resource,
+            _new_record(  # SpanRecord(...), all 15 fields in order, without its __new__'s call
+                SpanRecord,
+                (
+                    span.name,
+                    span.trace_id,
+                    span.span_id or self._span_id(span),
+                    span.parent_id,
+                    span.start,
+                    at,
+                    attributes,
+                    end.error,
+                    events,
+                    span.links,
+                    seq,
+                    inv.sampled,
+                    inv.trace_state,
+                    self.session,
+                    inv.resource,
+                ),
             )
         )
 
@@ -446,6 +557,20 @@ class SpanWalk:
         inv = self.invocations.get(invocation_id)
         if inv is not None:
             self._abandon(inv)
+
+
+_Handler = Callable[[SpanWalk, "_Invocation | None", Any], Any]
+#: What the walk does with each event type (functions, not bound methods: a walk holds no
+#: cycle through them). Other types (state, answers, submissions) make no span.
+_HANDLERS: dict[str, _Handler] = {
+    "run_started": SpanWalk._on_run_started,
+    "run_finished": SpanWalk._on_run_finished,
+    "node_started": SpanWalk._start_node,
+    "node_retrying": SpanWalk._on_retrying,
+    "job_result": SpanWalk._on_job_result,
+    "node_error": SpanWalk._on_error,
+    **{t: SpanWalk._on_terminal for t in TERMINAL_TYPES if t != "node_error"},
+}
 
 
 def spans_of_log(

@@ -44,7 +44,9 @@ the same collectors instead of failing with "Duplicated timeseries".
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -66,6 +68,7 @@ from .catalog import (
     InstrumentSpec,
 )
 from .labels import DEFAULT_MAX_SERIES, LabelBudget, code_label
+from .lean_prom import HistogramShard, Shard
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.context import NodeContext, NodeOutcome, RunInfo
@@ -101,14 +104,29 @@ class _InvocationLabels:
 
 
 class _NodeSeries:
-    """The pre-bound series of one (workflow, node): what a node run touches."""
+    """The pre-bound series of one (workflow, node), for one thread: what a node run
+    touches. Where a series is a prometheus child alone, this thread's shard of it
+    (``lean_prom``) is kept and observed into directly, without a lock or a call per
+    series; else the series itself."""
 
-    __slots__ = ("running", "attempts", "by_outcome")
+    __slots__ = ("workflow", "node", "running", "running_part", "attempts", "attempts_part", "by_outcome")
 
-    def __init__(self, running: Series) -> None:
+    def __init__(self, workflow: str, node: str, running: Series) -> None:
+        self.workflow = workflow
+        self.node = node
         self.running = running
+        self.running_part: Shard | None = running.shard()
         self.attempts: Series | None = None  # bound on first use: no empty histogram series
-        self.by_outcome: dict[str, tuple[Series, Series]] = {}
+        self.attempts_part: HistogramShard | None = None
+        #: status -> (runs, duration, runs' shard, duration's shard)
+        self.by_outcome: dict[str, tuple[Series, Series, Shard | None, HistogramShard | None]] = {}
+
+    def up(self) -> None:
+        part = self.running_part
+        if part is not None:
+            part.value += 1.0
+        else:
+            self.running.add(1.0)
 
 
 class MetricsPlugin(Plugin):
@@ -168,7 +186,8 @@ class MetricsPlugin(Plugin):
         self._job_results = i["job_results"]
         self._plugin_errors = i["plugin_errors"]
         self._known_plugins: tuple[str, ...] = ()
-        self._nodes: dict[tuple[str, str], _NodeSeries] = {}
+        #: per thread, its _NodeSeries by (workflow, node) (``nodes``)
+        self._local = threading.local()
         self._invocations: dict[str, _InvocationLabels] = {}  # by invocation id
         self._on_event = {
             "run_started": self._run_started,
@@ -190,11 +209,31 @@ class MetricsPlugin(Plugin):
         self._overflow.series((metric,)).add()
 
     def _node(self, workflow: str, node: str) -> _NodeSeries:
+        """This thread's series of (workflow, node), bound on first use."""
+        try:
+            nodes = self._local.nodes
+        except AttributeError:
+            nodes = self._local.nodes = {}
         key = (workflow, node)
-        ns = self._nodes.get(key)
+        ns = nodes.get(key)
         if ns is None:
-            ns = self._nodes[key] = _NodeSeries(self._bind(self._nodes_running, key))
+            ns = nodes[key] = _NodeSeries(workflow, node, self._bind(self._nodes_running, key))
         return ns
+
+    def _attempts(self, ns: _NodeSeries) -> Series:
+        """The attempts series of (workflow, node), bound on first use with its shard."""
+        if ns.attempts is None:
+            ns.attempts = self._bind(self._node_attempts, (ns.workflow, ns.node))
+            ns.attempts_part = ns.attempts.shard()
+        return ns.attempts
+
+    def _outcome(
+        self, ns: _NodeSeries, status: str
+    ) -> tuple[Series, Series, Shard | None, HistogramShard | None]:
+        key = (ns.workflow, ns.node, status)
+        runs, duration = self._bind(self._node_runs, key), self._bind(self._node_duration, key)
+        bound = ns.by_outcome[status] = (runs, duration, runs.shard(), duration.shard())
+        return bound
 
     def _workflow_of(self, event: Event) -> str:
         inv = self._invocations.get(event.invocation_id)
@@ -235,9 +274,9 @@ class MetricsPlugin(Plugin):
     def before_node(self, ctx: NodeContext) -> None:
         if ctx.parent is None:
             return  # the invocation's own run: its outcome is flowscope_workflow_runs_total's
-        # Bound once per (workflow, node): the run carries its series to after_node.
+        # Bound once per (workflow, node) and thread: the run carries its series to after_node.
         ns = ctx.plugin_state[_KEY] = self._node(ctx.run.workflow, ctx.node_name)
-        ns.running.add(1.0)
+        ns.up()
 
     def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
         if ctx.parent is None:
@@ -245,27 +284,37 @@ class MetricsPlugin(Plugin):
         ns: _NodeSeries | None = ctx.plugin_state.pop(_KEY, None)
         if ns is None:  # the plugin was added after before_node ran
             ns = self._node(ctx.run.workflow, ctx.node_name)
-            ns.running.add(1.0)
-        ns.running.add(-1.0)
-        if from_descendant(ctx.path, outcome.origin_path):
+            ns.up()
+        running = ns.running_part
+        if running is not None:
+            running.value -= 1.0
+        else:
+            ns.running.add(-1.0)
+        origin = outcome.origin_path
+        if origin is not None and from_descendant(ctx.path, origin):
             # A container: the failure or pause is its descendant's, counted once there
             # (docs/design.md, "Counting once, at the deepest path").
             return
         status = outcome.status
-        pair = ns.by_outcome.get(status)
-        if pair is None:  # once per (workflow, node, outcome)
-            key = (ctx.run.workflow, ctx.node_name, status)
-            pair = ns.by_outcome[status] = (
-                self._bind(self._node_runs, key),
-                self._bind(self._node_duration, key),
-            )
-        pair[0].add()
-        pair[1].record(outcome.duration_s, exemplar_source(ctx.trace_context))
+        bound = ns.by_outcome.get(status)
+        if bound is None:  # once per (workflow, node, outcome)
+            bound = self._outcome(ns, status)
+        runs, duration, runs_part, duration_part = bound
+        exemplar = exemplar_source(ctx.trace_context)
+        if runs_part is not None:
+            runs_part.value += 1.0
+        else:
+            runs.add()
+        if duration_part is not None:  # the exemplar's time: the terminal event's
+            duration_part.observe(outcome.duration_s, exemplar, outcome.event.ts)
+        else:
+            duration.record(outcome.duration_s, exemplar)
         if status == "success" or status == "failure" or status == "timeout":
-            attempts = ns.attempts
-            if attempts is None:
-                attempts = ns.attempts = self._bind(self._node_attempts, (ctx.run.workflow, ctx.node_name))
-            attempts.record(outcome.attempt_count)
+            attempts = ns.attempts_part
+            if attempts is not None:
+                attempts.observe(outcome.attempt_count)
+            else:
+                self._attempts(ns).record(outcome.attempt_count)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -273,6 +322,13 @@ class MetricsPlugin(Plugin):
         handler = self._on_event.get(event.type)
         if handler is not None:
             handler(event)
+
+    def on_events(self, events: Sequence[Event]) -> None:
+        handlers = self._on_event
+        for event in events:
+            handler = handlers.get(event.type)
+            if handler is not None:
+                handler(event)
 
     def _run_started(self, event: Any) -> None:
         inv = self._invocations.get(event.invocation_id)

@@ -27,15 +27,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry.sdk.trace import Event as SpanEvent
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.trace import SpanKind, TraceState
 
 from .. import __version__
 from ..events import Event
 from . import spans as sp
 from .log_spans import ResourceKey, SpanRecord, SpanWalk, invocation_context
+from .sdk_spans import EMPTY_STATE as _EMPTY_STATE
+from .sdk_spans import readable_span
 from .traceparent import parse_traceparent
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,54 +60,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("flowscope.observability.shipping")
-
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_UNSET = Status(StatusCode.UNSET)
-_EMPTY_STATE = TraceState()
-
-
-def readable_span(
-    r: SpanRecord,
-    resource: Resource,
-    scope: InstrumentationScope,
-    extra: Mapping[str, Any] | None = None,
-    stacktrace: str | None = None,
-) -> ReadableSpan:
-    """The SDK span of a record: the one conversion, for live spans and exports alike.
-    ``extra`` adds attributes the log does not hold (redacted input/output); ``stacktrace``
-    goes on the ``exception`` span event."""
-    state = _trace_state(r.trace_state) if r.trace_state else _EMPTY_STATE
-    ctx = SpanContext(r.trace_id, r.span_id, False, _SAMPLED, state)
-    parent = SpanContext(r.trace_id, r.parent_id, False, _SAMPLED, state) if r.parent_id else None
-    attributes = r.attributes  # the SDK keeps its own copy
-    if extra:
-        attributes = {**attributes, **extra}
-    events: list[Any] = []
-    if r.events:
-        for e in r.events:
-            attrs = dict(e.attributes)
-            if stacktrace is not None and e.name == sp.EXCEPTION_EVENT:
-                attrs[sp.EXCEPTION_STACKTRACE] = stacktrace
-            events.append(SpanEvent(e.name, attrs, e.time_ns))
-    return ReadableSpan(
-        name=r.name,
-        context=ctx,
-        parent=parent,
-        resource=resource,
-        attributes=attributes,
-        events=events,
-        links=[Link(SpanContext(t, s, False, _SAMPLED)) for t, s in r.links] if r.links else (),
-        kind=SpanKind.INTERNAL,
-        status=Status(StatusCode.ERROR, r.error) if r.error is not None else _UNSET,
-        start_time=int(round(r.start * 1e9)),
-        end_time=int(round(r.end * 1e9)),
-        instrumentation_scope=scope,
-    )
-
-
-@lru_cache(maxsize=256)
-def _trace_state(header: str) -> TraceState:
-    return TraceState.from_header([header])
 
 
 @lru_cache(maxsize=1)
@@ -315,6 +268,8 @@ class Shipper:
 
         self.provider = provider
         self._seen: Any = None  # the processors tuple the ledger was looked up in
+        self._ends_of: Any = None  # the processors tuple _ends was made of
+        self._ends: tuple[Any, ...] = ()
         self._ledger: Ledger | None = None
         sdk = isinstance(provider, SdkProvider) and not getattr(provider, "_disabled", False)
         self.enabled = sdk
@@ -360,22 +315,39 @@ class Shipper:
         todo = [r for r in records if r.sampled]
         if not todo:
             return
-        ledger = self.ledger
+        procs = getattr(processor, "_span_processors", None)  # both looked up again when it changed
+        ledger = self._ledger if procs is self._seen else self.ledger
         if store is not None and ledger is not None:
             ledger.register(store, todo)
         own, scope = self._resource, self._scope
         assert own is not None
         mine = self._own_resource
-        on_end = processor.on_end
+        on_ends = self._ends if procs is self._ends_of else self._on_ends
+        on_end = on_ends[0] if len(on_ends) == 1 else processor.on_end
         for r in todo:
             # A dead process's spans keep its resource; this process's own, the provider's.
-            resource = own if r.resource is None or r.resource == mine else record_resource(r.resource)
+            res = r.resource
+            resource = own if res is None or res is mine or res == mine else record_resource(res)
             extra = extras.get(r.span_id) if extras else None
             if extra is None:
                 on_end(readable_span(r, resource, scope))
             else:
                 attrs, stack = extra
                 on_end(readable_span(r, resource, scope, attrs, stack))
+
+    @property
+    def _on_ends(self) -> tuple[Any, ...]:
+        """The provider's processors' ``on_end``: the SDK's synchronous multi-processor's
+        own loop, unrolled (it calls each in turn; another kind is called as it is)."""
+        processor: Any = self._processor
+        procs = getattr(processor, "_span_processors", None)
+        if procs is not self._ends_of:
+            self._ends_of = procs
+            if type(processor).__name__ == "SynchronousMultiSpanProcessor" and isinstance(procs, tuple):
+                self._ends = tuple(p.on_end for p in procs)
+            else:
+                self._ends = (processor.on_end,)
+        return self._ends
 
     def catch_up(
         self, store: Upkeep | None, session_id: str, previous: Mapping[str, str]

@@ -42,18 +42,30 @@ import asyncio
 import logging
 import traceback
 import weakref
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TracerProvider, TraceState
 
 from ..events import NodeCompleted
 from ..plugins import Plugin
 from . import spans as sp
-from .log_spans import PARENT_KEY, RESOURCE_KEY, SpanRecord, SpanWalk, span_id_for, trace_id_for, traceparent
+from .log_spans import (
+    PARENT_KEY,
+    RESOURCE_KEY,
+    SpanRecord,
+    SpanWalk,
+    span_id_after,
+    span_id_for,
+    span_id_head,
+    trace_id_for,
+    traceparent,
+)
+from .sdk_spans import span_context
 from .shipping import Shipper
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -80,26 +92,113 @@ _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 WALK_BATCH = 256
 
 
+def _context_var() -> ContextVar[Context] | None:
+    """The ``ContextVar`` the OpenTelemetry API keeps the current context in, when it is
+    its default runtime context (``OTEL_PYTHON_CONTEXT`` unset), else None: a node's
+    context is then set and reset through that variable, as ``attach``/``detach`` do,
+    without their two calls each; another runtime context is called through the API."""
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    var = getattr(runtime, "_current_context", None)
+    if type(runtime).__name__ == "ContextVarsRuntimeContext" and isinstance(var, ContextVar):
+        return var
+    return None
+
+
+_CONTEXT = _context_var()
+#: The key the API keeps the current span under (set_span_in_context's), read once.
+_SPAN_KEY = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, Context())))
+
+
+class _NodeSpan(NonRecordingSpan):
+    """The current span while a node body runs: the API's non-recording span, its
+    ``SpanContext`` made when first asked for (most bodies never ask: the metrics
+    plugin's exemplar reads the run's traceparent), its fields in slots (no instance
+    dict, and no context object, for the collector to walk while thousands run)."""
+
+    __slots__ = ("_context", "_trace_id", "_span_id", "_flags", "_state")
+
+    def __init__(self, trace_id: int, span_id: int, flags: TraceFlags, state: TraceState) -> None:
+        self._context: SpanContext | None = None  # type: ignore[assignment]
+        self._trace_id = trace_id
+        self._span_id = span_id
+        self._flags = flags
+        self._state = state
+
+    def get_span_context(self) -> SpanContext:
+        context = self._context
+        if context is None:
+            context = self._context = span_context(self._trace_id, self._span_id, self._flags, self._state)
+        return context
+
+    def __repr__(self) -> str:
+        return f"NonRecordingSpan({self.get_span_context()!r})"
+
+
+def _detach(token: Any) -> None:
+    """Reset the context a node's body ran in (``otel_context.detach``: never raises)."""
+    var = _CONTEXT
+    if var is not None:
+        try:
+            var.reset(token)
+            return
+        except Exception:  # a token of another context: the API logs it
+            pass
+    otel_context.detach(token)
+
+
 class _Run:
     """One invocation: its derived context, the walk its events feed, and what only the
     live process knows about its spans (redacted input/output, stack traces)."""
 
-    __slots__ = ("trace_id", "span_id", "flags", "state", "store", "walk", "out", "extra", "held", "pending")
+    __slots__ = (
+        "trace_id",
+        "span_id",
+        "flags",
+        "state",
+        "state_header",
+        "store",
+        "walk",
+        "out",
+        "extra",
+        "held",
+        "pending",
+        "ids",
+        "known",
+        "tp_head",
+        "tp_tail",
+    )
 
-    def __init__(self, trace_id: int, span_id: int, flags: TraceFlags, state: TraceState, store: Any) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        invocation_id: str,
+        trace_id: int,
+        span_id: int,
+        sampled: bool,
+        state: TraceState,
+        store: Any,
+    ) -> None:
         self.trace_id = trace_id
         self.store = store  # where the watermark is kept (RunInfo.store)
         self.span_id = span_id
-        self.flags = flags
+        self.flags = _SAMPLED if sampled else _UNSAMPLED
         self.state = state
+        self.state_header = state.to_header() if state else ""
         self.walk: SpanWalk | None = None  # None: sampled out, or nowhere to send spans
-        self.out: list[SpanRecord] = []  # the spans one event ended, shipped together
-        #: span id -> attributes the log does not keep (redacted input and output)
-        self.extra: dict[int, dict[str, Any]] = {}
+        self.out: list[SpanRecord] = []  # the spans the walk ended, shipped together
+        #: span id -> attributes the log does not keep (redacted input and output); made on first use
+        self.extra: dict[int, dict[str, Any]] | None = None
         #: failed spans waiting for after_node to add their stack trace (record_stacktrace)
-        self.held: dict[int, SpanRecord] = {}
+        self.held: dict[int, SpanRecord] | None = None
         #: appended events not walked yet (see WALK_BATCH)
         self.pending: list[Event] = []
+        #: the span id of a node run, from (path, attempt): span_id_after(ids, path, attempt)
+        self.ids = span_id_head(session_id, invocation_id)
+        #: ids derived when a node body began, for the walk to take (SpanWalk.known)
+        self.known: dict[tuple[str, str, int], int] = {}
+        #: the traceparent of a node run is tp_head + its span id (hex) + tp_tail
+        self.tp_head = f"00-{trace_id:032x}-"
+        self.tp_tail = "-01" if sampled else "-00"
 
 
 class TracingPlugin(Plugin):
@@ -128,11 +227,10 @@ class TracingPlugin(Plugin):
         self.record_stacktrace = record_stacktrace
         self.redact = redact
         self._runs: dict[str, _Run] = {}  # invocation id -> its run
-        #: per event loop, the runs with appended events not walked yet (WALK_BATCH); weak,
-        #: so a loop closed before its callback ran leaves nothing behind
-        self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Run]] = (
-            weakref.WeakKeyDictionary()
-        )
+        #: this loop turn's runs with appended events not walked yet (WALK_BATCH), and the
+        #: loop (weakly: a loop closed before its callback ran is not kept); a turn of another
+        #: loop (another thread) schedules its own callback
+        self._turn: tuple[weakref.ref[asyncio.AbstractEventLoop], list[_Run]] | None = None
 
     @property
     def shipper(self) -> Shipper:
@@ -173,13 +271,14 @@ class TracingPlugin(Plugin):
         tc["traceparent"] = traceparent(trace_id, span_id, sampled)
         if state:
             tc["tracestate"] = state.to_header()
-        st = self._runs[iid] = _Run(trace_id, span_id, _SAMPLED if sampled else _UNSAMPLED, state, run.store)
+        st = self._runs[iid] = _Run(sid, iid, trace_id, span_id, sampled, state, run.store)
         if sampled and shipper.enabled:
             if (
                 shipper.resource_record
             ):  # whoever ships these spans after a crash gives them this process's resource
                 tc[RESOURCE_KEY] = shipper.resource_record
-            st.walk = SpanWalk(partial(self._emit, st), sid)
+            # emits into st.out (a bound list method: the walk holds no cycle back to st)
+            st.walk = SpanWalk(st.out.append, sid, st.known)
             if run.resumed:  # ship what the process before this one did not, and link to it
                 st.walk.previous = shipper.catch_up(run.store, sid, run.previous_trace_context)
 
@@ -191,9 +290,11 @@ class TracingPlugin(Plugin):
         # Without RunFinished in the log (the store failed, the lease was lost) what the
         # log holds of this invocation ends here, incomplete, as an export would show it.
         st.walk.close(run.invocation_id)
-        st.out.extend(st.held.values())
-        st.held.clear()
-        self._ship(st)
+        if st.held:
+            st.out.extend(st.held.values())
+            st.held.clear()
+        self._ship(st, hold=False)
+        st.walk = None
 
     # -- node runs ----------------------------------------------------------------------
 
@@ -204,39 +305,64 @@ class TracingPlugin(Plugin):
         if ctx.parent is None:  # the top workflow's run is the invocation's span
             span_id = st.span_id
         else:
-            span_id = span_id_for(ctx.session_id, ctx.invocation_id, ctx.path, ctx.attempt)
-        sc = SpanContext(st.trace_id, span_id, False, st.flags, st.state)
+            span_id = span_id_after(st.ids, ctx.path, ctx.attempt)
+            if st.walk is not None:  # the walk takes it when it starts or ends the run's span
+                st.known[(ctx.invocation_id, ctx.path, ctx.attempt)] = span_id
+        span = _NodeSpan(st.trace_id, span_id, st.flags, st.state)
         # Current in this task until after_node: spans the body starts are children of this run's.
-        token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(sc)))
-        ctx.plugin_state[_KEY] = (token, span_id)
+        var = _CONTEXT
+        if var is not None:  # set_span_in_context + attach, without their calls
+            token: Any = var.set(Context({**var.get(), _SPAN_KEY: span}))
+        else:
+            token = otel_context.attach(trace.set_span_in_context(span))
+        # the span id too when after_node adds what only this process knows to its span
+        keep = self.redact is not None or self.record_stacktrace
+        ctx.plugin_state[_KEY] = (token, span_id) if keep else token
         tc = ctx.trace_context
-        tc["traceparent"] = traceparent(st.trace_id, span_id, st.flags.sampled)
-        if st.state:
-            tc["tracestate"] = st.state.to_header()
+        tc["traceparent"] = f"{st.tp_head}{span_id:016x}{st.tp_tail}"  # traceparent(), prefix made once
+        if st.state_header:
+            tc["tracestate"] = st.state_header
         if self.redact is not None and st.walk is not None:
             text = self._redacted("input", ctx.input)
             if text is not None:
-                st.extra.setdefault(span_id, {})[sp.NODE_INPUT] = text
+                self._extra(st, span_id)[sp.NODE_INPUT] = text
 
     def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
         mine = ctx.plugin_state.pop(_KEY, None)
         if mine is None:
             return
+        if type(mine) is not tuple:  # nothing only the live process knows: the span is the log's
+            var = _CONTEXT
+            if var is not None:
+                try:
+                    var.reset(mine)  # _detach, without its call
+                    return
+                except Exception:  # a token of another context: the API logs it
+                    pass
+            otel_context.detach(mine)
+            return
         token, span_id = mine
-        otel_context.detach(token)  # logs (never raises) if the token is foreign
+        _detach(token)
         st = self._runs.get(ctx.invocation_id)
         if st is None or st.walk is None:
             return
         if self.redact is not None and isinstance(outcome.event, NodeCompleted):
             text = self._redacted("output", outcome.event.output)
             if text is not None:  # the completion is appended after this hook: in time for its span
-                st.extra.setdefault(span_id, {})[sp.NODE_OUTPUT] = text
+                self._extra(st, span_id)[sp.NODE_OUTPUT] = text
         if outcome.error is not None and self.record_stacktrace:
             self._walk_pending(st)  # the failure's span, to hold for its stack trace
-        held = st.held.pop(span_id, None)
+        held = st.held.pop(span_id, None) if st.held else None
         if held is not None:
             stack = "".join(traceback.format_exception(outcome.error)) if outcome.error is not None else None
-            self.shipper.ship([held], st.store, {span_id: (st.extra.pop(span_id, None), stack)})
+            extra = st.extra.pop(span_id, None) if st.extra else None
+            self.shipper.ship([held], st.store, {span_id: (extra, stack)})
+
+    @staticmethod
+    def _extra(st: _Run, span_id: int) -> dict[str, Any]:
+        if st.extra is None:
+            st.extra = {}
+        return st.extra.setdefault(span_id, {})
 
     def _redacted(self, kind: str, value: Any) -> str | None:
         redact = self.redact
@@ -254,36 +380,75 @@ class TracingPlugin(Plugin):
     # -- events: the spans ---------------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
-        st = self._runs.get(event.invocation_id)
+        self.on_events((event,))
+
+    def on_events(self, events: Sequence[Event]) -> None:
+        """The events of one append (one invocation's): queued for the next walk."""
+        if not events:
+            return
+        iid = events[0].invocation_id
+        if events[-1].invocation_id != iid:  # not one invocation's append: take them one by one
+            for e in events:
+                self.on_events((e,))
+            return
+        st = self._runs.get(iid)
         if st is None or st.walk is None:
             return
         pending = st.pending
-        pending.append(event)
+        first = not pending
+        pending.extend(events)
         if len(pending) >= WALK_BATCH:
             self._walk_pending(st)
-        elif len(pending) == 1:
+        elif first:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # no loop in this thread: walk it now
                 self._walk_pending(st)
                 return
-            waiting = self._waiting.get(loop)
-            if waiting is None:  # one callback per loop turn for all the runs with events waiting
-                waiting = self._waiting[loop] = []
-                loop.call_soon(self._walk_waiting, loop)
-            waiting.append(st)
+            turn = self._turn
+            if turn is not None and turn[0]() is loop:
+                turn[1].append(st)
+            else:  # one callback per loop turn for all the runs with events waiting
+                waiting = [st]
+                self._turn = (weakref.ref(loop), waiting)  # weak: a closed loop is not kept
+                loop.call_soon(self._walk_waiting, waiting)
 
-    def _walk_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _walk_waiting(self, waiting: list[_Run]) -> None:
+        """Walk every run with events waiting, then ship the spans they ended together (one
+        hand-over for the loop turn: one ledger registration, not one per session)."""
         # Called by the loop, not through the plugin hooks: a failure to ship is logged here,
         # as the hooks would, and never reaches the loop or the run.
-        for st in self._waiting.pop(loop, ()):
+        turn = self._turn
+        if turn is not None and turn[1] is waiting:
+            self._turn = None
+        ready: list[_Run] = []
+        # a run is listed again when it walked a full batch (WALK_BATCH) meanwhile: once each
+        for st in dict.fromkeys(waiting):
             try:
-                self._walk_pending(st)
+                self._walk(st)
             except Exception as exc:
                 log.warning("tracing: shipping spans raised %s: %s", type(exc).__name__, exc)
+            if st.out:
+                ready.append(st)
+        if not ready:
+            return
+        try:
+            if len(ready) == 1 or any(st.store is not ready[0].store for st in ready):
+                for st in ready:
+                    self._ship(st)
+            else:  # the common case: one runner's store
+                self._ship_together(ready)
+        except Exception as exc:
+            log.warning("tracing: shipping spans raised %s: %s", type(exc).__name__, exc)
 
     def _walk_pending(self, st: _Run) -> None:
         """Walk the events appended since the last walk, and ship the spans they ended."""
+        self._walk(st)
+        if st.out:
+            self._ship(st)
+
+    def _walk(self, st: _Run) -> None:
+        """Walk the events appended since the last walk (the spans they end go to st.out)."""
         pending = st.pending
         if not pending or st.walk is None:
             return
@@ -297,27 +462,59 @@ class TracingPlugin(Plugin):
                 failed = failed or exc
         if failed is not None:
             log.warning("tracing: building spans from the log raised %s: %s", type(failed).__name__, failed)
-        if st.out:
-            self._ship(st)
 
-    def _emit(self, st: _Run, record: SpanRecord) -> None:
+    def _ship(self, st: _Run, hold: bool = True) -> None:
+        """Ship what the walk ended (st.out, which the walk appends to: emptied, not replaced)."""
+        try:
+            if st.extra or (hold and self.record_stacktrace):
+                out, extras = self._outgoing(st, hold)
+            else:  # what _outgoing returns then, without its call
+                out, extras = st.out, None
+            self.shipper.ship(out, st.store, extras)
+        finally:
+            st.out.clear()
+
+    def _ship_together(self, runs: list[_Run]) -> None:
+        """Ship what the walks of several runs on one store ended, in one hand-over."""
+        records: list[SpanRecord] = []
+        extras: dict[int, Any] | None = None
+        try:
+            for st in runs:
+                out, extra = self._outgoing(st, True)
+                records += out
+                if extra:
+                    extras = {**extras, **extra} if extras else extra
+            self.shipper.ship(records, runs[0].store, extras)
+        finally:
+            for st in runs:
+                st.out.clear()
+
+    def _outgoing(self, st: _Run, hold: bool) -> tuple[list[SpanRecord], dict[int, Any] | None]:
+        """What of st.out goes out now (a failed run's span waits for its stack trace in
+        after_node), and the attributes only the live process knows of it."""
+        out = st.out
+        if hold and self.record_stacktrace:
+            out = [r for r in out if not self._hold(st, r)]
+        extras = None
+        if st.extra:
+            extra = st.extra
+            extras = {r.span_id: (extra.pop(r.span_id), None) for r in out if r.span_id in extra}
+        return out, extras
+
+    @staticmethod
+    def _hold(st: _Run, record: SpanRecord) -> bool:
+        """Keep a failed run's span for its stack trace, known in after_node."""
         if (
-            self.record_stacktrace
-            and record.error is not None
+            record.error is not None
             and record.events
             and record.span_id != st.span_id
             and record.events[-1].name == sp.EXCEPTION_EVENT
         ):
-            st.held[record.span_id] = record  # its stack is known in after_node
-            return
-        st.out.append(record)
-
-    def _ship(self, st: _Run) -> None:
-        out, st.out = st.out, []
-        extras = None
-        if st.extra:
-            extras = {r.span_id: (st.extra.pop(r.span_id), None) for r in out if r.span_id in st.extra}
-        self.shipper.ship(out, st.store, extras)
+            if st.held is None:
+                st.held = {}
+            st.held[record.span_id] = record
+            return True
+        return False
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Flush the provider's processors."""
