@@ -43,12 +43,14 @@ from ..threads import start_thread
 from .context import NodeContext, NodeOutcome, PauseSignal
 from .graph import Node, Route, Workflow, label_matches
 from .hooks import PluginDispatcher
-from .record import Halted, NodeResult, Recorder, json_value
+from .record import Halted, NodeResult, Recorder, is_native, json_value
 from .tasks import RunTasks
 
 __all__ = ["Attempts", "GraphBody", "GraphRunner"]
 
 log = logging.getLogger("flowscope.engine")
+
+_new = tuple.__new__  # a NamedTuple from a tuple, one C call
 
 #: A node whose class keeps this ``execute`` runs its body through ``Node.begin`` directly.
 _NODE_EXECUTE = Node.execute
@@ -246,8 +248,9 @@ class Attempts:
             route = out.label
             out = out.output
             _check_route(ctx, route)
-        out = json_value(out, f"the output of node {ctx.node_name!r} ({ctx.path})")
-        return NodeResult(out, route, out is not None)
+        if not is_native(out):  # (the common case, JSON values already: no message to build)
+            out = json_value(out, f"the output of node {ctx.node_name!r} ({ctx.path})")
+        return _new(NodeResult, (out, route, out is not None))
 
     def _retry_delay(self, ctx: NodeContext, exc: Exception, failures: int) -> float | None:
         """If the attempt that raised ``exc`` is retried, record ``NodeRetrying`` and return

@@ -44,7 +44,7 @@ from .hooks import PluginDispatcher
 from .lease import SafeUntil, lease_expired, safe_until
 from .tasks import RunTasks
 
-__all__ = ["Recorder", "Halted", "TrackedState", "NodeResult", "Reported", "json_value"]
+__all__ = ["Recorder", "Halted", "TrackedState", "NodeResult", "Reported", "json_value", "is_native"]
 
 log = logging.getLogger("flowscope.engine")
 
@@ -101,6 +101,11 @@ def _native(v: Any, depth: int) -> bool:
                 return False
         return True
     return False
+
+
+def is_native(value: Any) -> bool:
+    """Is ``value`` already what the store keeps (:func:`json_value` would return it as is)?"""
+    return _native(value, 0)
 
 
 def json_value(value: Any, what: str, error: type[Exception] = OutputNotSerializableError) -> Any:
