@@ -157,6 +157,15 @@ def main() -> None:
             f"| {label} | {m['fs_chain']:.1f} | {m['lg_chain']:.1f} | {chain_ratio:.2f}x "
             f"| {m['fs_many']:,.0f} | {m['lg_many']:,.0f} | {many_ratio:.1f}x |"
         )
+    # The children ran in turn (REV's, this tree's, REV's, ...): each adjacent pair saw the
+    # same phase of the machine, so their ratio is steadier than a ratio of medians.
+    old, new = results.values()
+    chain_speedup = statistics.median(o["fs_chain"] / n["fs_chain"] for o, n in zip(old, new))
+    many_speedup = statistics.median(n["fs_many"] / o["fs_many"] for o, n in zip(old, new))
+    print(
+        f"\nThis tree's speed over {rev}'s, flowscope SQLite alone, median over the adjacent pairs of "
+        f"children: 200-chain {chain_speedup:.2f}x, {args.sessions:,} sessions {many_speedup:.2f}x."
+    )
     print(
         f"\n{args.procs} child processes per tree, alternated; each ratio is the median of the children's "
         "own ratios (flowscope and LangGraph timed in the same process)."
