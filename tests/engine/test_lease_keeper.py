@@ -105,3 +105,29 @@ async def test_a_lease_lost_in_a_round_ends_only_its_own_invocation(tmp_path):
     done = {sid: (await fut).output for sid, fut in runs.items() if sid != "s2"}
     assert done == {"s0": 1, "s1": 2, "s3": 4, "s4": 5}
     store.close()
+
+
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
+async def test_a_round_that_takes_most_of_the_lease_does_not_delay_the_next_renewal(tmp_path):
+    """The keeper's rounds are due a tick after the last one started: a round slowed by the
+    store (here, heartbeats that take 0.9 s of a 1.5 s lease) leaves the next renewal in
+    time, so a healthy process does not lose its lease for being busy."""
+    cls, seen = counting(SqliteEventStore)
+
+    class SlowBeats(cls):  # type: ignore[misc, valid-type]
+        def heartbeat_many(self, beats: Any, ts: Any = None) -> None:
+            super().heartbeat_many(beats, ts)
+            threading.Event().wait(0.9)  # the store takes its time, off the loop
+
+    store = SlowBeats(str(tmp_path / "f.db"))
+
+    @node
+    async def long(ctx: Any, x: int) -> int:
+        await asyncio.sleep(4.0)  # several lease periods
+        return x + 1
+
+    runner = Runner(Workflow("long", edges=[(START, long)]), store=store, lease_s=1.5, heartbeat_interval=0.5)
+    result = await runner.run(1, session_id="s")
+    assert result.status == "completed", result
+    assert result.output == 2
+    assert len(seen.of("renew_many")) >= 4  # renewed on time all along, not once late

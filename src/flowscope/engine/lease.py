@@ -275,8 +275,13 @@ class LeaseKeeper:
                 last_renew = now
             if beat:
                 last_beat = now
+            # The next round is due a tick after this one started, not after it ended: a
+            # round that takes seconds (thousands of sessions, a slow store) must not push
+            # the next renewal past the leases' safe end.
+            done = time.monotonic()
+            wait = max(now + tick - done, 0.001)
             if soonest is not None:  # wake when a lease whose renewals failed stops being safe
-                wait = min(tick, max(soonest - time.monotonic(), 0.001))
+                wait = min(wait, max(soonest - done, 0.001))
 
     def _renew(self, items: list[_Kept]) -> list[_Kept]:
         """Renew the leases of ``items``; returns those still held. A lost one is handed to
