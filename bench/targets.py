@@ -1,7 +1,7 @@
 """Speed at scale: every target, side by side in one run, with the floors under them.
 
-    PYTHONPATH=src python bench/targets.py            # the full run (about 10-15 minutes on 2 cores)
-    PYTHONPATH=src python bench/targets.py --quick    # fewer repetitions (about 5 minutes)
+    PYTHONPATH=src python bench/targets.py            # the full run (about 5 minutes on 2 cores)
+    PYTHONPATH=src python bench/targets.py --quick    # fewer repetitions
     PYTHONPATH=src python bench/targets.py --quick --smoke   # tiny sizes: checks that it runs (seconds)
 
 Prints Markdown (every figure, then the targets table: target, wanted, measured, the floor
