@@ -1,11 +1,11 @@
-"""Issue 15's own baseline, measured again today: an earlier commit's SQLite store against this
-tree's, each beside LangGraph in the same process.
+"""An earlier commit's SQLite store against this tree's, each beside LangGraph in the same
+process: a baseline measured again today.
 
     python bench/baseline_bench.py                  # REV defaults to fccc125^ (version 1's main)
     python bench/baseline_bench.py --rev REV --procs 3
 
-Issue 15 set its ratio targets (8x LangGraph + SqliteSaver per node, 25x at 1,000 sessions)
-from figures taken on version 1's main: its SQLite store alone at 82 µs/node against
+The first ratio targets (8x LangGraph + SqliteSaver per node, 25x at 1,000 sessions) were
+set from figures taken on version 1's main: its SQLite store alone at 82 µs/node against
 LangGraph's 970-1,050, "about 12x like for like". Those absolute figures belong to the
 machine of that hour. This script tells what the same code does on this machine now: it
 extracts ``REV``'s ``src/`` with ``git archive`` and runs child processes alternately on

@@ -4,7 +4,7 @@
     python bench/harness.py --quick    # a smoke run (about a minute)
                                        # unless --out is given
 
-What it does (DESIGN.md section 10, issue 9):
+What it does (DESIGN.md section 10):
 
 - builds the same workflows (``workflows.py``) on flowscope in five configurations and on
   the peers (``peers_langgraph.py``, ``peers_adk.py``);
@@ -18,7 +18,7 @@ What it does (DESIGN.md section 10, issue 9):
   ``metrics_bench.py`` where they provide them;
 - checks the targets and, where one is missed, profiles the flowscope configuration with
   cProfile and records the hot spots;
-- writes ``bench/RESULTS.md``.
+- prints its report (``--out FILE`` writes it; ``bench/RESULTS.md`` holds ``targets.py``'s run).
 
 Outputs are checked after every run (a benchmark of a broken run measures nothing).
 ``gc.collect()`` runs before every measurement, outside the timing. Async frameworks run

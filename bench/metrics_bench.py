@@ -1,4 +1,4 @@
-"""Benchmarks for issue 5: the cost of MetricsPlugin per node, and a StoreCollector scrape.
+"""Benchmarks of the metrics: the cost of MetricsPlugin per node, and a StoreCollector scrape.
 
     python bench/metrics_bench.py                 # both parts
     python bench/metrics_bench.py --part plugin   # per-node cost only

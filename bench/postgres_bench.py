@@ -1,4 +1,4 @@
-"""PostgreSQL store benchmarks (issue 16), on a throwaway cluster started here with the
+"""PostgreSQL store benchmarks, on a throwaway cluster started here with the
 server's durable defaults (fsync on, ``synchronous_commit=on``):
 
 1. node runs per second, ``Worker`` processes claiming submitted 10-node chains: 1, 2 and

@@ -1,4 +1,4 @@
-"""Telemetry at the cost floor (issue 15): flowscope's layers against LangGraph, side by side.
+"""Telemetry at the cost floor: flowscope's layers against LangGraph, side by side.
 
     PYTHONPATH=src python bench/telemetry_bench.py            # the full run, prints Markdown
     PYTHONPATH=src python bench/telemetry_bench.py --quick    # fewer repetitions
@@ -269,7 +269,7 @@ async def main() -> None:
             "≥ 25x",
         ),
     ]
-    print(f"## Telemetry at the cost floor (issue 15), {time.strftime('%Y-%m-%d')}\n")
+    print(f"## Telemetry at the cost floor, {time.strftime('%Y-%m-%d')}\n")
     print(
         f"`PYTHONPATH=src python bench/telemetry_bench.py{' --quick' if args.quick else ''}` on {platform.machine()}, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}, load average at start {os.getloadavg()[0]:.1f}; "

@@ -1,4 +1,4 @@
-"""Per-node cost of the TracingPlugin (issue 4), side by side in one run.
+"""Per-node cost of the TracingPlugin, side by side in one run.
 
 A chain of N nodes (default 200), run on a MemoryEventStore:
 
