@@ -17,7 +17,7 @@ import contextvars
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from ..errors import (
@@ -46,7 +46,7 @@ from .hooks import PluginDispatcher
 from .record import Halted, NodeResult, Recorder, is_native, json_value
 from .tasks import RunTasks
 
-__all__ = ["Attempts", "GraphBody", "GraphRunner"]
+__all__ = ["Attempts", "GraphRunner"]
 
 log = logging.getLogger("flowscope.engine")
 
@@ -60,10 +60,6 @@ class GraphRunner(Protocol):
     """What runs a nested workflow's body, its graph: the scheduler (``Invocation``)."""
 
     def run_graph(self, wf: Workflow, ctx: NodeContext, input: Any) -> Awaitable[NodeResult]: ...
-
-
-#: The body of a nested workflow: its graph, run by the scheduler (``Invocation.run_graph``).
-GraphBody = Callable[[Workflow, NodeContext, Any], Awaitable[NodeResult]]
 
 
 class Attempts:
@@ -110,10 +106,9 @@ class Attempts:
         state = self._state
         # a plain body (no timeout, not a graph, Node's own execute): started here, and
         # awaited only if it returns an awaitable; no coroutine of its own
-        untimed = node.timeout is None
-        graph = isinstance(node, Workflow)
-        plain = untimed and not graph and type(node).execute is _NODE_EXECUTE
-        graphs = self._graphs if untimed and graph else None  # a nested graph, run from here
+        plain = (
+            node.timeout is None and type(node).execute is _NODE_EXECUTE and not isinstance(node, Workflow)
+        )
         try:
             if ctx.recovered and ns.recoveries > self._max_recoveries:
                 raise RecoveryLimitError(
@@ -129,9 +124,7 @@ class Attempts:
                         out, awaiting = node.begin(ctx, input)
                         if awaiting:
                             out = await out
-                    elif graphs is not None:
-                        out = await graphs.run_graph(node, ctx, input)  # type: ignore[arg-type]
-                    else:
+                    else:  # a timeout, a nested graph, an execute of its own
                         out = await self._attempt(node, ctx, input)
                     if hooks:  # plugins hear of a success only under a safe lease (else the flush stops it)
                         rec.check_lease()

@@ -57,6 +57,12 @@ def new_id() -> str:
     return b.hex()
 
 
+def _too_many_steps(wf: Workflow) -> WorkflowError:
+    return WorkflowError(
+        f"workflow {wf.name!r} ran more than max_steps={wf.max_steps} steps: a loop that does not end?"
+    )
+
+
 class Activation(NamedTuple):
     """A node activated in a step of a graph, and the input it is activated with."""
 
@@ -298,11 +304,6 @@ class Invocation:
             rec.emit(a.cls, a.path, a.node, **a.fields)
             self._audit.mark_answered(a.path)
 
-    def start_root(self, root: Workflow, input: Any) -> asyncio.Future[Any]:
-        """Run the root workflow as a task of its own, the one :meth:`abort` cancels (where
-        the caller runs in no task; else :meth:`walk`)."""
-        return self._runs.start_root(self.execute(root, input, None, f"{root.name}@1"))
-
     def enter_walk(self, task: asyncio.Task[Any], root: Workflow, input: Any) -> NodeContext | NodeResult:
         """Prepare the root workflow's run (:meth:`prepare`: a recorded result, or the
         context of a run to :meth:`run_root`) in the caller's own ``task``, which
@@ -450,9 +451,7 @@ class Invocation:
         while acts:
             steps += 1  # a step, however wide: max_steps bounds loops, not fan-outs
             if steps > wf.max_steps:
-                raise WorkflowError(
-                    f"workflow {wf.name!r} ran more than max_steps={wf.max_steps} steps: a loop that does not end?"
-                )
+                raise _too_many_steps(wf)
             results: tuple[NodeResult, ...] | list[NodeResult]
             if len(acts) == 1:  # a chain: no step machinery (the common case, and the replay path)
                 n, inp = acts[0]
@@ -479,10 +478,7 @@ class Invocation:
                         break
                     steps += 1
                     if steps > wf.max_steps:
-                        raise WorkflowError(
-                            f"workflow {wf.name!r} ran more than max_steps={wf.max_steps} steps: "
-                            "a loop that does not end?"
-                        )
+                        raise _too_many_steps(wf)
                     n, inp = nexts[0][0], r.output
                 acts = [_new(Activation, (n, inp))]
                 results = (r,)

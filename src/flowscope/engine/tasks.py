@@ -10,7 +10,7 @@ runs record how they ended (``attempts.py``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from .context import NodeContext
@@ -23,11 +23,9 @@ class RunTasks:
 
     def __init__(self) -> None:
         self._in_flight: dict[str, NodeContext] = {}
-        #: The task the root workflow's run runs in: the caller's own (:meth:`enter`), or
-        #: one of its own (:meth:`start_root`, where there is no current task).
-        self._root: asyncio.Future[Any] | None = None
-        self._inline = False  # the root runs in the caller's task
-        self._walking = False  # ... and is running now
+        #: The task the root workflow's run runs in: the caller's own (:meth:`enter`).
+        self._root: asyncio.Task[Any] | None = None
+        self._walking = False  # the root run is running in it now
         self._cancels = 0  # cancel() calls made on the caller's task for the run
         #: The tasks of parallel branches running now: a lost lease cancels them at once,
         #: not only when the root task gets to it.
@@ -41,13 +39,9 @@ class RunTasks:
     @property
     def in_flight(self) -> dict[str, NodeContext]:
         """The runs started and not ended, by path (the lease keeper copies its keys from
-        its thread: a dict, mutated only on the loop). The engine's parts add and remove
-        runs in it directly on their hot path, as :meth:`started` and :meth:`ended` do."""
+        its thread: a dict, mutated only on the loop). The engine's parts add a run when its
+        ``NodeStarted`` is emitted and remove it when it ends, directly, on their hot path."""
         return self._in_flight
-
-    def started(self, ctx: NodeContext) -> None:
-        """``ctx``'s run started (its ``NodeStarted`` emitted)."""
-        self._in_flight[ctx.path] = ctx
 
     def ended(self, path: str) -> bool:
         """The run at ``path`` ended; False if it was not in flight."""
@@ -55,18 +49,11 @@ class RunTasks:
 
     # -- tasks -------------------------------------------------------------------------
 
-    def start_root(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
-        """Run the root workflow's run as a task of its own, the one an abort cancels (where
-        the caller runs in no task)."""
-        task = self._root = asyncio.ensure_future(coro)
-        return task
-
     def enter(self, task: asyncio.Task[Any]) -> None:
         """The root workflow's run runs in the caller's own ``task`` from now on, until
         :meth:`leave`: an abort or a lost lease cancels that task while it does (no task of
         its own, and no loop turn to start and finish one)."""
         self._root = task
-        self._inline = True
         self._walking = True
 
     def leave(self) -> int:
@@ -88,14 +75,9 @@ class RunTasks:
     def _cancel_root(self, spare: asyncio.Task[Any] | None = None) -> bool:
         """Cancel the root run's task (not ``spare``); False if it is not running."""
         root = self._root
-        if root is None or root is spare:
+        if root is None or root is spare or not self._walking:  # past its run: not ours to cancel
             return False
-        if self._inline:
-            if not self._walking:  # the caller's task, past its run: not ours to cancel
-                return False
-            self._cancels += 1
-        elif root.done():
-            return False
+        self._cancels += 1
         root.cancel()
         return True
 
@@ -128,8 +110,7 @@ class RunTasks:
         root run is not running (nothing to abort)."""
         if by_request:
             self._by_request = True
-        root = self._root
-        if root is None or (not self._walking if self._inline else root.done()):
+        if self._root is None or not self._walking:
             return False
         self._aborting = True
         self._abort_reason = reason
