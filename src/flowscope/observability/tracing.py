@@ -293,7 +293,7 @@ class TracingPlugin(Plugin):
         if st.held:
             st.out.extend(st.held.values())
             st.held.clear()
-        self._ship(st, hold=False)
+        self._ship((st,), hold=False)
         st.walk = None
 
     # -- node runs ----------------------------------------------------------------------
@@ -332,14 +332,7 @@ class TracingPlugin(Plugin):
         if mine is None:
             return
         if type(mine) is not tuple:  # nothing only the live process knows: the span is the log's
-            var = _CONTEXT
-            if var is not None:
-                try:
-                    var.reset(mine)  # _detach, without its call
-                    return
-                except Exception:  # a token of another context: the API logs it
-                    pass
-            otel_context.detach(mine)
+            _detach(mine)
             return
         token, span_id = mine
         _detach(token)
@@ -432,12 +425,12 @@ class TracingPlugin(Plugin):
                 ready.append(st)
         if not ready:
             return
+        by_store: dict[int, list[_Run]] = {}  # the common case: one runner's store, one hand-over
+        for st in ready:
+            by_store.setdefault(id(st.store), []).append(st)
         try:
-            if len(ready) == 1 or any(st.store is not ready[0].store for st in ready):
-                for st in ready:
-                    self._ship(st)
-            else:  # the common case: one runner's store
-                self._ship_together(ready)
+            for runs in by_store.values():
+                self._ship(runs)
         except Exception as exc:
             log.warning("tracing: shipping spans raised %s: %s", type(exc).__name__, exc)
 
@@ -445,7 +438,7 @@ class TracingPlugin(Plugin):
         """Walk the events appended since the last walk, and ship the spans they ended."""
         self._walk(st)
         if st.out:
-            self._ship(st)
+            self._ship((st,))
 
     def _walk(self, st: _Run) -> None:
         """Walk the events appended since the last walk (the spans they end go to st.out)."""
@@ -463,27 +456,20 @@ class TracingPlugin(Plugin):
         if failed is not None:
             log.warning("tracing: building spans from the log raised %s: %s", type(failed).__name__, failed)
 
-    def _ship(self, st: _Run, hold: bool = True) -> None:
-        """Ship what the walk ended (st.out, which the walk appends to: emptied, not replaced)."""
-        try:
-            if st.extra or (hold and self.record_stacktrace):
-                out, extras = self._outgoing(st, hold)
-            else:  # what _outgoing returns then, without its call
-                out, extras = st.out, None
-            self.shipper.ship(out, st.store, extras)
-        finally:
-            st.out.clear()
-
-    def _ship_together(self, runs: list[_Run]) -> None:
-        """Ship what the walks of several runs on one store ended, in one hand-over."""
+    def _ship(self, runs: Sequence[_Run], hold: bool = True) -> None:
+        """Ship what the walks of ``runs`` (on one store) ended, in one hand-over; their
+        ``out`` lists (which the walks append to) are emptied, not replaced."""
         records: list[SpanRecord] = []
         extras: dict[int, Any] | None = None
         try:
             for st in runs:
-                out, extra = self._outgoing(st, True)
+                if st.extra or (hold and self.record_stacktrace):
+                    out, extra = self._outgoing(st, hold)
+                    if extra:
+                        extras = {**extras, **extra} if extras else extra
+                else:  # what _outgoing returns then, without its call
+                    out = st.out
                 records += out
-                if extra:
-                    extras = {**extras, **extra} if extras else extra
             self.shipper.ship(records, runs[0].store, extras)
         finally:
             for st in runs:
