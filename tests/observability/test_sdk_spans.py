@@ -3,6 +3,8 @@ own constructors give, and the live span ids are span_id_for's."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
@@ -80,9 +82,14 @@ def test_a_context_of_ids_out_of_range_is_made_by_the_constructor():
 
 
 def test_live_span_ids_are_the_derived_ones():
+    """The id rule, written out: 64 bits of SHA-256 over the NUL-joined parts (logs written
+    before keep their ids), from the head as from span_id_for."""
     head = span_id_head("sess", "inv")
     for path, attempt in [("w@1/a@1", 1), ("w@1/a@1", 3), ("w@1/x@2/y@1", 2), ("", 1)]:
-        assert span_id_after(head, path, attempt) == span_id_for("sess", "inv", path, attempt)
+        text = "\x00".join(["flowscope-span", "sess", "inv", path, str(attempt)])
+        rule = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+        assert span_id_after(head, path, attempt) == rule
+        assert span_id_for("sess", "inv", path, attempt) == rule
     assert span_id_after(head, "p", 1) == span_id_after(head, "p", 1)  # the head is not consumed
 
 

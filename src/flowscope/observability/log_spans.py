@@ -121,11 +121,9 @@ def trace_id_for(session_id: str, invocation_id: str) -> int:
 @lru_cache(maxsize=256)
 def span_id_for(session_id: str, invocation_id: str, path: str = "", attempt: int = 1) -> int:
     """The span id of an invocation (``path=""``, which is also its top workflow's run) or of
-    the run of ``path`` that started at ``attempt`` in it."""
-    return (
-        int.from_bytes(_digest("flowscope-span", session_id, invocation_id, path, str(attempt))[:8], "big")
-        or 1
-    )
+    the run of ``path`` that started at ``attempt`` in it: 64 bits of SHA-256 over the
+    session and invocation ids, the path and the attempt (:func:`span_id_after`)."""
+    return span_id_after(span_id_head(session_id, invocation_id), path, attempt)
 
 
 def span_id_head(session_id: str, invocation_id: str) -> Any:
@@ -354,11 +352,6 @@ class SpanWalk:
             inv.errors[path] = self.errors[path] = (sp.error_type_of(e), e.error_message)
         if path == inv.root:
             inv.root_end = self._node_end(inv, span)
-        elif kind == "node_completed":  # most runs: _node_end's first case, without its call
-            del inv.open[path]
-            self._close(
-                span, sp.node_end(e, e.attempt_count or span.attempt, span.recovered), e.ts, e.seq, inv
-            )
         elif kind != "job_dispatched":
             # A JobDispatched whose dispatch failed is followed by the job's result and
             # an InputRequested in the same run: that span ends with the last of them.
