@@ -212,7 +212,6 @@ def _fields_match() -> bool:
 
 
 _FAST_FIELDS = _fields_match()
-_FAST = _FAST_CONTEXT and _FAST_FIELDS
 
 
 def readable_span(
@@ -224,32 +223,6 @@ def readable_span(
 ) -> ReadableSpan:
     """The SDK span of a record. ``extra`` adds attributes the log does not hold (redacted
     input/output); ``stacktrace`` goes on the ``exception`` span event."""
-    trace_id, span_id = r.trace_id, r.span_id
-    if (
-        _FAST
-        and not (extra or r.events or r.links or r.trace_state)
-        and 0 < trace_id <= _MAX_TRACE_ID
-        and 0 < span_id <= _MAX_SPAN_ID
-    ):  # most spans (a completed run's): what _made makes of them, in one call
-        parent = r.parent_id
-        parent_context = None
-        if parent:  # _parent(trace_id, parent, EMPTY_STATE), its cache read here
-            parent_context = _PARENTS.get((trace_id, parent))
-            if parent_context is None or parent_context.trace_state is not EMPTY_STATE:
-                parent_context = _parent(trace_id, parent, EMPTY_STATE)
-        return _Span(
-            r.name,
-            _new_tuple(SpanContext, (trace_id, span_id, False, SAMPLED, EMPTY_STATE, True)),
-            scope,
-            parent_context,
-            round(r.start * 1e9),
-            round(r.end * 1e9),
-            r.attributes,
-            (),
-            (),
-            resource,
-            _UNSET if r.error is None else Status(StatusCode.ERROR, r.error),
-        )
     state = _trace_state(r.trace_state) if r.trace_state else EMPTY_STATE
     context = span_context(r.trace_id, r.span_id, SAMPLED, state)
     return _made(r, context, resource, scope, extra, stacktrace, _Span if _FAST_FIELDS else ReadableSpan)
