@@ -57,28 +57,37 @@ def append_one(
     if cached is not None and epoch is not None and events and cached.session.last_seq == expected_last_seq:
         bulk = Bulk(conn)
         bulk.guard(session_id, cached, epoch)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            numbered, entry = append_steps(
-                bulk, session_id, events, encoded, expected_last_seq, epoch, cached
-            )
-            if bulk.write():
-                released = release is not None and bool(
-                    release_unmailed(conn, {session_id: release}, [session_id])
-                )
-                check()
-                conn.execute("COMMIT")
-                return numbered, entry, released
-        except BaseException:
-            schema.rollback(conn)
-            raise
-        schema.rollback(conn)
-        cached = None  # its state moved on with the fold: read the rows
+        done = _one(conn, check, bulk, session_id, events, encoded, expected_last_seq, epoch, cached, release)
+        if done is not None:
+            return done
+        cached = None  # the row moved: its state moved on with the fold, read the rows
+    done = _one(
+        conn, check, Writer(conn), session_id, events, encoded, expected_last_seq, epoch, cached, release
+    )
+    assert done is not None  # a Writer guards nothing
+    return done
+
+
+def _one(
+    conn: sqlite3.Connection,
+    check: Callable[[], None],
+    io: Writer,
+    session_id: str,
+    events: Sequence[Event],
+    encoded: list[Row],
+    expected_last_seq: int,
+    epoch: int | None,
+    cached: Cached | None,
+    release: Lease | None,
+) -> tuple[list[Event], Cached | None, bool] | None:
+    """:func:`append_one`'s transaction through ``io``; None, with nothing written, if a
+    row ``io`` guarded had moved."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        numbered, entry = append_steps(
-            Writer(conn), session_id, events, encoded, expected_last_seq, epoch, cached
-        )
+        numbered, entry = append_steps(io, session_id, events, encoded, expected_last_seq, epoch, cached)
+        if not io.write():
+            schema.rollback(conn)
+            return None
         released = release is not None and bool(release_unmailed(conn, {session_id: release}, [session_id]))
         check()
         conn.execute("COMMIT")

@@ -101,6 +101,11 @@ class Writer:
     def drop_messages(self, session_id: str, message_ids: list[int]) -> None:
         self.conn.execute(q.SQL_DROP_MESSAGES, {"sid": session_id, "ids": json.dumps(message_ids)})
 
+    def write(self) -> bool:
+        """Nothing left to write (each statement ran at once): True, as :meth:`Bulk.write`
+        says of rows it wrote."""
+        return True
+
 
 class Bulk(Writer):
     """Appends' statements, collected: the sessions' rows read for all at once
