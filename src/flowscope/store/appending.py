@@ -34,7 +34,7 @@ __all__ = [
     "append_steps",
     "check_fence",
     "event_params",
-    "make_session_row",
+    "guarded_row",
     "new_session",
     "node_params",
     "owner_from_column",
@@ -65,7 +65,7 @@ class SessionRow(NamedTuple):
 
     A row that :meth:`~flowscope.store.base.EventStore.acquire` made before the first event
     has ``last_seq`` 0, an empty workflow and the status ``new``. A named tuple: an append
-    reads one, and building it is one C call (:func:`make_session_row`), where a frozen
+    reads one, and building it is one C call (:func:`session_row_of`), where a frozen
     dataclass's ``__init__`` sets each field through ``object.__setattr__``.
     """
 
@@ -167,27 +167,31 @@ def prepare_batches(
 _new = tuple.__new__
 
 
-def make_session_row(
-    workflow: str,
-    status: SessionStatus,
-    started_at: float | None,
-    updated_at: float | None,
-    last_seq: int,
-    invocations: int,
-    epoch: int,
-    owner: OwnerColumn,
-    row_id: int,
-) -> SessionRow:
-    """``SessionRow(...)`` with every field given, in order."""
-    return _new(
-        SessionRow, (workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, row_id)
-    )
-
-
 def session_row_of(values: tuple[Any, ...]) -> SessionRow:
     """A :class:`SessionRow` of a tuple of its nine fields, in order (one C call: an
     adapter's hot path, e.g. a fetched row plus its row id)."""
     return _new(SessionRow, values)
+
+
+def guarded_row(cached: Cached, epoch: int) -> SessionRow:
+    """The session's row as this store's last append left it (``cached``), under ``epoch``:
+    what a guarded append takes instead of reading the row (written only if the stored row
+    still is this one)."""
+    s = cached.session
+    return _new(
+        SessionRow,
+        (
+            s.workflow,
+            s.status,
+            s.started_at,
+            s.updated_at,
+            s.last_seq,
+            s.invocations,
+            epoch,
+            None,
+            cached.row_id,
+        ),
+    )
 
 
 def new_session(session_id: str) -> Cached:

@@ -19,7 +19,7 @@ from ...errors import ConcurrencyConflict
 from ...events import Event
 from ...fold import NodeState
 from ...jsontext import dumps_finite
-from ..appending import Cached, SessionRow, SessionWrite, append_steps, make_session_row
+from ..appending import Cached, SessionRow, SessionWrite, append_steps, guarded_row, session_row_of
 from ..codec import Row
 from . import queries as q
 from . import schema as sch
@@ -41,10 +41,7 @@ FULL_LOAD_MAX = 2000
 
 def session_row(row: Sequence[Any]) -> SessionRow:
     """A row of ``SQL_SESSION_FOR_UPDATE`` (:class:`SessionRow`'s columns, in order)."""
-    workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, row_id = row
-    return make_session_row(
-        workflow, status, started_at, updated_at, last_seq, invocations, epoch, owner, row_id
-    )
+    return session_row_of(tuple(row))
 
 
 def _node_state(row: Sequence[Any]) -> NodeState:
@@ -137,18 +134,7 @@ class OneStatement:
     __slots__ = ("row", "epoch", "event_rows", "node_rows", "written")
 
     def __init__(self, cached: Cached, epoch: int | None) -> None:
-        s = cached.session
-        self.row = make_session_row(
-            s.workflow,
-            s.status,
-            s.started_at,
-            s.updated_at,
-            s.last_seq,
-            s.invocations,
-            epoch if epoch is not None else 0,
-            None,
-            cached.row_id,
-        )
+        self.row = guarded_row(cached, epoch if epoch is not None else 0)
         self.epoch = epoch
         self.event_rows: list[tuple[Any, ...]] = []
         self.node_rows: list[tuple[Any, ...]] = []

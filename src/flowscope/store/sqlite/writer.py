@@ -20,7 +20,7 @@ from typing import Any
 
 from ...fold import NodeState
 from ...states import SessionStatus
-from ..appending import Cached, OwnerColumn, SessionRow, SessionWrite, session_row_of
+from ..appending import Cached, OwnerColumn, SessionRow, SessionWrite, guarded_row, session_row_of
 from . import queries as q
 
 __all__ = ["Writer", "Bulk", "PATHS_PER_QUERY", "session_row", "in_chunks"]
@@ -146,10 +146,7 @@ class Bulk(Writer):
         """Take the session's row as this store's last append wrote it (``cached``), under
         ``epoch``: not read, but written only if the stored row still is that one
         (:meth:`write` says whether every guarded row was)."""
-        s = cached.session
-        self.rows[session_id] = session_row_of(
-            (s.workflow, s.status, s.started_at, s.updated_at, s.last_seq, s.invocations, epoch, None, 0)
-        )
+        self.rows[session_id] = guarded_row(cached, epoch)
         self.guarded.add(session_id)
 
     def session(self, session_id: str) -> SessionRow | None:
