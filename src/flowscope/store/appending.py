@@ -384,8 +384,8 @@ def append_steps(
         for e in numbered:
             apply(e)
     workflow = ws.workflow
-    io.insert_events([(session_id, e.seq) + enc for e, enc in zip(numbered, encoded)])
-    io.upsert_nodes([(session_id, workflow) + _node_columns(nodes[p]) for p in paths if p in nodes])
+    io.insert_events(event_params(session_id, numbered, encoded))
+    io.upsert_nodes([node_params(session_id, workflow, nodes[p]) for p in paths if p in nodes])
     if last != 0 and row is not None and workflow != row.workflow:
         io.rename_workflow(session_id, workflow)
     written = session_write(ws, numbered, row)
