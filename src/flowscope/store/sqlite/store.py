@@ -26,7 +26,7 @@ from typing import Any
 import sqlite_utils
 
 from ...errors import ConcurrencyConflict, LeaseLost, StoreError, StoreReadOnly, StoreUnavailable
-from ...events import Event, RunFinished
+from ...events import Event
 from ...fold import gc_paused
 from ...jsontext import dumps_finite
 from ...liveness import stale_before
@@ -241,10 +241,8 @@ class SqliteEventStore(EventStore):
                 )
             except sqlite3.Error as exc:
                 raise self._error(exc, "append events") from exc
-            if entry is not None and not (numbered and type(numbered[-1]) is RunFinished):
-                self._node_cache[session_id] = entry  # committed: keep the state for the next append
-                if len(self._node_cache) > _NODE_CACHE_SESSIONS:
-                    self._keep({})
+            if entry is not None and not ends_invocation(numbered):
+                self._keep({session_id: entry})  # committed: keep the state for the next append
         return numbered, released
 
     def _keep(self, entries: dict[str, Cached]) -> None:
