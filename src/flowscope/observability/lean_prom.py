@@ -92,6 +92,18 @@ class _Lean(Collector):
         yield family
 
 
+def _thread_part(shards: dict[int, Any], lock: threading.Lock, make: Callable[[], Any]) -> Any:
+    """The calling thread's entry of ``shards``, made (under ``lock``) on its first call."""
+    ident = get_ident()
+    part = shards.get(ident)
+    if part is None:
+        with lock:
+            part = shards.get(ident)
+            if part is None:
+                part = shards[ident] = make()
+    return part
+
+
 class Shard:
     """One thread's part of a counter's or gauge's value: that thread adds to ``value``."""
 
@@ -127,12 +139,7 @@ class _Value:
 
     def shard(self) -> Shard:
         """The calling thread's part of this value, for that thread alone to add to."""
-        ident = get_ident()
-        part = self._shards.get(ident)
-        if part is None:
-            with self._lock:
-                part = self._shards.setdefault(ident, Shard())
-        return part
+        return _thread_part(self._shards, self._lock, Shard)
 
     def total(self) -> float:
         """The value with every thread's part (what a scrape reads)."""
@@ -217,12 +224,7 @@ class _HistogramChild:
 
     def shard(self) -> HistogramShard:
         """The calling thread's part of this histogram, for that thread alone to observe into."""
-        ident = get_ident()
-        part = self._shards.get(ident)
-        if part is None:
-            with self._lock:
-                part = self._shards.setdefault(ident, HistogramShard(self.bounds))
-        return part
+        return _thread_part(self._shards, self._lock, lambda: HistogramShard(self.bounds))
 
     def snapshot(self) -> tuple[list[int], float, list[tuple[Any, float, float] | None]]:
         """Counts per bucket, sum and each bucket's latest exemplar, every thread's part in."""
