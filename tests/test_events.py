@@ -164,3 +164,70 @@ def test_a_run_started_from_before_the_owner_field_reads_back_with_no_owner():
     snap = snapshot_state(ws)
     del snap["owner"]
     assert restore_state(json.dumps(snap)).owner is None
+
+
+def test_a_fast_init_builds_the_same_frozen_record_as_the_dataclass():
+    """fast_init replaces a frozen dataclass's __init__ with one that fills the slots
+    through their descriptors: the same signature, defaults, factories and instances."""
+    import dataclasses
+
+    from flowscope.engine.context import NodeOutcome
+    from flowscope.events import fast_init
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Positional:
+        a: int
+        b: str = "b"
+        c: list = dataclasses.field(default_factory=list)
+
+    reference = Positional(1, c=[2])
+    fast_init(Positional)
+    assert Positional.__init__.__qualname__.endswith("Positional.__init__")
+    assert Positional(1, c=[2]) == reference
+    assert Positional(1).c == [] and Positional(1).c is not Positional(1).c
+    with pytest.raises(TypeError):
+        Positional()  # a required field stays required
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Positional(1).a = 2
+
+    ev = NodeCompleted(session_id="s", seq=1)
+    built = NodeOutcome("success", ev, 2, duration_s=0.5)
+    assert (built.status, built.event, built.attempt_count, built.recovered, built.error, built.duration_s) == (
+        "success",
+        ev,
+        2,
+        False,
+        None,
+        0.5,
+    )
+    assert NodeOutcome(status="failure", event=ev, attempt_count=1) == NodeOutcome("failure", ev, 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.status = "failure"
+    with pytest.raises(TypeError):
+        NodeCompleted("s")  # events stay keyword-only
+
+
+def test_a_fast_init_leaves_a_class_it_cannot_build_for_alone():
+    import dataclasses
+
+    from flowscope.events import fast_init
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        a: int
+
+        def __post_init__(self):
+            if self.a < 0:
+                raise ValueError("a")
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Mixed:
+        a: int
+        b: int = dataclasses.field(default=0, kw_only=True)
+
+    before = (Checked.__init__, Mixed.__init__)
+    fast_init(Checked)
+    fast_init(Mixed)
+    assert (Checked.__init__, Mixed.__init__) == before
+    with pytest.raises(ValueError):
+        Checked(-1)

@@ -44,6 +44,7 @@ __all__ = [
     "encode",
     "decode",
     "EventDecodeError",
+    "fast_init",
 ]
 
 SCHEMA_VERSION = 1
@@ -280,21 +281,27 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 
-def _fast_init(cls: type[Event]) -> None:
-    """Give ``cls`` an ``__init__`` that sets each slot through its descriptor.
+def fast_init(cls: type) -> None:
+    """Give the frozen, slotted dataclass ``cls`` an ``__init__`` that sets each slot
+    through its descriptor.
 
     The dataclass's own (frozen) ``__init__`` sets each field with ``object.__setattr__``,
     a global and an attribute lookup and a call per field: 1.6-2 µs for a node event,
-    against 1.0 µs for this one, and the engine makes two or three per node run. Same
-    signature (keyword-only, the same defaults and default factories), same instances:
-    only how the slots are filled differs. A class this cannot build for (one with a
-    ``__post_init__``, or a field that is not a plain slot) keeps its own.
+    against 1.0 µs for this one, and the engine makes two or three per node run (and a
+    ``NodeOutcome`` for each when plugins have node hooks). Same signature (the same
+    parameters, keyword-only or not, the same defaults and default factories), same
+    instances: only how the slots are filled differs. A class this cannot build for (one
+    with a ``__post_init__``, a field that is not a plain slot, keyword-only fields mixed
+    with others) keeps its own.
     """
     if hasattr(cls, "__post_init__"):
         return
     scope: dict[str, Any] = {"MISSING": _MISSING}
     params: list[str] = []
     body: list[str] = []
+    kw_only = {f.kw_only for f in fields(cls)}
+    if len(kw_only) > 1:
+        return
     for f in fields(cls):
         slot = next((k.__dict__[f.name] for k in cls.__mro__ if f.name in k.__dict__), None)
         if slot is None or type(slot).__name__ != "member_descriptor":
@@ -308,20 +315,21 @@ def _fast_init(cls: type[Event]) -> None:
             params.append(f"{f.name}=MISSING")
             body.append(f"if {f.name} is MISSING: {f.name} = factory_{f.name}()")
         else:
-            return  # every event field has a default; a required one keeps the dataclass's
+            params.append(f.name)  # required: before the defaulted ones, as the dataclass has it
         body.append(f"set_{f.name}(self, {f.name})")
-    source = f"def __init__(self, *, {', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
+    star = "*, " if kw_only == {True} else ""
+    source = f"def __init__(self, {star}{', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
     exec(source, scope)  # noqa: S102 - generated from dataclass field names only, no input
     init = scope["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__doc__ = cls.__init__.__doc__
-    cls.__init__ = init  # type: ignore[method-assign]
+    cls.__init__ = init
 
 
 _MISSING: Any = MISSING
 for _cls in EVENT_TYPES.values():
-    _fast_init(_cls)
-_fast_init(UnknownEvent)
+    fast_init(_cls)
+fast_init(UnknownEvent)
 
 
 #: Event types that end a node run (the run is no longer "running" after one of them).

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..events import fast_init
 from ..states import OutcomeStatus, ResultStatus, Waiting
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,6 +88,9 @@ class NodeOutcome:
     error_message: str | None = None
     origin_path: str | None = None
     duration_s: float = 0.0
+
+
+fast_init(NodeOutcome)  # one per node run when plugins have node hooks: 0.6 µs instead of 1.4
 
 
 @dataclass(slots=True)
