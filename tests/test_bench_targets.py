@@ -49,3 +49,27 @@ def test_targets_entry_point_refuses_an_unknown_section() -> None:
     )
     assert proc.returncode == 2
     assert "unknown section(s) nope" in proc.stderr
+
+
+@pytest.mark.slow
+def test_telemetry_layers_prints_one_row_per_layer_for_both_workloads() -> None:
+    """bench/telemetry_layers.py --smoke: each layer's row, for the chain and the sessions,
+    with figures in every timed column (the layers it overrides still exist)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "telemetry_layers.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    tables = proc.stdout.split("### ")[1:]
+    assert len(tables) == 2, proc.stdout
+    for table in tables:
+        rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+        assert [r.split("|")[1].strip() for r in rows][0] == "engine alone"
+        assert rows[-1].split("|")[1].strip() == "+ metrics: the full stack"
+        assert len(rows) == 6
+        for row in rows:
+            cells = [c.strip() for c in row.split("|")[1:-1]]
+            assert float(cells[1]) > 0 and float(cells[3]) > 0, row

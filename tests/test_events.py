@@ -192,7 +192,14 @@ def test_a_fast_init_builds_the_same_frozen_record_as_the_dataclass():
 
     ev = NodeCompleted(session_id="s", seq=1)
     built = NodeOutcome("success", ev, 2, duration_s=0.5)
-    assert (built.status, built.event, built.attempt_count, built.recovered, built.error, built.duration_s) == (
+    assert (
+        built.status,
+        built.event,
+        built.attempt_count,
+        built.recovered,
+        built.error,
+        built.duration_s,
+    ) == (
         "success",
         ev,
         2,

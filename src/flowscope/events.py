@@ -281,7 +281,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 
-def fast_init(cls: type) -> None:
+def fast_init(cls: type[Any]) -> None:
     """Give the frozen, slotted dataclass ``cls`` an ``__init__`` that sets each slot
     through its descriptor.
 

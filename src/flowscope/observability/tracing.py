@@ -88,7 +88,9 @@ _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 #: that waits ships the spans it has ended), when this many are waiting, before a failed
 #: node's ``after_node`` and at the end of the invocation. Walking a batch back to back
 #: costs ~13 µs less per node than walking each event as it is appended (bench/RESULTS.md):
-#: the walk's and the SDK's code stay warm. The spans and their ids are the same.
+#: the walk's and the SDK's code stay warm. The spans and their ids are the same. (Walking
+#: on a thread of its own, while the loop waits for the store, was tried: the GIL's
+#: hand-overs cost the loop more than the walk, bench/RESULTS.md.)
 WALK_BATCH = 256
 
 
