@@ -16,6 +16,15 @@ claim's own time), counted by kind: bodies that started (their line comes first)
 retries that went on after their backoff, bodies that finished after their ``await``.
 Rounds run in parallel pairs, each pair on a database of its own.
 
+The one exception is the documented limit (docs/workers.md, "Code between two awaits
+runs to the next await"): a stop that lands while the loop thread is running a task's
+step lets that one step finish when the process continues, and the step may be a body's
+stretch up to its side effect. The test tells such a stop apart from the loop waiting in
+its selector, where every body is parked in an ``await``, by the system call the stopped
+main thread is in (``/proc/PID/syscall``): a round stopped in the selector may have no
+late line at all; a round stopped mid-step at most one (the step that ran on). Most stops
+land in the selector (the bodies sleep); the test requires that at least half did.
+
 ``FLOWSCOPE_TEST_SRC=/path/to/other/src`` runs the workers on another checkout's code: on
 the code before this rule they write lines after the takeover in most rounds.
 """
@@ -109,6 +118,42 @@ class Round:
     invocations: dict[str, str]
     kinds: Counter[str]
     stopped_at: float
+    #: the loop thread was running a step, not waiting in its selector, when it stopped
+    #: (None: /proc could not tell); see stopped_mid_step
+    mid_step: bool | None = None
+
+
+#: The system calls a stopped event loop waits in for its selector, by machine: epoll_wait,
+#: epoll_pwait, epoll_pwait2, select, pselect6, poll, ppoll (x86_64); their aarch64 numbers.
+SELECTOR_CALLS = {
+    "x86_64": {232, 281, 441, 23, 270, 7, 271},
+    "aarch64": {22, 441, 72, 73},
+}
+
+
+def stopped_mid_step(pid: int) -> bool | None:
+    """Once ``pid`` is stopped: was its main thread (the event loop's) running Python or in
+    a call other than the selector's wait, i.e. in the middle of a task's step? None when
+    /proc cannot tell (another kernel, no access, an unknown machine)."""
+    import platform
+
+    calls = SELECTOR_CALLS.get(platform.machine())
+    if calls is None:
+        return None
+    try:
+        for _ in range(200):  # SIGSTOP is asynchronous: wait until the kernel has stopped it
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state in ("T", "t"):
+                break
+            time.sleep(0.005)
+        else:
+            return None
+        first = Path(f"/proc/{pid}/syscall").read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    if first == "running":
+        return None
+    return int(first) not in calls  # -1: in user code, running Python
 
 
 def run_pair(
@@ -157,6 +202,7 @@ def run_pair(
             time.sleep(rnd.uniform(0.0, 0.5))  # mid-body, in a backoff, between nodes, in branches
             victim.send_signal(signal.SIGSTOP)
             stopped_at = time.time()
+            mid_step = stopped_mid_step(victim.pid)
             now = infos()
             held = {
                 sid: (i.epoch, i.lease_expires_at or 0.0)
@@ -192,6 +238,7 @@ def run_pair(
                         stale,
                         Counter(kind_of[sid] for sid in held),
                         stopped_at,
+                        mid_step,
                     )
                 )
     finally:
@@ -205,24 +252,31 @@ def run_pair(
     return done
 
 
-def check(work: Path, results: dict[str, list[Round]]) -> tuple[int, int, Counter[str], list[Any]]:
+def check(work: Path, results: dict[str, list[Round]]) -> tuple[int, int, Counter[str], list[Any], list[Any]]:
     """The lines the stopped workers wrote for sessions they held, stamped at or after the
-    takeover; also how many of their lines preceded the stop (the rounds tested something)."""
+    takeover: those the documented limit allows (one per round stopped mid-step) and the
+    rest; also how many of their lines preceded the stop (the rounds tested something)."""
     late: list[Any] = []
+    allowed: list[Any] = []
     before = 0
     kinds: Counter[str] = Counter()
     for name, rounds in results.items():
         lines = [json.loads(x) for x in (work / f"{name}.effects.jsonl").read_text().splitlines()]
         for r in rounds:
             kinds.update(r.kinds)
+            mine: list[Any] = []
             for x in lines:
                 if x["pid"] != r.victim or r.invocations.get(x["session"]) != x["invocation"]:
                     continue
                 if x["ts"] >= r.held[x["session"]]:
-                    late.append((x["session"], x["path"], x["attempt"], round(x["ts"] - r.stopped_at, 3)))
+                    mine.append((x["session"], x["path"], x["attempt"], round(x["ts"] - r.stopped_at, 3)))
                 else:
                     before += 1
-    return sum(len(r) for r in results.values()), before, kinds, late
+            if r.mid_step and len(mine) == 1:  # the one step that was running when it stopped
+                allowed += mine
+            else:
+                late += mine
+    return sum(len(r) for r in results.values()), before, kinds, late, allowed
 
 
 def stall_rounds(tmp_path: Path, stores: list[tuple[Callable[[], Any], str]], rounds: int) -> None:
@@ -233,7 +287,8 @@ def stall_rounds(tmp_path: Path, stores: list[tuple[Callable[[], Any], str]], ro
             for i, (opener, db) in enumerate(stores)
         }
         results = {name: f.result() for name, f in futures.items()}
-    n, before, kinds, late = check(tmp_path, results)
+    n, before, kinds, late, allowed = check(tmp_path, results)
+    in_selector = sum(1 for rounds in results.values() for r in rounds if r.mid_step is False)
     retries = sum(1 for _sid, path, attempt, _t in late if "/flaky@" in path and attempt > 1)
     starts = sum(1 for _sid, path, _a, _t in late if "stall_chain@" in path)  # written as the body starts
     print(
@@ -241,10 +296,13 @@ def stall_rounds(tmp_path: Path, stores: list[tuple[Callable[[], Any], str]], ro
         f"stopped worker ({dict(kinds)}), {before} of its lines before the stop, "
         f"{len(late)} after the takeover ({starts} bodies started, {retries} retries gone on after their "
         f"backoff, {len(late) - starts - retries} bodies finished after their await), "
-        f"{time.monotonic() - t0:.1f}s"
+        f"{in_selector} stopped in the loop's selector, {len(allowed)} step(s) that ran on after a "
+        f"stop mid-step (the documented limit): {allowed}, {time.monotonic() - t0:.1f}s"
     )
     assert n >= rounds * len(stores)
     assert late == [], late[:20]
+    # the rule was tested where it holds without exception: most stops find every body parked
+    assert in_selector >= n // 2, (in_selector, n)
 
 
 def test_a_worker_stopped_past_its_lease_writes_nothing_after_the_takeover_sqlite(tmp_path):
