@@ -170,22 +170,21 @@ class PluginDispatcher:
         isolated per call, an async hook's coroutine is scheduled, as :meth:`call_sync` does."""
         for plugin, fn, batched in self._deliver:
             if batched:
-                try:
-                    result = fn(events)
-                except Exception as exc:
-                    self._failed(plugin, "on_events", exc)
-                    continue
-                if result is not None and inspect.isawaitable(result):
-                    self._schedule(plugin, "on_events", result)
-                continue
-            for e in events:
-                try:
-                    result = fn(e)
-                except Exception as exc:
-                    self._failed(plugin, "on_event", exc)
-                    continue
-                if result is not None and inspect.isawaitable(result):
-                    self._schedule(plugin, "on_event", result)
+                self._tell(plugin, "on_events", fn, events)
+            else:
+                for e in events:
+                    self._tell(plugin, "on_event", fn, e)
+
+    def _tell(self, plugin: Plugin, hook: str, fn: Callable[..., Any], *args: Any) -> None:
+        """Call one plugin's hook where nothing can await it: a failure is isolated, an
+        awaitable it returns is scheduled on the running loop (:meth:`_schedule`)."""
+        try:
+            result = fn(*args)
+        except Exception as exc:
+            self._failed(plugin, hook, exc)
+            return
+        if result is not None and inspect.isawaitable(result):
+            self._schedule(plugin, hook, result)
 
     def _schedule(self, plugin: Plugin, hook: str, result: Awaitable[Any]) -> None:
         """Run an async hook's awaitable on the running loop; its failure is isolated too."""
@@ -224,13 +223,7 @@ class PluginDispatcher:
             self.on_events(args[0] if hook == "on_events" else args)
             return
         for plugin, fn in self._hooks[hook]:
-            try:
-                result = fn(*args)
-                if result is not None and inspect.isawaitable(result):
-                    task = asyncio.ensure_future(result)
-                    task.add_done_callback(partial(self._task_done, plugin=plugin, hook=hook))
-            except Exception as exc:
-                self._failed(plugin, hook, exc)
+            self._tell(plugin, hook, fn, *args)
 
     def _task_done(self, task: asyncio.Future[Any], *, plugin: Plugin, hook: str) -> None:
         if not task.cancelled():

@@ -40,6 +40,7 @@ __all__ = [
     "owner_from_column",
     "prepare_batches",
     "resumed_state",
+    "session_columns",
     "session_row_of",
     "session_write",
     "submitted_at",
@@ -166,6 +167,17 @@ def prepare_batches(
 
 _new = tuple.__new__
 
+_session_columns = attrgetter("workflow", "status", "started_at", "updated_at", "last_seq", "invocations")
+
+
+def session_columns(
+    ws: WorkflowState | SessionWrite,
+) -> tuple[str, SessionStatus, float | None, float | None, int, int]:
+    """A session's state as its row and :class:`~flowscope.store.records.SessionInfo` hold
+    it, in their order: ``(workflow, status, started_at, updated_at, last_seq,
+    invocations)`` (the one place that lists them)."""
+    return _session_columns(ws)  # attrgetter: one C call
+
 
 def session_row_of(values: tuple[Any, ...]) -> SessionRow:
     """A :class:`SessionRow` of a tuple of its nine fields, in order (one C call: an
@@ -177,21 +189,7 @@ def guarded_row(cached: Cached, epoch: int) -> SessionRow:
     """The session's row as this store's last append left it (``cached``), under ``epoch``:
     what a guarded append takes instead of reading the row (written only if the stored row
     still is this one)."""
-    s = cached.session
-    return _new(
-        SessionRow,
-        (
-            s.workflow,
-            s.status,
-            s.started_at,
-            s.updated_at,
-            s.last_seq,
-            s.invocations,
-            epoch,
-            None,
-            cached.row_id,
-        ),
-    )
+    return _new(SessionRow, (*session_columns(cached.session), epoch, None, cached.row_id))
 
 
 def new_session(session_id: str) -> Cached:
@@ -296,21 +294,7 @@ def session_write(
     else:  # last_seq 0: a row acquire() made before the first event, none of the fold's columns
         same = before.last_seq != 0 and before.workflow == ws.workflow and before.status == status
         woke = status in CLAIMABLE and before.status != status
-    return _new(
-        SessionWrite,
-        (
-            ws.session_id,
-            ws.workflow,
-            status,
-            ws.started_at,
-            ws.updated_at,
-            ws.last_seq,
-            ws.invocations,
-            submitted_at(numbered),
-            same,
-            woke,
-        ),
-    )
+    return _new(SessionWrite, (ws.session_id, *session_columns(ws), submitted_at(numbered), same, woke))
 
 
 def append_steps(

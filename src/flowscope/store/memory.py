@@ -13,6 +13,7 @@ from ..events import Event, RunSubmitted
 from ..fold import OPEN_STATES, WorkflowState
 from ..liveness import owner_alive
 from ..ownership import Lease, Owner
+from .appending import session_columns
 from .base import (
     FINISHED_SESSION_STATUSES,
     WORKER_RETENTION_S,
@@ -113,17 +114,7 @@ class MemoryEventStore(EventStore):
     def _info(self, sid: str, s: WorkflowState) -> SessionInfo:
         own = self._own.get(sid) or _Ownership()
         return SessionInfo(
-            sid,
-            s.workflow,
-            s.status,
-            s.started_at,
-            s.updated_at,
-            s.last_seq,
-            s.invocations,
-            own.owner,
-            own.epoch,
-            own.lease_expires_at,
-            own.submitted_at,
+            sid, *session_columns(s), own.owner, own.epoch, own.lease_expires_at, own.submitted_at
         )
 
     def sessions(self) -> list[SessionInfo]:
