@@ -17,7 +17,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, Sampler, SamplingResult
+from opentelemetry.trace import TraceState
 from test_otlp_export import attrs, clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
 from flowscope import START, Runner, Workflow, node
@@ -225,6 +226,55 @@ async def test_an_invocation_started_in_a_callers_span_joins_its_trace_live_and_
     exported = {s.name: s for s in session_spans(store.read("s"))}
     assert exported["invoke_workflow w"].parent.span_id == inv.parent.span_id
     assert exported["invoke_node a"].context == live["invoke_node a"].context
+
+
+class _StatefulSampler(Sampler):
+    """Samples every trace in, with a vendor's tracestate entry."""
+
+    def should_sample(
+        self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None
+    ):
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, None, TraceState([("vendor", "k1")]))
+
+    def get_description(self) -> str:
+        return "stateful"
+
+
+async def test_a_live_span_has_exactly_the_context_its_log_record_gives_in_export():
+    # The live walk takes the invocation's context from the plugin rather than reading
+    # RunStarted's record back: the two must agree, tracestate and caller's span included.
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=_StatefulSampler())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    store = MemoryEventStore()
+    wf = Workflow("w", edges=[(START, node(lambda x: x, name="a"), node(lambda x: x, name="b"))])
+    runner = Runner(wf, store=store, plugins=[TracingPlugin(tracer_provider=provider)])
+    await runner.run(1, session_id="alone")
+    with provider.get_tracer("app").start_as_current_span("POST /orders"):
+        await runner.run(1, session_id="called")
+    for sid in ("alone", "called"):
+        live = {
+            s.name: s
+            for s in exporter.get_finished_spans()
+            if s.attributes.get("gen_ai.conversation.id") == sid
+        }
+        exported = {s.name: s for s in session_spans(store.read(sid))}
+        assert set(live) == set(exported) == {"invoke_workflow w", "invoke_node a", "invoke_node b"}
+        for name, span in live.items():
+            assert span.context == exported[name].context, name
+            assert span.context.trace_state.get("vendor") == "k1"
+            assert (span.parent and span.parent.span_id) == (
+                exported[name].parent and exported[name].parent.span_id
+            )
+    finished = exporter.get_finished_spans()
+    (caller,) = [s for s in finished if s.name == "POST /orders"]
+    (called,) = [
+        s
+        for s in finished
+        if s.name == "invoke_workflow w" and s.attributes["gen_ai.conversation.id"] == "called"
+    ]
+    assert called.parent.span_id == caller.context.span_id
+    assert called.context.trace_id == caller.context.trace_id
 
 
 async def test_a_sampled_out_trace_emits_nothing_and_says_so_in_its_traceparent():

@@ -52,6 +52,7 @@ __all__ = [
     "span_id_head",
     "span_id_after",
     "invocation_context",
+    "InvocationContext",
     "traceparent",
     "PARENT_KEY",
     "RESOURCE_KEY",
@@ -145,9 +146,13 @@ def span_id_after(head: Any, path: str, attempt: int) -> int:
 traceparent = format_traceparent
 
 
+#: ``(trace id, parent span id or None, sampled, tracestate header)`` of an invocation
+InvocationContext = tuple[int, "int | None", bool, str]
+
+
 def invocation_context(
     session_id: str, invocation_id: str, trace_context: Mapping[str, str]
-) -> tuple[int, int | None, bool, str]:
+) -> InvocationContext:
     """``(trace id, parent span id, sampled, tracestate)`` of an invocation from what its
     ``RunStarted.trace_context`` recorded; derived ids and "sampled" when it recorded nothing."""
     trace_id = trace_id_for(session_id, invocation_id)
@@ -279,14 +284,31 @@ class SpanWalk:
     ends what is still open as incomplete (its process died, or the log stops here).
 
     ``known``: span ids a live caller derived already, by ``(invocation id, path, attempt)``
-    (the tracing plugin, when a node body begins); the walk takes each one instead of
-    deriving it again. The ids are :func:`span_id_for`'s either way.
+    (the tracing plugin, when a node body begins; ``path=""``, attempt 1: the invocation's
+    own); the walk takes each one instead of deriving it again. The ids are
+    :func:`span_id_for`'s either way. ``begun``: the same for invocations'
+    :func:`invocation_context`, by invocation id (the tracing plugin, which recorded it
+    in ``RunStarted.trace_context``): taken instead of reading that record back.
     """
 
-    __slots__ = ("emit", "session", "invocations", "previous", "errors", "known", "_order", "closing")
+    __slots__ = (
+        "emit",
+        "session",
+        "invocations",
+        "previous",
+        "errors",
+        "known",
+        "begun",
+        "_order",
+        "closing",
+    )
 
     def __init__(
-        self, emit: Emit, session_id: str = "", known: dict[tuple[str, str, int], int] | None = None
+        self,
+        emit: Emit,
+        session_id: str = "",
+        known: dict[tuple[str, str, int], int] | None = None,
+        begun: dict[str, InvocationContext] | None = None,
     ) -> None:
         self.emit = emit
         self.session = session_id
@@ -294,6 +316,7 @@ class SpanWalk:
         self.previous: tuple[int, int] | None = None  # (trace id, span id) of the last invocation
         self.errors: dict[str, tuple[str, str]] = {}  # path -> its last failure, session-wide
         self.known: dict[tuple[str, str, int], int] = known if known is not None else {}
+        self.begun: dict[str, InvocationContext] = begun if begun is not None else {}
         self._order = 0
         self.closing = 0
 
@@ -365,12 +388,14 @@ class SpanWalk:
             self.invocations.values()
         ):  # a new invocation began: any still open ended with its process
             self._abandon(old, lost=True)
-        trace_id, parent, sampled, state = invocation_context(self.session, e.invocation_id, e.trace_context)
+        iid = e.invocation_id
+        begun = self.begun.pop(iid, None) if self.begun else None
+        trace_id, parent, sampled, state = begun or invocation_context(self.session, iid, e.trace_context)
         self._order += 1
         span = _Open(
             sp.invocation_span_name(e.workflow),
             trace_id,
-            span_id_for(self.session, e.invocation_id),
+            self.known.pop((iid, "", 1), 0) or span_id_for(self.session, iid),
             parent,
             e.ts,
             sp.invocation_attributes(e.workflow, self.session, e.invocation_id, e.resumed),

@@ -57,10 +57,10 @@ from . import spans as sp
 from .log_spans import (
     PARENT_KEY,
     RESOURCE_KEY,
+    InvocationContext,
     SpanRecord,
     SpanWalk,
     span_id_after,
-    span_id_for,
     span_id_head,
     trace_id_for,
     traceparent,
@@ -172,8 +172,7 @@ class _Run:
 
     def __init__(
         self,
-        session_id: str,
-        invocation_id: str,
+        ids: Any,
         trace_id: int,
         span_id: int,
         sampled: bool,
@@ -195,7 +194,7 @@ class _Run:
         #: appended events not walked yet (see WALK_BATCH)
         self.pending: list[Event] = []
         #: the span id of a node run, from (path, attempt): span_id_after(ids, path, attempt)
-        self.ids = span_id_head(session_id, invocation_id)
+        self.ids = ids
         #: ids derived when a node body began, for the walk to take (SpanWalk.known)
         self.known: dict[tuple[str, str, int], int] = {}
         #: the traceparent of a node run is tp_head + its span id (hex) + tp_tail
@@ -261,26 +260,32 @@ class TracingPlugin(Plugin):
         sid, iid = run.session_id, run.invocation_id
         parent_sc = trace.get_current_span().get_span_context()
         tc = run.trace_context
+        parent: int | None = None
         if parent_sc.is_valid:  # started inside a caller's span: join its trace
-            trace_id = parent_sc.trace_id
-            tc[PARENT_KEY] = f"{parent_sc.span_id:016x}"
+            trace_id, parent = parent_sc.trace_id, parent_sc.span_id
+            tc[PARENT_KEY] = f"{parent:016x}"
         else:
             trace_id = trace_id_for(sid, iid)
-        span_id = span_id_for(sid, iid)
+        ids = span_id_head(sid, iid)  # span_id_for(sid, iid), its head kept for the node runs'
+        span_id = span_id_after(ids, "", 1)
         sampled, state = shipper.sample(
             trace_id, sp.invocation_span_name(run.workflow), otel_context.get_current()
         )
         tc["traceparent"] = traceparent(trace_id, span_id, sampled)
         if state:
             tc["tracestate"] = state.to_header()
-        st = self._runs[iid] = _Run(sid, iid, trace_id, span_id, sampled, state, run.store)
+        st = self._runs[iid] = _Run(ids, trace_id, span_id, sampled, state, run.store)
         if sampled and shipper.enabled:
             if (
                 shipper.resource_record
             ):  # whoever ships these spans after a crash gives them this process's resource
                 tc[RESOURCE_KEY] = shipper.resource_record
+            # What RunStarted records, as the walk would read it back from the record: it
+            # takes these instead of parsing the traceparent and deriving the ids again.
+            st.known[(iid, "", 1)] = span_id
+            begun: dict[str, InvocationContext] = {iid: (trace_id, parent, sampled, st.state_header)}
             # emits into st.out (a bound list method: the walk holds no cycle back to st)
-            st.walk = SpanWalk(st.out.append, sid, st.known)
+            st.walk = SpanWalk(st.out.append, sid, st.known, begun)
             if run.resumed:  # ship what the process before this one did not, and link to it
                 st.walk.previous = shipper.catch_up(run.store, sid, run.previous_trace_context)
 
@@ -288,7 +293,7 @@ class TracingPlugin(Plugin):
         st = self._runs.pop(run.invocation_id, None)
         if st is None or st.walk is None:
             return
-        self._walk_pending(st)
+        self._walk(st)  # shipped below with what the close ends: one hand-over
         # Without RunFinished in the log (the store failed, the lease was lost) what the
         # log holds of this invocation ends here, incomplete, as an export would show it.
         st.walk.close(run.invocation_id)
