@@ -52,7 +52,6 @@ __all__ = [
     "span_id_head",
     "span_id_after",
     "invocation_context",
-    "InvocationContext",
     "traceparent",
     "PARENT_KEY",
     "RESOURCE_KEY",
@@ -146,13 +145,9 @@ def span_id_after(head: Any, path: str, attempt: int) -> int:
 traceparent = format_traceparent
 
 
-#: ``(trace id, parent span id or None, sampled, tracestate header)`` of an invocation
-InvocationContext = tuple[int, "int | None", bool, str]
-
-
 def invocation_context(
     session_id: str, invocation_id: str, trace_context: Mapping[str, str]
-) -> InvocationContext:
+) -> tuple[int, int | None, bool, str]:
     """``(trace id, parent span id, sampled, tracestate)`` of an invocation from what its
     ``RunStarted.trace_context`` recorded; derived ids and "sampled" when it recorded nothing."""
     trace_id = trace_id_for(session_id, invocation_id)
@@ -284,11 +279,9 @@ class SpanWalk:
     ends what is still open as incomplete (its process died, or the log stops here).
 
     ``known``: span ids a live caller derived already, by ``(invocation id, path, attempt)``
-    (the tracing plugin, when a node body begins; ``path=""``, attempt 1: the invocation's
-    own); the walk takes each one instead of deriving it again. The ids are
-    :func:`span_id_for`'s either way. ``begun``: the same for invocations'
-    :func:`invocation_context`, by invocation id (the tracing plugin, which recorded it
-    in ``RunStarted.trace_context``): taken instead of reading that record back.
+    (the tracing plugin, as node bodies begin; path ``""``: the invocation); ``begun``: its
+    :func:`invocation_context` by invocation id (what it recorded in ``RunStarted``). The
+    walk takes these instead of deriving them again: the same values either way.
     """
 
     __slots__ = (
@@ -308,7 +301,7 @@ class SpanWalk:
         emit: Emit,
         session_id: str = "",
         known: dict[tuple[str, str, int], int] | None = None,
-        begun: dict[str, InvocationContext] | None = None,
+        begun: dict[str, tuple[int, int | None, bool, str]] | None = None,
     ) -> None:
         self.emit = emit
         self.session = session_id
@@ -316,7 +309,7 @@ class SpanWalk:
         self.previous: tuple[int, int] | None = None  # (trace id, span id) of the last invocation
         self.errors: dict[str, tuple[str, str]] = {}  # path -> its last failure, session-wide
         self.known: dict[tuple[str, str, int], int] = known if known is not None else {}
-        self.begun: dict[str, InvocationContext] = begun if begun is not None else {}
+        self.begun = begun if begun is not None else {}
         self._order = 0
         self.closing = 0
 

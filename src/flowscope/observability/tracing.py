@@ -57,7 +57,6 @@ from . import spans as sp
 from .log_spans import (
     PARENT_KEY,
     RESOURCE_KEY,
-    InvocationContext,
     SpanRecord,
     SpanWalk,
     span_id_after,
@@ -283,7 +282,9 @@ class TracingPlugin(Plugin):
             # What RunStarted records, as the walk would read it back from the record: it
             # takes these instead of parsing the traceparent and deriving the ids again.
             st.known[(iid, "", 1)] = span_id
-            begun: dict[str, InvocationContext] = {iid: (trace_id, parent, sampled, st.state_header)}
+            begun: dict[str, tuple[int, int | None, bool, str]] = {
+                iid: (trace_id, parent, True, st.state_header)
+            }
             # emits into st.out (a bound list method: the walk holds no cycle back to st)
             st.walk = SpanWalk(st.out.append, sid, st.known, begun)
             if run.resumed:  # ship what the process before this one did not, and link to it
