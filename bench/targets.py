@@ -88,7 +88,7 @@ class Sizes:
     invoke_reps: int = 41
     sessions: int = 1000
     session_chain: int = 10
-    session_reps: int = 3
+    session_reps: int = 5
     flat_chains: tuple[int, ...] = (20, 200, 2000)
     flat_sessions: tuple[int, ...] = (10, 100, 1000, 10000)
     flat_reps: int = 5

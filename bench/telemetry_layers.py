@@ -15,7 +15,10 @@ before it, on a fresh runner and store per measurement:
    queue and export thread, the watermark ledger), as ``targets.py`` configures it;
 6. + metrics: the full stack.
 
-Two workloads: a 200-chain run alone, and 1,000 sessions of a 10-chain run concurrently.
+Three workloads: a 200-chain run alone; 1,000 sessions of a 10-chain run concurrently; and
+1,000 invocations of a 5-chain awaited one after another, timed per invocation: what an
+invocation costs beyond its nodes (start, finish, its spans handed over), which short
+workflows pay most.
 Each is timed with the garbage collector on (as a process runs) and off (``gc.disable()``
 inside the timing, ``gc.collect()`` before it): the difference is what the collector
 costs. "added" is the median over repetitions of the paired difference from the layer
@@ -108,8 +111,11 @@ LAYERS: list[tuple[str, Callable[[Any], list[Any]]]] = [
 ]
 
 
-def measure(layer: int, store_kind: str, folder: str, n: int, sessions: int, collect: bool) -> float:
-    """µs per node run of ``sessions`` concurrent ``n``-chains on a fresh runner and store."""
+def measure(
+    layer: int, store_kind: str, folder: str, n: int, sessions: int, collect: bool, one_by_one: bool = False
+) -> float:
+    """µs per node run of ``sessions`` concurrent ``n``-chains on a fresh runner and store;
+    ``one_by_one``: µs per invocation of ``sessions`` runs awaited one after another."""
     tp, _ = provider(True)
     store: Any
     if store_kind == "memory":
@@ -120,7 +126,11 @@ def measure(layer: int, store_kind: str, folder: str, n: int, sessions: int, col
     loop = asyncio.new_event_loop()
 
     async def once(k: int) -> None:
-        await asyncio.gather(*(runner.run(0, session_id=uuid.uuid4().hex) for _ in range(k)))
+        if one_by_one:
+            for _ in range(k):
+                await runner.run(0, session_id=uuid.uuid4().hex)
+        else:
+            await asyncio.gather(*(runner.run(0, session_id=uuid.uuid4().hex) for _ in range(k)))
 
     try:
         loop.run_until_complete(once(min(sessions, 10)))  # warm: the series, the caches
@@ -140,12 +150,12 @@ def measure(layer: int, store_kind: str, folder: str, n: int, sessions: int, col
         loop.close()
         if store_kind == "sqlite":
             store.close()
-    return dt / (sessions * n) * 1e6
+    return dt / (sessions if one_by_one else sessions * n) * 1e6
 
 
-def run(store_kind: str, reps: int, n: int, sessions: int, title: str) -> None:
+def run(store_kind: str, reps: int, n: int, sessions: int, title: str, one_by_one: bool = False) -> None:
     folder = tempfile.mkdtemp(prefix="flowscope-layers-")
-    print(f"### {title}, {store_kind} store, µs per node run\n")
+    print(f"### {title}, {store_kind} store, µs per {'invocation' if one_by_one else 'node run'}\n")
     print("| layer | GC on | added | GC off | added | the collector's share |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     times: dict[tuple[int, bool], list[float]] = {}
@@ -154,7 +164,7 @@ def run(store_kind: str, reps: int, n: int, sessions: int, title: str) -> None:
             layer = (i + rep) % len(LAYERS)  # a rotating start: no layer always runs first
             for collect in (True, False):
                 times.setdefault((layer, collect), []).append(
-                    measure(layer, store_kind, folder, n, sessions, collect)
+                    measure(layer, store_kind, folder, n, sessions, collect, one_by_one)
                 )
     for layer, (name, _) in enumerate(LAYERS):
         cells = [name]
@@ -178,13 +188,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
     args = ap.parse_args()
-    chain, sessions = (20, 20) if args.smoke else (200, 1000)
+    chain, sessions, invocations = (20, 20, 20) if args.smoke else (200, 1000, 1000)
     reps = 1 if args.smoke else args.reps
     print(
         f"`{' '.join(['PYTHONPATH=src python bench/telemetry_layers.py', *sys.argv[1:]])}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.1f}; {reps} repetitions\n"
     )
     run(args.store, reps, chain, 1, f"{chain}-chain, one session")
     run(args.store, max(1, reps // 2), 10, sessions, f"{sessions:,} concurrent sessions of a 10-chain")
+    run(
+        args.store, reps, 5, invocations, f"{invocations:,} invocations of a 5-chain, one after another", True
+    )
 
 
 if __name__ == "__main__":

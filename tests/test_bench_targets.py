@@ -52,8 +52,8 @@ def test_targets_entry_point_refuses_an_unknown_section() -> None:
 
 
 @pytest.mark.slow
-def test_telemetry_layers_prints_one_row_per_layer_for_both_workloads() -> None:
-    """bench/telemetry_layers.py --smoke: each layer's row, for the chain and the sessions,
+def test_telemetry_layers_prints_one_row_per_layer_for_every_workload() -> None:
+    """bench/telemetry_layers.py --smoke: each layer's row, for the chain, the sessions and the invocations,
     with figures in every timed column (the layers it overrides still exist)."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "telemetry_layers.py"), "--smoke"],
@@ -64,7 +64,7 @@ def test_telemetry_layers_prints_one_row_per_layer_for_both_workloads() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     tables = proc.stdout.split("### ")[1:]
-    assert len(tables) == 2, proc.stdout
+    assert len(tables) == 3, proc.stdout
     for table in tables:
         rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
         assert [r.split("|")[1].strip() for r in rows][0] == "engine alone"
