@@ -283,7 +283,7 @@ class TracingPlugin(Plugin):
             # takes these instead of parsing the traceparent and deriving the ids again.
             st.known[(iid, "", 1)] = span_id
             begun: dict[str, tuple[int, int | None, bool, str]] = {
-                iid: (trace_id, parent, True, st.state_header)
+                iid: (trace_id, parent, sampled, st.state_header)
             }
             # emits into st.out (a bound list method: the walk holds no cycle back to st)
             st.walk = SpanWalk(st.out.append, sid, st.known, begun)
