@@ -5,6 +5,7 @@ runs tiny sizes, and what it measures means nothing; this checks that the bench 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,12 @@ def test_targets_entry_point_prints_the_table_and_exits_1_exactly_when_a_row_mis
     assert len(rows) == 1, rows
     missed = rows[0].rstrip().endswith("| MISS |")
     assert rows[0].rstrip().endswith("| pass |") or missed, rows
+    measured = rows[0].split("|")[3].strip()
+    if measured != "not measured":  # a ratio: its median, and the middle half of the repetitions' ratios
+        found = re.fullmatch(r"(\d+\.\d)x \((\d+\.\d)x–(\d+\.\d)x\)", measured)
+        assert found is not None, rows
+        median, low, high = (float(g) for g in found.groups())
+        assert low <= median <= high, rows
     assert proc.returncode == (1 if missed else 0), (proc.returncode, rows)
 
 
