@@ -284,7 +284,7 @@ class Target:
     wanted: str  # "≥ 8x", "≥ 85%", "≤ 1.3"
     measured: float | None
     floor: str
-    #: the middle half of the repetitions' ratios (a ratio target), None for a spread of medians
+    #: the middle half of the repetitions' ratios (a ratio target); None for max/min of medians
     spread: tuple[float, float] | None = None
 
     @property
@@ -344,9 +344,9 @@ class Bench:
     def table(self, title: str, runs: dict[str, list[float]], unit: float, unit_name: str) -> None:
         self.p(f"| {title} | {unit_name} (median) | middle half |\n| --- | ---: | ---: |")
         for k, v in runs.items():
-            xs = sorted(t * unit for t in v)
-            q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0], xs[0], xs[0]]
-            self.p(f"| {k} | {med(xs):,.1f} | {q[0]:,.1f}–{q[2]:,.1f} |")
+            xs = [t * unit for t in v]
+            low, high = middle_half(xs)
+            self.p(f"| {k} | {med(xs):,.1f} | {low:,.1f}–{high:,.1f} |")
         self.p()
 
     # ------------------------------------------------------------------- sections
@@ -951,7 +951,7 @@ class Bench:
 
 
 def _shown(wanted: str, value: float) -> str:
-    """A measured value as its target reads: a percentage, a ratio (``8.1x``) or a spread."""
+    """A measured value as its target reads: a percentage, a ratio (``8.1x``) or a max/min."""
     if wanted.endswith("%"):
         return f"{value:.0%}"
     return f"{value:.1f}x" if wanted.endswith("x") else f"{value:.2f}"
