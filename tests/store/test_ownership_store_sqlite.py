@@ -165,10 +165,10 @@ def make_schema_2_file(path) -> None:
 
 
 def test_a_schema_2_database_migrates_in_place(db_path):
-    assert DB_SCHEMA_VERSION == 5
+    assert DB_SCHEMA_VERSION == 6
     make_schema_2_file(db_path)
     with SqliteEventStore(db_path) as store:
-        assert store.schema_version == 5
+        assert store.schema_version == 6
         # schema 5: the inbox, empty
         assert store.inbox("old") == []
         # schema 4: the open-runs index's predicate is the OR form, with the old open run in it
@@ -189,6 +189,10 @@ def test_a_schema_2_database_migrates_in_place(db_path):
         assert store.claim(this_process("w"), ["legacy"], 15.0, limit=5) == []  # ownerless: left to resume
         lease = store.acquire("old", this_process("w"), 15.0)
         assert lease.epoch == 1
+        # schema 6: the held lease's owner, in the index a claim reads owners from
+        assert store._conn.execute(
+            "SELECT count(*) FROM sessions INDEXED BY sessions_leased WHERE lease_expires_at > 0"
+        ).fetchone() == (1,)
         store.append("old", [node_ev(NodeStarted, "legacy@1/b@1", ts=12.0, sid="old")], 2, epoch=1)
         submit(store, "new")
         assert [g.workflow for g in store.queued_summary()] == ["wf"]
@@ -210,6 +214,8 @@ def test_a_schema_2_database_migrates_in_place(db_path):
         (q.SQL_CLAIM_QUEUED, "sessions_queued"),
         (q.SQL_CLAIM_ANSWERED, "sessions_answered"),
         (q.SQL_CLAIM_ORPHANED, "sessions_running"),
+        (q.SQL_LEASE_OWNERS, "sessions_leased"),
+        (q.SQL_CLAIM_HELD_BY_DEAD, "sessions_leased"),
         (q.SQL_QUEUED_SUMMARY, "sessions_queued"),
     ],
 )
@@ -220,12 +226,24 @@ def test_claim_and_queued_queries_read_only_their_index(db_path, sql, index):
         conn = store._conn
         assert conn is not None
         conn.execute("ANALYZE")
-        plan = " / ".join(
-            r[3]
-            for r in conn.execute(
-                "EXPLAIN QUERY PLAN " + sql, {"now": 1.0, "host": "h", "workflows": '["wf"]'}
-            )
-        )
+        plan = " / ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, _PLAN_PARAMS))
     assert index in plan, plan
     assert "events" not in plan, plan
     assert "SCAN sessions " not in plan + " " or f"USING INDEX {index}" in plan, plan
+
+
+_PLAN_PARAMS = {"now": 1.0, "host": "h", "workflows": '["wf", "other"]', "workflow": "wf", "dead": '["{}"]'}
+
+
+@pytest.mark.parametrize("sql", [q.SQL_CLAIM_QUEUED, q.SQL_CLAIM_ANSWERED])
+def test_a_claim_reads_the_queue_in_index_order_without_a_sort(db_path, sql):
+    # A sort would read every queued session to return the first: a claim's cost would
+    # grow with the queue, not with what it takes.
+    with SqliteEventStore(db_path) as store:
+        for i in range(50):
+            submit(store, f"s{i}", "wf", float(i))
+        conn = store._conn
+        assert conn is not None
+        conn.execute("ANALYZE")
+        plan = " / ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, _PLAN_PARAMS))
+    assert "TEMP B-TREE" not in plan and "SCAN sessions " not in plan + " ", plan

@@ -22,7 +22,7 @@ from flowscope.errors import (
     StoreUnavailable,
 )
 from flowscope.events import NodeStarted, RunSubmitted
-from flowscope.ownership import Owner
+from flowscope.ownership import Owner, this_process
 from flowscope.store import PostgresEventStore, rebuild
 from flowscope.store.postgres import DB_SCHEMA_VERSION, redact, server
 from flowscope.store.testing import ev
@@ -125,11 +125,15 @@ def test_a_schema_1_database_is_migrated_to_the_span_watermark_table_keeping_its
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("DROP TABLE span_exports")
         c.execute("DROP TABLE messages")
+        c.execute("DROP INDEX sessions_leased")
         c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     with PostgresEventStore(url) as s:
-        assert s.schema_version_found == 1 and s.schema_version == DB_SCHEMA_VERSION == 3
+        assert s.schema_version_found == 1 and s.schema_version == DB_SCHEMA_VERSION == 4
         assert s.last_seq("old") == 1 and s.exported_seq("old") == 0 and s.inbox("old") == []
         s.set_exported_seq("old", 1)
+        s.acquire("old", this_process("w"), 15.0)  # schema 4: the held lease's owner is indexed
+    with psycopg.connect(url) as c:
+        assert c.execute("SELECT to_regclass('sessions_leased') IS NOT NULL").fetchone() == (True,)
     with PostgresEventStore(url, readonly=True) as s:  # kept in the database, readable by a reader
         assert s.exported_seq("old") == 1
         with pytest.raises(StoreReadOnly):

@@ -12,7 +12,7 @@ from typing import Any
 from ..events import Event, RunSubmitted
 from ..fold import OPEN_STATES, WorkflowState
 from ..liveness import owner_alive
-from ..ownership import Lease, Owner
+from ..ownership import Lease, Owner, this_host
 from .appending import session_columns
 from .base import (
     FINISHED_SESSION_STATUSES,
@@ -26,7 +26,15 @@ from .base import (
     WorkerInfo,
     number_events,
 )
-from .takeover import ClaimCandidate, ClaimPick, check_acquire, claim_cut, claim_rule, lost_lease
+from .takeover import (
+    ClaimCandidate,
+    ClaimPick,
+    check_acquire,
+    claim_cut,
+    claim_rule,
+    dead_owners,
+    lost_lease,
+)
 
 __all__ = ["MemoryEventStore"]
 
@@ -41,6 +49,11 @@ class _Ownership:
     lease_renewed_at: float | None = None
     submitted_at: float | None = None
     recoveries: int = 0  # times claim() took it over as orphaned
+
+
+def _held(own: _Ownership, now: float) -> bool:
+    """Whether an owner holds a lease that has not ended."""
+    return own.owner is not None and own.lease_expires_at is not None and own.lease_expires_at > now
 
 
 class MemoryEventStore(EventStore):
@@ -225,11 +238,17 @@ class MemoryEventStore(EventStore):
         now = time.time() if now is None else now
         wanted = set(workflows)
         with self._lock:
+            # as the SQL stores do: each holder of a lease not ended is asked about once,
+            # and only the sessions of the dead ones among them go on to the rule
+            held = {o.owner for o in self._own.values() if _held(o, now)}
+            dead = set(dead_owners(((o, o) for o in held), now, this_host()))
             found: list[ClaimPick] = []
             for sid, s in self._states.items():
                 if s.workflow not in wanted:
                     continue
                 own = self._own.get(sid) or _Ownership()
+                if _held(own, now) and own.owner not in dead:
+                    continue  # a live owner's
                 candidate = ClaimCandidate(
                     sid,
                     s.workflow,

@@ -8,10 +8,11 @@ driver is imported here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ..errors import LeaseLost
 from ..liveness import owner_alive
@@ -28,7 +29,10 @@ __all__ = [
     "claim_rule",
     "claim_picks",
     "claim_cut",
+    "dead_owners",
 ]
+
+K = TypeVar("K")
 
 
 class HeldLease(Protocol):
@@ -144,6 +148,15 @@ def claim_picks(
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+def dead_owners(owners: Iterable[tuple[K, Owner | None]], now: float, host: str) -> list[K]:
+    """The keys of ``owners`` (each an owner of leases not ended yet) whose process is
+    gone from this ``host``: the liveness rule asked once per owner, so a claim reads
+    /proc once for a worker that holds thousands of sessions, not once per session. An
+    SQL store then reads only the sessions these hold (they are claimable at once); the
+    other held sessions are left in the database."""
+    return [key for key, o in owners if o is not None and not owner_alive(o, math.inf, now, host=host)]
 
 
 _OLDEST_FIRST = attrgetter("since", "session_id", "workflow", "reason")

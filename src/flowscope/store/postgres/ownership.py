@@ -8,6 +8,7 @@ over locked ones (``SKIP LOCKED``), so concurrent claimers never wait for each o
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
@@ -18,7 +19,16 @@ from ...errors import ConcurrencyConflict, LeaseLost
 from ...ownership import Lease, Owner
 from ..appending import owner_from_column
 from ..base import MAILED_STATUSES, Claim
-from ..takeover import ClaimCandidate, ClaimPick, LeaseRow, check_acquire, claim_cut, claim_picks, lost_lease
+from ..takeover import (
+    ClaimCandidate,
+    ClaimPick,
+    LeaseRow,
+    check_acquire,
+    claim_cut,
+    claim_picks,
+    dead_owners,
+    lost_lease,
+)
 from . import queries as q
 
 __all__ = ["acquire", "renew", "claim"]
@@ -117,7 +127,9 @@ def claim(
     host: str,
 ) -> list[Claim]:
     """:meth:`~flowscope.store.base.EventStore.claim` in one transaction: the free rows (no
-    lease, or an ended one) and this host's live leases whose process is gone, then the claim cut."""
+    lease, or an ended one) and the held ones of owners whose process is gone from this
+    host (the liveness rule asked once per owner, :func:`dead_owners`, not once per
+    session a live worker holds), then the claim cut."""
     params = {
         "workflows": sorted(set(workflows)),
         "now": now,
@@ -130,15 +142,17 @@ def claim(
         for status, statement in (*q.SQL_CLAIM_FREE.items(), ("", q.SQL_CLAIM_MAILED)):
             rows = conn.execute(statement, params)
             found += claim_picks(_candidates(rows, status), now, host=host, max_recoveries=max_recoveries)
-        # this host's live leases: claimable if the owner's process is gone
-        rows = conn.execute(q.SQL_CLAIM_SAME_HOST, params)
-        dead = claim_picks(_candidates(rows), now, host=host, max_recoveries=max_recoveries)
-        if dead:
-            sids, epochs = [d.session_id for d in dead], [d.epoch for d in dead]
-            locked = {
-                r[0] for r in conn.execute(q.SQL_CLAIM_LOCK, (sids, epochs))
-            }  # if their epoch has not moved
-            found += [d for d in dead if d.session_id in locked]
+        owners = [row[0] for row in conn.execute(q.SQL_LEASE_OWNERS)]
+        gone = dead_owners(((json.dumps(o), owner_from_column(o)) for o in owners), now, host)
+        if gone:
+            rows = conn.execute(q.SQL_CLAIM_HELD_BY_DEAD, {**params, "dead": gone})
+            dead = claim_picks(_candidates(rows), now, host=host, max_recoveries=max_recoveries)
+            if dead:
+                sids, epochs = [d.session_id for d in dead], [d.epoch for d in dead]
+                locked = {
+                    r[0] for r in conn.execute(q.SQL_CLAIM_LOCK, (sids, epochs))
+                }  # if their epoch has not moved
+                found += [d for d in dead if d.session_id in locked]
         chosen = claim_cut(found, limit)
         if not chosen:
             return []

@@ -43,7 +43,8 @@ __all__ = [
     "SQL_HEARTBEAT_MANY",
     "SQL_RELEASE",
     "SQL_CLAIM_FREE",
-    "SQL_CLAIM_SAME_HOST",
+    "SQL_LEASE_OWNERS",
+    "SQL_CLAIM_HELD_BY_DEAD",
     "SQL_CLAIM_LOCK",
     "SQL_QUEUED_SUMMARY",
     "SQL_JOB_RESULTS",
@@ -263,14 +264,24 @@ SQL_CLAIM_MAILED = (
     "AND (lease_expires_at IS NULL OR lease_expires_at <= %(now)s) "
     "ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
 )
-#: Live leases of this host's owners: their processes are checked in Python (a dead one's
-#: sessions are claimable at once), then the rows locked with SQL_CLAIM_LOCK.
-SQL_CLAIM_SAME_HOST = (
+#: The owners of the leases not released (``sessions_leased``), each once: one index seek
+#: per owner, however many sessions it holds (a loose index scan). A claim asks the
+#: liveness rule about each; the sessions of a dead one on this host are claimable at once.
+SQL_LEASE_OWNERS = (
+    "WITH RECURSIVE o(owner) AS ("
+    "SELECT (SELECT owner FROM sessions WHERE lease_expires_at > 0 ORDER BY owner LIMIT 1) "
+    "UNION ALL SELECT (SELECT s.owner FROM sessions s WHERE s.lease_expires_at > 0 AND s.owner > o.owner "
+    "ORDER BY s.owner LIMIT 1) FROM o WHERE o.owner IS NOT NULL) "
+    "SELECT owner FROM o WHERE owner IS NOT NULL"
+)
+#: The sessions whose lease has not ended but whose owner is dead (``dead``: their
+#: ``owner`` values), any claimable status; then locked with SQL_CLAIM_LOCK.
+SQL_CLAIM_HELD_BY_DEAD = (
     f"SELECT {_CLAIM_COLUMNS.format(order='coalesce(submitted_at, updated_at, lease_expires_at)')}, status "
-    "FROM sessions WHERE (status IN ('queued', 'answered', 'running') "
+    "FROM sessions WHERE lease_expires_at > 0 AND lease_expires_at > %(now)s AND owner = ANY(%(dead)s::jsonb[]) "
+    "AND (status IN ('queued', 'answered', 'running') "
     "OR (status IN ('paused', 'failed', 'completed') AND session_id IN (SELECT session_id FROM messages))) "
-    "AND workflow = ANY(%(workflows)s) "
-    "AND lease_expires_at > %(now)s AND owner->>'host' = %(host)s"
+    "AND workflow = ANY(%(workflows)s)"
 )
 #: Lock the same-host candidates whose epoch has not moved since they were read.
 SQL_CLAIM_LOCK = (

@@ -7,28 +7,33 @@ read as records, the rules (who may take a session, which a claim takes) in
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 import sqlite3
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from functools import lru_cache
+from typing import Any
 
 from ...errors import LeaseLost
 from ...ownership import Lease, Owner, this_host
 from ..appending import owner_from_column
-from ..base import Claim
-from ..takeover import ClaimCandidate, ClaimPick, LeaseRow, check_acquire, claim_cut, claim_picks, lost_lease
+from ..base import MAILED_STATUSES, Claim
+from ..takeover import (
+    ClaimCandidate,
+    ClaimPick,
+    LeaseRow,
+    check_acquire,
+    claim_cut,
+    claim_picks,
+    dead_owners,
+    lost_lease,
+)
 from . import queries as q
 
 __all__ = ["lease_row", "acquire", "acquire_new", "renew", "claim"]
 
-#: A claim's candidate queries, oldest first each, with the status of their rows (the
-#: mailed rows' is their last column).
-_CLAIM_QUERIES = (
-    (q.SQL_CLAIM_QUEUED, "queued"),
-    (q.SQL_CLAIM_ANSWERED, "answered"),
-    (q.SQL_CLAIM_MAILED, ""),
-    (q.SQL_CLAIM_ORPHANED, "running"),
-)
+#: The candidates read one workflow at a time, in their index's order, and merged.
+_BY_WORKFLOW = ((q.SQL_CLAIM_QUEUED, "queued"), (q.SQL_CLAIM_ANSWERED, "answered"))
 
 
 def lease_row(conn: sqlite3.Connection, session_id: str) -> LeaseRow | None:
@@ -103,19 +108,25 @@ def renew(
     return out
 
 
-def _candidates(cursor: sqlite3.Cursor, status: str) -> Iterator[ClaimCandidate]:
-    """A claim query's rows as candidates, read as they are asked for."""
-    for sid, workflow, owner, lease_expires_at, recoveries, since, *mailed in cursor:
+def _candidates(rows: Iterable[Any], status: str) -> Iterator[ClaimCandidate]:
+    """A claim query's rows as candidates, read as they are asked for (a row with one
+    more column carries its own status)."""
+    for sid, workflow, owner, lease_expires_at, recoveries, since, *own in rows:
+        row_status = own[0] if own else status
         yield ClaimCandidate(
             sid,
             workflow,
-            mailed[0] if mailed else status,
+            row_status,
             owner_from_column(owner),
             lease_expires_at,
             recoveries,
             since,
-            mail=bool(mailed),
+            mail=row_status in MAILED_STATUSES,
         )
+
+
+def _since(row: tuple[Any, ...]) -> float:
+    return row[5] or 0.0  # NULL first, as ORDER BY has it
 
 
 def claim(
@@ -129,18 +140,31 @@ def claim(
     now: float,
 ) -> list[Claim]:
     """:meth:`~flowscope.store.base.EventStore.claim` in the open transaction: up to
-    ``limit`` candidates from each query, then the claim cut."""
+    ``limit`` candidates of each reason, then the claim cut. What it reads grows with
+    what it takes, not with the queue or the sessions held: the queued and answered
+    sessions of each workflow in their index's order (merged, read until ``limit`` are
+    found), the ended leases through their index, and the live leases only of owners
+    the liveness rule finds dead (asked once per owner, :func:`dead_owners`)."""
     host = this_host()
-    params = {"now": now, "host": host, "workflows": json.dumps(sorted(set(workflows)))}
+    names = sorted(set(workflows))
+    params = {"now": now, "workflows": json.dumps(names)}
     found: list[ClaimPick] = []
-    for sql, status in _CLAIM_QUERIES:
-        found += claim_picks(
-            _candidates(conn.execute(sql, params), status),
-            now,
-            host=host,
-            max_recoveries=max_recoveries,
-            limit=limit,
+
+    def read(rows: Iterable[Any], status: str) -> None:
+        found.extend(
+            claim_picks(_candidates(rows, status), now, host=host, max_recoveries=max_recoveries, limit=limit)
         )
+
+    for sql, status in _BY_WORKFLOW:
+        read(
+            heapq.merge(*(conn.execute(sql, {"now": now, "workflow": w}) for w in names), key=_since), status
+        )
+    read(conn.execute(q.SQL_CLAIM_MAILED, params), "")
+    read(conn.execute(q.SQL_CLAIM_ORPHANED, params), "running")
+    owners = ((text, owner_from_column(text)) for (text,) in conn.execute(q.SQL_LEASE_OWNERS))
+    dead = dead_owners(owners, now, host)
+    if dead:
+        read(conn.execute(q.SQL_CLAIM_HELD_BY_DEAD, {**params, "dead": json.dumps(dead)}), "")
     claims = []
     for pick in claim_cut(found, limit):
         epoch, _last_seq = _take(

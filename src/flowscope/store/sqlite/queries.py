@@ -49,6 +49,8 @@ __all__ = [
     "SQL_CLAIM_ANSWERED",
     "SQL_CLAIM_ORPHANED",
     "SQL_CLAIM_MAILED",
+    "SQL_LEASE_OWNERS",
+    "SQL_CLAIM_HELD_BY_DEAD",
     "SQL_SEND",
     "SQL_INBOX",
     "SQL_DROP_MESSAGES",
@@ -201,22 +203,23 @@ SQL_RENEW = (
 )
 SQL_RELEASE = "UPDATE sessions SET lease_expires_at = 0 WHERE session_id = ? AND epoch = ?"
 # Claim candidates, one statement per reason, each through its partial index, oldest
-# first; rows a live owner holds are filtered out in Python (base.claim_reason). The
-# same-host term lets through leases that are current but may belong to a dead process.
-_FREE = "(lease_expires_at IS NULL OR lease_expires_at <= :now OR json_extract(owner, '$.host') = :host)"
+# first; the claim rule (base.claim_reason) then judges each row in Python. Only rows
+# nobody holds are read (no lease, or an ended one): a host's live leases, thousands
+# when its workers run thousands of sessions, never reach Python. The queued and
+# answered ones are read one workflow at a time, each in its index's order, so a claim
+# reads as far as it takes (no sort of the whole queue); the claim merges them.
+_FREE = "(lease_expires_at IS NULL OR lease_expires_at <= :now)"
 SQL_CLAIM_QUEUED = (
     "SELECT session_id, workflow, owner, lease_expires_at, recoveries, submitted_at FROM sessions "
-    f"WHERE status = 'queued' AND workflow IN (SELECT value FROM json_each(:workflows)) AND {_FREE} "
-    "ORDER BY submitted_at"
+    f"WHERE status = 'queued' AND workflow = :workflow AND {_FREE} ORDER BY submitted_at"
 )
 SQL_CLAIM_ANSWERED = (
     "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at FROM sessions "
-    f"WHERE status = 'answered' AND workflow IN (SELECT value FROM json_each(:workflows)) AND {_FREE} "
-    "ORDER BY updated_at"
+    f"WHERE status = 'answered' AND workflow = :workflow AND {_FREE} ORDER BY updated_at"
 )
 SQL_CLAIM_ORPHANED = (
     "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at FROM sessions "
-    f"WHERE status = 'running' AND owner IS NOT NULL AND {_FREE} "
+    "WHERE status = 'running' AND owner IS NOT NULL AND lease_expires_at <= :now "
     "AND workflow IN (SELECT value FROM json_each(:workflows)) "
     "ORDER BY updated_at"
 )
@@ -227,6 +230,26 @@ SQL_CLAIM_MAILED = (
     "WHERE session_id IN (SELECT session_id FROM messages) AND status IN ('paused', 'failed', 'completed') "
     f"AND workflow IN (SELECT value FROM json_each(:workflows)) AND {_FREE} "
     "ORDER BY updated_at"
+)
+#: The owners of the leases not released (``sessions_leased``), each once: one index seek
+#: per owner, however many sessions it holds (a loose index scan). A claim asks the
+#: liveness rule about each; the sessions of a dead one on this host are claimable at once.
+SQL_LEASE_OWNERS = (
+    "WITH RECURSIVE o(owner) AS ("
+    "SELECT (SELECT owner FROM sessions WHERE lease_expires_at > 0 ORDER BY owner LIMIT 1) "
+    "UNION ALL SELECT (SELECT owner FROM sessions WHERE lease_expires_at > 0 AND owner > o.owner "
+    "ORDER BY owner LIMIT 1) FROM o WHERE o.owner IS NOT NULL) "
+    "SELECT owner FROM o WHERE owner IS NOT NULL"
+)
+#: The sessions whose lease has not ended but whose owner is dead (``:dead``, a JSON
+#: array of ``owner`` columns), any claimable status (the row's last column).
+SQL_CLAIM_HELD_BY_DEAD = (
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, "
+    "CASE status WHEN 'queued' THEN submitted_at ELSE updated_at END, status FROM sessions "
+    "WHERE lease_expires_at > 0 AND lease_expires_at > :now AND owner IN (SELECT value FROM json_each(:dead)) "
+    "AND (status IN ('queued', 'answered', 'running') "
+    "OR (status IN ('paused', 'failed', 'completed') AND session_id IN (SELECT session_id FROM messages))) "
+    "AND workflow IN (SELECT value FROM json_each(:workflows))"
 )
 SQL_SEND = "INSERT INTO messages (session_id, kind, body, sent_at) VALUES (?, ?, ?, ?) RETURNING message_id"
 SQL_INBOX = "SELECT message_id, kind, body, sent_at FROM messages WHERE session_id = ? ORDER BY message_id"

@@ -26,7 +26,8 @@ Ownership lives in ``sessions`` beside the fold's columns (schema 3): ``owner`` 
 :class:`~flowscope.ownership.Owner` as JSON), the fencing ``epoch``, ``lease_expires_at``
 and ``lease_renewed_at``, ``submitted_at`` and ``recoveries`` (orphan takeovers by
 ``claim``). Partial indexes hold the queued, answered and running sessions, so a claim
-and the queued summary read only those, never the log or the finished sessions.
+and the queued summary read only those, never the log or the finished sessions; one more
+(schema 6) holds the owners of the leases not released, which a claim checks once each.
 
 Opening refuses a directory, a missing file (read-only), a file that is not SQLite,
 another application's database and a newer schema, each with its own
@@ -208,6 +209,13 @@ def _migrate_4_to_5(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX messages_session ON messages (session_id, message_id)")
 
 
+def _migrate_5_to_6(db: sqlite_utils.Database) -> None:
+    """The owners of the leases not released, for a claim's liveness check: it reads each
+    owner once through this index (a loose index scan) instead of every session a live
+    worker holds. Only held sessions are in it; a release (expiry 0) takes one out."""
+    db.execute("CREATE INDEX sessions_leased ON sessions (owner) WHERE lease_expires_at > 0")
+
+
 #: ``MIGRATIONS[i]`` takes a database at schema ``i`` to schema ``i + 1``; each runs in the
 #: transaction that records the new version, so a failed migration leaves the file as it was.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
@@ -216,6 +224,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migrate_2_to_3,
     _migrate_3_to_4,
     _migrate_4_to_5,
+    _migrate_5_to_6,
 ]
 #: The version of this file format (tables and payloads) that this code writes.
 DB_SCHEMA_VERSION = len(MIGRATIONS)

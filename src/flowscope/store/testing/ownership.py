@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from ... import liveness
 from ...errors import ConcurrencyConflict, LeaseLost
 from ...events import (
     NodeCompleted,
@@ -316,6 +317,39 @@ class OwnershipContract(ContractBase):
         assert store.claim(a, ["crash"], 10.0, limit=5, max_recoveries=2, now=t + 20) == []
         [c] = store.claim(a, ["crash"], 10.0, limit=5, now=t + 20)  # no limit given
         assert c.lease.epoch == 5
+
+    def test_a_claim_asks_whether_each_owner_is_alive_once_not_once_per_session(
+        self, store: EventStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # A worker on this host holding thousands of sessions must cost a claim one check
+        # of its process, not one per session (each reads /proc): the claim's cost grows
+        # with what it takes, not with what the fleet runs.
+        now = time.time()
+        live = this_process("w-live")
+        for i in range(30):
+            sid = f"held-{i}"
+            store.acquire(sid, live, 600.0, now=now)
+            store.append(sid, [ev(RunStarted, sid=sid, workflow="wf", ts=now)], 0, epoch=1)
+        gone = dead_owner()
+        for sid in ("orphan-1", "orphan-2"):
+            store.acquire(sid, gone, 600.0, now=now)
+            store.append(sid, [ev(RunStarted, sid=sid, workflow="wf", ts=now)], 0, epoch=1)
+        asked: list[int] = []
+        real = liveness.process_alive
+
+        def counted(pid: int, started_at: float | None) -> bool:
+            asked.append(pid)
+            return real(pid, started_at)
+
+        monkeypatch.setattr(liveness, "process_alive", counted)
+        claims = store.claim(this_process("w-claimer"), ["wf"], 15.0, limit=10, now=now + 1)
+        assert sorted((c.session_id, c.reason) for c in claims) == [
+            ("orphan-1", "orphaned"),
+            ("orphan-2", "orphaned"),
+        ]
+        assert asked.count(live.pid) <= 1, (
+            f"the live owner's process was checked {asked.count(live.pid)} times"
+        )
 
     def test_two_claimers_at_once_never_get_the_same_session(self, store: EventStore) -> None:
         other = self.open_again(store)
