@@ -25,6 +25,7 @@ from flowscope.events import NodeStarted, RunSubmitted
 from flowscope.ownership import Owner, this_process
 from flowscope.store import PostgresEventStore, rebuild
 from flowscope.store.postgres import DB_SCHEMA_VERSION, redact, server
+from flowscope.store.postgres import queries as q
 from flowscope.store.testing import ev
 from pg_cluster import PASSWORD, PASSWORD_ROLE, PgCluster
 
@@ -260,6 +261,20 @@ def test_renewals_from_threads_while_appending(url: str):
             th.join()
         assert not errors
         assert all(s.last_seq(lease.session_id) == 20 for lease in leases)
+
+
+def test_a_claim_locks_the_oldest_queued_rows_through_the_index_without_sorting_the_queue(url: str):
+    # Sorting below the row lock reads every queued session of the workflows to lock the
+    # first: a claim's cost would grow with the queue, not with what it takes.
+    with PostgresEventStore(url) as s:
+        for i in range(300):
+            submit(s, f"s{i}", "wf" if i % 2 else "other", ts=1000.0 + i)
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("ANALYZE sessions")
+        params = {"workflows": ["wf", "other"], "now": 2000.0, "limit": 1, "max_recoveries": 3}
+        plan = [r[0] for r in c.execute("EXPLAIN " + q.SQL_CLAIM_FREE["queued"], params)]
+    lock = next(i for i, line in enumerate(plan) if "LockRows" in line)
+    assert not any("Sort" in line for line in plan[lock:]), "\n".join(plan)
 
 
 # ---------------------------------------------------------------- the server restarted mid-run

@@ -245,15 +245,34 @@ CLAIM_ORDER = {"queued": "submitted_at", "answered": "updated_at", "running": "l
 _CLAIM_COLUMNS = "session_id, workflow, owner, lease_expires_at, recoveries, {order}, epoch"
 #: Claimable at once: no lease, or an ended one. SKIP LOCKED: rows another claimer (or an
 #: append) holds are passed over, never waited for; two claimers never take the same row.
-SQL_CLAIM_FREE = {
-    status: (
+#: Queued and answered sessions are read one workflow at a time (LATERAL) up to the
+#: limit: the queued ones through their index in order, so a claim reads what it takes,
+#: not the whole queue sorted (12 ms beside 20,000 queued sessions, 0.6 ms so). The
+#: answered ones are sorted per workflow: an index on ``updated_at``, which every append
+#: changes, would cost every append its HOT update.
+_FREE = "(lease_expires_at IS NULL OR lease_expires_at <= %(now)s)"
+
+
+def _free_by_workflow(status: str) -> str:
+    order = CLAIM_ORDER[status]
+    return (
+        "SELECT c.* FROM unnest(%(workflows)s::text[]) AS w(name) CROSS JOIN LATERAL ("
         f"SELECT {_CLAIM_COLUMNS.format(order=order)} FROM sessions "
-        f"WHERE status = '{status}' AND workflow = ANY(%(workflows)s) "
-        "AND (lease_expires_at IS NULL OR lease_expires_at <= %(now)s) "
-        + ("AND owner IS NOT NULL AND recoveries <= %(max_recoveries)s " if status == "running" else "")
-        + f"ORDER BY {order} LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+        f"WHERE status = '{status}' AND workflow = w.name AND {_FREE} "
+        f"ORDER BY {order} LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c "
+        f"ORDER BY c.{order} LIMIT %(limit)s"
     )
-    for status, order in CLAIM_ORDER.items()
+
+
+SQL_CLAIM_FREE = {
+    "queued": _free_by_workflow("queued"),
+    "answered": _free_by_workflow("answered"),
+    "running": (
+        f"SELECT {_CLAIM_COLUMNS.format(order=CLAIM_ORDER['running'])} FROM sessions "
+        f"WHERE status = 'running' AND workflow = ANY(%(workflows)s) AND {_FREE} "
+        "AND owner IS NOT NULL AND recoveries <= %(max_recoveries)s "
+        f"ORDER BY {CLAIM_ORDER['running']} LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+    ),
 }
 #: Paused, failed and completed sessions with a message in their inbox, claimable as answered
 #: or queued (base.claim_reason; the status is the row's last column).
