@@ -25,6 +25,7 @@ from flowscope.store.sqlite import queries as q
 from flowscope.store.sqlite.codec import encode
 from flowscope.store.sqlite.schema import OPEN_WHERE
 from flowscope.store.testing import ev, node_ev
+from flowscope.store.testing.helpers import hold_running, process_checks
 
 
 @pytest.fixture
@@ -247,3 +248,16 @@ def test_a_claim_reads_the_queue_in_index_order_without_a_sort(db_path, sql):
         conn.execute("ANALYZE")
         plan = " / ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, _PLAN_PARAMS))
     assert "TEMP B-TREE" not in plan and "SCAN sessions " not in plan + " ", plan
+
+
+def test_the_open_run_summary_asks_whether_each_owner_is_alive_once(db_path, monkeypatch):
+    # A scrape beside a worker running thousands of sessions reads /proc once for it,
+    # not once per session (one group per lease, as each has its own expiry).
+    now = time.time()
+    with SqliteEventStore(db_path) as store:
+        live = this_process("w-live")
+        hold_running(store, live, 30, now)
+        asked = process_checks(monkeypatch)
+        [group] = store.open_run_summary(now=now + 1, stale_after_s=60.0)
+    assert (group.count, group.orphaned) == (30, 0)
+    assert asked.count(live.pid) <= 1, asked

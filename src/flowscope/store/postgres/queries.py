@@ -188,10 +188,10 @@ SQL_OPEN_SUMMARY = (
 #: sessions have an open run. Measured: 1,000 open runs in 100,000 sessions, 13 -> 3 ms.
 SQL_SUMMARY_PLANNER = "SET LOCAL random_page_cost = 1.1"
 SQL_OPEN_SAME_HOST = (
-    "SELECT n.workflow, n.node, s.owner, s.lease_expires_at, count(*) "
+    "SELECT n.workflow, n.node, s.owner, count(*) "
     "FROM sessions AS s JOIN node_runs AS n ON n.session_id = s.session_id "
     "WHERE s.status = 'running' AND s.lease_expires_at > %(now)s AND s.owner->>'host' = %(host)s "
-    f"AND n.status = 'running' AND {_NOT_CONTAINER} GROUP BY n.workflow, n.node, s.owner, s.lease_expires_at"
+    f"AND n.status = 'running' AND {_NOT_CONTAINER} GROUP BY n.workflow, n.node, s.owner"
 )
 _INFO_COLUMNS = f"session_id, {', '.join(_SESSION_COLUMNS)}, owner, epoch, lease_expires_at, submitted_at"
 #: In SessionInfo field order; rows made by acquire() alone (no event yet) are no session.

@@ -341,7 +341,7 @@ class PostgresEventStore(EventStore):
 
         rows, same_host = self._run("summarise open runs", fetch, retry=True)
         return count_dead_owners(
-            rows, ((w, n, owner_from_column(o), lease, c) for w, n, o, lease, c in same_host), now, host
+            rows, ((w, n, owner_from_column(o), c) for w, n, o, c in same_host), now, host
         )
 
     # ------------------------------------------------------------------ ownership

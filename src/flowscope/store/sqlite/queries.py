@@ -164,12 +164,12 @@ SQL_OPEN_SUMMARY = (
     "GROUP BY n.workflow, n.node, n.status ORDER BY n.workflow, n.node, n.status"
 )
 SQL_OPEN_SAME_HOST = (
-    _OPEN_CTE + "SELECT n.workflow, n.node, s.owner, s.lease_expires_at, count(*) "
+    _OPEN_CTE + "SELECT n.workflow, n.node, s.owner, count(*) "
     "FROM sessions AS s JOIN node_runs AS n ON n.session_id = s.session_id "
     "WHERE s.status = 'running' AND s.lease_expires_at > :now AND s.owner IS NOT NULL "
     "AND json_extract(s.owner, '$.host') = :host AND n.status = 'running' "
     f"AND {_NOT_CONTAINER} "
-    "GROUP BY n.workflow, n.node, s.owner, s.lease_expires_at"
+    "GROUP BY n.workflow, n.node, s.owner"
 )
 SQL_HEARTBEAT = (
     "UPDATE node_runs SET heartbeat_at = ? WHERE session_id = ? AND path = ? AND status = 'running'"

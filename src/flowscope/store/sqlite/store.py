@@ -307,7 +307,7 @@ class SqliteEventStore(EventStore):
             rows = conn.execute(q.SQL_OPEN_SUMMARY, params).fetchall()
             same_host = conn.execute(q.SQL_OPEN_SAME_HOST, {"now": now, "host": host}).fetchall()
         return count_dead_owners(
-            rows, ((w, n, owner_from_column(o), lease, c) for w, n, o, lease, c in same_host), now, host
+            rows, ((w, n, owner_from_column(o), c) for w, n, o, c in same_host), now, host
         )
 
     # ------------------------------------------------------------------ ownership

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from ... import liveness
 from ...events import (
     Event,
     InputReceived,
@@ -55,6 +56,8 @@ __all__ = [
     "paused_log",
     "answer_events",
     "finished_session",
+    "hold_running",
+    "process_checks",
 ]
 
 SID = "s1"
@@ -542,3 +545,31 @@ def finished_session(store: Upkeep, sid: str, status: str, with_snapshot: bool =
     )
     if with_snapshot:
         store.save_snapshot(sid, 4, '{"format": 0}')
+
+
+def hold_running(store: Any, owner: Owner, n: int, now: float, workflow: str = "wf") -> list[str]:
+    """``n`` sessions that ``owner`` holds, each with a run of node ``a`` running, as a
+    worker running them has them (leases of an hour, taken a millisecond apart from
+    ``now`` on: each its own expiry); their ids."""
+    sids = [f"held-{i}" for i in range(n)]
+    for i, sid in enumerate(sids):
+        store.acquire(sid, owner, 3600.0, now=now + i / 1000)
+        events = [
+            ev(RunStarted, sid=sid, workflow=workflow, ts=now),
+            node_ev(NodeStarted, f"{workflow}@1/a@1", sid=sid, ts=now),
+        ]
+        store.append(sid, events, 0, epoch=1)
+    return sids
+
+
+def process_checks(monkeypatch: Any) -> list[int]:
+    """The pids the liveness rule reads /proc for from now on (``monkeypatch`` undoes it)."""
+    asked: list[int] = []
+    real = liveness.process_alive
+
+    def counted(pid: int, started_at: float | None) -> bool:
+        asked.append(pid)
+        return real(pid, started_at)
+
+    monkeypatch.setattr(liveness, "process_alive", counted)
+    return asked

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from ... import liveness
 from ...errors import ConcurrencyConflict, LeaseLost
 from ...events import (
     NodeCompleted,
@@ -30,9 +29,11 @@ from .helpers import (
     answer_events,
     dead_owner,
     ev,
+    hold_running,
     node_ev,
     other_host_owner,
     paused_log,
+    process_checks,
     run_of,
     submitted_log,
 )
@@ -326,22 +327,12 @@ class OwnershipContract(ContractBase):
         # with what it takes, not with what the fleet runs.
         now = time.time()
         live = this_process("w-live")
-        for i in range(30):
-            sid = f"held-{i}"
-            store.acquire(sid, live, 600.0, now=now)
-            store.append(sid, [ev(RunStarted, sid=sid, workflow="wf", ts=now)], 0, epoch=1)
+        hold_running(store, live, 30, now)
         gone = dead_owner()
         for sid in ("orphan-1", "orphan-2"):
             store.acquire(sid, gone, 600.0, now=now)
             store.append(sid, [ev(RunStarted, sid=sid, workflow="wf", ts=now)], 0, epoch=1)
-        asked: list[int] = []
-        real = liveness.process_alive
-
-        def counted(pid: int, started_at: float | None) -> bool:
-            asked.append(pid)
-            return real(pid, started_at)
-
-        monkeypatch.setattr(liveness, "process_alive", counted)
+        asked = process_checks(monkeypatch)
         claims = store.claim(this_process("w-claimer"), ["wf"], 15.0, limit=10, now=now + 1)
         assert sorted((c.session_id, c.reason) for c in claims) == [
             ("orphan-1", "orphaned"),
