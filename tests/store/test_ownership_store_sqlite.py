@@ -25,7 +25,7 @@ from flowscope.store.sqlite import queries as q
 from flowscope.store.sqlite.codec import encode
 from flowscope.store.sqlite.schema import OPEN_WHERE
 from flowscope.store.testing import ev, node_ev
-from flowscope.store.testing.helpers import hold_running, process_checks
+from flowscope.store.testing.helpers import summary_asks_each_owner_once
 
 
 @pytest.fixture
@@ -221,43 +221,32 @@ def test_a_schema_2_database_migrates_in_place(db_path):
     ],
 )
 def test_claim_and_queued_queries_read_only_their_index(db_path, sql, index):
-    with SqliteEventStore(db_path) as store:
-        for i in range(50):
-            submit(store, f"s{i}", "wf", float(i))
-        conn = store._conn
-        assert conn is not None
-        conn.execute("ANALYZE")
-        plan = " / ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, _PLAN_PARAMS))
+    plan = _plan(db_path, sql)
     assert index in plan, plan
     assert "events" not in plan, plan
     assert "SCAN sessions " not in plan + " " or f"USING INDEX {index}" in plan, plan
-
-
-_PLAN_PARAMS = {"now": 1.0, "host": "h", "workflows": '["wf", "other"]', "workflow": "wf", "dead": '["{}"]'}
 
 
 @pytest.mark.parametrize("sql", [q.SQL_CLAIM_QUEUED, q.SQL_CLAIM_ANSWERED])
 def test_a_claim_reads_the_queue_in_index_order_without_a_sort(db_path, sql):
     # A sort would read every queued session to return the first: a claim's cost would
     # grow with the queue, not with what it takes.
+    plan = _plan(db_path, sql)
+    assert "TEMP B-TREE" not in plan and "SCAN sessions " not in plan + " ", plan
+
+
+def _plan(db_path, sql: str) -> str:
+    """``sql``'s query plan, one step after another, beside 50 queued sessions."""
+    params = {"now": 1.0, "host": "h", "workflows": '["wf", "other"]', "workflow": "wf", "dead": '["{}"]'}
     with SqliteEventStore(db_path) as store:
         for i in range(50):
             submit(store, f"s{i}", "wf", float(i))
         conn = store._conn
         assert conn is not None
         conn.execute("ANALYZE")
-        plan = " / ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, _PLAN_PARAMS))
-    assert "TEMP B-TREE" not in plan and "SCAN sessions " not in plan + " ", plan
+        return " / ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
 
 
 def test_the_open_run_summary_asks_whether_each_owner_is_alive_once(db_path, monkeypatch):
-    # A scrape beside a worker running thousands of sessions reads /proc once for it,
-    # not once per session (one group per lease, as each has its own expiry).
-    now = time.time()
     with SqliteEventStore(db_path) as store:
-        live = this_process("w-live")
-        hold_running(store, live, 30, now)
-        asked = process_checks(monkeypatch)
-        [group] = store.open_run_summary(now=now + 1, stale_after_s=60.0)
-    assert (group.count, group.orphaned) == (30, 0)
-    assert asked.count(live.pid) <= 1, asked
+        summary_asks_each_owner_once(store, monkeypatch)

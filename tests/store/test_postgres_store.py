@@ -27,7 +27,7 @@ from flowscope.store import PostgresEventStore, rebuild
 from flowscope.store.postgres import DB_SCHEMA_VERSION, redact, server
 from flowscope.store.postgres import queries as q
 from flowscope.store.testing import ev
-from flowscope.store.testing.helpers import hold_running, process_checks
+from flowscope.store.testing.helpers import summary_asks_each_owner_once
 from pg_cluster import PASSWORD, PASSWORD_ROLE, PgCluster
 
 # A real PostgreSQL cluster, started by the test session: the full suite, not the fast loop.
@@ -279,16 +279,8 @@ def test_a_claim_locks_the_oldest_queued_rows_through_the_index_without_sorting_
 
 
 def test_the_open_run_summary_asks_whether_each_owner_is_alive_once(url: str, monkeypatch):
-    # A scrape beside a worker running thousands of sessions reads /proc once for it,
-    # not once per session (one group per lease, as each has its own expiry).
-    now = time.time()
     with PostgresEventStore(url) as store:
-        live = this_process("w-live")
-        hold_running(store, live, 30, now)
-        asked = process_checks(monkeypatch)
-        [group] = store.open_run_summary(now=now + 1, stale_after_s=60.0)
-    assert (group.count, group.orphaned) == (30, 0)
-    assert asked.count(live.pid) <= 1, asked
+        summary_asks_each_owner_once(store, monkeypatch)
 
 
 # ---------------------------------------------------------------- the server restarted mid-run

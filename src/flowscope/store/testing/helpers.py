@@ -32,7 +32,7 @@ from ...events import (
     UnknownEvent,
 )
 from ...liveness import owner_alive
-from ...ownership import Owner, process_start_time, this_host
+from ...ownership import Owner, process_start_time, this_host, this_process
 from ..base import EventLog, NodeRun, Upkeep
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "finished_session",
     "hold_running",
     "process_checks",
+    "summary_asks_each_owner_once",
 ]
 
 SID = "s1"
@@ -573,3 +574,17 @@ def process_checks(monkeypatch: Any) -> list[int]:
 
     monkeypatch.setattr(liveness, "process_alive", counted)
     return asked
+
+
+def summary_asks_each_owner_once(store: Any, monkeypatch: Any) -> None:
+    """Check that an SQL store's ``open_run_summary`` asks the liveness rule about a live
+    same-host owner once, not once per session it holds (each lease has its own expiry):
+    a scrape beside a worker running thousands of sessions reads /proc once for it. The
+    memory store's summary, the reference fold, classifies run by run."""
+    now = time.time()
+    live = this_process("w-live")
+    hold_running(store, live, 30, now)
+    asked = process_checks(monkeypatch)
+    [group] = store.open_run_summary(now=now + 1, stale_after_s=60.0)
+    assert (group.count, group.orphaned) == (30, 0)
+    assert asked.count(live.pid) <= 1, f"the live owner's process was checked {asked.count(live.pid)} times"
