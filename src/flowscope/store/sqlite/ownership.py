@@ -6,7 +6,6 @@ read as records, the rules (who may take a session, which a claim takes) in
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import json
 import sqlite3
@@ -97,14 +96,20 @@ def acquire_new(
 def renew(
     conn: sqlite3.Connection, leases: Sequence[Lease], lease_s: float, now: float
 ) -> list[Lease | LeaseLost]:
-    """:meth:`~flowscope.store.base.EventStore.renew_many` in the open transaction."""
+    """:meth:`~flowscope.store.base.EventStore.renew_many` in the open transaction: every
+    lease in one ``executemany`` (a worker renews thousands at once, and the loop's
+    appends wait for this transaction); only a round that lost one reads the rows back."""
+    expires = now + lease_s
+    cur = conn.executemany(q.SQL_RENEW, [(expires, now, lease.session_id, lease.epoch) for lease in leases])
+    if cur.rowcount == len(leases):  # the usual round: every lease still ours, each renewed
+        return [Lease(lease.session_id, lease.owner, lease.epoch, expires) for lease in leases]
     out: list[Lease | LeaseLost] = []
-    for lease in leases:
-        cur = conn.execute(q.SQL_RENEW, (now + lease_s, now, lease.session_id, lease.epoch))
-        if cur.rowcount == 1:
-            out.append(dataclasses.replace(lease, expires_at=now + lease_s))
+    for lease in leases:  # a lease is ours exactly when the row still has its epoch
+        row = lease_row(conn, lease.session_id)
+        if row is not None and row.epoch == lease.epoch:
+            out.append(Lease(lease.session_id, lease.owner, lease.epoch, expires))
         else:
-            out.append(lost_lease(lease.session_id, lease_row(conn, lease.session_id), lease.epoch))
+            out.append(lost_lease(lease.session_id, row, lease.epoch))
     return out
 
 
