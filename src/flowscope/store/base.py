@@ -21,7 +21,15 @@ from ..events import Event
 from ..ownership import Lease, Owner
 from .inbox import Inbox
 from .log import EventLog, number_events, summarize_open_runs
-from .ownership import Ownership, claim_reason, count_dead_owners, lease_lost, one_renewal, owned_elsewhere
+from .ownership import (
+    Ownership,
+    claim_reason,
+    count_dead_owners,
+    dead_owners,
+    lease_lost,
+    one_renewal,
+    owned_elsewhere,
+)
 from .records import (
     FINISHED_SESSION_STATUSES,
     MAILED_STATUSES,
@@ -58,6 +66,7 @@ __all__ = [
     "number_events",
     "summarize_open_runs",
     "count_dead_owners",
+    "dead_owners",
     "claim_reason",
     "owned_elsewhere",
     "lease_lost",

@@ -24,17 +24,10 @@ from .base import (
     NodeRun,
     SessionInfo,
     WorkerInfo,
+    dead_owners,
     number_events,
 )
-from .takeover import (
-    ClaimCandidate,
-    ClaimPick,
-    check_acquire,
-    claim_cut,
-    claim_rule,
-    dead_owners,
-    lost_lease,
-)
+from .takeover import ClaimCandidate, ClaimPick, check_acquire, claim_cut, claim_rule, lost_lease
 
 __all__ = ["MemoryEventStore"]
 

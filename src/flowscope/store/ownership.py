@@ -12,14 +12,22 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import ConcurrencyConflict, LeaseLost
 from ..liveness import owner_alive
 from ..ownership import Lease, Owner
 from .records import MAILED_STATUSES, Claim, ClaimReason, OpenRunGroup, WorkerInfo
 
-__all__ = ["Ownership", "claim_reason", "owned_elsewhere", "lease_lost", "one_renewal", "count_dead_owners"]
+__all__ = [
+    "Ownership",
+    "claim_reason",
+    "owned_elsewhere",
+    "lease_lost",
+    "one_renewal",
+    "dead_owners",
+    "count_dead_owners",
+]
 
 
 def claim_reason(
@@ -72,6 +80,16 @@ def lease_lost(session_id: str, current_epoch: int, current_owner: Owner | None,
     )
 
 
+K = TypeVar("K")
+
+
+def dead_owners(owners: Iterable[tuple[K, Owner | None]], now: float, host: str) -> list[K]:
+    """The keys of ``owners`` (each an owner of leases not ended yet) whose process is gone
+    from this ``host``: the liveness rule asked once per owner, so a claim or a scrape
+    reads /proc once for a worker that holds thousands of sessions, not once per session."""
+    return [key for key, o in owners if o is not None and not owner_alive(o, math.inf, now, host=host)]
+
+
 def count_dead_owners(
     rows: Iterable[Sequence[Any]],
     same_host: Iterable[tuple[str, str, Owner | None, int]],
@@ -84,15 +102,13 @@ def count_dead_owners(
     SQL can compare a lease with the clock, but only this process can tell whether an
     owner's process on this host is gone: ``same_host`` holds, per (workflow, node,
     owner), the count of running runs whose lease has not ended, and the owner rule
-    (:func:`flowscope.liveness.owner_alive`) decides, asked once per owner: a worker
-    running 10,000 sessions costs a scrape one read of /proc, not 10,000.
+    decides (:func:`dead_owners`, once per owner).
     """
+    counts = list(same_host)
+    gone = set(dead_owners(((o, o) for o in {o for _w, _n, o, _c in counts}), now, host))
     dead: dict[tuple[str, str], int] = {}
-    alive: dict[Owner | None, bool] = {}
-    for workflow, node, owner, count in same_host:
-        if owner not in alive:  # the lease has not ended (the query's condition): the process decides
-            alive[owner] = owner_alive(owner, math.inf, now, host=host)
-        if not alive[owner]:
+    for workflow, node, owner, count in counts:
+        if owner in gone:
             dead[(workflow, node)] = dead.get((workflow, node), 0) + count
     groups = [OpenRunGroup(*r) for r in rows]
     if dead:

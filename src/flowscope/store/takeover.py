@@ -8,16 +8,16 @@ driver is imported here.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Protocol, TypeVar
+from typing import Any, Protocol
 
 from ..errors import LeaseLost
 from ..liveness import owner_alive
 from ..ownership import Owner
-from .base import ClaimReason, claim_reason, lease_lost, owned_elsewhere
+from .appending import owner_from_column
+from .base import MAILED_STATUSES, ClaimReason, claim_reason, lease_lost, owned_elsewhere
 
 __all__ = [
     "HeldLease",
@@ -29,10 +29,8 @@ __all__ = [
     "claim_rule",
     "claim_picks",
     "claim_cut",
-    "dead_owners",
+    "claim_candidates",
 ]
-
-K = TypeVar("K")
 
 
 class HeldLease(Protocol):
@@ -116,6 +114,26 @@ class ClaimPick:
     epoch: int = 0
 
 
+def claim_candidates(rows: Iterable[Sequence[Any]], status: str = "") -> Iterator[ClaimCandidate]:
+    """An SQL store's claim rows as candidates, read as they are asked for (a lazy cursor
+    reads no further row than the claim takes). A row is ``session_id, workflow, owner``
+    (the column), ``lease_expires_at, recoveries, since, epoch``, and then its own status
+    or none (then ``status``); a row in a mailed status is there for its mail."""
+    for sid, workflow, owner, lease_expires_at, recoveries, since, epoch, *own in rows:
+        row_status = own[0] if own else status
+        yield ClaimCandidate(
+            sid,
+            workflow,
+            row_status,
+            owner_from_column(owner),
+            lease_expires_at,
+            recoveries,
+            since,
+            mail=row_status in MAILED_STATUSES,
+            epoch=epoch,
+        )
+
+
 def claim_rule(
     c: ClaimCandidate, now: float, *, host: str | None, max_recoveries: int | None
 ) -> ClaimReason | None:
@@ -148,15 +166,6 @@ def claim_picks(
         if limit is not None and len(out) >= limit:
             break
     return out
-
-
-def dead_owners(owners: Iterable[tuple[K, Owner | None]], now: float, host: str) -> list[K]:
-    """The keys of ``owners`` (each an owner of leases not ended yet) whose process is
-    gone from this ``host``: the liveness rule asked once per owner, so a claim reads
-    /proc once for a worker that holds thousands of sessions, not once per session. An
-    SQL store then reads only the sessions these hold (they are claimable at once); the
-    other held sessions are left in the database."""
-    return [key for key, o in owners if o is not None and not owner_alive(o, math.inf, now, host=host)]
 
 
 _OLDEST_FIRST = attrgetter("since", "session_id", "workflow", "reason")

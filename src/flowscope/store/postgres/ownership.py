@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import psycopg
@@ -18,15 +18,14 @@ from psycopg.types.json import Jsonb
 from ...errors import ConcurrencyConflict, LeaseLost
 from ...ownership import Lease, Owner
 from ..appending import owner_from_column
-from ..base import MAILED_STATUSES, Claim
+from ..base import Claim, dead_owners
 from ..takeover import (
-    ClaimCandidate,
     ClaimPick,
     LeaseRow,
     check_acquire,
+    claim_candidates,
     claim_cut,
     claim_picks,
-    dead_owners,
     lost_lease,
 )
 from . import queries as q
@@ -97,24 +96,6 @@ def renew(conn: Conn, leases: Sequence[Lease], lease_s: float, now: float) -> li
     return out
 
 
-def _candidates(rows: Iterable[Sequence[Any]], status: str = "") -> Iterable[ClaimCandidate]:
-    """Rows of the claim queries as candidates, of ``status`` unless the row's last column
-    is its own. A row in a mailed status is there for its mail (each query's condition)."""
-    for sid, workflow, owner, lease_expires_at, recoveries, since, epoch, *own in rows:
-        row_status = own[0] if own else status
-        yield ClaimCandidate(
-            sid,
-            workflow,
-            row_status,
-            owner_from_column(owner),
-            lease_expires_at,
-            recoveries,
-            since,
-            mail=row_status in MAILED_STATUSES,
-            epoch=epoch,
-        )
-
-
 def claim(
     conn: Conn,
     owner: Owner,
@@ -141,12 +122,14 @@ def claim(
     with conn.transaction():
         for status, statement in (*q.SQL_CLAIM_FREE.items(), ("", q.SQL_CLAIM_MAILED)):
             rows = conn.execute(statement, params)
-            found += claim_picks(_candidates(rows, status), now, host=host, max_recoveries=max_recoveries)
+            found += claim_picks(
+                claim_candidates(rows, status), now, host=host, max_recoveries=max_recoveries
+            )
         owners = [row[0] for row in conn.execute(q.SQL_LEASE_OWNERS)]
         gone = dead_owners(((json.dumps(o), owner_from_column(o)) for o in owners), now, host)
         if gone:
             rows = conn.execute(q.SQL_CLAIM_HELD_BY_DEAD, {**params, "dead": gone})
-            dead = claim_picks(_candidates(rows), now, host=host, max_recoveries=max_recoveries)
+            dead = claim_picks(claim_candidates(rows), now, host=host, max_recoveries=max_recoveries)
             if dead:
                 sids, epochs = [d.session_id for d in dead], [d.epoch for d in dead]
                 locked = {

@@ -294,7 +294,8 @@ SQL_LEASE_OWNERS = (
     "SELECT owner FROM o WHERE owner IS NOT NULL"
 )
 #: The sessions whose lease has not ended but whose owner is dead (``dead``: their
-#: ``owner`` values), any claimable status; then locked with SQL_CLAIM_LOCK.
+#: ``owner`` values), any claimable status; then locked with SQL_CLAIM_LOCK. The
+#: ``lease_expires_at > 0`` is ``sessions_leased``'s predicate, for the planner.
 SQL_CLAIM_HELD_BY_DEAD = (
     f"SELECT {_CLAIM_COLUMNS.format(order='coalesce(submitted_at, updated_at, lease_expires_at)')}, status "
     "FROM sessions WHERE lease_expires_at > 0 AND lease_expires_at > %(now)s AND owner = ANY(%(dead)s::jsonb[]) "

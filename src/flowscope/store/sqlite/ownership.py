@@ -9,22 +9,21 @@ from __future__ import annotations
 import heapq
 import json
 import sqlite3
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
 from ...errors import LeaseLost
 from ...ownership import Lease, Owner, this_host
 from ..appending import owner_from_column
-from ..base import MAILED_STATUSES, Claim
+from ..base import Claim, dead_owners
 from ..takeover import (
-    ClaimCandidate,
     ClaimPick,
     LeaseRow,
     check_acquire,
+    claim_candidates,
     claim_cut,
     claim_picks,
-    dead_owners,
     lost_lease,
 )
 from . import queries as q
@@ -113,23 +112,6 @@ def renew(
     return out
 
 
-def _candidates(rows: Iterable[Any], status: str) -> Iterator[ClaimCandidate]:
-    """A claim query's rows as candidates, read as they are asked for (a row with one
-    more column carries its own status)."""
-    for sid, workflow, owner, lease_expires_at, recoveries, since, *own in rows:
-        row_status = own[0] if own else status
-        yield ClaimCandidate(
-            sid,
-            workflow,
-            row_status,
-            owner_from_column(owner),
-            lease_expires_at,
-            recoveries,
-            since,
-            mail=row_status in MAILED_STATUSES,
-        )
-
-
 def _since(row: tuple[Any, ...]) -> float:
     return row[5] or 0.0  # NULL first, as ORDER BY has it
 
@@ -157,7 +139,9 @@ def claim(
 
     def read(rows: Iterable[Any], status: str) -> None:
         found.extend(
-            claim_picks(_candidates(rows, status), now, host=host, max_recoveries=max_recoveries, limit=limit)
+            claim_picks(
+                claim_candidates(rows, status), now, host=host, max_recoveries=max_recoveries, limit=limit
+            )
         )
 
     for sql, status in _BY_WORKFLOW:

@@ -210,15 +210,15 @@ SQL_RELEASE = "UPDATE sessions SET lease_expires_at = 0 WHERE session_id = ? AND
 # reads as far as it takes (no sort of the whole queue); the claim merges them.
 _FREE = "(lease_expires_at IS NULL OR lease_expires_at <= :now)"
 SQL_CLAIM_QUEUED = (
-    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, submitted_at FROM sessions "
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, submitted_at, epoch FROM sessions "
     f"WHERE status = 'queued' AND workflow = :workflow AND {_FREE} ORDER BY submitted_at"
 )
 SQL_CLAIM_ANSWERED = (
-    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at FROM sessions "
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at, epoch FROM sessions "
     f"WHERE status = 'answered' AND workflow = :workflow AND {_FREE} ORDER BY updated_at"
 )
 SQL_CLAIM_ORPHANED = (
-    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at FROM sessions "
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at, epoch FROM sessions "
     "WHERE status = 'running' AND owner IS NOT NULL AND lease_expires_at <= :now "
     "AND workflow IN (SELECT value FROM json_each(:workflows)) "
     "ORDER BY updated_at"
@@ -226,7 +226,7 @@ SQL_CLAIM_ORPHANED = (
 #: Paused, failed and completed sessions with a message in their inbox: claimable as answered
 #: or queued (base.claim_reason; the status is the row's last column).
 SQL_CLAIM_MAILED = (
-    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at, status FROM sessions "
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at, epoch, status FROM sessions "
     "WHERE session_id IN (SELECT session_id FROM messages) AND status IN ('paused', 'failed', 'completed') "
     f"AND workflow IN (SELECT value FROM json_each(:workflows)) AND {_FREE} "
     "ORDER BY updated_at"
@@ -242,10 +242,12 @@ SQL_LEASE_OWNERS = (
     "SELECT owner FROM o WHERE owner IS NOT NULL"
 )
 #: The sessions whose lease has not ended but whose owner is dead (``:dead``, a JSON
-#: array of ``owner`` columns), any claimable status (the row's last column).
+#: array of ``owner`` columns), any claimable status (the row's last column). The
+#: ``lease_expires_at > 0`` is ``sessions_leased``'s predicate: with it the planner may
+#: read the owners through that index (it cannot tell that ``> :now`` implies it).
 SQL_CLAIM_HELD_BY_DEAD = (
     "SELECT session_id, workflow, owner, lease_expires_at, recoveries, "
-    "CASE status WHEN 'queued' THEN submitted_at ELSE updated_at END, status FROM sessions "
+    "CASE status WHEN 'queued' THEN submitted_at ELSE updated_at END, epoch, status FROM sessions "
     "WHERE lease_expires_at > 0 AND lease_expires_at > :now AND owner IN (SELECT value FROM json_each(:dead)) "
     "AND (status IN ('queued', 'answered', 'running') "
     "OR (status IN ('paused', 'failed', 'completed') AND session_id IN (SELECT session_id FROM messages))) "
