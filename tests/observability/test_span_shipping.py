@@ -360,9 +360,11 @@ async def test_the_watermark_moves_only_over_spans_an_exporter_accepted(store_ki
     assert plugin.shipper.ledger is ledger
     wf = Workflow("w", edges=[(START, node(lambda x: x, name="a"), node(lambda x: x, name="b"))])
     await Runner(wf, store=store, plugins=[plugin]).run(1, session_id="ok")
+    assert plugin.force_flush()  # the watermarks are written off the exporter's thread: flushed here
     assert store.exported_seq("ok") == store.last_seq("ok")  # RunFinished ended the last span
     inner.ok = False
     await Runner(wf, store=store, plugins=[plugin]).run(1, session_id="refused")
+    assert plugin.force_flush()
     assert store.exported_seq("refused") == 0
     assert len(inner.got) == 6
     # a provider without a WatermarkExporter records nothing, so a resume ships nothing again
@@ -388,10 +390,17 @@ def test_after_a_refused_export_the_watermark_of_that_session_stays_put_in_this_
     ledger.exported([Ctx(1)], ok=False)
     ledger.register(store, [rec(2, 7)])
     ledger.exported([Ctx(2)], ok=True)
+    assert ledger.flush(5)
     assert store.exported_seq("x") == 0  # the refused span at seq 3 is sent again by the next opener
     ledger.register(store, [rec(3, 2)])
     ledger.exported([Ctx(3)], ok=True)
+    assert ledger.flush(5)
     assert store.exported_seq("x") == 0
+    # another session's accepted spans do advance its watermark: the flush above waited for writes
+    ledger.register(store, [SpanRecord("s", 1, 4, None, 0.0, 1.0, {}, end_seq=5, session_id="y")])
+    ledger.exported([Ctx(4)], ok=True)
+    assert ledger.flush(5)
+    assert store.exported_seq("y") == 5
 
 
 class _CountingStore(SqliteEventStore):
@@ -414,9 +423,10 @@ async def test_one_export_of_many_sessions_spans_advances_their_watermarks_in_on
     store = _CountingStore(tmp_path / "f.db")
     inner = InMemorySpanExporter()
     provider = TracerProvider()
+    ledger = Ledger()
     provider.add_span_processor(
         BatchSpanProcessor(
-            WatermarkExporter(inner, Ledger()),
+            WatermarkExporter(inner, ledger),
             max_queue_size=10_000,
             max_export_batch_size=10_000,
             schedule_delay_millis=60_000,
@@ -426,7 +436,7 @@ async def test_one_export_of_many_sessions_spans_advances_their_watermarks_in_on
     runner = Runner(wf, store=store, plugins=[TracingPlugin(tracer_provider=provider)])
     sids = [f"s{i}" for i in range(100)]
     await asyncio.gather(*(runner.run(1, session_id=s) for s in sids))
-    assert provider.force_flush()
+    assert provider.force_flush() and ledger.flush(10)
     assert len(inner.get_finished_spans()) == 100 * 3
     assert [store.exported_seq(s) for s in sids] == [
         store.last_seq(s) for s in sids

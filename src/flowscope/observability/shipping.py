@@ -34,6 +34,7 @@ from opentelemetry.trace import SpanKind, TraceState
 from .. import __version__
 from ..events import Event
 from . import spans as sp
+from .backlog import SpanBacklog, backlog_for, drain
 from .log_spans import ResourceKey, SpanRecord, SpanWalk, invocation_context
 from .sdk_spans import EMPTY_STATE as _EMPTY_STATE
 from .sdk_spans import readable_span
@@ -152,6 +153,9 @@ class Ledger:
         #: sessions an exporter refused spans of: their watermark stays where it was in this
         #: process, so the next opener sends from there (duplicates rather than a loss)
         self._refused: set[str] = set()
+        self._due: dict[int, tuple[Upkeep, dict[str, int]]] = {}  # store id -> (store, {session: mark})
+        self._writer: threading.Thread | None = None
+        self._idle = threading.Condition(self._lock)  # notified when the writer has nothing left
 
     def shipped(self, session_id: str, records: Sequence[SpanRecord]) -> list[SpanRecord]:
         """The records this process has not handed over already (pending, or exported with
@@ -171,8 +175,12 @@ class Ledger:
                 self._spans[(r.trace_id, r.span_id)] = (r.session_id, r.end_seq)
 
     def exported(self, spans: Sequence[ReadableSpan], ok: bool) -> None:
-        """The exporter returned (``ok``: SUCCESS): advance the watermarks it completed."""
-        writes: list[tuple[Upkeep, str, int]] = []
+        """The exporter returned (``ok``: SUCCESS): advance the watermarks it completed.
+
+        The store writes happen on a thread of their own (:meth:`flush` waits for them):
+        the exporter's thread, waiting for the store between the loop's appends, exported
+        too slowly for a worker of a thousand sessions, whose batch queue then overflowed.
+        A write that lags only means that a crash sends a few spans twice."""
         with self._lock:
             touched: set[str] = set()
             for s in spans:
@@ -205,23 +213,42 @@ class Ledger:
                 if upto > mark.written:
                     mark.written = upto
                     self._writing[session] = upto
-                    writes.append((mark.store, session, upto))
+                    # one write per store for all the sessions due: the latest mark of each
+                    self._due.setdefault(id(mark.store), (mark.store, {}))[1][session] = upto
                 if not mark.pending:
                     del self._sessions[session]
-        by_store: dict[int, tuple[Upkeep, dict[str, int]]] = {}
-        for store, session, seq in writes:
-            by_store.setdefault(id(store), (store, {}))[1][session] = seq
-        for store, marks in by_store.values():  # outside the lock: a store write can wait
-            try:
-                store.set_exported_seqs(marks)  # one transaction for all the sessions of this export
-            except Exception as exc:  # the next opener ships these again: duplicates, never a loss
-                log.warning(
-                    "could not record that the spans of %d sessions were exported: %s", len(marks), exc
+            if self._due and self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_due, name="flowscope-watermarks", daemon=True
                 )
+                self._writer.start()
+
+    def _write_due(self) -> None:
+        """The writer's thread: writes the marks due, store by store, until none are."""
+        while True:
             with self._lock:
-                for session, seq in marks.items():
-                    if self._writing.get(session) == seq and session not in self._sessions:
-                        del self._writing[session]
+                due = self._due
+                if not due:
+                    self._writer = None
+                    self._idle.notify_all()
+                    return
+                self._due = {}
+            for store, marks in due.values():
+                try:
+                    store.set_exported_seqs(marks)  # one transaction for all the sessions due
+                except Exception as exc:  # the next opener ships these again: duplicates, never a loss
+                    log.warning(
+                        "could not record that the spans of %d sessions were exported: %s", len(marks), exc
+                    )
+                with self._lock:
+                    for session, seq in marks.items():
+                        if self._writing.get(session) == seq and session not in self._sessions:
+                            del self._writing[session]
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the watermarks of what was exported are written; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._writer is None, timeout_s)
 
 
 class _Mark:
@@ -253,9 +280,10 @@ class WatermarkExporter(SpanExporter):
 
     def shutdown(self) -> None:
         self.inner.shutdown()
+        self.ledger.flush()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return bool(self.inner.force_flush(timeout_millis))
+        return bool(self.inner.force_flush(timeout_millis)) and self.ledger.flush(timeout_millis / 1000)
 
 
 class Shipper:
@@ -270,6 +298,8 @@ class Shipper:
         self._seen: Any = None  # the processors tuple the ledger was looked up in
         self._ends_of: Any = None  # the processors tuple _ends was made of
         self._ends: tuple[Any, ...] = ()
+        self._gate_of: Any = None  # the processors tuple _gate was made for
+        self._gate: SpanBacklog | None = None
         self._ledger: Ledger | None = None
         sdk = isinstance(provider, SdkProvider) and not getattr(provider, "_disabled", False)
         self.enabled = sdk
@@ -322,8 +352,13 @@ class Shipper:
         own, scope = self._resource, self._scope
         assert own is not None
         mine = self._own_resource
-        on_ends = self._ends if procs is self._ends_of else self._on_ends
-        on_end = on_ends[0] if len(on_ends) == 1 else processor.on_end
+        gate = self._gate if procs is self._gate_of else self._gate_for(procs)
+        if gate is None:
+            on_ends = self._ends if procs is self._ends_of else self._on_ends
+            on_end = on_ends[0] if len(on_ends) == 1 else processor.on_end
+        else:  # batch queues: handed over as they have room, never dropped by a full one
+            spans: list[ReadableSpan] = []
+            on_end = spans.append
         for r in todo:
             # A dead process's spans keep its resource; this process's own, the provider's.
             res = r.resource
@@ -334,6 +369,13 @@ class Shipper:
             else:
                 attrs, stack = extra
                 on_end(readable_span(r, resource, scope, attrs, stack))
+        if gate is not None:
+            gate.hand(spans)
+
+    def _gate_for(self, procs: Any) -> SpanBacklog | None:
+        self._gate_of = procs
+        self._gate = backlog_for(self._processor)
+        return self._gate
 
     @property
     def _on_ends(self) -> tuple[Any, ...]:
@@ -374,8 +416,13 @@ class Shipper:
         return last or link
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Hand over the spans waiting for room in the processors' queues, then flush them."""
         flush = getattr(self.provider, "force_flush", None)
-        return bool(flush(timeout_millis)) if flush is not None else True
+        if flush is None:
+            return True
+        ok = drain(self.provider, timeout_millis) and bool(flush(timeout_millis))
+        ledger = self.ledger
+        return ok and (ledger is None or ledger.flush(timeout_millis / 1000))
 
 
 def _link_of(session_id: str, previous: Mapping[str, str]) -> tuple[int, int] | None:

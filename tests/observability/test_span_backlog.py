@@ -1,0 +1,224 @@
+"""A full batch queue makes spans wait, never drops them silently; the watermark writes
+leave the exporter's thread free; a backlog past its bound drops the newest spans,
+counted, and their watermarks hold so that a follower ships exactly those."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from test_otlp_export import clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
+
+from flowscope import START, Runner, Workflow, node
+from flowscope.observability import TracingPlugin
+from flowscope.observability import backlog as backlog_mod
+from flowscope.observability.export import ship_store
+from flowscope.observability.shipping import Ledger, WatermarkExporter
+from flowscope.store import MemoryEventStore
+from flowscope.store.sqlite import SqliteEventStore
+
+
+class _Slow(SpanExporter):
+    """Accepts spans at a pace (``delay_s`` per export), or not at all until ``gate`` opens."""
+
+    def __init__(self, delay_s: float = 0.0, gate: threading.Event | None = None) -> None:
+        self.delay_s = delay_s
+        self.gate = gate
+        self.ids: list[int] = []
+
+    def export(self, spans):
+        if self.gate is not None:
+            self.gate.wait(30)
+        time.sleep(self.delay_s)
+        self.ids.extend(s.context.span_id for s in spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def chain(n: int) -> Workflow:
+    return Workflow("w", edges=[(START, *[node(lambda x: x + 1, name=f"n{i}") for i in range(n)])])
+
+
+def small_queue(exporter: SpanExporter, size: int, batch: int) -> TracerProvider:
+    provider = TracerProvider()
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            exporter, max_queue_size=size, max_export_batch_size=batch, schedule_delay_millis=20
+        )
+    )
+    return provider
+
+
+async def test_a_full_batch_queue_makes_spans_wait_rather_than_drop_them(caplog):
+    # 40 concurrent sessions end spans faster than an exporter taking 5 ms a batch of 16
+    # exports them: the SDK's queue of 64 overflowed and dropped most of them.
+    caplog.set_level(logging.WARNING)
+    exporter = _Slow(delay_s=0.005)
+    provider = small_queue(exporter, size=64, batch=16)
+    plugin = TracingPlugin(tracer_provider=provider)
+    runner = Runner(chain(5), store=MemoryEventStore(), plugins=[plugin])
+    results = await asyncio.gather(*(runner.run(0, session_id=f"s{i}") for i in range(40)))
+    assert all(r.status == "completed" for r in results)
+    assert plugin.force_flush()
+    assert len(exporter.ids) == len(set(exporter.ids)) == 40 * 6
+    assert not [r for r in caplog.records if "dropping" in r.getMessage() or "not exported" in r.getMessage()]
+    backlog = backlog_mod.backlog_for(provider._active_span_processor)
+    assert backlog is not None and backlog.waiting == 0 and backlog.dropped == 0
+    provider.shutdown()
+
+
+async def test_spans_beyond_the_backlogs_bound_are_counted_and_a_follower_ships_exactly_those(
+    tmp_path, monkeypatch, caplog
+):
+    caplog.set_level(logging.WARNING, logger="flowscope.observability.backlog")
+    monkeypatch.setattr(backlog_mod, "BACKLOG_QUEUES", 2)  # queue 8 (limit 4) and a backlog of 16
+    gate = threading.Event()  # the exporter takes nothing until the runs are over
+    exporter = _Slow(gate=gate)
+    ledger = Ledger()
+    provider = small_queue(WatermarkExporter(exporter, ledger), size=8, batch=4)
+    plugin = TracingPlugin(tracer_provider=provider)
+    store = SqliteEventStore(tmp_path / "f.db")
+    sids = [f"s{i}" for i in range(10)]
+    await asyncio.gather(
+        *(Runner(chain(3), store=store, plugins=[plugin]).run(0, session_id=s) for s in sids)
+    )
+    backlog = backlog_mod.backlog_for(provider._active_span_processor)
+    assert backlog is not None
+    dropped = backlog.dropped
+    assert dropped > 0
+    gate.set()
+    assert plugin.force_flush()
+    assert len(exporter.ids) == len(set(exporter.ids)) == 10 * 4 - dropped
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2 and f"{dropped} spans were not exported" in warnings[1], warnings
+    # the sessions whose spans were dropped kept their watermarks before them
+    behind = [s for s in sids if store.exported_seq(s) < store.last_seq(s)]
+    assert behind
+    follower = _Slow()
+    assert ship_store(store, follower, handover_s=0.0) == dropped
+    assert not set(follower.ids) & set(exporter.ids)  # exactly the dropped ones: nothing twice
+    assert all(store.exported_seq(s) == store.last_seq(s) for s in sids)
+    provider.shutdown()
+    store.close()
+
+
+class _WaitingStore(SqliteEventStore):
+    """A store whose watermark writes wait until ``release`` is set (a store busy with appends)."""
+
+    def __init__(self, path) -> None:
+        super().__init__(path)
+        self.release = threading.Event()
+
+    def set_exported_seqs(self, marks) -> None:
+        self.release.wait(30)
+        super().set_exported_seqs(marks)
+
+
+async def test_the_exporters_thread_does_not_wait_for_the_stores_watermark_write(tmp_path):
+    store = _WaitingStore(tmp_path / "f.db")
+    exporter = _Slow()
+    ledger = Ledger()
+    watermarked = WatermarkExporter(exporter, ledger)
+    provider = small_queue(watermarked, size=2048, batch=512)
+    plugin = TracingPlugin(tracer_provider=provider)
+    await Runner(chain(3), store=store, plugins=[plugin]).run(0, session_id="s")
+    started = time.monotonic()
+    assert provider.force_flush()  # the batch is exported while the store still waits
+    assert time.monotonic() - started < 5 and len(exporter.ids) == 4
+    assert store.exported_seq("s") == 0 and not ledger.flush(0.05)
+    store.release.set()
+    assert ledger.flush(10)
+    assert store.exported_seq("s") == store.last_seq("s")
+    provider.shutdown()
+    store.close()
+
+
+@pytest.mark.parametrize("processors", [1, 2])
+def test_only_the_sdks_batch_queues_are_guarded(processors):
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(_Slow()))
+    assert backlog_mod.backlog_for(provider._active_span_processor) is None
+    if processors == 2:
+        provider.add_span_processor(BatchSpanProcessor(_Slow(), max_queue_size=100, max_export_batch_size=10))
+        found = backlog_mod.backlog_for(provider._active_span_processor)
+        assert found is not None and found.waiting == 0
+    provider.shutdown()
+
+
+@pytest.mark.slow
+def test_a_worker_running_300_sessions_at_once_ships_every_span_through_a_small_queue(tmp_path, monkeypatch):
+    # The worker's batch queue holds 64 spans (OTEL_BSP_MAX_QUEUE_SIZE): 300 sessions ending
+    # at once overflowed it, and the SDK dropped most of their spans.
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "flows.py").write_text(
+        "from flowscope import START, Workflow, node\n"
+        "traced = Workflow('traced', edges=[(START, node(lambda x: x + 1, name='one'), node(lambda x: x * 2, name='two'))])\n"
+    )
+    db = tmp_path / "w.db"
+    store = SqliteEventStore(str(db))
+    submitter = Runner(
+        Workflow(
+            "traced", edges=[(START, node(lambda x: x + 1, name="one"), node(lambda x: x * 2, name="two"))]
+        ),
+        store=store,
+    )
+    for i in range(300):
+        submitter.submit(i, session_id=f"t{i}")
+    store.close()
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = dict(
+        os.environ,  # without the machine's OTEL_*: clean_otel_env, autouse
+        PYTHONPATH=src,
+        OTEL_BSP_SCHEDULE_DELAY="50",
+        OTEL_BSP_MAX_QUEUE_SIZE="64",
+        OTEL_BSP_MAX_EXPORT_BATCH_SIZE="16",
+    )
+    cli = [sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db)]
+    with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
+        w = subprocess.Popen(
+            [
+                *cli,
+                "worker",
+                "flows:traced",
+                "--poll",
+                "50ms",
+                "--concurrency",
+                "300",
+                "--otlp-endpoint",
+                endpoint,
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 90
+            while len(collected.spans()) < 300 * 3 and time.monotonic() < deadline and w.poll() is None:
+                time.sleep(0.1)
+            time.sleep(0.3)  # nothing more arrives: no span twice
+        finally:
+            w.send_signal(signal.SIGTERM)
+            _out, err = w.communicate(timeout=60)
+        assert w.returncode == 0, err
+        received = [s for _r, _sc, s in collected.spans()]
+    assert "Queue full" not in err and "not exported" not in err, err
+    assert len(received) == len({(s.trace_id, s.span_id) for s in received}) == 300 * 3
+    store = SqliteEventStore(str(db))
+    assert all(store.exported_seq(f"t{i}") == store.last_seq(f"t{i}") for i in range(300))  # on record too
+    store.close()
