@@ -736,10 +736,17 @@ class Bench:
             "SELECT (SELECT min(ts) FROM events WHERE type = 'run_started'), (SELECT max(ts) FROM events WHERE type = 'run_finished')"
         ).fetchone()
         bad = conn.execute("SELECT count(*) FROM sessions WHERE status != 'completed'").fetchone()[0]
+        # every span reached the exporter: the worker's WatermarkExporter put each session's on record
+        unshipped = conn.execute(
+            "SELECT count(*) FROM sessions LEFT JOIN span_exports AS x USING (session_id) "
+            "WHERE last_seq > coalesce(x.exported_seq, 0)"
+        ).fetchone()[0]
         conn.close()
         os.unlink(db)
         if bad:
             raise AssertionError(f"{bad} of {sessions} sessions did not complete in the worker")
+        if unshipped:
+            raise AssertionError(f"the spans of {unshipped} of {sessions} sessions did not reach the worker's exporter")
         return (last - first) * 1e6 / (n * sessions), peak_kib
 
     def adk(self) -> None:
