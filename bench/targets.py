@@ -148,6 +148,7 @@ class Flow:
     def __init__(self, wf: Any, store: Any, full: bool, lease_s: float = 15.0) -> None:
         self.store = store
         self.tp, self.exported = provider(True) if full else (None, None)
+        self.spans_per_session = len(wf.nodes) + 1  # the benches' chains: a span per node and the invocation's
         plugins: list[Any] = []
         if self.tp is not None:
             plugins = [TracingPlugin(tracer_provider=self.tp), MetricsPlugin(registry=CollectorRegistry())]
@@ -168,8 +169,10 @@ class Flow:
         dt = time.perf_counter() - t0
         if any(r.status != "completed" for r in res):
             raise AssertionError("a flowscope run did not complete")
-        if self.exported is not None and self.exported.spans - before < sessions:
-            raise AssertionError("the spans did not reach the exporter")
+        if self.exported is not None and self.exported.spans - before != sessions * self.spans_per_session:
+            raise AssertionError(
+                f"{self.exported.spans - before} spans reached the exporter, not {sessions * self.spans_per_session}"
+            )
         return dt
 
     def close(self) -> None:
