@@ -148,7 +148,8 @@ class Flow:
     def __init__(self, wf: Any, store: Any, full: bool, lease_s: float = 15.0) -> None:
         self.store = store
         self.tp, self.exported = provider(True) if full else (None, None)
-        self.spans_per_session = len(wf.nodes) + 1  # the benches' chains: a span per node and the invocation's
+        # the benches' chains: a span per node and the invocation's
+        self.spans_per_session = len(wf.nodes) + 1
         plugins: list[Any] = []
         if self.tp is not None:
             plugins = [TracingPlugin(tracer_provider=self.tp), MetricsPlugin(registry=CollectorRegistry())]
@@ -749,7 +750,9 @@ class Bench:
         if bad:
             raise AssertionError(f"{bad} of {sessions} sessions did not complete in the worker")
         if unshipped:
-            raise AssertionError(f"the spans of {unshipped} of {sessions} sessions did not reach the worker's exporter")
+            raise AssertionError(
+                f"the spans of {unshipped} of {sessions} sessions did not reach the worker's exporter"
+            )
         return (last - first) * 1e6 / (n * sessions), peak_kib
 
     def adk(self) -> None:

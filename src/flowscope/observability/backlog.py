@@ -93,22 +93,25 @@ class SpanBacklog:
     def _room(self) -> int:
         return min(q.limit - len(q.items) for q in self._queues)
 
-    def hand(self, spans: Sequence[Any]) -> None:
-        """Hand ``spans`` over, in order after any that wait: what fits now, the rest later."""
+    def hand(self, spans: Sequence[Any]) -> list[Any]:
+        """Hand ``spans`` over, in order after any that wait: what fits now, the rest later.
+        Returns those of them the full backlog could not take (never handed over)."""
         on_end = self._on_end
+        dropped: list[Any] = []
         with self._lock:  # every hand-over to these queues holds it: two cannot overfill them
             backlog = self._backlog
             if not backlog and self._room() >= len(spans):
                 for s in spans:
                     on_end(s)
-                return
+                return dropped
             for s in spans:
                 backlog.append(s)
             self._move()
             over = len(backlog) - self._limit
             if over > 0:
-                for _ in range(over):  # the newest go: those queued first keep their order
-                    backlog.pop()
+                # the newest go (so, as the backlog held no more than its limit before, only
+                # these spans): those queued first keep their order
+                dropped = [backlog.pop() for _ in range(over)]
                 self.dropped += over
                 if not self._episode:
                     log.warning(
@@ -122,6 +125,7 @@ class SpanBacklog:
             if backlog and self._feeder is None:
                 self._feeder = threading.Thread(target=self._feed, name="flowscope-span-backlog", daemon=True)
                 self._feeder.start()
+        return dropped
 
     def _move(self) -> bool:
         """Hand over what fits (with the lock held); True when the backlog is empty."""

@@ -141,8 +141,10 @@ class Ledger:
 
     The plugin registers, the exporter (in the batch processor's thread) confirms; only a
     provider with a ``WatermarkExporter`` registers anything (:attr:`Shipper.ledger`). A
-    span the batch processor drops (its queue full) is never confirmed: its session's
-    watermark stops there, and the span stays registered until the process ends.
+    span that was never handed over (flowscope's backlog was full: ``backlog.py``) is
+    reported as refused, so its session's watermark stops there in this process. A span a
+    processor drops itself (one whose queue flowscope does not guard) is never confirmed:
+    the same, but it stays registered until the process ends.
     """
 
     def __init__(self) -> None:
@@ -156,6 +158,11 @@ class Ledger:
         self._due: dict[int, tuple[Upkeep, dict[str, int]]] = {}  # store id -> (store, {session: mark})
         self._writer: threading.Thread | None = None
         self._idle = threading.Condition(self._lock)  # notified when the writer has nothing left
+
+    @property
+    def pending(self) -> int:
+        """Spans registered and neither exported nor refused yet."""
+        return len(self._spans)
 
     def shipped(self, session_id: str, records: Sequence[SpanRecord]) -> list[SpanRecord]:
         """The records this process has not handed over already (pending, or exported with
@@ -370,7 +377,9 @@ class Shipper:
                 attrs, stack = extra
                 on_end(readable_span(r, resource, scope, attrs, stack))
         if gate is not None:
-            gate.hand(spans)
+            dropped = gate.hand(spans)
+            if dropped and store is not None and ledger is not None:
+                ledger.exported(dropped, ok=False)  # never handed over: their watermarks stay before them
 
     def _gate_for(self, procs: Any) -> SpanBacklog | None:
         self._gate_of = procs
