@@ -141,6 +141,35 @@ async def test_the_exporters_thread_does_not_wait_for_the_stores_watermark_write
     store.close()
 
 
+def test_one_watermark_writer_serves_export_after_export_and_ends_when_idle(tmp_path, monkeypatch):
+    from flowscope.observability import shipping
+    from flowscope.observability.log_spans import SpanRecord
+
+    monkeypatch.setattr(shipping, "_WRITER_IDLE_S", 0.2)
+    store = SqliteEventStore(tmp_path / "f.db")
+    ledger = Ledger()
+
+    class Ctx:
+        def __init__(self, span_id: int) -> None:
+            self.context = type("C", (), {"trace_id": 1, "span_id": span_id})()
+
+    def export(span_id: int, seq: int) -> None:
+        ledger.register(store, [SpanRecord("s", 1, span_id, None, 0.0, 1.0, {}, end_seq=seq, session_id="x")])
+        ledger.exported([Ctx(span_id)], ok=True)
+        assert ledger.flush(5)
+        assert store.exported_seq("x") == seq
+
+    export(1, 2)
+    writer = ledger._writer
+    export(2, 4)
+    assert ledger._writer is writer and writer is not None  # not a thread per export
+    writer.join(5)
+    assert not writer.is_alive() and ledger._writer is None  # idle: it ended
+    export(3, 6)  # and the next export starts another
+    assert ledger._writer is not None and ledger._writer is not writer
+    store.close()
+
+
 @pytest.mark.parametrize("processors", [1, 2])
 def test_only_the_sdks_batch_queues_are_guarded(processors):
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
