@@ -170,6 +170,56 @@ def test_one_watermark_writer_serves_export_after_export_and_ends_when_idle(tmp_
     store.close()
 
 
+def test_a_forked_child_writes_its_watermarks_though_a_parents_thread_held_the_lock(tmp_path):
+    import os
+
+    from flowscope.observability.log_spans import SpanRecord
+
+    ledger = Ledger()
+    provider = small_queue(_Slow(), size=64, batch=16)
+    backlog = backlog_mod.backlog_for(provider._active_span_processor)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a parent's thread inside the ledger and the backlog at the fork
+        with ledger._lock, backlog._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(5)
+    pid = os.fork()
+    if pid == 0:  # the child: both must work, or it hangs and the parent's wait times out
+        code = 1
+        try:
+            store = SqliteEventStore(tmp_path / "child.db")
+            ledger.register(store, [SpanRecord("s", 1, 7, None, 0.0, 1.0, {}, end_seq=3, session_id="x")])
+
+            class Ctx:
+                context = type("C", (), {"trace_id": 1, "span_id": 7})()
+
+            ledger.exported([Ctx()], ok=True)
+            fresh = backlog_mod.backlog_for(provider._active_span_processor)
+            fresh.hand([])
+            code = 0 if ledger.flush(5) and store.exported_seq("x") == 3 and fresh is not backlog else 2
+        finally:
+            os._exit(code)
+    release.set()
+    holder.join(5)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on a lock a parent's thread held")
+    assert os.waitstatus_to_exitcode(status) == 0
+    provider.shutdown()
+
+
 @pytest.mark.parametrize("processors", [1, 2])
 def test_only_the_sdks_batch_queues_are_guarded(processors):
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

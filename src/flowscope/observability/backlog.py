@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 import weakref
@@ -169,6 +170,18 @@ class SpanBacklog:
 #: Backlogs by the provider's active processor: one per provider, whichever plugin ships.
 _BACKLOGS: weakref.WeakKeyDictionary[Any, SpanBacklog] = weakref.WeakKeyDictionary()
 _MADE = threading.Lock()
+
+
+def _after_fork() -> None:
+    """In a forked child: the SDK empties its queues, no backlog thread survived, and a
+    backlog's lock may have been held by one of the parent's threads: start afresh."""
+    global _MADE
+    _MADE = threading.Lock()
+    _BACKLOGS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _on_end_of(procs: tuple[Any, ...]) -> OnEnd:

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -161,10 +162,21 @@ class Ledger:
         self._refused: set[str] = set()
         self._due: dict[int, tuple[Upkeep, dict[str, int]]] = {}  # store id -> (store, {session: mark})
         self._writer: threading.Thread | None = None
-        self._writer_pid = 0
         self._busy = False  # the writer is writing marks it took from _due
         self._wake = threading.Condition(self._lock)  # the writer waits on it for marks due
         self._idle = threading.Condition(self._lock)  # notified when the writer has nothing left
+        if hasattr(os, "register_at_fork"):
+            reinit = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: (reinit() or (lambda: None))())
+
+    def _after_fork(self) -> None:
+        """In a forked child: no writer thread survived the fork, and the lock may have
+        been held by one of the parent's threads. The marks stay: the child's to write."""
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._idle = threading.Condition(self._lock)
+        self._writer = None
+        self._busy = False
 
     @property
     def pending(self) -> int:
@@ -232,8 +244,7 @@ class Ledger:
                 if not mark.pending:
                     del self._sessions[session]
             if self._due:
-                if self._writer is None or self._writer_pid != os.getpid():  # none yet, or forked
-                    self._writer_pid = os.getpid()
+                if self._writer is None:
                     self._writer = threading.Thread(
                         target=self._write_due, name="flowscope-watermarks", daemon=True
                     )
