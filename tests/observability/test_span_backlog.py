@@ -141,6 +141,27 @@ async def test_the_exporters_thread_does_not_wait_for_the_stores_watermark_write
     store.close()
 
 
+async def test_an_exporters_shutdown_does_not_wait_long_for_a_store_that_does_not_answer(
+    tmp_path, monkeypatch
+):
+    from flowscope.observability import shipping
+
+    monkeypatch.setattr(shipping, "_SHUTDOWN_FLUSH_S", 0.2)
+    store = _WaitingStore(tmp_path / "f.db")
+    exporter = WatermarkExporter(_Slow(), Ledger())
+    provider = small_queue(exporter, size=2048, batch=512)
+    await Runner(chain(3), store=store, plugins=[TracingPlugin(tracer_provider=provider)]).run(
+        0, session_id="s"
+    )
+    started = time.monotonic()
+    provider.shutdown()  # exports the batch; its watermark's write waits for the store
+    assert time.monotonic() - started < 5
+    assert store.exported_seq("s") == 0  # the next opener sends those spans again: never a loss
+    store.release.set()
+    assert exporter.ledger.flush(10)
+    store.close()
+
+
 def test_one_watermark_writer_serves_export_after_export_and_ends_when_idle(tmp_path, monkeypatch):
     from flowscope.observability import shipping
     from flowscope.observability.log_spans import SpanRecord

@@ -66,6 +66,8 @@ log = logging.getLogger("flowscope.observability.shipping")
 
 #: How long a ledger's watermark writer waits for work before its thread ends.
 _WRITER_IDLE_S = 5.0
+#: How long a WatermarkExporter's shutdown waits for the last watermarks' writes.
+_SHUTDOWN_FLUSH_S = 10.0
 
 
 @lru_cache(maxsize=1)
@@ -312,7 +314,9 @@ class WatermarkExporter(SpanExporter):
 
     def shutdown(self) -> None:
         self.inner.shutdown()
-        self.ledger.flush()
+        # the watermarks of the last exports: a store that does not answer in time loses
+        # only those marks (the next opener sends their spans again), not the shutdown
+        self.ledger.flush(_SHUTDOWN_FLUSH_S)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return bool(self.inner.force_flush(timeout_millis)) and self.ledger.flush(timeout_millis / 1000)
