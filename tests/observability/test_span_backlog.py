@@ -241,6 +241,56 @@ def test_a_forked_child_writes_its_watermarks_though_a_parents_thread_held_the_l
     provider.shutdown()
 
 
+EXITING = """
+import asyncio, sys, time
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from flowscope import START, Runner, Workflow, node
+from flowscope.observability import TracingPlugin
+from flowscope.store import MemoryEventStore
+
+class Slow(SpanExporter):
+    n = 0
+    def export(self, spans):
+        time.sleep(0.005)
+        self.n += len(spans)
+        return SpanExportResult.SUCCESS
+    def shutdown(self):
+        print(self.n, flush=True)
+
+provider = TracerProvider()  # its atexit handler shuts it down; nobody flushes
+provider.add_span_processor(
+    BatchSpanProcessor(Slow(), max_queue_size=64, max_export_batch_size=16, schedule_delay_millis=1000)
+)
+wf = Workflow("w", edges=[(START, *[node(lambda x: x + 1, name=f"n{i}") for i in range(5)])])
+runner = Runner(wf, store=MemoryEventStore(), plugins=[TracingPlugin(tracer_provider=provider)])
+
+async def main():
+    await asyncio.gather(*(runner.run(0) for _ in range(100)))
+
+asyncio.run(main())
+"""
+
+
+def test_a_program_that_ends_without_flushing_exports_the_spans_that_waited_for_room(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "exiting.py").write_text(EXITING)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "exiting.py")],
+        env=dict(os.environ, PYTHONPATH=src),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(100 * 6)], done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("processors", [1, 2])
 def test_only_the_sdks_batch_queues_are_guarded(processors):
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

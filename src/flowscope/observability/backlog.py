@@ -16,11 +16,14 @@ watermark stays before it, so ``flowscope export`` or the session's next opener 
 
 A provider whose processors are not the SDK's batch processors (or a version of the SDK
 whose queue this module does not recognise) gets its spans handed over directly, as the
-SDK would.
+SDK would. At the interpreter's exit the backlogs are handed over before the providers
+shut down (their own ``atexit`` handler); a provider shut down explicitly should be
+drained first (:func:`drain`; ``configure_tracing``'s handle does it).
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import os
@@ -40,6 +43,9 @@ BACKLOG_QUEUES = 16
 #: How long the backlog's thread sleeps when the queues have no room: the processor's
 #: thread frees room a batch at a time.
 _POLL_S = 0.002
+
+#: How long the interpreter's exit waits for the backlogs to be handed over.
+_EXIT_DRAIN_S = 10.0
 
 OnEnd = Callable[[Any], None]
 
@@ -154,13 +160,14 @@ class SpanBacklog:
                     return
             time.sleep(_POLL_S)
 
-    def drain(self, flush: Callable[[], Any], deadline: float) -> bool:
-        """Hand the backlog over, flushing the processors (``flush``) to make room, until it
-        is empty (True) or ``deadline`` (``time.monotonic()``) passes (False)."""
+    def drain(self, deadline: float) -> bool:
+        """Hand the backlog over, flushing the processors to make room, until it is empty
+        (True) or ``deadline`` (``time.monotonic()``) passes (False)."""
         while True:
             with self._lock:
                 empty = self._move()
-            flush()
+            for p in self.procs:
+                p.force_flush(max(0, int((deadline - time.monotonic()) * 1000)))
             if empty:
                 return True
             if time.monotonic() >= deadline:
@@ -216,6 +223,10 @@ def backlog_for(processor: Any) -> SpanBacklog | None:
         if not queues:
             return None
         made = _BACKLOGS[processor] = SpanBacklog(procs, queues)
+        # At exit, before the providers' own atexit shutdown: handlers run last-registered
+        # first, and the provider registered its own when it was made, before this.
+        atexit.unregister(_drain_all)
+        atexit.register(_drain_all)
         return made
 
 
@@ -227,7 +238,13 @@ def drain(provider: Any, timeout_millis: int = 30_000) -> bool:
     backlog = _BACKLOGS.get(processor) if processor is not None else None
     if backlog is None or not backlog.waiting:
         return True
-    deadline = time.monotonic() + timeout_millis / 1000
-    return backlog.drain(
-        lambda: provider.force_flush(max(0, int((deadline - time.monotonic()) * 1000))), deadline
-    )
+    return backlog.drain(time.monotonic() + timeout_millis / 1000)
+
+
+def _drain_all() -> None:
+    """At the interpreter's exit: hand every backlog to its exporters (10 s in all), so a
+    program that ends without flushing loses no span that waited for room."""
+    deadline = time.monotonic() + _EXIT_DRAIN_S
+    for backlog in list(_BACKLOGS.values()):
+        if backlog.waiting:
+            backlog.drain(deadline)
