@@ -74,6 +74,20 @@ async def test_a_full_batch_queue_makes_spans_wait_rather_than_drop_them(caplog)
     provider.shutdown()
 
 
+async def test_the_tracing_handles_shutdown_hands_the_backlog_over_before_it_stops_the_exporters():
+    from flowscope.observability.setup import TracingHandle
+
+    exporter = _Slow(delay_s=0.02)  # 15 batches of 16: 0.3 s, far longer than the runs
+    provider = small_queue(exporter, size=64, batch=16)
+    handle = TracingHandle(provider, ["slow"], False)
+    runner = Runner(chain(5), store=MemoryEventStore(), plugins=[handle.plugin()])
+    await asyncio.gather(*(runner.run(0, session_id=f"s{i}") for i in range(40)))
+    backlog = backlog_mod.backlog_for(provider._active_span_processor)
+    assert backlog is not None and backlog.waiting > 0  # the exporter is behind: spans wait
+    handle.shutdown()
+    assert len(exporter.ids) == len(set(exporter.ids)) == 40 * 6
+
+
 async def test_spans_beyond_the_backlogs_bound_are_counted_and_a_follower_ships_exactly_those(
     tmp_path, monkeypatch, caplog
 ):
