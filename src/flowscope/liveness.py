@@ -16,6 +16,8 @@ from .ownership import Owner, process_alive, this_host
 
 __all__ = [
     "owner_alive",
+    "lease_held",
+    "process_gone",
     "worker_alive",
     "WORKER_SEEN_WITHIN_S",
     "ships_own_spans",
@@ -65,10 +67,24 @@ def owner_alive(
     default :func:`~flowscope.ownership.this_host`) and its process is gone. An owner on
     another host is taken at its lease's word.
     """
-    if owner is None or lease_expires_at is None or lease_expires_at <= now:
+    if not lease_held(owner, lease_expires_at, now):
         return False
+    assert owner is not None
     # same host: the lease is not enough, the process must still be there
-    return not (owner.host == (host or this_host()) and not process_alive(owner.pid, owner.started_at))
+    return not process_gone(owner, host=host)
+
+
+def lease_held(owner: Owner | None, lease_expires_at: float | None, now: float) -> bool:
+    """The lease half of :func:`owner_alive`: an owner, and a lease that has not ended
+    (expiry after ``now``; a released lease is 0)."""
+    return owner is not None and lease_expires_at is not None and lease_expires_at > now
+
+
+def process_gone(owner: Owner, *, host: str | None = None) -> bool:
+    """The process half of :func:`owner_alive`: ``owner`` is on this host (``host``,
+    default :func:`~flowscope.ownership.this_host`) and its process is gone. An owner on
+    another host is never judged gone here: its lease speaks for it."""
+    return owner.host == (host or this_host()) and not process_alive(owner.pid, owner.started_at)
 
 
 #: How recently a worker must have recorded itself (``EventStore.workers_seen``) to count

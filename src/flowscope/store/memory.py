@@ -11,7 +11,7 @@ from typing import Any
 
 from ..events import Event, RunSubmitted
 from ..fold import OPEN_STATES, WorkflowState
-from ..liveness import owner_alive
+from ..liveness import lease_held, owner_alive
 from ..ownership import Lease, Owner, this_host
 from .appending import session_columns
 from .base import (
@@ -42,11 +42,6 @@ class _Ownership:
     lease_renewed_at: float | None = None
     submitted_at: float | None = None
     recoveries: int = 0  # times claim() took it over as orphaned
-
-
-def _held(own: _Ownership, now: float) -> bool:
-    """Whether an owner holds a lease that has not ended."""
-    return own.owner is not None and own.lease_expires_at is not None and own.lease_expires_at > now
 
 
 class MemoryEventStore(EventStore):
@@ -233,14 +228,14 @@ class MemoryEventStore(EventStore):
         with self._lock:
             # as the SQL stores do: each holder of a lease not ended is asked about once,
             # and only the sessions of the dead ones among them go on to the rule
-            held = {o.owner for o in self._own.values() if _held(o, now)}
-            dead = set(dead_owners(((o, o) for o in held), now, this_host()))
+            held = {o.owner for o in self._own.values() if lease_held(o.owner, o.lease_expires_at, now)}
+            dead = set(dead_owners(((o, o) for o in held), this_host()))
             found: list[ClaimPick] = []
             for sid, s in self._states.items():
                 if s.workflow not in wanted:
                     continue
                 own = self._own.get(sid) or _Ownership()
-                if _held(own, now) and own.owner not in dead:
+                if lease_held(own.owner, own.lease_expires_at, now) and own.owner not in dead:
                     continue  # a live owner's
                 candidate = ClaimCandidate(
                     sid,

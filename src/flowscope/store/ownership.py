@@ -8,14 +8,13 @@ leave it out. :class:`flowscope.store.testing.OwnershipContract` tests it.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any, TypeVar
 
 from ..errors import ConcurrencyConflict, LeaseLost
-from ..liveness import owner_alive
+from ..liveness import owner_alive, process_gone
 from ..ownership import Lease, Owner
 from .records import MAILED_STATUSES, Claim, ClaimReason, OpenRunGroup, WorkerInfo
 
@@ -83,11 +82,12 @@ def lease_lost(session_id: str, current_epoch: int, current_owner: Owner | None,
 K = TypeVar("K")
 
 
-def dead_owners(owners: Iterable[tuple[K, Owner | None]], now: float, host: str) -> list[K]:
+def dead_owners(owners: Iterable[tuple[K, Owner | None]], host: str) -> list[K]:
     """The keys of ``owners`` (each an owner of leases not ended yet) whose process is gone
-    from this ``host``: the liveness rule asked once per owner, so a claim or a scrape
+    from this ``host``: the process half of the liveness rule
+    (:func:`~flowscope.liveness.process_gone`) asked once per owner, so a claim or a scrape
     reads /proc once for a worker that holds thousands of sessions, not once per session."""
-    return [key for key, o in owners if o is not None and not owner_alive(o, math.inf, now, host=host)]
+    return [key for key, o in owners if o is not None and process_gone(o, host=host)]
 
 
 def count_dead_owners(
@@ -105,7 +105,7 @@ def count_dead_owners(
     decides (:func:`dead_owners`, once per owner).
     """
     counts = list(same_host)
-    gone = set(dead_owners(((o, o) for o in {o for _w, _n, o, _c in counts}), now, host))
+    gone = set(dead_owners(((o, o) for o in {o for _w, _n, o, _c in counts}), host))
     dead: dict[tuple[str, str], int] = {}
     for workflow, node, owner, count in counts:
         if owner in gone:

@@ -126,7 +126,7 @@ def claim(
                 claim_candidates(rows, status), now, host=host, max_recoveries=max_recoveries
             )
         owners = [row[0] for row in conn.execute(q.SQL_LEASE_OWNERS)]
-        gone = dead_owners(((json.dumps(o), owner_from_column(o)) for o in owners), now, host)
+        gone = dead_owners(((json.dumps(o), owner_from_column(o)) for o in owners), host)
         if gone:
             rows = conn.execute(q.SQL_CLAIM_HELD_BY_DEAD, {**params, "dead": gone})
             dead = claim_picks(claim_candidates(rows), now, host=host, max_recoveries=max_recoveries)

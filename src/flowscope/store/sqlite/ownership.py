@@ -151,7 +151,7 @@ def claim(
     read(conn.execute(q.SQL_CLAIM_MAILED, params), "")
     read(conn.execute(q.SQL_CLAIM_ORPHANED, params), "running")
     owners = ((text, owner_from_column(text)) for (text,) in conn.execute(q.SQL_LEASE_OWNERS))
-    dead = dead_owners(owners, now, host)
+    dead = dead_owners(owners, host)
     if dead:
         read(conn.execute(q.SQL_CLAIM_HELD_BY_DEAD, {**params, "dead": json.dumps(dead)}), "")
     claims = []
