@@ -160,7 +160,7 @@ async def test_an_exporters_shutdown_does_not_wait_long_for_a_store_that_does_no
 ):
     from flowscope.observability import shipping
 
-    monkeypatch.setattr(shipping, "_SHUTDOWN_FLUSH_S", 0.2)
+    monkeypatch.setattr(shipping, "CLOSE_WAIT_S", 0.2)
     store = _WaitingStore(tmp_path / "f.db")
     exporter = WatermarkExporter(_Slow(), Ledger())
     provider = small_queue(exporter, size=2048, batch=512)

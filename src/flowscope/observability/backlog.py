@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["SpanBacklog", "backlog_for", "drain", "BACKLOG_QUEUES"]
+__all__ = ["SpanBacklog", "backlog_for", "on_end_of", "drain", "BACKLOG_QUEUES", "CLOSE_WAIT_S"]
 
 log = logging.getLogger("flowscope.observability.backlog")
 
@@ -44,8 +44,10 @@ BACKLOG_QUEUES = 16
 #: thread frees room a batch at a time.
 _POLL_S = 0.002
 
-#: How long the interpreter's exit waits for the backlogs to be handed over.
-_EXIT_DRAIN_S = 10.0
+#: How long closing waits for spans to go out: a ``TracingHandle.shutdown`` or the
+#: interpreter's exit for the backlogs, a ``WatermarkExporter.shutdown`` for the last
+#: watermarks' writes. What is left after it goes out later, from the log.
+CLOSE_WAIT_S = 10.0
 
 OnEnd = Callable[[Any], None]
 
@@ -205,12 +207,28 @@ def _on_end_of(procs: tuple[Any, ...]) -> OnEnd:
     return on_end
 
 
+def _synchronous(processor: Any) -> tuple[Any, ...] | None:
+    """The processors of the SDK's synchronous multi-processor (a provider's active one),
+    which calls each in turn; None for any other kind."""
+    procs = getattr(processor, "_span_processors", None)
+    if type(processor).__name__ == "SynchronousMultiSpanProcessor" and isinstance(procs, tuple):
+        return procs
+    return None
+
+
+def on_end_of(processor: Any) -> OnEnd:
+    """A provider's active processor's ``on_end``: the synchronous multi-processor's own
+    loop unrolled (one processor's called directly); any other kind as it is."""
+    procs = _synchronous(processor)
+    return processor.on_end if procs is None else _on_end_of(procs)
+
+
 def backlog_for(processor: Any) -> SpanBacklog | None:
     """The backlog of a provider's active processor (its ``_active_span_processor``), or
     None when that is not the SDK's synchronous multi-processor or none of its processors
     is a batch processor whose queue can be guarded."""
-    procs = getattr(processor, "_span_processors", None)
-    if type(processor).__name__ != "SynchronousMultiSpanProcessor" or not isinstance(procs, tuple):
+    procs = _synchronous(processor)
+    if procs is None:
         return None
     found = _BACKLOGS.get(processor)
     if found is not None and found.procs is procs:
@@ -244,7 +262,7 @@ def drain(provider: Any, timeout_millis: int = 30_000) -> bool:
 def _drain_all() -> None:
     """At the interpreter's exit: hand every backlog to its exporters (10 s in all), so a
     program that ends without flushing loses no span that waited for room."""
-    deadline = time.monotonic() + _EXIT_DRAIN_S
+    deadline = time.monotonic() + CLOSE_WAIT_S
     for backlog in list(_BACKLOGS.values()):
         if backlog.waiting:
             backlog.drain(deadline)

@@ -28,7 +28,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from . import otlp
-from .backlog import drain
+from .backlog import CLOSE_WAIT_S, drain
 from .otlp import PROTOCOLS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,10 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["configure_tracing", "install_global", "TracingHandle", "PROTOCOLS"]
 
 log = logging.getLogger("flowscope.observability.setup")
-
-#: How long ``shutdown()`` hands spans waiting for room to the exporters before it stops
-#: them (the rest stay unexported: their sessions' watermarks ship them later).
-_SHUTDOWN_DRAIN_MS = 10_000
 
 
 class TracingHandle:
@@ -68,17 +64,18 @@ class TracingHandle:
         """Export every finished span now; False if that did not finish in time."""
         if self._closed:
             return False
-        from .shipping import LEDGER  # what configure_tracing's WatermarkExporter reports to
+        from .shipping import flush  # the spans waiting for room, the processors, the watermarks
 
-        flushed = drain(self.provider, timeout_millis) and bool(self.provider.force_flush(timeout_millis))
-        return flushed and LEDGER.flush(timeout_millis / 1000)  # and the watermarks it advanced, written
+        return flush(self.provider, timeout_millis)
 
     def shutdown(self) -> None:
         """Flush and stop the exporters. Bounded by the exporters' own timeouts."""
         if self._closed:
             return
         self._closed = True
-        drain(self.provider, _SHUTDOWN_DRAIN_MS)  # spans waiting for room in the queues: theirs to export
+        drain(
+            self.provider, int(CLOSE_WAIT_S * 1000)
+        )  # spans waiting for room in the queues: theirs to export
         self.provider.shutdown()
 
     def __enter__(self) -> TracingHandle:

@@ -36,7 +36,7 @@ from opentelemetry.trace import SpanKind, TraceState
 from .. import __version__
 from ..events import Event
 from . import spans as sp
-from .backlog import SpanBacklog, backlog_for, drain
+from .backlog import CLOSE_WAIT_S, SpanBacklog, backlog_for, drain, on_end_of
 from .log_spans import ResourceKey, SpanRecord, SpanWalk, invocation_context
 from .sdk_spans import EMPTY_STATE as _EMPTY_STATE
 from .sdk_spans import readable_span
@@ -56,6 +56,8 @@ __all__ = [
     "unshipped",
     "LEDGER",
     "Ledger",
+    "ledger_of",
+    "flush",
     "flowscope_scope",
     "record_resource",
     "resource_record",
@@ -66,8 +68,6 @@ log = logging.getLogger("flowscope.observability.shipping")
 
 #: How long a ledger's watermark writer waits for work before its thread ends.
 _WRITER_IDLE_S = 5.0
-#: How long a WatermarkExporter's shutdown waits for the last watermarks' writes.
-_SHUTDOWN_FLUSH_S = 10.0
 
 
 @lru_cache(maxsize=1)
@@ -316,10 +316,34 @@ class WatermarkExporter(SpanExporter):
         self.inner.shutdown()
         # the watermarks of the last exports: a store that does not answer in time loses
         # only those marks (the next opener sends their spans again), not the shutdown
-        self.ledger.flush(_SHUTDOWN_FLUSH_S)
+        self.ledger.flush(CLOSE_WAIT_S)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return bool(self.inner.force_flush(timeout_millis)) and self.ledger.flush(timeout_millis / 1000)
+
+
+def ledger_of(procs: Iterable[Any] | None) -> Ledger | None:
+    """The ledger of the first :class:`WatermarkExporter` among a provider's processors."""
+    for p in procs or ():
+        exporter = getattr(p, "span_exporter", None)  # Batch and Simple span processors have it
+        if isinstance(exporter, WatermarkExporter):
+            return exporter.ledger
+    return None
+
+
+def flush(provider: Any, timeout_millis: int = 30_000) -> bool:
+    """Everything a provider's spans owe, done: the spans waiting for room handed over
+    (``backlog.drain``), the processors flushed, the watermarks of what they exported
+    written. False if that did not finish in time."""
+    force_flush = getattr(provider, "force_flush", None)
+    if force_flush is None:
+        return True
+    done = drain(provider, timeout_millis) and bool(force_flush(timeout_millis))
+    ledger = ledger_of(getattr(getattr(provider, "_active_span_processor", None), "_span_processors", None))
+    return done and (ledger is None or ledger.flush(timeout_millis / 1000))
+
+
+_UNSET = object()
 
 
 class Shipper:
@@ -331,12 +355,12 @@ class Shipper:
         from .log_spans import resource_of
 
         self.provider = provider
-        self._seen: Any = None  # the processors tuple the ledger was looked up in
-        self._ends_of: Any = None  # the processors tuple _ends was made of
-        self._ends: tuple[Any, ...] = ()
-        self._gate_of: Any = None  # the processors tuple _gate was made for
-        self._gate: SpanBacklog | None = None
+        #: what depends on the provider's processors, and the tuple of them it was made of
+        #: (add_span_processor replaces the tuple): looked up again when that changes
+        self._made_for: Any = _UNSET
         self._ledger: Ledger | None = None
+        self._gate: SpanBacklog | None = None
+        self._on_end: Any = None
         sdk = isinstance(provider, SdkProvider) and not getattr(provider, "_disabled", False)
         self.enabled = sdk
         self._processor = provider._active_span_processor if sdk else None
@@ -351,17 +375,18 @@ class Shipper:
     def ledger(self) -> Ledger | None:
         """The ledger of the provider's :class:`WatermarkExporter`, if it has one: without
         one nothing records what was exported, so nothing is shipped after a crash."""
+        self._refresh()
+        return self._ledger
+
+    def _refresh(self) -> None:
+        """Look up the ledger, the backlog and the ``on_end`` of the current processors."""
         processor = self._processor
         procs = getattr(processor, "_span_processors", None)
-        if procs is not self._seen:  # add_span_processor replaces the tuple
-            self._seen = procs
-            self._ledger = None
-            for p in procs or ():
-                exporter = getattr(p, "span_exporter", None)  # Batch and Simple span processors have it
-                if isinstance(exporter, WatermarkExporter):
-                    self._ledger = exporter.ledger
-                    break
-        return self._ledger
+        if procs is not self._made_for:
+            self._made_for = procs
+            self._ledger = ledger_of(procs)
+            self._gate = backlog_for(processor)
+            self._on_end = on_end_of(processor) if processor is not None else None
 
     def sample(self, trace_id: int, name: str, parent: Context) -> tuple[bool, TraceState]:
         """The provider's sampler's decision for a new invocation's trace."""
@@ -381,20 +406,17 @@ class Shipper:
         todo = [r for r in records if r.sampled]
         if not todo:
             return
-        procs = getattr(processor, "_span_processors", None)  # both looked up again when it changed
-        ledger = self._ledger if procs is self._seen else self.ledger
+        if getattr(processor, "_span_processors", None) is not self._made_for:
+            self._refresh()
+        ledger, gate = self._ledger, self._gate
         if store is not None and ledger is not None:
             ledger.register(store, todo)
         own, scope = self._resource, self._scope
         assert own is not None
         mine = self._own_resource
-        gate = self._gate if procs is self._gate_of else self._gate_for(procs)
-        if gate is None:
-            on_ends = self._ends if procs is self._ends_of else self._on_ends
-            on_end = on_ends[0] if len(on_ends) == 1 else processor.on_end
-        else:  # batch queues: handed over as they have room, never dropped by a full one
-            spans: list[ReadableSpan] = []
-            on_end = spans.append
+        spans: list[ReadableSpan] = []
+        # batch queues: handed over as they have room, never dropped by a full one
+        on_end = self._on_end if gate is None else spans.append
         for r in todo:
             # A dead process's spans keep its resource; this process's own, the provider's.
             res = r.resource
@@ -409,25 +431,6 @@ class Shipper:
             dropped = gate.hand(spans)
             if dropped and store is not None and ledger is not None:
                 ledger.exported(dropped, ok=False)  # never handed over: their watermarks stay before them
-
-    def _gate_for(self, procs: Any) -> SpanBacklog | None:
-        self._gate_of = procs
-        self._gate = backlog_for(self._processor)
-        return self._gate
-
-    @property
-    def _on_ends(self) -> tuple[Any, ...]:
-        """The provider's processors' ``on_end``: the SDK's synchronous multi-processor's
-        own loop, unrolled (it calls each in turn; another kind is called as it is)."""
-        processor: Any = self._processor
-        procs = getattr(processor, "_span_processors", None)
-        if procs is not self._ends_of:
-            self._ends_of = procs
-            if type(processor).__name__ == "SynchronousMultiSpanProcessor" and isinstance(procs, tuple):
-                self._ends = tuple(p.on_end for p in procs)
-            else:
-                self._ends = (processor.on_end,)
-        return self._ends
 
     def catch_up(
         self, store: Upkeep | None, session_id: str, previous: Mapping[str, str]
@@ -454,13 +457,8 @@ class Shipper:
         return last or link
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        """Hand over the spans waiting for room in the processors' queues, then flush them."""
-        flush = getattr(self.provider, "force_flush", None)
-        if flush is None:
-            return True
-        ok = drain(self.provider, timeout_millis) and bool(flush(timeout_millis))
-        ledger = self.ledger
-        return ok and (ledger is None or ledger.flush(timeout_millis / 1000))
+        """:func:`flush` of the provider."""
+        return flush(self.provider, timeout_millis)
 
 
 def _link_of(session_id: str, previous: Mapping[str, str]) -> tuple[int, int] | None:
