@@ -81,6 +81,15 @@ def start_worker(db: Path, env: dict[str, str], out: Path) -> subprocess.Popen[b
     )
 
 
+def mark_killed(log: Path, pid: int) -> None:
+    """Append a line saying PID is dead, in one O_APPEND write like the nodes' effects."""
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps({"killed": pid}) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 def cli(db: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [FLOWSCOPE, "--db", str(db), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
@@ -137,7 +146,6 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
     answer_results: list[subprocess.CompletedProcess[str]] = []
     race_results: list[AnswerReceipt] = []
     race_futures = []
-    killed_at: dict[int, float] = {}  # pid -> when SIGKILL was sent
     kills = 0
     t0 = time.monotonic()
     pool = ThreadPoolExecutor(max_workers=3)
@@ -176,7 +184,9 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
                         victim = kills % N_WORKERS
                     workers[victim].send_signal(signal.SIGKILL)
                     workers[victim].wait(10)
-                    killed_at[workers[victim].pid] = time.time()
+                    # the kill goes in the effects file itself, after the process is reaped:
+                    # the file's order is causal, where clocks read in two processes need not be
+                    mark_killed(log, workers[victim].pid)
                     kills += 1
                     workers[victim] = start_worker(db, env, wlog)
                     next_kill += KILL_EVERY_S
@@ -207,12 +217,18 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
     pending = sum(r.pending for r in race_results)
     assert pending >= 3, f"only {pending} of {len(race_results)} answers found a live owner: no race tested"
 
-    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    records = [json.loads(x) for x in log.read_text().splitlines()]
+    lines = [x for x in records if "killed" not in x]
+    kill_lines: dict[int, list[int]] = defaultdict(list)  # pid -> where in the file it was reaped
     by_run: dict[tuple[str, str], list[int]] = defaultdict(list)
-    effect: dict[tuple[str, str, int], dict] = {}
-    for x in lines:
+    effect: dict[tuple[str, str, int], int] = {}  # -> where in the file the effect is
+    for at, x in enumerate(records):
+        if "killed" in x:
+            kill_lines[x["killed"]].append(at)
+            continue
         by_run[(x["session"], x["path"])].append(x["attempt"])
-        effect[(x["session"], x["path"], x["attempt"])] = x
+        effect[(x["session"], x["path"], x["attempt"])] = at
+    assert sum(len(v) for v in kill_lines.values()) == kills
     re_executed = retried = checked_runs = cut_after_effect = flaky_runs = 0
     with SqliteEventStore(db, readonly=True) as store:
         for sid in expected:
@@ -255,8 +271,8 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
                             effect[(sid, path, a)],
                             effect[(sid, path, attempts[attempts.index(a) + 1])],
                         )
-                        killed = killed_at.get(done["pid"])
-                        assert killed is not None and done["ts"] <= killed <= again["ts"], (
+                        pid = records[done]["pid"]
+                        assert any(done < k < again for k in kill_lines.get(pid, [])), (
                             sid,
                             path,
                             attempts,
