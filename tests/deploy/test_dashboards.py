@@ -109,6 +109,12 @@ CONTRACT: dict[str, tuple[str, tuple[str, ...], dict[str, set[str]]]] = {
     ),
     "flowscope_worker_leases_lost_total": ("counter", ("workflow",), {}),
     "flowscope_worker_active_sessions": ("gauge", ("workflow",), {}),
+    # spans a process ended and did not export (MetricsPlugin, read from the tracing side)
+    "flowscope_spans_not_exported_total": (
+        "counter",
+        ("reason",),
+        {"reason": {"queue_full", "export_failed"}},
+    ),
 }
 NODE_DURATION_BUCKETS = (
     0.005,
@@ -735,6 +741,9 @@ def test_dashboard_shows_what_an_sre_needs():
     assert has(r"by \(workflow, reason\).*flowscope_worker_claims_total"), "claims by reason"
     assert has(r"flowscope_worker_leases_lost_total"), "leases lost"
     assert has(r"by \([^)]*instance[^)]*\).*flowscope_worker_active_sessions"), "active sessions per worker"
+    assert has(r"by \(instance, reason\).*flowscope_spans_not_exported_total"), (
+        "spans not exported per worker"
+    )
     for quantile in ("0.5", "0.95"):
         assert any(
             f"histogram_quantile({quantile}" in q.expr
@@ -1236,6 +1245,8 @@ def contract_registry():
         m["flowscope_worker_claims_total"].labels("demo", reason).inc(2)
     m["flowscope_worker_leases_lost_total"].labels("demo").inc()
     m["flowscope_worker_active_sessions"].labels("demo").set(3)
+    m["flowscope_spans_not_exported_total"].labels("export_failed").inc(7)
+    m["flowscope_spans_not_exported_total"].labels("queue_full")
     return reg, m
 
 

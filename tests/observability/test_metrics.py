@@ -18,6 +18,7 @@ from prometheus_client.utils import floatToGoString
 
 from flowscope import START, Plugin, RetryConfig, Runner, Workflow, node
 from flowscope.events import UNKNOWN_ERROR
+from flowscope.observability.catalog import READ_INSTRUMENTS
 from flowscope.observability.metrics import (
     ATTEMPT_BUCKETS,
     DURATION_BUCKETS,
@@ -34,7 +35,7 @@ NO_RETRY_DELAY = dict(initial_delay=0.001, jitter=0.0)
 
 def otel_as_prometheus(reader: InMemoryMetricReader) -> dict[tuple[str, tuple], float]:
     """The OTel reader's data points, named and shaped as the Prometheus samples would be."""
-    by_otel = {s.otel_name: s for s in INSTRUMENTS}
+    by_otel = {s.otel_name: s for s in INSTRUMENTS + READ_INSTRUMENTS}
     out: dict[tuple[str, tuple], float] = {}
     data = reader.get_metrics_data()
     for rm in data.resource_metrics if data else ():
@@ -733,8 +734,12 @@ def test_catalog_names_kinds_labels_buckets():
         "flowscope_plugin_errors": ("counter", ("plugin", "hook")),
         "flowscope_resume_conflicts": ("counter", ("workflow",)),
         "flowscope_metrics_overflow": ("counter", ("metric",)),
+        "flowscope_spans_not_exported": ("counter", ("reason",)),
     }
     assert {name: f.type for name, f in families.items()} == {k: v[0] for k, v in expected.items()}
+    # every reason from the start, so that increase() sees the first loss
+    reasons = {s.labels["reason"] for s in families["flowscope_spans_not_exported"].samples}
+    assert reasons == {"queue_full", "export_failed"}
     for spec in INSTRUMENTS:
         base = spec.prom_name.removesuffix("_total")
         assert spec.labels == expected[base][1]

@@ -111,7 +111,10 @@ class _FirstExportProblem(logging.Handler):
         import click
 
         click.echo(
-            f"warning: spans could not be sent to {self.endpoint}; later ones may be dropped too", err=True
+            f"warning: spans could not be sent to {self.endpoint}; later ones may not be either "
+            "(flowscope_spans_not_exported_total counts them; `flowscope export --follow` ships them "
+            "from the log)",
+            err=True,
         )
 
 

@@ -2,7 +2,8 @@
 OpenTelemetry instruments.
 
 :func:`prom_collector` finds or registers a catalog instrument's collector on a registry
-(shared by every plugin on it); :func:`otel_instrument` creates it on a meter.
+(shared by every plugin on it); :func:`otel_instrument` creates it on a meter;
+:func:`prom_reader` and :func:`otel_reader` do it for a counter read at collection time.
 :class:`Instrument` binds label sets to :class:`Series` within a label budget, and the
 exemplar helpers turn a run's trace context into the ``trace_id`` exemplar read at scrape.
 """
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.trace import SpanContext, get_current_span
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
 
 from .catalog import InstrumentSpec
 from .labels import LabelBudget
@@ -27,7 +29,9 @@ __all__ = [
     "FoldedSeries",
     "Instrument",
     "prom_collector",
+    "prom_reader",
     "otel_instrument",
+    "otel_reader",
     "exemplar_source",
     "resolve_exemplar",
 ]
@@ -41,6 +45,17 @@ _PROM_CLASSES: dict[str, type] = {"counter": LeanCounter, "histogram": LeanHisto
 # Collectors this module created, per registry, so that several plugins share them.
 _shared: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 _shared_lock = threading.Lock()
+# Observable instruments this module created, per meter, so that several plugins share them.
+_observed: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _cache(shared: weakref.WeakKeyDictionary[Any, dict[str, Any]], owner: Any) -> dict[str, Any]:
+    """What this module made for ``owner`` (a registry, a meter), by instrument key; a fresh
+    dict, so no sharing, for an owner that cannot be weakly referenced."""
+    try:
+        return shared.setdefault(owner, {})
+    except TypeError:
+        return {}
 
 
 def _prom_base_name(spec: InstrumentSpec) -> str:
@@ -64,10 +79,7 @@ def _compatible(existing: Any, spec: InstrumentSpec) -> bool:
 def prom_collector(registry: CollectorRegistry, spec: InstrumentSpec) -> Any:
     """The collector for ``spec`` on ``registry``: the one already there, or a new one."""
     with _shared_lock:
-        try:
-            cache = _shared.setdefault(registry, {})
-        except TypeError:  # a registry that cannot be weakly referenced: no sharing cache
-            cache = {}
+        cache = _cache(_shared, registry)
         collector = cache.get(spec.key)
         if collector is not None:
             return collector
@@ -90,6 +102,68 @@ def prom_collector(registry: CollectorRegistry, spec: InstrumentSpec) -> Any:
             collector = cls(_prom_base_name(spec), spec.help, spec.labels, **kwargs)
         cache[spec.key] = collector
         return collector
+
+
+#: What a read instrument reports: its count per label set, at collection time.
+Read = Callable[[], Mapping[tuple[str, ...], float]]
+
+
+class _ReadCounter:
+    """A prometheus-client collector of a counter whose counts ``read()`` gives at scrape."""
+
+    def __init__(self, spec: InstrumentSpec, read: Read) -> None:
+        self.spec = spec
+        self.read = read
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(_prom_base_name(self.spec), self.spec.help, labels=self.spec.labels)
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [self._family()]  # the names, so that the registry refuses a second owner
+
+    def collect(self) -> list[CounterMetricFamily]:
+        family = self._family()
+        for values, count in sorted(self.read().items()):
+            family.add_metric(list(values), count)
+        return [family]
+
+
+def prom_reader(registry: CollectorRegistry, spec: InstrumentSpec, read: Read) -> Any:
+    """Register, once per registry, a collector of ``spec``'s counter as ``read()`` reports it."""
+    with _shared_lock:
+        cache = _cache(_shared, registry)
+        collector = cache.get(spec.key)
+        if collector is None:
+            existing = getattr(registry, "_names_to_collectors", {}).get(spec.prom_name)
+            if existing is not None:
+                if not isinstance(existing, _ReadCounter):
+                    raise ValueError(
+                        f"the registry already has a metric {spec.prom_name!r} that is not flowscope's; "
+                        "give MetricsPlugin its own CollectorRegistry or remove the other metric"
+                    )
+                collector = existing
+            else:
+                collector = _ReadCounter(spec, read)
+                registry.register(collector)
+            cache[spec.key] = collector
+        return collector
+
+
+def otel_reader(meter: Any, spec: InstrumentSpec, read: Read) -> Any:
+    """Create, once per meter, an observable counter of ``spec`` that ``read()`` reports."""
+    from opentelemetry.metrics import Observation
+
+    def observe(_options: Any) -> list[Any]:
+        return [Observation(count, dict(zip(spec.labels, values))) for values, count in read().items()]
+
+    with _shared_lock:
+        cache = _cache(_observed, meter)
+        instrument = cache.get(spec.key)
+        if instrument is None:
+            instrument = cache[spec.key] = meter.create_observable_counter(
+                spec.otel_name, callbacks=[observe], unit=spec.unit, description=spec.help
+            )
+        return instrument
 
 
 # -- one labelled series, on one or both backends --------------------------------------------

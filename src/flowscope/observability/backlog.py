@@ -11,7 +11,8 @@ left for spans that user code starts) and keeps the rest in a backlog, which a t
 its own hands over as the exporter frees room, so a burst is exported late rather than
 lost. The backlog is bounded (:data:`BACKLOG_QUEUES` queues' worth), because an exporter
 slower than the runs for good would otherwise fill the memory: a span beyond it is not
-handed over; it is counted (:attr:`SpanBacklog.dropped`) and logged, and its session's
+handed over; it is counted (:attr:`SpanBacklog.dropped`, and
+``flowscope_spans_not_exported_total{reason="queue_full"}``) and logged, and its session's
 watermark stays before it, so ``flowscope export`` or the session's next opener ships it.
 
 A provider whose processors are not the SDK's batch processors (or a version of the SDK
@@ -32,6 +33,8 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from .span_losses import SPAN_LOSSES
 
 __all__ = ["SpanBacklog", "backlog_for", "on_end_of", "drain", "BACKLOG_QUEUES", "CLOSE_WAIT_S"]
 
@@ -122,6 +125,7 @@ class SpanBacklog:
                 # these spans): those queued first keep their order
                 dropped = [backlog.pop() for _ in range(over)]
                 self.dropped += over
+                SPAN_LOSSES.add("queue_full", over)
                 if not self._episode:
                     log.warning(
                         "tracing: the span processor's queue and flowscope's backlog of %d spans are full "

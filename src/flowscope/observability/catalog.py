@@ -1,8 +1,9 @@
 """The metric catalog: every instrument flowscope's plugin records, for both backends.
 
-One table, :data:`INSTRUMENTS` (and :data:`WORKER_INSTRUMENTS` for a worker's claims and
-leases), gives each instrument its Prometheus name, OpenTelemetry name, kind, labels, help
-and buckets. The names are a contract (docs/design.md): dashboards and alert rules use them.
+One table, :data:`INSTRUMENTS` (with :data:`WORKER_INSTRUMENTS` for a worker's claims and
+leases and :data:`READ_INSTRUMENTS` for counts read at collection time), gives each
+instrument its Prometheus name, OpenTelemetry name, kind, labels, help and buckets. The
+names are a contract (docs/design.md): dashboards and alert rules use them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ __all__ = [
     "InstrumentSpec",
     "INSTRUMENTS",
     "WORKER_INSTRUMENTS",
+    "READ_INSTRUMENTS",
     "DURATION_BUCKETS",
     "ATTEMPT_BUCKETS",
     "NODE_OUTCOMES",
@@ -159,5 +161,18 @@ WORKER_INSTRUMENTS: tuple[InstrumentSpec, ...] = (
 )  # fmt: skip
 CLAIM_REASONS = ("queued", "answered", "orphaned")
 
+#: Instruments read at collection time from counts the process keeps itself (its spans
+#: not exported: ``span_losses.py``), so each is reported once per registry or meter,
+#: from the process's start, however many plugins share it.
+READ_INSTRUMENTS: tuple[InstrumentSpec, ...] = (
+    InstrumentSpec(
+        "spans_not_exported", "flowscope_spans_not_exported_total", "flowscope.spans.not_exported", "counter",
+        ("reason",),
+        "Spans this process ended and did not export, by reason (queue_full, export_failed); "
+        "their sessions' logs still hold them.",
+        "{span}",
+    ),
+)  # fmt: skip
+
 #: Every instrument by its key.
-SPECS = {s.key: s for s in INSTRUMENTS + WORKER_INSTRUMENTS}
+SPECS = {s.key: s for s in INSTRUMENTS + WORKER_INSTRUMENTS + READ_INSTRUMENTS}

@@ -31,6 +31,10 @@ store (:class:`~flowscope.observability.store_collector.StoreCollector`: ``serve
 does, so that no result is counted twice. The default counts the results this process's
 invocations record, for a process that runs without a StoreCollector.
 
+``flowscope_spans_not_exported_total{reason}`` counts the spans this process ended and did
+not export (``span_losses.py``): read at scrape time, once per registry or meter, from the
+process's start, whichever plugin or runner traced them.
+
 Duration histograms carry a ``trace_id`` exemplar (with ``span_id``) of the run's own
 span: the W3C ``traceparent`` a tracing plugin put in ``ctx.trace_context`` /
 ``run.trace_context``, or else the current span (with ``plugins=[TracingPlugin(),
@@ -54,7 +58,15 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from .. import __version__
 from ..fold import from_descendant
 from ..plugins import HOOKS, Plugin
-from .backends import Instrument, Series, exemplar_source, otel_instrument, prom_collector
+from .backends import (
+    Instrument,
+    Series,
+    exemplar_source,
+    otel_instrument,
+    otel_reader,
+    prom_collector,
+    prom_reader,
+)
 from .catalog import (
     ATTEMPT_BUCKETS,
     CLAIM_REASONS,
@@ -62,6 +74,7 @@ from .catalog import (
     INSTRUMENTS,
     JOB_RESULTS,
     NODE_OUTCOMES,
+    READ_INSTRUMENTS,
     UNKNOWN_WORKFLOW,
     WORKER_INSTRUMENTS,
     WORKFLOW_OUTCOMES,
@@ -69,6 +82,7 @@ from .catalog import (
 )
 from .labels import DEFAULT_MAX_SERIES, LabelBudget, code_label
 from .lean_prom import HistogramShard, Shard
+from .span_losses import SPAN_LOSSES
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.context import NodeContext, NodeOutcome, RunInfo
@@ -172,6 +186,12 @@ class MetricsPlugin(Plugin):
             otel = otel_instrument(meter, spec) if meter is not None else None
             budget = None if spec.key == "metrics_overflow" else self.budget  # its labels are metric names
             self._instruments[spec.key] = Instrument(spec, prom, otel, budget)
+        for spec in READ_INSTRUMENTS:
+            read = _READERS[spec.key]
+            if registry is not None:
+                prom_reader(registry, spec, read)
+            if meter is not None:
+                otel_reader(meter, spec, read)
         i = self._instruments
         self._resume_conflicts = i["resume_conflicts"]
         self._overflow = i["metrics_overflow"]
@@ -394,6 +414,14 @@ class MetricsPlugin(Plugin):
             b for b, on in (("prometheus", self.registry), ("otel", self.meter_provider)) if on is not None
         ]
         return f"<MetricsPlugin {'+'.join(backends)}>"
+
+
+def _span_losses() -> dict[tuple[str, ...], float]:
+    return {(reason,): float(n) for reason, n in SPAN_LOSSES.counts().items()}
+
+
+#: What each read instrument reports (catalog.READ_INSTRUMENTS).
+_READERS = {"spans_not_exported": _span_losses}
 
 
 def _is_conflict(error: BaseException) -> bool:

@@ -40,6 +40,7 @@ from .backlog import CLOSE_WAIT_S, SpanBacklog, backlog_for, drain, on_end_of
 from .log_spans import ResourceKey, SpanRecord, SpanWalk, invocation_context
 from .sdk_spans import EMPTY_STATE as _EMPTY_STATE
 from .sdk_spans import readable_span
+from .span_losses import SPAN_LOSSES
 from .traceparent import parse_traceparent
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -308,9 +309,22 @@ class WatermarkExporter(SpanExporter):
         self.ledger = ledger
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        result = self.inner.export(spans)
-        self.ledger.exported(spans, result is SpanExportResult.SUCCESS)
+        try:
+            result = self.inner.export(spans)
+        except BaseException:
+            # the processor logs it and drops the batch: refused, like a FAILURE, or the
+            # ledger would keep these spans pending (and a follower away from them) for good
+            self._refused(spans)
+            raise
+        if result is SpanExportResult.SUCCESS:
+            self.ledger.exported(spans, True)
+        else:
+            self._refused(spans)
         return result
+
+    def _refused(self, spans: Sequence[ReadableSpan]) -> None:
+        SPAN_LOSSES.add("export_failed", len(spans))
+        self.ledger.exported(spans, False)
 
     def shutdown(self) -> None:
         self.inner.shutdown()
