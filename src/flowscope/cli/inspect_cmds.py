@@ -330,7 +330,11 @@ def _warn_skipped(session_id: str, exc: Exception) -> None:
     help="Tail the store and send spans as they are appended (needs --otlp-endpoint).",
 )
 @click.option(
-    "--interval", type=float, default=1.0, show_default=True, help="With --follow: seconds between passes."
+    "--interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="With --follow: seconds between passes (after a pass that sent nothing, at least 9x what it took).",
 )
 @click.option(
     "--rounds", type=int, default=None, hidden=True, help="With --follow: stop after this many passes."
