@@ -22,7 +22,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
-from test_otlp_export import clean_otel_env, free_port  # noqa: F401  (clean_otel_env: autouse, without the machine's OTEL_*)
+from test_otlp_export import clean_otel_env, free_port, otelsink  # noqa: F401  (clean_otel_env: autouse, without the machine's OTEL_*)
 from test_span_backlog import _Slow, chain, small_queue
 
 from flowscope import Runner
@@ -162,7 +162,9 @@ class _RefusingReceiver(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.slow
-def test_a_worker_whose_trace_backend_refuses_its_spans_says_so_on_its_metrics_endpoint(tmp_path):
+def test_a_worker_whose_trace_backend_refuses_its_spans_says_so_and_the_log_ships_them_later(
+    tmp_path, monkeypatch
+):
     flows = "from flowscope import START, Workflow, node\n" + (
         "traced = Workflow('traced', edges=[(START, node(lambda x: x + 1, name='one'), node(lambda x: x * 2, name='two'))])\n"
     )
@@ -219,6 +221,20 @@ def test_a_worker_whose_trace_backend_refuses_its_spans_says_so_on_its_metrics_e
     assert worker.returncode == 0, err
     # said once in the worker's log, naming the counter and the way to ship them later
     assert err.count("spans could not be sent to") == 1 and NAME in err, err
-    # the log still has every span, for `flowscope export` once the backend is back
+    # the log still has every span: once the backend is back, the runbook's command ships
+    # them all, each once, with the watermarks on record
     assert all(store.exported_seq(f"t{i}") == 0 < store.last_seq(f"t{i}") for i in range(20))
+    with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
+        cmd = [sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db)]
+        shipped = subprocess.run(
+            [*cmd, "export", "--follow", "--otlp-endpoint", endpoint, "--interval", "0.05", "--rounds", "2"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert shipped.returncode == 0, shipped.stderr
+        received = [s for _r, _sc, s in collected.spans()]
+    assert len(received) == len({(s.trace_id, s.span_id) for s in received}) == 20 * 3
+    assert all(store.exported_seq(f"t{i}") == store.last_seq(f"t{i}") for i in range(20))
     store.close()
