@@ -27,7 +27,15 @@ from .base import (
     dead_owners,
     number_events,
 )
-from .takeover import ClaimCandidate, ClaimPick, check_acquire, claim_cut, claim_rule, lost_lease
+from .takeover import (
+    ClaimCandidate,
+    ClaimPick,
+    check_acquire,
+    claim_cut,
+    claim_rule,
+    claimable_since,
+    lost_lease,
+)
 
 __all__ = ["MemoryEventStore"]
 
@@ -250,10 +258,8 @@ class MemoryEventStore(EventStore):
                 reason = claim_rule(candidate, now, host=None, max_recoveries=max_recoveries)
                 if reason is None:
                     continue
-                since = (
-                    own.submitted_at if reason == "queued" else s.updated_at
-                )  # answered, orphaned: the last event
-                found.append(ClaimPick(since or 0.0, sid, s.workflow, reason))
+                since = claimable_since(s.status, own.submitted_at, s.updated_at, own.lease_expires_at, now)
+                found.append(ClaimPick(since, sid, s.workflow, reason))
             out: list[Claim] = []
             for pick in claim_cut(found, limit):
                 own = self._own.setdefault(pick.session_id, _Ownership())

@@ -29,6 +29,7 @@ __all__ = [
     "claim_rule",
     "claim_picks",
     "claim_cut",
+    "claimable_since",
     "claim_candidates",
 ]
 
@@ -166,6 +167,25 @@ def claim_picks(
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+def claimable_since(
+    status: str,
+    submitted_at: float | None,
+    updated_at: float | None,
+    lease_expires_at: float | None,
+    now: float,
+) -> float:
+    """When a session became claimable: what a claim orders by, oldest first. A queued
+    session since its submission; a running one whose lease ended (an orphan) since the
+    lease ended, about when its owner stopped; any other since its last event (the answer
+    or message that made it claimable, or the last sign of life of an owner found dead
+    before its lease ended). The SQL stores' claim queries say the same."""
+    if status == "queued" and submitted_at is not None:
+        return submitted_at
+    if status == "running" and lease_expires_at and lease_expires_at <= now:
+        return lease_expires_at
+    return updated_at or 0.0
 
 
 _OLDEST_FIRST = attrgetter("since", "session_id", "workflow", "reason")

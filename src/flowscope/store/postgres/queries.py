@@ -240,7 +240,8 @@ SQL_HEARTBEAT_MANY = (
 SQL_RELEASE = (
     "UPDATE sessions SET lease_expires_at = 0 WHERE session_id = %s AND epoch = %s RETURNING status, workflow"
 )
-#: What orders the candidates of each claim reason, oldest first (the SQLite store's order).
+#: What orders the candidates of each claim reason, oldest first: when each became
+#: claimable (``takeover.claimable_since``, every store's order).
 CLAIM_ORDER = {"queued": "submitted_at", "answered": "updated_at", "running": "lease_expires_at"}
 _CLAIM_COLUMNS = "session_id, workflow, owner, lease_expires_at, recoveries, {order}, epoch"
 #: Claimable at once: no lease, or an ended one. SKIP LOCKED: rows another claimer (or an
@@ -296,8 +297,11 @@ SQL_LEASE_OWNERS = (
 #: The sessions whose lease has not ended but whose owner is dead (``dead``: their
 #: ``owner`` values), any claimable status; then locked with SQL_CLAIM_LOCK. The
 #: ``lease_expires_at > 0`` is ``sessions_leased``'s predicate, for the planner.
+#: A dead owner's session, its lease not ended: a queued one since its submission, any
+#: other since its last event (``takeover.claimable_since``).
+_SINCE_HELD = "CASE status WHEN 'queued' THEN submitted_at ELSE updated_at END"
 SQL_CLAIM_HELD_BY_DEAD = (
-    f"SELECT {_CLAIM_COLUMNS.format(order='coalesce(submitted_at, updated_at, lease_expires_at)')}, status "
+    f"SELECT {_CLAIM_COLUMNS.format(order=_SINCE_HELD)}, status "
     "FROM sessions WHERE lease_expires_at > 0 AND lease_expires_at > %(now)s AND owner = ANY(%(dead)s::jsonb[]) "
     "AND (status IN ('queued', 'answered', 'running') "
     "OR (status IN ('paused', 'failed', 'completed') AND session_id IN (SELECT session_id FROM messages))) "

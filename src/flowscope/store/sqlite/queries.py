@@ -217,11 +217,12 @@ SQL_CLAIM_ANSWERED = (
     "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at, epoch FROM sessions "
     f"WHERE status = 'answered' AND workflow = :workflow AND {_FREE} ORDER BY updated_at"
 )
+#: Orphans by when their lease ended (``takeover.claimable_since``), in ``sessions_running``'s order.
 SQL_CLAIM_ORPHANED = (
-    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, updated_at, epoch FROM sessions "
+    "SELECT session_id, workflow, owner, lease_expires_at, recoveries, lease_expires_at, epoch FROM sessions "
     "WHERE status = 'running' AND owner IS NOT NULL AND lease_expires_at <= :now "
     "AND workflow IN (SELECT value FROM json_each(:workflows)) "
-    "ORDER BY updated_at"
+    "ORDER BY lease_expires_at"
 )
 #: Paused, failed and completed sessions with a message in their inbox: claimable as answered
 #: or queued (base.claim_reason; the status is the row's last column).

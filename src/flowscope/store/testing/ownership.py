@@ -260,6 +260,46 @@ class OwnershipContract(ContractBase):
             store.claim(this_process("w-second"), ["wf"], 15.0, limit=10, now=now + 1) == []
         )  # all held now
 
+    def test_claim_orders_orphans_by_when_their_lease_ended(self, store: EventStore) -> None:
+        # Oldest first is by when a session became claimable (takeover.claimable_since): an
+        # orphan when its lease ended, about when its owner stopped, not at its last event
+        # (a long node appends nothing for minutes while its lease is renewed).
+        now = time.time()
+        far = other_host_owner()
+        store.acquire("silent-longer", far, 95.0, now=now - 100)  # its long lease ended 5 s ago
+        store.append(
+            "silent-longer", [ev(RunStarted, sid="silent-longer", workflow="wf", ts=now - 100)], 0, epoch=1
+        )
+        store.acquire("lease-ended-first", far, 10.0, now=now - 50)  # ended 40 s ago
+        store.append(
+            "lease-ended-first",
+            [ev(RunStarted, sid="lease-ended-first", workflow="wf", ts=now - 50)],
+            0,
+            epoch=1,
+        )
+        store.append("queued", submitted_log("queued", "wf", now - 20), 0)
+        claims = store.claim(this_process("w-claimer"), ["wf"], 15.0, limit=3, now=now)
+        assert [(c.session_id, c.reason) for c in claims] == [
+            ("lease-ended-first", "orphaned"),
+            ("queued", "queued"),
+            ("silent-longer", "orphaned"),
+        ]
+
+    def test_claim_orders_a_dead_owners_started_session_by_its_last_event_not_its_submission(
+        self, store: EventStore
+    ) -> None:
+        now = time.time()
+        gone = dead_owner()
+        store.append("was-queued", submitted_log("was-queued", "wf", now - 200), 0)
+        store.acquire("was-queued", gone, 3600.0, now=now - 30)  # its lease has not ended
+        store.append("was-queued", [ev(RunStarted, sid="was-queued", workflow="wf", ts=now - 30)], 1, epoch=1)
+        store.append("queued", submitted_log("queued", "wf", now - 100), 0)
+        claims = store.claim(this_process("w-claimer"), ["wf"], 15.0, limit=2, now=now)
+        assert [(c.session_id, c.reason) for c in claims] == [
+            ("queued", "queued"),
+            ("was-queued", "orphaned"),
+        ]
+
     def test_claim_leaves_what_it_may_not_take(self, store: EventStore) -> None:
         now = time.time()
         me = this_process("w-claimer")
