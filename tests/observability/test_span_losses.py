@@ -28,7 +28,7 @@ from test_span_backlog import _Slow, chain, small_queue
 from flowscope import Runner
 from flowscope.observability import MetricsPlugin, TracingPlugin
 from flowscope.observability import backlog as backlog_mod
-from flowscope.observability.export import ship_store
+from flowscope.observability.export import ExportError, ship_store
 from flowscope.observability.shipping import Ledger, WatermarkExporter
 from flowscope.observability.span_losses import SPAN_LOSSES, SpanLosses
 from flowscope.store.sqlite import SqliteEventStore
@@ -238,3 +238,67 @@ def test_a_worker_whose_trace_backend_refuses_its_spans_says_so_and_the_log_ship
     assert len(received) == len({(s.trace_id, s.span_id) for s in received}) == 20 * 3
     assert all(store.exported_seq(f"t{i}") == store.last_seq(f"t{i}") for i in range(20))
     store.close()
+
+
+@pytest.mark.parametrize("raises", [False, True], ids=["failure", "raises"])
+async def test_a_followers_refused_requests_are_counted_as_export_failed_at_every_pass(tmp_path, raises):
+    store = SqliteEventStore(tmp_path / "f.db")
+    for i in range(3):
+        await Runner(chain(3), store=store).run(0, session_id=f"s{i}")
+    before = SPAN_LOSSES.counts()["export_failed"]
+    for n in (1, 2):  # the same spans again at the next pass, counted again: still not out
+        with pytest.raises(ExportError if not raises else ConnectionError):
+            ship_store(store, _Refusing(raises=raises), handover_s=0.0)
+        assert SPAN_LOSSES.counts()["export_failed"] - before == n * 3 * 4
+    assert all(store.exported_seq(f"s{i}") == 0 for i in range(3))
+    store.close()
+
+
+@pytest.mark.slow
+def test_serve_metrics_counts_the_spans_its_endpoint_refuses(tmp_path):
+    db = tmp_path / "f.db"
+    store = SqliteEventStore(str(db))
+    for i in range(5):
+        asyncio.run(Runner(chain(3), store=store).run(0, session_id=f"s{i}"))
+    store.close()
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingReceiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    server = subprocess.Popen(
+        [
+            *[sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db)],
+            *["serve-metrics", "--port", str(port), "--ship-interval", "0.2"],
+            *["--otlp-endpoint", f"http://127.0.0.1:{receiver.server_address[1]}"],
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        refused = 0.0
+        while time.monotonic() < deadline and server.poll() is None and refused < 2 * 5 * 4:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                body = ""
+            refused = next(
+                (
+                    s.value
+                    for f in text_string_to_metric_families(body)
+                    for s in f.samples
+                    if s.name == NAME and s.labels.get("reason") == "export_failed"
+                ),
+                0.0,
+            )
+            time.sleep(0.2)
+        # each pass offers the 20 spans again: two passes or more refused, counted each time
+        assert refused >= 2 * 5 * 4 and refused % (5 * 4) == 0, refused
+    finally:
+        server.send_signal(signal.SIGTERM)
+        _out, err = server.communicate(timeout=60)
+        receiver.shutdown()
+    assert server.returncode == 0, err
+    assert "refused 20 spans" in err, err  # said once in its log

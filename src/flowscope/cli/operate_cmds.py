@@ -441,6 +441,9 @@ def serve_metrics_cmd(
         registry = CollectorRegistry(auto_describe=True)
         server = start_metrics_server(store, registry, host=host, port=port, stale_after=stale_after)
         if otlp_endpoint:
+            from ..observability.metrics import report_span_losses
+
+            report_span_losses(registry)  # the spans the endpoint refuses, pass after pass
             follower = SpanFollower(
                 store,
                 otlp_endpoint,

@@ -91,6 +91,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "MetricsPlugin",
+    "report_span_losses",
     "InstrumentSpec",
     "INSTRUMENTS",
     "DURATION_BUCKETS",
@@ -186,12 +187,7 @@ class MetricsPlugin(Plugin):
             otel = otel_instrument(meter, spec) if meter is not None else None
             budget = None if spec.key == "metrics_overflow" else self.budget  # its labels are metric names
             self._instruments[spec.key] = Instrument(spec, prom, otel, budget)
-        for spec in READ_INSTRUMENTS:
-            read = _READERS[spec.key]
-            if registry is not None:
-                prom_reader(registry, spec, read)
-            if meter is not None:
-                otel_reader(meter, spec, read)
+        report_span_losses(registry, meter)
         i = self._instruments
         self._resume_conflicts = i["resume_conflicts"]
         self._overflow = i["metrics_overflow"]
@@ -422,6 +418,18 @@ def _span_losses() -> dict[tuple[str, ...], float]:
 
 #: What each read instrument reports (catalog.READ_INSTRUMENTS).
 _READERS = {"spans_not_exported": _span_losses}
+
+
+def report_span_losses(registry: CollectorRegistry | None = None, meter: Any = None) -> None:
+    """Report ``flowscope_spans_not_exported_total`` (this process's spans not exported,
+    ``span_losses.py``) on ``registry`` and/or ``meter``, once each however often called:
+    every ``MetricsPlugin`` does; so does ``flowscope serve-metrics`` when it ships spans."""
+    for spec in READ_INSTRUMENTS:
+        read = _READERS[spec.key]
+        if registry is not None:
+            prom_reader(registry, spec, read)
+        if meter is not None:
+            otel_reader(meter, spec, read)
 
 
 def _is_conflict(error: BaseException) -> bool:
