@@ -304,7 +304,7 @@ def _queued_rows(store: EventStore, older_than_s: float, now: float) -> list[dic
         g.oldest_submitted_at is None or g.oldest_submitted_at <= cutoff for g in store.queued_summary()
     ):
         return []  # the store's index says nothing queued is old enough: no scan of every session
-    queued = [s for s in store.sessions() if s.status == QUEUED]
+    queued = store.recent_sessions(status=QUEUED)
     old = [s for s in queued if (s.submitted_at or s.started_at or now) <= cutoff]
     if not old:
         return []

@@ -150,14 +150,7 @@ def runs_rows(
     store: EventLog, *, limit: int | None = None, status: str | None = None, workflow: str | None = None
 ) -> list[dict[str, Any]]:
     """One row per session, most recently updated first."""
-    sessions = store.sessions()
-    if status:
-        sessions = [s for s in sessions if s.status == status]
-    if workflow:
-        sessions = [s for s in sessions if s.workflow == workflow]
-    if limit:
-        sessions = sessions[:limit]
-    return session_rows(store, sessions)
+    return session_rows(store, store.recent_sessions(limit, status=status or None, workflow=workflow or None))
 
 
 def session_rows(store: EventLog, sessions: list[SessionInfo]) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ __all__ = [
     "SQL_OPEN_SAME_HOST",
     "SQL_SUMMARY_PLANNER",
     "SQL_SESSIONS",
+    "SQL_RECENT_SESSIONS",
     "SQL_SESSION_INFO",
     "SQL_OWNERSHIP_FOR_UPDATE",
     "SQL_NEW_OWNED",
@@ -199,6 +200,12 @@ SQL_SESSIONS = (
     f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 ORDER BY coalesce(updated_at, 0) DESC, id"
 )
 SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = %s AND last_seq > 0"
+#: SQL_SESSIONS filtered and cut (a NULL limit: all): a top-N sort keeps only ``limit`` rows.
+SQL_RECENT_SESSIONS = (
+    f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 "
+    "AND (%(status)s::text IS NULL OR status = %(status)s) AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s) "
+    "ORDER BY coalesce(updated_at, 0) DESC, id LIMIT %(limit)s"
+)
 
 # -- ownership
 SQL_OWNERSHIP_FOR_UPDATE = (

@@ -300,6 +300,15 @@ class PostgresEventStore(EventStore):
         rows = self._run("list sessions", lambda c: c.execute(q.SQL_SESSIONS).fetchall(), retry=True)
         return [_session_info(r) for r in rows]
 
+    def recent_sessions(
+        self, limit: int | None = None, *, status: str | None = None, workflow: str | None = None
+    ) -> list[SessionInfo]:
+        params = {"status": status, "workflow": workflow, "limit": None if limit is None else max(limit, 0)}
+        rows = self._run(
+            "list sessions", lambda c: c.execute(q.SQL_RECENT_SESSIONS, params).fetchall(), retry=True
+        )
+        return [_session_info(r) for r in rows]
+
     def session_info(self, session_id: str) -> SessionInfo | None:
         row = self._run(
             "read a session", lambda c: c.execute(q.SQL_SESSION_INFO, (session_id,)).fetchone(), retry=True

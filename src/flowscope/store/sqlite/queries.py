@@ -21,6 +21,7 @@ __all__ = [
     "SQL_EXPORTED_SEQ",
     "SQL_SET_EXPORTED_SEQ",
     "SQL_SESSION",
+    "SQL_RECENT_SESSIONS",
     "SQL_LAST_SEQ",
     "SQL_INSERT_EVENT",
     "SQL_READ",
@@ -180,6 +181,12 @@ SQL_SESSIONS = (
     f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 ORDER BY coalesce(updated_at, 0.0) DESC, rowid"
 )
 SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = ? AND last_seq > 0"
+#: SQL_SESSIONS filtered and cut (-1: no limit): SQLite keeps only the first ``limit`` while it sorts.
+SQL_RECENT_SESSIONS = (
+    f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 "
+    "AND (:status IS NULL OR status = :status) AND (:workflow IS NULL OR workflow = :workflow) "
+    "ORDER BY coalesce(updated_at, 0.0) DESC, rowid LIMIT :limit"
+)
 
 # -- ownership
 SQL_OWNERSHIP = "SELECT owner, epoch, lease_expires_at, lease_renewed_at FROM sessions WHERE session_id = ?"

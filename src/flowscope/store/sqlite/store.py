@@ -275,6 +275,14 @@ class SqliteEventStore(EventStore):
             rows = conn.execute(q.SQL_SESSIONS).fetchall()
         return [_session_info(r) for r in rows]
 
+    def recent_sessions(
+        self, limit: int | None = None, *, status: str | None = None, workflow: str | None = None
+    ) -> list[SessionInfo]:
+        params = {"status": status, "workflow": workflow, "limit": -1 if limit is None else max(limit, 0)}
+        with self._op("list sessions") as conn:
+            rows = conn.execute(q.SQL_RECENT_SESSIONS, params).fetchall()
+        return [_session_info(r) for r in rows]
+
     def session_info(self, session_id: str) -> SessionInfo | None:
         with self._op("read a session") as conn:
             row = conn.execute(q.SQL_SESSION_INFO, (session_id,)).fetchone()

@@ -189,6 +189,28 @@ class EventLogContract(ProjectionContract):
             ("b", "running"),
         ]
 
+    def test_recent_sessions_are_the_first_of_sessions_filtered_and_cut(self, store: EventLog) -> None:
+        for i, (wf, status) in enumerate(
+            [("wa", "failed"), ("wb", "completed"), ("wa", "completed"), ("wb", "failed"), ("wa", "running")]
+        ):
+            sid = f"s{i}"
+            store.append(sid, [ev(RunStarted, sid=sid, workflow=wf, ts=10.0 + i)], 0)
+            if status != "running":
+                store.append(sid, [ev(RunFinished, sid=sid, status=status, ts=20.0 - i)], 1)
+        every = store.sessions()
+        for limit in (None, 0, 1, 2, 10):
+            for status in (None, "completed", "failed", "running", "paused"):
+                for workflow in (None, "wa", "wb", "nope"):
+                    want = [
+                        s
+                        for s in every
+                        if (status is None or s.status == status)
+                        and (workflow is None or s.workflow == workflow)
+                    ]
+                    want = want if limit is None else want[:limit]
+                    got = store.recent_sessions(limit, status=status, workflow=workflow)
+                    assert got == want, (limit, status, workflow)
+
     # -- the summaries derived from the projections (metrics scrapes)
 
     def test_open_run_summary_agrees_with_the_liveness_rule(self, store: EventLog) -> None:
