@@ -33,7 +33,6 @@ __all__ = [
     "SQL_OPEN_SUMMARY",
     "SQL_OPEN_SAME_HOST",
     "SQL_SUMMARY_PLANNER",
-    "SQL_SESSIONS",
     "SQL_RECENT_SESSIONS",
     "SQL_SESSION_INFO",
     "SQL_OWNERSHIP_FOR_UPDATE",
@@ -196,11 +195,9 @@ SQL_OPEN_SAME_HOST = (
 )
 _INFO_COLUMNS = f"session_id, {', '.join(_SESSION_COLUMNS)}, owner, epoch, lease_expires_at, submitted_at"
 #: In SessionInfo field order; rows made by acquire() alone (no event yet) are no session.
-SQL_SESSIONS = (
-    f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 ORDER BY coalesce(updated_at, 0) DESC, id"
-)
 SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = %s AND last_seq > 0"
-#: SQL_SESSIONS filtered and cut (a NULL limit: all): a top-N sort keeps only ``limit`` rows.
+#: The sessions, most recently updated first, filtered and cut (a NULL limit: all): a top-N
+#: sort keeps only ``limit`` rows.
 SQL_RECENT_SESSIONS = (
     f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 "
     "AND (%(status)s::text IS NULL OR status = %(status)s) AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s) "

@@ -187,6 +187,10 @@ class PostgresEventStore(EventStore):
         with self._op(action) as conn:
             return fn(conn)
 
+    def _rows(self, action: str, sql: str, params: Any = None) -> list[Any]:
+        """The rows of one read-only query, retried on a new connection like every read."""
+        return self._run(action, lambda c: c.execute(sql, params).fetchall(), retry=True)
+
     def _writable(self, action: str) -> None:
         if self.readonly:
             raise StoreReadOnly(
@@ -291,29 +295,21 @@ class PostgresEventStore(EventStore):
         return decode(self.where, session_id, after, rows)
 
     def last_seq(self, session_id: str) -> int:
-        row = self._run(
-            "read the last seq", lambda c: c.execute(q.SQL_LAST_SEQ, (session_id,)).fetchone(), retry=True
-        )
-        return int(row[0]) if row is not None else 0
+        rows = self._rows("read the last seq", q.SQL_LAST_SEQ, (session_id,))
+        return int(rows[0][0]) if rows else 0
 
     def sessions(self) -> list[SessionInfo]:
-        rows = self._run("list sessions", lambda c: c.execute(q.SQL_SESSIONS).fetchall(), retry=True)
-        return [_session_info(r) for r in rows]
+        return self.recent_sessions()
 
     def recent_sessions(
         self, limit: int | None = None, *, status: str | None = None, workflow: str | None = None
     ) -> list[SessionInfo]:
         params = {"status": status, "workflow": workflow, "limit": None if limit is None else max(limit, 0)}
-        rows = self._run(
-            "list sessions", lambda c: c.execute(q.SQL_RECENT_SESSIONS, params).fetchall(), retry=True
-        )
-        return [_session_info(r) for r in rows]
+        return [_session_info(r) for r in self._rows("list sessions", q.SQL_RECENT_SESSIONS, params)]
 
     def session_info(self, session_id: str) -> SessionInfo | None:
-        row = self._run(
-            "read a session", lambda c: c.execute(q.SQL_SESSION_INFO, (session_id,)).fetchone(), retry=True
-        )
-        return _session_info(row) if row is not None else None
+        rows = self._rows("read a session", q.SQL_SESSION_INFO, (session_id,))
+        return _session_info(rows[0]) if rows else None
 
     def heartbeat(self, session_id: str, paths: Iterable[str], ts: float | None = None) -> None:
         self.heartbeat_many({session_id: list(paths)}, ts)
@@ -329,8 +325,7 @@ class PostgresEventStore(EventStore):
         return [NodeRun(*r) for r in self._run("read node runs", fetch, retry=True)]
 
     def open_runs(self) -> list[NodeRun]:
-        rows = self._run("query open runs", lambda c: c.execute(q.SQL_OPEN_RUNS).fetchall(), retry=True)
-        return [NodeRun(*r) for r in rows]
+        return [NodeRun(*r) for r in self._rows("query open runs", q.SQL_OPEN_RUNS)]
 
     def open_run_summary(self, now: float, stale_after_s: float) -> list[OpenRunGroup]:
         """The port's summary in one ``GROUP BY`` over the open-runs index (the SQLite
@@ -497,18 +492,16 @@ class PostgresEventStore(EventStore):
         self._run("record a worker", seen, retry=True)
 
     def workers(self) -> list[WorkerInfo]:
-        rows = self._run("list workers", lambda c: c.execute(q.SQL_WORKERS).fetchall(), retry=True)
+        rows = self._rows("list workers", q.SQL_WORKERS)
         return [WorkerInfo(wid, host, pid, tuple(wfs or ()), seen) for wid, host, pid, wfs, seen in rows]
 
     def queued_summary(self) -> list[QueuedGroup]:
-        rows = self._run(
-            "summarise queued sessions", lambda c: c.execute(q.SQL_QUEUED_SUMMARY).fetchall(), retry=True
-        )
+        rows = self._rows("summarise queued sessions", q.SQL_QUEUED_SUMMARY)
         return [QueuedGroup(wf, int(n), oldest) for wf, n, oldest in rows]
 
     def job_result_summary(self) -> list[JobResultGroup]:
         """The port's count in one ``GROUP BY`` over the log's job results."""
-        rows = self._run("count job results", lambda c: c.execute(q.SQL_JOB_RESULTS).fetchall(), retry=True)
+        rows = self._rows("count job results", q.SQL_JOB_RESULTS)
         groups = [JobResultGroup(wf or "", node or "", str(result), int(n)) for wf, node, result, n in rows]
         return sorted(groups, key=_BY_WORKFLOW_NODE_RESULT)
 
@@ -540,9 +533,7 @@ class PostgresEventStore(EventStore):
         )
 
     def unexported(self) -> list[tuple[SessionInfo, int]]:
-        rows = self._run(
-            "list sessions with spans to ship", lambda c: c.execute(q.SQL_UNEXPORTED).fetchall(), retry=True
-        )
+        rows = self._rows("list sessions with spans to ship", q.SQL_UNEXPORTED)
         return [(_session_info(info), int(exported)) for *info, exported in rows]
 
     def set_exported_seq(self, session_id: str, seq: int) -> None:
