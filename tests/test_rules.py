@@ -244,8 +244,11 @@ async def test_r5_same_exception_object_in_a_second_invocation_is_recorded_again
 
 
 async def test_r6_error_code_attribute_mapping_and_fallback(store):
+    sessions = iter(range(100))
+
     async def code_of(exc, **runner_kwargs):
-        sid = f"s{id(exc)}"
+        # a new session each (an id() can come back once its exception has been freed)
+        sid = f"s{next(sessions)}"
         with pytest.raises(type(exc)):
             await Runner(Workflow("w", edges=[(START, failing(exc))]), store=store, **runner_kwargs).run(
                 None, session_id=sid
