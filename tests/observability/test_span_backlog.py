@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -40,6 +44,14 @@ class _Slow(SpanExporter):
 
     def shutdown(self) -> None:
         pass
+
+
+def flowscope(db, *args: str, env: dict, cwd=None) -> subprocess.Popen[str]:
+    """``flowscope --db DB ARGS...`` in a process of its own, its stderr kept."""
+    cmd = [sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db), *args]
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
 
 def chain(n: int) -> Workflow:
@@ -206,7 +218,6 @@ def test_one_watermark_writer_serves_export_after_export_and_ends_when_idle(tmp_
 
 
 def test_a_forked_child_writes_its_watermarks_though_a_parents_thread_held_the_lock(tmp_path):
-    import os
 
     from flowscope.observability.log_spans import SpanRecord
 
@@ -287,9 +298,6 @@ asyncio.run(main())
 
 
 def test_a_program_that_ends_without_flushing_exports_the_spans_that_waited_for_room(tmp_path):
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     (tmp_path / "exiting.py").write_text(EXITING)
@@ -323,10 +331,6 @@ def test_only_the_sdks_batch_queues_are_guarded(processors):
 def test_a_worker_running_300_sessions_at_once_ships_every_span_through_a_small_queue(tmp_path, monkeypatch):
     # The worker's batch queue holds 64 spans (OTEL_BSP_MAX_QUEUE_SIZE): 300 sessions ending
     # at once overflowed it, and the SDK dropped most of their spans.
-    import os
-    import signal
-    import subprocess
-    import sys
     from pathlib import Path
 
     (tmp_path / "flows.py").write_text(
@@ -352,26 +356,11 @@ def test_a_worker_running_300_sessions_at_once_ships_every_span_through_a_small_
         OTEL_BSP_MAX_QUEUE_SIZE="64",
         OTEL_BSP_MAX_EXPORT_BATCH_SIZE="16",
     )
-    cli = [sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db)]
     with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
-        w = subprocess.Popen(
-            [
-                *cli,
-                "worker",
-                "flows:traced",
-                "--poll",
-                "50ms",
-                "--concurrency",
-                "300",
-                "--otlp-endpoint",
-                endpoint,
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        w = flowscope(
+            db, "worker", "flows:traced", "--poll", "50ms", "--concurrency", "300", "--otlp-endpoint", endpoint,
+            env=env, cwd=tmp_path,
+        )  # fmt: skip
         try:
             deadline = time.monotonic() + 90
             while len(collected.spans()) < 300 * 3 and time.monotonic() < deadline and w.poll() is None:

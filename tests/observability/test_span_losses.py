@@ -6,6 +6,7 @@ meter, and a refused span is never kept pending, so a follower ships it from the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import os
 import signal
@@ -23,7 +24,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 from test_otlp_export import clean_otel_env, free_port, otelsink  # noqa: F401  (clean_otel_env: autouse, without the machine's OTEL_*)
-from test_span_backlog import _Slow, chain, small_queue
+from test_span_backlog import _Slow, chain, flowscope, small_queue
 
 from flowscope import Runner
 from flowscope.observability import MetricsPlugin, TracingPlugin
@@ -161,6 +162,39 @@ class _RefusingReceiver(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@contextlib.contextmanager
+def refusing_endpoint():
+    """The URL of a :class:`_RefusingReceiver` on a free 127.0.0.1 port, while it serves."""
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingReceiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{receiver.server_address[1]}"
+    finally:
+        receiver.shutdown()
+
+
+def scrape_counts(proc: subprocess.Popen[str], port: int, enough) -> dict[str, float]:
+    """``flowscope_spans_not_exported_total`` by reason, scraped from ``port`` until
+    ``enough(counts)`` or 60 s (or the process ends)."""
+    counts: dict[str, float] = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        except OSError:
+            body = ""  # not listening yet
+        counts = {
+            s.labels["reason"]: s.value
+            for family in text_string_to_metric_families(body)
+            for s in family.samples
+            if s.name == NAME
+        }
+        if enough(counts):
+            break
+        time.sleep(0.2)
+    return counts
+
+
 @pytest.mark.slow
 def test_a_worker_whose_trace_backend_refuses_its_spans_says_so_and_the_log_ships_them_later(
     tmp_path, monkeypatch
@@ -175,49 +209,25 @@ def test_a_worker_whose_trace_backend_refuses_its_spans_says_so_and_the_log_ship
     store = SqliteEventStore(str(db))
     for i in range(20):
         Runner(namespace["traced"], store=store).submit(i, session_id=f"t{i}")
-    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingReceiver)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
     metrics_port = free_port()
     env = dict(
         os.environ,  # without the machine's OTEL_*: clean_otel_env, autouse
         PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"),
         OTEL_BSP_SCHEDULE_DELAY="50",
     )
-    worker = subprocess.Popen(
-        [
-            *[sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db)],
-            *["worker", "flows:traced", "--poll", "50ms", "--metrics-port", str(metrics_port)],
-            *["--otlp-endpoint", f"http://127.0.0.1:{receiver.server_address[1]}"],
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        refused = 0.0
-        while time.monotonic() < deadline and worker.poll() is None:
-            try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
-            except OSError:
-                body = b""  # not listening yet
-            samples = {
-                (s.name, s.labels.get("reason")): s.value
-                for family in text_string_to_metric_families(body.decode())
-                for s in family.samples
-            }
-            refused = samples.get((NAME, "export_failed"), 0.0)
-            if refused >= 20 * 3:
-                break
-            time.sleep(0.2)
-        assert refused == 20 * 3, f"{refused} spans counted as refused of 60"  # 20 invocations, 40 nodes
-        assert samples[(NAME, "queue_full")] == 0
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        _out, err = worker.communicate(timeout=60)
-        receiver.shutdown()
+    with refusing_endpoint() as url:
+        worker = flowscope(
+            db, "worker", "flows:traced", "--poll", "50ms", "--metrics-port", str(metrics_port),
+            "--otlp-endpoint", url, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        try:
+            counts = scrape_counts(worker, metrics_port, lambda c: c.get("export_failed", 0.0) >= 20 * 3)
+            refused = counts.get("export_failed", 0.0)
+            assert refused == 20 * 3, f"{refused} spans counted as refused of 60"  # 20 invocations, 40 nodes
+            assert counts["queue_full"] == 0
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            _out, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
     # said once in the worker's log, naming the counter and the way to ship them later
     assert err.count("spans could not be sent to") == 1 and NAME in err, err
@@ -261,44 +271,28 @@ def test_serve_metrics_counts_the_spans_its_endpoint_refuses(tmp_path):
     for i in range(5):
         asyncio.run(Runner(chain(3), store=store).run(0, session_id=f"s{i}"))
     store.close()
-    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingReceiver)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
-    server = subprocess.Popen(
-        [
-            *[sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db)],
-            *["serve-metrics", "--port", str(port), "--ship-interval", "0.2"],
-            *["--otlp-endpoint", f"http://127.0.0.1:{receiver.server_address[1]}"],
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        refused = 0.0
-        while time.monotonic() < deadline and server.poll() is None and refused < 2 * 5 * 4:
-            try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-            except OSError:
-                body = ""
-            refused = next(
-                (
-                    s.value
-                    for f in text_string_to_metric_families(body)
-                    for s in f.samples
-                    if s.name == NAME and s.labels.get("reason") == "export_failed"
-                ),
-                0.0,
+    with refusing_endpoint() as url:
+        server = flowscope(
+            db,
+            "serve-metrics",
+            "--port",
+            str(port),
+            "--ship-interval",
+            "0.2",
+            "--otlp-endpoint",
+            url,
+            env=env,
+        )
+        try:
+            refused = scrape_counts(server, port, lambda c: c.get("export_failed", 0.0) >= 2 * 5 * 4).get(
+                "export_failed", 0.0
             )
-            time.sleep(0.2)
-        # each pass offers the 20 spans again: two passes or more refused, counted each time
-        assert refused >= 2 * 5 * 4 and refused % (5 * 4) == 0, refused
-    finally:
-        server.send_signal(signal.SIGTERM)
-        _out, err = server.communicate(timeout=60)
-        receiver.shutdown()
+            # each pass offers the 20 spans again: two passes or more refused, counted each time
+            assert refused >= 2 * 5 * 4 and refused % (5 * 4) == 0, refused
+        finally:
+            server.send_signal(signal.SIGTERM)
+            _out, err = server.communicate(timeout=60)
     assert server.returncode == 0, err
     assert "refused 20 spans" in err, err  # said once in its log

@@ -33,8 +33,14 @@ from ..liveness import SPAN_HANDOVER_S, owner_alive, ships_own_spans
 from . import otlp
 from .log_spans import span_id_for, spans_of_log, trace_id_for
 from .otlp import guess_protocol
-from .shipping import flowscope_scope, last_heartbeat, readable_span, record_resource, unshipped
-from .span_losses import SPAN_LOSSES
+from .shipping import (
+    export_counted,
+    flowscope_scope,
+    last_heartbeat,
+    readable_span,
+    record_resource,
+    unshipped,
+)
 from .spans import INCOMPLETE
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -251,18 +257,11 @@ def ship_store(
 
     def send() -> None:
         nonlocal sent
-        if batch:
-            try:
-                ok = exporter.export(batch) is SpanExportResult.SUCCESS
-            except BaseException:
-                SPAN_LOSSES.add("export_failed", len(batch))
-                raise
-            if not ok:
-                # counted at every refused pass: the counter says spans are not getting out
-                SPAN_LOSSES.add("export_failed", len(batch))
-                raise ExportError(
-                    f"the endpoint refused {len(batch)} spans of {len(waiting)} sessions; they are sent again next time"
-                )
+        # a refused request is counted at every pass: the counter says spans are not getting out
+        if batch and export_counted(exporter, batch) is not SpanExportResult.SUCCESS:
+            raise ExportError(
+                f"the endpoint refused {len(batch)} spans of {len(waiting)} sessions; they are sent again next time"
+            )
         if waiting:  # on record before the next request: a kill resends one request's spans at most
             store.set_exported_seqs(waiting)
         sent += len(batch)

@@ -73,9 +73,7 @@ class TracingHandle:
         if self._closed:
             return
         self._closed = True
-        drain(
-            self.provider, int(CLOSE_WAIT_S * 1000)
-        )  # spans waiting for room in the queues: theirs to export
+        drain(self.provider, int(CLOSE_WAIT_S * 1000))  # the spans waiting for room: theirs to export
         self.provider.shutdown()
 
     def __enter__(self) -> TracingHandle:

@@ -58,6 +58,7 @@ __all__ = [
     "LEDGER",
     "Ledger",
     "ledger_of",
+    "export_counted",
     "flush",
     "flowscope_scope",
     "record_resource",
@@ -300,6 +301,19 @@ class _Mark:
 LEDGER = Ledger()
 
 
+def export_counted(exporter: SpanExporter, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    """``exporter.export(spans)``, the spans counted as not exported (``export_failed``) when
+    it returns anything but SUCCESS or raises: a ``WatermarkExporter``'s and a follower's."""
+    try:
+        result = exporter.export(spans)
+    except BaseException:
+        SPAN_LOSSES.add("export_failed", len(spans))
+        raise
+    if result is not SpanExportResult.SUCCESS:
+        SPAN_LOSSES.add("export_failed", len(spans))
+    return result
+
+
 class WatermarkExporter(SpanExporter):
     """A ``SpanExporter`` around another: after the inner ``export()`` returned SUCCESS,
     the sessions' watermarks advance over the spans it sent (:class:`Ledger`)."""
@@ -310,21 +324,14 @@ class WatermarkExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
-            result = self.inner.export(spans)
+            result = export_counted(self.inner, spans)
         except BaseException:
             # the processor logs it and drops the batch: refused, like a FAILURE, or the
             # ledger would keep these spans pending (and a follower away from them) for good
-            self._refused(spans)
+            self.ledger.exported(spans, False)
             raise
-        if result is SpanExportResult.SUCCESS:
-            self.ledger.exported(spans, True)
-        else:
-            self._refused(spans)
+        self.ledger.exported(spans, result is SpanExportResult.SUCCESS)
         return result
-
-    def _refused(self, spans: Sequence[ReadableSpan]) -> None:
-        SPAN_LOSSES.add("export_failed", len(spans))
-        self.ledger.exported(spans, False)
 
     def shutdown(self) -> None:
         self.inner.shutdown()

@@ -93,7 +93,6 @@ def dead_owners(owners: Iterable[tuple[K, Owner | None]], host: str) -> list[K]:
 def count_dead_owners(
     rows: Iterable[Sequence[Any]],
     same_host: Iterable[tuple[str, str, Owner | None, int]],
-    now: float,
     host: str,
 ) -> list[OpenRunGroup]:
     """A SQL open-run summary (``rows`` of :class:`OpenRunGroup` fields) with the running

@@ -344,9 +344,7 @@ class PostgresEventStore(EventStore):
             return summary.fetchall(), same_host.fetchall()
 
         rows, same_host = self._run("summarise open runs", fetch, retry=True)
-        return count_dead_owners(
-            rows, ((w, n, owner_from_column(o), c) for w, n, o, c in same_host), now, host
-        )
+        return count_dead_owners(rows, ((w, n, owner_from_column(o), c) for w, n, o, c in same_host), host)
 
     # ------------------------------------------------------------------ ownership
 

@@ -314,9 +314,7 @@ class SqliteEventStore(EventStore):
         with self._op("summarise open runs") as conn:
             rows = conn.execute(q.SQL_OPEN_SUMMARY, params).fetchall()
             same_host = conn.execute(q.SQL_OPEN_SAME_HOST, {"now": now, "host": host}).fetchall()
-        return count_dead_owners(
-            rows, ((w, n, owner_from_column(o), c) for w, n, o, c in same_host), now, host
-        )
+        return count_dead_owners(rows, ((w, n, owner_from_column(o), c) for w, n, o, c in same_host), host)
 
     # ------------------------------------------------------------------ ownership
 
