@@ -1,8 +1,9 @@
 """The console's targets (not a test: run ``python bench/console_bench.py``): the session list
-over 100,000 sessions and a session of 10,000 node runs, each usable in under 2 s.
+over 100,000 sessions (``--sessions``) and a session of 10,000 node runs, each usable in
+under 2 s; exits 1 when a figure is over.
 
 In one run, on one SQLite file: the server's time (``flowscope.console.api``, in process:
-the first request after a start, when the list reads every session, and a later one), then
+the first list request, one after a change, a later one, filtered ones), then
 ``flowscope ui`` started as a process and Debian's Chromium (Playwright) opening each page:
 first contentful paint and navigation-to-drawn (the page's ``flowscope-ready`` mark, set
 once the rows are in the page), medians of ``--runs`` loads.
@@ -44,7 +45,7 @@ def build(db: Path, sessions: int) -> None:
     10,000-run session, unless the file has them already."""
     store = SqliteEventStore(db)
     try:
-        have = len(store.sessions())
+        have = sum(store.status_counts().values())
         if have < sessions:
             rnd = random.Random(7)
             t0 = time.time() - 86400.0
@@ -64,18 +65,25 @@ def build(db: Path, sessions: int) -> None:
 
 
 def server_times(db: Path) -> dict[str, float]:
+    """The list's requests in process: after a change (the attention tabs counted again,
+    the page and its total selected by the store), again in the same store version, with
+    filters, and an attention tab; then the big session's waterfall."""
     out = {}
     with SqliteEventStore(db, readonly=True) as store:
         feed = ChangeFeed(store)
-        t = time.perf_counter()
-        api.list_sessions(feed, api.SessionFilter())
-        out["list, first request (reads every session)"] = time.perf_counter() - t
-        t = time.perf_counter()
-        api.list_sessions(feed, api.SessionFilter())
-        out["list, next request"] = time.perf_counter() - t
-        t = time.perf_counter()
-        api.list_sessions(feed, api.SessionFilter(status="failed", workflow="orders"))
-        out["list, filtered (status, workflow)"] = time.perf_counter() - t
+
+        def timed(name: str, f: api.SessionFilter, changed: bool = False) -> None:
+            if changed:
+                feed.changed()
+            t = time.perf_counter()
+            api.list_sessions(feed, f)
+            out[name] = time.perf_counter() - t
+
+        timed("list, first request", api.SessionFilter())
+        timed("list, after a change (the tabs counted again)", api.SessionFilter(), changed=True)
+        timed("list, next request", api.SessionFilter())
+        timed("list, filtered (status, workflow)", api.SessionFilter(status="failed", workflow="orders"))
+        timed("list, a tab (waiting for a person)", api.SessionFilter(attention="waiting_input"))
         t = time.perf_counter()
         api.session_waterfall(store, BIG)
         out["session of 10,000 runs"] = time.perf_counter() - t
@@ -92,7 +100,7 @@ async def browser_times(url: str, base: str, runs: int) -> dict[str, float]:
         await page.goto(url)
         await page.wait_for_selector("body[data-ready='1']")
         for name, target in (
-            ("list of 100,000 sessions", base + "/"),
+            ("the session list", base + "/"),
             ("session of 10,000 runs", f"{base}/sessions/{BIG}"),
         ):
             paints, drawn = [], []
@@ -157,11 +165,14 @@ def main() -> None:
         proc.wait(timeout=10)
     width = max(len(k) for k in results)
     print(f"{'what':<{width}}  seconds  target")
+    missed = 0
     for k, v in results.items():
-        mark = "" if "first request" in k or "first paint" in k else ("pass" if v < TARGET_S else "FAIL")
+        mark = "" if "first paint" in k else ("pass" if v < TARGET_S else "FAIL")
+        missed += mark == "FAIL"
         print(f"{k:<{width}}  {v:7.3f}  {('< 2 s ' + mark) if mark else ''}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+    sys.exit(1 if missed else 0)
 
 
 if __name__ == "__main__":

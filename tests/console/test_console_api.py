@@ -339,33 +339,42 @@ def test_the_change_feed_probes_the_store_at_most_once_per_interval(fresh):
         assert feed.version() == v + 1 and feed.probes == 2
 
 
-def test_every_open_page_refreshing_after_a_change_costs_the_store_one_listing(db):
+def test_the_list_never_reads_every_session_and_counts_the_tabs_once_per_change(db):
     from flowscope.console import api
 
     class Counting(SqliteEventStore):
-        calls = {"sessions": 0, "open_runs": 0}
+        calls = {"open_runs": 0}
+        unbounded: list = []  # listings neither cut to a page nor to given ids
 
         def sessions(self):
-            self.calls["sessions"] += 1
-            return super().sessions()
+            raise AssertionError("the console read every session")
 
         def open_runs(self):
             self.calls["open_runs"] += 1
             return super().open_runs()
 
+        def find_sessions(self, query=None, *, limit=None, offset=0):
+            if limit is None and (query is None or query.session_ids is None):
+                self.unbounded.append(query)
+            return super().find_sessions(query, limit=limit, offset=offset)
+
     with Counting(db, readonly=True) as store:
         feed = ChangeFeed(store, interval=60.0)
         for f in (
-            api.SessionFilter(),
+            api.SessionFilter(limit=2),
             api.SessionFilter(status="failed"),
             api.SessionFilter(q="ops"),
-            api.SessionFilter(),
+            api.SessionFilter(attention="waiting_input"),
+            api.SessionFilter(limit=2),
         ):
-            api.list_sessions(feed, f, now=1_000_000.5)  # four pages, one store version, one second
-        assert store.calls == {"sessions": 1, "open_runs": 1}
-        feed.changed()  # the store moved: the next page reads it again, once
+            api.list_sessions(feed, f, now=1_000_000.5)  # five pages, one store version, one second
+        assert store.calls["open_runs"] == 1  # the tabs, once
+        api.list_sessions(feed, api.SessionFilter(), now=1_000_007.5)  # later: the rule again, no read
+        assert store.calls["open_runs"] == 1
+        assert store.unbounded == []
+        feed.changed()  # the store moved: the next page counts the tabs again, once
         api.list_sessions(feed, api.SessionFilter(), now=1_000_000.5)
-        assert store.calls == {"sessions": 2, "open_runs": 2}
+        assert store.calls["open_runs"] == 2
 
 
 def test_the_waterfall_axis_compresses_idle_gaps_and_writes_their_length():

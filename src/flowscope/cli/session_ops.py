@@ -19,7 +19,7 @@ from ..events import Event
 from ..fold import WorkflowState, rebuild
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S, owner_alive, resume_lease_s
 from ..ownership import this_process
-from ..store.base import FINISHED_SESSION_STATUSES, EventStore, SessionInfo
+from ..store.base import FINISHED_SESSION_STATUSES, EventStore, SessionInfo, SessionQuery
 
 __all__ = [
     "CANCEL_REASON",
@@ -108,19 +108,13 @@ def prune_candidates(
     """Finished sessions (``statuses``, default all finished ones) last updated more than
     ``older_than_s`` ago that have no open run, oldest first."""
     now = time.time() if now is None else now
-    wanted = set(statuses) if statuses else set(FINISHED_SESSION_STATUSES)
+    wanted = frozenset(statuses or FINISHED_SESSION_STATUSES) & frozenset(FINISHED_SESSION_STATUSES)
     with_open = {r.session_id for r in store.open_runs()}
-
-    def old(s: SessionInfo) -> bool:
-        return s.updated_at is not None and now - s.updated_at >= older_than_s
-
+    old = store.find_sessions(SessionQuery(statuses=wanted, updated_until=now - older_than_s))
     out = [
         PruneCandidate(s.session_id, s.workflow, s.status, s.updated_at, s.last_seq)
-        for s in store.sessions()
-        if s.status in wanted
-        and s.status in FINISHED_SESSION_STATUSES
-        and old(s)
-        and s.session_id not in with_open
+        for s in old
+        if s.session_id not in with_open
     ]
     out.sort(key=lambda c: c.updated_at or 0.0)
     return out
@@ -152,21 +146,20 @@ def select_sessions(
     least ``older_than_s`` ago (each filter only when given), oldest first."""
     now = time.time() if now is None else now
 
-    def wanted(s: SessionInfo) -> bool:
-        if workflow is not None and s.workflow != workflow:
-            return False
-        if older_than_s is not None and (s.updated_at is None or now - s.updated_at < older_than_s):
-            return False
-        if state == "orphaned":
-            return (
-                s.status == "running"
-                and s.owner is not None
-                and not owner_alive(s.owner, s.lease_expires_at, now)
-            )
-        if state == "running":
-            return s.status == "running" and owner_alive(s.owner, s.lease_expires_at, now)
-        return state is None or s.status == state
+    status = "running" if state == "orphaned" else state
+    query = SessionQuery(
+        statuses=frozenset({status}) if status is not None else None,
+        workflow=workflow,
+        updated_until=now - older_than_s if older_than_s is not None else None,
+    )
 
-    out = [s for s in store.sessions() if wanted(s)]
+    def wanted(s: SessionInfo) -> bool:
+        if state == "orphaned":
+            return s.owner is not None and not owner_alive(s.owner, s.lease_expires_at, now)
+        if state == "running":
+            return owner_alive(s.owner, s.lease_expires_at, now)
+        return True
+
+    out = [s for s in store.find_sessions(query) if wanted(s)]
     out.sort(key=lambda s: s.updated_at or 0.0)
     return out

@@ -20,7 +20,7 @@ from ..liveness import (
     resume_lease_s,
     worker_alive,
 )
-from ..store.base import EventStore, NodeRun, SessionInfo
+from ..store.base import EventStore, NodeRun, SessionInfo, SessionQuery
 from .history import RetryReasons, retry_label
 from .rowparts import (
     input_hint,
@@ -304,7 +304,7 @@ def _queued_rows(store: EventStore, older_than_s: float, now: float) -> list[dic
         g.oldest_submitted_at is None or g.oldest_submitted_at <= cutoff for g in store.queued_summary()
     ):
         return []  # the store's index says nothing queued is old enough: no scan of every session
-    queued = store.recent_sessions(status=QUEUED)
+    queued = store.find_sessions(SessionQuery(statuses=frozenset({QUEUED})))
     old = [s for s in queued if (s.submitted_at or s.started_at or now) <= cutoff]
     if not old:
         return []

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import UnknownSessionError
 from ..fold import OPEN_STATES, NodeState, WorkflowState, rebuild
-from ..store.base import EventLog, SessionInfo
+from ..store.base import EventLog, SessionInfo, SessionQuery
 from .history import SessionHistory, request_row
 from .rowparts import (
     JOB_RESULT_EXAMPLE,
@@ -150,7 +150,8 @@ def runs_rows(
     store: EventLog, *, limit: int | None = None, status: str | None = None, workflow: str | None = None
 ) -> list[dict[str, Any]]:
     """One row per session, most recently updated first."""
-    return session_rows(store, store.recent_sessions(limit, status=status or None, workflow=workflow or None))
+    query = SessionQuery(statuses=frozenset({status}) if status else None, workflow=workflow or None)
+    return session_rows(store, store.find_sessions(query, limit=limit))
 
 
 def session_rows(store: EventLog, sessions: list[SessionInfo]) -> list[dict[str, Any]]:

@@ -7,9 +7,9 @@ hundred open pages cost the store what one does.
 
 The probe is the cheapest sign of a change the store offers: for a SQLite file, one
 ``stat`` of the database and its write-ahead log (no query at all: every commit grows or
-rewrites them); for any other store, the digest of ``sessions()`` (one query, whose
-answer the session list reuses), asked less often when it is slow (ten times its own
-duration at least).
+rewrites them); for any other store, its :meth:`~flowscope.store.log.EventLog.change_mark` (PostgreSQL:
+one aggregate row), asked less often when it is slow (ten times its own duration at
+least).
 
 A store that can say when it changed (:class:`ChangeNotices`: PostgreSQL listens, ``LISTEN``, on a
 channel its appends notify when a session's status moves) wakes the feed: one thread of
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from ..store.base import EventStore, SessionInfo
+from ..store.base import EventStore
 from ..store.sqlite import SqliteEventStore
 from ..threads import start_thread
 
@@ -75,8 +75,6 @@ class ChangeFeed:
         self._mark: Any = None
         self._probed_at = 0.0
         self._cost = 0.0
-        self._sessions: list[SessionInfo] | None = None
-        self._sessions_version = -1
         self.probes = 0  # how many times the store was probed (tests read it)
         # a SQLite file's own files; never a path-like name of another store (a URL)
         path = store.path if isinstance(store, SqliteEventStore) else None
@@ -137,19 +135,12 @@ class ChangeFeed:
         t = time.monotonic()
         self.probes += 1
         self._noticed = False  # a notice during the probe marks it again
-        if self._probe_files is not None:
-            mark: Any = self._probe_files()
-            sessions = None
-        else:
-            sessions = self.store.sessions()
-            mark = tuple((s.session_id, s.last_seq, s.status, s.updated_at, s.epoch) for s in sessions)
+        mark = self._probe_files() if self._probe_files is not None else self.store.change_mark()
         self._cost = time.monotonic() - t
         self._probed_at = time.monotonic()
         if mark != self._mark:
             self._mark = mark
             self._version += 1
-        if sessions is not None:
-            self._sessions, self._sessions_version = sessions, self._version
 
     def version(self) -> int:
         """The change version now: probes the store if the last probe is old enough."""
@@ -165,14 +156,6 @@ class ChangeFeed:
             self._version += 1
             self._mark = None
             return self._version
-
-    def sessions(self) -> tuple[int, list[SessionInfo]]:
-        """Every session (``store.sessions()``), read once per version, and the version."""
-        v = self.version()
-        with self._lock:
-            if self._sessions is None or self._sessions_version != v:
-                self._sessions, self._sessions_version = self.store.sessions(), v
-            return v, self._sessions
 
     async def changes(self, poll: float | None = None) -> Any:
         """Yield each new version (asynchronously), probing no faster than ``interval``."""

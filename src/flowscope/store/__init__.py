@@ -3,7 +3,7 @@
 from typing import TYPE_CHECKING
 
 from ..fold import NodeState, WorkflowState, rebuild
-from .base import EventStore, NodeRun, SessionInfo
+from .base import EventStore, NodeRun, SessionInfo, SessionQuery
 from .memory import MemoryEventStore
 
 if TYPE_CHECKING:  # for type checkers; at run time __getattr__ below imports it on first use
@@ -14,6 +14,7 @@ __all__ = [
     "EventStore",
     "NodeRun",
     "SessionInfo",
+    "SessionQuery",
     "MemoryEventStore",
     "SqliteEventStore",
     "PostgresEventStore",

@@ -45,6 +45,7 @@ from .records import (
     OpenRunGroup,
     QueuedGroup,
     SessionInfo,
+    SessionQuery,
     WorkerInfo,
 )
 from .upkeep import Upkeep
@@ -56,6 +57,7 @@ __all__ = [
     "Inbox",
     "Upkeep",
     "SessionInfo",
+    "SessionQuery",
     "NodeRun",
     "OpenRunGroup",
     "Claim",

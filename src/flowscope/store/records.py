@@ -16,6 +16,8 @@ from ..ownership import Lease, Owner
 
 __all__ = [
     "SessionInfo",
+    "SessionQuery",
+    "ascii_lower",
     "NodeRun",
     "OpenRunGroup",
     "Claim",
@@ -69,6 +71,61 @@ class SessionInfo:
     lease_expires_at: float | None = None
     #: When the run was submitted to be started by a worker (``RunSubmitted``), else None.
     submitted_at: float | None = None
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def ascii_lower(text: str) -> str:
+    """``text`` with its ASCII letters lower-cased and nothing else changed: the case rule
+    of :class:`SessionQuery`'s text filters, which SQL's ``lower()`` gives in SQLite and
+    under PostgreSQL's ``"C"`` collation."""
+    return text.translate(_ASCII_LOWER)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionQuery:
+    """Which sessions :meth:`EventLog.find_sessions` and :meth:`EventLog.status_counts`
+    select: each field that is set narrows the selection, and :meth:`matches` is the rule
+    (a store with a query language answers with a query that selects the same sessions)."""
+
+    statuses: frozenset[str] | None = None
+    workflow: str | None = None
+    #: Last updated at or after / at or before (epoch seconds).
+    updated_since: float | None = None
+    updated_until: float | None = None
+    #: Submitted at or before (for a session never submitted, last updated at or before):
+    #: how long a queued session has waited.
+    submitted_until: float | None = None
+    #: Text in the session id, or in the owner's worker id or host (ASCII letters in
+    #: either case, :func:`ascii_lower`).
+    id_contains: str | None = None
+    owner_contains: str | None = None
+    session_ids: frozenset[str] | None = None
+
+    def matches(self, s: SessionInfo) -> bool:
+        """Whether the query selects ``s``."""
+        if self.statuses is not None and s.status not in self.statuses:
+            return False
+        if self.workflow is not None and s.workflow != self.workflow:
+            return False
+        if self.session_ids is not None and s.session_id not in self.session_ids:
+            return False
+        if self.updated_since is not None and (s.updated_at is None or s.updated_at < self.updated_since):
+            return False
+        if self.updated_until is not None and (s.updated_at is None or s.updated_at > self.updated_until):
+            return False
+        if self.submitted_until is not None:
+            since = s.submitted_at if s.submitted_at is not None else s.updated_at
+            if since is None or since > self.submitted_until:
+                return False
+        if self.id_contains is not None and ascii_lower(self.id_contains) not in ascii_lower(s.session_id):
+            return False
+        if self.owner_contains is not None:
+            o, needle = s.owner, ascii_lower(self.owner_contains)
+            if o is None or (needle not in ascii_lower(o.worker_id) and needle not in ascii_lower(o.host)):
+                return False
+        return True
 
 
 @dataclass(frozen=True, slots=True)

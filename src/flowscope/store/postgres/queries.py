@@ -7,6 +7,7 @@ import dataclasses
 
 from ..base import FINISHED_SESSION_STATUSES, NodeRun
 from ..projection_sql import open_where
+from ..session_sql import Dialect
 from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
@@ -33,7 +34,8 @@ __all__ = [
     "SQL_OPEN_SUMMARY",
     "SQL_OPEN_SAME_HOST",
     "SQL_SUMMARY_PLANNER",
-    "SQL_RECENT_SESSIONS",
+    "SQL_CHANGE_MARK",
+    "DIALECT",
     "SQL_SESSION_INFO",
     "SQL_OWNERSHIP_FOR_UPDATE",
     "SQL_NEW_OWNED",
@@ -196,13 +198,27 @@ SQL_OPEN_SAME_HOST = (
 _INFO_COLUMNS = f"session_id, {', '.join(_SESSION_COLUMNS)}, owner, epoch, lease_expires_at, submitted_at"
 #: In SessionInfo field order; rows made by acquire() alone (no event yet) are no session.
 SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = %s AND last_seq > 0"
-#: The sessions, most recently updated first, filtered and cut (a NULL limit: all): a top-N
-#: sort keeps only ``limit`` rows.
-SQL_RECENT_SESSIONS = (
-    f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 "
-    "AND (%(status)s::text IS NULL OR status = %(status)s) AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s) "
-    "ORDER BY coalesce(updated_at, 0) DESC, id LIMIT %(limit)s"
+
+
+#: How PostgreSQL writes a session query (:mod:`flowscope.store.session_sql`): ``lower()``
+#: under the "C" collation folds ASCII letters only (SessionQuery's rule); a NULL limit is
+#: none (a top-N sort keeps only ``offset + limit`` rows).
+DIALECT = Dialect(
+    placeholder="%({name})s",
+    in_list="{col} = ANY({p}::text[])",
+    list_value=list,
+    contains='strpos(lower(({text}) COLLATE "C"), {p}) > 0',
+    owner_field="coalesce(owner->>'{field}', '')",
+    no_limit=None,
+    find_template=f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0{{where}} "
+    "ORDER BY coalesce(updated_at, 0) DESC, id LIMIT %(limit)s OFFSET %(offset)s",
 )
+#: The change mark: appends grow the sum of ``last_seq``, deletions the count, takeovers
+#: the sum of epochs (rows of owned sessions without events included).
+SQL_CHANGE_MARK = (
+    "SELECT count(*), coalesce(sum(last_seq), 0), coalesce(sum(epoch), 0), max(updated_at) FROM sessions"
+)
+
 
 # -- ownership
 SQL_OWNERSHIP_FOR_UPDATE = (

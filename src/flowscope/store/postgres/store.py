@@ -2,23 +2,18 @@
 
 Every append is one transaction that locks its session's row: the last-seq check, the
 epoch fence, the events (primary key ``(session_id, seq)``), the ``node_runs`` projection
-and the session's row commit together or not at all. A store's first append to a session
-locks the row with ``SELECT ... FOR UPDATE`` and reads what the fold needs; it keeps the
-state it wrote, and its next append there is one prepared statement (one round trip)
-whose update of the row, conditional on the row, seq and epoch it expects, takes the lock
-and gates the inserts: on a mismatch nothing is written and the locking path runs. Claims take
-rows with ``FOR UPDATE SKIP LOCKED``, so concurrent claimers on any host never get the
-same session and never wait for each other. An append that makes a session claimable
-(queued, answered) sends a ``NOTIFY``; :meth:`PostgresEventStore.wait_for_work` listens,
-so an idle worker wakes at once (polling stays the fallback).
+and the session's row commit together or not at all. A first append to a session locks
+the row (``SELECT ... FOR UPDATE``) and reads what the fold needs; the store keeps the
+state it wrote, and its next append there is one prepared statement whose conditional
+update of the row takes the lock and gates the inserts (on a mismatch nothing is written
+and the locking path runs). Claims take rows with ``FOR UPDATE SKIP LOCKED``: claimers on
+any host never get the same session nor wait for each other. An append that makes a
+session claimable sends a ``NOTIFY``, so an idle worker (:meth:`wait_for_work`) wakes.
 
-Connections come from a ``psycopg_pool`` pool: every method checks one out for its
-duration, so one store object serves the event loop and the lease-renewal thread at once.
-The statements and the tables are in :mod:`.queries` and :mod:`.schema`; what an append
-is, and who may take a session, in :mod:`flowscope.store.appending` and
-:mod:`flowscope.store.takeover` (this package gives them its SQL: :mod:`.writer`,
-:mod:`.ownership`); the rows use the shared codec (:mod:`flowscope.store.codec`), so a log
-reads the same from either store.
+Connections come from a ``psycopg_pool`` pool, one per method call, so one store serves
+the event loop and the lease-renewal thread at once. SQL: :mod:`.queries`, :mod:`.schema`;
+what an append is and who may take a session: :mod:`flowscope.store.appending`,
+:mod:`flowscope.store.takeover`; rows: the shared :mod:`flowscope.store.codec`.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from operator import attrgetter
 from typing import Any, TypeVar
@@ -40,6 +35,7 @@ from ...events import Event
 from ...jsontext import dumps_finite
 from ...liveness import stale_before
 from ...ownership import Lease, Owner, this_host
+from .. import session_sql
 from ..appending import Cached, append_steps, owner_from_column, prepare_batches, take_in_steps
 from ..base import (
     WORKER_RETENTION_S,
@@ -52,6 +48,7 @@ from ..base import (
     OpenRunGroup,
     QueuedGroup,
     SessionInfo,
+    SessionQuery,
     WorkerInfo,
     count_dead_owners,
     one_renewal,
@@ -299,13 +296,19 @@ class PostgresEventStore(EventStore):
         return int(rows[0][0]) if rows else 0
 
     def sessions(self) -> list[SessionInfo]:
-        return self.recent_sessions()
+        return self.find_sessions()
 
-    def recent_sessions(
-        self, limit: int | None = None, *, status: str | None = None, workflow: str | None = None
+    def find_sessions(
+        self, query: SessionQuery | None = None, *, limit: int | None = None, offset: int = 0
     ) -> list[SessionInfo]:
-        params = {"status": status, "workflow": workflow, "limit": None if limit is None else max(limit, 0)}
-        return [_session_info(r) for r in self._rows("list sessions", q.SQL_RECENT_SESSIONS, params)]
+        rows = self._rows("list sessions", *session_sql.find_sessions(q.DIALECT, query, limit, offset))
+        return [_session_info(r) for r in rows]
+
+    def status_counts(self, query: SessionQuery | None = None) -> dict[str, int]:
+        return dict(self._rows("count sessions", *session_sql.status_counts(q.DIALECT, query)))
+
+    def change_mark(self) -> Hashable:
+        return tuple(self._rows("read the change mark", q.SQL_CHANGE_MARK)[0])
 
     def session_info(self, session_id: str) -> SessionInfo | None:
         rows = self._rows("read a session", q.SQL_SESSION_INFO, (session_id,))

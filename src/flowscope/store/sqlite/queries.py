@@ -7,12 +7,14 @@ our own constants (column names, the open states).
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from ...fold import NodeState
 from ..base import FINISHED_SESSION_STATUSES, NodeRun
 from ..projection_sql import open_where
+from ..session_sql import Dialect
 from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
@@ -21,7 +23,7 @@ __all__ = [
     "SQL_EXPORTED_SEQ",
     "SQL_SET_EXPORTED_SEQ",
     "SQL_SESSION",
-    "SQL_RECENT_SESSIONS",
+    "DIALECT",
     "SQL_LAST_SEQ",
     "SQL_INSERT_EVENT",
     "SQL_READ",
@@ -176,16 +178,24 @@ SQL_HEARTBEAT = (
     "UPDATE node_runs SET heartbeat_at = ? WHERE session_id = ? AND path = ? AND status = 'running'"
 )
 _INFO_COLUMNS = f"session_id, {_SESSION_COLUMNS}, owner, epoch, lease_expires_at, submitted_at"
+_RECENT_FIRST = "ORDER BY coalesce(updated_at, 0.0) DESC, rowid"
 #: In SessionInfo field order; rows made by acquire() alone (no event yet) are no session.
-SQL_SESSIONS = (
-    f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 ORDER BY coalesce(updated_at, 0.0) DESC, rowid"
-)
+SQL_SESSIONS = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 {_RECENT_FIRST}"
 SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = ? AND last_seq > 0"
-#: SQL_SESSIONS filtered and cut (-1: no limit): SQLite keeps only the first ``limit`` while it sorts.
-SQL_RECENT_SESSIONS = (
-    f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 "
-    "AND (:status IS NULL OR status = :status) AND (:workflow IS NULL OR workflow = :workflow) "
-    "ORDER BY coalesce(updated_at, 0.0) DESC, rowid LIMIT :limit"
+
+
+#: How SQLite writes a session query (:mod:`flowscope.store.session_sql`): a list as a JSON
+#: array, ``lower()`` folds ASCII letters only (SessionQuery's rule), no limit is -1 (SQLite
+#: keeps only ``offset + limit`` rows while it sorts).
+DIALECT = Dialect(
+    placeholder=":{name}",
+    in_list="{col} IN (SELECT value FROM json_each({p}))",
+    list_value=json.dumps,
+    contains="instr(lower({text}), {p}) > 0",
+    owner_field="coalesce(json_extract(owner, '$.{field}'), '')",
+    no_limit=-1,
+    find_template=f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0{{where}} {_RECENT_FIRST} "
+    "LIMIT :limit OFFSET :offset",
 )
 
 # -- ownership

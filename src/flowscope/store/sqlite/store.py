@@ -31,6 +31,7 @@ from ...fold import gc_paused
 from ...jsontext import dumps_finite
 from ...liveness import stale_before
 from ...ownership import Lease, Owner, this_host
+from .. import session_sql
 from ..appending import Cached, new_session, owner_from_column, prepare_batches, take_in_steps
 from ..base import (
     WORKER_RETENTION_S,
@@ -43,6 +44,7 @@ from ..base import (
     OpenRunGroup,
     QueuedGroup,
     SessionInfo,
+    SessionQuery,
     WorkerInfo,
     count_dead_owners,
     one_renewal,
@@ -271,17 +273,18 @@ class SqliteEventStore(EventStore):
         return row[0] if row is not None else 0
 
     def sessions(self) -> list[SessionInfo]:
+        return self.find_sessions()
+
+    def find_sessions(
+        self, query: SessionQuery | None = None, *, limit: int | None = None, offset: int = 0
+    ) -> list[SessionInfo]:
         with self._op("list sessions") as conn:
-            rows = conn.execute(q.SQL_SESSIONS).fetchall()
+            rows = conn.execute(*session_sql.find_sessions(q.DIALECT, query, limit, offset)).fetchall()
         return [_session_info(r) for r in rows]
 
-    def recent_sessions(
-        self, limit: int | None = None, *, status: str | None = None, workflow: str | None = None
-    ) -> list[SessionInfo]:
-        params = {"status": status, "workflow": workflow, "limit": -1 if limit is None else max(limit, 0)}
-        with self._op("list sessions") as conn:
-            rows = conn.execute(q.SQL_RECENT_SESSIONS, params).fetchall()
-        return [_session_info(r) for r in rows]
+    def status_counts(self, query: SessionQuery | None = None) -> dict[str, int]:
+        with self._op("count sessions") as conn:
+            return dict(conn.execute(*session_sql.status_counts(q.DIALECT, query)).fetchall())
 
     def session_info(self, session_id: str) -> SessionInfo | None:
         with self._op("read a session") as conn:

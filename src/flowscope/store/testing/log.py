@@ -17,6 +17,7 @@ from ...events import (
     NodeStarted,
     RunFinished,
     RunStarted,
+    RunSubmitted,
 )
 from ...fold import OPEN_STATES, containers
 from ...liveness import ORPHANED, OVERDUE, classify_open_run
@@ -25,6 +26,7 @@ from ..base import (
     JobResultGroup,
     OpenRunGroup,
     SessionInfo,
+    SessionQuery,
     summarize_open_runs,
 )
 from .helpers import (
@@ -189,27 +191,67 @@ class EventLogContract(ProjectionContract):
             ("b", "running"),
         ]
 
-    def test_recent_sessions_are_the_first_of_sessions_filtered_and_cut(self, store: EventLog) -> None:
-        for i, (wf, ended) in enumerate(
-            [("wa", "failed"), ("wb", "completed"), ("wa", "completed"), ("wb", "failed"), ("wa", None)]
-        ):
-            sid = f"s{i}"
+    def test_find_sessions_and_status_counts_select_what_the_query_rule_selects(
+        self, store: EventLog
+    ) -> None:
+        # mixed-case ids (one not ASCII: the text filters fold ASCII letters only), three
+        # workflows, every status a log gives, and distinct times
+        plan = [
+            ("Order-A1", "orders", "failed"),
+            ("order-b2", "orders", "completed"),
+            ("BILL-c3", "billing", "completed"),
+            ("bill-d4", "billing", "failed"),
+            ("etl-E5", "etl", None),
+            ("ÉTÉ-6", "etl", "paused"),
+            ("q-7", "orders", "queued"),
+            ("q-8", "billing", "queued"),
+        ]
+        for i, (sid, wf, ended) in enumerate(plan):
+            if ended == "queued":
+                store.append(sid, [ev(RunSubmitted, sid=sid, workflow=wf, ts=5.0 + i)], 0)
+                continue
             store.append(sid, [ev(RunStarted, sid=sid, workflow=wf, ts=10.0 + i)], 0)
             if ended is not None:
-                store.append(sid, [ev(RunFinished, sid=sid, status=ended, ts=20.0 - i)], 1)
+                store.append(sid, [ev(RunFinished, sid=sid, status=ended, ts=30.0 - i)], 1)
         every = store.sessions()
-        for limit in (None, 0, 1, 2, 10):
-            for status in (None, "completed", "failed", "running", "paused"):
-                for workflow in (None, "wa", "wb", "nope"):
-                    want = [
-                        s
-                        for s in every
-                        if (status is None or s.status == status)
-                        and (workflow is None or s.workflow == workflow)
-                    ]
-                    want = want if limit is None else want[:limit]
-                    got = store.recent_sessions(limit, status=status, workflow=workflow)
-                    assert got == want, (limit, status, workflow)
+        assert len(every) == len(plan)
+        queries = [
+            None,
+            SessionQuery(),
+            SessionQuery(statuses=frozenset({"failed"})),
+            SessionQuery(statuses=frozenset({"completed", "running"})),
+            SessionQuery(statuses=frozenset({"queued"}), submitted_until=9.0),
+            SessionQuery(statuses=frozenset()),
+            SessionQuery(workflow="orders"),
+            SessionQuery(workflow="nope"),
+            SessionQuery(workflow="billing", statuses=frozenset({"failed", "queued"})),
+            SessionQuery(updated_since=14.0),
+            SessionQuery(updated_until=26.0),
+            SessionQuery(updated_since=12.0, updated_until=27.0),
+            SessionQuery(submitted_until=11.0),
+            SessionQuery(id_contains="order"),
+            SessionQuery(id_contains="BiLl"),
+            SessionQuery(id_contains="e5"),
+            SessionQuery(id_contains="été"),  # É is not an ASCII letter: no match
+            SessionQuery(id_contains="ÉTÉ"),
+            SessionQuery(id_contains="%"),  # no wildcard: text, literally
+            SessionQuery(session_ids=frozenset({"q-7", "bill-d4", "ghost"})),
+            SessionQuery(session_ids=frozenset()),
+            SessionQuery(session_ids=frozenset({"Order-A1", "order-b2"}), id_contains="a1"),
+            SessionQuery(owner_contains="w"),  # nobody owns a session here
+        ]
+        for query in queries:
+            want = [s for s in every if query is None or query.matches(s)]
+            assert store.find_sessions(query) == want, query
+            for offset in (0, 1, 3):
+                for limit in (None, 0, 1, 2, 10):
+                    got = store.find_sessions(query, limit=limit, offset=offset)
+                    cut = want[offset:] if limit is None else want[offset : offset + limit]
+                    assert got == cut, (query, limit, offset)
+            counts: dict[str, int] = {}
+            for s in want:
+                counts[s.status] = counts.get(s.status, 0) + 1
+            assert store.status_counts(query) == counts, query
 
     # -- the summaries derived from the projections (metrics scrapes)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -15,7 +16,7 @@ from ...events import (
     RunSubmitted,
 )
 from ...ownership import this_process
-from ..base import EventStore
+from ..base import EventStore, SessionQuery
 from .helpers import (
     dead_owner,
     ev,
@@ -127,6 +128,51 @@ class EventStoreContract(EventLogContract, OwnershipContract, InboxContract, Upk
         assert store.acquire_new("fresh", other, 15.0) is None  # it has events: refused, nothing written
         later = store.acquire("fresh", me, 15.0)
         assert later.epoch == lease.epoch + 1  # acquire_new advanced no epoch
+
+    def test_find_sessions_selects_by_owner_and_never_lists_a_session_without_events(
+        self, store: EventStore
+    ) -> None:
+        owners = {
+            "a": dataclasses.replace(this_process("W-Alpha-1"), host="Node-East"),
+            "b": dataclasses.replace(this_process("w-beta-2"), host="node-west"),
+            "c": None,
+        }
+        for sid, owner in owners.items():
+            epoch = None if owner is None else store.acquire(sid, owner, 15.0).epoch
+            store.append(sid, [ev(RunStarted, sid=sid, workflow="w", ts=1.0)], 0, epoch=epoch)
+        store.acquire_new("owned-no-events", this_process("w-gamma"), 15.0)  # a row, no session
+        every = store.sessions()
+        assert sorted(s.session_id for s in every) == ["a", "b", "c"]
+        assert store.status_counts() == {"running": 3}
+        for needle, want in [
+            ("alpha", {"a"}),
+            ("W-", {"a", "b"}),
+            ("EAST", {"a"}),
+            ("node", {"a", "b"}),
+            ("gamma", set()),
+            ("zzz", set()),
+        ]:
+            query = SessionQuery(owner_contains=needle)
+            got = store.find_sessions(query)
+            assert {s.session_id for s in got} == want == {s.session_id for s in every if query.matches(s)}
+            assert store.status_counts(query) == ({"running": len(want)} if want else {})
+
+    def test_the_change_mark_moves_with_every_append_deletion_and_takeover(self, store: EventStore) -> None:
+        store.append("m0", [ev(RunStarted, sid="m0", workflow="w", ts=1.0)], 0)
+        marks = [store.change_mark()]
+        store.append("m1", [ev(RunStarted, sid="m1", workflow="w", ts=1.0)], 0)
+        marks.append(store.change_mark())
+        assert store.change_mark() == marks[-1]  # nothing changed: the same mark
+        store.append("m1", [ev(RunFinished, sid="m1", status="completed", ts=2.0)], 1)
+        marks.append(store.change_mark())
+        lease = store.acquire("m1", other_host_owner(), 15.0)  # a takeover, no event
+        marks.append(store.change_mark())
+        store.release(lease)
+        assert store.delete_sessions(["m1"]) == ["m1"]
+        marks.append(store.change_mark())
+        # each change moves the mark from the one before (the deletion may bring back the
+        # first: the sessions are then as they were)
+        assert all(a != b for a, b in zip(marks, marks[1:])), marks
 
     def test_append_and_release_ends_the_leases_of_sessions_without_mail(self, store: EventStore) -> None:
         me, other = this_process("w-end"), other_host_owner()
