@@ -167,6 +167,41 @@ def test_audit_keeps_a_root_run_and_a_node_of_the_same_name_apart(work):
     assert sum(1 for line in table if line.split()[:2] == ["slow", "slow"]) == 2
 
 
+def test_the_audit_of_a_whole_store_is_counted_by_the_store_and_equals_the_audit_of_its_runs(tmp_path):
+    import random
+
+    from flowscope.cli import views
+    from flowscope.cli.history import retry_reasons
+    from flowscope.store.testing.helpers import append_in_batches, nested_logs, random_log
+
+    class NoFullRead(SqliteEventStore):
+        def node_runs(self, session_id=None):
+            assert session_id is not None, "the audit read every node run"
+            return super().node_runs(session_id)
+
+    rnd = random.Random(5)
+    with SqliteEventStore(tmp_path / "a.db") as store:
+        for k in range(6):
+            append_in_batches(store, f"r{k}", random_log(rnd, f"r{k}", 120, t0=1000.0 * (k + 1)), rnd)
+        for sid, log in nested_logs(9000.0).items():
+            store.append(sid, log, 0)
+        runs = store.node_runs()
+        want = views.audit_rows(runs, retry_reasons(store, runs))
+        workflows = sorted({r.workflow for r in runs})
+    assert (
+        any(r["errors"] for r in want)
+        and any(r["open"] for r in want)
+        and any(r["retry_errors"] for r in want)
+    )
+    with NoFullRead(tmp_path / "a.db", readonly=True) as store:
+        assert views.store_audit_rows(store) == want
+        for wf in workflows:
+            assert views.store_audit_rows(store, wf) == [r for r in want if r["workflow"] == wf]
+    proc = flowscope("--db", str(tmp_path / "a.db"), "audit", "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert as_json(proc) == json.loads(json.dumps(want))
+
+
 @pytest.mark.slow  # over a second: several console-script runs
 def test_a_multi_line_error_message_keeps_show_on_one_line_per_run(work):
     run_flow(work, "slow", "s1")

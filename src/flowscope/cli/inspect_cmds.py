@@ -166,23 +166,23 @@ def audit(db: str | None, fmt: str, sessions: tuple[str, ...], workflow: str | N
     an enclosing workflow that failed because of them is in FAILED only.
     """
     store = open_store(db)
+    keys: tuple[str, ...] = views.AUDIT_RUN_KEYS if by == "run" else views.AUDIT_KEYS
     with store:
+        if not sessions and by == "node":  # the store counts: no run is held
+            rows = views.store_audit_rows(store, workflow or None)
+            emit(rows, fmt, keys, lambda: audit_table(rows, by))
+            return
         if sessions:
             for sid in sessions:
                 if not store.has_session(sid):
                     raise unknown_session(sid, shown_db(resolve_db(db)))
             node_runs = [r for sid in sessions for r in store.node_runs(sid)]
+            node_runs = [r for r in node_runs if not workflow or r.workflow == workflow]
         else:
-            node_runs = store.node_runs()
-        if workflow:
-            node_runs = [r for r in node_runs if r.workflow == workflow]
+            node_runs = store.find_node_runs(workflow=workflow or None)
         retried = retry_reasons(store, node_runs)
-    if by == "run":
-        rows = views.audit_run_rows(node_runs, retried)
-        keys: tuple[str, ...] = views.AUDIT_RUN_KEYS
-    else:
-        rows = views.audit_rows(node_runs, retried)
-        keys = views.AUDIT_KEYS
+    by_run = by == "run"
+    rows = views.audit_run_rows(node_runs, retried) if by_run else views.audit_rows(node_runs, retried)
     emit(rows, fmt, keys, lambda: audit_table(rows, by))
 
 

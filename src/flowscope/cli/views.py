@@ -32,6 +32,7 @@ from .stuck_views import (
     STUCK_STATES,
     audit_rows,
     audit_run_rows,
+    store_audit_rows,
     stuck_rows,
 )
 
@@ -54,6 +55,7 @@ __all__ = [
     "node_tree",
     "audit_rows",
     "audit_run_rows",
+    "store_audit_rows",
     "stuck_rows",
     "owner_row",
 ]

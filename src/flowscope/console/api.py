@@ -578,8 +578,7 @@ def stuck(
 
 def audit(store: EventStore, *, workflow: str | None = None, by: str = "node") -> list[dict[str, Any]]:
     """The rows of ``flowscope audit`` (``by="run"``: of ``audit --by run``)."""
-    runs = store.node_runs()
-    if workflow:
-        runs = [r for r in runs if r.workflow == workflow]
-    retried = retry_reasons(store, runs)
-    return views.audit_run_rows(runs, retried) if by == "run" else views.audit_rows(runs, retried)
+    if by != "run":
+        return views.store_audit_rows(store, workflow or None)
+    runs = store.find_node_runs(workflow=workflow or None)
+    return views.audit_run_rows(runs, retry_reasons(store, runs))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConcurrencyConflict
@@ -18,9 +18,17 @@ from ..events import Event, JobResultReceived
 from ..fold import OPEN_STATES, containers
 from ..liveness import ORPHANED, OVERDUE, classify_open_run
 from ..ownership import Owner
-from .records import JobResultGroup, NodeRun, OpenRunGroup, QueuedGroup, SessionInfo, SessionQuery
+from .records import (
+    JobResultGroup,
+    NodeRun,
+    NodeRunGroup,
+    OpenRunGroup,
+    QueuedGroup,
+    SessionInfo,
+    SessionQuery,
+)
 
-__all__ = ["EventLog", "number_events", "summarize_open_runs"]
+__all__ = ["EventLog", "number_events", "summarize_open_runs", "group_node_runs"]
 
 
 def number_events(
@@ -48,6 +56,26 @@ def number_events(
             raise ValueError(f"event seq {e.seq} does not continue session {session_id!r} at {seq}")
         out.append(e)
     return out
+
+
+def group_node_runs(runs: Iterable[NodeRun]) -> list[NodeRunGroup]:
+    """``runs`` counted per (workflow, root or not, kind, node), in the order each group's
+    first run comes: the rule :meth:`EventLog.node_run_groups` applies."""
+    acc: dict[tuple[str, bool, str, str], list[int]] = {}
+    for r in runs:
+        key = (r.workflow, "/" not in r.path, r.kind, r.node)
+        a = acc.get(key)
+        if a is None:
+            a = acc[key] = [0] * 8
+        a[0] += 1
+        a[1] += r.status == "completed"
+        a[2] += r.status == "failed"
+        a[3] += r.status == "cancelled"
+        a[4] += r.attempt
+        a[5] = max(a[5], r.attempt)
+        a[6] += r.retries
+        a[7] += r.recoveries
+    return [NodeRunGroup(*key, *a) for key, a in acc.items()]
 
 
 def summarize_open_runs(
@@ -157,6 +185,27 @@ class EventLog(ABC):
         """
         owners = {s.session_id: (s.owner, s.lease_expires_at) for s in self.sessions() if s.owner is not None}
         return summarize_open_runs(self.open_runs(), now, stale_after_s, owners)
+
+    def find_node_runs(
+        self, statuses: Collection[str] | None = None, *, workflow: str | None = None, retried: bool = False
+    ) -> list[NodeRun]:
+        """The rows of :meth:`node_runs` in one of ``statuses``, of ``workflow``, and (with
+        ``retried``) retried at least once, each only when given, in the same order. The
+        default filters :meth:`node_runs`; an SQL store selects in the query."""
+        return [
+            r
+            for r in self.node_runs()
+            if (statuses is None or r.status in statuses)
+            and (workflow is None or r.workflow == workflow)
+            and (not retried or r.retries > 0)
+        ]
+
+    def node_run_groups(self, workflow: str | None = None) -> list[NodeRunGroup]:
+        """Every node run (of ``workflow``, when given) counted per group
+        (:func:`group_node_runs`): what ``flowscope audit`` sums, without holding every run
+        (two million runs took it 12 s and 1.7 GB). An SQL store answers with one
+        ``GROUP BY``, its groups in any order."""
+        return group_node_runs(self.find_node_runs(workflow=workflow))
 
     def find_sessions(
         self, query: SessionQuery | None = None, *, limit: int | None = None, offset: int = 0

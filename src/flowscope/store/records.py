@@ -19,6 +19,7 @@ __all__ = [
     "SessionQuery",
     "ascii_lower",
     "NodeRun",
+    "NodeRunGroup",
     "OpenRunGroup",
     "Claim",
     "ClaimReason",
@@ -167,6 +168,25 @@ class NodeRun:
             error_type=ns.error_type,
             job_deadline_at=ns.job_deadline_at,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRunGroup:
+    """The node runs of one (workflow, root or not, kind, node), counted: what ``flowscope
+    audit`` sums per row (a workflow's root run and a node of its name are two groups)."""
+
+    workflow: str
+    root: bool  # the path has no "/": an invocation's own run
+    kind: str
+    node: str
+    runs: int
+    completed: int
+    failed: int
+    cancelled: int
+    attempts: int
+    max_attempt: int
+    retries: int
+    recoveries: int
 
 
 @dataclass(frozen=True, slots=True)

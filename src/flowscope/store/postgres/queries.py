@@ -7,7 +7,7 @@ import dataclasses
 
 from ..base import FINISHED_SESSION_STATUSES, NodeRun
 from ..projection_sql import open_where
-from ..session_sql import Dialect
+from ..select_sql import Dialect
 from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
@@ -200,7 +200,7 @@ _INFO_COLUMNS = f"session_id, {', '.join(_SESSION_COLUMNS)}, owner, epoch, lease
 SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = %s AND last_seq > 0"
 
 
-#: How PostgreSQL writes a session query (:mod:`flowscope.store.session_sql`): ``lower()``
+#: How PostgreSQL writes a session query (:mod:`flowscope.store.select_sql`): ``lower()``
 #: under the "C" collation folds ASCII letters only (SessionQuery's rule); a NULL limit is
 #: none (a top-N sort keeps only ``offset + limit`` rows).
 DIALECT = Dialect(
@@ -209,6 +209,8 @@ DIALECT = Dialect(
     list_value=list,
     contains='strpos(lower(({text}) COLLATE "C"), {p}) > 0',
     owner_field="coalesce(owner->>'{field}', '')",
+    node_runs_template=SQL_NODE_RUNS + " WHERE TRUE{where} ORDER BY id",
+    root="strpos(path, '/') = 0",
     no_limit=None,
     find_template=f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0{{where}} "
     "ORDER BY coalesce(updated_at, 0) DESC, id LIMIT %(limit)s OFFSET %(offset)s",

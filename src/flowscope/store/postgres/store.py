@@ -35,7 +35,6 @@ from ...events import Event
 from ...jsontext import dumps_finite
 from ...liveness import stale_before
 from ...ownership import Lease, Owner, this_host
-from .. import session_sql
 from ..appending import Cached, append_steps, owner_from_column, prepare_batches, take_in_steps
 from ..base import (
     WORKER_RETENTION_S,
@@ -48,12 +47,12 @@ from ..base import (
     OpenRunGroup,
     QueuedGroup,
     SessionInfo,
-    SessionQuery,
     WorkerInfo,
     count_dead_owners,
     one_renewal,
 )
 from ..codec import decode, encode
+from ..select_sql import SelectsInSql, session_info_of
 from . import inbox as mail
 from . import maintenance, ownership
 from . import queries as q
@@ -73,7 +72,7 @@ _NODE_CACHE_SESSIONS = 64  # sessions whose state an append keeps for the next o
 _BY_WORKFLOW_NODE_RESULT = attrgetter("workflow", "node", "result")
 
 
-class PostgresEventStore(EventStore):
+class PostgresEventStore(SelectsInSql, EventStore):
     """An :class:`EventStore` in a PostgreSQL database, shared by every worker of a fleet.
 
     ``dsn``: a ``postgresql://`` URL or a libpq conninfo string (a password is best kept in
@@ -89,6 +88,8 @@ class PostgresEventStore(EventStore):
     or a newer schema raises a one-line :class:`~flowscope.errors.StoreError` naming
     ``host:port/dbname``; an empty database gets the schema, an older one is migrated.
     """
+
+    dialect = q.DIALECT
 
     def __init__(
         self,
@@ -187,6 +188,8 @@ class PostgresEventStore(EventStore):
     def _rows(self, action: str, sql: str, params: Any = None) -> list[Any]:
         """The rows of one read-only query, retried on a new connection like every read."""
         return self._run(action, lambda c: c.execute(sql, params).fetchall(), retry=True)
+
+    _select = _rows
 
     def _writable(self, action: str) -> None:
         if self.readonly:
@@ -298,21 +301,12 @@ class PostgresEventStore(EventStore):
     def sessions(self) -> list[SessionInfo]:
         return self.find_sessions()
 
-    def find_sessions(
-        self, query: SessionQuery | None = None, *, limit: int | None = None, offset: int = 0
-    ) -> list[SessionInfo]:
-        rows = self._rows("list sessions", *session_sql.find_sessions(q.DIALECT, query, limit, offset))
-        return [_session_info(r) for r in rows]
-
-    def status_counts(self, query: SessionQuery | None = None) -> dict[str, int]:
-        return dict(self._rows("count sessions", *session_sql.status_counts(q.DIALECT, query)))
-
     def change_mark(self) -> Hashable:
         return tuple(self._rows("read the change mark", q.SQL_CHANGE_MARK)[0])
 
     def session_info(self, session_id: str) -> SessionInfo | None:
         rows = self._rows("read a session", q.SQL_SESSION_INFO, (session_id,))
-        return _session_info(rows[0]) if rows else None
+        return session_info_of(rows[0]) if rows else None
 
     def heartbeat(self, session_id: str, paths: Iterable[str], ts: float | None = None) -> None:
         self.heartbeat_many({session_id: list(paths)}, ts)
@@ -535,7 +529,7 @@ class PostgresEventStore(EventStore):
 
     def unexported(self) -> list[tuple[SessionInfo, int]]:
         rows = self._rows("list sessions with spans to ship", q.SQL_UNEXPORTED)
-        return [(_session_info(info), int(exported)) for *info, exported in rows]
+        return [(session_info_of(info), int(exported)) for *info, exported in rows]
 
     def set_exported_seq(self, session_id: str, seq: int) -> None:
         self.set_exported_seqs({session_id: seq})
@@ -581,20 +575,3 @@ class PostgresEventStore(EventStore):
             "measure the database", lambda c: c.execute(q.SQL_STORAGE_BYTES).fetchone(), retry=True
         )
         return int(row[0]) if row is not None else None
-
-
-def _session_info(row: Sequence[Any]) -> SessionInfo:
-    sid, workflow, status, started, updated, last_seq, invocations, owner, epoch, lease, submitted = row
-    return SessionInfo(
-        sid,
-        workflow,
-        status,
-        started,
-        updated,
-        int(last_seq),
-        int(invocations),
-        owner_from_column(owner),
-        int(epoch),
-        lease,
-        submitted,
-    )

@@ -14,7 +14,7 @@ from typing import Any
 from ...fold import NodeState
 from ..base import FINISHED_SESSION_STATUSES, NodeRun
 from ..projection_sql import open_where
-from ..session_sql import Dialect
+from ..select_sql import Dialect
 from .schema import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
@@ -184,7 +184,7 @@ SQL_SESSIONS = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0 {_RECEN
 SQL_SESSION_INFO = f"SELECT {_INFO_COLUMNS} FROM sessions WHERE session_id = ? AND last_seq > 0"
 
 
-#: How SQLite writes a session query (:mod:`flowscope.store.session_sql`): a list as a JSON
+#: How SQLite writes a session query (:mod:`flowscope.store.select_sql`): a list as a JSON
 #: array, ``lower()`` folds ASCII letters only (SessionQuery's rule), no limit is -1 (SQLite
 #: keeps only ``offset + limit`` rows while it sorts).
 DIALECT = Dialect(
@@ -193,6 +193,8 @@ DIALECT = Dialect(
     list_value=json.dumps,
     contains="instr(lower({text}), {p}) > 0",
     owner_field="coalesce(json_extract(owner, '$.{field}'), '')",
+    node_runs_template=SQL_NODE_RUNS + " WHERE TRUE{where} ORDER BY rowid",
+    root="instr(path, '/') = 0",
     no_limit=-1,
     find_template=f"SELECT {_INFO_COLUMNS} FROM sessions WHERE last_seq > 0{{where}} {_RECENT_FIRST} "
     "LIMIT :limit OFFSET :offset",

@@ -31,7 +31,6 @@ from ...fold import gc_paused
 from ...jsontext import dumps_finite
 from ...liveness import stale_before
 from ...ownership import Lease, Owner, this_host
-from .. import session_sql
 from ..appending import Cached, new_session, owner_from_column, prepare_batches, take_in_steps
 from ..base import (
     WORKER_RETENTION_S,
@@ -44,12 +43,12 @@ from ..base import (
     OpenRunGroup,
     QueuedGroup,
     SessionInfo,
-    SessionQuery,
     WorkerInfo,
     count_dead_owners,
     one_renewal,
 )
 from ..codec import decode, encode
+from ..select_sql import SelectsInSql, session_info_of
 from . import maintenance, ownership, schema
 from . import queries as q
 from .appends import append_group, append_one, ends_invocation
@@ -66,7 +65,7 @@ __all__ = ["SqliteEventStore"]
 _NODE_CACHE_SESSIONS = 65536
 
 
-class SqliteEventStore(EventStore):
+class SqliteEventStore(SelectsInSql, EventStore):
     """An :class:`EventStore` in one SQLite file, in WAL mode so readers never block the writer.
 
     ``durability="normal"`` (``synchronous=NORMAL`` in WAL mode: a commit survives a
@@ -79,6 +78,8 @@ class SqliteEventStore(EventStore):
     database, or from a newer flowscope raises a :class:`StoreError` subclass naming the
     file; an older schema is migrated; a new or empty file gets the schema.
     """
+
+    dialect = q.DIALECT
 
     def __init__(
         self,
@@ -176,6 +177,10 @@ class SqliteEventStore(EventStore):
         """``with self._op(action) as conn``: the connection under the store's lock; a
         sqlite3 error in the block is raised as the :class:`StoreError` for ``action``."""
         return Use(self, action, False)
+
+    def _select(self, action: str, sql: str, params: Any) -> list[Any]:
+        with self._op(action) as conn:
+            return conn.execute(sql, params).fetchall()
 
     def _error(self, exc: sqlite3.Error, action: str) -> StoreError:
         """The :class:`StoreError` for ``exc``: first, whether our -wal file was removed."""
@@ -275,21 +280,10 @@ class SqliteEventStore(EventStore):
     def sessions(self) -> list[SessionInfo]:
         return self.find_sessions()
 
-    def find_sessions(
-        self, query: SessionQuery | None = None, *, limit: int | None = None, offset: int = 0
-    ) -> list[SessionInfo]:
-        with self._op("list sessions") as conn:
-            rows = conn.execute(*session_sql.find_sessions(q.DIALECT, query, limit, offset)).fetchall()
-        return [_session_info(r) for r in rows]
-
-    def status_counts(self, query: SessionQuery | None = None) -> dict[str, int]:
-        with self._op("count sessions") as conn:
-            return dict(conn.execute(*session_sql.status_counts(q.DIALECT, query)).fetchall())
-
     def session_info(self, session_id: str) -> SessionInfo | None:
         with self._op("read a session") as conn:
             row = conn.execute(q.SQL_SESSION_INFO, (session_id,)).fetchone()
-        return _session_info(row) if row is not None else None
+        return session_info_of(row) if row is not None else None
 
     def heartbeat(self, session_id: str, paths: Iterable[str], ts: float | None = None) -> None:
         self.heartbeat_many({session_id: list(paths)}, ts)
@@ -538,9 +532,9 @@ class SqliteEventStore(EventStore):
     def unexported(self) -> list[tuple[SessionInfo, int]]:
         with self._op("list sessions with spans to ship") as conn:
             if conn.execute(q.SQL_HAS_SPAN_EXPORTS).fetchone() is None:  # nothing shipped from this file yet
-                return [(_session_info(r), 0) for r in conn.execute(q.SQL_SESSIONS).fetchall()]
+                return [(session_info_of(r), 0) for r in conn.execute(q.SQL_SESSIONS).fetchall()]
             rows = conn.execute(q.SQL_UNEXPORTED).fetchall()
-        return [(_session_info(info), int(exported)) for *info, exported in rows]
+        return [(session_info_of(info), int(exported)) for *info, exported in rows]
 
     def set_exported_seq(self, session_id: str, seq: int) -> None:
         self.set_exported_seqs({session_id: seq})
@@ -582,12 +576,3 @@ class SqliteEventStore(EventStore):
         self._node_cache.clear()
         with self._write("rebuild the projections") as conn:
             maintenance.rebuild_projections(conn, self.path)
-
-
-def _session_info(row: Sequence[Any]) -> SessionInfo:
-    """A row of ``SQL_SESSIONS`` / ``SQL_SESSION_INFO``."""
-    sid, workflow, status, started, updated, last_seq, invocations, owner, epoch, lease, submitted = row
-    owned = owner_from_column(owner)
-    return SessionInfo(
-        sid, workflow, status, started, updated, last_seq, invocations, owned, epoch, lease, submitted
-    )

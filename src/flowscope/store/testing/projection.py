@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from operator import attrgetter
 
 from ...events import (
     InputReceived,
@@ -27,6 +28,7 @@ from ..base import (
     QueuedGroup,
     SessionInfo,
 )
+from ..log import group_node_runs
 from .base import ContractBase
 from .helpers import (
     INV,
@@ -34,6 +36,7 @@ from .helpers import (
     answer_events,
     append_in_batches,
     ev,
+    nested_logs,
     node_ev,
     paused_log,
     random_log,
@@ -429,6 +432,41 @@ class ProjectionContract(ContractBase):
         assert open_runs == sorted(
             (r for r in store.node_runs() if r.status in OPEN_STATES), key=lambda r: r.started_at or 0.0
         )
+
+    def test_find_node_runs_and_node_run_groups_select_and_count_what_node_runs_holds(
+        self, store: EventLog
+    ) -> None:
+        rnd = random.Random(11)
+        for k, sid in enumerate(("g1", "g2", "g3", "g4")):
+            append_in_batches(store, sid, random_log(rnd, sid, 150, t0=1000.0 * (k + 1)), rnd)
+        for sid, log in nested_logs(9000.0).items():  # a root run and nested workflows
+            store.append(sid, log, 0)
+        every = store.node_runs()
+        workflows = sorted({r.workflow for r in every})
+        assert {r.status for r in every} >= {"completed", "failed", "running"}
+        assert any(r.retries for r in every) and any("/" not in r.path for r in every)
+        for statuses in (
+            None,
+            frozenset({"failed"}),
+            frozenset(OPEN_STATES),
+            frozenset({"cancelled", "completed"}),
+        ):
+            for workflow in (None, *workflows, "nope"):
+                for retried in (False, True):
+                    want = [
+                        r
+                        for r in every
+                        if (statuses is None or r.status in statuses)
+                        and (workflow is None or r.workflow == workflow)
+                        and (not retried or r.retries > 0)
+                    ]
+                    got = store.find_node_runs(statuses, workflow=workflow, retried=retried)
+                    assert got == want, (statuses, workflow, retried)
+        key = attrgetter("workflow", "root", "kind", "node")
+        for workflow in (None, *workflows, "nope"):
+            groups = group_node_runs(r for r in every if workflow is None or r.workflow == workflow)
+            assert sorted(store.node_run_groups(workflow), key=key) == sorted(groups, key=key), workflow
+        assert sum(g.runs for g in store.node_run_groups()) == len(every)
 
     def test_node_run_output_values_round_trip_exactly(self, store: EventLog) -> None:
         values = [
