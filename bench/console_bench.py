@@ -84,6 +84,11 @@ def server_times(db: Path) -> dict[str, float]:
         timed("list, next request", api.SessionFilter())
         timed("list, filtered (status, workflow)", api.SessionFilter(status="failed", workflow="orders"))
         timed("list, a tab (waiting for a person)", api.SessionFilter(attention="waiting_input"))
+        timed(
+            "list, by error code (after a change)",
+            api.SessionFilter(error_code="UNKNOWN_ERROR"),
+            changed=True,
+        )
         t = time.perf_counter()
         api.session_waterfall(store, BIG)
         out["session of 10,000 runs"] = time.perf_counter() - t

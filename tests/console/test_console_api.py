@@ -365,6 +365,7 @@ def test_the_list_never_reads_every_session_and_counts_the_tabs_once_per_change(
             api.SessionFilter(status="failed"),
             api.SessionFilter(q="ops"),
             api.SessionFilter(attention="waiting_input"),
+            api.SessionFilter(error_code="UNKNOWN_ERROR"),
             api.SessionFilter(limit=2),
         ):
             api.list_sessions(feed, f, now=1_000_000.5)  # five pages, one store version, one second
@@ -375,6 +376,32 @@ def test_the_list_never_reads_every_session_and_counts_the_tabs_once_per_change(
         feed.changed()  # the store moved: the next page counts the tabs again, once
         api.list_sessions(feed, api.SessionFilter(), now=1_000_000.5)
         assert store.calls["open_runs"] == 2
+
+
+def test_the_error_code_filter_selects_exactly_the_sessions_whose_row_shows_that_code(tmp_path):
+    import random
+
+    from flowscope.cli import views
+    from flowscope.console import api
+    from flowscope.store.testing.helpers import append_in_batches, nested_logs, random_log
+
+    rnd = random.Random(3)
+    with SqliteEventStore(tmp_path / "codes.db") as store:
+        for k in range(12):
+            append_in_batches(store, f"r{k}", random_log(rnd, f"r{k}", 80, t0=1000.0 * (k + 1)), rnd)
+        for sid, log in nested_logs(20000.0).items():
+            store.append(sid, log, 0)
+        rows = views.session_rows(store, store.sessions())
+        feed = ChangeFeed(store, interval=60.0)
+        codes = {r["error_code"] for r in rows} - {None}
+        assert len(codes) >= 2  # random failures of more than one code
+        for code in sorted(codes):
+            want = [r["session_id"] for r in rows if r["error_code"] == code]
+            got, total, _tabs = api.list_sessions(feed, api.SessionFilter(error_code=code, limit=500))
+            assert [r["session_id"] for r in got] == want and total == len(want), code
+            for tab in api.ATTENTION:  # narrowed by a tab (maybe an empty one): never widened
+                got, total, tabs = api.list_sessions(feed, api.SessionFilter(error_code=code, attention=tab))
+                assert total <= min(len(want), tabs[tab])
 
 
 def test_the_waterfall_axis_compresses_idle_gaps_and_writes_their_length():

@@ -24,6 +24,7 @@ __all__ = [
     "owner_row",
     "open_containers",
     "origin_failures",
+    "session_error_codes",
 ]
 
 JOB_RESULT_EXAMPLE = '{"success": true, "count": 1, "data": {}}'
@@ -96,4 +97,17 @@ def origin_failures(runs: Iterable[NodeRun]) -> set[tuple[str, str]]:
     for sid, paths in failed.items():
         enclosing = containers(paths)
         out.update((sid, p) for p in paths if p not in enclosing)
+    return out
+
+
+def session_error_codes(failed: Iterable[NodeRun]) -> dict[str, str]:
+    """Each session's error code, from its failed runs in the store's order: the first code
+    of a run where a failure began (:func:`origin_failures`); sessions without one are left
+    out. The ``error_code`` of ``flowscope runs`` and what the console filters by."""
+    failed = [r for r in failed if r.status == "failed"]
+    origins = origin_failures(failed)
+    out: dict[str, str] = {}
+    for r in failed:
+        if r.error_code is not None and r.session_id not in out and (r.session_id, r.path) in origins:
+            out[r.session_id] = r.error_code
     return out

@@ -23,6 +23,7 @@ from .rowparts import (
     origin_failures,
     owner_row,
     round_or_none,
+    session_error_codes,
 )
 from .stuck_views import (
     AUDIT_KEYS,
@@ -51,6 +52,7 @@ __all__ = [
     "load_session",
     "runs_rows",
     "session_rows",
+    "session_error_codes",
     "show_rows",
     "node_tree",
     "audit_rows",
@@ -164,8 +166,10 @@ def session_rows(store: EventLog, sessions: list[SessionInfo]) -> list[dict[str,
     runs = [r for s in sessions for r in store.node_runs(s.session_id)]  # indexed by session
     origins = origin_failures(runs)
     enclosing = open_containers(runs)
+    codes = session_error_codes(runs)
     per: dict[str, dict[str, Any]] = {
-        sid: {"node_runs": 0, "open_runs": 0, "failed_runs": 0, "error_code": None} for sid in wanted
+        sid: {"node_runs": 0, "open_runs": 0, "failed_runs": 0, "error_code": codes.get(sid)}
+        for sid in wanted
     }
     for r in runs:
         acc = per[r.session_id]
@@ -174,8 +178,6 @@ def session_rows(store: EventLog, sessions: list[SessionInfo]) -> list[dict[str,
             acc["open_runs"] += 1
         if (r.session_id, r.path) in origins:
             acc["failed_runs"] += 1
-            if acc["error_code"] is None:
-                acc["error_code"] = r.error_code
     rows = []
     for s in sessions:
         duration = (

@@ -27,7 +27,7 @@ from ..errors import UnknownSessionError
 from ..events import TERMINAL_TYPES, Event, NodeRetrying, NodeStarted, RunStarted
 from ..fold import rebuild
 from ..liveness import ORPHANED, OVERDUE, RUNNING, WAITING_INPUT, WAITING_JOB, classify_open_run
-from ..store.base import SESSION_STATUSES, EventStore, NodeRun, SessionInfo, SessionQuery
+from ..store.base import EventStore, NodeRun, SessionInfo, SessionQuery
 from .live import ChangeFeed
 
 __all__ = [
@@ -226,14 +226,13 @@ def attention_tabs(
 
 
 class _FeedCache:
-    """What the list reuses between requests of one console: each session's ``runs`` error
-    code, kept per (session, last_seq), so a filter by code reads a session's runs once
-    until it changes; and the attention tabs: the store's part read once per store version
-    (:func:`read_tabs`), so every open page refreshing after a change costs the store one
-    read of the open runs, and the rule applied once per second."""
+    """What the list reuses between requests of one console, per store version: every
+    session's error code (from the failed runs alone), and the attention tabs: the store's
+    part read once per version (:func:`read_tabs`), so every open page refreshing after a
+    change costs the store one read of the open runs, and the rule applied once a second."""
 
     def __init__(self) -> None:
-        self._codes: dict[str, tuple[int, str | None]] = {}
+        self._codes: tuple[int, dict[str, str]] | None = None
         self._reads: tuple[int, TabReads] | None = None
         self._tabs: tuple[tuple[int, int, float, float], Tabs] | None = None
 
@@ -254,21 +253,14 @@ class _FeedCache:
             self._tabs = (key, tabs)
         return self._tabs[1]
 
-    def of(self, store: EventStore, sessions: Iterable[SessionInfo]) -> dict[str, str | None]:
-        todo = [s for s in sessions if self._codes.get(s.session_id, (-1, None))[0] != s.last_seq]
-        for start in range(0, len(todo), 200):
-            chunk = todo[start : start + 200]
-            for s, row in zip(chunk, views.session_rows(store, chunk)):
-                self._codes[s.session_id] = (s.last_seq, row["error_code"])
-        return {s.session_id: self._codes[s.session_id][1] for s in sessions}
+    def codes(self, store: EventStore, version: int) -> dict[str, str]:
+        if self._codes is None or self._codes[0] != version:
+            self._codes = (version, views.session_error_codes(store.find_node_runs(frozenset({"failed"}))))
+        return self._codes[1]
 
 
 #: One cache per change feed (per console, per store).
 _CACHES: weakref.WeakKeyDictionary[ChangeFeed, _FeedCache] = weakref.WeakKeyDictionary()
-
-#: A session's error code is where its first failure began: completed and queued sessions
-#: have none, so a filter by code reads only the others' runs.
-_MAY_HAVE_A_CODE = frozenset(SESSION_STATUSES) - {"completed", "queued"}
 
 
 def _both(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
@@ -312,19 +304,16 @@ def list_sessions(
     now = time.time() if now is None else now
     store = feed.store
     cache = _CACHES.setdefault(feed, _FeedCache())
-    tabs = cache.tabs(store, feed.version(), now, stale_after_s, queued_after_s)
+    version = feed.version()
+    tabs = cache.tabs(store, version, now, stale_after_s, queued_after_s)
     query = session_query(f, tabs.queries[f.attention] if f.attention is not None else None)
     if f.error_code is not None:
-        maybe = store.find_sessions(
-            dataclasses.replace(query, statuses=_both(query.statuses, _MAY_HAVE_A_CODE))
-        )
-        codes = cache.of(store, maybe)
-        chosen = [s for s in maybe if codes[s.session_id] == f.error_code]
-        page, total = chosen[f.offset : f.offset + f.limit], len(chosen)
-    else:
-        page = store.find_sessions(query, limit=f.limit, offset=f.offset)
-        counts = tabs.statuses if query == SessionQuery() else store.status_counts(query)
-        total = sum(counts.values())
+        coded = frozenset(sid for sid, code in cache.codes(store, version).items() if code == f.error_code)
+        within = query.session_ids  # an attention tab's sessions (maybe none), or None: all
+        query = dataclasses.replace(query, session_ids=coded if within is None else coded & within)
+    page = store.find_sessions(query, limit=f.limit, offset=f.offset)
+    counts = tabs.statuses if query == SessionQuery() else store.status_counts(query)
+    total = sum(counts.values())
     return views.session_rows(store, page), total, dict(tabs.counts)
 
 
