@@ -94,6 +94,10 @@ class Sizes:
     flat_reps: int = 5
     worker_reps: int = 2
     worker_node_runs: int = 4000  # per chain length in the worker, one session at a time
+    #: Sessions submitted at each concurrency at least: ten sessions at a time over a
+    #: thousand, so the row measures the worker's steady pace at that concurrency, not one
+    #: burst of ten sessions (a hundred node runs, ~20 ms: its start and its end).
+    worker_sessions_min: int = 1000
     pg_reps: int = 9
 
 
@@ -110,6 +114,7 @@ SMOKE = Sizes(
     flat_reps=1,
     worker_reps=1,
     worker_node_runs=40,
+    worker_sessions_min=20,
     pg_reps=1,
 )
 
@@ -637,7 +642,7 @@ class Bench:
                 per_run, _mem = self.worker_once(n, count, concurrency=1)
                 chain_rows[n].append(per_run)
             for k in s.flat_sessions:
-                per_run, mem_kib = self.worker_once(10, k, concurrency=k)
+                per_run, mem_kib = self.worker_once(10, max(k, s.worker_sessions_min), concurrency=k)
                 sess_rows[k].append(per_run)
                 hwm[k] = max(hwm.get(k, 0.0), mem_kib)
                 self.log(f"  worker: {k} sessions done")
@@ -649,7 +654,8 @@ class Bench:
             "`bench/worker_main.py worker worker_flows:WORKFLOWS --otlp-endpoint ... --metrics-port 0`: the real "
             "command with its full stack on (tracing as `configure_tracing` builds it, into the no-op exporter; "
             "metrics), SQLite. Submitted sessions; the figure is the time from the first `run_started` to the last "
-            "`run_finished` in the log, per node run; memory is the worker's peak RSS (`VmHWM`).\n"
+            "`run_finished` in the log, per node run; memory is the worker's peak RSS (`VmHWM`). At each "
+            f"concurrency the worker runs at least {s.worker_sessions_min:,} sessions, `--concurrency` of them at a time.\n"
         )
         self.p("| chain length (one session at a time) | µs/node |\n| ---: | ---: |")
         for n in s.flat_chains:
