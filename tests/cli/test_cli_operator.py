@@ -168,23 +168,17 @@ def test_audit_keeps_a_root_run_and_a_node_of_the_same_name_apart(work):
 
 
 def test_the_audit_of_a_whole_store_is_counted_by_the_store_and_equals_the_audit_of_its_runs(tmp_path):
-    import random
-
     from flowscope.cli import views
     from flowscope.cli.history import retry_reasons
-    from flowscope.store.testing.helpers import append_in_batches, nested_logs, random_log
+    from flowscope.store.testing.helpers import varied_sessions
 
     class NoFullRead(SqliteEventStore):
         def node_runs(self, session_id=None):
             assert session_id is not None, "the audit read every node run"
             return super().node_runs(session_id)
 
-    rnd = random.Random(5)
     with SqliteEventStore(tmp_path / "a.db") as store:
-        for k in range(6):
-            append_in_batches(store, f"r{k}", random_log(rnd, f"r{k}", 120, t0=1000.0 * (k + 1)), rnd)
-        for sid, log in nested_logs(9000.0).items():
-            store.append(sid, log, 0)
+        varied_sessions(store, seed=5, sessions=6, events=120)
         runs = store.node_runs()
         want = views.audit_rows(runs, retry_reasons(store, runs))
         workflows = sorted({r.workflow for r in runs})

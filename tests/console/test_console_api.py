@@ -379,18 +379,12 @@ def test_the_list_never_reads_every_session_and_counts_the_tabs_once_per_change(
 
 
 def test_the_error_code_filter_selects_exactly_the_sessions_whose_row_shows_that_code(tmp_path):
-    import random
-
     from flowscope.cli import views
     from flowscope.console import api
-    from flowscope.store.testing.helpers import append_in_batches, nested_logs, random_log
+    from flowscope.store.testing.helpers import varied_sessions
 
-    rnd = random.Random(3)
     with SqliteEventStore(tmp_path / "codes.db") as store:
-        for k in range(12):
-            append_in_batches(store, f"r{k}", random_log(rnd, f"r{k}", 80, t0=1000.0 * (k + 1)), rnd)
-        for sid, log in nested_logs(20000.0).items():
-            store.append(sid, log, 0)
+        varied_sessions(store, seed=3, sessions=12, events=80)
         rows = views.session_rows(store, store.sessions())
         feed = ChangeFeed(store, interval=60.0)
         codes = {r["error_code"] for r in rows} - {None}

@@ -43,6 +43,7 @@ __all__ = [
     "one_of_each",
     "random_log",
     "append_in_batches",
+    "varied_sessions",
     "run_of",
     "LIVENESS_CASES",
     "dead_owner",
@@ -373,6 +374,15 @@ def append_in_batches(store: EventLog, sid: str, events: Sequence[Event], rnd: r
         k = rnd.choice((1, 1, 2, 3, 7, 50))
         store.append(sid, events[i : i + k], i)
         i += k
+
+
+def varied_sessions(store: EventLog, seed: int, sessions: int, events: int) -> None:
+    """Sessions ``r0``, ``r1``, ... of :func:`random_log` and of :func:`nested_logs`: some of everything."""
+    rnd = random.Random(seed)
+    for k in range(sessions):  # ~``events`` events each, appended in batches as a runner would
+        append_in_batches(store, f"r{k}", random_log(rnd, f"r{k}", events, t0=1000.0 * (k + 1)), rnd)
+    for sid, log in nested_logs(1000.0 * (sessions + 2)).items():
+        store.append(sid, log, 0)
 
 
 def run_of(store: EventLog, path: str, sid: str = SID) -> NodeRun:

@@ -36,12 +36,12 @@ from .helpers import (
     answer_events,
     append_in_batches,
     ev,
-    nested_logs,
     node_ev,
     paused_log,
     random_log,
     run_of,
     submitted_log,
+    varied_sessions,
 )
 
 __all__ = ["ProjectionContract"]
@@ -436,11 +436,7 @@ class ProjectionContract(ContractBase):
     def test_find_node_runs_and_node_run_groups_select_and_count_what_node_runs_holds(
         self, store: EventLog
     ) -> None:
-        rnd = random.Random(11)
-        for k, sid in enumerate(("g1", "g2", "g3", "g4")):
-            append_in_batches(store, sid, random_log(rnd, sid, 150, t0=1000.0 * (k + 1)), rnd)
-        for sid, log in nested_logs(9000.0).items():  # a root run and nested workflows
-            store.append(sid, log, 0)
+        varied_sessions(store, seed=11, sessions=4, events=150)  # nested workflows too
         every = store.node_runs()
         workflows = sorted({r.workflow for r in every})
         assert {r.status for r in every} >= {"completed", "failed", "running"}
