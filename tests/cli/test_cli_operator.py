@@ -178,7 +178,7 @@ def test_the_audit_of_a_whole_store_is_counted_by_the_store_and_equals_the_audit
             return super().node_runs(session_id)
 
     with SqliteEventStore(tmp_path / "a.db") as store:
-        varied_sessions(store, seed=5, sessions=6, events=120)
+        varied_sessions(store, seed=5, sessions=4, events=100)
         runs = store.node_runs()
         want = views.audit_rows(runs, retry_reasons(store, runs))
         workflows = sorted({r.workflow for r in runs})

@@ -436,7 +436,7 @@ class ProjectionContract(ContractBase):
     def test_find_node_runs_and_node_run_groups_select_and_count_what_node_runs_holds(
         self, store: EventLog
     ) -> None:
-        varied_sessions(store, seed=11, sessions=4, events=150)  # nested workflows too
+        varied_sessions(store, seed=11, sessions=3, events=100)  # nested workflows too
         every = store.node_runs()
         workflows = sorted({r.workflow for r in every})
         assert {r.status for r in every} >= {"completed", "failed", "running"}
@@ -447,7 +447,7 @@ class ProjectionContract(ContractBase):
             frozenset(OPEN_STATES),
             frozenset({"cancelled", "completed"}),
         ):
-            for workflow in (None, *workflows, "nope"):
+            for workflow in (None, workflows[0], "nope"):
                 for retried in (False, True):
                     want = [
                         r
