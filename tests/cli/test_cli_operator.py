@@ -191,9 +191,13 @@ def test_the_audit_of_a_whole_store_is_counted_by_the_store_and_equals_the_audit
         assert views.store_audit_rows(store) == want
         for wf in workflows:
             assert views.store_audit_rows(store, wf) == [r for r in want if r["workflow"] == wf]
-    proc = flowscope("--db", str(tmp_path / "a.db"), "audit", "--format", "json", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert as_json(proc) == json.loads(json.dumps(want))
+    from click.testing import CliRunner
+
+    from flowscope.cli import cli
+
+    r = CliRunner().invoke(cli, ["--db", str(tmp_path / "a.db"), "audit", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) == json.loads(json.dumps(want))
 
 
 @pytest.mark.slow  # over a second: several console-script runs

@@ -498,6 +498,7 @@ class _SlowScan(SqliteEventStore):
         return super().unexported()
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_an_idle_follower_spends_at_most_a_tenth_of_its_time_scanning(tmp_path):
     # With a pass every interval whatever the pass cost, a follower beside a million
     # sessions (0.4 s a pass) spent 30% of a core reading watermarks that had not moved.
@@ -509,6 +510,7 @@ def test_an_idle_follower_spends_at_most_a_tenth_of_its_time_scanning(tmp_path):
     store.close()
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_a_follower_with_spans_to_send_keeps_its_interval(tmp_path):
     store = _SlowScan(tmp_path / "f.db", scan_s=0.05)
     exporter = InMemorySpanExporter()
