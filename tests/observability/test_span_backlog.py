@@ -86,6 +86,7 @@ async def test_a_full_batch_queue_makes_spans_wait_rather_than_drop_them(caplog)
     provider.shutdown()
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 async def test_the_tracing_handles_shutdown_hands_the_backlog_over_before_it_stops_the_exporters():
     from flowscope.observability.setup import TracingHandle
 
@@ -297,6 +298,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_a_program_that_ends_without_flushing_exports_the_spans_that_waited_for_room(tmp_path):
     from pathlib import Path
 
