@@ -11,6 +11,7 @@ is a parameter.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -155,8 +156,9 @@ class SelectsInSql:
 
     dialect: ClassVar[Dialect]
 
+    @abstractmethod
     def _select(self, action: str, sql: str, params: Any) -> list[Any]:
-        raise NotImplementedError  # the adapter's
+        """The rows of one read-only query (``action`` names it in a ``StoreError``)."""
 
     def find_sessions(
         self, query: SessionQuery | None = None, *, limit: int | None = None, offset: int = 0
