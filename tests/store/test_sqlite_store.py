@@ -290,6 +290,25 @@ def test_processes_creating_the_same_new_file_at_once(db_path):
 
 
 @pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
+def test_opening_waits_for_another_writer_before_switching_to_wal(db_path):
+    # SQLite answers the switch to WAL with SQLITE_BUSY at once, without its busy handler,
+    # while another connection holds a write lock on a rollback-journal file (as when
+    # processes create the same new file at once): the open must wait, not fail.
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started()], 0)
+    raw(db_path).execute("PRAGMA journal_mode = DELETE")
+    holder = raw(db_path)
+    holder.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.3, lambda: holder.execute("COMMIT")).start()
+    t0 = time.monotonic()
+    with SqliteEventStore(db_path, busy_timeout=10) as s:
+        assert time.monotonic() - t0 >= 0.25
+        assert s.journal_mode == "wal"
+        assert [e.seq for e in s.read(SID)] == [1]
+    holder.close()
+
+
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_a_writer_waits_for_another_process_lock_then_succeeds(db_path):
     with SqliteEventStore(db_path) as s:
         s.append(SID, [started()], 0)

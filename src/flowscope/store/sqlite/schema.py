@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,6 +66,7 @@ __all__ = [
     "connect",
     "read_version",
     "ensure_schema",
+    "journal_mode",
     "rollback",
 ]
 
@@ -373,3 +375,28 @@ def ensure_schema(
             action = f"migrate the schema from version {version} to {DB_SCHEMA_VERSION}"
             raise store_error(exc, path, action, busy_timeout) from exc
         raise
+
+
+def journal_mode(conn: sqlite3.Connection, readonly: bool, busy_timeout: float) -> str:
+    """The file's journal mode, switched to WAL first unless ``readonly``.
+
+    The switch needs the file to itself, and SQLite returns ``SQLITE_BUSY`` at once, without
+    calling the busy handler, when another connection holds a lock that could deadlock with it
+    (processes creating the same new file at once meet this). So the switch is retried here
+    until ``busy_timeout`` runs out.
+    """
+    if readonly:
+        return str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+    deadline = time.monotonic() + busy_timeout
+    pause = 0.001
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+        except sqlite3.OperationalError as exc:
+            if (
+                primary_code(exc) not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+                or time.monotonic() >= deadline
+            ):
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)

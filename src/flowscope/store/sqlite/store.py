@@ -113,8 +113,7 @@ class SqliteEventStore(SelectsInSql, EventStore):
             self.db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
             schema.ensure_schema(conn, self.db, self.path, readonly, busy_timeout)
-            pragma = "PRAGMA journal_mode" if readonly else "PRAGMA journal_mode = WAL"
-            self.journal_mode = str(conn.execute(pragma).fetchone()[0]).lower()
+            self.journal_mode = schema.journal_mode(conn, readonly, busy_timeout)
             conn.execute(f"PRAGMA synchronous = {schema.DURABILITY[durability]}")
             if not readonly and self.journal_mode == "wal":
                 page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
