@@ -148,7 +148,10 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
     race_futures = []
     kills = 0
     t0 = time.monotonic()
-    pool = ThreadPoolExecutor(max_workers=3)
+    pool = ThreadPoolExecutor(max_workers=3)  # `flowscope resume` processes, a second or so each when loaded
+    # The in-process answers to running sessions get threads of their own: queued behind the
+    # CLI's processes they arrived after race_slow's 0.4 s, when the session had paused.
+    race_pool = ThreadPoolExecutor(max_workers=2)
     futures = []
     try:
         next_kill = time.monotonic() + KILL_EVERY_S
@@ -170,7 +173,7 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
                         for ns in rebuild(store.read(sid)).nodes.values()
                     ):
                         answered.add(sid)
-                        race_futures.append(pool.submit(answer_now, db, sid))
+                        race_futures.append(race_pool.submit(answer_now, db, sid))
                 for sid, status in statuses.items():
                     if status != "paused" or sid in answered:
                         continue
@@ -202,6 +205,7 @@ def test_three_workers_one_killed_every_half_second_complete_every_session_once(
                 time.sleep(0.1)
     finally:
         pool.shutdown(wait=False)
+        race_pool.shutdown(wait=False)
         cw.stop_workers(workers)
 
     # the workers still alive drain and exit 0 on SIGTERM
