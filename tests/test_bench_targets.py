@@ -80,3 +80,38 @@ def test_telemetry_layers_prints_one_row_per_layer_for_every_workload() -> None:
         for row in rows:
             cells = [c.strip() for c in row.split("|")[1:-1]]
             assert float(cells[1]) > 0 and float(cells[3]) > 0, row
+
+
+@pytest.mark.slow  # a console-script run of the bench
+def test_wal_pages_reads_one_frame_per_one_row_commit_and_more_per_node():
+    """bench/wal_pages.py counts commits and pages from the WAL frames it reads back: the
+    one-row floor is exactly one page per commit, a node's commit several."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "wal_pages.py"),
+            "--chain",
+            "20",
+            "--runs",
+            "2",
+            "--sessions",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    heads = re.findall(r"^(.+): (\d+) frames in (\d+) commits, (\d+) (\w[\w ]*)$", proc.stdout, re.M)
+    assert [h[0] for h in heads] == [
+        "SQLite alone, 20-chain x 2",
+        "SQLite alone, 20 concurrent 10-chains",
+        "floor: one-row commit",
+    ]
+    (_, chain_frames, chain_commits, nodes, _), (_, many_frames, _, runs, _), floor = heads
+    assert floor[2:4] == ("1000", "1000")  # a commit per row, each read back from its frame
+    assert int(floor[1]) - int(floor[2]) < 50  # one page per commit, and now and then a new interior page
+    assert int(nodes) == 40 and int(runs) == 200
+    assert int(chain_frames) > 4 * int(chain_commits)  # the events, the runs, their indexes, the session
+    assert int(many_frames) < int(chain_frames) / 40 * 200  # group commits share their pages
