@@ -100,14 +100,18 @@ def origin_failures(runs: Iterable[NodeRun]) -> set[tuple[str, str]]:
     return out
 
 
-def session_error_codes(failed: Iterable[NodeRun]) -> dict[str, str]:
-    """Each session's error code, from its failed runs in the store's order: the first code
-    of a run where a failure began (:func:`origin_failures`); sessions without one are left
-    out. The ``error_code`` of ``flowscope runs`` and what the console filters by."""
-    failed = [r for r in failed if r.status == "failed"]
-    origins = origin_failures(failed)
+def session_error_codes(
+    runs: Iterable[NodeRun], origins: set[tuple[str, str]] | None = None
+) -> dict[str, str]:
+    """Each session's error code, from its runs in the store's order: the first code of a
+    run where a failure began (``origins``, :func:`origin_failures` of ``runs`` unless
+    given); sessions without one are left out. The ``error_code`` of ``flowscope runs`` and
+    what the console filters by."""
+    runs = list(runs)
+    if origins is None:
+        origins = origin_failures(runs)
     out: dict[str, str] = {}
-    for r in failed:
+    for r in runs:
         if r.error_code is not None and r.session_id not in out and (r.session_id, r.path) in origins:
             out[r.session_id] = r.error_code
     return out

@@ -166,7 +166,7 @@ def session_rows(store: EventLog, sessions: list[SessionInfo]) -> list[dict[str,
     runs = [r for s in sessions for r in store.node_runs(s.session_id)]  # indexed by session
     origins = origin_failures(runs)
     enclosing = open_containers(runs)
-    codes = session_error_codes(runs)
+    codes = session_error_codes(runs, origins)
     per: dict[str, dict[str, Any]] = {
         sid: {"node_runs": 0, "open_runs": 0, "failed_runs": 0, "error_code": codes.get(sid)}
         for sid in wanted
