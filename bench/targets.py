@@ -187,21 +187,33 @@ class Flow:
         self.store.close()
 
 
-def sqlite_commit_floor(folder: str, n: int) -> Callable[[], float]:
-    """``n`` one-row commits (``BEGIN; INSERT; COMMIT``) on a WAL file with ``synchronous=NORMAL``,
-    the SQLite store's durability: what any store that commits every step pays at least."""
+def floor_db(folder: str) -> sqlite3.Connection:
+    """A new file for the one-row commit: WAL with ``synchronous=NORMAL`` (the SQLite
+    store's durability), one table of integer keys."""
     conn = sqlite3.connect(os.path.join(folder, f"floor-{uuid.uuid4().hex}.db"), isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("CREATE TABLE step (id INTEGER PRIMARY KEY, v TEXT)")
+    return conn
+
+
+def one_row_commits(conn: sqlite3.Connection, n: int) -> None:
+    """``n`` one-row commits (``BEGIN; INSERT; COMMIT``) on a :func:`floor_db`."""
+    for _ in range(n):
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO step (v) VALUES ('x')")
+        conn.execute("COMMIT")
+
+
+def sqlite_commit_floor(folder: str, n: int) -> Callable[[], float]:
+    """``n`` one-row commits on a :func:`floor_db`: what any store that commits every step
+    pays at least."""
+    conn = floor_db(folder)
 
     def run() -> float:
         gc.collect()
         t0 = time.perf_counter()
-        for _ in range(n):
-            conn.execute("BEGIN")
-            conn.execute("INSERT INTO step (v) VALUES ('x')")
-            conn.execute("COMMIT")
+        one_row_commits(conn, n)
         return time.perf_counter() - t0
 
     return run

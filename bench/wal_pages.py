@@ -3,13 +3,14 @@
     PYTHONPATH=src python bench/wal_pages.py [--chain 200] [--runs 5] [--sessions 1000]
 
 Runs ``--runs`` 200-chains one after another, then ``--sessions`` concurrent 10-chains,
-on SQLite alone (``targets.Flow``), and the one-row commit of ``targets.sqlite_commit_floor``;
-reads back the WAL frames each wrote (the store's automatic checkpoint is off while it
-runs, so the WAL holds them all) and prints, per commit, how many 1 KiB pages went to the
-WAL and of which kind: page 1 (the database header, rewritten whenever the file grows), the
-leaves and interior pages of tables and of indexes. Every page an append changes goes to
-the WAL whole, with a 24-byte frame header, and costs two ``pwrite`` calls and a checksum:
-this is the store's share of the gap between SQLite alone and the one-row floor.
+on SQLite alone (``targets.Flow``), and the one-row commits of the targets' floor
+(``targets.floor_db``); reads back the WAL frames each wrote (the automatic checkpoint is
+off while it runs, so the WAL holds them all) and prints, per commit, how many pages went
+to the WAL (the store's are 1 KiB, the floor's file has SQLite's default 4 KiB) and of
+which kind: page 1 (the database header, rewritten whenever the file grows), the leaves
+and interior pages of tables and of indexes. Every page an append changes goes to the WAL
+whole, with a 24-byte frame header, and costs two ``pwrite`` calls and a checksum: this is
+the store's share of the gap between SQLite alone and the one-row floor.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sqlite3
 import sys
 import tempfile
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -29,7 +28,7 @@ sys.path.insert(0, str(HERE))
 
 import workflows as W  # noqa: E402
 from flowscope.store.sqlite import SqliteEventStore  # noqa: E402
-from targets import Flow  # noqa: E402
+from targets import Flow, floor_db, one_row_commits  # noqa: E402
 
 FRAME_HEADER = 24
 WAL_HEADER = 32
@@ -90,19 +89,13 @@ def measure_flow(
 
 
 def measure_floor(folder: str, n: int) -> list[tuple[int, str, bool]]:
-    path = os.path.join(folder, f"floor-{uuid.uuid4().hex}.db")
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA page_size = 1024")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
+    conn = floor_db(folder)
     conn.execute("PRAGMA wal_autocheckpoint = 0")
-    conn.execute("CREATE TABLE step (id INTEGER PRIMARY KEY, v TEXT)")
-    start = wal_size(path)
-    for _ in range(n):
-        conn.execute("BEGIN")
-        conn.execute("INSERT INTO step (v) VALUES ('x')")
-        conn.execute("COMMIT")
-    return frames(path + "-wal", 1024, start)
+    path = conn.execute("PRAGMA database_list").fetchone()[2]
+    start = max(wal_size(path), WAL_HEADER)
+    one_row_commits(conn, n)
+    page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    return frames(path + "-wal", page_size, start)
 
 
 def main() -> None:
