@@ -218,6 +218,45 @@ def test_one_watermark_writer_serves_export_after_export_and_ends_when_idle(tmp_
     store.close()
 
 
+class _CountingStore(SqliteEventStore):
+    """Counts the watermark writes (store transactions) it was asked for."""
+
+    def __init__(self, path) -> None:
+        super().__init__(path)
+        self.writes: list[dict[str, int]] = []
+
+    def set_exported_seqs(self, marks) -> None:
+        self.writes.append(dict(marks))
+        super().set_exported_seqs(marks)
+
+
+def test_the_marks_of_exports_close_together_go_in_one_write_and_flush_writes_at_once(tmp_path, monkeypatch):
+    from flowscope.observability import shipping
+    from flowscope.observability.log_spans import SpanRecord
+
+    monkeypatch.setattr(shipping, "_WRITE_EVERY_S", 30.0)  # longer than the test: only flush() writes early
+    store = _CountingStore(tmp_path / "f.db")
+    ledger = Ledger()
+
+    class Ctx:
+        def __init__(self, span_id: int) -> None:
+            self.context = type("C", (), {"trace_id": 1, "span_id": span_id})()
+
+    for i in range(1, 21):  # twenty exports of short invocations, a few ms apart
+        sid = f"s{i % 4}"
+        ledger.register(store, [SpanRecord("n", 1, i, None, 0.0, 1.0, {}, end_seq=i, session_id=sid)])
+        ledger.exported([Ctx(i)], ok=True)
+        time.sleep(0.005)
+    started = time.monotonic()
+    assert ledger.flush(10)
+    assert time.monotonic() - started < 10  # flush() did not wait for the interval
+    # the first export's mark at once (nothing was written before), the other nineteen together
+    assert len(store.writes) == 2, store.writes
+    assert store.writes[1] == {"s0": 20, "s1": 17, "s2": 18, "s3": 19}
+    assert [store.exported_seq(f"s{k}") for k in range(4)] == [20, 17, 18, 19]
+    store.close()
+
+
 def test_a_forked_child_writes_its_watermarks_though_a_parents_thread_held_the_lock(tmp_path):
 
     from flowscope.observability.log_spans import SpanRecord

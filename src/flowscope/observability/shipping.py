@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -70,6 +71,12 @@ log = logging.getLogger("flowscope.observability.shipping")
 
 #: How long a ledger's watermark writer waits for work before its thread ends.
 _WRITER_IDLE_S = 5.0
+#: At most one watermark write per this many seconds: the marks of exports closer together
+#: than that go into one store transaction (a process that flushes its spans after every
+#: short invocation paid a transaction, and its thread's hand-overs, per invocation).
+#: :meth:`Ledger.flush` writes at once. The price: a kill duplicates at most this long's
+#: exports more.
+_WRITE_EVERY_S = 0.1
 
 
 @lru_cache(maxsize=1)
@@ -167,6 +174,9 @@ class Ledger:
         self._due: dict[int, tuple[Upkeep, dict[str, int]]] = {}  # store id -> (store, {session: mark})
         self._writer: threading.Thread | None = None
         self._busy = False  # the writer is writing marks it took from _due
+        self._gathering = False  # the writer waits for _WRITE_EVERY_S to pass since its last write
+        self._flushing = 0  # callers of flush() waiting: the writer writes at once
+        self._last_write = 0.0  # time.monotonic() at the end of the last write
         self._wake = threading.Condition(self._lock)  # the writer waits on it for marks due
         self._idle = threading.Condition(self._lock)  # notified when the writer has nothing left
         if hasattr(os, "register_at_fork"):
@@ -181,6 +191,8 @@ class Ledger:
         self._idle = threading.Condition(self._lock)
         self._writer = None
         self._busy = False
+        self._gathering = False
+        self._flushing = 0
 
     @property
     def pending(self) -> int:
@@ -253,13 +265,15 @@ class Ledger:
                         target=self._write_due, name="flowscope-watermarks", daemon=True
                     )
                     self._writer.start()
-                self._wake.notify()
+                elif not self._gathering:  # a gathering writer takes these marks when it writes
+                    self._wake.notify()
 
     def _write_due(self) -> None:
         """The writer's thread (one per ledger; it waits while nothing is due, and ends
         after :data:`_WRITER_IDLE_S` of that): writes the marks due, one transaction per
-        store for all their sessions. (A thread started per export cost a 5-node
-        invocation ~150 µs more than the write itself.)"""
+        store for all their sessions, at most once per :data:`_WRITE_EVERY_S` unless
+        :meth:`flush` waits. (A thread started per export cost a 5-node invocation ~150 µs
+        more than the write itself.)"""
         while True:
             with self._lock:
                 self._busy = False
@@ -268,6 +282,11 @@ class Ledger:
                     if not self._wake.wait(_WRITER_IDLE_S) and not self._due:
                         self._writer = None  # idle: the next export starts another
                         return
+                write_at = self._last_write + _WRITE_EVERY_S
+                self._gathering = True
+                while not self._flushing and (left := write_at - time.monotonic()) > 0:
+                    self._wake.wait(left)
+                self._gathering = False
                 due, self._due, self._busy = self._due, {}, True
             for store, marks in due.values():
                 try:
@@ -280,11 +299,18 @@ class Ledger:
                     for session, seq in marks.items():
                         if self._writing.get(session) == seq and session not in self._sessions:
                             del self._writing[session]
+            self._last_write = time.monotonic()
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait until the watermarks of what was exported are written; False on timeout."""
+        """Write the watermarks of what was exported now, and wait until they are written;
+        False on timeout."""
         with self._idle:
-            return self._idle.wait_for(lambda: not self._due and not self._busy, timeout_s)
+            self._flushing += 1
+            self._wake.notify()  # a gathering writer writes at once
+            try:
+                return self._idle.wait_for(lambda: not self._due and not self._busy, timeout_s)
+            finally:
+                self._flushing -= 1
 
 
 class _Mark:
