@@ -478,6 +478,59 @@ def test_open_runs_uses_the_open_runs_index_not_a_scan(db_path):
     assert "SCAN node_runs" not in plan or "USING INDEX" in plan, plan
 
 
+def _node_reads(store: SqliteEventStore, fn) -> tuple[int, int]:
+    """Run ``fn()``; the reads of node runs by path and of a session's all, it made."""
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    try:
+        fn()
+    finally:
+        store._conn.set_trace_callback(None)
+    by_path = sum("FROM node_runs WHERE session_id = " in q and " AND path IN " in q for q in statements)
+    every = sum("FROM node_runs WHERE session_id = " in q and " LIMIT " in q for q in statements)
+    return by_path, every
+
+
+def test_a_resumed_session_reads_its_node_runs_once_not_one_lookup_per_node(db_path):
+    from flowscope import START, Runner, Workflow, node
+
+    wf = Workflow("c", edges=[(START, *[node(lambda x: x + 1, name=f"n{i}") for i in range(5)])])
+    with SqliteEventStore(db_path) as s:
+        sid = Runner(wf, s).submit(0)  # queued, as `flowscope start` leaves it
+    with SqliteEventStore(db_path) as worker:  # the worker's process: nothing of the session at hand
+        runner = Runner(wf, worker)
+        by_path, every = _node_reads(worker, lambda: runner.resume_sync(sid))
+        assert worker.session_info(sid).status == "completed"
+        assert [r.status for r in worker.node_runs(sid)] == ["completed"] * 6
+    # the first append read the session's runs (none yet); the other five looked none up
+    assert (by_path, every) == (0, 1)
+
+
+def test_past_the_bound_an_append_reads_the_runs_it_touches_and_the_projection_holds(db_path, monkeypatch):
+    from flowscope.store.sqlite import writer as writer_mod
+
+    monkeypatch.setattr(writer_mod, "FULL_LOAD_MAX", 3)
+    for seed in range(4):
+        rnd = random.Random(seed)
+        sid = f"bound{seed}"
+        log = random_log(rnd, sid, 120)
+        memory = MemoryEventStore()
+        with SqliteEventStore(db_path) as s:
+            reads = [0, 0]
+            i = 0
+            while i < len(log):  # every batch as the first append of a new process
+                k = rnd.choice((1, 2, 3, 7))
+                s._node_cache.clear()
+                by_path, every = _node_reads(s, lambda: s.append(sid, log[i : i + k], i))
+                reads[0] += by_path
+                reads[1] += every
+                memory.append(sid, log[i : i + k], i)
+                i += k
+            assert s.node_runs(sid) == memory.node_runs(sid)
+            assert s.read(sid) == memory.read(sid)
+        assert reads[1] > 0 and reads[0] > 0  # both ways: all of few runs, and past the bound by path
+
+
 def test_pragmas_wal_and_synchronous(db_path):
     with SqliteEventStore(db_path) as s:
         assert s._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

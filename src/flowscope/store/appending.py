@@ -31,6 +31,7 @@ __all__ = [
     "SessionRow",
     "SessionWrite",
     "CLAIMABLE",
+    "FULL_LOAD_MAX",
     "append_steps",
     "check_fence",
     "event_params",
@@ -52,6 +53,10 @@ __all__ = [
 OwnerColumn = str | Mapping[str, Any] | None
 #: Statuses a worker claims a session in: an append that brings a session to one may wake the workers.
 CLAIMABLE = ("queued", "answered")
+#: Node runs an SQL store's append reads at most, when it has no state of the session at
+#: hand (a resumed session's first append), to know all of them (:meth:`AppendIO.all_nodes`):
+#: its later appends then read none. With more, each append reads the runs it touches.
+FULL_LOAD_MAX = 2000
 
 
 def owner_from_column(data: OwnerColumn) -> Owner | None:

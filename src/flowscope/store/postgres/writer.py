@@ -19,7 +19,15 @@ from ...errors import ConcurrencyConflict
 from ...events import Event
 from ...fold import NodeState
 from ...jsontext import dumps_finite
-from ..appending import Cached, SessionRow, SessionWrite, append_steps, guarded_row, session_row_of
+from ..appending import (
+    FULL_LOAD_MAX,
+    Cached,
+    SessionRow,
+    SessionWrite,
+    append_steps,
+    guarded_row,
+    session_row_of,
+)
 from ..codec import Row
 from . import queries as q
 from . import schema as sch
@@ -35,8 +43,6 @@ __all__ = [
 ]
 
 Conn = psycopg.Connection[Any]
-#: Node runs an append loads at most to know all of a session's (more: the ones it touches).
-FULL_LOAD_MAX = 2000
 
 
 def session_row(row: Sequence[Any]) -> SessionRow:

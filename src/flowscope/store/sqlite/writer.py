@@ -20,7 +20,15 @@ from typing import Any
 
 from ...fold import NodeState
 from ...states import SessionStatus
-from ..appending import Cached, OwnerColumn, SessionRow, SessionWrite, guarded_row, session_row_of
+from ..appending import (
+    FULL_LOAD_MAX,
+    Cached,
+    OwnerColumn,
+    SessionRow,
+    SessionWrite,
+    guarded_row,
+    session_row_of,
+)
 from . import queries as q
 
 __all__ = ["Writer", "Bulk", "PATHS_PER_QUERY", "session_row", "in_chunks"]
@@ -75,7 +83,13 @@ class Writer:
         return session_row_of(row + (0,)) if row is not None else None
 
     def all_nodes(self, session_id: str) -> tuple[dict[str, NodeState], bool]:
-        return {}, False  # none read ahead: the append looks up the runs it touches
+        # all the session's node states, unless there are many: then the ones the append
+        # touches. (A resumed session's appends, a worker's every one, each read the run
+        # they start otherwise: a lookup per node.)
+        found = self.conn.execute(q.SQL_LOAD_ALL_NODES, (session_id, FULL_LOAD_MAX + 1)).fetchall()
+        if len(found) > FULL_LOAD_MAX:
+            return {}, False
+        return {ns.path: ns for ns in map(q.node_state, found)}, True
 
     def nodes(self, session_id: str, paths: list[str]) -> Iterable[NodeState]:
         for marks, chunk in in_chunks(paths):
