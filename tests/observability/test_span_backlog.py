@@ -242,17 +242,23 @@ def test_the_marks_of_exports_close_together_go_in_one_write_and_flush_writes_at
         def __init__(self, span_id: int) -> None:
             self.context = type("C", (), {"trace_id": 1, "span_id": span_id})()
 
-    for i in range(1, 21):  # twenty exports of short invocations, a few ms apart
+    def export(i: int) -> None:
         sid = f"s{i % 4}"
         ledger.register(store, [SpanRecord("n", 1, i, None, 0.0, 1.0, {}, end_seq=i, session_id=sid)])
         ledger.exported([Ctx(i)], ok=True)
+
+    export(1)  # nothing written before: its mark at once
+    deadline = time.monotonic() + 10
+    while not store.writes and time.monotonic() < deadline:
+        time.sleep(0.005)
+    for i in range(2, 21):  # nineteen more exports of short invocations, a few ms apart
+        export(i)
         time.sleep(0.005)
     started = time.monotonic()
     assert ledger.flush(10)
     assert time.monotonic() - started < 10  # flush() did not wait for the interval
-    # the first export's mark at once (nothing was written before), the other nineteen together
-    assert len(store.writes) == 2, store.writes
-    assert store.writes[1] == {"s0": 20, "s1": 17, "s2": 18, "s3": 19}
+    # the first export's mark, then the other nineteen's together
+    assert store.writes == [{"s1": 1}, {"s0": 20, "s1": 17, "s2": 18, "s3": 19}], store.writes
     assert [store.exported_seq(f"s{k}") for k in range(4)] == [20, 17, 18, 19]
     store.close()
 
