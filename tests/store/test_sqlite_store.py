@@ -506,6 +506,31 @@ def test_a_resumed_session_reads_its_node_runs_once_not_one_lookup_per_node(db_p
     assert (by_path, every) == (0, 1)
 
 
+def test_a_resumed_session_keeps_only_its_open_runs_at_hand(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(
+            SID,
+            [
+                started(),
+                node_ev(NodeStarted, "w@1/a@1", 2.0),
+                node_ev(NodeCompleted, "w@1/a@1", 3.0),
+                node_ev(NodeStarted, "w@1/b@1", 4.0),
+            ],
+            0,
+        )
+    with SqliteEventStore(db_path) as s:  # another process: nothing of the session at hand
+        s.append(SID, [node_ev(NodeCompleted, "w@1/b@1", 5.0), node_ev(NodeStarted, "w@1/c@1", 6.0)], 4)
+        kept = s._node_cache[SID]
+        assert set(kept.ws.nodes) == {"w@1/c@1"}  # the open run; the ended ones let go, as after any append
+        assert kept.finished == {"w@1/a@1", "w@1/b@1"}
+        s.append(SID, [node_ev(NodeCompleted, "w@1/c@1", 7.0)], 6)
+        assert [(r.path, r.status) for r in s.node_runs(SID)] == [
+            ("w@1/a@1", "completed"),
+            ("w@1/b@1", "completed"),
+            ("w@1/c@1", "completed"),
+        ]
+
+
 def test_past_the_bound_an_append_reads_the_runs_it_touches_and_the_projection_holds(db_path, monkeypatch):
     from flowscope.store.sqlite import writer as writer_mod
 

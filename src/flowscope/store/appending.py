@@ -352,7 +352,12 @@ def append_steps(
         ws, complete, finished = cached.ws, cached.complete, cached.finished  # nobody appended since
     else:
         nodes, complete = io.all_nodes(session_id)
-        ws, finished = resumed_state(session_id, row, nodes), set()
+        # the runs that ended are let go at once, as after every append (read back if touched):
+        # a cached session keeps its open runs only
+        finished = {p for p, ns in nodes.items() if ns.status in _ENDED}
+        for p in finished:
+            del nodes[p]
+        ws = resumed_state(session_id, row, nodes)
     nodes = ws.nodes
     apply = ws.apply
     if complete and (not finished or finished.isdisjoint(e.path for e in numbered)):
