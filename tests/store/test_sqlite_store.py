@@ -479,16 +479,18 @@ def test_open_runs_uses_the_open_runs_index_not_a_scan(db_path):
 
 
 def _node_reads(store: SqliteEventStore, fn) -> tuple[int, int]:
-    """Run ``fn()``; the reads of node runs by path and of a session's all, it made."""
+    """Run ``fn()``; its reads of node-run rows: by path, and of all of a session's."""
     statements: list[str] = []
     store._conn.set_trace_callback(statements.append)
     try:
         fn()
     finally:
         store._conn.set_trace_callback(None)
-    by_path = sum("FROM node_runs WHERE session_id = " in q and " AND path IN " in q for q in statements)
-    every = sum("FROM node_runs WHERE session_id = " in q and " LIMIT " in q for q in statements)
-    return by_path, every
+    reads = [
+        q for q in statements if q.startswith("SELECT path") and "FROM node_runs WHERE session_id = " in q
+    ]
+    by_path = sum(" AND path IN " in q for q in reads)
+    return by_path, len(reads) - by_path
 
 
 def test_a_resumed_session_reads_its_node_runs_once_not_one_lookup_per_node(db_path):
@@ -529,6 +531,19 @@ def test_a_resumed_session_keeps_only_its_open_runs_at_hand(db_path):
             ("w@1/b@1", "completed"),
             ("w@1/c@1", "completed"),
         ]
+
+
+def test_past_the_bound_a_first_append_reads_no_row_it_does_not_touch(db_path, monkeypatch):
+    from flowscope.store.sqlite import writer as writer_mod
+
+    monkeypatch.setattr(writer_mod, "FULL_LOAD_MAX", 3)
+    runs = [node_ev(cls, f"w@1/n{k}@1", 2.0 + k) for k in range(5) for cls in (NodeStarted, NodeCompleted)]
+    with SqliteEventStore(db_path) as s:
+        s.append(SID, [started(), *runs, node_ev(NodeStarted, "w@1/x@1", 9.0)], 0)
+    with SqliteEventStore(db_path) as s:  # nothing at hand: five runs, past the bound of three
+        by_path, every = _node_reads(s, lambda: s.append(SID, [node_ev(NodeCompleted, "w@1/x@1", 10.0)], 12))
+        assert s.node_runs(SID)[-1].status == "completed"
+    assert (by_path, every) == (1, 0)  # the run it completes; none of the five read to be dropped
 
 
 def test_past_the_bound_an_append_reads_the_runs_it_touches_and_the_projection_holds(db_path, monkeypatch):

@@ -36,6 +36,7 @@ __all__ = [
     "SQL_UPSERT_NODE",
     "SQL_LOAD_NODES",
     "SQL_LOAD_ALL_NODES",
+    "SQL_NODE_PAST",
     "SQL_NODE_RUNS",
     "SQL_OPEN_RUNS",
     "SQL_OPEN_SUMMARY",
@@ -133,8 +134,10 @@ SQL_UPSERT_NODE = (
 )
 #: Followed by ``(?, ?, ...)``, one placeholder per path.
 SQL_LOAD_NODES = f"SELECT {', '.join(NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = ? AND path IN "
-#: Up to ``?`` node runs of a session: all of them when fewer come back.
-SQL_LOAD_ALL_NODES = f"SELECT {', '.join(NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = ? LIMIT ?"
+#: Every node run of a session.
+SQL_LOAD_ALL_NODES = f"SELECT {', '.join(NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = ?"
+#: A row if the session has more than ``?`` node runs (a walk of its key index, no row read).
+SQL_NODE_PAST = "SELECT 1 FROM node_runs WHERE session_id = ? LIMIT 1 OFFSET ?"
 # In NodeRun field order, so that rows map positionally.
 _NODE_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(NodeRun))
 SQL_NODE_RUNS = f"SELECT {', '.join(_NODE_RUN_FIELDS)} FROM node_runs"

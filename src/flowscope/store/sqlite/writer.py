@@ -86,9 +86,9 @@ class Writer:
         # all the session's node states, unless there are many: then the ones the append
         # touches. (A resumed session's appends, a worker's every one, each read the run
         # they start otherwise: a lookup per node.)
-        found = self.conn.execute(q.SQL_LOAD_ALL_NODES, (session_id, FULL_LOAD_MAX + 1)).fetchall()
-        if len(found) > FULL_LOAD_MAX:
-            return {}, False
+        if self.conn.execute(q.SQL_NODE_PAST, (session_id, FULL_LOAD_MAX)).fetchone() is not None:
+            return {}, False  # many: counted on the key index, none of their rows read
+        found = self.conn.execute(q.SQL_LOAD_ALL_NODES, (session_id,)).fetchall()
         return {ns.path: ns for ns in map(q.node_state, found)}, True
 
     def nodes(self, session_id: str, paths: list[str]) -> Iterable[NodeState]:
