@@ -352,11 +352,8 @@ def append_steps(
         ws, complete, finished = cached.ws, cached.complete, cached.finished  # nobody appended since
     else:
         nodes, complete = io.all_nodes(session_id)
-        # the runs that ended are let go at once, as after every append (read back if touched):
-        # a cached session keeps its open runs only
-        finished = {p for p, ns in nodes.items() if ns.status in _ENDED}
-        for p in finished:
-            del nodes[p]
+        finished = set()
+        _let_go(nodes, finished, list(nodes))  # the runs read that had ended, at once
         ws = resumed_state(session_id, row, nodes)
     nodes = ws.nodes
     apply = ws.apply
@@ -384,15 +381,21 @@ def append_steps(
         io.rename_workflow(session_id, workflow)
     written = session_write(ws, numbered, row)
     row_id = io.write_session(written)
-    for p in paths:  # a run that ended is written: its state is let go (read back if touched again)
-        state = nodes.get(p)
-        if state is not None and state.status in _ENDED:
-            del nodes[p]
-            finished.add(p)
+    _let_go(nodes, finished, paths)
     if cached is not None and cached.ws is ws:  # the same state, moved on: the same record
         cached.session, cached.row_id, cached.complete, cached.finished = written, row_id, complete, finished
         return numbered, cached
     return numbered, Cached(written, row_id, complete, ws, finished)
+
+
+def _let_go(nodes: dict[str, NodeState], finished: set[str], paths: Iterable[str]) -> None:
+    """Let go of the states of the runs at ``paths`` that ended (into ``finished``: read back
+    if touched again), so that a session's cached state keeps its open runs only."""
+    for p in paths:
+        state = nodes.get(p)
+        if state is not None and state.status in _ENDED:
+            del nodes[p]
+            finished.add(p)
 
 
 def take_in_steps(
