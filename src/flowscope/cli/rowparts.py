@@ -107,8 +107,8 @@ def session_error_codes(
     run where a failure began (``origins``, :func:`origin_failures` of ``runs`` unless
     given); sessions without one are left out. The ``error_code`` of ``flowscope runs`` and
     what the console filters by."""
-    runs = list(runs)
     if origins is None:
+        runs = list(runs)  # iterated twice
         origins = origin_failures(runs)
     out: dict[str, str] = {}
     for r in runs:
