@@ -450,12 +450,17 @@ def test_rebuild_projections_keeps_recorded_heartbeats(db_path):
         assert s.node_runs(SID)[0].heartbeat_at == 500.0
 
 
-def test_sqlite_projection_equals_memory_on_random_logs(db_path):
-    for seed in range(5):
+def _random_logs(prefix: str, seeds: int, events: int):
+    """Per seed: the seed, its generator (the log drew from it), a session id, a random log
+    of ``events`` events for it, and a memory store to hold the same."""
+    for seed in range(seeds):
         rnd = random.Random(seed)
-        sid = f"seed{seed}"
-        log = random_log(rnd, sid, 150)
-        memory = MemoryEventStore()
+        sid = f"{prefix}{seed}"
+        yield seed, rnd, sid, random_log(rnd, sid, events), MemoryEventStore()
+
+
+def test_sqlite_projection_equals_memory_on_random_logs(db_path):
+    for seed, _rnd, sid, log, memory in _random_logs("seed", 5, 150):
         with SqliteEventStore(db_path) as s:
             append_in_batches(s, sid, log, random.Random(seed))
             append_in_batches(memory, sid, log, random.Random(seed + 100))
@@ -550,11 +555,7 @@ def test_past_the_bound_an_append_reads_the_runs_it_touches_and_the_projection_h
     from flowscope.store.sqlite import writer as writer_mod
 
     monkeypatch.setattr(writer_mod, "FULL_LOAD_MAX", 3)
-    for seed in range(4):
-        rnd = random.Random(seed)
-        sid = f"bound{seed}"
-        log = random_log(rnd, sid, 120)
-        memory = MemoryEventStore()
+    for _seed, rnd, sid, log, memory in _random_logs("bound", 4, 120):
         with SqliteEventStore(db_path) as s:
             reads = [0, 0]
             i = 0
