@@ -9,6 +9,12 @@ LangGraph). Configurations:
   (``"async"``: checkpoints written in the background while the next step runs);
 - ``SqliteSaver``, ``durability="sync"`` (each checkpoint written before the next step).
 
+Its SQLite connections keep SQLite's default ``synchronous=FULL`` (in WAL mode: an fsync
+of the WAL at every commit, durable through a power loss), unless ``synchronous`` is given:
+flowscope's store runs ``synchronous=NORMAL`` by default (no fsync at a commit: durable
+through a process crash), so ``sqlite_chain(..., synchronous="NORMAL")`` and
+``async_sqlite_chain(..., synchronous="NORMAL")`` give LangGraph the same durability.
+
 The pause workflow calls ``interrupt()`` in node 100 and resumes with
 ``Command(resume=...)``; it needs a checkpointer, so it is n/a without one.
 """
@@ -30,7 +36,33 @@ __all__ = [
     "versions",
     "sqlite_chain",
     "async_sqlite_chain",
+    "SYNCHRONOUS",
+    "sqlite_connection",
 ]
+
+#: The values of SQLite's ``synchronous`` a peer's connection may be given.
+SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+def _pragma_synchronous(synchronous: str) -> str:
+    """``PRAGMA synchronous = ...`` for one of :data:`SYNCHRONOUS` (a pragma takes no
+    parameter: the value is checked against the list, never pasted from elsewhere)."""
+    if synchronous not in SYNCHRONOUS:
+        raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}, not {synchronous!r}")
+    return f"PRAGMA synchronous = {synchronous}"
+
+
+def sqlite_connection(path: str, synchronous: str | None = None) -> sqlite3.Connection:
+    """The connection a peer's ``SqliteSaver`` gets: SQLite's default durability
+    (``synchronous=FULL``), or ``synchronous`` (one of :data:`SYNCHRONOUS`)."""
+    conn = sqlite3.connect(path, check_same_thread=False)
+    if synchronous is not None:
+        try:
+            conn.execute(_pragma_synchronous(synchronous))
+        except ValueError:
+            conn.close()
+            raise
+    return conn
 
 
 def available() -> str | None:
@@ -142,7 +174,7 @@ class LangGraphConfig:
         if self.sqlite:
             from langgraph.checkpoint.sqlite import SqliteSaver
 
-            conn = sqlite3.connect(os.path.join(tmpdir, f"{self.key}-{wf_key}.db"), check_same_thread=False)
+            conn = sqlite_connection(os.path.join(tmpdir, f"{self.key}-{wf_key}.db"))
             saver = SqliteSaver(conn)
             saver.setup()
 
@@ -213,13 +245,16 @@ def versions() -> dict[str, str]:
     return out
 
 
-def sqlite_chain(n: int, folder: str) -> tuple[Callable[[], None], Callable[[], None]]:
+def sqlite_chain(
+    n: int, folder: str, synchronous: str | None = None
+) -> tuple[Callable[[], None], Callable[[], None]]:
     """A chain of ``n`` nodes on ``SqliteSaver`` (a new file in ``folder``), compiled once:
     ``run()`` runs one new thread to the end; ``close()`` closes the file. What the
-    telemetry and baseline benches time against flowscope's 200-chain."""
+    telemetry and baseline benches time against flowscope's 200-chain. ``synchronous``:
+    the connection's setting (default: SQLite's, ``FULL``)."""
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    conn = sqlite3.connect(os.path.join(folder, f"lg-{uuid.uuid4().hex}.db"), check_same_thread=False)
+    conn = sqlite_connection(os.path.join(folder, f"lg-{uuid.uuid4().hex}.db"), synchronous)
     saver = SqliteSaver(conn)
     saver.setup()
     graph = _chain_graph(n).compile(checkpointer=saver)
@@ -233,11 +268,12 @@ def sqlite_chain(n: int, folder: str) -> tuple[Callable[[], None], Callable[[], 
     return run, conn.close
 
 
-async def async_sqlite_chain(n: int, sessions: int, folder: str) -> Any:
+async def async_sqlite_chain(n: int, sessions: int, folder: str, synchronous: str | None = None) -> Any:
     """A chain of ``n`` nodes on ``AsyncSqliteSaver`` (a new file in ``folder``), compiled
     once: ``await once()`` runs ``sessions`` new threads concurrently and returns the seconds
     they took (``once(k)`` runs ``k``). What the benches time against flowscope's 1,000
-    concurrent sessions."""
+    concurrent sessions. ``synchronous``: the connection's setting (default: SQLite's,
+    ``FULL``)."""
     import asyncio
     import gc
     import time
@@ -246,6 +282,8 @@ async def async_sqlite_chain(n: int, sessions: int, folder: str) -> Any:
 
     cm = AsyncSqliteSaver.from_conn_string(os.path.join(folder, f"lga-{uuid.uuid4().hex}.db"))
     saver = await cm.__aenter__()
+    if synchronous is not None:
+        await saver.conn.execute(_pragma_synchronous(synchronous))
     await saver.setup()
     graph = _chain_graph(n).compile(checkpointer=saver)
 

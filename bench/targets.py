@@ -24,7 +24,12 @@ to the exporter inside it. Configurations:
 - LangGraph: ``SqliteSaver`` (sync ``invoke``), the same traced by
   ``openinference-instrumentation-langchain`` (``LangChainInstrumentor``) into an SDK
   ``BatchSpanProcessor`` with the same no-op exporter, ``AsyncSqliteSaver`` for the
-  concurrent sessions, ``PostgresSaver`` on the same PostgreSQL server;
+  concurrent sessions, ``PostgresSaver`` on the same PostgreSQL server. On SQLite the
+  targets compare at the same durability: the peer's connection runs flowscope's default,
+  ``synchronous=NORMAL`` (no fsync at a commit; durable through a process crash). The
+  peer's own default, SQLite's ``synchronous=FULL`` (an fsync of the WAL at every commit),
+  runs beside it, and so does flowscope's full stack with ``durability="full"`` (the same
+  fsync), so that both pairs of equal durability are measured;
 - ADK: ``google.adk.workflow.Workflow`` under ``Runner(node=...)`` and an
   ``InMemorySessionService`` (``peers_adk.py``);
 - floors: a durable one-row commit per step (SQLite: WAL, ``synchronous=NORMAL``, the
@@ -71,6 +76,20 @@ from flowscope.observability import MetricsPlugin, TracingPlugin  # noqa: E402
 from flowscope.observability.shipping import WatermarkExporter  # noqa: E402
 from flowscope.store import MemoryEventStore  # noqa: E402
 from flowscope.store.sqlite import SqliteEventStore  # noqa: E402
+from flowscope.store.sqlite.schema import DURABILITY  # noqa: E402
+
+#: The peers' SQLite setting for the targets: the flowscope store's by default, so that
+#: both sides make a commit equally durable (SQLite's own default, FULL, adds an fsync).
+SAME_SYNC = DURABILITY["normal"]
+#: The labels of LangGraph on SQLite at flowscope's durability and at its own default.
+LG_SAME, LG_DEFAULT = f"LangGraph + SqliteSaver ({SAME_SYNC})", "LangGraph + SqliteSaver (its default: FULL)"
+TRACED = ", OpenInference"
+LGA_SAME, LGA_DEFAULT = (
+    f"LangGraph + AsyncSqliteSaver ({SAME_SYNC})",
+    "LangGraph + AsyncSqliteSaver (its default: FULL)",
+)
+#: flowscope's full stack with an fsync at every commit: the pair of LangGraph's default.
+FULL_FSYNC = 'full stack (durability="full")'
 
 SECTIONS = ("chain", "invoke", "sessions", "flat", "worker", "adk", "pg")
 
@@ -219,14 +238,17 @@ def sqlite_commit_floor(folder: str, n: int) -> Callable[[], float]:
     return run
 
 
-def lg_sqlite(n: int, folder: str, traced: bool) -> tuple[Callable[[], float], Callable[[], None]]:
+def lg_sqlite(
+    n: int, folder: str, traced: bool, synchronous: str | None = None
+) -> tuple[Callable[[], float], Callable[[], None]]:
     """LangGraph + ``SqliteSaver``, an ``n``-chain compiled once; ``traced``: the
     OpenInference instrumentor on, into a ``BatchSpanProcessor`` with the no-op exporter,
     for the timed run only (it patches LangChain process-wide, so it is switched off for
-    the other configurations)."""
+    the other configurations); ``synchronous``: its connection's setting (None: SQLite's
+    default, FULL)."""
     import peers_langgraph
 
-    run, close = peers_langgraph.sqlite_chain(n, folder)
+    run, close = peers_langgraph.sqlite_chain(n, folder, synchronous)
     if not traced:
 
         def plain() -> float:
@@ -335,6 +357,39 @@ def ratio_target(
     return Target(name, wanted, med(ratios), floor, spread=middle_half(ratios))
 
 
+def lg_sqlite_configs(
+    n: int, folder: str, configs: dict[str, Callable[[], float]]
+) -> list[Callable[[], None]]:
+    """LangGraph + ``SqliteSaver`` on an ``n``-chain, untraced and traced, at flowscope's
+    durability and at its own default, added to ``configs``; returns their closers."""
+    closers = []
+    for sync, label in ((SAME_SYNC, LG_SAME), (None, LG_DEFAULT)):
+        for traced in (False, True):
+            run, close = lg_sqlite(n, folder, traced, sync)
+            configs[label + (TRACED if traced else "")] = run
+            closers.append(close)
+    return closers
+
+
+def durability_note(
+    runs: dict[str, list[float]], unit: float, unit_name: str, fast: str = "full stack"
+) -> str:
+    """What an fsync at every commit costs each side (the paired median differences), and
+    the ratio of each pair of equal durability."""
+
+    def added(a: str, b: str) -> float:
+        return med([(x - y) * unit for x, y in zip(runs[a], runs[b])])
+
+    return (
+        f"An fsync at every commit (SQLite's `synchronous=FULL`, LangGraph's default) costs LangGraph "
+        f"{added(LG_DEFAULT, LG_SAME):,.1f} {unit_name} and flowscope's full stack "
+        f'{added(FULL_FSYNC, fast):,.1f} (`durability="full"`). At the same durability the full stack is '
+        f"{paired(runs, LG_SAME, fast):.1f}x LangGraph without it and {paired(runs, LG_DEFAULT, FULL_FSYNC):.1f}x "
+        f"with it; against LangGraph at its default it is {paired(runs, LG_DEFAULT, fast):.1f}x (the comparison "
+        "before 2026-12-06, which set flowscope's commit without an fsync against LangGraph's with one).\n"
+    )
+
+
 @dataclass
 class Bench:
     sizes: Sizes
@@ -359,8 +414,8 @@ class Bench:
     def sync(self, coro_fn: Callable[[], Any]) -> Callable[[], float]:
         return lambda: self.loop.run_until_complete(coro_fn())
 
-    def sqlite(self) -> SqliteEventStore:
-        return SqliteEventStore(os.path.join(self.tmp, f"{uuid.uuid4().hex}.db"))
+    def sqlite(self, durability: str = "normal") -> SqliteEventStore:
+        return SqliteEventStore(os.path.join(self.tmp, f"{uuid.uuid4().hex}.db"), durability=durability)
 
     def table(self, title: str, runs: dict[str, list[float]], unit: float, unit_name: str) -> None:
         self.p(f"| {title} | {unit_name} (median) | middle half |\n| --- | ---: | ---: |")
@@ -381,17 +436,11 @@ class Bench:
             "engine alone (memory)": Flow(wf, MemoryEventStore(), False),
             "SQLite alone": Flow(wf, self.sqlite(), False),
             "full stack": Flow(wf, self.sqlite(), True),
+            FULL_FSYNC: Flow(wf, self.sqlite("full"), True),
         }
         configs: dict[str, Callable[[], float]] = {k: self.sync(f.once) for k, f in flows.items()}
         configs["floor: one-row commit per node"] = sqlite_commit_floor(self.tmp, n)
-        closers = []
-        for label, traced in (
-            ("LangGraph + SqliteSaver", False),
-            ("LangGraph + SqliteSaver, OpenInference", True),
-        ):
-            run, close = lg_sqlite(n, self.tmp, traced)
-            configs[label] = run
-            closers.append(close)
+        closers = lg_sqlite_configs(n, self.tmp, configs)
         runs = interleave(configs, s.chain_reps, self.log)
         for f in flows.values():
             f.close()
@@ -401,7 +450,8 @@ class Bench:
             f"### {n}-chain, µs per node\n\n{s.chain_reps} timed repetitions after a warm-up, interleaved.\n"
         )
         self.table("configuration", runs, 1e6 / n, "µs/node")
-        lg, lgt = "LangGraph + SqliteSaver", "LangGraph + SqliteSaver, OpenInference"
+        self.p(durability_note(runs, 1e6 / n, "µs per node"))
+        lg, lgt = LG_SAME, LG_SAME + TRACED
         floor = (
             f"SQLite alone {paired(runs, lg, 'SQLite alone'):.1f}x; engine alone {paired(runs, lg, 'engine alone (memory)'):.0f}x; "
             f"one-row commit per node {paired(runs, lg, 'floor: one-row commit per node'):.0f}x"
@@ -421,20 +471,21 @@ class Bench:
         )
         self.targets += [
             ratio_target(
-                f"{n}-chain: full stack vs LangGraph + SqliteSaver",
+                f"{n}-chain: full stack vs LangGraph + SqliteSaver, same durability",
                 "≥ 8x",
                 runs,
                 lg,
                 "full stack",
-                floor,
+                floor + f"; LangGraph at its default (FULL) {paired(runs, LG_DEFAULT, 'full stack'):.1f}x",
             ),
             ratio_target(
-                f"{n}-chain: full stack vs LangGraph + SqliteSaver traced by OpenInference",
+                f"{n}-chain: full stack vs LangGraph + SqliteSaver traced by OpenInference, same durability",
                 "≥ 12x",
                 runs,
                 lgt,
                 "full stack",
-                floor_t,
+                floor_t
+                + f"; LangGraph at its default (FULL) {paired(runs, LG_DEFAULT + TRACED, 'full stack'):.1f}x",
             ),
             ratio_target(
                 f"{n}-chain: full stack's speed / SQLite alone's",
@@ -456,17 +507,11 @@ class Bench:
             "engine alone (memory)": Flow(wf, MemoryEventStore(), False),
             "SQLite alone": Flow(wf, self.sqlite(), False),
             "full stack": Flow(wf, self.sqlite(), True),
+            FULL_FSYNC: Flow(wf, self.sqlite("full"), True),
         }
         configs: dict[str, Callable[[], float]] = {k: self.sync(f.once) for k, f in flows.items()}
         configs[f"floor: {n} one-row commits"] = sqlite_commit_floor(self.tmp, n)
-        closers = []
-        for label, traced in (
-            ("LangGraph + SqliteSaver", False),
-            ("LangGraph + SqliteSaver, OpenInference", True),
-        ):
-            run, close = lg_sqlite(n, self.tmp, traced)
-            configs[label] = run
-            closers.append(close)
+        closers = lg_sqlite_configs(n, self.tmp, configs)
         runs = interleave(configs, s.invoke_reps, self.log)
         for f in flows.values():
             f.close()
@@ -477,16 +522,18 @@ class Bench:
             f"exporter (`force_flush` inside the timing, both sides). {s.invoke_reps} timed repetitions.\n"
         )
         self.table("configuration", runs, 1e6, "µs/invocation")
-        lgt = "LangGraph + SqliteSaver, OpenInference"
+        self.p(durability_note(runs, 1e6, "µs per invocation"))
+        lgt = LG_SAME + TRACED
         self.targets.append(
             ratio_target(
-                f"{n}-node invocation: full stack vs LangGraph + SqliteSaver traced by OpenInference",
+                f"{n}-node invocation: full stack vs LangGraph + SqliteSaver traced by OpenInference, same durability",
                 "≥ 10x",
                 runs,
                 lgt,
                 "full stack",
                 f"SQLite alone {paired(runs, lgt, 'SQLite alone'):.1f}x; engine alone {paired(runs, lgt, 'engine alone (memory)'):.0f}x; "
-                f"untraced LangGraph {paired(runs, 'LangGraph + SqliteSaver', 'full stack'):.1f}x",
+                f"untraced LangGraph {paired(runs, LG_SAME, 'full stack'):.1f}x; "
+                f"LangGraph at its default (FULL) {paired(runs, LG_DEFAULT + TRACED, 'full stack'):.1f}x",
             )
         )
 
@@ -501,15 +548,20 @@ class Bench:
             "engine alone (memory)": Flow(wf, MemoryEventStore(), False),
             "SQLite alone": Flow(wf, self.sqlite(), False),
             "full stack": Flow(wf, self.sqlite(), True),
+            FULL_FSYNC: Flow(wf, self.sqlite("full"), True),
         }
         configs: dict[str, Callable[[], float]] = {
             key: self.sync(lambda f=f: f.once(k)) for key, f in flows.items()
         }
-        lg_once = self.loop.run_until_complete(peers_langgraph.async_sqlite_chain(n, k, self.tmp))
-        configs["LangGraph + AsyncSqliteSaver"] = self.sync(lg_once)
+        lg_onces = []
+        for sync, label in ((SAME_SYNC, LGA_SAME), (None, LGA_DEFAULT)):
+            lg_once = self.loop.run_until_complete(peers_langgraph.async_sqlite_chain(n, k, self.tmp, sync))
+            configs[label] = self.sync(lg_once)
+            lg_onces.append(lg_once)
         for f in flows.values():  # a smaller warm-up than a repetition: LangGraph's takes ~30 s
             self.loop.run_until_complete(f.once(min(k, 100)))
-        self.loop.run_until_complete(lg_once(min(k, 100)))
+        for lg_once in lg_onces:
+            self.loop.run_until_complete(lg_once(min(k, 100)))
         names = list(configs)
         runs: dict[str, list[float]] = {key: [] for key in names}
         for rep in range(s.session_reps):
@@ -520,22 +572,32 @@ class Bench:
             f.close()
         # AsyncSqliteSaver's connection is a non-daemon aiosqlite thread: closed here, or the
         # interpreter waits for it at exit and the command never ends
-        self.loop.run_until_complete(lg_once.keep[0].__aexit__(None, None, None))
+        for lg_once in lg_onces:
+            self.loop.run_until_complete(lg_once.keep[0].__aexit__(None, None, None))
         self.p(
             f"### {k:,} concurrent sessions of a {n}-node chain, µs per node run\n\n{s.session_reps} timed "
             "repetitions after a warm-up of 100 sessions each; LangGraph runs `ainvoke` of every thread concurrently.\n"
         )
         self.table("configuration", runs, 1e6 / (k * n), "µs/node run")
-        lga = "LangGraph + AsyncSqliteSaver"
+        lga = LGA_SAME
         self.p("Node runs/s: " + ", ".join(f"{key} {k * n / med(v):,.0f}" for key, v in runs.items()) + ".\n")
+        self.p(
+            f"An fsync at every commit costs LangGraph "
+            f"{med([(a - b) * 1e6 / (k * n) for a, b in zip(runs[LGA_DEFAULT], runs[LGA_SAME])]):,.1f} µs per node run; "
+            f"flowscope's group commits share theirs ({med([(a - b) * 1e6 / (k * n) for a, b in zip(runs[FULL_FSYNC], runs['full stack'])]):,.1f}). "
+            f"At the same durability the full stack is {paired(runs, LGA_SAME, 'full stack'):.1f}x LangGraph without it and "
+            f"{paired(runs, LGA_DEFAULT, FULL_FSYNC):.1f}x with it; against LangGraph at its default it is "
+            f"{paired(runs, LGA_DEFAULT, 'full stack'):.1f}x.\n"
+        )
         self.targets += [
             ratio_target(
-                f"{k:,} sessions: full stack vs LangGraph + AsyncSqliteSaver",
+                f"{k:,} sessions: full stack vs LangGraph + AsyncSqliteSaver, same durability",
                 "≥ 12x",
                 runs,
                 lga,
                 "full stack",
-                f"SQLite alone {paired(runs, lga, 'SQLite alone'):.1f}x; engine alone {paired(runs, lga, 'engine alone (memory)'):.0f}x",
+                f"SQLite alone {paired(runs, lga, 'SQLite alone'):.1f}x; engine alone {paired(runs, lga, 'engine alone (memory)'):.0f}x; "
+                f"LangGraph at its default (FULL) {paired(runs, LGA_DEFAULT, 'full stack'):.1f}x",
             ),
             ratio_target(
                 f"{k:,} sessions: full stack's speed / SQLite alone's",

@@ -115,3 +115,32 @@ def test_wal_pages_reads_one_frame_per_one_row_commit_and_more_per_node():
     assert int(nodes) == 40 and int(runs) == 200
     assert int(chain_frames) > 4 * int(chain_commits)  # the events, the runs, their indexes, the session
     assert int(many_frames) < int(chain_frames) / 40 * 200  # group commits share their pages
+
+
+def test_the_targets_peer_on_sqlite_commits_as_durably_as_the_store_it_is_compared_with(
+    tmp_path, monkeypatch
+) -> None:
+    """A ``sqlite3`` connection (LangGraph's savers' too) keeps SQLite's ``synchronous=FULL``,
+    an fsync at every commit, where flowscope's store runs ``NORMAL`` by default: the targets
+    give their peer's connection the store's setting, and the peer's own default is kept
+    apart. A value that is not a setting is refused, never pasted into the pragma."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import peers_langgraph
+    import targets
+    from flowscope.store.sqlite import SqliteEventStore
+
+    def setting(conn) -> int:
+        return conn.execute("PRAGMA synchronous").fetchone()[0]
+
+    store = SqliteEventStore(tmp_path / "flowscope.db")  # the default durability
+    peer = peers_langgraph.sqlite_connection(str(tmp_path / "peer.db"), targets.SAME_SYNC)
+    default = peers_langgraph.sqlite_connection(str(tmp_path / "default.db"))
+    try:
+        assert setting(peer) == setting(store._conn) == 1  # NORMAL
+        assert setting(default) == 2  # FULL
+        with pytest.raises(ValueError, match="synchronous must be one of"):
+            peers_langgraph.sqlite_connection(str(tmp_path / "bad.db"), "NORMAL; DROP TABLE x")
+    finally:
+        for conn in (peer, default):
+            conn.close()
+        store.close()
