@@ -1,6 +1,6 @@
 """Speed at scale: every target, side by side in one run, with the floors under them.
 
-    PYTHONPATH=src python bench/targets.py            # the full run (about 5 minutes on 2 cores)
+    PYTHONPATH=src python bench/targets.py            # the full run (about 9 minutes on 2 cores)
     PYTHONPATH=src python bench/targets.py --quick    # fewer repetitions
     PYTHONPATH=src python bench/targets.py --quick --smoke   # tiny sizes: checks that it runs (seconds)
 
