@@ -17,6 +17,10 @@ without plugins and LangGraph with its SQLite checkpointers (the graphs of
 2. 1,000 concurrent sessions of a 10-node chain, node runs per second, against
    ``AsyncSqliteSaver`` running 1,000 sessions at once.
 
+LangGraph's connections run ``synchronous=NORMAL``, the store's durability (SQLite's own
+default, FULL, adds an fsync at every commit that the store does not pay), so the ratios
+read lower than the "about 12x" above, which set the two defaults side by side.
+
 Prints a Markdown table of the medians over the children of each tree. A child takes ~3
 minutes here (LangGraph runs 1,000 sessions at ~300 node runs/s), the default run ~18.
 """
@@ -56,8 +60,8 @@ async def _child(reps: int, sessions: int) -> dict[str, float]:
     tmp = tempfile.mkdtemp(prefix="flowscope-baseline-")
     chain_runner = Runner(chain(200), store=SqliteEventStore(os.path.join(tmp, "chain.db")))
     many_runner = Runner(chain(10), store=SqliteEventStore(os.path.join(tmp, "many.db")))
-    lg_chain, lg_close = sqlite_chain(200, tmp)
-    lg_many = await async_sqlite_chain(10, sessions, tmp)
+    lg_chain, lg_close = sqlite_chain(200, tmp, "NORMAL")  # the store's durability
+    lg_many = await async_sqlite_chain(10, sessions, tmp, "NORMAL")
 
     async def fs_chain() -> float:
         t0 = time.perf_counter()

@@ -9,6 +9,10 @@ LangGraph). Configurations:
   (``"async"``: checkpoints written in the background while the next step runs);
 - ``SqliteSaver``, ``durability="sync"`` (each checkpoint written before the next step).
 
+The two ``SqliteSaver`` configurations run their connection at flowscope's store default,
+``synchronous=NORMAL`` (:attr:`LangGraphConfig.synchronous`), so that the harness's SQLite
+comparisons are at the same durability.
+
 Its SQLite connections keep SQLite's default ``synchronous=FULL`` (in WAL mode: an fsync
 of the WAL at every commit, durable through a power loss), unless ``synchronous`` is given:
 flowscope's store runs ``synchronous=NORMAL`` by default (no fsync at a commit: durable
@@ -162,6 +166,9 @@ class LangGraphConfig:
     label: str
     sqlite: bool = False
     durability: str | None = None  # None: LangGraph's default ("async")
+    #: SQLite's ``synchronous`` on the saver's connection: flowscope's store default
+    #: (NORMAL), so that the SQLite comparisons are at the same durability
+    synchronous: str | None = "NORMAL"
 
     def make(
         self, wf_key: str, spec: Any, tmpdir: str
@@ -174,7 +181,7 @@ class LangGraphConfig:
         if self.sqlite:
             from langgraph.checkpoint.sqlite import SqliteSaver
 
-            conn = sqlite_connection(os.path.join(tmpdir, f"{self.key}-{wf_key}.db"))
+            conn = sqlite_connection(os.path.join(tmpdir, f"{self.key}-{wf_key}.db"), self.synchronous)
             saver = SqliteSaver(conn)
             saver.setup()
 
@@ -226,9 +233,14 @@ class LangGraphConfig:
 def langgraph_configs() -> list[LangGraphConfig]:
     return [
         LangGraphConfig("lg_plain", "LangGraph, no checkpointer"),
-        LangGraphConfig("lg_sqlite", "LangGraph + SqliteSaver (default durability, async)", sqlite=True),
         LangGraphConfig(
-            "lg_sqlite_sync", 'LangGraph + SqliteSaver (durability="sync")', sqlite=True, durability="sync"
+            "lg_sqlite", "LangGraph + SqliteSaver (default durability, async; NORMAL)", sqlite=True
+        ),
+        LangGraphConfig(
+            "lg_sqlite_sync",
+            'LangGraph + SqliteSaver (durability="sync"; NORMAL)',
+            sqlite=True,
+            durability="sync",
         ),
     ]
 

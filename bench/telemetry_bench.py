@@ -21,6 +21,8 @@ a rotating offset), medians, ratios from the same run:
 3. flatness: the full stack's µs per node from 20 to 2,000 nodes, and per node run from
    10 to 10,000 concurrent sessions, with the memory per session (tracemalloc peak over
    the run, in a separate untimed run).
+
+LangGraph's SQLite connections run ``synchronous=NORMAL``, the store's durability.
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ async def chain200(reps: int) -> dict[str, list[float]]:
         Flow("full stack", wf, True, True, True),
         Flow(EMPTY, wf, False, False, False, empty=True),
     ]
-    lg_run, lg_close = peers_langgraph.sqlite_chain(n, TMP)
+    lg_run, lg_close = peers_langgraph.sqlite_chain(n, TMP, "NORMAL")  # flowscope's durability
     times: dict[str, list[float]] = {f.label: [] for f in flows}
     times["LangGraph + SqliteSaver"] = []
     for rep in range(reps + 1):
@@ -197,7 +199,7 @@ async def concurrent(reps: int, sessions: int = 1000, n: int = 10) -> dict[str, 
     engine = Flow("engine alone (memory)", wf, False, False, False)
     bare = Flow("SQLite", wf, True, False, False)
     full = Flow("full stack", wf, True, True, True)
-    lg = await peers_langgraph.async_sqlite_chain(n, sessions, TMP)
+    lg = await peers_langgraph.async_sqlite_chain(n, sessions, TMP, "NORMAL")
     out: dict[str, list[float]] = {
         engine.label: [],
         "SQLite": [],
