@@ -862,3 +862,42 @@ def test_a_span_followers_bad_otlp_endpoint_is_one_line_and_exit_2(demo_db, cmd,
     assert r.exit_code == 2, r.output
     lines = [x for x in r.output.splitlines() if x.strip()]
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in r.output, r.output
+
+
+def test_durability_full_syncs_a_writing_commands_sqlite_commits_from_the_option_or_the_variable(
+    demo_db, tmp_path, monkeypatch
+):
+    """A writing command opens its SQLite file at ``durability="normal"`` unless told
+    ``--durability full`` (or ``FLOWSCOPE_DURABILITY=full``): an fsync at every commit. A
+    PostgreSQL URL is refused the option (its commits follow synchronous_commit), in one line."""
+    import flowscope.store.sqlite as sqlite_pkg
+
+    db = copy_db(demo_db[0], tmp_path / "copy.db")
+    opened: list[int] = []
+
+    class Recording(sqlite_pkg.SqliteEventStore):  # the real store; it notes its connection's setting
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if not self.readonly:
+                opened.append(self._conn.execute("PRAGMA synchronous").fetchone()[0])
+
+    monkeypatch.setattr(sqlite_pkg, "SqliteEventStore", Recording)
+    prune = ("prune", "--older-than", "3650d")  # writes, deletes nothing here
+    for args, env, setting in (
+        ((), None, 1),  # NORMAL
+        (("--durability", "full"), None, 2),  # FULL
+        ((), {"FLOWSCOPE_DURABILITY": "full"}, 2),
+        (("--durability", "normal"), {"FLOWSCOPE_DURABILITY": "full"}, 1),  # the option wins
+    ):
+        opened.clear()
+        result = invoke("--db", str(db), *args, *prune, env=env)
+        assert result.exit_code == 0, result.output
+        assert opened == [setting], (args, env, opened)
+    assert_one_line_error(
+        invoke("--db", "postgresql://flowscope@127.0.0.1:1/x", "--durability", "full", "runs"),
+        "--durability",
+        "synchronous_commit",
+    )
+    bad = run_cli("--db", str(db), "--durability", "paranoid", *prune)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "'paranoid' is not one of 'normal', 'full'" in bad.stderr

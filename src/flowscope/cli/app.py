@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_DB",
     "ENV_DB",
     "ENV_UTC",
+    "ENV_DURABILITY",
     "FORMATS",
     "DURATION",
     "POSITIVE_DURATION",
@@ -56,6 +57,7 @@ __all__ = [
 DEFAULT_DB = "flowscope.db"
 ENV_DB = "FLOWSCOPE_DB"
 ENV_UTC = "FLOWSCOPE_UTC"
+ENV_DURABILITY = "FLOWSCOPE_DURABILITY"
 FORMATS = ("table", "json", "csv")
 
 #: Where open_store leaves the path it opened, in the click context's shared ``meta``, so
@@ -183,6 +185,16 @@ def otlp_protocol_option(f: F) -> F:
 # --------------------------------------------------------------------------- the store
 
 
+def _durability() -> str | None:
+    """The group's ``--durability`` (or ``$FLOWSCOPE_DURABILITY``); None when not given."""
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        if ctx.obj and ctx.obj.get("durability"):
+            return str(ctx.obj["durability"])
+        ctx = ctx.parent
+    return None
+
+
 def resolve_db(db: str | None) -> str:
     """The command's ``--db``, else the group's (which reads ``$FLOWSCOPE_DB``), else the default."""
     if db:
@@ -217,7 +229,13 @@ def open_store(
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
         ctx.meta[_OPENED_DB] = shown_db(path)
+    durability = _durability()
     if is_postgres_url(path):
+        if durability is not None:
+            raise CliError(
+                f"--durability (or ${ENV_DURABILITY}) sets how a SQLite file commits; {shown_db(path)} is "
+                "PostgreSQL, whose commits follow its synchronous_commit setting (docs/scaling.md): drop it"
+            )
         try:
             from ..store.postgres import PostgresEventStore
         except ImportError:
@@ -237,7 +255,9 @@ def open_store(
         )
     if p.exists() and p.stat().st_size == 0 and not create:
         raise NotAFlowscopeDatabase(f"{path} is an empty file, not a flowscope database")
-    return SqliteEventStore(path, readonly=not (write or create))
+    if not (write or create):  # a reader commits nothing: its durability does not matter
+        return SqliteEventStore(path, readonly=True)
+    return SqliteEventStore(path, durability=durability or "normal")
 
 
 def _no_constant(name: str) -> Any:
@@ -302,9 +322,18 @@ def command_prefix(db: str) -> str:
     envvar=ENV_UTC,
     help=f"Print every time in UTC instead of local time (also {ENV_UTC}=1); tables name the zone.",
 )
+@click.option(
+    "--durability",
+    type=click.Choice(["normal", "full"]),
+    envvar=ENV_DURABILITY,
+    default=None,
+    help="How a SQLite file's commits last (also $FLOWSCOPE_DURABILITY): normal, the default, through a "
+    "process crash (an OS crash or power loss may lose the last ones); full, synced to disk at every "
+    "commit. PostgreSQL's follow its synchronous_commit.",
+)
 @click.version_option(package_name="flowscope", prog_name="flowscope")
 @click.pass_context
-def cli(ctx: click.Context, db: str, utc: bool) -> None:
+def cli(ctx: click.Context, db: str, utc: bool, durability: str | None) -> None:
     """flowscope: run, inspect, audit, resume and export workflow runs.
 
     \b
@@ -314,6 +343,7 @@ def cli(ctx: click.Context, db: str, utc: bool) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["db"] = db
+    ctx.obj["durability"] = durability
     use_utc(utc)
     if ctx.invoked_subcommand is None:  # bare `flowscope`: the overview, and success
         click.echo(ctx.get_help())
