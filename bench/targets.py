@@ -372,21 +372,23 @@ def lg_sqlite_configs(
 
 
 def durability_note(
-    runs: dict[str, list[float]], unit: float, unit_name: str, fast: str = "full stack"
+    runs: dict[str, list[float]], unit: float, unit_name: str, same: str = LG_SAME, default: str = LG_DEFAULT
 ) -> str:
     """What an fsync at every commit costs each side (the paired median differences), and
-    the ratio of each pair of equal durability."""
+    the full stack's ratio to LangGraph (``same``: at flowscope's durability; ``default``:
+    at its own) in each pair of equal durability and in the mixed one."""
 
     def added(a: str, b: str) -> float:
         return med([(x - y) * unit for x, y in zip(runs[a], runs[b])])
 
     return (
         f"An fsync at every commit (SQLite's `synchronous=FULL`, LangGraph's default) costs LangGraph "
-        f"{added(LG_DEFAULT, LG_SAME):,.1f} {unit_name} and flowscope's full stack "
-        f'{added(FULL_FSYNC, fast):,.1f} (`durability="full"`). At the same durability the full stack is '
-        f"{paired(runs, LG_SAME, fast):.1f}x LangGraph without it and {paired(runs, LG_DEFAULT, FULL_FSYNC):.1f}x "
-        f"with it; against LangGraph at its default it is {paired(runs, LG_DEFAULT, fast):.1f}x (the comparison "
-        "before 2026-12-06, which set flowscope's commit without an fsync against LangGraph's with one).\n"
+        f"{added(default, same):,.1f} {unit_name} and flowscope's full stack "
+        f'{added(FULL_FSYNC, "full stack"):,.1f} (`durability="full"`; concurrent sessions share one per '
+        f"group commit). At the same durability the full stack is {paired(runs, same, 'full stack'):.1f}x "
+        f"LangGraph without it and {paired(runs, default, FULL_FSYNC):.1f}x with it; against LangGraph at its "
+        f"default it is {paired(runs, default, 'full stack'):.1f}x (the comparison before 2026-12-06, which set "
+        "flowscope's commit without an fsync against LangGraph's with one).\n"
     )
 
 
@@ -581,14 +583,7 @@ class Bench:
         self.table("configuration", runs, 1e6 / (k * n), "µs/node run")
         lga = LGA_SAME
         self.p("Node runs/s: " + ", ".join(f"{key} {k * n / med(v):,.0f}" for key, v in runs.items()) + ".\n")
-        self.p(
-            f"An fsync at every commit costs LangGraph "
-            f"{med([(a - b) * 1e6 / (k * n) for a, b in zip(runs[LGA_DEFAULT], runs[LGA_SAME])]):,.1f} µs per node run; "
-            f"flowscope's group commits share theirs ({med([(a - b) * 1e6 / (k * n) for a, b in zip(runs[FULL_FSYNC], runs['full stack'])]):,.1f}). "
-            f"At the same durability the full stack is {paired(runs, LGA_SAME, 'full stack'):.1f}x LangGraph without it and "
-            f"{paired(runs, LGA_DEFAULT, FULL_FSYNC):.1f}x with it; against LangGraph at its default it is "
-            f"{paired(runs, LGA_DEFAULT, 'full stack'):.1f}x.\n"
-        )
+        self.p(durability_note(runs, 1e6 / (k * n), "µs per node run", LGA_SAME, LGA_DEFAULT))
         self.targets += [
             ratio_target(
                 f"{k:,} sessions: full stack vs LangGraph + AsyncSqliteSaver, same durability",
