@@ -54,14 +54,14 @@ async def _child(reps: int, sessions: int) -> dict[str, float]:
 
     from flowscope import Runner
     from flowscope.store.sqlite import SqliteEventStore
-    from peers_langgraph import async_sqlite_chain, sqlite_chain
+    from peers_langgraph import SAME_AS_STORE, async_sqlite_chain, sqlite_chain
     from workflows import chain
 
     tmp = tempfile.mkdtemp(prefix="flowscope-baseline-")
     chain_runner = Runner(chain(200), store=SqliteEventStore(os.path.join(tmp, "chain.db")))
     many_runner = Runner(chain(10), store=SqliteEventStore(os.path.join(tmp, "many.db")))
-    lg_chain, lg_close = sqlite_chain(200, tmp, "NORMAL")  # the store's durability
-    lg_many = await async_sqlite_chain(10, sessions, tmp, "NORMAL")
+    lg_chain, lg_close = sqlite_chain(200, tmp, SAME_AS_STORE)
+    lg_many = await async_sqlite_chain(10, sessions, tmp, SAME_AS_STORE)
 
     async def fs_chain() -> float:
         t0 = time.perf_counter()

@@ -9,15 +9,12 @@ LangGraph). Configurations:
   (``"async"``: checkpoints written in the background while the next step runs);
 - ``SqliteSaver``, ``durability="sync"`` (each checkpoint written before the next step).
 
-The two ``SqliteSaver`` configurations run their connection at flowscope's store default,
-``synchronous=NORMAL`` (:attr:`LangGraphConfig.synchronous`), so that the harness's SQLite
-comparisons are at the same durability.
-
-Its SQLite connections keep SQLite's default ``synchronous=FULL`` (in WAL mode: an fsync
-of the WAL at every commit, durable through a power loss), unless ``synchronous`` is given:
-flowscope's store runs ``synchronous=NORMAL`` by default (no fsync at a commit: durable
-through a process crash), so ``sqlite_chain(..., synchronous="NORMAL")`` and
-``async_sqlite_chain(..., synchronous="NORMAL")`` give LangGraph the same durability.
+Durability: a ``sqlite3`` connection keeps SQLite's default ``synchronous=FULL`` (in WAL
+mode an fsync of the WAL at every commit), where flowscope's store runs ``NORMAL`` by
+default (no fsync at a commit). :data:`SAME_AS_STORE` is the store's setting: the two
+``SqliteSaver`` configurations run at it (:attr:`LangGraphConfig.synchronous`), and
+``sqlite_chain``/``async_sqlite_chain`` take it as ``synchronous`` (None keeps SQLite's
+default), so that a comparison is at the same durability.
 
 The pause workflow calls ``interrupt()`` in node 100 and resumes with
 ``Command(resume=...)``; it needs a checkpointer, so it is n/a without one.
@@ -33,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
+from flowscope.store.sqlite.schema import DURABILITY
+
 __all__ = [
     "LangGraphConfig",
     "langgraph_configs",
@@ -41,11 +40,14 @@ __all__ = [
     "sqlite_chain",
     "async_sqlite_chain",
     "SYNCHRONOUS",
+    "SAME_AS_STORE",
     "sqlite_connection",
 ]
 
 #: The values of SQLite's ``synchronous`` a peer's connection may be given.
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+#: flowscope's SQLite store's setting at its default durability: the peers' to compare alike.
+SAME_AS_STORE = DURABILITY["normal"]
 
 
 def _pragma_synchronous(synchronous: str) -> str:
@@ -166,9 +168,8 @@ class LangGraphConfig:
     label: str
     sqlite: bool = False
     durability: str | None = None  # None: LangGraph's default ("async")
-    #: SQLite's ``synchronous`` on the saver's connection: flowscope's store default
-    #: (NORMAL), so that the SQLite comparisons are at the same durability
-    synchronous: str | None = "NORMAL"
+    #: SQLite's ``synchronous`` on the saver's connection (None: SQLite's default, FULL)
+    synchronous: str | None = SAME_AS_STORE
 
     def make(
         self, wf_key: str, spec: Any, tmpdir: str

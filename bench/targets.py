@@ -76,16 +76,16 @@ from flowscope.observability import MetricsPlugin, TracingPlugin  # noqa: E402
 from flowscope.observability.shipping import WatermarkExporter  # noqa: E402
 from flowscope.store import MemoryEventStore  # noqa: E402
 from flowscope.store.sqlite import SqliteEventStore  # noqa: E402
-from flowscope.store.sqlite.schema import DURABILITY  # noqa: E402
+from peers_langgraph import SAME_AS_STORE  # noqa: E402  (the store's setting, the peers' too)
 
-#: The peers' SQLite setting for the targets: the flowscope store's by default, so that
-#: both sides make a commit equally durable (SQLite's own default, FULL, adds an fsync).
-SAME_SYNC = DURABILITY["normal"]
 #: The labels of LangGraph on SQLite at flowscope's durability and at its own default.
-LG_SAME, LG_DEFAULT = f"LangGraph + SqliteSaver ({SAME_SYNC})", "LangGraph + SqliteSaver (its default: FULL)"
+LG_SAME, LG_DEFAULT = (
+    f"LangGraph + SqliteSaver ({SAME_AS_STORE})",
+    "LangGraph + SqliteSaver (its default: FULL)",
+)
 TRACED = ", OpenInference"
 LGA_SAME, LGA_DEFAULT = (
-    f"LangGraph + AsyncSqliteSaver ({SAME_SYNC})",
+    f"LangGraph + AsyncSqliteSaver ({SAME_AS_STORE})",
     "LangGraph + AsyncSqliteSaver (its default: FULL)",
 )
 #: flowscope's full stack with an fsync at every commit: the pair of LangGraph's default.
@@ -211,7 +211,7 @@ def floor_db(folder: str) -> sqlite3.Connection:
     store's durability), one table of integer keys."""
     conn = sqlite3.connect(os.path.join(folder, f"floor-{uuid.uuid4().hex}.db"), isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute(f"PRAGMA synchronous = {SAME_AS_STORE}")  # the store's
     conn.execute("CREATE TABLE step (id INTEGER PRIMARY KEY, v TEXT)")
     return conn
 
@@ -363,7 +363,7 @@ def lg_sqlite_configs(
     """LangGraph + ``SqliteSaver`` on an ``n``-chain, untraced and traced, at flowscope's
     durability and at its own default, added to ``configs``; returns their closers."""
     closers = []
-    for sync, label in ((SAME_SYNC, LG_SAME), (None, LG_DEFAULT)):
+    for sync, label in ((SAME_AS_STORE, LG_SAME), (None, LG_DEFAULT)):
         for traced in (False, True):
             run, close = lg_sqlite(n, folder, traced, sync)
             configs[label + (TRACED if traced else "")] = run
@@ -556,7 +556,7 @@ class Bench:
             key: self.sync(lambda f=f: f.once(k)) for key, f in flows.items()
         }
         lg_onces = []
-        for sync, label in ((SAME_SYNC, LGA_SAME), (None, LGA_DEFAULT)):
+        for sync, label in ((SAME_AS_STORE, LGA_SAME), (None, LGA_DEFAULT)):
             lg_once = self.loop.run_until_complete(peers_langgraph.async_sqlite_chain(n, k, self.tmp, sync))
             configs[label] = self.sync(lg_once)
             lg_onces.append(lg_once)

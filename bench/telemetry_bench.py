@@ -151,7 +151,7 @@ async def chain200(reps: int) -> dict[str, list[float]]:
         Flow("full stack", wf, True, True, True),
         Flow(EMPTY, wf, False, False, False, empty=True),
     ]
-    lg_run, lg_close = peers_langgraph.sqlite_chain(n, TMP, "NORMAL")  # flowscope's durability
+    lg_run, lg_close = peers_langgraph.sqlite_chain(n, TMP, peers_langgraph.SAME_AS_STORE)
     times: dict[str, list[float]] = {f.label: [] for f in flows}
     times["LangGraph + SqliteSaver"] = []
     for rep in range(reps + 1):
@@ -199,7 +199,7 @@ async def concurrent(reps: int, sessions: int = 1000, n: int = 10) -> dict[str, 
     engine = Flow("engine alone (memory)", wf, False, False, False)
     bare = Flow("SQLite", wf, True, False, False)
     full = Flow("full stack", wf, True, True, True)
-    lg = await peers_langgraph.async_sqlite_chain(n, sessions, TMP, "NORMAL")
+    lg = await peers_langgraph.async_sqlite_chain(n, sessions, TMP, peers_langgraph.SAME_AS_STORE)
     out: dict[str, list[float]] = {
         engine.label: [],
         "SQLite": [],

@@ -133,7 +133,7 @@ def test_the_targets_peer_on_sqlite_commits_as_durably_as_the_store_it_is_compar
         return conn.execute("PRAGMA synchronous").fetchone()[0]
 
     store = SqliteEventStore(tmp_path / "flowscope.db")  # the default durability
-    peer = peers_langgraph.sqlite_connection(str(tmp_path / "peer.db"), targets.SAME_SYNC)
+    peer = peers_langgraph.sqlite_connection(str(tmp_path / "peer.db"), targets.SAME_AS_STORE)
     default = peers_langgraph.sqlite_connection(str(tmp_path / "default.db"))
     try:
         assert setting(peer) == setting(store._conn) == 1  # NORMAL

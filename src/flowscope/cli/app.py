@@ -185,26 +185,20 @@ def otlp_protocol_option(f: F) -> F:
 # --------------------------------------------------------------------------- the store
 
 
-def _durability() -> str | None:
-    """The group's ``--durability`` (or ``$FLOWSCOPE_DURABILITY``); None when not given."""
+def _group_option(name: str) -> str | None:
+    """The group's option ``name`` (``--db``, ``--durability``) as the running command's
+    context chain holds it; None outside a command or when it was not given."""
     ctx = click.get_current_context(silent=True)
     while ctx is not None:
-        if ctx.obj and ctx.obj.get("durability"):
-            return str(ctx.obj["durability"])
+        if ctx.obj and ctx.obj.get(name):
+            return str(ctx.obj[name])
         ctx = ctx.parent
     return None
 
 
 def resolve_db(db: str | None) -> str:
     """The command's ``--db``, else the group's (which reads ``$FLOWSCOPE_DB``), else the default."""
-    if db:
-        return db
-    ctx = click.get_current_context(silent=True)
-    while ctx is not None:
-        if ctx.obj and ctx.obj.get("db"):
-            return str(ctx.obj["db"])
-        ctx = ctx.parent
-    return os.environ.get(ENV_DB) or DEFAULT_DB
+    return db or _group_option("db") or os.environ.get(ENV_DB) or DEFAULT_DB
 
 
 def shown_db(db: str) -> str:
@@ -229,7 +223,7 @@ def open_store(
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
         ctx.meta[_OPENED_DB] = shown_db(path)
-    durability = _durability()
+    durability = _group_option("durability")  # --durability, or $FLOWSCOPE_DURABILITY
     if is_postgres_url(path):
         if durability is not None:
             raise CliError(
