@@ -208,12 +208,10 @@ class FlowscopeConfig:
         runner = Runner(wf, store=store, plugins=plugins, heartbeat_interval=self.heartbeat_interval)
 
         def after_run() -> None:
+            # The memory store keeps every run's events (a few MB over a whole harness run);
+            # a runner's store is fixed when it is made, as its group commit holds it.
             for f in after:
                 f()
-            if store is None:  # a fresh memory store per run, so memory does not grow
-                from flowscope.store.memory import MemoryEventStore
-
-                runner.store = MemoryEventStore()
 
         def close() -> None:
             for f in closers:

@@ -23,6 +23,21 @@ async def test_chain_passes_outputs_along(store):
     assert paths(store, "s") == ["w@1", "w@1/a@1", "w@1/b@1"]
 
 
+async def test_a_runners_store_is_fixed_when_it_is_made(store):
+    """Its group commit and lease keeper hold the store: swapping the attribute would record
+    leases in one store and events in another (a LeaseLost at the next run), so it is read-only."""
+    from flowscope.store import MemoryEventStore
+
+    wf = Workflow("w", edges=[(START, node(lambda x: x + 1, name="a"))])
+    runner = Runner(wf, store=store)
+    with pytest.raises(AttributeError):
+        runner.store = MemoryEventStore()  # type: ignore[misc]
+    assert runner.store is store
+    assert (await runner.run(1, session_id="s1")).output == 2
+    assert (await runner.run(2, session_id="s2")).output == 3
+    assert paths(store, "s2") == ["w@1", "w@1/a@1"]
+
+
 async def test_a_plain_function_that_returns_an_awaitable_is_awaited_and_plain_values_are_not(store):
     class Later:
         def __await__(self):

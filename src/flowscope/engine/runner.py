@@ -116,7 +116,7 @@ class Runner:
                 f"Runner's store is an EventStore, not {type(store).__name__} {str(store)[:60]!r}: "
                 'pass one, e.g. store=SqliteEventStore("runs.db") (from flowscope.store)'
             )
-        self.store: EventStore = store
+        self._store: EventStore = store
         self.plugins = PluginDispatcher(plugins)
         self.error_codes = dict(error_codes or {})
         self.redact: Redactor = redact_message if redact is None else redact
@@ -132,13 +132,17 @@ class Runner:
         self._cut_off: dict[str, frozenset[str]] = {}
         self.lease_s = lease_s
         self.owner = this_process(worker_id, ships_spans=self.plugins.ships_spans)
-        self._commits = GroupCommit(self.store)  # appends of concurrent sessions share transactions
+        self._commits = GroupCommit(store)  # appends of concurrent sessions share transactions
         self._on_mail = self._read_mail  # bound once, not per invocation
-        self._keeper = LeaseKeeper(
-            self.store, lease_s, heartbeat_interval, f"flowscope-lease-{workflow.name}"
-        )
+        self._keeper = LeaseKeeper(store, lease_s, heartbeat_interval, f"flowscope-lease-{workflow.name}")
 
     # -- public API -------------------------------------------------------------------
+
+    @property
+    def store(self) -> EventStore:
+        """The store this runner records to. Fixed when the runner is made: its group commit
+        and lease keeper write to it, so recording elsewhere takes a new ``Runner``."""
+        return self._store
 
     async def run(self, input: Any = None, *, session_id: str | None = None) -> RunResult:
         """Run the workflow in a new session. A failure raises the node's original exception."""
