@@ -60,6 +60,13 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import workflows as W  # noqa: E402  (bench/ is on sys.path)
+from limits import (  # noqa: E402
+    RESUME_MAX_S,
+    SCRAPE_MAX_S,
+    measure_resume,
+    measure_scrape,
+    resume_workflow,
+)
 
 # ------------------------------------------------------------------------- targets
 
@@ -68,8 +75,6 @@ ENGINE_MAX_US = 40.0  # engine alone, 200-chain, per node
 FLAT_MAX = 1.3  # per-node cost from 20 to 2,000 nodes
 VS_LANGGRAPH_MIN = 8.0  # × faster than LangGraph + SqliteSaver
 VS_ADK_MIN = 10.0  # × faster than ADK's Workflow
-RESUME_MAX_S = 0.3  # resume of a 100,000-event session
-SCRAPE_MAX_S = 0.050  # StoreCollector scrape over 1,000,000 events
 
 
 # A run shorter than SHORT_S is measured warm: an untimed run first, then enough runs back
@@ -366,9 +371,6 @@ class Bench:
 
     def _resume(self) -> None:
         """Resume of a paused session with about 100,000 events (a 50,000-node chain paused at its end)."""
-        from flowscope.fold import rebuild
-        from flowscope.store.sqlite import SqliteEventStore
-
         target = 10_000 if self.quick else 100_000
         sb = _module("store_bench")
         if sb is not None and hasattr(sb, "bench_resume"):
@@ -378,164 +380,45 @@ class Bench:
                 self.store["resume_rows"] = [dict(r, source="store_bench.bench_resume") for r in rows]
             except Exception as exc:
                 self.notes.append(f"store_bench.bench_resume failed ({type(exc).__name__}: {exc})")
-        n = (target - 7) // 2  # 2 events per node, 7 for the run, the root and the pause
-        wf = _resume_workflow(n)
-        # record the session as a real run would: on SQLite, which keeps a snapshot of the
-        # fold at the pause, so the resume reads the snapshot and the events after it
-        base = os.path.join(self.tmp, "resume-base.db")
-        s = SqliteEventStore(base)
-        events, sid = _paused_session(wf, store=s)
-        s.close()
-
-        reps = 3 if self.quick else 5
-        total: list[float] = []
-        reads: list[float] = []
-        folds: list[float] = []
-        for i in range(reps + 1):
-            path = os.path.join(self.tmp, f"resume-{i}.db")
-            shutil.copy(base, path)
-            for ext_ in ("-wal", "-shm"):
-                if os.path.exists(base + ext_):
-                    shutil.copy(base + ext_, path + ext_)
-            # A resume is what a new process does (DESIGN: "a new process with a new Runner
-            # over the same database"): time Runner.resume() in a fresh interpreter, after
-            # its imports and the workflow's construction, not in this long-lived process
-            # whose heap the other benchmarks have churned.
-            dt = _resume_in_new_process(path, sid, n)
-            store = SqliteEventStore(path)
-            if rebuild(store.read(sid)).status != "completed":
-                raise AssertionError("the resume did not complete the session")
-            gc.collect()
-            t1 = time.perf_counter()
-            evs = store.read(sid)
-            t2 = time.perf_counter()
-            rebuild(evs[: len(events)])
-            t3 = time.perf_counter()
-            store.close()
-            if i:  # the first is a warm-up
-                total.append(dt)
-                reads.append(t2 - t1)
-                folds.append(t3 - t2)
+        r = measure_resume(self.tmp, target, 3 if self.quick else 5)
         self.store["resume"] = {
-            "events": len(events),
-            "nodes": n + 1,
-            "median_s": statistics.median(total),
-            "runs": total,
-            "read_s": statistics.median(reads),
-            "fold_s": statistics.median(folds),
+            "events": r.events,
+            "nodes": r.nodes,
+            "median_s": r.median_s,
+            "runs": r.runs,
+            "read_s": r.read_s,
+            "fold_s": r.fold_s,
             "target_events": target,
         }
-        self._resume_case = (wf, base, sid, len(events))
+        self._resume_case = (resume_workflow(r.nodes - 1), r.base, r.session_id, r.events)
 
     def _scrape(self) -> None:
-        """A store of ~1,000,000 events in ~10,000 sessions with a share of open runs; scrape it.
-
-        The store is built by metrics_bench.build_store when it is there (10,000 sessions of
-        100 events, 2% left open: running with a stale heartbeat, waiting for input, waiting
-        for an overdue job), else by a small version here. Both append one session per
+        """A store of ~1,000,000 events in ~10,000 sessions of 100, 2% of them left open,
+        scraped (:func:`limits.measure_scrape`). The store is built one session per
         transaction through the store's own ``append``, so the build is also an append
-        throughput figure for 100-event batches.
-        """
-        from flowscope.store.sqlite import SqliteEventStore
-
+        throughput figure for 100-event batches."""
         target = 100_000 if self.quick else 1_000_000
-        path = os.path.join(self.tmp, "scrape.db")
-        mb = _module("metrics_bench")
-        built_by = "harness"
-        t0 = time.perf_counter()
-        if mb is not None and hasattr(mb, "build_store"):
-            try:
-                with contextlib.redirect_stdout(io.StringIO()):
-                    mb.build_store(path, target, 0.02)
-                built_by = "metrics_bench.build_store (2% of sessions open)"
-            except Exception as exc:
-                self.notes.append(
-                    f"metrics_bench.build_store failed ({type(exc).__name__}: {exc}); the harness builds the store"
-                )
-                for suffix in ("", "-wal", "-shm"):
-                    if os.path.exists(path + suffix):
-                        os.remove(path + suffix)
-                t0 = time.perf_counter()
-                self._own_scrape_store(path, target)
-        else:
-            self._own_scrape_store(path, target)
-        t_build = time.perf_counter() - t0
-        c = sqlite3.connect(path)
-        n_events = c.execute("SELECT count(*) FROM events").fetchone()[0]
-        sessions = c.execute("SELECT count(*) FROM sessions").fetchone()[0]
-        n_runs = c.execute("SELECT count(*) FROM node_runs").fetchone()[0]
-        n_open = c.execute(
-            "SELECT count(*) FROM node_runs WHERE status IN ('running', 'waiting_input', 'waiting_job')"
-        ).fetchone()[0]
-        c.close()
+        built_by = "metrics_bench.build_store (2% of sessions open)"
+        sc = measure_scrape(self.tmp, target, 10)
         self.store["bulk_append"] = {
-            "events": n_events,
-            "seconds": t_build,
-            "events_per_s": n_events / t_build,
-            "sessions": sessions,
+            "events": sc.events,
+            "seconds": sc.build_s,
+            "events_per_s": sc.events / sc.build_s,
+            "sessions": sc.sessions,
             "built_by": built_by,
         }
-        try:
-            from prometheus_client import CollectorRegistry, generate_latest
-
-            from flowscope.observability.store_collector import StoreCollector
-        except Exception as exc:
-            self.store["scrape"] = {
-                "events": n_events,
-                "sessions": sessions,
-                "na": f"StoreCollector has not landed ({type(exc).__name__}: {exc})",
-            }
-            return
-        store = SqliteEventStore(path)
-        try:
-            reg = CollectorRegistry()
-            collector = StoreCollector(store, stale_after_s=300.0)
-            reg.register(collector)
-            times, collects = [], []
-            text = b""
-            for i in range(11):
-                gc.collect()
-                t1 = time.perf_counter()
-                text = generate_latest(reg)
-                t2 = time.perf_counter()
-                for family in collector.collect():
-                    for _sample in family.samples:
-                        pass
-                t3 = time.perf_counter()
-                if i:  # the first is a warm-up
-                    times.append(t2 - t1)
-                    collects.append(t3 - t2)
-            self.store["scrape"] = {
-                "events": n_events,
-                "sessions": sessions,
-                "node_runs": n_runs,
-                "open_runs": n_open,
-                "median_s": statistics.median(times),
-                "collect_s": statistics.median(collects),
-                "runs": times,
-                "samples": sum(1 for line in text.decode().splitlines() if line and not line.startswith("#")),
-                "built_by": built_by,
-            }
-            self._scrape_case = (path,)
-        finally:
-            store.close()
-
-    def _own_scrape_store(self, path: str, target: int) -> None:
-        from flowscope.store.sqlite import SqliteEventStore
-
-        done, _ = _template_events(W.chain(49), 0)
-        paused, _ = _paused_session(_resume_workflow(48))
-        crashed = done[
-            : 2 + 2 * 10 + 1
-        ]  # ends with the NodeStarted of the 11th node: running, its worker dead
-        store = SqliteEventStore(path)
-        try:
-            for i in range(target // len(done)):
-                tmpl = paused if i % 100 == 1 else crashed if i % 100 == 51 else done
-                sid = f"s{i:06d}"
-                store.append(sid, _resession(tmpl, sid, 0), 0)
-        finally:
-            store.close()
+        self.store["scrape"] = {
+            "events": sc.events,
+            "sessions": sc.sessions,
+            "node_runs": sc.node_runs,
+            "open_runs": sc.open_runs,
+            "median_s": sc.median_s,
+            "collect_s": sc.collect_s,
+            "runs": sc.runs,
+            "samples": sc.samples,
+            "built_by": built_by,
+        }
+        self._scrape_case = (sc.path,)
 
     # ---------------------------------------------------------------- targets
 
@@ -1024,53 +907,6 @@ def _module(name: str) -> Any:
         return __import__(name)
     except Exception:
         return None
-
-
-def _resume_workflow(n: int) -> Any:
-    """A chain of ``n`` trivial nodes, then a node that asks for input (the session pauses there)."""
-    from flowscope import START, Workflow, node
-
-    steps = [node(W._inc, name=f"n{i}") for i in range(n)]
-    steps.append(node(W._ask, name="ask"))
-    return Workflow("resume", edges=[(START, *steps)], max_steps=n + 100)
-
-
-_RESUME_SCRIPT = """
-import asyncio, sys, time
-sys.path.insert(0, {bench!r})
-from harness import _resume_workflow
-from flowscope import Runner
-from flowscope.store import SqliteEventStore
-wf = _resume_workflow({n})
-runner = Runner(wf, store=SqliteEventStore({path!r}))
-async def main():
-    t0 = time.perf_counter()
-    res = await runner.resume({sid!r}, inputs={{"approval": 1}})
-    dt = time.perf_counter() - t0
-    assert res.status == "completed", res.status
-    print(dt)
-asyncio.run(main())
-"""
-
-
-def _resume_in_new_process(path: str, sid: str, n: int) -> float:
-    """Seconds ``Runner.resume()`` takes in a new interpreter (imports and setup excluded)."""
-    script = _RESUME_SCRIPT.format(bench=os.path.dirname(os.path.abspath(__file__)), n=n, path=path, sid=sid)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise AssertionError(f"resume in a new process failed: {out.stderr[-2000:]}")
-    return float(out.stdout.strip().splitlines()[-1])
-
-
-def _paused_session(wf: Any, store: Any = None) -> tuple[list[Any], str]:
-    from flowscope import Runner
-
-    runner = Runner(wf, store=store, heartbeat_interval=0)
-    sid = "resume-" + uuid.uuid4().hex[:8]
-    res = asyncio.new_event_loop().run_until_complete(runner.run(0, session_id=sid))
-    if res.status != "paused":
-        raise AssertionError(f"expected a pause, got {res.status}")
-    return runner.store.read(sid), sid
 
 
 def _template_events(wf: Any, inp: Any) -> tuple[list[Any], str]:

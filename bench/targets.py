@@ -1,13 +1,16 @@
 """Speed at scale: every target, side by side in one run, with the floors under them.
 
-    PYTHONPATH=src python bench/targets.py            # the full run (about 9 minutes on 2 cores)
+    PYTHONPATH=src python bench/targets.py            # the full run (about 10 minutes on 2 cores)
     PYTHONPATH=src python bench/targets.py --quick    # fewer repetitions
     PYTHONPATH=src python bench/targets.py --quick --smoke   # tiny sizes: checks that it runs (seconds)
 
 Prints Markdown (every figure, then the targets table: target, wanted, measured, the floor
 measured in the same run, pass/fail) and exits 1 when a target is missed or could not be
-measured. ``--only chain,invoke,sessions,flat,worker,adk,pg`` runs some sections (the
-targets of the others show as not measured).
+measured. ``--only chain,invoke,sessions,flat,worker,adk,pg,resume,scrape,console`` runs
+some sections (the targets of the others show as not measured). The last three are the
+targets set as a time under a fixed limit (``limits.py``): a resume of a 100,000-event
+session, a ``StoreCollector`` scrape over 1,000,000 events, the console over 100,000
+sessions and a session of 10,000 node runs.
 
 Method: one process (the worker figures: a ``flowscope worker`` child). In a section every
 repetition runs every configuration once, from a rotating offset; the first repetition is
@@ -70,6 +73,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 import asyncio_floor  # noqa: E402
+import limits  # noqa: E402
 import workflows as W  # noqa: E402
 from flowscope import Runner  # noqa: E402
 from flowscope.observability import MetricsPlugin, TracingPlugin  # noqa: E402
@@ -91,7 +95,7 @@ LGA_SAME, LGA_DEFAULT = (
 #: flowscope's full stack with an fsync at every commit: the pair of LangGraph's default.
 FULL_FSYNC = 'full stack (durability="full")'
 
-SECTIONS = ("chain", "invoke", "sessions", "flat", "worker", "adk", "pg")
+SECTIONS = ("chain", "invoke", "sessions", "flat", "worker", "adk", "pg", "resume", "scrape", "console")
 
 
 # ----------------------------------------------------------------------------- sizes
@@ -118,10 +122,27 @@ class Sizes:
     #: burst of ten sessions (a hundred node runs, ~20 ms: its start and its end).
     worker_sessions_min: int = 1000
     pg_reps: int = 9
+    #: The targets in seconds are set at these sizes; --quick times fewer repetitions of them.
+    resume_events: int = 100_000
+    resume_reps: int = 5
+    scrape_events: int = 1_000_000
+    scrape_reps: int = 10
+    console_sessions: int = 100_000
+    console_runs: int = 5
 
 
 FULL = Sizes()
-QUICK = Sizes(chain_reps=9, invoke_reps=15, session_reps=1, flat_reps=3, worker_reps=1, pg_reps=5)
+QUICK = Sizes(
+    chain_reps=9,
+    invoke_reps=15,
+    session_reps=1,
+    flat_reps=3,
+    worker_reps=1,
+    pg_reps=5,
+    resume_reps=3,
+    scrape_reps=5,
+    console_runs=3,
+)
 SMOKE = Sizes(
     chain=20,
     chain_reps=2,
@@ -135,6 +156,12 @@ SMOKE = Sizes(
     worker_node_runs=40,
     worker_sessions_min=20,
     pg_reps=1,
+    resume_events=1_000,
+    resume_reps=1,
+    scrape_events=10_000,
+    scrape_reps=2,
+    console_sessions=200,
+    console_runs=1,
 )
 
 
@@ -962,6 +989,107 @@ class Bench:
             )
         )
 
+    # --------------------------------------------- the targets in seconds (limits.py)
+
+    def resume(self) -> None:
+        """A resume of a 100,000-event session, end to end in a new process."""
+        s = self.sizes
+        self.log(f"resume of a {s.resume_events:,}-event session")
+        r = limits.measure_resume(self.tmp, s.resume_events, s.resume_reps)
+        low, high = middle_half(r.runs)
+        self.p(f"### Resume of a {r.events:,}-event session, seconds\n")
+        self.p(
+            f"A {r.nodes:,}-node chain paused at its last node, recorded on SQLite by a real run (which kept a "
+            "snapshot of the fold); `Runner.resume()` with the answer, until completed, in a new interpreter each "
+            f"time (timed inside it, after its imports), on a fresh copy of the file; {len(r.runs)} timed after a "
+            "warm-up.\n"
+        )
+        self.p("| | seconds (median) | middle half |\n| --- | ---: | ---: |")
+        self.p(f"| resume, end to end | {r.median_s:.3f} | {low:.3f}–{high:.3f} |")
+        self.p(f"| the store's read of the whole log (a resume without the snapshot) | {r.read_s:.3f} | |")
+        self.p(f"| the fold of the whole log | {r.fold_s:.3f} | |\n")
+        self.targets.append(
+            Target(
+                f"resume of a {r.events:,}-event session, end to end in a new process",
+                f"≤ {limits.RESUME_MAX_S:g} s",
+                r.median_s,
+                f"without the snapshot: read {r.read_s:.3f} s + fold {r.fold_s:.3f} s",
+                (low, high),
+            )
+        )
+
+    def scrape(self) -> None:
+        """A ``StoreCollector`` scrape over 1,000,000 events."""
+        s = self.sizes
+        self.log(f"StoreCollector scrape over {s.scrape_events:,} events (building the store)")
+        sc = limits.measure_scrape(self.tmp, s.scrape_events, s.scrape_reps)
+        ms = [t * 1e3 for t in sc.runs]
+        low, high = middle_half(ms)
+        self.p(f"### A `StoreCollector` scrape over {sc.events:,} events, milliseconds\n")
+        self.p(
+            f"{sc.sessions:,} sessions of 100 events (2% left open: running with a stale heartbeat, waiting for "
+            f"input, waiting for an overdue job), {sc.node_runs:,} node runs of which {sc.open_runs:,} open, "
+            f"appended one session per transaction in {sc.build_s:.0f} s; `generate_latest()` on a registry "
+            f"holding only the collector ({sc.samples} samples), {len(sc.runs)} timed after a warm-up.\n"
+        )
+        self.p("| | ms (median) | middle half |\n| --- | ---: | ---: |")
+        self.p(f"| scrape (`generate_latest`) | {statistics.median(ms):.1f} | {low:.1f}–{high:.1f} |")
+        self.p(f"| the collector's `collect()` alone | {sc.collect_s * 1e3:.1f} | |\n")
+        self.targets.append(
+            Target(
+                f"StoreCollector scrape over {sc.events:,} events",
+                f"≤ {limits.SCRAPE_MAX_S * 1e3:g} ms",
+                statistics.median(ms),
+                f"`collect()` alone {sc.collect_s * 1e3:.1f} ms",
+                (low, high),
+            )
+        )
+
+    def console(self) -> None:
+        """The console over 100,000 sessions and a session of 10,000 node runs, in Chromium."""
+        s = self.sizes
+        try:
+            import playwright  # noqa: F401
+
+            import console_bench
+        except ImportError as exc:
+            self.skipped["console"] = f"{exc} (the ui extra and playwright)"
+            return
+        if not os.path.exists(console_bench.CHROMIUM):
+            self.skipped["console"] = f"no Chromium at {console_bench.CHROMIUM} (apt-get install chromium)"
+            return
+        self.log(f"console over {s.console_sessions:,} sessions (building the store)")
+        fig = limits.measure_console(self.tmp, s.console_sessions, s.console_runs)
+        self.p(f"### The console over {s.console_sessions:,} sessions, seconds\n")
+        self.p(
+            "`bench/console_bench.py`'s figures: the server's time in process (`flowscope.console.api`), then "
+            "`flowscope ui --read-only` and Debian's Chromium (Playwright) loading each page, medians of "
+            f"{s.console_runs} loads; navigation to drawn is the page's `flowscope-ready` mark, set once its rows "
+            "are in the page.\n"
+        )
+        self.p("| what | seconds |\n| --- | ---: |")
+        for k, v in fig.items():
+            self.p(f"| {k} | {v:.3f} |")
+        self.p()
+        big = "session of 10,000 runs"
+        listing = {k: v for k, v in fig.items() if not k.startswith(big) and "first paint" not in k}
+        worst = max(listing, key=lambda k: listing[k])
+        self.targets += [
+            Target(
+                f"console: the session list over {s.console_sessions:,} sessions (slowest of its requests and "
+                "navigation to drawn)",
+                f"≤ {limits.CONSOLE_MAX_S:g} s",
+                listing[worst],
+                f"slowest: {worst}; first paint {fig['the session list: first paint']:.3f} s",
+            ),
+            Target(
+                "console: a session of 10,000 node runs (slower of its request and navigation to drawn)",
+                f"≤ {limits.CONSOLE_MAX_S:g} s",
+                max(fig[big], fig[f"{big}: navigation to drawn"]),
+                f"first paint {fig[f'{big}: first paint']:.3f} s",
+            ),
+        ]
+
     # ------------------------------------------------------------------- report
 
     def run(self) -> int:
@@ -973,6 +1101,9 @@ class Bench:
             "worker": self.worker,
             "adk": self.adk,
             "pg": self.pg,
+            "resume": self.resume,
+            "scrape": self.scrape,
+            "console": self.console,
         }
         asyncio.set_event_loop(self.loop)
         load = os.getloadavg()
@@ -1042,11 +1173,16 @@ def _shown(wanted: str, value: float) -> str:
     """A measured value as its target reads: a percentage, a ratio (``8.1x``) or a max/min."""
     if wanted.endswith("%"):
         return f"{value:.0%}"
+    if wanted.endswith(" ms"):
+        return f"{value:.1f} ms"
+    if wanted.endswith(" s"):
+        return f"{value:.3f} s"
     return f"{value:.1f}x" if wanted.endswith("x") else f"{value:.2f}"
 
 
 def _expected_targets(sizes: Sizes, only: set[str]) -> int:
     per = {"chain": 3, "invoke": 1, "sessions": 2, "flat": 2, "worker": 2, "adk": 1, "pg": 1}
+    per.update(resume=1, scrape=1, console=2)
     return sum(v for k, v in per.items() if not only or k in only)
 
 

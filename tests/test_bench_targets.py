@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import unavailable
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -43,6 +45,55 @@ def test_targets_entry_point_prints_the_table_and_exits_1_exactly_when_a_row_mis
         median, low, high = (float(g) for g in found.groups())
         assert low <= median <= high, rows
     assert proc.returncode == (1 if missed else 0), (proc.returncode, rows)
+
+
+@pytest.mark.slow
+def test_targets_entry_point_measures_the_targets_in_seconds_beside_the_ratios() -> None:
+    """The resume, the scrape and the console: a row each (two for the console), the time
+    in its unit, pass or MISS against the limit, the exit code from the rows."""
+    if not Path(os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/lib/chromium/chromium")).exists():
+        unavailable(
+            "no Chromium for the console's section: apt-get install -y chromium (./scripts/test does)"
+        )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "targets.py"),
+            "--quick",
+            "--smoke",
+            "--only",
+            "resume,scrape,console",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+        timeout=300,
+    )
+    out = proc.stdout
+    assert "### Targets" in out, proc.stderr[-2000:]
+    rows = [
+        line
+        for line in out.split("### Targets", 1)[1].splitlines()
+        if line.startswith("| ") and "---" not in line
+    ][1:]
+    assert [r.split("|")[1].strip().split(" ")[0] for r in rows] == [
+        "resume",
+        "StoreCollector",
+        "console:",
+        "console:",
+    ]
+    wanted = [r.split("|")[2].strip() for r in rows]
+    assert wanted == ["≤ 0.3 s", "≤ 50 ms", "≤ 2 s", "≤ 2 s"], rows
+    verdicts = []
+    for row, limit in zip(rows, wanted):
+        measured = row.split("|")[3].strip()
+        unit = limit.split()[-1]
+        found = re.match(rf"(\d+\.\d+) {unit}\b", measured)
+        assert found is not None, row
+        verdict = row.rstrip().rsplit("|", 2)[-2].strip()
+        assert verdict == ("pass" if float(found.group(1)) <= float(limit.split()[1]) else "MISS"), row
+        verdicts.append(verdict)
+    assert proc.returncode == (1 if "MISS" in verdicts else 0), (proc.returncode, rows)
 
 
 @pytest.mark.slow
