@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 import pytest
 
@@ -29,6 +30,101 @@ async def test_a_snapshot_restores_exactly_the_fold_at_every_point(seed):
         restored = restore_state(json.dumps(snapshot_state(expected)))
         assert restored == expected, f"seed {seed}, cut at {cut}"
         assert restored.pending == expected.pending
+
+
+def _format_2_as_version_1_wrote_it(ws):
+    """The snapshot writer of format 2 (every version before format 3), kept here as it
+    was: rows of every scalar field in JSON, the extras last, invocation ids by index."""
+    from dataclasses import fields
+
+    from flowscope.events import to_dict
+    from flowscope.fold import NodeState, WorkflowState
+
+    names = [f.name for f in fields(NodeState)]
+    scalars = names[: names.index("inputs")]
+    invocations, rows = {}, []
+    for ns in ws.nodes.values():
+        row = [getattr(ns, f) for f in scalars]
+        row[scalars.index("invocation_id")] = invocations.setdefault(ns.invocation_id, len(invocations))
+        if ns.inputs or ns.requests or ns.jobs or ns.job_results:
+            row.append(
+                [
+                    ns.inputs,
+                    [to_dict(e) for e in ns.requests.values()],
+                    [to_dict(e) for e in ns.jobs.values()],
+                    [to_dict(e) for e in ns.job_results.values()],
+                ]
+            )
+        rows.append(row)
+    d = {
+        f.name: getattr(ws, f.name) for f in fields(WorkflowState) if f.name not in ("nodes", "snapshot_seq")
+    }
+    d["format"] = 2
+    d["invocation_ids"] = list(invocations)
+    d["nodes"] = rows
+    return json.dumps(d)
+
+
+async def test_a_format_2_snapshot_of_an_earlier_version_restores_exactly():
+    """Snapshots already in a store keep their use: format 2 reads back as it always did,
+    the runs' inputs, requests, jobs and job results with it."""
+    with_extras = 0
+    for seed in range(8):
+        store = MemoryEventStore()
+        wf = build_workflow(5000 + seed, Effects())
+        await drive(lambda: Runner(wf, store=store, heartbeat_interval=0, seed=1), "s", 3)
+        events = store.read("s")
+        for cut in (len(events) // 2, len(events)):
+            expected = rebuild(events[:cut])
+            with_extras += any(ns.requests or ns.jobs or ns.inputs for ns in expected.nodes.values())
+            restored = restore_state(_format_2_as_version_1_wrote_it(expected))
+            assert restored == expected and restored.pending == expected.pending, (seed, cut)
+    assert with_extras  # the extras' path was taken
+
+
+def test_a_runs_times_restore_bit_for_bit_and_a_nan_time_falls_back_to_rows():
+    """Format 3 keeps the four times as IEEE doubles (None as NaN): every double comes back
+    exactly, -0.0 and the smallest subnormal too; a NaN time, which the clock never gives,
+    is written in format 2 and still restores."""
+    from flowscope.fold import NodeState, WorkflowState
+
+    odd = [0.0, -0.0, 5e-324, 1e308, math.inf, -math.inf, 1796536990.4337113, None]
+    ws = WorkflowState(session_id="s", workflow="w", last_seq=9)
+    for i, t in enumerate(odd):
+        path = f"w@1/n@{i + 1}"
+        ws.nodes[path] = NodeState(
+            path,
+            "n",
+            started_at=t,
+            ended_at=odd[-1 - i],
+            heartbeat_at=None,
+            job_deadline_at=t,
+            invocation_id=f"i{i % 3}",
+        )
+    snap = snapshot_state(ws)
+    assert snap["format"] == 3
+    restored = restore_state(json.dumps(snap))
+    assert [
+        [
+            repr(getattr(ns, f))
+            for f in ("started_at", "ended_at", "heartbeat_at", "job_deadline_at", "invocation_id")
+        ]
+        for ns in restored.nodes.values()
+    ] == [
+        [
+            repr(getattr(ns, f))
+            for f in ("started_at", "ended_at", "heartbeat_at", "job_deadline_at", "invocation_id")
+        ]
+        for ns in ws.nodes.values()
+    ]
+    assert restored == ws
+    ws.nodes["w@1/n@1"].heartbeat_at = math.nan
+    snap = snapshot_state(ws)
+    assert snap["format"] == 2
+    back = restore_state(json.dumps(snap))
+    assert math.isnan(back.nodes["w@1/n@1"].heartbeat_at)
+    back.nodes["w@1/n@1"].heartbeat_at = ws.nodes["w@1/n@1"].heartbeat_at = None
+    assert back == ws
 
 
 def _long_paused_workflow(n):
@@ -68,7 +164,18 @@ async def test_a_small_session_writes_no_snapshot(tmp_path):
     assert store.load_snapshot("s") is None  # fewer than snapshot_every events
 
 
-@pytest.mark.parametrize("bad", ["{not json", '{"format": 99}', "[]"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "{not json",
+        '{"format": 99}',
+        "[]",
+        '{"format": 3, "invocation_ids": [], "columns": [[]], "times": "", "extras": []}',
+        '{"format": 3, "invocation_ids": [], "columns": '
+        + json.dumps([["w@1"]] + [[0]] * 16)
+        + ', "times": "AAAA", "extras": []}',
+    ],
+)
 async def test_an_unusable_snapshot_is_ignored_and_the_log_folded(tmp_path, caplog, bad):
     wf = _long_paused_workflow(20)
     path = tmp_path / "s.db"

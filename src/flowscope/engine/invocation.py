@@ -425,7 +425,7 @@ class Invocation:
     def replay(self, ns: NodeState) -> NodeResult:
         """A completed run's recorded result: resume fast-forwards it, never runs it (R8, docs/design.md)."""
         self._audit.replay()
-        return NodeResult(ns.output, ns.route, ns.has_output)
+        return _new(NodeResult, (ns.output, ns.route, ns.has_output))
 
     async def execute(self, node: Node, input: Any, parent: NodeContext | None, path: str) -> NodeResult:
         """Prepare and run one node activation inline."""
@@ -455,11 +455,12 @@ class Invocation:
             results: tuple[NodeResult, ...] | list[NodeResult]
             if len(acts) == 1:  # a chain: no step machinery (the common case, and the replay path)
                 n, inp = acts[0]
+                child_path, replay = ctx.child_path, self.replay
                 while True:
-                    path = ctx.child_path(n.name)
+                    path = child_path(n.name)
                     ns = nodes.get(path)
                     if ns is not None and ns.status == "completed":
-                        r = self.replay(ns)  # no coroutine for a recorded run
+                        r = replay(ns)  # no coroutine for a recorded run
                     else:  # execute(), inline
                         prepared = self.prepare(n, inp, ctx, path)
                         if isinstance(prepared, NodeContext):
