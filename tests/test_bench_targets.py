@@ -17,23 +17,29 @@ from conftest import unavailable
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
-def test_targets_entry_point_prints_the_table_and_exits_1_exactly_when_a_row_misses() -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "targets.py"), "--quick", "--smoke", "--only", "invoke"],
+def bench(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python bench/SCRIPT ARGS`` with this tree's ``src`` first on the path."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
         capture_output=True,
         text=True,
-        env=env,
-        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+        timeout=timeout,
     )
+
+
+def target_rows(out: str) -> list[str]:
+    """The rows of the targets table ``targets.py`` printed, its header left out."""
+    table = out.split("### Targets", 1)[1].splitlines()
+    return [line for line in table if line.startswith("| ") and "---" not in line][1:]
+
+
+@pytest.mark.slow
+def test_targets_entry_point_prints_the_table_and_exits_1_exactly_when_a_row_misses() -> None:
+    proc = bench("targets.py", "--quick", "--smoke", "--only", "invoke", timeout=120)
     out = proc.stdout
     assert "### Targets" in out, proc.stderr[-2000:]
-    rows = [
-        line
-        for line in out.split("### Targets", 1)[1].splitlines()
-        if line.startswith("| ") and "---" not in line
-    ][1:]
+    rows = target_rows(out)
     # the invocation's one target, measured (peers installed) or reported as not measured
     assert len(rows) == 1, rows
     missed = rows[0].rstrip().endswith("| MISS |")
@@ -55,27 +61,10 @@ def test_targets_entry_point_measures_the_targets_in_seconds_beside_the_ratios()
         unavailable(
             "no Chromium for the console's section: apt-get install -y chromium (./scripts/test does)"
         )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "targets.py"),
-            "--quick",
-            "--smoke",
-            "--only",
-            "resume,scrape,console",
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
-        timeout=300,
-    )
+    proc = bench("targets.py", "--quick", "--smoke", "--only", "resume,scrape,console", timeout=300)
     out = proc.stdout
     assert "### Targets" in out, proc.stderr[-2000:]
-    rows = [
-        line
-        for line in out.split("### Targets", 1)[1].splitlines()
-        if line.startswith("| ") and "---" not in line
-    ][1:]
+    rows = target_rows(out)
     assert [r.split("|")[1].strip().split(" ")[0] for r in rows] == [
         "resume",
         "StoreCollector",
@@ -98,13 +87,7 @@ def test_targets_entry_point_measures_the_targets_in_seconds_beside_the_ratios()
 
 @pytest.mark.slow
 def test_targets_entry_point_refuses_an_unknown_section() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "targets.py"), "--only", "chain,nope"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
-        timeout=60,
-    )
+    proc = bench("targets.py", "--only", "chain,nope", timeout=60)
     assert proc.returncode == 2
     assert "unknown section(s) nope" in proc.stderr
 
@@ -113,13 +96,7 @@ def test_targets_entry_point_refuses_an_unknown_section() -> None:
 def test_telemetry_layers_prints_one_row_per_layer_for_every_workload() -> None:
     """bench/telemetry_layers.py --smoke: each layer's row, for the chain, the sessions and the invocations,
     with figures in every timed column (the layers it overrides still exist)."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "telemetry_layers.py"), "--smoke"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
-        timeout=120,
-    )
+    proc = bench("telemetry_layers.py", "--smoke", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     tables = proc.stdout.split("### ")[1:]
     assert len(tables) == 3, proc.stdout
@@ -137,22 +114,7 @@ def test_telemetry_layers_prints_one_row_per_layer_for_every_workload() -> None:
 def test_wal_pages_reads_one_frame_per_one_row_commit_and_more_per_node():
     """bench/wal_pages.py counts commits and pages from the WAL frames it reads back: the
     one-row floor is exactly one page per commit, a node's commit several."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "wal_pages.py"),
-            "--chain",
-            "20",
-            "--runs",
-            "2",
-            "--sessions",
-            "20",
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
-        timeout=120,
-    )
+    proc = bench("wal_pages.py", "--chain", "20", "--runs", "2", "--sessions", "20", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     heads = re.findall(r"^(.+): (\d+) frames in (\d+) commits, (\d+) (\w[\w ]*)$", proc.stdout, re.M)
     assert [h[0] for h in heads] == [
