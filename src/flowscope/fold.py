@@ -451,12 +451,7 @@ def snapshot_state(ws: WorkflowState) -> dict[str, Any]:
         for col, f in zip(columns, _NODE_SCALARS):
             col.append(getattr(ns, f))
         invocation_col.append(invocations.setdefault(ns.invocation_id, len(invocations)))
-        times.extend(
-            [
-                _NAN if t is None else t
-                for t in (ns.started_at, ns.ended_at, ns.heartbeat_at, ns.job_deadline_at)
-            ]
-        )
+        times.extend([_NAN if t is None else t for t in _times(ns)])
         extra = _extras(ns)
         if extra is not None:
             extras.append([i, extra])
@@ -470,13 +465,14 @@ def snapshot_state(ws: WorkflowState) -> dict[str, Any]:
     return d
 
 
+def _times(ns: NodeState) -> tuple[float | None, ...]:
+    """A run's four times, in :data:`_TIMES`'s order."""
+    return (ns.started_at, ns.ended_at, ns.heartbeat_at, ns.job_deadline_at)
+
+
 def _has_nan_time(ws: WorkflowState) -> bool:
     """Does a run have a time that is NaN (format 3 stores None as NaN)?"""
-    return any(
-        t is not None and t != t
-        for ns in ws.nodes.values()
-        for t in (ns.started_at, ns.ended_at, ns.heartbeat_at, ns.job_deadline_at)
-    )
+    return any(t is not None and t != t for ns in ws.nodes.values() for t in _times(ns))
 
 
 def _rows(ws: WorkflowState, invocations: dict[str, int]) -> list[list[Any]]:
@@ -505,8 +501,8 @@ def _decode_all(cls: type[E], items: Iterable[dict[str, Any]]) -> list[E]:
 
 def restore_state(text: str | bytes) -> WorkflowState:
     """The inverse of :func:`snapshot_state` from its JSON text (format 3, or format 2 as
-    earlier versions wrote it); raises ``ValueError`` (or ``TypeError``/``KeyError``) on a
-    snapshot it cannot read."""
+    earlier versions wrote it); raises ``ValueError`` (or ``TypeError``, ``LookupError``)
+    on a snapshot it cannot read."""
     with gc_paused():
         d = json.loads(text)
         fmt = d.get("format") if isinstance(d, dict) else None
@@ -547,6 +543,7 @@ def restore_state(text: str | bytes) -> WorkflowState:
 
 
 def _restore_extras(ns: NodeState, extra: list[Any]) -> None:
+    """Give a restored run its inputs, requests, jobs and job results (:func:`_extras`)."""
     inputs, requests, jobs, results = extra
     ns.inputs = inputs
     ns.requests = {e.interrupt_id: e for e in _decode_all(InputRequested, requests)}

@@ -164,6 +164,22 @@ async def test_a_small_session_writes_no_snapshot(tmp_path):
     assert store.load_snapshot("s") is None  # fewer than snapshot_every events
 
 
+def _one_run_snapshot(fmt):
+    """A snapshot of one run whose invocation id, and whose extras in format 3, point past
+    what the snapshot holds: it parses, and cannot be used."""
+    from flowscope.fold import NodeState, WorkflowState
+
+    ws = WorkflowState(session_id="s", workflow="long", last_seq=3)
+    ws.nodes["long@1"] = NodeState("long@1", "long", invocation_id="i1", inputs={"a": 1})
+    ws.nodes["long@1"].started_at = 1.0 if fmt == 3 else math.nan
+    d = snapshot_state(ws)
+    assert d["format"] == fmt
+    d["invocation_ids"] = []
+    if fmt == 3:
+        d["extras"][0][0] = 7
+    return json.dumps(d)
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -174,6 +190,8 @@ async def test_a_small_session_writes_no_snapshot(tmp_path):
         '{"format": 3, "invocation_ids": [], "columns": '
         + json.dumps([["w@1"]] + [[0]] * 16)
         + ', "times": "AAAA", "extras": []}',
+        _one_run_snapshot(2),
+        _one_run_snapshot(3),
     ],
 )
 async def test_an_unusable_snapshot_is_ignored_and_the_log_folded(tmp_path, caplog, bad):

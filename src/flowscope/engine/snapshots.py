@@ -31,7 +31,7 @@ def load_snapshot(store: EventStore, session_id: str) -> WorkflowState | None:
         ws = restore_state(data)
         if ws.last_seq != seq:
             raise ValueError(f"it claims seq {ws.last_seq}, stored as {seq}")
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, LookupError) as exc:  # an index or a key it does not have too
         log.warning("ignoring the snapshot of session %s (%s); folding the whole log", session_id, exc)
         return None
     apply = ws.apply
