@@ -870,3 +870,47 @@ def test_plugin_name_and_repr():
     plugin = MetricsPlugin(CollectorRegistry(), meter_provider=MeterProvider())
     assert plugin.name == "metrics"
     assert repr(plugin) == "<MetricsPlugin prometheus+otel>"
+
+
+def test_a_workflows_worker_series_start_at_0_on_its_first_claim_and_count_from_there():
+    """The first claim of a workflow reports each of its worker series from 0 (each claim
+    reason, leases lost, active), so increase() sees the first claim; later claims and
+    releases move only their own series."""
+    from flowscope.ownership import Lease, this_process
+    from flowscope.store.base import Claim
+
+    reg = CollectorRegistry()
+    m = MetricsPlugin(registry=reg)
+    owner = this_process()
+
+    def claim(workflow, reason):
+        return Claim(f"s-{workflow}-{reason}", workflow, reason, Lease("s", owner, 1, 0.0))
+
+    def value(name, **labels):
+        return reg.get_sample_value(name, labels)
+
+    m.on_worker_claim(claim("a", "queued"))
+    assert [
+        value("flowscope_worker_claims_total", workflow="a", reason=r)
+        for r in ("queued", "answered", "orphaned")
+    ] == [1, 0, 0]
+    assert value("flowscope_worker_leases_lost_total", workflow="a") == 0
+    assert value("flowscope_worker_active_sessions", workflow="a") == 1
+    assert value("flowscope_worker_claims_total", workflow="b", reason="queued") is None
+    for _ in range(3):
+        m.on_worker_claim(claim("a", "orphaned"))
+        m.on_worker_release(claim("a", "orphaned"))
+    m.on_worker_release(claim("a", "queued"))
+    m.on_worker_claim(claim("b", "answered"))
+    assert [
+        value("flowscope_worker_claims_total", workflow="a", reason=r)
+        for r in ("queued", "answered", "orphaned")
+    ] == [1, 0, 3]
+    assert value("flowscope_worker_active_sessions", workflow="a") == 0
+    assert [
+        value("flowscope_worker_claims_total", workflow="b", reason=r)
+        for r in ("queued", "answered", "orphaned")
+    ] == [0, 1, 0]
+    assert value("flowscope_worker_leases_lost_total", workflow="b") == 0
+    m.on_lease_lost("s", "b")
+    assert value("flowscope_worker_leases_lost_total", workflow="b") == 1

@@ -173,6 +173,7 @@ class MetricsPlugin(Plugin):
         meter = meter_provider.get_meter("flowscope", __version__) if meter_provider is not None else None
         self._meter = meter
         self._worker: dict[str, Instrument] | None = None  # WORKER_INSTRUMENTS, on first use
+        self._worker_workflows: set[str] = set()  # the workflows whose worker series are made
         self._instruments: dict[str, Instrument] = {}
         self.budget = LabelBudget(
             max_series, self._overflowed
@@ -386,12 +387,14 @@ class MetricsPlugin(Plugin):
                 )
                 for spec in WORKER_INSTRUMENTS
             }
-        # Every series of the workflow starts at 0, so increase() sees the first claim
-        # and the dashboard shows 0 rather than "no data".
-        for reason in CLAIM_REASONS:
-            w["worker_claims"].series((workflow, reason)).add(0)
-        w["worker_leases_lost"].series((workflow,)).add(0)
-        w["worker_active"].series((workflow,)).add(0)
+        if workflow not in self._worker_workflows:
+            # Every series of the workflow starts at 0 (once), so increase() sees the first
+            # claim and the dashboard shows 0 rather than "no data".
+            self._worker_workflows.add(workflow)
+            for reason in CLAIM_REASONS:
+                w["worker_claims"].series((workflow, reason)).add(0)
+            w["worker_leases_lost"].series((workflow,)).add(0)
+            w["worker_active"].series((workflow,)).add(0)
         return w
 
     def on_worker_claim(self, claim: Any) -> None:
