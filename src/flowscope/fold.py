@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from .events import (
@@ -418,6 +419,8 @@ if _NODE_SCALARS[_FIRST_TIME:] != (*_TIMES, "invocation_id"):  # pragma: no cove
     raise ImportError("NodeState's four times must be the fields just before invocation_id, its last scalar")
 _RUN_FIELDS = tuple(f.name for f in fields(WorkflowState) if f.name not in ("nodes", "snapshot_seq"))
 _NAN = float("nan")
+#: A run's four times, in ``_TIMES``'s order.
+_times: Callable[[NodeState], tuple[float | None, ...]] = attrgetter(*_TIMES)
 
 
 def _extras(ns: NodeState) -> list[Any] | None:
@@ -463,11 +466,6 @@ def snapshot_state(ws: WorkflowState) -> dict[str, Any]:
     d["times"] = base64.b64encode(times.tobytes()).decode("ascii")
     d["extras"] = extras
     return d
-
-
-def _times(ns: NodeState) -> tuple[float | None, ...]:
-    """A run's four times, in :data:`_TIMES`'s order."""
-    return (ns.started_at, ns.ended_at, ns.heartbeat_at, ns.job_deadline_at)
 
 
 def _has_nan_time(ws: WorkflowState) -> bool:
