@@ -5,6 +5,7 @@ only its own invocation."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from typing import Any
 
@@ -132,3 +133,35 @@ async def test_a_round_that_takes_most_of_the_lease_does_not_delay_the_next_rene
     assert result.status == "completed", result
     assert result.output == 2
     assert len(seen.of("renew_many")) >= 3  # renewed on time all along
+
+
+@pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
+async def test_an_ended_invocation_is_not_kept_alive_by_the_keepers_last_round(tmp_path):
+    """The keeper's thread sleeps a tick between rounds; what a round took of the
+    invocations (their records, folds and node states) must not outlive the round, or each
+    tick keeps the last round's invocations alive after they end, for the garbage
+    collector to walk (at 10,000 concurrent sessions, another 10,000 sessions' state)."""
+    from flowscope.engine.record import Recorder
+
+    cls, seen = counting(SqliteEventStore)
+    store = cls(str(tmp_path / "f.db"))
+
+    @node
+    async def until_renewed(ctx: Any, x: int) -> int:
+        for _ in range(300):  # until a round (one a second) has renewed this lease
+            if seen.of("renew_many"):
+                break
+            await asyncio.sleep(0.01)
+        return x + 1
+
+    runner = Runner(
+        Workflow("held", edges=[(START, until_renewed)]), store=store, lease_s=3.0, heartbeat_interval=0
+    )
+    result = await runner.run(1, session_id="s")
+    assert result.output == 2 and seen.of("renew_many") == [1]
+    del result
+    gc.collect()
+    # the next round is a second away: the thread sleeps, between rounds, right now
+    assert runner._keeper._thread is not None and seen.of("renew_many") == [1]
+    assert [o for o in gc.get_objects() if isinstance(o, Recorder)] == []
+    store.close()

@@ -257,20 +257,7 @@ class LeaseKeeper:
             now = time.monotonic()
             renew = now - last_renew >= self.period * 0.99
             beat = hb > 0 and now - last_beat >= hb * 0.99
-            with self._busy:
-                with self._lock:
-                    items = list(self._active.values())
-                # A lease no longer safe by this process's clocks (a late tick, renewals
-                # that failed) is not renewed: its invocation stops (LeaseExpired).
-                items = self._unsafe(items)
-                # One round, whatever the number of sessions: one store call (one
-                # transaction) renews every lease, one more writes every heartbeat.
-                if renew:
-                    items = self._renew(items)
-                    self._mail(items)
-                if beat:
-                    self._beat(items)
-                soonest = min((k.inv.lease_until.monotonic for k in items), default=None)
+            soonest = self._round(renew, beat)
             if renew:
                 last_renew = now
             if beat:
@@ -282,6 +269,27 @@ class LeaseKeeper:
             wait = max(now + tick - done, 0.001)
             if soonest is not None:  # wake when a lease whose renewals failed stops being safe
                 wait = min(wait, max(soonest - done, 0.001))
+
+    def _round(self, renew: bool, beat: bool) -> float | None:
+        """One round over the invocations kept now; the earliest instant (monotonic) one of
+        their leases stops being safe. Its own call so that the list it takes of them dies
+        with it: held in ``_rounds``' frame through the sleep, it would keep every
+        invocation of the last round (its fold, its node states) alive for a tick after it
+        ended, for the garbage collector to walk."""
+        with self._busy:
+            with self._lock:
+                items = list(self._active.values())
+            # A lease no longer safe by this process's clocks (a late tick, renewals
+            # that failed) is not renewed: its invocation stops (LeaseExpired).
+            items = self._unsafe(items)
+            # One round, whatever the number of sessions: one store call (one
+            # transaction) renews every lease, one more writes every heartbeat.
+            if renew:
+                items = self._renew(items)
+                self._mail(items)
+            if beat:
+                self._beat(items)
+            return min((k.inv.lease_until.monotonic for k in items), default=None)
 
     def _renew(self, items: list[_Kept]) -> list[_Kept]:
         """Renew the leases of ``items``; returns those still held. A lost one is handed to
