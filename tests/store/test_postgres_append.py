@@ -144,7 +144,9 @@ def test_a_session_pruned_and_made_again_is_another_row(url: str):
         assert {r.path for r in a.node_runs("p")} == {"wf/n6", "wf/n7", "wf/x"}  # none of the old n0, n1
 
 
-def test_a_cached_append_notifies_only_when_it_makes_the_session_claimable(url: str, statements: list[str]):
+def test_an_append_notifies_only_when_it_makes_the_session_claimable(url: str):
+    """Running, then paused: nobody to wake. The answer (which the paused session's state,
+    not kept, makes the locking path's) makes it claimable: the workers wake."""
     with PostgresEventStore(url) as s, PostgresEventStore(url) as listener:
         assert listener.wait_for_work(5.0)  # the listener's first look after LISTEN
         last = start(s, "q")
@@ -156,7 +158,6 @@ def test_a_cached_append_notifies_only_when_it_makes_the_session_claimable(url: 
         ]
         last = s.append("q", pause, last)[-1].seq
         assert listener.wait_for_work(0.3) is False  # running, then paused: nobody to wake
-        before = len(statements)
         answer = ev(
             InputReceived,
             "q",
@@ -168,7 +169,38 @@ def test_a_cached_append_notifies_only_when_it_makes_the_session_claimable(url: 
             invocation_id="answer-1",
         )
         s.append("q", [answer], last)
-        assert len(statements) == before + 1  # still the one statement, NOTIFY included
         assert s.session_info("q").status == "answered"  # type: ignore[union-attr]
         assert listener.wait_for_work(5.0) is True
         projection_matches_the_log(s, "q")
+
+
+def test_the_append_cache_holds_every_session_in_the_middle_of_an_invocation_and_no_other(
+    url: str, statements: list[str]
+):
+    """Like SQLite's: a session's state is kept for its next append while it is mid-run,
+    whatever the number of such sessions (with a fixed 64, a process running 100 sessions
+    made most appends take the locking path); a finished, paused or submitted one is not."""
+    with PostgresEventStore(url) as s:
+        sids = [f"c{i}" for i in range(100)]
+        last = {sid: start(s, sid) for sid in sids}
+        for k in range(2):
+            for sid in sids:
+                before = len(statements)
+                last[sid] = s.append(sid, node_step(sid, k), last[sid])[-1].seq
+                if k:  # every append after a session's first: folded on its kept state
+                    sent = statements[before:]
+                    assert len(sent) == 1 and sent[0].startswith("WITH s AS (UPDATE sessions"), (sid, sent)
+        assert set(s._node_cache) == set(sids)
+        s.append("c0", [ev(RunFinished, "c0", status="completed", ts=30.0)], last["c0"])
+        s.append(
+            "c1",
+            [
+                ev(InputRequested, "c1", path="wf/n1", node="n1", interrupt_id="r", ts=30.0),
+                ev(RunFinished, "c1", status="paused", ts=30.0),
+            ],
+            last["c1"],
+        )
+        s.append("q", [ev(RunSubmitted, "q", workflow="wf", input=1, ts=30.0)], 0)
+        assert not {"c0", "c1", "q"} & set(s._node_cache)
+        for sid in ("c0", "c1"):
+            projection_matches_the_log(s, sid)

@@ -1160,4 +1160,9 @@ async def test_the_append_cache_holds_only_sessions_in_the_middle_of_an_invocati
     release.set()
     assert [r.output for r in await asyncio.gather(*runs)] == [i + 2 for i in range(50)]
     assert store._node_cache == {}  # every invocation ended: nothing kept
+    # a submit queues the session for a worker (another store, often another process): this
+    # store appends to it no more, so a process that submits thousands keeps none of them
+    for i in range(20):
+        runner.submit(i, session_id=f"q{i}")
+    assert store._node_cache == {}
     store.close()

@@ -32,10 +32,12 @@ __all__ = [
     "SessionWrite",
     "CLAIMABLE",
     "FULL_LOAD_MAX",
+    "KEPT_SESSIONS_MAX",
     "append_steps",
     "check_fence",
     "event_params",
     "guarded_row",
+    "keep_states",
     "new_session",
     "node_params",
     "owner_from_column",
@@ -57,6 +59,13 @@ CLAIMABLE = ("queued", "answered")
 #: hand (a resumed session's first append), to know all of them (:meth:`AppendIO.all_nodes`):
 #: its later appends then read none. With more, each append reads the runs it touches.
 FULL_LOAD_MAX = 2000
+
+
+#: Sessions whose state an SQL store keeps at most for their next append
+#: (:func:`keep_states`): only sessions in the middle of an invocation are kept, so this is
+#: a backstop; below the number of a process's concurrent sessions, appends would read
+#: their rows back.
+KEPT_SESSIONS_MAX = 65536
 
 
 def owner_from_column(data: OwnerColumn) -> Owner | None:
@@ -143,6 +152,19 @@ class Cached:
     def nodes(self) -> dict[str, NodeState]:
         """The fold's node states (of the runs still open)."""
         return self.ws.nodes
+
+
+def keep_states(cache: dict[str, Cached], entries: Mapping[str, Cached | None]) -> None:
+    """Keep committed appends' states in ``cache`` (an SQL store's, under its lock) for the
+    sessions' next appends. Only a session in the middle of an invocation (``running``)
+    appends again soon: one its append queued (a submit), paused or ended is not kept, so
+    a process that submits sessions for workers, or has run thousands, holds none of
+    theirs. At most :data:`KEPT_SESSIONS_MAX`, the oldest let go first."""
+    for session_id, entry in entries.items():
+        if entry is not None and entry.session.status == "running":
+            cache[session_id] = entry
+    while len(cache) > KEPT_SESSIONS_MAX:
+        cache.pop(next(iter(cache)))
 
 
 @dataclass(frozen=True, slots=True)

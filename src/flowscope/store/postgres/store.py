@@ -35,7 +35,7 @@ from ...events import Event
 from ...jsontext import dumps_finite
 from ...liveness import stale_before
 from ...ownership import Lease, Owner, this_host
-from ..appending import Cached, append_steps, owner_from_column, prepare_batches, take_in_steps
+from ..appending import Cached, append_steps, keep_states, owner_from_column, prepare_batches, take_in_steps
 from ..base import (
     WORKER_RETENTION_S,
     AppendBatch,
@@ -67,7 +67,6 @@ __all__ = ["PostgresEventStore", "SYNCHRONOUS_COMMIT"]
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
-_NODE_CACHE_SESSIONS = 64  # sessions whose state an append keeps for the next one
 #: The order of job_result_summary's groups: by workflow, node, then verdict.
 _BY_WORKFLOW_NODE_RESULT = attrgetter("workflow", "node", "result")
 
@@ -232,8 +231,7 @@ class PostgresEventStore(SelectsInSql, EventStore):
                 if exc.diag.constraint_name != "events_pkey":
                     raise
                 raise appended_first(session_id, expected_last_seq) from None
-        if entry is not None:
-            self._keep({session_id: entry})
+        self._keep({session_id: entry})
         return numbered
 
     def append_many(self, batches: Sequence[AppendBatch]) -> list[list[Event] | BaseException]:
@@ -274,16 +272,13 @@ class PostgresEventStore(SelectsInSql, EventStore):
                 else:
                     out[i] = numbered
                     entries[sid] = entry
-        self._keep({sid: entry for sid, entry in entries.items() if entry is not None})
+        self._keep(entries)
         return [r for r in out if r is not None]
 
-    def _keep(self, entries: dict[str, Cached]) -> None:
-        """Remember committed appends' node states (bounded)."""
+    def _keep(self, entries: Mapping[str, Cached | None]) -> None:
+        """Remember committed appends' node states for the next append (:func:`keep_states`)."""
         with self._cache_lock:
-            cache = self._node_cache
-            cache.update(entries)
-            while len(cache) > _NODE_CACHE_SESSIONS:
-                cache.pop(next(iter(cache)))
+            keep_states(self._node_cache, entries)
 
     # ------------------------------------------------------------------ reading
 
@@ -470,8 +465,7 @@ class PostgresEventStore(SelectsInSql, EventStore):
                 if exc.diag.constraint_name != "events_pkey":
                     raise
                 raise appended_first(session_id, expected_last_seq) from None
-        if entry is not None:
-            self._keep({session_id: entry})
+        self._keep({session_id: entry})
         return numbered
 
     def workers_seen(self, owner: Owner, workflows: Collection[str], ts: float | None = None) -> None:

@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 
 from ...errors import ConcurrencyConflict, LeaseLost
-from ...events import Event, RunFinished
+from ...events import Event
 from ...ownership import Lease
 from ..appending import Cached, PreparedBatch, append_steps
 from ..codec import Row
@@ -26,17 +26,12 @@ from . import queries as q
 from . import schema
 from .writer import Bulk, Writer, in_chunks
 
-__all__ = ["append_one", "append_group", "release_unmailed", "ends_invocation", "Outcome"]
+__all__ = ["append_one", "append_group", "release_unmailed", "Outcome"]
 
 #: A group commit's result per batch (its events as stored, or why it was refused), the
-#: states to keep for the sessions' next appends, and the sessions whose lease it ended.
+#: states its appends left (for :func:`~flowscope.store.appending.keep_states`), and the
+#: sessions whose lease it ended.
 Outcome = tuple[list[list[Event] | BaseException], dict[str, Cached], set[str]]
-
-
-def ends_invocation(numbered: Sequence[Event]) -> bool:
-    """Whether an append ended its invocation: its session appends no more for a while, so
-    its state is not kept (which bounds the cache by the sessions in the middle of one)."""
-    return bool(numbered) and type(numbered[-1]) is RunFinished
 
 
 def append_one(
@@ -172,7 +167,7 @@ def _bulk(
                 out.append(exc)
             else:
                 out.append(numbered)
-                if entry is not None and not ends_invocation(numbered):
+                if entry is not None:
                     kept[sid] = entry
         if not bulk.write():
             schema.rollback(conn)
@@ -213,7 +208,7 @@ def _each(
                 out.append(exc)
             else:
                 out.append(numbered)
-                if entry is not None and not ends_invocation(numbered):
+                if entry is not None:
                     kept[sid] = entry
             conn.execute("RELEASE batch")
         released = release_unmailed(conn, leases, _appended(prepared, out)) if leases else set()

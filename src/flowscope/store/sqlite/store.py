@@ -31,7 +31,7 @@ from ...fold import gc_paused
 from ...jsontext import dumps_finite
 from ...liveness import stale_before
 from ...ownership import Lease, Owner, this_host
-from ..appending import Cached, new_session, owner_from_column, prepare_batches, take_in_steps
+from ..appending import Cached, keep_states, new_session, owner_from_column, prepare_batches, take_in_steps
 from ..base import (
     WORKER_RETENTION_S,
     AppendBatch,
@@ -51,18 +51,13 @@ from ..codec import decode, encode
 from ..select_sql import SelectsInSql, session_info_of
 from . import maintenance, ownership, schema
 from . import queries as q
-from .appends import append_group, append_one, ends_invocation
+from .appends import append_group, append_one
 from .connection import Use
 from .faults import store_error, wal_removed
 from .files import WalWatch, identity
 from .writer import Writer
 
 __all__ = ["SqliteEventStore"]
-
-# Sessions whose node states an append keeps for the next one: those in the middle of an
-# invocation (an append that ends one drops its entry), so the bound is only a backstop;
-# below the number of concurrent sessions, every append would read its rows back.
-_NODE_CACHE_SESSIONS = 65536
 
 
 class SqliteEventStore(SelectsInSql, EventStore):
@@ -247,16 +242,12 @@ class SqliteEventStore(SelectsInSql, EventStore):
                 )
             except sqlite3.Error as exc:
                 raise self._error(exc, "append events") from exc
-            if entry is not None and not ends_invocation(numbered):
-                self._keep({session_id: entry})  # committed: keep the state for the next append
+            self._keep({session_id: entry})  # committed: the state for the next append
         return numbered, released
 
-    def _keep(self, entries: dict[str, Cached]) -> None:
-        """Remember committed appends' node states for the next append (bounded)."""
-        cache = self._node_cache
-        cache.update(entries)
-        while len(cache) > _NODE_CACHE_SESSIONS:
-            cache.pop(next(iter(cache)))
+    def _keep(self, entries: Mapping[str, Cached | None]) -> None:
+        """Remember committed appends' node states for the next append (:func:`keep_states`)."""
+        keep_states(self._node_cache, entries)
 
     # ------------------------------------------------------------------ reading
 
@@ -420,10 +411,7 @@ class SqliteEventStore(SelectsInSql, EventStore):
                 numbered, entry = take_in_steps(
                     Writer(conn), session_id, events, encoded, expected_last_seq, message_ids, epoch, cached
                 )
-            if entry is not None and not ends_invocation(
-                numbered
-            ):  # committed: keep the states for the next append
-                self._keep({session_id: entry})
+            self._keep({session_id: entry})  # committed: the state for the next append
         return numbered
 
     def workers_seen(self, owner: Owner, workflows: Collection[str], ts: float | None = None) -> None:
