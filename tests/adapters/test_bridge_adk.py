@@ -765,3 +765,22 @@ async def test_an_adk_timeout_is_a_retried_attempt_and_a_final_timeout_is_a_time
     runs = samples(metrics, "flowscope_node_runs_total")
     assert runs[(("node", "hung"), ("outcome", "timeout"), ("workflow", "slowpoke"))] == 1
     assert otel_errors() == []
+
+
+async def test_the_recorder_holds_only_the_sessions_being_recorded(store):
+    """A session's fold is kept while an invocation of it is recorded and let go when it
+    ends (the next one folds the log again), so a process serving thousands of sessions
+    holds none of those done; a paused one, let go, resumes exactly."""
+    emails: list[str] = []
+    bridge = FlowscopeADK(store)
+    drivers = [Driver(seed_workflow(emails), bridge) for _ in range(10)]
+    for d in drivers:
+        await d.start()  # pauses at "ask"
+    assert bridge.recorder._sessions == {}
+    d = drivers[3]
+    assert (await d.answer("approval", {"ok": True}))[-1].output == {"approved": True}
+    assert bridge.recorder._sessions == {}
+    assert emails == ["sent"] * 10  # the resume folded the log: the email is not sent again
+    log = store.read(d.session_id)
+    assert [e.status for e in log if isinstance(e, RunFinished)] == ["paused", "completed"]
+    assert [r.resumed for r in log if isinstance(r, RunStarted)] == [False, True]

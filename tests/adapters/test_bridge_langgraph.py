@@ -854,3 +854,31 @@ async def test_the_callers_context_holds_no_span_after_ainvoke_and_a_node_bodys_
     (mine,) = [s for s in spans if s.name == "user-span"]
     (node,) = [s for s in spans if s.attributes.get("flowscope.node.path") == "ctx@1/a@1"]
     assert mine.parent.span_id == node.context.span_id
+
+
+def test_the_recorder_holds_only_the_threads_being_recorded(store):
+    """A thread's fold is kept while an invocation of it is recorded and let go when it
+    ends (the next one folds the log again), so a process serving thousands of threads
+    holds none of those done; a paused one, let go, resumes exactly."""
+    handler = FlowscopeCallbackHandler(store)
+    during: list[set[str]] = []
+
+    def look(state: State) -> State:
+        during.append(set(handler.recorder._sessions))
+        return {"answer": interrupt("go on?")}
+
+    g = StateGraph(State)
+    g.add_node("look", look)
+    g.add_edge(START, "look")
+    g.add_edge("look", END)
+    graph = g.compile(checkpointer=InMemorySaver(), name="looks")
+    for i in range(10):
+        graph.invoke({"n": i}, config(handler, f"t{i}"))  # pauses at "look"
+    assert during == [{f"t{i}"} for i in range(10)]  # kept while recorded
+    assert handler.recorder._sessions == {}
+    assert graph.invoke(Command(resume="yes"), config(handler, "t3")) == {"n": 3, "answer": "yes"}
+    assert handler.recorder._sessions == {}
+    log = store.read("t3")
+    assert [e.status for e in log if isinstance(e, RunFinished)] == ["paused", "completed"]
+    assert [r.resumed for r in log if isinstance(r, RunStarted)] == [False, True]
+    assert [e.attempt for e in of(log, "looks@1/look@1") if isinstance(e, NodeStarted)] == [1, 1]

@@ -175,7 +175,9 @@ class BridgeRecorder:
         """``RunStarted``, an ``InputReceived`` per answered open request, and the root
         workflow's ``NodeStarted``."""
         with self._lock:
-            ws = self._session(session_id).ws
+            s = self._session(session_id)
+            s.active += 1  # until finish_run: the session is kept while an invocation records it
+            ws = s.ws
             replayed = sum(1 for ns in ws.nodes.values() if ns.status == "completed") if resumed else 0
             recovered = (
                 sum(1 for ns in ws.nodes.values() if ns.status == "running" and ns.kind != "workflow")
@@ -286,7 +288,12 @@ class BridgeRecorder:
             recovered=inv.run.recovered,
         )
         self._append(sid, [finished])
-        pending = tuple(self.session(sid).pending) if status == "paused" else ()
+        with self._lock:
+            s = self._session(sid)
+            pending = tuple(s.ws.pending) if status == "paused" else ()
+            s.active -= 1
+            if s.active <= 0:  # none of its invocations in flight: the log has it all
+                del self._sessions[sid]
         result = (
             BridgeResult(status, output, sid, inv.run.invocation_id, pending) if status != "failed" else None
         )

@@ -171,6 +171,9 @@ class BridgeSession:
 
     ws: WorkflowState
     last_seq: int
+    #: Its invocations being recorded: at 0 the recorder lets the session go (the next one
+    #: folds the log again), so it holds the sessions in flight, not every one it saw.
+    active: int = 0
 
 
 @dataclass(slots=True)
