@@ -1,13 +1,12 @@
 """The recorder both bridges share: flowscope's event catalog written for another engine's runs.
 
-A bridge observes an engine (ADK, LangGraph) and tells the :class:`BridgeRecorder` what happened:
-an invocation began, a node run started, an attempt failed and another follows, a run
-completed, failed, was cancelled or paused for input, the invocation ended. The recorder
-appends the matching events to the store (the log the CLI, the fold and the collectors
-read), keeps the session's fold up to date so a bridge can ask what the log already says
-about a path, calls the flowscope plugins (tracing, metrics) with the same hooks the
-flowscope engine calls, and refreshes the heartbeat of the runs in flight from a thread of
-its own, so a node that blocks the event loop or runs in a worker thread stays "alive".
+A bridge tells the :class:`BridgeRecorder` what an engine (ADK, LangGraph) did: an
+invocation began, a node run started, an attempt failed and another follows, a run ended
+(completed, failed, cancelled, paused for input), the invocation ended. The recorder
+appends the events to the store, keeps the fold of each session it is recording (let go
+when its invocations end) so a bridge can ask what the log says about a path, calls the
+plugins (tracing, metrics) with the engine's hooks, and refreshes the heartbeat of the
+runs in flight from a thread, so a node that blocks the loop or runs in a thread is alive.
 
 Recording never fails the workflow it observes: a store or plugin error is logged and the
 engine carries on (the log then misses those events, which ``flowscope stuck`` shows).
@@ -116,7 +115,7 @@ class BridgeRecorder:
     # -- the log -----------------------------------------------------------------------
 
     def session(self, session_id: str) -> WorkflowState:
-        """The session's state as the log tells it (folded once, then kept up to date)."""
+        """The session's state as the log tells it (folded once, kept up to date while recorded)."""
         with self._lock:
             return self._session(session_id).ws
 
@@ -126,10 +125,9 @@ class BridgeRecorder:
 
     def _session(self, session_id: str, reload: bool = False) -> BridgeSession:
         s = self._sessions.get(session_id)
-        if s is None or reload:
-            events = self.store.read(session_id)
-            ws = rebuild(events)
-            s = self._sessions[session_id] = BridgeSession(ws, ws.last_seq)
+        if s is None or reload:  # folded from the log (again); its invocations in flight stay counted
+            ws = rebuild(self.store.read(session_id))
+            s = self._sessions[session_id] = BridgeSession(ws, ws.last_seq, s.active if s else 0)
         return s
 
     def _append(self, session_id: str, events: Sequence[Event]) -> list[Event]:
@@ -176,7 +174,7 @@ class BridgeRecorder:
         workflow's ``NodeStarted``."""
         with self._lock:
             s = self._session(session_id)
-            s.active += 1  # until finish_run: the session is kept while an invocation records it
+            s.active += 1  # kept while an invocation records it: finish_run lets it go
             ws = s.ws
             replayed = sum(1 for ns in ws.nodes.values() if ns.status == "completed") if resumed else 0
             recovered = (
@@ -294,12 +292,9 @@ class BridgeRecorder:
             s.active -= 1
             if s.active <= 0:  # none of its invocations in flight: the log has it all
                 del self._sessions[sid]
-        result = (
-            BridgeResult(status, output, sid, inv.run.invocation_id, pending) if status != "failed" else None
-        )
-        self.plugins.call_sync(
-            "after_run", inv.run, result, error if status in ("failed", "cancelled") else None
-        )
+        iid, err = inv.run.invocation_id, error if status in ("failed", "cancelled") else None
+        result = None if status == "failed" else BridgeResult(status, output, sid, iid, pending)
+        self.plugins.call_sync("after_run", inv.run, result, err)
 
     # -- node runs ---------------------------------------------------------------------
 
