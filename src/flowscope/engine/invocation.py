@@ -19,7 +19,6 @@ the invocation through its public methods and properties only.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -37,24 +36,16 @@ from .commit import GroupCommit
 from .context import NodeContext, PauseSignal, RunInfo
 from .graph import START, Node, Workflow, label_matches
 from .hooks import PluginDispatcher
+from .ids import new_id
 from .pauses import Answer, Pauses
 from .record import NodeResult, Recorder, Reported, TrackedState
 from .tasks import RunTasks
 
-__all__ = ["Invocation", "ResumeAudit", "Activation", "new_id"]
+__all__ = ["Invocation", "ResumeAudit", "Activation"]
 
 
 _new = tuple.__new__  # a NamedTuple from a tuple, one C call
 _NONE: frozenset[str] = frozenset()
-
-
-def new_id() -> str:
-    """A new random id: 32 hex digits, a version-4 UUID's (``uuid.uuid4().hex``, without
-    building a ``UUID``)."""
-    b = bytearray(os.urandom(16))
-    b[6] = (b[6] & 0x0F) | 0x40
-    b[8] = (b[8] & 0x3F) | 0x80
-    return b.hex()
 
 
 def _too_many_steps(wf: Workflow) -> WorkflowError:

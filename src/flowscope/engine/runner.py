@@ -42,8 +42,9 @@ from .commit import GroupCommit
 from .context import NodeContext, PauseSignal, RunResult
 from .graph import Workflow
 from .hooks import Plugin, PluginDispatcher
+from .ids import new_id
 from .inbox import read_inbox, take_in
-from .invocation import Invocation, new_id
+from .invocation import Invocation
 from .lease import LeaseKeeper
 from .pauses import Answer, validate_answers
 from .record import Halted, NodeResult

@@ -20,6 +20,7 @@ from ..errors import WorkflowError, redact_message
 from ..events import Event, NodeErrorEvent, NodeStarted, RunFinished, RunStarted, RunSubmitted
 from ..store.base import EventStore
 from .graph import MAX_SESSION_ID, check_name
+from .ids import new_id
 from .record import json_value
 
 __all__ = ["check_session_id", "check_input", "submit_run", "cannot_run_events", "CANNOT_RUN"]
@@ -47,7 +48,7 @@ def submit_run(store: EventStore, workflow: str, input: Any = None, session_id: 
     session must be new (``WorkflowError`` otherwise). Nothing is appended on an error.
     """
     input = check_input(input)
-    sid = check_session_id(session_id if session_id is not None else uuid.uuid4().hex)
+    sid = check_session_id(session_id if session_id is not None else new_id())
     if store.last_seq(sid) > 0:
         raise WorkflowError(f"session {sid!r} already exists: submit with a new session id")
     event = RunSubmitted(
