@@ -37,8 +37,9 @@ import sys
 import tarfile
 import tempfile
 import time
-import uuid
 from pathlib import Path
+
+from flowscope.engine.ids import new_id
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -66,7 +67,7 @@ async def _child(reps: int, sessions: int) -> dict[str, float]:
     async def fs_chain() -> float:
         t0 = time.perf_counter()
         for _ in range(3):
-            await chain_runner.run(0, session_id=uuid.uuid4().hex)
+            await chain_runner.run(0, session_id=new_id())
         return (time.perf_counter() - t0) / 600 * 1e6
 
     def lg_chain_once() -> float:
@@ -77,7 +78,7 @@ async def _child(reps: int, sessions: int) -> dict[str, float]:
     async def fs_many(k: int = sessions) -> float:
         gc.collect()
         t0 = time.perf_counter()
-        await asyncio.gather(*(many_runner.run(0, session_id=uuid.uuid4().hex) for _ in range(k)))
+        await asyncio.gather(*(many_runner.run(0, session_id=new_id()) for _ in range(k)))
         return k * 10 / (time.perf_counter() - t0)
 
     await fs_chain()  # warm-up (LangGraph's 1,000 sessions take ~35 s a run here: a tenth of them)

@@ -32,6 +32,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from flowscope.engine.ids import new_id
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 __all__ = ["main", "langgraph_rows", "adk_rows"]
@@ -104,9 +106,7 @@ def langgraph_rows(reps: int, tmp: str) -> list[tuple[str, float]]:
         closing += [handler, store]
 
         def run(handler: Any = handler) -> Any:
-            return graph.invoke(
-                {"x": 0}, {"configurable": {"thread_id": uuid.uuid4().hex}, "callbacks": [handler]}
-            )
+            return graph.invoke({"x": 0}, {"configurable": {"thread_id": new_id()}, "callbacks": [handler]})
 
         runs.append((config, run))
     try:

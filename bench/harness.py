@@ -54,6 +54,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from flowscope.engine.ids import new_id
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 if str(HERE) not in sys.path:
@@ -201,7 +203,7 @@ class Bench:
             return dt, res.output
 
         def run() -> float:
-            dt, out = loop.run_until_complete(timed(uuid.uuid4().hex))
+            dt, out = loop.run_until_complete(timed(new_id()))
             after_run()
             _check(case, out)
             return dt

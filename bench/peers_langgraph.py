@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
+from flowscope.engine.ids import new_id  # thread ids of the kind flowscope gives its sessions
 from flowscope.store.sqlite.schema import DURABILITY
 
 __all__ = [
@@ -216,7 +217,7 @@ class LangGraphConfig:
             from langgraph.types import Command
 
             def run() -> Any:
-                cfg = {"recursion_limit": limit, "configurable": {"thread_id": uuid.uuid4().hex}}
+                cfg = {"recursion_limit": limit, "configurable": {"thread_id": new_id()}}
                 first = graph.invoke({"x": 0}, cfg, **kw)
                 if "__interrupt__" not in first:
                     raise AssertionError(f"LangGraph did not pause: {first!r}")
@@ -225,7 +226,7 @@ class LangGraphConfig:
         else:
 
             def run() -> Any:
-                cfg = {"recursion_limit": limit, "configurable": {"thread_id": uuid.uuid4().hex}}
+                cfg = {"recursion_limit": limit, "configurable": {"thread_id": new_id()}}
                 return graph.invoke({"x": 0}, cfg, **kw)["x"]
 
         return run, None, close
@@ -274,7 +275,7 @@ def sqlite_chain(
 
     def run() -> None:
         out = graph.invoke(
-            {"x": 0}, {"recursion_limit": 2 * n + 100, "configurable": {"thread_id": uuid.uuid4().hex}}
+            {"x": 0}, {"recursion_limit": 2 * n + 100, "configurable": {"thread_id": new_id()}}
         )
         assert out["x"] == n
 
@@ -301,10 +302,7 @@ async def async_sqlite_chain(n: int, sessions: int, folder: str, synchronous: st
     graph = _chain_graph(n).compile(checkpointer=saver)
 
     async def once(k: int = sessions) -> float:
-        cfgs = [
-            {"recursion_limit": 2 * n + 100, "configurable": {"thread_id": uuid.uuid4().hex}}
-            for _ in range(k)
-        ]
+        cfgs = [{"recursion_limit": 2 * n + 100, "configurable": {"thread_id": new_id()}} for _ in range(k)]
         gc.collect()
         t0 = time.perf_counter()
         outs = await asyncio.gather(*(graph.ainvoke({"x": 0}, c) for c in cfgs))

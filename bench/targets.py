@@ -76,6 +76,7 @@ import asyncio_floor  # noqa: E402
 import limits  # noqa: E402
 import workflows as W  # noqa: E402
 from flowscope import Runner  # noqa: E402
+from flowscope.engine.ids import new_id  # noqa: E402
 from flowscope.observability import MetricsPlugin, TracingPlugin  # noqa: E402
 from flowscope.observability.shipping import WatermarkExporter  # noqa: E402
 from flowscope.store import MemoryEventStore  # noqa: E402
@@ -208,7 +209,9 @@ class Flow:
 
     async def once(self, sessions: int = 1) -> float:
         """Seconds to run ``sessions`` new sessions concurrently to the end, spans handed to the exporter."""
-        ids = [uuid.uuid4().hex for _ in range(sessions)]
+        ids = [
+            new_id() for _ in range(sessions)
+        ]  # the runner's default kind (LangGraph's threads get the same)
         before = self.exported.spans if self.exported is not None else 0
         gc.collect()
         t0 = time.perf_counter()
@@ -939,7 +942,7 @@ class Bench:
             graph = peers_langgraph._chain_graph(n).compile(checkpointer=saver)
 
             def lg() -> float:
-                cfg = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": 2 * n + 10}
+                cfg = {"configurable": {"thread_id": new_id()}, "recursion_limit": 2 * n + 10}
                 gc.collect()
                 t0 = time.perf_counter()
                 out = graph.invoke({"x": 0}, cfg)

@@ -43,6 +43,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from flowscope.engine.ids import new_id
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -107,7 +109,7 @@ class Flow:
         self.runner = Runner(wf, store=self.store, plugins=plugins)
 
     async def once(self, sessions: int = 1) -> float:
-        ids = [uuid.uuid4().hex for _ in range(sessions)]
+        ids = [new_id() for _ in range(sessions)]
         gc.collect()
         t0 = time.perf_counter()
         if sessions == 1:

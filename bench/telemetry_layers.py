@@ -41,6 +41,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from flowscope.engine.ids import new_id
+
 HERE = Path(__file__).resolve().parent
 for p in (str(HERE), str(HERE.parent / "src")):
     if p not in sys.path:
@@ -128,9 +130,9 @@ def measure(
     async def once(k: int) -> None:
         if one_by_one:
             for _ in range(k):
-                await runner.run(0, session_id=uuid.uuid4().hex)
+                await runner.run(0, session_id=new_id())
         else:
-            await asyncio.gather(*(runner.run(0, session_id=uuid.uuid4().hex) for _ in range(k)))
+            await asyncio.gather(*(runner.run(0, session_id=new_id()) for _ in range(k)))
 
     try:
         loop.run_until_complete(once(min(sessions, 10)))  # warm: the series, the caches
