@@ -195,7 +195,9 @@ def submit_by_name(store: EventStore, workflow: str, input: Any, session_id: str
 @click.option(
     "--input", "input_json", default="null", metavar="JSON", help="The run input, as JSON (default null)."
 )
-@click.option("--session", "session_id", metavar="ID", help="The session id (default: a new time-ordered one).")
+@click.option(
+    "--session", "session_id", metavar="ID", help="The session id (default: a new time-ordered one)."
+)
 def start(workflow: str, db: str | None, input_json: str, session_id: str | None) -> None:
     """Submit a run of WORKFLOW (its name: no code needed) for a worker to start.
 
