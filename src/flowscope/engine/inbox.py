@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from ..events import Event, NodeCancelled, RunFinished, RunStarted, RunSubmitted
 from ..fold import WorkflowState
 from ..ownership import Lease
 from ..store.base import EventStore, Message
+from .ids import new_id
 from .pauses import FINISHED, Answer, recorded_result, validate_answers
 from .record import json_value
 
@@ -70,7 +70,7 @@ def answer_events(ws: WorkflowState, answers: Iterable[Answer], now: float | Non
     """The events recording ``answers`` outside any invocation (``invocation_id``
     ``answer-...``), numbered after the session's last event."""
     now = time.time() if now is None else now
-    invocation_id = f"answer-{uuid.uuid4().hex}"
+    invocation_id = f"answer-{new_id()}"
     seq = ws.last_seq
     out: list[Event] = []
     for a in answers:
@@ -160,7 +160,7 @@ def cancel_events(ws: WorkflowState, reason: str, now: float | None = None) -> l
     """The events that end ``ws`` for good: an invocation of its own that records a
     ``NodeCancelled`` for every open run (innermost first) and ``RunFinished(cancelled)``."""
     now = time.time() if now is None else now
-    inv = uuid.uuid4().hex
+    inv = new_id()
     sid = ws.session_id
     seq = ws.last_seq
     out: list[Event] = [
@@ -205,7 +205,7 @@ def retry_events(
     ``NodeCancelled(reason)`` for every run it reopens, then a ``RunSubmitted`` that queues
     the session again for a worker, with who asked and why in its ``reason``."""
     now = time.time() if now is None else now
-    inv = f"retry-{uuid.uuid4().hex}"
+    inv = f"retry-{new_id()}"
     sid = ws.session_id
     seq = ws.last_seq
     out: list[Event] = []

@@ -13,7 +13,6 @@ tool that skipped these checks): failed, with the reason, instead of claimed for
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 from ..errors import WorkflowError, redact_message
@@ -53,7 +52,7 @@ def submit_run(store: EventStore, workflow: str, input: Any = None, session_id: 
         raise WorkflowError(f"session {sid!r} already exists: submit with a new session id")
     event = RunSubmitted(
         session_id=sid,
-        invocation_id=f"submit-{uuid.uuid4().hex}",
+        invocation_id=f"submit-{new_id()}",
         seq=1,
         ts=time.time(),
         workflow=workflow,
@@ -71,7 +70,7 @@ def cannot_run_events(
     exception's message, redacted), and ``RunFinished(failed)``. ``flowscope show`` then
     says why, and no worker claims it again."""
     now = time.time() if now is None else now
-    inv = f"refused-{uuid.uuid4().hex}"
+    inv = f"refused-{new_id()}"
     root = f"{workflow}@1"
     message = redact_message(" ".join(str(exc).split()))
     return [

@@ -91,7 +91,8 @@ class SqliteEventStore(SelectsInSql, EventStore):
         self.readonly = readonly
         self.busy_timeout = busy_timeout
         self._lock = threading.RLock()
-        #: Per session, the state this object's last append left (dropped when an invocation ends).
+        #: Per session in the middle of an invocation, the state this object's last append left
+        #: (:func:`~flowscope.store.appending.keep_states`).
         self._node_cache: dict[str, Cached] = {}
         self._conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None
