@@ -84,7 +84,9 @@ def process_gone(owner: Owner, *, host: str | None = None) -> bool:
     """The process half of :func:`owner_alive`: ``owner`` is on this host (``host``,
     default :func:`~flowscope.ownership.this_host`) and its process is gone. An owner on
     another host is never judged gone here: its lease speaks for it."""
-    return owner.host == (host or this_host()) and not process_alive(owner.pid, owner.started_at)
+    return owner.host == (host or this_host()) and not process_alive(
+        owner.pid, owner.started_at, owner.start_id
+    )
 
 
 #: How recently a worker must have recorded itself (``EventStore.workers_seen``) to count
@@ -135,7 +137,7 @@ def ships_own_spans(
     if lease_expires_at != 0 or updated_at is None or now - updated_at >= grace_s:
         return False
     if owner.host == (host or this_host()):
-        return process_alive(owner.pid, owner.started_at)
+        return process_alive(owner.pid, owner.started_at, owner.start_id)
     return True
 
 

@@ -2,9 +2,11 @@
 
 An owner is a process, named so that it can be recognised from another process and
 another host: a ``worker_id``, the ``host`` (``FLOWSCOPE_HOST`` or the hostname), the
-``pid`` and that process's start time, so that a pid the kernel has reused for another
-program is never taken for the owner. A :class:`Lease` is an owner's claim on one session
-until ``expires_at``, under an ``epoch`` that every takeover advances (the fence).
+``pid`` and that process's start, so that a pid the kernel has reused for another
+program is never taken for the owner. The start is compared as the kernel counts it
+(:func:`process_start_id`), never through the wall clock, which may be stepped. A
+:class:`Lease` is an owner's claim on one session until ``expires_at``, under an
+``epoch`` that every takeover advances (the fence).
 The rule that turns these into "alive" or "orphaned" lives in :mod:`flowscope.liveness`.
 """
 
@@ -26,6 +28,7 @@ __all__ = [
     "this_host",
     "this_process",
     "process_start_time",
+    "process_start_id",
     "process_alive",
 ]
 
@@ -42,6 +45,9 @@ class Owner:
     #: The owner ships its sessions' spans itself and records what it shipped (a tracing
     #: plugin with a WatermarkExporter): span followers leave its live sessions to it.
     ships_spans: bool = False
+    #: The process's start as the kernel counts it (:func:`process_start_id`), which no
+    #: wall-clock step moves; None in records written before it and where /proc is absent.
+    start_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -52,6 +58,8 @@ class Owner:
         }
         if self.ships_spans:  # absent otherwise: records written before the flag read the same
             d["ships_spans"] = True
+        if self.start_id is not None:
+            d["start_id"] = self.start_id
         return d
 
     @classmethod
@@ -63,6 +71,7 @@ class Owner:
             pid=int(data.get("pid") or 0),
             started_at=float(started) if started is not None else None,
             ships_spans=bool(data.get("ships_spans", False)),
+            start_id=str(data["start_id"]) if data.get("start_id") is not None else None,
         )
 
     def describe(self) -> str:
@@ -110,17 +119,9 @@ def _boot_time() -> float | None:
     return wall - (before + after) / 2
 
 
-def process_start_time(pid: int) -> float | None:
-    """When process ``pid`` started, in epoch seconds, or None if unknown or not running.
-
-    Read from ``/proc/<pid>/stat`` (field 22, clock ticks since boot) and the boot time
-    (:func:`_boot_time`). Two reads of the same process agree to the tick unless the wall
-    clock was adjusted in between (then they differ by the adjustment), so a value a second
-    or more away means a different process.
-    """
-    boot = _boot_time()
-    if boot is None:
-        return None
+def _stat(pid: int) -> tuple[bytes, int] | None:
+    """Process ``pid``'s state letter and start (clock ticks since boot, field 22 of
+    ``/proc/<pid>/stat``), or None if it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
@@ -129,14 +130,51 @@ def process_start_time(pid: int) -> float | None:
     # The command name (field 2) may hold spaces and parentheses: split after the last ")".
     fields = raw[raw.rfind(b")") + 2 :].split()
     try:
-        ticks = int(fields[19])
+        return fields[0], int(fields[19])
     except (IndexError, ValueError):
         return None
-    return round(boot + ticks / os.sysconf("SC_CLK_TCK"), 2)
 
 
-def process_alive(pid: int, started_at: float | None) -> bool:
-    """Whether the process ``pid`` that started at ``started_at`` is still running here.
+@lru_cache(maxsize=1)
+def _boot_id() -> str | None:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``): ticks since boot name a start
+    only within one boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def process_start_time(pid: int) -> float | None:
+    """When process ``pid`` started, in epoch seconds, or None if unknown or not running.
+
+    The start in ticks since boot plus the boot time (:func:`_boot_time`): for people and
+    for records without a :func:`process_start_id`. Two reads of the same process agree to
+    the tick unless the wall clock was adjusted in between (then they differ by the
+    adjustment), which is why the liveness rule compares start ids instead.
+    """
+    boot = _boot_time()
+    stat = _stat(pid)
+    if boot is None or stat is None:
+        return None
+    return round(boot + stat[1] / os.sysconf("SC_CLK_TCK"), 2)
+
+
+def process_start_id(pid: int) -> str | None:
+    """Process ``pid``'s start as the kernel counts it, ``<boot id>:<ticks since boot>``, or
+    None if unknown or not running. No wall clock is read, so an NTP step, a VM resumed
+    from suspend or an operator's ``date -s`` leaves it unchanged: a live owner is never
+    taken for a dead one because the clock moved (the epoch start time would move with it)."""
+    boot, stat = _boot_id(), _stat(pid)
+    if boot is None or stat is None:
+        return None
+    return f"{boot}:{stat[1]}"
+
+
+def process_alive(pid: int, started_at: float | None, start_id: str | None = None) -> bool:
+    """Whether the process ``pid`` that started at ``start_id`` (or, in a record without
+    one, at epoch ``started_at``) is still running here.
 
     A zombie (killed, not yet reaped) counts as gone. A pid now used by a process that
     started at another time is a different process, so the owner is gone.
@@ -149,14 +187,12 @@ def process_alive(pid: int, started_at: float | None) -> bool:
         return False
     except PermissionError:
         pass  # exists, owned by another user
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-        state = raw[raw.rfind(b")") + 2 :].split()[0]
-        if state in (b"Z", b"X"):
-            return False
-    except (OSError, IndexError):
-        pass
+    stat = _stat(pid)
+    if stat is not None and stat[0] in (b"Z", b"X"):
+        return False
+    if start_id is not None:
+        boot = _boot_id()
+        return stat is None or boot is None or start_id == f"{boot}:{stat[1]}"
     if started_at is None:
         return True
     now_started = process_start_time(pid)
@@ -164,22 +200,23 @@ def process_alive(pid: int, started_at: float | None) -> bool:
 
 
 @lru_cache(maxsize=1)
-def _this_pid_start() -> tuple[int, float | None]:
+def _this_pid_start() -> tuple[int, float | None, str | None]:
     pid = os.getpid()
-    return pid, process_start_time(pid)
+    return pid, process_start_time(pid), process_start_id(pid)
 
 
 def this_process(worker_id: str | None = None, *, ships_spans: bool = False) -> Owner:
     """The owner record of the calling process (a new ``worker_id`` unless one is given);
     ``ships_spans``: its plugins ship its sessions' spans (:attr:`Owner.ships_spans`)."""
-    pid, started = _this_pid_start()
+    pid, started, start_id = _this_pid_start()
     if pid != os.getpid():  # forked since the cache was filled
         _this_pid_start.cache_clear()
-        pid, started = _this_pid_start()
+        pid, started, start_id = _this_pid_start()
     return Owner(
         worker_id=worker_id or f"{this_host()}-{pid}-{uuid.uuid4().hex[:8]}",
         host=this_host(),
         pid=pid,
         started_at=started,
         ships_spans=ships_spans,
+        start_id=start_id,
     )

@@ -46,7 +46,7 @@ from .helpers import (
 )
 from .inbox import InboxContract
 from .log import EventLogContract
-from .ownership import OwnershipContract
+from .ownership import OwnershipContract, step_wall_clock
 from .projection import ProjectionContract
 from .store import EventStoreContract
 from .upkeep import UpkeepContract
@@ -78,4 +78,5 @@ __all__ = [
     "paused_log",
     "answer_events",
     "finished_session",
+    "step_wall_clock",
 ]

@@ -32,7 +32,7 @@ from ...events import (
     UnknownEvent,
 )
 from ...liveness import owner_alive
-from ...ownership import Owner, process_start_time, this_host, this_process
+from ...ownership import Owner, process_start_id, process_start_time, this_host, this_process
 from ..base import EventLog, NodeRun, Upkeep
 
 __all__ = [
@@ -490,13 +490,13 @@ def dead_owner(worker_id: str = "w-dead") -> Owner:
     """The owner record of a real process on this host that has been SIGKILLed (and reaped)."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        started = None
+        started = start_id = None
         for _ in range(100):  # /proc may lag the fork by a moment
-            started = process_start_time(proc.pid)
-            if started is not None:
+            started, start_id = process_start_time(proc.pid), process_start_id(proc.pid)
+            if started is not None and start_id is not None:
                 break
             time.sleep(0.01)
-        owner = Owner(worker_id, this_host(), proc.pid, started)
+        owner = Owner(worker_id, this_host(), proc.pid, started, start_id=start_id)
         assert owner_alive(owner, time.time() + 60, time.time())
     finally:
         os.kill(proc.pid, signal.SIGKILL)
@@ -578,9 +578,9 @@ def process_checks(monkeypatch: Any) -> list[int]:
     asked: list[int] = []
     real = liveness.process_alive
 
-    def counted(pid: int, started_at: float | None) -> bool:
+    def counted(pid: int, started_at: float | None, start_id: str | None = None) -> bool:
         asked.append(pid)
-        return real(pid, started_at)
+        return real(pid, started_at, start_id)
 
     monkeypatch.setattr(liveness, "process_alive", counted)
     return asked

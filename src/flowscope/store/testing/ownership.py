@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from ... import ownership
 from ...errors import ConcurrencyConflict, LeaseLost
 from ...events import (
     NodeCompleted,
@@ -38,7 +39,26 @@ from .helpers import (
     submitted_log,
 )
 
-__all__ = ["OwnershipContract"]
+__all__ = ["OwnershipContract", "step_wall_clock"]
+
+
+def step_wall_clock(monkeypatch: pytest.MonkeyPatch, by_s: float) -> None:
+    """Step the wall clock by ``by_s`` seconds as :mod:`flowscope.ownership` reads it
+    (``time.time`` and ``CLOCK_REALTIME``); the kernel's clocks since boot do not move."""
+    real = time
+
+    class Stepped:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def time(self) -> float:
+            return real.time() + by_s
+
+        def clock_gettime(self, clock: int) -> float:
+            t = real.clock_gettime(clock)
+            return t + by_s if clock == real.CLOCK_REALTIME else t
+
+    monkeypatch.setattr(ownership, "time", Stepped())
 
 
 class OwnershipContract(ContractBase):
@@ -93,6 +113,27 @@ class OwnershipContract(ContractBase):
         store.acquire("s2", far, 10.0, now=now)
         with pytest.raises(ConcurrencyConflict, match=f"pid {far.pid}"):
             store.acquire("s2", this_process("w-other"), 10.0, now=now + 9.9)
+
+    @pytest.mark.parametrize("step_s", [3600.0, -3600.0, 2.0])
+    def test_a_live_owner_is_refused_after_the_wall_clock_steps(
+        self, store: EventStore, monkeypatch: pytest.MonkeyPatch, step_s: float
+    ) -> None:
+        # An NTP step, a VM resumed from suspend, an operator's date -s: the owner's
+        # process is the same process, however far the wall clock moved since it started.
+        now = time.time()
+        holder = this_process("w-holder")
+        [running] = hold_running(store, holder, 1, now)
+        store.acquire(SID, holder, 15.0, now=now)
+        step_wall_clock(monkeypatch, step_s)
+        other = this_process("w-other")
+        with pytest.raises(ConcurrencyConflict, match=f"pid {holder.pid}"):
+            store.acquire(SID, other, 15.0, now=now + 1.0)
+        assert store.claim(other, ["wf"], 15.0, limit=10, now=now + 1.0) == []
+        [group] = store.open_run_summary(now=now + 1.0, stale_after_s=60.0)
+        assert (group.count, group.orphaned) == (1, 0)
+        for sid in (SID, running):
+            info = store.session_info(sid)
+            assert info is None or (info.owner, info.epoch) == (holder, 1)
 
     def test_acquire_by_the_same_owner_or_with_force_advances_the_epoch(self, store: EventStore) -> None:
         now = time.time()
