@@ -104,3 +104,96 @@ def test_append_many_keeps_the_good_batches_and_returns_each_refusal(kind, tmp_p
     store.set_exported_seq("a", 2)
     store.set_exported_seq("a", 1)  # never moves back
     assert (store.exported_seq("a"), store.exported_seq("b")) == (2, 0)
+
+
+async def test_sessions_started_together_take_their_leases_in_one_transaction(tmp_path):
+    store = SqliteEventStore(tmp_path / "starts.db")
+    calls: list[tuple[str, int]] = []
+    one, many = store.acquire_new, store.acquire_new_many
+
+    def spy_one(session_id, owner, lease_s, **kw):
+        calls.append(("acquire_new", 1))
+        return one(session_id, owner, lease_s, **kw)
+
+    def spy_many(session_ids, owner, lease_s, **kw):
+        calls.append(("acquire_new_many", len(session_ids)))
+        return many(session_ids, owner, lease_s, **kw)
+
+    store.acquire_new, store.acquire_new_many = spy_one, spy_many  # type: ignore[method-assign]
+    runner = Runner(chain(store), store=store)
+    results = await asyncio.gather(*(runner.run(0, session_id=f"s{i}") for i in range(50)))
+    assert [r.output for r in results] == [5] * 50
+    # the first starts alone, at once; the 49 started in the same loop turn wait for one step
+    assert calls == [("acquire_new", 1), ("acquire_new_many", 49)]
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    try:
+        got = store.acquire_new_many(["t1", "t2", "t3"], runner.owner, 15.0)
+    finally:
+        store._conn.set_trace_callback(None)
+    assert all(g is not None and not isinstance(g, BaseException) for g in got)
+    assert [s for s in statements if s.startswith(("BEGIN", "COMMIT"))] == ["BEGIN IMMEDIATE", "COMMIT"]
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_new_session_started_twice_at_once_in_one_runner_runs_once(kind, tmp_path):
+    from flowscope.errors import ConcurrencyConflict
+
+    store = MemoryEventStore() if kind == "memory" else SqliteEventStore(tmp_path / "twice.db")
+    gate = asyncio.Event()
+
+    @node(name="hold")
+    async def hold(ctx, x):
+        await gate.wait()
+        return x
+
+    runner = Runner(Workflow("h", edges=[(START, hold)]), store=store)
+    # another session running on the runner: the two starts below queue for one step
+    busy = asyncio.create_task(runner.run(0, session_id="busy"))
+    await asyncio.sleep(0.01)
+    twice = [asyncio.create_task(runner.run(0, session_id="same")) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    gate.set()
+    results = await asyncio.gather(busy, *twice, return_exceptions=True)
+    assert sorted(type(r).__name__ for r in results) == ["ConcurrencyConflict", "RunResult", "RunResult"]
+    conflict = next(r for r in results if isinstance(r, ConcurrencyConflict))
+    assert "already running in this runner" in str(conflict)
+    assert [e.type for e in store.read("same")].count("run_started") == 1
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_start_cancelled_while_it_waits_for_its_lease_leaves_no_lease_held(kind, tmp_path):
+    from flowscope.ownership import this_process
+
+    store = MemoryEventStore() if kind == "memory" else SqliteEventStore(tmp_path / "cancel.db")
+    gate = asyncio.Event()
+
+    @node(name="hold")
+    async def hold(ctx, x):
+        await gate.wait()
+        return x
+
+    runner = Runner(Workflow("h", edges=[(START, hold)]), store=store)
+    asked: list[list[str]] = []
+    many = store.acquire_new_many
+
+    def spy(session_ids, owner, lease_s, **kw):
+        asked.append(list(session_ids))
+        return many(session_ids, owner, lease_s, **kw)
+
+    store.acquire_new_many = spy  # type: ignore[method-assign]
+    busy = asyncio.create_task(runner.run(0, session_id="busy"))
+    await asyncio.sleep(0.01)
+    late = asyncio.create_task(runner.run(0, session_id="late"))
+    await asyncio.sleep(0)  # its first step: queued for the end of the turn, nothing asked yet
+    assert asked == []
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    await asyncio.sleep(0)
+    assert asked == [["late"]]  # the step still ran, and took the lease ...
+    # ... which was let go: another live owner of this host may take the session at once
+    assert store.acquire_new("late", this_process("w-next"), 15.0) is not None
+    assert store.read("late") == []
+    gate.set()
+    assert (await busy).status == "completed"

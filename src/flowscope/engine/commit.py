@@ -3,7 +3,8 @@
 An invocation alone on its runner appends at once, in its own transaction. When several
 are active, each flush is queued, and one callback at the end of the loop turn hands every
 queued batch to :meth:`~flowscope.store.base.EventStore.append_many` (SQLite: one
-transaction, one fsync, for all of them). A flush still returns only once its batch is
+transaction, one fsync, for all of them). New sessions that start while others run take
+their leases the same way (:meth:`~flowscope.store.base.EventStore.acquire_new_many`). A flush still returns only once its batch is
 committed, so each session's next node waits for its terminal event to be on record. A
 batch its store refused (a conflict, a lost lease) or a store error that failed them all
 halts that invocation with the store's own exception, as a failed ``append`` does.
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..events import Event
 from ..fold import gc_paused
-from ..ownership import Lease
+from ..ownership import Lease, Owner
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store.base import EventStore
@@ -72,6 +73,17 @@ class _Queued(NamedTuple):
     release: Lease | None
 
 
+class _Start:
+    """A new session's lease request waiting for the end of the loop turn, and its answer."""
+
+    __slots__ = ("session_id", "done", "result")
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.done = TurnWait()
+        self.result: Lease | BaseException | None = None
+
+
 class GroupCommit:
     """The appends of one runner's invocations (``active`` counts those running)."""
 
@@ -79,6 +91,50 @@ class GroupCommit:
         self.store = store
         self.active = 0
         self._queue: list[_Queued] = []
+        self._starts: dict[tuple[Owner, float], list[_Start]] = {}
+
+    async def acquire_new(self, session_id: str, owner: Owner, lease_s: float) -> Lease | None:
+        """``store.acquire_new``: at once when no invocation runs, else at the end of this
+        loop turn with the other sessions starting in it, in one step (a thousand sessions
+        started together pay one transaction for their leases, not a thousand). Raises the
+        store's refusal or error as ``acquire_new`` does."""
+        if self.active == 0 and not self._starts:
+            return self.store.acquire_new(session_id, owner, lease_s)
+        start = _Start(session_id)
+        if not self._starts:
+            asyncio.get_running_loop().call_soon(self._start_queued)
+        self._starts.setdefault((owner, lease_s), []).append(start)
+        try:
+            await start.done
+        except BaseException:  # cancelled: the step ran first (it was scheduled before this
+            # task's next step), so the lease it took for this session is let go here
+            if isinstance(start.result, Lease):
+                self._let_go(start.result)
+            raise
+        if isinstance(start.result, BaseException):
+            raise start.result
+        return start.result
+
+    def _start_queued(self) -> None:
+        starts, self._starts = self._starts, {}
+        with gc_paused():
+            for (owner, lease_s), queued in starts.items():
+                results: list[Lease | BaseException | None]
+                try:
+                    results = list(
+                        self.store.acquire_new_many([s.session_id for s in queued], owner, lease_s)
+                    )
+                except BaseException as exc:  # the store failed the transaction: every start failed
+                    results = [exc] * len(queued)
+                for start, result in zip(queued, results):
+                    start.result = result
+                    start.done.settled = True
+
+    def _let_go(self, lease: Lease) -> None:
+        try:
+            self.store.release(lease)
+        except Exception:  # it expires on its own: the session was never started
+            pass
 
     def submit(
         self,

@@ -126,6 +126,7 @@ class Runner:
         self.heartbeat_interval = heartbeat_interval
         self.rng = random.Random(seed)
         self._active: dict[str, Invocation] = {}
+        self._starting: set[str] = set()  # new sessions waiting for their leases
         #: session -> the ids of its last invocations here, which halted on a store error
         #: (not a lost lease), one after the other: the next invocation here knows the open
         #: runs they started were cut off by a halt, not by a crash (ResumeAudit.cut_off).
@@ -303,13 +304,6 @@ class Runner:
         if lease is not None and lease.session_id != session_id:
             raise ValueError(f"the lease is for session {lease.session_id!r}, not {session_id!r}")
         try:
-            if (
-                not resume and lease is None and not force
-            ):  # a new session: the check and the lease in one step
-                lease = self.store.acquire_new(session_id, self.owner, self.lease_s)
-                if lease is None:
-                    raise _exists(session_id)
-                return WorkflowState(session_id=session_id), lease
             ws = self._load(session_id, resume)
             if lease is None:
                 lease = self.store.acquire(session_id, self.owner, self.lease_s, force=force)
@@ -388,10 +382,22 @@ class Runner:
         on_event: Callable[[Event], None] | None = None,
     ) -> RunResult:
         check_session_id(session_id)  # before anything is read or appended
-        if session_id in self._active:
+        if session_id in self._active or session_id in self._starting:
             raise ConcurrencyConflict(f"session {session_id!r} is already running in this runner")
         try:
-            ws, lease = self._take(session_id, resume, force, lease)
+            if (
+                not resume and lease is None and not force
+            ):  # a new session: the check and the lease in one step
+                self._starting.add(session_id)  # held through the await: a second run here is refused
+                try:
+                    lease = await self._commits.acquire_new(session_id, self.owner, self.lease_s)
+                finally:
+                    self._starting.discard(session_id)
+                if lease is None:
+                    raise _exists(session_id)
+                ws = WorkflowState(session_id=session_id)
+            else:
+                ws, lease = self._take(session_id, resume, force, lease)
         except ConcurrencyConflict:  # refused at the start: a lost race, not a failure
             await self._conflict(session_id)
             raise

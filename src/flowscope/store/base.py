@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ..errors import ConcurrencyConflict
 from ..events import Event
 from ..ownership import Lease, Owner
 from .inbox import Inbox
@@ -110,6 +111,24 @@ class EventStore(Inbox, Upkeep, Ownership):
         if self.last_seq(session_id) > 0:
             return None
         return self.acquire(session_id, owner, lease_s, now=now)
+
+    def acquire_new_many(
+        self, session_ids: Sequence[str], owner: Owner, lease_s: float, *, now: float | None = None
+    ) -> list[Lease | None | ConcurrencyConflict]:
+        """:meth:`acquire_new` of each of ``session_ids`` (the sessions a runner starts in one
+        loop turn): in order, the lease, None (the session has events), or the
+        :class:`~flowscope.errors.ConcurrencyConflict` that refused it, which refuses no other.
+
+        This default calls :meth:`acquire_new` for each; the SQLite store takes them all in
+        one transaction, so a thousand sessions started together pay one commit, not a
+        thousand."""
+        out: list[Lease | None | ConcurrencyConflict] = []
+        for session_id in session_ids:
+            try:
+                out.append(self.acquire_new(session_id, owner, lease_s, now=now))
+            except ConcurrencyConflict as exc:
+                out.append(exc)
+        return out
 
     def append_and_release(
         self, batches: Sequence[AppendBatch], leases: Mapping[str, Lease]

@@ -331,6 +331,28 @@ class SqliteEventStore(SelectsInSql, EventStore):
                 self._node_cache[session_id] = new_session(session_id)
         return lease
 
+    def acquire_new_many(
+        self, session_ids: Sequence[str], owner: Owner, lease_s: float, *, now: float | None = None
+    ) -> list[Lease | None | ConcurrencyConflict]:
+        """The port's, in one transaction: each session's check and lease."""
+        cls = type(self)
+        if cls.acquire is not SqliteEventStore.acquire or cls.acquire_new is not SqliteEventStore.acquire_new:
+            return super().acquire_new_many(session_ids, owner, lease_s, now=now)
+        now = time.time() if now is None else now
+        out: list[Lease | None | ConcurrencyConflict] = []
+        with self._write("acquire sessions") as conn:
+            for session_id in session_ids:
+                try:  # a refusal writes nothing (the check comes first) and refuses no other
+                    lease = ownership.acquire_new(conn, session_id, owner, lease_s, now)
+                except ConcurrencyConflict as exc:
+                    out.append(exc)
+                    continue
+                out.append(lease)
+        for got in out:  # no events yet: the first append is guarded on this row
+            if isinstance(got, Lease):
+                self._node_cache[got.session_id] = new_session(got.session_id)
+        return out
+
     def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
         return one_renewal(self.renew_many([lease], lease_s, now=now))
 

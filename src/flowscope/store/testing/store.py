@@ -15,7 +15,7 @@ from ...events import (
     RunStarted,
     RunSubmitted,
 )
-from ...ownership import this_process
+from ...ownership import Lease, this_process
 from ..base import EventStore, SessionQuery
 from .helpers import (
     dead_owner,
@@ -128,6 +128,32 @@ class EventStoreContract(EventLogContract, OwnershipContract, InboxContract, Upk
         assert store.acquire_new("fresh", other, 15.0) is None  # it has events: refused, nothing written
         later = store.acquire("fresh", me, 15.0)
         assert later.epoch == lease.epoch + 1  # acquire_new advanced no epoch
+
+    def test_acquire_new_many_answers_each_session_as_acquire_new_would_and_refuses_none_for_another(
+        self, store: EventStore
+    ) -> None:
+        me, far = this_process("w-many"), other_host_owner()
+        held = store.acquire_new("held", far, 15.0)  # a live owner elsewhere: refused
+        assert held is not None
+        old = store.acquire_new("old", me, 15.0)  # events already: None
+        assert old is not None
+        store.append("old", [ev(RunStarted, sid="old", workflow="w", ts=1.0)], 0, epoch=old.epoch)
+        store.release(old)
+        got = store.acquire_new_many(["a", "held", "old", "b"], me, 15.0, now=1000.0)
+        assert [type(g) for g in got] == [Lease, ConcurrencyConflict, type(None), Lease]
+        a, b = got[0], got[3]
+        assert isinstance(a, Lease) and isinstance(b, Lease)
+        assert (a.session_id, a.owner, a.expires_at, b.session_id) == ("a", me, 1015.0, "b")
+        assert f"pid {far.pid}" in str(got[1])
+        info = store.session_info("held")
+        assert info is None or (info.owner, info.epoch) == (far, held.epoch)  # the refusal wrote nothing
+        old_info = store.session_info("old")
+        assert old_info is not None and old_info.epoch == old.epoch  # nor did the None
+        for lease in (a, b):  # each new session's first append is guarded on its row
+            sid = lease.session_id
+            store.append(sid, [ev(RunStarted, sid=sid, workflow="w", ts=1001.0)], 0, epoch=lease.epoch)
+            assert store.acquire_new(sid, me, 15.0) is None
+        assert store.acquire_new_many([], me, 15.0) == []
 
     def test_find_sessions_selects_by_owner_and_never_lists_a_session_without_events(
         self, store: EventStore
