@@ -5,7 +5,8 @@
 A runner takes a new session's lease in ``acquire_new``. When other sessions run, the
 sessions that start in one loop turn take theirs together at its end
 (``acquire_new_many``: one SQLite transaction for all of them). This times ``--sessions``
-concurrent 10-chains on SQLite alone and on the full stack (``targets.Flow``), each against
+concurrent 10-chains on SQLite alone and on the full stack (``targets.Flow``; the full stack
+also with ``durability="full"``, an fsync per transaction), each against
 the same configuration with the leases taken one by one (the group commit's
 ``acquire_new`` replaced by the store's, as before the batching), alternated in one
 process; it prints the medians and the median of the paired differences.
@@ -41,10 +42,15 @@ def one_by_one(flow: Flow) -> None:
     commits.acquire_new = acquire_new
 
 
-def measure(full: bool, reps: int, sessions: int, loop: asyncio.AbstractEventLoop, tmp: str) -> None:
+def measure(
+    full: bool, durability: str, reps: int, sessions: int, loop: asyncio.AbstractEventLoop, tmp: str
+) -> None:
     wf = W.chain(10)
-    alone = Flow(wf, SqliteEventStore(os.path.join(tmp, f"alone-{full}.db")), full)
-    together = Flow(wf, SqliteEventStore(os.path.join(tmp, f"together-{full}.db")), full)
+    stores = [
+        SqliteEventStore(os.path.join(tmp, f"{k}-{full}-{durability}.db"), durability=durability)
+        for k in "ab"
+    ]
+    alone, together = (Flow(wf, store, full) for store in stores)
     one_by_one(alone)
     for flow in (alone, together):
         loop.run_until_complete(flow.once(100))  # warm
@@ -53,7 +59,9 @@ def measure(full: bool, reps: int, sessions: int, loop: asyncio.AbstractEventLoo
         for flow in (alone, together) if i % 2 == 0 else (together, alone):
             times[flow].append(loop.run_until_complete(flow.once(sessions)) * 1e6 / (10 * sessions))
     diffs = [a - b for a, b in zip(times[alone], times[together])]
-    name = "full stack" if full else "SQLite alone"
+    name = ("full stack" if full else "SQLite alone") + (
+        f' (durability="{durability}")' if durability != "normal" else ""
+    )
     print(
         f"| {name} | {statistics.median(times[alone]):.1f} | {statistics.median(times[together]):.1f} "
         f"| {statistics.median(diffs):.1f} |"
@@ -73,8 +81,8 @@ def main() -> None:
     print(f"{args.sessions:,} concurrent 10-chains, µs per node run, {args.reps} alternated repetitions\n")
     print("| configuration | leases one by one | leases together | paired difference (median) |")
     print("| --- | ---: | ---: | ---: |")
-    for full in (False, True):
-        measure(full, args.reps, args.sessions, loop, tmp)
+    for full, durability in ((False, "normal"), (True, "normal"), (True, "full")):
+        measure(full, durability, args.reps, args.sessions, loop, tmp)
 
 
 if __name__ == "__main__":
