@@ -135,11 +135,10 @@ async def test_sessions_started_together_take_their_leases_in_one_transaction(tm
     assert [s for s in statements if s.startswith(("BEGIN", "COMMIT"))] == ["BEGIN IMMEDIATE", "COMMIT"]
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-async def test_a_new_session_started_twice_at_once_in_one_runner_runs_once(kind, tmp_path):
-    from flowscope.errors import ConcurrencyConflict
-
-    store = MemoryEventStore() if kind == "memory" else SqliteEventStore(tmp_path / "twice.db")
+async def busy_runner(kind: str, tmp_path):
+    """A runner with one session running (its node waits for the gate returned): the
+    sessions it starts now take their leases at the end of the loop turn, together."""
+    store = MemoryEventStore() if kind == "memory" else SqliteEventStore(tmp_path / "busy.db")
     gate = asyncio.Event()
 
     @node(name="hold")
@@ -148,9 +147,16 @@ async def test_a_new_session_started_twice_at_once_in_one_runner_runs_once(kind,
         return x
 
     runner = Runner(Workflow("h", edges=[(START, hold)]), store=store)
-    # another session running on the runner: the two starts below queue for one step
     busy = asyncio.create_task(runner.run(0, session_id="busy"))
     await asyncio.sleep(0.01)
+    return store, runner, gate, busy
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_new_session_started_twice_at_once_in_one_runner_runs_once(kind, tmp_path):
+    from flowscope.errors import ConcurrencyConflict
+
+    store, runner, gate, busy = await busy_runner(kind, tmp_path)
     twice = [asyncio.create_task(runner.run(0, session_id="same")) for _ in range(2)]
     await asyncio.sleep(0.01)
     gate.set()
@@ -165,15 +171,7 @@ async def test_a_new_session_started_twice_at_once_in_one_runner_runs_once(kind,
 async def test_a_start_cancelled_while_it_waits_for_its_lease_leaves_no_lease_held(kind, tmp_path):
     from flowscope.ownership import this_process
 
-    store = MemoryEventStore() if kind == "memory" else SqliteEventStore(tmp_path / "cancel.db")
-    gate = asyncio.Event()
-
-    @node(name="hold")
-    async def hold(ctx, x):
-        await gate.wait()
-        return x
-
-    runner = Runner(Workflow("h", edges=[(START, hold)]), store=store)
+    store, runner, gate, busy = await busy_runner(kind, tmp_path)
     asked: list[list[str]] = []
     many = store.acquire_new_many
 
@@ -182,8 +180,6 @@ async def test_a_start_cancelled_while_it_waits_for_its_lease_leaves_no_lease_he
         return many(session_ids, owner, lease_s, **kw)
 
     store.acquire_new_many = spy  # type: ignore[method-assign]
-    busy = asyncio.create_task(runner.run(0, session_id="busy"))
-    await asyncio.sleep(0.01)
     late = asyncio.create_task(runner.run(0, session_id="late"))
     await asyncio.sleep(0)  # its first step: queued for the end of the turn, nothing asked yet
     assert asked == []
