@@ -3,11 +3,12 @@
 An invocation alone on its runner appends at once, in its own transaction. When several
 are active, each flush is queued, and one callback at the end of the loop turn hands every
 queued batch to :meth:`~flowscope.store.base.EventStore.append_many` (SQLite: one
-transaction, one fsync, for all of them). New sessions that start while others run take
-their leases the same way (:meth:`~flowscope.store.base.EventStore.acquire_new_many`). A flush still returns only once its batch is
+transaction, one fsync, for all of them). A flush still returns only once its batch is
 committed, so each session's next node waits for its terminal event to be on record. A
 batch its store refused (a conflict, a lost lease) or a store error that failed them all
-halts that invocation with the store's own exception, as a failed ``append`` does.
+halts that invocation with the store's own exception, as a failed ``append`` does. New
+sessions that start while others run take their leases the same way, together
+(:meth:`~flowscope.store.base.EventStore.acquire_new_many`).
 """
 
 from __future__ import annotations
