@@ -166,10 +166,14 @@ def process_start_id(pid: int) -> str | None:
     None if unknown or not running. No wall clock is read, so an NTP step, a VM resumed
     from suspend or an operator's ``date -s`` leaves it unchanged: a live owner is never
     taken for a dead one because the clock moved (the epoch start time would move with it)."""
-    boot, stat = _boot_id(), _stat(pid)
-    if boot is None or stat is None:
-        return None
-    return f"{boot}:{stat[1]}"
+    stat = _stat(pid)
+    return None if stat is None else _start_id(stat[1])
+
+
+def _start_id(ticks: int) -> str | None:
+    """The start id of a process of this boot that started ``ticks`` after it."""
+    boot = _boot_id()
+    return None if boot is None else f"{boot}:{ticks}"
 
 
 def process_alive(pid: int, started_at: float | None, start_id: str | None = None) -> bool:
@@ -191,8 +195,8 @@ def process_alive(pid: int, started_at: float | None, start_id: str | None = Non
     if stat is not None and stat[0] in (b"Z", b"X"):
         return False
     if start_id is not None:
-        boot = _boot_id()
-        return stat is None or boot is None or start_id == f"{boot}:{stat[1]}"
+        now_id = None if stat is None else _start_id(stat[1])
+        return now_id is None or now_id == start_id
     if started_at is None:
         return True
     now_started = process_start_time(pid)

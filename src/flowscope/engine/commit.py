@@ -14,7 +14,7 @@ sessions that start while others run take their leases the same way, together
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..events import Event
@@ -94,11 +94,14 @@ class GroupCommit:
         self._queue: list[_Queued] = []
         self._starts: dict[tuple[Owner, float], list[_Start]] = {}
 
-    async def acquire_new(self, session_id: str, owner: Owner, lease_s: float) -> Lease | None:
+    async def acquire_new(
+        self, session_id: str, owner: Owner, lease_s: float, release: Callable[[Lease], None]
+    ) -> Lease | None:
         """``store.acquire_new``: at once when no invocation runs, else at the end of this
         loop turn with the other sessions starting in it, in one step (a thousand sessions
         started together pay one transaction for their leases, not a thousand). Raises the
-        store's refusal or error as ``acquire_new`` does."""
+        store's refusal or error as ``acquire_new`` does; ``release`` ends the lease of a
+        start cancelled while it waited."""
         if self.active == 0 and not self._starts:
             return self.store.acquire_new(session_id, owner, lease_s)
         start = _Start(session_id)
@@ -110,7 +113,7 @@ class GroupCommit:
         except BaseException:  # cancelled: the step ran first (it was scheduled before this
             # task's next step), so the lease it took for this session is let go here
             if isinstance(start.result, Lease):
-                self._let_go(start.result)
+                release(start.result)
             raise
         if isinstance(start.result, BaseException):
             raise start.result
@@ -130,12 +133,6 @@ class GroupCommit:
                 for start, result in zip(queued, results):
                     start.result = result
                     start.done.settled = True
-
-    def _let_go(self, lease: Lease) -> None:
-        try:
-            self.store.release(lease)
-        except Exception:  # it expires on its own: the session was never started
-            pass
 
     def submit(
         self,

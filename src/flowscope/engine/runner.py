@@ -390,7 +390,9 @@ class Runner:
             ):  # a new session: the check and the lease in one step
                 self._starting.add(session_id)  # held through the await: a second run here is refused
                 try:
-                    lease = await self._commits.acquire_new(session_id, self.owner, self.lease_s)
+                    lease = await self._commits.acquire_new(
+                        session_id, self.owner, self.lease_s, self._release
+                    )
                 finally:
                     self._starting.discard(session_id)
                 if lease is None:

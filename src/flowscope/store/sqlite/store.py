@@ -324,12 +324,10 @@ class SqliteEventStore(SelectsInSql, EventStore):
         """The port's, in one transaction (the check, the lease)."""
         if type(self).acquire is not SqliteEventStore.acquire:  # a subclass that wraps acquire
             return super().acquire_new(session_id, owner, lease_s, now=now)
-        now = time.time() if now is None else now
-        with self._write("acquire a session") as conn:
-            lease = ownership.acquire_new(conn, session_id, owner, lease_s, now)
-            if lease is not None:  # no events yet: the first append is guarded on this row
-                self._node_cache[session_id] = new_session(session_id)
-        return lease
+        [got] = self._acquire_new([session_id], owner, lease_s, now)
+        if isinstance(got, ConcurrencyConflict):
+            raise got
+        return got
 
     def acquire_new_many(
         self, session_ids: Sequence[str], owner: Owner, lease_s: float, *, now: float | None = None
@@ -338,16 +336,19 @@ class SqliteEventStore(SelectsInSql, EventStore):
         cls = type(self)
         if cls.acquire is not SqliteEventStore.acquire or cls.acquire_new is not SqliteEventStore.acquire_new:
             return super().acquire_new_many(session_ids, owner, lease_s, now=now)
+        return self._acquire_new(session_ids, owner, lease_s, now)
+
+    def _acquire_new(
+        self, session_ids: Sequence[str], owner: Owner, lease_s: float, now: float | None
+    ) -> list[Lease | None | ConcurrencyConflict]:
         now = time.time() if now is None else now
         out: list[Lease | None | ConcurrencyConflict] = []
-        with self._write("acquire sessions") as conn:
+        with self._write("acquire a session") as conn:
             for session_id in session_ids:
                 try:  # a refusal writes nothing (the check comes first) and refuses no other
-                    lease = ownership.acquire_new(conn, session_id, owner, lease_s, now)
+                    out.append(ownership.acquire_new(conn, session_id, owner, lease_s, now))
                 except ConcurrencyConflict as exc:
                     out.append(exc)
-                    continue
-                out.append(lease)
         for got in out:  # no events yet: the first append is guarded on this row
             if isinstance(got, Lease):
                 self._node_cache[got.session_id] = new_session(got.session_id)
