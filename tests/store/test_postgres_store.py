@@ -366,3 +366,61 @@ def test_lease_renewals_lock_their_rows_in_one_order_so_two_rounds_never_deadloc
     for t in threads:
         t.join(60)
     assert not deadlocks, f"{len(deadlocks)} of 30 renewal rounds deadlocked"
+
+
+def test_sessions_started_together_take_their_leases_in_one_transaction(url: str):
+    """``acquire_new_many``: one transaction for every start (one durable commit, not one
+    per session): every row it wrote carries the same ``xmin``, the id of the transaction
+    that last wrote it."""
+    me = owner("starter")
+    with PostgresEventStore(url) as store:
+        earlier = store.acquire_new("owned-before", owner("gone"), 15.0, now=1.0)  # lapsed, no events
+        assert earlier is not None
+        sids = ["n3", "owned-before", "n1", "n2"]
+        got = store.acquire_new_many(sids, me, 15.0, now=time.time())
+        assert [(g.session_id, g.owner) for g in got if g is not None and not isinstance(g, Exception)] == [
+            (sid, me) for sid in sids
+        ]
+        by_sid = {g.session_id: g.epoch for g in got if g is not None and not isinstance(g, Exception)}
+        assert by_sid == {"n3": 1, "owned-before": earlier.epoch + 1, "n1": 1, "n2": 1}
+        with psycopg.connect(url) as conn:
+            xmins = conn.execute(
+                "SELECT DISTINCT xmin::text FROM sessions WHERE session_id = ANY(%s)", (sids,)
+            ).fetchall()
+        assert len(xmins) == 1, f"{len(xmins)} transactions wrote the {len(sids)} leases"
+
+
+def test_two_runners_starting_the_same_sessions_in_opposite_orders_never_deadlock(url: str):
+    """Two batches of starts over the same new sessions, listed in opposite orders, at once:
+    the rows are made and locked in key order, so neither waits on the other in a cycle
+    (which the server would break by failing one batch, every start in it); each session
+    goes to exactly one of them."""
+    n, rounds = 200, 10
+    stores = [PostgresEventStore(url) for _ in range(2)]
+    owners = [owner("left"), owner("right")]
+    failures: list[BaseException] = []
+    won: list[list[str]] = [[], []]
+    barrier = threading.Barrier(2)
+
+    def starter(i: int) -> None:
+        for r in range(rounds):
+            sids = [f"r{r}-s{k:04d}" for k in range(n)]
+            barrier.wait()
+            try:
+                got = stores[i].acquire_new_many(sids if i == 0 else sids[::-1], owners[i], 60.0)
+            except Exception as exc:
+                failures.append(exc)
+                continue
+            won[i] += [g.session_id for g in got if g is not None and not isinstance(g, Exception)]
+
+    try:
+        threads = [threading.Thread(target=starter, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        for s in stores:
+            s.close()
+    assert not failures, f"{len(failures)} of {2 * rounds} batches failed: {failures[0]}"
+    assert sorted(won[0] + won[1]) == sorted(f"r{r}-s{k:04d}" for r in range(rounds) for k in range(n))

@@ -119,9 +119,9 @@ class EventStore(Inbox, Upkeep, Ownership):
         loop turn): in order, the lease, None (the session has events), or the
         :class:`~flowscope.errors.ConcurrencyConflict` that refused it, which refuses no other.
 
-        This default calls :meth:`acquire_new` for each; the SQLite store takes them all in
-        one transaction, so a thousand sessions started together pay one commit, not a
-        thousand."""
+        This default calls :meth:`acquire_new` for each; the SQLite and PostgreSQL stores
+        take them all in one transaction, so a thousand sessions started together pay one
+        commit, not a thousand."""
         out: list[Lease | None | ConcurrencyConflict] = []
         for session_id in session_ids:
             try:

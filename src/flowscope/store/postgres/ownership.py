@@ -30,7 +30,7 @@ from ..takeover import (
 )
 from . import queries as q
 
-__all__ = ["acquire", "renew", "claim"]
+__all__ = ["acquire", "acquire_new_many", "renew", "claim"]
 
 Conn = psycopg.Connection[Any]
 
@@ -71,6 +71,56 @@ def acquire(conn: Conn, session_id: str, owner: Owner, expires: float, now: floa
             force=force,
         )
         return _take(conn, [session_id], owner, expires, now, [])[session_id]
+
+
+def acquire_new_many(
+    conn: Conn, session_ids: Sequence[str], owner: Owner, lease_s: float, now: float
+) -> list[Lease | None | ConcurrencyConflict]:
+    """:meth:`~flowscope.store.base.EventStore.acquire_new_many` of distinct ``session_ids``
+    in one transaction: each one's lease, None (it has events: nothing written) or the
+    refusal. New sessions are made in one insert; the rows that exist are locked in key
+    order, checked by the acquire rule and taken in one update."""
+    if not session_ids:
+        return []
+    expires = now + lease_s
+    ordered = sorted(session_ids)
+    answers: dict[str, int | None | ConcurrencyConflict] = {}
+    with conn.transaction():
+        made = conn.execute(
+            q.SQL_NEW_OWNED_MANY,
+            {"sids": ordered, "owner": Jsonb(owner.to_dict()), "expires": expires, "now": now},
+        ).fetchall()
+        answers.update((sid, int(epoch)) for sid, epoch in made)
+        rest = [sid for sid in ordered if sid not in answers]
+        rows = (
+            {r[0]: r[1:] for r in conn.execute(q.SQL_OWNERSHIP_SEQ_FOR_UPDATE_MANY, (rest,))} if rest else {}
+        )
+        take: list[str] = []
+        for sid in rest:
+            row = rows.get(sid)
+            if row is None:  # made and removed meanwhile: nothing holds it
+                answers[sid] = ConcurrencyConflict(f"session {sid!r} changed while being acquired; retry")
+                continue
+            held, epoch, lease_expires_at, lease_renewed_at, last_seq = row
+            if last_seq > 0:
+                answers[sid] = None
+                continue
+            try:  # a refusal writes nothing (the check comes first) and refuses no other
+                check_acquire(
+                    sid,
+                    owner,
+                    LeaseRow(owner_from_column(held), epoch, lease_expires_at, lease_renewed_at),
+                    now,
+                    force=False,
+                )
+            except ConcurrencyConflict as exc:
+                answers[sid] = exc
+            else:
+                take.append(sid)
+        if take:
+            answers.update(_take(conn, take, owner, expires, now, []))
+    got = [answers[sid] for sid in session_ids]
+    return [Lease(sid, owner, g, expires) if isinstance(g, int) else g for sid, g in zip(session_ids, got)]
 
 
 def renew(conn: Conn, leases: Sequence[Lease], lease_s: float, now: float) -> list[Lease | LeaseLost]:

@@ -231,6 +231,19 @@ SQL_NEW_OWNED = (
     "INSERT INTO sessions (session_id, owner, epoch, lease_expires_at, lease_renewed_at) "
     "VALUES (%s, %s, 1, %s, %s) ON CONFLICT (session_id) DO NOTHING RETURNING epoch"
 )
+#: Sessions acquired before their first event, in one statement (``acquire_new_many``):
+#: epoch 1 each, made in key order (concurrent batches wait for each other in one order);
+#: the ones another made first are left out.
+SQL_NEW_OWNED_MANY = (
+    "INSERT INTO sessions (session_id, owner, epoch, lease_expires_at, lease_renewed_at) "
+    "SELECT sid, %(owner)s, 1, %(expires)s, %(now)s FROM unnest(%(sids)s::text[]) AS sid ORDER BY sid "
+    "ON CONFLICT (session_id) DO NOTHING RETURNING session_id, epoch"
+)
+#: The ownership and last seq of sessions that exist, locked in key order.
+SQL_OWNERSHIP_SEQ_FOR_UPDATE_MANY = (
+    "SELECT session_id, owner, epoch, lease_expires_at, lease_renewed_at, last_seq FROM sessions "
+    "WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE"
+)
 #: Take sessions (locked by the caller): epoch + 1, the owner and the lease.
 SQL_TAKE = (
     "UPDATE sessions SET owner = %(owner)s, epoch = epoch + 1, lease_expires_at = %(expires)s, "

@@ -352,6 +352,31 @@ class PostgresEventStore(SelectsInSql, EventStore):
 
         return Lease(session_id, owner, self._run("acquire a session", take), expires)
 
+    def acquire_new(
+        self, session_id: str, owner: Owner, lease_s: float, *, now: float | None = None
+    ) -> Lease | None:
+        """The port's, in one transaction (the check, the lease)."""
+        if type(self).acquire is not PostgresEventStore.acquire:  # a subclass that wraps acquire
+            return super().acquire_new(session_id, owner, lease_s, now=now)
+        [got] = self.acquire_new_many([session_id], owner, lease_s, now=now)
+        if isinstance(got, ConcurrencyConflict):
+            raise got
+        return got
+
+    def acquire_new_many(
+        self, session_ids: Sequence[str], owner: Owner, lease_s: float, *, now: float | None = None
+    ) -> list[Lease | None | ConcurrencyConflict]:
+        """The port's, in one transaction: sessions started together pay one durable commit
+        (one at a time, as the port's default does, for a subclass that wraps ``acquire`` or
+        a session named twice)."""
+        if type(self).acquire is not PostgresEventStore.acquire or len(set(session_ids)) < len(session_ids):
+            return super().acquire_new_many(session_ids, owner, lease_s, now=now)
+        now = time.time() if now is None else now
+        self._writable("acquire a session")
+        return self._run(
+            "acquire sessions", lambda c: ownership.acquire_new_many(c, session_ids, owner, lease_s, now)
+        )
+
     def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
         return one_renewal(self.renew_many([lease], lease_s, now=now))
 
