@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from flowscope.errors import ConcurrencyConflict, LeaseLost
+from flowscope.errors import ConcurrencyConflict, LeaseLost, StoreError
 from flowscope.events import (
     InputReceived,
     InputRequested,
@@ -204,3 +204,110 @@ def test_the_append_cache_holds_every_session_in_the_middle_of_an_invocation_and
         assert not {"c0", "c1", "q"} & set(s._node_cache)
         for sid in ("c0", "c1"):
             projection_matches_the_log(s, sid)
+
+
+def _group(sids: list[str], step: int, lasts: dict[str, int], epochs: dict[str, int]) -> list[Any]:
+    return [(sid, node_step(sid, step), lasts[sid], epochs[sid]) for sid in sids]
+
+
+def test_a_group_commit_is_one_statement_per_session_from_the_first_append_after_the_start(
+    url: str, statements: list[str]
+):
+    """Sessions started together (``acquire_new_many``) and group-committed: every append
+    of the group, the first included, is the one statement folded on the state the store
+    kept (sent together, in one pipeline), never the locking path's several per session."""
+    sids = [f"g{i:02d}" for i in range(20)]
+    me = Owner(worker_id="grp", host="h", pid=1, started_at=1.0)
+    with PostgresEventStore(url) as s:
+        leases = s.acquire_new_many(sids, me, 60.0)
+        epochs = {
+            lease.session_id: lease.epoch
+            for lease in leases
+            if lease is not None and not isinstance(lease, Exception)
+        }
+        assert sorted(epochs) == sids
+        first = [
+            (sid, [ev(RunStarted, sid, workflow="wf", input=1, ts=10.0)], 0, epochs[sid]) for sid in sids
+        ]
+        before = len(statements)
+        out = s.append_many(first)
+        lasts = {sid: r[-1].seq for sid, r in zip(sids, out) if isinstance(r, list)}
+        for step in range(3):
+            out = s.append_many(_group(sids, step, lasts, epochs))
+            lasts = {sid: r[-1].seq for sid, r in zip(sids, out) if isinstance(r, list)}
+        sent = statements[before:]
+        appends = [q for q in sent if q.startswith("WITH s AS (UPDATE sessions")]
+        assert len(appends) == 4 * len(sids), sent[:12]
+        assert len(sent) - len(appends) <= 4 * 3, sent[:12]  # per group: its savepoint, no more
+        for sid in sids:
+            projection_matches_the_log(s, sid)
+
+
+def test_a_group_whose_state_moved_on_takes_the_locking_path_for_all_and_loses_nothing(url: str):
+    """One session of a group appended by another store meanwhile: its statement matches
+    nothing, the savepoint lets every row of the group go, and the locking path answers
+    each batch as without a kept state (the moved one refused, the others written)."""
+    sids = ["m1", "m2", "m3"]
+    with PostgresEventStore(url) as s, PostgresEventStore(url) as other:
+        lasts = {sid: start(s, sid) for sid in sids}
+        epochs = {sid: None for sid in sids}
+        out = s.append_many(_group(sids, 0, lasts, epochs))  # the states kept
+        lasts = {sid: r[-1].seq for sid, r in zip(sids, out) if isinstance(r, list)}
+        other.append("m2", node_step("m2", 1), lasts["m2"])  # m2 moves on behind s's state
+        out = s.append_many(_group(sids, 1, lasts, epochs))
+        assert isinstance(out[1], ConcurrencyConflict)
+        assert [type(r) for r in (out[0], out[2])] == [list, list]
+        for sid in sids:
+            projection_matches_the_log(s, sid)
+        assert [e.type for e in s.read("m2")][-2:] == ["node_completed", "node_started"]
+
+
+def test_an_invocations_last_appends_and_the_end_of_their_leases_commit_together(
+    url: str, statements: list[str]
+):
+    """``append_and_release`` of a group is one transaction: the releases of the sessions
+    without mail in one statement after the appends; and when the server refuses a release
+    (a trigger here), the appends are not written either."""
+    sids = ["r1", "r2", "r3"]
+    me = Owner(worker_id="rel", host="h", pid=1, started_at=1.0)
+    with PostgresEventStore(url) as s:
+        got = s.acquire_new_many(sids + ["x1", "x2"], me, 60.0)
+        leases = {g.session_id: g for g in got if g is not None and not isinstance(g, Exception)}
+        for group in (sids, ["x1", "x2"]):
+            s.append_many(
+                [(sid, [ev(RunStarted, sid, workflow="wf", ts=10.0)], 0, leases[sid].epoch) for sid in group]
+            )
+        s.send("r2", "answer", {"inputs": {"ok": True}, "jobs": {}})  # mail: r2's owner takes it in first
+
+        def last(group: list[str]) -> list[Any]:
+            return [
+                (sid, [ev(RunFinished, sid, status="completed", ts=11.0)], 1, leases[sid].epoch)
+                for sid in group
+            ]
+
+        before = len(statements)
+        out, released = s.append_and_release(last(sids), {sid: leases[sid] for sid in sids})
+        assert all(isinstance(r, list) for r in out) and released == {"r1", "r3"}
+        assert (
+            sum(q.startswith("UPDATE sessions AS s SET lease_expires_at = 0") for q in statements[before:])
+            == 1
+        )
+        with psycopg.connect(url, autocommit=True) as conn:
+            ended = dict(
+                conn.execute(
+                    "SELECT session_id, lease_expires_at = 0 FROM sessions WHERE session_id = ANY(%s)",
+                    (sids,),
+                ).fetchall()
+            )
+            assert ended == {"r1": True, "r2": False, "r3": True}
+            conn.execute(
+                "CREATE FUNCTION refuse_release() RETURNS trigger AS $$ BEGIN "
+                "IF NEW.lease_expires_at = 0 THEN RAISE EXCEPTION 'release refused'; END IF; RETURN NEW; END $$ "
+                "LANGUAGE plpgsql"
+            )
+            conn.execute(
+                "CREATE TRIGGER refuse_release BEFORE UPDATE ON sessions FOR EACH ROW EXECUTE FUNCTION refuse_release()"
+            )
+        with pytest.raises(StoreError):
+            s.append_and_release(last(["x1", "x2"]), {sid: leases[sid] for sid in ("x1", "x2")})
+        assert [s.last_seq(sid) for sid in ("x1", "x2")] == [1, 1]  # the appends went with the release

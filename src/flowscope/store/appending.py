@@ -219,13 +219,14 @@ def guarded_row(cached: Cached, epoch: int) -> SessionRow:
     return _new(SessionRow, (*session_columns(cached.session), epoch, None, cached.row_id))
 
 
-def new_session(session_id: str) -> Cached:
+def new_session(session_id: str, row_id: int = 0) -> Cached:
     """What a store may keep for a session it just acquired with no events yet (its row's
-    ``last_seq`` 0, no workflow, status ``new``): the first append folds on this, and an SQL
-    store can guard that row instead of reading it back."""
+    ``last_seq`` 0, no workflow, status ``new``; ``row_id`` its :attr:`SessionRow.row_id`
+    where the guard reads it): the first append folds on this, and an SQL store can guard
+    that row instead of reading it back."""
     ws = WorkflowState(session_id=session_id)
     written = _new(SessionWrite, (session_id, "", "new", None, None, 0, 0, None, False, False))
-    return Cached(written, 0, True, ws, set())
+    return Cached(written, row_id, True, ws, set())
 
 
 class AppendIO(Protocol):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -28,9 +28,10 @@ from ..takeover import (
     claim_picks,
     lost_lease,
 )
+from . import inbox
 from . import queries as q
 
-__all__ = ["acquire", "acquire_new_many", "renew", "claim"]
+__all__ = ["acquire", "acquire_new_many", "release", "release_unmailed", "renew", "claim"]
 
 Conn = psycopg.Connection[Any]
 
@@ -75,13 +76,14 @@ def acquire(conn: Conn, session_id: str, owner: Owner, expires: float, now: floa
 
 def acquire_new_many(
     conn: Conn, session_ids: Sequence[str], owner: Owner, lease_s: float, now: float
-) -> list[Lease | None | ConcurrencyConflict]:
+) -> tuple[list[Lease | None | ConcurrencyConflict], dict[str, int]]:
     """:meth:`~flowscope.store.base.EventStore.acquire_new_many` of distinct ``session_ids``
     in one transaction: each one's lease, None (it has events: nothing written) or the
-    refusal. New sessions are made in one insert; the rows that exist are locked in key
-    order, checked by the acquire rule and taken in one update."""
+    refusal; and the row id of each session it leased. New sessions are made in one insert;
+    the rows that exist are locked in key order, checked by the acquire rule and taken in
+    one update."""
     if not session_ids:
-        return []
+        return [], {}
     expires = now + lease_s
     ordered = sorted(session_ids)
     answers: dict[str, int | None | ConcurrencyConflict] = {}
@@ -90,7 +92,8 @@ def acquire_new_many(
             q.SQL_NEW_OWNED_MANY,
             {"sids": ordered, "owner": Jsonb(owner.to_dict()), "expires": expires, "now": now},
         ).fetchall()
-        answers.update((sid, int(epoch)) for sid, epoch in made)
+        answers.update((sid, int(epoch)) for sid, epoch, _id in made)
+        row_ids = {sid: int(row_id) for sid, _epoch, row_id in made}
         rest = [sid for sid in ordered if sid not in answers]
         rows = (
             {r[0]: r[1:] for r in conn.execute(q.SQL_OWNERSHIP_SEQ_FOR_UPDATE_MANY, (rest,))} if rest else {}
@@ -101,7 +104,7 @@ def acquire_new_many(
             if row is None:  # made and removed meanwhile: nothing holds it
                 answers[sid] = ConcurrencyConflict(f"session {sid!r} changed while being acquired; retry")
                 continue
-            held, epoch, lease_expires_at, lease_renewed_at, last_seq = row
+            held, epoch, lease_expires_at, lease_renewed_at, last_seq, row_ids[sid] = row
             if last_seq > 0:
                 answers[sid] = None
                 continue
@@ -120,7 +123,35 @@ def acquire_new_many(
         if take:
             answers.update(_take(conn, take, owner, expires, now, []))
     got = [answers[sid] for sid in session_ids]
-    return [Lease(sid, owner, g, expires) if isinstance(g, int) else g for sid, g in zip(session_ids, got)]
+    leased = {sid: row_ids[sid] for sid, g in zip(session_ids, got) if isinstance(g, int)}
+    return [
+        Lease(sid, owner, g, expires) if isinstance(g, int) else g for sid, g in zip(session_ids, got)
+    ], leased
+
+
+def release(conn: Conn, channel: str, leases: Sequence[Lease]) -> None:
+    """End ``leases`` (those whose epoch still holds) in the open transaction; a session
+    claimable at once now wakes a listening worker at commit."""
+    params = {"sids": [lease.session_id for lease in leases], "epochs": [lease.epoch for lease in leases]}
+    for status, workflow in conn.execute(q.SQL_RELEASE, params).fetchall():
+        if status in ("queued", "answered", "running"):  # claimable at once now
+            conn.execute(q.SQL_NOTIFY, (channel, workflow or ""))
+
+
+def release_unmailed(
+    conn: Conn, channel: str, leases: Mapping[str, Lease], appended: Iterable[str]
+) -> set[str]:
+    """In the open transaction: end the leases of the ``appended`` sessions that have one in
+    ``leases`` and no message in their inbox (their owner takes those in first); the
+    sessions released."""
+    sids = [sid for sid in appended if sid in leases]
+    if not sids:
+        return set()
+    mailed = inbox.mailed(conn, sids)
+    free = [leases[sid] for sid in sids if sid not in mailed]
+    if free:
+        release(conn, channel, free)
+    return {lease.session_id for lease in free}
 
 
 def renew(conn: Conn, leases: Sequence[Lease], lease_s: float, now: float) -> list[Lease | LeaseLost]:

@@ -138,9 +138,10 @@ _EVENT_TYPES = ("bigint", "text", "float8", "text", "text", "text", "text")
 #: which locks it; the events and the node runs (JSON arrays of objects keyed by
 #: EVENT_KEYS and NODE_STATE_COLUMNS: one parameter each) are inserted from that update's
 #: result, so when it matches nothing, nothing is written and the first column is 0 (the
-#: store then takes the locking path, which says why). ``pg_notify`` is sent at commit.
+#: store then takes the locking path, which says why). It sets the workflow too (a session's
+#: first append names it; later ones keep it). ``pg_notify`` is sent at commit.
 SQL_APPEND_CACHED = (
-    "WITH s AS (UPDATE sessions SET status = %(status)s, started_at = %(started_at)s, "
+    "WITH s AS (UPDATE sessions SET workflow = %(workflow)s, status = %(status)s, started_at = %(started_at)s, "
     "updated_at = %(updated_at)s, last_seq = %(last_seq)s, invocations = %(invocations)s "
     "WHERE session_id = %(sid)s AND id = %(row_id)s AND last_seq = %(expected)s "
     "AND (%(epoch)s::bigint IS NULL OR epoch = %(epoch)s::bigint) RETURNING session_id), "
@@ -237,11 +238,11 @@ SQL_NEW_OWNED = (
 SQL_NEW_OWNED_MANY = (
     "INSERT INTO sessions (session_id, owner, epoch, lease_expires_at, lease_renewed_at) "
     "SELECT sid, %(owner)s, 1, %(expires)s, %(now)s FROM unnest(%(sids)s::text[]) AS sid ORDER BY sid "
-    "ON CONFLICT (session_id) DO NOTHING RETURNING session_id, epoch"
+    "ON CONFLICT (session_id) DO NOTHING RETURNING session_id, epoch, id"
 )
-#: The ownership and last seq of sessions that exist, locked in key order.
+#: The ownership, last seq and row id of sessions that exist, locked in key order.
 SQL_OWNERSHIP_SEQ_FOR_UPDATE_MANY = (
-    "SELECT session_id, owner, epoch, lease_expires_at, lease_renewed_at, last_seq FROM sessions "
+    "SELECT session_id, owner, epoch, lease_expires_at, lease_renewed_at, last_seq, id FROM sessions "
     "WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE"
 )
 #: Take sessions (locked by the caller): epoch + 1, the owner and the lease.
@@ -273,7 +274,8 @@ SQL_HEARTBEAT_MANY = (
     "FROM locked WHERE n.session_id = locked.session_id AND n.path = locked.path AND n.status = 'running'"
 )
 SQL_RELEASE = (
-    "UPDATE sessions SET lease_expires_at = 0 WHERE session_id = %s AND epoch = %s RETURNING status, workflow"
+    "UPDATE sessions AS s SET lease_expires_at = 0 FROM unnest(%(sids)s::text[], %(epochs)s::bigint[]) "
+    "AS r(sid, epoch) WHERE s.session_id = r.sid AND s.epoch = r.epoch RETURNING s.status, s.workflow"
 )
 #: What orders the candidates of each claim reason, oldest first: when each became
 #: claimable (``takeover.claimable_since``, every store's order).

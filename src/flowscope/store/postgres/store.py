@@ -35,7 +35,15 @@ from ...events import Event
 from ...jsontext import dumps_finite
 from ...liveness import stale_before
 from ...ownership import Lease, Owner, this_host
-from ..appending import Cached, append_steps, keep_states, owner_from_column, prepare_batches, take_in_steps
+from ..appending import (
+    Cached,
+    append_steps,
+    keep_states,
+    new_session,
+    owner_from_column,
+    prepare_batches,
+    take_in_steps,
+)
 from ..base import (
     WORKER_RETENTION_S,
     AppendBatch,
@@ -61,7 +69,7 @@ from .conninfo import SYNCHRONOUS_COMMIT, build_conninfo, check_options
 from .dsn import redact, server
 from .faults import connect_error, is_connection_lost, store_error
 from .wakeup import Wakeup
-from .writer import Writer, append_cached, appended_first
+from .writer import Writer, append_cached, append_many_cached, append_many_locking, appended_first
 
 __all__ = ["PostgresEventStore", "SYNCHRONOUS_COMMIT"]
 
@@ -235,45 +243,43 @@ class PostgresEventStore(SelectsInSql, EventStore):
         return numbered
 
     def append_many(self, batches: Sequence[AppendBatch]) -> list[list[Event] | BaseException]:
-        """Every batch in one transaction (one commit for many sessions: the group
-        commit), each in a savepoint: a batch refused by its fence or its expected ``seq``
-        writes nothing and its exception is its result; an error of the store itself rolls
-        everything back and is raised. Sessions' rows are locked in session-id order, so
-        two group commits cannot deadlock."""
+        """Every batch in one transaction (the group commit): a batch refused by its fence
+        or its expected ``seq`` writes nothing and its exception is its result; an error of
+        the store itself rolls everything back and is raised. Rows are locked in session-id
+        order, so two group commits cannot deadlock (:mod:`.writer`'s two paths)."""
         if len(batches) <= 1 or type(self).append is not PostgresEventStore.append:
-            return super().append_many(
-                batches
-            )  # one batch: append (its one-statement path); a wrapped append: through it
+            return super().append_many(batches)  # one: append's one-statement path; a wrapped append
+        return self._append_group(batches, {})[0]
+
+    def append_and_release(
+        self, batches: Sequence[AppendBatch], leases: Mapping[str, Lease]
+    ) -> tuple[list[list[Event] | BaseException], set[str]]:
+        """The port's, in one transaction for a group: the appends, the inbox check, the
+        releases (one commit, not one per lease)."""
+        cls = type(self)
+        if (
+            len(batches) <= 1
+            or cls.append is not PostgresEventStore.append
+            or cls.release is not PostgresEventStore.release
+        ):
+            return super().append_and_release(batches, leases)
+        return self._append_group(batches, leases)
+
+    def _append_group(
+        self, batches: Sequence[AppendBatch], leases: Mapping[str, Lease]
+    ) -> tuple[list[list[Event] | BaseException], set[str]]:
         prepared = prepare_batches(batches, encode, self.where)
         self._writable("append events")
-        with self._cache_lock:
-            cached = {
-                p.session_id: self._node_cache.pop(p.session_id, None) for p in prepared
-            }  # a failed append leaves none
-        out: list[list[Event] | BaseException | None] = [None] * len(prepared)
-        entries: dict[str, Cached | None] = {}
+        with self._cache_lock:  # a failed append leaves none
+            cached = {p.session_id: self._node_cache.pop(p.session_id, None) for p in prepared}
         with self._op("append events") as conn, conn.transaction():
-            io = Writer(conn, self._channel)
-            for i in sorted(range(len(prepared)), key=lambda i: prepared[i].session_id):
-                p = prepared[i]
-                sid = p.session_id
-                known = entries[sid] if sid in entries else cached.pop(sid, None)
-                try:
-                    with conn.transaction():  # a savepoint; the locking path, so rows lock in id order
-                        numbered, entry = append_steps(
-                            io, sid, p.events, p.encoded, p.expected_last_seq, p.epoch, known
-                        )
-                except psycopg.errors.UniqueViolation as exc:
-                    if exc.diag.constraint_name != "events_pkey":
-                        raise
-                    out[i] = appended_first(sid, p.expected_last_seq)
-                except (ConcurrencyConflict, LeaseLost) as exc:
-                    out[i] = exc
-                else:
-                    out[i] = numbered
-                    entries[sid] = entry
+            # the usual group (every session's next append on the state kept): one round trip
+            done = append_many_cached(conn, self._channel, prepared, cached)
+            out, entries = done or append_many_locking(conn, self._channel, prepared, cached)
+            appended = (p.session_id for p, r in zip(prepared, out) if not isinstance(r, BaseException))
+            released = ownership.release_unmailed(conn, self._channel, leases, appended) if leases else set()
         self._keep(entries)
-        return [r for r in out if r is not None]
+        return out, released
 
     def _keep(self, entries: Mapping[str, Cached | None]) -> None:
         """Remember committed appends' node states for the next append (:func:`keep_states`)."""
@@ -366,16 +372,19 @@ class PostgresEventStore(SelectsInSql, EventStore):
     def acquire_new_many(
         self, session_ids: Sequence[str], owner: Owner, lease_s: float, *, now: float | None = None
     ) -> list[Lease | None | ConcurrencyConflict]:
-        """The port's, in one transaction: sessions started together pay one durable commit
-        (one at a time, as the port's default does, for a subclass that wraps ``acquire`` or
-        a session named twice)."""
+        """The port's, in one transaction (one at a time, as the port's default does, for a
+        subclass that wraps ``acquire`` or a session named twice)."""
         if type(self).acquire is not PostgresEventStore.acquire or len(set(session_ids)) < len(session_ids):
             return super().acquire_new_many(session_ids, owner, lease_s, now=now)
         now = time.time() if now is None else now
         self._writable("acquire a session")
-        return self._run(
+        got, row_ids = self._run(
             "acquire sessions", lambda c: ownership.acquire_new_many(c, session_ids, owner, lease_s, now)
         )
+        with self._cache_lock:  # no events yet: each first append is guarded on its row, not read
+            for sid, row_id in row_ids.items():
+                self._node_cache[sid] = new_session(sid, row_id)
+        return got
 
     def renew(self, lease: Lease, lease_s: float, *, now: float | None = None) -> Lease:
         return one_renewal(self.renew_many([lease], lease_s, now=now))
@@ -404,12 +413,7 @@ class PostgresEventStore(SelectsInSql, EventStore):
 
         def end(conn: Conn) -> None:
             with conn.transaction():
-                row = conn.execute(q.SQL_RELEASE, (lease.session_id, lease.epoch)).fetchone()
-                if row is None:
-                    return
-                status, workflow = row
-                if status in ("queued", "answered", "running"):  # claimable at once now
-                    conn.execute(q.SQL_NOTIFY, (self._channel, workflow or ""))
+                ownership.release(conn, self._channel, [lease])
 
         self._run("release a lease", end, retry=True)
 

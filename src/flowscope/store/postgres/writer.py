@@ -15,13 +15,14 @@ from typing import Any
 
 import psycopg
 
-from ...errors import ConcurrencyConflict
+from ...errors import ConcurrencyConflict, LeaseLost
 from ...events import Event
 from ...fold import NodeState
 from ...jsontext import dumps_finite
 from ..appending import (
     FULL_LOAD_MAX,
     Cached,
+    PreparedBatch,
     SessionRow,
     SessionWrite,
     append_steps,
@@ -37,6 +38,9 @@ __all__ = [
     "OneStatement",
     "NeedsLock",
     "append_cached",
+    "append_many_cached",
+    "append_many_locking",
+    "applied",
     "appended_first",
     "session_row",
     "FULL_LOAD_MAX",
@@ -176,9 +180,17 @@ class OneStatement:
         nothing written, if the session's row is no longer the cached one (or the fence
         fails), or if a value has no JSON text (a NaN or an infinity: the locking path
         sends it as a float)."""
+        params = self.params(channel)
+        if params is None:
+            return False
+        return applied(conn.execute(q.SQL_APPEND_CACHED, params, prepare=True))
+
+    def params(self, channel: str) -> dict[str, Any] | None:
+        """:data:`~.queries.SQL_APPEND_CACHED`'s parameters for the collected rows; None if
+        there are none or a value has no JSON text."""
         written = self.written
         if written is None:
-            return False
+            return None
         keys, columns = q.EVENT_KEYS, sch.NODE_STATE_COLUMNS
         try:  # allow_nan=False: JSON has no NaN, and the column types would refuse its text
             # an event row after its session id, a node run's after its session and workflow:
@@ -186,9 +198,9 @@ class OneStatement:
             events_json = dumps_finite([dict(zip(keys, r[1:])) for r in self.event_rows])
             nodes_json = dumps_finite([dict(zip(columns, r[2:])) for r in self.node_rows])
         except ValueError:
-            return False
+            return None
         row = self.row
-        params = {
+        return {
             "sid": written.session_id,
             "row_id": row.row_id,
             "expected": row.last_seq,
@@ -206,11 +218,100 @@ class OneStatement:
             "changes": channel + q.CHANGES_SUFFIX,
             "changed": not written.same_status,
         }
-        found = conn.execute(q.SQL_APPEND_CACHED, params, prepare=True).fetchone()
-        if found is None:
-            return False
-        updated, _notified = found
-        return bool(updated == 1)
+
+
+def applied(cur: psycopg.Cursor[Any]) -> bool:
+    """Did the :data:`~.queries.SQL_APPEND_CACHED` that ``cur`` ran write its append?"""
+    found = cur.fetchone()
+    return found is not None and found[0] == 1
+
+
+Appended = tuple[list[list[Event] | BaseException], dict[str, Cached | None]]
+
+
+def append_many_cached(
+    conn: Conn, channel: str, prepared: Sequence[PreparedBatch], cached: dict[str, Cached | None]
+) -> Appended | None:
+    """A group commit's batches (of distinct sessions, each at the state this store wrote
+    last) as one :data:`~.queries.SQL_APPEND_CACHED` each, in session-id order, sent in
+    one pipeline (one round trip for the group, not several per session) in a savepoint of
+    the caller's open transaction: each batch's events, and the states to keep.
+
+    None, with nothing written, when one of them cannot be made so: a batch without its
+    state, or not at its seq, or one that needs the locking path, or whose row moved on
+    (its statement matched nothing): the savepoint is rolled back, so the rows the others
+    locked are let go and the locking path (:func:`append_many_locking`) locks every row in
+    order again. The states it folded on are taken out of ``cached`` (they moved on)."""
+    order = sorted(range(len(prepared)), key=lambda i: prepared[i].session_id)
+    if len({p.session_id for p in prepared}) < len(prepared) or not all(
+        p.events and (c := cached.get(p.session_id)) is not None and c.session.last_seq == p.expected_last_seq
+        for p in prepared
+    ):
+        return None
+    sent: list[tuple[int, dict[str, Any], list[Event], Cached | None]] = []
+    for i in order:
+        p = prepared[i]
+        state = cached.pop(p.session_id)
+        assert state is not None  # checked above
+        io = OneStatement(state, p.epoch)
+        try:
+            numbered, entry = append_steps(
+                io, p.session_id, p.events, p.encoded, p.expected_last_seq, p.epoch, state
+            )
+        except (NeedsLock, ConcurrencyConflict, LeaseLost):  # the locking path says why
+            return None
+        params = io.params(channel)
+        if params is None:
+            return None
+        sent.append((i, params, numbered, entry))
+    out: list[list[Event] | BaseException] = [[] for _ in prepared]
+    entries: dict[str, Cached | None] = {}
+    try:
+        with conn.transaction():  # a savepoint
+            with conn.pipeline():
+                cursors = [
+                    conn.execute(q.SQL_APPEND_CACHED, params, prepare=True) for _, params, _, _ in sent
+                ]
+            if not all([applied(cur) for cur in cursors]):
+                raise psycopg.Rollback()  # to the savepoint: nothing written, no row held
+            for i, _, numbered, entry in sent:
+                out[i] = numbered
+                entries[prepared[i].session_id] = entry
+            return out, entries
+    except psycopg.errors.UniqueViolation:  # another process appended first: the locking path says so
+        pass
+    return None
+
+
+def append_many_locking(
+    conn: Conn, channel: str, prepared: Sequence[PreparedBatch], cached: dict[str, Cached | None]
+) -> Appended:
+    """A group commit's batches through the locking path in the caller's open transaction,
+    in session-id order (so two group commits cannot deadlock), each in a savepoint: a batch
+    refused by its fence or its expected ``seq`` writes nothing and its exception is its
+    result; an error of the store itself is raised."""
+    out: list[list[Event] | BaseException | None] = [None] * len(prepared)
+    entries: dict[str, Cached | None] = {}
+    io = Writer(conn, channel)
+    for i in sorted(range(len(prepared)), key=lambda i: prepared[i].session_id):
+        p = prepared[i]
+        sid = p.session_id
+        known = entries[sid] if sid in entries else cached.pop(sid, None)
+        try:
+            with conn.transaction():  # a savepoint; the locking path, so rows lock in id order
+                numbered, entry = append_steps(
+                    io, sid, p.events, p.encoded, p.expected_last_seq, p.epoch, known
+                )
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name != "events_pkey":
+                raise
+            out[i] = appended_first(sid, p.expected_last_seq)
+        except (ConcurrencyConflict, LeaseLost) as exc:
+            out[i] = exc
+        else:
+            out[i] = numbered
+            entries[sid] = entry
+    return [r for r in out if r is not None], entries
 
 
 def append_cached(
