@@ -29,6 +29,7 @@ from .ownership import (
     dead_owners,
     lease_lost,
     one_renewal,
+    one_start,
     owned_elsewhere,
 )
 from .records import (
@@ -76,6 +77,7 @@ __all__ = [
     "owned_elsewhere",
     "lease_lost",
     "one_renewal",
+    "one_start",
     "WORKER_RETENTION_S",
     "AppendBatch",
     "FINISHED_SESSION_STATUSES",

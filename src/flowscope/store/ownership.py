@@ -24,6 +24,7 @@ __all__ = [
     "owned_elsewhere",
     "lease_lost",
     "one_renewal",
+    "one_start",
     "dead_owners",
     "count_dead_owners",
 ]
@@ -125,6 +126,15 @@ def one_renewal(results: Sequence[Lease | LeaseLost]) -> Lease:
     renewed lease, or its ``LeaseLost`` raised (adapters renew one way, not two)."""
     [result] = results
     if isinstance(result, LeaseLost):
+        raise result
+    return result
+
+
+def one_start(results: Sequence[Lease | None | ConcurrencyConflict]) -> Lease | None:
+    """:meth:`EventStore.acquire_new` as :meth:`~EventStore.acquire_new_many` of one: the
+    lease, None, or its refusal raised (adapters start sessions one way, not two)."""
+    [result] = results
+    if isinstance(result, ConcurrencyConflict):
         raise result
     return result
 

@@ -50,6 +50,18 @@ def _take(
     return {sid: int(epoch) for sid, epoch in conn.execute(q.SQL_TAKE, params).fetchall()}
 
 
+def _changed(session_id: str) -> ConcurrencyConflict:
+    """A session made and removed while being acquired: nothing holds it."""
+    return ConcurrencyConflict(f"session {session_id!r} changed while being acquired; retry")
+
+
+def _check(session_id: str, owner: Owner, row: Sequence[Any], now: float, *, force: bool) -> None:
+    """The acquire rule on a row's ``(owner, epoch, lease_expires_at, lease_renewed_at)``."""
+    held, epoch, lease_expires_at, lease_renewed_at = row
+    lease = LeaseRow(owner_from_column(held), epoch, lease_expires_at, lease_renewed_at)
+    check_acquire(session_id, owner, lease, now, force=force)
+
+
 def acquire(conn: Conn, session_id: str, owner: Owner, expires: float, now: float, *, force: bool) -> int:
     """:meth:`~flowscope.store.base.EventStore.acquire` in one transaction; the new epoch."""
     with conn.transaction():
@@ -61,16 +73,9 @@ def acquire(conn: Conn, session_id: str, owner: Owner, expires: float, now: floa
             if made is not None:
                 return int(made[0])
             row = conn.execute(q.SQL_OWNERSHIP_FOR_UPDATE, (session_id,)).fetchone()  # made meanwhile
-            if row is None:  # made and removed meanwhile: nothing holds it
-                raise ConcurrencyConflict(f"session {session_id!r} changed while being acquired; retry")
-        held, epoch, lease_expires_at, lease_renewed_at = row
-        check_acquire(
-            session_id,
-            owner,
-            LeaseRow(owner_from_column(held), epoch, lease_expires_at, lease_renewed_at),
-            now,
-            force=force,
-        )
+            if row is None:
+                raise _changed(session_id)
+        _check(session_id, owner, row, now, force=force)
         return _take(conn, [session_id], owner, expires, now, [])[session_id]
 
 
@@ -101,21 +106,15 @@ def acquire_new_many(
         take: list[str] = []
         for sid in rest:
             row = rows.get(sid)
-            if row is None:  # made and removed meanwhile: nothing holds it
-                answers[sid] = ConcurrencyConflict(f"session {sid!r} changed while being acquired; retry")
+            if row is None:
+                answers[sid] = _changed(sid)
                 continue
-            held, epoch, lease_expires_at, lease_renewed_at, last_seq, row_ids[sid] = row
+            *held, last_seq, row_ids[sid] = row
             if last_seq > 0:
                 answers[sid] = None
                 continue
             try:  # a refusal writes nothing (the check comes first) and refuses no other
-                check_acquire(
-                    sid,
-                    owner,
-                    LeaseRow(owner_from_column(held), epoch, lease_expires_at, lease_renewed_at),
-                    now,
-                    force=False,
-                )
+                _check(sid, owner, held, now, force=False)
             except ConcurrencyConflict as exc:
                 answers[sid] = exc
             else:

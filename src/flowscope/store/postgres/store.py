@@ -58,6 +58,7 @@ from ..base import (
     WorkerInfo,
     count_dead_owners,
     one_renewal,
+    one_start,
 )
 from ..codec import decode, encode
 from ..select_sql import SelectsInSql, session_info_of
@@ -364,10 +365,7 @@ class PostgresEventStore(SelectsInSql, EventStore):
         """The port's, in one transaction (the check, the lease)."""
         if type(self).acquire is not PostgresEventStore.acquire:  # a subclass that wraps acquire
             return super().acquire_new(session_id, owner, lease_s, now=now)
-        [got] = self.acquire_new_many([session_id], owner, lease_s, now=now)
-        if isinstance(got, ConcurrencyConflict):
-            raise got
-        return got
+        return one_start(self.acquire_new_many([session_id], owner, lease_s, now=now))
 
     def acquire_new_many(
         self, session_ids: Sequence[str], owner: Owner, lease_s: float, *, now: float | None = None

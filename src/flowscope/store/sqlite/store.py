@@ -46,6 +46,7 @@ from ..base import (
     WorkerInfo,
     count_dead_owners,
     one_renewal,
+    one_start,
 )
 from ..codec import decode, encode
 from ..select_sql import SelectsInSql, session_info_of
@@ -324,10 +325,7 @@ class SqliteEventStore(SelectsInSql, EventStore):
         """The port's, in one transaction (the check, the lease)."""
         if type(self).acquire is not SqliteEventStore.acquire:  # a subclass that wraps acquire
             return super().acquire_new(session_id, owner, lease_s, now=now)
-        [got] = self._acquire_new([session_id], owner, lease_s, now)
-        if isinstance(got, ConcurrencyConflict):
-            raise got
-        return got
+        return one_start(self._acquire_new([session_id], owner, lease_s, now))
 
     def acquire_new_many(
         self, session_ids: Sequence[str], owner: Owner, lease_s: float, *, now: float | None = None
