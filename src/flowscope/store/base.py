@@ -31,6 +31,7 @@ from .ownership import (
     one_renewal,
     one_start,
     owned_elsewhere,
+    unmailed,
 )
 from .records import (
     FINISHED_SESSION_STATUSES,
@@ -143,22 +144,19 @@ class EventStore(Inbox, Upkeep, Ownership):
 
         This default calls :meth:`append_many`, :meth:`sessions_with_mail` and
         :meth:`release`, and releases nothing if one of those fails after the append (the
-        caller releases then); the SQLite store does all of it in one transaction."""
+        caller releases then); the SQLite store does all of it in one transaction, the
+        PostgreSQL store for a group of sessions."""
         results = self.append_many(batches)
-        done = [
+        appended = [
             sid
             for (sid, _events, _expected, _epoch), r in zip(batches, results)
-            if sid in leases and not isinstance(r, BaseException)
+            if not isinstance(r, BaseException)
         ]
         released: set[str] = set()
-        if not done:
-            return results, released
         try:
-            mailed = self.sessions_with_mail(done)
-            for sid in done:
-                if sid not in mailed:
-                    self.release(leases[sid])
-                    released.add(sid)
+            for lease in unmailed(leases, appended, self.sessions_with_mail):
+                self.release(lease)
+                released.add(lease.session_id)
         except Exception:  # best effort: the appends stand; the caller releases what is left
             pass
         return results, released

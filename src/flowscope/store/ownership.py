@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..errors import ConcurrencyConflict, LeaseLost
@@ -25,6 +25,7 @@ __all__ = [
     "lease_lost",
     "one_renewal",
     "one_start",
+    "unmailed",
     "dead_owners",
     "count_dead_owners",
 ]
@@ -137,6 +138,19 @@ def one_start(results: Sequence[Lease | None | ConcurrencyConflict]) -> Lease | 
     if isinstance(result, ConcurrencyConflict):
         raise result
     return result
+
+
+def unmailed(
+    leases: Mapping[str, Lease], appended: Iterable[str], mailed: Callable[[list[str]], Collection[str]]
+) -> list[Lease]:
+    """The leases an invocation's last append ends (``append_and_release``): those in
+    ``leases`` of the ``appended`` sessions with no message in their inbox (``mailed`` of
+    them, one read): their owner takes a message in first, :mod:`flowscope.engine.inbox`."""
+    sids = [sid for sid in appended if sid in leases]
+    if not sids:
+        return []
+    has_mail = mailed(sids)
+    return [leases[sid] for sid in sids if sid not in has_mail]
 
 
 class Ownership(ABC):

@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 from ...errors import ConcurrencyConflict, LeaseLost
 from ...ownership import Lease, Owner
 from ..appending import owner_from_column
-from ..base import Claim, dead_owners
+from ..base import Claim, dead_owners, unmailed
 from ..takeover import (
     ClaimPick,
     LeaseRow,
@@ -129,8 +129,8 @@ def acquire_new_many(
 
 
 def release(conn: Conn, channel: str, leases: Sequence[Lease]) -> None:
-    """End ``leases`` (those whose epoch still holds) in the open transaction; a session
-    claimable at once now wakes a listening worker at commit."""
+    """End ``leases`` (those whose epoch still holds); a session claimable at once now
+    wakes a listening worker (at the commit of the open transaction, if there is one)."""
     params = {"sids": [lease.session_id for lease in leases], "epochs": [lease.epoch for lease in leases]}
     for status, workflow in conn.execute(q.SQL_RELEASE, params).fetchall():
         if status in ("queued", "answered", "running"):  # claimable at once now
@@ -143,11 +143,7 @@ def release_unmailed(
     """In the open transaction: end the leases of the ``appended`` sessions that have one in
     ``leases`` and no message in their inbox (their owner takes those in first); the
     sessions released."""
-    sids = [sid for sid in appended if sid in leases]
-    if not sids:
-        return set()
-    mailed = inbox.mailed(conn, sids)
-    free = [leases[sid] for sid in sids if sid not in mailed]
+    free = unmailed(leases, appended, lambda sids: inbox.mailed(conn, sids))
     if free:
         release(conn, channel, free)
     return {lease.session_id for lease in free}

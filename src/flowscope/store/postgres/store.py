@@ -257,12 +257,8 @@ class PostgresEventStore(SelectsInSql, EventStore):
     ) -> tuple[list[list[Event] | BaseException], set[str]]:
         """The port's, in one transaction for a group: the appends, the inbox check, the
         releases (one commit, not one per lease)."""
-        cls = type(self)
-        if (
-            len(batches) <= 1
-            or cls.append is not PostgresEventStore.append
-            or cls.release is not PostgresEventStore.release
-        ):
+        cls, pg = type(self), PostgresEventStore
+        if len(batches) <= 1 or cls.append is not pg.append or cls.release is not pg.release:
             return super().append_and_release(batches, leases)
         return self._append_group(batches, leases)
 
@@ -365,15 +361,22 @@ class PostgresEventStore(SelectsInSql, EventStore):
         """The port's, in one transaction (the check, the lease)."""
         if type(self).acquire is not PostgresEventStore.acquire:  # a subclass that wraps acquire
             return super().acquire_new(session_id, owner, lease_s, now=now)
-        return one_start(self.acquire_new_many([session_id], owner, lease_s, now=now))
+        return one_start(self._acquire_new([session_id], owner, lease_s, now))
 
     def acquire_new_many(
         self, session_ids: Sequence[str], owner: Owner, lease_s: float, *, now: float | None = None
     ) -> list[Lease | None | ConcurrencyConflict]:
         """The port's, in one transaction (one at a time, as the port's default does, for a
-        subclass that wraps ``acquire`` or a session named twice)."""
-        if type(self).acquire is not PostgresEventStore.acquire or len(set(session_ids)) < len(session_ids):
+        subclass that wraps ``acquire`` or ``acquire_new``, or a session named twice)."""
+        cls, pg = type(self), PostgresEventStore
+        wrapped = cls.acquire is not pg.acquire or cls.acquire_new is not pg.acquire_new
+        if wrapped or len(set(session_ids)) < len(session_ids):
             return super().acquire_new_many(session_ids, owner, lease_s, now=now)
+        return self._acquire_new(session_ids, owner, lease_s, now)
+
+    def _acquire_new(
+        self, session_ids: Sequence[str], owner: Owner, lease_s: float, now: float | None
+    ) -> list[Lease | None | ConcurrencyConflict]:
         now = time.time() if now is None else now
         self._writable("acquire a session")
         got, row_ids = self._run(
@@ -407,13 +410,8 @@ class PostgresEventStore(SelectsInSql, EventStore):
         self._run("record heartbeats", lambda c: c.execute(q.SQL_HEARTBEAT_MANY, params), retry=True)
 
     def release(self, lease: Lease) -> None:
-        self._writable("release a lease")
-
-        def end(conn: Conn) -> None:
-            with conn.transaction():
-                ownership.release(conn, self._channel, [lease])
-
-        self._run("release a lease", end, retry=True)
+        self._writable("release a lease")  # then a NOTIFY if claimable: after the release is visible
+        self._run("release a lease", lambda c: ownership.release(c, self._channel, [lease]), retry=True)
 
     def claim(
         self,

@@ -22,6 +22,7 @@ from ...events import Event
 from ...ownership import Lease
 from ..appending import Cached, PreparedBatch, append_steps
 from ..codec import Row
+from ..ownership import unmailed
 from . import queries as q
 from . import schema
 from .writer import Bulk, Writer, in_chunks
@@ -97,13 +98,13 @@ def release_unmailed(
 ) -> set[str]:
     """In the open transaction: end the leases of the ``appended`` sessions that have one in
     ``leases`` and no message in their inbox; the sessions released."""
-    sids = [sid for sid in appended if sid in leases]
-    if not sids:
-        return set()
-    mailed: set[str] = set()
-    for marks, chunk in in_chunks(sids):
-        mailed.update(r[0] for r in conn.execute(q.SQL_MAILED_IN + marks, chunk))
-    rows = [(sid, leases[sid].epoch) for sid in sids if sid not in mailed]
+
+    def mailed(sids: list[str]) -> set[str]:
+        return {
+            r[0] for marks, chunk in in_chunks(sids) for r in conn.execute(q.SQL_MAILED_IN + marks, chunk)
+        }
+
+    rows = [(lease.session_id, lease.epoch) for lease in unmailed(leases, appended, mailed)]
     if rows:
         conn.executemany(q.SQL_RELEASE, rows)
     return {sid for sid, _epoch in rows}
