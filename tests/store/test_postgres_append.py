@@ -262,6 +262,48 @@ def test_a_group_whose_state_moved_on_takes_the_locking_path_for_all_and_loses_n
         assert [e.type for e in s.read("m2")][-2:] == ["node_completed", "node_started"]
 
 
+def _event_behind_the_stores_back(url: str, sid: str, seq: int) -> None:
+    """An event row at ``seq`` that no append wrote: the session's row still says it is not there."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO events (session_id, seq, type, ts, invocation_id, path, node, payload) "
+            "VALUES (%s, %s, 'node_started', 1.0, 'inv', 'wf/x', 'x', '{}')",
+            (sid, seq),
+        )
+
+
+def test_an_append_whose_next_seq_is_taken_is_a_conflict_and_writes_nothing(url: str):
+    """A kept state whose row still matches, but whose next seq holds an event no append of
+    this store wrote: the one statement fails on the events' key, and the store answers as
+    the locking path would, a conflict (never the driver's error), with nothing written."""
+    with PostgresEventStore(url) as s:
+        last = start(s, "u")
+        last = s.append("u", node_step("u", 0), last)[-1].seq  # a kept state
+        _event_behind_the_stores_back(url, "u", last + 1)
+        with pytest.raises(ConcurrencyConflict, match="another process appended first"):
+            s.append("u", node_step("u", 1), last)
+        assert s.session_info("u").last_seq == last  # type: ignore[union-attr]
+        assert [e.seq for e in s.read("u")] == list(range(1, last + 1))  # read to the row's last_seq
+
+
+def test_a_group_with_a_taken_seq_refuses_that_batch_and_writes_the_others(url: str):
+    """The same in a group commit: the pipelined statements fail on the events' key, the
+    savepoint lets them all go, and the locking path refuses that session's batch alone."""
+    sids = ["k1", "k2", "k3"]
+    with PostgresEventStore(url) as s:
+        lasts = {sid: start(s, sid) for sid in sids}
+        epochs = {sid: None for sid in sids}
+        out = s.append_many(_group(sids, 0, lasts, epochs))  # the states kept
+        lasts = {sid: r[-1].seq for sid, r in zip(sids, out) if isinstance(r, list)}
+        _event_behind_the_stores_back(url, "k2", lasts["k2"] + 1)
+        out = s.append_many(_group(sids, 1, lasts, epochs))
+        assert isinstance(out[1], ConcurrencyConflict) and "appended first" in str(out[1])
+        assert [type(r) for r in (out[0], out[2])] == [list, list]
+        for sid in ("k1", "k3"):
+            projection_matches_the_log(s, sid)
+        assert s.session_info("k2").last_seq == lasts["k2"]  # type: ignore[union-attr]
+
+
 def test_an_invocations_last_appends_and_the_end_of_their_leases_commit_together(
     url: str, statements: list[str]
 ):
