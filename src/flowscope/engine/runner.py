@@ -292,6 +292,18 @@ class Runner:
         if ws.status == "completed":
             raise ResumeError(f"session {ws.session_id!r} already completed; there is nothing to resume")
 
+    async def _start(self, session_id: str) -> tuple[WorkflowState, Lease]:
+        """A new session's state and lease: the check that it is new and the lease in one
+        step, taken with the other sessions starting in this loop turn (:mod:`.commit`)."""
+        self._starting.add(session_id)  # held through the await: a second run here is refused
+        try:
+            lease = await self._commits.acquire_new(session_id, self.owner, self.lease_s, self._release)
+        finally:
+            self._starting.discard(session_id)
+        if lease is None:
+            raise _exists(session_id)
+        return WorkflowState(session_id=session_id), lease
+
     def _take(
         self, session_id: str, resume: bool, force: bool, lease: Lease | None
     ) -> tuple[WorkflowState, Lease]:
@@ -385,19 +397,8 @@ class Runner:
         if session_id in self._active or session_id in self._starting:
             raise ConcurrencyConflict(f"session {session_id!r} is already running in this runner")
         try:
-            if (
-                not resume and lease is None and not force
-            ):  # a new session: the check and the lease in one step
-                self._starting.add(session_id)  # held through the await: a second run here is refused
-                try:
-                    lease = await self._commits.acquire_new(
-                        session_id, self.owner, self.lease_s, self._release
-                    )
-                finally:
-                    self._starting.discard(session_id)
-                if lease is None:
-                    raise _exists(session_id)
-                ws = WorkflowState(session_id=session_id)
+            if not resume and lease is None and not force:
+                ws, lease = await self._start(session_id)
             else:
                 ws, lease = self._take(session_id, resume, force, lease)
         except ConcurrencyConflict:  # refused at the start: a lost race, not a failure

@@ -242,14 +242,13 @@ def append_many_cached(
     (its statement matched nothing): the savepoint is rolled back, so the rows the others
     locked are let go and the locking path (:func:`append_many_locking`) locks every row in
     order again. The states it folded on are taken out of ``cached`` (they moved on)."""
-    order = sorted(range(len(prepared)), key=lambda i: prepared[i].session_id)
     if len({p.session_id for p in prepared}) < len(prepared) or not all(
         p.events and (c := cached.get(p.session_id)) is not None and c.session.last_seq == p.expected_last_seq
         for p in prepared
     ):
         return None
     sent: list[tuple[int, dict[str, Any], list[Event], Cached | None]] = []
-    for i in order:
+    for i in sorted(range(len(prepared)), key=lambda i: prepared[i].session_id):
         p = prepared[i]
         state = cached.pop(p.session_id)
         assert state is not None  # checked above
