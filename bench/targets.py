@@ -116,7 +116,10 @@ class Sizes:
     flat_chains: tuple[int, ...] = (20, 200, 2000)
     flat_sessions: tuple[int, ...] = (10, 100, 1000, 10000)
     flat_reps: int = 5
-    worker_reps: int = 2
+    worker_reps: int = 2  # of the sessions rows (the 10,000 sessions' takes ~20 s)
+    #: of the chain rows, a second or so each: a median of two read 1.35 one run and 1.12
+    #: the next, so five
+    worker_chain_reps: int = 5
     worker_node_runs: int = 4000  # per chain length in the worker, one session at a time
     #: Sessions submitted at each concurrency at least: ten sessions at a time over a
     #: thousand, so the row measures the worker's steady pace at that concurrency, not one
@@ -139,6 +142,7 @@ QUICK = Sizes(
     session_reps=1,
     flat_reps=3,
     worker_reps=1,
+    worker_chain_reps=3,
     pg_reps=5,
     resume_reps=3,
     scrape_reps=5,
@@ -154,6 +158,7 @@ SMOKE = Sizes(
     flat_sessions=(5, 20),
     flat_reps=1,
     worker_reps=1,
+    worker_chain_reps=1,
     worker_node_runs=40,
     worker_sessions_min=20,
     pg_reps=1,
@@ -735,11 +740,12 @@ class Bench:
         chain_rows: dict[int, list[float]] = {n: [] for n in s.flat_chains}
         sess_rows: dict[int, list[float]] = {k: [] for k in s.flat_sessions}
         hwm: dict[int, float] = {}
-        for _rep in range(s.worker_reps):
+        for _rep in range(s.worker_chain_reps):
             for n in s.flat_chains:  # about worker_node_runs node runs each, one session at a time
                 count = max(2, s.worker_node_runs // n)
                 per_run, _mem = self.worker_once(n, count, concurrency=1)
                 chain_rows[n].append(per_run)
+        for _rep in range(s.worker_reps):
             for k in s.flat_sessions:
                 per_run, mem_kib = self.worker_once(10, max(k, s.worker_sessions_min), concurrency=k)
                 sess_rows[k].append(per_run)
@@ -754,7 +760,8 @@ class Bench:
             "command with its full stack on (tracing as `configure_tracing` builds it, into the no-op exporter; "
             "metrics), SQLite. Submitted sessions; the figure is the time from the first `run_started` to the last "
             "`run_finished` in the log, per node run; memory is the worker's peak RSS (`VmHWM`). At each "
-            f"concurrency the worker runs at least {s.worker_sessions_min:,} sessions, `--concurrency` of them at a time.\n"
+            f"concurrency the worker runs at least {s.worker_sessions_min:,} sessions, `--concurrency` of them at a time. "
+            f"Medians of {s.worker_chain_reps} worker processes per chain length, {s.worker_reps} per concurrency.\n"
         )
         self.p("| chain length (one session at a time) | µs/node |\n| ---: | ---: |")
         for n in s.flat_chains:
