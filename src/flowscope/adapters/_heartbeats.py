@@ -1,8 +1,11 @@
 """The heartbeats of a bridge's runs in flight, refreshed from a thread of their own.
 
 A thread, not a task: a node that blocks the event loop (a sync ADK function) or runs in
-a worker thread (LangGraph) is still alive, and its heartbeat says so. A missed heartbeat
-never fails the run it observes.
+a worker thread (LangGraph) is still alive, and its heartbeat says so. A round writes the
+heartbeats of every session in flight in one store call (``heartbeat_many``: one
+transaction on SQLite and PostgreSQL), as a runner's lease keeper does, so a bridge with a
+thousand threads in flight pays one transaction per interval, not a thousand. A missed
+heartbeat never fails the run it observes.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import logging
 import threading
 from collections.abc import Iterable
 
+from ..errors import describe_exception
 from ..store.base import EventStore
 from ..threads import start_thread
 
@@ -53,8 +57,12 @@ class BridgeHeartbeats:
                 by_session: dict[str, list[str]] = {}
                 for sid, path in self._beating:
                     by_session.setdefault(sid, []).append(path)
-            for sid, paths in by_session.items():
-                self.beat(sid, paths)
+            if not by_session:
+                continue
+            try:
+                self._store.heartbeat_many(by_session)
+            except Exception as exc:  # a missed heartbeat must not fail the run: the next round beats
+                log.warning("heartbeats failed for %d sessions: %s", len(by_session), describe_exception(exc))
 
     def close(self) -> None:
         """Stop the thread."""
