@@ -67,7 +67,7 @@ def test_one_round_beats_every_session_in_flight_in_one_store_call(tmp_path):
     finally:
         beats.close()
     assert store.single == []  # never a session at a time
-    assert all(r == set(sessions) for r in store.rounds), store.rounds
+    assert set(sessions) in store.rounds  # the 20 in one call (a round while tracking has fewer)
     assert all(run_of(store, "graph@1/step@1", sid).heartbeat_at > t0 + 30 for sid in sessions)
     store.close()
 
