@@ -462,12 +462,10 @@ class Bench:
             self.p(f"| {k} | {med(xs):,.1f} | {low:,.1f}–{high:,.1f} |")
         self.p()
 
-    # ------------------------------------------------------------------- sections
-
-    def chain(self) -> None:
-        """The 200-chain: the full stack against LangGraph + SqliteSaver, untraced and traced."""
-        n, s = self.sizes.chain, self.sizes
-        self.log(f"{n}-chain")
+    def against_langgraph(self, n: int, floor: str, reps: int) -> dict[str, list[float]]:
+        """An ``n``-chain on the engine alone, SQLite alone and the full stack (at both
+        durabilities), the one-row commit floor (named ``floor``) and LangGraph + SqliteSaver
+        (untraced and traced, at both durabilities): ``reps`` interleaved repetitions of each."""
         wf = W.chain(n)
         flows = {
             "engine alone (memory)": Flow(wf, MemoryEventStore(), False),
@@ -476,13 +474,23 @@ class Bench:
             FULL_FSYNC: Flow(wf, self.sqlite("full"), True),
         }
         configs: dict[str, Callable[[], float]] = {k: self.sync(f.once) for k, f in flows.items()}
-        configs["floor: one-row commit per node"] = sqlite_commit_floor(self.tmp, n)
+        configs[floor] = sqlite_commit_floor(self.tmp, n)
         closers = lg_sqlite_configs(n, self.tmp, configs)
-        runs = interleave(configs, s.chain_reps, self.log)
-        for f in flows.values():
-            f.close()
-        for c in closers:
-            c()
+        try:
+            return interleave(configs, reps, self.log)
+        finally:
+            for f in flows.values():
+                f.close()
+            for c in closers:
+                c()
+
+    # ------------------------------------------------------------------- sections
+
+    def chain(self) -> None:
+        """The 200-chain: the full stack against LangGraph + SqliteSaver, untraced and traced."""
+        n, s = self.sizes.chain, self.sizes
+        self.log(f"{n}-chain")
+        runs = self.against_langgraph(n, "floor: one-row commit per node", s.chain_reps)
         self.p(
             f"### {n}-chain, µs per node\n\n{s.chain_reps} timed repetitions after a warm-up, interleaved.\n"
         )
@@ -539,21 +547,7 @@ class Bench:
         """A 5-node workflow invocation end to end: start, run, finish, spans handed to the exporter."""
         n, s = self.sizes.invoke_nodes, self.sizes
         self.log(f"{n}-node invocation")
-        wf = W.chain(n)
-        flows = {
-            "engine alone (memory)": Flow(wf, MemoryEventStore(), False),
-            "SQLite alone": Flow(wf, self.sqlite(), False),
-            "full stack": Flow(wf, self.sqlite(), True),
-            FULL_FSYNC: Flow(wf, self.sqlite("full"), True),
-        }
-        configs: dict[str, Callable[[], float]] = {k: self.sync(f.once) for k, f in flows.items()}
-        configs[f"floor: {n} one-row commits"] = sqlite_commit_floor(self.tmp, n)
-        closers = lg_sqlite_configs(n, self.tmp, configs)
-        runs = interleave(configs, s.invoke_reps, self.log)
-        for f in flows.values():
-            f.close()
-        for c in closers:
-            c()
+        runs = self.against_langgraph(n, f"floor: {n} one-row commits", s.invoke_reps)
         self.p(
             f"### A {n}-node workflow invocation, µs per invocation\n\nStart, run, finish, spans handed to the "
             f"exporter (`force_flush` inside the timing, both sides). {s.invoke_reps} timed repetitions.\n"
