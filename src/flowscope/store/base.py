@@ -32,6 +32,7 @@ from .ownership import (
     one_start,
     owned_elsewhere,
     unmailed,
+    wraps_acquire,
 )
 from .records import (
     FINISHED_SESSION_STATUSES,
@@ -79,6 +80,7 @@ __all__ = [
     "lease_lost",
     "one_renewal",
     "one_start",
+    "wraps_acquire",
     "WORKER_RETENTION_S",
     "AppendBatch",
     "FINISHED_SESSION_STATUSES",

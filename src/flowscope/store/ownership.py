@@ -25,6 +25,7 @@ __all__ = [
     "lease_lost",
     "one_renewal",
     "one_start",
+    "wraps_acquire",
     "unmailed",
     "dead_owners",
     "count_dead_owners",
@@ -138,6 +139,14 @@ def one_start(results: Sequence[Lease | None | ConcurrencyConflict]) -> Lease | 
     if isinstance(result, ConcurrencyConflict):
         raise result
     return result
+
+
+def wraps_acquire(store: Any, base: type[Any], *, new: bool = False) -> bool:
+    """Whether ``store``'s class overrides ``base``'s ``acquire`` (and, with ``new``, its
+    ``acquire_new``): a store that takes several starts in one transaction then goes through
+    the port's default, one call at a time, so that the wrapper sees each start."""
+    cls = type(store)
+    return cls.acquire is not base.acquire or (new and cls.acquire_new is not base.acquire_new)
 
 
 def unmailed(

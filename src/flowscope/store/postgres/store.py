@@ -59,6 +59,7 @@ from ..base import (
     count_dead_owners,
     one_renewal,
     one_start,
+    wraps_acquire,
 )
 from ..codec import decode, encode
 from ..select_sql import SelectsInSql, session_info_of
@@ -359,7 +360,7 @@ class PostgresEventStore(SelectsInSql, EventStore):
         self, session_id: str, owner: Owner, lease_s: float, *, now: float | None = None
     ) -> Lease | None:
         """The port's, in one transaction (the check, the lease)."""
-        if type(self).acquire is not PostgresEventStore.acquire:  # a subclass that wraps acquire
+        if wraps_acquire(self, PostgresEventStore):
             return super().acquire_new(session_id, owner, lease_s, now=now)
         return one_start(self._acquire_new([session_id], owner, lease_s, now))
 
@@ -368,9 +369,7 @@ class PostgresEventStore(SelectsInSql, EventStore):
     ) -> list[Lease | None | ConcurrencyConflict]:
         """The port's, in one transaction (one at a time, as the port's default does, for a
         subclass that wraps ``acquire`` or ``acquire_new``, or a session named twice)."""
-        cls, pg = type(self), PostgresEventStore
-        wrapped = cls.acquire is not pg.acquire or cls.acquire_new is not pg.acquire_new
-        if wrapped or len(set(session_ids)) < len(session_ids):
+        if wraps_acquire(self, PostgresEventStore, new=True) or len(set(session_ids)) < len(session_ids):
             return super().acquire_new_many(session_ids, owner, lease_s, now=now)
         return self._acquire_new(session_ids, owner, lease_s, now)
 

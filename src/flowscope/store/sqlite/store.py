@@ -47,6 +47,7 @@ from ..base import (
     count_dead_owners,
     one_renewal,
     one_start,
+    wraps_acquire,
 )
 from ..codec import decode, encode
 from ..select_sql import SelectsInSql, session_info_of
@@ -323,7 +324,7 @@ class SqliteEventStore(SelectsInSql, EventStore):
         self, session_id: str, owner: Owner, lease_s: float, *, now: float | None = None
     ) -> Lease | None:
         """The port's, in one transaction (the check, the lease)."""
-        if type(self).acquire is not SqliteEventStore.acquire:  # a subclass that wraps acquire
+        if wraps_acquire(self, SqliteEventStore):
             return super().acquire_new(session_id, owner, lease_s, now=now)
         return one_start(self._acquire_new([session_id], owner, lease_s, now))
 
@@ -331,8 +332,7 @@ class SqliteEventStore(SelectsInSql, EventStore):
         self, session_ids: Sequence[str], owner: Owner, lease_s: float, *, now: float | None = None
     ) -> list[Lease | None | ConcurrencyConflict]:
         """The port's, in one transaction: each session's check and lease."""
-        cls = type(self)
-        if cls.acquire is not SqliteEventStore.acquire or cls.acquire_new is not SqliteEventStore.acquire_new:
+        if wraps_acquire(self, SqliteEventStore, new=True):
             return super().acquire_new_many(session_ids, owner, lease_s, now=now)
         return self._acquire_new(session_ids, owner, lease_s, now)
 
