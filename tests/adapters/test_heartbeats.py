@@ -90,3 +90,17 @@ def test_a_failed_round_is_logged_and_the_next_round_beats_again(tmp_path, caplo
     failed = [r for r in caplog.records if "heartbeats failed for 1 sessions" in r.getMessage()]
     assert failed and "OSError: disk I/O error" in failed[0].getMessage()
     store.close()
+
+
+def test_a_failed_heartbeat_of_one_session_is_logged_as_one_redacted_line(tmp_path, caplog):
+    store = CountingStore(str(tmp_path / "f.db"))
+    started(store, "t1", "graph@1/step@1", time.time())
+
+    def refuse(session_id: str, paths: Any, ts: Any = None) -> None:
+        raise OSError("cannot write /home/alice/secret/f.db")
+
+    store.heartbeat = refuse  # type: ignore[method-assign]
+    BridgeHeartbeats(store, interval=0).beat("t1", ["graph@1/step@1"])  # never raises
+    (line,) = [r.getMessage() for r in caplog.records if "heartbeat failed for session t1" in r.getMessage()]
+    assert "OSError: cannot write" in line and "alice" not in line
+    store.close()

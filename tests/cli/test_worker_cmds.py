@@ -5,7 +5,6 @@ command in-process (a test) gets its settings back."""
 from __future__ import annotations
 
 import gc
-import json
 import os
 import shutil
 import signal
@@ -105,6 +104,6 @@ def test_a_worker_process_collects_generation_0_by_its_concurrency(tmp_path, con
         w.send_signal(signal.SIGTERM)
         _out, err = w.communicate(timeout=30)
     assert w.returncode == 0, err
-    seen = json.loads(json.dumps(state.output))
+    seen = state.output
     assert seen["threshold"] == [young, *WORKER_GC_THRESHOLDS[1:]]
     assert seen["frozen"] > 0

@@ -39,7 +39,7 @@ class BridgeHeartbeats:
         try:
             self._store.heartbeat(session_id, list(paths))
         except Exception as exc:  # a missed heartbeat must not fail the run
-            log.warning("heartbeat failed for session %s: %s", session_id, type(exc).__name__)
+            log.warning("heartbeat failed for session %s: %s", session_id, describe_exception(exc))
 
     def track(self, session_id: str, path: str, running: bool) -> None:
         """The run at ``path`` started (``running``) or ended."""
