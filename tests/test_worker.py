@@ -18,6 +18,7 @@ import pytest
 
 from flowscope import START, NodeContext, Runner, Worker, Workflow, node
 from flowscope.store import SqliteEventStore, rebuild
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
@@ -85,13 +86,6 @@ def worker(tmp_path: Path, *args: str, **extra: str) -> subprocess.Popen[str]:
 def effects(tmp_path: Path) -> list[dict]:
     path = tmp_path / "effects.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
-def wait_for(pred, timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture

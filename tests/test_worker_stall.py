@@ -50,6 +50,7 @@ import pytest
 
 from flowscope import Runner
 from flowscope.store import PostgresEventStore, SqliteEventStore
+from waiting import poll
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chaos_workflows as cw  # noqa: E402
@@ -97,15 +98,6 @@ def start_worker(db: str, env: dict[str, str], out: Path) -> subprocess.Popen[by
         stdout=subprocess.DEVNULL,
         stderr=open(out, "ab"),
     )
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, tick: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(tick)
-    return True
 
 
 @dataclass
@@ -168,9 +160,7 @@ def run_pair(
     done: list[Round] = []
     try:
         pids = {w.pid: w for w in workers}
-        assert wait_until(lambda: set(pids) <= {i.pid for i in store.workers()}, 30, 0.05), wlog.read_text()[
-            -2000:
-        ]
+        assert poll(lambda: set(pids) <= {i.pid for i in store.workers()}, 30, 0.05), wlog.read_text()[-2000:]
         tries = 0
         while len(done) < rounds:
             tries += 1
@@ -190,7 +180,7 @@ def run_pair(
             def started() -> bool:  # all claimed and begun (on a loaded machine some may be done)
                 return all(i is not None and i.status != "queued" for i in infos().values())
 
-            assert wait_until(started, 20), (name, {s: i.status for s, i in infos().items() if i})
+            assert poll(started, 20), (name, {s: i.status for s, i in infos().items() if i})
             owners = Counter(
                 i.owner.pid
                 for i in infos().values()
@@ -222,10 +212,10 @@ def run_pair(
 
             # a stop inside one of the victim's write transactions holds the database (SQLite)
             # or the session rows (PostgreSQL's SKIP LOCKED) until it continues: no takeover
-            ok = wait_until(taken, LEASE_S + 1.2, 0.02)
+            ok = poll(taken, LEASE_S + 1.2, 0.02)
             time.sleep(rnd.uniform(0.0, 0.3))  # the taker runs on a while
             victim.send_signal(signal.SIGCONT)
-            assert wait_until(lambda: all(i.status == "completed" for i in infos().values()), 30, 0.05), (
+            assert poll(lambda: all(i.status == "completed" for i in infos().values()), 30, 0.05), (
                 name,
                 {s: i.status for s, i in infos().items()},
                 wlog.read_text()[-3000:],
@@ -373,7 +363,7 @@ def test_every_thread_of_a_worker_but_the_main_one_leaves_sigcont_to_it(backend,
     try:
         sid = Runner(sw.threads, store).submit(0, session_id="threads")
         # the run has passed to_thread and the sync body and waits in its last node
-        assert wait_until(
+        assert poll(
             lambda: any(e.type == "node_started" and e.node == "t_wait" for e in store.read(sid)), 30, 0.05
         ), (tmp_path / "worker.log").read_text()[-2000:]
         masks = thread_masks(worker.pid)

@@ -14,6 +14,7 @@ from flowscope.adapters._heartbeats import BridgeHeartbeats
 from flowscope.events import NodeStarted, RunStarted
 from flowscope.store.sqlite import SqliteEventStore
 from flowscope.store.testing.helpers import ev, node_ev, run_of
+from waiting import wait_for
 
 
 class CountingStore(SqliteEventStore):
@@ -43,13 +44,6 @@ def started(store: SqliteEventStore, sid: str, path: str, ts: float) -> None:
     store.append(
         sid, [ev(RunStarted, sid=sid, workflow="wf", ts=ts), node_ev(NodeStarted, path, ts, sid=sid)], 0
     )
-
-
-def wait_for(cond: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 @pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from click.testing import CliRunner
 from flowscope import START, Runner, Workflow, answer, node
 from flowscope.cli import cli
 from flowscope.store import SqliteEventStore, rebuild
+from waiting import wait_for
 
 SESSION_STATUSES = ("queued", "running", "paused", "answered", "completed", "failed", "cancelled")
 import flowscope
@@ -57,13 +57,6 @@ def console(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
-
-
-def wait_for(pred, timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.mark.slow

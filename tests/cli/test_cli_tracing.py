@@ -20,6 +20,7 @@ from test_otlp_export import attrs, clean_otel_env, otelsink  # noqa: F401  (the
 
 import flowscope
 from flowscope.store.sqlite import SqliteEventStore
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -105,14 +106,6 @@ def start_session(tmp_path: Path, db: Path, workflow: str, session: str, env: di
         timeout=60,
     )
     assert r.returncode == 0, r.stderr
-
-
-def wait_for(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def status(db: Path, session: str) -> str | None:

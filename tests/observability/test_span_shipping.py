@@ -28,6 +28,7 @@ from flowscope.observability import TracingPlugin
 from flowscope.observability.shipping import Ledger, WatermarkExporter
 from flowscope.store import MemoryEventStore
 from flowscope.store.sqlite import SqliteEventStore
+from waiting import wait_for
 
 WORKER = str(Path(__file__).resolve().parents[1] / "span_kill_worker.py")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -46,15 +47,6 @@ def _contexts(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _wait_for(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow
@@ -80,7 +72,7 @@ def test_sigkill_after_k_node_runs_every_finished_span_reaches_the_receiver_once
         )
         try:
             # node k+1 has written its context and hangs: k node runs have finished
-            _wait_for(lambda: len(_contexts(contexts)) == k + 1, 60, f"{k} node runs")
+            wait_for(lambda: len(_contexts(contexts)) == k + 1, 60, f"{k} node runs")
             time.sleep(0.1)  # let the batch processor export some of them
         finally:
             proc.send_signal(signal.SIGKILL)
@@ -130,7 +122,7 @@ def test_sigkill_after_k_node_runs_every_finished_span_reaches_the_receiver_once
                 text=True,
             )
             try:
-                _wait_for(
+                wait_for(
                     lambda: len(collected.spans()) >= k + 2,
                     60,
                     "serve-metrics to ship the killed run's spans",

@@ -25,6 +25,7 @@ from flowscope.observability.metrics import MetricsPlugin
 from flowscope.observability.serve import serve_metrics
 from flowscope.observability.store_collector import OpenRunGroup, StoreCollector, summarize_open_runs
 from flowscope.store import MemoryEventStore, SqliteEventStore
+from waiting import wait_for
 
 OPEN = "flowscope_store_open_runs"
 OLDEST = "flowscope_store_oldest_open_run_start_timestamp_seconds"
@@ -46,17 +47,6 @@ def scrape(collector: StoreCollector) -> dict[tuple[str, tuple], float]:
 
 def sample(samples, name, **labels):
     return samples.get((name, tuple(sorted(labels.items()))))
-
-
-def wait_for(predicate, timeout=20.0, interval=0.02, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture
