@@ -116,7 +116,9 @@ class Sizes:
     flat_chains: tuple[int, ...] = (20, 200, 2000)
     flat_sessions: tuple[int, ...] = (10, 100, 1000, 10000)
     flat_reps: int = 5
-    worker_reps: int = 2  # of the sessions rows (the 10,000 sessions' takes ~20 s)
+    #: of the sessions rows (the 10,000 sessions' take ~20 s a process): one worker process
+    #: of the same row read from 112.7 to 150.5 µs per node run in one run, so a median of three
+    worker_reps: int = 3
     #: of the chain rows, a second or so each: a median of two read 1.35 one run and 1.12
     #: the next, so five
     worker_chain_reps: int = 5
@@ -728,65 +730,90 @@ class Bench:
         ]
 
     def worker(self) -> None:
-        """The same flatness in a ``flowscope worker`` process with its full stack on."""
+        """The same flatness in a ``flowscope worker`` process, with its full stack on and
+        with none of it (SQLite alone: the same command without tracing or metrics)."""
         s = self.sizes
         self.log("flatness in a flowscope worker")
-        chain_rows: dict[int, list[float]] = {n: [] for n in s.flat_chains}
-        sess_rows: dict[int, list[float]] = {k: [] for k in s.flat_sessions}
+        kinds = {"full stack": True, "SQLite alone": False}
+        chain_rows = {kind: {n: [] for n in s.flat_chains} for kind in kinds}
+        sess_rows = {kind: {k: [] for k in s.flat_sessions} for kind in kinds}
         hwm: dict[int, float] = {}
-        for _rep in range(s.worker_chain_reps):
+        for rep in range(s.worker_chain_reps):
             for n in s.flat_chains:  # about worker_node_runs node runs each, one session at a time
                 count = max(2, s.worker_node_runs // n)
-                per_run, _mem = self.worker_once(n, count, concurrency=1)
-                chain_rows[n].append(per_run)
-        for _rep in range(s.worker_reps):
+                for kind in kinds if rep % 2 == 0 else list(kinds)[::-1]:
+                    per_run, _mem = self.worker_once(n, count, concurrency=1, full=kinds[kind])
+                    chain_rows[kind][n].append(per_run)
+                took = ", ".join(f"{kind} {rows[n][-1]:.1f}" for kind, rows in chain_rows.items())
+                self.log(f"  worker: {n}-chain done ({took} µs/node)")
+        for rep in range(s.worker_reps):
             for k in s.flat_sessions:
-                per_run, mem_kib = self.worker_once(10, max(k, s.worker_sessions_min), concurrency=k)
-                sess_rows[k].append(per_run)
-                hwm[k] = max(hwm.get(k, 0.0), mem_kib)
-                self.log(f"  worker: {k} sessions done")
-        chains = {n: med(v) for n, v in chain_rows.items()}
-        sess = {k: med(v) for k, v in sess_rows.items()}
+                for kind in kinds if rep % 2 == 0 else list(kinds)[::-1]:
+                    per_run, mem_kib = self.worker_once(
+                        10, max(k, s.worker_sessions_min), concurrency=k, full=kinds[kind]
+                    )
+                    sess_rows[kind][k].append(per_run)
+                    if kinds[kind]:
+                        hwm[k] = max(hwm.get(k, 0.0), mem_kib)
+                took = ", ".join(f"{kind} {rows[k][-1]:.1f}" for kind, rows in sess_rows.items())
+                self.log(f"  worker: {k} sessions done ({took} µs/node run)")
+        chains = {kind: {n: med(v) for n, v in rows.items()} for kind, rows in chain_rows.items()}
+        sess = {kind: {k: med(v) for k, v in rows.items()} for kind, rows in sess_rows.items()}
+        full, alone = chains["full stack"], chains["SQLite alone"]
         lo_s, hi_s = s.flat_sessions[0], s.flat_sessions[-1]
         self.p("### Flatness in a `flowscope worker` process\n")
         self.p(
             "`bench/worker_main.py worker worker_flows:WORKFLOWS --otlp-endpoint ... --metrics-port 0`: the real "
             "command with its full stack on (tracing as `configure_tracing` builds it, into the no-op exporter; "
-            "metrics), SQLite. Submitted sessions; the figure is the time from the first `run_started` to the last "
-            "`run_finished` in the log, per node run; memory is the worker's peak RSS (`VmHWM`). At each "
+            "metrics), SQLite; SQLite alone is the same command without `--otlp-endpoint` and `--metrics-port`. "
+            "Submitted sessions; the figure is the time from the first `run_started` to the last "
+            "`run_finished` in the log, per node run; memory is the full stack's peak RSS (`VmHWM`). At each "
             f"concurrency the worker runs at least {s.worker_sessions_min:,} sessions, `--concurrency` of them at a time. "
-            f"Medians of {s.worker_chain_reps} worker processes per chain length, {s.worker_reps} per concurrency.\n"
+            f"Medians of {s.worker_chain_reps} worker processes per chain length, {s.worker_reps} per concurrency, "
+            "the two kinds alternated.\n"
         )
-        self.p("| chain length (one session at a time) | µs/node |\n| ---: | ---: |")
-        for n in s.flat_chains:
-            self.p(f"| {n:,} | {chains[n]:.1f} |")
         self.p(
-            "\n| concurrent sessions (10-chain, `--concurrency` = sessions) | µs/node run | worker peak RSS (MiB) | "
-            f"per session above {lo_s:,} sessions' (KiB) |\n| ---: | ---: | ---: | ---: |"
+            "| chain length (one session at a time) | full stack µs/node | SQLite alone µs/node |\n| ---: | ---: | ---: |"
+        )
+        for n in s.flat_chains:
+            self.p(f"| {n:,} | {full[n]:.1f} | {alone[n]:.1f} |")
+        self.p(
+            "\n| concurrent sessions (10-chain, `--concurrency` = sessions) | full stack µs/node run | "
+            "SQLite alone µs/node run | full stack peak RSS (MiB) | "
+            f"per session above {lo_s:,} sessions' (KiB) |\n| ---: | ---: | ---: | ---: | ---: |"
         )
         for k in s.flat_sessions:
             extra = "" if k == lo_s else f"{(hwm[k] - hwm[lo_s]) / (k - lo_s):.1f}"
-            self.p(f"| {k:,} | {sess[k]:.1f} | {hwm[k] / 1024:.0f} | {extra} |")
+            self.p(
+                f"| {k:,} | {sess['full stack'][k]:.1f} | {sess['SQLite alone'][k]:.1f} | "
+                f"{hwm[k] / 1024:.0f} | {extra} |"
+            )
         self.p()
+
+        def spread(d: dict[int, float]) -> float:
+            return max(d.values()) / min(d.values())
+
         lo_c, hi_c = s.flat_chains[0], s.flat_chains[-1]
         self.targets += [
             Target(
                 f"worker process: per node, {lo_c:,} → {hi_c:,} nodes (max/min)",
                 "≤ 1.3",
-                max(chains.values()) / min(chains.values()),
-                "the bench process's row above",
+                spread(full),
+                f"SQLite alone {spread(alone):.2f}",
             ),
             Target(
                 f"worker process: per node run, {lo_s:,} → {hi_s:,} sessions (max/min)",
                 "≤ 1.3",
-                max(sess.values()) / min(sess.values()),
-                f"{self.sessions_floor}{(hwm[hi_s] - hwm[lo_s]) / (hi_s - lo_s):.1f} KiB per session at {hi_s:,}",
+                spread(sess["full stack"]),
+                f"SQLite alone {spread(sess['SQLite alone']):.2f}; {self.sessions_floor}"
+                f"{(hwm[hi_s] - hwm[lo_s]) / (hi_s - lo_s):.1f} KiB per session at {hi_s:,}",
             ),
         ]
 
-    def worker_once(self, n: int, sessions: int, concurrency: int) -> tuple[float, float]:
+    def worker_once(self, n: int, sessions: int, concurrency: int, full: bool = True) -> tuple[float, float]:
         """A ``flowscope worker`` serving ``sessions`` submitted ``n``-chains: µs per node run
-        from the first claim to the last completion, and its peak RSS in KiB."""
+        from the first claim to the last completion, and its peak RSS in KiB. ``full``: with
+        tracing and metrics, else SQLite alone (the same command, neither option given)."""
         db = os.path.join(self.tmp, f"worker-{uuid.uuid4().hex}.db")
         store = SqliteEventStore(db)
         runner = Runner(W.chain(n, name=f"chain{n}"), store)
@@ -806,13 +833,11 @@ class Bench:
             "50ms",
             "--lease",
             "60s",
-            "--otlp-endpoint",
-            "http://127.0.0.1:9",
-            "--metrics-port",
-            "0",
         ]
+        if full:
+            cmd += ["--otlp-endpoint", "http://127.0.0.1:9", "--metrics-port", "0"]
         env = dict(
-            os.environ,
+            {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},  # no tracing but ours
             PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(HERE), os.environ.get("PYTHONPATH", "")]),
             FLOWSCOPE_BENCH_CHAINS=str(n),
         )
@@ -847,10 +872,14 @@ class Bench:
         ).fetchone()
         bad = conn.execute("SELECT count(*) FROM sessions WHERE status != 'completed'").fetchone()[0]
         # every span reached the exporter: the worker's WatermarkExporter put each session's on record
-        unshipped = conn.execute(
-            "SELECT count(*) FROM sessions LEFT JOIN span_exports AS x USING (session_id) "
-            "WHERE last_seq > coalesce(x.exported_seq, 0)"
-        ).fetchone()[0]
+        unshipped = (
+            conn.execute(
+                "SELECT count(*) FROM sessions LEFT JOIN span_exports AS x USING (session_id) "
+                "WHERE last_seq > coalesce(x.exported_seq, 0)"
+            ).fetchone()[0]
+            if full
+            else 0
+        )
         conn.close()
         os.unlink(db)
         if bad:
