@@ -13,6 +13,7 @@ import sqlite3
 
 import pytest
 
+from commands import FLOWSCOPE
 from conftest import of_type, unavailable
 from flowscope import START, RetryConfig, Route, Runner, Workflow, node
 from flowscope.errors import OutputNotSerializableError, RouteNotFoundError, StateNotSerializableError
@@ -550,8 +551,6 @@ def test_a_bit_flipped_session_id_gives_a_one_line_error(tmp_path):
     import os
     import subprocess
 
-    from test_cli import FLOWSCOPE
-
     path = tmp_path / "b.db"
     asyncio.run(paused_sessions(path, ids=("sess-a",)))
     flipped = b"sess-" + bytes([ord("a") ^ 0x80])  # one bit: not UTF-8 any more
@@ -605,8 +604,6 @@ def test_cli_resume_failure_is_exit_1_with_a_short_classified_line(tmp_path, how
     import importlib
     import subprocess
     import sys
-
-    from test_cli import FLOWSCOPE
 
     (tmp_path / "hostile_wf.py").write_text(HOSTILE_MODULE)
     sys.path.insert(0, str(tmp_path))

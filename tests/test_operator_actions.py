@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from commands import FLOWSCOPE
 from flowscope.fold import rebuild
 from flowscope.store import SqliteEventStore
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 LEASE_S = 3.0
 
 pytestmark = pytest.mark.slow

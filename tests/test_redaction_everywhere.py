@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -19,13 +17,13 @@ from pathlib import Path
 import pytest
 from test_otlp_export import free_port, otelsink
 
+from commands import FLOWSCOPE
 from flowscope.fold import rebuild
 from flowscope.store import SqliteEventStore
 from leaky_workflows import PLANTED
 from leaky_workflows import SECRETS as ALL_SECRETS
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
 pytestmark = pytest.mark.slow
 

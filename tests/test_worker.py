@@ -6,22 +6,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from commands import FLOWSCOPE
 from flowscope import START, NodeContext, Runner, Worker, Workflow, node
 from flowscope.store import SqliteEventStore, rebuild
 from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
 WORKFLOWS_PY = """
 import asyncio, os, json

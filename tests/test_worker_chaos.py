@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from commands import FLOWSCOPE
 from flowscope import Runner
 from flowscope.answers import AnswerReceipt, answer
 from flowscope.store import SqliteEventStore, rebuild
@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chaos_workflows as cw  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 N_WORKERS = 3
 LEASE = "2s"
 #: A kill every half second: the sessions take ~6 s, so a dozen kills, half of them aimed at

@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from typing import Any
 
 import pytest
 
+from commands import FLOWSCOPE
 from flowscope import Runner
 from flowscope.store import PostgresEventStore, SqliteEventStore
 from waiting import poll
@@ -57,7 +57,6 @@ import chaos_workflows as cw  # noqa: E402
 import stall_workflows as sw  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 LEASE_S = 0.6
 SESSIONS_PER_ROUND = 5
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from commands import FLOWSCOPE
 from conftest import unavailable
 from flowscope import START, NodeContext, Runner, Worker, Workflow, node
 from flowscope.errors import StoreDiskFull, StoreNotWritable, StoreReadOnly
@@ -24,7 +23,6 @@ from flowscope.outage import BACKOFF_CAP_S, StoreOutage
 from flowscope.store import SqliteEventStore, rebuild
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 BIG = "x" * 65536  # needs new pages: refused by a database that may not grow
 
 

@@ -9,12 +9,10 @@ import io
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -23,6 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from commands import FLOWSCOPE
 from flowscope import Runner
 from flowscope.cli import cli, views
 from flowscope.examples.demo import batch_input, order_fulfilment
@@ -30,7 +29,6 @@ from flowscope.examples.worker import kill_worker, start_worker, wait_until_runn
 from flowscope.export import load_otlp_json
 from flowscope.store import SqliteEventStore
 
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 STALE = "0.5s"
 

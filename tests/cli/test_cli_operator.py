@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -17,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from commands import FLOWSCOPE
 from flowscope.actions import operator
 from flowscope.errors import LeaseLost
 from flowscope.events import RunFinished
 from flowscope.ownership import this_process
 from flowscope.store import SqliteEventStore
-
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
 #: Workflows of a user's own, saved as ``flows.py`` in the test's folder (the current
 #: directory of every command, so ``--workflow flows:NAME`` must find it).

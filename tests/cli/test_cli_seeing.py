@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from commands import FLOWSCOPE
 from flowscope import START, Runner, Workflow, answer, node
 from flowscope.cli import cli
 from flowscope.store import SqliteEventStore, rebuild
@@ -27,7 +26,6 @@ from flowscope.store.testing import dead_owner
 
 #: The flowscope the tests import: the console script's processes run the same code.
 SRC = Path(flowscope.__file__).resolve().parent.parent
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
 INVOICES = """
 import asyncio

@@ -6,7 +6,6 @@ import http.server
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,13 +17,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from commands import FLOWSCOPE
 from flowscope.cli import cli
 from flowscope.store import SqliteEventStore, rebuild
 
 # Every test here starts processes or servers, or runs the demo end to end.
 pytestmark = pytest.mark.slow
-
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
 
 def run_cli(*args: str, timeout: float = 60, cwd=None):

@@ -5,18 +5,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 
+from commands import FLOWSCOPE
 from flowscope.cli import views
 from flowscope.events import NodeStarted, RunStarted
 from flowscope.ownership import this_process
 from flowscope.store import SqliteEventStore
 from flowscope.store.testing import dead_owner, ev, node_ev
-
-FLOWSCOPE = os.path.join(os.path.dirname(sys.executable), "flowscope")  # the console script
 
 
 @pytest.mark.slow

@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from commands import FLOWSCOPE
 from pg_cluster import PASSWORD, PASSWORD_ROLE, PgCluster
 from prom_harness import PrometheusServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
 pytestmark = pytest.mark.slow
 

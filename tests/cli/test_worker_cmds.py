@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from commands import FLOWSCOPE
 from flowscope.cli.worker_cmds import (
     WORKER_GC_THRESHOLDS,
     WORKER_GC_YOUNG_PER_SESSION,
@@ -25,7 +24,6 @@ from flowscope.cli.worker_cmds import (
 from flowscope.store import SqliteEventStore, rebuild
 
 ROOT = Path(__file__).resolve().parents[2]
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
 FLOWS_PY = """
 import gc

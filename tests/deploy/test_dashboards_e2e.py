@@ -33,7 +33,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -46,12 +45,12 @@ import pytest
 import yaml
 from test_dashboards import ALERTS, DASHBOARD, alert_rules, promql_metric_names
 
+from commands import FLOWSCOPE
 from prom_harness import PrometheusServer, dashboard_queries, find_prometheus, free_port
 
 # Every test here starts processes or servers, or runs the demo end to end.
 pytestmark = pytest.mark.slow
 
-FLOWSCOPE = Path(sys.executable).parent / "flowscope"
 
 #: --stale-after of the demo and serve-metrics: small, but long enough for Prometheus (one
 #: scrape a second) to see the dead worker's run open and not yet orphaned before it.
@@ -241,7 +240,7 @@ def key(q: Any) -> tuple[str, str]:
 # ---------------------------------------------------------------------- the test
 def test_demo_scraped_by_a_real_prometheus_fills_the_dashboard_and_fires_the_orphan_alert(tmp_path):
     find_prometheus()  # fails (never skips) with the install hint
-    assert FLOWSCOPE.exists(), f"{FLOWSCOPE}: pip install -e '.[test]' installs the console script"
+    assert Path(FLOWSCOPE).exists(), f"{FLOWSCOPE}: pip install -e '.[test]' installs the console script"
     db = tmp_path / "demo.db"
     demo_log, store_log = tmp_path / "demo.log", tmp_path / "serve-metrics.log"
     demo_port, store_port = free_port(), free_port()

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,11 +21,11 @@ from typing import Any
 
 import pytest
 
+from commands import FLOWSCOPE
 from flowscope.fold import rebuild
 from flowscope.store import SqliteEventStore
 
 ROOT = Path(__file__).resolve().parents[2]
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 SESSIONS = 3
 
 pytestmark = pytest.mark.slow

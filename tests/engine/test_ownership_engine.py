@@ -4,7 +4,6 @@ orphaned at once, a blocked owner keeps its lease, a stopped owner is fenced off
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from commands import FLOWSCOPE
 from flowscope import Runner
 from flowscope.errors import ConcurrencyConflict
 from flowscope.liveness import owner_alive
@@ -21,7 +21,6 @@ from flowscope.store.sqlite import SqliteEventStore
 
 HERE = Path(__file__).resolve().parents[1]
 PROC = str(HERE / "ownership_proc.py")
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 
 pytestmark = pytest.mark.slow
 

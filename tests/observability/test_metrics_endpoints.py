@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from commands import FLOWSCOPE
 from prom_harness import free_port
 
 pytestmark = pytest.mark.slow
 
-FLOWSCOPE = Path(sys.executable).parent / "flowscope"
 TESTS = Path(__file__).resolve().parents[1]
 #: Another loopback address (all of 127/8 is loopback on Linux): bound explicitly, so an
 #: endpoint that ignored --metrics-host would not answer on it.

@@ -34,7 +34,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,11 +43,11 @@ import pytest
 import yaml
 from test_dashboards import ALERTS, alert_rules
 
+from commands import FLOWSCOPE
 from prom_harness import PrometheusServer, find_prometheus, free_port
 
 pytestmark = pytest.mark.slow
 
-FLOWSCOPE = Path(sys.executable).parent / "flowscope"
 TESTS = Path(__file__).resolve().parents[1]
 #: The shipped age thresholds (``15 * 60``, ``5 * 60`` seconds) divided by this: 3 s, 1 s.
 AGE_SCALE = 300

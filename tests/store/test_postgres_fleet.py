@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from commands import FLOWSCOPE
 from flowscope import Runner
 from flowscope.store import PostgresEventStore, rebuild
 
@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import chaos_workflows as cw  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-FLOWSCOPE = shutil.which("flowscope") or str(Path(sys.executable).parent / "flowscope")
 HOSTS = ["host-a", "host-a", "host-b", "host-b"]
 LEASE_S = 3.0
 
