@@ -325,6 +325,11 @@ def lg_sqlite(
 # ----------------------------------------------------------------------------- running
 
 
+def spread(by_size: dict[int, float]) -> float:
+    """A flatness: the slowest size's figure over the fastest's (max/min)."""
+    return max(by_size.values()) / min(by_size.values())
+
+
 def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -706,9 +711,6 @@ class Bench:
             self.p(f"| {k:,} | {bare[k]:.2f} | {shaped[k]:.2f} |")
         self.p()
 
-        def spread(d: dict[int, float]) -> float:
-            return max(d.values()) / min(d.values())
-
         lo_c, hi_c, lo_s, hi_s = s.flat_chains[0], s.flat_chains[-1], s.flat_sessions[0], s.flat_sessions[-1]
         self.sessions_floor = (
             f"plain asyncio {spread(bare):.2f}, with a session's objects {spread(shaped):.2f}; "
@@ -789,9 +791,6 @@ class Bench:
                 f"{hwm[k] / 1024:.0f} | {extra} |"
             )
         self.p()
-
-        def spread(d: dict[int, float]) -> float:
-            return max(d.values()) / min(d.values())
 
         lo_c, hi_c = s.flat_chains[0], s.flat_chains[-1]
         self.targets += [
