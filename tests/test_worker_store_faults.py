@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import cli_env, run_cli, start_cli
 from conftest import unavailable
 from flowscope import START, NodeContext, Runner, Worker, Workflow, node
 from flowscope.errors import StoreDiskFull, StoreNotWritable, StoreReadOnly
 from flowscope.outage import BACKOFF_CAP_S, StoreOutage
 from flowscope.store import SqliteEventStore, rebuild
+from waiting import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 BIG = "x" * 65536  # needs new pages: refused by a database that may not grow
 
 
@@ -188,12 +188,6 @@ looping = Workflow("looping", edges=[(START, chatty)])
 """
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    e["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), e.get("PYTHONPATH", "")])
-    return e
-
-
 @pytest.fixture
 def tiny_fs(tmp_path):
     """A 2 MiB tmpfs (a real filesystem that fills up); root only."""
@@ -231,43 +225,31 @@ def test_flowscope_worker_on_a_full_disk_says_it_once_and_exits_3(tmp_path, tiny
     the log keeps everything committed before the disk filled, and no recovery is spent."""
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     db = tiny_fs / "w.db"
-    env = _env(tmp_path)
+    env = cli_env()
     for i in range(4):
-        subprocess.run(
-            [FLOWSCOPE, "--db", str(db), "start", "looping", "--input", str(i)],
-            cwd=tmp_path,
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-    proc = subprocess.Popen(
-        [
-            FLOWSCOPE,
-            "--db",
-            str(db),
-            "worker",
-            "flows:looping",
-            "--poll",
-            "50ms",
-            "--lease",
-            "2s",
-            "--max-store-outage",
-            "2s",
-        ],
+        started = run_cli("--db", str(db), "start", "looping", "--input", str(i), cwd=tmp_path, env=env)
+        assert started.returncode == 0, started.stderr
+    proc = start_cli(
+        "--db",
+        str(db),
+        "worker",
+        "flows:looping",
+        "--poll",
+        "50ms",
+        "--lease",
+        "2s",
+        "--max-store-outage",
+        "2s",
         cwd=tmp_path,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     try:
-        probe = SqliteEventStore(db, readonly=True)
-        deadline = time.monotonic() + 30
-        while sum(1 for s in probe.sessions() if s.status == "running") < 4:
-            assert time.monotonic() < deadline, "the worker did not start the sessions"
-            time.sleep(0.05)
-        probe.close()
+        with SqliteEventStore(db, readonly=True) as probe:
+
+            def running() -> bool:
+                return sum(1 for s in probe.sessions() if s.status == "running") >= 4
+
+            wait_for(running, 30, "the worker to start the sessions")
         _fill(tiny_fs)
         _out, err = proc.communicate(timeout=60)
     finally:
@@ -299,25 +281,23 @@ def test_flowscope_worker_on_a_read_only_postgres_database_stops_with_exit_3(tmp
     refused (25006, a StoreReadOnly); one line, exit 3 after --max-store-outage."""
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     url = pg_cluster.new_database("readonly_worker")
-    env = _env(tmp_path)
-    subprocess.run(
-        [FLOWSCOPE, "--db", url, "start", "looping", "--input", "1"],
-        cwd=tmp_path,
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    env = cli_env()
+    started = run_cli("--db", url, "start", "looping", "--input", "1", cwd=tmp_path, env=env)
+    assert started.returncode == 0, started.stderr
     dbname = url.rsplit("/", 1)[1].split("?")[0]
     with pg_cluster.admin() as a:
         a.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
-    r = subprocess.run(
-        [FLOWSCOPE, "--db", url, "worker", "flows:looping", "--poll", "50ms", "--max-store-outage", "1s"],
+    r = run_cli(
+        "--db",
+        url,
+        "worker",
+        "flows:looping",
+        "--poll",
+        "50ms",
+        "--max-store-outage",
+        "1s",
         cwd=tmp_path,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 3, r.stderr

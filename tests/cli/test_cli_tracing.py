@@ -7,10 +7,8 @@ inside a node body, and a worker killed with SIGKILL (docs/telemetry.md, "Spans"
 from __future__ import annotations
 
 import http.server
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,13 +16,12 @@ from pathlib import Path
 import pytest
 from test_otlp_export import attrs, clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
-import flowscope
+from commands import cli_env, run_cli, start_cli
 from flowscope.store.sqlite import SqliteEventStore
 from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-SRC = str(Path(flowscope.__file__).resolve().parents[1])  # the flowscope under test, for the processes
 
 FLOWS_PY = """
 import asyncio
@@ -87,23 +84,12 @@ def inventory():
 
 
 def base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "FLOWSCOPE_DB"}
-    env.update(PYTHONPATH=SRC, OTEL_BSP_SCHEDULE_DELAY="50", **extra)
-    return env
-
-
-def cli(db: Path) -> list[str]:
-    return [sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db)]
+    return cli_env(OTEL_BSP_SCHEDULE_DELAY="50", **extra)
 
 
 def start_session(tmp_path: Path, db: Path, workflow: str, session: str, env: dict[str, str]) -> None:
-    r = subprocess.run(
-        [*cli(db), "start", workflow, "--input", "7", "--session", session],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    r = run_cli(
+        "--db", str(db), "start", workflow, "--input", "7", "--session", session, cwd=tmp_path, env=env
     )
     assert r.returncode == 0, r.stderr
 
@@ -115,14 +101,7 @@ def status(db: Path, session: str) -> str | None:
 
 
 def serve(tmp_path: Path, db: Path, spec: str, env: dict[str, str], *options: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [*cli(db), "worker", spec, "--poll", "50ms", *options],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_cli("--db", str(db), "worker", spec, "--poll", "50ms", *options, cwd=tmp_path, env=env)
 
 
 def stop(proc: subprocess.Popen) -> str:
@@ -223,12 +202,14 @@ def test_flowscope_worker_with_only_the_otel_variables_sends_its_spans_where_the
 
 def test_flowscope_demo_with_only_otel_exporter_otlp_endpoint_sends_its_spans(tmp_path, monkeypatch):
     with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
-        r = subprocess.run(
-            [*cli(tmp_path / "d.db"), "demo", "--stale-after", "0.3s"],
+        r = run_cli(
+            "--db",
+            str(tmp_path / "d.db"),
+            "demo",
+            "--stale-after",
+            "0.3s",
             cwd=tmp_path,
             env=base_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint),
-            capture_output=True,
-            text=True,
             timeout=120,
         )
         assert r.returncode == 0, r.stderr

@@ -5,15 +5,11 @@ command in-process (a test) gets its settings back."""
 from __future__ import annotations
 
 import gc
-import os
 import signal
-import subprocess
-import time
-from pathlib import Path
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import cli_env, run_cli, start_cli
 from flowscope.cli.worker_cmds import (
     WORKER_GC_THRESHOLDS,
     WORKER_GC_YOUNG_PER_SESSION,
@@ -21,9 +17,9 @@ from flowscope.cli.worker_cmds import (
     untune_gc,
     worker_gc_thresholds,
 )
+from flowscope.fold import WorkflowState
 from flowscope.store import SqliteEventStore, rebuild
-
-ROOT = Path(__file__).resolve().parents[2]
+from waiting import wait_for
 
 FLOWS_PY = """
 import gc
@@ -63,41 +59,30 @@ def test_a_host_gets_its_collector_back_when_the_worker_stops():
 def test_a_worker_process_collects_generation_0_by_its_concurrency(tmp_path, concurrency, young):
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     db = tmp_path / "w.db"
-    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    started = subprocess.run(
-        [FLOWSCOPE, "--db", str(db), "start", "gcflow", "--session", "g1"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    env = cli_env()
+    started = run_cli("--db", str(db), "start", "gcflow", "--session", "g1", cwd=tmp_path, env=env)
     assert started.returncode == 0, started.stderr
-    w = subprocess.Popen(
-        [
-            FLOWSCOPE,
-            "--db",
-            str(db),
-            "worker",
-            "flows:gcflow",
-            "--poll",
-            "50ms",
-            "--concurrency",
-            str(concurrency),
-        ],
+    w = start_cli(
+        "--db",
+        str(db),
+        "worker",
+        "flows:gcflow",
+        "--poll",
+        "50ms",
+        "--concurrency",
+        str(concurrency),
         cwd=tmp_path,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     try:
-        deadline = time.monotonic() + 30
         with SqliteEventStore(db, readonly=True) as store:
-            while (state := rebuild(store.read("g1"))).status != "completed":
-                assert time.monotonic() < deadline and w.poll() is None, "the worker did not run g1"
-                time.sleep(0.05)
+
+            def completed() -> WorkflowState | None:
+                assert w.poll() is None, "the worker stopped"
+                state = rebuild(store.read("g1"))
+                return state if state.status == "completed" else None
+
+            state = wait_for(completed, 30, "the worker to run g1")
     finally:
         w.send_signal(signal.SIGTERM)
         _out, err = w.communicate(timeout=30)

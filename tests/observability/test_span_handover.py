@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_otlp_export import clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
+from commands import SRC, cli_env, run_cli, start_cli
 from flowscope import START, Runner, Workflow, node
 from flowscope.liveness import ships_own_spans
 from flowscope.observability import TracingPlugin
@@ -26,9 +27,9 @@ from flowscope.observability.otlp import span_exporter
 from flowscope.observability.shipping import WatermarkExporter
 from flowscope.ownership import Owner, this_process
 from flowscope.store.sqlite import SqliteEventStore
+from waiting import poll
 
 WORKER = str(Path(__file__).resolve().parents[1] / "span_kill_worker.py")
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 NOW = 10_000.0
 
 
@@ -163,41 +164,36 @@ traced = Workflow("traced", edges=[(START, one, two)])
 def test_flowscope_worker_with_an_otlp_endpoint_ships_the_sessions_it_runs_and_says_so(tmp_path, monkeypatch):
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     db = tmp_path / "w.db"
-    env = dict(os.environ, PYTHONPATH=SRC, OTEL_BSP_SCHEDULE_DELAY="50")
-    for name in (
-        "OTEL_SERVICE_NAME",
-        "OTEL_TRACES_SAMPLER",
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-        "OTEL_SDK_DISABLED",
-        "FLOWSCOPE_DB",
-    ):
-        env.pop(name, None)
-    cli = [sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db)]
+    env = cli_env(OTEL_BSP_SCHEDULE_DELAY="50")
     with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
         for i in range(3):
-            r = subprocess.run(
-                [*cli, "start", "traced", "--input", str(i), "--session", f"t{i}"],
+            r = run_cli(
+                "--db",
+                str(db),
+                "start",
+                "traced",
+                "--input",
+                str(i),
+                "--session",
+                f"t{i}",
                 cwd=tmp_path,
                 env=env,
-                capture_output=True,
-                text=True,
-                timeout=60,
             )
             assert r.returncode == 0, r.stderr
-        w = subprocess.Popen(
-            [*cli, "worker", "flows:traced", "--poll", "50ms", "--otlp-endpoint", endpoint],
+        w = start_cli(
+            "--db",
+            str(db),
+            "worker",
+            "flows:traced",
+            "--poll",
+            "50ms",
+            "--otlp-endpoint",
+            endpoint,
             cwd=tmp_path,
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
         )
         try:
-            deadline = time.monotonic() + 60
-            while (
-                len(collected.spans()) < 3 * 3 and time.monotonic() < deadline
-            ):  # per session: the invocation, two nodes
-                time.sleep(0.05)
+            poll(lambda: len(collected.spans()) >= 3 * 3, 60)  # per session: the invocation, two nodes
             store = SqliteEventStore(str(db))
             infos = {sid: store.session_info(sid) for sid in ("t0", "t1", "t2")}
             store.close()
