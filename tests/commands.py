@@ -6,37 +6,73 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["FLOWSCOPE", "SRC", "cli_env", "run_cli", "start_cli"]
+__all__ = ["FLOWSCOPE", "ROOT", "SRC", "cli_env", "run_cli", "start_cli"]
 
 #: The ``flowscope`` console script that ``pip install`` put beside the interpreter running
 #: the tests: this checkout's, not whichever one comes first on ``PATH``.
 FLOWSCOPE = str(Path(sys.executable).parent / "flowscope")
+#: The checkout: on a command's ``PYTHONPATH`` (``paths=``) when it imports the tests'
+#: workflows (``tests.chaos_workflows:ALL``).
+ROOT = str(Path(__file__).resolve().parents[1])
 #: This checkout's sources, first on the ``PYTHONPATH`` of every command a test runs.
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(ROOT) / "src")
 
 
-def cli_env(**extra: str) -> dict[str, str]:
-    """This process's environment for a command: no ``FLOWSCOPE_DB`` and no ``OTEL_*``
-    variable (a test sets those it means in ``extra``), this checkout's sources first."""
-    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB" and not k.startswith("OTEL_")}
-    env["PYTHONPATH"] = os.pathsep.join([SRC, env.get("PYTHONPATH", "")])
+def cli_env(*, drop: Iterable[str] = (), paths: Iterable[str | Path] = (), **extra: str) -> dict[str, str]:
+    """This process's environment for a command: without ``FLOWSCOPE_DB``, any ``OTEL_*``
+    variable and the names in ``drop`` (a test sets those it means in ``extra``); this
+    checkout's sources first on ``PYTHONPATH``, then ``paths``, then what was there."""
+    gone = {"FLOWSCOPE_DB", *drop}
+    env = {k: v for k, v in os.environ.items() if k not in gone and not k.startswith("OTEL_")}
+    # no empty entry: Python reads one as the current directory
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, *map(str, paths), env.get("PYTHONPATH")) if p)
     env.update(extra)
     return env
 
 
 def run_cli(
-    *args: str, cwd: Path, env: dict[str, str], timeout: float = 60.0
+    *args: str,
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 60.0,
+    stdin: int | None = subprocess.DEVNULL,
 ) -> subprocess.CompletedProcess[str]:
-    """``flowscope ARGS`` to its end, its output captured as text."""
+    """``flowscope ARGS`` to its end, its output captured as text; ``env`` defaults to
+    :func:`cli_env`, and nothing is read from the terminal unless ``stdin`` says so."""
     return subprocess.run(
-        [FLOWSCOPE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [FLOWSCOPE, *args],
+        cwd=cwd,
+        env=cli_env() if env is None else env,
+        stdin=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
-def start_cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    """``flowscope ARGS`` in the background (a worker, a server), its output piped as text."""
+def start_cli(
+    *args: str,
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    stdin: int | None = None,
+    stdout: int | None = subprocess.PIPE,
+    stderr: int | None = subprocess.PIPE,
+    start_new_session: bool = False,
+) -> subprocess.Popen[str]:
+    """``flowscope ARGS`` in the background (a worker, a server), its output piped as text
+    unless ``stdout``/``stderr`` say otherwise; ``env`` defaults to :func:`cli_env`;
+    ``start_new_session``: out of the test's process group (a signal sent to the group
+    does not reach it)."""
     return subprocess.Popen(
-        [FLOWSCOPE, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [FLOWSCOPE, *args],
+        cwd=cwd,
+        env=cli_env() if env is None else env,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
+        start_new_session=start_new_session,
     )

@@ -13,7 +13,7 @@ import sqlite3
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import FLOWSCOPE, cli_env, run_cli
 from conftest import of_type, unavailable
 from flowscope import START, RetryConfig, Route, Runner, Workflow, node
 from flowscope.errors import OutputNotSerializableError, RouteNotFoundError, StateNotSerializableError
@@ -548,18 +548,16 @@ class CliRunnerMixed:
 @pytest.mark.slow
 def test_a_bit_flipped_session_id_gives_a_one_line_error(tmp_path):
     import asyncio
-    import os
     import subprocess
 
     path = tmp_path / "b.db"
     asyncio.run(paused_sessions(path, ids=("sess-a",)))
     flipped = b"sess-" + bytes([ord("a") ^ 0x80])  # one bit: not UTF-8 any more
-    env = dict(os.environ)
     for command in ("show", "export", "resume"):
-        proc = subprocess.run(
+        proc = subprocess.run(  # bytes: the argument is not UTF-8
             [FLOWSCOPE, "--db", str(path), command, flipped],
             capture_output=True,
-            env=env,
+            env=cli_env(),
             timeout=60,
         )
         err = proc.stderr.decode("utf-8", "replace").strip()
@@ -602,7 +600,6 @@ wf = Workflow("hostile", edges=[(START, ask, boom)])
 def test_cli_resume_failure_is_exit_1_with_a_short_classified_line(tmp_path, how):
     import asyncio
     import importlib
-    import subprocess
     import sys
 
     (tmp_path / "hostile_wf.py").write_text(HOSTILE_MODULE)
@@ -615,22 +612,16 @@ def test_cli_resume_failure_is_exit_1_with_a_short_classified_line(tmp_path, how
     path = tmp_path / "cli.db"
     with SqliteEventStore(path) as store:
         asyncio.run(Runner(wf, store=store).run(None, session_id="s"))
-    proc = subprocess.run(
-        [
-            FLOWSCOPE,
-            "--db",
-            str(path),
-            "resume",
-            "s",
-            "--input",
-            f'ask@1="{how}"'.replace("ask@1", "hostile@1/ask@1"),
-            "--workflow",
-            "hostile_wf:wf",
-        ],
-        capture_output=True,
-        text=True,
+    proc = run_cli(
+        "--db",
+        str(path),
+        "resume",
+        "s",
+        "--input",
+        f'ask@1="{how}"'.replace("ask@1", "hostile@1/ask@1"),
+        "--workflow",
+        "hostile_wf:wf",
         cwd=tmp_path,
-        timeout=60,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-2000:]

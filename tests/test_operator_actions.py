@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import ROOT, SRC, cli_env, run_cli, start_cli
 from flowscope.fold import rebuild
 from flowscope.store import SqliteEventStore
+from waiting import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 LEASE_S = 3.0
 
 pytestmark = pytest.mark.slow
@@ -34,26 +34,17 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
     effects, the flag file g_gate waits for)."""
     db, log, flag = tmp_path / "ops.db", tmp_path / "effects.jsonl", tmp_path / "flag"
     SqliteEventStore(db).close()
-    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    env.update(
-        CHAOS_LOG=str(log),
-        OPS_FLAG=str(flag),
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]),
-    )
-    worker = subprocess.Popen(
-        [
-            FLOWSCOPE,
-            "--db",
-            str(db),
-            "worker",
-            "tests.ops_workflows:ALL",
-            "--lease",
-            f"{LEASE_S:g}s",
-            "--poll",
-            "50ms",
-        ],
+    worker = start_cli(
+        "--db",
+        str(db),
+        "worker",
+        "tests.ops_workflows:ALL",
+        "--lease",
+        f"{LEASE_S:g}s",
+        "--poll",
+        "50ms",
         cwd=ROOT,
-        env=env,
+        env=cli_env(paths=(ROOT,), CHAOS_LOG=str(log), OPS_FLAG=str(flag)),
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "worker.err", "wb"),
     )
@@ -66,16 +57,7 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
 
 def operator_cli(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """A command from a shell that cannot import the workflows: another folder, no ROOT on the path."""
-    env = {k: v for k, v in os.environ.items() if k not in ("FLOWSCOPE_DB", "PYTHONPATH")}
-    env["PYTHONPATH"] = str(ROOT / "src")
-    return subprocess.run(
-        [FLOWSCOPE, "--db", str(db), *args],
-        cwd=db.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_cli("--db", str(db), *args, cwd=db.parent, env=cli_env(drop=("PYTHONPATH",)))
 
 
 def status(db: Path, sid: str) -> str:
@@ -84,10 +66,9 @@ def status(db: Path, sid: str) -> str:
 
 
 def wait(what: str, done: Callable[[], bool], timeout: float = 30.0) -> float:
+    """:func:`~waiting.wait_for` ``done``; how long it took."""
     t0 = time.monotonic()
-    while not done():
-        assert time.monotonic() - t0 < timeout, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    wait_for(done, timeout, what)
     return time.monotonic() - t0
 
 
@@ -113,7 +94,7 @@ def test_a_failed_session_is_retried_without_its_code_and_completes_keeping_its_
     probe = subprocess.run(
         [sys.executable, "-c", "import tests.ops_workflows"],
         cwd=db.parent,
-        env={"PYTHONPATH": str(ROOT / "src"), "PATH": os.environ["PATH"]},
+        env={"PYTHONPATH": SRC, "PATH": os.environ["PATH"]},
         capture_output=True,
     )
     assert probe.returncode != 0  # the operator's shell cannot import the workflow

@@ -7,56 +7,41 @@ the output of any command that reads the store."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from test_otlp_export import free_port, otelsink
 
-from commands import FLOWSCOPE
+from commands import ROOT, cli_env, run_cli, start_cli
 from flowscope.fold import rebuild
 from flowscope.store import SqliteEventStore
 from leaky_workflows import PLANTED
 from leaky_workflows import SECRETS as ALL_SECRETS
-
-ROOT = Path(__file__).resolve().parent.parent
+from waiting import poll, wait_for
 
 pytestmark = pytest.mark.slow
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB" and not k.startswith("OTEL_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
-    return env
+    return cli_env(paths=(ROOT,))  # the checkout on the path: tests.leaky_workflows
 
 
 def _cli(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [FLOWSCOPE, "--db", str(db), *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60
-    )
+    return run_cli("--db", str(db), *args, cwd=ROOT, env=_env())
 
 
 def _scrape(port: int) -> str:
-    deadline = time.monotonic() + 20
-    while True:
+    def get() -> str | None:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
                 return r.read().decode()
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+        except OSError:  # not listening yet
+            return None
 
-
-def _wait(what: str, done, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    return wait_for(get, timeout=20, what=f"a scrape of 127.0.0.1:{port}", interval=0.1)
 
 
 def test_no_planted_secret_reaches_stderr_events_spans_metrics_or_any_command(tmp_path: Path, monkeypatch):
@@ -67,39 +52,35 @@ def test_no_planted_secret_reaches_stderr_events_spans_metrics_or_any_command(tm
     metrics_port = free_port()
     with otelsink("http", monkeypatch) as (endpoint, collected):
         err = tmp_path / "worker.err"
-        worker = subprocess.Popen(
-            [
-                FLOWSCOPE,
-                "--db",
-                str(db),
-                "worker",
-                "tests.leaky_workflows:ALL",
-                "--poll",
-                "50ms",
-                "--lease",
-                "3s",
-                "--metrics-port",
-                str(metrics_port),
-                "--otlp-endpoint",
-                endpoint,
-            ],
+        worker = start_cli(
+            "--db",
+            str(db),
+            "worker",
+            "tests.leaky_workflows:ALL",
+            "--poll",
+            "50ms",
+            "--lease",
+            "3s",
+            "--metrics-port",
+            str(metrics_port),
+            "--otlp-endpoint",
+            endpoint,
             cwd=ROOT,
             env=_env(),
-            stdout=subprocess.PIPE,
             stderr=open(err, "wb"),
-            text=True,
         )
         try:
             for sid, wf in (("leak", "leaking"), ("hostile", "broken_str"), ("job", "leaky_job")):
                 r = _cli(db, "start", wf, "--session", sid)
                 assert r.returncode == 0, r.stderr
             with SqliteEventStore(db, readonly=True) as store:
-                _wait(
-                    "the sessions to fail or pause",
+                wait_for(
                     lambda: (
                         [rebuild(store.read(s)).status for s in ("leak", "hostile", "job")]
                         == ["failed", "failed", "paused"]
                     ),
+                    timeout=30,
+                    what="the sessions to fail or pause",
                 )
                 (pending,) = rebuild(store.read("job")).pending
             r = _cli(
@@ -117,10 +98,7 @@ def test_no_planted_secret_reaches_stderr_events_spans_metrics_or_any_command(tm
             out, _ = worker.communicate(timeout=30)
         outputs["worker stdout"] = out
         outputs["worker stderr"] = err.read_text()
-        deadline = time.monotonic() + 10
-        while not collected.spans() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        spans = collected.spans()
+        spans = poll(collected.spans, timeout=10, interval=0.1)
         assert spans, "the worker sent no span"
         outputs["spans"] = "\n".join(str(span) for _res, _scope, span in spans)
         assert any(span.status.code == 2 for _res, _scope, span in spans)  # the failures are spans with ERROR
@@ -149,13 +127,8 @@ def test_no_planted_secret_reaches_stderr_events_spans_metrics_or_any_command(tm
         assert "Traceback" not in r.stderr, (args, r.stderr)
         outputs[" ".join(args)] = r.stdout + r.stderr
     port = free_port()
-    serve = subprocess.Popen(
-        [FLOWSCOPE, "--db", str(db), "serve-metrics", "--port", str(port)],
-        cwd=ROOT,
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    serve = start_cli(
+        "--db", str(db), "serve-metrics", "--port", str(port), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL
     )
     try:
         outputs["serve-metrics"] = _scrape(port)

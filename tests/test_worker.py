@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import threading
@@ -14,12 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import cli_env, run_cli, start_cli
 from flowscope import START, NodeContext, Runner, Worker, Workflow, node
 from flowscope.store import SqliteEventStore, rebuild
 from waiting import wait_for
-
-ROOT = Path(__file__).resolve().parent.parent
 
 WORKFLOWS_PY = """
 import asyncio, os, json
@@ -52,32 +49,24 @@ ALL = [drainable, asking]
 
 
 def env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    e["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), e.get("PYTHONPATH", "")])
-    e["EFFECTS"] = str(tmp_path / "effects.jsonl")
-    e.update(extra)
-    return e
+    return cli_env(**{"EFFECTS": str(tmp_path / "effects.jsonl"), **extra})
 
 
 def cli(tmp_path: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [FLOWSCOPE, "--db", str(tmp_path / "w.db"), *args],
-        cwd=tmp_path,
-        env=env(tmp_path, **extra),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_cli("--db", str(tmp_path / "w.db"), *args, cwd=tmp_path, env=env(tmp_path, **extra))
 
 
 def worker(tmp_path: Path, *args: str, **extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [FLOWSCOPE, "--db", str(tmp_path / "w.db"), "worker", "flows:ALL", "--poll", "50ms", *args],
+    return start_cli(
+        "--db",
+        str(tmp_path / "w.db"),
+        "worker",
+        "flows:ALL",
+        "--poll",
+        "50ms",
+        *args,
         cwd=tmp_path,
         env=env(tmp_path, **extra),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
 
 

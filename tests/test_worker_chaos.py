@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import ROOT, cli_env, run_cli, start_cli
 from flowscope import Runner
 from flowscope.answers import AnswerReceipt, answer
 from flowscope.store import SqliteEventStore, rebuild
@@ -37,7 +37,6 @@ from flowscope.store import SqliteEventStore, rebuild
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chaos_workflows as cw  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 N_WORKERS = 3
 LEASE = "2s"
 #: A kill every half second: the sessions take ~6 s, so a dozen kills, half of them aimed at
@@ -48,31 +47,25 @@ pytestmark = pytest.mark.slow
 
 
 def env_for(log: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    env["CHAOS_LOG"] = str(log)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
-    return env
+    return cli_env(paths=(ROOT,), CHAOS_LOG=str(log))
 
 
-def start_worker(db: Path, env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            FLOWSCOPE,
-            "--db",
-            str(db),
-            "worker",
-            "tests.chaos_workflows:ALL",
-            "--lease",
-            LEASE,
-            "--poll",
-            "50ms",
-            "--concurrency",
-            "16",
-            "--max-recoveries",
-            "100",
-            "--drain",
-            "5s",
-        ],
+def start_worker(db: Path, env: dict[str, str], out: Path) -> subprocess.Popen[str]:
+    return start_cli(
+        "--db",
+        str(db),
+        "worker",
+        "tests.chaos_workflows:ALL",
+        "--lease",
+        LEASE,
+        "--poll",
+        "50ms",
+        "--concurrency",
+        "16",
+        "--max-recoveries",
+        "100",
+        "--drain",
+        "5s",
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -90,9 +83,7 @@ def mark_killed(log: Path, pid: int) -> None:
 
 
 def cli(db: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [FLOWSCOPE, "--db", str(db), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    return run_cli("--db", str(db), *args, cwd=ROOT, env=env)
 
 
 def answer_now(db: Path, sid: str) -> AnswerReceipt:
@@ -101,7 +92,7 @@ def answer_now(db: Path, sid: str) -> AnswerReceipt:
         return answer(store, sid, inputs={"go": True})
 
 
-def busy_worker(store: SqliteEventStore, workers: list[subprocess.Popen[bytes]]) -> int | None:
+def busy_worker(store: SqliteEventStore, workers: list[subprocess.Popen[str]]) -> int | None:
     """The index of a worker that owns a session with a node running right now, if any:
     every other kill aims at one, so that kills cut nodes off mid-flight, not idle workers."""
     pids = {w.pid: i for i, w in enumerate(workers)}

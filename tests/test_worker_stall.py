@@ -47,7 +47,7 @@ from typing import Any
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import ROOT, cli_env, start_cli
 from flowscope import Runner
 from flowscope.store import PostgresEventStore, SqliteEventStore
 from waiting import poll
@@ -56,7 +56,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chaos_workflows as cw  # noqa: E402
 import stall_workflows as sw  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 LEASE_S = 0.6
 SESSIONS_PER_ROUND = 5
 
@@ -64,34 +63,29 @@ pytestmark = pytest.mark.slow
 
 
 def env_for(log: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("FLOWSCOPE_DB", "FLOWSCOPE_HOST")}
-    env["CHAOS_LOG"] = str(log)
-    # FLOWSCOPE_TEST_SRC: run the workers on another checkout's code (to show the rule
-    # fails without the fix); by default, this one's
-    src = os.environ.get("FLOWSCOPE_TEST_SRC") or str(ROOT / "src")
-    env["PYTHONPATH"] = os.pathsep.join([src, str(ROOT), env.get("PYTHONPATH", "")])
+    env = cli_env(drop=("FLOWSCOPE_HOST",), paths=(ROOT,), CHAOS_LOG=str(log))
+    other = os.environ.get("FLOWSCOPE_TEST_SRC")
+    if other:  # run the workers on another checkout's code (to show the rule fails without the fix)
+        env["PYTHONPATH"] = os.pathsep.join([other, env["PYTHONPATH"]])
     return env
 
 
-def start_worker(db: str, env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            FLOWSCOPE,
-            "--db",
-            db,
-            "worker",
-            "tests.stall_workflows:ALL",
-            "--lease",
-            f"{LEASE_S:g}s",
-            "--poll",
-            "50ms",
-            "--concurrency",
-            "16",
-            "--max-recoveries",
-            "1000",
-            "--drain",
-            "3s",
-        ],
+def start_worker(db: str, env: dict[str, str], out: Path) -> subprocess.Popen[str]:
+    return start_cli(
+        "--db",
+        db,
+        "worker",
+        "tests.stall_workflows:ALL",
+        "--lease",
+        f"{LEASE_S:g}s",
+        "--poll",
+        "50ms",
+        "--concurrency",
+        "16",
+        "--max-recoveries",
+        "1000",
+        "--drain",
+        "3s",
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -351,9 +345,9 @@ def test_every_thread_of_a_worker_but_the_main_one_leaves_sigcont_to_it(backend,
         db = request.getfixturevalue("pg_cluster").new_database("masks")
         store = PostgresEventStore(db, max_size=2)
     env = env_for(tmp_path / "effects.jsonl")
-    worker = subprocess.Popen(
-        [FLOWSCOPE, "--db", db, "worker", "tests.stall_workflows:ALL", "--lease", "3s", "--poll", "50ms"]
-        + ["--metrics-port", "0", "--otlp-endpoint", "http://127.0.0.1:9/"],
+    worker = start_cli(
+        *("--db", db, "worker", "tests.stall_workflows:ALL", "--lease", "3s", "--poll", "50ms"),
+        *("--metrics-port", "0", "--otlp-endpoint", "http://127.0.0.1:9/"),
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

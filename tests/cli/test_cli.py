@@ -7,7 +7,6 @@ import csv
 import functools
 import io
 import json
-import os
 import re
 import signal
 import socket
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from commands import FLOWSCOPE
+from commands import cli_env, run_cli, start_cli
 from flowscope import Runner
 from flowscope.cli import cli, views
 from flowscope.examples.demo import batch_input, order_fulfilment
@@ -31,15 +30,6 @@ from flowscope.store import SqliteEventStore
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 STALE = "0.5s"
-
-
-def run_cli(*args: str, cwd: str | os.PathLike | None = None, env: dict | None = None, timeout: float = 60):
-    """The console script in a subprocess."""
-    full_env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    full_env.update(env or {})
-    return subprocess.run(
-        [FLOWSCOPE, *args], capture_output=True, text=True, cwd=cwd, env=full_env, timeout=timeout
-    )
 
 
 def invoke(*args: str, env: dict | None = None, input: str | None = None):
@@ -345,7 +335,7 @@ def test_db_from_option_env_and_default(demo_db, tmp_path):
     copy_db(db, tmp_path / "flowscope.db")
     proc = run_cli("runs", cwd=tmp_path)
     assert proc.returncode == 0 and ids["orders"] in proc.stdout
-    proc = run_cli("runs", cwd=tmp_path / ".", env={"FLOWSCOPE_DB": str(tmp_path / "absent.db")})
+    proc = run_cli("runs", cwd=tmp_path / ".", env=cli_env(FLOWSCOPE_DB=str(tmp_path / "absent.db")))
     assert_one_line_error(proc, "absent.db")
 
 
@@ -655,12 +645,7 @@ def _read_url(proc: subprocess.Popen, timeout: float = 20) -> str:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_metrics_serves_the_store_until_signalled(demo_db, sig):
     db, _ = demo_db
-    proc = subprocess.Popen(
-        [FLOWSCOPE, "--db", str(db), "serve-metrics", "--port", "0", "--stale-after", STALE],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli("--db", str(db), "serve-metrics", "--port", "0", "--stale-after", STALE)
     try:
         url = _read_url(proc)
         assert url.startswith("http://127.0.0.1:")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import FLOWSCOPE, cli_env, run_cli
 from flowscope.actions import operator
 from flowscope.errors import LeaseLost
 from flowscope.events import RunFinished
@@ -96,10 +96,10 @@ FLOWS = textwrap.dedent(
 
 
 def flowscope(*args: str, cwd: Path, env: dict | None = None, timeout: float = 60, stdin=subprocess.DEVNULL):
-    full = {k: v for k, v in os.environ.items() if k not in ("FLOWSCOPE_DB", "FLOWSCOPE_UTC")}
-    full.update(env or {})
-    return subprocess.run(
-        [FLOWSCOPE, *args], capture_output=True, text=True, cwd=cwd, env=full, timeout=timeout, stdin=stdin
+    """``flowscope ARGS`` in ``cwd``; ``env`` adds to :func:`~commands.cli_env`, which
+    here also leaves out ``FLOWSCOPE_UTC`` (the tests of ``--utc`` set it)."""
+    return run_cli(
+        *args, cwd=cwd, env=cli_env(drop=("FLOWSCOPE_UTC",), **(env or {})), timeout=timeout, stdin=stdin
     )
 
 
@@ -348,6 +348,7 @@ def test_ctrl_c_or_ctrl_d_at_an_interactive_prompt_stops_the_demo_at_once(tmp_pa
     proc = subprocess.Popen(
         [FLOWSCOPE, "demo", "--interactive"],
         cwd=tmp_path,
+        env=cli_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -379,6 +380,7 @@ def test_a_demo_longer_than_30s_still_kills_its_worker_mid_run(tmp_path):
     proc = subprocess.Popen(
         [FLOWSCOPE, "demo", "--interactive", "--stale-after", "0.5s"],
         cwd=tmp_path,
+        env=cli_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

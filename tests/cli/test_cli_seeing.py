@@ -6,7 +6,6 @@ session up. Through the console script, with a real ``flowscope worker`` SIGKILL
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 from pathlib import Path
@@ -14,18 +13,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from commands import FLOWSCOPE
+from commands import run_cli, start_cli
 from flowscope import START, Runner, Workflow, answer, node
 from flowscope.cli import cli
 from flowscope.store import SqliteEventStore, rebuild
+from flowscope.store.testing import dead_owner
 from waiting import wait_for
 
 SESSION_STATUSES = ("queued", "running", "paused", "answered", "completed", "failed", "cancelled")
-import flowscope
-from flowscope.store.testing import dead_owner
-
-#: The flowscope the tests import: the console script's processes run the same code.
-SRC = Path(flowscope.__file__).resolve().parent.parent
 
 INVOICES = """
 import asyncio
@@ -45,36 +40,21 @@ def invoke(*args: str):
 
 
 def console(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [FLOWSCOPE, "--db", str(tmp / "ops.db"), *args],
-        cwd=tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_cli("--db", str(tmp / "ops.db"), *args, cwd=tmp)
 
 
 @pytest.mark.slow
 def test_right_after_the_only_worker_is_sigkilled_stuck_fails_and_resume_names_no_worker(tmp_path):
     (tmp_path / "invoices.py").write_text(INVOICES)
     assert console(tmp_path, "start", "invoice_pipeline", "--session", "inv-1").returncode == 0
-    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
-    worker = subprocess.Popen(
-        [
-            FLOWSCOPE,
-            "--db",
-            str(tmp_path / "ops.db"),
-            "worker",
-            "invoices:invoice_pipeline",
-            "--poll",
-            "50ms",
-        ],
+    worker = start_cli(
+        "--db",
+        str(tmp_path / "ops.db"),
+        "worker",
+        "invoices:invoice_pipeline",
+        "--poll",
+        "50ms",
         cwd=tmp_path,
-        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

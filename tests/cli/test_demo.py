@@ -17,19 +17,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from commands import FLOWSCOPE
+from commands import cli_env, run_cli, start_cli
 from flowscope.cli import cli
 from flowscope.store import SqliteEventStore, rebuild
 
 # Every test here starts processes or servers, or runs the demo end to end.
 pytestmark = pytest.mark.slow
-
-
-def run_cli(*args: str, timeout: float = 60, cwd=None):
-    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    return subprocess.run(
-        [FLOWSCOPE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
-    )
 
 
 def invoke(*args: str, input: str | None = None):
@@ -196,7 +189,7 @@ def test_the_killed_worker_is_orphaned_at_once_and_every_hint_runs_as_printed(tm
     ]
     assert any(f"resume {ids['export']}" in c for c in commands) and any("--job" in c for c in commands)
     # The hints are shell lines: run them with this interpreter's console script first on PATH.
-    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
+    env = cli_env()
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     for command in commands:
         result = subprocess.run(
@@ -285,12 +278,7 @@ def test_the_demo_sends_spans_to_an_otlp_endpoint(tmp_path):
 
 def test_metrics_port_serves_during_and_after_the_run_until_sigterm(tmp_path):
     db = tmp_path / "m.db"
-    proc = subprocess.Popen(
-        [FLOWSCOPE, "--db", str(db), "demo", "--metrics-port", "0", "--stale-after", "0.2s", "--repeat", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli("--db", str(db), "demo", "--metrics-port", "0", "--stale-after", "0.2s", "--repeat", "2")
     try:
         url = None
         serving = False

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import cli_env, run_cli
 from flowscope.cli import views
 from flowscope.events import NodeStarted, RunStarted
 from flowscope.ownership import this_process
@@ -67,24 +65,12 @@ def test_a_dead_owner_is_orphaned_at_once_and_every_listing_names_the_owner(tmp_
         [show] = views.show_rows(views.load_session(store, "dead"), store.session_info("dead"))
         assert show["owner"] == rows["dead"]["owner"]
     # the CLI as an operator runs it: no --stale-after
-    env = {**os.environ, "FLOWSCOPE_DB": str(db)}
-    proc = subprocess.run(
-        [FLOWSCOPE, "stuck", "--db", str(db), "--older-than", "0s", "--format", "json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    env = cli_env(FLOWSCOPE_DB=str(db))
+    proc = run_cli("stuck", "--db", str(db), "--older-than", "0s", "--format", "json", env=env)
     assert proc.returncode == 0, proc.stderr
     listed = {r["session_id"]: r for r in json.loads(proc.stdout)}
     assert listed["dead"]["state"] == "orphaned" and listed["dead"]["owner"]["pid"] == gone.pid
-    proc = subprocess.run(
-        [FLOWSCOPE, "runs", "--db", str(db), "--format", "json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    proc = run_cli("runs", "--db", str(db), "--format", "json", env=env)
     assert proc.returncode == 0, proc.stderr
     assert {r["session_id"]: r["owner"]["worker_id"] for r in json.loads(proc.stdout)} == {
         "dead": "w-killed",

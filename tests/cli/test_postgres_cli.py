@@ -13,11 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import ROOT, cli_env, run_cli, start_cli
 from pg_cluster import PASSWORD, PASSWORD_ROLE, PgCluster
 from prom_harness import PrometheusServer, free_port
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
@@ -32,16 +30,13 @@ def pw_url(pg_cluster: PgCluster) -> str:
 
 
 def env(**extra: str) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if k not in ("FLOWSCOPE_DB", "PGPASSWORD")}
-    e["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), e.get("PYTHONPATH", "")])
-    e.update(extra)
-    return e
+    """No ``PGPASSWORD``: the password a command uses is the URL's; the checkout on the path
+    for ``tests.chaos_workflows``."""
+    return cli_env(drop=("PGPASSWORD",), paths=(ROOT,), **extra)
 
 
 def run(*args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(
-        [FLOWSCOPE, *args], cwd=ROOT, env=env(**extra), capture_output=True, text=True, timeout=timeout
-    )
+    r = run_cli(*args, cwd=ROOT, env=env(**extra), timeout=timeout)
     assert PASSWORD not in r.stdout and PASSWORD not in r.stderr, (args, r.stdout[-500:], r.stderr[-500:])
     return r
 
@@ -70,13 +65,15 @@ def test_every_command_takes_a_url_and_never_prints_its_password(pw_url: str, tm
     # a worker by URL: start by name, served, resumed without the code
     sid = run("--db", pw_url, "start", "chaos_ask", "--input", "1", "--session", "cli-ask").stdout.strip()
     assert sid == "cli-ask"
-    worker = subprocess.Popen(
-        [FLOWSCOPE, "--db", pw_url, "worker", "tests.chaos_workflows:ALL", "--poll", "2s"],
+    worker = start_cli(
+        "--db",
+        pw_url,
+        "worker",
+        "tests.chaos_workflows:ALL",
+        "--poll",
+        "2s",
         cwd=ROOT,
         env=env(CHAOS_LOG=str(tmp_path / "fx.jsonl")),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         deadline = time.monotonic() + 30
@@ -172,14 +169,7 @@ def test_serve_metrics_on_a_url_scraped_by_prometheus(pg_cluster: PgCluster, tmp
             epoch=lease.epoch,
         )
     port = free_port()
-    serve = subprocess.Popen(
-        [FLOWSCOPE, "--db", url, "serve-metrics", "--port", str(port)],
-        cwd=ROOT,
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    serve = start_cli("--db", url, "serve-metrics", "--port", str(port), cwd=ROOT, env=env())
     try:
         with PrometheusServer([f"127.0.0.1:{port}"]) as prom:
             prom.wait_for("flowscope_store_up == 1", timeout=30)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from commands import ROOT, cli_env, run_cli, start_cli
 from conftest import unavailable
 from console_workflows import (
     APPROVAL_SESSION,
@@ -37,7 +37,6 @@ from console_workflows import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/lib/chromium/chromium")
 #: Where the session page's screenshot goes when set (docs/ui.md shows it).
 SCREENSHOT = os.environ.get("FLOWSCOPE_CONSOLE_SCREENSHOT")
@@ -45,13 +44,7 @@ BIG = "big-10k"
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
-    return env
-
-
-def flowscope(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from flowscope.cli import main; main()", *args]
+    return cli_env(paths=(Path(ROOT) / "tests",))  # console_workflows
 
 
 class Console:
@@ -60,13 +53,7 @@ class Console:
     def __init__(self, db: str, logs: Path, *extra: str) -> None:
         self.log = logs / "ui.stderr"
         with open(self.log, "w") as err:  # a file, not a pipe nobody reads: a full pipe blocks the process
-            self.proc = subprocess.Popen(
-                flowscope("ui", "--db", db, "--port", "0", *extra),
-                env=_env(),
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-            )
+            self.proc = start_cli("ui", "--db", db, "--port", "0", *extra, env=_env(), stderr=err)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
         if not self.url.startswith("http://127.0.0.1:"):
@@ -82,12 +69,11 @@ class Console:
 
 def start_worker(db: str, logs: Path) -> subprocess.Popen[str]:
     with open(logs / "worker.stderr", "w") as err:
-        return subprocess.Popen(
-            flowscope("--db", db, "worker", "flowscope.examples.demo:order_fulfilment", "--poll", "100ms"),
+        return start_cli(
+            *("--db", db, "worker", "flowscope.examples.demo:order_fulfilment", "--poll", "100ms"),
             env=_env(),
             stdout=subprocess.DEVNULL,
             stderr=err,
-            text=True,
         )
 
 
@@ -106,9 +92,7 @@ def demo_db(tmp_path_factory) -> Path:
     from flowscope.store import SqliteEventStore
 
     db = tmp_path_factory.mktemp("console-browser") / "demo.db"
-    r = subprocess.run(
-        flowscope("demo", "--db", str(db)), env=_env(), capture_output=True, text=True, timeout=180
-    )
+    r = run_cli("demo", "--db", str(db), env=_env(), timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     with SqliteEventStore(db) as store:
         make_operator_sessions(store, pause_s=1.1)
@@ -380,23 +364,12 @@ async def test_a_session_of_ten_thousand_node_runs_keeps_only_the_rows_in_view_a
 def start_named_worker(db: str, logs: Path, name: str, env: dict[str, str]) -> subprocess.Popen[str]:
     """A ``flowscope worker`` serving ``recovering`` as ``name`` on host ``host-<name>``, 2 s leases."""
     with open(logs / f"{name}.stderr", "w") as err:
-        return subprocess.Popen(
-            flowscope(
-                "--db",
-                db,
-                "worker",
-                "console_workflows:recovering",
-                "--lease",
-                "2s",
-                "--poll",
-                "100ms",
-                "--worker-id",
-                name,
-            ),
+        return start_cli(
+            *("--db", db, "worker", "console_workflows:recovering", "--lease", "2s", "--poll", "100ms"),
+            *("--worker-id", name),
             env={**env, "FLOWSCOPE_HOST": f"host-{name}"},
             stdout=subprocess.DEVNULL,
             stderr=err,
-            text=True,
         )
 
 

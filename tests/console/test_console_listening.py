@@ -11,40 +11,21 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from commands import start_cli
 from flowscope.store.sqlite import SqliteEventStore
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_url_printed_first_is_already_listening(tmp_path: Path) -> None:
     db = tmp_path / "ui.db"
     SqliteEventStore(db).close()  # the console serves a store that exists
-    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from flowscope.cli import main; main()",
-            "--db",
-            str(db),
-            "ui",
-            "--port",
-            "0",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    proc = start_cli("--db", str(db), "ui", "--port", "0", stderr=subprocess.DEVNULL)
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()

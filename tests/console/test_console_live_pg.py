@@ -6,21 +6,20 @@ whatever the number of open pages."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from commands import cli_env
+
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 PAGES = 5
 #: The feed's polling interval here: a change that arrives sooner came by a notice.
 INTERVAL_S = 30.0
@@ -89,12 +88,8 @@ async def test_on_postgresql_another_process_change_wakes_every_open_stream_with
                     await asyncio.sleep(0.05)
                 await asyncio.sleep(0.3)  # (that look found nothing new: no page was sent a change)
                 before = feed.probes
-                env = {
-                    **os.environ,
-                    "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-                }
                 other = subprocess.Popen(
-                    [sys.executable, "-c", OTHER, url], env=env, stderr=subprocess.PIPE, text=True
+                    [sys.executable, "-c", OTHER, url], env=cli_env(), stderr=subprocess.PIPE, text=True
                 )
                 t0 = time.monotonic()
                 try:

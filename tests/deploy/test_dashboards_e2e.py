@@ -45,7 +45,7 @@ import pytest
 import yaml
 from test_dashboards import ALERTS, DASHBOARD, alert_rules, promql_metric_names
 
-from commands import FLOWSCOPE
+from commands import FLOWSCOPE, cli_env, start_cli
 from prom_harness import PrometheusServer, dashboard_queries, find_prometheus, free_port
 
 # Every test here starts processes or servers, or runs the demo end to end.
@@ -147,21 +147,20 @@ class OtlpSink(ThreadingHTTPServer):
 def child_env(cwd: Path | None = None) -> dict[str, str]:
     """The environment of the test's processes: no OTEL_* or FLOWSCOPE_DB of the caller's;
     with ``cwd``, psycopg unimportable (a sitecustomize there), as on the README's install."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "FLOWSCOPE_DB"}
-    env["PYTHONUNBUFFERED"] = "1"  # progress lines reach the log file as they are printed
-    env["NO_COLOR"] = "1"
+    paths: list[Path] = []
     if cwd is not None:
         site = cwd / "readme-install"
         site.mkdir(exist_ok=True)
         (site / "sitecustomize.py").write_text(NO_POSTGRES_SITE)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
-    return env
+        paths.append(site)
+    # PYTHONUNBUFFERED: progress lines reach the log file as they are printed
+    return cli_env(paths=paths, PYTHONUNBUFFERED="1", NO_COLOR="1")
 
 
-def start(args: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
+def start(args: list[str], log: Path, cwd: Path) -> subprocess.Popen[str]:
     with open(log, "wb") as out:
-        return subprocess.Popen(
-            [str(FLOWSCOPE), *args],
+        return start_cli(
+            *args,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -213,7 +212,7 @@ def tail(path: Path, n: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else ""
 
 
-def stop(proc: subprocess.Popen[bytes], log: Path, what: str) -> None:
+def stop(proc: subprocess.Popen[str], log: Path, what: str) -> None:
     """SIGTERM: the process must say so and exit 0 within a few seconds."""
     assert proc.poll() is None, f"{what} exited early ({proc.returncode}):\n{tail(log)}"
     t0 = time.monotonic()

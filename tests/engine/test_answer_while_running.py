@@ -11,54 +11,39 @@ SQLite and on PostgreSQL.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import ROOT, cli_env, run_cli, start_cli
 from flowscope.fold import rebuild
 from flowscope.store import SqliteEventStore
+from waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 SESSIONS = 3
 
 pytestmark = pytest.mark.slow
 
 
 def _env(log: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "FLOWSCOPE_DB"}
-    env["CHAOS_LOG"] = str(log)
-    env["RACE_SLOW_S"] = "8.0"  # long enough for three CLI starts and answers
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
-    return env
+    # RACE_SLOW_S: long enough for three CLI starts and answers
+    return cli_env(paths=(ROOT,), CHAOS_LOG=str(log), RACE_SLOW_S="8.0")
 
 
 def _cli(db: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [FLOWSCOPE, "--db", db, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
-
-
-def _wait(what: str, done: Callable[[], bool], timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    return run_cli("--db", db, *args, cwd=ROOT, env=env)
 
 
 def _race(db: str, open_store: Callable[[], Any], tmp_path: Path) -> None:
     log = tmp_path / "effects.jsonl"
     env = _env(log)
     err = tmp_path / "worker.err"
-    worker = subprocess.Popen(
-        [FLOWSCOPE, "--db", db, "worker", "tests.chaos_workflows:ALL", "--lease", "5s", "--poll", "50ms"],
+    worker = start_cli(
+        *("--db", db, "worker", "tests.chaos_workflows:ALL", "--lease", "5s", "--poll", "50ms"),
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -80,14 +65,16 @@ def _race(db: str, open_store: Callable[[], Any], tmp_path: Path) -> None:
                 )
 
             for sid in sids:
-                _wait(f"{sid} to ask while race_slow runs", lambda: asked(sid))
+                wait_for(lambda: asked(sid), timeout=30, what=f"{sid} to ask while race_slow runs")
                 # what `flowscope stuck` tells the operator to do, done while race_slow works
                 r = _cli(db, env, "resume", sid, "--input", "go=true")
                 assert r.returncode == 0, (r.stdout, r.stderr)
                 said.append(r.stdout)
             for sid in sids:
-                _wait(
-                    f"{sid} to complete", lambda: rebuild(store.read(sid)).status == "completed", timeout=60
+                wait_for(
+                    lambda: rebuild(store.read(sid)).status == "completed",
+                    timeout=60,
+                    what=f"{sid} to complete",
                 )
             for sid in sids:
                 events = store.read(sid)

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import run_cli
 from flowscope import Runner
 from flowscope.errors import ConcurrencyConflict
 from flowscope.liveness import owner_alive
 from flowscope.store.sqlite import SqliteEventStore
+from waiting import wait_for
 
 HERE = Path(__file__).resolve().parents[1]
 PROC = str(HERE / "ownership_proc.py")
@@ -34,13 +35,17 @@ def start(db: Path, effects: Path, mode: str, lease_s: float, session: str = "s"
     )
 
 
-def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+def wait_for_file(path: Path, proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
+    """:func:`~waiting.wait_for` ``path`` to exist, failing at once if ``proc`` ends first."""
+
+    def there() -> bool:
+        if path.exists():
+            return True
         if proc.poll() is not None:
             raise AssertionError(f"the process ended before {path.name}: {proc.communicate()}")
-        assert time.monotonic() < deadline, f"no {path.name} after {timeout}s"
-        time.sleep(0.01)
+        return False
+
+    wait_for(there, timeout, f"{path.name}", interval=0.01)
 
 
 def effects_of(effects: Path) -> list[tuple[int, str, int]]:
@@ -58,7 +63,7 @@ def completions(events) -> Counter[str]:
 def kill_mid_node(tmp_path: Path) -> tuple[Path, Path, int]:
     db, effects = tmp_path / "kill.db", tmp_path / "kill.effects"
     owner = start(db, effects, "run-hang", 15.0)
-    wait_for(Path(str(effects) + ".hanging"), owner)
+    wait_for_file(Path(str(effects) + ".hanging"), owner)
     owner.send_signal(signal.SIGKILL)
     owner.wait(timeout=10)
     return db, effects, owner.pid
@@ -89,12 +94,8 @@ def test_a_killed_owner_is_orphaned_at_once_and_resumed_without_force(tmp_path):
 
 def test_flowscope_stuck_lists_a_killed_owners_run_as_orphaned(tmp_path):
     db, _effects, _pid = kill_mid_node(tmp_path)
-    stuck = subprocess.run(
-        [FLOWSCOPE, "stuck", "--db", str(db), "--format", "json", "--older-than", "0s"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    stuck = run_cli("stuck", "--db", str(db), "--format", "json", "--older-than", "0s")
+    assert stuck.returncode == 0, stuck.stderr
     rows = json.loads(stuck.stdout)
     states = {r["path"]: r["state"] for r in rows if r["session_id"] == "s"}
     assert states.get("owned@1/hang@1") == "orphaned" and set(states.values()) == {"orphaned"}, rows
@@ -106,7 +107,7 @@ def test_a_sync_node_that_blocks_the_loop_keeps_its_lease(tmp_path):
     db, effects = tmp_path / "block.db", tmp_path / "block.effects"
     lease_s = 1.0
     owner = start(db, effects, "run-block", lease_s)
-    wait_for(Path(str(effects) + ".blocking"), owner)
+    wait_for_file(Path(str(effects) + ".blocking"), owner)
     sys.path.insert(0, str(HERE))
     import ownership_proc
 
@@ -137,7 +138,7 @@ def test_a_stopped_owner_is_fenced_off_after_its_lease(tmp_path):
     db, effects = tmp_path / "stop.db", tmp_path / "stop.effects"
     lease_s = 1.0
     owner = start(db, effects, "run-hang", lease_s)
-    wait_for(Path(str(effects) + ".hanging"), owner)
+    wait_for_file(Path(str(effects) + ".hanging"), owner)
     owner.send_signal(signal.SIGSTOP)
     try:
         time.sleep(lease_s * 1.6)

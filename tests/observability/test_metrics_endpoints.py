@@ -9,19 +9,18 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import cli_env, start_cli
 from prom_harness import free_port
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -33,9 +32,7 @@ NO_PSYCOPG = "import sys; sys.modules['psycopg'] = None; sys.modules['psycopg_po
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "FLOWSCOPE_DB"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH", "")) if p)
-    return env
+    return cli_env(paths=(TESTS,))  # signal_workflows
 
 
 def _answers(host: str, port: int) -> bool:
@@ -44,6 +41,12 @@ def _answers(host: str, port: int) -> bool:
             return resp.status == 200 and b"flowscope_" in resp.read()
     except OSError:
         return False
+
+
+def _alive(proc: subprocess.Popen[str], log: Path) -> bool:
+    """False while ``proc`` runs; the test fails with its log if it ended."""
+    assert proc.poll() is None, log.read_text()
+    return False
 
 
 def _closed(host: str, port: int) -> bool:
@@ -71,13 +74,13 @@ def test_every_command_that_serves_metrics_binds_metrics_host(tmp_path):
         ],
         "serve": ["serve-metrics", "--db", db, "--metrics-host", OTHER_HOST, "--port", str(ports["serve"])],
     }
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    procs: dict[str, subprocess.Popen[str]] = {}
     try:
         for name in ("demo", "worker", "serve"):  # serve-metrics needs the database the demo makes
             log = open(tmp_path / f"{name}.log", "wb")
             with log:
-                procs[name] = subprocess.Popen(
-                    [str(FLOWSCOPE), *commands[name]],
+                procs[name] = start_cli(
+                    *commands[name],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -85,11 +88,12 @@ def test_every_command_that_serves_metrics_binds_metrics_host(tmp_path):
                     env=_env(),
                     start_new_session=True,
                 )
-            deadline = time.monotonic() + 40
-            while not _answers(OTHER_HOST, ports[name]):
-                assert procs[name].poll() is None, (tmp_path / f"{name}.log").read_text()
-                assert time.monotonic() < deadline, f"{name}: nothing on {OTHER_HOST}:{ports[name]}"
-                time.sleep(0.1)
+            wait_for(
+                lambda: _answers(OTHER_HOST, ports[name]) or _alive(procs[name], tmp_path / f"{name}.log"),
+                timeout=40,
+                what=f"{name} on {OTHER_HOST}:{ports[name]}",
+                interval=0.1,
+            )
             assert _closed("127.0.0.1", ports[name]), f"{name} listens on 127.0.0.1 too"
         for name, proc in procs.items():
             proc.send_signal(signal.SIGTERM)

@@ -43,7 +43,7 @@ import pytest
 import yaml
 from test_dashboards import ALERTS, alert_rules
 
-from commands import FLOWSCOPE
+from commands import cli_env, run_cli, start_cli
 from prom_harness import PrometheusServer, find_prometheus, free_port
 
 pytestmark = pytest.mark.slow
@@ -62,10 +62,7 @@ def scaled(expr: str) -> str:
 
 
 def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "FLOWSCOPE_DB"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return cli_env(paths=(TESTS,), PYTHONUNBUFFERED="1")  # signal_workflows
 
 
 def tail(path: Path, n: int = 30) -> str:
@@ -77,13 +74,13 @@ class Fleet:
 
     def __init__(self, tmp: Path, db: Path) -> None:
         self.tmp, self.db = tmp, db
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, subprocess.Popen[str]] = {}
 
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def start(self, name: str, *args: str) -> subprocess.Popen[str]:
         log = open(self.tmp / f"{name}.log", "wb")
         with log:
-            proc = subprocess.Popen(
-                [str(FLOWSCOPE), *args],
+            proc = start_cli(
+                *args,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -95,14 +92,7 @@ class Fleet:
         return proc
 
     def cli(self, *args: str) -> str:
-        out = subprocess.run(
-            [str(FLOWSCOPE), *args, "--db", str(self.db)],
-            capture_output=True,
-            text=True,
-            cwd=self.tmp,
-            env=child_env(),
-            timeout=60,
-        )
+        out = run_cli(*args, "--db", str(self.db), cwd=self.tmp, env=child_env())
         assert out.returncode == 0, f"flowscope {' '.join(args)}: {out.stdout}{out.stderr}"
         return out.stdout.strip()
 

@@ -14,7 +14,6 @@ the other host only after it (host-b stays down until host-a has taken its sessi
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -26,14 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from commands import FLOWSCOPE
+from commands import ROOT, cli_env, run_cli, start_cli
 from flowscope import Runner
 from flowscope.store import PostgresEventStore, rebuild
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import chaos_workflows as cw  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 HOSTS = ["host-a", "host-a", "host-b", "host-b"]
 LEASE_S = 3.0
 
@@ -41,35 +39,29 @@ pytestmark = pytest.mark.slow
 
 
 def env_for(log: Path, host: str | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("FLOWSCOPE_DB", "FLOWSCOPE_HOST")}
-    env["CHAOS_LOG"] = str(log)
-    env["CHAOS_STEP_S"] = "0.03"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
+    env = cli_env(drop=("FLOWSCOPE_HOST",), paths=(ROOT,), CHAOS_LOG=str(log), CHAOS_STEP_S="0.03")
     if host:
         env["FLOWSCOPE_HOST"] = host
     return env
 
 
-def start_worker(url: str, log: Path, host: str, out: Path) -> subprocess.Popen[bytes]:
+def start_worker(url: str, log: Path, host: str, out: Path) -> subprocess.Popen[str]:
     # --poll 2s: idle workers are woken by NOTIFY; polling only backs it up
-    return subprocess.Popen(
-        [
-            FLOWSCOPE,
-            "--db",
-            url,
-            "worker",
-            "tests.chaos_workflows:ALL",
-            "--lease",
-            f"{LEASE_S:g}s",
-            "--poll",
-            "2s",
-            "--concurrency",
-            "32",
-            "--max-recoveries",
-            "100",
-            "--drain",
-            "5s",
-        ],
+    return start_cli(
+        "--db",
+        url,
+        "worker",
+        "tests.chaos_workflows:ALL",
+        "--lease",
+        f"{LEASE_S:g}s",
+        "--poll",
+        "2s",
+        "--concurrency",
+        "32",
+        "--max-recoveries",
+        "100",
+        "--drain",
+        "5s",
         cwd=ROOT,
         env=env_for(log, host),
         stdout=subprocess.DEVNULL,
@@ -78,9 +70,7 @@ def start_worker(url: str, log: Path, host: str, out: Path) -> subprocess.Popen[
 
 
 def cli(url: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [FLOWSCOPE, "--db", url, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    return run_cli("--db", url, *args, cwd=ROOT, env=env)
 
 
 def _serving(store: PostgresEventStore, infos: list, pids: list[int]) -> bool:
