@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import IO, Any
 
 __all__ = ["FLOWSCOPE", "ROOT", "SRC", "cli_env", "run_cli", "start_cli"]
 
@@ -19,6 +20,8 @@ FLOWSCOPE = str(Path(sys.executable).parent / "flowscope")
 ROOT = str(Path(__file__).resolve().parents[1])
 #: This checkout's sources, first on the ``PYTHONPATH`` of every command a test runs.
 SRC = str(Path(ROOT) / "src")
+#: Where a stream goes: ``subprocess.PIPE``/``DEVNULL``/``STDOUT``, an open file, or None (inherited).
+Stream = int | IO[Any] | None
 
 
 def cli_env(*, drop: Iterable[str] = (), paths: Iterable[str | Path] = (), **extra: str) -> dict[str, str]:
@@ -38,7 +41,7 @@ def run_cli(
     cwd: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 60.0,
-    stdin: int | None = subprocess.DEVNULL,
+    stdin: Stream = subprocess.DEVNULL,
 ) -> subprocess.CompletedProcess[str]:
     """``flowscope ARGS`` to its end, its output captured as text; ``env`` defaults to
     :func:`cli_env`, and nothing is read from the terminal unless ``stdin`` says so."""
@@ -57,9 +60,9 @@ def start_cli(
     *args: str,
     cwd: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None,
-    stdin: int | None = None,
-    stdout: int | None = subprocess.PIPE,
-    stderr: int | None = subprocess.PIPE,
+    stdin: Stream = None,
+    stdout: Stream = subprocess.PIPE,
+    stderr: Stream = subprocess.PIPE,
     start_new_session: bool = False,
 ) -> subprocess.Popen[str]:
     """``flowscope ARGS`` in the background (a worker, a server), its output piped as text
