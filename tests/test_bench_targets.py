@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from commands import cli_env
 from conftest import unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,7 +24,7 @@ def bench(script: str, *args: str, timeout: float) -> subprocess.CompletedProces
         [sys.executable, str(ROOT / "bench" / script), *args],
         capture_output=True,
         text=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+        env=cli_env(),
         timeout=timeout,
     )
 

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from test_otlp_export import clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
+from commands import cli_env, start_cli
 from flowscope import START, Runner, Workflow, node
 from flowscope.observability import TracingPlugin
 from flowscope.observability import backlog as backlog_mod
@@ -48,10 +49,7 @@ class _Slow(SpanExporter):
 
 def flowscope(db, *args: str, env: dict, cwd=None) -> subprocess.Popen[str]:
     """``flowscope --db DB ARGS...`` in a process of its own, its stderr kept."""
-    cmd = [sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db), *args]
-    return subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    return start_cli("--db", str(db), *args, cwd=cwd, env=env, stdout=subprocess.DEVNULL)
 
 
 def chain(n: int) -> Workflow:
@@ -345,13 +343,11 @@ asyncio.run(main())
 
 @pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_a_program_that_ends_without_flushing_exports_the_spans_that_waited_for_room(tmp_path):
-    from pathlib import Path
 
     (tmp_path / "exiting.py").write_text(EXITING)
-    src = str(Path(__file__).resolve().parents[2] / "src")
     done = subprocess.run(
         [sys.executable, str(tmp_path / "exiting.py")],
-        env=dict(os.environ, PYTHONPATH=src),
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=120,
@@ -378,7 +374,6 @@ def test_only_the_sdks_batch_queues_are_guarded(processors):
 def test_a_worker_running_300_sessions_at_once_ships_every_span_through_a_small_queue(tmp_path, monkeypatch):
     # The worker's batch queue holds 64 spans (OTEL_BSP_MAX_QUEUE_SIZE): 300 sessions ending
     # at once overflowed it, and the SDK dropped most of their spans.
-    from pathlib import Path
 
     (tmp_path / "flows.py").write_text(
         "from flowscope import START, Workflow, node\n"
@@ -395,13 +390,8 @@ def test_a_worker_running_300_sessions_at_once_ships_every_span_through_a_small_
     for i in range(300):
         submitter.submit(i, session_id=f"t{i}")
     store.close()
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env = dict(
-        os.environ,  # without the machine's OTEL_*: clean_otel_env, autouse
-        PYTHONPATH=src,
-        OTEL_BSP_SCHEDULE_DELAY="50",
-        OTEL_BSP_MAX_QUEUE_SIZE="64",
-        OTEL_BSP_MAX_EXPORT_BATCH_SIZE="16",
+    env = cli_env(
+        OTEL_BSP_SCHEDULE_DELAY="50", OTEL_BSP_MAX_QUEUE_SIZE="64", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="16"
     )
     with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
         w = flowscope(

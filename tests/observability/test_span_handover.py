@@ -5,7 +5,6 @@ that no span is sent twice and none is left behind."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_otlp_export import clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
-from commands import SRC, cli_env, run_cli, start_cli
+from commands import cli_env, run_cli, start_cli
 from flowscope import START, Runner, Workflow, node
 from flowscope.liveness import ships_own_spans
 from flowscope.observability import TracingPlugin
@@ -104,14 +103,7 @@ def test_a_follower_beside_a_live_shipping_worker_sends_no_span_twice(tmp_path, 
     the worker sent them again)."""
     db, contexts = tmp_path / "flowscope.db", tmp_path / "contexts.jsonl"
     SqliteEventStore(str(db)).close()
-    env = dict(os.environ, PYTHONPATH=SRC, OTEL_BSP_SCHEDULE_DELAY="1500")
-    for name in (
-        "OTEL_SERVICE_NAME",
-        "OTEL_TRACES_SAMPLER",
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-        "OTEL_SDK_DISABLED",
-    ):
-        env.pop(name, None)
+    env = cli_env(OTEL_BSP_SCHEDULE_DELAY="1500")
     with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
         proc = subprocess.Popen(
             [sys.executable, WORKER, str(db), "s", endpoint, str(contexts), "run"],

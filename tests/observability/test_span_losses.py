@@ -8,14 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.server
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -26,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_otlp_export import clean_otel_env, free_port, otelsink  # noqa: F401  (clean_otel_env: autouse, without the machine's OTEL_*)
 from test_span_backlog import _Slow, chain, flowscope, small_queue
 
+from commands import cli_env, run_cli
 from flowscope import Runner
 from flowscope.observability import MetricsPlugin, TracingPlugin
 from flowscope.observability import backlog as backlog_mod
@@ -210,11 +208,7 @@ def test_a_worker_whose_trace_backend_refuses_its_spans_says_so_and_the_log_ship
     for i in range(20):
         Runner(namespace["traced"], store=store).submit(i, session_id=f"t{i}")
     metrics_port = free_port()
-    env = dict(
-        os.environ,  # without the machine's OTEL_*: clean_otel_env, autouse
-        PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"),
-        OTEL_BSP_SCHEDULE_DELAY="50",
-    )
+    env = cli_env(OTEL_BSP_SCHEDULE_DELAY="50")
     with refusing_endpoint() as url:
         worker = flowscope(
             db, "worker", "flows:traced", "--poll", "50ms", "--metrics-port", str(metrics_port),
@@ -235,12 +229,10 @@ def test_a_worker_whose_trace_backend_refuses_its_spans_says_so_and_the_log_ship
     # them all, each once, with the watermarks on record
     assert all(store.exported_seq(f"t{i}") == 0 < store.last_seq(f"t{i}") for i in range(20))
     with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
-        cmd = [sys.executable, "-c", "from flowscope.cli import main; main()", "--db", str(db)]
-        shipped = subprocess.run(
-            [*cmd, "export", "--follow", "--otlp-endpoint", endpoint, "--interval", "0.05", "--rounds", "2"],
+        shipped = run_cli(
+            *("--db", str(db), "export", "--follow", "--otlp-endpoint", endpoint),
+            *("--interval", "0.05", "--rounds", "2"),
             env=env,
-            capture_output=True,
-            text=True,
             timeout=120,
         )
         assert shipped.returncode == 0, shipped.stderr
@@ -272,7 +264,7 @@ def test_serve_metrics_counts_the_spans_its_endpoint_refuses(tmp_path):
         asyncio.run(Runner(chain(3), store=store).run(0, session_id=f"s{i}"))
     store.close()
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    env = cli_env()
     with refusing_endpoint() as url:
         server = flowscope(
             db,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, Sampler, Samp
 from opentelemetry.trace import TraceState
 from test_otlp_export import attrs, clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
+from commands import cli_env, run_cli, start_cli
 from flowscope import START, Runner, Workflow, node
 from flowscope.examples.demo import DemoDriver, batch_input
 from flowscope.export import session_spans
@@ -31,7 +31,6 @@ from flowscope.store.sqlite import SqliteEventStore
 from waiting import wait_for
 
 WORKER = str(Path(__file__).resolve().parents[1] / "span_kill_worker.py")
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def provider_with(exporter) -> TracerProvider:
@@ -57,14 +56,7 @@ def test_sigkill_after_k_node_runs_every_finished_span_reaches_the_receiver_once
     k, shipper, tmp_path, monkeypatch
 ):
     db, contexts = tmp_path / "flowscope.db", tmp_path / "contexts.jsonl"
-    env = dict(os.environ, PYTHONPATH=SRC, OTEL_BSP_SCHEDULE_DELAY="20")
-    for name in (
-        "OTEL_SERVICE_NAME",
-        "OTEL_TRACES_SAMPLER",
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-        "OTEL_SDK_DISABLED",
-    ):
-        env.pop(name, None)
+    env = cli_env(OTEL_BSP_SCHEDULE_DELAY="20")
     with otelsink("http/protobuf", monkeypatch) as (endpoint, collected):
         args = [sys.executable, WORKER, str(db), "s", endpoint, str(contexts)]
         proc = subprocess.Popen(
@@ -88,38 +80,18 @@ def test_sigkill_after_k_node_runs_every_finished_span_reaches_the_receiver_once
         elif (
             shipper == "follow"
         ):  # flowscope export --follow tails the store (twice over: the second pass sends nothing)
-            cmd = [
-                sys.executable,
-                "-c",
-                "from flowscope.cli import main; main()",
-                "export",
-                "--follow",
-                "--rounds",
-                "2",
-            ]
-            done = subprocess.run(
-                [*cmd, "--interval", "0.05", "--db", str(db), "--otlp-endpoint", endpoint],
+            done = run_cli(
+                *("export", "--follow", "--rounds", "2", "--interval", "0.05"),
+                *("--db", str(db), "--otlp-endpoint", endpoint),
                 env=env,
-                capture_output=True,
-                text=True,
                 timeout=120,
             )
             assert done.returncode == 0, done.stderr
         elif shipper == "serve-metrics":  # the store's metrics server ships them too, while it serves
-            cmd = [
-                sys.executable,
-                "-c",
-                "from flowscope.cli import main; main()",
-                "serve-metrics",
-                "--port",
-                "0",
-            ]
-            server = subprocess.Popen(
-                [*cmd, "--db", str(db), "--otlp-endpoint", endpoint, "--ship-interval", "50ms"],
+            server = start_cli(
+                *("serve-metrics", "--port", "0", "--db", str(db)),
+                *("--otlp-endpoint", endpoint, "--ship-interval", "50ms"),
                 env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
             )
             try:
                 wait_for(
