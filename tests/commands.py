@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["FLOWSCOPE", "ROOT", "SRC", "cli_env", "run_cli", "start_cli"]
+__all__ = ["FLOWSCOPE", "ROOT", "SRC", "cli_env", "cli_ok", "run_cli", "start_cli"]
 
 #: The ``flowscope`` console script that ``pip install`` put beside the interpreter running
 #: the tests: this checkout's, not whichever one comes first on ``PATH``.
@@ -54,6 +54,14 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def cli_ok(*args: str, **kwargs: Any) -> str:
+    """:func:`run_cli` of a command that must succeed: its standard output; the test fails
+    with the command's exit code and standard error if it does not exit 0."""
+    done = run_cli(*args, **kwargs)
+    assert done.returncode == 0, f"flowscope {' '.join(args)}: exit {done.returncode}: {done.stderr[-2000:]}"
+    return done.stdout
 
 
 def start_cli(

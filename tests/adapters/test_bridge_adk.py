@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import subprocess
-import sys
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 from pydantic import ConfigDict, Field
 
+from commands import cli_ok
 from flowscope.adapters.adk import FlowscopeADK, UnobservableNodeError
 from flowscope.cli import views
 from flowscope.cli.history import retry_reasons
@@ -356,32 +355,19 @@ async def test_flowscope_cli_audits_an_adk_session(store, tmp_path):
     d2 = Driver(seed_workflow(emails), FlowscopeADK(store))
     await d2.start()  # left waiting for input
     db = str(tmp_path / "adk.db")
-    cli = str(Path(sys.executable).with_name("flowscope"))
-
-    audit = json.loads(
-        subprocess.run(
-            [cli, "audit", "--db", db, "--format", "json"], capture_output=True, text=True, check=True
-        ).stdout
-    )
+    audit = json.loads(cli_ok("audit", "--db", db, "--format", "json"))
     rows = {(r["workflow"], r["node"]): r for r in audit}
     assert rows[("sync", "flaky")]["attempts"] == 3 and rows[("sync", "flaky")]["retries"] == 2
     assert rows[("sync", "doomed")]["attempts"] == 3 and rows[("sync", "doomed")]["errors"] == 1
     assert rows[("sync", "sync")]["kind"] == "workflow"
     assert rows[("report", "send_email")]["completed"] == 1
 
-    stuck = json.loads(
-        subprocess.run(
-            [cli, "stuck", "--db", db, "--format", "json", "--older-than", "0s"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
+    stuck = json.loads(cli_ok("stuck", "--db", db, "--format", "json", "--older-than", "0s"))
     assert [(r["session_id"], r["path"], r["state"]) for r in stuck] == [
         (d2.session_id, "report@1/ask@1", "waiting_input")
     ]
     for cmd in (["runs"], ["show", d.session_id], ["export", d.session_id]):
-        subprocess.run([cli, *cmd, "--db", db], capture_output=True, text=True, check=True)
+        cli_ok(*cmd, "--db", db)
 
 
 # -- node kinds from ADK's own tests and samples ----------------------------------------

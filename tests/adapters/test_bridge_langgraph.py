@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
 
+from commands import cli_ok
 from flowscope.adapters.langgraph import FlowscopeCallbackHandler
 from flowscope.cli import views
 from flowscope.cli.history import retry_reasons
@@ -51,7 +52,6 @@ from flowscope.store import SqliteEventStore
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parents[1]
-CLI = str(Path(sys.executable).with_name("flowscope"))
 
 
 class State(TypedDict, total=False):
@@ -273,28 +273,17 @@ def test_flowscope_cli_audits_a_langgraph_session(store, tmp_path):
         retry_graph({}).invoke({"n": 0}, config(handler, "t-audit"))
     approval_graph([]).invoke({"n": 0}, config(handler, "t-waiting"))
     db = str(tmp_path / "lg.db")
-    audit = json.loads(
-        subprocess.run(
-            [CLI, "audit", "--db", db, "--format", "json"], capture_output=True, text=True, check=True
-        ).stdout
-    )
+    audit = json.loads(cli_ok("audit", "--db", db, "--format", "json"))
     rows = {(r["workflow"], r["node"]): r for r in audit}
     assert (rows[("sync", "flaky")]["attempts"], rows[("sync", "flaky")]["retries"]) == (3, 2)
     assert (rows[("sync", "doomed")]["attempts"], rows[("sync", "doomed")]["errors"]) == (3, 1)
     assert rows[("release", "release")]["kind"] == "workflow"
-    stuck = json.loads(
-        subprocess.run(
-            [CLI, "stuck", "--db", db, "--format", "json", "--older-than", "0s"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
+    stuck = json.loads(cli_ok("stuck", "--db", db, "--format", "json", "--older-than", "0s"))
     assert [(r["session_id"], r["path"], r["state"]) for r in stuck] == [
         ("t-waiting", "release@1/ask@1", "waiting_input")
     ]
     for cmd in (["runs"], ["show", "t-audit"], ["export", "t-audit"]):
-        subprocess.run([CLI, *cmd, "--db", db], capture_output=True, text=True, check=True)
+        cli_ok(*cmd, "--db", db)
 
 
 @pytest.mark.slow
@@ -331,22 +320,11 @@ def test_a_process_killed_mid_node_leaves_an_open_run_that_stuck_finds(tmp_path)
     assert (row.path, row.status) == ("etl@1/enrich@1", "running")
     assert row.heartbeat_at is not None and row.heartbeat_at > row.started_at  # the heartbeat thread beat
 
-    out = subprocess.run(
-        [CLI, "stuck", "--db", db, "--format", "json", "--older-than", "0s"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    rows = json.loads(out.stdout)
+    rows = json.loads(cli_ok("stuck", "--db", db, "--format", "json", "--older-than", "0s"))
     assert [(r["session_id"], r["path"]) for r in rows] == [("t-kill", "etl@1/enrich@1")]
     time.sleep(1.2)
-    out = subprocess.run(
-        [CLI, "stuck", "--db", db, "--format", "json", "--older-than", "0s", "--stale-after", "1s"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert [(r["path"], r["state"]) for r in json.loads(out.stdout)] == [("etl@1/enrich@1", "orphaned")]
+    out = cli_ok("stuck", "--db", db, "--format", "json", "--older-than", "0s", "--stale-after", "1s")
+    assert [(r["path"], r["state"]) for r in json.loads(out)] == [("etl@1/enrich@1", "orphaned")]
 
 
 # -- graphs from LangGraph's own tests ---------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from commands import run_cli
+from commands import cli_ok
 from flowscope import Runner
 from flowscope.errors import ConcurrencyConflict
 from flowscope.liveness import owner_alive
@@ -94,9 +94,7 @@ def test_a_killed_owner_is_orphaned_at_once_and_resumed_without_force(tmp_path):
 
 def test_flowscope_stuck_lists_a_killed_owners_run_as_orphaned(tmp_path):
     db, _effects, _pid = kill_mid_node(tmp_path)
-    stuck = run_cli("stuck", "--db", str(db), "--format", "json", "--older-than", "0s")
-    assert stuck.returncode == 0, stuck.stderr
-    rows = json.loads(stuck.stdout)
+    rows = json.loads(cli_ok("stuck", "--db", str(db), "--format", "json", "--older-than", "0s"))
     states = {r["path"]: r["state"] for r in rows if r["session_id"] == "s"}
     assert states.get("owned@1/hang@1") == "orphaned" and set(states.values()) == {"orphaned"}, rows
 

@@ -43,7 +43,7 @@ import pytest
 import yaml
 from test_dashboards import ALERTS, alert_rules
 
-from commands import cli_env, run_cli, start_cli
+from commands import cli_env, cli_ok, start_cli
 from prom_harness import PrometheusServer, find_prometheus, free_port
 
 pytestmark = pytest.mark.slow
@@ -92,9 +92,7 @@ class Fleet:
         return proc
 
     def cli(self, *args: str) -> str:
-        out = run_cli(*args, "--db", str(self.db), cwd=self.tmp, env=child_env())
-        assert out.returncode == 0, f"flowscope {' '.join(args)}: {out.stdout}{out.stderr}"
-        return out.stdout.strip()
+        return cli_ok(*args, "--db", str(self.db), cwd=self.tmp, env=child_env()).strip()
 
     def log(self, name: str) -> str:
         return tail(self.tmp / f"{name}.log")
