@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from commands import cli_env, run_cli, start_cli
+from commands import cli_ok, run_cli, start_cli
 from conftest import unavailable
 from flowscope import START, NodeContext, Runner, Worker, Workflow, node
 from flowscope.errors import StoreDiskFull, StoreNotWritable, StoreReadOnly
@@ -225,10 +225,8 @@ def test_flowscope_worker_on_a_full_disk_says_it_once_and_exits_3(tmp_path, tiny
     the log keeps everything committed before the disk filled, and no recovery is spent."""
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     db = tiny_fs / "w.db"
-    env = cli_env()
     for i in range(4):
-        started = run_cli("--db", str(db), "start", "looping", "--input", str(i), cwd=tmp_path, env=env)
-        assert started.returncode == 0, started.stderr
+        cli_ok("--db", str(db), "start", "looping", "--input", str(i), cwd=tmp_path)
     proc = start_cli(
         "--db",
         str(db),
@@ -241,7 +239,6 @@ def test_flowscope_worker_on_a_full_disk_says_it_once_and_exits_3(tmp_path, tiny
         "--max-store-outage",
         "2s",
         cwd=tmp_path,
-        env=env,
     )
     try:
         with SqliteEventStore(db, readonly=True) as probe:
@@ -281,9 +278,7 @@ def test_flowscope_worker_on_a_read_only_postgres_database_stops_with_exit_3(tmp
     refused (25006, a StoreReadOnly); one line, exit 3 after --max-store-outage."""
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     url = pg_cluster.new_database("readonly_worker")
-    env = cli_env()
-    started = run_cli("--db", url, "start", "looping", "--input", "1", cwd=tmp_path, env=env)
-    assert started.returncode == 0, started.stderr
+    cli_ok("--db", url, "start", "looping", "--input", "1", cwd=tmp_path)
     dbname = url.rsplit("/", 1)[1].split("?")[0]
     with pg_cluster.admin() as a:
         a.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
@@ -297,7 +292,6 @@ def test_flowscope_worker_on_a_read_only_postgres_database_stops_with_exit_3(tmp
         "--max-store-outage",
         "1s",
         cwd=tmp_path,
-        env=env,
     )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 3, r.stderr

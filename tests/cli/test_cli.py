@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from commands import cli_env, run_cli, start_cli
+from commands import cli_env, cli_ok, run_cli, start_cli
 from flowscope import Runner
 from flowscope.cli import cli, views
 from flowscope.examples.demo import batch_input, order_fulfilment
@@ -432,10 +432,9 @@ def test_resume_argument_errors(paused_db):
 def test_resume_walks_a_session_to_the_end_through_every_pause(paused_db):
     db, sid, job_id = paused_db
     d = str(db)
-    proc = run_cli("--db", d, "resume", sid, "--job", f'{job_id}={{"success": true, "count": 0}}')
-    assert proc.returncode == 0, proc.stderr
-    assert "paused again" in proc.stdout and "retry or abort" in proc.stdout
-    iid = re.search(r"--input '([^=]+)=\"retry\"'", proc.stdout).group(
+    out = cli_ok("--db", d, "resume", sid, "--job", f'{job_id}={{"success": true, "count": 0}}')
+    assert "paused again" in out and "retry or abort" in out
+    iid = re.search(r"--input '([^=]+)=\"retry\"'", out).group(
         1
     )  # a failed job's pause: the hint is valid as printed
     result = invoke("--db", d, "resume", sid, "--input", f'{iid}="retry"')
@@ -451,9 +450,8 @@ def test_resume_walks_a_session_to_the_end_through_every_pause(paused_db):
         f'{new_job}={{"success": true, "count": 3, "data": {{"geocoded": [1, 2, 3]}}}}',
     )
     assert result.exit_code == 0 and "'approval'" in result.stdout
-    proc = run_cli("--db", d, "resume", sid, "--input", "approval=true")
-    assert proc.returncode == 0, proc.stderr
-    assert "completed" in proc.stdout and '"status": "shipped"' in proc.stdout
+    out = cli_ok("--db", d, "resume", sid, "--input", "approval=true")
+    assert "completed" in out and '"status": "shipped"' in out
     assert_one_line_error(invoke("--db", d, "resume", sid), "already completed")
 
 
@@ -480,9 +478,8 @@ def test_resume_recovers_a_killed_worker(tmp_path):
             kill_worker(proc)
     # its owner's process is gone (same host), so it is orphaned at once and a
     # plain resume takes it over, without --force and without waiting for its heartbeat
-    proc = run_cli("--db", str(db), "resume", "crash-1")
-    assert proc.returncode == 0, proc.stderr
-    assert "completed" in proc.stdout and "recovered" in proc.stdout
+    out = cli_ok("--db", str(db), "resume", "crash-1")
+    assert "completed" in out and "recovered" in out
     rows = json.loads(
         invoke("--db", str(db), "audit", "--session", "crash-1", "--by", "run", "--format", "json").stdout
     )
@@ -539,15 +536,14 @@ def test_help_and_version():
 @pytest.mark.slow
 def test_export_stdout_file_and_determinism(demo_db, tmp_path):
     db, ids = demo_db
-    proc = run_cli("--db", str(db), "export", ids["orders"])
-    assert proc.returncode == 0, proc.stderr
-    req = load_otlp_json(proc.stdout)
+    exported = cli_ok("--db", str(db), "export", ids["orders"])
+    req = load_otlp_json(exported)
     names = [s.name for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
     assert "invoke_workflow order_fulfilment" in names and "invoke_node send_confirmations" in names
     out = tmp_path / "spans.json"
     result = invoke("--db", str(db), "export", ids["orders"], "-o", str(out))
     assert result.exit_code == 0
-    assert out.read_text() == proc.stdout  # a second export is byte-identical
+    assert out.read_text() == exported  # a second export is byte-identical
     proc2 = run_cli("--db", str(db), "export", ids["orders"], "--output", str(tmp_path / "again.json"))
     assert proc2.returncode == 0 and (tmp_path / "again.json").read_bytes() == out.read_bytes()
 
@@ -813,9 +809,9 @@ def test_a_folder_named_corrupt_gets_no_corruption_advice(tmp_path):
     good = folder / "flows.db"
     with SqliteEventStore(good) as store:
         Runner(order_fulfilment, store=store).run_sync(batch_input("B-ok"), session_id="fine-1")
-    proc = run_cli("--db", str(good), "runs", "--format", "json")
-    assert proc.returncode == 0, proc.stderr
-    assert [r["session_id"] for r in json.loads(proc.stdout)] == ["fine-1"]
+    assert [r["session_id"] for r in json.loads(cli_ok("--db", str(good), "runs", "--format", "json"))] == [
+        "fine-1"
+    ]
     # a valid flowscope database written by a newer flowscope: not corrupt either
     newer = folder / "newer.db"
     copy_db(good, newer)

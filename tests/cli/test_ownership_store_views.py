@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from commands import cli_env, run_cli
+from commands import cli_env, cli_ok
 from flowscope.cli import views
 from flowscope.events import NodeStarted, RunStarted
 from flowscope.ownership import this_process
@@ -66,13 +66,15 @@ def test_a_dead_owner_is_orphaned_at_once_and_every_listing_names_the_owner(tmp_
         assert show["owner"] == rows["dead"]["owner"]
     # the CLI as an operator runs it: no --stale-after
     env = cli_env(FLOWSCOPE_DB=str(db))
-    proc = run_cli("stuck", "--db", str(db), "--older-than", "0s", "--format", "json", env=env)
-    assert proc.returncode == 0, proc.stderr
-    listed = {r["session_id"]: r for r in json.loads(proc.stdout)}
+    listed = {
+        r["session_id"]: r
+        for r in json.loads(
+            cli_ok("stuck", "--db", str(db), "--older-than", "0s", "--format", "json", env=env)
+        )
+    }
     assert listed["dead"]["state"] == "orphaned" and listed["dead"]["owner"]["pid"] == gone.pid
-    proc = run_cli("runs", "--db", str(db), "--format", "json", env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert {r["session_id"]: r["owner"]["worker_id"] for r in json.loads(proc.stdout)} == {
+    runs = json.loads(cli_ok("runs", "--db", str(db), "--format", "json", env=env))
+    assert {r["session_id"]: r["owner"]["worker_id"] for r in runs} == {
         "dead": "w-killed",
         "live": "w-live",
     }

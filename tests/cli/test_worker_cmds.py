@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from commands import cli_env, run_cli, start_cli
+from commands import cli_ok, start_cli
 from flowscope.cli.worker_cmds import (
     WORKER_GC_THRESHOLDS,
     WORKER_GC_YOUNG_PER_SESSION,
@@ -59,9 +59,7 @@ def test_a_host_gets_its_collector_back_when_the_worker_stops():
 def test_a_worker_process_collects_generation_0_by_its_concurrency(tmp_path, concurrency, young):
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     db = tmp_path / "w.db"
-    env = cli_env()
-    started = run_cli("--db", str(db), "start", "gcflow", "--session", "g1", cwd=tmp_path, env=env)
-    assert started.returncode == 0, started.stderr
+    cli_ok("--db", str(db), "start", "gcflow", "--session", "g1", cwd=tmp_path)
     w = start_cli(
         "--db",
         str(db),
@@ -72,7 +70,6 @@ def test_a_worker_process_collects_generation_0_by_its_concurrency(tmp_path, con
         "--concurrency",
         str(concurrency),
         cwd=tmp_path,
-        env=env,
     )
     try:
         with SqliteEventStore(db, readonly=True) as store:

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from commands import ROOT, cli_env, run_cli, start_cli
+from commands import ROOT, cli_env, cli_ok, start_cli
 from conftest import unavailable
 from console_workflows import (
     APPROVAL_SESSION,
@@ -92,8 +92,7 @@ def demo_db(tmp_path_factory) -> Path:
     from flowscope.store import SqliteEventStore
 
     db = tmp_path_factory.mktemp("console-browser") / "demo.db"
-    r = run_cli("demo", "--db", str(db), env=_env(), timeout=180)
-    assert r.returncode == 0, r.stderr[-2000:]
+    cli_ok("demo", "--db", str(db), env=_env(), timeout=180)
     with SqliteEventStore(db) as store:
         make_operator_sessions(store, pause_s=1.1)
         make_big_session(store, BIG)
