@@ -13,7 +13,7 @@ import gc
 import json
 import sys
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
@@ -264,6 +264,16 @@ class NodeState:
         """Dispatched jobs that have not reported yet."""
         return [j for jid, j in self.jobs.items() if jid not in self.job_results]
 
+    @property
+    def waiting_on(self) -> Sequence[InputRequested | JobDispatched]:
+        """What this run waits on: its open input requests while it waits for input, its
+        jobs that have not reported while it waits for a job, nothing otherwise."""
+        if self.status == "waiting_input":
+            return list(self.requests.values())
+        if self.status == "waiting_job":
+            return self.open_jobs
+        return []
+
 
 #: How each event class advances a node run. Keyed by exact class: one dict lookup per
 #: event, and each handler's argument is typed by its class, so no handler guesses fields.
@@ -312,10 +322,8 @@ class WorkflowState:
         """The open ``InputRequested`` and ``JobDispatched`` events the session waits on."""
         out: list[Event] = []
         for ns in self.nodes.values():
-            if ns.status == "waiting_input":
-                out.extend(ns.requests.values())
-            elif ns.status == "waiting_job":
-                out.extend(ns.open_jobs)
+            if ns.status == "waiting_input" or ns.status == "waiting_job":
+                out.extend(ns.waiting_on)
         out.sort(key=lambda e: e.seq)
         return out
 

@@ -371,6 +371,53 @@ async def test_two_requests_in_one_node_pause_twice(store):
     assert (await runner.resume("s", inputs={"w@1/two@1#2": 2})).output == [1, 2]
 
 
+async def test_a_run_still_waiting_after_a_partial_answer_names_what_it_still_waits_on(store):
+    """A resume that answers some of a session's requests pauses again; each run that still
+    waits records the ids it waits on, as its first pause did: its own open request or job,
+    or, for a container not re-entered, its descendants'."""
+
+    @node
+    async def ask1(ctx, x):
+        return await ctx.request_input("1?", interrupt_id="q1")
+
+    @node
+    async def ask2(ctx, x):
+        return await ctx.request_input("2?", interrupt_id="q2")
+
+    @node
+    async def ask3(ctx, x):
+        return await ctx.request_input("3?", interrupt_id="q3")
+
+    jobs = []
+
+    @node
+    async def enrich(ctx, x):
+        return await ctx.await_job(jobs.append, payload=x)
+
+    j, end = JoinNode("j"), JoinNode("end")
+    both = Workflow("both", edges=[(START, (ask1, ask2)), (ask1, j), (ask2, j)])
+    other = Workflow("other", edges=[(START, ask3)])
+    root = Workflow("root", edges=[(START, (both, other, enrich)), (both, end), (other, end), (enrich, end)])
+    runner = Runner(root, store=store)
+    first = await runner.run(0, session_id="s")
+    (job,) = jobs
+    assert sorted(getattr(p, "interrupt_id", None) or p.job_id for p in first.pending) == sorted(
+        ["q1", "q2", "q3", job.job_id]
+    )
+    second = await runner.resume("s", inputs={"q1": 1})
+    assert second.status == "paused"
+    events = store.read("s")
+    paused = {
+        e.path: set(e.interrupt_ids)
+        for e in of_type(events, "node_paused")
+        if e.invocation_id == second.invocation_id
+    }
+    assert paused == {
+        "root@1/both@1": {"q2"},  # re-entered: ask2 keeps waiting
+        "root@1": {"q2", "q3", job.job_id},  # other@1 (not re-entered) and enrich@1 keep waiting too
+    }
+
+
 async def test_context_identity_state_and_idempotency_key(store):
     keys = []
 

@@ -25,8 +25,8 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, NamedTuple, cast
 
 from ..errors import ErrorInfo, Redactor, WorkflowError
-from ..events import Event, NodeCancelled, NodeStarted, RunStarted
-from ..fold import OPEN_STATES, NodeState, WorkflowState, containers
+from ..events import Event, InputRequested, NodeCancelled, NodeStarted, RunStarted
+from ..fold import OPEN_STATES, NodeState, WorkflowState, containers, from_descendant
 from ..jobs import Job
 from ..ownership import Lease, owner_record
 from ..states import RunStatus
@@ -388,7 +388,9 @@ class Invocation:
             if status == "waiting_input" or status == "waiting_job":
                 if not self._audit.is_answered(path):  # nothing new for it: it keeps waiting, silently
                     raise PauseSignal(
-                        ns.origin_path or path, "job" if status == "waiting_job" else "input", []
+                        ns.origin_path or path,
+                        "job" if status == "waiting_job" else "input",
+                        self._still_waiting_on(ns),
                     )
                 attempt = ns.attempt or 1  # continuing after a pause is the same attempt (R9, docs/design.md)
             elif status == "running":  # its process died mid-run: a new attempt (R9, docs/design.md)
@@ -412,6 +414,19 @@ class Invocation:
         )
         self._in_flight[path] = ctx  # RunTasks.started
         return ctx
+
+    def _still_waiting_on(self, ns: NodeState) -> list[str]:
+        """The interrupt and job ids a run that keeps waiting waits on, for the ``NodePaused``
+        of the runs around it (as its first pause named them): its own open requests, or,
+        for a container whose pause came from inside it, those of the runs inside it."""
+        asks = ns.waiting_on
+        if from_descendant(ns.path, ns.origin_path):
+            inside = ns.path + "/"
+            asks = sorted(
+                (e for p, n in self._nodes.items() if p.startswith(inside) for e in n.waiting_on),
+                key=lambda e: e.seq,
+            )
+        return [e.interrupt_id if isinstance(e, InputRequested) else e.job_id for e in asks]
 
     def replay(self, ns: NodeState) -> NodeResult:
         """A completed run's recorded result: resume fast-forwards it, never runs it (R8, docs/design.md)."""
