@@ -32,11 +32,15 @@ def build(effects: str) -> Workflow:
     # meets the lease (not a session that is already over) however late it is scheduled
     linger = float(os.environ.get("CRASH_WORKER_LINGER") or 0)
 
+    async def held(ctx):
+        """Wait to be killed here if the test holds this run (on its first attempt)."""
+        if ctx.path == hold and not ctx.recovered:
+            open(effects + ".holding", "w").close()  # tell the test we are inside the body
+            await asyncio.sleep(30)  # ... and wait to be killed
+
     def leaf(name, output=True):
         async def fn(ctx, x):
-            if ctx.path == hold and not ctx.recovered:
-                open(effects + ".holding", "w").close()  # tell the test we are inside the body
-                await asyncio.sleep(30)  # ... and wait to be killed
+            await held(ctx)
             if name == "report" and linger:
                 await asyncio.sleep(linger)
             effect(effects, ctx.path)
@@ -56,6 +60,7 @@ def build(effects: str) -> Workflow:
     @node
     async def bill(ctx, x):
         out = await ctx.run_node(child, x)
+        await held(ctx)  # the child has completed: a kill here must not run it again
         effect(effects, ctx.path)
         return out
 
@@ -71,8 +76,8 @@ def build(effects: str) -> Workflow:
     return Workflow(
         "orders",
         edges=[
-            (START, fetch, (a, marker, bill)),
-            ((a, marker, bill), join),
+            (START, fetch, bill, (a, marker)),  # bill alone: nothing beside it flushes for it
+            ((a, marker), join),
             (join, inner, approve, leaf("report"), leaf("archive"), leaf("close")),
         ],
     )

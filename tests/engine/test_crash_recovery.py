@@ -174,11 +174,9 @@ IN_BODY_KILLS = [
 ]
 
 
-@pytest.mark.parametrize("node_path", IN_BODY_KILLS)
-def test_sigkill_inside_a_node_body_from_outside(tmp_path, node_path, base):
-    """A kill from another process while a node body runs (not at an append boundary)."""
-    _base_db, base_effects, _ = base
-    db, effects = tmp_path / "crash.db", tmp_path / "crash.effects"
+def kill_inside(db, effects, node_path):
+    """Run the worker until it holds inside ``node_path``'s body, SIGKILL it from outside,
+    and return what the log held then."""
     env = dict(os.environ, CRASH_WORKER_HOLD=node_path)
     proc = subprocess.Popen(
         [sys.executable, WORKER, str(db), str(effects), "s", "run"],
@@ -196,7 +194,15 @@ def test_sigkill_inside_a_node_body_from_outside(tmp_path, node_path, base):
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
-    killed_events = SqliteEventStore(db).read("s")
+    return SqliteEventStore(db).read("s")
+
+
+@pytest.mark.parametrize("node_path", IN_BODY_KILLS)
+def test_sigkill_inside_a_node_body_from_outside(tmp_path, node_path, base):
+    """A kill from another process while a node body runs (not at an append boundary)."""
+    _base_db, base_effects, _ = base
+    db, effects = tmp_path / "crash.db", tmp_path / "crash.effects"
+    killed_events = kill_inside(db, effects, node_path)
     state = rebuild(killed_events)
     assert state.nodes[node_path].status == "running"  # started, never finished
     finish(db, effects, "s")
@@ -252,3 +258,18 @@ async def test_a_session_whose_process_died_a_moment_ago_resumes_without_force(t
     worker(db, effects, "s", "run", 4, check=False)  # SIGKILLed at its 4th append, just now
     runner = Runner(crash_worker.build(str(effects)), store=SqliteEventStore(db), heartbeat_interval=5)
     assert (await runner.resume("s")).status == "paused"
+
+
+def test_a_dynamic_child_that_completed_never_runs_again_when_its_parent_is_killed(tmp_path, base):
+    """The child's completion is on record before its parent gets its output (R8): a kill
+    while the parent goes on after ``ctx.run_node`` re-runs the parent, not the child."""
+    _base_db, base_effects, _ = base
+    db, effects = tmp_path / "crash.db", tmp_path / "crash.effects"
+    killed_events = kill_inside(db, effects, "orders@1/bill@1")  # held after run_node returned
+    child = "orders@1/bill@1/charge@1"
+    assert child in {e.path for e in killed_events if e.type == "node_completed"}
+    finish(db, effects, "s")
+    final = _check(db, effects, base_effects, killed_events)
+    assert effects_of(effects)[child] == 1
+    assert final.nodes[child].attempt == 1 and final.nodes[child].recoveries == 0
+    assert final.nodes["orders@1/bill@1"].recoveries == 1

@@ -167,6 +167,23 @@ async def test_dynamic_children_get_paths_under_their_parent(store):
     assert started["w@1/fetch@1/child@2"] == "w@1/fetch@1"
 
 
+async def test_a_dynamic_childs_completion_is_on_record_before_its_parent_gets_the_output(store):
+    """R8: resume never re-runs a dynamic child that completed, so its completion is in the
+    log by the time its parent can act on its output (and go on without another flush)."""
+    child = node(lambda x: x * 2, name="child")
+    seen = []
+
+    @node
+    async def parent(ctx, x):
+        out = await ctx.run_node(child, x)
+        seen.append([(e.type, e.path) for e in store.read("s") if e.type == "node_completed"])
+        return out
+
+    wf = Workflow("w", edges=[(START, parent)])
+    assert (await Runner(wf, store=store).run(1, session_id="s")).output == 2
+    assert seen == [[("node_completed", "w@1/parent@1/child@1")]]
+
+
 async def test_loop_counts_passes_in_paths_and_stops_at_the_step_limit(store):
     @node
     def check(ctx, n):

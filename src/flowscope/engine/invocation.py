@@ -363,8 +363,12 @@ class Invocation:
         return await self._pauses.await_job(ctx, n, dispatch, payload, expect_count, deadline_s)
 
     async def run_child(self, parent: NodeContext, node: Node, input: Any) -> Any:
-        """``ctx.run_node``: a dynamic child of ``parent``, run inline."""
-        return (await self.execute(node, input, parent, parent.child_path(node.name))).output
+        """``ctx.run_node``: a dynamic child of ``parent``, run inline. Its completion is
+        committed before its parent gets the output: the parent may go on for a long time
+        with nothing else to flush, and a child that completed never runs again (R8)."""
+        r = await self.execute(node, input, parent, parent.child_path(node.name))
+        await self._rec.flush()
+        return r.output
 
     def heartbeat(self, paths: list[str]) -> None:
         self._rec.heartbeat(paths)
