@@ -28,6 +28,7 @@ __all__ = [
     "JobFailedError",
     "StoreError",
     "describe_exception",
+    "mask_url_credentials",
     "StoreLocked",
     "StoreCorrupt",
     "NotAFlowscopeDatabase",
@@ -219,11 +220,23 @@ def error_qualname(exc: BaseException) -> str:
     return f"{str.__str__(module)}.{name}"[:MAX_ERROR_TYPE]
 
 
+#: A URL's ``user:password@``. The password runs to the last ``@`` before whitespace: an
+#: unencoded ``#``, ``?``, ``/`` or ``@`` in it (libpq takes a ``#`` or ``?``) must not end it
+#: early and let its tail out. Masking a little more of a rare URL is the safe side.
+_URL_CREDENTIALS = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@:]*):\S*@")
+
+
+def mask_url_credentials(text: str) -> str:
+    """``text`` with every URL's password replaced by ``***`` (``scheme://user:***@host``):
+    what the CLI does to every line it prints that may name a URL."""
+    return _URL_CREDENTIALS.sub(r"\1\2:***@", text)
+
+
 # The default redaction (R13, docs/design.md): credential shapes first (a URL's user:password
 # before its path is looked at), then absolute file paths. Each pattern is anchored on
 # what precedes it so that relative run paths ("w@1/check@1") and URLs' own paths stay.
 _REDACTIONS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
-    (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^\s/@:]+:[^\s/@]+@"), r"\1***:***@"),
+    (_URL_CREDENTIALS, r"\1***:***@"),
     # An Authorization header's scheme and credentials ("token revoked" is prose, not one).
     (re.compile(r"\b((?i:bearer|basic)|Token)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 ***"),
     (re.compile(r"\bsk-[A-Za-z0-9_-]{6,}"), "sk-***"),

@@ -261,3 +261,58 @@ def test_a_worker_marks_a_session_it_can_never_run_failed_and_backs_off_one_that
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+#: ``--db`` values with a password no message may print any piece of ("cret" is in each).
+SECRET_URLS = {
+    "hash_in_password_with_durability": (
+        ["--durability", "full", "--db", "postgresql://bob:se#cretpw@127.0.0.1:1/db", "runs"],
+        ["postgresql://bob:***@127.0.0.1:1/db is PostgreSQL"],
+    ),
+    "question_mark_in_password": (
+        ["--db", "postgresql://bob:se?cretpw@127.0.0.1:1/db", "runs"],
+        ["cannot reach PostgreSQL at 127.0.0.1:1/db"],
+    ),
+    "at_in_password": (
+        ["--db", "postgresql://bob:se@cretpw@127.0.0.1:1/db", "runs"],
+        ["postgresql://bob:***@127.0.0.1:1/db", "write '@' as %40"],
+    ),
+    "slash_in_password": (
+        ["--db", "postgresql://bob:se/cretpw@127.0.0.1:1/db", "runs"],
+        ["postgresql://bob:***@127.0.0.1:1/db", "'/' as %2F"],
+    ),
+    "port_not_a_number": (
+        ["--db", "postgresql://bob:secretpw@127.0.0.1:abc/db", "runs"],
+        ["is not a number: 'abc'"],
+    ),
+    "sqlalchemy_style_url": (
+        ["--db", "postgresql+psycopg://bob:secretpw@127.0.0.1:1/db", "runs"],
+        ["postgresql+psycopg://bob:***@", "a SQLite file or a postgresql://"],
+    ),
+    "another_databases_url": (
+        ["--db", "mysql://bob:secretpw@h/db", "demo"],
+        ["mysql://bob:***@h/db", "a SQLite file or a postgresql://"],
+    ),
+    "credentials_in_an_option_value": (
+        ["runs", "--format", "http://bob:secretpw@h"],
+        ["http://bob:***@h"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SECRET_URLS))
+def test_no_message_prints_a_piece_of_a_urls_password(invoke, case):
+    args, fragments = SECRET_URLS[case]
+    result = invoke(*args)
+    line = assert_one_line_error(result, *fragments)
+    assert "cret" not in line and "cret" not in result.stdout
+
+
+@pytest.mark.slow  # the exporter retries the refused endpoint for a few seconds
+def test_export_to_an_endpoint_with_credentials_never_prints_them(setup, invoke):
+    db, _tag, _job = setup
+    line = assert_one_line_error(
+        invoke("--db", str(db), "export", "p-input", "--otlp-endpoint", "http://bob:s3cretpw@127.0.0.1:1"),
+        "http://bob:***@127.0.0.1:1",
+    )
+    assert "s3cret" not in line

@@ -135,6 +135,35 @@ def test_every_command_takes_a_url_and_never_prints_its_password(pw_url: str, tm
     )  # kept
 
 
+def test_a_password_with_url_delimiters_connects_unencoded_and_never_prints(
+    pg_cluster: PgCluster, pw_url: str
+):
+    """libpq takes a "#" or "?" in a URL's password as it is: such a URL works, and the
+    hints, the console's first line and every listing mask the password whole."""
+    odd = "se#cret?pw"
+    with pg_cluster.admin() as a:
+        a.execute(f"ALTER ROLE {PASSWORD_ROLE} PASSWORD '{odd}'")
+    try:
+        url = pw_url.replace(PASSWORD, odd)
+        started = run("--db", url, "start", "nightly_export", "--session", "odd-1")
+        assert started.returncode == 0, started.stderr
+        listed = run("--db", url, "runs", "--format", "json")
+        assert listed.returncode == 0 and "odd-1" in listed.stdout, listed.stderr
+        ui = start_cli("--db", url, "ui", "--port", "0", cwd=ROOT, env=env())
+        try:
+            assert ui.stderr is not None
+            first = ui.stderr.readline()
+        finally:
+            ui.terminate()
+            rest = ui.communicate(timeout=30)
+        assert f"{PASSWORD_ROLE}:***@" in first, first
+        for text in (started.stdout, started.stderr, listed.stdout, listed.stderr, first, *rest):
+            assert "cret" not in text, text
+    finally:
+        with pg_cluster.admin() as a:
+            a.execute(f"ALTER ROLE {PASSWORD_ROLE} PASSWORD '{PASSWORD}'")
+
+
 def test_wrong_password_and_unreachable_are_one_line_errors(pg_cluster: PgCluster):
     bad = pg_cluster.url(user=PASSWORD_ROLE, password="wrong-" + PASSWORD)
     r = run("--db", bad, "runs")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
-from ..errors import NotAFlowscopeDatabase, StoreUnavailable
+from ..errors import NotAFlowscopeDatabase, StoreUnavailable, mask_url_credentials
 from ..jsontext import too_deep
 from . import views
 from .failures import EXIT_ERROR, CliError, to_cli_error
@@ -224,6 +224,10 @@ def open_store(
     if ctx is not None:
         ctx.meta[_OPENED_DB] = shown_db(path)
     durability = _group_option("durability")  # --durability, or $FLOWSCOPE_DURABILITY
+    if "://" in path and not is_postgres_url(path):  # not a file name either: say so, not "no folder"
+        raise CliError(
+            f"--db {shown_db(path)}: flowscope opens a SQLite file or a postgresql:// (or postgres://) URL"
+        )
     if is_postgres_url(path):
         if durability is not None:
             raise CliError(
@@ -347,7 +351,7 @@ def cli(ctx: click.Context, db: str, utc: bool, durability: str | None) -> None:
 def _usage_line(exc: click.UsageError) -> str:
     """A usage error as the CLI's one line: what is wrong, and the help to read."""
     where = exc.ctx.command_path if exc.ctx is not None else "flowscope"
-    return f"flowscope: error: {' '.join(exc.format_message().split())} (see `{where} --help`)"
+    return f"flowscope: error: {mask_url_credentials(' '.join(exc.format_message().split()))} (see `{where} --help`)"
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

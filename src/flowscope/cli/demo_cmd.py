@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from ..errors import mask_url_credentials
 from ..events import JobDispatched
 from ..fold import rebuild
 from ..store.postgres.dsn import is_postgres_url
@@ -190,9 +191,7 @@ def run_demo(
         if tracing is not None:
             plugins.append(tracing.plugin())
             if otlp_endpoint:
-                spans_to = (
-                    f", spans to {otlp_endpoint} ({resolve_otlp_protocol(otlp_endpoint, otlp_protocol)})"
-                )
+                spans_to = f", spans to {mask_url_credentials(otlp_endpoint)} ({resolve_otlp_protocol(otlp_endpoint, otlp_protocol)})"
             elif tracing.exporters:  # from the OTEL_* variables
                 spans_to = ", spans to " + ", ".join(tracing.exporters)
         # Job results are counted from the log by the metrics endpoint's StoreCollector.

@@ -27,6 +27,7 @@ from ..errors import (
     StoreUnavailable,
     UnknownSessionError,
     classify,
+    mask_url_credentials,
 )
 from ..events import EventDecodeError
 from ..store.postgres.dsn import is_postgres_url
@@ -62,7 +63,8 @@ class CliError(click.ClickException):
     exit_code = EXIT_ERROR
 
     def __init__(self, message: str) -> None:
-        super().__init__(_cap(" ".join(str(message)[: 8 * MAX_ERROR_MESSAGE].split())))
+        # a URL's password never reaches the terminal, whichever message names the URL
+        super().__init__(_cap(mask_url_credentials(" ".join(str(message)[: 8 * MAX_ERROR_MESSAGE].split()))))
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"flowscope: error: {self.message}", err=True)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..errors import mask_url_credentials
 from ..fold import WorkflowState, rebuild
 from ..store.base import FINISHED_SESSION_STATUSES, SESSION_STATUSES
 from . import views
@@ -381,7 +382,7 @@ def export(
             raise CliError(str(exc)) from None
         traces = len({s.context.trace_id for s in spans})
         click.echo(
-            f"sent {len(spans)} spans ({traces} traces, one per invocation) of session {session} to {otlp_endpoint}",
+            f"sent {len(spans)} spans ({traces} traces, one per invocation) of session {session} to {mask_url_credentials(otlp_endpoint)}",
             err=output is None,
         )
     if output or not otlp_endpoint:
@@ -431,7 +432,7 @@ def _export_follow(
                 service_name=service_name,
                 interval=interval,
                 rounds=rounds,
-                on_sent=lambda n: click.echo(f"sent {n} spans to {endpoint}", err=True),
+                on_sent=lambda n: click.echo(f"sent {n} spans to {mask_url_credentials(endpoint)}", err=True),
             )
     except ExportError as exc:
         raise CliError(str(exc)) from None

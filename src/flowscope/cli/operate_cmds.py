@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ..engine.pauses import validate_answers, waiting_on
-from ..errors import ResumeError, StoreError, classify
+from ..errors import ResumeError, StoreError, classify, mask_url_credentials
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
 from ..jobs import JOB_RESULT_KEYS
@@ -452,7 +452,7 @@ def serve_metrics_cmd(
                 ship_interval,
                 warn=lambda t: click.echo(f"warning: {t}", err=True),
             )
-        shipping = f"; shipping spans to {otlp_endpoint}" if otlp_endpoint else ""
+        shipping = f"; shipping spans to {mask_url_credentials(otlp_endpoint)}" if otlp_endpoint else ""
         click.echo(
             f"serving {server.url} (store {store.path}, orphaned after {stale_after:g}s{shipping}); Ctrl-C to stop"
         )

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from ..errors import mask_url_credentials
 from ..threads import start_thread
 from .failures import CliError
 
@@ -86,7 +87,7 @@ def unreachable(endpoint: str) -> str | None:
         host = parts.hostname or "localhost"
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as exc:
-        return f"{endpoint} is not a URL ({exc})"
+        return f"{mask_url_credentials(endpoint)} is not a URL ({exc})"
     try:
         with socket.create_connection((host, port), timeout=1.0):
             return None
@@ -111,7 +112,7 @@ class _FirstExportProblem(logging.Handler):
         import click
 
         click.echo(
-            f"warning: spans could not be sent to {self.endpoint}; later ones may not be either "
+            f"warning: spans could not be sent to {mask_url_credentials(self.endpoint)}; later ones may not be either "
             "(flowscope_spans_not_exported_total counts them; `flowscope export --follow` ships them "
             "from the log)",
             err=True,

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import mask_url_credentials
 from ..events import Event
 from ..liveness import SPAN_HANDOVER_S, owner_alive, ships_own_spans
 from . import otlp
@@ -180,7 +181,7 @@ def send_spans(
         protocol = otlp.resolve_protocol(protocol)
     except ValueError:
         raise ExportError(f"unknown OTLP protocol {protocol!r}: use grpc or http/protobuf") from None
-    target = endpoint if protocol == otlp.GRPC else otlp.http_traces_url(endpoint)
+    target = mask_url_credentials(endpoint if protocol == otlp.GRPC else otlp.http_traces_url(endpoint))
     exporter = otlp.span_exporter(protocol, endpoint, timeout=timeout, plaintext_unless_https=True)
     quiet = [logging.getLogger(n) for n in ("opentelemetry.exporter", "opentelemetry.sdk")]
     levels = [q.level for q in quiet]
@@ -190,7 +191,9 @@ def send_spans(
         result = exporter.export(spans)
     except Exception as exc:  # pragma: no cover - exporters return FAILURE rather than raise
         raise ExportError(
-            f"could not send spans to {target} ({protocol}): {type(exc).__name__}: {exc}"
+            mask_url_credentials(
+                f"could not send spans to {target} ({protocol}): {type(exc).__name__}: {exc}"
+            )
         ) from None
     finally:
         try:

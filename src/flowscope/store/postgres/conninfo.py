@@ -11,7 +11,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ...errors import StoreError
-from .dsn import redact
+from .dsn import is_postgres_url, redact, unencoded_credentials
 
 __all__ = ["SYNCHRONOUS_COMMIT", "Target", "check_options", "build_conninfo"]
 
@@ -42,11 +42,17 @@ def build_conninfo(
     application_name: str,
 ) -> tuple[str, Target]:
     """The conninfo for ``dsn`` with the store's options, and its :data:`Target`."""
+    if is_postgres_url(dsn) and unencoded_credentials(dsn):
+        raise StoreError(
+            f"the PostgreSQL URL {redact(dsn)} has an '@' or '/' that is not percent-encoded in its "
+            "user, password or query: write '@' as %40 and '/' as %2F"
+        )
     try:
         info = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as exc:
+    except psycopg.ProgrammingError:
         raise StoreError(
-            f"not a PostgreSQL URL or conninfo: {redact(dsn)}: {exc.__class__.__name__}"
+            f"not a PostgreSQL URL or conninfo: {redact(dsn)}: libpq cannot parse it; check its host "
+            "and port (postgresql://user@host:port/dbname, a password's @ / as %40 %2F)"
         ) from None
     options = [str(info.get("options") or ""), f"-c search_path={schema}"]
     if synchronous_commit is not None:
@@ -60,5 +66,8 @@ def build_conninfo(
     if "connect_timeout" not in info:
         extra["connect_timeout"] = max(1, int(timeout))
     host = str(info.get("host") or info.get("hostaddr") or "localhost").split(",")[0]
-    port = int(str(info.get("port") or 5432).split(",")[0])
+    port_text = str(info.get("port") or 5432).split(",")[0]
+    if not port_text.strip().isdigit():
+        raise StoreError(f"the port of {redact(dsn)} is not a number: {port_text!r}")
+    port = int(port_text)
     return make_conninfo(dsn, **extra), (host, port, str(info.get("user") or ""))

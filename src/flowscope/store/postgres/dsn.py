@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import os
 import re
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
-__all__ = ["URL_SCHEMES", "is_postgres_url", "redact", "server"]
+from ...errors import mask_url_credentials
+
+__all__ = ["URL_SCHEMES", "is_postgres_url", "redact", "server", "unencoded_credentials"]
 
 URL_SCHEMES = ("postgresql://", "postgres://")
 #: ``password=...`` in a key/value conninfo string (quoted or not).
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 #: ``password=...`` in a URL's query string.
-_QUERY_PASSWORD = re.compile(r"(^|&)(password=)[^&]*", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s]*", re.IGNORECASE)
 
 
 def is_postgres_url(db: str) -> bool:
@@ -26,33 +28,55 @@ def is_postgres_url(db: str) -> bool:
 
 
 def redact(dsn: str) -> str:
-    """``dsn`` with any password replaced by ``***``: safe to print, log or put in a span."""
-    if not is_postgres_url(dsn):
+    """``dsn`` with any password replaced by ``***``: safe to print, log or put in a span.
+    Any URL's (``postgresql+psycopg://``, ``mysql://``: whatever was given), and whatever
+    characters its password holds (:func:`~flowscope.errors.mask_url_credentials`)."""
+    if "://" not in dsn:
         return _KV_PASSWORD.sub(r"\1***", dsn)
-    parts = urlsplit(dsn.strip())
-    netloc = parts.netloc
-    if "@" in netloc:
-        auth, hosts = netloc.rsplit("@", 1)
-        if ":" in auth:
-            auth = auth.split(":", 1)[0] + ":***"
-        netloc = f"{auth}@{hosts}"
-    query = _QUERY_PASSWORD.sub(r"\1\2***", parts.query)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return _QUERY_PASSWORD.sub(r"\1***", mask_url_credentials(dsn.strip()))
+
+
+def _credentials(dsn: str) -> tuple[str, str] | None:
+    """A PostgreSQL URL's user and password, and what follows them, split as libpq splits
+    them (at the first ``@`` before any ``/``); None when that split is not the one
+    :func:`redact` masks (at the last ``@``): an ``@`` or ``/`` in the password that is not
+    percent-encoded, which libpq would read as part of the host, port or database."""
+    rest = dsn.strip().split("://", 1)[1]
+    at, last, slash = rest.find("@"), rest.rfind("@"), rest.find("/")
+    if at < 0:
+        return "", rest
+    if at != last or (0 <= slash < at):
+        return None
+    return rest[:at], rest[at + 1 :]
+
+
+def unencoded_credentials(dsn: str) -> bool:
+    """Whether a PostgreSQL URL's user or password holds an ``@`` or ``/`` that is not
+    percent-encoded (``%40``, ``%2F``): libpq would take part of the password for the
+    host, port or database, and print it in its errors."""
+    return _credentials(dsn) is None
 
 
 def server(dsn: str) -> str:
     """``host:port/dbname`` of ``dsn`` (libpq's defaults and ``PG*`` variables filled in)."""
     host = port = dbname = user = ""
     if is_postgres_url(dsn):
-        parts = urlsplit(dsn.strip())
-        netloc = parts.netloc.rsplit("@", 1)[-1]
+        # libpq's split: a "#" or "?" in a password is the password's (urlsplit cuts there)
+        split = _credentials(dsn)
+        if split is None:  # never a guess that could hold a piece of the password
+            return redact(dsn)
+        auth, rest = split
+        try:
+            parts = urlsplit("//" + rest)
+        except ValueError:  # "Invalid IPv6 URL": libpq says what is wrong; name no server
+            return redact(dsn)
+        netloc = parts.netloc
         if netloc.startswith("["):  # [ipv6]:port
-            host, _, rest = netloc[1:].partition("]")
-            port = rest.lstrip(":")
+            host, _, tail = netloc[1:].partition("]")
+            port = tail.lstrip(":")
         else:
             host, _, port = netloc.partition(":")
         host, dbname = unquote(host), unquote(parts.path.lstrip("/"))
-        auth = parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else ""
         user = unquote(auth.split(":", 1)[0])
         for item in parts.query.split("&"):
             key, _, value = item.partition("=")
