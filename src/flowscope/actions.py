@@ -90,6 +90,8 @@ def deliver(store: EventStore, ws: WorkflowState, kind: str, body: Mapping[str, 
 
 
 def _reason(reason: str | None, default: str) -> str:
+    if reason is not None and not isinstance(reason, str):
+        raise TypeError(f"reason must be a str, not {type(reason).__name__}")
     text = " ".join((reason or "").split()) or default
     return text[:MAX_REASON]
 

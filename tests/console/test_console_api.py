@@ -28,6 +28,7 @@ from flowscope.cli import cli  # noqa: E402
 from flowscope.cli.waterfall import Axis, waterfall_layout  # noqa: E402
 from flowscope.console.app import ConsoleConfig, create_app  # noqa: E402
 from flowscope.console.live import ChangeFeed  # noqa: E402
+from flowscope.engine.submit import submit_run as submit  # noqa: E402
 from flowscope.store import SqliteEventStore  # noqa: E402
 
 BASE = "http://127.0.0.1:8765"
@@ -294,6 +295,71 @@ def test_retry_cancel_and_bulk_go_through_the_operator_actions(fresh):
     done = c.post("/api/bulk", json={"action": "cancel", "state": "paused", "confirm": 1}).json()
     assert done["results"] == [{"session_id": APPROVAL_SESSION, "ok": True, "pending": False}]
     assert statuses(fresh)[APPROVAL_SESSION] == "cancelled"
+
+
+def test_a_session_id_with_a_slash_is_one_segment_on_every_route(fresh):
+    """The page sends an id's "/" as %2F, which the server decodes before routing: the id is
+    routed whole, never as another route ("a/events" is a session, not session a's events)."""
+    with SqliteEventStore(fresh) as store:
+        for sid in ("a", "a/events", "team/batch-1"):
+            submit(store, "nightly_export", None, session_id=sid)
+    c, _ = client(fresh)
+    drawn = c.get("/api/sessions/a%2Fevents/waterfall")
+    assert drawn.status_code == 200 and drawn.json()["session"]["session_id"] == "a/events", drawn.text
+    assert c.get("/api/sessions/a%2Fevents").status_code == 200
+    assert c.get("/api/sessions/nobody%2Fevents").status_code == 404  # not nobody's events: no such session
+    assert c.get("/api/sessions/team%2Fbatch-1/waterfall").json()["session"]["session_id"] == "team/batch-1"
+    assert c.get("/api/sessions/team%2Fbatch-1/events").status_code == 200
+    cancelled = c.post("/api/sessions/team%2Fbatch-1/cancel", json={"reason": "not tonight"})
+    assert cancelled.status_code == 200 and cancelled.json()["session_id"] == "team/batch-1"
+    assert statuses(fresh)["team/batch-1"] == "cancelled" and statuses(fresh)["a"] == "queued"
+    assert c.get("/api/sessions/50%25off").status_code == 404  # a "%" in an id is the id's own
+
+
+def test_a_bad_field_or_query_value_is_a_400_and_an_unknown_route_a_json_404(fresh):
+    c, _ = client(fresh)
+    bad = {
+        ("POST", f"/api/sessions/{FAILED_SESSION}/retry", '{"reason": 42}'): "reason must be a JSON string",
+        ("POST", f"/api/sessions/{FAILED_SESSION}/retry", '{"from_path": ["x"]}'): "from_path must be",
+        ("POST", f"/api/sessions/{PAUSED_SESSION}/cancel", '{"reason": {"a": 1}}'): "reason must be",
+        (
+            "POST",
+            "/api/bulk",
+            '{"action": "retry", "state": "failed", "reason": ["x"], "confirm": 1}',
+        ): "reason",
+        ("POST", "/api/bulk", '{"action": "retry", "workflow": 7}'): "workflow must be",
+        ("GET", "/api/stuck?state=bogus", None): "state must be one of",
+        ("GET", "/api/sessions?until=nan", None): "is not a time",
+        ("GET", "/api/sessions?since=inf", None): "is not a time",
+        ("GET", f"/api/sessions/{FAILED_SESSION}/waterfall?since=abc", None): "since is a seq",
+    }
+    for (method, url, content), fragment in bad.items():
+        r = c.request(method, url, content=content, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and fragment in r.json()["error"], (url, content, r.status_code, r.text)
+        assert r.headers["content-security-policy"].startswith("default-src 'self'")
+    assert statuses(fresh)[FAILED_SESSION] == "failed" and statuses(fresh)[PAUSED_SESSION] == "paused"
+    missing = c.get("/api/no-such-thing")
+    assert missing.status_code == 404 and "no such API route" in missing.json()["error"]
+    assert missing.headers["content-security-policy"].startswith("default-src 'self'")
+    assert c.get("/api/sessions/x/waterfall", params={}).status_code == 404  # an unknown session
+    assert c.post("/api/stuck").status_code == 405  # a route's wrong method is still that
+
+
+def test_a_defect_is_a_json_500_with_the_guards_headers_and_one_log_line(db, monkeypatch, caplog):
+    from flowscope.console import api
+
+    def broken(*_a: Any, **_k: Any) -> Any:
+        raise RuntimeError("boom at /srv/secret/app.py")
+
+    monkeypatch.setattr(api, "session_waterfall", broken)
+    c, _ = client(db)
+    r = c.get(f"/api/sessions/{FAILED_SESSION}/waterfall")
+    assert r.status_code == 500 and r.json() == {
+        "error": "the console failed (RuntimeError); its log has the line"
+    }
+    assert r.headers["content-security-policy"].startswith("default-src 'self'")
+    (line,) = [m for m in caplog.messages if "failed" in m]
+    assert "RuntimeError: boom at <path>" in line and "Traceback" not in caplog.text
 
 
 def test_each_attempt_names_the_worker_whose_invocation_ran_it(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import calendar
 import dataclasses
+import math
 import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -88,9 +89,13 @@ def parse_time(text: str, now: float) -> float:
     a duration ago (``15m``, ``2h``, ``1d``)."""
     s = text.strip()
     try:
-        return float(s)
+        seconds = float(s)
     except ValueError:
         pass
+    else:
+        if math.isfinite(seconds):
+            return seconds
+        raise ValueError(f"{text!r} is not a time: give epoch seconds, a UTC date or a duration ago")
     for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"):
         try:
             return float(calendar.timegm(time.strptime(s.rstrip("Z"), fmt)))
@@ -562,6 +567,10 @@ def stuck(
     store: EventStore, *, older_than_s: float = 0.0, stale_after_s: float = 60.0, states: Iterable[str] = ()
 ) -> list[dict[str, Any]]:
     """The rows of ``flowscope stuck`` (a corrupt session left out, as the CLI does)."""
+    states = list(states)
+    unknown = [s for s in states if s not in views.STUCK_STATES]
+    if unknown:
+        raise ValueError(f"state must be one of {', '.join(views.STUCK_STATES)}, not {unknown[0]!r}")
     return views.stuck_rows(store, older_than_s, stale_after_s, states=list(states) or None)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import secrets
 import shlex
 import threading
@@ -31,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, unquote, unquote_to_bytes, urlencode
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -49,13 +50,22 @@ from ..cli.failures import one_line
 from ..cli.history import EVENT_KEYS
 from ..cli.session_ops import SELECTABLE_STATES, select_sessions
 from ..engine.pauses import validate_answers
-from ..errors import ResumeError, StoreError, StoreReadOnly, UnknownSessionError
+from ..errors import (
+    ResumeError,
+    StoreError,
+    StoreReadOnly,
+    UnknownSessionError,
+    describe_exception,
+    error_type_name,
+)
 from ..fold import rebuild
 from ..store.base import EventStore
 from . import api
 from .live import ChangeFeed
 
 __all__ = ["ConsoleConfig", "create_app", "TOKEN_HEADER", "LOOPBACK_NAMES", "CSP"]
+
+log = logging.getLogger("flowscope.console")
 
 TOKEN_HEADER = "x-flowscope-token"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -138,7 +148,7 @@ class Guard:
                 headers.extend(_SECURITY_HEADERS)
             await send(message)
 
-        await self.app(scope, receive, send_secured)
+        await self.app(_one_segment(scope), receive, send_secured)
 
     def token_ok(self, request: Request) -> bool:
         given = request.headers.get(TOKEN_HEADER) or request.cookies.get(self.config.cookie) or ""
@@ -201,6 +211,40 @@ def _error(exc: BaseException) -> JSONResponse:
     return JSONResponse({"error": one_line(exc)}, status_code=status)
 
 
+def session_id(request: Request) -> str:
+    """The session id of an ``/api/sessions/{session_id}...`` request, as given (see
+    :func:`_one_segment`)."""
+    return unquote(request.path_params["session_id"])
+
+
+def _one_segment(scope: Scope) -> Scope:
+    """Route a session id as one path segment whatever it holds. The server decodes the
+    path before routing, so an id with a ``/`` (``%2F`` as the page sends it) would reach
+    another route (``a%2Fevents``: session ``a``'s events) or none; the id is taken from
+    the raw path and quoted again, and :func:`session_id` reads it back."""
+    raw = scope.get("raw_path")
+    if not isinstance(raw, bytes) or not raw.startswith(_SESSIONS):
+        return scope
+    segment, sep, rest = raw[len(_SESSIONS) :].split(b"?", 1)[0].partition(b"/")
+    try:
+        sid = unquote_to_bytes(segment).decode("utf-8")
+        tail = unquote_to_bytes(rest).decode("utf-8")
+    except UnicodeDecodeError:
+        return scope
+    path = _SESSIONS.decode() + quote(sid, safe="") + (sep.decode() + tail if sep else "")
+    return {**scope, "path": path}
+
+
+_SESSIONS = b"/api/sessions/"
+
+
+def _seq(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"since is a seq (a whole number), not {text!r}") from None
+
+
 def _rows(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
     """Exactly the keys, in order, that ``--format json`` prints (:func:`render_json`)."""
     return [{k: r.get(k) for k in keys} for r in rows]
@@ -227,6 +271,14 @@ def create_app(config: ConsoleConfig) -> Starlette:
                 return await fn(request)
             except (ResumeError, UnknownSessionError, StoreError, ValueError, TypeError) as exc:
                 return _error(exc)
+            except (
+                Exception
+            ) as exc:  # a defect: one line in the console's log, a JSON 500 with the guard's headers
+                log.error("%s %s failed: %s", request.method, request.url.path, describe_exception(exc))
+                return JSONResponse(
+                    {"error": f"the console failed ({error_type_name(exc)}); its log has the line"},
+                    status_code=500,
+                )
 
         return handler
 
@@ -277,7 +329,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     @guarded
     async def show(request: Request) -> Response:
-        sid = request.path_params["session_id"]
+        sid = session_id(request)
 
         def rows() -> list[dict[str, Any]]:
             from ..cli.history import session_history
@@ -293,10 +345,10 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     @guarded
     async def waterfall(request: Request) -> Response:
-        sid = request.path_params["session_id"]
+        sid = session_id(request)
         since = request.query_params.get("since")
         seq = await call(store.last_seq, sid)
-        if since is not None and int(since) == seq:
+        if since is not None and _seq(since) == seq:
             return JSONResponse({"unchanged": True, "last_seq": seq})
         body = drawn.get((sid, seq))
         if body is None:
@@ -309,13 +361,13 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     @guarded
     async def run(request: Request) -> Response:
-        sid = request.path_params["session_id"]
+        sid = session_id(request)
         path = request.query_params.get("path") or ""
         return JSONResponse(await call(api.run_detail, store, sid, path))
 
     @guarded
     async def events(request: Request) -> Response:
-        sid = request.path_params["session_id"]
+        sid = session_id(request)
         q = request.query_params
         types = [t for t in q.getlist("type") if t] + [t for t in (q.get("types") or "").split(",") if t]
         rows = await call(
@@ -382,6 +434,15 @@ def create_app(config: ConsoleConfig) -> Starlette:
             raise ValueError("the request's body is a JSON object")
         return data
 
+    def text(data: dict[str, Any], key: str) -> str | None:
+        """A write's text field: a JSON string, or absent (None, or empty)."""
+        value = data.get(key)
+        if value is None or value == "":
+            return None
+        if not isinstance(value, str):
+            raise ValueError(f"{key} must be a JSON string")
+        return value
+
     def receipt(r: ActionReceipt, command: str) -> dict[str, Any]:
         return {
             "session_id": r.session_id,
@@ -399,7 +460,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     @guarded
     async def answer(request: Request) -> Response:
-        sid = request.path_params["session_id"]
+        sid = session_id(request)
         data = await body(request)
         inputs = data.get("inputs") or {}
         jobs = data.get("jobs") or {}
@@ -436,10 +497,9 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     @guarded
     async def retry(request: Request) -> Response:
-        sid = request.path_params["session_id"]
+        sid = session_id(request)
         data = await body(request)
-        from_path = data.get("from_path") or None
-        reason = data.get("reason") or None
+        from_path, reason = text(data, "from_path"), text(data, "reason")
         r = await call(retry_action, store, sid, from_path=from_path, reason=reason)
         feed.changed()
         args = (
@@ -451,9 +511,9 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     @guarded
     async def cancel(request: Request) -> Response:
-        sid = request.path_params["session_id"]
+        sid = session_id(request)
         data = await body(request)
-        reason = data.get("reason") or None
+        reason = text(data, "reason")
         r = await call(cancel_action, store, sid, reason=reason)
         feed.changed()
         return JSONResponse(receipt(r, cli("cancel", sid, *(["--reason", reason] if reason else []))))
@@ -467,9 +527,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         action = data.get("action")
         if action not in ("retry", "cancel"):
             raise ValueError("action is retry or cancel")
-        workflow = data.get("workflow") or None
-        state = data.get("state") or None
-        older = data.get("older_than") or None
+        workflow, state, older = text(data, "workflow"), text(data, "state"), text(data, "older_than")
         if state is not None and state not in SELECTABLE_STATES:
             raise ValueError(f"state is one of {', '.join(SELECTABLE_STATES)}")
         if not (workflow or state or older):
@@ -495,7 +553,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
             raise ResumeError(
                 f"the filters now select {len(sids)} session(s), not {confirm}: look again before acting"
             )
-        reason = data.get("reason") or None
+        reason = text(data, "reason")
         results = []
         for sid in sids:
             try:
@@ -528,11 +586,20 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/api/live", live),
         Mount("/static", app=StaticFiles(directory=str(static)), name="static"),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={404: _not_found})
     app.state.config = config
     app.state.feed = feed
     app.add_middleware(Guard, config=config)
     return app
+
+
+async def _not_found(request: Request, _exc: Exception) -> Response:
+    """No route: the API answers in JSON, as it does every other error."""
+    if request.url.path.startswith("/api/"):
+        return JSONResponse(
+            {"error": f"no such API route: {request.method} {request.url.path}"}, status_code=404
+        )
+    return PlainTextResponse("Not Found", status_code=404)
 
 
 def _unknown(sid: str) -> Any:
