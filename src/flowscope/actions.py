@@ -19,6 +19,7 @@ from typing import Any
 from .engine.inbox import CANCEL_REASON, RETRY_REASON, take_in
 from .engine.pauses import FINISHED
 from .errors import ConcurrencyConflict, ResumeError, UnknownSessionError
+from .events import RunSubmitted
 from .fold import WorkflowState, rebuild
 from .liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
 from .ownership import Owner, this_host, this_process
@@ -72,7 +73,7 @@ def deliver(store: EventStore, ws: WorkflowState, kind: str, body: Mapping[str, 
     """Send a ``kind`` message to the session's inbox, then take the inbox in at once if no
     live owner holds the session (through the fence: acquire, append, release)."""
     sid = ws.session_id
-    was = ws.status
+    was, seen = ws.status, ws.last_seq
     store.send(sid, kind, body)
     try:
         lease = store.acquire(sid, this_process(), resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S))
@@ -86,7 +87,22 @@ def deliver(store: EventStore, ws: WorkflowState, kind: str, body: Mapping[str, 
         take_in(store, ws, lease)
     finally:
         store.release(lease)
+    if kind == "retry":
+        _check_queued(store, ws, seen, str(body["reason"]))
     return ActionReceipt(sid, ws.workflow, kind, ws.last_seq, None, was)
+
+
+def _check_queued(store: EventStore, ws: WorkflowState, seen: int, reason: str) -> None:
+    """A retry sent at the same moment as another operator's is taken in with it (their
+    reasons merged), by either of them; but one that arrives after the other queued the
+    session is dropped, the session no longer failed. Say so rather than "queued"."""
+    for e in store.read(ws.session_id, seen):
+        if isinstance(e, RunSubmitted) and e.reason is not None and reason in e.reason:
+            return
+    raise ResumeError(
+        f"session {ws.session_id!r} was queued to run again by another request at the same moment; "
+        "yours was not needed, and is not recorded (flowscope events shows who asked)"
+    )
 
 
 def _reason(reason: str | None, default: str) -> str:

@@ -37,9 +37,11 @@ __all__ = [
     "RETRYABLE",
     "Intake",
     "RetryRequest",
+    "MERGED_REASONS",
     "answer_events",
     "answer_body",
     "cancel_events",
+    "merged_reasons",
     "retry_events",
     "reopened_paths",
     "read_inbox",
@@ -101,8 +103,8 @@ class RetryRequest:
 @dataclass(frozen=True, slots=True)
 class Intake:
     """What a session's inbox asks, read against its state: the answers that still apply,
-    a cancel or a retry request (the first of each kind counts), and the ids of every
-    message read, taken in or dropped."""
+    a cancel or a retry request (the first retry's path; the reasons of all of a kind,
+    :func:`merged_reasons`), and the ids of every message read, taken in or dropped."""
 
     answers: tuple[Answer, ...] = ()
     cancel: str | None = None  # the reason
@@ -115,17 +117,19 @@ def read_inbox(ws: WorkflowState, messages: Iterable[Message]) -> Intake:
     answers: list[Answer] = []
     ids: list[int] = []
     given: set[tuple[str, str]] = set()
-    cancel: str | None = None
-    retry: RetryRequest | None = None
+    cancels: list[str] = []
+    retries: list[str] = []
+    from_path: str | None = None
     for msg in messages:
         ids.append(msg.message_id)
         body = msg.body
         if msg.kind == "cancel":
-            cancel = cancel if cancel is not None else str(body.get("reason") or CANCEL_REASON)
+            cancels.append(str(body.get("reason") or CANCEL_REASON))
             continue
         if msg.kind == "retry":
-            if retry is None:
-                retry = RetryRequest(body.get("from_path"), str(body.get("reason") or RETRY_REASON))
+            if not retries:  # the first retry's path counts
+                from_path = body.get("from_path")
+            retries.append(str(body.get("reason") or RETRY_REASON))
             continue
         if msg.kind != "answer":
             log.warning(
@@ -153,7 +157,24 @@ def read_inbox(ws: WorkflowState, messages: Iterable[Message]) -> Intake:
                 continue
             given.add((what, key))
             answers.extend(found)
+    cancel = merged_reasons(cancels) if cancels else None
+    retry = RetryRequest(from_path, merged_reasons(retries)) if retries else None
     return Intake(tuple(answers), cancel, retry, tuple(ids))
+
+
+#: How many requests of one kind taken in together the log names one by one.
+MERGED_REASONS = 4
+
+
+def merged_reasons(reasons: list[str]) -> str:
+    """The reasons of the requests of one kind taken in together (operators who asked at
+    the same moment): each of them, so that the log says who asked and why, not only the
+    first; the same reason once; past :data:`MERGED_REASONS`, how many more."""
+    unique = list(dict.fromkeys(reasons))
+    text = "; also: ".join(unique[:MERGED_REASONS])
+    if len(unique) > MERGED_REASONS:
+        text += f"; and {len(unique) - MERGED_REASONS} more"
+    return text
 
 
 def cancel_events(ws: WorkflowState, reason: str, now: float | None = None) -> list[Event]:

@@ -1,0 +1,101 @@
+"""Operator actions through the store: retries and cancels asked at the same moment are
+each recorded (who asked and why), or refused, never told "done" and dropped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from commands import start_cli
+from flowscope import START, Runner, Workflow, node
+from flowscope.actions import cancel, deliver, load, retry
+from flowscope.errors import ResumeError
+from flowscope.events import RunFinished, RunSubmitted
+from flowscope.store import SqliteEventStore
+
+
+@node
+def boom(ctx, x):
+    raise RuntimeError("the export broke")
+
+
+@node
+async def ask(ctx, x):
+    return await ctx.request_input("go?", interrupt_id="go")
+
+
+def failed_session(db: Path, sid: str = "s") -> SqliteEventStore:
+    store = SqliteEventStore(db)
+    with pytest.raises(RuntimeError):
+        Runner(Workflow("nightly", edges=[(START, boom)]), store=store).run_sync(None, session_id=sid)
+    return store
+
+
+def submitted(store: SqliteEventStore, sid: str = "s") -> list[RunSubmitted]:
+    return [e for e in store.read(sid) if isinstance(e, RunSubmitted) and e.reason is not None]
+
+
+def test_retries_taken_in_together_record_every_reason(tmp_path):
+    store = failed_session(tmp_path / "a.db")
+    # another operator's retry, sent a moment before: still in the inbox when this one takes it in
+    store.send("s", "retry", {"from_path": None, "reason": "the disk was full (retry, asked by ana@ops)"})
+    receipt = retry(store, "s", reason="fixed the export")
+    assert receipt.was == "failed" and not receipt.pending
+    (queued,) = submitted(store)
+    assert "the disk was full (retry, asked by ana@ops)" in queued.reason
+    assert "fixed the export (retry, asked by" in queued.reason
+    assert load(store, "s").status == "queued" and store.inbox("s") == []
+
+
+def test_a_retry_that_arrives_after_another_queued_the_session_says_so(tmp_path):
+    store = failed_session(tmp_path / "a.db")
+    seen = load(store, "s")  # this operator saw it failed ...
+    retry(store, "s", reason="first")  # ... and another queued it meanwhile
+    with pytest.raises(ResumeError, match="queued to run again by another request"):
+        deliver(store, seen, "retry", {"from_path": None, "reason": "second (retry, asked by bo@ops)"})
+    (queued,) = submitted(store)
+    assert "second" not in queued.reason and store.inbox("s") == []
+
+
+def test_cancels_taken_in_together_record_every_reason(tmp_path):
+    store = SqliteEventStore(tmp_path / "a.db")
+    Runner(Workflow("w", edges=[(START, ask)]), store=store).run_sync(None, session_id="p")
+    store.send("p", "cancel", {"reason": "wrong customer (asked by ana@ops)"})
+    cancel(store, "p", reason="duplicate order")
+    (finished,) = [e for e in store.read("p") if isinstance(e, RunFinished) and e.status == "cancelled"]
+    cancelled = [e for e in store.read("p") if e.type == "node_cancelled"]
+    assert cancelled and all(
+        "wrong customer (asked by ana@ops)" in e.reason and "duplicate order (asked by" in e.reason
+        for e in cancelled
+    ), [e.reason for e in cancelled]
+    assert finished.seq == store.last_seq("p")
+
+
+def test_merged_reasons_name_each_once_and_count_the_rest():
+    from flowscope.engine.inbox import MERGED_REASONS, merged_reasons
+
+    assert merged_reasons(["a", "a", "b"]) == "a; also: b"
+    many = [f"r{i}" for i in range(MERGED_REASONS + 2)]
+    assert merged_reasons(many).endswith("; and 2 more") and f"r{MERGED_REASONS}" not in merged_reasons(many)
+
+
+@pytest.mark.slow
+def test_concurrent_retry_commands_are_each_recorded_or_refused(tmp_path):
+    """Four ``flowscope retry`` processes at once: every one that says "queued" has its
+    reason in the log, the others exit 2, and the session is queued once."""
+    db = tmp_path / "a.db"
+    failed_session(db).close()
+    procs = [start_cli("--db", str(db), "retry", "s", "--reason", f"operator-{i}") for i in range(4)]
+    outcomes = [(p.wait(timeout=60), p.communicate()) for p in procs]
+    with SqliteEventStore(db, readonly=True) as store:
+        (queued,) = submitted(store)
+        assert store.inbox("s") == []
+    ok = [i for i, (code, _) in enumerate(outcomes) if code == 0]
+    assert ok, outcomes
+    for i, (code, (out, err)) in enumerate(outcomes):
+        if code == 0:
+            assert f"operator-{i}" in queued.reason and "queued" in out, (i, out, err)
+        else:
+            assert code == 2 and f"operator-{i}" not in queued.reason, (i, code, err)
+            assert len(err.strip().splitlines()) == 1 and err.startswith("flowscope: error:"), err
