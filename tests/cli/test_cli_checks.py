@@ -122,6 +122,11 @@ BAD = {
     ),
     "start_empty_session_id": (["start", "wf", "--session", ""], ["--session", "must not be empty"]),
     "start_control_in_session_id": (["start", "wf", "--session", "a\tb"], ["--session", "control character"]),
+    "start_empty_workflow": (["start", ""], ["WORKFLOW", "workflow name must not be empty"]),
+    "start_control_in_workflow": (["start", "a\tb"], ["WORKFLOW", "control character"]),
+    "ui_stale_after_nan": (["ui", "--stale-after", "nan"], ["--stale-after", "'nan' is not a duration"]),
+    "ui_queued_after_zero": (["ui", "--queued-after", "0"], ["--queued-after", "not a positive duration"]),
+    "export_timeout_negative": (["export", "p-input", "--timeout", "-5"], ["--timeout", "is not a duration"]),
     "resume_nan_answer": (
         ["resume", "p-input", "--input", "go=NaN"],
         ["--input go", "NaN is not a JSON number"],

@@ -1038,6 +1038,8 @@ def test_an_unwritable_file_is_store_read_only(unwritable):
         with pytest.raises(StoreReadOnly) as exc:
             s.append(SID, [RunFinished(session_id=SID, ts=9.0)], 4)
         _assert_typed(exc, StoreReadOnly, unwritable, "SQLITE_READONLY")
+        assert "make the file and its folder writable" in str(exc.value)  # what to do, in any caller's terms
+        assert "readonly=True" not in str(exc.value)  # not the Python API's word to a CLI user
         assert s.last_seq(SID) == 4
 
 

@@ -103,7 +103,7 @@ ADVICE_GIVEN: dict[type[StoreError], tuple[str, ...]] = {
     StoreCorrupt: ("from a backup",),
     NotAFlowscopeDatabase: ("point flowscope at", "point --db"),
     StoreSchemaTooNew: ("upgrade",),
-    StoreReadOnly: ("open it writable", "use a writable", "grant it"),
+    StoreReadOnly: ("make the file", "use a writable", "grant it"),
     StoreDiskFull: ("free space", "free disk space"),
     StoreUnavailable: ("PostgreSQL", "check the path", "pip install", "point --db"),
 }

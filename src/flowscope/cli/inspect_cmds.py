@@ -17,6 +17,7 @@ from ..store.base import FINISHED_SESSION_STATUSES, SESSION_STATUSES
 from . import views
 from .app import (
     DURATION,
+    POSITIVE_DURATION,
     db_option,
     emit,
     format_option,
@@ -323,7 +324,11 @@ def _warn_skipped(session_id: str, exc: Exception) -> None:
     "--service-name", default="flowscope", show_default=True, help="The service.name resource attribute."
 )
 @click.option(
-    "--timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for the endpoint."
+    "--timeout",
+    type=POSITIVE_DURATION,
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for the endpoint.",
 )
 @click.option(
     "--follow",
@@ -332,7 +337,7 @@ def _warn_skipped(session_id: str, exc: Exception) -> None:
 )
 @click.option(
     "--interval",
-    type=float,
+    type=POSITIVE_DURATION,
     default=1.0,
     show_default=True,
     help="With --follow: seconds between passes (after a pass that sent nothing, at least 9x what it took).",

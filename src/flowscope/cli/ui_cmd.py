@@ -11,7 +11,7 @@ import socket
 
 import click
 
-from .app import db_option, open_store, resolve_db, shown_db
+from .app import POSITIVE_DURATION, db_option, open_store, resolve_db, shown_db
 from .failures import CliError
 
 __all__ = ["ui", "COMMANDS"]
@@ -48,14 +48,14 @@ INSTALL_HINT = "the console needs its extra: pip install 'flowscope[ui]' (Starle
 )
 @click.option(
     "--stale-after",
-    type=float,
+    type=POSITIVE_DURATION,
     default=60.0,
     show_default=True,
     help="Seconds after which a running run without an owner and with an old heartbeat counts as orphaned.",
 )
 @click.option(
     "--queued-after",
-    type=float,
+    type=POSITIVE_DURATION,
     default=60.0,
     show_default=True,
     help="Seconds queued after which a session is 'queued too long'.",

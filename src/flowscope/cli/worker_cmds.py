@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..engine.submit import check_input, check_session_id, submit_run
+from ..engine.submit import check_input, check_session_id, check_workflow_name, submit_run
 from ..errors import OutputNotSerializableError, StoreNotWritable
 from ..fold import WorkflowState
 from ..liveness import WORKER_SEEN_WITHIN_S, worker_alive
@@ -210,6 +210,10 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
     with a warning when no live worker serves WORKFLOW (see docs/cli.md).
     """
     value = json_arg(input_json, "--input")
+    try:
+        check_workflow_name(workflow)
+    except ValueError as exc:
+        raise CliError(f"WORKFLOW: {exc}") from None
     try:
         check_session_id(session_id) if session_id is not None else None
         check_input(value)

@@ -18,11 +18,18 @@ from typing import Any
 from ..errors import WorkflowError, redact_message
 from ..events import Event, NodeErrorEvent, NodeStarted, RunFinished, RunStarted, RunSubmitted
 from ..store.base import EventStore
-from .graph import MAX_SESSION_ID, check_name
+from .graph import MAX_NODE_NAME, MAX_SESSION_ID, check_name
 from .ids import new_id
 from .record import json_value
 
-__all__ = ["check_session_id", "check_input", "submit_run", "cannot_run_events", "CANNOT_RUN"]
+__all__ = [
+    "check_session_id",
+    "check_workflow_name",
+    "check_input",
+    "submit_run",
+    "cannot_run_events",
+    "CANNOT_RUN",
+]
 
 #: The error code of a session ended by :func:`cannot_run_events`.
 CANNOT_RUN = "SESSION_CANNOT_RUN"
@@ -32,6 +39,12 @@ def check_session_id(value: object) -> str:
     """``value`` if it can be a session id everywhere (a str of 1 to ``MAX_SESSION_ID``
     characters, valid UTF-8, no control character), else ``ValueError`` saying why."""
     return check_name(value, "session id", MAX_SESSION_ID)
+
+
+def check_workflow_name(value: object) -> str:
+    """``value`` if a ``Workflow`` can have it as its name (what a worker serves), else
+    ``ValueError`` saying why: a session submitted under any other could never run."""
+    return check_name(value, "workflow name", MAX_NODE_NAME)
 
 
 def check_input(value: Any, what: str = "the run input") -> Any:
@@ -46,6 +59,7 @@ def submit_run(store: EventStore, workflow: str, input: Any = None, session_id: 
     The id and the input pass :func:`check_session_id` and :func:`check_input` first; the
     session must be new (``WorkflowError`` otherwise). Nothing is appended on an error.
     """
+    check_workflow_name(workflow)
     input = check_input(input)
     sid = check_session_id(session_id if session_id is not None else new_id())
     if store.last_seq(sid) > 0:

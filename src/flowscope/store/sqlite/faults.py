@@ -88,7 +88,10 @@ def store_error(exc: BaseException, path: str, action: str, busy_timeout: float)
     if code == sqlite3.SQLITE_CORRUPT:
         return StoreCorrupt(f"{path} is corrupt (could not {action}): restore it from a backup")
     if code == sqlite3.SQLITE_READONLY:
-        return StoreReadOnly(f"{path} is read-only: cannot {action}; open it writable or with readonly=True")
+        return StoreReadOnly(
+            f"{path} is read-only: cannot {action}; make the file and its folder writable "
+            "(SQLite writes -wal and -shm files beside it)"
+        )
     if code == sqlite3.SQLITE_FULL:
         return StoreDiskFull(
             f"{path}: the disk or the database size limit is full: cannot {action}; free space and retry"
