@@ -770,3 +770,42 @@ async def test_the_recorder_holds_only_the_sessions_being_recorded(store):
     log = store.read(d.session_id)
     assert [e.status for e in log if isinstance(e, RunFinished)] == ["paused", "completed"]
     assert [r.resumed for r in log if isinstance(r, RunStarted)] == [False, True]
+
+
+async def test_a_route_is_recorded_with_the_run_that_took_it_and_the_loop_ends_the_same(store):
+    """A node that routes without an output (``Event(route=...)``, a loop's check) records
+    its route on its ``NodeCompleted``; the workflow's result is the same as without the bridge."""
+
+    def build(calls: dict[str, int]) -> Workflow:
+        def tick(node_input: Any) -> None:
+            calls["tick"] = calls.get("tick", 0) + 1
+
+        def check(ctx: Any, node_input: Any) -> Event:
+            n = ctx.state.get("n", 0) + 1
+            return Event(state={"n": n}, route="again" if n < 3 else "done")
+
+        def done(node_input: Any) -> dict[str, str]:
+            return {"result": "looped"}
+
+        check_n = FunctionNode(func=check, name="check")
+        tick_n = FunctionNode(func=tick, name="tick")
+        return Workflow(
+            name="loop",
+            edges=[
+                ("START", tick_n, check_n),
+                (check_n, {"again": tick_n, "done": FunctionNode(func=done, name="done")}),
+            ],
+        )
+
+    plain: dict[str, int] = {}
+    without = [e.output for e in await Driver(build(plain), None).start() if e.output is not None]
+    seen: dict[str, int] = {}
+    driver = Driver(build(seen), FlowscopeADK(store))
+    with_bridge = [e.output for e in await driver.start() if e.output is not None]
+    assert with_bridge == without and seen == plain == {"tick": 3}
+    routes = [
+        (e.path, e.route)
+        for e in store.read(driver.session_id)
+        if isinstance(e, NodeCompleted) and e.node == "check"
+    ]
+    assert routes == [("loop@1/check@1", "again"), ("loop@1/check@2", "again"), ("loop@1/check@3", "done")]

@@ -542,6 +542,107 @@ def test_an_interrupt_in_a_send_branch_is_recorded_at_that_branch(store, otel_er
     assert otel_errors() == []
 
 
+def test_a_resume_langgraph_refuses_records_no_answer(store):
+    """One plain value for two open interrupts: LangGraph refuses it (RuntimeError) and uses
+    no answer, so the log records none; each real answer is then recorded once."""
+
+    class Two(TypedDict, total=False):
+        who: str
+        ok: Annotated[list[str], operator.add]
+
+    def approve(arg: dict[str, str]) -> dict[str, list[str]]:
+        return {"ok": [f"{arg['who']}={interrupt('approve ' + arg['who'] + '?')}"]}
+
+    b = StateGraph(Two)
+    b.add_node("approve", approve)
+    b.add_conditional_edges(
+        START, lambda s: [Send("approve", {"who": w}) for w in ("ana", "bo")], ["approve"]
+    )
+    graph = b.compile(checkpointer=InMemorySaver(), name="approvals")
+    cfg = config(FlowscopeCallbackHandler(store), "t-two")
+    ids = [i.id for i in graph.invoke({"ok": []}, cfg)["__interrupt__"]]
+    with pytest.raises(RuntimeError, match="multiple pending interrupts"):
+        graph.invoke(Command(resume="yes"), cfg)
+    assert [e for e in store.read("t-two") if isinstance(e, InputReceived)] == []
+    assert {e.interrupt_id for e in rebuild(store.read("t-two")).pending} == set(ids)  # still waiting on both
+    graph.invoke(Command(resume={ids[0]: "yes"}), cfg)
+    out = graph.invoke(Command(resume={ids[1]: "no"}), cfg)
+    assert len(out["ok"]) == 2 and {x.split("=")[1] for x in out["ok"]} == {"yes", "no"}
+    log = store.read("t-two")
+    assert [e.interrupt_id for e in log if isinstance(e, InputReceived)] == ids
+    # (LangGraph runs the task still waiting again on the first answer: it asks again, as recorded)
+    assert {e.interrupt_id for e in log if isinstance(e, InputRequested)} == set(ids)
+    assert rebuild(log).status == "completed"
+
+
+def test_stopping_a_stream_early_is_a_cancellation_not_a_failure(store):
+    """``break`` out of ``stream()``: LangGraph closes its generator (GeneratorExit) and
+    stops, its checkpoint intact; no error is recorded or counted, and the thread goes on."""
+    ran: list[str] = []
+
+    def step(name: str) -> Any:
+        def fn(s: State) -> State:
+            ran.append(name)
+            return {"n": s.get("n", 0) + 1}
+
+        return fn
+
+    b = StateGraph(State)
+    for name in ("a", "b", "c"):
+        b.add_node(name, step(name))
+    b.add_edge(START, "a")
+    b.add_edge("a", "b")
+    b.add_edge("b", "c")
+    graph = b.compile(checkpointer=InMemorySaver(), name="chain")
+    handler, metrics = traced(store)
+    cfg = config(handler, "t-stream")
+    for _chunk in graph.stream({"n": 0}, cfg, stream_mode="updates"):
+        break
+    assert ran == ["a"]
+    log = store.read("t-stream")
+    assert not [e for e in log if isinstance(e, (NodeErrorEvent, NodeErrorPropagated))]
+    assert [e.status for e in log if isinstance(e, RunFinished)] == ["cancelled"]
+    assert samples(metrics, "flowscope_node_errors_total") == {}
+    assert graph.invoke(None, cfg)["n"] == 3 and ran == ["a", "b", "c"]
+    assert rebuild(store.read("t-stream")).status == "completed"
+
+
+def test_a_command_is_recorded_as_its_update_and_its_goto(store):
+    """A node returning ``Command(update=..., goto=...)`` (to its own graph or to the parent)
+    completes with the update as its output and the goto as its route."""
+
+    class Log(TypedDict, total=False):
+        log: Annotated[list[str], operator.add]
+
+    def handoff(s: Log) -> Command:
+        return Command(graph=Command.PARENT, goto="billing", update={"log": ["handoff"]})
+
+    def router(s: Log) -> Command:
+        return Command(update={"log": ["routed"]}, goto="handoff")
+
+    inner = StateGraph(Log)
+    inner.add_node("router", router)
+    inner.add_node("handoff", handoff)
+    inner.add_edge(START, "router")
+    agent = inner.compile()
+
+    def billing(s: Log) -> Log:
+        return {"log": ["billing"]}
+
+    outer = StateGraph(Log)
+    outer.add_node("agent", agent)
+    outer.add_node("billing", billing)
+    outer.add_edge(START, "agent")
+    graph = outer.compile(checkpointer=InMemorySaver(), name="support")
+    out = graph.invoke({"log": []}, config(FlowscopeCallbackHandler(store), "t-cmd"))
+    assert out == graph.invoke({"log": []}, {"configurable": {"thread_id": "plain"}})  # the same without us
+    done = {
+        e.path: (e.output, e.has_output, e.route) for e in store.read("t-cmd") if isinstance(e, NodeCompleted)
+    }
+    assert done["support@1/agent@1/router@1"] == ({"log": ["routed"]}, True, "handoff")
+    assert done["support@1/agent@1/handoff@1"] == ({"log": ["handoff"]}, True, "billing")
+
+
 def test_a_conditional_edge_from_start_records_no_start_task(store):
     b = StateGraph(State)
     b.add_node("a", lambda s: {"n": 1})
@@ -592,6 +693,8 @@ async def test_timeout_policy_retries_are_node_retrying_and_a_final_timeout_is_a
     log = store.read("t-timeout")
     (slow_path,) = {e.path for e in log if isinstance(e, NodeStarted) and e.node == "slow"}
     (hung_path,) = {e.path for e in log if isinstance(e, NodeStarted) and e.node == "hung"}
+    # the entrypoint is the graph and its one task (LangGraph runs the function as a node)
+    assert (slow_path, hung_path) == ("flow@1/flow@1/slow@1", "flow@1/flow@1/hung@1")
     retries = [e for e in of(log, slow_path) if isinstance(e, NodeRetrying)]
     assert [(e.attempt, e.error_type, e.error_code) for e in retries] == [
         (1, "NodeTimeoutError", "NODE_TIMEOUT"),

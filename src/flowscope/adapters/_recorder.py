@@ -433,14 +433,17 @@ class BridgeRecorder:
         output: Any,
         has_output: bool,
         attempt_count: int | None = None,
+        route: str | int | None = None,
     ) -> None:
-        """``NodeCompleted``; ``has_output=False`` is the completion marker."""
+        """``NodeCompleted``; ``has_output=False`` is the completion marker; ``route``: the
+        label the run routed by (a ``Command``'s ``goto``, an ADK event's route)."""
         count = attempt_count if attempt_count is not None else ctx.attempt
         ev = self._event(
             ctx,
             NodeCompleted,
             output=jsonable(output) if has_output else None,
             has_output=has_output,
+            route=route,
             attempt_count=count,
         )
         self._end(

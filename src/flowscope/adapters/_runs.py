@@ -27,6 +27,7 @@ __all__ = [
     "OpenRunSpan",
     "jsonable",
     "parent_of",
+    "route_of",
     "name_of",
 ]
 
@@ -54,6 +55,20 @@ def jsonable(value: Any) -> Any:
         except Exception:  # a model that does not dump to JSON falls through to the marker
             pass
     return {"unserializable": type(value).__name__}
+
+
+def route_of(value: Any) -> str | int | None:
+    """A route the other engine took, as ``NodeCompleted.route`` keeps it: a label (str,
+    int, bool), the labels of a list joined by commas (a fan-out), a ``Send``'s node; None
+    for none."""
+    if value is None or (isinstance(value, (list, tuple)) and not value):
+        return None
+    if isinstance(value, (str, int)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(route_of(v)) for v in value)
+    node = getattr(value, "node", None)  # LangGraph's Send
+    return node if isinstance(node, str) else type(value).__name__
 
 
 def parent_of(path: str) -> str:

@@ -57,6 +57,7 @@ from ..plugins import Plugin
 from ..states import RunStatus
 from ..store.base import EventStore
 from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder, name_of
+from ._runs import route_of
 
 __all__ = ["FlowscopeADK", "ObservedFunctionNode", "FlowscopeADKPlugin", "UnobservableNodeError"]
 
@@ -115,6 +116,7 @@ class _Observing(BaseNode):
         requests: list[tuple[str, str, Any]] = []
         output: Any = None
         has_output = False
+        route: Any = None
         try:
             async for item in inner:
                 if isinstance(item, RequestInput):
@@ -122,6 +124,8 @@ class _Observing(BaseNode):
                 elif isinstance(item, AdkEvent):
                     if item.output is not None:
                         output, has_output = item.output, True
+                    if item.actions is not None and item.actions.route is not None:
+                        route = item.actions.route
                     requests.extend(_requests_in(item))
                 yield item
         except asyncio.CancelledError:
@@ -145,7 +149,7 @@ class _Observing(BaseNode):
         if requests:
             bridge._requested(run, ctx, requests)
         else:
-            bridge._completed(run, ctx, output, has_output)
+            bridge._completed(run, ctx, output, has_output, route_of(route))
 
 
 class ObservedFunctionNode(_Observing, FunctionNode):
@@ -550,10 +554,12 @@ class FlowscopeADK:
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
         self.recorder.request_input(self._inv(ctx), run.ctx, requests)
 
-    def _completed(self, run: _Run, ctx: Any, output: Any, has_output: bool) -> None:
+    def _completed(
+        self, run: _Run, ctx: Any, output: Any, has_output: bool, route: str | int | None = None
+    ) -> None:
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
         inv = self._inv(ctx)
-        self.recorder.complete(inv, run.ctx, output, has_output)
+        self.recorder.complete(inv, run.ctx, output, has_output, route=route)
         if self._wf_outputs:
             self._settle(ctx.invocation_id, inv)
 

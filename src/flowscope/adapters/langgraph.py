@@ -28,6 +28,7 @@ every task (a new LangChain run id per attempt, the task id in the metadata's
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Iterable
@@ -35,7 +36,7 @@ from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
-from langgraph.errors import GraphBubbleUp, GraphInterrupt, NodeTimeoutError
+from langgraph.errors import GraphBubbleUp, GraphInterrupt, NodeTimeoutError, ParentCommand
 from langgraph.types import Command
 
 from ..errors import ErrorInfo
@@ -45,6 +46,7 @@ from ..plugins import Plugin
 from ..states import RunStatus
 from ..store.base import EventStore
 from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder
+from ._runs import route_of
 
 try:  # langgraph >= 1.2's graph lifecycle callbacks: the one signal of a breakpoint of the root graph
     from langgraph.callbacks import GraphCallbackHandler as _Handler
@@ -202,7 +204,7 @@ class FlowscopeCallbackHandler(_Handler):
                 g = self._graph_of(run_id)
                 if g is not None:
                     self._forget(g.inv.run.session_id, task.ns)  # never run again
-                    self.recorder.complete(g.inv, task.ctx, outputs, outputs is not None)
+                    self._complete(g, task, outputs)
 
     def on_chain_error(
         self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
@@ -222,11 +224,21 @@ class FlowscopeCallbackHandler(_Handler):
                 self._interrupted(g, task, error)
             elif isinstance(error, GraphBubbleUp):  # a Command for the parent graph: the task is done
                 task.done = True
-                self.recorder.complete(g.inv, task.ctx, None, False)
+                command = error.args[0] if isinstance(error, ParentCommand) and error.args else None
+                self._complete(g, task, command)
             else:
                 # Retried or final? Only the next start of the same task tells: LangGraph's
                 # retry policy decides, and we record what it decided.
                 task.error = (error, time.time())
+
+    def _complete(self, g: _Graph, task: _Task, outputs: Any) -> None:
+        """A task's ``NodeCompleted``: a ``Command`` it returned is its ``update`` (the
+        output) and its ``goto`` (the route), not an object the store cannot keep."""
+        if isinstance(outputs, Command):
+            update = outputs.update
+            self.recorder.complete(g.inv, task.ctx, update, update is not None, route=route_of(outputs.goto))
+        else:
+            self.recorder.complete(g.inv, task.ctx, outputs, outputs is not None)
 
     def on_interrupt(self, event: Any) -> None:
         """LangGraph paused a graph (``interrupt()`` or a breakpoint): the root run is
@@ -274,10 +286,7 @@ class FlowscopeCallbackHandler(_Handler):
         if isinstance(inputs, Command) and inputs.resume is not None:
             open_ids = [e.interrupt_id for e in ws.pending if isinstance(e, InputRequested)]
             value = inputs.resume
-            if isinstance(value, dict) and value and set(value) <= set(open_ids):
-                answers = dict(value)
-            else:  # one value for the interrupt(s) LangGraph resumes
-                answers = {i: value for i in open_ids}
+            answers = _resume_answers(value, open_ids)
             recorded_input: Any = {"resume": value}
         else:
             recorded_input = inputs
@@ -307,7 +316,7 @@ class FlowscopeCallbackHandler(_Handler):
             if task.done:
                 continue
             exc = task.error[0] if task.error is not None else None
-            cancelled = isinstance(exc, asyncio.CancelledError)
+            cancelled = exc is not None and _stopped(exc)
             if timed_out is not None and task.ctx.node_name == timed_out and (exc is None or cancelled):
                 timed_out = None  # one task timed out: the first one open under that name
                 exc, cancelled = error, False
@@ -327,7 +336,7 @@ class FlowscopeCallbackHandler(_Handler):
             elif cancelled:  # LangGraph cancelled it (another task failed)
                 task.done = True
                 self.recorder.cancel(g.inv, task.ctx)
-        if isinstance(error, (KeyboardInterrupt,)) or type(error).__name__ == "CancelledError":
+        if _stopped(error):
             self.recorder.finish_run(g.inv, "cancelled", error=error)
         else:
             self.recorder.finish_run(g.inv, "failed", error=error, error_path=error_path or g.inv.root_path)
@@ -442,3 +451,26 @@ class FlowscopeCallbackHandler(_Handler):
     def close(self) -> None:
         """Stop the heartbeat thread (the store is the caller's to close)."""
         self.recorder.close()
+
+
+def _stopped(error: BaseException) -> bool:
+    """Whether ``error`` ended the graph's run without a failure: a cancelled task, Ctrl-C,
+    or a ``stream()``/``astream()`` the caller stopped reading (its generator is closed:
+    ``GeneratorExit``). Cancellation is not failure; LangGraph's checkpoint is intact."""
+    return isinstance(error, (asyncio.CancelledError, KeyboardInterrupt, GeneratorExit)) or (
+        type(error).__name__ == "CancelledError"
+    )
+
+
+def _resume_answers(value: Any, open_ids: list[str]) -> dict[str, Any]:
+    """The answers a ``Command(resume=value)`` gives, by LangGraph's own rule (its
+    ``pregel/_loop.py``): a dict whose keys all look like interrupt ids is a map of answers
+    (those of open requests are taken); any other value answers the one open request, and
+    with more than one open LangGraph refuses it (``RuntimeError``), so it answers none."""
+    if isinstance(value, dict) and all(isinstance(k, str) and _INTERRUPT_ID.fullmatch(k) for k in value):
+        return {k: v for k, v in value.items() if k in open_ids}
+    return {open_ids[0]: value} if len(open_ids) == 1 else {}
+
+
+#: An interrupt id as LangGraph makes them (``is_xxh3_128_hexdigest``): 32 hex digits.
+_INTERRUPT_ID = re.compile(r"[0-9a-f]{32}")
