@@ -394,8 +394,12 @@ class Worker:
             self._count("cancelled")
             log.info("session %s (%s, %s): %s", sid, claim.workflow, claim.reason, describe_exception(exc))
         except LeaseLost as exc:
-            self._count("lease_lost" if not self._stop.is_set() else "handed_back")
-            log.warning("session %s: lease lost: %s", sid, describe_exception(exc))
+            if self._stop.is_set():  # the drain handed it back: planned, not a fault
+                self._count("handed_back")
+                log.info("session %s: handed back by the drain", sid)
+            else:
+                self._count("lease_lost")
+                log.warning("session %s: lease lost: %s", sid, describe_exception(exc))
         except InvocationAbortedError:
             self._count("handed_back")
             log.info("session %s: stopped by the drain", sid)

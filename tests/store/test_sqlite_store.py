@@ -27,6 +27,7 @@ from flowscope.errors import (
     StoreDiskFull,
     StoreError,
     StoreLocked,
+    StoreNotWritable,
     StoreReadOnly,
     StoreSchemaTooNew,
     StoreUnavailable,
@@ -1041,6 +1042,34 @@ def test_an_unwritable_file_is_store_read_only(unwritable):
         assert "make the file and its folder writable" in str(exc.value)  # what to do, in any caller's terms
         assert "readonly=True" not in str(exc.value)  # not the Python API's word to a CLI user
         assert s.last_seq(SID) == 4
+
+
+def _io_error() -> sqlite3.OperationalError:
+    """A disk I/O error as SQLite reports it on a write (its extended code included)."""
+    exc = sqlite3.OperationalError("disk I/O error")
+    exc.sqlite_errorcode = sqlite3.SQLITE_IOERR_WRITE  # type: ignore[attr-defined]
+    exc.sqlite_errorname = "SQLITE_IOERR_WRITE"  # type: ignore[attr-defined]
+    return exc
+
+
+def test_an_io_error_on_a_mount_gone_read_only_is_store_read_only(db_path, monkeypatch):
+    """A connection opened before its filesystem went read-only (ext4's errors=remount-ro)
+    gets SQLITE_IOERR, not SQLITE_READONLY: it is the same fault, a store that refuses
+    writes, which a worker backs off on and stops at when it lasts."""
+    from flowscope.store.sqlite import faults
+
+    monkeypatch.setattr(faults, "mounted_read_only", lambda path: path == str(db_path))
+    err = faults.store_error(_io_error(), str(db_path), "claim sessions", 5.0)
+    assert type(err) is StoreReadOnly and "mounted read-only" in str(err) and "dmesg" in str(err)
+    other = faults.store_error(_io_error(), str(db_path) + "x", "claim sessions", 5.0)
+    assert type(other) is StoreNotWritable and "disk I/O error" in str(other)  # a failing disk
+
+
+def test_a_writable_or_unknown_folder_is_not_said_to_be_mounted_read_only(tmp_path):
+    from flowscope.store.sqlite.faults import mounted_read_only
+
+    assert not mounted_read_only(str(tmp_path / "x.db"))  # the test's own folder takes writes
+    assert not mounted_read_only("/no/such/folder/x.db")  # unknown: an I/O error stays a failing disk
 
 
 def test_a_full_database_is_store_disk_full(db_path):

@@ -17,12 +17,13 @@ from ...errors import (
     StoreDiskFull,
     StoreError,
     StoreLocked,
+    StoreNotWritable,
     StoreReadOnly,
     StoreUnavailable,
     StoreWalRemoved,
 )
 
-__all__ = ["store_error", "primary_code", "wal_removed", "wal_looks_removed"]
+__all__ = ["store_error", "primary_code", "wal_removed", "wal_looks_removed", "mounted_read_only"]
 
 
 def wal_removed(path: str) -> StoreWalRemoved:
@@ -47,6 +48,14 @@ def wal_looks_removed(path: str) -> bool:
         return os.stat(path + "-wal").st_size == 0
     except FileNotFoundError:
         return True
+    except OSError:
+        return False
+
+
+def mounted_read_only(path: str) -> bool:
+    """Whether the filesystem that holds ``path``'s folder is mounted read-only now."""
+    try:
+        return bool(os.statvfs(os.path.dirname(os.path.abspath(path))).f_flag & os.ST_RDONLY)
     except OSError:
         return False
 
@@ -96,8 +105,20 @@ def store_error(exc: BaseException, path: str, action: str, busy_timeout: float)
         return StoreDiskFull(
             f"{path}: the disk or the database size limit is full: cannot {action}; free space and retry"
         )
-    if code == sqlite3.SQLITE_IOERR and wal_looks_removed(path):
-        return _wal_removed_elsewhere(path, action)
+    if code == sqlite3.SQLITE_IOERR:
+        if wal_looks_removed(path):
+            return _wal_removed_elsewhere(path, action)
+        # A connection opened before its filesystem went read-only (ext4's errors=remount-ro
+        # after a disk error) gets an I/O error, not SQLITE_READONLY as a new one would.
+        if mounted_read_only(path):
+            return StoreReadOnly(
+                f"{path}: disk I/O error (could not {action}): its filesystem is mounted read-only now "
+                "(after a disk error?); check the disk (dmesg), then remount it writable"
+            )
+        # A failing disk refuses writes as surely: a worker backs off and stops when it lasts.
+        return StoreNotWritable(
+            f"{path}: disk I/O error (could not {action}): check the disk and its filesystem"
+        )
     if code == sqlite3.SQLITE_CANTOPEN:
         return StoreUnavailable(
             f"cannot open flowscope database {path} (to {action}): check the path and its permissions"
