@@ -435,16 +435,11 @@ class BridgeRecorder:
         attempt_count: int | None = None,
         route: str | int | None = None,
     ) -> None:
-        """``NodeCompleted``; ``has_output=False`` is the completion marker; ``route``: the
-        label the run routed by (a ``Command``'s ``goto``, an ADK event's route)."""
+        """``NodeCompleted`` (``has_output=False``: the marker; ``route``: what it routed by)."""
         count = attempt_count if attempt_count is not None else ctx.attempt
+        out = jsonable(output) if has_output else None
         ev = self._event(
-            ctx,
-            NodeCompleted,
-            output=jsonable(output) if has_output else None,
-            has_output=has_output,
-            route=route,
-            attempt_count=count,
+            ctx, NodeCompleted, output=out, has_output=has_output, route=route, attempt_count=count
         )
         self._end(
             inv,
