@@ -344,6 +344,14 @@ def test_configure_tracing_defaults_and_validation(monkeypatch):
         assert handle.exporters == ["console"]
         assert handle.force_flush() is True
 
+    # what an endpoint from the environment says of itself is printable: its password masked
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://bob:s3cretpw@127.0.0.1:1")
+    handle = configure_tracing(SERVICE, timeout=1)
+    assert handle.exporters == ["otlp http/protobuf http://bob:***@127.0.0.1:1"]
+    assert "s3cret" not in repr(handle)
+    handle.provider.shutdown()
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
     with configure_tracing(SERVICE) as handle:
         assert handle.exporters == ["console"]

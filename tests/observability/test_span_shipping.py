@@ -367,6 +367,42 @@ def test_after_a_refused_export_the_watermark_of_that_session_stays_put_in_this_
     assert store.exported_seq("y") == 5
 
 
+async def test_after_a_refusal_the_next_catch_up_in_this_process_lets_the_watermark_move_again(tmp_path):
+    """A session an exporter refused spans of is sent from its watermark by the next opener;
+    when that is this process (a worker that keeps the session), its catch-up re-sends them,
+    and the watermark follows the exports again: nothing is sent a third time at each
+    later resume, and nothing waits for a follower to send it again."""
+
+    @node
+    async def ask1(ctx, x):
+        return await ctx.request_input("1?", interrupt_id="q1")
+
+    @node
+    async def ask2(ctx, x):
+        return await ctx.request_input("2?", interrupt_id="q2")
+
+    store = SqliteEventStore(tmp_path / "f.db")
+    inner = _Flaky()
+    plugin = TracingPlugin(tracer_provider=provider_with(WatermarkExporter(inner, Ledger())))
+    runner = Runner(Workflow("w", edges=[(START, ask1, ask2)]), store=store, plugins=[plugin])
+    inner.ok = False  # the collector is down for the first invocation
+    await runner.run(None, session_id="s")
+    assert plugin.force_flush() and store.exported_seq("s") == 0
+    refused = {sp.context.span_id for sp in inner.got}
+    inner.ok = True
+    await runner.resume("s", inputs={"q1": 1})  # its catch-up sends the refused spans again
+    assert plugin.force_flush()
+    assert store.exported_seq("s") == store.last_seq("s")
+    await runner.resume("s", inputs={"q2": 2})
+    assert plugin.force_flush()
+    assert store.exported_seq("s") == store.last_seq("s")
+    sent: dict[int, int] = {}
+    for sp in inner.got:
+        sent[sp.context.span_id] = sent.get(sp.context.span_id, 0) + 1
+    assert refused and {i for i, n in sent.items() if n > 1} == refused  # once refused, once accepted
+    assert all(n <= 2 for n in sent.values()), sent
+
+
 class _CountingStore(SqliteEventStore):
     """A SQLite store that counts its watermark writes (each is a transaction)."""
 

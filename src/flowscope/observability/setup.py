@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ..errors import mask_url_credentials
 from . import otlp
 from .backlog import CLOSE_WAIT_S, drain
 from .otlp import PROTOCOLS
@@ -139,7 +140,8 @@ def configure_tracing(
             otlp.span_exporter(protocol, otlp_endpoint, timeout=timeout, headers=headers)
         )
         provider.add_span_processor(BatchSpanProcessor(exporter))
-        described.append(f"otlp {protocol} {otlp_endpoint or env_endpoint or '(default endpoint)'}")
+        where = mask_url_credentials(otlp_endpoint or env_endpoint or "(default endpoint)")
+        described.append(f"otlp {protocol} {where}")  # printable: a URL's password masked
     if use_console:
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
         described.append("console")

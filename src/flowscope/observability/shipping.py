@@ -15,7 +15,8 @@ by a worker too) or by ``flowscope export --follow``: the same records, the same
 Exactly once, but for a kill between the exporter's SUCCESS and the watermark's write
 (those spans are sent again, with the same ids; backends keep one). A refused export
 stops the session's watermark in this process, so the next opener sends from there: no
-span is lost, a few may be sent twice.
+span is lost, the spans delivered since the refusal may be sent twice. When this process
+opens the session again, its catch-up sends them itself, and the watermark moves on.
 """
 
 from __future__ import annotations
@@ -248,6 +249,8 @@ class Ledger:
             for session in touched:
                 mark = self._sessions[session]
                 if mark.failed:
+                    if not mark.pending:  # _refused remembers it: the mark itself is done
+                        del self._sessions[session]
                     continue
                 upto = mark.done
                 if mark.pending:
@@ -267,6 +270,17 @@ class Ledger:
                     self._writer.start()
                 elif not self._gathering:  # a gathering writer takes these marks when it writes
                     self._wake.notify()
+
+    def resent(self, session_id: str) -> None:
+        """This process has just handed over again every span of the session past its
+        stored watermark (a catch-up: the refused ones among them are registered, pending):
+        its watermark may follow the exports again, instead of staying before the refusal
+        for the rest of the process and having every later opener send the same spans."""
+        with self._lock:
+            self._refused.discard(session_id)
+            mark = self._sessions.get(session_id)
+            if mark is not None:
+                mark.failed = False
 
     def _write_due(self) -> None:
         """The writer's thread (one per ledger; it waits while nothing is due, and ends
@@ -501,6 +515,8 @@ class Shipper:
         if ledger is not None:  # not what this process handed over already
             records = ledger.shipped(session_id, records)
         self.ship(records, store)
+        if ledger is not None:
+            ledger.resent(session_id)
         return last or link
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
