@@ -524,6 +524,29 @@ async def test_nodes_running_while_running(m):
     assert m.value("flowscope_nodes_running", workflow="orders", node="probe") == 0
 
 
+async def test_a_nested_workflow_is_no_node_running_and_its_cancellation_is_its_childs(m):
+    """One hung node two workflows deep is one node running, as the store's open runs say,
+    and one cancel of it is one cancellation: the nested workflows are its containers."""
+    started = asyncio.Event()
+
+    @node
+    async def hang(x):
+        started.set()
+        await asyncio.sleep(60)
+
+    outer = chain("outer", chain("mid", chain("inner", hang)))
+    task = asyncio.ensure_future(m.runner(outer).run(1))
+    await started.wait()
+    assert m.total("flowscope_nodes_running") == 1
+    assert m.value("flowscope_nodes_running", workflow="outer", node="hang") == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert m.total("flowscope_node_runs_total", outcome="cancellation") == 1
+    assert m.value("flowscope_node_runs_total", workflow="outer", node="hang", outcome="cancellation") == 1
+    assert m.total("flowscope_nodes_running") == 0
+
+
 async def test_many_runs_add_up(m):
     runner = m.runner(chain("orders", ok))
     for i in range(25):

@@ -293,26 +293,33 @@ class MetricsPlugin(Plugin):
             return  # the invocation's own run: its outcome is flowscope_workflow_runs_total's
         # Bound once per (workflow, node) and thread: the run carries its series to after_node.
         ns = ctx.plugin_state[_KEY] = self._node(ctx.run.workflow, ctx.node_name)
-        ns.up()
+        if ctx.kind != "workflow":
+            ns.up()
+        else:  # a nested workflow runs while its children do: they are the ones running
+            ns.running.add(0.0)  # its series at 0 in every backend, as a bound one reads
 
     def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
         if ctx.parent is None:
             return
         ns: _NodeSeries | None = ctx.plugin_state.pop(_KEY, None)
+        nested = ctx.kind == "workflow"
         if ns is None:  # the plugin was added after before_node ran
             ns = self._node(ctx.run.workflow, ctx.node_name)
-            ns.up()
-        running = ns.running_part
-        if running is not None:
-            running.value -= 1.0
-        else:
-            ns.running.add(-1.0)
-        origin = outcome.origin_path
-        if origin is not None and from_descendant(ctx.path, origin):
-            # A container: the failure or pause is its descendant's, counted once there
-            # (docs/design.md, "Counting once, at the deepest path").
-            return
+        elif not nested:
+            running = ns.running_part
+            if running is not None:
+                running.value -= 1.0
+            else:
+                ns.running.add(-1.0)
         status = outcome.status
+        origin = outcome.origin_path
+        if (origin is not None and from_descendant(ctx.path, origin)) or (
+            nested and status == "cancellation"
+        ):
+            # A container: the failure or pause is its descendant's, counted once there
+            # (docs/design.md, "Counting once, at the deepest path"); so is a nested
+            # workflow's cancellation, which stops it with the children it was running.
+            return
         bound = ns.by_outcome.get(status)
         if bound is None:  # once per (workflow, node, outcome)
             bound = self._outcome(ns, status)
