@@ -10,8 +10,8 @@ inside a nested workflow (tests/signal_workflows.py), in turn, on the same proce
 2. a node that hangs while its worker lives: FlowscopeNodeStuckRunning, for ``stall``;
 3. a worker SIGKILLed inside ``kill_wf/kill_inner``: FlowscopeRunOrphaned, for
    ``hang_forever``; the process is gone too, so its endpoint is down
-   (FlowscopeMetricsEndpointDown for its instance, with no workflow label): a second fact of
-   the same kill, not a second count of the run;
+   (FlowscopeWorkerEndpointDown for its instance, with no workflow label): a second fact of
+   the same kill, not a second count of the run, and not the store endpoint's alert;
 4. an empty job result answered with ``flowscope resume --job`` by a process that is no
    worker: FlowscopeJobEmptyResults, for ``geocode`` (counted from the store);
 5. queued work no worker serves (``flowscope start queued_wf``):
@@ -164,7 +164,7 @@ def test_each_fault_fires_exactly_its_alert_once_at_the_deepest_path(tmp_path):
             endpoint alert (whose subject is the target)."""
             out: dict[str, set[tuple[tuple[str, str], ...]]] = {}
             for alert, expr in rules.items():
-                keep = ("instance",) if alert == "FlowscopeMetricsEndpointDown" else ()
+                keep = ("instance",) if alert.endswith("EndpointDown") else ()
                 out[alert] = {
                     tuple(
                         sorted(
@@ -268,7 +268,7 @@ def test_each_fault_fires_exactly_its_alert_once_at_the_deepest_path(tmp_path):
             before,
             {
                 "FlowscopeRunOrphaned": {labels(workflow="kill_wf", node="hang_forever")},
-                "FlowscopeMetricsEndpointDown": {labels(instance=instance["killed"])},
+                "FlowscopeWorkerEndpointDown": {labels(instance=instance["killed"])},
             },
             "a worker killed inside kill_inner",
         )
