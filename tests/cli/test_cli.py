@@ -209,6 +209,17 @@ def test_json_keys_are_documented():
             assert f"`{key}`" in text, key
 
 
+def test_the_audit_keys_are_documented_in_their_json_order():
+    """cli.md says a listing's JSON keys come "always all of them, in that order": the
+    audit table's rows name them in the order ``--format json`` prints them."""
+    text = DOCS.read_text()
+    section = text[text.index("## `flowscope audit`") :]
+    table = section[section.index("| key | meaning |") : section.index("With `--by run`")]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
+    documented = [k for line in rows for k in re.findall(r"`([a-z_]+)`", line.split("|")[1])]
+    assert documented == list(views.AUDIT_KEYS)
+
+
 def test_show_json_has_the_timeline_of_the_failed_run(demo_db):
     db, ids = demo_db
     rows = json.loads(invoke("--db", str(db), "show", ids["declined"], "--format", "json").stdout)
