@@ -192,6 +192,7 @@ def _one_run_snapshot(fmt):
         + ', "times": "AAAA", "extras": []}',
         _one_run_snapshot(2),
         _one_run_snapshot(3),
+        "[" * 100_000,  # nested past the JSON parser's depth: RecursionError, not ValueError
     ],
 )
 async def test_an_unusable_snapshot_is_ignored_and_the_log_folded(tmp_path, caplog, bad):
@@ -217,6 +218,30 @@ async def test_a_snapshot_behind_the_log_is_completed_by_the_tail(tmp_path):
     assert second.status == "paused" and store.load_snapshot("s")[0] > old_seq
     store.save_snapshot("s", old_seq, old)  # as if the second invocation had not saved one
     assert (await Runner(wf, store=SqliteEventStore(path)).resume("s", inputs={"approval": 2})).output == 12
+
+
+async def test_another_sessions_snapshot_or_one_ahead_of_the_log_is_never_used(tmp_path, caplog):
+    """A store whose rows got mixed up (an adapter's bug, a restored backup): a snapshot of
+    another session, or of events its log does not hold, is ignored and the log folded."""
+    import sqlite3
+
+    wf = _long_paused_workflow(10)
+    path = tmp_path / "s.db"
+    store = SqliteEventStore(path)
+    await Runner(wf, store=store, snapshot_every=1).run(1, session_id="a")
+    await Runner(wf, store=store, snapshot_every=1).run(2, session_id="b")
+    seq_a, data_a = store.load_snapshot("a")
+    assert store.load_snapshot("b")[0] == seq_a  # the same shape: only the session differs
+    with sqlite3.connect(path) as raw:
+        raw.execute("UPDATE snapshots SET data = ? WHERE session_id = 'b'", (data_a,))
+        raw.execute("UPDATE snapshots SET seq = seq + 50 WHERE session_id = 'a'")
+    with caplog.at_level(logging.WARNING):
+        b = await Runner(wf, store=SqliteEventStore(path)).resume("b", inputs={"approval": 1})
+        a = await Runner(wf, store=SqliteEventStore(path)).resume("a", inputs={"approval": 1})
+    assert (a.output, b.output) == (12, 13)  # each from its own log: its own input (1 and 2)
+    started = [e.input for e in store.read("b") if e.type == "run_started"]
+    assert started == [2, 2]
+    assert "it is the fold of session 'a'" in caplog.text and "the log at" in caplog.text
 
 
 def test_a_snapshot_ahead_of_the_log_is_refused(tmp_path):

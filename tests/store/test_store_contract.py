@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from flowscope.events import COMMON_FIELDS, EVENT_TYPES
 from flowscope.store import EventStore, MemoryEventStore
 from flowscope.store.testing import (  # noqa: F401  (re-exported for test_sqlite_store)
@@ -49,3 +51,41 @@ def test_the_contract_is_abstract_until_a_factory_is_given():
     except NotImplementedError:
         return
     raise AssertionError("EventStoreContract.create_store must be abstract")
+
+
+@pytest.mark.slow  # a pytest of its own
+def test_a_users_broken_adapter_fails_the_contract_with_the_values_that_differ(tmp_path):
+    """The suite's assertions live in the package, where pytest does not rewrite them
+    unless told to: a user's failing adapter must see what differs, not a bare
+    ``AssertionError``."""
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "test_mine.py").write_text(
+        textwrap.dedent(
+            """
+            from flowscope.store.memory import MemoryEventStore
+            from flowscope.store.testing import EventLogContract
+
+            class Gappy(MemoryEventStore):  # drops the first event of every read
+                def read(self, session_id, after_seq=0):
+                    return super().read(session_id, after_seq)[1:]
+
+            class TestGappy(EventLogContract):
+                def create_store(self):
+                    return Gappy()
+            """
+        )
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "test_mine.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stdout[-2000:]
+    failure = [line for line in r.stdout.splitlines() if line.startswith("E ")]
+    assert failure and failure[0] != "E       AssertionError", r.stdout[-2000:]
+    assert any(" == " in line or "diff" in line for line in failure), failure

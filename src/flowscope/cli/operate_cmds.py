@@ -367,7 +367,7 @@ def prune(db: str | None, fmt: str, older_than: float, statuses: tuple[str, ...]
     if before is not None and after is not None:
         freed = f"; freed {max(before - after, 0) / 1024:.0f} KiB of {before / 1024:.0f} KiB in use"
     skipped = len(candidates) - len(rows)
-    note = f" ({skipped} skipped: resumed meanwhile)" if skipped else ""
+    note = f" ({skipped} skipped: resumed or taken by a live owner meanwhile)" if skipped else ""
     click.echo(
         f"deleted {len(rows)} session(s), {events} event(s), last updated more than {age} ago{freed}{note}"
     )

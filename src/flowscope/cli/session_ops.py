@@ -106,7 +106,8 @@ def prune_candidates(
     store: EventStore, older_than_s: float, statuses: Iterable[str] | None = None, now: float | None = None
 ) -> list[PruneCandidate]:
     """Finished sessions (``statuses``, default all finished ones) last updated more than
-    ``older_than_s`` ago that have no open run, oldest first."""
+    ``older_than_s`` ago that have no open run and no live owner (the store's prune guard:
+    ``--dry-run`` lists what it would delete), oldest first."""
     now = time.time() if now is None else now
     wanted = frozenset(statuses or FINISHED_SESSION_STATUSES) & frozenset(FINISHED_SESSION_STATUSES)
     with_open = {r.session_id for r in store.open_runs()}
@@ -114,7 +115,7 @@ def prune_candidates(
     out = [
         PruneCandidate(s.session_id, s.workflow, s.status, s.updated_at, s.last_seq)
         for s in old
-        if s.session_id not in with_open
+        if s.session_id not in with_open and not owner_alive(s.owner, s.lease_expires_at, now)
     ]
     out.sort(key=lambda c: c.updated_at or 0.0)
     return out

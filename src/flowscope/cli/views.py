@@ -8,6 +8,7 @@ that interprets events. Nothing here reads event fields itself. The keys are doc
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -129,6 +130,8 @@ def parse_duration(text: str) -> float:
         pos = m.end()
         while pos < len(s) and s[pos] == " ":
             pos += 1
+    if not math.isfinite(total):
+        raise ValueError(f"{text[:40]!r} is longer than any duration a clock can hold")
     return total
 
 

@@ -28,10 +28,16 @@ def load_snapshot(store: EventStore, session_id: str) -> WorkflowState | None:
         return None
     seq, data = snap
     try:
+        last = store.last_seq(session_id)
+        if seq > last:  # of events the log does not hold: a resume from it could never append
+            raise ValueError(f"it is at seq {seq}, the log at {last}")
         ws = restore_state(data)
         if ws.last_seq != seq:
             raise ValueError(f"it claims seq {ws.last_seq}, stored as {seq}")
-    except (ValueError, TypeError, LookupError) as exc:  # an index or a key it does not have too
+        if ws.session_id != session_id:  # an adapter that mixed its rows up: another session's fold
+            raise ValueError(f"it is the fold of session {ws.session_id!r}")
+    # an index or a key it does not have, or JSON nested past the parser's depth, too
+    except (ValueError, TypeError, LookupError, RecursionError) as exc:
         log.warning("ignoring the snapshot of session %s (%s); folding the whole log", session_id, exc)
         return None
     apply = ws.apply

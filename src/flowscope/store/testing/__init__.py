@@ -22,6 +22,19 @@ implements only the event log passes ``EventLogContract`` first; :class:`EventSt
 is all of them plus the rules that cross roles.
 """
 
+# ruff: noqa: E402 (the imports below come after the registration, on purpose)
+import pytest
+
+# pytest rewrites assertions only in test modules: the contract's live here, so register
+# them before they are imported, or a user's failing adapter sees a bare AssertionError
+# instead of the values that differ.
+pytest.register_assert_rewrite(
+    *(
+        f"{__name__}.{m}"
+        for m in ("base", "helpers", "inbox", "log", "ownership", "projection", "store", "upkeep")
+    )
+)
+
 from .base import ContractBase
 from .helpers import (
     INV,

@@ -53,6 +53,22 @@ class UpkeepContract(ContractBase):
         finished_session(store, "done", "completed")
         assert store.last_seq("done") == 4
 
+    def test_a_snapshot_is_kept_per_session_and_replaced_by_the_next(self, store: Upkeep) -> None:
+        # Snapshots are optional (a store may keep none: load_snapshot is None); one that
+        # keeps them keeps each session's own, or a resume would start from another's state.
+        for sid in ("s1", "s2"):
+            finished_session(store, sid, "completed")
+        store.save_snapshot("s1", 4, '{"of": "s1"}')
+        if store.load_snapshot("s1") is None:
+            return
+        store.save_snapshot("s2", 3, '{"of": "s2"}')
+        assert store.load_snapshot("s1") == (4, '{"of": "s1"}')
+        assert store.load_snapshot("s2") == (3, '{"of": "s2"}')
+        assert store.load_snapshot("s3") is None
+        store.save_snapshot("s2", 4, '{"of": "s2", "later": true}')
+        assert store.load_snapshot("s2") == (4, '{"of": "s2", "later": true}')
+        assert store.load_snapshot("s1") == (4, '{"of": "s1"}')
+
     def test_delete_sessions_never_deletes_a_failed_session_with_an_open_run(self, store: Upkeep) -> None:
         store.append(
             "f",
