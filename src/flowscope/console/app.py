@@ -58,8 +58,10 @@ log = logging.getLogger("flowscope.console")
 PAGES = ("/", "/sessions/{session_id:path}", "/stuck", "/audit")
 
 
-def _error(exc: BaseException) -> JSONResponse:
-    """An exception as the CLI's one line, with a status: 404 unknown, 409 refused, 400 bad input."""
+def _error(exc: Exception, request: Request) -> JSONResponse:
+    """An exception as the CLI's one line, with a status: 404 unknown, 409 refused, 400 bad
+    input, 503 a store fault; anything else is a defect: a JSON 500 that names only its
+    type, the line in the console's log (never a traceback, never its message to the page)."""
     if isinstance(exc, UnknownSessionError):
         status = 404
     elif isinstance(exc, StoreReadOnly):
@@ -71,7 +73,10 @@ def _error(exc: BaseException) -> JSONResponse:
     elif isinstance(exc, StoreError):
         status = 503
     else:
-        status = 500
+        log.error("%s %s failed: %s", request.method, request.url.path, describe_exception(exc))
+        return JSONResponse(
+            {"error": f"the console failed ({error_type_name(exc)}); its log has the line"}, status_code=500
+        )
     return JSONResponse({"error": one_line(exc)}, status_code=status)
 
 
@@ -106,16 +111,8 @@ def create_app(config: ConsoleConfig) -> Starlette:
         async def handler(request: Request) -> Response:
             try:
                 return await fn(request)
-            except (ResumeError, UnknownSessionError, StoreError, ValueError, TypeError) as exc:
-                return _error(exc)
-            except (
-                Exception
-            ) as exc:  # a defect: one line in the console's log, a JSON 500 with the guard's headers
-                log.error("%s %s failed: %s", request.method, request.url.path, describe_exception(exc))
-                return JSONResponse(
-                    {"error": f"the console failed ({error_type_name(exc)}); its log has the line"},
-                    status_code=500,
-                )
+            except Exception as exc:  # a JSON error through the guard (its headers), never a traceback
+                return _error(exc, request)
 
         return handler
 

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .config import ConsoleConfig
 
-__all__ = ["Guard", "TOKEN_HEADER", "CSP", "session_id", "secure"]
+__all__ = ["Guard", "TOKEN_HEADER", "CSP", "session_id"]
 
 TOKEN_HEADER = "x-flowscope-token"
 CSP = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
@@ -55,7 +55,7 @@ class Guard:
         request = Request(scope)
         refusal = self.refusal(request)
         if refusal is not None:
-            await secure(refusal)(scope, receive, send)
+            await _secure(refusal)(scope, receive, send)
             return
 
         async def send_secured(message: Any) -> None:
@@ -104,10 +104,14 @@ _SECURITY_HEADERS = [
 ]
 
 
-def secure(response: Response) -> Response:
+def _secure(response: Response) -> Response:
     for k, v in _SECURITY_HEADERS:
         response.headers[k.decode()] = v.decode()
     return response
+
+
+#: The routes whose next path segment is a session id.
+_SESSIONS = b"/api/sessions/"
 
 
 def session_id(request: Request) -> str:
@@ -132,6 +136,3 @@ def _one_segment(scope: Scope) -> Scope:
         return scope
     path = _SESSIONS.decode() + quote(sid, safe="") + (sep.decode() + tail if sep else "")
     return {**scope, "path": path}
-
-
-_SESSIONS = b"/api/sessions/"

@@ -423,13 +423,15 @@ class Invocation:
         """The interrupt and job ids a run that keeps waiting waits on, for the ``NodePaused``
         of the runs around it (as its first pause named them): its own open requests, or,
         for a container whose pause came from inside it, those of the runs inside it."""
-        asks = ns.waiting_on
-        if from_descendant(ns.path, ns.origin_path):
-            inside = ns.path + "/"
-            asks = sorted(
+        inside = ns.path + "/"
+        asks = (
+            sorted(
                 (e for p, n in self._nodes.items() if p.startswith(inside) for e in n.waiting_on),
                 key=lambda e: e.seq,
             )
+            if from_descendant(ns.path, ns.origin_path)
+            else ns.waiting_on
+        )
         return [e.interrupt_id if isinstance(e, InputRequested) else e.job_id for e in asks]
 
     def replay(self, ns: NodeState) -> NodeResult:

@@ -191,9 +191,7 @@ def send_spans(
         result = exporter.export(spans)
     except Exception as exc:  # pragma: no cover - exporters return FAILURE rather than raise
         raise ExportError(
-            mask_url_credentials(
-                f"could not send spans to {target} ({protocol}): {type(exc).__name__}: {exc}"
-            )
+            f"could not send spans to {target} ({protocol}): {type(exc).__name__}: {mask_url_credentials(str(exc))}"
         ) from None
     finally:
         try:

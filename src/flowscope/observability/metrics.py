@@ -131,6 +131,8 @@ class _NodeSeries:
         self.node = node
         self.running = running
         self.running_part: Shard | None = running.shard()
+        if self.running_part is None:  # a meter's series exists once touched: at 0, as a bound child
+            running.add(0.0)
         self.attempts: Series | None = None  # bound on first use: no empty histogram series
         self.attempts_part: HistogramShard | None = None
         #: status -> (runs, duration, runs' shard, duration's shard)
@@ -293,10 +295,8 @@ class MetricsPlugin(Plugin):
             return  # the invocation's own run: its outcome is flowscope_workflow_runs_total's
         # Bound once per (workflow, node) and thread: the run carries its series to after_node.
         ns = ctx.plugin_state[_KEY] = self._node(ctx.run.workflow, ctx.node_name)
-        if ctx.kind != "workflow":
+        if ctx.kind != "workflow":  # a nested workflow runs while its children do: they are running
             ns.up()
-        else:  # a nested workflow runs while its children do: they are the ones running
-            ns.running.add(0.0)  # its series at 0 in every backend, as a bound one reads
 
     def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
         if ctx.parent is None:
