@@ -11,16 +11,24 @@ import logging
 import os
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from commands import cli_ok, run_cli, start_cli
 from conftest import unavailable
 from flowscope import START, NodeContext, Runner, Worker, Workflow, node
 from flowscope.errors import StoreDiskFull, StoreNotWritable, StoreReadOnly
+from flowscope.observability.metrics import MetricsPlugin
 from flowscope.outage import BACKOFF_CAP_S, StoreOutage
+from flowscope.plugins import Plugin
 from flowscope.store import SqliteEventStore, rebuild
+from prom_harness import free_port
 from waiting import wait_for
 
 BIG = "x" * 65536  # needs new pages: refused by a database that may not grow
@@ -163,6 +171,68 @@ def test_a_worker_on_a_read_only_store_stops_after_its_outage_limit_and_raises_w
     store.close()
 
 
+class _Writes(Plugin):
+    """What a plugin hears of the store taking the worker's writes."""
+
+    def __init__(self) -> None:
+        self.heard: list[bool] = []
+
+    def on_store_writes(self, writable: bool) -> None:
+        self.heard.append(writable)
+
+
+def _otel_value(reader: InMemoryMetricReader, name: str) -> float | None:
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name == name:
+                    return metric.data.data_points[0].value
+    return None
+
+
+@pytest.mark.slow
+def test_the_store_writable_gauge_reads_0_while_the_store_refuses_the_workers_writes(tmp_path):
+    """``flowscope_worker_store_writable`` (both backends) is 1 from the worker's first
+    write, 0 within a probe of the store refusing writes (no session needs to run), 1
+    again once a write goes through; the plugins hear of each change once."""
+    registry, reader = CollectorRegistry(), InMemoryMetricReader()
+    metrics = MetricsPlugin(registry=registry, meter_provider=MeterProvider(metric_readers=[reader]))
+    writes = _Writes()
+    store = SqliteEventStore(tmp_path / "g.db")
+    wf = Workflow("tiny", edges=[(START, _big)])
+    w = Worker(store, [wf], [metrics, writes], poll_s=0.02, lease_s=0.3, max_store_outage_s=30.0)
+
+    def gauge() -> float | None:
+        return registry.get_sample_value("flowscope_worker_store_writable")
+
+    def query_only(on: int) -> None:
+        with store._lock:
+            store._conn.execute(f"PRAGMA query_only = {on}")  # type: ignore[union-attr]
+
+    seen: list[tuple[float | None, float | None]] = []
+
+    async def main() -> None:
+        task = asyncio.ensure_future(w.run())
+        await _until(lambda: gauge() == 1, "the first write")
+        seen.append((gauge(), _otel_value(reader, "flowscope.worker.store_writable")))
+        query_only(1)
+        await _until(lambda: gauge() == 0, "the refused write")
+        seen.append((gauge(), _otel_value(reader, "flowscope.worker.store_writable")))
+        await asyncio.sleep(0.3)  # more refused probes: no more changes
+        query_only(0)
+        await _until(lambda: gauge() == 1, "a write that goes through")
+        seen.append((gauge(), _otel_value(reader, "flowscope.worker.store_writable")))
+        w.stop()
+        await task
+
+    asyncio.run(main())
+    assert seen == [(1, 1), (0, 0), (1, 1)]
+    assert writes.heard == [True, False, True]
+    assert w.stopped_by is None
+    store.close()
+
+
 async def _until(pred, what: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
@@ -218,12 +288,25 @@ def _fill(mnt: Path) -> Path:
     return filler
 
 
+def _writable_gauge(port: int) -> float | None:
+    """``flowscope_worker_store_writable`` as the worker's endpoint serves it."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "flowscope_worker_store_writable":
+                return sample.value
+    return None
+
+
 @pytest.mark.slow
 def test_flowscope_worker_on_a_full_disk_says_it_once_and_exits_3(tmp_path, tiny_fs):
     """A real full filesystem under a real ``flowscope worker``: one line for the fault
-    episode, no traceback, exit code 3 with one line saying what is wrong and what to do;
-    the log keeps everything committed before the disk filled, and no recovery is spent."""
+    episode, no traceback, its metrics endpoint reads ``flowscope_worker_store_writable 0``
+    until it exits 3 with one line saying what is wrong and what to do; the log keeps
+    everything committed before the disk filled, and no recovery is spent."""
     (tmp_path / "flows.py").write_text(FLOWS_PY)
+    port = free_port()
     db = tiny_fs / "w.db"
     for i in range(4):
         cli_ok("--db", str(db), "start", "looping", "--input", str(i), cwd=tmp_path)
@@ -237,7 +320,9 @@ def test_flowscope_worker_on_a_full_disk_says_it_once_and_exits_3(tmp_path, tiny
         "--lease",
         "2s",
         "--max-store-outage",
-        "2s",
+        "4s",
+        "--metrics-port",
+        str(port),
         cwd=tmp_path,
     )
     try:
@@ -247,7 +332,9 @@ def test_flowscope_worker_on_a_full_disk_says_it_once_and_exits_3(tmp_path, tiny
                 return sum(1 for s in probe.sessions() if s.status == "running") >= 4
 
             wait_for(running, 30, "the worker to start the sessions")
+        assert _writable_gauge(port) == 1.0
         _fill(tiny_fs)
+        wait_for(lambda: _writable_gauge(port) == 0.0, 4, "the gauge to read the refused writes")
         _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

@@ -48,6 +48,7 @@ from .errors import (
     ResumeError,
     SessionCancelledError,
     StoreNotWritable,
+    StoreUnavailable,
     describe_exception,
 )
 from .outage import DEFAULT_LIMIT_S, StoreOutage
@@ -92,7 +93,8 @@ class Worker:
     is held for ``lease_s``, then twice that, and so on, and marked failed with the reason
     at the ``max_check_failures``-th failure.
     ``plugins`` are given to every runner; their ``on_worker_claim``/``on_worker_release``
-    hooks see each claim (``MetricsPlugin`` turns them into ``flowscope_worker_*``).
+    hooks see each claim, and ``on_store_writes`` whether the store takes the worker's
+    writes (``MetricsPlugin`` turns them into ``flowscope_worker_*``).
     ``max_store_outage_s``: how long the worker goes on while no write of its store goes
     through (a full disk, a read-only store) before :meth:`run` stops and raises the
     store's error (the module docstring).
@@ -149,6 +151,9 @@ class Worker:
         #: Sessions whose invocation halted because the store refused its writes: this
         #: worker takes them back (acquire, not claim: no recovery spent) once it can write.
         self._parked: dict[str, Claim] = {}
+        #: Whether the last write went through (None: none tried yet); the plugins hear of
+        #: each change (``on_store_writes``).
+        self.store_writable: bool | None = None
         #: Why :meth:`run` stopped by itself: the write fault that lasted, or None.
         self.stopped_by: StoreNotWritable | None = None
         #: Sessions this worker finished serving, by how: completed, paused, failed,
@@ -285,6 +290,7 @@ class Worker:
 
     def _write_fault(self, exc: StoreNotWritable) -> None:
         """A write failed because the store refuses writes: one line per episode."""
+        self._writes(False)
         if self._outage.failed(exc):
             log.warning(
                 "the store refuses writes: %s; not claiming, retrying every %gs at most, stopping if it lasts %gs",
@@ -294,9 +300,17 @@ class Worker:
             )
 
     def _writable(self) -> None:
+        self._writes(True)
         lasted = self._outage.succeeded()
         if lasted is not None:
             log.info("the store takes writes again (after %.1fs)", lasted)
+
+    def _writes(self, writable: bool) -> None:
+        """Tell the plugins when the store begins or stops taking this worker's writes:
+        once per change, so that a gauge of it costs nothing while it holds."""
+        if self.store_writable is not writable:
+            self.store_writable = writable
+            self._hooks.call_sync("on_store_writes", writable)
 
     def _retake(self) -> None:
         """Take back, before claiming, the sessions this worker gave up because the store
@@ -330,6 +344,8 @@ class Worker:
         except StoreNotWritable as exc:
             self._write_fault(exc)
         except Exception as exc:  # a worker survives a store that is briefly unavailable
+            if isinstance(exc, StoreUnavailable):  # a server that does not answer takes no write
+                self._writes(False)
             log.warning("could not record worker %s: %s", self.owner.worker_id, describe_exception(exc))
         else:  # a real write went through (a claim that finds nothing may write nothing)
             self._writable()

@@ -109,6 +109,7 @@ CONTRACT: dict[str, tuple[str, tuple[str, ...], dict[str, set[str]]]] = {
     ),
     "flowscope_worker_leases_lost_total": ("counter", ("workflow",), {}),
     "flowscope_worker_active_sessions": ("gauge", ("workflow",), {}),
+    "flowscope_worker_store_writable": ("gauge", (), {}),  # 1 while the worker's writes go through
     # spans a process ended and did not export (MetricsPlugin, read from the tracing side)
     "flowscope_spans_not_exported_total": (
         "counter",

@@ -44,6 +44,7 @@ HOOKS = (
     "on_lease_lost",
     "on_resume_conflict",
     "on_worker_release",
+    "on_store_writes",
 )
 
 
@@ -91,6 +92,11 @@ class Plugin:
     def on_worker_release(self, claim: Any) -> Any:
         """A worker is done with a claimed session (it completed, paused, failed, lost its
         lease or was handed back). Called by the worker, once per ``on_worker_claim``."""
+
+    def on_store_writes(self, writable: bool) -> Any:
+        """A worker's writes to its store began or stopped going through (a full disk, a
+        read-only store, a server that does not answer, and back). Called by the worker at
+        its first write and at each change, never by the engine."""
 
     def on_plugin_error(self, plugin: str, hook: str, error: BaseException) -> Any:
         """Another plugin's hook raised (already logged)."""

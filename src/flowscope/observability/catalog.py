@@ -158,6 +158,13 @@ WORKER_INSTRUMENTS: tuple[InstrumentSpec, ...] = (
         "Sessions this worker is running now.",
         "{session}",
     ),
+    InstrumentSpec(
+        "worker_store_writable", "flowscope_worker_store_writable", "flowscope.worker.store_writable", "updown",
+        (),
+        "1 while this worker's writes to its store go through; 0 while the store refuses them "
+        "or does not answer (the worker claims nothing then).",
+        "1",
+    ),
 )  # fmt: skip
 CLAIM_REASONS = ("queued", "answered", "orphaned")
 

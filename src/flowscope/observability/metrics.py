@@ -176,6 +176,7 @@ class MetricsPlugin(Plugin):
         self._meter = meter
         self._worker: dict[str, Instrument] | None = None  # WORKER_INSTRUMENTS, on first use
         self._worker_workflows: set[str] = set()  # the workflows whose worker series are made
+        self._store_writable = 0.0  # flowscope_worker_store_writable's value
         self._instruments: dict[str, Instrument] = {}
         self.budget = LabelBudget(
             max_series, self._overflowed
@@ -382,7 +383,8 @@ class MetricsPlugin(Plugin):
 
     # -- worker hooks --------------------------------------------------------------------------
 
-    def _worker_instruments(self, workflow: str) -> dict[str, Instrument]:
+    def _worker_instruments(self, workflow: str | None = None) -> dict[str, Instrument]:
+        """The worker's instruments, made on first use; with ``workflow``, its series too."""
         w = self._worker
         if w is None:
             w = self._worker = {
@@ -394,7 +396,7 @@ class MetricsPlugin(Plugin):
                 )
                 for spec in WORKER_INSTRUMENTS
             }
-        if workflow not in self._worker_workflows:
+        if workflow is not None and workflow not in self._worker_workflows:
             # Every series of the workflow starts at 0 (once), so increase() sees the first
             # claim and the dashboard shows 0 rather than "no data".
             self._worker_workflows.add(workflow)
@@ -414,6 +416,13 @@ class MetricsPlugin(Plugin):
 
     def on_lease_lost(self, session_id: str, workflow: str) -> None:
         self._worker_instruments(workflow)["worker_leases_lost"].series((workflow,)).add()
+
+    def on_store_writes(self, writable: bool) -> None:
+        # A gauge as an up/down counter (the OpenTelemetry backend has no settable one):
+        # the change since the last value; the first call makes the series, at 0 or 1.
+        value = 1.0 if writable else 0.0
+        self._worker_instruments()["worker_store_writable"].series(()).add(value - self._store_writable)
+        self._store_writable = value
 
     def __repr__(self) -> str:
         backends = [
