@@ -92,6 +92,9 @@ class RunFinished(Event):
     ``replayed`` and ``recovered`` count the runs this invocation fast-forwarded from the
     log and re-executed after a crash: the resume audit record (they are only known once
     the walk is over, so they are written here as well as on ``RunStarted``).
+    ``final``: an operator's cancel (``flowscope.cancel``) ended the session for good, and
+    nothing resumes it; a cancellation without it (``Runner.abort``, an interrupt) may be
+    resumed by ``Runner.resume``.
     """
 
     type: ClassVar[EventKind] = "run_finished"
@@ -101,6 +104,7 @@ class RunFinished(Event):
     error_path: str | None = None
     replayed: int = 0
     recovered: int = 0
+    final: bool = False
 
 
 @dataclass(**_EVENT)

@@ -314,6 +314,8 @@ class WorkflowState:
     started_at: float | None = None
     updated_at: float | None = None
     unknown_events: int = 0
+    #: An operator's cancel ended the session for good (``RunFinished.final``).
+    final: bool = False
     #: The seq of the snapshot this state was restored from (0: folded from the log alone).
     snapshot_seq: int = field(default=0, compare=False)
 
@@ -367,6 +369,7 @@ class WorkflowState:
             self.output = e.output
             self.error_code = e.error_code
             self.error_path = e.error_path
+            self.final = e.final
         elif isinstance(e, RunSubmitted):
             self.workflow = e.workflow
             self.input = e.input

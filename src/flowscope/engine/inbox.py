@@ -195,7 +195,9 @@ def cancel_events(ws: WorkflowState, reason: str, now: float | None = None) -> l
             )
         )
     out.append(
-        RunFinished(session_id=sid, invocation_id=inv, seq=seq + len(out) + 1, ts=now, status="cancelled")
+        RunFinished(
+            session_id=sid, invocation_id=inv, seq=seq + len(out) + 1, ts=now, status="cancelled", final=True
+        )
     )
     return out
 

@@ -319,7 +319,8 @@ class Invocation:
         error_code: str | None = None,
         error_path: str | None = None,
     ) -> None:
-        """Emit the invocation's ``RunFinished`` (the caller flushes it)."""
+        """Emit the invocation's ``RunFinished`` (the caller flushes it); a cancel an
+        operator asked for ends the session for good (``final``)."""
         audit = self._audit
         self._rec.finish(
             status,
@@ -328,6 +329,7 @@ class Invocation:
             output=output,
             error_code=error_code,
             error_path=error_path,
+            final=status == "cancelled" and self.cancelled_by_request,
         )
 
     async def flush(self, release: bool = False) -> None:

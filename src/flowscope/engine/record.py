@@ -444,6 +444,7 @@ class Recorder:
         output: Any = None,
         error_code: str | None = None,
         error_path: str | None = None,
+        final: bool = False,
     ) -> None:
         """Emit the invocation's ``RunFinished`` (the caller flushes it)."""
         self.emit(
@@ -456,6 +457,7 @@ class Recorder:
             error_path=error_path,
             replayed=replayed,
             recovered=recovered,
+            final=final,
         )
 
     def heartbeat(self, paths: Iterable[str]) -> None:

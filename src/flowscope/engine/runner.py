@@ -222,7 +222,8 @@ class Runner:
         """Abort the invocation running for ``session_id`` in this process.
 
         Its runs are cancelled (``NodeCancelled`` with ``reason``, never an error) and
-        ``run()``/``resume()`` raise :class:`InvocationAbortedError`. Returns False if no
+        ``run()``/``resume()`` raise :class:`InvocationAbortedError`; :meth:`resume` may
+        run the session again (only an operator's cancel is ``final``). False if no
         invocation of that session is running here.
         """
         inv = self._active.get(session_id)
@@ -280,8 +281,8 @@ class Runner:
         return ws
 
     def _check(self, ws: WorkflowState, *, inbox_read: bool = False) -> None:
-        """Refuse to resume a session of another workflow, or one that has completed,
-        unless its inbox (not read yet) may retry it."""
+        """Refuse to resume a session of another workflow, one an operator cancelled, or
+        one that has completed unless its inbox (not read yet) may retry it."""
         if ws.workflow and ws.workflow != self.workflow.name:
             raise ResumeError(
                 f"session {ws.session_id!r} ran workflow {ws.workflow!r}, not {self.workflow.name!r}: "
@@ -291,6 +292,9 @@ class Runner:
             return  # a retry may be waiting: checked again once the inbox is taken in
         if ws.status == "completed":
             raise ResumeError(f"session {ws.session_id!r} already completed; there is nothing to resume")
+        if ws.final:
+            msg = f"session {ws.session_id!r} was cancelled by an operator; it is over for good"
+            raise SessionCancelledError(msg + ": start a new session to run it again")
 
     async def _start(self, session_id: str) -> tuple[WorkflowState, Lease]:
         """A new session's state and lease: the check that it is new and the lease in one

@@ -31,7 +31,6 @@ from ...events import (
     StateUpdated,
     UnknownEvent,
 )
-from ...liveness import owner_alive
 from ...ownership import Owner, process_start_id, process_start_time, this_host, this_process
 from ..base import EventLog, NodeRun, Upkeep
 
@@ -171,6 +170,7 @@ def one_of_each(sid: str = SID) -> list[Event]:
             error_path=p,
             replayed=2,
             recovered=1,
+            final=True,
         ),
         RunSubmitted(
             session_id=sid,
@@ -497,7 +497,7 @@ def dead_owner(worker_id: str = "w-dead") -> Owner:
                 break
             time.sleep(0.01)
         owner = Owner(worker_id, this_host(), proc.pid, started, start_id=start_id)
-        assert owner_alive(owner, time.time() + 60, time.time())
+        assert liveness.owner_alive(owner, time.time() + 60, time.time())
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
