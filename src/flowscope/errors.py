@@ -41,6 +41,7 @@ __all__ = [
     "UnknownSessionError",
     "ResumeError",
     "SessionCancelledError",
+    "NodeExitError",
     "ErrorInfo",
     "classify",
     "error_type_name",
@@ -100,6 +101,13 @@ class RecoveryLimitError(FlowscopeError):
     """A run was recovered after a crash more often than ``Runner(max_recoveries=...)`` allows."""
 
     error_code = "RECOVERY_LIMIT"
+
+
+class NodeExitError(FlowscopeError):
+    """A node's body raised a ``BaseException`` that is no signal of the engine's:
+    ``sys.exit()`` (argparse on bad arguments), a library's own. It is recorded as the
+    node's failure (under its own type name) and raised on as this ``Exception``: asyncio
+    lets ``SystemExit`` out of any task, which would stop every session of the loop."""
 
 
 class JobFailedError(FlowscopeError):

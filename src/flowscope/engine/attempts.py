@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from ..errors import (
     InvocationAbortedError,
     LeaseLost,
+    NodeExitError,
     NodeTimeoutError,
     OutputNotSerializableError,
     RecoveryLimitError,
@@ -154,7 +155,7 @@ class Attempts:
             # the invocation can record no more: its runs stop, as cancellations
             outcome = self._cancelled(ctx, self.cancel_reason(ctx), t0)
             raise
-        except (KeyboardInterrupt, SystemExit):
+        except KeyboardInterrupt:
             # the process is going down: record that the run stopped, not that it failed
             outcome = self._cancelled(ctx, "interrupted", t0)
             raise
@@ -171,6 +172,14 @@ class Attempts:
                 if hooks:
                     await plugins.call("on_node_error", ctx, outcome.event)
             raise
+        except BaseException as exc:  # sys.exit() in a body, a library's own: its failure
+            outcome = self._failed(ctx, exc, t0)
+            err = NodeExitError(f"{type(exc).__name__} raised in node {ctx.node_name!r}")
+            self._rec.note_failure(err, ctx.path, self._rec.classify(exc))  # recorded: once
+            await rec.flush()
+            if hooks:
+                await plugins.call("on_node_error", ctx, outcome.event)
+            raise err from exc
         else:
             ev = rec.emit(
                 NodeCompleted,
@@ -336,7 +345,7 @@ class Attempts:
             duration_s=time.perf_counter() - t0,
         )
 
-    def _failed(self, ctx: NodeContext, exc: Exception, t0: float) -> NodeOutcome:
+    def _failed(self, ctx: NodeContext, exc: BaseException, t0: float) -> NodeOutcome:
         """The run failed here: record the failure (the caller flushes it, so it is on record
         before it propagates, R1 in docs/design.md)."""
         info = self._rec.classify(exc)

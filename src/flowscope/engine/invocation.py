@@ -7,13 +7,12 @@ match recorded runs to new ones: :meth:`Invocation.prepare` looks a path up in t
 fold and fast-forwards a completed run, keeps a waiting one waiting, recovers a crashed
 one or starts a new one.
 
-The parts, each an object with its own state: :class:`~.record.Recorder` (the live fold,
-emit and flush under the lease, the failures recorded), :class:`~.tasks.RunTasks` (the
-runs in flight, their tasks, the abort), :class:`ResumeAudit` (what the runs the log left
-open are to this invocation, and the resume audit record's counts),
-:class:`~.attempts.Attempts` (a node run's attempts and terminal event) and
-:class:`~.pauses.Pauses` (input requests, jobs). The runner and a node's context talk to
-the invocation through its public methods and properties only.
+The parts, each with its own state: :class:`~.record.Recorder` (the live fold, emit and
+flush under the lease, the failures recorded), :class:`~.tasks.RunTasks` (the runs in
+flight, their tasks, the abort), :class:`ResumeAudit` (what the runs the log left open are
+to this invocation, the resume audit's counts), :class:`~.attempts.Attempts` (a node run's
+attempts and terminal event) and :class:`~.pauses.Pauses` (input requests, jobs). The
+runner and a node's context talk to the invocation through its public methods only.
 """
 
 from __future__ import annotations
@@ -562,6 +561,10 @@ class Invocation:
                 for t in done:
                     i = tasks[t]
                     if t.cancelled():
+                        if failure is None:  # not by us (its body raised it): the step is
+                            failure = asyncio.CancelledError()  # cancelled, as in a chain (R3)
+                            for other in pending:
+                                other.cancel()
                         continue
                     exc = t.exception()
                     if exc is None:
