@@ -121,12 +121,16 @@ class Attempts:
                 # may have expired by this process's clocks (check_lease raises Halted).
                 rec.check_lease()
                 try:
-                    if plain:
-                        out, awaiting = node.begin(ctx, input)
-                        if awaiting:
-                            out = await out
-                    else:  # a timeout, a nested graph, an execute of its own
-                        out = await self._attempt(node, ctx, input)
+                    try:
+                        if plain:
+                            out, awaiting = node.begin(ctx, input)
+                            if awaiting:
+                                out = await out
+                        else:  # a timeout, a nested graph, an execute of its own
+                            out = await self._attempt(node, ctx, input)
+                    finally:
+                        if ctx.running_children:  # the body ended: so do its dynamic children
+                            await self._stop_children(ctx)
                     if hooks:  # plugins hear of a success only under a safe lease (else the flush stops it)
                         rec.check_lease()
                     result = self._result(ctx, out)
@@ -383,6 +387,23 @@ class Attempts:
             log.error("ctx.state keys %s set by %s are not JSON-serialisable; not persisted", bad, ctx.path)
         if changes:
             self._rec.emit(StateUpdated, ctx.path, ctx.node_name, values=changes)
+
+    @staticmethod
+    async def _stop_children(ctx: NodeContext) -> None:
+        """Cancel the dynamic children still running in tasks of their own (a body that
+        gathered them ended first: a sibling failed, or paused) and wait for each to record
+        its end (``parent_ended``) before its parent's."""
+        me = asyncio.current_task()
+        tasks = [t for t in ctx.running_children or () if t is not me and not t.done()]
+        if not tasks:
+            return
+        reason, ctx.cancel_reason = ctx.cancel_reason, ctx.cancel_reason or "parent_ended"
+        try:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            ctx.cancel_reason = reason
 
     def cancel_reason(self, ctx: NodeContext) -> str:
         """Why a cancelled run stopped: the abort, a lost lease or store fault, or the

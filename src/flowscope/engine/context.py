@@ -7,6 +7,7 @@ port and the invocation both depend on this module and it depends on neither.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -159,6 +160,7 @@ class NodeContext:
         "cancel_reason",
         "started_at",
         "_children",
+        "running_children",
         "_requests",
         "_jobs",
     )
@@ -191,6 +193,8 @@ class NodeContext:
         self.cancel_reason: str | None = None
         self.started_at = 0.0
         self._children: dict[str, int] = {}
+        #: The tasks running a dynamic child of this run now (``run_node``), made on first use.
+        self.running_children: set[asyncio.Task[Any]] | None = None
         self._requests = 0
         self._jobs = 0
 
@@ -244,8 +248,20 @@ class NodeContext:
         """Run ``node`` as a dynamic child of this run and return its output.
 
         Once the child has completed, resume returns its recorded output without running it.
+        Children may run concurrently (``asyncio.gather``); those still running when this
+        run's attempt ends (a sibling failed, or paused) are cancelled (``parent_ended``)
+        and waited for first, so that each has its terminal event.
         """
-        return await self._inv.run_child(self, node, input)
+        task = asyncio.current_task()
+        running = self.running_children
+        if running is None:
+            running = self.running_children = set()
+        if task is not None:
+            running.add(task)
+        try:
+            return await self._inv.run_child(self, node, input)
+        finally:
+            running.discard(task)
 
     async def await_job(
         self,

@@ -1,7 +1,10 @@
-"""A node's ``sys.exit()`` (argparse on bad arguments) or any other ``BaseException`` that
-is no signal of the engine's is the node's failure: one ``NodeErrorEvent`` under its own
-type name at the deepest path, a terminal event for every run, raised on as
-``NodeExitError``, and never the end of the process or of the other sessions it runs."""
+"""How a body's end is recorded when it is not a return or an exception: a ``sys.exit()``
+(argparse on bad arguments) or another ``BaseException`` that is no signal of the engine's
+is the node's failure, recorded once under its own type and raised on as
+``NodeExitError``, never the end of the process or of the other sessions it runs; a
+``CancelledError`` out of a body cancels the run, in a chain and in a step; dynamic
+children still running in tasks of their own when their parent's body ends are stopped
+first, each with its end."""
 
 from __future__ import annotations
 
@@ -115,3 +118,65 @@ async def test_a_cancelled_error_out_of_a_body_cancels_the_run_in_a_chain_and_in
     started = {e.path for e in of_type(events, "node_started")}
     assert started == {e.path for e in of_type(events, "node_cancelled")}
     assert events[-1].type == "run_finished" and events[-1].status == "cancelled"
+
+
+# -- dynamic children run concurrently -------------------------------------------------------
+
+COUNTS: dict[str, int] = {}
+
+
+@node
+async def child(ctx, x):
+    COUNTS[x] = COUNTS.get(x, 0) + 1
+    if x == "bad":
+        raise ValueError("child failed")
+    if x == "ask":
+        return await ctx.request_input("q", interrupt_id="q")
+    await asyncio.sleep(0.2)
+    return x
+
+
+@node
+async def gathers(ctx, x):
+    return await asyncio.gather(*(ctx.run_node(child, c) for c in x))
+
+
+def _ends_once_in_their_invocation(events) -> None:
+    """Every NodeStarted has exactly one terminal event, in its invocation, before its
+    ``RunFinished``; nothing is appended after the last ``RunFinished``."""
+    ends = ("node_completed", "node_error", "node_error_propagated", "node_cancelled", "node_paused")
+    ends += ("input_requested",)
+    open_: dict[str, str] = {}
+    for e in events:
+        if e.type == "node_started":
+            assert e.path not in open_, e.path
+            open_[e.path] = e.invocation_id
+        elif e.type in ends:
+            assert open_.pop(e.path) == e.invocation_id, e.path
+        elif e.type == "run_finished":
+            assert not open_, f"left open by its invocation: {sorted(open_)}"
+    assert events[-1].type == "run_finished"
+
+
+async def test_children_gathered_are_stopped_with_their_parent_when_one_fails(store):
+    COUNTS.clear()
+    wf = Workflow("w", edges=[(START, gathers)])
+    with pytest.raises(ValueError):
+        await Runner(wf, store).run(["slow", "bad"], session_id="s")
+    await asyncio.sleep(0.4)  # a long-lived loop: the slow child must not go on and append
+    events = store.read("s")
+    _ends_once_in_their_invocation(events)
+    assert [(e.path, e.reason) for e in of_type(events, "node_cancelled")] == [
+        ("w@1/gathers@1/child@1", "parent_ended")
+    ]
+
+
+async def test_children_gathered_are_stopped_when_one_pauses_and_none_is_recovered_on_resume(store):
+    COUNTS.clear()
+    wf = Workflow("w", edges=[(START, gathers)])
+    assert (await Runner(wf, store).run(["slow", "ask"], session_id="s")).status == "paused"
+    result = await Runner(wf, store).resume("s", inputs={"q": "A"})
+    assert (result.status, result.output) == ("completed", ["slow", "A"])
+    events = store.read("s")
+    _ends_once_in_their_invocation(events)
+    assert not any(e.recovered for e in of_type(events, "node_started"))  # a pause is no crash
