@@ -27,6 +27,10 @@ PLANTED = [
     ("oauth client_secret=cs-plant-9 refused", "cs-plant-9"),
     ("GET https://api.example.com/v1?access_token=qtok-plant&page=2", "qtok-plant"),
     ("header X-Api-Key: hdr-key-plant", "hdr-key-plant"),
+    ("cannot read file:///home/bob/fileurl-plant.txt", "fileurl-plant"),
+    ("sqlite:////srv/app/sqliteurl-plant.db is locked", "sqliteurl-plant"),
+    ("copy at C:/Users/carol/winfwd-plant.txt", "winfwd-plant"),
+    ("config path:/etc/app/afteracolon-plant.toml", "afteracolon-plant"),
 ]
 #: Every planted message in one.
 SECRETS = " | ".join(text for text, _secret in PLANTED)

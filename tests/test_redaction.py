@@ -11,7 +11,7 @@ import pytest
 
 from flowscope import START, Runner, Worker, Workflow, node
 from flowscope.engine.hooks import Plugin
-from flowscope.errors import describe_exception, redact_message
+from flowscope.errors import describe_exception, redact_message, redact_value
 from flowscope.store import SqliteEventStore
 from leaky_workflows import PLANTED, SECRETS
 
@@ -29,6 +29,21 @@ def test_the_redaction_keeps_names_counts_and_quotes_around_what_it_hides():
         redact_message("tokens: 3 and max_tokens=5 at w@1/check@1")
         == "tokens: 3 and max_tokens=5 at w@1/check@1"
     )
+
+
+def test_a_json_value_is_redacted_string_by_string_and_by_the_keys_that_name_secrets():
+    value = {
+        "detail": SECRETS,
+        "items": [SECRETS, 3],
+        "api_key": "k-123",
+        "nested": {"Password": ["x"]},
+        "n": 5,
+    }
+    out = redact_value(value)
+    assert out["api_key"] == "***" and out["nested"] == {"Password": "***"} and out["n"] == 5
+    assert out["items"][1] == 3 and out["detail"] == redact_message(SECRETS)
+    for _text, secret in PLANTED:
+        assert secret not in repr(out), secret
 
 
 class _Hostile(Exception):
@@ -94,7 +109,15 @@ def test_a_worker_logs_and_records_no_planted_secret_and_no_traceback(tmp_path, 
         assert secret not in recorded, (secret, recorded)
 
 
-def test_a_job_error_text_is_recorded_redacted_and_shown_so_by_events_and_show(tmp_path):
+@pytest.mark.parametrize(
+    "reported",
+    [
+        {"success": False, "error": ALL_SECRETS},
+        {"success": False, "error": {"detail": ALL_SECRETS, "more": [ALL_SECRETS]}},  # an object's text too
+        {"success": "SUCC-SECRET-77", "error": None},  # no boolean: recorded by its type alone
+    ],
+)
+def test_a_job_error_text_is_recorded_redacted_and_shown_so_by_events_and_show(tmp_path, reported):
     from click.testing import CliRunner
 
     from flowscope import answer
@@ -109,7 +132,7 @@ def test_a_job_error_text_is_recorded_redacted_and_shown_so_by_events_and_show(t
     with SqliteEventStore(db) as store:
         paused = asyncio.run(Runner(wf, store).run(1, session_id="j"))
         (pending,) = paused.pending
-        answer(store, "j", jobs={pending.job_id: {"success": False, "error": ALL_SECRETS}})
+        answer(store, "j", jobs={pending.job_id: reported})
         recorded = "\n".join(repr(e) for e in store.read("j"))
     outputs = [recorded]
     for args in (
@@ -121,7 +144,11 @@ def test_a_job_error_text_is_recorded_redacted_and_shown_so_by_events_and_show(t
         result = CliRunner().invoke(cli, ["--db", str(db), *args], catch_exceptions=False)
         assert result.exit_code == 0, result.output
         outputs.append(result.output)
-    assert "access_token=***" in recorded
+    if reported["error"] is not None:
+        assert "access_token=***" in recorded
+    else:
+        assert "success='<str>'" in recorded
     for out in outputs:
+        assert "SUCC-SECRET-77" not in out, out
         for _text, secret in PLANTED:
             assert secret not in out, (secret, out)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .events import UNKNOWN_ERROR
 
@@ -47,6 +48,7 @@ __all__ = [
     "error_type_name",
     "error_qualname",
     "redact_message",
+    "redact_value",
     "Redactor",
     "MAX_ERROR_MESSAGE",
     "MAX_ERROR_CODE",
@@ -232,12 +234,18 @@ def error_qualname(exc: BaseException) -> str:
 #: unencoded ``#``, ``?``, ``/`` or ``@`` in it (libpq takes a ``#`` or ``?``) must not end it
 #: early and let its tail out. Masking a little more of a rare URL is the safe side.
 _URL_CREDENTIALS = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@:]*):\S*@")
+#: A query parameter that names a secret (``?password=``, ``&sslpassword=``, ``?api_key=``,
+#: ``?access_token=``): its value is masked as a URL's password is.
+_QUERY_SECRET = re.compile(
+    r"([?&][\w.-]*?(?:password|passwd|secret|token|api[_-]?key|access[_-]?key)=)[^&\s#]*", re.IGNORECASE
+)
 
 
 def mask_url_credentials(text: str) -> str:
-    """``text`` with every URL's password replaced by ``***`` (``scheme://user:***@host``):
+    """``text`` with every URL's password replaced by ``***`` (``scheme://user:***@host``),
+    and the value of every query parameter that names a secret (``?sslpassword=***``):
     what the CLI does to every line it prints that may name a URL."""
-    return _URL_CREDENTIALS.sub(r"\1\2:***@", text)
+    return _QUERY_SECRET.sub(r"\1***", _URL_CREDENTIALS.sub(r"\1\2:***@", text))
 
 
 # The default redaction (R13, docs/design.md): credential shapes first (a URL's user:password
@@ -265,9 +273,12 @@ _REDACTIONS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]],
             + (m.group(3)[0] + "***" + m.group(3)[0] if m.group(3)[0] in "\"'" else "***")
         ),
     ),
-    # (a path's trailing colon is the sentence's: "/x/flowscope.db: the disk is full")
-    (re.compile(r"(?<![\w.@~:/-])~?/[^\s/'\"]+(?:/[^\s/'\"]*)*(?<!:)"), "<path>"),
-    (re.compile(r"(?<![\w])(?:[A-Za-z]:\\|\\\\)[^\s'\"]+"), "<path>"),
+    # File URLs (file:///x, sqlite:////x), Windows paths (C:\x, C:/x, \\host\x), then
+    # absolute paths, after a colon too (path:/x) but for a URL's "//" (a path's trailing
+    # colon is the sentence's: "/x/flowscope.db: the disk is full"). A path ends at a space.
+    (re.compile(r"(?i)\b(?:file|sqlite):/{2,}[^\s'\"]*"), "<path>"),
+    (re.compile(r"(?<![\w])(?:[A-Za-z]:[\\/]|\\\\)[^\s'\"]+"), "<path>"),
+    (re.compile(r"(?:(?<![\w.@~:/-])|(?<=[^/:]:)(?!//))~?/[^\s/'\"]+(?:/[^\s/'\"]*)*(?<!:)"), "<path>"),
 )
 
 
@@ -279,6 +290,26 @@ def redact_message(text: str) -> str:
     for pattern, repl in _REDACTIONS:
         text = pattern.sub(repl, text)
     return text
+
+
+#: A key naming a secret, for :func:`redact_value` (the names the pattern above knows).
+_SECRET_KEY = re.compile(r"(?i)(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|[_-]key)$")
+
+
+def redact_value(value: Any) -> Any:
+    """:func:`redact_message` through a JSON value: every string redacted, and the value
+    of a key that names a secret (``{"password": ...}``) replaced by ``***``. For errors
+    that come as objects (a job's), whose JSON text would hide its quotes from the patterns."""
+    if isinstance(value, str):
+        return redact_message(value)
+    if isinstance(value, Mapping):
+        return {
+            k: "***" if isinstance(k, str) and _SECRET_KEY.search(k) else redact_value(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [redact_value(v) for v in value]
+    return value
 
 
 def _message(exc: BaseException, redact: Redactor) -> str:

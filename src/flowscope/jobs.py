@@ -115,8 +115,10 @@ def check_result(result: Mapping[str, Any] | Any, expect_count: bool) -> Verdict
             problem = "the job's result has no 'success' field, so it cannot be trusted as a success"
         elif error:
             problem = f"the job failed: {str(error)[:500]}"
-        else:
+        elif success is None or isinstance(success, bool):
             problem = f"the job reported success={success!r}"
+        else:  # its value is not repeated: it may be anything the job sent
+            problem = f"the job reported a 'success' of type {type(success).__name__}, not true"
         return Verdict(
             "failed", problem, "fix the cause in the worker or its inputs, then answer 'retry'; or 'abort'"
         )

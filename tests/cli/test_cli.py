@@ -461,8 +461,13 @@ def test_resume_walks_a_session_to_the_end_through_every_pause(paused_db):
         f'{new_job}={{"success": true, "count": 3, "data": {{"geocoded": [1, 2, 3]}}}}',
     )
     assert result.exit_code == 0 and "'approval'" in result.stdout
+    before = copy_db(Path(d), Path(d).with_name("before.db"))
     out = cli_ok("--db", d, "resume", sid, "--input", "approval=true")
-    assert "completed" in out and '"status": "shipped"' in out
+    # the answer and the output are payloads: sizes only, unless --show-payloads
+    assert "completed" in out and "'approval' = <redacted: 4 bytes>" in out
+    assert '"status"' not in out and re.search(r"0 recovered\): <redacted: \d+ bytes>", out), out
+    shown = cli_ok("--db", str(before), "resume", sid, "--input", "approval=true", "--show-payloads")
+    assert "'approval' = True" in shown and '"status": "shipped"' in shown
     assert_one_line_error(invoke("--db", d, "resume", sid), "already completed")
 
 

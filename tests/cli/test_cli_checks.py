@@ -298,6 +298,10 @@ SECRET_URLS = {
         ["--db", "mysql://bob:secretpw@h/db", "demo"],
         ["mysql://bob:***@h/db", "a SQLite file or a postgresql://"],
     ),
+    "ssl_password_in_the_query": (
+        ["--db", "postgresql://bob@127.0.0.1:1/db?sslpassword=secretpw", "start", "wf"],
+        ["cannot reach PostgreSQL at 127.0.0.1:1/db"],
+    ),
     "credentials_in_an_option_value": (
         ["runs", "--format", "http://bob:secretpw@h"],
         ["http://bob:***@h"],

@@ -139,12 +139,13 @@ def test_a_password_with_url_delimiters_connects_unencoded_and_never_prints(
     pg_cluster: PgCluster, pw_url: str
 ):
     """libpq takes a "#" or "?" in a URL's password as it is: such a URL works, and the
-    hints, the console's first line and every listing mask the password whole."""
+    hints, the console's first line and every listing mask the password whole, and the
+    ``sslpassword`` of its query."""
     odd = "se#cret?pw"
     with pg_cluster.admin() as a:
         a.execute(f"ALTER ROLE {PASSWORD_ROLE} PASSWORD '{odd}'")
     try:
-        url = pw_url.replace(PASSWORD, odd)
+        url = pw_url.replace(PASSWORD, odd) + "?sslmode=disable&sslpassword=an-ssl-secret"
         started = run("--db", url, "start", "nightly_export", "--session", "odd-1")
         assert started.returncode == 0, started.stderr
         listed = run("--db", url, "runs", "--format", "json")

@@ -267,6 +267,8 @@ def test_answers_are_validated_before_anything_is_recorded(fresh):
     assert bad.status_code == 409 and "no open input request 'nope'" in bad.json()["error"]
     assert c.post(url, json={"inputs": {"approval": True}, "dry_run": True}).json()["valid"] is True
     assert c.post(url, json="not an object").status_code == 400
+    nan = c.post(url, content=b'{"inputs": {"approval": NaN}}', headers={"content-type": "application/json"})
+    assert nan.status_code == 400 and "JSON" in nan.json()["error"], nan.text  # no value JSON cannot hold
     assert statuses(fresh)[APPROVAL_SESSION] == "paused"
     assert c.post(url, json={"inputs": {"approval": True}}).status_code == 200
     again = c.post(url, json={"inputs": {"approval": True}})

@@ -252,6 +252,16 @@ def test_retry_delay_is_capped_and_jittered_down():
         RetryConfig(max_attempts=0)
 
 
+@pytest.mark.parametrize(
+    "given", ["ValueErrors", "ValueError", (ValueError,), ["TimeoutError", TimeoutError]]
+)
+def test_retry_exceptions_are_class_names_never_a_string_or_a_class(given):
+    """A bare string would be matched by substring, a class never: both are refused."""
+    with pytest.raises(TypeError, match="exception class names"):
+        RetryConfig(max_attempts=3, exceptions=given)
+    assert RetryConfig(exceptions=("ValueError",)).retries("ValueError")
+
+
 async def test_retry_filter_by_exception_type_name(store):
     calls = []
 

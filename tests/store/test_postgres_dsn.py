@@ -54,6 +54,12 @@ def test_a_url_libpq_cannot_parse_is_a_store_error_without_the_password():
         ("mysql://bob:s3c#ret@h/db", "mysql://bob:***@h/db"),
         ("redis://:s3cret@h:6379/0", "redis://:***@h:6379/0"),
         ("http://bob:s3c/ret@127.0.0.1:4318", "http://bob:***@127.0.0.1:4318"),
+        (
+            "postgresql://bob@h/db?sslpassword=s3cret&sslmode=require",
+            "postgresql://bob@h/db?sslpassword=***&sslmode=require",
+        ),
+        ("postgresql://bob@h/db?password=s3cret", "postgresql://bob@h/db?password=***"),
+        ("http://127.0.0.1:4318/v1/traces?api_key=s3cret", "http://127.0.0.1:4318/v1/traces?api_key=***"),
     ],
 )
 def test_any_urls_password_is_masked(url: str, masked: str):

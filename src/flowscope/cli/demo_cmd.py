@@ -184,7 +184,7 @@ def run_demo(
     t_start = time.monotonic()
     try:
         registry = CollectorRegistry()
-        progress = ProgressPlugin(click.echo)
+        progress = ProgressPlugin(click.echo, show_payloads=True)  # the demo's own data
         plugins: list[Any] = []
         tracing = configure_cli_tracing(otlp_endpoint, otlp_protocol, "flowscope-demo", warn=_warn)
         spans_to = ""

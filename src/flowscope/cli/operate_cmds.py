@@ -27,6 +27,7 @@ from .app import (
     otlp_protocol_option,
 )
 from .failures import EXIT_FAILED, CliError, failure_line
+from .history import redacted
 from .render import fmt_duration, fmt_time, render_table, zone_name
 from .runtime import SpanFollower, configure_cli_tracing, start_metrics_server, wait_for_signal
 from .session_ops import SELECTABLE_STATES, live_owner, prune_candidates
@@ -137,6 +138,11 @@ def _resolve_workflow(name: str, spec: str | None) -> Any:
     "--dry-run", is_flag=True, help="Without SESSION: list the sessions it would resume; change nothing."
 )
 @click.option("--yes", is_flag=True, help="Without SESSION: resume every session the filters select.")
+@click.option(
+    "--show-payloads",
+    is_flag=True,
+    help="Print the answers given and the output as they are, not as <redacted: N bytes> (they may hold personal data).",
+)
 def resume(
     session: str | None,
     db: str | None,
@@ -150,6 +156,7 @@ def resume(
     older_than: float | None,
     dry_run: bool,
     yes: bool,
+    show_payloads: bool,
 ) -> None:
     """Continue a paused, failed or crashed session from the store.
 
@@ -164,7 +171,7 @@ def resume(
     --workflow (a name, or MODULE:ATTR to run them here) select: --dry-run lists them,
     --yes acts; a session that cannot be resumed is skipped with one line.
     """
-    rest = (inputs, jobs, force, otlp_endpoint, otlp_protocol)
+    rest = (inputs, jobs, force, otlp_endpoint, otlp_protocol, show_payloads)
     if session is not None:
         if state or older_than is not None or dry_run or yes:
             raise CliError("resume: give SESSION or filters (--state, --older-than, --workflow), not both")
@@ -208,6 +215,7 @@ def _resume_one(
     force: bool,
     otlp_endpoint: str | None,
     otlp_protocol: str | None,
+    show_payloads: bool,
 ) -> None:
     """``flowscope resume SESSION``: see :func:`resume`."""
     from .. import Runner
@@ -242,7 +250,7 @@ def _resume_one(
             "flowscope",
             warn=lambda text: click.echo(f"warning: {text}", err=True),
         )
-        plugins: list[Plugin] = [ProgressPlugin(click.echo)]
+        plugins: list[Plugin] = [ProgressPlugin(click.echo, show_payloads=show_payloads)]
         if tracing is not None:
             plugins.insert(0, tracing.plugin())
         runner = Runner(wf, store=store, plugins=plugins)
@@ -273,7 +281,7 @@ def _resume_one(
                 click.echo(f"  job {p.job_id} at {p.path}")
                 click.echo(f"    {views.job_hint(session, p.job_id)}")
     else:
-        out = json.dumps(result.output, ensure_ascii=False)
+        out = json.dumps(result.output, ensure_ascii=False) if show_payloads else redacted(result.output)
         if len(out) > 300:
             out = out[:297] + "..."
         click.echo(

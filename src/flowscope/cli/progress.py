@@ -7,6 +7,7 @@ from typing import Any
 
 from ..plugins import Plugin
 from .app import silence_stdout
+from .history import redacted
 
 __all__ = ["ProgressPlugin"]
 
@@ -22,9 +23,11 @@ class ProgressPlugin(Plugin):
 
     name = "progress"
 
-    def __init__(self, echo: Callable[[str], None]) -> None:
+    def __init__(self, echo: Callable[[str], None], *, show_payloads: bool = False) -> None:
         self.echo = echo
         self.enabled = True
+        #: Whether an answer's value is printed as it is (else ``<redacted: N bytes>``).
+        self.show_payloads = show_payloads
 
     def on_event(self, e: Any) -> None:
         if not self.enabled:
@@ -37,8 +40,7 @@ class ProgressPlugin(Plugin):
                 self.enabled = False
                 silence_stdout()
 
-    @staticmethod
-    def line(e: Any) -> str | None:
+    def line(self, e: Any) -> str | None:
         t = e.type
         where = f"{_short(e.path):<28}" if e.path else ""
 
@@ -78,7 +80,8 @@ class ProgressPlugin(Plugin):
                 )
             return say("pause", f"{where} asks {e.interrupt_id!r}: {e.prompt}")
         if t == "input_received":
-            return say("answer", f"{where} {e.interrupt_id!r} = {e.value!r}")
+            value = repr(e.value) if self.show_payloads else redacted(e.value)
+            return say("answer", f"{where} {e.interrupt_id!r} = {value}")
         if t == "run_finished":
             return say(e.status, f"invocation {e.invocation_id[:8]}")
         return None

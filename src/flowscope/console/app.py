@@ -37,6 +37,7 @@ from ..cli.history import EVENT_KEYS
 from ..cli.session_ops import SELECTABLE_STATES, select_sessions
 from ..engine.pauses import validate_answers
 from ..errors import (
+    OutputNotSerializableError,
     ResumeError,
     StoreError,
     StoreReadOnly,
@@ -68,7 +69,7 @@ def _error(exc: Exception, request: Request) -> JSONResponse:
         status = 403
     elif isinstance(exc, ResumeError):
         status = 409
-    elif isinstance(exc, (ValueError, TypeError)):
+    elif isinstance(exc, (ValueError, TypeError, OutputNotSerializableError)):  # a value JSON cannot hold
         status = 400
     elif isinstance(exc, StoreError):
         status = 503

@@ -78,6 +78,14 @@ class RetryConfig:
             raise ValueError("RetryConfig.max_attempts must be at least 1")
         if not 0.0 <= self.jitter <= 1.0:
             raise ValueError("RetryConfig.jitter is a fraction between 0 and 1")
+        names = self.exceptions
+        # a bare string would match by substring ("ValueErrors" retrying a ValueError), a
+        # class never: both are mistakes, refused here rather than at the first failure
+        if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
+            raise TypeError(
+                f"RetryConfig.exceptions takes exception class names (type(e).__name__), such as "
+                f"('TimeoutError', 'ConnectionError'), not {names!r}"
+            )
 
     def retries(self, error_type: str) -> bool:
         """May a failure of this exception type name be retried at all?"""

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import JobFailedError, ResumeError, redact_message
+from ..errors import JobFailedError, ResumeError, redact_value
 from ..events import Event, InputReceived, InputRequested, JobDispatched, JobResultReceived
 from ..fold import WorkflowState
 from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids, result_shape_problem
@@ -175,10 +175,17 @@ class Pauses:
 def recorded_result(job_id: str, result: Any) -> Any:
     """A job's result as the store keeps it: JSON data, its error text redacted."""
     result = json_value(result, f"the result of job {job_id!r}")
-    if isinstance(result, Mapping) and isinstance(result.get("error"), str):
-        # A job's error text is a message like a node's: recorded redacted, so events,
-        # the pause it becomes, `show` and `events` never carry what it leaked.
-        result = {**result, "error": redact_message(result["error"])}
+    if not isinstance(result, Mapping):
+        return result
+    # A job's error is a message like a node's: recorded redacted (an object's every
+    # string, and the value of a key that names a secret), so events, the pause it becomes, `show` and `events` never carry
+    # what it leaked. A `success` that is no boolean is recorded by its type alone: the
+    # guard takes only `true`, and the value may be anything the job sent.
+    error, success = result.get("error"), result.get("success")
+    if error is not None:
+        result = {**result, "error": redact_value(error)}
+    if success is not None and not isinstance(success, bool):
+        result = {**result, "success": f"<{type(success).__name__}>"}
     return result
 
 

@@ -18,8 +18,6 @@ __all__ = ["URL_SCHEMES", "is_postgres_url", "redact", "server", "unencoded_cred
 URL_SCHEMES = ("postgresql://", "postgres://")
 #: ``password=...`` in a key/value conninfo string (quoted or not).
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-#: ``password=...`` in a URL's query string.
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s]*", re.IGNORECASE)
 
 
 def is_postgres_url(db: str) -> bool:
@@ -29,11 +27,12 @@ def is_postgres_url(db: str) -> bool:
 
 def redact(dsn: str) -> str:
     """``dsn`` with any password replaced by ``***``: safe to print, log or put in a span.
-    Any URL's (``postgresql+psycopg://``, ``mysql://``: whatever was given), and whatever
-    characters its password holds (:func:`~flowscope.errors.mask_url_credentials`)."""
+    Any URL's (``postgresql+psycopg://``, ``mysql://``: whatever was given), whatever
+    characters its password holds, and a ``?password=`` or ``?sslpassword=`` in its query
+    (:func:`~flowscope.errors.mask_url_credentials`)."""
     if "://" not in dsn:
         return _KV_PASSWORD.sub(r"\1***", dsn)
-    return _QUERY_PASSWORD.sub(r"\1***", mask_url_credentials(dsn.strip()))
+    return mask_url_credentials(dsn.strip())
 
 
 def _credentials(dsn: str) -> tuple[str, str] | None:
