@@ -745,6 +745,16 @@ def test_dashboard_shows_what_an_sre_needs():
     assert has(r"by \(instance, reason\).*flowscope_spans_not_exported_total"), (
         "spans not exported per worker"
     )
+    assert has(r"count\(flowscope_worker_store_writable == 0\)"), "workers whose store refuses writes"
+    # attempts are whole: a p95 interpolated inside the first bucket reads 0.95
+    assert has(r"ceil\(histogram_quantile\(0\.95, [^\n]*flowscope_node_attempts_bucket"), (
+        "attempts p95, whole"
+    )
+    assert not has(r"histogram_quantile\([^\n]*flowscope_node_attempts_bucket") or all(
+        e.startswith("ceil(") for e in exprs if "flowscope_node_attempts_bucket" in e
+    ), "every attempts quantile rounded up"
+    # a pause is not the end of a run: the runs-ended stat leaves paused invocations out
+    assert has(r'sum\(increase\(flowscope_workflow_runs_total\{[^}]*outcome!="paused"'), "runs ended"
     for quantile in ("0.5", "0.95"):
         assert any(
             f"histogram_quantile({quantile}" in q.expr

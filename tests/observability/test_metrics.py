@@ -224,7 +224,32 @@ async def test_failure_without_a_code(m):
     assert m.value("flowscope_node_runs_total", workflow="orders", node="ok", outcome="success") == 1
     assert m.value("flowscope_node_attempts_sum", workflow="orders", node="charge") == 1
     assert m.value("flowscope_workflow_runs_total", workflow="orders", outcome="failed") == 1
-    assert m.value("flowscope_workflow_runs_total", workflow="orders", outcome="completed") is None
+    assert m.value("flowscope_workflow_runs_total", workflow="orders", outcome="completed") == 0
+
+
+async def test_a_nodes_error_rate_series_and_a_workflows_outcomes_start_at_0_with_its_first_run(m):
+    """A series born at 1 has no increase() for Prometheus: the outcomes an error rate
+    reads exist at 0 from a node's first run, before its first failure; not the rarer ones."""
+    gate = asyncio.Event()
+    seen: dict[str, float | None] = {}
+
+    @node
+    async def pay(x):
+        for outcome in ("success", "failure", "timeout", "waiting", "cancellation"):
+            seen[outcome] = m.value(
+                "flowscope_node_runs_total", workflow="orders", node="pay", outcome=outcome
+            )
+        for outcome in ("completed", "failed", "paused", "cancelled"):
+            seen[outcome] = m.value("flowscope_workflow_runs_total", workflow="orders", outcome=outcome)
+        gate.set()
+        return x
+
+    await m.runner(chain("orders", pay)).run(1)
+    assert gate.is_set()
+    assert seen == {
+        "success": 0, "failure": 0, "timeout": 0, "waiting": None, "cancellation": None,
+        "completed": 0, "failed": 0, "paused": 0, "cancelled": 0,
+    }  # fmt: skip
 
 
 class PaymentDeclined(Exception):
@@ -351,7 +376,7 @@ async def test_timeout(m):
     )
     assert m.total("flowscope_node_errors_total") == 1
     assert m.value("flowscope_node_runs_total", workflow="orders", node="sleepy", outcome="timeout") == 1
-    assert m.value("flowscope_node_runs_total", workflow="orders", node="sleepy", outcome="failure") is None
+    assert m.value("flowscope_node_runs_total", workflow="orders", node="sleepy", outcome="failure") == 0
     assert m.value("flowscope_node_attempts_sum", workflow="orders", node="sleepy") == 1
 
 

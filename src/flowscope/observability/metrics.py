@@ -105,6 +105,8 @@ __all__ = [
 
 
 _KEY = "metrics"  # our slot in ctx.plugin_state
+#: The node outcomes whose series start at 0 with a node's first run (an error rate's).
+_COUNTED_FROM_0 = ("success", "failure", "timeout")
 
 
 class _InvocationLabels:
@@ -177,6 +179,7 @@ class MetricsPlugin(Plugin):
         self._worker: dict[str, Instrument] | None = None  # WORKER_INSTRUMENTS, on first use
         self._worker_workflows: set[str] = set()  # the workflows whose worker series are made
         self._store_writable = 0.0  # flowscope_worker_store_writable's value
+        self._workflows_seen: set[str] = set()  # whose flowscope_workflow_runs_total start at 0
         self._instruments: dict[str, Instrument] = {}
         self.budget = LabelBudget(
             max_series, self._overflowed
@@ -238,6 +241,11 @@ class MetricsPlugin(Plugin):
         ns = nodes.get(key)
         if ns is None:
             ns = nodes[key] = _NodeSeries(workflow, node, self._bind(self._nodes_running, key))
+            # The outcomes an error rate reads start at 0 with the node's first run, so that
+            # rate() and increase() see its first failure (a series born at 1 has no
+            # increase); waiting and cancellation are left out, as few nodes have them.
+            for status in _COUNTED_FROM_0:
+                self._node_runs.series((workflow, node, status)).add(0)
         return ns
 
     def _attempts(self, ns: _NodeSeries) -> Series:
@@ -263,6 +271,10 @@ class MetricsPlugin(Plugin):
 
     def before_run(self, run: RunInfo) -> None:
         self._invocations[run.invocation_id] = _InvocationLabels(run.workflow)
+        if run.workflow not in self._workflows_seen:  # its outcomes from 0, as a node's
+            self._workflows_seen.add(run.workflow)
+            for outcome in WORKFLOW_OUTCOMES:
+                self._workflow_runs.series((run.workflow, outcome)).add(0)
         if run.plugins != self._known_plugins:
             # Start each plugin's error counters at 0: the series exists before the first
             # error, so the dashboard shows 0 rather than "no data" and increase() sees it.
