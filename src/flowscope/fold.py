@@ -40,6 +40,7 @@ from .events import (
     from_dict,
     to_dict,
 )
+from .jobs import decision_id
 from .states import NODE_STATUSES, OPEN_STATES, NodeStatus, SessionStatus
 
 E = TypeVar("E", bound=Event)
@@ -177,6 +178,12 @@ class NodeState:
         self.parent_path = e.parent_path
         if self.status == "failed":
             self.failures = 0  # an explicit resume of a failed run grants a fresh budget
+            # and a failed job's "abort" that failed it is spent: asked again, not
+            # replayed, or the new attempt would fail at once, and every retry after it
+            for job in self.jobs.values():
+                iid = decision_id(job.job_key, job.dispatch_attempt)
+                if self.inputs.get(iid) == "abort":
+                    del self.inputs[iid]
         self.status = "running"
         self.attempt = e.attempt
         if e.recovered:

@@ -26,6 +26,7 @@ __all__ = [
     "dispatch_failure",
     "job_failed_payload",
     "job_ids",
+    "decision_id",
     "JOB_ACTIONS",
 ]
 
@@ -70,6 +71,11 @@ def job_ids(session_id: str, job_key: str, dispatch_attempt: int) -> tuple[str, 
     """Deterministic ``(job_id, idempotency_key)`` for one dispatch attempt of one job."""
     digest = hashlib.sha256(f"{session_id}\x00{job_key}\x00{dispatch_attempt}".encode()).hexdigest()
     return f"job-{digest[:20]}", f"idem-{digest[20:52]}"
+
+
+def decision_id(job_key: str, dispatch_attempt: int) -> str:
+    """The interrupt id of the retry/abort question a failed dispatch attempt asks."""
+    return f"{job_key}.{dispatch_attempt}"
 
 
 def result_type_problem(result: Mapping[str, Any] | Any) -> str | None:

@@ -132,6 +132,33 @@ async def test_abort_fails_the_node_with_job_failed(store):
     assert (err.error_code, err.path) == ("JOB_FAILED", "etl@1/enrich@1")
 
 
+@pytest.mark.parametrize("how", ["resume", "retry"])
+async def test_after_an_abort_a_retry_asks_again_and_can_dispatch_anew(store, how):
+    """The operator's "abort" failed the node; running it again (a resume of the failed
+    session, or flowscope.retry) spends it: the question is asked again instead of the
+    abort replayed, which failed every new attempt at once."""
+    import flowscope
+
+    worker = Worker()
+    runner = Runner(enrich_workflow(worker), store=store)
+    await runner.run([1], session_id="s")
+    paused = await runner.resume("s", jobs={worker.jobs[0].job_id: {"success": False, "error": "quota"}})
+    iid = paused.pending[0].interrupt_id
+    with pytest.raises(JobFailedError):
+        await runner.resume("s", inputs={iid: "abort"})
+    if how == "retry":
+        flowscope.retry(store, "s", reason="quota raised")
+    again = await runner.resume("s")
+    assert again.status == "paused" and [p.interrupt_id for p in again.pending] == [iid]
+    redo = await runner.resume("s", inputs={iid: "retry"})
+    assert len(worker.jobs) == 2 and worker.jobs[1].dispatch_attempt == 2
+    done = await runner.resume(
+        "s", jobs={redo.pending[0].job_id: {"success": True, "count": 1, "data": "ok"}}
+    )
+    assert done.output == {"enriched": "ok"}
+    assert len(of_type(store.read("s"), "node_error")) == 1  # the abort's, once
+
+
 async def test_except_exception_in_user_code_cannot_swallow_the_pause(store):
     worker = Worker()
     swallowed = []

@@ -19,7 +19,15 @@ from typing import Any
 from ..errors import JobFailedError, ResumeError, redact_value
 from ..events import Event, InputReceived, InputRequested, JobDispatched, JobResultReceived
 from ..fold import WorkflowState
-from ..jobs import Job, check_result, dispatch_failure, job_failed_payload, job_ids, result_shape_problem
+from ..jobs import (
+    Job,
+    check_result,
+    decision_id,
+    dispatch_failure,
+    job_failed_payload,
+    job_ids,
+    result_shape_problem,
+)
 from ..store.base import FINISHED_SESSION_STATUSES
 from .context import NodeContext, PauseSignal
 from .record import Recorder, json_value
@@ -96,7 +104,7 @@ class Pauses:
             verdict = check_result(
                 {"success": res.success, "count": res.count, "error": res.error}, job.expect_count
             )
-            iid = f"{key}.{job.dispatch_attempt}"
+            iid = decision_id(key, job.dispatch_attempt)
             decision = ns.inputs.get(iid)
             if decision is None:
                 ev = self._rec.emit(
