@@ -27,6 +27,8 @@ from flowscope.examples.demo import batch_input, order_fulfilment
 from flowscope.examples.worker import kill_worker, start_worker, wait_until_running
 from flowscope.export import load_otlp_json
 from flowscope.store import SqliteEventStore
+from prom_harness import free_port
+from waiting import wait_for
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 STALE = "0.5s"
@@ -370,6 +372,32 @@ def test_bad_databases_give_one_line_and_exit_2(bad_dbs, kind, command):
     result = invoke("--db", str(path), *command)
     assert_one_line_error(result, fragment, str(path.name))
     assert not (kind == "missing" and path.exists())  # a read command never creates the file
+
+
+@pytest.mark.slow
+def test_serve_metrics_waits_for_an_empty_file_a_worker_is_creating_beside_it(tmp_path):
+    """SQLite's file is empty until its creator writes the header: a server started at the
+    same moment as the first worker waits for it (up to 2 s) rather than refuse it."""
+    db = tmp_path / "fresh.db"
+    db.write_bytes(b"")
+    port = free_port()
+    proc = start_cli("--db", str(db), "serve-metrics", "--port", str(port))
+    try:
+        time.sleep(0.5)
+        SqliteEventStore(db).close()  # the worker's first open: the schema
+        wait_for(lambda: _metrics_up(port), 20, "serve-metrics to answer")
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+def _metrics_up(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            return b"flowscope_store_up 1.0" in r.read()
+    except OSError:
+        return False
 
 
 @pytest.mark.slow

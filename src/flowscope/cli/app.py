@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -209,10 +210,12 @@ def shown_db(db: str) -> str:
 
 
 def open_store(
-    db: str | None, *, write: bool = False, create: bool = False
+    db: str | None, *, write: bool = False, create: bool = False, settle_s: float = 0.0
 ) -> SqliteEventStore | PostgresEventStore:
     """Open the store ``db`` names: a SQLite file, or a PostgreSQL database for a
-    ``postgresql://`` URL. Read commands never create or modify anything.
+    ``postgresql://`` URL. Read commands never create or modify anything. ``settle_s``:
+    how long an empty file may take to become a database (a server started beside the
+    worker that creates it: SQLite's file is empty until its header is written).
 
     Problems raise the typed store errors of :mod:`flowscope.errors`; the group's handler
     turns them into one line.
@@ -251,11 +254,22 @@ def open_store(
         raise CliError(
             f"{path} is a directory: --db takes a file, e.g. --db {shlex.quote(str(p / DEFAULT_DB))}"
         )
-    if p.exists() and p.stat().st_size == 0 and not create:
+    if not create and _empty_for_good(p, settle_s):
         raise NotAFlowscopeDatabase(f"{path} is an empty file, not a flowscope database")
     if not (write or create):  # a reader commits nothing: its durability does not matter
         return SqliteEventStore(path, readonly=True)
     return SqliteEventStore(path, durability=durability or "normal")
+
+
+def _empty_for_good(p: Path, wait_s: float) -> bool:
+    """Whether ``p`` is an empty file and stays so for ``wait_s``: a process creating the
+    database writes its header within moments."""
+    deadline = time.monotonic() + wait_s
+    while p.exists() and p.stat().st_size == 0:
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _no_constant(name: str) -> Any:

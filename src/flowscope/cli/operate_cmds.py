@@ -443,7 +443,9 @@ def serve_metrics_cmd(
     """
     from prometheus_client import CollectorRegistry
 
-    store = open_store(db, write=otlp_endpoint is not None)  # shipping records its watermarks
+    # shipping records its watermarks; a server started beside the first worker may find
+    # the file it creates still empty
+    store = open_store(db, write=otlp_endpoint is not None, settle_s=2.0)
     follower = None
     try:
         registry = CollectorRegistry(auto_describe=True)

@@ -83,7 +83,7 @@ def ui(
     except ImportError:
         raise CliError(INSTALL_HINT) from None
     path = resolve_db(db)
-    store = open_store(db, write=not read_only)
+    store = open_store(db, write=not read_only, settle_s=2.0)  # a file a worker creates now
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
