@@ -47,6 +47,7 @@ from .errors import (
     OutputNotSerializableError,
     ResumeError,
     SessionCancelledError,
+    StoreLocked,
     StoreNotWritable,
     StoreUnavailable,
     describe_exception,
@@ -204,7 +205,8 @@ class Worker:
         try:
             while not self._stop.is_set():
                 now = time.time()
-                if now >= next_seen or self._outage.active:  # in an outage: the probe
+                unanswered = self.store_writable is False
+                if now >= next_seen or self._outage.active or unanswered:  # in an outage: the probe
                     self._record_seen(names, now)
                     next_seen = now + self.lease_s / 3
                 if self._outage.active:
@@ -212,6 +214,9 @@ class Worker:
                         self.stopped_by = self._outage.error
                         break
                     await self._nap(self._outage.delay())
+                    continue
+                if self.store_writable is False:  # a server that does not answer: no claims,
+                    await self._nap(self._outage.cap_s)  # a probe every few seconds, no exit
                     continue
                 self._retake()
                 claims = self._claim(names)
@@ -330,6 +335,8 @@ class Worker:
             except StoreNotWritable as exc:
                 self._write_fault(exc)
                 return
+            except (StoreUnavailable, StoreLocked):  # said by the probe: try again next round
+                return
             except Exception as exc:
                 log.warning("could not take back session %s: %s", sid, describe_exception(exc))
                 return
@@ -345,6 +352,8 @@ class Worker:
             self._write_fault(exc)
         except Exception as exc:  # a worker survives a store that is briefly unavailable
             if isinstance(exc, StoreUnavailable):  # a server that does not answer takes no write
+                if self.store_writable is False:  # said once, when it began
+                    return
                 self._writes(False)
             log.warning("could not record worker %s: %s", self.owner.worker_id, describe_exception(exc))
         else:  # a real write went through (a claim that finds nothing may write nothing)
@@ -362,7 +371,10 @@ class Worker:
             self._write_fault(exc)
             return []
         except Exception as exc:
-            log.warning("claim failed: %s", describe_exception(exc))
+            if self.store_writable is not False:  # a server that does not answer: said once
+                log.warning("claim failed: %s", describe_exception(exc))
+            if isinstance(exc, StoreUnavailable):
+                self._writes(False)
             return []
 
     def _start(self, claim: Claim) -> None:
@@ -426,6 +438,14 @@ class Worker:
             self._count("store_fault")
             self._parked[sid] = claim
             self._write_fault(exc)
+        except (StoreUnavailable, StoreLocked) as exc:  # the server went away, or a lock held
+            # on: the same, but no outage of writes (waited out, never an exit 3). Taken back
+            # by this worker, as for a refused write: no recovery spent, no failure counted.
+            self._count("store_fault")
+            self._parked[sid] = claim
+            if isinstance(exc, StoreUnavailable):
+                self._writes(False)
+            log.info("session %s halted: %s; taken back once the store answers", sid, describe_exception(exc))
         except Exception as exc:  # the workflow's own failure, or a session that cannot run
             self._count("failed")
             log.warning(
@@ -522,8 +542,10 @@ class Worker:
         """
         sid = claim.session_id
         try:
+            if self.store_writable is False:  # each call would wait out the store's timeout
+                raise StoreUnavailable("the store took none of this worker's last writes")
             self.store.acquire(sid, self.owner, 0.0, force=True)
-        except StoreNotWritable as exc:  # said once already; the lease expires by itself
+        except (StoreNotWritable, StoreUnavailable) as exc:  # said once already; the lease expires by itself
             log.info("could not hand back session %s: %s", sid, describe_exception(exc))
         except Exception as exc:
             log.warning("could not hand back session %s: %s", sid, describe_exception(exc))

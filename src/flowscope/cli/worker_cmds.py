@@ -277,7 +277,7 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
     type=DURATION,
     default="60s",
     show_default=True,
-    help="Stop (exit 3) when no write to the database has gone through for this long (a full disk, a read-only database).",
+    help="Stop (exit 3) when the database has refused every write for this long (a full disk, a read-only database); a server that does not answer is waited for.",
 )
 @click.option(
     "--metrics-port",
@@ -326,6 +326,10 @@ def worker_cmd(
     from ..worker import Worker
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # The pool says each failed reconnect in two lines of libpq's words; the worker says the
+    # outage itself, once, in one redacted line (unless --log-level debug asks for them).
+    if log_level.upper() != "DEBUG":
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     workflows = load_workflows(specs)
     # The threads started here (the database pool's, the span exporter's) inherit a mask
     # that leaves SIGCONT to the main thread, whose handler checks the leases (threads.py).

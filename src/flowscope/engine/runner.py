@@ -1,14 +1,13 @@
 """The runner: the public face of the engine, over an event store and plugins.
 
 :class:`Runner` loads a session (from its last snapshot and the events after it, or the
-whole log), takes its lease in the store (refused while another live owner holds it; see
-:mod:`flowscope.liveness`), and hands the walk to one
-:class:`~flowscope.engine.invocation.Invocation` per ``run``/``resume`` call. Every append
-is fenced by the lease's epoch; :mod:`.lease` keeps the lease from a thread of its own.
-Everything an invocation does is in the parts it is composed of: ``invocation.py``
-(scheduling, the resume audit), ``attempts.py`` (attempts and terminal events),
-``pauses.py`` (input and jobs), ``record.py`` (emit and flush under the lease),
-``tasks.py`` (the runs in flight and the abort); the runner uses its public API only.
+whole log), takes its lease in the store (refused while another live owner holds it;
+:mod:`flowscope.liveness`), and hands the walk to one :class:`~.invocation.Invocation`
+per ``run``/``resume`` call. Every append is fenced by the lease's epoch; :mod:`.lease`
+keeps the lease from a thread of its own. What an invocation does is in its parts:
+``invocation.py`` (scheduling, the resume audit), ``attempts.py`` (attempts and terminal
+events), ``pauses.py`` (input and jobs), ``record.py`` (emit and flush under the lease),
+``tasks.py`` (the runs in flight, the abort); the runner uses their public API only.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import asyncio
 import logging
 import random
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from functools import partial
 from typing import Any, ClassVar
 
 from ..errors import (
@@ -27,10 +27,8 @@ from ..errors import (
     ResumeError,
     SessionCancelledError,
     StoreError,
-    StoreNotWritable,
     UnknownSessionError,
     WorkflowError,
-    describe_exception,
     redact_message,
 )
 from ..events import Event, RunFinished
@@ -40,10 +38,11 @@ from ..ownership import Lease, this_process
 from ..store.base import EventStore
 from .commit import GroupCommit
 from .context import NodeContext, PauseSignal, RunResult
+from .endings import let_go, read_mail, release
 from .graph import Workflow
 from .hooks import Plugin, PluginDispatcher
 from .ids import new_id
-from .inbox import read_inbox, take_in
+from .inbox import take_in
 from .invocation import Invocation
 from .lease import LeaseKeeper
 from .pauses import Answer, validate_answers
@@ -127,15 +126,15 @@ class Runner:
         self.rng = random.Random(seed)
         self._active: dict[str, Invocation] = {}
         self._starting: set[str] = set()  # new sessions waiting for their leases
-        #: session -> the ids of its last invocations here, which halted on a store error
-        #: (not a lost lease), one after the other: the next invocation here knows the open
-        #: runs they started were cut off by a halt, not by a crash (ResumeAudit.cut_off).
-        #: Bounded: oldest session dropped first.
+        #: session -> the ids of its last invocations here that halted on a store error (not
+        #: a lost lease): the next one here knows the runs they left open were cut off by
+        #: a halt, not a crash (ResumeAudit.cut_off). Bounded: oldest dropped first.
         self._cut_off: dict[str, frozenset[str]] = {}
         self.lease_s = lease_s
         self.owner = this_process(worker_id, ships_spans=self.plugins.ships_spans)
         self._commits = GroupCommit(store)  # appends of concurrent sessions share transactions
-        self._on_mail = self._read_mail  # bound once, not per invocation
+        self._release = partial(release, store)  # bound once, not per invocation
+        self._on_mail = partial(read_mail, store)
         self._keeper = LeaseKeeper(store, lease_s, heartbeat_interval, f"flowscope-lease-{workflow.name}")
 
     # -- public API -------------------------------------------------------------------
@@ -344,47 +343,6 @@ class Runner:
         if self.plugins.wants("on_resume_conflict"):
             await self.plugins.call("on_resume_conflict", session_id, self.workflow.name)
 
-    def _release(self, lease: Lease) -> None:
-        try:
-            self.store.release(lease)
-        except Exception as exc:  # best effort: an expired lease frees the session anyway
-            # A store that refuses writes is the caller's error already (a worker says it
-            # once per episode): no second warning per session.
-            level = logging.INFO if isinstance(exc, StoreNotWritable) else logging.WARNING
-            log.log(
-                level,
-                "could not release the lease of session %s: %s",
-                lease.session_id,
-                describe_exception(exc),
-            )
-
-    def _read_mail(self, inv: Invocation) -> None:
-        """The session's inbox has mail while it runs here: a cancel stops the run now
-        (its runs are cancelled, never failed; the session ends cancelled); anything else
-        waits for the invocation's end."""
-        try:
-            messages = self.store.inbox(inv.session_id)
-        except Exception as exc:  # the next round tells us again
-            log.warning("session %s: could not read its inbox: %s", inv.session_id, describe_exception(exc))
-            return
-        cancel = read_inbox(inv.ws, messages).cancel
-        if cancel is not None and not inv.aborting:
-            inv.abort(cancel, by_request=True)
-
-    def _take_in_at_end(self, inv: Invocation) -> None:
-        """An invocation that ended takes in what was sent meanwhile (an answer given while
-        another branch ran, a cancel it stopped for, a retry of the failure it just
-        recorded), so the session is answered, over or queued again when its lease is
-        released. Best effort: whatever stays in the inbox, the next owner takes in."""
-        if not inv.in_sync():
-            return
-        try:
-            take_in(self.store, inv.ws, inv.lease)
-        except Exception as exc:
-            log.warning(
-                "session %s: could not take in its messages: %s", inv.session_id, describe_exception(exc)
-            )
-
     async def _invoke(
         self,
         session_id: str,
@@ -454,8 +412,7 @@ class Runner:
         if inv.kept:  # _drive stopped before its last flush
             self._keeper.remove(inv.record)
         if not inv.released:  # else the last flush ended the lease: the session had no mail
-            self._take_in_at_end(inv)
-            self._release(inv.lease)
+            await let_go(store=self.store, inv=inv)
         if isinstance(error, InvocationAbortedError) and inv.cancelled_by_request:
             error = SessionCancelledError(f"session {session_id!r} was cancelled: {inv.abort_reason}")
         plugins = self.plugins

@@ -32,8 +32,10 @@ def one_line(exc: BaseException) -> str:
 
 def is_connection_lost(exc: BaseException) -> bool:
     """Whether ``exc`` means the connection is gone (the server restarted, the network
-    dropped): an operation that changes nothing may be retried on another connection."""
-    if not isinstance(exc, psycopg.OperationalError):
+    dropped): an operation that changes nothing may be retried on another connection. A
+    pool that gave no connection within its timeout is not: it waited the timeout already
+    (``PoolTimeout`` is an ``OperationalError`` without a SQLSTATE)."""
+    if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, PoolTimeout):
         return False
     state = exc.sqlstate
     return state is None or state[:2] == "08" or state in _GOING_AWAY
@@ -54,6 +56,11 @@ def store_error(exc: BaseException, where: str, action: str) -> StoreError:
     if state in _LOCKED:
         return StoreLocked(
             f"PostgreSQL at {where}: could not {action}: a lock or serialization conflict ({state}); retry"
+        )
+    if state == "57014":  # statement_timeout (or pg_cancel_backend): a slow moment, not a fault of the data
+        return StoreLocked(
+            f"PostgreSQL at {where}: could not {action}: the statement was cancelled, past statement_timeout "
+            f"or by an operator ({state}); retry"
         )
     if is_connection_lost(exc):
         return StoreUnavailable(
@@ -117,9 +124,12 @@ def connect_error(
                 "is the server running, and are the host and port right?"
             )
         who = f" for user {user!r}" if user else ""
+        # libpq gives no SQLSTATE here: the server's own words say which (credentials, no
+        # free connection slot, a server starting or stopping); the advice names them all
         return StoreUnavailable(
             f"PostgreSQL at {where} refused the connection{who}: {_reason(exc)}; "
-            "check the user, the password (PGPASSWORD or ~/.pgpass) and the database name"
+            "check the user, the password (PGPASSWORD or ~/.pgpass) and the database name, "
+            "or whether the server has a free connection slot (max_connections) and is up"
         )
     return store_error(exc, where, "connect")
 

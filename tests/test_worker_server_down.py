@@ -1,0 +1,133 @@
+"""A PostgreSQL server that goes away under a worker (stopped, restarted): not a refusal of
+writes and not a crash. The sessions it halts are taken back by the same worker without
+spending a recovery or counting a failure; a drain meanwhile does not wait out the
+server; a pool that gives no connection fails after its timeout, once. A cluster of its
+own (tests/pg_cluster.py), stopped and started by the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from flowscope import START, NodeContext, Runner, Worker, Workflow, node
+from flowscope.errors import StoreUnavailable
+from flowscope.store import PostgresEventStore, rebuild
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[object]:
+    from pg_cluster import PgCluster
+
+    c = PgCluster.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@node
+async def steps(ctx: NodeContext, n: int) -> int:
+    for _ in range(n):
+        await asyncio.sleep(0.1)
+    return n
+
+
+async def _tick(ctx: NodeContext, n: int) -> int:
+    await asyncio.sleep(0.2)
+    return n
+
+
+#: 30 nodes of 0.2 s: the session appends all along, and an outage cuts it off.
+CHAIN = Workflow("chain", edges=[(START, *[node(_tick, name=f"t{i}") for i in range(30)])])
+
+
+def _store(cluster, name: str) -> PostgresEventStore:
+    return PostgresEventStore(cluster.url(), schema=cluster.new_schema(name), timeout=2.0)
+
+
+def test_a_restart_under_a_worker_spends_no_recovery_and_counts_no_failure(cluster):
+    store = _store(cluster, "restart")
+    wf = CHAIN
+    sids = [Runner(wf, store).submit(1) for _ in range(3)]
+    w = Worker(store, [wf], poll_s=0.05, lease_s=30.0)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(w.run())
+        loop = asyncio.get_running_loop()
+        for _ in range(1):
+            await asyncio.sleep(1.0)
+            await loop.run_in_executor(None, cluster.stop_server)
+            await asyncio.sleep(4.0)  # past the pool's timeout: the sessions' appends fail
+            await loop.run_in_executor(None, cluster.start_server)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if all(store.session_info(s).status == "completed" for s in sids):
+                    break
+            except StoreUnavailable:
+                pass
+            await asyncio.sleep(0.2)
+        w.stop()
+        await task
+
+    asyncio.run(main())
+    for sid in sids:
+        info = store.session_info(sid)
+        assert info.status == "completed", info
+        ws = rebuild(store.read(sid))
+        assert not any(ns.recoveries for ns in ws.nodes.values()), sid  # a halt, not a crash
+    assert w.outcomes.get("failed", 0) == 0, w.outcomes
+    assert w.outcomes.get("store_fault", 0) >= 1 and w.outcomes["completed"] == 3, w.outcomes
+    with store._pool.connection() as conn:  # no session was claimed as an orphan
+        rows = conn.execute(f"SELECT recoveries FROM {store.schema}.sessions").fetchall()
+    assert [r[0] for r in rows] == [0, 0, 0]
+    store.close()
+
+
+def test_a_drain_while_the_server_is_down_does_not_wait_it_out(cluster):
+    store = _store(cluster, "drain")
+    wf = Workflow("long", edges=[(START, steps)])
+    for _ in range(5):
+        Runner(wf, store).submit(600)
+    w = Worker(store, [wf], poll_s=0.05, lease_s=30.0, drain_s=1.0)
+    took: list[float] = []
+
+    async def main() -> None:
+        task = asyncio.ensure_future(w.run())
+        while len(w._active) < 5:
+            await asyncio.sleep(0.05)
+        await asyncio.get_running_loop().run_in_executor(None, cluster.stop_server)
+        while w.store_writable is not False:  # the probe or a halted session says so
+            await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        w.stop()
+        await task
+        took.append(time.monotonic() - t0)
+
+    try:
+        asyncio.run(main())
+    finally:
+        cluster.start_server()
+    # one group commit of the sessions' last events waits out the pool (2 s), no call per session
+    assert took[0] < 12.0, took
+    store.close()
+
+
+def test_a_read_while_the_server_is_down_fails_after_the_pool_timeout_once(cluster):
+    store = _store(cluster, "read")
+    sid = Runner(Workflow("long", edges=[(START, steps)]), store).submit(1)
+    cluster.stop_server()
+    try:
+        for call in (lambda: store.session_info(sid), lambda: store.read(sid)):
+            t0 = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                call()
+            assert time.monotonic() - t0 < 3.5  # timeout=2.0, not twice it
+    finally:
+        cluster.start_server()
+    store.close()
