@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..errors import mask_url_credentials
+from ..errors import StoreLocked, StoreUnavailable, mask_url_credentials
 from ..fold import WorkflowState, rebuild
 from ..store.base import FINISHED_SESSION_STATUSES, SESSION_STATUSES
 from . import views
@@ -120,25 +120,36 @@ def _follow(db: str | None, session: str, interval: float) -> None:
     """Draw the session's table, then again each time its log grows, until it is over."""
     tty = sys.stdout.isatty()
     last = -1
+    said = False  # that the store does not answer, once per outage
     try:
         while True:
-            store = open_store(db)
-            with store:
-                seq = store.last_seq(session)
-                if seq != last:
-                    ws, _rows, table = _session_view(store, session, shown_db(resolve_db(db)))
-                    last = ws.last_seq
-                    if tty:
-                        click.clear()
-                    click.echo(table())
-                    click.echo(
-                        click.style(
-                            f"-- {fmt_time(time.time(), zone=True)}: {ws.status}, {last} events", dim=True
-                        )
+            try:
+                with open_store(db) as store:
+                    changed = store.last_seq(session) != last
+                    view = _session_view(store, session, shown_db(resolve_db(db))) if changed else None
+            except (StoreUnavailable, StoreLocked) as exc:
+                if last < 0:  # nothing drawn yet: a wrong URL, not a restart
+                    raise
+                if not said:  # once following, a server that went away (a restart) is waited for
+                    click.echo(f"{one_line(exc)} (retrying every {max(interval, 1.0):g}s)", err=True)
+                    said = True
+                time.sleep(max(interval, 1.0))
+                continue
+            said = False
+            if view is not None:
+                ws, _rows, table = view
+                last = ws.last_seq
+                if tty:
+                    click.clear()
+                click.echo(table())
+                click.echo(
+                    click.style(
+                        f"-- {fmt_time(time.time(), zone=True)}: {ws.status}, {last} events", dim=True
                     )
-                    if ws.status in FINISHED_SESSION_STATUSES:  # over: --follow stops
-                        return
-                    click.echo("")
+                )
+                if ws.status in FINISHED_SESSION_STATUSES:  # over: --follow stops
+                    return
+                click.echo("")
             time.sleep(max(interval, 0.05))
     except KeyboardInterrupt:  # the way to stop following a session that is still going
         return
@@ -429,16 +440,29 @@ def _export_follow(
     if not endpoint:
         raise CliError("--follow sends spans: give --otlp-endpoint URL (e.g. http://localhost:4318)")
     exporter = follower_exporter(endpoint, protocol, timeout)
+    said: set[str] = set()
     try:
         with open_store(db, write=True) as store:
-            follow(
-                store,
-                exporter,
-                service_name=service_name,
-                interval=interval,
-                rounds=rounds,
-                on_sent=lambda n: click.echo(f"sent {n} spans to {mask_url_credentials(endpoint)}", err=True),
-            )
+            while True:
+                try:
+                    follow(
+                        store,
+                        exporter,
+                        service_name=service_name,
+                        interval=interval,
+                        rounds=rounds,
+                        on_sent=lambda n: click.echo(
+                            f"sent {n} spans to {mask_url_credentials(endpoint)}", err=True
+                        ),
+                    )
+                    break
+                except (StoreUnavailable, StoreLocked) as exc:  # a restart: waited for, said once
+                    if rounds is not None:
+                        raise
+                    if one_line(exc) not in said:
+                        said.add(one_line(exc))
+                        click.echo(f"{one_line(exc)} (retrying every {max(interval, 1.0):g}s)", err=True)
+                    time.sleep(max(interval, 1.0))
     except ExportError as exc:
         raise CliError(str(exc)) from None
     except KeyboardInterrupt:

@@ -1,8 +1,8 @@
-"""A PostgreSQL server that goes away under a worker (stopped, restarted): not a refusal of
-writes and not a crash. The sessions it halts are taken back by the same worker without
-spending a recovery or counting a failure; a drain meanwhile does not wait out the
-server; a pool that gives no connection fails after its timeout, once. A cluster of its
-own (tests/pg_cluster.py), stopped and started by the tests."""
+"""A PostgreSQL server that goes away (stopped, restarted): not a refusal of writes and
+not a crash. The sessions it halts are taken back by the same worker without spending a
+recovery or counting a failure; a drain meanwhile does not wait out the server; a pool
+that gives no connection fails after its timeout, once; ``show --follow`` waits for it.
+A cluster of its own (tests/pg_cluster.py), stopped and started by the tests."""
 
 from __future__ import annotations
 
@@ -131,3 +131,25 @@ def test_a_read_while_the_server_is_down_fails_after_the_pool_timeout_once(clust
     finally:
         cluster.start_server()
     store.close()
+
+
+def test_show_follow_waits_out_a_restart_and_ends_with_the_session(cluster):
+    from commands import run_cli, start_cli
+
+    url = cluster.new_database("follow")
+    assert run_cli("--db", url, "start", "nightly_export", "--session", "f-1").returncode == 0
+    proc = start_cli("--db", url, "show", "f-1", "--follow", "--interval", "200ms")
+    try:
+        time.sleep(1.5)  # drawn once
+        cluster.stop_server()
+        time.sleep(2.0)
+        cluster.start_server()
+        cluster.wait_ready()
+        assert run_cli("--db", url, "cancel", "f-1").returncode == 0
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "cancelled" in out and err.count("retrying every") == 1, err
