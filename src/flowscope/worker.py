@@ -205,8 +205,8 @@ class Worker:
         try:
             while not self._stop.is_set():
                 now = time.time()
-                unanswered = self.store_writable is False
-                if now >= next_seen or self._outage.active or unanswered:  # in an outage: the probe
+                # in an outage, or while the server does not answer: the probe, every round
+                if now >= next_seen or self._outage.active or self.store_writable is False:
                     self._record_seen(names, now)
                     next_seen = now + self.lease_s / 3
                 if self._outage.active:
@@ -541,14 +541,17 @@ class Worker:
         abort then stops its node runs now instead of at their next append.
         """
         sid = claim.session_id
-        try:
-            if self.store_writable is False:  # each call would wait out the store's timeout
-                raise StoreUnavailable("the store took none of this worker's last writes")
-            self.store.acquire(sid, self.owner, 0.0, force=True)
-        except (StoreNotWritable, StoreUnavailable) as exc:  # said once already; the lease expires by itself
-            log.info("could not hand back session %s: %s", sid, describe_exception(exc))
-        except Exception as exc:
-            log.warning("could not hand back session %s: %s", sid, describe_exception(exc))
+        # A server that does not answer (not a refusal, which answers at once): a call would
+        # wait out the store's timeout, for each session in turn.
+        if self.store_writable is False and not self._outage.active:
+            log.info("session %s: not handed back, the store does not answer; its lease expires", sid)
+        else:
+            try:
+                self.store.acquire(sid, self.owner, 0.0, force=True)
+            except StoreNotWritable as exc:  # said once already; the lease expires by itself
+                log.info("could not hand back session %s: %s", sid, describe_exception(exc))
+            except Exception as exc:
+                log.warning("could not hand back session %s: %s", sid, describe_exception(exc))
         self.runners[claim.workflow].abort(sid, reason=DRAIN_REASON)
 
     # -- convenience -----------------------------------------------------------------------
