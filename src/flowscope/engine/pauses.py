@@ -186,9 +186,10 @@ def recorded_result(job_id: str, result: Any) -> Any:
     if not isinstance(result, Mapping):
         return result
     # A job's error is a message like a node's: recorded redacted (an object's every
-    # string, and the value of a key that names a secret), so events, the pause it becomes, `show` and `events` never carry
-    # what it leaked. A `success` that is no boolean is recorded by its type alone: the
-    # guard takes only `true`, and the value may be anything the job sent.
+    # string, and the value of a key that names a secret), so events, the pause it
+    # becomes, `show` and `events` never carry what it leaked. A `success` that is no
+    # boolean is recorded by its type alone: the guard takes only `true`, and the value
+    # may be anything the job sent.
     error, success = result.get("error"), result.get("success")
     if error is not None:
         result = {**result, "error": redact_value(error)}
