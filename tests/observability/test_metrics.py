@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -18,7 +19,7 @@ from prometheus_client.utils import floatToGoString
 
 from flowscope import START, Plugin, RetryConfig, Runner, Workflow, node
 from flowscope.events import UNKNOWN_ERROR
-from flowscope.observability.catalog import READ_INSTRUMENTS
+from flowscope.observability.catalog import READ_INSTRUMENTS, SPECS
 from flowscope.observability.metrics import (
     ATTEMPT_BUCKETS,
     DURATION_BUCKETS,
@@ -821,6 +822,19 @@ def test_catalog_names_kinds_labels_buckets():
         7200,
     )
     assert ATTEMPT_BUCKETS == (1, 2, 3, 4, 5, 7, 10)
+
+
+def test_every_unit_keeps_the_prometheus_name_through_an_otel_collector():
+    """The collector's Prometheus exporter adds a unit's suffix to a metric's name (``1`` on
+    a gauge gives ``_ratio``) but drops an annotation (``{run}``): only seconds, which the
+    names already end in, and annotations keep the names the dashboards and alerts read."""
+    for spec in SPECS.values():
+        assert (
+            spec.unit == "s" and spec.prom_name.endswith("_seconds") or re.fullmatch(r"\{\w+\}", spec.unit)
+        ), (
+            spec.prom_name,
+            spec.unit,
+        )
 
 
 async def test_otel_dotted_names_and_units(m):

@@ -163,7 +163,7 @@ WORKER_INSTRUMENTS: tuple[InstrumentSpec, ...] = (
         (),
         "1 while this worker's writes to its store go through; 0 while the store refuses them "
         "or does not answer (the worker claims nothing then).",
-        "1",
+        "{state}",
     ),
 )  # fmt: skip
 CLAIM_REASONS = ("queued", "answered", "orphaned")
