@@ -99,10 +99,14 @@ def test_a_drain_while_the_server_is_down_does_not_wait_it_out(cluster):
 
     async def main() -> None:
         task = asyncio.ensure_future(w.run())
+        deadline = time.monotonic() + 30
         while len(w._active) < 5:
+            assert time.monotonic() < deadline, "the worker did not take the five sessions"
             await asyncio.sleep(0.05)
         await asyncio.get_running_loop().run_in_executor(None, cluster.stop_server)
+        deadline = time.monotonic() + 30
         while w.store_writable is not False:  # the probe or a halted session says so
+            assert time.monotonic() < deadline, "the worker never saw the server go"
             await asyncio.sleep(0.1)
         t0 = time.monotonic()
         w.stop()
