@@ -11,7 +11,7 @@ import pytest
 
 from flowscope import START, Runner, Worker, Workflow, node
 from flowscope.engine.hooks import Plugin
-from flowscope.errors import describe_exception, redact_message, redact_value
+from flowscope.errors import describe_exception, mask_url_credentials, redact_message, redact_value
 from flowscope.store import SqliteEventStore
 from leaky_workflows import PLANTED, SECRETS
 
@@ -28,6 +28,20 @@ def test_the_redaction_keeps_names_counts_and_quotes_around_what_it_hides():
     assert (
         redact_message("tokens: 3 and max_tokens=5 at w@1/check@1")
         == "tokens: 3 and max_tokens=5 at w@1/check@1"
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["mode r:/w", "TCP:/ok", "a K:/x", "see http://host:8080/a/b at 12:30/45", "w@1/check@1 in 3/4 of runs"],
+)
+def test_the_redaction_leaves_what_is_no_absolute_path(text):
+    assert redact_message(text) == text
+
+
+def test_a_query_secret_is_masked_to_the_next_parameter_whatever_it_holds():
+    assert mask_url_credentials("postgresql://bob@h/db?password=se#cret-tail&sslmode=require") == (
+        "postgresql://bob@h/db?password=***&sslmode=require"
     )
 
 

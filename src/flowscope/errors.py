@@ -235,9 +235,10 @@ def error_qualname(exc: BaseException) -> str:
 #: early and let its tail out. Masking a little more of a rare URL is the safe side.
 _URL_CREDENTIALS = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@:]*):\S*@")
 #: A query parameter that names a secret (``?password=``, ``&sslpassword=``, ``?api_key=``,
-#: ``?access_token=``): its value is masked as a URL's password is.
+#: ``?access_token=``): its value is masked as a URL's password is, to the next ``&`` or
+#: space (libpq takes a ``#`` in it as it is: it must not end the mask early).
 _QUERY_SECRET = re.compile(
-    r"([?&][\w.-]*?(?:password|passwd|secret|token|api[_-]?key|access[_-]?key)=)[^&\s#]*", re.IGNORECASE
+    r"([?&][\w.-]*?(?:password|passwd|secret|token|api[_-]?key|access[_-]?key)=)[^&\s]*", re.IGNORECASE
 )
 
 
@@ -277,8 +278,10 @@ _REDACTIONS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]],
     # absolute paths, after a colon too (path:/x) but for a URL's "//" (a path's trailing
     # colon is the sentence's: "/x/flowscope.db: the disk is full"). A path ends at a space.
     (re.compile(r"(?i)\b(?:file|sqlite):/{2,}[^\s'\"]*"), "<path>"),
-    (re.compile(r"(?<![\w])(?:[A-Za-z]:[\\/]|\\\\)[^\s'\"]+"), "<path>"),
-    (re.compile(r"(?:(?<![\w.@~:/-])|(?<=[^/:]:)(?!//))~?/[^\s/'\"]+(?:/[^\s/'\"]*)*(?<!:)"), "<path>"),
+    (re.compile(r"(?<![\w])(?:[A-Za-z]:\\|\\\\)[^\s'\"]+"), "<path>"),
+    # after a colon (C:/x/y, path:/x/y) a path has two parts at least: "mode r:/w" is none
+    (re.compile(r"(?<=[^/:\s]:)/[^\s/'\"]+/[^\s'\"]*(?<!:)"), "<path>"),
+    (re.compile(r"(?<![\w.@~:/-])~?/[^\s/'\"]+(?:/[^\s/'\"]*)*(?<!:)"), "<path>"),
 )
 
 
@@ -293,7 +296,7 @@ def redact_message(text: str) -> str:
 
 
 #: A key naming a secret, for :func:`redact_value` (the names the pattern above knows).
-_SECRET_KEY = re.compile(r"(?i)(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|[_-]key)$")
+_SECRET_KEY = re.compile(r"(?i)(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key)$")
 
 
 def redact_value(value: Any) -> Any:

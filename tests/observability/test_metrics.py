@@ -974,3 +974,28 @@ def test_a_workflows_worker_series_start_at_0_on_its_first_claim_and_count_from_
     assert value("flowscope_worker_leases_lost_total", workflow="b") == 0
     m.on_lease_lost("s", "b")
     assert value("flowscope_worker_leases_lost_total", workflow="b") == 1
+
+
+async def test_series_started_at_0_never_take_a_real_series_room_nor_count_an_overflow():
+    """A placeholder at 0 is made only while the metric holds under half its budget: three
+    nodes under ``max_series=4`` each keep their own success series, and nothing overflows."""
+    registry = CollectorRegistry()
+    plugin = MetricsPlugin(registry=registry, max_series=4)
+    a, b, c = (node(lambda x: x, name=n) for n in "abc")
+    await Runner(Workflow("w", edges=[(START, a, b, c)]), MemoryEventStore(), [plugin]).run(1)
+    runs = {
+        (s.labels["node"], s.labels["outcome"]): s.value
+        for f in registry.collect()
+        for s in f.samples
+        if s.name == "flowscope_node_runs_total"
+    }
+    assert {k: v for k, v in runs.items() if v} == {
+        ("a", "success"): 1,
+        ("b", "success"): 1,
+        ("c", "success"): 1,
+    }
+    assert len(runs) <= 4
+    overflow = [
+        s for f in registry.collect() for s in f.samples if s.name == "flowscope_metrics_overflow_total"
+    ]
+    assert all(s.value == 0 for s in overflow), overflow

@@ -232,6 +232,16 @@ class Instrument:
                         s = self._series[key] = Series(prom, self.otel, dict(zip(self.spec.labels, key)))
         return s
 
+    def start_at_0(self, values: tuple[str, ...]) -> None:
+        """Make the series of ``values`` exist at 0 before its first observation, while the
+        metric holds under half its budget: a placeholder never takes a real series' room,
+        nor counts as an overflow."""
+        if values in self._series:
+            return
+        if self.budget is not None and 2 * len(self._series) >= self.budget.max_series:
+            return
+        self.series(values).add(0)
+
     def bind(self, values: tuple[str, ...]) -> Series:
         """``series(values)`` for a caller that keeps it: a label set folded into ``_other``
         comes wrapped so that each later observation counts one overflow too, as a lookup

@@ -245,7 +245,7 @@ class MetricsPlugin(Plugin):
             # rate() and increase() see its first failure (a series born at 1 has no
             # increase); waiting and cancellation are left out, as few nodes have them.
             for status in _COUNTED_FROM_0:
-                self._node_runs.series((workflow, node, status)).add(0)
+                self._node_runs.start_at_0((workflow, node, status))
         return ns
 
     def _attempts(self, ns: _NodeSeries) -> Series:
@@ -274,14 +274,14 @@ class MetricsPlugin(Plugin):
         if run.workflow not in self._workflows_seen:  # its outcomes from 0, as a node's
             self._workflows_seen.add(run.workflow)
             for outcome in WORKFLOW_OUTCOMES:
-                self._workflow_runs.series((run.workflow, outcome)).add(0)
+                self._workflow_runs.start_at_0((run.workflow, outcome))
         if run.plugins != self._known_plugins:
             # Start each plugin's error counters at 0: the series exists before the first
             # error, so the dashboard shows 0 rather than "no data" and increase() sees it.
             self._known_plugins = run.plugins
             for name in run.plugins:
                 for hook in HOOKS:
-                    self._plugin_errors.series((str(name), hook)).add(0)
+                    self._plugin_errors.start_at_0((str(name), hook))
 
     def after_run(self, run: RunInfo, result: RunResult | None, error: BaseException | None) -> None:
         inv = self._invocations.pop(run.invocation_id, None)
@@ -413,9 +413,9 @@ class MetricsPlugin(Plugin):
             # claim and the dashboard shows 0 rather than "no data".
             self._worker_workflows.add(workflow)
             for reason in CLAIM_REASONS:
-                w["worker_claims"].series((workflow, reason)).add(0)
-            w["worker_leases_lost"].series((workflow,)).add(0)
-            w["worker_active"].series((workflow,)).add(0)
+                w["worker_claims"].start_at_0((workflow, reason))
+            w["worker_leases_lost"].start_at_0((workflow,))
+            w["worker_active"].start_at_0((workflow,))
         return w
 
     def on_worker_claim(self, claim: Any) -> None:
