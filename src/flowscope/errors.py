@@ -296,7 +296,9 @@ def redact_message(text: str) -> str:
 
 
 #: A key naming a secret, for :func:`redact_value` (the names the pattern above knows).
-_SECRET_KEY = re.compile(r"(?i)(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key)$")
+_SECRET_KEY = re.compile(
+    r"(?i)(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key)$"
+)
 
 
 def redact_value(value: Any) -> Any:

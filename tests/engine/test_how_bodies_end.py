@@ -180,3 +180,18 @@ async def test_children_gathered_are_stopped_when_one_pauses_and_none_is_recover
     events = store.read("s")
     _ends_once_in_their_invocation(events)
     assert not any(e.recovered for e in of_type(events, "node_started"))  # a pause is no crash
+
+
+@node
+async def leaves_a_child(ctx, x):
+    asyncio.ensure_future(ctx.run_node(child, "slow"))  # started, never awaited
+    return "done"
+
+
+async def test_a_child_task_the_body_left_before_it_began_is_not_run_after_its_parent(store):
+    COUNTS.clear()
+    await Runner(Workflow("w", edges=[(START, leaves_a_child)]), store).run(None, session_id="s")
+    await asyncio.sleep(0.4)
+    events = store.read("s")
+    _ends_once_in_their_invocation(events)
+    assert COUNTS == {} and not any("/child@" in e.path for e in events)

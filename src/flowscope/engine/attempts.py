@@ -18,6 +18,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable
+from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
 from ..errors import (
@@ -41,7 +42,7 @@ from ..events import (
     StateUpdated,
 )
 from ..threads import start_thread
-from .context import NodeContext, NodeOutcome, PauseSignal
+from .context import CHILDREN_CLOSED, NodeContext, NodeOutcome, PauseSignal
 from .graph import Node, Route, Workflow, label_matches
 from .hooks import PluginDispatcher
 from .record import Halted, NodeResult, Recorder, is_native, json_value
@@ -128,9 +129,11 @@ class Attempts:
                                 out = await out
                         else:  # a timeout, a nested graph, an execute of its own
                             out = await self._attempt(node, ctx, input)
-                    finally:
-                        if ctx.running_children:  # the body ended: so do its dynamic children
-                            await self._stop_children(ctx)
+                    finally:  # the body ended: so do its dynamic children, and none starts
+                        running = ctx.running_children
+                        ctx.running_children = CHILDREN_CLOSED
+                        if running:
+                            await self._stop_children(ctx, running)
                     if hooks:  # plugins hear of a success only under a safe lease (else the flush stops it)
                         rec.check_lease()
                     result = self._result(ctx, out)
@@ -389,12 +392,12 @@ class Attempts:
             self._rec.emit(StateUpdated, ctx.path, ctx.node_name, values=changes)
 
     @staticmethod
-    async def _stop_children(ctx: NodeContext) -> None:
+    async def _stop_children(ctx: NodeContext, running: AbstractSet[asyncio.Task[Any]]) -> None:
         """Cancel the dynamic children still running in tasks of their own (a body that
         gathered them ended first: a sibling failed, or paused) and wait for each to record
         its end (``parent_ended``) before its parent's."""
         me = asyncio.current_task()
-        tasks = [t for t in ctx.running_children or () if t is not me and not t.done()]
+        tasks = [t for t in running if t is not me and not t.done()]
         if not tasks:
             return
         reason, ctx.cancel_reason = ctx.cancel_reason, ctx.cancel_reason or "parent_ended"

@@ -21,7 +21,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..store.base import EventStore
     from .graph import Node
 
-__all__ = ["NodeContext", "RunInfo", "NodeOutcome", "RunResult", "PauseSignal", "RunServices"]
+__all__ = [
+    "NodeContext",
+    "RunInfo",
+    "NodeOutcome",
+    "RunResult",
+    "PauseSignal",
+    "RunServices",
+    "CHILDREN_CLOSED",
+]
+
+#: ``NodeContext.running_children`` once the attempt's body has ended: a dynamic child
+#: whose task the body started and left, and that had not begun yet, is refused.
+CHILDREN_CLOSED: frozenset[Any] = frozenset()
 
 
 class PauseSignal(BaseException):
@@ -193,8 +205,9 @@ class NodeContext:
         self.cancel_reason: str | None = None
         self.started_at = 0.0
         self._children: dict[str, int] = {}
-        #: The tasks running a dynamic child of this run now (``run_node``), made on first use.
-        self.running_children: set[asyncio.Task[Any]] | None = None
+        #: The tasks running a dynamic child of this run now (``run_node``), made on first
+        #: use; :data:`CHILDREN_CLOSED` once the attempt's body has ended.
+        self.running_children: set[asyncio.Task[Any]] | frozenset[Any] | None = None
         self._requests = 0
         self._jobs = 0
 
@@ -224,6 +237,7 @@ class NodeContext:
         self.attempt += 1
         self._children.clear()
         self._requests = self._jobs = 0
+        self.running_children = None
 
     def child_path(self, name: str) -> str:
         """The next ``name@k`` path under this run (k counts runs of that name here)."""
@@ -256,6 +270,8 @@ class NodeContext:
         running = self.running_children
         if running is None:
             running = self.running_children = set()
+        elif not isinstance(running, set):  # closed: the body that left this task has ended
+            raise asyncio.CancelledError("parent_ended")
         if task is not None:
             running.add(task)
         try:
