@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from commands import cli_ok, run_cli, start_cli
 from conftest import unavailable
 from flowscope import START, NodeContext, Runner, Worker, Workflow, node
-from flowscope.errors import StoreDiskFull, StoreNotWritable, StoreReadOnly
+from flowscope.errors import StoreDiskFull, StoreLocked, StoreNotWritable, StoreReadOnly, StoreUnavailable
 from flowscope.observability.metrics import MetricsPlugin
 from flowscope.outage import BACKOFF_CAP_S, StoreOutage
 from flowscope.plugins import Plugin
@@ -385,3 +385,112 @@ def test_flowscope_worker_on_a_read_only_postgres_database_stops_with_exit_3(tmp
     assert "Traceback" not in r.stderr
     assert len([x for x in lines if "StoreReadOnly" in x]) == 1, lines
     assert lines[-1].startswith("flowscope: error: worker ") and "refuses writes" in lines[-1]
+
+
+class _Unanswering(SqliteEventStore):
+    """A store whose server stops answering the worker's probes and claims while ``down``
+    (PostgreSQL's restart, made deterministic: the real one is in test_postgres_server_down)."""
+
+    down = False
+
+    def workers_seen(self, *args, **kwargs):
+        if self.down:
+            raise StoreUnavailable("lost the connection to PostgreSQL at h: the server closed it")
+        return super().workers_seen(*args, **kwargs)
+
+    def claim(self, *args, **kwargs):
+        if self.down:
+            raise StoreUnavailable("lost the connection to PostgreSQL at h")
+        return super().claim(*args, **kwargs)
+
+
+@node
+async def _long_body(ctx: NodeContext, x):
+    await asyncio.sleep(30)
+    return x
+
+
+@pytest.mark.slow
+def test_a_drain_while_the_server_does_not_answer_records_nothing_even_if_it_answers_again(tmp_path):
+    """The drain lets such a session go without a call (each would wait out a timeout) and
+    without an abort that would record it cancelled, over for good, had the server answered
+    meanwhile: the session stays running, for its lease to expire and a worker to claim it."""
+    store = _Unanswering(tmp_path / "u.db")
+    wf = Workflow("w", edges=[(START, _long_body)])
+    sid = Runner(wf, store).submit(1)
+    w = Worker(store, [wf], poll_s=0.05, lease_s=3.0, drain_s=0.2)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(w.run())
+        await _until(lambda: bool(w._active), "the claim")
+        store.down = True
+        await _until(lambda: w.store_writable is False, "the probe to fail")
+        store.down = False  # back, but the worker naps before its next probe
+        w.stop()
+        await task
+
+    asyncio.run(main())
+    assert store.session_info(sid).status == "running"
+    assert store.read(sid)[-1].type == "node_started"  # nothing recorded after the hand-off
+    assert w.outcomes == {"handed_back": 1}
+    store.close()
+
+
+class _Locked(SqliteEventStore):
+    """A store whose appends are cancelled while ``locked`` (a lock held past PostgreSQL's
+    ``statement_timeout``: ``StoreLocked``)."""
+
+    locked = False
+
+    @staticmethod
+    def _refused() -> StoreLocked:  # a new one each time: a raised one keeps its frames
+        return StoreLocked("could not append: the statement was cancelled (57014); retry")
+
+    def append(self, *args, **kwargs):
+        if self.locked:
+            raise self._refused()
+        return super().append(*args, **kwargs)
+
+    def append_and_release(self, batches, leases):
+        if self.locked:
+            return [self._refused() for _ in batches], set()
+        return super().append_and_release(batches, leases)
+
+    def append_many(self, batches):
+        if self.locked:
+            return [self._refused() for _ in batches]
+        return super().append_many(batches)
+
+
+@node
+async def _ticks(ctx: NodeContext, x):
+    for _ in range(5):
+        await asyncio.sleep(0.02)
+    return x
+
+
+@pytest.mark.slow
+def test_a_session_halted_by_a_lock_is_taken_back_ever_more_slowly_then_completes(tmp_path):
+    """Parked, not failed, and retried with a backoff that doubles: at every loop round it
+    re-ran hundreds of times a second for as long as the lock was held."""
+    store = _Locked(tmp_path / "l.db")
+    wf = Workflow("w", edges=[(START, *[node(_ticks.fn, name=f"t{i}") for i in range(12)])])
+    sid = Runner(wf, store).submit(1)
+    w = Worker(store, [wf], poll_s=0.05, lease_s=3.0)
+    halts: list[int] = []
+
+    async def main() -> None:
+        task = asyncio.ensure_future(w.run())
+        await _until(lambda: bool(w._active), "the claim")
+        store.locked = True
+        await asyncio.sleep(1.0)
+        halts.append(w.outcomes.get("store_fault", 0))
+        store.locked = False
+        await _until(lambda: store.session_info(sid).status == "completed", "the session to complete")
+        w.stop()
+        await task
+
+    asyncio.run(main())
+    assert 1 <= halts[0] <= 7, halts  # 0.05 s doubling: about five in 1 s
+    assert w.outcomes.get("failed", 0) == 0 and w.outcomes["completed"] == 1, w.outcomes
+    store.close()

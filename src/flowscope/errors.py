@@ -22,6 +22,7 @@ __all__ = [
     "ConcurrencyConflict",
     "LeaseLost",
     "LeaseExpired",
+    "LeaseHandedOff",
     "OutputNotSerializableError",
     "StateNotSerializableError",
     "RouteNotFoundError",
@@ -185,6 +186,12 @@ class ConcurrencyConflict(StoreError):
 class LeaseLost(ConcurrencyConflict):
     """The caller's lease on the session was superseded: another owner took the session
     over (its epoch advanced), so this append or renewal was refused and nothing was written."""
+
+
+class LeaseHandedOff(LeaseLost):
+    """The owner let the session go without a call to the store (a worker's drain while its
+    store does not answer): the invocation stops and records nothing more, and its lease
+    expires by itself, so that another owner takes the session as a crashed one."""
 
 
 class LeaseExpired(LeaseLost):

@@ -152,6 +152,10 @@ class Worker:
         #: Sessions whose invocation halted because the store refused its writes: this
         #: worker takes them back (acquire, not claim: no recovery spent) once it can write.
         self._parked: dict[str, Claim] = {}
+        #: When a parked session may be taken back (monotonic), and how many lock halts in
+        #: a row it had: a lock held on is retried ever more slowly, not at every round.
+        self._parked_until: dict[str, float] = {}
+        self._locked: dict[str, int] = {}
         #: Whether the last write went through (None: none tried yet); the plugins hear of
         #: each change (``on_store_writes``).
         self.store_writable: bool | None = None
@@ -321,16 +325,20 @@ class Worker:
         """Take back, before claiming, the sessions this worker gave up because the store
         refused their writes: by ``acquire`` under its own owner (no recovery is spent, as
         for a crash), unless someone else took them meanwhile (then they are theirs)."""
-        while self._parked and len(self._active) < self.concurrency:
-            sid, claim = next(iter(self._parked.items()))
+        now = time.monotonic()
+        for sid, claim in list(self._parked.items()):
+            if len(self._active) >= self.concurrency:
+                return
+            if self._parked_until.get(sid, 0.0) > now:
+                continue
             try:
                 info = self.store.session_info(sid)
                 if info is None or info.owner is None or info.owner.worker_id != self.owner.worker_id:
-                    del self._parked[sid]
+                    self._unpark(sid)
                     continue
                 lease = self.store.acquire(sid, self.owner, self.lease_s)
             except ConcurrencyConflict:  # a live owner holds it now
-                del self._parked[sid]
+                self._unpark(sid)
                 continue
             except StoreNotWritable as exc:
                 self._write_fault(exc)
@@ -341,7 +349,14 @@ class Worker:
                 log.warning("could not take back session %s: %s", sid, describe_exception(exc))
                 return
             del self._parked[sid]
+            self._parked_until.pop(sid, None)
             self._start(dataclasses.replace(claim, lease=lease))
+
+    def _unpark(self, sid: str) -> None:
+        """Forget a parked session: someone else holds it now."""
+        self._parked.pop(sid, None)
+        self._parked_until.pop(sid, None)
+        self._locked.pop(sid, None)
 
     # -- claiming --------------------------------------------------------------------------
 
@@ -416,6 +431,7 @@ class Worker:
                 self._back_off(claim, exc)
                 return
             self._check_failures.pop(sid, None)
+            self._locked.pop(sid, None)
             self._count(result.status)
             log.info("session %s (%s, %s): %s", sid, claim.workflow, claim.reason, result.status)
         except SessionCancelledError as exc:  # an operator's cancel, taken in here
@@ -445,6 +461,10 @@ class Worker:
             self._parked[sid] = claim
             if isinstance(exc, StoreUnavailable):
                 self._writes(False)
+            else:  # a lock held on: back off, doubling, as for a refused write
+                n = self._locked[sid] = self._locked.get(sid, 0) + 1
+                delay = min(self._outage.cap_s, self.poll_s * 2.0 ** (n - 1))
+                self._parked_until[sid] = time.monotonic() + delay
             log.info("session %s halted: %s; taken back once the store answers", sid, describe_exception(exc))
         except Exception as exc:  # the workflow's own failure, or a session that cannot run
             self._count("failed")
@@ -541,17 +561,19 @@ class Worker:
         abort then stops its node runs now instead of at their next append.
         """
         sid = claim.session_id
-        # A server that does not answer (not a refusal, which answers at once): a call would
-        # wait out the store's timeout, for each session in turn.
         if self.store_writable is False and not self._outage.active:
-            log.info("session %s: not handed back, the store does not answer; its lease expires", sid)
-        else:
-            try:
-                self.store.acquire(sid, self.owner, 0.0, force=True)
-            except StoreNotWritable as exc:  # said once already; the lease expires by itself
-                log.info("could not hand back session %s: %s", sid, describe_exception(exc))
-            except Exception as exc:
-                log.warning("could not hand back session %s: %s", sid, describe_exception(exc))
+            # A server that does not answer (a refusal answers at once): each call would wait
+            # out its timeout, session after session. Stopped here, recording nothing (an
+            # abort would record the session cancelled if the server answered meanwhile).
+            log.info("session %s: let go, the store does not answer; its lease expires", sid)
+            self.runners[claim.workflow].hand_off(sid, "the worker drains while its store does not answer")
+            return
+        try:
+            self.store.acquire(sid, self.owner, 0.0, force=True)
+        except StoreNotWritable as exc:  # said once already; the lease expires by itself
+            log.info("could not hand back session %s: %s", sid, describe_exception(exc))
+        except Exception as exc:
+            log.warning("could not hand back session %s: %s", sid, describe_exception(exc))
         self.runners[claim.workflow].abort(sid, reason=DRAIN_REASON)
 
     # -- convenience -----------------------------------------------------------------------

@@ -68,6 +68,7 @@ async def long_task(ctx, x):
     return "done"
 
 
+@pytest.mark.slow
 def test_a_worker_lives_on_when_a_node_calls_sys_exit_and_its_other_sessions_complete(tmp_path):
     store = SqliteEventStore(tmp_path / "w.db")
     victim, exiter = (
@@ -158,6 +159,7 @@ def _ends_once_in_their_invocation(events) -> None:
     assert events[-1].type == "run_finished"
 
 
+@pytest.mark.slow
 async def test_children_gathered_are_stopped_with_their_parent_when_one_fails(store):
     COUNTS.clear()
     wf = Workflow("w", edges=[(START, gathers)])
@@ -188,6 +190,7 @@ async def leaves_a_child(ctx, x):
     return "done"
 
 
+@pytest.mark.slow
 async def test_a_child_task_the_body_left_before_it_began_is_not_run_after_its_parent(store):
     COUNTS.clear()
     await Runner(Workflow("w", edges=[(START, leaves_a_child)]), store).run(None, session_id="s")

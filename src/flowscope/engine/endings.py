@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from ..errors import StoreNotWritable, StoreUnavailable, describe_exception
+from ..errors import LeaseHandedOff, StoreNotWritable, StoreUnavailable, describe_exception
 from ..ownership import Lease
 from ..store.base import EventStore
 from .inbox import read_inbox, take_in
@@ -59,8 +59,12 @@ async def let_go(store: EventStore, inv: Invocation) -> None:
     another branch ran, a cancel it stopped for, a retry of the failure it just recorded),
     so the session is answered, over or queued again, then releases its lease. After a
     server that did not answer, the release alone, off the loop: it may wait out the pool's
-    timeout, and a drain of many sessions must not wait for each in turn on the loop."""
-    if isinstance(inv.halted, StoreUnavailable):
+    timeout, and a drain of many sessions must not wait for each in turn on the loop; after
+    a hand-off (:class:`~flowscope.errors.LeaseHandedOff`), nothing."""
+    halted = inv.halted
+    if isinstance(halted, LeaseHandedOff):  # let go without a call: the lease expires by itself
+        return
+    if isinstance(halted, StoreUnavailable):  # nothing to take in, and a call may wait it out
         await asyncio.get_running_loop().run_in_executor(None, release, store, inv.lease)
         return
     if inv.in_sync():

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from ..errors import (
     ConcurrencyConflict,
     InvocationAbortedError,
+    LeaseHandedOff,
     LeaseLost,
     Redactor,
     ResumeError,
@@ -227,6 +228,17 @@ class Runner:
         """
         inv = self._active.get(session_id)
         return inv is not None and inv.abort(reason)
+
+    def hand_off(self, session_id: str, reason: str) -> bool:
+        """Stop the invocation running for ``session_id`` here without a call to the store,
+        as a lost lease does: it records nothing more, its runs stop at their ``await``, and
+        its lease expires by itself (a worker's drain while the store does not answer, where
+        each call would wait out a timeout). False if no invocation of it runs here."""
+        inv = self._active.get(session_id)
+        if inv is None:
+            return False
+        inv.record.lose_lease(LeaseHandedOff(f"session {session_id!r} was let go: {reason}"))
+        return True
 
     def check_leases(self) -> int:
         """Stop now every invocation of this runner whose lease is no longer safe by this
