@@ -320,7 +320,7 @@ def test_flowscope_worker_on_a_full_disk_says_it_once_and_exits_3(tmp_path, tiny
         "--lease",
         "2s",
         "--max-store-outage",
-        "4s",
+        "3s",
         "--metrics-port",
         str(port),
         cwd=tmp_path,
@@ -334,7 +334,7 @@ def test_flowscope_worker_on_a_full_disk_says_it_once_and_exits_3(tmp_path, tiny
             wait_for(running, 30, "the worker to start the sessions")
         assert _writable_gauge(port) == 1.0
         _fill(tiny_fs)
-        wait_for(lambda: _writable_gauge(port) == 0.0, 4, "the gauge to read the refused writes")
+        wait_for(lambda: _writable_gauge(port) == 0.0, 3, "the gauge to read the refused writes")
         _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

@@ -201,6 +201,7 @@ class Worker:
         self._wake = asyncio.Event()
         names = sorted(self.workflows)
         next_seen = 0.0
+        unanswered = 0  # probes in a row the store did not answer
         waiter: asyncio.Future[bool] | None = None
         restore = self._on_sigcont()
         # store.wait_for_work blocks, so it waits in a thread: one that leaves SIGCONT to
@@ -219,9 +220,12 @@ class Worker:
                         break
                     await self._nap(self._outage.delay())
                     continue
-                if self.store_writable is False:  # a server that does not answer: no claims,
-                    await self._nap(self._outage.cap_s)  # a probe every few seconds, no exit
+                if self.store_writable is False:  # a server that does not answer: no claims, a
+                    # probe after a backoff that doubles (a blip is over soon), no exit
+                    unanswered += 1
+                    await self._nap(min(self._outage.cap_s, self.poll_s * 2.0 ** (unanswered - 1)))
                     continue
+                unanswered = 0
                 self._retake()
                 claims = self._claim(names)
                 for claim in claims:

@@ -32,9 +32,9 @@ def release(store: EventStore, lease: Lease) -> None:
     try:
         store.release(lease)
     except Exception as exc:
-        # A store that refuses writes is the caller's error already (a worker says it
-        # once per episode): no second warning per session.
-        level = logging.INFO if isinstance(exc, StoreNotWritable) else logging.WARNING
+        # A store that refuses writes or does not answer is the caller's error already (a
+        # worker says it once per episode): no second warning per session.
+        level = logging.INFO if isinstance(exc, (StoreNotWritable, StoreUnavailable)) else logging.WARNING
         log.log(
             level, "could not release the lease of session %s: %s", lease.session_id, describe_exception(exc)
         )
