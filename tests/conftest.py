@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from flowscope import Node, node
 from flowscope.store import MemoryEventStore
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -40,6 +41,15 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 @pytest.fixture
 def store():
     return MemoryEventStore()
+
+
+def asking(name: str, interrupt_id: str) -> Node:
+    """A node ``name`` that asks for the input ``interrupt_id`` and returns the answer."""
+
+    async def ask(ctx, x):
+        return await ctx.request_input(f"{interrupt_id}?", interrupt_id=interrupt_id)
+
+    return node(ask, name=name)
 
 
 def of_type(events, type_name):

@@ -29,7 +29,7 @@ from flowscope.outage import BACKOFF_CAP_S, StoreOutage
 from flowscope.plugins import Plugin
 from flowscope.store import SqliteEventStore, rebuild
 from prom_harness import free_port
-from waiting import wait_for
+from waiting import until, wait_for
 
 BIG = "x" * 65536  # needs new pages: refused by a database that may not grow
 
@@ -117,16 +117,16 @@ def test_a_full_sqlite_store_sessions_are_taken_back_by_their_worker_without_a_r
             _GATES[sid] = asyncio.Event()
         w = Worker(store, [wf], poll_s=0.02, lease_s=3.0, max_store_outage_s=30.0)
         task = asyncio.ensure_future(w.run())
-        await _until(
+        await until(
             lambda: sum(r.path.endswith("_big@1") for r in store.open_runs()) == 3, "three runs in flight"
         )
         _limit(store, None)
         for sid in sids:
             _GATES[sid].set()
-        await _until(lambda: w.outcomes.get("store_fault", 0) >= 3, "three sessions halted by the full store")
+        await until(lambda: w.outcomes.get("store_fault", 0) >= 3, "three sessions halted by the full store")
         await asyncio.sleep(0.5)  # the worker backs off and probes meanwhile
         _limit(store, 1 << 30)
-        await _until(lambda: all(store.session_info(s).status == "completed" for s in sids), "all completed")
+        await until(lambda: all(store.session_info(s).status == "completed" for s in sids), "all completed")
         w.stop()
         await task
         return w
@@ -214,14 +214,14 @@ def test_the_store_writable_gauge_reads_0_while_the_store_refuses_the_workers_wr
 
     async def main() -> None:
         task = asyncio.ensure_future(w.run())
-        await _until(lambda: gauge() == 1, "the first write")
+        await until(lambda: gauge() == 1, "the first write")
         seen.append((gauge(), _otel_value(reader, "flowscope.worker.store_writable")))
         query_only(1)
-        await _until(lambda: gauge() == 0, "the refused write")
+        await until(lambda: gauge() == 0, "the refused write")
         seen.append((gauge(), _otel_value(reader, "flowscope.worker.store_writable")))
         await asyncio.sleep(0.3)  # more refused probes: no more changes
         query_only(0)
-        await _until(lambda: gauge() == 1, "a write that goes through")
+        await until(lambda: gauge() == 1, "a write that goes through")
         seen.append((gauge(), _otel_value(reader, "flowscope.worker.store_writable")))
         w.stop()
         await task
@@ -231,14 +231,6 @@ def test_the_store_writable_gauge_reads_0_while_the_store_refuses_the_workers_wr
     assert writes.heard == [True, False, True]
     assert w.stopped_by is None
     store.close()
-
-
-async def _until(pred, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 # ---------------------------------------------------------------------------- real processes
@@ -422,9 +414,9 @@ def test_a_drain_while_the_server_does_not_answer_records_nothing_even_if_it_ans
 
     async def main() -> None:
         task = asyncio.ensure_future(w.run())
-        await _until(lambda: bool(w._active), "the claim")
+        await until(lambda: bool(w._active), "the claim")
         store.down = True
-        await _until(lambda: w.store_writable is False, "the probe to fail")
+        await until(lambda: w.store_writable is False, "the probe to fail")
         store.down = False  # back, but the worker naps before its next probe
         w.stop()
         await task
@@ -481,12 +473,12 @@ def test_a_session_halted_by_a_lock_is_taken_back_ever_more_slowly_then_complete
 
     async def main() -> None:
         task = asyncio.ensure_future(w.run())
-        await _until(lambda: bool(w._active), "the claim")
+        await until(lambda: bool(w._active), "the claim")
         store.locked = True
         await asyncio.sleep(1.0)
         halts.append(w.outcomes.get("store_fault", 0))
         store.locked = False
-        await _until(lambda: store.session_info(sid).status == "completed", "the session to complete")
+        await until(lambda: store.session_info(sid).status == "completed", "the session to complete")
         w.stop()
         await task
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["poll", "wait_for"]
+__all__ = ["poll", "wait_for", "until"]
 
 T = TypeVar("T")
 
@@ -32,3 +33,14 @@ def wait_for(
     if not value:
         raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
     return value
+
+
+async def until(
+    predicate: Callable[[], object], what: str, timeout: float = 20.0, interval: float = 0.02
+) -> None:
+    """:func:`wait_for` on the event loop, for a test whose processes run in it."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(interval)

@@ -241,12 +241,12 @@ def error_qualname(exc: BaseException) -> str:
 #: unencoded ``#``, ``?``, ``/`` or ``@`` in it (libpq takes a ``#`` or ``?``) must not end it
 #: early and let its tail out. Masking a little more of a rare URL is the safe side.
 _URL_CREDENTIALS = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@:]*):\S*@")
+#: The names of secrets, in every rule below that masks a value by its name.
+_SECRET_NAMES = r"password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key"
 #: A query parameter that names a secret (``?password=``, ``&sslpassword=``, ``?api_key=``,
 #: ``?access_token=``): its value is masked as a URL's password is, to the next ``&`` or
 #: space (libpq takes a ``#`` in it as it is: it must not end the mask early).
-_QUERY_SECRET = re.compile(
-    r"([?&][\w.-]*?(?:password|passwd|secret|token|api[_-]?key|access[_-]?key)=)[^&\s]*", re.IGNORECASE
-)
+_QUERY_SECRET = re.compile(rf"([?&][\w.-]*?(?:{_SECRET_NAMES})=)[^&\s]*", re.IGNORECASE)
 
 
 def mask_url_credentials(text: str) -> str:
@@ -271,7 +271,7 @@ _REDACTIONS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]],
     # tokens (``?access_token=``). A quoted value keeps its quotes.
     (
         re.compile(
-            r"(?<![A-Za-z0-9])([\w-]*?(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|[_-]key))"
+            rf"(?<![A-Za-z0-9])([\w-]*?(?:{_SECRET_NAMES}|[_-]key))"
             r"([\"']?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&'\"}\])]+)",
             re.IGNORECASE,
         ),
@@ -303,9 +303,7 @@ def redact_message(text: str) -> str:
 
 
 #: A key naming a secret, for :func:`redact_value` (the names the pattern above knows).
-_SECRET_KEY = re.compile(
-    r"(?i)(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key)$"
-)
+_SECRET_KEY = re.compile(rf"(?i)(?:{_SECRET_NAMES}|private[_-]?key)$")
 
 
 def redact_value(value: Any) -> Any:

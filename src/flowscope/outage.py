@@ -17,7 +17,7 @@ import time
 
 from .errors import StoreNotWritable
 
-__all__ = ["StoreOutage", "BACKOFF_CAP_S", "QUIET_S", "DEFAULT_LIMIT_S"]
+__all__ = ["StoreOutage", "backoff", "BACKOFF_CAP_S", "QUIET_S", "DEFAULT_LIMIT_S"]
 
 #: The longest a worker waits between two writes while its store refuses them.
 BACKOFF_CAP_S = 5.0
@@ -25,6 +25,12 @@ BACKOFF_CAP_S = 5.0
 QUIET_S = 30.0
 #: How long a worker goes on without one successful write before it stops.
 DEFAULT_LIMIT_S = 60.0
+
+
+def backoff(first_s: float, n: int, cap_s: float) -> float:
+    """The wait after the ``n``-th fault in a row: ``first_s``, doubled per fault after the
+    first, at most ``cap_s`` (a worker's every retry of its store)."""
+    return min(cap_s, first_s * 2.0 ** max(0, n - 1))
 
 
 class StoreOutage:
@@ -89,7 +95,7 @@ class StoreOutage:
     def delay(self) -> float:
         """How long to wait before the next write: the poll interval, doubled per failure
         in a row, at most ``cap_s``."""
-        return min(self.cap_s, self.poll_s * 2.0 ** max(0, self.failures - 1))
+        return backoff(self.poll_s, self.failures, self.cap_s)
 
     def exhausted(self, now: float | None = None) -> bool:
         """Whether no write has succeeded for ``limit_s``: time to stop."""

@@ -52,7 +52,7 @@ from .errors import (
     StoreUnavailable,
     describe_exception,
 )
-from .outage import DEFAULT_LIMIT_S, StoreOutage
+from .outage import DEFAULT_LIMIT_S, StoreOutage, backoff
 from .ownership import Lease, Owner, this_process
 from .store.base import Claim, EventStore
 from .threads import block_sigcont
@@ -223,7 +223,7 @@ class Worker:
                 if self.store_writable is False:  # a server that does not answer: no claims, a
                     # probe after a backoff that doubles (a blip is over soon), no exit
                     unanswered += 1
-                    await self._nap(min(self._outage.cap_s, self.poll_s * 2.0 ** (unanswered - 1)))
+                    await self._nap(backoff(self.poll_s, unanswered, self._outage.cap_s))
                     continue
                 unanswered = 0
                 self._retake()
@@ -467,7 +467,7 @@ class Worker:
                 self._writes(False)
             else:  # a lock held on: back off, doubling, as for a refused write
                 n = self._locked[sid] = self._locked.get(sid, 0) + 1
-                delay = min(self._outage.cap_s, self.poll_s * 2.0 ** (n - 1))
+                delay = backoff(self.poll_s, n, self._outage.cap_s)
                 self._parked_until[sid] = time.monotonic() + delay
             log.info("session %s halted: %s; taken back once the store answers", sid, describe_exception(exc))
         except Exception as exc:  # the workflow's own failure, or a session that cannot run
@@ -493,7 +493,7 @@ class Worker:
             self._fail_for_good(claim, exc)
             return
         self._check_failures[sid] = n
-        delay = min(CHECK_BACKOFF_CAP_S, self.lease_s * 2 ** (n - 1))
+        delay = backoff(self.lease_s, n, CHECK_BACKOFF_CAP_S)
         self._count("backed_off")
         log.warning(
             "session %s (%s, %s) failed its checks (%d of %d), held for %gs: %s",

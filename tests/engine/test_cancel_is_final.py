@@ -13,6 +13,7 @@ from conftest import of_type
 from flowscope import START, Runner, Workflow, node
 from flowscope.errors import InvocationAbortedError, SessionCancelledError
 from flowscope.store import SqliteEventStore
+from waiting import until
 
 RAN: list[str] = []
 
@@ -39,13 +40,6 @@ def _clear():
     RAN.clear()
 
 
-async def _until(pred, what: str, timeout: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 def test_a_paused_session_an_operator_cancelled_is_not_resumed_nor_answered(tmp_path):
     store = SqliteEventStore(tmp_path / "c.db")
     wf = Workflow("paused", edges=[(START, (ask, fetch))])
@@ -68,7 +62,7 @@ async def test_a_cancel_taken_in_by_the_running_invocation_is_final_and_an_abort
     wf = Workflow("live", edges=[(START, slow)])
     runner = Runner(wf, store, lease_s=0.3)
     task = asyncio.ensure_future(runner.run(None, session_id="cancelled"))
-    await _until(lambda: RAN, "the first run")
+    await until(lambda: RAN, "the first run")
     flowscope.cancel(store, "cancelled")  # mail for the live owner: taken in within lease_s / 3
     with pytest.raises(SessionCancelledError):
         await asyncio.wait_for(task, 10)
@@ -77,14 +71,14 @@ async def test_a_cancel_taken_in_by_the_running_invocation_is_final_and_an_abort
         await Runner(wf, store).resume("cancelled")
 
     task = asyncio.ensure_future(runner.run(None, session_id="aborted"))
-    await _until(lambda: len(RAN) >= 2, "the second session's run")
+    await until(lambda: len(RAN) >= 2, "the second session's run")
     assert runner.abort("aborted")
     with pytest.raises(InvocationAbortedError):
         await task
     finished = of_type(store.read("aborted"), "run_finished")
     assert finished[-1].status == "cancelled" and not finished[-1].final
     resumed = asyncio.ensure_future(Runner(wf, store).resume("aborted"))  # runs again
-    await _until(lambda: len(RAN) >= 3, "the aborted session's run again")
+    await until(lambda: len(RAN) >= 3, "the aborted session's run again")
     assert RAN == ["slow 1", "slow 1", "slow 2"]
     resumed.cancel()
     await asyncio.gather(resumed, return_exceptions=True)

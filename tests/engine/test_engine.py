@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from conftest import of_type
+from conftest import asking, of_type
 from flowscope import START, JoinNode, Node, RetryConfig, Route, Runner, Workflow, node
 from flowscope.errors import InvocationAbortedError, NodeTimeoutError, WorkflowError
 
@@ -403,17 +403,7 @@ async def test_a_run_still_waiting_after_a_partial_answer_names_what_it_still_wa
     waits records the ids it waits on, as its first pause did: its own open request or job,
     or, for a container not re-entered, its descendants'."""
 
-    @node
-    async def ask1(ctx, x):
-        return await ctx.request_input("1?", interrupt_id="q1")
-
-    @node
-    async def ask2(ctx, x):
-        return await ctx.request_input("2?", interrupt_id="q2")
-
-    @node
-    async def ask3(ctx, x):
-        return await ctx.request_input("3?", interrupt_id="q3")
+    ask1, ask2, ask3 = (asking(f"ask{i}", f"q{i}") for i in (1, 2, 3))
 
     jobs = []
 

@@ -21,6 +21,7 @@ from opentelemetry.trace import TraceState
 from test_otlp_export import attrs, clean_otel_env, otelsink  # noqa: F401  (the real OTLP receiver and its fixture)
 
 from commands import cli_env, run_cli, start_cli
+from conftest import asking
 from flowscope import START, Runner, Workflow, node
 from flowscope.examples.demo import DemoDriver, batch_input
 from flowscope.export import session_spans
@@ -373,13 +374,7 @@ async def test_after_a_refusal_the_next_catch_up_in_this_process_lets_the_waterm
     and the watermark follows the exports again: nothing is sent a third time at each
     later resume, and nothing waits for a follower to send it again."""
 
-    @node
-    async def ask1(ctx, x):
-        return await ctx.request_input("1?", interrupt_id="q1")
-
-    @node
-    async def ask2(ctx, x):
-        return await ctx.request_input("2?", interrupt_id="q2")
+    ask1, ask2 = asking("ask1", "q1"), asking("ask2", "q2")
 
     store = SqliteEventStore(tmp_path / "f.db")
     inner = _Flaky()
