@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..events import fast_init
 from ..states import OutcomeStatus, ResultStatus, Waiting
+from .graph import Node, check_depth
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..events import Event
     from ..store.base import EventStore
-    from .graph import Node
 
 __all__ = [
     "NodeContext",
@@ -264,8 +264,12 @@ class NodeContext:
         Once the child has completed, resume returns its recorded output without running it.
         Children may run concurrently (``asyncio.gather``); those still running when this
         run's attempt ends (a sibling failed, or paused) are cancelled (``parent_ended``)
-        and waited for first, so that each has its terminal event.
+        and waited for first, so that each has its terminal event. A child that would
+        run past :data:`~flowscope.engine.graph.MAX_DEPTH` is refused (``WorkflowError``).
         """
+        if not isinstance(node, Node):
+            raise TypeError(f"ctx.run_node takes a node, not a {type(node).__name__}: decorate it with @node")
+        check_depth(self.path, node)
         task = asyncio.current_task()
         running = self.running_children
         if running is None:

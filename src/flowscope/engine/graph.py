@@ -23,16 +23,34 @@ __all__ = [
     "check_name",
     "MAX_NODE_NAME",
     "MAX_SESSION_ID",
+    "MAX_DEPTH",
+    "check_depth",
 ]
 
 #: The longest node (or workflow) name, in characters: names are in every path.
 MAX_NODE_NAME = 200
 #: The longest session id, in characters.
 MAX_SESSION_ID = 256
+#: The deepest a run may be nested: the segments of its path, workflows in workflows and
+#: dynamic children (``ctx.run_node``) together. Deeper is nearly always a workflow or a
+#: node that runs itself without end, which Python's stack would cut off with a
+#: ``RecursionError`` that no run records.
+MAX_DEPTH = 100
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 #: What a sync node body usually returns: never awaitable, so no ``inspect.isawaitable``
 #: (an ABC check, ten times the cost of this set lookup) on the node path.
 _PLAIN = frozenset({type(None), bool, int, float, str, bytes, list, dict, tuple})
+
+
+def check_depth(parent_path: str, node: Node) -> None:
+    """Refuse (``WorkflowError``, ``WORKFLOW_ERROR``) to run ``node`` under the run at
+    ``parent_path`` when its deepest run would be nested past :data:`MAX_DEPTH`."""
+    depth = parent_path.count("/") + 1 + node.depth
+    if depth > MAX_DEPTH:
+        raise WorkflowError(
+            f"{node.name!r} would run {depth} deep; runs nest at most {MAX_DEPTH} deep "
+            "(does a workflow or a node run itself without end?)"
+        )
 
 
 def check_name(value: object, what: str, limit: int) -> str:
@@ -133,6 +151,8 @@ class Node:
     """A unit of work in a workflow: a sync or async function of ``(ctx, input)`` or ``(input)``."""
 
     kind = "function"
+    #: The segments its deepest run adds to a path: 1, a workflow's more (:data:`MAX_DEPTH`).
+    depth = 1
 
     def __init__(
         self,
@@ -277,6 +297,11 @@ class Workflow(Node):
             self._add_chain(chain)
         if not self.successors[START]:
             raise WorkflowError(f"workflow {name!r} has no edge from START")
+        self.depth = 1 + max(n.depth for n in self.nodes.values())
+        if self.depth > MAX_DEPTH:
+            raise WorkflowError(
+                f"workflow {name!r} nests its runs {self.depth} deep; they nest at most {MAX_DEPTH} deep"
+            )
 
     def _register(self, n: Any) -> Node:
         if n is START:
