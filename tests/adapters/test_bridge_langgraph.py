@@ -963,3 +963,104 @@ def test_the_recorder_holds_only_the_threads_being_recorded(store):
     assert [e.status for e in log if isinstance(e, RunFinished)] == ["paused", "completed"]
     assert [r.resumed for r in log if isinstance(r, RunStarted)] == [False, True]
     assert [e.attempt for e in of(log, "looks@1/look@1") if isinstance(e, NodeStarted)] == [1, 1]
+
+
+# --------------------------------------------------------------------------- subgraphs run again
+
+
+def _counting_subgraph(fail_first: int, ran: dict[str, int]) -> Any:
+    """pre -> step, where step raises ConnectionError on its first ``fail_first`` runs."""
+
+    def pre(s: State) -> State:
+        ran["pre"] += 1
+        return {"n": 1}
+
+    def step(s: State) -> State:
+        ran["step"] += 1
+        if ran["step"] <= fail_first:
+            raise ConnectionError(f"upstream down ({ran['step']})")
+        return {"n": s["n"] + 1}
+
+    sub = StateGraph(State)
+    sub.add_node("pre", pre)
+    sub.add_node("step", step)
+    sub.add_edge(START, "pre")
+    sub.add_edge("pre", "step")
+    return sub.compile()
+
+
+def test_a_subgraph_a_node_calls_twice_records_both_calls_runs(store):
+    ran = {"pre": 0, "step": 0}
+    sub = _counting_subgraph(0, ran)
+
+    def outer(s: State) -> State:  # the same sub-pipeline for two documents
+        first = sub.invoke({"n": s["n"]})
+        return sub.invoke({"n": first["n"] * 10})
+
+    g = StateGraph(State)
+    g.add_node("outer", outer)
+    g.add_edge(START, "outer")
+    g.add_edge("outer", END)
+    handler = FlowscopeCallbackHandler(store)
+    assert g.compile(name="host").invoke({"n": 1}, config(handler, "t1")) == {"n": 2}
+    assert ran == {"pre": 2, "step": 2}
+    log = store.read("t1")
+    completed = [e.path for e in log if isinstance(e, NodeCompleted)]
+    for path in (
+        "host@1/outer@1/pre@1",
+        "host@1/outer@1/step@1",
+        "host@1/outer@1/pre@2",
+        "host@1/outer@1/step@2",
+    ):
+        assert path in completed
+    assert {e.path for e in log if isinstance(e, NodeStarted)} == set(completed)
+
+
+def test_a_retried_subgraph_nodes_failed_runs_end_failed_before_its_retry(store):
+    ran = {"pre": 0, "step": 0}
+    g = StateGraph(State)
+    g.add_node("sub", _counting_subgraph(2, ran), retry_policy=policy(3, ConnectionError))
+    g.add_edge(START, "sub")
+    handler = FlowscopeCallbackHandler(store)
+    assert g.compile(name="outer").invoke({"n": 0}, config(handler, "t1")) == {"n": 2}
+    assert ran == {"pre": 3, "step": 3}
+    log = store.read("t1")
+    ends = [
+        (type(e).__name__, e.path)
+        for e in log
+        if isinstance(e, (NodeCompleted, NodeErrorEvent, NodeRetrying))
+        and (e.path == "outer@1/sub@1" or "/step@" in e.path)
+    ]
+    assert ends == [
+        ("NodeErrorEvent", "outer@1/sub@1/step@1"),
+        ("NodeRetrying", "outer@1/sub@1"),
+        ("NodeErrorEvent", "outer@1/sub@1/step@2"),
+        ("NodeRetrying", "outer@1/sub@1"),
+        ("NodeCompleted", "outer@1/sub@1/step@3"),
+        ("NodeCompleted", "outer@1/sub@1"),
+    ]
+    assert {e.error_type for e in log if isinstance(e, NodeErrorEvent)} == {"ConnectionError"}
+    state = rebuild(log)
+    assert state.nodes["outer@1/sub@1"].attempt == 3
+    assert [state.nodes[f"outer@1/sub@1/pre@{k}"].status for k in (1, 2, 3)] == ["completed"] * 3
+
+
+def test_a_subgraph_failure_a_node_catches_ends_the_subgraphs_run_failed(store):
+    ran = {"pre": 0, "step": 0}
+    sub = _counting_subgraph(1, ran)
+
+    def careful(s: State) -> State:
+        try:
+            return sub.invoke({"n": 0})
+        except ConnectionError:
+            return {"n": -1}
+
+    g = StateGraph(State)
+    g.add_node("careful", careful)
+    g.add_edge(START, "careful")
+    handler = FlowscopeCallbackHandler(store)
+    assert g.compile(name="host").invoke({"n": 0}, config(handler, "t1")) == {"n": -1}
+    state = rebuild(store.read("t1"))
+    assert state.nodes["host@1/careful@1/step@1"].status == "failed"
+    assert state.nodes["host@1/careful@1"].status == "completed"
+    assert state.status == "completed"

@@ -177,7 +177,7 @@ class FlowscopeCallbackHandler(_Handler):
                 return
             ns = md.get("langgraph_checkpoint_ns") or ""
             node = md.get("langgraph_node")
-            depth = ns.count("|") + 1 if ns else 0
+            depth = _depth(ns)
             parent_depth = task.depth if task is not None else 0
             is_task = (
                 bool(node)
@@ -301,6 +301,9 @@ class FlowscopeCallbackHandler(_Handler):
         for key in [k for k, (root, _) in self._runs.items() if root == run_id]:
             del self._runs[key]
         if error is None:
+            # A task whose failure the graph survived (a node caught what a subgraph it
+            # called raised) ends failed, never completed with the graph.
+            self._close_tasks(g, "", cancel_rest=False)
             status: RunStatus = "paused" if g.interrupted else "completed"
             self.recorder.finish_run(g.inv, status, outputs if status == "completed" else None)
             return
@@ -343,12 +346,38 @@ class FlowscopeCallbackHandler(_Handler):
 
     # -- tasks -------------------------------------------------------------------------
 
+    def _close_tasks(self, g: _Graph, prefix: str, cancel_rest: bool) -> None:
+        """End the open tasks whose namespace starts with ``prefix``, deepest first: one
+        that failed with its failure (a container failing with what a task inside it
+        raised propagates it: one ``NodeErrorEvent``, at the deepest path); with
+        ``cancel_rest`` the others cancelled."""
+        failed: dict[int, str] = {}  # id of an exception -> the deepest path it failed at
+        open_tasks = [t for t in g.tasks.values() if not t.done and t.ns.startswith(prefix)]
+        for task in sorted(open_tasks, key=lambda t: -t.depth):
+            exc = task.error[0] if task.error is not None else None
+            if exc is None or _stopped(exc):
+                if cancel_rest:
+                    task.done = True
+                    self.recorder.cancel(g.inv, task.ctx)
+                continue
+            task.done = True
+            origin = failed.get(id(exc))
+            if origin is not None and origin.startswith(task.ctx.path + "/"):
+                info = self.recorder.classify(exc)
+                self.recorder.propagate(g.inv, task.ctx, origin, info.code, info.type)
+            else:
+                self.recorder.fail(g.inv, task.ctx, exc, task.ctx.attempt)
+                failed[id(exc)] = task.ctx.path
+
     def _task_start(
         self, g: _Graph, parent: _Task | None, ns: str, node: str, depth: int, run_id: UUID, inputs: Any
     ) -> _Task:
         task = g.tasks.get(ns)
         if task is not None:  # another attempt of a task we follow
             if not task.done:
+                # The attempt's own tasks ended with it (a subgraph node's: its graph ran
+                # again from the start, and its tasks start anew at new paths).
+                self._close_tasks(g, task.ns + "|", cancel_rest=True)
                 if task.error is not None and not isinstance(task.error[0], asyncio.CancelledError):
                     exc, failed_at = task.error
                     self.recorder.retrying(task.ctx, task.ctx.attempt, exc, max(0.0, time.time() - failed_at))
@@ -451,6 +480,13 @@ class FlowscopeCallbackHandler(_Handler):
     def close(self) -> None:
         """Stop the heartbeat thread (the store is the caller's to close)."""
         self.recorder.close()
+
+
+def _depth(ns: str) -> int:
+    """The tasks a checkpoint namespace nests: its ``node:task_id`` segments. LangGraph
+    puts a call counter between them (``outer:id|1|step:id``) when a node calls a
+    subgraph again, or a retried subgraph node runs its graph again."""
+    return sum(1 for part in ns.split("|") if ":" in part) if ns else 0
 
 
 def _stopped(error: BaseException) -> bool:
