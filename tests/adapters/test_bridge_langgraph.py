@@ -1064,3 +1064,30 @@ def test_a_subgraph_failure_a_node_catches_ends_the_subgraphs_run_failed(store):
     assert state.nodes["host@1/careful@1/step@1"].status == "failed"
     assert state.nodes["host@1/careful@1"].status == "completed"
     assert state.status == "completed"
+
+
+def test_new_input_over_an_unanswered_interrupt_supersedes_it_and_the_answer_reaches_the_new_one(
+    store, tmp_path
+):
+    def ask(s: State) -> State:
+        return {"answer": interrupt(f"approve {s['n']}?")}
+
+    g = StateGraph(State)
+    g.add_node("ask", ask)
+    g.add_edge(START, "ask")
+    graph = g.compile(name="ab", checkpointer=InMemorySaver())
+    cfg = config(FlowscopeCallbackHandler(store), "t1")
+    graph.invoke({"n": 1}, cfg)
+    graph.invoke({"n": 2}, cfg)  # the user asks something new: LangGraph drops the first question
+    assert [i.value for i in graph.get_state(cfg).interrupts] == ["approve 2?"]
+    assert graph.invoke(Command(resume="yes"), cfg) == {"n": 2, "answer": "yes"}
+    log = store.read("t1")
+    [dropped] = [e for e in log if e.type == "node_cancelled"]
+    assert (dropped.path, dropped.reason) == ("ab@1/ask@1", "superseded")
+    [received] = [e for e in log if isinstance(e, InputReceived)]
+    assert (received.path, received.value) == ("ab@1/ask@2", "yes")
+    state = rebuild(log)
+    assert state.status == "completed" and state.pending == []
+    assert store.open_runs() == []
+    db = str(tmp_path / "lg.db")
+    assert "nothing stuck" in cli_ok("--db", db, "stuck", "--older-than", "0s")

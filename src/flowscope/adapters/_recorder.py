@@ -53,7 +53,7 @@ from ..events import (
 from ..fold import NodeState, WorkflowState, rebuild
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin, PluginDispatcher
-from ..states import OutcomeStatus, RunStatus
+from ..states import OPEN_STATES, OutcomeStatus, RunStatus
 from ..store.base import EventStore
 from ._heartbeats import BridgeHeartbeats
 from ._runs import (
@@ -75,7 +75,11 @@ __all__ = [
     "jsonable",
     "parent_of",
     "name_of",
+    "SUPERSEDED",
 ]
+
+#: ``NodeCancelled.reason`` of a run the engine dropped when new input started its graph anew.
+SUPERSEDED = "superseded"
 
 log = logging.getLogger("flowscope.adapters")
 
@@ -169,9 +173,12 @@ class BridgeRecorder:
         resumed: bool,
         root_path: str,
         answers: dict[str, Any] | None = None,
+        supersede: bool = False,
     ) -> BridgeInvocation:
         """``RunStarted``, an ``InputReceived`` per answered open request, and the root
-        workflow's ``NodeStarted``."""
+        workflow's ``NodeStarted``. ``supersede``: the graph starts anew over the session's
+        open runs (new input on a thread whose graph waits), which end cancelled
+        (``superseded``): the engine drops them, so no answer or worker can reach them."""
         with self._lock:
             s = self._session(session_id)
             s.active += 1  # kept while an invocation records it: finish_run lets it go
@@ -185,6 +192,14 @@ class BridgeRecorder:
             previous = dict(ws.trace_context) if resumed else {}
             pending = [e for e in ws.pending if isinstance(e, InputRequested)]
             root_attempt = ws.nodes[root_path].attempt if root_path in ws.nodes else 1
+            dropped = (
+                sorted(
+                    (n for n in ws.nodes.values() if n.status in OPEN_STATES and n.path != root_path),
+                    key=lambda n: -n.path.count("/"),
+                )
+                if supersede
+                else []
+            )
         run = RunInfo(
             session_id=session_id,
             invocation_id=invocation_id,
@@ -228,8 +243,19 @@ class BridgeRecorder:
             for req in pending
             if answers and req.interrupt_id in answers
         ]
-        if received:
-            self._append(session_id, received)
+        superseded = [
+            NodeCancelled(
+                session_id=session_id,
+                invocation_id=invocation_id,
+                ts=time.time(),
+                path=n.path,
+                node=n.node,
+                reason=SUPERSEDED,
+            )
+            for n in dropped
+        ]
+        if received or superseded:
+            self._append(session_id, [*received, *superseded])
         self.start_node(inv, root_path, "workflow", max(root_attempt, 1), False, input)
         return inv
 

@@ -291,7 +291,15 @@ class FlowscopeCallbackHandler(_Handler):
         else:
             recorded_input = inputs
         inv = self.recorder.begin_run(
-            session_id, str(run_id), workflow, recorded_input, resumed, f"{workflow}@1", answers
+            session_id,
+            str(run_id),
+            workflow,
+            recorded_input,
+            resumed,
+            f"{workflow}@1",
+            answers,
+            # new input over an unanswered interrupt: LangGraph drops it and runs anew
+            supersede=resumed and not continues,
         )
         self._graphs[run_id] = _Graph(inv, continues and ws.invocations > 0)
         self._runs[run_id] = (run_id, None)
