@@ -809,3 +809,75 @@ async def test_a_route_is_recorded_with_the_run_that_took_it_and_the_loop_ends_t
         if isinstance(e, NodeCompleted) and e.node == "check"
     ]
     assert routes == [("loop@1/check@1", "again"), ("loop@1/check@2", "again"), ("loop@1/check@3", "done")]
+
+
+async def test_a_caller_that_stops_reading_run_async_ends_the_invocation_cancelled(store):
+    ran: list[str] = []
+
+    async def a(node_input: Any) -> str:
+        ran.append("a")
+        return "A"
+
+    async def b(node_input: Any) -> str:
+        ran.append("b")
+        return "B"
+
+    wf = Workflow(
+        name="chain", edges=[("START", FunctionNode(func=a, name="a"), FunctionNode(func=b, name="b"))]
+    )
+    d = Driver(wf, FlowscopeADK(store))
+    d.session_id = (await d.sessions.create_session(app_name=APP, user_id=USER)).id
+    events = d.runner.run_async(
+        user_id=USER,
+        session_id=d.session_id,
+        new_message=types.Content(role="user", parts=[types.Part(text="go")]),
+    )
+    async for ev in events:
+        if ev.output is not None:
+            break  # a page that shows the first result and moves on
+    await events.aclose()
+    assert ran == ["a"]
+    log = store.read(d.session_id)
+    [finished] = [e for e in log if isinstance(e, RunFinished)]
+    assert finished.status == "cancelled"
+    state = rebuild(log)
+    assert state.status == "cancelled" and state.nodes["chain@1"].status == "cancelled"
+    assert store.open_runs() == []
+
+
+@pytest.mark.parametrize("fail_first", [2, 5])
+async def test_a_nested_workflows_retry_config_is_its_retry_of_the_childs_failure(
+    store, otel_errors, fail_first
+):
+    calls = {"pre": 0, "flaky": 0}
+
+    def pre(node_input: Any) -> int:
+        calls["pre"] += 1
+        return 1
+
+    def flaky(node_input: Any) -> str:
+        calls["flaky"] += 1
+        if calls["flaky"] <= fail_first:
+            raise ConnectionError(f"upstream down ({calls['flaky']})")
+        return "ok"
+
+    inner = Workflow(
+        name="inner",
+        retry_config=RETRY,
+        edges=[("START", FunctionNode(func=pre, name="pre"), FunctionNode(func=flaky, name="flaky"))],
+    )
+    d = Driver(Workflow(name="outer", edges=[("START", inner)]), FlowscopeADK(store))
+    if fail_first < 3:
+        await d.start()
+    else:
+        with pytest.raises(ConnectionError):
+            await d.start()
+    assert calls == {"pre": 1, "flaky": 3}  # ADK ran the workflow again, its completed child replayed
+    log = store.read(d.session_id)
+    retries = [(e.path, e.attempt, e.error_type) for e in log if isinstance(e, NodeRetrying)]
+    assert retries == [("outer@1/inner@1", 1, "ConnectionError"), ("outer@1/inner@1", 2, "ConnectionError")]
+    errors = [e.attempt_count for e in log if isinstance(e, NodeErrorEvent)]
+    assert errors == ([1, 2] if fail_first < 3 else [1, 2, 3])  # each failed attempt of the child's run
+    state = rebuild(log)
+    assert state.nodes["outer@1/inner@1"].attempt == 3
+    assert state.status == ("completed" if fail_first < 3 else "failed")

@@ -56,7 +56,7 @@ from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin
 from ..states import RunStatus
 from ..store.base import EventStore
-from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder, name_of
+from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder, name_of, parent_of
 from ._runs import route_of
 
 __all__ = ["FlowscopeADK", "ObservedFunctionNode", "FlowscopeADKPlugin", "UnobservableNodeError"]
@@ -246,6 +246,8 @@ class FlowscopeADK:
         self._runs: dict[tuple[str, str], _Run] = {}  # (ADK invocation id, path) -> run in flight
         self._outputs: dict[str, Any] = {}  # ADK invocation id -> the root workflow's output
         self._errors: dict[str, str] = {}  # ADK invocation id -> path of the failure
+        self._stopped: set[str] = set()  # ADK invocation ids with a run ADK cancelled (no timeout)
+        self._wf_attempts: dict[tuple[str, str], int] = {}  # (ADK invocation id, path) -> ADK's attempt
         self._messages: dict[str, Any] = {}  # ADK invocation id -> the user message
         self._wf_outputs: dict[
             tuple[str, str], Any
@@ -448,6 +450,10 @@ class FlowscopeADK:
         inv = self._invs.pop(adk_id, None)
         output = self._outputs.pop(adk_id, None)
         error_path = self._errors.pop(adk_id, None)
+        stopped = adk_id in self._stopped
+        self._stopped.discard(adk_id)
+        for key in [k for k in self._wf_attempts if k[0] == adk_id]:
+            del self._wf_attempts[key]
         for key in [k for k in self._runs if k[0] == adk_id]:
             del self._runs[key]
         if inv is None:
@@ -463,6 +469,10 @@ class FlowscopeADK:
             for e in self.recorder.session(inv.run.session_id).pending
         ):
             self.recorder.finish_run(inv, "paused")
+        elif stopped and output is None:
+            # The caller stopped reading run_async(): ADK cancelled what ran and ends the
+            # invocation as if it were done. Cancellation is not completion.
+            self.recorder.finish_run(inv, "cancelled")
         else:
             self.recorder.finish_run(inv, "completed", output)
 
@@ -518,6 +528,29 @@ class FlowscopeADK:
         else:
             self.recorder.fail(inv, run.ctx, error, run.ctx.attempt)
             self._errors.setdefault(ctx.invocation_id, ctx.node_path)
+        self._workflow_retry(inv, ctx.invocation_id, ctx.node_path, error)
+
+    def _workflow_retry(self, inv: BridgeInvocation, adk_id: str, path: str, error: BaseException) -> None:
+        """A run's final failure that an enclosing nested workflow's ``retry_config``
+        retries (ADK runs the workflow again, its completed children replayed): that
+        workflow's ``NodeRetrying``, as the engine records a nested workflow's retry. The
+        bridge sees a nested workflow only through its children, so it asks ADK's own
+        predicate here, for the nearest enclosing workflow that retries the error."""
+        parent = parent_of(path)
+        while parent and parent != inv.root_path:
+            wctx = inv.open.get(parent)
+            config = getattr(self._node_at(parent), "retry_config", None)
+            if wctx is not None and config is not None:
+                key = (adk_id, parent)
+                state = AdkNodeState(attempt_count=self._wf_attempts.get(key, 1))
+                if _should_retry_node(error, config, state):
+                    self._wf_attempts[key] = state.attempt_count + 1
+                    delay = _get_retry_delay(config.model_copy(update={"jitter": 0.0}), state)
+                    self.recorder.retrying(wctx, wctx.attempt, error, delay)
+                    if self._errors.get(adk_id, "").startswith(parent + "/"):
+                        del self._errors[adk_id]  # that failure is now an attempt's, not the run's
+                    return
+            parent = parent_of(parent)
 
     def _settle_cancelled(self, adk_id: str, path: str, timed_out: bool) -> None:
         """An attempt cancelled under a timeout, now told apart: ADK's error event says
@@ -534,6 +567,7 @@ class FlowscopeADK:
 
     def _cancelled(self, run: _Run, ctx: Any) -> None:
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
+        self._stopped.add(ctx.invocation_id)
         self.recorder.cancel(self._inv(ctx), run.ctx)
 
     def _paused(self, run: _Run, ctx: Any) -> None:
