@@ -38,7 +38,6 @@ from .. import NodeOutcome, RunInfo
 from ..errors import ConcurrencyConflict, ErrorInfo, classify, describe_exception
 from ..events import (
     Event,
-    InputReceived,
     InputRequested,
     NodeCancelled,
     NodeCompleted,
@@ -53,7 +52,7 @@ from ..events import (
 from ..fold import NodeState, WorkflowState, rebuild
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin, PluginDispatcher
-from ..states import OPEN_STATES, OutcomeStatus, RunStatus
+from ..states import OutcomeStatus, RunStatus
 from ..store.base import EventStore
 from ._heartbeats import BridgeHeartbeats
 from ._runs import (
@@ -62,9 +61,12 @@ from ._runs import (
     BridgeResult,
     BridgeSession,
     OpenRunSpan,
+    answered,
     jsonable,
     name_of,
+    open_runs_below,
     parent_of,
+    superseded_runs,
 )
 
 __all__ = [
@@ -75,11 +77,7 @@ __all__ = [
     "jsonable",
     "parent_of",
     "name_of",
-    "SUPERSEDED",
 ]
-
-#: ``NodeCancelled.reason`` of a run the engine dropped when new input started its graph anew.
-SUPERSEDED = "superseded"
 
 log = logging.getLogger("flowscope.adapters")
 
@@ -192,14 +190,7 @@ class BridgeRecorder:
             previous = dict(ws.trace_context) if resumed else {}
             pending = [e for e in ws.pending if isinstance(e, InputRequested)]
             root_attempt = ws.nodes[root_path].attempt if root_path in ws.nodes else 1
-            dropped = (
-                sorted(
-                    (n for n in ws.nodes.values() if n.status in OPEN_STATES and n.path != root_path),
-                    key=lambda n: -n.path.count("/"),
-                )
-                if supersede
-                else []
-            )
+            dropped = open_runs_below(ws, root_path) if supersede else []
         run = RunInfo(
             session_id=session_id,
             invocation_id=invocation_id,
@@ -230,30 +221,8 @@ class BridgeRecorder:
             ],
         )
         inv = BridgeInvocation(run, root_path)
-        received = [
-            InputReceived(
-                session_id=session_id,
-                invocation_id=invocation_id,
-                ts=time.time(),
-                path=req.path,
-                node=req.node,
-                interrupt_id=req.interrupt_id,
-                value=jsonable(answers[req.interrupt_id]),
-            )
-            for req in pending
-            if answers and req.interrupt_id in answers
-        ]
-        superseded = [
-            NodeCancelled(
-                session_id=session_id,
-                invocation_id=invocation_id,
-                ts=time.time(),
-                path=n.path,
-                node=n.node,
-                reason=SUPERSEDED,
-            )
-            for n in dropped
-        ]
+        received = answered(pending, answers or {}, session_id, invocation_id)
+        superseded = superseded_runs(dropped, session_id, invocation_id)
         if received or superseded:
             self._append(session_id, [*received, *superseded])
         self.start_node(inv, root_path, "workflow", max(root_attempt, 1), False, input)

@@ -13,10 +13,9 @@ from typing import Any, Protocol
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext
 
 from .. import RunInfo
-from ..events import (
-    Event,
-)
-from ..fold import WorkflowState
+from ..events import Event, InputReceived, InputRequested, NodeCancelled
+from ..fold import NodeState, WorkflowState
+from ..states import OPEN_STATES
 
 __all__ = [
     "HeartbeatSink",
@@ -29,7 +28,14 @@ __all__ = [
     "parent_of",
     "route_of",
     "name_of",
+    "answered",
+    "open_runs_below",
+    "superseded_runs",
+    "SUPERSEDED",
 ]
+
+#: ``NodeCancelled.reason`` of a run the engine dropped when new input started its graph anew.
+SUPERSEDED = "superseded"
 
 
 class HeartbeatSink(Protocol):
@@ -199,3 +205,44 @@ class BridgeInvocation:
     root_path: str
     open: dict[str, BridgeNodeContext] = field(default_factory=dict)
     finished: bool = False
+
+
+def open_runs_below(ws: WorkflowState, root_path: str) -> list[NodeState]:
+    """The session's open runs (running or waiting) other than its root's, deepest first."""
+    runs = (n for n in ws.nodes.values() if n.status in OPEN_STATES and n.path != root_path)
+    return sorted(runs, key=lambda n: -n.path.count("/"))
+
+
+def superseded_runs(runs: Iterable[NodeState], session_id: str, invocation_id: str) -> list[Event]:
+    """A ``NodeCancelled`` (:data:`SUPERSEDED`) of each of ``runs``, in ``invocation_id``."""
+    now = time.time()
+    return [
+        NodeCancelled(
+            session_id=session_id,
+            invocation_id=invocation_id,
+            ts=now,
+            path=n.path,
+            node=n.node,
+            reason=SUPERSEDED,
+        )
+        for n in runs
+    ]
+
+
+def answered(
+    pending: Iterable[InputRequested], answers: dict[str, Any], session_id: str, invocation_id: str
+) -> list[Event]:
+    """An ``InputReceived`` of each of the ``pending`` requests that ``answers`` answers."""
+    return [
+        InputReceived(
+            session_id=session_id,
+            invocation_id=invocation_id,
+            ts=time.time(),
+            path=req.path,
+            node=req.node,
+            interrupt_id=req.interrupt_id,
+            value=jsonable(answers[req.interrupt_id]),
+        )
+        for req in pending
+        if req.interrupt_id in answers
+    ]

@@ -35,17 +35,14 @@ import threading
 from collections.abc import AsyncGenerator, Iterable
 from typing import Any
 
-from google.adk.agents.base_agent import BaseAgent
 from google.adk.events.event import Event as AdkEvent
 from google.adk.events.request_input import RequestInput
 from google.adk.plugins.base_plugin import BasePlugin
-from google.adk.utils._function_call_names import REQUEST_INPUT_FUNCTION_CALL_NAME
 from google.adk.workflow import FunctionNode, Workflow
 from google.adk.workflow._base_node import START, BaseNode
 from google.adk.workflow._errors import DynamicNodeFailError, NodeInterruptedError
 from google.adk.workflow._errors import NodeTimeoutError as AdkNodeTimeoutError
 from google.adk.workflow._graph import Edge
-from google.adk.workflow._join_node import JoinNode
 from google.adk.workflow._node_state import NodeState as AdkNodeState
 from google.adk.workflow._parallel_worker import _ParallelWorker
 from google.adk.workflow.utils._retry_utils import _get_retry_delay, _should_retry_node
@@ -56,6 +53,7 @@ from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin
 from ..states import RunStatus
 from ..store.base import EventStore
+from ._adk_parts import SEP, adk_invocation, answers_in, kind_of, requests_in, timeout_error
 from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder, name_of, parent_of
 from ._runs import route_of
 
@@ -65,13 +63,6 @@ log = logging.getLogger("flowscope.adapters.adk")
 
 #: The error code of an ADK node ``timeout``: flowscope's own timeout code.
 _TIMEOUT_CODE = "NODE_TIMEOUT"
-
-_SEP = "#"  # flowscope invocation id of the k-th ADK run of one ADK invocation: "<adk id>#k"
-
-
-def _adk_invocation(invocation_id: str) -> str:
-    """The ADK invocation id a flowscope invocation id records (ADK keeps it on resume)."""
-    return invocation_id.split(_SEP, 1)[0]
 
 
 class UnobservableNodeError(TypeError):
@@ -126,7 +117,7 @@ class _Observing(BaseNode):
                         output, has_output = item.output, True
                     if item.actions is not None and item.actions.route is not None:
                         route = item.actions.route
-                    requests.extend(_requests_in(item))
+                    requests.extend(requests_in(item))
                 yield item
         except asyncio.CancelledError:
             if self.timeout:
@@ -170,27 +161,6 @@ def _observed_class(cls: type) -> type:
                 f"Observed{cls.__name__}", (_Observing, cls), {"__module__": __name__, "__doc__": cls.__doc__}
             )
         return out
-
-
-def _kind(node: Any) -> str:
-    """The ``NodeStarted.kind`` of an ADK node."""
-    if isinstance(node, JoinNode):
-        return "join"
-    if isinstance(node, BaseAgent):
-        return "agent"
-    return "function"
-
-
-def _requests_in(event: AdkEvent) -> list[tuple[str, str, Any]]:
-    """The ``adk_request_input`` calls an event carries (a node may yield one directly)."""
-    out: list[tuple[str, str, Any]] = []
-    content = event.content
-    for part in (content.parts or []) if content is not None else []:
-        call = part.function_call
-        if call is not None and call.name == REQUEST_INPUT_FUNCTION_CALL_NAME and call.id:
-            args = dict(call.args or {})
-            out.append((call.id, str(args.get("message") or ""), args.get("payload")))
-    return out
 
 
 class FlowscopeADKPlugin(BasePlugin):
@@ -344,10 +314,10 @@ class FlowscopeADK:
         adk_id = ic.invocation_id
         sid = ic.session.id
         ws = self.recorder.session(sid)
-        resumed = bool(ws.invocation_id) and _adk_invocation(ws.invocation_id) == adk_id
+        resumed = bool(ws.invocation_id) and adk_invocation(ws.invocation_id) == adk_id
         if resumed:
-            k = ws.invocation_id.split(_SEP, 1)
-            invocation_id = f"{adk_id}{_SEP}{int(k[1]) + 1 if len(k) == 2 else 2}"
+            k = ws.invocation_id.split(SEP, 1)
+            invocation_id = f"{adk_id}{SEP}{int(k[1]) + 1 if len(k) == 2 else 2}"
         else:
             invocation_id = adk_id
         root = (
@@ -356,7 +326,7 @@ class FlowscopeADK:
             else getattr(getattr(ic, "agent", None), "name", "workflow")
         )
         message = self._messages.pop(adk_id, None)
-        answers = _answers(message)
+        answers = answers_in(message)
         text = (
             " ".join(p.text for p in (message.parts or []) if p.text) or None if message is not None else None
         )
@@ -488,12 +458,12 @@ class FlowscopeADK:
             if run.cancelled is not None:  # the cancelled attempt timed out, and ADK retries it
                 timed_out, _ = run.cancelled
                 run.cancelled = None
-                self.recorder.retrying(run.ctx, run.ctx.attempt, _timeout_error(timed_out), 0.0)
+                self.recorder.retrying(run.ctx, run.ctx.attempt, timeout_error(timed_out), 0.0)
             run.ctx.attempt = run.offset + ctx.attempt_count
             return run
         ns = self.recorder.node_state(inv.run.session_id, path)
         attempt, recovered = 1, False
-        if ns is not None and _adk_invocation(ns.invocation_id) == ctx.invocation_id:
+        if ns is not None and adk_invocation(ns.invocation_id) == ctx.invocation_id:
             if ns.status == "completed":
                 return None
             if ns.status == "waiting_input":
@@ -501,7 +471,7 @@ class FlowscopeADK:
             else:  # failed, cancelled, or running when its process died
                 attempt, recovered = ns.attempt + 1, ns.status == "running"
         offset = attempt - ctx.attempt_count
-        bctx = self.recorder.start_node(inv, path, _kind(node), attempt, recovered, node_input)
+        bctx = self.recorder.start_node(inv, path, kind_of(node), attempt, recovered, node_input)
         run = self._runs[key] = _Run(bctx, offset)
         return run
 
@@ -561,7 +531,7 @@ class FlowscopeADK:
         node, ctx = run.cancelled
         run.cancelled = None
         if timed_out:
-            self._failed(node, run, ctx, _timeout_error(node))
+            self._failed(node, run, ctx, timeout_error(node))
         else:
             self._cancelled(run, ctx)
 
@@ -600,18 +570,3 @@ class FlowscopeADK:
     def close(self) -> None:
         """Stop the heartbeat thread (the store is the caller's to close)."""
         self.recorder.close()
-
-
-def _timeout_error(node: BaseNode) -> AdkNodeTimeoutError:
-    """The ``NodeTimeoutError`` ADK raises for ``node`` (the same type and message)."""
-    return AdkNodeTimeoutError(node_name=node.name, timeout=node.timeout or 0.0)
-
-
-def _answers(message: Any) -> dict[str, Any]:
-    """``{interrupt_id: response}`` for the ``adk_request_input`` responses a message carries."""
-    out: dict[str, Any] = {}
-    for part in (message.parts or []) if message is not None else []:
-        resp = part.function_response
-        if resp is not None and resp.name == REQUEST_INPUT_FUNCTION_CALL_NAME and resp.id:
-            out[resp.id] = resp.response
-    return out

@@ -1,0 +1,59 @@
+"""What the ADK bridge reads from ADK's own objects: a node's kind, the input requests an
+event carries and the answers a message does, ADK's timeout error, and the ADK invocation
+id inside a flowscope one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.adk.agents.base_agent import BaseAgent
+from google.adk.events.event import Event as AdkEvent
+from google.adk.utils._function_call_names import REQUEST_INPUT_FUNCTION_CALL_NAME
+from google.adk.workflow._base_node import BaseNode
+from google.adk.workflow._errors import NodeTimeoutError as AdkNodeTimeoutError
+from google.adk.workflow._join_node import JoinNode
+
+__all__ = ["SEP", "adk_invocation", "kind_of", "requests_in", "answers_in", "timeout_error"]
+
+SEP = "#"  # flowscope invocation id of the k-th ADK run of one ADK invocation: "<adk id>#k"
+
+
+def adk_invocation(invocation_id: str) -> str:
+    """The ADK invocation id a flowscope invocation id records (ADK keeps it on resume)."""
+    return invocation_id.split(SEP, 1)[0]
+
+
+def kind_of(node: Any) -> str:
+    """The ``NodeStarted.kind`` of an ADK node."""
+    if isinstance(node, JoinNode):
+        return "join"
+    if isinstance(node, BaseAgent):
+        return "agent"
+    return "function"
+
+
+def requests_in(event: AdkEvent) -> list[tuple[str, str, Any]]:
+    """The ``adk_request_input`` calls an event carries (a node may yield one directly)."""
+    out: list[tuple[str, str, Any]] = []
+    content = event.content
+    for part in (content.parts or []) if content is not None else []:
+        call = part.function_call
+        if call is not None and call.name == REQUEST_INPUT_FUNCTION_CALL_NAME and call.id:
+            args = dict(call.args or {})
+            out.append((call.id, str(args.get("message") or ""), args.get("payload")))
+    return out
+
+
+def answers_in(message: Any) -> dict[str, Any]:
+    """``{interrupt_id: response}`` for the ``adk_request_input`` responses a message carries."""
+    out: dict[str, Any] = {}
+    for part in (message.parts or []) if message is not None else []:
+        resp = part.function_response
+        if resp is not None and resp.name == REQUEST_INPUT_FUNCTION_CALL_NAME and resp.id:
+            out[resp.id] = resp.response
+    return out
+
+
+def timeout_error(node: BaseNode) -> AdkNodeTimeoutError:
+    """The ``NodeTimeoutError`` ADK raises for ``node`` (the same type and message)."""
+    return AdkNodeTimeoutError(node_name=node.name, timeout=node.timeout or 0.0)
