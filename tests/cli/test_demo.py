@@ -81,6 +81,10 @@ def test_the_demo_is_quick_and_says_what_happened(demo):
     ):
         assert text in out, text
     assert "Traceback" not in out
+    with SqliteEventStore(db, readonly=True) as store:  # the invocations it says are the log's
+        for key, said in (("orders", "=> completed after"), ("declined", "=> failed (as intended) after")):
+            started = sum(e.type == "run_started" for e in store.read(ids[key]))
+            assert f"{said} {started} invocation(s)" in out
 
 
 def test_the_demo_database_holds_everything_it_promises(demo):

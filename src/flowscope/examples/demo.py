@@ -330,8 +330,8 @@ class DemoDriver:
             session_id, order_fulfilment.name, run_input.get("scenario", "normal"), "running"
         )
         try:
+            report.invocations = 1  # counted before it runs: one that raises is one too
             result = await self.runner.run(run_input, session_id=session_id)
-            report.invocations = 1
             if result.status == "paused" and not answer:
                 report.status = "paused"
                 report.extra["pending"] = result.pending
@@ -344,8 +344,8 @@ class DemoDriver:
                 if not inputs and not jobs:
                     report.status = "paused"
                     return report
-                result = await self.runner.resume(session_id, inputs=inputs, jobs=jobs)
                 report.invocations += 1
+                result = await self.runner.resume(session_id, inputs=inputs, jobs=jobs)
             report.status = "completed"
             report.output = result.output
         except Exception as exc:  # the node's own exception: the demo shows it, then goes on
