@@ -292,11 +292,45 @@ def test_retry_cancel_and_bulk_go_through_the_operator_actions(fresh):
     assert count["count"] == 1 and count["session_ids"] == [APPROVAL_SESSION]
     assert count["command"] == "flowscope cancel --state paused --yes"
     assert statuses(fresh)[APPROVAL_SESSION] == "paused"  # the count first: nothing changed
-    stale = c.post("/api/bulk", json={"action": "cancel", "state": "paused", "confirm": 5})
+    stale = c.post("/api/bulk", json={"action": "cancel", "state": "paused", "confirm": ["other"]})
     assert stale.status_code == 409 and statuses(fresh)[APPROVAL_SESSION] == "paused"
-    done = c.post("/api/bulk", json={"action": "cancel", "state": "paused", "confirm": 1}).json()
+    by_count = c.post("/api/bulk", json={"action": "cancel", "state": "paused", "confirm": 1})
+    assert by_count.status_code == 400 and "session_ids" in by_count.json()["error"]
+    done = c.post(
+        "/api/bulk", json={"action": "cancel", "state": "paused", "confirm": [APPROVAL_SESSION]}
+    ).json()
     assert done["results"] == [{"session_id": APPROVAL_SESSION, "ok": True, "pending": False}]
     assert statuses(fresh)[APPROVAL_SESSION] == "cancelled"
+
+
+def test_a_bulk_confirmation_acts_only_on_the_sessions_the_operator_saw(fresh):
+    """The count alone is not a confirmation: between the list and the click, the session
+    shown may have been dealt with and another have come to match the same filters."""
+    with SqliteEventStore(fresh) as store:
+        submit(store, "nightly_export", None, session_id="seen")
+    c, _ = client(fresh)
+    shown = c.post(
+        "/api/bulk", json={"action": "cancel", "state": "queued", "workflow": "nightly_export"}
+    ).json()
+    assert shown["session_ids"] == ["seen"]
+    assert c.post("/api/sessions/seen/cancel", json={}).status_code == 200  # another operator
+    with SqliteEventStore(fresh) as store:
+        submit(store, "nightly_export", None, session_id="never-shown")
+    swapped = c.post(
+        "/api/bulk",
+        json={
+            "action": "cancel",
+            "state": "queued",
+            "workflow": "nightly_export",
+            "confirm": shown["session_ids"],
+        },
+    )
+    assert swapped.status_code == 409 and "look again" in swapped.json()["error"], swapped.text
+    by_count = c.post(
+        "/api/bulk", json={"action": "cancel", "state": "queued", "workflow": "nightly_export", "confirm": 1}
+    )
+    assert by_count.status_code == 400, by_count.text  # one session, but not the one shown
+    assert statuses(fresh)["never-shown"] == "queued"
 
 
 def test_a_session_id_with_a_slash_is_one_segment_on_every_route(fresh):
@@ -327,7 +361,7 @@ def test_a_bad_field_or_query_value_is_a_400_and_an_unknown_route_a_json_404(fre
         (
             "POST",
             "/api/bulk",
-            '{"action": "retry", "state": "failed", "reason": ["x"], "confirm": 1}',
+            '{"action": "retry", "state": "failed", "reason": ["x"], "confirm": []}',
         ): "reason",
         ("POST", "/api/bulk", '{"action": "retry", "workflow": 7}'): "workflow must be",
         ("GET", "/api/stuck?state=bogus", None): "state must be one of",

@@ -356,13 +356,16 @@ def create_app(config: ConsoleConfig) -> Starlette:
     @guarded
     async def bulk(request: Request) -> Response:
         """``{"action": "retry"|"cancel", "workflow", "state", "older_than", "reason",
-        "confirm": N}``: without ``confirm``, the count and the ids (nothing changes); with
-        ``confirm`` equal to that count, the action on each, one result per session."""
+        "confirm": [ids]}``: without ``confirm``, the count and the ids (nothing changes);
+        with ``confirm`` the ids that count listed, the action on each, one result per
+        session, and only while the filters still select exactly those sessions: a count
+        alone could stand for sessions the operator never saw."""
         data = await body(request)
         action = data.get("action")
         if action not in ("retry", "cancel"):
             raise ValueError("action is retry or cancel")
         workflow, state, older = text(data, "workflow"), text(data, "state"), text(data, "older_than")
+        reason = text(data, "reason")
         if state is not None and state not in SELECTABLE_STATES:
             raise ValueError(f"state is one of {', '.join(SELECTABLE_STATES)}")
         if not (workflow or state or older):
@@ -384,11 +387,14 @@ def create_app(config: ConsoleConfig) -> Starlette:
             return JSONResponse(
                 {"action": action, "count": len(sids), "session_ids": sids, "command": command}
             )
-        if confirm != len(sids):
+        if not isinstance(confirm, list) or not all(isinstance(s, str) for s in confirm):
+            raise ValueError("confirm is the list of session_ids the count listed")
+        if set(confirm) != set(sids):
+            gone, new = len(set(confirm) - set(sids)), len(set(sids) - set(confirm))
             raise ResumeError(
-                f"the filters now select {len(sids)} session(s), not {confirm}: look again before acting"
+                f"the filters now select {len(sids)} session(s), {new} of them not in the {len(confirm)} "
+                f"you saw ({gone} of those no longer match): look again before acting"
             )
-        reason = text(data, "reason")
         results = []
         for sid in sids:
             try:

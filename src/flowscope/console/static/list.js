@@ -104,7 +104,7 @@ function bulkPanel(params) {
       title: `${filters.action} ${found.count} session(s)?`,
       text: `${found.count} session(s) match: ${found.session_ids.slice(0, 8).join(", ")}${found.count > 8 ? ", …" : ""}`,
       command: (reason) => found.command + (reason ? ` --reason ${shq(reason)}` : ""),
-      act: (reason) => api("/api/bulk", { ...filters, confirm: found.count, reason }),
+      act: (reason) => api("/api/bulk", { ...filters, confirm: found.session_ids, reason }),
     });
     if (done) {
       const ok = done.data.results.filter((r) => r.ok).length;
