@@ -75,5 +75,25 @@ def answer(
     if not inputs and not jobs:
         raise ResumeError(f"nothing to answer for session {session_id!r}: give inputs or jobs")
     validate_answers(ws, inputs, jobs)  # a clear error now, before anything is sent
+    _not_sent_already(store, session_id, inputs, jobs)
     done = deliver(store, ws, "answer", answer_body(inputs, jobs))
     return AnswerReceipt(session_id, ws.workflow, tuple(inputs), tuple(jobs), done.last_seq, done.owner)
+
+
+def _not_sent_already(
+    store: EventStore, session_id: str, inputs: Mapping[str, Any], jobs: Mapping[str, Any]
+) -> None:
+    """Refuse an answer to a request that another answer, still in the inbox for the live
+    owner to take in, already answers: the owner takes the first and drops this one, so
+    "sent" would be untrue (the log alone does not show it yet)."""
+    for msg in store.inbox(session_id):
+        if msg.kind != "answer":
+            continue
+        sent = [("input", i) for i in inputs if i in (msg.body.get("inputs") or {})]
+        sent += [("job", j) for j in jobs if j in (msg.body.get("jobs") or {})]
+        if sent:
+            what, key = sent[0]
+            raise ResumeError(
+                f"session {session_id!r}: {what} {key!r} was already answered by another request; "
+                "its owner takes that answer in at its next step (flowscope events shows it then)"
+            )
