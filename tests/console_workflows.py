@@ -22,6 +22,7 @@ __all__ = [
     "PAUSED_SESSION",
     "recovering",
     "HOLD_ENV",
+    "split",
 ]
 
 APPROVAL_SESSION = "ops-approval"
@@ -43,6 +44,23 @@ async def fan(ctx: NodeContext, n: Any) -> Any:
     for i in range(half, int(n)):
         await ctx.run_node(leaf, i)
     return n
+
+
+@node
+async def asks(ctx: NodeContext, x: Any) -> Any:
+    return await ctx.request_input("ship it?", interrupt_id="ship")
+
+
+@node
+async def ticks(ctx: NodeContext, n: Any) -> Any:
+    for i in range(int(n)):
+        await ctx.run_node(leaf, i)
+        await asyncio.sleep(0.25)
+    return n
+
+
+#: One branch waits for an answer while the other goes on appending runs (``n`` of them).
+split = Workflow("split", edges=[(START, (asks, ticks))])
 
 
 #: One node that runs ``n`` dynamic children, pausing for input half-way.

@@ -15,6 +15,7 @@ console error. The same list, waterfall and answer on PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import time
@@ -489,3 +490,83 @@ async def test_the_console_on_postgresql_lists_draws_and_answers(browser, pg_url
         stop(worker)
         err = c.stop()
     assert PASSWORD not in err and "Traceback" not in err, err
+
+
+async def test_an_answer_being_typed_survives_the_events_another_branch_appends(browser, console, demo_db):
+    import threading
+
+    from console_workflows import split
+    from flowscope import Runner
+    from flowscope.store import SqliteEventStore
+
+    def run() -> None:
+        with SqliteEventStore(demo_db) as store:
+            Runner(split, store).run_sync(12, session_id="ops-split")
+
+    other = threading.Thread(target=run)
+    other.start()
+    try:
+        p = await new_page(browser, console)
+        await p.open(f"{console.base}/sessions/ops-split")
+        text = p.page.locator("[data-waiting=ship] textarea")
+        await text.wait_for(timeout=10_000)
+        await text.fill('{"approved": true, "note": "half typed')
+        rows = await p.page.locator(".wf-row").count()
+        for _ in range(100):  # the other branch's runs drawn (the page's CSP refuses an evaluated string)
+            if await p.page.locator(".wf-row").count() >= rows + 3:
+                break
+            await asyncio.sleep(0.1)
+        assert await p.page.locator(".wf-row").count() >= rows + 3
+        assert await text.input_value() == '{"approved": true, "note": "half typed'  # not redrawn to `true`
+        assert await text.evaluate(
+            "el => el === document.activeElement"
+        )  # and still where the operator types
+        assert p.errors == []
+        await p.page.context.close()
+    finally:
+        other.join(timeout=30)
+
+
+async def test_a_bulk_cancel_from_the_page_acts_on_the_sessions_it_listed(browser, console, demo_db):
+    from flowscope.engine.submit import submit_run
+    from flowscope.store import SqliteEventStore
+
+    with SqliteEventStore(demo_db) as store:
+        for sid in ("probe-1", "probe-2"):
+            submit_run(store, "bulk_probe", None, session_id=sid)
+    p = await new_page(browser, console)
+    await p.page.select_option("#main select[name=action]", "cancel")
+    await p.page.fill("input[name=bulk-workflow]", "bulk_probe")
+    await p.page.select_option("select[name=bulk-state]", "queued")
+    await p.page.click("#bulk-go")
+    await p.page.wait_for_selector("#confirm[open]")
+    assert "probe-1, probe-2" in await p.page.locator("#confirm-text").inner_text()
+    await p.page.fill("#confirm-reason", "not tonight")
+    await p.page.press("#confirm-reason", "Enter")  # Enter confirms, as the button does
+    for _ in range(100):
+        if "2 of 2 done" in await p.page.locator("#bulk-out").inner_text():
+            break
+        await asyncio.sleep(0.1)
+    assert "cancel: 2 of 2 done" in await p.page.locator("#bulk-out").inner_text()
+    with SqliteEventStore(demo_db, readonly=True) as store:
+        assert {s.session_id: s.status for s in store.sessions() if s.workflow == "bulk_probe"} == {
+            "probe-1": "cancelled",
+            "probe-2": "cancelled",
+        }
+    assert p.errors == []
+    await p.page.context.close()
+
+
+async def test_a_waterfall_row_and_an_attempt_open_from_the_keyboard(browser, console):
+    p = await new_page(browser, console)
+    await p.open(f"{console.base}/sessions/{FAILED_SESSION}")
+    row = p.page.locator(".wf-row").last
+    await row.focus()
+    await p.page.keyboard.press("Enter")
+    await p.page.wait_for_selector("#detail table.rows")
+    assert await p.page.locator("#retry-from").is_enabled()  # a node chosen: "Retry from" can be used
+    await p.page.locator("#detail table.rows").first.locator("tbody tr").first.focus()
+    await p.page.keyboard.press("Enter")
+    assert (await p.page.locator("#attempt-filter").inner_text()).startswith("attempt 1")
+    assert p.errors == []
+    await p.page.context.close()

@@ -90,7 +90,7 @@ export function table(columns, rows, empty = "(nothing)", onRow = null) {
   if (!rows.length) return h("p", { class: "muted" }, empty);
   return h("table", { class: "rows" + (onRow ? " clickable" : "") },
     h("thead", {}, h("tr", {}, columns.map(([title]) => h("th", {}, title)))),
-    h("tbody", {}, rows.map((r) => h("tr", { on: onRow ? { click: (ev) => onRow(r, ev.currentTarget) } : null }, columns.map(([, cell, cls]) => {
+    h("tbody", {}, rows.map((r) => h("tr", onRow ? { tabindex: "0", on: { click: (ev) => onRow(r, ev.currentTarget), keydown: (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); onRow(r, ev.currentTarget); } } } } : {}, columns.map(([, cell, cls]) => {
       const v = cell(r);
       return h("td", { class: cls || null }, v instanceof Node ? v : (v ?? "-"));
     })))));
@@ -128,6 +128,7 @@ export function confirmAction({ title, text, command, danger = true, act, askRea
     };
     yes.onclick = onClick;
     document.getElementById("confirm-no").onclick = (ev) => { ev.preventDefault(); dlg.close(); resolve(null); };
+    dlg.oncancel = () => resolve(null);  // Escape
     dlg.showModal();
   });
 }

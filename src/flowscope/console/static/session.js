@@ -91,15 +91,22 @@ export async function sessionPage(main, sid) {
     return b;
   }
 
+  // Redrawn when the requests change, not at every new event: a form kept for the same
+  // request keeps what the operator is typing, and the focus (a branch still running
+  // appends events every second).
   function drawWaiting() {
     const items = data.waiting || [];
     waiting.hidden = !items.length;
+    const keyOf = (w) => `${w.kind}:${w.kind === "input" ? w.interrupt_id : w.job_id}`;
+    const shown = [...waiting.querySelectorAll(".form")];
+    if (shown.map((el) => el.dataset.key).join("\n") === items.map(keyOf).join("\n") && items.length) return;
     if (!items.length) { fill(waiting); return; }
-    fill(waiting, h("h3", {}, "Waiting on"), ...items.map((w) => waitingForm(w)));
+    const kept = new Map(shown.map((el) => [el.dataset.key, el]));
+    fill(waiting, h("h3", {}, "Waiting on"), ...items.map((w) => kept.get(keyOf(w)) || waitingForm(w, keyOf(w))));
   }
 
-  function waitingForm(w) {
-    const box = h("div", { class: "form", dataset: { waiting: w.kind === "input" ? w.interrupt_id : w.job_id } });
+  function waitingForm(w, key) {
+    const box = h("div", { class: "form", dataset: { waiting: w.kind === "input" ? w.interrupt_id : w.job_id, key } });
     const err = h("div", { class: "error" });
     const what = w.kind === "input"
       ? h("div", {}, h("b", {}, w.prompt || w.interrupt_id), h("div", { class: "muted" }, `input ${w.interrupt_id} at ${w.path}`),
@@ -281,10 +288,11 @@ function waterfall(root, getData, collapsed, onSelect) {
       bars.append(el);
       if (last && r[C.retries]) { const m = h("div", { class: "mark", title: `${r[C.retries]} retried attempt(s)` }); m.style.left = pct(a); bars.append(m); }
     });
-    const el = h("div", { class: "wf-row" + (selected === r[C.path] ? " sel" : ""), dataset: { path: r[C.path], status: r[C.status] } },
+    const el = h("div", { class: "wf-row" + (selected === r[C.path] ? " sel" : ""), dataset: { path: r[C.path], status: r[C.status] }, tabindex: "0", role: "button" },
       name, h("div", {}, badge(r[C.status])), h("div", {}, String(r[C.attempts])), h("div", {}, fmtDuration(r[C.duration])), bars);
     el.style.top = `${top}px`;
     el.addEventListener("click", () => onSelect(r[C.path]));
+    el.addEventListener("keydown", (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); onSelect(r[C.path]); } });
     return el;
   }
 
