@@ -557,9 +557,13 @@ async def test_a_bulk_cancel_from_the_page_acts_on_the_sessions_it_listed(browse
     await p.page.context.close()
 
 
-async def test_a_waterfall_row_and_an_attempt_open_from_the_keyboard(browser, console):
+async def test_a_waterfall_row_and_an_attempt_open_from_the_keyboard(browser, console, demo_db):
+    from flowscope.store import SqliteEventStore
+
+    with SqliteEventStore(demo_db, readonly=True) as store:  # the demo's declined batch stays failed
+        declined = next(s.session_id for s in store.sessions() if s.session_id.endswith("-declined"))
     p = await new_page(browser, console)
-    await p.open(f"{console.base}/sessions/{FAILED_SESSION}")
+    await p.open(f"{console.base}/sessions/{declined}")
     row = p.page.locator(".wf-row").last
     await row.focus()
     await p.page.keyboard.press("Enter")
