@@ -46,12 +46,12 @@ steps = Workflow("ops_steps", edges=[(START, _step("s1"), _step("s2"), _step("s3
 @node
 async def l_wait(ctx: NodeContext, x: Any) -> Any:
     side_effect(ctx, "l_wait started")
-    await asyncio.sleep(60)
+    await asyncio.sleep(float(os.environ.get("OPS_WAIT_S", "60")))
     side_effect(ctx, "l_wait finished")
     return x
 
 
-#: A node that works for a minute: cancelled while it runs.
+#: A node that works for a minute ($OPS_WAIT_S seconds): cancelled while it runs.
 long = Workflow("ops_long", edges=[(START, _step("l_first"), l_wait)])
 
 #: What ``flowscope worker tests.ops_workflows:ALL`` serves.

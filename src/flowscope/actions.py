@@ -146,8 +146,8 @@ def retry(
         raise ResumeError(
             f"session {session_id!r} completed; give a path to run it again from (retry --from PATH)"
         )
-    if ws.status == "cancelled":
-        raise ResumeError(f"session {session_id!r} was cancelled; it is over for good")
+    if ws.final:
+        raise ResumeError(f"session {session_id!r} was cancelled by an operator; it is over for good")
     if ws.status not in ("failed", "completed"):
         raise ResumeError(
             f"session {session_id!r} is {ws.status}, not failed: retry runs a failed session again; "

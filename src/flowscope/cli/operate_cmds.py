@@ -228,9 +228,10 @@ def _resume_one(
         ws = views.load_session(store, session)
         if ws.status == "completed":
             raise CliError(f"session {session!r} already completed; there is nothing to resume")
-        if ws.status == "cancelled":
+        if ws.final:  # an operator's cancel; an interrupted or aborted run resumes (Runner.resume's rule)
             raise CliError(
-                f"session {session!r} was cancelled; it is over for good (flowscope runs --status cancelled)"
+                f"session {session!r} was cancelled by an operator; it is over for good "
+                "(flowscope runs --status cancelled)"
             )
         if ws.status == "paused" and not answers and not results:
             raise CliError(
