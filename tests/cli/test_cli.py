@@ -924,3 +924,25 @@ def test_durability_full_syncs_a_writing_commands_sqlite_commits_from_the_option
     bad = run_cli("--db", str(db), "--durability", "paranoid", *prune)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "'paranoid' is not one of 'normal', 'full'" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "db",
+    [
+        "postgresql://bob:correct horse@127.0.0.1:1/db",  # a space in the password, unencoded
+        "host=db.example user=bob password=correct-horse dbname=x",  # libpq's keyword/value form
+        "dbname=x password='correct horse'",
+    ],
+)
+@pytest.mark.parametrize("command", [("runs",), ("start", "nightly_export", "--input", "1")])
+def test_a_database_string_with_a_password_never_prints_it_nor_becomes_a_file(
+    tmp_path, monkeypatch, db, command
+):
+    monkeypatch.chdir(tmp_path)
+    for how in ("--db", "env"):
+        args, env = (("--db", db, *command), None) if how == "--db" else (command, {"FLOWSCOPE_DB": db})
+        r = invoke(*args, env=env)
+        assert r.exit_code == 2, (how, r.output)
+        assert "correct" not in r.output and "horse" not in r.output, (how, r.output)
+        assert len(r.output.strip().splitlines()) == 1, r.output
+    assert list(tmp_path.iterdir()) == []  # no SQLite file named after the string

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -202,6 +203,10 @@ def resolve_db(db: str | None) -> str:
     return db or _group_option("db") or os.environ.get(ENV_DB) or DEFAULT_DB
 
 
+#: A libpq keyword/value conninfo (``host=db dbname=x``): a name no one gives a SQLite file.
+_CONNINFO = re.compile(r"\s*(host|hostaddr|dbname|user|port|password|service|sslmode)\s*=", re.IGNORECASE)
+
+
 def shown_db(db: str) -> str:
     """``db`` as messages and hints print it: a PostgreSQL URL's password masked."""
     from ..store.postgres.dsn import redact
@@ -231,6 +236,11 @@ def open_store(
         raise CliError(
             f"--db {shown_db(path)}: flowscope opens a SQLite file or a postgresql:// (or postgres://) URL"
         )
+    if _CONNINFO.match(path):  # a libpq "host=... dbname=..." string: never a file to create
+        raise CliError(
+            f"--db {shown_db(path)} is a libpq keyword/value string: flowscope takes PostgreSQL as a URL, "
+            "postgresql://user@host:port/dbname (the password in $PGPASSWORD or ~/.pgpass)"
+        )
     if is_postgres_url(path):
         if durability is not None:
             raise CliError(
@@ -248,14 +258,14 @@ def open_store(
 
     p = Path(path)
     if not create and not p.exists():
-        raise StoreUnavailable(f"no flowscope database at {path}")
+        raise StoreUnavailable(f"no flowscope database at {shown_db(path)}")
     if p.is_dir():
         # not DB_HINT: running `flowscope demo` with this --db would fail the same way
         raise CliError(
-            f"{path} is a directory: --db takes a file, e.g. --db {shlex.quote(str(p / DEFAULT_DB))}"
+            f"{shown_db(path)} is a directory: --db takes a file, e.g. --db {shlex.quote(shown_db(str(p / DEFAULT_DB)))}"
         )
     if not create and _empty_for_good(p, settle_s):
-        raise NotAFlowscopeDatabase(f"{path} is an empty file, not a flowscope database")
+        raise NotAFlowscopeDatabase(f"{shown_db(path)} is an empty file, not a flowscope database")
     if not (write or create):  # a reader commits nothing: its durability does not matter
         return SqliteEventStore(path, readonly=True)
     return SqliteEventStore(path, durability=durability or "normal")

@@ -32,7 +32,14 @@ def redact(dsn: str) -> str:
     (:func:`~flowscope.errors.mask_url_credentials`)."""
     if "://" not in dsn:
         return _KV_PASSWORD.sub(r"\1***", dsn)
-    return mask_url_credentials(dsn.strip())
+    # One URL, not prose: its password runs to the last "@", spaces included (a URL
+    # typed with an unencoded space in it must not show what follows the space).
+    scheme, sep, rest = dsn.strip().partition("://")
+    at = rest.rfind("@")
+    user, colon, _password = rest[:at].partition(":") if at >= 0 else ("", "", "")
+    if colon:
+        rest = f"{user}:***{rest[at:]}"
+    return mask_url_credentials(f"{scheme}{sep}{rest}")
 
 
 def _credentials(dsn: str) -> tuple[str, str] | None:
