@@ -85,6 +85,8 @@ def a_node(x):
 wf = Workflow("wf", edges=[(START, a_node)])
 """
 BOOM = 'raise RuntimeError("cannot reach db with password=hunter2 at /srv/secret/conf.yml")\n'
+#: A module that exits at import (argparse does on bad arguments), with a secret in its message.
+EXITS = 'import sys\nsys.exit("cannot reach db with password=hunter2 at /srv/secret/conf.yml")\n'
 
 
 @pytest.fixture
@@ -94,6 +96,7 @@ def setup(tmp_path, monkeypatch):
     tag = uuid.uuid4().hex[:8]
     (tmp_path / f"flows_{tag}.py").write_text(FLOWS)
     (tmp_path / f"boom_{tag}.py").write_text(BOOM)
+    (tmp_path / f"exits_{tag}.py").write_text(EXITS)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     db = tmp_path / "checks.db"
@@ -144,6 +147,14 @@ BAD = {
     "worker_module_raises_at_import": (
         ["worker", "boom_{tag}:wf"],
         ["importing module 'boom_", "raised RuntimeError: cannot reach db with password=*** at <path>"],
+    ),
+    "worker_module_exits_at_import": (
+        ["worker", "exits_{tag}:wf"],
+        ["importing module 'exits_", "raised SystemExit: cannot reach db with password=*** at <path>"],
+    ),
+    "resume_workflow_module_exits_at_import": (
+        ["resume", "p-input", "--input", "go=1", "--workflow", "exits_{tag}:wf"],
+        ["importing module 'exits_", "raised SystemExit"],
     ),
     "resume_workflow_names_a_node": (
         ["resume", "p-input", "--input", "go=1", "--workflow", "flows_{tag}:a_node"],

@@ -38,7 +38,11 @@ def load_target(spec: str) -> Any:
         module = import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"cannot import module {module_name!r}: {redact_message(str(exc))}") from None
-    except Exception as exc:  # the module's own code failed: the user's to fix, not ours
+    except KeyboardInterrupt:
+        raise
+    except (
+        BaseException
+    ) as exc:  # the module's own code failed (sys.exit from argparse too): the user's to fix
         message = redact_message(" ".join(str(exc).split()))[:300]
         raise ValueError(f"importing module {module_name!r} raised {type(exc).__name__}: {message}") from None
     obj: Any = module
@@ -62,7 +66,9 @@ def as_workflow(obj: Any, spec: str) -> Any:
     if not isinstance(obj, Workflow) and callable(obj) and not isinstance(obj, type):
         try:
             obj = obj()
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             raise ValueError(
                 f"{spec} is a function that raised {type(exc).__name__} when called with no arguments, not a Workflow factory"
             ) from None
