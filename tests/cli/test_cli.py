@@ -764,9 +764,23 @@ def test_parse_duration():
     assert views.parse_duration("2d") == 172800
     assert views.parse_duration("0.5") == 0.5
     assert views.parse_duration("90s") == 90
-    for bad in ("", "soon", "5x", "-1s"):
+    assert views.parse_duration("36500d") == views.MAX_DURATION_S  # a century: the longest
+    for bad in ("", "soon", "5x", "-1s", "1h30", "1.5.5s", "36501d", "99999999999999999999d"):
         with pytest.raises(ValueError):
             views.parse_duration(bad)
+
+
+def test_a_duration_longer_than_a_century_is_one_usage_line_not_a_flood_of_tracebacks(tmp_path):
+    # a sleep or a timer of it overflowed: thousands of tracebacks a second from a worker
+    r = invoke(
+        "--db",
+        str(tmp_path / "w.db"),
+        "worker",
+        "flowscope.examples.worker:nightly_export",
+        "--poll",
+        "99999999999999999999d",
+    )
+    assert r.exit_code == 2 and "longer than a century" in r.output and "Traceback" not in r.output, r.output
 
 
 # --------------------------------------------------------------------------- store errors, by class

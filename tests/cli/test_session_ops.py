@@ -26,5 +26,5 @@ def test_prune_lists_no_finished_session_a_live_owner_holds(tmp_path):
 
 @pytest.mark.parametrize("text", ["9" * 400 + "d", "1e308d", "inf"])
 def test_a_duration_no_clock_can_hold_is_refused(text):
-    with pytest.raises(ValueError, match="not a duration|longer than any duration"):
+    with pytest.raises(ValueError, match="not a duration|longer than a century"):
         parse_duration(text)

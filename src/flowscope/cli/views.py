@@ -113,6 +113,9 @@ SHOW_KEYS = (
 
 _UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*(ms|sec|min|s|m|h|d|w)?", re.IGNORECASE)
+#: The longest duration any option takes: a century. Longer ones are mistakes, and
+#: overflow what a sleep, a timer or a timestamp can hold.
+MAX_DURATION_S = 100 * 365 * 86400.0
 
 
 def parse_duration(text: str) -> float:
@@ -124,14 +127,15 @@ def parse_duration(text: str) -> float:
     total = 0.0
     while pos < len(s):
         m = _PART.match(s, pos)
-        if m is None:
+        if m is None or (m.group(2) is None and (pos > 0 or m.end() < len(s))):
+            # a bare number is seconds only alone: "1h30" (30 what?) and "1.5.5s" are refused
             raise ValueError(f"{text!r} is not a duration (use e.g. 90s, 15m, 1h30m, 500ms, or seconds)")
         total += float(m.group(1)) * _UNITS[(m.group(2) or "s").lower()]
         pos = m.end()
         while pos < len(s) and s[pos] == " ":
             pos += 1
-    if not math.isfinite(total):
-        raise ValueError(f"{text[:40]!r} is longer than any duration a clock can hold")
+    if not math.isfinite(total) or total > MAX_DURATION_S:
+        raise ValueError(f"{text[:40]!r} is longer than a century, the longest duration flowscope takes")
     return total
 
 
