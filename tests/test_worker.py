@@ -253,6 +253,21 @@ async def _one(ctx: NodeContext, x):
     return x
 
 
+@pytest.mark.slow
+def test_sigterm_ends_an_idle_worker_at_once_whatever_its_poll_interval(flows):
+    proc = worker(flows, "--poll", "60s")  # the last --poll wins: a minute between claims
+    assert proc.stderr is not None and "serving" in proc.stderr.readline()
+    time.sleep(0.5)  # into its wait for work
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()  # a no-op once it has exited
+    took = time.monotonic() - t0
+    assert took < 5, f"the worker exited {took:.1f}s after SIGTERM: it slept out its poll interval"
+
+
 @pytest.mark.slow  # timing-bound (threads, processes or sleeps): the full suite runs it
 def test_two_workers_claiming_the_same_queued_session_one_wins(tmp_path):
     """Two Workers, each in its own thread with its own connection, claim at the same

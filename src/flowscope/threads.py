@@ -21,13 +21,14 @@ affected, and a process that never handles SIGCONT sees no difference.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["block_sigcont", "sigcont_blocked", "start_thread"]
+__all__ = ["block_sigcont", "sigcont_blocked", "start_thread", "in_daemon_thread"]
 
 _SIGCONT = {signal.SIGCONT} if hasattr(signal, "SIGCONT") else set()
 
@@ -62,3 +63,30 @@ def start_thread(target: Callable[..., Any], name: str, *args: Any) -> threading
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread
+
+
+def in_daemon_thread(
+    loop: asyncio.AbstractEventLoop, target: Callable[..., Any], name: str, *args: Any
+) -> asyncio.Future[Any]:
+    """``target(*args)`` in a daemon thread (:func:`start_thread`), its result or error as
+    a future of ``loop``. For a blocking wait the process must not wait for at its exit
+    (an executor's threads are joined then: a worker told to stop would sleep out its poll
+    interval first)."""
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            future.set_result(value) if ok else future.set_exception(value)
+
+    def run() -> None:
+        try:
+            outcome = (True, target(*args))
+        except BaseException as exc:  # handed to the awaiting task, which decides
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits any more
+            pass
+
+    start_thread(run, name)
+    return future

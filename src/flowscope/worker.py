@@ -34,7 +34,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .engine import Runner, Workflow
@@ -55,7 +54,7 @@ from .errors import (
 from .outage import DEFAULT_LIMIT_S, StoreOutage, backoff
 from .ownership import Lease, Owner, this_process
 from .store.base import Claim, EventStore
-from .threads import block_sigcont
+from .threads import in_daemon_thread
 
 __all__ = ["Worker", "DRAIN_REASON", "CHECK_BACKOFF_CAP_S"]
 
@@ -204,9 +203,6 @@ class Worker:
         unanswered = 0  # probes in a row the store did not answer
         waiter: asyncio.Future[bool] | None = None
         restore = self._on_sigcont()
-        # store.wait_for_work blocks, so it waits in a thread: one that leaves SIGCONT to
-        # the main thread, whose handler checks the leases (threads.py)
-        waits = ThreadPoolExecutor(1, thread_name_prefix="flowscope-wait-for-work", initializer=block_sigcont)
         try:
             while not self._stop.is_set():
                 now = time.time()
@@ -236,10 +232,13 @@ class Worker:
                     continue
                 self._wake.clear()
                 # Woken by a session of ours ending, or by the store (a NOTIFY on
-                # PostgreSQL); store.wait_for_work blocks, so it waits in a thread, and a
-                # wait still running from the last round is waited on again, not doubled.
+                # PostgreSQL); store.wait_for_work blocks, so it waits in a daemon thread
+                # that leaves SIGCONT to the main thread (threads.py) and never holds up the
+                # exit, and a wait still running from the last round is waited on again.
                 if waiter is None or waiter.done():
-                    waiter = self._loop.run_in_executor(waits, self.store.wait_for_work, self.poll_s)
+                    waiter = in_daemon_thread(
+                        self._loop, self.store.wait_for_work, "flowscope-wait", self.poll_s
+                    )
                 woken = asyncio.ensure_future(self._wake.wait())
                 await asyncio.wait((woken, waiter), timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
@@ -248,7 +247,6 @@ class Worker:
                 await self._drain()
             finally:
                 restore()
-                waits.shutdown(wait=False)
                 self._loop = None
         if self.stopped_by is not None:
             raise self.stopped_by
