@@ -23,6 +23,8 @@ __all__ = [
     "recovering",
     "HOLD_ENV",
     "split",
+    "OVERDUE_SESSION",
+    "make_overdue_session",
 ]
 
 APPROVAL_SESSION = "ops-approval"
@@ -125,3 +127,18 @@ def make_operator_sessions(store: Any, pause_s: float = 1.1) -> None:
     except ValueError:
         pass
     asyncio.run(Runner(big, store).run(2, session_id=PAUSED_SESSION))
+
+
+OVERDUE_SESSION = "ops-overdue"
+
+
+def make_overdue_session(store: Any, session_id: str = OVERDUE_SESSION) -> str:
+    """A session of the demo workflow waiting on its geocoding job, whose deadline (0 s) has
+    passed: ``stuck`` calls its run overdue. Returns the job's id."""
+    paused = asyncio.run(
+        Runner(order_fulfilment, store).run(
+            batch_input("B-late", geocoding_deadline_s=0.0), session_id=session_id
+        )
+    )
+    [job] = [p for p in paused.pending if p.type == "job_dispatched"]
+    return job.job_id

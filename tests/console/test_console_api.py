@@ -1,7 +1,9 @@
 """The console's API and its guard, over a real SQLite file through Starlette's TestClient:
 ``/api/`` serves the rows of the CLI's ``--format json``; a foreign ``Host``, a request
 without the per-start token, a write from another origin and any write of a read-only
-console are refused, with nothing recorded; the writes are the operator actions."""
+console are refused, with nothing recorded; the writes are the operator actions. The
+attention tabs and a session's page say what ``stuck`` says; a database file deleted or
+replaced under the console is a 503."""
 
 from __future__ import annotations
 
@@ -129,7 +131,7 @@ def test_a_session_waterfall_has_a_row_per_path_and_its_waiting_form(db):
     assert w["invocations"] == 2 and w["waiting"][0]["interrupt_id"] == "approval"
     assert all(0 <= x0 <= x1 <= w["axis"]["width"] for r in w["rows"] for x0, x1 in r[10])
     again = c.get(f"/api/sessions/{APPROVAL_SESSION}/waterfall", params={"since": w["last_seq"]}).json()
-    assert again == {"unchanged": True, "last_seq": w["last_seq"]}
+    assert again == {"unchanged": True, "last_seq": w["last_seq"], "stuck": []}
     fetch = next(r[0] for r in w["rows"] if r[1].startswith("fetch_orders"))
     attempts = c.get(f"/api/sessions/{APPROVAL_SESSION}/run", params={"path": fetch}).json()["attempts"]
     assert [(a["attempt"], a["outcome"], a["error_code"]) for a in attempts] == [
@@ -555,3 +557,130 @@ def test_on_postgresql_the_api_serves_the_cli_rows_and_acts(pg_cluster):
         assert c.post(f"/api/sessions/{PAUSED_SESSION}/cancel", json={}).status_code == 200
         assert {s.session_id: s.status for s in store.sessions()}[FAILED_SESSION] == "queued"
         assert {s.session_id: s.status for s in store.sessions()}[PAUSED_SESSION] == "cancelled"
+
+
+# --------------------------------------------------------------------------- stuck, and the store's file
+
+
+def _orphaned_session(store: SqliteEventStore, sid: str) -> None:
+    """A session whose owner (a process on this host) was SIGKILLed inside a nested run: the
+    workflow and its node both running, the lease still current."""
+    from flowscope.events import NodeStarted, RunStarted
+    from flowscope.store.testing import dead_owner, ev, node_ev
+
+    now = time.time()
+    lease = store.acquire(sid, dead_owner("w-killed"), 3600.0, now=now)
+    events = [
+        ev(RunStarted, sid=sid, workflow="shop", ts=now - 1),
+        node_ev(NodeStarted, "shop@1", ts=now - 1, sid=sid, kind="workflow"),
+        node_ev(NodeStarted, "shop@1/charge@1", ts=now - 1, sid=sid, parent_path="shop@1"),
+    ]
+    store.append(sid, events, 0, epoch=lease.epoch)
+
+
+def test_the_attention_tabs_list_a_session_under_the_state_stuck_gives_its_innermost_open_run(fresh):
+    """A session's enclosing runs share its innermost run's open state; ``stuck`` lists the
+    innermost alone, and so do the tabs: a session whose one job is overdue is overdue, not
+    also waiting for a job (its enclosing workflow is waiting_job, past no deadline)."""
+    from console_workflows import OVERDUE_SESSION, make_overdue_session
+
+    with SqliteEventStore(fresh) as store:
+        make_overdue_session(store)
+        _orphaned_session(store, "ops-orphan")
+    c, _ = client(fresh)
+    stuck = cli_json(fresh, "stuck", "--older-than", "0s")
+    counts = json.loads(c.get("/api/sessions").headers["x-attention"])
+    for state in ("waiting_input", "waiting_job", "overdue", "orphaned"):
+        listed = {r["session_id"] for r in c.get("/api/sessions", params={"attention": state}).json()}
+        assert listed == {r["session_id"] for r in stuck if r["state"] == state}, state
+        assert counts[state] == len(listed), state
+    assert counts["overdue"] == 1 and counts["waiting_job"] == 0 and counts["orphaned"] == 1
+    assert [r["state"] for r in stuck if r["session_id"] == OVERDUE_SESSION] == ["overdue"]
+
+
+def test_the_session_page_is_given_what_stuck_says_its_status_hides(fresh):
+    """The waterfall's data carries ``stuck``'s rows for the session (orphaned, overdue, each
+    with the command ``stuck`` suggests), asked again even when its log has not grown: an
+    owner dies and a deadline passes without an event."""
+    from console_workflows import OVERDUE_SESSION, make_overdue_session
+
+    with SqliteEventStore(fresh) as store:
+        job = make_overdue_session(store)
+        _orphaned_session(store, "ops-orphan")
+    c, _ = client(fresh)
+    moving = ("age_s", "heartbeat_age_s")
+    for sid, state in ((OVERDUE_SESSION, "overdue"), ("ops-orphan", "orphaned")):
+        w = c.get(f"/api/sessions/{sid}/waterfall").json()
+        cli_rows = cli_json(fresh, "stuck", "--older-than", "0s", "--state", state)
+        want = [{k: v for k, v in r.items() if k not in moving} for r in cli_rows if r["session_id"] == sid]
+        assert [{k: v for k, v in r.items() if k not in moving} for r in w["stuck"]] == want and want, sid
+        again = c.get(f"/api/sessions/{sid}/waterfall", params={"since": w["last_seq"]}).json()
+        assert again["unchanged"] is True and [r["action"] for r in again["stuck"]] == [want[0]["action"]]
+    overdue = c.get(f"/api/sessions/{OVERDUE_SESSION}/waterfall").json()
+    assert overdue["status"] == "paused" and overdue["waiting"][0]["job_id"] == job
+    assert overdue["stuck"][0]["waiting_on"] == [job]
+    assert overdue["stuck"][0]["action"].startswith(f"flowscope resume {OVERDUE_SESSION} --job '{job}=")
+    orphan = c.get("/api/sessions/ops-orphan/waterfall").json()
+    assert orphan["status"] == "running" and orphan["session"]["owner"]["alive"] is False
+    assert [(r["path"], r["action"]) for r in orphan["stuck"]] == [
+        ("shop@1/charge@1", "flowscope resume ops-orphan")  # the innermost run, as stuck lists it
+    ]
+    assert c.get(f"/api/sessions/{APPROVAL_SESSION}/waterfall").json()["stuck"] == []  # waiting, not stuck
+
+
+def test_the_session_page_counts_invocations_as_runs_does(fresh):
+    with SqliteEventStore(fresh) as store:
+        submit(store, "nightly_export", None, session_id="never-started")
+    c, _ = client(fresh)
+    runs = {r["session_id"]: r["invocations"] for r in cli_json(fresh, "runs", "--limit", "0")}
+    for sid in ("never-started", APPROVAL_SESSION):
+        assert c.get(f"/api/sessions/{sid}/waterfall").json()["invocations"] == runs[sid], sid
+    assert runs["never-started"] == 0 and runs[APPROVAL_SESSION] == 2
+
+
+def test_a_database_file_deleted_or_replaced_under_the_console_is_a_503_never_its_old_rows(fresh):
+    """The store's connection still reads the file it opened: once that file is deleted, or
+    another stands at its path, every read and write answers 503 with what to do."""
+    c, _ = client(fresh, live_interval_s=0.0)  # the feed probes the file at every request
+    assert c.get("/api/sessions").status_code == 200
+    routes = [
+        ("GET", "/api/sessions"),
+        ("GET", f"/api/sessions/{APPROVAL_SESSION}"),
+        ("GET", f"/api/sessions/{APPROVAL_SESSION}/waterfall"),
+        ("GET", "/api/stuck"),
+        ("GET", "/api/audit"),
+        ("POST", f"/api/sessions/{PAUSED_SESSION}/cancel"),
+    ]
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(fresh) + suffix).unlink(missing_ok=True)
+    for method, url in routes:
+        r = c.request(method, url, json={} if method == "POST" else None)
+        assert r.status_code == 503, (url, r.text)
+        assert "was deleted" in r.json()["error"] and "restart `flowscope ui`" in r.json()["error"], url
+    with SqliteEventStore(fresh) as other:  # another database at the same path
+        submit(other, "nightly_export", None, session_id="from-the-new-file")
+    for method, url in routes:
+        r = c.request(method, url, json={} if method == "POST" else None)
+        assert r.status_code == 503 and "replaced by another file" in r.json()["error"], (url, r.text)
+    assert c.get("/api/info").status_code == 200  # the page still boots, to say so
+    assert statuses(fresh) == {"from-the-new-file": "queued"}  # and nothing was written to it
+
+
+def test_a_body_nested_past_what_json_reads_and_an_offset_past_a_stores_integer_are_400s(fresh):
+    """Python's JSON reader recurses once per level (a RecursionError, not a ValueError), and
+    SQLite's OFFSET is a 64-bit integer (an OverflowError past it): neither is a defect."""
+    c, _ = client(fresh)
+    deep = b'{"inputs": {"approval": ' + b"[" * 100_000 + b"]" * 100_000 + b'}, "dry_run": true}'
+    for url in (
+        f"/api/sessions/{APPROVAL_SESSION}/answer",
+        f"/api/sessions/{FAILED_SESSION}/retry",
+        "/api/bulk",
+    ):
+        r = c.post(url, content=deep, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "nested too deeply" in r.json()["error"], (url, r.text)
+    huge = c.get("/api/sessions", params={"offset": str(10**20)})
+    assert huge.status_code == 400 and "offset 0 to" in huge.json()["error"], huge.text
+    from flowscope.console.api import MAX_OFFSET
+
+    assert c.get("/api/sessions", params={"offset": str(MAX_OFFSET)}).json() == []  # the last allowed
+    assert statuses(fresh)[APPROVAL_SESSION] == "paused" and statuses(fresh)[FAILED_SESSION] == "failed"

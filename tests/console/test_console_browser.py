@@ -7,10 +7,11 @@ page draws one row per node path and the pause between invocations; the approval
 answered through its form and the worker completes the session (the page follows it
 live); a worker SIGKILLed mid-attempt is taken over by another after its lease, and the
 page shows both attempts with their two workers and the recovery; a failed session is
-retried and a paused one cancelled through their buttons; a foreign ``Host`` and a
-tokenless write are refused; a session of 10,000 node runs keeps only the rows in view in
-the page, scrolls and folds (how fast is bench/console_bench.py's); no page logs a
-console error. The same list, waterfall and answer on PostgreSQL.
+retried and a paused one cancelled through their buttons; an orphaned and an overdue
+session say so, with ``stuck``'s command; a database deleted under an open page is said
+above it; a foreign ``Host`` and a tokenless write are refused; a session of 10,000 node
+runs keeps only the rows in view in the page, scrolls and folds (how fast is
+bench/console_bench.py's); no page logs a console error. The same list, waterfall and answer on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -225,6 +226,64 @@ async def test_the_demo_sessions_list_filters_and_the_waterfall_draws_every_path
     assert await p.page.locator("#audit tbody tr").count() > 5
     assert p.errors == []
     await p.page.context.close()  # and its event stream
+
+
+async def test_a_session_page_shows_what_stuck_says_its_status_hides(browser, console, demo_db):
+    """The demo's export session (its worker SIGKILLed mid-run) is still "running", and its
+    lost batch "paused" on a job past its deadline: the page says orphaned and overdue, each
+    with the command ``flowscope stuck`` prints for it."""
+    from flowscope.cli import views
+    from flowscope.store import SqliteEventStore
+
+    for _ in range(150):  # the lost job's deadline is the demo's --stale-after (5 s) after it
+        with SqliteEventStore(demo_db, readonly=True) as store:
+            rows = {r["session_id"].rsplit("-", 1)[1]: r for r in views.stuck_rows(store, 0.0, 60.0)}
+        if rows.get("lost", {}).get("state") == "overdue":
+            break
+        await asyncio.sleep(0.1)
+    orphan, overdue = rows["export"], rows["lost"]
+    assert (orphan["state"], overdue["state"]) == ("orphaned", "overdue")
+    p = await new_page(browser, console)
+    await p.open(f"{console.base}/sessions/{orphan['session_id']}")
+    assert await p.page.locator("#status").inner_text() == "running"
+    line = await p.page.locator("#stuck [data-state=orphaned]").inner_text()
+    assert "is gone" in line and orphan["action"] in line and orphan["path"] in line
+    assert (await p.page.locator("#summary").inner_text()).count(": gone") == 1  # the owner's cell
+    await p.open(f"{console.base}/sessions/{overdue['session_id']}")
+    line = await p.page.locator("#stuck [data-state=overdue]").inner_text()
+    assert "past its deadline" in line and overdue["action"] in line
+    job = overdue["waiting_on"][0]
+    note = p.page.locator(f"[data-waiting='{job}'] .overdue-note")
+    assert await note.is_visible() and overdue["action"] in await note.inner_text()
+    assert p.errors == []
+    await p.page.context.close()
+
+
+async def test_a_database_deleted_under_an_open_page_is_said_above_it(browser, demo_db, tmp_path):
+    import sqlite3
+
+    copy = tmp_path / "gone.db"
+    src, dst = sqlite3.connect(demo_db), sqlite3.connect(copy)
+    src.backup(dst)
+    src.close()
+    dst.close()
+    c = Console(str(copy), tmp_path)
+    try:
+        p = await new_page(browser, c)
+        banner = p.page.locator("#banner")
+        assert await banner.is_hidden()
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(copy) + suffix).unlink(missing_ok=True)
+        for _ in range(100):  # the live stream's next change (the file's probe) redraws the list
+            if await banner.is_visible():
+                break
+            await asyncio.sleep(0.1)
+        text = await banner.inner_text()
+        assert "was deleted" in text and "restart `flowscope ui`" in text
+        assert p.errors and all("status of 503" in e for e in p.errors)  # Chromium logs each 503 fetch
+        await p.page.context.close()
+    finally:
+        assert "Traceback" not in c.stop()
 
 
 async def test_answering_the_approval_from_the_page_lets_a_worker_complete_the_session(browser, console):

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..cli import views
 from ..cli.history import event_rows, request_row, retry_reasons, session_history
+from ..cli.rowparts import open_containers
 from ..cli.waterfall import waterfall_layout
 from ..errors import UnknownSessionError
 from ..events import TERMINAL_TYPES, Event, NodeRetrying, NodeStarted, RunStarted
@@ -35,6 +36,7 @@ __all__ = [
     "ATTENTION",
     "STATUSES",
     "MAX_LIMIT",
+    "MAX_OFFSET",
     "SessionFilter",
     "parse_filter",
     "parse_time",
@@ -66,6 +68,8 @@ ATTENTION = {
 STATUSES = ("queued", "running", "paused", "answered", "completed", "failed", "cancelled")
 #: The most rows one page of sessions holds.
 MAX_LIMIT = 500
+#: The furthest page starts: a store's OFFSET is a 64-bit integer (SQLite overflows past it).
+MAX_OFFSET = 10**15
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +132,8 @@ def parse_filter(params: Mapping[str, str], now: float | None = None) -> Session
         offset = int(params.get("offset") or 0)
     except ValueError:
         raise ValueError("limit and offset are whole numbers") from None
-    if not 1 <= limit <= MAX_LIMIT or offset < 0:
-        raise ValueError(f"limit is 1 to {MAX_LIMIT}, offset 0 or more")
+    if not 1 <= limit <= MAX_LIMIT or not 0 <= offset <= MAX_OFFSET:
+        raise ValueError(f"limit is 1 to {MAX_LIMIT}, offset 0 to {MAX_OFFSET:,}")
     since, until = text("since"), text("until")
     return SessionFilter(
         status=status,
@@ -163,11 +167,13 @@ class Tabs:
 @dataclass(frozen=True, slots=True)
 class TabReads:
     """What the attention tabs read from the store, once per store version: every status's
-    count, the open runs, and the sessions of the running ones (their owners)."""
+    count, the open runs, the sessions of the running ones (their owners), and which open
+    runs enclose another (:func:`flowscope.cli.rowparts.open_containers`)."""
 
     statuses: Mapping[str, int]
     runs: Sequence[NodeRun]
     running: Mapping[str, SessionInfo]
+    enclosing: frozenset[tuple[str, str]]
 
 
 def read_tabs(store: EventStore) -> TabReads:
@@ -175,7 +181,7 @@ def read_tabs(store: EventStore) -> TabReads:
     runs = store.open_runs()
     ids = frozenset(r.session_id for r in runs if r.status == RUNNING)
     running = {s.session_id: s for s in store.find_sessions(SessionQuery(session_ids=ids))} if ids else {}
-    return TabReads(store.status_counts(), runs, running)
+    return TabReads(store.status_counts(), runs, running, frozenset(open_containers(runs)))
 
 
 def attention_tabs(
@@ -188,7 +194,11 @@ def attention_tabs(
 ) -> Tabs:
     """Every attention tab: failed sessions; sessions with an open run waiting for a
     person, for a job, overdue, orphaned, or running a retry (by
-    :func:`flowscope.liveness.classify_open_run`, the rule ``stuck`` applies); and queued
+    :func:`flowscope.liveness.classify_open_run`, the rule ``stuck`` applies, to the runs
+    ``stuck`` lists: an enclosing run, whose open state is its descendant's, is left out
+    by :func:`flowscope.cli.rowparts.open_containers`, so a session is not also under the
+    enclosing workflow's state, e.g. waiting for a job when its one job is overdue; a
+    retried enclosing run still puts its session under retrying); and queued
     sessions submitted more than ``queued_after_s`` ago. ``reads`` (:func:`read_tabs`,
     read now if not given) may be older than ``now``: the rule is applied at ``now``."""
     reads = read_tabs(store) if reads is None else reads
@@ -208,10 +218,13 @@ def attention_tabs(
             owner=info.owner if info is not None else None,
             lease_expires_at=info.lease_expires_at if info is not None else None,
         )
-        if state in (WAITING_INPUT, WAITING_JOB, OVERDUE, ORPHANED):
-            ids[state].add(r.session_id)
-        elif state == RUNNING and r.retries:
+        if state == RUNNING and r.retries:
             ids["retrying"].add(r.session_id)
+        elif (
+            state in (WAITING_INPUT, WAITING_JOB, OVERDUE, ORPHANED)
+            and (r.session_id, r.path) not in reads.enclosing
+        ):
+            ids[state].add(r.session_id)  # an enclosing run's state is its descendant's, counted there
     queries = {
         "failed": SessionQuery(statuses=frozenset({"failed"})),
         **{k: SessionQuery(session_ids=frozenset(v)) for k, v in ids.items()},
@@ -424,7 +437,8 @@ def session_waterfall(
         "status": info.status if info is not None else ws.status,
         "workflow": ws.workflow,
         "last_seq": ws.last_seq,
-        "invocations": len(history.windows),
+        # the store's count, as `flowscope runs` shows it: a queued session has run none
+        "invocations": info.invocations if info is not None else len(history.windows),
         "columns": [
             "path",
             "name",

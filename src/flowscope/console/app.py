@@ -46,10 +46,12 @@ from ..errors import (
     error_type_name,
 )
 from ..fold import rebuild
+from ..jsontext import too_deep
 from . import api
 from .config import LOOPBACK_NAMES, ConsoleConfig
 from .guard import CSP, TOKEN_HEADER, Guard, session_id
 from .live import ChangeFeed
+from .stuck_state import session_stuck
 
 __all__ = ["ConsoleConfig", "create_app", "TOKEN_HEADER", "LOOPBACK_NAMES", "CSP"]
 
@@ -111,6 +113,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
     def guarded(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def handler(request: Request) -> Response:
             try:
+                feed.check_store()  # a deleted or replaced SQLite file: a 503, never its old rows
                 return await fn(request)
             except Exception as exc:  # a JSON error through the guard (its headers), never a traceback
                 return _error(exc, request)
@@ -178,13 +181,20 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     drawn: OrderedDict[tuple[str, int], bytes] = OrderedDict()  # the last pages drawn, by (session, seq)
 
+    def seq_and_stuck(sid: str) -> tuple[int, list[dict[str, Any]]]:
+        stuck_rows = session_stuck(store, sid, stale_after_s=config.stale_after_s)
+        return store.last_seq(sid), _rows(stuck_rows, views.STUCK_KEYS)
+
     @guarded
     async def waterfall(request: Request) -> Response:
+        """The session page's data; ``stuck`` (orphaned, overdue: ``stuck``'s rows for the
+        session) is asked again at every request, even when the log has not grown: a worker
+        dies, or a deadline passes, without an event."""
         sid = session_id(request)
         since = request.query_params.get("since")
-        seq = await call(store.last_seq, sid)
+        seq, stuck_now = await call(seq_and_stuck, sid)
         if since is not None and _seq(since) == seq:
-            return JSONResponse({"unchanged": True, "last_seq": seq})
+            return JSONResponse({"unchanged": True, "last_seq": seq, "stuck": stuck_now})
         body = drawn.get((sid, seq))
         if body is None:
             data = await call(api.session_waterfall, store, sid)
@@ -192,7 +202,10 @@ def create_app(config: ConsoleConfig) -> Starlette:
             drawn[(sid, data["last_seq"])] = body
             while len(drawn) > 8:
                 drawn.popitem(last=False)
-        return Response(body, media_type="application/json")
+        # the drawn page is kept by its seq; the stuck rows of now go in as its last key
+        return Response(
+            body[:-1] + b',"stuck":' + JSONResponse(stuck_now).body + b"}", media_type="application/json"
+        )
 
     @guarded
     async def run(request: Request) -> Response:
@@ -263,6 +276,8 @@ def create_app(config: ConsoleConfig) -> Starlette:
     async def body(request: Request) -> dict[str, Any]:
         try:
             data = await request.json()
+        except RecursionError:  # Python's JSON reader recurses once per level
+            raise ValueError(too_deep("the request's body")) from None
         except ValueError:
             raise ValueError("the request's body is not JSON") from None
         if not isinstance(data, dict):

@@ -17,6 +17,11 @@ the feed waits for its notices, and every open page's ticker (:meth:`ChangeFeed.
 wakes at once; the first to ask probes the store (once, for all of them), so a change
 made by another process reaches every open page promptly while the store is still probed
 once per notice or per ``interval``, never once per page.
+
+The same ``stat`` tells whether the SQLite file is still the one the store opened: a
+connection keeps reading the file it opened after that file is deleted or another is put
+at its path, so the console would serve the old rows as current and write where nothing
+else looks. :meth:`ChangeFeed.check_store` refuses every request then (a 503 that says so).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import StoreUnavailable
 from ..store.base import EventStore
 from ..store.sqlite import SqliteEventStore
 from ..threads import start_thread
@@ -51,17 +57,28 @@ class ChangeNotices(Protocol):
 
 
 def _file_probe(path: str) -> Callable[[], Any]:
+    """One ``stat`` of the database and of its write-ahead log: each one's (device, inode,
+    size, modification time), or None where the file is missing."""
+
     def probe() -> Any:
-        marks: list[tuple[int, int, int] | None] = []
+        marks: list[tuple[int, int, int, int] | None] = []
         for p in (path, path + "-wal"):
             try:
                 st = os.stat(p)
-                marks.append((st.st_ino, st.st_size, st.st_mtime_ns))
+                marks.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
             except OSError:
                 marks.append(None)
         return tuple(marks)
 
     return probe
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 class ChangeFeed:
@@ -79,6 +96,12 @@ class ChangeFeed:
         # a SQLite file's own files; never a path-like name of another store (a URL)
         path = store.path if isinstance(store, SqliteEventStore) else None
         self._probe_files = _file_probe(path) if path is not None and path != ":memory:" else None
+        #: The database file the store opened (device, inode), and what the last probe found
+        #: wrong with the file now at its path: the store's connection still reads the file
+        #: it opened, so a deleted or replaced one would be served as if it were current.
+        self._path = path
+        self._opened = _identity(path) if self._probe_files is not None and path is not None else None
+        self._fault: str | None = None
         #: A notice came since the last probe: the next one need not wait for ``interval``.
         self._noticed = False
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
@@ -135,7 +158,12 @@ class ChangeFeed:
         t = time.monotonic()
         self.probes += 1
         self._noticed = False  # a notice during the probe marks it again
-        mark = self._probe_files() if self._probe_files is not None else self.store.change_mark()
+        mark: Any
+        if self._probe_files is not None:
+            mark = self._probe_files()
+            self._fault = self._file_fault(mark[0])
+        else:
+            mark = self.store.change_mark()
         self._cost = time.monotonic() - t
         self._probed_at = time.monotonic()
         if mark != self._mark:
@@ -149,6 +177,34 @@ class ChangeFeed:
             if self._mark is None or time.monotonic() - self._probed_at >= wait:
                 self._probe()
             return self._version
+
+    def _file_fault(self, mark: tuple[int, int, int, int] | None) -> str | None:
+        """What is wrong with the database file now at the store's path, or None: it was
+        deleted, or another file (another inode) stands there, since the store opened it."""
+        if self._opened is None:
+            return None
+        if mark is None:
+            return (
+                f"the database {self._path} was deleted while the console had it open: what it read is in "
+                "no file any more; restart `flowscope ui` with --db at a database that exists"
+            )
+        if mark[:2] != self._opened:
+            return (
+                f"the database {self._path} was replaced by another file while the console had it open "
+                "(it would go on reading the old one): restart `flowscope ui` to open the new one"
+            )
+        return None
+
+    def check_store(self) -> None:
+        """Raise :class:`~flowscope.errors.StoreUnavailable` when the last probe (made now
+        if the last is old enough: at most once per ``interval``) found the SQLite file the
+        store opened deleted or replaced at its path. Reads would answer from the old file
+        and writes go where nothing else looks, so neither is served (a 503 with the line)."""
+        if self._probe_files is None:
+            return
+        self.version()
+        if self._fault is not None:
+            raise StoreUnavailable(self._fault)
 
     def changed(self) -> int:
         """Our own write changed the store: a new version at once (no probe needed)."""

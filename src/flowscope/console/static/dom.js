@@ -61,8 +61,19 @@ export async function api(path, body) {
   const r = await fetch(path, { credentials: "same-origin", ...init });
   let data = null;
   try { data = await r.json(); } catch (e) { data = null; }
+  // 503: the store cannot be used (its file deleted or replaced, a server down): said once,
+  // above every page, until a read of the store answers again (/api/info reads none)
+  if (r.status === 503) storeBanner((data && data.error) || "the store cannot be used (HTTP 503)");
+  else if (r.ok && !path.startsWith("/api/info")) storeBanner(null);
   if (!r.ok) throw new ApiError(r.status, (data && data.error) || `HTTP ${r.status}`);
   return { data, headers: r.headers };
+}
+
+function storeBanner(text) {
+  const el = document.getElementById("banner");
+  if (!el) return;
+  el.hidden = !text;
+  el.textContent = text || "";
 }
 
 export function badge(status) {

@@ -36,7 +36,13 @@ export async function sessionPage(main, sid) {
       fill(head, h("p", { class: "error" }, e.message));
       return;
     }
-    if (res.unchanged) return;
+    if (res.unchanged) {
+      // the log has not grown, but a worker may have died or a deadline passed since
+      const was = stuckKey(data.stuck);
+      data.stuck = res.stuck || [];
+      if (stuckKey(data.stuck) !== was) { drawSummary(); drawWaiting(); }
+      return;
+    }
     data = res;
     drawSummary();
     drawWaiting();
@@ -47,6 +53,7 @@ export async function sessionPage(main, sid) {
 
   function drawSummary() {
     const s = data.session || {};
+    const orphaned = (data.stuck || []).some((r) => r.state === "orphaned");
     const cell = (k, v) => h("div", {}, h("span", { class: "k" }, k), v);
     const actions = h("div", { class: "actions" });
     if (!readOnly) {
@@ -69,7 +76,8 @@ export async function sessionPage(main, sid) {
         cell("Started", fmtTime(s.started_at)),
         cell("Updated", fmtTime(s.updated_at)),
         cell("Error code", s.error_code ?? "-"),
-        cell("Owner", s.owner ? `${s.owner.worker_id} (${s.owner.host}, pid ${s.owner.pid})` : "-")),
+        cell("Owner", s.owner ? `${s.owner.worker_id} (${s.owner.host}, pid ${s.owner.pid})` + (orphaned ? ": gone" : "") : "-")),
+      stuckLines(data.stuck || []),
       actions,
       h("p", { class: "notice", id: "notice" }));
   }
@@ -99,10 +107,17 @@ export async function sessionPage(main, sid) {
     waiting.hidden = !items.length;
     const keyOf = (w) => `${w.kind}:${w.kind === "input" ? w.interrupt_id : w.job_id}`;
     const shown = [...waiting.querySelectorAll(".form")];
-    if (shown.map((el) => el.dataset.key).join("\n") === items.map(keyOf).join("\n") && items.length) return;
     if (!items.length) { fill(waiting); return; }
-    const kept = new Map(shown.map((el) => [el.dataset.key, el]));
-    fill(waiting, h("h3", {}, "Waiting on"), ...items.map((w) => kept.get(keyOf(w)) || waitingForm(w, keyOf(w))));
+    if (shown.map((el) => el.dataset.key).join("\n") !== items.map(keyOf).join("\n")) {
+      const kept = new Map(shown.map((el) => [el.dataset.key, el]));
+      fill(waiting, h("h3", {}, "Waiting on"), ...items.map((w) => kept.get(keyOf(w)) || waitingForm(w, keyOf(w))));
+    }
+    // a kept form keeps its text; whether its job is overdue is `stuck`'s word of now
+    for (const note of waiting.querySelectorAll(".overdue-note")) {
+      const row = (data.stuck || []).find((r) => r.state === "overdue" && r.waiting_on.includes(note.dataset.job));
+      note.hidden = !row;
+      fill(note, row ? [badge("overdue"), ` past its deadline (${fmtTime(row.job_deadline_at)}); to report its result: `, h("code", { class: "cmd" }, row.action)] : []);
+    }
   }
 
   function waitingForm(w, key) {
@@ -111,7 +126,9 @@ export async function sessionPage(main, sid) {
     const what = w.kind === "input"
       ? h("div", {}, h("b", {}, w.prompt || w.interrupt_id), h("div", { class: "muted" }, `input ${w.interrupt_id} at ${w.path}`),
           w.problem ? h("div", {}, "Problem: ", w.problem) : null, w.fix ? h("div", {}, "Fix: ", w.fix) : null)
-      : h("div", {}, h("b", {}, `job ${w.job_id}`), h("div", { class: "muted" }, `at ${w.path}; a result has ${w.keys.join(", ")}` + (w.expect_count ? " (count > 0 expected)" : "")));
+      : h("div", {}, h("b", {}, `job ${w.job_id}`), h("div", { class: "muted" }, `at ${w.path}; a result has ${w.keys.join(", ")}` + (w.expect_count ? " (count > 0 expected)" : "")
+          + (w.deadline_s !== null && w.deadline_s !== undefined ? `; deadline ${fmtDuration(w.deadline_s)} after dispatch` : "")),
+        h("div", { class: "overdue-note", dataset: { job: w.job_id }, hidden: true }));
     box.append(what);
     if (readOnly) return box;
     const send = async (value) => {
@@ -209,6 +226,23 @@ export async function sessionPage(main, sid) {
   await load();
   drawLog();
   return () => load();
+}
+
+// What `flowscope stuck` says of the session that its status hides (orphaned, overdue),
+// each with the command stuck suggests.
+function stuckLines(rows) {
+  if (!rows.length) return null;
+  return h("div", { class: "stuck-state", id: "stuck" }, rows.map((r) => h("div", { dataset: { state: r.state } },
+    badge(r.state), ` at ${r.path}: `,
+    r.state === "orphaned"
+      ? (r.owner ? `its owner ${r.owner.worker_id} (${r.owner.host}, pid ${r.owner.pid}) is gone`
+        : r.heartbeat_age_s !== null ? `its last heartbeat was ${fmtDuration(r.heartbeat_age_s)} ago` : "it never beat a heartbeat") + "; take it over: "
+      : `job ${r.waiting_on.join(", ")} is past its deadline (${fmtTime(r.job_deadline_at)}); report its result: `,
+    h("code", { class: "cmd" }, r.action))));
+}
+
+function stuckKey(rows) {
+  return (rows || []).map((r) => `${r.state} ${r.path} ${r.action}`).join("\n");
 }
 
 function fieldsText(fields) {
