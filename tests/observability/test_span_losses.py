@@ -288,3 +288,20 @@ def test_serve_metrics_counts_the_spans_its_endpoint_refuses(tmp_path):
             _out, err = server.communicate(timeout=60)
     assert server.returncode == 0, err
     assert "refused 20 spans" in err, err  # said once in its log
+
+
+@pytest.mark.slow
+def test_export_follow_to_an_endpoint_that_refuses_says_it_in_one_line(tmp_path):
+    db = tmp_path / "f.db"
+    with SqliteEventStore(db) as store:
+        for i in range(2):
+            asyncio.run(Runner(chain(2), store=store).run(0, session_id=f"s{i}"))
+    with refusing_endpoint() as url:
+        r = run_cli(
+            *("--db", str(db), "export", "--follow", "--otlp-endpoint", url),
+            *("--interval", "0.05", "--rounds", "1"),
+            timeout=120,
+        )
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr  # not the SDK's retry lines before it
+    assert "refused" in lines[0] and "sent again next time" in lines[0]

@@ -49,9 +49,12 @@ def resolve_otlp_protocol(endpoint: str, protocol: str | None) -> str:
 
 def follower_exporter(endpoint: str, protocol: str | None, timeout: float) -> Any:
     """The OTLP span exporter of a span follower (``export --follow``, ``serve-metrics
-    --otlp-endpoint``); a malformed endpoint or protocol is a CliError."""
+    --otlp-endpoint``); a malformed endpoint or protocol is a CliError. The exporter's own
+    retry and failure lines would repeat on every pass: a follower says once what the
+    endpoint refused, and retries."""
     from ..observability import otlp
 
+    logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)
     check_endpoint(endpoint)
     try:
         proto = otlp.resolve_protocol(resolve_otlp_protocol(endpoint, protocol))
@@ -224,9 +227,6 @@ class SpanFollower:
         warn: Callable[[str], None],
     ) -> None:
         self.exporter = follower_exporter(endpoint, protocol, FOLLOW_TIMEOUT_S)
-        # The exporter's own retry and failure lines would repeat on every pass: the
-        # follower says once what the endpoint refused (warn) and retries.
-        logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)
         self.store, self.service, self.interval, self.warn = store, service, interval, warn
         self._stop = threading.Event()
         self._said: set[str] = set()
