@@ -45,3 +45,15 @@ def test_a_second_answer_after_the_first_is_in_the_log_is_refused(tmp_path):
     with pytest.raises(ResumeError, match="already answered"):
         answer(store, "p", inputs={"go": "no"})
     assert [e.value for e in store.read("p") if e.type == "input_received"] == ["yes"]
+
+
+def test_an_answer_or_a_run_input_that_is_not_unicode_text_is_refused(tmp_path):
+    from flowscope.errors import OutputNotSerializableError
+
+    store = paused(tmp_path)
+    before = store.last_seq("p")
+    with pytest.raises(OutputNotSerializableError, match="lone surrogate"):
+        answer(store, "p", inputs={"go": {"note": "\ud800"}})  # PostgreSQL's jsonb refuses it
+    with pytest.raises(OutputNotSerializableError, match="lone surrogate"):
+        Runner(Workflow("w", edges=[(START, ask)]), store=store).run_sync(["\udc80"], session_id="q")
+    assert store.last_seq("p") == before and store.inbox("p") == [] and not store.has_session("q")

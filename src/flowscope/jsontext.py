@@ -21,7 +21,7 @@ from collections.abc import Callable
 from json import encoder as _encoder
 from typing import Any
 
-__all__ = ["dumps", "dumps_finite", "MAX_DEPTH", "depth_over", "too_deep"]
+__all__ = ["dumps", "dumps_finite", "MAX_DEPTH", "depth_over", "too_deep", "lone_surrogate"]
 
 #: The deepest nesting (arrays and objects inside each other) of a value flowscope records.
 MAX_DEPTH = 256
@@ -79,3 +79,25 @@ def depth_over(value: Any, text: str, limit: int = MAX_DEPTH) -> bool:
             nxt.extend(x for x in items if type(x) is dict or type(x) is list)
         level = nxt
     return False
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """The first string of ``value`` (a JSON value: keys too) that holds a lone surrogate
+    (``"\\ud800"`` in JSON text, or an undecodable byte of an argument), or None. Such a
+    string is not Unicode text: PostgreSQL's ``jsonb`` refuses it, and no terminal can
+    print it, so an operator's value holding one is refused where it enters."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is str:
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    return v
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return None

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from ..errors import NotAFlowscopeDatabase, StoreUnavailable, mask_url_credentials
-from ..jsontext import too_deep
+from ..jsontext import lone_surrogate, too_deep
 from . import views
 from .failures import EXIT_ERROR, CliError, to_cli_error
 from .render import render_csv, render_json, use_utc, use_wide
@@ -292,7 +292,7 @@ def json_arg(text: str, option: str, key: str | None = None) -> Any:
     as the store would refuse them, not recorded."""
     what = f"{option} {key}" if key is not None else option
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise CliError(too_deep(what)) from None
     except ValueError as exc:
@@ -300,6 +300,10 @@ def json_arg(text: str, option: str, key: str | None = None) -> Any:
         raise CliError(
             f"{what}: {text!r} is not valid JSON ({exc}); quote a string as JSON: {option} {shlex.quote(example)}"
         ) from None
+    bad = lone_surrogate(value)
+    if bad is not None:  # "\ud800", or an undecodable byte: not text any store or terminal keeps
+        raise CliError(f"{what}: {ascii(bad)[:60]} holds a lone surrogate, not Unicode text; give valid text")
+    return value
 
 
 def emit(rows: list[dict[str, Any]], fmt: str, keys: tuple[str, ...], table: Callable[[], str]) -> None:
@@ -380,6 +384,10 @@ def _usage_line(exc: click.UsageError) -> str:
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """The ``flowscope`` console script (importing ``flowscope.cli`` has added the commands)."""
+    for stream in (sys.stdout, sys.stderr):  # text a log holds that no terminal can show: escaped
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     try:
         code = cli.main(args=argv, prog_name="flowscope", standalone_mode=False)
     except click.UsageError as exc:  # click's own four lines (usage, try, blank, error) as one

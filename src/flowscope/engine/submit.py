@@ -15,8 +15,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..errors import WorkflowError, redact_message
+from ..errors import OutputNotSerializableError, WorkflowError, redact_message
 from ..events import Event, NodeErrorEvent, NodeStarted, RunFinished, RunStarted, RunSubmitted
+from ..jsontext import lone_surrogate
 from ..store.base import EventStore
 from .graph import MAX_NODE_NAME, MAX_SESSION_ID, check_name
 from .ids import new_id
@@ -49,8 +50,15 @@ def check_workflow_name(value: object) -> str:
 
 def check_input(value: Any, what: str = "the run input") -> Any:
     """The run input as the store keeps it (JSON data), or ``OutputNotSerializableError``:
-    NaN, ±Infinity, a non-str key, an object JSON cannot hold."""
-    return json_value(value, what)
+    NaN, ±Infinity, a non-str key, an object JSON cannot hold, a string that is not
+    Unicode text (a lone surrogate: :func:`~flowscope.jsontext.lone_surrogate`)."""
+    out = json_value(value, what)
+    bad = lone_surrogate(out)
+    if bad is not None:
+        raise OutputNotSerializableError(
+            f"{what} holds {ascii(bad)[:60]}, a lone surrogate: not Unicode text; give valid text"
+        )
+    return out
 
 
 def submit_run(store: EventStore, workflow: str, input: Any = None, session_id: str | None = None) -> str:
