@@ -35,6 +35,7 @@ __all__ = [
     "StoreCorrupt",
     "NotAFlowscopeDatabase",
     "StoreSchemaTooNew",
+    "StoreSchemaTooOld",
     "StoreNotWritable",
     "StoreReadOnly",
     "StoreDiskFull",
@@ -146,6 +147,11 @@ class NotAFlowscopeDatabase(StoreError):
 
 class StoreSchemaTooNew(StoreError):
     """The database was migrated by a newer flowscope; upgrade this one before using it."""
+
+
+class StoreSchemaTooOld(StoreError):
+    """The database has an older schema and was opened read-only, which cannot migrate it:
+    the first writable open does (a worker, a ``Runner``, a command that writes)."""
 
 
 class StoreNotWritable(StoreError):

@@ -250,3 +250,20 @@ def _plan(db_path, sql: str) -> str:
 def test_the_open_run_summary_asks_whether_each_owner_is_alive_once(db_path, monkeypatch):
     with SqliteEventStore(db_path) as store:
         summary_asks_each_owner_once(store, monkeypatch)
+
+
+def test_a_read_only_open_of_an_older_schema_says_a_writing_command_migrates_it(db_path):
+    from click.testing import CliRunner
+
+    from flowscope.cli import cli
+    from flowscope.errors import StoreSchemaTooOld
+
+    make_schema_2_file(db_path)
+    with pytest.raises(StoreSchemaTooOld, match="schema 2; this version uses schema 6"):
+        SqliteEventStore(db_path, readonly=True)
+    r = CliRunner().invoke(cli, ["--db", str(db_path), "runs"], catch_exceptions=False)
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "run a command that writes to it once" in r.output and "permissions" not in r.output, r.output
+    assert "readonly" not in r.output  # the API's word, not the CLI user's
+    with SqliteEventStore(db_path) as store:  # a writable open migrates it
+        assert store.schema_version == 6

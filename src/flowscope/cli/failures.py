@@ -24,6 +24,7 @@ from ..errors import (
     StoreLocked,
     StoreReadOnly,
     StoreSchemaTooNew,
+    StoreSchemaTooOld,
     StoreUnavailable,
     UnknownSessionError,
     classify,
@@ -82,6 +83,8 @@ STORE_ERROR_ADVICE: dict[type[StoreError], str] = {
     StoreCorrupt: "restore it from a backup (or try `sqlite3 {db} .recover`)",
     NotAFlowscopeDatabase: DB_HINT,
     StoreSchemaTooNew: "upgrade flowscope (pip install -U flowscope) to use this database",
+    StoreSchemaTooOld: "run a command that writes to it once (flowscope worker, start or resume) to migrate it, "
+    "after upgrading every worker that uses it (docs/scaling.md)",
     StoreReadOnly: "check the permissions of the file and its folder (SQLite writes -wal and -shm files beside it)",
     StoreDiskFull: "free disk space, then run the command again (flowscope resume continues a session)",
     StoreUnavailable: DB_HINT,

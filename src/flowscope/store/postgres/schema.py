@@ -39,7 +39,13 @@ from typing import Any
 
 import psycopg
 
-from ...errors import NotAFlowscopeDatabase, StoreCorrupt, StoreReadOnly, StoreSchemaTooNew, StoreUnavailable
+from ...errors import (
+    NotAFlowscopeDatabase,
+    StoreCorrupt,
+    StoreSchemaTooNew,
+    StoreSchemaTooOld,
+    StoreUnavailable,
+)
 from ..projection_sql import NODE_STATE_COLUMNS, OPEN_WHERE
 
 __all__ = [
@@ -211,9 +217,9 @@ def ensure_schema(conn: psycopg.Connection[Any], where: str, schema: str, readon
             raise StoreUnavailable(
                 f"PostgreSQL at {where} has no flowscope tables yet: start a worker or run something first"
             )
-        raise StoreReadOnly(
-            f"PostgreSQL at {where} has flowscope schema {version}; this version uses schema {DB_SCHEMA_VERSION}: "
-            "open it once without readonly to migrate it"
+        raise StoreSchemaTooOld(
+            f"PostgreSQL at {where} has flowscope schema {version}; this version uses schema {DB_SCHEMA_VERSION}, "
+            "and a read-only open cannot migrate it"
         )
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (MIGRATION_LOCK, schema))

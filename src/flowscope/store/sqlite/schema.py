@@ -48,8 +48,8 @@ from ...errors import (
     NotAFlowscopeDatabase,
     StoreCorrupt,
     StoreError,
-    StoreReadOnly,
     StoreSchemaTooNew,
+    StoreSchemaTooOld,
     StoreUnavailable,
 )
 from ..projection_sql import NODE_STATE_COLUMNS, open_where
@@ -352,9 +352,9 @@ def ensure_schema(
     if version == DB_SCHEMA_VERSION:
         return
     if readonly:
-        raise StoreReadOnly(
-            f"{path} has flowscope schema {version}; this version uses schema {DB_SCHEMA_VERSION}: "
-            "open it once without readonly to migrate it"
+        raise StoreSchemaTooOld(
+            f"{path} has flowscope schema {version}; this version uses schema {DB_SCHEMA_VERSION}, "
+            "and a read-only open cannot migrate it"
         )
     conn.execute("BEGIN IMMEDIATE")
     try:
