@@ -270,7 +270,15 @@ async def test_exception_whose_error_code_raises_is_unknown_error_at_its_own_pat
 
 # -- names and ids -------------------------------------------------------------------------------
 
-BAD_IDS = ["bad\ud800id", "nul\x00id", "x" * 257, "tab\tid", 42]
+BAD_IDS = [
+    "bad\ud800id",
+    "nul\x00id",
+    "x" * 257,
+    "tab\tid",
+    42,
+    ".",
+    "..",
+]  # "." and "..": steps of a URL path
 
 
 @pytest.mark.parametrize("sid", BAD_IDS)

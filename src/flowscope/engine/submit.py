@@ -38,8 +38,14 @@ CANNOT_RUN = "SESSION_CANNOT_RUN"
 
 def check_session_id(value: object) -> str:
     """``value`` if it can be a session id everywhere (a str of 1 to ``MAX_SESSION_ID``
-    characters, valid UTF-8, no control character), else ``ValueError`` saying why."""
-    return check_name(value, "session id", MAX_SESSION_ID)
+    characters, valid UTF-8, no control character, not ``.`` or ``..``, which every URL,
+    the console's included, reads as a step of its path), else ``ValueError`` saying why."""
+    sid = check_name(value, "session id", MAX_SESSION_ID)
+    if sid in (".", ".."):
+        raise ValueError(
+            f"session id {sid!r} is a step of a URL's path, which the console cannot open: give another"
+        )
+    return sid
 
 
 def check_workflow_name(value: object) -> str:
