@@ -25,7 +25,7 @@ from .errors import ResumeError
 from .ownership import Owner
 from .store.base import EventStore
 
-__all__ = ["answer", "AnswerReceipt"]
+__all__ = ["answer", "check_answer", "AnswerReceipt"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,18 +66,38 @@ def answer(
     (:attr:`AnswerReceipt.pending`), which takes them in at its next pause or the next
     owner when it takes the session.
     """
-    check_session_id(session_id)  # the check start, submit and resume apply
     inputs = dict(inputs or {})
     jobs = dict(jobs or {})
+    ws, body = _checked(store, session_id, inputs, jobs)
+    done = deliver(store, ws, "answer", body)
+    return AnswerReceipt(session_id, ws.workflow, tuple(inputs), tuple(jobs), done.last_seq, done.owner)
+
+
+def check_answer(
+    store: EventStore,
+    session_id: str,
+    inputs: Mapping[str, Any] | None = None,
+    jobs: Mapping[str, Any] | None = None,
+) -> None:
+    """Raise what :func:`answer` would raise for these answers, sending nothing: a dry run
+    (the console's form checks an answer with it before asking to confirm)."""
+    _checked(store, session_id, dict(inputs or {}), dict(jobs or {}))
+
+
+def _checked(
+    store: EventStore, session_id: str, inputs: dict[str, Any], jobs: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
+    """The session's state and the message body, once every check :func:`answer` makes has
+    passed: a clear error before anything is sent."""
+    check_session_id(session_id)  # the check start, submit and resume apply
     ws = load(store, session_id)
     if ws.status in FINISHED:
         raise ResumeError(f"session {session_id!r} has {ws.status}; it takes no more answers")
     if not inputs and not jobs:
         raise ResumeError(f"nothing to answer for session {session_id!r}: give inputs or jobs")
-    validate_answers(ws, inputs, jobs)  # a clear error now, before anything is sent
+    validate_answers(ws, inputs, jobs)
     _not_sent_already(store, session_id, inputs, jobs)
-    done = deliver(store, ws, "answer", answer_body(inputs, jobs))
-    return AnswerReceipt(session_id, ws.workflow, tuple(inputs), tuple(jobs), done.last_seq, done.owner)
+    return ws, answer_body(inputs, jobs)
 
 
 def _not_sent_already(

@@ -268,6 +268,12 @@ def test_answers_are_validated_before_anything_is_recorded(fresh):
     bad = c.post(url, json={"inputs": {"nope": True}})
     assert bad.status_code == 409 and "no open input request 'nope'" in bad.json()["error"]
     assert c.post(url, json={"inputs": {"approval": True}, "dry_run": True}).json()["valid"] is True
+    for body in (
+        b'{"dry_run": true}',
+        b'{"inputs": {"approval": "\\ud800"}, "dry_run": true}',
+    ):  # as the answer
+        refused = c.post(url, content=body, headers={"content-type": "application/json"})
+        assert refused.status_code in (400, 409) and "valid" not in refused.json(), refused.text
     assert c.post(url, json="not an object").status_code == 400
     nan = c.post(url, content=b'{"inputs": {"approval": NaN}}', headers={"content-type": "application/json"})
     assert nan.status_code == 400 and "JSON" in nan.json()["error"], nan.text  # no value JSON cannot hold

@@ -31,11 +31,11 @@ from ..actions import ActionReceipt
 from ..actions import cancel as cancel_action
 from ..actions import retry as retry_action
 from ..answers import answer as answer_action
+from ..answers import check_answer
 from ..cli import views
 from ..cli.failures import one_line
 from ..cli.history import EVENT_KEYS
 from ..cli.session_ops import SELECTABLE_STATES, select_sessions
-from ..engine.pauses import validate_answers
 from ..errors import (
     OutputNotSerializableError,
     ResumeError,
@@ -322,12 +322,8 @@ def create_app(config: ConsoleConfig) -> Starlette:
             *[a for k, v in inputs.items() for a in ("--input", f"{k}={json.dumps(v)}")],
             *[a for k, v in jobs.items() for a in ("--job", f"{k}={json.dumps(v)}")],
         )
-        if data.get("dry_run"):
-
-            def check() -> None:
-                validate_answers(rebuild(store.read(sid) or _unknown(sid)), inputs, jobs)
-
-            await call(check)
+        if data.get("dry_run"):  # every check the answer makes, nothing sent
+            await call(check_answer, store, sid, inputs=inputs, jobs=jobs)
             return JSONResponse({"valid": True, "command": command})
         r = await call(answer_action, store, sid, inputs=inputs, jobs=jobs)
         feed.changed()
@@ -456,10 +452,6 @@ async def _not_found(request: Request, _exc: Exception) -> Response:
             {"error": f"no such API route: {request.method} {request.url.path}"}, status_code=404
         )
     return PlainTextResponse("Not Found", status_code=404)
-
-
-def _unknown(sid: str) -> Any:
-    raise UnknownSessionError(f"no session {sid!r} in the store")
 
 
 async def _changes(feed: ChangeFeed, interval: float, call: Callable[..., Awaitable[Any]]) -> Any:
