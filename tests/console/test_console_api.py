@@ -275,6 +275,8 @@ def test_answers_are_validated_before_anything_is_recorded(fresh):
         refused = c.post(url, content=body, headers={"content-type": "application/json"})
         assert refused.status_code in (400, 409) and "valid" not in refused.json(), refused.text
     assert c.post(url, json="not an object").status_code == 400
+    huge = c.post(url, json={"inputs": {"approval": "x" * (2 << 20)}})  # read no further than its first MiB
+    assert huge.status_code == 413 and "flowscope resume --input" in huge.json()["error"], huge.text
     nan = c.post(url, content=b'{"inputs": {"approval": NaN}}', headers={"content-type": "application/json"})
     assert nan.status_code == 400 and "JSON" in nan.json()["error"], nan.text  # no value JSON cannot hold
     assert statuses(fresh)[APPROVAL_SESSION] == "paused"

@@ -61,12 +61,22 @@ log = logging.getLogger("flowscope.console")
 PAGES = ("/", "/sessions/{session_id:path}", "/stuck", "/audit")
 
 
+#: The largest request body a write takes: an answer a person types, with room to spare.
+MAX_BODY_BYTES = 1 << 20
+
+
+class BodyTooLarge(ValueError):
+    """A request's body over :data:`MAX_BODY_BYTES` (413): read no further, record nothing."""
+
+
 def _error(exc: Exception, request: Request) -> JSONResponse:
     """An exception as the CLI's one line, with a status: 404 unknown, 409 refused, 400 bad
     input, 503 a store fault; anything else is a defect: a JSON 500 that names only its
     type, the line in the console's log (never a traceback, never its message to the page)."""
     if isinstance(exc, UnknownSessionError):
         status = 404
+    elif isinstance(exc, BodyTooLarge):
+        status = 413
     elif isinstance(exc, StoreReadOnly):
         status = 403
     elif isinstance(exc, ResumeError):
@@ -274,8 +284,16 @@ def create_app(config: ConsoleConfig) -> Starlette:
     # ------------------------------------------------------------------ writes
 
     async def body(request: Request) -> dict[str, Any]:
+        raw = bytearray()
+        async for chunk in request.stream():  # counted as it comes: a length header may lie or be absent
+            raw += chunk
+            if len(raw) > MAX_BODY_BYTES:
+                raise BodyTooLarge(
+                    f"the request's body is over {MAX_BODY_BYTES >> 20} MiB: give a large value with "
+                    "flowscope resume --input ID=JSON (or --job), which takes it from the command line"
+                )
         try:
-            data = await request.json()
+            data = json.loads(raw)
         except RecursionError:  # Python's JSON reader recurses once per level
             raise ValueError(too_deep("the request's body")) from None
         except ValueError:
