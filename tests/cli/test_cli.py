@@ -8,6 +8,7 @@ import functools
 import io
 import json
 import re
+import shlex
 import signal
 import socket
 import sqlite3
@@ -742,7 +743,8 @@ def test_stuck_classifies_waiting_input_waiting_job_and_overdue(tmp_path):
     by_session = {r["session_id"]: r for r in rows}
     assert set(by_session) == {"s-input", "s-job", "s-late"}
     assert (by_session["s-input"]["state"], by_session["s-input"]["waiting_on"]) == ("waiting_input", ["go"])
-    assert by_session["s-input"]["action"] == "flowscope resume s-input --input 'go=JSON'"
+    prefix = f"flowscope --db {shlex.quote(str(db))}"  # the database the hint was printed for
+    assert by_session["s-input"]["action"] == f"{prefix} resume s-input --input 'go=JSON'"
     assert (
         by_session["s-job"]["state"] == "waiting_job" and by_session["s-job"]["job_deadline_at"] is not None
     )
@@ -754,7 +756,7 @@ def test_stuck_classifies_waiting_input_waiting_job_and_overdue(tmp_path):
     )
     assert [r["session_id"] for r in only] == ["s-late"]
     table = invoke("--db", str(db), "show", "s-input").stdout
-    assert "WAITING for go" in table and "flowscope resume s-input --input 'go=JSON'" in table
+    assert "WAITING for go" in table and f"{prefix} resume s-input --input 'go=JSON'" in table
 
 
 def test_parse_duration():

@@ -1,16 +1,21 @@
 """Bulk operator actions: ``retry`` and ``cancel`` over the sessions that ``--workflow``,
 ``--state`` and ``--older-than`` select, listed by ``--dry-run``, carried out with
-``--yes`` and refused (exit 2, nothing changed) without it."""
+``--yes`` and refused (exit 2, nothing changed) without it. A dry run (of one SESSION too,
+for ``resume``, ``retry`` and ``cancel`` alike) says what the action would do: the
+sessions it would refuse are named with its reason, and a refused SESSION exits 2 as the
+action does."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from flowscope import START, Runner, Workflow, node
 from flowscope.cli import cli
+from flowscope.ownership import this_process
 from flowscope.store import SqliteEventStore
 
 
@@ -47,6 +52,22 @@ def run(db: Path, *args: str):
 def statuses(db: Path) -> dict[str, str]:
     with SqliteEventStore(db, readonly=True) as store:
         return {s.session_id: s.status for s in store.sessions()}
+
+
+def logs(db: Path) -> dict[str, int]:
+    """Each session's last event number: what a dry run must leave as it found it."""
+    with SqliteEventStore(db, readonly=True) as store:
+        return {s.session_id: s.last_seq for s in store.sessions()}
+
+
+def refusals(output: str, said: str) -> dict[str, str]:
+    """``{SID: why}`` of the lines ``{said} SID: why`` (``skipped``, ``would skip``)."""
+    out = {}
+    for line in output.splitlines():
+        if line.startswith(said + " "):
+            sid, _, why = line[len(said) + 1 :].partition(": ")
+            out[sid] = why
+    return out
 
 
 def test_a_bulk_action_lists_with_dry_run_and_needs_yes_to_act(tmp_path):
@@ -98,3 +119,78 @@ def test_a_bulk_resume_answers_every_selected_session_and_skips_the_ones_it_cann
     assert again.exit_code == 0 and again.output.count("skipped p") == 3, again.output
     both = run(db, "resume", "p0", "--state", "paused")
     assert both.exit_code == 2 and "not both" in both.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["cancel", "f0"],  # failed: over already
+        ["cancel", "no-such-session"],
+        ["retry", "p0"],  # paused, not failed
+        ["retry", "no-such-session"],
+        ["resume", "p0"],  # paused, and no answer given
+        ["resume", "p0", "--input", "nope=true"],  # no such request
+    ],
+)
+def test_a_dry_run_of_a_session_the_action_refuses_says_why_and_exits_as_the_action_does(tmp_path, args):
+    db = _db(tmp_path)
+    before = logs(db)
+    dry = run(db, *args, "--dry-run")
+    assert logs(db) == before  # nothing written
+    real = run(db, *args)
+    assert real.exit_code == 2 and logs(db) == before
+    assert dry.exit_code == real.exit_code, dry.output
+    [line] = dry.output.strip().splitlines()
+    why = real.output.strip().removeprefix("flowscope: error: ")
+    assert line == f"flowscope: error: would skip {args[1]}: {why}"
+
+
+def test_a_bulk_dry_run_lists_only_what_the_action_takes_and_skips_the_rest_with_its_reasons(tmp_path):
+    db = _db(tmp_path)
+    before = logs(db)
+    dry = run(db, "cancel", "--older-than", "0s", "--dry-run")
+    assert dry.exit_code == 0 and logs(db) == before
+    assert "would cancel 3 session(s):" in dry.output
+    assert all(f"  p{i}  asking  paused" in dry.output for i in range(3)), dry.output
+    done = run(db, "cancel", "--older-than", "0s", "--yes")
+    assert done.exit_code == 0 and done.output.count("cancelled p") == 3
+    assert refusals(dry.output, "would skip") == refusals(done.output, "skipped")
+    assert sorted(refusals(dry.output, "would skip")) == ["f0", "f1", "f2"]
+    dry = run(db, "retry", "--state", "cancelled", "--dry-run")  # the action's own check: for good
+    assert dry.exit_code == 0 and "would retry 0 session(s)" in dry.output
+    assert all("over for good" in why for why in refusals(dry.output, "would skip").values())
+
+
+def test_a_dry_run_of_a_session_the_action_takes_says_so_and_changes_nothing(tmp_path):
+    db = _db(tmp_path)
+    before, states = logs(db), statuses(db)
+    for args, said in (
+        (["cancel", "p0"], "would cancel 1 session(s):\n  p0  asking  paused"),
+        (["retry", "f0"], "would retry 1 session(s):\n  f0  failing  failed"),
+        (["resume", "p0", "--input", "go=true"], "would resume 1 session(s):\n  p0  asking  paused"),
+        (
+            ["resume", "f0", "--workflow", "test_cli_actions:failing"],
+            "would resume 1 session(s):\n  f0  failing",
+        ),
+    ):
+        dry = run(db, *args, "--dry-run")
+        assert dry.exit_code == 0 and dry.output.startswith(said), (args, dry.output)
+    assert logs(db) == before and statuses(db) == states
+
+
+def test_a_dry_run_of_a_resume_a_live_owner_refuses_gives_the_stores_refusal(tmp_path):
+    db = _db(tmp_path)
+    with SqliteEventStore(db) as store:
+        for sid in ("f0", "p0"):
+            store.acquire(sid, this_process("w-live"), 600.0)  # this process: alive
+        spec = ("--workflow", "test_cli_actions:failing")
+        dry = run(db, "resume", "f0", *spec, "--dry-run")
+        assert dry.exit_code == 2 and "is owned by w-live" in dry.output, dry.output
+        real = run(db, "resume", "f0", *spec)
+        assert real.exit_code == 2 and "is owned by w-live" in real.output
+        forced = run(db, "resume", "f0", *spec, "--force", "--dry-run")
+        assert forced.exit_code == 0 and "would resume 1 session(s)" in forced.output
+        dry = run(db, "cancel", "p0", "--dry-run")  # a live owner is asked to stop it: taken
+        assert dry.exit_code == 0 and "would cancel 1 session(s)" in dry.output, dry.output
+        asked = run(db, "cancel", "p0")
+        assert asked.exit_code == 0 and "asked w-live" in asked.output

@@ -112,9 +112,10 @@ def test_a_pipe_without_columns_gets_every_cell_whole(wide_db):
 
 
 def _pasted(line: str, option: str) -> object:
-    """The value a printed ``flowscope resume ... OPTION 'ID=VALUE'`` hint gives, parsed as
-    a shell (shlex) and then as JSON, as the command itself would."""
-    words = shlex.split(line[line.index("flowscope resume") :])
+    """The value a printed ``flowscope [--db DB] resume ... OPTION 'ID=VALUE'`` hint gives,
+    parsed as a shell (shlex) and then as JSON, as the command itself would."""
+    words = shlex.split(line[line.index("flowscope ") :])
+    assert "resume" in words, line
     _id, _, value = words[words.index(option) + 1].partition("=")
     return json.loads(value)
 
@@ -140,9 +141,10 @@ def test_every_printed_job_hint_is_valid_shell_and_json(tmp_path, monkeypatch):
     for hint in hints:
         result = _pasted(hint, "--job")
         assert result == {"success": True, "count": 1, "data": {}}, hint
-    # pasted as printed, the hint reports the job
-    words = shlex.split(hints[0][hints[0].index("flowscope resume") :])
-    done = invoke("--db", db, *words[1:], "--workflow", f"{module}:ask_then_job")
+    # pasted as printed (its --db included), the hint reports the job
+    words = shlex.split(hints[0][hints[0].index("flowscope ") :])
+    assert words[1:3] == ["--db", db], words
+    done = invoke(*words[1:], "--workflow", f"{module}:ask_then_job")
     assert done.exit_code == 0 and "completed" in done.stdout, done.output
 
 

@@ -101,7 +101,8 @@ def test_stuck_lists_queued_sessions_older_than_the_threshold(tmp_path):
     assert result.exit_code == 1
     (row,) = json.loads(result.stdout)
     assert (row["session_id"], row["state"], row["status"]) == ("q-1", "queued", "queued")
-    assert row["action"] == "no live worker serves 'nobody_serves': flowscope worker MODULE:ATTR"
+    # a worker of this database: a bare `flowscope worker` would serve ./flowscope.db
+    assert row["action"] == f"no live worker serves 'nobody_serves': flowscope --db {db} worker MODULE:ATTR"
     assert (
         json.loads(
             invoke(

@@ -42,7 +42,7 @@ def test_a_dead_owner_is_orphaned_at_once_and_every_listing_names_the_owner(tmp_
             0,
             epoch=live.epoch,
         )
-        rows = {r["session_id"]: r for r in views.stuck_rows(store, 0.0, 60.0, now=now)}
+        rows = {r["session_id"]: r for r in views.stuck_rows(store, 0.0, 60.0, now=now, prefix="flowscope")}
         assert rows["dead"]["state"] == "orphaned"  # a fresh heartbeat, a current lease: its process is gone
         assert rows["dead"]["action"] == "flowscope resume dead"  # no --force needed
         assert rows["dead"]["owner"] == {
@@ -90,8 +90,8 @@ def test_sessions_without_an_owner_keep_the_heartbeat_rule(tmp_path):
             ],
             0,
         )
-        [row] = views.stuck_rows(store, 0.0, 60.0, now=1000.0)
+        [row] = views.stuck_rows(store, 0.0, 60.0, now=1000.0, prefix="flowscope")
         assert (row["state"], row["owner"]) == ("orphaned", None)
-        [row] = views.stuck_rows(store, 0.0, 600.0, now=1000.0)
+        [row] = views.stuck_rows(store, 0.0, 600.0, now=1000.0, prefix="flowscope")
         assert row["state"] == "running"
         assert views.runs_rows(store)[0]["owner"] is None

@@ -27,6 +27,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from console_workflows import APPROVAL_SESSION, FAILED_SESSION, PAUSED_SESSION, make_operator_sessions  # noqa: E402
 from flowscope.cli import cli  # noqa: E402
+from flowscope.cli.app import command_prefix  # noqa: E402
 from flowscope.cli.waterfall import Axis, waterfall_layout  # noqa: E402
 from flowscope.console.app import ConsoleConfig, create_app  # noqa: E402
 from flowscope.console.live import ChangeFeed  # noqa: E402
@@ -75,7 +76,7 @@ def statuses(path: Path) -> dict[str, str]:
 
 
 def test_api_rows_are_the_cli_json_rows_for_the_same_store(db):
-    c, _ = client(db)
+    c, _ = client(db, prefix=command_prefix(str(db)))  # as flowscope ui --db sets it
     assert c.get("/api/sessions", params={"limit": 500}).json() == cli_json(db, "runs", "--limit", "0")
     for sid in (APPROVAL_SESSION, FAILED_SESSION):
         assert c.get(f"/api/sessions/{sid}").json() == cli_json(db, "show", sid)
@@ -615,7 +616,8 @@ def test_the_session_page_is_given_what_stuck_says_its_status_hides(fresh):
     with SqliteEventStore(fresh) as store:
         job = make_overdue_session(store)
         _orphaned_session(store, "ops-orphan")
-    c, _ = client(fresh)
+    prefix = command_prefix(str(fresh))  # as flowscope ui --db sets it: every command names the database
+    c, _ = client(fresh, prefix=prefix)
     moving = ("age_s", "heartbeat_age_s")
     for sid, state in ((OVERDUE_SESSION, "overdue"), ("ops-orphan", "orphaned")):
         w = c.get(f"/api/sessions/{sid}/waterfall").json()
@@ -627,11 +629,11 @@ def test_the_session_page_is_given_what_stuck_says_its_status_hides(fresh):
     overdue = c.get(f"/api/sessions/{OVERDUE_SESSION}/waterfall").json()
     assert overdue["status"] == "paused" and overdue["waiting"][0]["job_id"] == job
     assert overdue["stuck"][0]["waiting_on"] == [job]
-    assert overdue["stuck"][0]["action"].startswith(f"flowscope resume {OVERDUE_SESSION} --job '{job}=")
+    assert overdue["stuck"][0]["action"].startswith(f"{prefix} resume {OVERDUE_SESSION} --job '{job}=")
     orphan = c.get("/api/sessions/ops-orphan/waterfall").json()
     assert orphan["status"] == "running" and orphan["session"]["owner"]["alive"] is False
     assert [(r["path"], r["action"]) for r in orphan["stuck"]] == [
-        ("shop@1/charge@1", "flowscope resume ops-orphan")  # the innermost run, as stuck lists it
+        ("shop@1/charge@1", f"{prefix} resume ops-orphan")  # the innermost run, as stuck lists it
     ]
     assert c.get(f"/api/sessions/{APPROVAL_SESSION}/waterfall").json()["stuck"] == []  # waiting, not stuck
 

@@ -36,6 +36,7 @@ from console_workflows import (
     make_big_session,
     make_operator_sessions,
 )
+from flowscope.cli.app import command_prefix
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -53,6 +54,7 @@ class Console:
     """A ``flowscope ui`` process: its URL (with the token) and its base."""
 
     def __init__(self, db: str, logs: Path, *extra: str) -> None:
+        self.db = db  # what every command the console shows names (command_prefix)
         self.log = logs / "ui.stderr"
         with open(self.log, "w") as err:  # a file, not a pipe nobody reads: a full pipe blocks the process
             self.proc = start_cli("ui", "--db", db, "--port", "0", *extra, env=_env(), stderr=err)
@@ -221,7 +223,7 @@ async def test_the_demo_sessions_list_filters_and_the_waterfall_draws_every_path
 
     await p.open(f"{console.base}/stuck")  # the rows of `flowscope stuck`, each with its fix
     fixes = await p.page.locator("#stuck code.cmd").all_inner_texts()
-    assert f"flowscope resume {APPROVAL_SESSION} --input 'approval=JSON'" in fixes
+    assert f"{command_prefix(str(demo_db))} resume {APPROVAL_SESSION} --input 'approval=JSON'" in fixes
     await p.open(f"{console.base}/audit")
     assert await p.page.locator("#audit tbody tr").count() > 5
     assert p.errors == []
@@ -237,7 +239,10 @@ async def test_a_session_page_shows_what_stuck_says_its_status_hides(browser, co
 
     for _ in range(150):  # the lost job's deadline is the demo's --stale-after (5 s) after it
         with SqliteEventStore(demo_db, readonly=True) as store:
-            rows = {r["session_id"].rsplit("-", 1)[1]: r for r in views.stuck_rows(store, 0.0, 60.0)}
+            rows = {
+                r["session_id"].rsplit("-", 1)[1]: r
+                for r in views.stuck_rows(store, 0.0, 60.0, prefix=command_prefix(str(demo_db)))
+            }
         if rows.get("lost", {}).get("state") == "overdue":
             break
         await asyncio.sleep(0.1)
@@ -298,7 +303,7 @@ async def test_answering_the_approval_from_the_page_lets_a_worker_complete_the_s
     await p.page.wait_for_selector("#confirm[open]")
     assert (
         await p.page.locator("#confirm-cmd").inner_text()
-        == f"flowscope resume {APPROVAL_SESSION} --input approval=true"
+        == f"{command_prefix(console.db)} resume {APPROVAL_SESSION} --input approval=true"
     )
     await p.page.click("#confirm-yes")
     await status_of(p, "completed")  # answered, then the worker ran it: the page followed live
@@ -313,7 +318,7 @@ async def test_retry_and_cancel_through_the_buttons(browser, console):
     await p.page.fill("#confirm-reason", "fixed the export")
     assert (
         await p.page.locator("#confirm-cmd").inner_text()
-        == f"flowscope retry {FAILED_SESSION} --reason 'fixed the export'"
+        == f"{command_prefix(console.db)} retry {FAILED_SESSION} --reason 'fixed the export'"
     )
     await p.page.click("#confirm-yes")
     await status_of(p, "queued", timeout=10)

@@ -3,7 +3,9 @@
 Each is a message through the session's inbox (:mod:`flowscope.actions`), carried out
 by the live owner or the next one, so no action appends under a running worker's feet.
 Given no SESSION, both act on every session the filters select (``--workflow``,
-``--state``, ``--older-than``): ``--dry-run`` lists them, ``--yes`` acts on them.
+``--state``, ``--older-than``): ``--dry-run`` lists them, ``--yes`` acts on them. A dry
+run (of SESSION too) runs the action on a :class:`~.session_ops.DryRunStore`: it says
+which sessions the action would take and which it would refuse, and why.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from .render import fmt_time
 from .session_ops import (
     CANCEL_REASON,
     SELECTABLE_STATES,
+    DryRunStore,
     SessionFinished,
+    WouldAct,
     cancel_session,
     live_owner,
     select_sessions,
@@ -53,7 +57,11 @@ def bulk_options(fn: Any) -> Any:
                 default=None,
                 help="Without SESSION: only sessions last updated this long ago (e.g. 10m).",
             ),
-            click.option("--dry-run", is_flag=True, help="List what would change; change nothing."),
+            click.option(
+                "--dry-run",
+                is_flag=True,
+                help="Say what would change (and what would be refused, and why); change nothing.",
+            ),
             click.option(
                 "--yes", is_flag=True, help="Without SESSION: act on every session the filters select."
             ),
@@ -91,7 +99,7 @@ def _targets(
 def for_each_target(
     store: Any,
     session: str | None,
-    act: Callable[[str], None],
+    act: Callable[[Any, str], None],
     action: str,
     *,
     workflow: str | None,
@@ -100,18 +108,15 @@ def for_each_target(
     dry_run: bool,
     yes: bool,
 ) -> None:
-    """Run ``act`` on SESSION, or on every session the filters select: ``--dry-run`` lists
-    them, ``--yes`` acts (without it the count is said, exit 2). In a bulk action a session
-    that cannot take it (``act`` raised a :class:`CliError`) is skipped with one line."""
+    """Run ``act(store, sid)`` on SESSION, or on every session the filters select:
+    ``--dry-run`` says what it would do (:func:`_dry_run_targets`), ``--yes`` acts (without it the
+    count is said, exit 2). In a bulk action a session that cannot take it (``act`` raised
+    a :class:`CliError`) is skipped with one line."""
     sids = _targets(store, session, workflow, state, older_than, action)
     if sids is None:
         return
     if dry_run:
-        click.echo(f"would {action} {len(sids)} session(s):")
-        for sid in sids:
-            info = store.session_info(sid)
-            if info is not None:
-                click.echo(f"  {sid}  {info.workflow}  {info.status}  updated {fmt_time(info.updated_at)}")
+        _dry_run_targets(store, session, sids, act, action)
         return
     if session is None and not yes:
         raise CliError(
@@ -119,11 +124,41 @@ def for_each_target(
         )
     for sid in sids:
         try:
-            act(sid)
+            act(store, sid)
         except CliError as exc:
             if session is not None:
                 raise
             click.echo(f"skipped {sid}: {exc.message}")
+
+
+def _dry_run_targets(
+    store: Any, session: str | None, sids: list[str], act: Callable[[Any, str], None], action: str
+) -> None:
+    """``--dry-run``: ``act`` on each of ``sids`` against a :class:`DryRunStore`, which
+    stops it at its first write, so the action's own checks say which it would take. Those
+    are listed; each one it refuses is a ``would skip SID: why`` line, as the action's
+    ``skipped SID: why``. A refused SESSION given alone is an error (exit 2), as the action
+    is; any other error of the action's is raised as the action raises it."""
+    would: list[str] = []
+    refused: list[tuple[str, str]] = []
+    for sid in sids:
+        try:
+            act(DryRunStore(store), sid)
+        except WouldAct:
+            pass
+        except CliError as exc:
+            if session is not None:
+                raise CliError(f"would skip {sid}: {exc.message}") from None
+            refused.append((sid, exc.message))
+            continue
+        would.append(sid)  # it wrote nothing, or was stopped at its first write
+    click.echo(f"would {action} {len(would)} session(s)" + (":" if would else ""))
+    for sid in would:
+        info = store.session_info(sid)
+        if info is not None:
+            click.echo(f"  {sid}  {info.workflow}  {info.status}  updated {fmt_time(info.updated_at)}")
+    for sid, why in refused:
+        click.echo(f"would skip {sid}: {why}")
 
 
 def _said_retry(store: Any, receipt: ActionReceipt, from_path: str | None) -> str:
@@ -166,14 +201,14 @@ def retry(
     records who asked and why (--reason). Exit 0 when queued (or sent to its live owner), 2
     when the session cannot be retried.
     """
-    store = open_store(db, write=True)
+    store = open_store(db, write=not dry_run)  # a dry run writes nothing
 
-    def one(sid: str) -> None:
+    def one(target: Any, sid: str) -> None:
         try:
-            receipt = retry_action(store, sid, from_path=from_path, reason=reason)
+            receipt = retry_action(target, sid, from_path=from_path, reason=reason)
         except (ResumeError, UnknownSessionError) as exc:
             raise CliError(str(exc)) from None
-        click.echo(_said_retry(store, receipt, from_path))
+        click.echo(_said_retry(target, receipt, from_path))
 
     with store:
         for_each_target(
@@ -224,12 +259,12 @@ def cancel(
     you know is dead instead.
     """
     text = " ".join(reason.split()) or CANCEL_REASON
-    store = open_store(db, write=True)
+    store = open_store(db, write=not dry_run)  # a dry run writes nothing
     with store:
         for_each_target(
             store,
             session,
-            lambda sid: _cancel_one(store, sid, text, force),
+            lambda target, sid: _cancel_one(target, sid, text, force),
             "cancel",
             workflow=workflow,
             state=state,

@@ -115,8 +115,9 @@ class DemoStopped(KeyboardInterrupt):
     paused. A KeyboardInterrupt, so the driver's handler of node failures lets it through."""
 
 
-def _asking(ask: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``ask`` with Ctrl-C and Ctrl-D meaning "stop the demo" on the first press.
+def _asking(ask: Callable[[Any], Any], prefix: str) -> Callable[[Any], Any]:
+    """``ask`` with Ctrl-C and Ctrl-D meaning "stop the demo" on the first press; the line
+    that says so names the commands to go on with after ``prefix`` (the demo's database).
 
     The prompt runs inside ``asyncio.run``, whose SIGINT handler only cancels the main
     task on a first Ctrl-C (unseen while blocked in input()); the default handler is put
@@ -134,7 +135,8 @@ def _asking(ask: Callable[[Any], Any]) -> Callable[[Any], Any]:
             click.echo("")
             click.echo(
                 click.style(f"stopped at the prompt: session {request.session_id} stays paused", fg="yellow")
-                + f" (flowscope show {request.session_id}; {views.input_hint(request.session_id, request.interrupt_id, request.payload)})",
+                + f" ({prefix} show {request.session_id}; "
+                + f"{views.input_hint(request.session_id, request.interrupt_id, request.payload, prefix=prefix)})",
                 err=True,
             )
             raise DemoStopped() from None
@@ -217,8 +219,8 @@ def run_demo(
             store,
             plugins,
             echo=click.echo,
-            ask_approval=_asking(_ask_approval) if interactive else None,
-            ask_job_failure=_asking(_ask_job_failure) if interactive else None,
+            ask_approval=_asking(_ask_approval, prefix) if interactive else None,
+            ask_job_failure=_asking(_ask_job_failure, prefix) if interactive else None,
         )
         main_session = f"demo-{tag}-orders"
         failed_session = f"demo-{tag}-declined"

@@ -18,6 +18,7 @@ from . import views
 from .app import (
     DURATION,
     POSITIVE_DURATION,
+    command_prefix,
     db_option,
     emit,
     format_option,
@@ -63,7 +64,7 @@ def runs(db: str | None, fmt: str, limit: int, status: str | None, workflow: str
 
 
 def _session_view(
-    store: EventStore, session: str, where: str
+    store: EventStore, session: str, where: str, prefix: str
 ) -> tuple[WorkflowState, list[dict[str, Any]], Callable[[], str]]:
     """A session's state, its ``show`` rows and the table people read (header, waterfall,
     what it waits on), from one read of its log and its owner."""
@@ -76,7 +77,7 @@ def _session_view(
 
     def table() -> str:
         waterfall = waterfall_lines(rows, end_ts=ws.updated_at, windows=history.windows)
-        return "\n".join(session_header(ws) + [""] + waterfall + pending_hint(ws))
+        return "\n".join(session_header(ws) + [""] + waterfall + pending_hint(ws, prefix))
 
     return ws, rows, table
 
@@ -112,7 +113,9 @@ def show(session: str, db: str | None, fmt: str, follow: bool, interval: float) 
         return
     store = open_store(db)
     with store:
-        _ws, rows, table = _session_view(store, session, shown_db(resolve_db(db)))
+        _ws, rows, table = _session_view(
+            store, session, shown_db(resolve_db(db)), command_prefix(resolve_db(db))
+        )
     emit(rows, fmt, views.SHOW_KEYS, table)
 
 
@@ -126,7 +129,13 @@ def _follow(db: str | None, session: str, interval: float) -> None:
             try:
                 with open_store(db) as store:
                     changed = store.last_seq(session) != last
-                    view = _session_view(store, session, shown_db(resolve_db(db))) if changed else None
+                    view = (
+                        _session_view(
+                            store, session, shown_db(resolve_db(db)), command_prefix(resolve_db(db))
+                        )
+                        if changed
+                        else None
+                    )
             except (StoreUnavailable, StoreLocked) as exc:
                 if last < 0:  # nothing drawn yet: a wrong URL, not a restart
                     raise
@@ -259,6 +268,7 @@ def stuck(
             include_parents=include_parents,
             states=states or None,
             on_skip=_warn_skipped,
+            prefix=command_prefix(resolve_db(db)),
         )
     emit(rows, fmt, views.STUCK_KEYS, lambda: stuck_table(rows))
     if fail_if_any and rows:

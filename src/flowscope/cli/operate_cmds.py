@@ -30,7 +30,7 @@ from .failures import EXIT_FAILED, CliError, failure_line
 from .history import redacted
 from .render import fmt_duration, fmt_time, render_table, zone_name
 from .runtime import SpanFollower, configure_cli_tracing, start_metrics_server, wait_for_signal
-from .session_ops import SELECTABLE_STATES, live_owner, prune_candidates
+from .session_ops import SELECTABLE_STATES, live_owner, prune_candidates, stop_if_dry_run
 from .worker_cmds import cwd_importable, record_answers
 
 __all__ = ["resume", "prune", "serve_metrics_cmd", "parse_answers", "JOB_RESULT_KEYS", "COMMANDS"]
@@ -135,7 +135,9 @@ def _resolve_workflow(name: str, spec: str | None) -> Any:
     help="Without SESSION: only sessions last updated this long ago (e.g. 10m).",
 )
 @click.option(
-    "--dry-run", is_flag=True, help="Without SESSION: list the sessions it would resume; change nothing."
+    "--dry-run",
+    is_flag=True,
+    help="Say whether SESSION (or which sessions the filters select) it would resume, and why not; change nothing.",
 )
 @click.option("--yes", is_flag=True, help="Without SESSION: resume every session the filters select.")
 @click.option(
@@ -169,31 +171,39 @@ def resume(
 
     Without SESSION it resumes, one after another, every session --state, --older-than and
     --workflow (a name, or MODULE:ATTR to run them here) select: --dry-run lists them,
-    --yes acts; a session that cannot be resumed is skipped with one line.
+    --yes acts; a session that cannot be resumed is skipped with one line. --dry-run with
+    SESSION says whether it would be resumed (exit 0), or why not (exit 2).
     """
-    rest = (inputs, jobs, force, otlp_endpoint, otlp_protocol, show_payloads)
+    answers = parse_answers(inputs, "--input")
+    results = parse_answers(jobs, "--job")
+    rest = (answers, results, force, otlp_endpoint, otlp_protocol, show_payloads)
     if session is not None:
-        if state or older_than is not None or dry_run or yes:
+        if state or older_than is not None or yes:
             raise CliError("resume: give SESSION or filters (--state, --older-than, --workflow), not both")
-        _resume_one(session, db, workflow_spec, *rest)
-        return
+        if not dry_run:
+            with open_store(db, write=True) as store:
+                _resume_one(store, session, workflow_spec, *rest)
+            return
     code = workflow_spec if workflow_spec and ":" in workflow_spec else None
-    name = _resolve_workflow("", code).name if code else workflow_spec
+    if session is not None:  # --workflow is SESSION's code then, never a filter
+        code, name = workflow_spec, None
+    else:
+        name = _resolve_workflow("", code).name if code else workflow_spec
     failed = 0
 
-    def one(sid: str) -> None:
+    def one(target: Any, sid: str) -> None:
         nonlocal failed
         try:
-            _resume_one(sid, db, code, *rest)
+            _resume_one(target, sid, code, *rest)
         except click.exceptions.Exit as exc:
             if exc.exit_code != EXIT_FAILED:
                 raise
             failed += 1  # said already; the others go on
 
-    with open_store(db) as store:
+    with open_store(db, write=not dry_run) as store:
         for_each_target(
             store,
-            None,
+            session,
             one,
             "resume",
             workflow=name,
@@ -207,80 +217,79 @@ def resume(
 
 
 def _resume_one(
+    store: Any,
     session: str,
-    db: str | None,
     workflow_spec: str | None,
-    inputs: tuple[str, ...],
-    jobs: tuple[str, ...],
+    answers: dict[str, Any],
+    results: dict[str, Any],
     force: bool,
     otlp_endpoint: str | None,
     otlp_protocol: str | None,
     show_payloads: bool,
 ) -> None:
-    """``flowscope resume SESSION``: see :func:`resume`."""
+    """``flowscope resume SESSION`` on the open ``store`` (a :class:`~.session_ops.DryRunStore`
+    for ``--dry-run``: every check below runs, and nothing is written): see :func:`resume`."""
     from .. import Runner
     from .progress import ProgressPlugin
 
-    answers = parse_answers(inputs, "--input")
-    results = parse_answers(jobs, "--job")
-    store = open_store(db, write=True)
-    with store:
-        ws = views.load_session(store, session)
-        if ws.status == "completed":
-            raise CliError(f"session {session!r} already completed; there is nothing to resume")
-        if ws.final:  # an operator's cancel; an interrupted or aborted run resumes (Runner.resume's rule)
-            raise CliError(
-                f"session {session!r} was cancelled by an operator; it is over for good "
-                "(flowscope runs --status cancelled)"
-            )
-        if ws.status == "paused" and not answers and not results:
-            raise CliError(
-                f"session {session!r} is paused waiting for {waiting_on(ws) or 'nothing'}: answer with --input ID=JSON or --job ID=JSON"
-            )
-        _check_answers(ws, answers, results)
-        if workflow_spec is None and not _is_bundled(ws.workflow):
-            record_answers(store, session, ws, answers, results)  # no code here: through the store
-            return
-        if (answers or results) and not force and live_owner(store, session) is not None:
-            record_answers(store, session, ws, answers, results)  # its live owner takes them in
-            return
-        wf = _resolve_workflow(ws.workflow, workflow_spec)
-        tracing = configure_cli_tracing(
-            otlp_endpoint,
-            otlp_protocol,
-            "flowscope",
-            warn=lambda text: click.echo(f"warning: {text}", err=True),
+    prefix = command_prefix(store.path)
+    ws = views.load_session(store, session)
+    if ws.status == "completed":
+        raise CliError(f"session {session!r} already completed; there is nothing to resume")
+    if ws.final:  # an operator's cancel; an interrupted or aborted run resumes (Runner.resume's rule)
+        raise CliError(
+            f"session {session!r} was cancelled by an operator; it is over for good "
+            "(flowscope runs --status cancelled)"
         )
-        plugins: list[Plugin] = [ProgressPlugin(click.echo, show_payloads=show_payloads)]
+    if ws.status == "paused" and not answers and not results:
+        raise CliError(
+            f"session {session!r} is paused waiting for {waiting_on(ws) or 'nothing'}: answer with --input ID=JSON or --job ID=JSON"
+        )
+    _check_answers(ws, answers, results)
+    if workflow_spec is None and not _is_bundled(ws.workflow):
+        record_answers(store, session, ws, answers, results)  # no code here: through the store
+        return
+    if (answers or results) and not force and live_owner(store, session) is not None:
+        record_answers(store, session, ws, answers, results)  # its live owner takes them in
+        return
+    wf = _resolve_workflow(ws.workflow, workflow_spec)
+    stop_if_dry_run(store, session, force=force)
+    tracing = configure_cli_tracing(
+        otlp_endpoint,
+        otlp_protocol,
+        "flowscope",
+        warn=lambda text: click.echo(f"warning: {text}", err=True),
+    )
+    plugins: list[Plugin] = [ProgressPlugin(click.echo, show_payloads=show_payloads)]
+    if tracing is not None:
+        plugins.insert(0, tracing.plugin())
+    runner = Runner(wf, store=store, plugins=plugins)
+    click.echo(f"resuming {session} ({ws.workflow}, {ws.status})")
+    try:
+        result = runner.resume_sync(session, inputs=answers, jobs=results, force=force)
+    except (StoreError, ResumeError):  # nothing ran: a problem with the session or the store
+        raise
+    except Exception as exc:  # the workflow failed: the node's own exception
+        after = views.load_session(store, session)
+        origin = after.nodes.get(after.error_path or "")
+        code = after.error_code or classify(exc).code
+        line = failure_line(exc, origin.error_message if origin is not None else None)
+        click.echo(click.style(f"failed at {after.error_path}: {code}: {line}", fg="red"))
+        click.echo(f"see: {prefix} show {session}")
+        raise click.exceptions.Exit(EXIT_FAILED) from None
+    finally:
         if tracing is not None:
-            plugins.insert(0, tracing.plugin())
-        runner = Runner(wf, store=store, plugins=plugins)
-        click.echo(f"resuming {session} ({ws.workflow}, {ws.status})")
-        try:
-            result = runner.resume_sync(session, inputs=answers, jobs=results, force=force)
-        except (StoreError, ResumeError):  # nothing ran: a problem with the session or the store
-            raise
-        except Exception as exc:  # the workflow failed: the node's own exception
-            after = views.load_session(store, session)
-            origin = after.nodes.get(after.error_path or "")
-            code = after.error_code or classify(exc).code
-            line = failure_line(exc, origin.error_message if origin is not None else None)
-            click.echo(click.style(f"failed at {after.error_path}: {code}: {line}", fg="red"))
-            click.echo(f"see: {command_prefix(store.path)} show {session}")
-            raise click.exceptions.Exit(EXIT_FAILED) from None
-        finally:
-            if tracing is not None:
-                tracing.shutdown()
-        kept, recovered = _resume_record(store, session, result.invocation_id)
+            tracing.shutdown()
+    kept, recovered = _resume_record(store, session, result.invocation_id)
     if result.status == "paused":
         click.echo(click.style("paused again", fg="yellow") + f" ({session})")
         for p in result.pending:
             if isinstance(p, InputRequested):
                 click.echo(f"  input {p.interrupt_id!r}: {p.prompt}")
-                click.echo(f"    {views.input_hint(session, p.interrupt_id, p.payload)}")
+                click.echo(f"    {views.input_hint(session, p.interrupt_id, p.payload, prefix=prefix)}")
             elif isinstance(p, JobDispatched):
                 click.echo(f"  job {p.job_id} at {p.path}")
-                click.echo(f"    {views.job_hint(session, p.job_id)}")
+                click.echo(f"    {views.job_hint(session, p.job_id, prefix=prefix)}")
     else:
         out = json.dumps(result.output, ensure_ascii=False) if show_payloads else redacted(result.output)
         if len(out) > 300:

@@ -1,5 +1,10 @@
 """The pieces every listing's rows are made of: owners, answer and job hints, rounding, and
-which open or failed runs are counted (once, at the deepest path)."""
+which open or failed runs are counted (once, at the deepest path).
+
+Every hint takes the command it starts with (``prefix``, what :func:`.app.command_prefix`
+gives for the database the rows were read from) as a required argument: a hint pasted
+as printed must act on that database, and a bare ``flowscope`` names another one
+whenever ``--db`` chose it."""
 
 from __future__ import annotations
 
@@ -36,8 +41,9 @@ def quoted(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
-def input_hint(session_id: str, interrupt_id: str, payload: Any = None, prefix: str = "flowscope") -> str:
-    """The ``resume --input`` that answers ``interrupt_id``, quoted for a POSIX shell. The
+def input_hint(session_id: str, interrupt_id: str, payload: Any = None, *, prefix: str) -> str:
+    """The ``resume --input`` that answers ``interrupt_id``, after ``prefix`` (``flowscope``
+    and the ``--db`` the hint is for), quoted for a POSIX shell. The
     value is ``JSON`` (the placeholder to replace), or ``"retry"`` for a failed job's
     pause (its payload lists the actions), which is valid as printed."""
     actions = (
@@ -47,9 +53,10 @@ def input_hint(session_id: str, interrupt_id: str, payload: Any = None, prefix: 
     return f"{prefix} resume {shlex.quote(session_id)} --input {quoted(f'{interrupt_id}={value}')}"
 
 
-def job_hint(session_id: str, job_id: str, prefix: str = "flowscope") -> str:
-    """The ``resume --job`` that reports ``job_id``'s result, quoted for a POSIX shell:
-    pasted, its value is :data:`JOB_RESULT_EXAMPLE`, valid JSON."""
+def job_hint(session_id: str, job_id: str, *, prefix: str) -> str:
+    """The ``resume --job`` that reports ``job_id``'s result, after ``prefix`` (``flowscope``
+    and the ``--db`` the hint is for), quoted for a POSIX shell: pasted, its value is
+    :data:`JOB_RESULT_EXAMPLE`, valid JSON."""
     return f"{prefix} resume {shlex.quote(session_id)} --job {quoted(f'{job_id}={JOB_RESULT_EXAMPLE}')}"
 
 

@@ -4,6 +4,8 @@
 session?": the ownership rule ``resume()`` applies (the session's recorded owner and
 lease, :func:`flowscope.liveness.owner_alive`), so cancel refuses exactly the sessions a
 resume would refuse. :func:`cancel_session` appends the cancel through the fence.
+:class:`DryRunStore` is what ``--dry-run`` hands an action instead of the store: the
+action runs its own checks, and stops at its first write.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dataclasses
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, cast
 
 from ..engine.inbox import CANCEL_REASON, cancel_events, take_in
 from ..errors import ConcurrencyConflict
@@ -19,7 +22,7 @@ from ..events import Event
 from ..fold import WorkflowState, rebuild
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S, owner_alive, resume_lease_s
 from ..ownership import this_process
-from ..store.base import FINISHED_SESSION_STATUSES, EventStore, SessionInfo, SessionQuery
+from ..store.base import FINISHED_SESSION_STATUSES, EventStore, SessionInfo, SessionQuery, owned_elsewhere
 
 __all__ = [
     "CANCEL_REASON",
@@ -32,6 +35,9 @@ __all__ = [
     "prune_candidates",
     "SELECTABLE_STATES",
     "select_sessions",
+    "WouldAct",
+    "DryRunStore",
+    "stop_if_dry_run",
 ]
 
 
@@ -164,3 +170,61 @@ def select_sessions(
     out = [s for s in store.find_sessions(query) if wanted(s)]
     out.sort(key=lambda s: s.updated_at or 0.0)
     return out
+
+
+class WouldAct(Exception):
+    """A dry run's action got past every check it makes: it would act (write) now."""
+
+
+class DryRunStore:
+    """``store`` as a dry run hands it to an action (``retry``, ``cancel``, ``resume``): its
+    reads go through, and anything else, a write first of all, raises :class:`WouldAct`
+    before it happens. The action runs unchanged, so its dry run refuses exactly what the
+    action refuses, with the action's own words (one copy of each rule), and says "would"
+    only of what passed them all.
+
+    Only the names in :data:`READS` are let through: a method added to the store later
+    stops the dry run (an answer of "would act" too early) rather than write."""
+
+    #: The store's read-only methods (and its ``path``, which hints name).
+    READS = frozenset(
+        {
+            "path",
+            "read",
+            "last_seq",
+            "sessions",
+            "session_info",
+            "has_session",
+            "find_sessions",
+            "status_counts",
+            "node_runs",
+            "open_runs",
+            "find_node_runs",
+            "inbox",
+            "sessions_with_mail",
+            "workers",
+        }
+    )
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.READS:
+            return getattr(self._store, name)
+        raise WouldAct(name)
+
+
+def stop_if_dry_run(store: Any, session_id: str, *, force: bool) -> None:
+    """Stop a dry run where its action hands the store to code that writes out of sight:
+    ``resume``'s Runner, in an event loop of its own, where :class:`WouldAct` would read as
+    the workflow's failure. Its first write takes the session's lease, which a live owner
+    refuses without ``force``: the dry run raises the store's own refusal
+    (:func:`~flowscope.store.base.owned_elsewhere`) for it, as the run would, and
+    :class:`WouldAct` otherwise. A real store passes through."""
+    if not isinstance(store, DryRunStore):
+        return
+    held = None if force else live_owner(cast(EventStore, store), session_id)
+    if held is not None and held.owner is not None:
+        raise owned_elsewhere(session_id, held.owner, held.lease_expires_at, None, time.time())
+    raise WouldAct("acquire")

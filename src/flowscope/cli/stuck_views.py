@@ -230,9 +230,15 @@ def stuck_rows(
     states: Iterable[str] | None = None,
     now: float | None = None,
     on_skip: Callable[[str, StoreCorrupt], None] | None = None,
+    prefix: str,
 ) -> list[dict[str, Any]]:
     """Open runs older than ``older_than_s``, oldest first, classified by :mod:`flowscope.liveness`,
     then queued sessions submitted longer ago than that (state ``queued``: no worker started them).
+
+    Each row's ``action`` is a command that starts with ``prefix``: pass
+    :func:`.app.command_prefix` of the database ``store`` is, so that the command pasted as
+    printed acts on it (``flowscope --db other.db resume ...``). The bare ``flowscope`` of the
+    default names ``./flowscope.db`` (or ``$FLOWSCOPE_DB``), right only for that database.
 
     An orphaned run is listed whatever its age: its owner is known to be gone, so there is
     nothing to wait for. The age applies to running and waiting runs, which may still move.
@@ -314,21 +320,22 @@ def stuck_rows(
                 else None,
                 "job_deadline_at": r.job_deadline_at,
                 "waiting_on": waiting_on,
-                "action": _action(r, state, waiting_on, beat_age, info, payload),
+                "action": _action(r, state, waiting_on, beat_age, info, payload, prefix=prefix),
                 "owner": owner_row(info),
             }
         )
     if skipped:
         rows = [row for row in rows if row["session_id"] not in skipped]
     if wanted is None or QUEUED in wanted:
-        rows.extend(_queued_rows(store, older_than_s, now))
+        rows.extend(_queued_rows(store, older_than_s, now, prefix=prefix))
     return rows
 
 
-def _queued_rows(store: EventStore, older_than_s: float, now: float) -> list[dict[str, Any]]:
+def _queued_rows(store: EventStore, older_than_s: float, now: float, *, prefix: str) -> list[dict[str, Any]]:
     """Sessions submitted longer ago than ``older_than_s`` that no worker has started, with
-    what to do: start a worker for the workflow, or look at the live one's log (its claims
-    fail). Workers are alive by :func:`flowscope.liveness.worker_alive`."""
+    what to do: start a worker for the workflow (after ``prefix``: a worker of another
+    database would not serve them), or look at the live one's log (its claims fail).
+    Workers are alive by :func:`flowscope.liveness.worker_alive`."""
     from ..examples import BUNDLED
 
     cutoff = now - older_than_s
@@ -349,7 +356,7 @@ def _queued_rows(store: EventStore, older_than_s: float, now: float) -> list[dic
             w = max(serving, key=lambda w: w.seen_at)
             action = f"a live worker serves it ({w.worker_id} on {w.host} pid {w.pid}): its log says why it does not start"
         else:
-            action = f"no live worker serves {s.workflow!r}: flowscope worker {BUNDLED.get(s.workflow, 'MODULE:ATTR')}"
+            action = f"no live worker serves {s.workflow!r}: {prefix} worker {BUNDLED.get(s.workflow, 'MODULE:ATTR')}"
         rows.append(
             {
                 "session_id": s.session_id,
@@ -379,7 +386,11 @@ def _action(
     beat_age: float | None,
     info: SessionInfo | None,
     payload: Any = None,
+    *,
+    prefix: str,
 ) -> str:
+    """What to do about the open run ``r`` in ``state``: a command after ``prefix`` where
+    one helps, else what to look at."""
     sid = r.session_id
     owner = info.owner if info is not None else None
     if state == ORPHANED:
@@ -388,13 +399,13 @@ def _action(
         fresh = (
             owner is None and beat_age is not None and beat_age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S)
         )
-        return f"flowscope resume {sid}{' --force' if fresh else ''}"
+        return f"{prefix} resume {sid}{' --force' if fresh else ''}"
     if state == RUNNING:
         if owner is not None:
             return f"alive ({owner.describe()} holds the lease): check that worker; it is slow, blocked or looping"
         return "alive (fresh heartbeat): check the worker; it is slow, blocked or looping"
     if state == WAITING_INPUT:
-        return input_hint(sid, waiting_on[0] if waiting_on else "ID", payload)
+        return input_hint(sid, waiting_on[0] if waiting_on else "ID", payload, prefix=prefix)
     if state in (WAITING_JOB, OVERDUE):
-        return job_hint(sid, waiting_on[0] if waiting_on else "JOB_ID")
-    return f"flowscope show {sid}"
+        return job_hint(sid, waiting_on[0] if waiting_on else "JOB_ID", prefix=prefix)
+    return f"{prefix} show {sid}"

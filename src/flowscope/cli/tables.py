@@ -82,8 +82,11 @@ def session_header(ws: WorkflowState) -> list[str]:
     return lines
 
 
-def pending_hint(ws: WorkflowState) -> list[str]:
-    """What a paused session waits on, each with the ``flowscope resume`` that answers it."""
+def pending_hint(ws: WorkflowState, prefix: str) -> list[str]:
+    """What a paused session waits on, each with the ``resume`` that answers it, after
+    ``prefix``: pass :func:`.app.command_prefix` of the database the session was read
+    from, so that the command pasted as printed answers it there. The bare ``flowscope``
+    of the default names ``./flowscope.db`` (or ``$FLOWSCOPE_DB``), right only for that."""
     pending = ws.pending
     if not pending:
         return []
@@ -92,13 +95,13 @@ def pending_hint(ws: WorkflowState) -> list[str]:
         if isinstance(p, InputRequested):
             prompt = one_line_text(p.prompt)
             out.append(
-                f"  input {p.interrupt_id!r}: {prompt}   -> {input_hint(ws.session_id, p.interrupt_id, p.payload)}"
+                f"  input {p.interrupt_id!r}: {prompt}   -> {input_hint(ws.session_id, p.interrupt_id, p.payload, prefix=prefix)}"
             )
             payload = p.payload if isinstance(p.payload, dict) else {}
             if payload.get("fix"):
                 out.append(f"    fix: {one_line_text(str(payload['fix']))}")
         elif isinstance(p, JobDispatched):
-            out.append(f"  job {p.job_id} ({p.path})   -> {job_hint(ws.session_id, p.job_id)}")
+            out.append(f"  job {p.job_id} ({p.path})   -> {job_hint(ws.session_id, p.job_id, prefix=prefix)}")
             out.append(
                 f"    idempotency key {p.idempotency_key or '-'}; dispatched {fmt_time(p.ts, zone=True)}"
             )

@@ -11,7 +11,7 @@ import socket
 
 import click
 
-from .app import POSITIVE_DURATION, db_option, open_store, resolve_db, shown_db
+from .app import POSITIVE_DURATION, command_prefix, db_option, open_store, resolve_db, shown_db
 from .failures import CliError
 
 __all__ = ["ui", "COMMANDS"]
@@ -100,6 +100,7 @@ def ui(
     config = ConsoleConfig(
         store=store,
         db_shown=shown_db(path),
+        prefix=command_prefix(path),
         host=host,
         port=bound,
         read_only=read_only,

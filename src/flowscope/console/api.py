@@ -1,13 +1,11 @@
 """What the console's ``/api/`` serves, as plain data: the CLI's views, selected and paged.
 
-Every row is one of :mod:`flowscope.cli.views` (``runs``, ``show``, ``stuck``, ``audit``)
-or :mod:`flowscope.cli.history` (``events``), built by the same functions the CLI's
-``--format json`` prints, so a program reading ``/api/sessions`` and one reading
-``flowscope runs --format json`` see the same keys. What only the console needs (the
-attention tabs, a session's waterfall on a compressed axis, a run's attempt history) is
-built here from the same rows, the store's projections and the one fold. Nothing here
-writes: the writes are :mod:`flowscope.actions` and :mod:`flowscope.answers`, called by
-:mod:`.app`.
+Every row is one of :mod:`flowscope.cli.views` or :mod:`flowscope.cli.history`, built by
+the functions the CLI's ``--format json`` prints: ``/api/sessions`` and ``flowscope runs
+--format json`` have the same keys. What only the console needs (the attention tabs, a
+waterfall on a compressed axis, a run's attempts) is built here from the same rows, the
+store's projections and the one fold. Nothing here writes (:mod:`.app` calls the writes:
+:mod:`flowscope.actions` and :mod:`flowscope.answers`).
 """
 
 from __future__ import annotations
@@ -578,14 +576,20 @@ def session_events(
 
 
 def stuck(
-    store: EventStore, *, older_than_s: float = 0.0, stale_after_s: float = 60.0, states: Iterable[str] = ()
+    store: EventStore,
+    *,
+    older_than_s: float = 0.0,
+    stale_after_s: float = 60.0,
+    states: Iterable[str] = (),
+    prefix: str,
 ) -> list[dict[str, Any]]:
-    """The rows of ``flowscope stuck`` (a corrupt session left out, as the CLI does)."""
+    """The rows of ``flowscope stuck`` (a corrupt session left out, as the CLI does), each
+    ``action`` after ``prefix``."""
     states = list(states)
     unknown = [s for s in states if s not in views.STUCK_STATES]
     if unknown:
         raise ValueError(f"state must be one of {', '.join(views.STUCK_STATES)}, not {unknown[0]!r}")
-    return views.stuck_rows(store, older_than_s, stale_after_s, states=list(states) or None)
+    return views.stuck_rows(store, older_than_s, stale_after_s, states=list(states) or None, prefix=prefix)
 
 
 def audit(store: EventStore, *, workflow: str | None = None, by: str = "node") -> list[dict[str, Any]]:

@@ -154,6 +154,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         return JSONResponse(
             {
                 "db": config.db_shown,
+                "prefix": config.prefix,  # what the page's commands start with
                 "read_only": config.read_only,
                 "attention": api.ATTENTION,
                 "statuses": api.STATUSES,
@@ -192,7 +193,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
     drawn: OrderedDict[tuple[str, int], bytes] = OrderedDict()  # the last pages drawn, by (session, seq)
 
     def seq_and_stuck(sid: str) -> tuple[int, list[dict[str, Any]]]:
-        stuck_rows = session_stuck(store, sid, stale_after_s=config.stale_after_s)
+        stuck_rows = session_stuck(store, sid, stale_after_s=config.stale_after_s, prefix=config.prefix)
         return store.last_seq(sid), _rows(stuck_rows, views.STUCK_KEYS)
 
     @guarded
@@ -247,6 +248,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
             older_than_s=views.parse_duration(q.get("older_than") or "0s"),
             stale_after_s=views.parse_duration(q.get("stale_after") or f"{config.stale_after_s}s"),
             states=[s for s in q.getlist("state") if s],
+            prefix=config.prefix,
         )
         return JSONResponse(_rows(rows, views.STUCK_KEYS))
 
@@ -324,7 +326,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         }
 
     def cli(*args: str) -> str:
-        return "flowscope " + " ".join(shlex.quote(a) for a in args)
+        return config.prefix + " " + " ".join(shlex.quote(a) for a in args)
 
     @guarded
     async def answer(request: Request) -> Response:

@@ -19,6 +19,9 @@ class ConsoleConfig:
     store: EventStore
     #: The database as it may be shown (a URL's password masked).
     db_shown: str
+    #: What every command the console shows starts with: ``flowscope --db ...`` for the
+    #: database it serves (``command_prefix``), so that a command pasted acts on it.
+    prefix: str = "flowscope"
     host: str = "127.0.0.1"
     port: int = 8765
     read_only: bool = False

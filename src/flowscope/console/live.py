@@ -196,15 +196,16 @@ class ChangeFeed:
         return None
 
     def check_store(self) -> None:
-        """Raise :class:`~flowscope.errors.StoreUnavailable` when the last probe (made now
-        if the last is old enough: at most once per ``interval``) found the SQLite file the
-        store opened deleted or replaced at its path. Reads would answer from the old file
-        and writes go where nothing else looks, so neither is served (a 503 with the line)."""
-        if self._probe_files is None:
+        """Raise :class:`~flowscope.errors.StoreUnavailable` when the SQLite file the store
+        opened is deleted or replaced at its path. Reads would answer from the old file and
+        writes go where nothing else looks, so neither is served (a 503 with the line). One
+        ``stat`` of the file, at every request: not the probe's, which is rate-limited."""
+        if self._probe_files is None or self._path is None:
             return
-        self.version()
-        if self._fault is not None:
-            raise StoreUnavailable(self._fault)
+        ident = _identity(self._path)
+        fault = self._file_fault(None if ident is None else (*ident, 0, 0))
+        if fault is not None:
+            raise StoreUnavailable(fault)
 
     def changed(self) -> int:
         """Our own write changed the store: a new version at once (no probe needed)."""

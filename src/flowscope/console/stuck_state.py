@@ -45,7 +45,7 @@ class _OneSession:
 
 
 def session_stuck(
-    store: EventStore, session_id: str, *, stale_after_s: float, now: float | None = None
+    store: EventStore, session_id: str, *, stale_after_s: float, prefix: str, now: float | None = None
 ) -> list[dict[str, Any]]:
     """The rows of ``flowscope stuck --older-than 0s --state orphaned --state overdue`` for
     ``session_id`` alone (the keys of ``STUCK_KEYS``, ``action`` the command to run), or
@@ -54,4 +54,4 @@ def session_stuck(
     if info is None or info.status in _ENDED:
         return []
     narrowed = cast(EventStore, _OneSession(store, session_id))
-    return views.stuck_rows(narrowed, 0.0, stale_after_s, states=SHOWN, now=now)
+    return views.stuck_rows(narrowed, 0.0, stale_after_s, states=SHOWN, now=now, prefix=prefix)

@@ -87,7 +87,7 @@ export async function sessionPage(main, sid) {
     b.addEventListener("click", async () => {
       const done = await confirmAction({
         title, text,
-        command: (reason) => `flowscope ${kind} ${shq(sid)}` + (extra.from_path ? ` --from ${shq(extra.from_path)}` : "") + (reason ? ` --reason ${shq(reason)}` : ""),
+        command: (reason) => `${window.flowscope.info.prefix} ${kind} ${shq(sid)}` + (extra.from_path ? ` --from ${shq(extra.from_path)}` : "") + (reason ? ` --reason ${shq(reason)}` : ""),
         act: (reason) => api(`/api/sessions/${encodeURIComponent(sid)}/${kind}`, { ...extra, reason }),
       });
       if (done) {

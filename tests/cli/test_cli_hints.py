@@ -1,0 +1,163 @@
+"""A command flowscope prints for the operator to run next acts, pasted as printed, on the
+database it was printed for: it names that database with ``--db`` (through
+``command_prefix``, a URL's password masked) unless a bare ``flowscope`` opens it anyway
+(``./flowscope.db``, or ``$FLOWSCOPE_DB``). Without it a pasted ``flowscope worker`` creates
+and serves a new ``./flowscope.db``, and a pasted ``resume`` finds no such session."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from commands import cli_env, run_cli
+from flowscope import START, Runner, Workflow, node
+from flowscope.cli import cli, views
+from flowscope.cli.tables import pending_hint
+from flowscope.events import NodeStarted, RunStarted
+from flowscope.store import SqliteEventStore, rebuild
+from flowscope.store.testing import ev, node_ev
+
+OTHER = "flowscope --db other.db"
+
+
+@node
+async def first(ctx, x):
+    return await ctx.request_input("first?", interrupt_id="first")
+
+
+@node
+async def second(ctx, x):
+    return await ctx.request_input("second?", interrupt_id="second")
+
+
+@node
+async def export(ctx, x):
+    return await ctx.await_job(lambda job: None, payload=x)
+
+
+twice = Workflow("hints_twice", edges=[(START, first, second)])
+exporting = Workflow("hints_export", edges=[(START, export)])
+
+
+def invoke(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+def status(db: Path, session: str) -> str:
+    with SqliteEventStore(db, readonly=True) as store:
+        info = store.session_info(session)
+    assert info is not None
+    return info.status
+
+
+def databases(where: Path) -> set[str]:
+    return {p.name for p in where.glob("*.db")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("options", "env", "db", "prefix"),
+    [
+        (["--db", "other.db"], {}, "other.db", OTHER),
+        ([], {}, "flowscope.db", "flowscope"),  # the default: the bare command opens it
+        ([], {"FLOWSCOPE_DB": "other.db"}, "other.db", "flowscope"),  # so does it, in this environment
+    ],
+)
+def test_the_hints_of_a_resume_that_pauses_again_answer_on_its_database(
+    tmp_path, monkeypatch, options, env, db, prefix
+):
+    monkeypatch.chdir(tmp_path)
+    with SqliteEventStore(tmp_path / db) as store:
+        assert Runner(twice, store).run_sync(None, session_id="s1").status == "paused"
+    done = invoke(
+        *options, "resume", "s1", "--input", "first=true", "--workflow", "test_cli_hints:twice", env=env
+    )
+    assert done.exit_code == 0, done.output
+    assert "paused again" in done.output
+    [hint] = [line.strip() for line in done.output.splitlines() if "--input" in line]
+    assert hint == f"{prefix} resume s1 --input 'second=JSON'"
+    pasted = run_cli(*shlex.split(hint.replace("JSON", "true"))[1:], cwd=tmp_path, env=cli_env(**env))
+    assert pasted.returncode == 0, pasted.stderr
+    assert status(tmp_path / db, "s1") == "answered"  # answered there, and nowhere else
+    assert databases(tmp_path) == {db}
+
+
+@pytest.mark.slow
+def test_a_hint_names_a_postgresql_database_with_its_password_masked(pg_cluster):
+    from flowscope.store.postgres import PostgresEventStore
+    from pg_cluster import PASSWORD, PASSWORD_ROLE
+
+    name = f"hints_{os.getpid()}"
+    with pg_cluster.admin() as admin:
+        admin.execute(f"CREATE DATABASE {name} OWNER {PASSWORD_ROLE}")
+    url = pg_cluster.url(name, user=PASSWORD_ROLE, password=PASSWORD)
+    with PostgresEventStore(url) as store:
+        assert Runner(twice, store).run_sync(None, session_id="s1").status == "paused"
+    done = invoke("--db", url, "resume", "s1", "--input", "first=true", "--workflow", "test_cli_hints:twice")
+    assert done.exit_code == 0, done.output
+    [hint] = [line.strip() for line in done.output.splitlines() if "--input" in line]
+    masked = url.replace(f":{PASSWORD}@", ":***@")
+    assert hint == f"flowscope --db {shlex.quote(masked)} resume s1 --input 'second=JSON'"
+    assert PASSWORD not in done.output
+
+
+def _stuck_store(path: Path) -> SqliteEventStore:
+    """A store with a run of every stuck state whose fix is a command: waiting for input,
+    waiting for a job, orphaned (no owner, a heartbeat long gone) and queued."""
+    store = SqliteEventStore(path)
+    assert Runner(twice, store).run_sync(None, session_id="asks").status == "paused"
+    assert Runner(exporting, store).run_sync(None, session_id="jobs").status == "paused"
+    now = time.time()
+    store.append(
+        "gone",
+        [
+            ev(RunStarted, sid="gone", workflow="shop", ts=now - 3600),
+            node_ev(NodeStarted, "shop@1/charge@1", ts=now - 3600, sid="gone"),
+        ],
+        0,
+    )
+    Runner(twice, store).submit(None, session_id="waits")
+    return store
+
+
+def test_every_command_stuck_suggests_names_the_database_it_was_given(tmp_path):
+    with _stuck_store(tmp_path / "other.db") as store:
+        rows = views.stuck_rows(store, 0.0, 60.0, now=time.time() + 1, prefix=OTHER)
+    states = {r["session_id"]: r["state"] for r in rows}
+    assert states == {"asks": "waiting_input", "jobs": "waiting_job", "gone": "orphaned", "waits": "queued"}
+    actions = {r["session_id"]: r["action"] for r in rows}
+    assert actions["asks"] == f"{OTHER} resume asks --input 'first=JSON'"
+    assert actions["jobs"].startswith(f"{OTHER} resume jobs --job ")
+    assert actions["gone"] == f"{OTHER} resume gone"
+    assert actions["waits"] == f"no live worker serves 'hints_twice': {OTHER} worker MODULE:ATTR"
+
+
+def test_every_resume_show_lists_under_waiting_on_names_the_database_it_was_given(tmp_path):
+    with _stuck_store(tmp_path / "other.db") as store:
+        lines = [
+            line
+            for sid in ("asks", "jobs")
+            for line in pending_hint(rebuild(store.read(sid)), prefix=OTHER)
+            if "->" in line
+        ]
+    assert len(lines) == 2
+    assert all(f"   -> {OTHER} resume " in line for line in lines), lines
+
+
+@pytest.mark.slow
+def test_the_commands_the_demo_names_when_stopped_at_a_prompt_act_on_its_database(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    stopped = invoke("--db", "other.db", "demo", "--interactive")  # no answer: end of input at the prompt
+    assert stopped.exit_code == 130, stopped.output
+    [line] = [line for line in stopped.stderr.splitlines() if "stopped at the prompt" in line]
+    show, answer = line[line.index("(") + 1 : line.rindex(")")].split("; ")
+    assert show.startswith(f"{OTHER} show ") and answer.startswith(f"{OTHER} resume "), line
+    session = shlex.split(show)[-1]
+    shown = run_cli(*shlex.split(show)[1:], cwd=tmp_path)
+    assert shown.returncode == 0 and f"session {session}" in shown.stdout, shown.stderr
+    assert databases(tmp_path) == {"other.db"}
