@@ -688,7 +688,9 @@ def test_stuck_runs_audit_and_the_collector_count_the_same_runs(tmp_path):
     store = SqliteEventStore(str(tmp_path / "nested.db"))
     for sid, events in nested_logs(time.time() - 3600).items():
         store.append(sid, events, 0)
-    stuck = {(r["session_id"], r["node"], r["state"]) for r in stuck_rows(store, 0.0, 60.0, prefix="flowscope")}
+    stuck = {
+        (r["session_id"], r["node"], r["state"]) for r in stuck_rows(store, 0.0, 60.0, prefix="flowscope")
+    }
     assert stuck == {
         ("crashed", "leaf", "orphaned"),
         ("crashed", "inner", "orphaned"),  # inner@10, inner@1-b
@@ -705,5 +707,7 @@ def test_stuck_runs_audit_and_the_collector_count_the_same_runs(tmp_path):
     open_runs = sum(v for k, v in samples.items() if k[0] == OPEN)
     assert open_runs == 5 == sum(r["open_runs"] for r in runs_rows(store))
     assert sum(r["open"] for r in audit_rows(store.node_runs())) == 5
-    assert len(stuck_rows(store, 0.0, 60.0, include_parents=True, prefix="flowscope")) == 8  # the containers, on request
+    assert (
+        len(stuck_rows(store, 0.0, 60.0, include_parents=True, prefix="flowscope")) == 8
+    )  # the containers, on request
     store.close()
