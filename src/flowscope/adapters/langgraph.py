@@ -332,18 +332,8 @@ class FlowscopeCallbackHandler(_Handler):
                 timed_out = None  # one task timed out: the first one open under that name
                 exc, cancelled = error, False
             if exc is not None and not cancelled:  # the attempt the graph gave up on
-                task.done = True
-                origin = failed.get(id(exc))
-                if origin is not None and origin.startswith(task.ctx.path + "/"):
-                    # a subgraph's node, failing with what a task inside it raised: one
-                    # NodeErrorEvent, at the deepest path
-                    info = self.recorder.classify(exc)
-                    self.recorder.propagate(g.inv, task.ctx, origin, info.code, info.type)
-                else:
-                    self.recorder.fail(g.inv, task.ctx, exc, task.ctx.attempt)
-                    failed[id(exc)] = task.ctx.path
-                    if error_path is None or exc is error:
-                        error_path = task.ctx.path
+                if self._end_failed(g, task, exc, failed) and (error_path is None or exc is error):
+                    error_path = task.ctx.path
             elif cancelled:  # LangGraph cancelled it (another task failed)
                 task.done = True
                 self.recorder.cancel(g.inv, task.ctx)
@@ -368,14 +358,21 @@ class FlowscopeCallbackHandler(_Handler):
                     task.done = True
                     self.recorder.cancel(g.inv, task.ctx)
                 continue
-            task.done = True
-            origin = failed.get(id(exc))
-            if origin is not None and origin.startswith(task.ctx.path + "/"):
-                info = self.recorder.classify(exc)
-                self.recorder.propagate(g.inv, task.ctx, origin, info.code, info.type)
-            else:
-                self.recorder.fail(g.inv, task.ctx, exc, task.ctx.attempt)
-                failed[id(exc)] = task.ctx.path
+            self._end_failed(g, task, exc, failed)
+
+    def _end_failed(self, g: _Graph, task: _Task, exc: BaseException, failed: dict[int, str]) -> bool:
+        """End ``task`` failed with ``exc``; True if it holds the failure. A subgraph's node
+        failing with what a task inside it raised (``failed``: each exception's deepest
+        path so far) propagates it: one ``NodeErrorEvent``, at the deepest path."""
+        task.done = True
+        origin = failed.get(id(exc))
+        if origin is not None and origin.startswith(task.ctx.path + "/"):
+            info = self.recorder.classify(exc)
+            self.recorder.propagate(g.inv, task.ctx, origin, info.code, info.type)
+            return False
+        self.recorder.fail(g.inv, task.ctx, exc, task.ctx.attempt)
+        failed[id(exc)] = task.ctx.path
+        return True
 
     def _task_start(
         self, g: _Graph, parent: _Task | None, ns: str, node: str, depth: int, run_id: UUID, inputs: Any
