@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from commands import ROOT, cli_env, run_cli, start_cli
+from commands import FLOWSCOPE, ROOT, cli_env, run_cli
 from flowscope.fold import rebuild
 from flowscope.store import SqliteEventStore
 from waiting import wait_for
@@ -23,10 +23,22 @@ def test_ctrl_c_of_resume_leaves_the_session_resumable_by_the_cli(tmp_path: Path
     env = cli_env(paths=(ROOT,), CHAOS_LOG=str(log))
     assert run_cli("--db", str(db), "start", "ops_long", "--session", "L1").returncode == 0
     resume = ("--db", str(db), "resume", "L1", "--workflow", "tests.ops_workflows:long")
-    proc = start_cli(*resume, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    wait_for(lambda: log.exists() and "l_wait started" in log.read_text(), 30, "l_wait to run")
-    proc.send_signal(signal.SIGINT)  # the operator's Ctrl-C
-    assert proc.wait(timeout=30) == 130
+    # SIGINT as a terminal delivers it: a background job of a non-interactive shell (CI)
+    # starts with SIGINT ignored, and a child inherits that
+    proc = subprocess.Popen(
+        [FLOWSCOPE, *resume],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        wait_for(lambda: log.exists() and "l_wait started" in log.read_text(), 30, "l_wait to run")
+        proc.send_signal(signal.SIGINT)  # the operator's Ctrl-C
+        assert proc.wait(timeout=30) == 130
+    finally:
+        proc.kill()  # a no-op once it has exited
     with SqliteEventStore(db, readonly=True) as store:
         ws = rebuild(store.read("L1"))
     assert ws.status == "cancelled" and not ws.final

@@ -31,7 +31,7 @@ from .app import (
 from .failures import EXIT_FAILED, CliError, one_line, unknown_session
 from .history import EVENT_KEYS, event_rows, retry_reasons, session_history
 from .render import fmt_time, render_table, waterfall_lines, zone_name
-from .runtime import follower_exporter
+from .runtime import follower_exporter, quiet_exporter_logs
 from .tables import audit_table, pending_hint, runs_table, session_header, stuck_table
 
 if TYPE_CHECKING:
@@ -452,7 +452,7 @@ def _export_follow(
     exporter = follower_exporter(endpoint, protocol, timeout)
     said: set[str] = set()
     try:
-        with open_store(db, write=True) as store:
+        with open_store(db, write=True) as store, quiet_exporter_logs():
             while True:
                 try:
                     follow(

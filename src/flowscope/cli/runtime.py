@@ -3,10 +3,11 @@ metrics server, and waiting for Ctrl-C or SIGTERM (``resume``, ``serve-metrics``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -49,18 +50,30 @@ def resolve_otlp_protocol(endpoint: str, protocol: str | None) -> str:
 
 def follower_exporter(endpoint: str, protocol: str | None, timeout: float) -> Any:
     """The OTLP span exporter of a span follower (``export --follow``, ``serve-metrics
-    --otlp-endpoint``); a malformed endpoint or protocol is a CliError. The exporter's own
-    retry and failure lines would repeat on every pass: a follower says once what the
-    endpoint refused, and retries."""
+    --otlp-endpoint``); a malformed endpoint or protocol is a CliError. Its own retry and
+    failure lines would repeat on every pass: run the follower inside
+    :func:`quiet_exporter_logs`, and say once what the endpoint refused."""
     from ..observability import otlp
 
-    logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)
     check_endpoint(endpoint)
     try:
         proto = otlp.resolve_protocol(resolve_otlp_protocol(endpoint, protocol))
     except ValueError as exc:
         raise CliError(f"--otlp-endpoint {endpoint}: {exc}") from None
     return otlp.span_exporter(proto, endpoint, timeout=timeout, plaintext_unless_https=True)
+
+
+@contextlib.contextmanager
+def quiet_exporter_logs() -> Iterator[None]:
+    """The OpenTelemetry exporters' log lines left out while a span follower runs (it says
+    once what an endpoint refused); the level before is put back after."""
+    logger = logging.getLogger("opentelemetry.exporter")
+    before = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 def check_endpoint(endpoint: str, option: str = "--otlp-endpoint") -> None:
@@ -227,6 +240,8 @@ class SpanFollower:
         warn: Callable[[str], None],
     ) -> None:
         self.exporter = follower_exporter(endpoint, protocol, FOLLOW_TIMEOUT_S)
+        self._quiet = contextlib.ExitStack()  # until stop()
+        self._quiet.enter_context(quiet_exporter_logs())
         self.store, self.service, self.interval, self.warn = store, service, interval, warn
         self._stop = threading.Event()
         self._said: set[str] = set()
@@ -256,6 +271,7 @@ class SpanFollower:
         self._stop.set()
         self._thread.join(FOLLOW_TIMEOUT_S + self.interval + 1)
         self.exporter.shutdown()
+        self._quiet.close()
 
 
 def wait_for_signal() -> None:
