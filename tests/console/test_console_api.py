@@ -587,6 +587,7 @@ def _orphaned_session(store: SqliteEventStore, sid: str) -> None:
     store.append(sid, events, 0, epoch=lease.epoch)
 
 
+@pytest.mark.slow  # over 0.15 s: several CLI views of the same store
 def test_the_attention_tabs_list_a_session_under_the_state_stuck_gives_its_innermost_open_run(fresh):
     """A session's enclosing runs share its innermost run's open state; ``stuck`` lists the
     innermost alone, and so do the tabs: a session whose one job is overdue is overdue, not
@@ -607,6 +608,7 @@ def test_the_attention_tabs_list_a_session_under_the_state_stuck_gives_its_inner
     assert [r["state"] for r in stuck if r["session_id"] == OVERDUE_SESSION] == ["overdue"]
 
 
+@pytest.mark.slow  # over 0.15 s: several CLI views of the same store
 def test_the_session_page_is_given_what_stuck_says_its_status_hides(fresh):
     """The waterfall's data carries ``stuck``'s rows for the session (orphaned, overdue, each
     with the command ``stuck`` suggests), asked again even when its log has not grown: an
