@@ -96,12 +96,10 @@ class ChangeFeed:
         # a SQLite file's own files; never a path-like name of another store (a URL)
         path = store.path if isinstance(store, SqliteEventStore) else None
         self._probe_files = _file_probe(path) if path is not None and path != ":memory:" else None
-        #: The database file the store opened (device, inode), and what the last probe found
-        #: wrong with the file now at its path: the store's connection still reads the file
-        #: it opened, so a deleted or replaced one would be served as if it were current.
+        #: The database file the store opened (device, inode): the store's connection still
+        #: reads it once deleted or replaced, which would be served as if it were current.
         self._path = path
         self._opened = _identity(path) if self._probe_files is not None and path is not None else None
-        self._fault: str | None = None
         #: A notice came since the last probe: the next one need not wait for ``interval``.
         self._noticed = False
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
@@ -161,7 +159,6 @@ class ChangeFeed:
         mark: Any
         if self._probe_files is not None:
             mark = self._probe_files()
-            self._fault = self._file_fault(mark[0])
         else:
             mark = self.store.change_mark()
         self._cost = time.monotonic() - t
@@ -178,17 +175,17 @@ class ChangeFeed:
                 self._probe()
             return self._version
 
-    def _file_fault(self, mark: tuple[int, int, int, int] | None) -> str | None:
+    def _file_fault(self, now: tuple[int, int] | None) -> str | None:
         """What is wrong with the database file now at the store's path, or None: it was
         deleted, or another file (another inode) stands there, since the store opened it."""
         if self._opened is None:
             return None
-        if mark is None:
+        if now is None:
             return (
                 f"the database {self._path} was deleted while the console had it open: what it read is in "
                 "no file any more; restart `flowscope ui` with --db at a database that exists"
             )
-        if mark[:2] != self._opened:
+        if now != self._opened:
             return (
                 f"the database {self._path} was replaced by another file while the console had it open "
                 "(it would go on reading the old one): restart `flowscope ui` to open the new one"
@@ -202,8 +199,7 @@ class ChangeFeed:
         ``stat`` of the file, at every request: not the probe's, which is rate-limited."""
         if self._probe_files is None or self._path is None:
             return
-        ident = _identity(self._path)
-        fault = self._file_fault(None if ident is None else (*ident, 0, 0))
+        fault = self._file_fault(_identity(self._path))
         if fault is not None:
             raise StoreUnavailable(fault)
 

@@ -15,14 +15,12 @@ from typing import Any, cast
 from ..cli import views
 from ..fold import OPEN_STATES
 from ..liveness import ORPHANED, OVERDUE
-from ..store.base import EventStore, NodeRun
+from ..store.base import FINISHED_SESSION_STATUSES, EventStore, NodeRun
 
 __all__ = ["SHOWN", "session_stuck"]
 
 #: The states of ``stuck`` a session page shows beside the status: those the status hides.
 SHOWN = (ORPHANED, OVERDUE)
-#: A session in one of these has no open run: nothing of it is stuck.
-_ENDED = ("completed", "failed", "cancelled")
 
 
 class _OneSession:
@@ -51,7 +49,7 @@ def session_stuck(
     ``session_id`` alone (the keys of ``STUCK_KEYS``, ``action`` the command to run), or
     none: a session that ended, or is unknown, reads no run."""
     info = store.session_info(session_id)
-    if info is None or info.status in _ENDED:
+    if info is None or info.status in FINISHED_SESSION_STATUSES:  # no open run: nothing of it is stuck
         return []
     narrowed = cast(EventStore, _OneSession(store, session_id))
     return views.stuck_rows(narrowed, 0.0, stale_after_s, states=SHOWN, now=now, prefix=prefix)

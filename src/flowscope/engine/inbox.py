@@ -29,7 +29,7 @@ from ..ownership import Lease
 from ..store.base import EventStore, Message
 from .ids import new_id
 from .pauses import FINISHED, Answer, recorded_result, validate_answers
-from .submit import check_input
+from .record import json_value
 
 __all__ = [
     "CANCEL_REASON",
@@ -63,7 +63,7 @@ def answer_body(inputs: Mapping[str, Any], jobs: Mapping[str, Any]) -> dict[str,
     """The body of an ``answer`` message: the values as the log will hold them, with a
     job's error text redacted before it is stored anywhere."""
     return {
-        "inputs": {i: check_input(v, f"the input for {i!r}") for i, v in inputs.items()},
+        "inputs": {i: json_value(v, f"the input for {i!r}") for i, v in inputs.items()},
         "jobs": {j: recorded_result(j, r) for j, r in jobs.items()},
     }
 

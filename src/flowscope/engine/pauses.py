@@ -31,6 +31,7 @@ from ..jobs import (
 from ..store.base import FINISHED_SESSION_STATUSES
 from .context import NodeContext, PauseSignal
 from .record import Recorder, json_value
+from .submit import check_input
 
 __all__ = ["Pauses", "Answer", "validate_answers", "waiting_on", "recorded_result", "FINISHED"]
 
@@ -233,7 +234,7 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
             raise ResumeError(
                 f"session {sid!r} has no open input request {iid!r}{hint}; it waits on {waiting_on(ws) or 'nothing'}"
             )
-        value = json_value(value, f"the input for {iid!r}")
+        value = check_input(value, f"the input for {iid!r}")  # JSON, and Unicode text
         for ns in targets:
             payload = ns.requests[iid].payload
             if (
