@@ -57,3 +57,21 @@ def test_an_answer_or_a_run_input_that_is_not_unicode_text_is_refused(tmp_path):
     with pytest.raises(OutputNotSerializableError, match="lone surrogate"):
         Runner(Workflow("w", edges=[(START, ask)]), store=store).run_sync(["\udc80"], session_id="q")
     assert store.last_seq("p") == before and store.inbox("p") == [] and not store.has_session("q")
+
+
+@node
+async def dispatch(ctx, x):
+    return await ctx.await_job(lambda job: None, payload=x)
+
+
+def test_a_job_result_that_is_not_unicode_text_is_refused(tmp_path):
+    from flowscope.errors import OutputNotSerializableError
+
+    store = SqliteEventStore(tmp_path / "j.db")
+    paused = Runner(Workflow("w", edges=[(START, dispatch)]), store=store).run_sync(None, session_id="j")
+    (job_id,) = [p.job_id for p in paused.pending]
+    before = store.last_seq("j")
+    with pytest.raises(OutputNotSerializableError, match="the result of job .* lone surrogate"):
+        answer(store, "j", jobs={job_id: {"success": True, "data": {"note": "\udc80"}}})
+    assert store.last_seq("j") == before and store.inbox("j") == []
+    assert answer(store, "j", jobs={job_id: {"success": True, "data": "ok"}}).jobs == (job_id,)

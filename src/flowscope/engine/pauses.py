@@ -258,7 +258,8 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
             raise ResumeError(
                 f"job {job_id!r} of session {sid!r} already reported its result; a result is reported once"
             )
-        result = recorded_result(job_id, result)
+        # JSON, and Unicode text: an answer's rule, an input's or a job result's
+        result = recorded_result(job_id, check_input(result, f"the result of job {job_id!r}"))
         problem = result_shape_problem(result)
         if problem is not None:
             raise ResumeError(f"the result of job {job_id!r} of session {sid!r} is refused: {problem}")
