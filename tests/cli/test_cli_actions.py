@@ -121,6 +121,23 @@ def test_a_bulk_resume_answers_every_selected_session_and_skips_the_ones_it_cann
     assert both.exit_code == 2 and "not both" in both.output
 
 
+def test_a_bulk_resume_skips_a_session_a_live_owner_holds_and_resumes_the_rest(tmp_path):
+    db = _db(tmp_path)
+    with SqliteEventStore(db) as store:
+        store.acquire("f1", this_process("w-live"), 600.0)  # this process: alive
+    spec = ("--state", "failed", "--workflow", "test_cli_actions:failing")
+    dry = run(db, "resume", *spec, "--dry-run")
+    assert dry.exit_code == 0 and "would resume 2 session(s)" in dry.output, dry.output
+    assert "would skip f1: session 'f1' is owned by w-live" in dry.output
+    done = run(db, "resume", *spec, "--yes")
+    assert done.exit_code == 1, done.output  # the two it ran failed again
+    assert "skipped f1: session 'f1' is owned by w-live" in done.output
+    assert done.output.count("resuming f") == 2 and "resuming f1" not in done.output
+    with SqliteEventStore(db, readonly=True) as store:
+        invocations = {sid: store.session_info(sid).invocations for sid in ("f0", "f1", "f2")}
+    assert invocations == {"f0": 2, "f1": 1, "f2": 2}
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -188,6 +205,7 @@ def test_a_dry_run_of_a_resume_a_live_owner_refuses_gives_the_stores_refusal(tmp
         assert dry.exit_code == 2 and "is owned by w-live" in dry.output, dry.output
         real = run(db, "resume", "f0", *spec)
         assert real.exit_code == 2 and "is owned by w-live" in real.output
+        assert "resuming" not in real.output, real.output  # refused before it says it resumes
         forced = run(db, "resume", "f0", *spec, "--force", "--dry-run")
         assert forced.exit_code == 0 and "would resume 1 session(s)" in forced.output
         dry = run(db, "cancel", "p0", "--dry-run")  # a live owner is asked to stop it: taken

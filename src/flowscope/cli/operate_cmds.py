@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ..engine.pauses import validate_answers, waiting_on
-from ..errors import ResumeError, StoreError, classify, mask_url_credentials
+from ..errors import ConcurrencyConflict, ResumeError, StoreError, classify, mask_url_credentials
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
 from ..jobs import JOB_RESULT_KEYS
@@ -30,7 +30,7 @@ from .failures import EXIT_FAILED, CliError, failure_line
 from .history import redacted
 from .render import fmt_duration, fmt_time, render_table, zone_name
 from .runtime import SpanFollower, configure_cli_tracing, start_metrics_server, wait_for_signal
-from .session_ops import SELECTABLE_STATES, live_owner, prune_candidates, stop_if_dry_run
+from .session_ops import SELECTABLE_STATES, check_run_here, live_owner, prune_candidates
 from .worker_cmds import cwd_importable, record_answers
 
 __all__ = ["resume", "prune", "serve_metrics_cmd", "parse_answers", "JOB_RESULT_KEYS", "COMMANDS"]
@@ -253,7 +253,10 @@ def _resume_one(
         record_answers(store, session, ws, answers, results)  # its live owner takes them in
         return
     wf = _resolve_workflow(ws.workflow, workflow_spec)
-    stop_if_dry_run(store, session, force=force)
+    try:
+        check_run_here(store, session, force=force)
+    except ConcurrencyConflict as exc:  # said before "resuming"; in a bulk resume, a skip, not the end
+        raise CliError(str(exc)) from None
     tracing = configure_cli_tracing(
         otlp_endpoint,
         otlp_protocol,

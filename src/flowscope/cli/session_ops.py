@@ -37,7 +37,7 @@ __all__ = [
     "select_sessions",
     "WouldAct",
     "DryRunStore",
-    "stop_if_dry_run",
+    "check_run_here",
 ]
 
 
@@ -215,16 +215,16 @@ class DryRunStore:
         raise WouldAct(name)
 
 
-def stop_if_dry_run(store: Any, session_id: str, *, force: bool) -> None:
-    """Stop a dry run where its action hands the store to code that writes out of sight:
-    ``resume``'s Runner, in an event loop of its own, where :class:`WouldAct` would read as
-    the workflow's failure. Its first write takes the session's lease, which a live owner
-    refuses without ``force``: the dry run raises the store's own refusal
-    (:func:`~flowscope.store.base.owned_elsewhere`) for it, as the run would, and
-    :class:`WouldAct` otherwise. A real store passes through."""
-    if not isinstance(store, DryRunStore):
-        return
+def check_run_here(store: Any, session_id: str, *, force: bool) -> None:
+    """Before ``resume`` hands the session to a Runner in this process. A session a live
+    owner holds is refused with the store's own refusal
+    (:func:`~flowscope.store.base.owned_elsewhere`), unless ``force``: the Runner's first
+    write, which takes the lease, would raise it too, but only after the command had said
+    it was resuming. A dry run (:class:`DryRunStore`) stops here with :class:`WouldAct`:
+    from here the Runner writes out of sight, in an event loop of its own, where WouldAct
+    would read as the workflow's failure."""
     held = None if force else live_owner(cast(EventStore, store), session_id)
     if held is not None and held.owner is not None:
         raise owned_elsewhere(session_id, held.owner, held.lease_expires_at, None, time.time())
-    raise WouldAct("acquire")
+    if isinstance(store, DryRunStore):
+        raise WouldAct("acquire")
