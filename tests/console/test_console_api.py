@@ -452,6 +452,27 @@ def test_the_change_feed_probes_the_store_at_most_once_per_interval(fresh):
         assert feed.version() == v + 1 and feed.probes == 2
 
 
+@pytest.mark.slow  # timing-bound: waits for a lease to run out
+def test_the_change_feed_moves_when_a_lease_runs_out_without_a_write(fresh):
+    """A killed worker writes nothing more: the page left open learns of its orphaned
+    sessions from the liveness rule, which the feed asks, not from a write."""
+    from flowscope.store.testing import other_host_owner
+    from flowscope.store.testing.helpers import hold_running
+
+    with SqliteEventStore(fresh) as store:
+        hold_running(store, other_host_owner("w-far"), 2, time.time() - 3600.0 + 0.3)  # leases end in 0.3 s
+        feed = ChangeFeed(store, interval=0.05, liveness_interval=0.05)
+        v = feed.version()
+        time.sleep(0.1)
+        assert feed.version() == v  # nothing changed yet
+        time.sleep(0.35)
+        files = feed._probe_files()
+        assert feed.version() == v + 1  # the leases ran out
+        assert feed._probe_files() == files  # and nothing was written
+        time.sleep(0.1)
+        assert feed.version() == v + 1  # once
+
+
 def test_the_list_never_reads_every_session_and_counts_the_tabs_once_per_change(db):
     from flowscope.console import api
 

@@ -108,7 +108,7 @@ def _rows(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, A
 def create_app(config: ConsoleConfig) -> Starlette:
     """The console for ``config.store``: pages, ``/api/``, ``/api/live``, behind :class:`Guard`."""
     store = config.store
-    feed = ChangeFeed(store, config.live_interval_s)
+    feed = ChangeFeed(store, config.live_interval_s, stale_after_s=config.stale_after_s)
     lock = threading.Lock()  # one store call at a time: the store's connection is shared
     static = resources.files("flowscope.console") / "static"
     shell = (static / "index.html").read_text(encoding="utf-8")

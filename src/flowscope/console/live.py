@@ -18,6 +18,13 @@ wakes at once; the first to ask probes the store (once, for all of them), so a c
 made by another process reaches every open page promptly while the store is still probed
 once per notice or per ``interval``, never once per page.
 
+Some changes need no write at all: a lease runs out, an owner's process on this host
+dies, a job passes its deadline. What the liveness rule says of the open runs
+(:meth:`~flowscope.store.log.EventLog.open_run_summary`: orphaned and overdue runs per
+workflow and node) is asked too, at most once per :data:`LIVENESS_INTERVAL_S`, and moves
+the version when it changes: a page left open on a session whose worker was killed shows
+it orphaned within seconds, not at the store's next write.
+
 The same ``stat`` tells whether the SQLite file is still the one the store opened: a
 connection keeps reading the file it opened after that file is deleted or another is put
 at its path, so the console would serve the old rows as current and write where nothing
@@ -31,7 +38,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import StoreUnavailable
@@ -39,12 +46,14 @@ from ..store.base import EventStore
 from ..store.sqlite import SqliteEventStore
 from ..threads import start_thread
 
-__all__ = ["ChangeFeed", "ChangeNotices", "DEFAULT_INTERVAL_S", "NOTICE_GAP_S"]
+__all__ = ["ChangeFeed", "ChangeNotices", "DEFAULT_INTERVAL_S", "LIVENESS_INTERVAL_S", "NOTICE_GAP_S"]
 
 #: The least time between two probes of the store, without a notice.
 DEFAULT_INTERVAL_S = 1.0
 #: The least time between two probes that notices asked for (a burst of them: one probe).
 NOTICE_GAP_S = 0.05
+#: The least time between two questions to the liveness rule (a query of the open runs).
+LIVENESS_INTERVAL_S = 5.0
 
 
 @runtime_checkable
@@ -84,9 +93,21 @@ def _identity(path: str) -> tuple[int, int] | None:
 class ChangeFeed:
     """The store's change ``version``, probed at most once per ``interval`` seconds."""
 
-    def __init__(self, store: EventStore, interval: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        interval: float = DEFAULT_INTERVAL_S,
+        *,
+        stale_after_s: float = 60.0,
+        liveness_interval: float = LIVENESS_INTERVAL_S,
+    ) -> None:
         self.store = store
         self.interval = interval
+        self.stale_after_s = stale_after_s
+        self.liveness_interval = liveness_interval
+        self._liveness: Hashable = None
+        self._liveness_at = 0.0
+        self._liveness_cost = 0.0
         self._lock = threading.Lock()
         self._version = 0
         self._mark: Any = None
@@ -167,12 +188,27 @@ class ChangeFeed:
             self._mark = mark
             self._version += 1
 
+    def _ask_liveness(self) -> None:
+        """What the liveness rule says of the open runs now; a new version if it changed."""
+        t = time.monotonic()
+        groups = self.store.open_run_summary(time.time(), self.stale_after_s)
+        mark = tuple(sorted((g.workflow, g.node, g.state, g.orphaned, g.overdue) for g in groups))
+        self._liveness_at = time.monotonic()
+        self._liveness_cost = self._liveness_at - t
+        if mark != self._liveness:
+            if self._liveness is not None:
+                self._version += 1
+            self._liveness = mark
+
     def version(self) -> int:
-        """The change version now: probes the store if the last probe is old enough."""
+        """The change version now: probes the store if the last probe is old enough, and
+        asks the liveness rule if its last answer is."""
         with self._lock:
             wait = max(NOTICE_GAP_S if self._noticed else self.interval, 10 * self._cost)
             if self._mark is None or time.monotonic() - self._probed_at >= wait:
                 self._probe()
+            if time.monotonic() - self._liveness_at >= max(self.liveness_interval, 10 * self._liveness_cost):
+                self._ask_liveness()
             return self._version
 
     def _file_fault(self, now: tuple[int, int] | None) -> str | None:
