@@ -1,6 +1,7 @@
 """What the ADK bridge reads from ADK's own objects: a node's kind, the input requests an
-event carries and the answers a message does, ADK's timeout error, and the ADK invocation
-id inside a flowscope one."""
+event carries (``adk_request_input``, and the calls ADK waits on: long-running tools, tool
+confirmations) and the answers a message does, ADK's timeout error, and the ADK
+invocation id inside a flowscope one."""
 
 from __future__ import annotations
 
@@ -33,23 +34,38 @@ def kind_of(node: Any) -> str:
 
 
 def requests_in(event: AdkEvent) -> list[tuple[str, str, Any]]:
-    """The ``adk_request_input`` calls an event carries (a node may yield one directly)."""
+    """The input requests an event carries, as ``(interrupt_id, prompt, payload)``: its
+    ``adk_request_input`` calls (a node may yield one directly), and every call ADK waits
+    on, whose id is in the event's ``long_running_tool_ids`` (a long-running tool's call,
+    a tool's ``adk_request_confirmation``): ADK pauses the node for each of them until a
+    message carries its function response, as it does for an input request."""
     out: list[tuple[str, str, Any]] = []
+    waits = set(event.long_running_tool_ids or ())
     content = event.content
     for part in (content.parts or []) if content is not None else []:
         call = part.function_call
-        if call is not None and call.name == REQUEST_INPUT_FUNCTION_CALL_NAME and call.id:
-            args = dict(call.args or {})
+        if call is None or not call.id:
+            continue
+        args = dict(call.args or {})
+        if call.name == REQUEST_INPUT_FUNCTION_CALL_NAME:
             out.append((call.id, str(args.get("message") or ""), args.get("payload")))
+        elif call.id in waits:
+            confirmation = args.get("toolConfirmation")
+            hint = confirmation.get("hint") if isinstance(confirmation, dict) else None
+            out.append((call.id, str(hint or call.name or ""), args))
+        waits.discard(call.id)
+    out.extend((i, "", None) for i in sorted(waits))  # waited on without a call in this event
     return out
 
 
 def answers_in(message: Any) -> dict[str, Any]:
-    """``{interrupt_id: response}`` for the ``adk_request_input`` responses a message carries."""
+    """``{call id: response}`` for the function responses a message carries: the answers
+    to ``adk_request_input`` calls and to every other call ADK waits on (the caller keeps
+    those that answer an open request)."""
     out: dict[str, Any] = {}
     for part in (message.parts or []) if message is not None else []:
         resp = part.function_response
-        if resp is not None and resp.name == REQUEST_INPUT_FUNCTION_CALL_NAME and resp.id:
+        if resp is not None and resp.id:
             out[resp.id] = resp.response
     return out
 
