@@ -228,6 +228,14 @@ class BridgeRecorder:
         self.start_node(inv, root_path, "workflow", max(root_attempt, 1), False, input)
         return inv
 
+    def supersede_earlier(self, inv: BridgeInvocation) -> None:
+        """End ``superseded`` the runs earlier invocations left open, which the engine dropped."""
+        sid = inv.run.session_id
+        with self._lock:
+            dropped = [n for n in open_runs_below(self.session(sid), inv.root_path) if n.path not in inv.open]
+        if dropped:
+            self._append(sid, superseded_runs(dropped, sid, inv.run.invocation_id))
+
     def finish_run(
         self,
         inv: BridgeInvocation,

@@ -41,6 +41,7 @@ from langgraph.types import Command
 
 from ..errors import ErrorInfo
 from ..events import InputRequested
+from ..fold import WorkflowState
 from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin
 from ..states import RunStatus
@@ -82,14 +83,23 @@ class _Task:
 class _Graph:
     """One graph invocation being recorded."""
 
-    __slots__ = ("inv", "tasks", "interrupted", "continues", "claimed")
+    __slots__ = ("inv", "tasks", "interrupted", "continues", "claimed", "latest")
 
-    def __init__(self, inv: BridgeInvocation, continues: bool) -> None:
+    def __init__(self, inv: BridgeInvocation, continues: bool, latest: str | None = None) -> None:
         self.inv = inv
         self.tasks: dict[str, _Task] = {}  # checkpoint namespace -> task
         self.interrupted = False
         self.continues = continues  # a resume (Command or None input): earlier runs continue
         self.claimed: set[str] = set()  # paths of earlier runs continued by this invocation
+        #: The invocation that last started a task of the thread (a resume continues its runs).
+        self.latest = latest
+
+
+def _latest_invocation(ws: WorkflowState, root_path: str) -> str | None:
+    """The invocation that started the thread's latest task run (by its last start or
+    heartbeat), or None before any: the runs a resume continues are that invocation's."""
+    runs = [n for p, n in ws.nodes.items() if p != root_path]
+    return max(runs, key=lambda n: n.heartbeat_at or n.started_at or 0.0).invocation_id if runs else None
 
 
 #: States of an earlier run that a resume of the thread continues (LangGraph runs its task again).
@@ -283,6 +293,7 @@ class FlowscopeCallbackHandler(_Handler):
             continues or ws.status in ("paused", "running", "failed", "cancelled")
         )
         answers: dict[str, Any] = {}
+        latest = _latest_invocation(ws, f"{workflow}@1") if continues else None
         if isinstance(inputs, Command) and inputs.resume is not None:
             open_ids = [e.interrupt_id for e in ws.pending if isinstance(e, InputRequested)]
             value = inputs.resume
@@ -301,7 +312,7 @@ class FlowscopeCallbackHandler(_Handler):
             # new input over an unanswered interrupt: LangGraph drops it and runs anew
             supersede=resumed and not continues,
         )
-        self._graphs[run_id] = _Graph(inv, continues and ws.invocations > 0)
+        self._graphs[run_id] = _Graph(inv, continues and ws.invocations > 0, latest)
         self._runs[run_id] = (run_id, None)
 
     def _finish(self, run_id: UUID, g: _Graph, outputs: Any, error: BaseException | None) -> None:
@@ -313,6 +324,10 @@ class FlowscopeCallbackHandler(_Handler):
             # called raised) ends failed, never completed with the graph.
             self._close_tasks(g, "", cancel_rest=False)
             status: RunStatus = "paused" if g.interrupted else "completed"
+            if status == "completed":
+                # Nothing is pending in the thread now: a run an earlier invocation left open
+                # (a question answered by update_state, dropped by a time travel) is over.
+                self.recorder.supersede_earlier(g.inv)
             self.recorder.finish_run(g.inv, status, outputs if status == "completed" else None)
             return
         if isinstance(error, GraphInterrupt):
@@ -411,11 +426,19 @@ class FlowscopeCallbackHandler(_Handler):
             # The unfinished run of this task from an earlier invocation of the thread (it
             # paused, failed, was cancelled, or its process died) is the one LangGraph runs
             # again: the same path, the attempts continued. The task id names it exactly
-            # (this process saw it); else the first such run of the node, by order.
+            # (this process saw it); else the first such run of the node, by order, among
+            # the runs of the invocation that last ran a task: LangGraph runs again the
+            # tasks of its last checkpoint, which that invocation started, and an older
+            # unfinished run is one it dropped (a failed run before new input started the
+            # thread anew), continued by nobody.
             known = self._paths.get((sid, ns))
             candidates = [ws.nodes[known]] if known in ws.nodes else []
             candidates += sorted(
-                (n for n in ws.nodes.values() if n.node == node and n.parent_path == parent_path),
+                (
+                    n
+                    for n in ws.nodes.values()
+                    if n.node == node and n.parent_path == parent_path and n.invocation_id == g.latest
+                ),
                 key=lambda n: n.started_at or 0.0,
             )
             earlier = next(

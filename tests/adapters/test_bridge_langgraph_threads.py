@@ -1,0 +1,120 @@
+"""The LangGraph bridge on a thread whose history a handler did not see (another process,
+or one handler per request, as a web server makes them): a resume continues the runs
+LangGraph runs again, never one that new input dropped; and when the graph completes,
+nothing an earlier invocation left open stays open."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypedDict
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, StateGraph
+from langgraph.types import Command, interrupt
+
+from commands import cli_ok
+from flowscope.adapters.langgraph import FlowscopeCallbackHandler
+from flowscope.events import InputReceived, NodeErrorEvent
+from flowscope.fold import rebuild
+from flowscope.store import SqliteEventStore
+
+# imports take seconds (langgraph): the whole module is in the slow set
+pytestmark = pytest.mark.slow
+
+
+class State(TypedDict, total=False):
+    n: int
+    answer: Any
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = SqliteEventStore(str(tmp_path / "lg.db"))
+    yield s
+    s.close()
+
+
+def fresh(store: SqliteEventStore, thread: str) -> dict[str, Any]:
+    """A config with a new handler: what a process that never saw the thread passes."""
+    return {"configurable": {"thread_id": thread}, "callbacks": [FlowscopeCallbackHandler(store)]}
+
+
+def asking_graph() -> Any:
+    def ask(s: State) -> State:
+        return {"answer": interrupt(f"approve {s['n']}?")}
+
+    g = StateGraph(State)
+    g.add_node("ask", ask)
+    g.add_edge(START, "ask")
+    return g.compile(name="ab", checkpointer=InMemorySaver())
+
+
+def test_a_resume_by_a_new_handler_answers_the_question_langgraph_asks_not_the_one_it_dropped(
+    store, tmp_path
+):
+    graph = asking_graph()
+    graph.invoke({"n": 1}, fresh(store, "t"))
+    graph.invoke({"n": 2}, fresh(store, "t"))  # new input: LangGraph drops the first question
+    assert graph.invoke(Command(resume="yes"), fresh(store, "t")) == {"n": 2, "answer": "yes"}
+    log = store.read("t")
+    [received] = [e for e in log if isinstance(e, InputReceived)]
+    assert (received.path, received.value) == ("ab@1/ask@2", "yes")
+    state = rebuild(log)
+    assert {p: n.status for p, n in state.nodes.items()} == {
+        "ab@1": "completed",
+        "ab@1/ask@1": "cancelled",  # superseded by the new input
+        "ab@1/ask@2": "completed",
+    }
+    assert state.nodes["ab@1/ask@2"].attempt == 1  # continued after its pause: the same attempt
+    assert store.open_runs() == []
+    assert "nothing stuck" in cli_ok("--db", str(tmp_path / "lg.db"), "stuck", "--older-than", "0s")
+
+
+def test_a_resume_by_a_new_handler_continues_the_failed_run_of_the_last_input_not_an_older_one(store):
+    fails = {"left": 2}
+
+    def enrich(s: State) -> State:
+        if fails["left"]:
+            fails["left"] -= 1
+            raise ValueError("upstream down")
+        return {"n": s["n"] * 10}
+
+    g = StateGraph(State)
+    g.add_node("enrich", enrich)
+    g.add_edge(START, "enrich")
+    graph = g.compile(name="etl", checkpointer=InMemorySaver())
+    for n in (1, 2):  # each input fails for good; the second starts the thread anew
+        with pytest.raises(ValueError):
+            graph.invoke({"n": n}, fresh(store, "t"))
+    assert graph.invoke(None, fresh(store, "t")) == {"n": 20}  # LangGraph retries the second input's task
+    state = rebuild(store.read("t"))
+    first, second = state.nodes["etl@1/enrich@1"], state.nodes["etl@1/enrich@2"]
+    assert (first.status, first.attempt) == ("failed", 1)  # dropped: it stays as it ended
+    assert (second.status, second.attempt) == ("completed", 2)
+    assert [e.path for e in store.read("t") if isinstance(e, NodeErrorEvent)] == [
+        "etl@1/enrich@1",
+        "etl@1/enrich@2",
+    ]
+    assert store.open_runs() == []
+
+
+def test_a_question_answered_with_update_state_is_not_left_open_when_the_graph_completes(store, tmp_path):
+    def post(s: State) -> State:
+        return {"n": s["n"] + 1}
+
+    g = StateGraph(State)
+    g.add_node("ask", lambda s: {"answer": interrupt("approve?")})
+    g.add_node("post", post)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", "post")
+    graph = g.compile(name="us", checkpointer=InMemorySaver())
+    cfg = fresh(store, "t")
+    graph.invoke({"n": 1}, cfg)
+    graph.update_state(cfg, {"answer": "yes"}, as_node="ask")  # an operator answers in LangGraph's own way
+    assert graph.invoke(None, cfg) == {"n": 2, "answer": "yes"}
+    state = rebuild(store.read("t"))
+    assert state.status == "completed" and state.pending == []
+    assert state.nodes["us@1/ask@1"].status == "cancelled"  # superseded: LangGraph never ran it again
+    assert store.open_runs() == []
+    assert "nothing stuck" in cli_ok("--db", str(tmp_path / "lg.db"), "stuck", "--older-than", "0s")
