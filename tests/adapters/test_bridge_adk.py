@@ -270,6 +270,36 @@ async def test_a_fresh_adk_invocation_in_the_same_session_runs_the_nodes_again(s
     assert [r.resumed for r in runs] == [False, True, False]
 
 
+async def test_each_message_of_a_session_is_a_root_run_of_its_own_and_the_audit_counts_every_turn(store):
+    # ADK numbers every invocation's paths from sync@1 again; the log numbers the session's
+    # turns, so that a second message does not overwrite the first one's runs.
+    calls: dict[str, int] = {}
+    d = Driver(retry_workflow(calls), FlowscopeADK(store))
+    with pytest.raises(PermissionError):
+        await d.start()  # flaky retried twice, doomed fails for good after 3 attempts
+    for turn in ("again", "once more"):
+        with pytest.raises(PermissionError):
+            await d._send(types.Content(role="user", parts=[types.Part(text=turn)]))
+    assert calls == {"flaky": 5, "doomed": 9}
+    state = rebuild(store.read(d.session_id))
+    assert {p: (n.status, n.attempt) for p, n in state.nodes.items()} == {
+        "sync@1": ("failed", 1),
+        "sync@1/flaky@1": ("completed", 3),
+        "sync@1/doomed@1": ("failed", 3),
+        "sync@2": ("failed", 1),
+        "sync@2/flaky@1": ("completed", 1),
+        "sync@2/doomed@1": ("failed", 3),
+        "sync@3": ("failed", 1),
+        "sync@3/flaky@1": ("completed", 1),
+        "sync@3/doomed@1": ("failed", 3),
+    }
+    rows = audit(store, d.session_id)
+    assert (rows["flaky"]["runs"], rows["flaky"]["attempts"], rows["flaky"]["retries"]) == (3, 5, 2)
+    assert (rows["doomed"]["runs"], rows["doomed"]["attempts"], rows["doomed"]["failed"]) == (3, 9, 3)
+    errors = [e for e in store.read(d.session_id) if isinstance(e, NodeErrorEvent)]
+    assert [e.path for e in errors] == ["sync@1/doomed@1", "sync@2/doomed@1", "sync@3/doomed@1"]
+
+
 async def test_spans_nest_by_path_live_and_from_the_log(store):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

@@ -14,7 +14,18 @@ from google.adk.workflow._base_node import BaseNode
 from google.adk.workflow._errors import NodeTimeoutError as AdkNodeTimeoutError
 from google.adk.workflow._join_node import JoinNode
 
-__all__ = ["SEP", "adk_invocation", "kind_of", "requests_in", "answers_in", "timeout_error"]
+from ..fold import WorkflowState
+
+__all__ = [
+    "SEP",
+    "adk_invocation",
+    "root_path_of",
+    "log_path",
+    "kind_of",
+    "requests_in",
+    "answers_in",
+    "timeout_error",
+]
 
 SEP = "#"  # flowscope invocation id of the k-th ADK run of one ADK invocation: "<adk id>#k"
 
@@ -22,6 +33,26 @@ SEP = "#"  # flowscope invocation id of the k-th ADK run of one ADK invocation: 
 def adk_invocation(invocation_id: str) -> str:
     """The ADK invocation id a flowscope invocation id records (ADK keeps it on resume)."""
     return invocation_id.split(SEP, 1)[0]
+
+
+def root_path_of(ws: WorkflowState, root: str, adk_id: str, resumed: bool) -> str:
+    """The root run of ADK invocation ``adk_id`` in the log. ADK numbers every invocation's
+    root ``@1``; the log numbers a session's invocations in turn (``wf@2`` for the run a
+    second message starts), so that each one's node runs are runs of their own, counted
+    by ``audit`` and never overwritten by the next. A resume keeps its invocation's root."""
+    roots = [n for n in ws.nodes.values() if not n.parent_path and n.node == root]
+    if resumed:
+        mine = [n.path for n in roots if adk_invocation(n.invocation_id) == adk_id]
+        if mine:
+            return mine[-1]
+    ks = [int(k) for k in (n.path.rsplit("@", 1)[-1] for n in roots) if k.isdigit()]
+    return f"{root}@{max(ks, default=0) + (0 if resumed and ks else 1)}"
+
+
+def log_path(root_path: str, adk_path: str) -> str:
+    """The log's path of ADK's ``node_path`` in the invocation whose root run is ``root_path``."""
+    _head, sep, rest = adk_path.partition("/")
+    return root_path + sep + rest if adk_path else adk_path
 
 
 def kind_of(node: Any) -> str:

@@ -53,7 +53,16 @@ from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin
 from ..states import RunStatus
 from ..store.base import EventStore
-from ._adk_parts import SEP, adk_invocation, answers_in, kind_of, requests_in, timeout_error
+from ._adk_parts import (
+    SEP,
+    adk_invocation,
+    answers_in,
+    kind_of,
+    log_path,
+    requests_in,
+    root_path_of,
+    timeout_error,
+)
 from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder, name_of, parent_of
 from ._runs import route_of
 
@@ -100,7 +109,7 @@ class _Observing(BaseNode):
         run = bridge._attempt(self, ctx, node_input)
         if run is None:  # the log shows this run completed: ADK's resume must not repeat it
             await inner.aclose()
-            ns = bridge.recorder.node_state(ctx.session.id, ctx.node_path)
+            ns = bridge.recorder.node_state(ctx.session.id, bridge._path(ctx, ctx.node_path))
             if ns is not None and ns.has_output:
                 yield AdkEvent(output=ns.output)
             return
@@ -330,7 +339,8 @@ class FlowscopeADK:
         text = (
             " ".join(p.text for p in (message.parts or []) if p.text) or None if message is not None else None
         )
-        inv = self.recorder.begin_run(sid, invocation_id, root, text, resumed, f"{root}@1", answers)
+        root_path = root_path_of(ws, root, adk_id, resumed)
+        inv = self.recorder.begin_run(sid, invocation_id, root, text, resumed, root_path, answers)
         self._invs[adk_id] = inv
         # A node that asked for input and does not re-run on resume takes the answer as its
         # output (ADK does this without running it): record that run here.
@@ -351,25 +361,26 @@ class FlowscopeADK:
             inv = self._begin(ctx._invocation_context)
         return inv
 
+    def _path(self, ctx: Any, adk_path: str) -> str:
+        """The log's path of an ADK node path in ``ctx``'s invocation (:func:`log_path`)."""
+        return log_path(self._inv(ctx).root_path, adk_path)
+
     def _on_event(self, ic: Any, event: Any) -> None:
         info = event.node_info
         inv = self._invs.get(ic.invocation_id)
         if inv is None or info is None:
             return
-        if (
-            info.path
-            and info.path not in inv.open
-            and self.recorder.node_state(inv.run.session_id, info.path) is None
-        ):
-            self._unobserved(info.path)
+        own = log_path(inv.root_path, info.path or "")
+        if own and own not in inv.open and self.recorder.node_state(inv.run.session_id, own) is None:
+            self._unobserved(own)
         if event.error_code is not None and info.path:
             self._settle_cancelled(
                 ic.invocation_id, info.path, event.error_code == AdkNodeTimeoutError.__name__
             )
         if not info.output_for:
             return
-        for path in info.output_for:
-            if path == info.path:
+        for path in (log_path(inv.root_path, p) for p in info.output_for):
+            if path == own:
                 continue  # the node's own output: recorded by its ObservedFunctionNode
             if path == inv.root_path:
                 self._outputs[ic.invocation_id] = event.output
@@ -451,8 +462,8 @@ class FlowscopeADK:
     def _attempt(self, node: BaseNode, ctx: Any, node_input: Any) -> _Run | None:
         """Begin an ADK attempt; None when the log shows this run already completed."""
         inv = self._inv(ctx)
-        path = ctx.node_path
-        key = (ctx.invocation_id, path)
+        path = log_path(inv.root_path, ctx.node_path)
+        key = (ctx.invocation_id, ctx.node_path)
         run = self._runs.get(key)
         if run is not None:  # ADK's next attempt of a run we follow
             if run.cancelled is not None:  # the cancelled attempt timed out, and ADK retries it
@@ -488,7 +499,9 @@ class FlowscopeADK:
             self.recorder.retrying(run.ctx, run.ctx.attempt, error, delay)
             return
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
-        child = exc.error_node_path if isinstance(exc, DynamicNodeFailError) else None
+        child = (
+            log_path(inv.root_path, exc.error_node_path) if isinstance(exc, DynamicNodeFailError) else None
+        )
         if (
             child and self.recorder.node_state(inv.run.session_id, child) is not None
         ):  # the child holds the error event
@@ -497,8 +510,8 @@ class FlowscopeADK:
             self._errors.setdefault(ctx.invocation_id, child)
         else:
             self.recorder.fail(inv, run.ctx, error, run.ctx.attempt)
-            self._errors.setdefault(ctx.invocation_id, ctx.node_path)
-        self._workflow_retry(inv, ctx.invocation_id, ctx.node_path, error)
+            self._errors.setdefault(ctx.invocation_id, run.ctx.path)
+        self._workflow_retry(inv, ctx.invocation_id, run.ctx.path, error)
 
     def _workflow_retry(self, inv: BridgeInvocation, adk_id: str, path: str, error: BaseException) -> None:
         """A run's final failure that an enclosing nested workflow's ``retry_config``
@@ -544,7 +557,7 @@ class FlowscopeADK:
         """A dynamic child of this run waits for input: the run pauses, as a workflow does."""
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
         inv = self._inv(ctx)
-        prefix = ctx.node_path + "/"
+        prefix = run.ctx.path + "/"
         below = [
             e
             for e in self.recorder.session(inv.run.session_id).pending
