@@ -300,6 +300,50 @@ async def test_each_message_of_a_session_is_a_root_run_of_its_own_and_the_audit_
     assert [e.path for e in errors] == ["sync@1/doomed@1", "sync@2/doomed@1", "sync@3/doomed@1"]
 
 
+async def test_an_answer_to_an_earlier_messages_question_resumes_that_invocations_own_runs(store):
+    # ADK resumes the invocation whose question an answer names, even after another
+    # message started one of its own: the log continues that invocation's root run.
+    asked: list[str] = []
+
+    def ask(ctx: Any, node_input: Any) -> Any:
+        if ctx.resume_inputs:
+            return {"answers": list(ctx.resume_inputs.values())}
+        return RequestInput(message="ok?")
+
+    def ids(events: list[Any]) -> list[str]:
+        return [
+            p.function_call.id
+            for e in events
+            if e.content is not None
+            for p in (e.content.parts or [])
+            if p.function_call is not None and p.function_call.name == "adk_request_input"
+        ]
+
+    wf = Workflow(name="chat", edges=[("START", FunctionNode(func=ask, name="ask", rerun_on_resume=True))])
+    d = Driver(wf, FlowscopeADK(store))
+    first = await d.start()
+    second = await d._send(types.Content(role="user", parts=[types.Part(text="start over")]))
+    asked += ids(first) + ids(second)
+    await d.answer(asked[1], {"ok": 2})
+    await d.answer(asked[0], {"ok": 1})  # the first message's question, answered last
+    state = rebuild(store.read(d.session_id))
+    assert {p: n.status for p, n in state.nodes.items()} == {
+        "chat@1": "completed",
+        "chat@1/ask@1": "completed",
+        "chat@2": "completed",
+        "chat@2/ask@1": "completed",
+    }
+    assert state.nodes["chat@1/ask@1"].output == {"answers": [{"ok": 1}]} and state.pending == []
+    runs = [e for e in store.read(d.session_id) if isinstance(e, RunStarted)]
+    assert [(r.resumed, r.invocation_id.count("#")) for r in runs] == [
+        (False, 0),
+        (False, 0),
+        (True, 1),
+        (True, 1),
+    ]
+    assert store.open_runs() == []
+
+
 async def test_spans_nest_by_path_live_and_from_the_log(store):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

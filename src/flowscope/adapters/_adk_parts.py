@@ -19,7 +19,7 @@ from ..fold import WorkflowState
 __all__ = [
     "SEP",
     "adk_invocation",
-    "root_path_of",
+    "root_run_of",
     "log_path",
     "kind_of",
     "requests_in",
@@ -35,18 +35,19 @@ def adk_invocation(invocation_id: str) -> str:
     return invocation_id.split(SEP, 1)[0]
 
 
-def root_path_of(ws: WorkflowState, root: str, adk_id: str, resumed: bool) -> str:
-    """The root run of ADK invocation ``adk_id`` in the log. ADK numbers every invocation's
-    root ``@1``; the log numbers a session's invocations in turn (``wf@2`` for the run a
-    second message starts), so that each one's node runs are runs of their own, counted
-    by ``audit`` and never overwritten by the next. A resume keeps its invocation's root."""
+def root_run_of(ws: WorkflowState, root: str, adk_id: str) -> tuple[str, str | None]:
+    """The root run of ADK invocation ``adk_id`` in the log, and the last flowscope
+    invocation that ran it (None: the first). ADK numbers every invocation's root ``@1``;
+    the log numbers a session's invocations in turn (``wf@2`` for the run a second message
+    starts), so that each one's node runs are runs of their own, counted by ``audit`` and
+    never overwritten by the next. A resume keeps its invocation's root, whichever
+    invocation of the session ran last (ADK resumes an earlier one that an answer names)."""
     roots = [n for n in ws.nodes.values() if not n.parent_path and n.node == root]
-    if resumed:
-        mine = [n.path for n in roots if adk_invocation(n.invocation_id) == adk_id]
-        if mine:
-            return mine[-1]
+    for n in reversed(roots):
+        if adk_invocation(n.invocation_id) == adk_id:
+            return n.path, n.invocation_id
     ks = [int(k) for k in (n.path.rsplit("@", 1)[-1] for n in roots) if k.isdigit()]
-    return f"{root}@{max(ks, default=0) + (0 if resumed and ks else 1)}"
+    return f"{root}@{max(ks, default=0) + 1}", None
 
 
 def log_path(root_path: str, adk_path: str) -> str:

@@ -60,7 +60,7 @@ from ._adk_parts import (
     kind_of,
     log_path,
     requests_in,
-    root_path_of,
+    root_run_of,
     timeout_error,
 )
 from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder, name_of, parent_of
@@ -323,23 +323,25 @@ class FlowscopeADK:
         adk_id = ic.invocation_id
         sid = ic.session.id
         ws = self.recorder.session(sid)
-        resumed = bool(ws.invocation_id) and adk_invocation(ws.invocation_id) == adk_id
-        if resumed:
-            k = ws.invocation_id.split(SEP, 1)
-            invocation_id = f"{adk_id}{SEP}{int(k[1]) + 1 if len(k) == 2 else 2}"
-        else:
-            invocation_id = adk_id
         root = (
             self.workflow.name
             if self.workflow is not None
             else getattr(getattr(ic, "agent", None), "name", "workflow")
         )
+        root_path, previous = root_run_of(ws, root, adk_id)
+        if previous is None and ws.invocation_id and adk_invocation(ws.invocation_id) == adk_id:
+            previous = ws.invocation_id  # it ended before its root run started
+        resumed = previous is not None
+        if previous is not None:
+            k = previous.split(SEP, 1)
+            invocation_id = f"{adk_id}{SEP}{int(k[1]) + 1 if len(k) == 2 else 2}"
+        else:
+            invocation_id = adk_id
         message = self._messages.pop(adk_id, None)
         answers = answers_in(message)
         text = (
             " ".join(p.text for p in (message.parts or []) if p.text) or None if message is not None else None
         )
-        root_path = root_path_of(ws, root, adk_id, resumed)
         inv = self.recorder.begin_run(sid, invocation_id, root, text, resumed, root_path, answers)
         self._invs[adk_id] = inv
         # A node that asked for input and does not re-run on resume takes the answer as its
