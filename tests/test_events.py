@@ -166,6 +166,24 @@ def test_a_run_started_from_before_the_owner_field_reads_back_with_no_owner():
     assert restore_state(json.dumps(snap)).owner is None
 
 
+def test_a_run_started_names_its_engine_only_when_a_bridge_wrote_it():
+    from flowscope.fold import rebuild, restore_state, snapshot_state
+    from flowscope.store import codec
+
+    started = SAMPLES[0]
+    assert started.engine is None and "engine" not in to_dict(started)  # flowscope's own: no key
+    bridged = dataclasses.replace(started, engine="langgraph")
+    assert to_dict(bridged)["engine"] == "langgraph" and decode(encode(bridged)) == bridged
+    row = codec.encode("test.db", "s1", bridged)
+    [back] = codec.decode("test.db", "s1", 6, [row])
+    assert back.engine == "langgraph"
+    ws = rebuild([dataclasses.replace(bridged, path="", node="")])
+    assert ws.engine == "langgraph" and restore_state(json.dumps(snapshot_state(ws))).engine == "langgraph"
+    snap = snapshot_state(rebuild([dataclasses.replace(started, path="", node="")]))
+    snap.pop("engine", None)  # a snapshot taken before the field
+    assert restore_state(json.dumps(snap)).engine is None
+
+
 def test_a_fast_init_builds_the_same_frozen_record_as_the_dataclass():
     """fast_init replaces a frozen dataclass's __init__ with one that fills the slots
     through their descriptors: the same signature, defaults, factories and instances."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .engine.inbox import CANCEL_REASON, RETRY_REASON, take_in
-from .engine.pauses import FINISHED
+from .engine.pauses import FINISHED, check_own_engine
 from .errors import ConcurrencyConflict, ResumeError, UnknownSessionError
 from .events import RunSubmitted
 from .fold import WorkflowState, rebuild
@@ -60,13 +60,17 @@ def operator() -> str:
 
 
 def load(store: EventStore, session_id: str) -> WorkflowState:
-    """The session's state, or :class:`~flowscope.errors.UnknownSessionError`."""
+    """The state of a session an operator may act on: :class:`~flowscope.errors.UnknownSessionError`
+    for an unknown one, :class:`~flowscope.errors.OtherEngineError` for one another engine
+    runs (a bridge records it: the action would reach the log, never that engine)."""
     events = store.read(session_id)
     if not events:
         raise UnknownSessionError(
             f"no session {session_id!r} in the store: check the id (flowscope runs lists them)"
         )
-    return rebuild(events)
+    ws = rebuild(events)
+    check_own_engine(ws)
+    return ws
 
 
 def deliver(store: EventStore, ws: WorkflowState, kind: str, body: Mapping[str, Any]) -> ActionReceipt:

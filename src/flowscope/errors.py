@@ -44,6 +44,7 @@ __all__ = [
     "UnknownSessionError",
     "ResumeError",
     "SessionCancelledError",
+    "OtherEngineError",
     "NodeExitError",
     "ErrorInfo",
     "classify",
@@ -122,6 +123,12 @@ class JobFailedError(FlowscopeError):
 
 class ResumeError(FlowscopeError):
     """``resume()`` was asked for something the session cannot give (unknown input or job id)."""
+
+
+class OtherEngineError(ResumeError):
+    """The session is run by another engine (LangGraph, ADK) whose bridge records it:
+    flowscope's answers, retries, cancels and resumes would reach its log, never the
+    engine, so they are refused; the engine continues the session."""
 
 
 class SessionCancelledError(ResumeError):

@@ -83,6 +83,10 @@ class RunStarted(Event):
     #: Who ran this invocation and so every attempt in it: ``{"worker_id", "host", "pid"}``
     #: of the lease owner; None where nobody held a lease (and in logs written before it).
     owner: dict[str, Any] | None = None
+    #: The engine that ran it when it is not flowscope's own: ``"langgraph"`` or ``"adk"``,
+    #: written by a bridge (None: flowscope's engine, and logs written before it). Only
+    #: that engine can answer, retry, cancel or resume the session.
+    engine: str | None = None
 
 
 @dataclass(**_EVENT)
@@ -371,6 +375,8 @@ def to_dict(event: Event) -> dict[str, Any]:
         d["interrupt_ids"] = list(d["interrupt_ids"])
     if "error_qualname" in d and d["error_qualname"] in ("", d["error_type"]):
         del d["error_qualname"]  # a builtin's (the same as error_type): read back as "", which means that
+    if "engine" in d and d["engine"] is None:
+        del d["engine"]  # flowscope's own engine: read back as None
     d["type"] = event.type
     d["schema_version"] = SCHEMA_VERSION
     return d

@@ -323,6 +323,8 @@ class WorkflowState:
     unknown_events: int = 0
     #: An operator's cancel ended the session for good (``RunFinished.final``).
     final: bool = False
+    #: The engine of its latest invocation when a bridge recorded it (``RunStarted.engine``).
+    engine: str | None = None
     #: The seq of the snapshot this state was restored from (0: folded from the log alone).
     snapshot_seq: int = field(default=0, compare=False)
 
@@ -371,6 +373,7 @@ class WorkflowState:
             self.status = "running"
             self.trace_context = dict(e.trace_context)
             self.owner = e.owner
+            self.engine = e.engine
         elif isinstance(e, RunFinished):
             self.status = e.status
             self.output = e.output

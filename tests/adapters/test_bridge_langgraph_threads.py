@@ -13,7 +13,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 from langgraph.types import Command, interrupt
 
-from commands import cli_ok
+from commands import cli_ok, run_cli
 from flowscope.adapters.langgraph import FlowscopeCallbackHandler
 from flowscope.events import InputReceived, NodeErrorEvent
 from flowscope.fold import rebuild
@@ -118,3 +118,48 @@ def test_a_question_answered_with_update_state_is_not_left_open_when_the_graph_c
     assert state.nodes["us@1/ask@1"].status == "cancelled"  # superseded: LangGraph never ran it again
     assert store.open_runs() == []
     assert "nothing stuck" in cli_ok("--db", str(tmp_path / "lg.db"), "stuck", "--older-than", "0s")
+
+
+def test_flowscopes_own_actions_refuse_a_langgraph_session_and_change_nothing(store, tmp_path):
+    from flowscope import START as FS_START
+    from flowscope import Runner, Workflow, answer, cancel, node, retry
+    from flowscope.errors import OtherEngineError
+
+    graph = asking_graph()
+    cfg = fresh(store, "t")
+    graph.invoke({"n": 1}, cfg)
+    state = rebuild(store.read("t"))
+    assert state.engine == "langgraph" and state.status == "paused"
+    [asked] = state.pending
+    before = store.last_seq("t")
+
+    @node
+    async def ask(ctx, x):
+        return x
+
+    same_name = Workflow("ab", edges=[(FS_START, ask)])  # flowscope's own workflow of that name
+    attempts = [
+        lambda: answer(store, "t", inputs={asked.interrupt_id: "yes"}),
+        lambda: retry(store, "t"),
+        lambda: cancel(store, "t"),
+        lambda: Runner(same_name, store=store).resume_sync("t", inputs={asked.interrupt_id: "yes"}),
+    ]
+    for act in attempts:
+        with pytest.raises(OtherEngineError, match="run by langgraph.*graph.invoke"):
+            act()
+    db = str(tmp_path / "lg.db")
+    for args in (
+        ("resume", "t", "--input", f'{asked.interrupt_id}="yes"'),
+        ("cancel", "t"),
+        ("cancel", "t", "--force"),
+        ("retry", "t"),
+    ):
+        done = run_cli("--db", db, *args)
+        assert done.returncode == 2 and done.stdout == "", (args, done)
+        assert "run by langgraph" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert store.last_seq("t") == before and store.inbox("t") == []
+    assert graph.invoke(Command(resume="yes"), fresh(store, "t")) == {
+        "n": 1,
+        "answer": "yes",
+    }  # LangGraph's own
+    assert rebuild(store.read("t")).status == "completed"

@@ -11,15 +11,12 @@ runs in flight from a thread, so a node that blocks the loop or runs in a thread
 Recording never fails the workflow it observes: a store or plugin error is logged and the
 engine carries on (the log then misses those events, which ``flowscope stuck`` shows).
 
-The plugins' node hooks of a run (``before_node``, ``after_node``, ``on_node_error``) run
-in a context of that run's own, whatever thread or task the engine reports its end from:
-a context variable a hook sets at the start (the ``TracingPlugin``'s current span) is
-reset in the context that set it, so nothing logs "Failed to detach context". What the
-start hooks set is also made current in the engine's context, so spans the node body
-starts are children of the run's span: a span that is valid only while the run is open,
-so a context the engine returns to its caller holding it (LangGraph's ``ainvoke`` reports
-a task's start in the caller's task) carries no ended run's span. A workflow's run sets
-nothing there.
+The plugins' node hooks of a run run in a context of that run's own, whatever thread or
+task the engine reports its end from: what a hook sets at the start (the
+``TracingPlugin``'s current span) is reset where it was set, and nothing logs "Failed to
+detach context". It is also made current in the engine's context, as a span valid only
+while the run is open: spans the body starts are its children, and a context the engine
+hands back to its caller (LangGraph's ``ainvoke``) holds no ended run's span.
 """
 
 from __future__ import annotations
@@ -104,8 +101,10 @@ class BridgeRecorder:
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S,
         error_codes: Mapping[type, str] | None = None,
         timeouts: tuple[type[BaseException], ...] = (TimeoutError,),
+        engine: str | None = None,
     ) -> None:
         self.store = store
+        self.engine = engine  # RunStarted.engine: only that engine continues its sessions
         self.error_codes = dict(error_codes) if error_codes else None  # classify()'s mapping
         self.timeouts = timeouts  # a final failure of one of these is a timeout outcome
         self.plugins = PluginDispatcher(plugins)
@@ -217,6 +216,7 @@ class BridgeRecorder:
                     replayed=replayed,
                     recovered=recovered,
                     trace_context=dict(run.trace_context),
+                    engine=self.engine,
                 )
             ],
         )

@@ -218,6 +218,7 @@ class FlowscopeADK:
             heartbeat_interval,
             error_codes={AdkNodeTimeoutError: _TIMEOUT_CODE},
             timeouts=(AdkNodeTimeoutError, TimeoutError),
+            engine="adk",
         )
         self.plugin = FlowscopeADKPlugin(self)
         self.workflow: Workflow | None = None

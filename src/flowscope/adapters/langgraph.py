@@ -144,6 +144,7 @@ class FlowscopeCallbackHandler(_Handler):
             heartbeat_interval,
             error_codes={NodeTimeoutError: _TIMEOUT_CODE},
             timeouts=(NodeTimeoutError, TimeoutError),
+            engine="langgraph",
         )
         self.workflow: str | None = (
             workflow

@@ -18,7 +18,7 @@ import click
 from ..actions import ActionReceipt
 from ..actions import cancel as cancel_action
 from ..actions import retry as retry_action
-from ..errors import ResumeError, UnknownSessionError
+from ..errors import OtherEngineError, ResumeError, UnknownSessionError
 from ..store.base import SessionInfo
 from . import views
 from .app import DURATION, command_prefix, db_option, open_store
@@ -280,7 +280,7 @@ def _cancel_one(store: Any, sid: str, reason: str, force: bool) -> None:
         held = live_owner(store, sid)
         try:
             before, events = cancel_session(store, ws, reason, force=True)
-        except SessionFinished as exc:
+        except (SessionFinished, OtherEngineError) as exc:
             raise CliError(str(exc)) from None
         if held is not None and held.owner is not None:
             click.echo(

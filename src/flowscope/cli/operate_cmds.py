@@ -7,8 +7,15 @@ from typing import Any
 
 import click
 
-from ..engine.pauses import validate_answers, waiting_on
-from ..errors import ConcurrencyConflict, ResumeError, StoreError, classify, mask_url_credentials
+from ..engine.pauses import check_own_engine, validate_answers, waiting_on
+from ..errors import (
+    ConcurrencyConflict,
+    OtherEngineError,
+    ResumeError,
+    StoreError,
+    classify,
+    mask_url_credentials,
+)
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
 from ..jobs import JOB_RESULT_KEYS
@@ -234,6 +241,10 @@ def _resume_one(
 
     prefix = command_prefix(store.path)
     ws = views.load_session(store, session)
+    try:
+        check_own_engine(ws)  # before anything else is said of it
+    except OtherEngineError as exc:
+        raise CliError(str(exc)) from None
     if ws.status == "completed":
         raise CliError(f"session {session!r} already completed; there is nothing to resume")
     if ws.final:  # an operator's cancel; an interrupted or aborted run resumes (Runner.resume's rule)

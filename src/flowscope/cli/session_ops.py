@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ..engine.inbox import CANCEL_REASON, cancel_events, take_in
+from ..engine.pauses import check_own_engine
 from ..errors import ConcurrencyConflict
 from ..events import Event
 from ..fold import WorkflowState, rebuild
@@ -78,6 +79,7 @@ def cancel_session(
     appends nothing more (``LeaseLost``); the append itself is checked against that epoch.
     """
     sid = ws.session_id
+    check_own_engine(ws)
     if ws.status in FINISHED_SESSION_STATUSES:
         raise SessionFinished(sid, ws.status)
     try:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import JobFailedError, ResumeError, redact_value
+from ..errors import JobFailedError, OtherEngineError, ResumeError, redact_value
 from ..events import Event, InputReceived, InputRequested, JobDispatched, JobResultReceived
 from ..fold import WorkflowState
 from ..jobs import (
@@ -33,7 +33,15 @@ from .context import NodeContext, PauseSignal
 from .record import Recorder, json_value
 from .submit import check_input
 
-__all__ = ["Pauses", "Answer", "validate_answers", "waiting_on", "recorded_result", "FINISHED"]
+__all__ = [
+    "Pauses",
+    "Answer",
+    "validate_answers",
+    "check_own_engine",
+    "waiting_on",
+    "recorded_result",
+    "FINISHED",
+]
 
 log = logging.getLogger("flowscope.engine")
 
@@ -208,6 +216,27 @@ def waiting_on(ws: WorkflowState) -> str:
     )
 
 
+#: How each engine a bridge records continues a session: what an operator does instead.
+_CONTINUED_IN = {
+    "langgraph": "LangGraph continues it: graph.invoke(Command(resume=...), config) answers its thread, "
+    "graph.invoke(None, config) runs it again",
+    "adk": "ADK continues it: a message to runner.run_async with the function response answers it",
+}
+
+
+def check_own_engine(ws: WorkflowState) -> None:
+    """Refuse (:class:`~flowscope.errors.OtherEngineError`) an answer, retry, cancel or
+    resume of a session another engine runs (``RunStarted.engine``, written by a bridge):
+    it would change the log, never the engine, and the two would disagree from then on."""
+    if ws.engine is None:
+        return
+    how = _CONTINUED_IN.get(ws.engine, f"continue it in {ws.engine}")
+    raise OtherEngineError(
+        f"session {ws.session_id!r} is run by {ws.engine}, whose bridge records it: "
+        f"flowscope cannot answer, retry, cancel or resume it; {how}"
+    )
+
+
 def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping[str, Any]) -> list[Answer]:
     """Check answers (input values by interrupt id, job results by job id) against the
     session's open requests, and return the events that record them.
@@ -218,6 +247,7 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
     (:func:`~flowscope.jobs.result_shape_problem`), or a value JSON cannot hold. The CLI,
     the console and ``resume`` all call it: one rule, one set of messages.
     """
+    check_own_engine(ws)
     out: list[Answer] = []
     nodes = ws.nodes
     sid = ws.session_id

@@ -46,7 +46,7 @@ from .ids import new_id
 from .inbox import take_in
 from .invocation import Invocation
 from .lease import LeaseKeeper
-from .pauses import Answer, validate_answers
+from .pauses import Answer, check_own_engine, validate_answers
 from .record import Halted, NodeResult
 from .snapshots import load_snapshot, save_snapshot
 from .submit import check_input, check_session_id, submit_run
@@ -293,7 +293,9 @@ class Runner:
 
     def _check(self, ws: WorkflowState, *, inbox_read: bool = False) -> None:
         """Refuse to resume a session of another workflow, one an operator cancelled, or
-        one that has completed unless its inbox (not read yet) may retry it."""
+        one that has completed unless its inbox (not read yet) may retry it, or one another
+        engine runs (a bridge's)."""
+        check_own_engine(ws)
         if ws.workflow and ws.workflow != self.workflow.name:
             raise ResumeError(
                 f"session {ws.session_id!r} ran workflow {ws.workflow!r}, not {self.workflow.name!r}: "

@@ -93,6 +93,7 @@ def one_of_each(sid: str = SID) -> list[Event]:
             recovered=1,
             trace_context={"traceparent": "00-ab-cd-01"},
             owner={"worker_id": "w-7", "host": "h-7", "pid": 7},
+            engine="langgraph",
         ),
         NodeStarted(ts=2.0, attempt=2, kind="workflow", parent_path="wf@1", recovered=True, **common),
         NodeRetrying(
@@ -189,8 +190,7 @@ NAMES = ("fetch", "check", "send", "crm", "report")
 
 
 def random_log(rnd: random.Random, sid: str, n: int, t0: float = 1000.0) -> list[Event]:
-    """A plausible session log of about ``n`` events: several invocations, retries,
-    failures, cancellations, pauses for input and jobs, crashes, recoveries, unknown types."""
+    """A plausible log of about ``n`` events: retries, failures, cancels, pauses, crashes, ..."""
     out: list[Event] = []
     ts = t0
     inv_no = 0
