@@ -88,13 +88,14 @@ def demo_db(tmp_path_factory):
 
 @pytest.fixture
 def paused_db(tmp_path):
-    """A session of the bundled workflow waiting for its geocoding job."""
+    """A session of the bundled workflow (named as `flowscope demo` names its sessions, so
+    that its code runs it by name) waiting for its geocoding job."""
     db = tmp_path / "paused.db"
     with SqliteEventStore(db) as store:
-        result = Runner(order_fulfilment, store=store).run_sync(batch_input("B-9"), session_id="paused-1")
+        result = Runner(order_fulfilment, store=store).run_sync(batch_input("B-9"), session_id="demo-paused-1")
     assert result.status == "paused"
     (job,) = result.pending
-    return db, "paused-1", job.job_id
+    return db, "demo-paused-1", job.job_id
 
 
 def make_bad_db(tmp_path, kind):
@@ -516,17 +517,17 @@ def test_resume_of_a_failing_session_exits_1(demo_db, tmp_path):
 def test_resume_recovers_a_killed_worker(tmp_path):
     db = tmp_path / "worker.db"
     with SqliteEventStore(db) as store:
-        proc = start_worker(str(db), "crash-1", hang_s=30, heartbeat_s=0.2)
+        proc = start_worker(str(db), "demo-crash-1", hang_s=30, heartbeat_s=0.2)
         try:
-            assert wait_until_running(store, "crash-1", proc)
+            assert wait_until_running(store, "demo-crash-1", proc)
         finally:
             kill_worker(proc)
     # its owner's process is gone (same host), so it is orphaned at once and a
     # plain resume takes it over, without --force and without waiting for its heartbeat
-    out = cli_ok("--db", str(db), "resume", "crash-1")
+    out = cli_ok("--db", str(db), "resume", "demo-crash-1")
     assert "completed" in out and "recovered" in out
     rows = json.loads(
-        invoke("--db", str(db), "audit", "--session", "crash-1", "--by", "run", "--format", "json").stdout
+        invoke("--db", str(db), "audit", "--session", "demo-crash-1", "--by", "run", "--format", "json").stdout
     )
     (export_rows,) = [r for r in rows if r["node"] == "export_rows"]
     assert (export_rows["status"], export_rows["attempts"], export_rows["recoveries"]) == ("completed", 2, 1)

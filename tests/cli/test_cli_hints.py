@@ -161,3 +161,28 @@ def test_the_commands_the_demo_names_when_stopped_at_a_prompt_act_on_its_databas
     shown = run_cli(*shlex.split(show)[1:], cwd=tmp_path)
     assert shown.returncode == 0 and f"session {session}" in shown.stdout, shown.stderr
     assert databases(tmp_path) == {"other.db"}
+
+
+@node
+async def approve(ctx, x):
+    return await ctx.request_input("approve?", interrupt_id="approval")
+
+
+def test_a_workflow_of_yours_named_like_a_bundled_one_never_runs_the_bundled_code(tmp_path):
+    """Only the sessions ``flowscope demo`` made run the bundled code by name: a session of
+    your own ``order_fulfilment`` is answered for your worker, and the hints name yours."""
+    db = tmp_path / "own.db"
+    mine = Workflow("order_fulfilment", edges=[(START, approve)])  # the bundled demo's name
+    with SqliteEventStore(db) as store:
+        Runner(mine, store=store).run_sync(None, session_id="orders-1")
+        Runner(mine, store=store).submit(None, session_id="orders-2")
+    r = invoke("--db", str(db), "resume", "orders-1", "--input", "approval=true")
+    assert r.exit_code == 0, r.output
+    assert "recorded input approval for orders-1" in r.output and "worker MODULE:ATTR" in r.output
+    assert "flowscope.examples" not in r.output
+    with SqliteEventStore(db, readonly=True) as store:
+        log = store.read("orders-1")
+        assert [e.type for e in log].count("run_started") == 1  # nothing ran here
+        assert rebuild(log).status == "answered"
+    rows = invoke("--db", str(db), "stuck", "--older-than", "0s", "--format", "json")
+    assert "flowscope.examples" not in rows.output and "worker MODULE:ATTR" in rows.output, rows.output

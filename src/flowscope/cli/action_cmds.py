@@ -168,7 +168,9 @@ def _said_retry(store: Any, receipt: ActionReceipt, from_path: str | None) -> st
             f"sent a retry{where} to {receipt.session_id} ({receipt.workflow}): its owner, {receipt.owner.describe()}, "
             "queues it again when its invocation ends"
         )
-    _seen, hint = worker_hint(store, receipt.workflow, prefix=command_prefix(store.path))
+    _seen, hint = worker_hint(
+        store, receipt.workflow, prefix=command_prefix(store.path), session_id=receipt.session_id
+    )
     return f"queued {receipt.session_id} ({receipt.workflow}, was {receipt.was}) to run again{where}; {hint}"
 
 

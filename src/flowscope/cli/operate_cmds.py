@@ -71,10 +71,11 @@ def _check_answers(ws: WorkflowState, answers: dict[str, Any], results: dict[str
         raise CliError(str(exc)) from None
 
 
-def _is_bundled(name: str) -> bool:
-    from ..examples import BUNDLED
+def _is_bundled(name: str, session: str) -> bool:
+    """A session ``flowscope demo`` made, of a bundled workflow: its code runs it here."""
+    from ..examples import bundled_for
 
-    return name in BUNDLED
+    return bundled_for(name, session) is not None
 
 
 def _resolve_workflow(name: str, spec: str | None) -> Any:
@@ -257,7 +258,7 @@ def _resume_one(
             f"session {session!r} is paused waiting for {waiting_on(ws) or 'nothing'}: answer with --input ID=JSON or --job ID=JSON"
         )
     _check_answers(ws, answers, results)
-    if workflow_spec is None and not _is_bundled(ws.workflow):
+    if workflow_spec is None and not _is_bundled(ws.workflow, session):
         record_answers(store, session, ws, answers, results)  # no code here: through the store
         return
     if (answers or results) and not force and live_owner(store, session) is not None:

@@ -336,7 +336,7 @@ def _queued_rows(store: EventStore, older_than_s: float, now: float, *, prefix: 
     what to do: start a worker for the workflow (after ``prefix``: a worker of another
     database would not serve them), or look at the live one's log (its claims fail).
     Workers are alive by :func:`flowscope.liveness.worker_alive`."""
-    from ..examples import BUNDLED
+    from ..examples import bundled_for
 
     cutoff = now - older_than_s
     if not any(
@@ -356,7 +356,8 @@ def _queued_rows(store: EventStore, older_than_s: float, now: float, *, prefix: 
             w = max(serving, key=lambda w: w.seen_at)
             action = f"a live worker serves it ({w.worker_id} on {w.host} pid {w.pid}): its log says why it does not start"
         else:
-            action = f"no live worker serves {s.workflow!r}: {prefix} worker {BUNDLED.get(s.workflow, 'MODULE:ATTR')}"
+            code = bundled_for(s.workflow, s.session_id) or "MODULE:ATTR"
+            action = f"no live worker serves {s.workflow!r}: {prefix} worker {code}"
         rows.append(
             {
                 "session_id": s.session_id,

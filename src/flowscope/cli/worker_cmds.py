@@ -94,15 +94,20 @@ def cwd_importable() -> None:
         sys.path.insert(0, cwd)
 
 
-def worker_command(workflow: str, prefix: str = "flowscope") -> str:
-    """The ``flowscope worker`` command line for ``workflow``: its module:attr when bundled."""
-    from ..examples import BUNDLED
+def worker_command(workflow: str, prefix: str = "flowscope", session_id: str = "") -> str:
+    """The ``flowscope worker`` command line for ``workflow``: its module:attr when it is
+    bundled and ``flowscope demo`` made the session (:func:`~flowscope.examples.bundled_for`)."""
+    from ..examples import bundled_for
 
-    return f"{prefix} worker {BUNDLED.get(workflow, 'MODULE:ATTR')}"
+    return f"{prefix} worker {bundled_for(workflow, session_id) or 'MODULE:ATTR'}"
 
 
 def worker_hint(
-    store: EventStore, workflow: str, now: float | None = None, prefix: str = "flowscope"
+    store: EventStore,
+    workflow: str,
+    now: float | None = None,
+    prefix: str = "flowscope",
+    session_id: str = "",
 ) -> tuple[bool, str]:
     """Whether a live worker serves ``workflow``, and the sentence that says so.
 
@@ -123,7 +128,7 @@ def worker_hint(
             f"a worker will pick it up: {w.worker_id} on {w.host} pid {w.pid} serves {workflow!r} "
             f"(alive, seen {max(0.0, now - w.seen_at):.1f}s ago)"
         )
-    start = f"start one with {worker_command(workflow, prefix)}"
+    start = f"start one with {worker_command(workflow, prefix, session_id)}"
     gone = [w for w in records if workflow in w.workflows]
     if gone:
         w = max(gone, key=lambda w: w.seen_at)
@@ -150,11 +155,13 @@ def record_answers(
     """``flowscope resume`` without the workflow's code: record the answers with
     :func:`flowscope.answer` and say whether a worker will pick the session up."""
     from ..answers import answer
-    from ..examples import BUNDLED
+    from ..examples import bundled_for
     from ..liveness import owner_alive
 
     prefix = command_prefix(store.path)
-    here = f"{prefix} resume {session}" + ("" if ws.workflow in BUNDLED else " --workflow MODULE:ATTR")
+    here = f"{prefix} resume {session}" + (
+        "" if bundled_for(ws.workflow, session) else " --workflow MODULE:ATTR"
+    )
     if not inputs and not jobs:
         info = store.session_info(session)
         orphaned = (
@@ -162,7 +169,7 @@ def record_answers(
             and info is not None
             and not owner_alive(info.owner, info.lease_expires_at, time.time())
         )
-        seen, hint = worker_hint(store, ws.workflow, prefix=prefix)
+        seen, hint = worker_hint(store, ws.workflow, prefix=prefix, session_id=session)
         if seen and (ws.status in ("queued", "answered") or orphaned):
             click.echo(f"nothing to record for {session} ({ws.workflow}, {ws.status}); {hint}")
             return
@@ -180,7 +187,7 @@ def record_answers(
         )
         return
     click.echo(f"recorded {what} for {session} ({receipt.workflow})")
-    seen, hint = worker_hint(store, receipt.workflow, prefix=prefix)
+    seen, hint = worker_hint(store, receipt.workflow, prefix=prefix, session_id=session)
     click.echo(hint)
     if not seen:
         click.echo(f"or run it in this process: {here}")
@@ -224,7 +231,7 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
     with store:
         sid = submit_by_name(store, workflow, value, session_id)
         prefix = command_prefix(store.path)
-        seen, hint = worker_hint(store, workflow, prefix=prefix)
+        seen, hint = worker_hint(store, workflow, prefix=prefix, session_id=sid)
         click.echo(sid)
         if seen:
             click.echo(f"queued {workflow} as session {sid}; {hint}", err=True)

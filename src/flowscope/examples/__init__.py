@@ -6,8 +6,10 @@ dynamic children and a completion marker. ``nightly_export`` (:mod:`.worker`) is
 whose worker ``flowscope demo`` kills mid-run so that ``flowscope stuck`` has something to
 find.
 
-``flowscope resume`` finds a session's workflow here by name unless ``--workflow
-module:attr`` says otherwise.
+``flowscope resume`` finds the code of a session ``flowscope demo`` made (its id starts
+with ``demo-``) here by name, unless ``--workflow module:attr`` says otherwise. A session
+of a workflow of yours that shares a bundled name is yours: the bundled code never runs
+it, and no hint names it (:func:`bundled_for`).
 """
 
 from __future__ import annotations
@@ -15,13 +17,33 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-__all__ = ["BUNDLED", "bundled_workflow", "load_workflow", "load_target", "as_workflow"]
+__all__ = [
+    "BUNDLED",
+    "DEMO_PREFIX",
+    "bundled_for",
+    "bundled_workflow",
+    "load_workflow",
+    "load_target",
+    "as_workflow",
+]
 
 #: workflow name -> "module:attribute" of the bundled Workflow object
 BUNDLED = {
     "order_fulfilment": "flowscope.examples.demo:order_fulfilment",
     "nightly_export": "flowscope.examples.worker:nightly_export",
 }
+
+
+#: The start of every session id ``flowscope demo`` gives.
+DEMO_PREFIX = "demo-"
+
+
+def bundled_for(workflow: str, session_id: str) -> str | None:
+    """The ``module:attr`` of the bundled workflow that runs session ``session_id`` when no
+    ``--workflow`` names its code: ``workflow`` is bundled and ``flowscope demo`` made the
+    session. None for any other session, whatever its workflow's name: running the demo's
+    code on a workflow of yours named ``order_fulfilment`` would fail it, or worse."""
+    return BUNDLED.get(workflow) if session_id.startswith(DEMO_PREFIX) else None
 
 
 def load_target(spec: str) -> Any:
