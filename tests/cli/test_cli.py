@@ -92,7 +92,9 @@ def paused_db(tmp_path):
     that its code runs it by name) waiting for its geocoding job."""
     db = tmp_path / "paused.db"
     with SqliteEventStore(db) as store:
-        result = Runner(order_fulfilment, store=store).run_sync(batch_input("B-9"), session_id="demo-paused-1")
+        result = Runner(order_fulfilment, store=store).run_sync(
+            batch_input("B-9"), session_id="demo-paused-1"
+        )
     assert result.status == "paused"
     (job,) = result.pending
     return db, "demo-paused-1", job.job_id
@@ -527,7 +529,9 @@ def test_resume_recovers_a_killed_worker(tmp_path):
     out = cli_ok("--db", str(db), "resume", "demo-crash-1")
     assert "completed" in out and "recovered" in out
     rows = json.loads(
-        invoke("--db", str(db), "audit", "--session", "demo-crash-1", "--by", "run", "--format", "json").stdout
+        invoke(
+            "--db", str(db), "audit", "--session", "demo-crash-1", "--by", "run", "--format", "json"
+        ).stdout
     )
     (export_rows,) = [r for r in rows if r["node"] == "export_rows"]
     assert (export_rows["status"], export_rows["attempts"], export_rows["recoveries"]) == ("completed", 2, 1)
