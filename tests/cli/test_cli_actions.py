@@ -100,6 +100,16 @@ def test_a_bulk_action_wants_a_session_or_filters_not_both_and_not_neither(tmp_p
     assert r.exit_code == 0 and r.output.count("skipped p") == 3 and "not failed" in r.output
 
 
+def test_a_bulk_action_without_yes_counts_what_it_would_do_as_its_dry_run_does(tmp_path):
+    db = _db(tmp_path)
+    before = logs(db)
+    r = run(db, "retry", "--older-than", "0s")  # three failed (retried), three paused (skipped)
+    assert r.exit_code == 2 and "retry would act on 3 session(s) and skip 3" in r.output, r.output
+    r = run(db, "cancel", "--state", "failed")  # over already: none it would act on
+    assert r.exit_code == 2 and "cancel would act on 0 session(s) and skip 3" in r.output, r.output
+    assert logs(db) == before
+
+
 def test_a_bulk_resume_answers_every_selected_session_and_skips_the_ones_it_cannot(tmp_path):
     db = _db(tmp_path)
     dry = run(db, "resume", "--state", "paused", "--input", "go=true", "--dry-run")

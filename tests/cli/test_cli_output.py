@@ -103,6 +103,9 @@ def test_tables_fit_the_terminal_and_wide_prints_every_cell(wide_db, name):
     assert wide.exit_code == 0, wide.output
     assert "…" not in wide.stdout
     assert max(len(line) for line in table_lines(wide.stdout)) > 80
+    if name == "show":  # the failure's message in DETAIL too, not cut on a table of its own
+        message = "the ledger of subsidiary " + "ACME-" * 30 + " does not balance"
+        assert message in [line.split("ValueError: ", 1)[-1].rstrip() for line in table_lines(wide.stdout)]
 
 
 def test_a_pipe_without_columns_gets_every_cell_whole(wide_db):

@@ -119,8 +119,10 @@ def for_each_target(
         _dry_run_targets(store, session, sids, act, action)
         return
     if session is None and not yes:
+        would, refused = _would_act(store, None, sids, act)  # the dry run's own checks: a true count
+        skip = f" and skip {len(refused)}" if refused else ""
         raise CliError(
-            f"{action} would act on {len(sids)} session(s): list them with --dry-run, act on them with --yes"
+            f"{action} would act on {len(would)} session(s){skip}: list them with --dry-run, act on them with --yes"
         )
     for sid in sids:
         try:
@@ -131,14 +133,11 @@ def for_each_target(
             click.echo(f"skipped {sid}: {exc.message}")
 
 
-def _dry_run_targets(
-    store: Any, session: str | None, sids: list[str], act: Callable[[Any, str], None], action: str
-) -> None:
-    """``--dry-run``: ``act`` on each of ``sids`` against a :class:`DryRunStore`, which
-    stops it at its first write, so the action's own checks say which it would take. Those
-    are listed; each one it refuses is a ``would skip SID: why`` line, as the action's
-    ``skipped SID: why``. A refused SESSION given alone is an error (exit 2), as the action
-    is; any other error of the action's is raised as the action raises it."""
+def _would_act(
+    store: Any, session: str | None, sids: list[str], act: Callable[[Any, str], None]
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """``act`` on each of ``sids`` against a :class:`DryRunStore`: the sessions it would
+    take, and those it refuses with why (a refused SESSION given alone raises)."""
     would: list[str] = []
     refused: list[tuple[str, str]] = []
     for sid in sids:
@@ -152,6 +151,18 @@ def _dry_run_targets(
             refused.append((sid, exc.message))
             continue
         would.append(sid)  # it wrote nothing, or was stopped at its first write
+    return would, refused
+
+
+def _dry_run_targets(
+    store: Any, session: str | None, sids: list[str], act: Callable[[Any, str], None], action: str
+) -> None:
+    """``--dry-run``: ``act`` on each of ``sids`` against a :class:`DryRunStore`, which
+    stops it at its first write, so the action's own checks say which it would take. Those
+    are listed; each one it refuses is a ``would skip SID: why`` line, as the action's
+    ``skipped SID: why``. A refused SESSION given alone is an error (exit 2), as the action
+    is; any other error of the action's is raised as the action raises it."""
+    would, refused = _would_act(store, session, sids, act)
     click.echo(f"would {action} {len(would)} session(s)" + (":" if would else ""))
     for sid in would:
         info = store.session_info(sid)

@@ -275,9 +275,8 @@ def _detail(r: dict[str, Any]) -> str:
         if origin and origin != r["path"]:
             bits.append(f"{r.get('error_code')} (from {origin.rsplit('/', 1)[-1]})")
         else:
+            # whole: the table cuts the cell with "…" to fit, and --wide prints it whole
             msg = one_line_text(r.get("error_message") or "")
-            if len(msg) > 70:
-                msg = msg[:67] + "..."
             bits.append(f"{r.get('error_code')} {r.get('error_type')}: {msg}")
     if r.get("retries"):
         reasons = r.get("retried") or ()
