@@ -157,6 +157,16 @@ def test_flowscopes_own_actions_refuse_a_langgraph_session_and_change_nothing(st
         done = run_cli("--db", db, *args)
         assert done.returncode == 2 and done.stdout == "", (args, done)
         assert "run by langgraph" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    from starlette.testclient import TestClient
+
+    from flowscope.console.app import ConsoleConfig, create_app
+
+    cfg = ConsoleConfig(store=SqliteEventStore(db), db_shown=db, port=8765)
+    page = TestClient(create_app(cfg), base_url="http://127.0.0.1:8765")
+    page.headers.update({"x-flowscope-token": cfg.token, "origin": "http://127.0.0.1:8765"})
+    for action, body in (("answer", {"inputs": {asked.interrupt_id: "yes"}}), ("retry", {}), ("cancel", {})):
+        r = page.post(f"/api/sessions/t/{action}", json=body)
+        assert r.status_code == 409 and "run by langgraph" in r.json()["error"], (action, r.text)
     assert store.last_seq("t") == before and store.inbox("t") == []
     assert graph.invoke(Command(resume="yes"), fresh(store, "t")) == {
         "n": 1,
