@@ -573,6 +573,29 @@ async def test_a_nested_workflow_is_no_node_running_and_its_cancellation_is_its_
     assert m.total("flowscope_nodes_running") == 0
 
 
+async def test_a_node_running_a_dynamic_child_is_its_container_while_the_child_runs(m):
+    """The rule the store's open runs follow: while a node's dynamic child runs, the child
+    is the node running, not both; the parent is counted again once it runs on alone."""
+    seen: dict[str, float] = {}
+
+    @node
+    async def child(x):
+        seen["during"] = m.total("flowscope_nodes_running")
+        seen["child"] = m.value("flowscope_nodes_running", workflow="orders", node="child")
+        return x
+
+    @node
+    async def parent(ctx, x):
+        seen["before"] = m.total("flowscope_nodes_running")
+        await ctx.run_node(child, x)
+        seen["after"] = m.value("flowscope_nodes_running", workflow="orders", node="parent")
+        return x
+
+    await m.runner(chain("orders", parent)).run(1)
+    assert seen == {"before": 1, "during": 1, "child": 1, "after": 1}
+    assert m.total("flowscope_nodes_running") == 0
+
+
 async def test_many_runs_add_up(m):
     runner = m.runner(chain("orders", ok))
     for i in range(25):

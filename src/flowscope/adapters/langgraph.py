@@ -384,7 +384,7 @@ class FlowscopeCallbackHandler(_Handler):
         origin = failed.get(id(exc))
         if origin is not None and origin.startswith(task.ctx.path + "/"):
             info = self.recorder.classify(exc)
-            self.recorder.propagate(g.inv, task.ctx, origin, info.code, info.type)
+            self.recorder.propagate(g.inv, task.ctx, origin, info.code, info.type, info.qualname)
             return False
         self.recorder.fail(g.inv, task.ctx, exc, task.ctx.attempt)
         failed[id(exc)] = task.ctx.path

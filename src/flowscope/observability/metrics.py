@@ -105,6 +105,8 @@ __all__ = [
 
 
 _KEY = "metrics"  # our slot in ctx.plugin_state
+#: A run's slot for how many of its children run: a run with one running is their container.
+_CHILDREN = "metrics.children"
 #: The node outcomes whose series start at 0 with a node's first run (an error rate's).
 _COUNTED_FROM_0 = ("success", "failure", "timeout")
 
@@ -146,6 +148,13 @@ class _NodeSeries:
             part.value += 1.0
         else:
             self.running.add(1.0)
+
+    def down(self) -> None:
+        part = self.running_part
+        if part is not None:
+            part.value -= 1.0
+        else:
+            self.running.add(-1.0)
 
 
 class MetricsPlugin(Plugin):
@@ -310,6 +319,29 @@ class MetricsPlugin(Plugin):
         ns = ctx.plugin_state[_KEY] = self._node(ctx.run.workflow, ctx.node_name)
         if ctx.kind != "workflow":  # a nested workflow runs while its children do: they are running
             ns.up()
+        parent = ctx.parent
+        if parent.kind != "workflow":  # a node's dynamic child, a bridge's subgraph task
+            self._child_started(parent)
+
+    @staticmethod
+    def _child_started(parent: NodeContext) -> None:
+        """A run whose child runs is their container, as a workflow is (the rule the
+        StoreCollector's open runs follow): it is running through them, not beside them."""
+        ps = parent.plugin_state
+        children = ps.get(_CHILDREN, 0)
+        ps[_CHILDREN] = children + 1
+        ns = ps.get(_KEY)
+        if children == 0 and ns is not None:
+            ns.down()
+
+    @staticmethod
+    def _child_ended(parent: NodeContext) -> None:
+        ps = parent.plugin_state
+        children = ps.get(_CHILDREN, 1) - 1
+        ps[_CHILDREN] = children
+        ns = ps.get(_KEY)
+        if children == 0 and ns is not None:  # still running, on its own again
+            ns.up()
 
     def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
         if ctx.parent is None:
@@ -318,12 +350,15 @@ class MetricsPlugin(Plugin):
         nested = ctx.kind == "workflow"
         if ns is None:  # the plugin was added after before_node ran
             ns = self._node(ctx.run.workflow, ctx.node_name)
-        elif not nested:
+        elif not nested and not ctx.plugin_state.get(_CHILDREN):
             running = ns.running_part
             if running is not None:
                 running.value -= 1.0
             else:
                 ns.running.add(-1.0)
+        parent = ctx.parent
+        if parent.kind != "workflow":
+            self._child_ended(parent)
         status = outcome.status
         origin = outcome.origin_path
         if (origin is not None and from_descendant(ctx.path, origin)) or (
