@@ -5,6 +5,11 @@ nothing an earlier invocation left open stays open."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -173,3 +178,55 @@ def test_flowscopes_own_actions_refuse_a_langgraph_session_and_change_nothing(st
         "answer": "yes",
     }  # LangGraph's own
     assert rebuild(store.read("t")).status == "completed"
+
+
+def test_a_thread_a_killed_process_left_ships_its_unsent_spans_from_the_next_process(store, tmp_path):
+    """The crash-proof shipping under the bridge: the next process that records the thread
+    ships, once, the spans of the run a SIGKILLed process left open (as WorkerLost)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from flowscope.events import NodeStarted
+    from flowscope.observability import TracingPlugin
+    from flowscope.observability.shipping import WatermarkExporter
+
+    db = str(tmp_path / "lg.db")
+    worker = Path(__file__).resolve().parents[1] / "langgraph_kill_worker.py"
+    proc = subprocess.Popen([sys.executable, str(worker), db, "t"], env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 30
+        while not any(isinstance(e, NodeStarted) and e.path == "etl@1/enrich@1" for e in store.read("t")):
+            assert time.monotonic() < deadline and proc.poll() is None, "the worker never started enrich"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    class Rows(TypedDict):
+        rows: int
+
+    g = StateGraph(Rows)
+    g.add_node("load", lambda s: {"rows": 10})
+    g.add_node("enrich", lambda s: {"rows": s["rows"] * 2})
+    g.add_edge(START, "load")
+    g.add_edge("load", "enrich")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(WatermarkExporter(exporter)))
+    tracing = TracingPlugin(tracer_provider=provider)
+    handler = FlowscopeCallbackHandler(store, plugins=[tracing])
+    config = {"configurable": {"thread_id": "t"}, "callbacks": [handler]}
+    assert g.compile(name="etl", checkpointer=InMemorySaver()).invoke({"rows": 0}, config) == {"rows": 20}
+    spans = {s.attributes["flowscope.node.path"]: s for s in exporter.get_finished_spans()}
+    lost = spans["etl@1/enrich@1"]  # the killed run, shipped by this process
+    assert (
+        lost.attributes["error.type"] == "flowscope.WorkerLost"
+        and lost.attributes["flowscope.export.incomplete"]
+    )
+    assert {"etl@1/load@2", "etl@1/enrich@2"} <= set(spans)  # the new input's own runs
+    tracing.force_flush()  # the watermark's write, at once
+    assert store.exported_seq("t") == store.last_seq("t")  # every span marked shipped: sent once
+    provider.shutdown()

@@ -88,11 +88,10 @@ class BridgeRecorder:
     """Appends flowscope's events for an engine's runs and calls the plugins' hooks.
 
     Thread-safe (LangGraph calls back from worker threads): one lock guards the sessions'
-    folds and the appends. ``heartbeat_interval`` (seconds, 0 turns heartbeats off) is
-    how often the runs in flight are marked alive. ``error_codes``: the engine's
-    exception types and the error codes to record for them (``classify``'s mapping);
-    ``timeouts``: the exception types whose final failure is a timeout, not a failure.
-    """
+    folds and the appends. ``heartbeat_interval`` (seconds, 0: none) is how often the runs
+    in flight are marked alive. ``error_codes``: the engine's exception types and their
+    error codes (``classify``'s mapping); ``timeouts``: those whose final failure is a
+    timeout. ``engine``: ``RunStarted.engine``."""
 
     def __init__(
         self,
@@ -201,6 +200,7 @@ class BridgeRecorder:
             replayed=replayed,
             recovered=recovered,
             plugins=self.plugins.names,
+            store=self.store,  # the tracing plugin ships what a dead process left unsent, and marks it
         )
         self.plugins.call_sync("before_run", run)
         self._append(
