@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..errors import WorkflowError
 from ..events import fast_init
 from ..states import OutcomeStatus, ResultStatus, Waiting
 from .graph import Node, check_depth
@@ -174,6 +175,7 @@ class NodeContext:
         "_children",
         "running_children",
         "_requests",
+        "_asked",
         "_jobs",
     )
 
@@ -209,6 +211,7 @@ class NodeContext:
         #: use; :data:`CHILDREN_CLOSED` once the attempt's body has ended.
         self.running_children: set[asyncio.Task[Any]] | frozenset[Any] | None = None
         self._requests = 0
+        self._asked: set[str] | None = None  # the interrupt ids this attempt asked for
         self._jobs = 0
 
     @property
@@ -237,6 +240,7 @@ class NodeContext:
         self.attempt += 1
         self._children.clear()
         self._requests = self._jobs = 0
+        self._asked = None
         self.running_children = None
 
     def child_path(self, name: str) -> str:
@@ -256,6 +260,17 @@ class NodeContext:
         self._requests += 1
         if interrupt_id is None:
             interrupt_id = self.path if self._requests == 1 else f"{self.path}#{self._requests}"
+        elif type(interrupt_id) is not str or not interrupt_id:
+            raise TypeError(f"interrupt_id is a non-empty str (an operator types it), not {interrupt_id!r}")
+        asked = self._asked
+        if asked is None:
+            asked = self._asked = set()
+        elif interrupt_id in asked:  # its answer would answer both: the second question never shown
+            raise WorkflowError(
+                f"node {self.node_name!r} asked for input {interrupt_id!r} twice in one attempt: "
+                "give each request_input its own interrupt_id"
+            )
+        asked.add(interrupt_id)
         return await self._inv.request_input(self, interrupt_id, prompt, payload)
 
     async def run_node(self, node: Node, input: Any = None) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import random
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -92,8 +93,14 @@ class RetryConfig:
     exceptions: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
+        if type(self.max_attempts) is not int:  # 2.5 would make 3 attempts, "3" fail at the first retry
+            raise TypeError(f"RetryConfig.max_attempts is a whole number, not {self.max_attempts!r}")
         if self.max_attempts < 1:
             raise ValueError("RetryConfig.max_attempts must be at least 1")
+        for field_name in ("initial_delay", "max_delay", "backoff_factor", "jitter"):
+            value = getattr(self, field_name)
+            if not _is_number(value) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"RetryConfig.{field_name} is a number of 0 or more, not {value!r}")
         if not 0.0 <= self.jitter <= 1.0:
             raise ValueError("RetryConfig.jitter is a fraction between 0 and 1")
         names = self.exceptions
@@ -136,6 +143,11 @@ def label_matches(edge_label: str | int | None, route: str | int | None) -> bool
     return edge_label is None or (edge_label == route and type(edge_label) is type(route))
 
 
+def _is_number(value: object) -> bool:
+    """An int or a float, not a bool: what a number of seconds, attempts or a factor is."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class _Start:
     __slots__ = ()
     name = "__start__"
@@ -169,8 +181,14 @@ class Node:
         check_name(name, "node name", MAX_NODE_NAME)
         if "/" in name or "@" in name:
             raise ValueError(f"invalid node name {name!r}: it must be non-empty, without '/' or '@'")
-        if timeout is not None and timeout <= 0:
-            raise ValueError("timeout must be a positive number of seconds")
+        if timeout is not None and (not _is_number(timeout) or not timeout > 0 or not math.isfinite(timeout)):
+            raise ValueError(f"timeout must be a positive number of seconds (or None), not {timeout!r}")
+        if retry is not None and not isinstance(retry, RetryConfig):
+            raise TypeError(
+                f"retry takes a RetryConfig, e.g. retry=RetryConfig(max_attempts={retry!r}), not {type(retry).__name__}"
+                if isinstance(retry, int) and not isinstance(retry, bool)
+                else f"retry takes a RetryConfig (or None), not {type(retry).__name__}"
+            )
         self.name = name
         self.fn = fn
         self.retry = retry

@@ -483,7 +483,9 @@ class Runner:
             result.pending = inv.ws.pending
         except Halted:
             raise
-        except (asyncio.CancelledError, InvocationAbortedError):
+        except (asyncio.CancelledError, InvocationAbortedError, KeyboardInterrupt):
+            # a KeyboardInterrupt raised in a body is the process going down, as Ctrl-C's
+            # cancellation is: its runs stopped (cancelled), the invocation failed nothing
             inv.finish("cancelled")
             raise
         except BaseException as exc:

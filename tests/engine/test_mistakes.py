@@ -1,0 +1,106 @@
+"""A newcomer's mistakes fail at once, with what to do, and lose nothing: a retry or timeout
+of the wrong kind is refused where the node is defined (not at its first failure, hiding
+that failure); an input request with an id that is no text, or the same id twice in one
+attempt (whose one answer would answer both), fails the node; a ``KeyboardInterrupt``
+raised in a body ends the invocation cancelled, as Ctrl-C does, not failed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from flowscope import START, RetryConfig, Runner, Workflow, node
+from flowscope.errors import WorkflowError
+from flowscope.events import NodeCancelled, NodeErrorEvent, RunFinished
+from flowscope.fold import rebuild
+from flowscope.store import MemoryEventStore
+
+
+def _fn(x):
+    return x
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "says"),
+    [
+        ({"retry": 3}, TypeError, r"retry=RetryConfig\(max_attempts=3\)"),
+        ({"retry": {"max_attempts": 3}}, TypeError, "retry takes a RetryConfig"),
+        ({"timeout": math.nan}, ValueError, "positive number of seconds"),
+        ({"timeout": math.inf}, ValueError, "positive number of seconds"),
+        ({"timeout": "10"}, ValueError, "positive number of seconds"),
+        ({"timeout": True}, ValueError, "positive number of seconds"),
+    ],
+)
+def test_a_retry_or_timeout_of_the_wrong_kind_is_refused_where_the_node_is_defined(options, error, says):
+    with pytest.raises(error, match=says):
+        node(**options)(_fn)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "says"),
+    [
+        ({"max_attempts": 2.5}, TypeError, "whole number"),
+        ({"max_attempts": "3"}, TypeError, "whole number"),
+        ({"initial_delay": -1}, ValueError, "initial_delay is a number of 0 or more"),
+        ({"max_delay": math.nan}, ValueError, "max_delay"),
+        ({"backoff_factor": "2"}, ValueError, "backoff_factor"),
+    ],
+)
+def test_a_retry_config_of_the_wrong_numbers_is_refused_when_made(options, error, says):
+    with pytest.raises(error, match=says):
+        RetryConfig(**options)
+
+
+async def test_the_same_interrupt_id_twice_in_one_attempt_fails_the_node_before_asking():
+    @node
+    async def twice(ctx, x):
+        first = await ctx.request_input("first?", interrupt_id="same")
+        second = await ctx.request_input("second?", interrupt_id="same")
+        return [first, second]
+
+    store = MemoryEventStore()
+    runner = Runner(Workflow("w", edges=[(START, twice)]), store=store)
+    paused = await runner.run(None, session_id="s")
+    assert [p.interrupt_id for p in paused.pending] == ["same"]
+    with pytest.raises(WorkflowError, match="asked for input 'same' twice in one attempt"):
+        await runner.resume("s", inputs={"same": "A"})  # never ['A', 'A']: the second question unasked
+    [error] = [e for e in store.read("s") if isinstance(e, NodeErrorEvent)]
+    assert (error.path, error.error_code) == ("w@1/twice@1", "WORKFLOW_ERROR")
+
+
+async def test_an_interrupt_id_that_is_no_text_fails_the_node_and_records_no_request():
+    @node
+    async def numbered(ctx, x):
+        return await ctx.request_input("which?", interrupt_id=123)
+
+    store = MemoryEventStore()
+    with pytest.raises(TypeError, match="interrupt_id is a non-empty str"):
+        await Runner(Workflow("w", edges=[(START, numbered)]), store=store).run(None, session_id="s")
+    state = rebuild(store.read("s"))
+    assert state.status == "failed" and state.pending == []
+
+
+async def test_a_keyboard_interrupt_in_a_body_ends_the_invocation_cancelled_and_it_resumes():
+    calls = {"n": 0}
+
+    @node
+    async def interrupted(ctx, x):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+        return "done"
+
+    store = MemoryEventStore()
+    runner = Runner(Workflow("w", edges=[(START, interrupted)]), store=store)
+    with pytest.raises(KeyboardInterrupt):
+        await runner.run(None, session_id="s")
+    log = store.read("s")
+    [finished] = [e for e in log if isinstance(e, RunFinished)]
+    assert (finished.status, finished.error_code, finished.final) == ("cancelled", None, False)
+    assert [(e.path, e.reason) for e in log if isinstance(e, NodeCancelled)][0] == (
+        "w@1/interrupted@1",
+        "interrupted",
+    )
+    assert not [e for e in log if isinstance(e, NodeErrorEvent)]
+    assert (await runner.resume("s")).output == "done"
