@@ -11,7 +11,7 @@ import math
 import pytest
 
 from flowscope import START, RetryConfig, Runner, Workflow, node
-from flowscope.errors import WorkflowError
+from flowscope.errors import RouteNotFoundError, WorkflowError
 from flowscope.events import NodeCancelled, NodeErrorEvent, RunFinished
 from flowscope.fold import rebuild
 from flowscope.store import MemoryEventStore
@@ -104,3 +104,46 @@ async def test_a_keyboard_interrupt_in_a_body_ends_the_invocation_cancelled_and_
     )
     assert not [e for e in log if isinstance(e, NodeErrorEvent)]
     assert (await runner.resume("s")).output == "done"
+
+
+async def test_a_node_whose_every_edge_is_labelled_and_that_returns_no_route_fails_with_the_labels():
+    ran: list[str] = []
+
+    @node
+    def check(x):
+        return "ok"  # meant Route("ok", ...)
+
+    @node
+    def ship(x):
+        ran.append("ship")
+
+    @node
+    def review(x):
+        ran.append("review")
+
+    store = MemoryEventStore()
+    wf = Workflow("orders", edges=[(START, check), (check, {"ok": ship, "review": review})])
+    with pytest.raises(
+        RouteNotFoundError, match=r"returned no Route.*'ok', 'review'.*return Route\(label, output\)"
+    ):
+        await Runner(wf, store=store).run(None, session_id="s")
+    assert ran == []  # not a silent "completed" with no branch taken
+    [error] = [e for e in store.read("s") if isinstance(e, NodeErrorEvent)]
+    assert (error.path, error.error_code) == ("orders@1/check@1", "ROUTE_NOT_FOUND")
+
+
+async def test_a_node_with_an_unlabelled_edge_besides_labelled_ones_may_return_a_plain_value():
+    @node
+    def check(x):
+        return x
+
+    @node
+    def always(x):
+        return "always"
+
+    @node
+    def only_ok(x):
+        return "ok"
+
+    wf = Workflow("orders", edges=[(START, check, always), (check, {"ok": only_ok})])
+    assert (await Runner(wf, store=MemoryEventStore()).run(1)).output == "always"

@@ -257,6 +257,10 @@ class Attempts:
             route = out.label
             out = out.output
             _check_route(ctx, route)
+        else:
+            wf = ctx.parent.node if ctx.parent is not None else None
+            if isinstance(wf, Workflow) and ctx.node in wf.routed_only:
+                _no_route(ctx, wf)
         if not is_native(out):  # (the common case, JSON values already: no message to build)
             out = json_value(out, f"the output of node {ctx.node_name!r} ({ctx.path})")
         return _new(NodeResult, (out, route, out is not None))
@@ -443,6 +447,16 @@ def _check_route(ctx: NodeContext, route: str | int) -> None:
     raise RouteNotFoundError(
         f"node {ctx.node_name!r} ({ctx.path}) returned Route({route!r}), but no edge from it in "
         f"workflow {wf.name!r} has that label (its labels: {', '.join(labels)})"
+    )
+
+
+def _no_route(ctx: NodeContext, wf: Workflow) -> None:
+    """A node whose every edge is labelled returned no ``Route``: none would fire, and the
+    workflow would end as if its branch were done (``RouteNotFoundError``, not retried)."""
+    labels = sorted({repr(label) for _target, label in wf.successors.get(ctx.node, ()) if label is not None})
+    raise RouteNotFoundError(
+        f"node {ctx.node_name!r} ({ctx.path}) returned no Route, but every edge from it in workflow "
+        f"{wf.name!r} is labelled ({', '.join(labels)}): return Route(label, output)"
     )
 
 

@@ -315,6 +315,11 @@ class Workflow(Node):
             self._add_chain(chain)
         if not self.successors[START]:
             raise WorkflowError(f"workflow {name!r} has no edge from START")
+        #: The nodes every edge out of which is labelled: one must return a Route, or its
+        #: run would end the branch silently (a forgotten Route reads as a finished workflow).
+        self.routed_only = frozenset(
+            n for n, out in self.successors.items() if out and all(label is not None for _t, label in out)
+        )
         self.depth = 1 + max(n.depth for n in self.nodes.values())
         if self.depth > MAX_DEPTH:
             raise WorkflowError(
