@@ -147,3 +147,50 @@ async def test_a_node_with_an_unlabelled_edge_besides_labelled_ones_may_return_a
 
     wf = Workflow("orders", edges=[(START, check, always), (check, {"ok": only_ok})])
     assert (await Runner(wf, store=MemoryEventStore()).run(1)).output == "always"
+
+
+def test_plugins_given_the_wrong_way_are_refused_with_how_to_pass_them():
+    from prometheus_client import CollectorRegistry
+
+    from flowscope.observability import MetricsPlugin
+
+    wf = Workflow("w", edges=[(START, node(_fn))])
+    for plugins, says in (
+        (MetricsPlugin(registry=CollectorRegistry()), r"plugins=\[MetricsPlugin\(\)\]"),
+        ([MetricsPlugin], r"MetricsPlugin\(\), not the class"),
+        (["metrics"], "is no plugin"),
+        ("metrics", "list of plugin instances"),
+    ):
+        with pytest.raises(TypeError, match=says):
+            Runner(wf, store=MemoryEventStore(), plugins=plugins)
+
+    class Counting:  # no Plugin subclass: the hooks it defines are called
+        def __init__(self) -> None:
+            self.runs = 0
+
+        def after_run(self, run, result, error):
+            self.runs += 1
+
+    counting = Counting()
+    Runner(wf, store=MemoryEventStore(), plugins=[counting]).run_sync(1)
+    assert counting.runs == 1
+
+
+def test_a_node_given_to_a_runner_is_refused_with_how_to_wrap_it():
+    with pytest.raises(TypeError, match=r"Workflow\('_fn', edges=\[\(START, _fn\)\]\)"):
+        Runner(node(_fn), store=MemoryEventStore())
+
+
+async def test_a_pause_in_the_default_in_memory_store_says_once_that_it_lives_only_here(caplog):
+    @node
+    async def ask(ctx, x):
+        return await ctx.request_input("go?", interrupt_id=f"go-{x}")
+
+    runner = Runner(Workflow("w", edges=[(START, ask)]))  # no store: in memory
+    await runner.run(1, session_id="a")
+    await runner.run(2, session_id="b")
+    said = [r.getMessage() for r in caplog.records if "in-memory store" in r.getMessage()]
+    assert len(said) == 1 and "session a paused" in said[0] and "SqliteEventStore" in said[0]
+    caplog.clear()
+    await Runner(Workflow("w", edges=[(START, ask)]), store=MemoryEventStore()).run(1, session_id="c")
+    assert not [r for r in caplog.records if "in-memory store" in r.getMessage()]  # chosen: no word

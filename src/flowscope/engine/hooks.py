@@ -103,7 +103,29 @@ class Plugin:
 
 
 def _overrides(plugin: Plugin, hook: str) -> bool:
-    return getattr(type(plugin), hook, None) is not getattr(Plugin, hook)
+    """Whether ``plugin`` has a hook of its own by that name (an object that is no
+    :class:`Plugin` subclass has the hooks it defines)."""
+    mine = getattr(type(plugin), hook, None)
+    return mine is not None and mine is not getattr(Plugin, hook)
+
+
+def _plugin_list(plugins: Iterable[Plugin]) -> list[Plugin]:
+    """``plugins`` as a list, or a ``TypeError`` saying how to pass them: a list of
+    instances (one plugin alone, or a class, is a mistake caught here rather than at every
+    hook call)."""
+    if isinstance(plugins, (Plugin, type, str, bytes)) or not isinstance(plugins, Iterable):
+        raise TypeError(
+            f"plugins is a list of plugin instances, e.g. plugins=[MetricsPlugin()], not {type(plugins).__name__}"
+        )
+    out = list(plugins)
+    for p in out:
+        if isinstance(p, type):
+            raise TypeError(f"plugins takes instances: {p.__name__}(), not the class {p.__name__}")
+        if not isinstance(p, Plugin) and not any(_overrides(p, hook) for hook in HOOKS):
+            raise TypeError(
+                f"{p!r:.60} is no plugin: subclass flowscope.Plugin and override the hooks you need"
+            )
+    return out
 
 
 class PluginDispatcher:
@@ -115,7 +137,7 @@ class PluginDispatcher:
     """
 
     def __init__(self, plugins: Iterable[Plugin] = ()) -> None:
-        self.plugins = list(plugins)
+        self.plugins = _plugin_list(plugins)
         self.names = tuple(getattr(p, "name", type(p).__name__) for p in self.plugins)
         self.errors: Counter[tuple[str, str]] = Counter()
         self._hooks: dict[str, tuple[tuple[Plugin, Any], ...]] = {}

@@ -40,7 +40,7 @@ from ..store.base import EventStore
 from .commit import GroupCommit
 from .context import NodeContext, PauseSignal, RunResult
 from .endings import let_go, read_mail, release
-from .graph import Workflow
+from .graph import Node, Workflow
 from .hooks import Plugin, PluginDispatcher
 from .ids import new_id
 from .inbox import take_in
@@ -105,8 +105,15 @@ class Runner:
         if lease_s <= 0:
             raise ValueError("lease_s must be a positive number of seconds")
         if not isinstance(workflow, Workflow):
-            raise TypeError("Runner needs a Workflow")
+            hint = (
+                f": wrap the node in one, Workflow({workflow.name!r}, edges=[(START, {workflow.name})])"
+                if isinstance(workflow, Node)
+                else ""
+            )
+            raise TypeError(f"Runner needs a Workflow, not {type(workflow).__name__}{hint}")
         self.workflow = workflow
+        #: The store is the default one (in memory): a pause is said to live only here.
+        self._store_in_memory = store is None
         if store is None:
             factory = type(self).default_store
             if factory is None:
@@ -480,6 +487,13 @@ class Runner:
                 recovered=inv.recovered,
             )
             inv.finish("paused")
+            if self._store_in_memory:  # once: the session's answer can reach it only here
+                self._store_in_memory = False
+                log.warning(
+                    "session %s paused in this Runner's in-memory store (no store= given): it is lost "
+                    "when the process ends; pass store=SqliteEventStore(path) to resume it anywhere",
+                    inv.session_id,
+                )
             result.pending = inv.ws.pending
         except Halted:
             raise
