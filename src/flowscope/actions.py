@@ -18,6 +18,7 @@ from typing import Any
 
 from .engine.inbox import CANCEL_REASON, RETRY_REASON, take_in
 from .engine.pauses import FINISHED, check_own_engine
+from .engine.submit import check_store
 from .errors import ConcurrencyConflict, ResumeError, UnknownSessionError
 from .events import RunSubmitted
 from .fold import WorkflowState, rebuild
@@ -63,6 +64,8 @@ def load(store: EventStore, session_id: str) -> WorkflowState:
     """The state of a session an operator may act on: :class:`~flowscope.errors.UnknownSessionError`
     for an unknown one, :class:`~flowscope.errors.OtherEngineError` for one another engine
     runs (a bridge records it: the action would reach the log, never that engine)."""
+    if not callable(getattr(store, "read", None)):  # a path given for the store, a store left out
+        check_store(store, "the store argument")
     events = store.read(session_id)
     if not events:
         raise UnknownSessionError(

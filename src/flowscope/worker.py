@@ -38,7 +38,7 @@ from typing import Any
 
 from .engine import Runner, Workflow
 from .engine.hooks import Plugin, PluginDispatcher
-from .engine.submit import cannot_run_events, check_session_id
+from .engine.submit import cannot_run_events, check_session_id, check_store
 from .errors import (
     ConcurrencyConflict,
     InvocationAbortedError,
@@ -119,7 +119,7 @@ class Worker:
             raise ValueError("concurrency must be at least 1")
         if lease_s <= 0 or poll_s <= 0 or drain_s < 0:
             raise ValueError("lease_s and poll_s must be positive, drain_s not negative")
-        self.store = store
+        self.store = check_store(store, "Worker(store, workflows)")
         self.workflows = _by_name(workflows)
         self.plugins = list(plugins)
         self.concurrency = concurrency

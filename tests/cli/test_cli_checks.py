@@ -208,8 +208,35 @@ def test_answer_refuses_a_count_that_is_not_a_number(setup):
 
 
 def test_runner_given_a_path_instead_of_a_store_says_what_to_pass():
-    with pytest.raises(TypeError, match=r"not str 'x.db': pass one, e.g. store=SqliteEventStore"):
+    import flowscope
+
+    says = r"not str 'x.db': pass one, e.g. SqliteEventStore"
+    with pytest.raises(TypeError, match=r"Runner\(store=...\) takes an EventStore, " + says):
         Runner(asking, store="x.db")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Worker\(store, workflows\) takes an EventStore, " + says):
+        flowscope.Worker("x.db", [asking])  # type: ignore[arg-type]
+    for act in (flowscope.answer, flowscope.retry, flowscope.cancel):
+        with pytest.raises(TypeError, match=says):
+            act("x.db", "s")  # type: ignore[operator]
+
+
+def test_a_sync_call_inside_a_running_loop_says_to_await_instead():
+    async def inside() -> None:
+        with pytest.raises(RuntimeError, match=r"await runner.run\(...\)"):
+            Runner(asking).run_sync(None)
+        with pytest.raises(RuntimeError, match=r"await runner.resume\(...\)"):
+            Runner(asking).resume_sync("s")
+
+    asyncio.run(inside())
+
+
+def test_an_empty_session_id_is_refused_not_replaced_by_a_new_one():
+    from flowscope.store import MemoryEventStore
+
+    store = MemoryEventStore()
+    with pytest.raises(ValueError, match="session id"):
+        Runner(asking, store=store).run_sync(None, session_id="")
+    assert store.sessions() == []
 
 
 def test_start_of_a_workflow_no_live_worker_serves_warns_and_names_what_they_serve(tmp_path, invoke):

@@ -49,7 +49,7 @@ from .lease import LeaseKeeper
 from .pauses import Answer, check_own_engine, validate_answers
 from .record import Halted, NodeResult
 from .snapshots import load_snapshot, save_snapshot
-from .submit import check_input, check_session_id, submit_run
+from .submit import check_input, check_session_id, check_store, submit_run
 from .tasks import others_ready, settle_cancels, take_back_cancels
 
 __all__ = ["Runner", "RunResult"]
@@ -58,6 +58,19 @@ log = logging.getLogger("flowscope.engine")
 
 #: How many sessions a runner remembers as cut off by a store fault (Runner._cut_off).
 _CUT_OFF_SESSIONS = 65536
+
+
+def _no_running_loop(sync: str, method: str) -> None:
+    """A ``*_sync`` call inside a running event loop (Jupyter, an ``async def``) cannot
+    start another: say what to write instead, before any coroutine is made."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        f"Runner.{sync}() cannot run inside a running event loop (a notebook, an async function): "
+        f"use `await runner.{method}(...)` there"
+    )
 
 
 class Runner:
@@ -119,12 +132,7 @@ class Runner:
             if factory is None:
                 raise TypeError("Runner needs a store: pass store=..., an EventStore")
             store = factory()
-        if not isinstance(store, EventStore):  # Runner(wf, store="x.db"): say so now, not at the first read
-            raise TypeError(
-                f"Runner's store is an EventStore, not {type(store).__name__} {str(store)[:60]!r}: "
-                'pass one, e.g. store=SqliteEventStore("runs.db") (from flowscope.store)'
-            )
-        self._store: EventStore = store
+        self._store: EventStore = check_store(store, "Runner(store=...)")
         self.plugins = PluginDispatcher(plugins)
         self.error_codes = dict(error_codes or {})
         self.redact: Redactor = redact_message if redact is None else redact
@@ -156,7 +164,7 @@ class Runner:
     async def run(self, input: Any = None, *, session_id: str | None = None) -> RunResult:
         """Run the workflow in a new session. A failure raises the node's original exception."""
         input = check_input(input)
-        return await self._invoke(session_id or new_id(), input, resume=False)
+        return await self._invoke(new_id() if session_id is None else session_id, input, resume=False)
 
     async def resume(
         self,
@@ -188,6 +196,7 @@ class Runner:
 
     def run_sync(self, input: Any = None, *, session_id: str | None = None) -> RunResult:
         """:meth:`run` for scripts without an event loop."""
+        _no_running_loop("run_sync", "run")
         return asyncio.run(self.run(input, session_id=session_id))
 
     def resume_sync(
@@ -199,12 +208,13 @@ class Runner:
         force: bool = False,
     ) -> RunResult:
         """:meth:`resume` for scripts without an event loop."""
+        _no_running_loop("resume_sync", "resume")
         return asyncio.run(self.resume(session_id, inputs, jobs, force=force))
 
     async def stream(self, input: Any = None, *, session_id: str | None = None) -> AsyncIterator[Event]:
         """Run and yield every event as it is appended; a failure is raised after its
         ``NodeErrorEvent`` has been yielded (R2, docs/design.md)."""
-        sid = session_id or new_id()
+        sid = new_id() if session_id is None else session_id
         async for e in self._stream(lambda cb: self._invoke(sid, input, resume=False, on_event=cb)):
             yield e
 

@@ -24,6 +24,7 @@ from .ids import new_id
 from .record import json_value
 
 __all__ = [
+    "check_store",
     "check_session_id",
     "check_workflow_name",
     "check_input",
@@ -34,6 +35,17 @@ __all__ = [
 
 #: The error code of a session ended by :func:`cannot_run_events`.
 CANNOT_RUN = "SESSION_CANNOT_RUN"
+
+
+def check_store(store: object, who: str) -> EventStore:
+    """``store`` if it is an ``EventStore``, else a ``TypeError`` that says so for ``who``
+    (a path given for a store fails here, not at its first read, deep inside)."""
+    if not isinstance(store, EventStore):
+        raise TypeError(
+            f"{who} takes an EventStore, not {type(store).__name__} {str(store)[:60]!r}: "
+            'pass one, e.g. SqliteEventStore("runs.db") (from flowscope.store)'
+        )
+    return store
 
 
 def check_session_id(value: object) -> str:
