@@ -194,3 +194,44 @@ async def test_a_pause_in_the_default_in_memory_store_says_once_that_it_lives_on
     caplog.clear()
     await Runner(Workflow("w", edges=[(START, ask)]), store=MemoryEventStore()).run(1, session_id="c")
     assert not [r for r in caplog.records if "in-memory store" in r.getMessage()]  # chosen: no word
+
+
+def test_a_node_function_the_engine_cannot_call_is_refused_where_it_is_defined():
+    def three(ctx, a, b):
+        return a
+
+    def keyword(ctx, *, x):
+        return x
+
+    class Shop:
+        def charge(self, ctx, order):
+            return order
+
+    for fn in (three, keyword, Shop.charge):
+        with pytest.raises(
+            TypeError, match=r"a node's function takes \(ctx, input\), \(input\), \(ctx\) or nothing"
+        ):
+            node(fn)
+    assert node(Shop().charge).name == "charge"  # the bound method takes (ctx, order)
+
+
+def test_runner_and_workflow_options_of_the_wrong_kind_are_refused_when_made():
+    wf = Workflow("w", edges=[(START, node(_fn))])
+    with pytest.raises(TypeError, match=r"error_codes maps exception classes to codes"):
+        Runner(wf, store=MemoryEventStore(), error_codes={"TimeoutError": "SLOW"})
+    with pytest.raises(ValueError, match="max_recoveries is 0 or more"):
+        Runner(wf, store=MemoryEventStore(), max_recoveries=-1)
+    with pytest.raises(ValueError, match="max_steps is a whole number of 1 or more"):
+        Workflow("w", edges=[(START, node(_fn))], max_steps=0)
+
+
+async def test_await_job_with_no_function_to_start_the_job_fails_the_node_and_asks_nobody():
+    @node
+    async def enrich(ctx, x):
+        return await ctx.await_job("https://jobs.example/start", payload=x)
+
+    store = MemoryEventStore()
+    with pytest.raises(TypeError, match="dispatch is a function of the job"):
+        await Runner(Workflow("w", edges=[(START, enrich)]), store=store).run(1, session_id="s")
+    state = rebuild(store.read("s"))
+    assert state.status == "failed" and state.pending == []  # no retry-or-abort question for it

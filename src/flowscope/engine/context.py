@@ -310,6 +310,12 @@ class NodeContext:
         Returns the job's ``data`` once a result passes the guard. A failed or empty
         result, or a ``dispatch`` that raises, becomes an actionable pause instead.
         """
+        if not callable(dispatch):  # a URL or a job id given for the function that starts the job
+            raise TypeError(
+                f"await_job's dispatch is a function of the job that starts it, not {type(dispatch).__name__}"
+            )
+        if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
+            raise ValueError(f"deadline_s is a positive number of seconds (or None), not {deadline_s!r}")
         self._jobs += 1
         return await self._inv.await_job(self, self._jobs, dispatch, payload, expect_count, deadline_s)
 

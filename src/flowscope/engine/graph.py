@@ -197,11 +197,22 @@ class Node:
         self._arity = 0
         if fn is not None:
             self._is_async = inspect.iscoroutinefunction(fn)
+            signature = inspect.signature(fn).parameters.values()
             params = [
                 p
-                for p in inspect.signature(fn).parameters.values()
+                for p in signature
                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
             ]
+            keyword_only = [p.name for p in signature if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
+            if len(params) > 2 or keyword_only:
+                # called with (ctx, input) at most: caught here, not as the node's TypeError at its first run
+                wanted = ", ".join(p.name for p in params) + (
+                    ", *, " + ", ".join(keyword_only) if keyword_only else ""
+                )
+                raise TypeError(
+                    f"node {name!r}: its function takes ({wanted}); a node's function takes (ctx, input), "
+                    "(input), (ctx) or nothing (a method: decorate it on its instance, not in the class)"
+                )
             if len(params) >= 2:
                 self._arity = 2
             elif len(params) == 1:
@@ -303,6 +314,8 @@ class Workflow(Node):
         max_steps: int = 10_000,
     ) -> None:
         super().__init__(None, name=name, retry=retry, timeout=timeout)
+        if type(max_steps) is not int or max_steps < 1:
+            raise ValueError(f"max_steps is a whole number of 1 or more, not {max_steps!r}")
         self.max_steps = max_steps
         self.nodes: dict[str, Node] = {}
         self.order: dict[Node, int] = {}  # declaration order, for deterministic scheduling

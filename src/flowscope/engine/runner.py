@@ -49,7 +49,14 @@ from .lease import LeaseKeeper
 from .pauses import Answer, check_own_engine, validate_answers
 from .record import Halted, NodeResult
 from .snapshots import load_snapshot, save_snapshot
-from .submit import check_input, check_session_id, check_store, submit_run
+from .submit import (
+    check_input,
+    check_runner_options,
+    check_session_id,
+    check_store,
+    no_running_loop,
+    submit_run,
+)
 from .tasks import others_ready, settle_cancels, take_back_cancels
 
 __all__ = ["Runner", "RunResult"]
@@ -58,19 +65,6 @@ log = logging.getLogger("flowscope.engine")
 
 #: How many sessions a runner remembers as cut off by a store fault (Runner._cut_off).
 _CUT_OFF_SESSIONS = 65536
-
-
-def _no_running_loop(sync: str, method: str) -> None:
-    """A ``*_sync`` call inside a running event loop (Jupyter, an ``async def``) cannot
-    start another: say what to write instead, before any coroutine is made."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    raise RuntimeError(
-        f"Runner.{sync}() cannot run inside a running event loop (a notebook, an async function): "
-        f"use `await runner.{method}(...)` there"
-    )
 
 
 class Runner:
@@ -117,6 +111,7 @@ class Runner:
     ) -> None:
         if lease_s <= 0:
             raise ValueError("lease_s must be a positive number of seconds")
+        check_runner_options(max_recoveries, error_codes)
         if not isinstance(workflow, Workflow):
             hint = (
                 f": wrap the node in one, Workflow({workflow.name!r}, edges=[(START, {workflow.name})])"
@@ -196,7 +191,7 @@ class Runner:
 
     def run_sync(self, input: Any = None, *, session_id: str | None = None) -> RunResult:
         """:meth:`run` for scripts without an event loop."""
-        _no_running_loop("run_sync", "run")
+        no_running_loop("run_sync", "run")
         return asyncio.run(self.run(input, session_id=session_id))
 
     def resume_sync(
@@ -208,7 +203,7 @@ class Runner:
         force: bool = False,
     ) -> RunResult:
         """:meth:`resume` for scripts without an event loop."""
-        _no_running_loop("resume_sync", "resume")
+        no_running_loop("resume_sync", "resume")
         return asyncio.run(self.resume(session_id, inputs, jobs, force=force))
 
     async def stream(self, input: Any = None, *, session_id: str | None = None) -> AsyncIterator[Event]:

@@ -12,7 +12,9 @@ tool that skipped these checks): failed, with the reason, instead of claimed for
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import OutputNotSerializableError, WorkflowError, redact_message
@@ -25,6 +27,8 @@ from .record import json_value
 
 __all__ = [
     "check_store",
+    "check_runner_options",
+    "no_running_loop",
     "check_session_id",
     "check_workflow_name",
     "check_input",
@@ -46,6 +50,30 @@ def check_store(store: object, who: str) -> EventStore:
             'pass one, e.g. SqliteEventStore("runs.db") (from flowscope.store)'
         )
     return store
+
+
+def check_runner_options(max_recoveries: int, error_codes: Mapping[Any, str] | None) -> None:
+    """A ``Runner``'s numbers and mappings of the wrong kind, refused when it is made."""
+    if max_recoveries < 0:
+        raise ValueError(f"max_recoveries is 0 or more, not {max_recoveries!r}")
+    for key in error_codes or {}:  # matched along an exception's MRO: a name never matches
+        if not (isinstance(key, type) and issubclass(key, BaseException)):
+            raise TypeError(
+                f"error_codes maps exception classes to codes, e.g. {{TimeoutError: ...}}, not {key!r}"
+            )
+
+
+def no_running_loop(sync: str, method: str) -> None:
+    """A ``*_sync`` call inside a running event loop (Jupyter, an ``async def``) cannot
+    start another: say what to write instead, before any coroutine is made."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        f"Runner.{sync}() cannot run inside a running event loop (a notebook, an async function): "
+        f"use `await runner.{method}(...)` there"
+    )
 
 
 def check_session_id(value: object) -> str:
