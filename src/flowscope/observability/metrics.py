@@ -105,8 +105,10 @@ __all__ = [
 
 
 _KEY = "metrics"  # our slot in ctx.plugin_state
-#: A run's slot for how many of its children run: a run with one running is their container.
-_CHILDREN = "metrics.children"
+#: A run's slot while children of its own run: ``[its series, how many run]``. Its series
+#: leaves ``_KEY`` meanwhile, so that its after_node (a bridge may end it first) takes it
+#: for uncounted, and the common run pays no lookup for this rule.
+_CONTAINER = "metrics.container"
 #: The node outcomes whose series start at 0 with a node's first run (an error rate's).
 _COUNTED_FROM_0 = ("success", "failure", "timeout")
 
@@ -328,29 +330,38 @@ class MetricsPlugin(Plugin):
         """A run whose child runs is their container, as a workflow is (the rule the
         StoreCollector's open runs follow): it is running through them, not beside them."""
         ps = parent.plugin_state
-        children = ps.get(_CHILDREN, 0)
-        ps[_CHILDREN] = children + 1
-        ns = ps.get(_KEY)
-        if children == 0 and ns is not None:
+        held = ps.get(_CONTAINER)
+        if held is not None:
+            held[1] += 1
+            return
+        ns = ps.pop(_KEY, None)
+        ps[_CONTAINER] = [ns, 1]
+        if ns is not None:
             ns.down()
 
     @staticmethod
     def _child_ended(parent: NodeContext) -> None:
         ps = parent.plugin_state
-        children = ps.get(_CHILDREN, 1) - 1
-        ps[_CHILDREN] = children
-        ns = ps.get(_KEY)
-        if children == 0 and ns is not None:  # still running, on its own again
-            ns.up()
+        held = ps.get(_CONTAINER)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] == 0:  # still running, on its own again
+            del ps[_CONTAINER]
+            ns = held[0]
+            if ns is not None:
+                ps[_KEY] = ns
+                ns.up()
 
     def after_node(self, ctx: NodeContext, outcome: NodeOutcome) -> None:
         if ctx.parent is None:
             return
         ns: _NodeSeries | None = ctx.plugin_state.pop(_KEY, None)
         nested = ctx.kind == "workflow"
-        if ns is None:  # the plugin was added after before_node ran
+        if ns is None:  # a container of running children (ended first), or added after before_node
+            ctx.plugin_state.pop(_CONTAINER, None)  # a child that ends later counts nothing back
             ns = self._node(ctx.run.workflow, ctx.node_name)
-        elif not nested and not ctx.plugin_state.get(_CHILDREN):
+        elif not nested:
             running = ns.running_part
             if running is not None:
                 running.value -= 1.0
