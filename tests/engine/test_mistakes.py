@@ -235,3 +235,15 @@ async def test_await_job_with_no_function_to_start_the_job_fails_the_node_and_as
         await Runner(Workflow("w", edges=[(START, enrich)]), store=store).run(1, session_id="s")
     state = rebuild(store.read("s"))
     assert state.status == "failed" and state.pending == []  # no retry-or-abort question for it
+
+
+async def test_a_job_deadline_of_zero_is_overdue_at_once_and_a_negative_one_is_refused():
+    @node
+    async def enrich(ctx, x):
+        return await ctx.await_job(lambda job: None, payload=x, deadline_s=x)
+
+    store = MemoryEventStore()
+    paused = await Runner(Workflow("w", edges=[(START, enrich)]), store=store).run(0, session_id="due")
+    assert paused.status == "paused"  # its deadline is its dispatch: overdue at once
+    with pytest.raises(ValueError, match="deadline_s is a number of seconds, 0 or more"):
+        await Runner(Workflow("w", edges=[(START, enrich)]), store=store).run(-5, session_id="neg")

@@ -314,8 +314,8 @@ class NodeContext:
             raise TypeError(
                 f"await_job's dispatch is a function of the job that starts it, not {type(dispatch).__name__}"
             )
-        if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
-            raise ValueError(f"deadline_s is a positive number of seconds (or None), not {deadline_s!r}")
+        if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s >= 0):
+            raise ValueError(f"deadline_s is a number of seconds, 0 or more (or None), not {deadline_s!r}")
         self._jobs += 1
         return await self._inv.await_job(self, self._jobs, dispatch, payload, expect_count, deadline_s)
 
