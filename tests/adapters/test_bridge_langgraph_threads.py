@@ -153,6 +153,9 @@ def test_flowscopes_own_actions_refuse_a_langgraph_session_and_change_nothing(st
         with pytest.raises(OtherEngineError, match="run by langgraph.*graph.invoke"):
             act()
     db = str(tmp_path / "lg.db")
+    shown = cli_ok("--db", db, "show", "t")  # what it waits on, and who answers it: LangGraph
+    assert f"waiting on input {asked.interrupt_id!r}: LangGraph continues it" in shown
+    assert "flowscope" not in shown.split("waiting on", 1)[1]
     for args in (
         ("resume", "t", "--input", f'{asked.interrupt_id}="yes"'),
         ("cancel", "t"),

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ..engine.pauses import continued_in, waiting_on
 from ..events import InputRequested, JobDispatched
 from ..fold import WorkflowState
 from .render import fmt_duration, fmt_time, one_line_text, render_table, table_width, zone_name
@@ -90,6 +91,8 @@ def pending_hint(ws: WorkflowState, prefix: str) -> list[str]:
     pending = ws.pending
     if not pending:
         return []
+    if ws.engine is not None:  # a bridge's session: only its engine answers it
+        return ["", f"waiting on {waiting_on(ws)}: {continued_in(ws.engine)}"]
     out = ["", "waiting on:"]
     for p in pending:
         if isinstance(p, InputRequested):

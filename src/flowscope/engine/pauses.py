@@ -38,6 +38,7 @@ __all__ = [
     "Answer",
     "validate_answers",
     "check_own_engine",
+    "continued_in",
     "waiting_on",
     "recorded_result",
     "FINISHED",
@@ -224,13 +225,19 @@ _CONTINUED_IN = {
 }
 
 
+def continued_in(engine: str) -> str:
+    """How the engine a bridge records continues a session: what to do instead of a
+    flowscope action, in the words the refusal and ``show`` print."""
+    return _CONTINUED_IN.get(engine, f"continue it in {engine}")
+
+
 def check_own_engine(ws: WorkflowState) -> None:
     """Refuse (:class:`~flowscope.errors.OtherEngineError`) an answer, retry, cancel or
     resume of a session another engine runs (``RunStarted.engine``, written by a bridge):
     it would change the log, never the engine, and the two would disagree from then on."""
     if ws.engine is None:
         return
-    how = _CONTINUED_IN.get(ws.engine, f"continue it in {ws.engine}")
+    how = continued_in(ws.engine)
     raise OtherEngineError(
         f"session {ws.session_id!r} is run by {ws.engine}, whose bridge records it: "
         f"flowscope cannot answer, retry, cancel or resume it; {how}"
