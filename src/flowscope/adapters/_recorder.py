@@ -188,7 +188,6 @@ class BridgeRecorder:
             previous = dict(ws.trace_context) if resumed else {}
             pending = [e for e in ws.pending if isinstance(e, InputRequested)]
             root_attempt = ws.nodes[root_path].attempt if root_path in ws.nodes else 1
-            dropped = open_runs_below(ws, root_path) if supersede else []
         run = RunInfo(
             session_id=session_id,
             invocation_id=invocation_id,
@@ -222,9 +221,10 @@ class BridgeRecorder:
         )
         inv = BridgeInvocation(run, root_path)
         received = answered(pending, answers or {}, session_id, invocation_id)
-        superseded = superseded_runs(dropped, session_id, invocation_id)
-        if received or superseded:
-            self._append(session_id, [*received, *superseded])
+        if received:
+            self._append(session_id, received)
+        if supersede:
+            self.supersede_earlier(inv)
         self.start_node(inv, root_path, "workflow", max(root_attempt, 1), False, input)
         return inv
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import WorkflowError
 from ..events import fast_init
 from ..states import OutcomeStatus, ResultStatus, Waiting
-from .graph import Node, check_depth
+from .graph import Node, check_depth, is_number
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..events import Event
@@ -314,7 +314,7 @@ class NodeContext:
             raise TypeError(
                 f"await_job's dispatch is a function of the job that starts it, not {type(dispatch).__name__}"
             )
-        if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s >= 0):
+        if deadline_s is not None and not (is_number(deadline_s) and deadline_s >= 0):
             raise ValueError(f"deadline_s is a number of seconds, 0 or more (or None), not {deadline_s!r}")
         self._jobs += 1
         return await self._inv.await_job(self, self._jobs, dispatch, payload, expect_count, deadline_s)

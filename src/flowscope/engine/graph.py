@@ -26,6 +26,7 @@ __all__ = [
     "MAX_SESSION_ID",
     "MAX_DEPTH",
     "check_depth",
+    "is_number",
 ]
 
 #: The longest node (or workflow) name, in characters: names are in every path.
@@ -99,7 +100,7 @@ class RetryConfig:
             raise ValueError("RetryConfig.max_attempts must be at least 1")
         for field_name in ("initial_delay", "max_delay", "backoff_factor", "jitter"):
             value = getattr(self, field_name)
-            if not _is_number(value) or not math.isfinite(value) or value < 0:
+            if not is_number(value) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"RetryConfig.{field_name} is a number of 0 or more, not {value!r}")
         if not 0.0 <= self.jitter <= 1.0:
             raise ValueError("RetryConfig.jitter is a fraction between 0 and 1")
@@ -143,7 +144,7 @@ def label_matches(edge_label: str | int | None, route: str | int | None) -> bool
     return edge_label is None or (edge_label == route and type(edge_label) is type(route))
 
 
-def _is_number(value: object) -> bool:
+def is_number(value: object) -> bool:
     """An int or a float, not a bool: what a number of seconds, attempts or a factor is."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -181,7 +182,7 @@ class Node:
         check_name(name, "node name", MAX_NODE_NAME)
         if "/" in name or "@" in name:
             raise ValueError(f"invalid node name {name!r}: it must be non-empty, without '/' or '@'")
-        if timeout is not None and (not _is_number(timeout) or not timeout > 0 or not math.isfinite(timeout)):
+        if timeout is not None and (not is_number(timeout) or not timeout > 0 or not math.isfinite(timeout)):
             raise ValueError(f"timeout must be a positive number of seconds (or None), not {timeout!r}")
         if retry is not None and not isinstance(retry, RetryConfig):
             raise TypeError(

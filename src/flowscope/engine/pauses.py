@@ -252,9 +252,9 @@ def validate_answers(ws: WorkflowState, inputs: Mapping[str, Any], jobs: Mapping
     :class:`~flowscope.errors.ResumeError` before anything is appended for an unknown id,
     an input already answered, a job already reported, a job result of the wrong shape
     (:func:`~flowscope.jobs.result_shape_problem`), or a value JSON cannot hold. The CLI,
-    the console and ``resume`` all call it: one rule, one set of messages.
+    the console and ``resume`` all call it: one rule, one set of messages. (A session
+    another engine runs is refused before, where each of them loads it: ``check_own_engine``.)
     """
-    check_own_engine(ws)
     out: list[Answer] = []
     nodes = ws.nodes
     sid = ws.session_id
