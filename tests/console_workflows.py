@@ -25,6 +25,9 @@ __all__ = [
     "split",
     "OVERDUE_SESSION",
     "make_overdue_session",
+    "BRIDGE_ASKING",
+    "BRIDGE_ORPHANED",
+    "make_bridge_sessions",
 ]
 
 APPROVAL_SESSION = "ops-approval"
@@ -142,3 +145,38 @@ def make_overdue_session(store: Any, session_id: str = OVERDUE_SESSION) -> str:
     )
     [job] = [p for p in paused.pending if p.type == "job_dispatched"]
     return job.job_id
+
+
+#: The sessions :func:`make_bridge_sessions` records: a LangGraph thread paused on a
+#: question, and an ADK session whose process died mid-run (no owner, a stale heartbeat).
+BRIDGE_ASKING = "lg-asking"
+BRIDGE_ORPHANED = "adk-orphaned"
+
+
+def make_bridge_sessions(store: Any, now: float | None = None) -> tuple[str, str]:
+    """Record, as the bridges record them, a LangGraph session waiting on input ``approve``
+    and an ADK session left running by a dead process an hour ago."""
+    from flowscope.events import InputRequested, NodeStarted, RunFinished, RunStarted
+    from flowscope.store.testing import ev, node_ev
+
+    t = (time.time() if now is None else now) - 3600.0
+    asking = "ab@1/ask@1"
+    store.append(
+        BRIDGE_ASKING,
+        [
+            ev(RunStarted, sid=BRIDGE_ASKING, workflow="ab", ts=t, engine="langgraph"),
+            node_ev(NodeStarted, asking, ts=t + 1, sid=BRIDGE_ASKING),
+            node_ev(InputRequested, asking, ts=t + 2, sid=BRIDGE_ASKING, interrupt_id="approve"),
+            ev(RunFinished, sid=BRIDGE_ASKING, status="paused", ts=t + 3),
+        ],
+        0,
+    )
+    store.append(
+        BRIDGE_ORPHANED,
+        [
+            ev(RunStarted, sid=BRIDGE_ORPHANED, workflow="helper", ts=t, engine="adk"),
+            node_ev(NodeStarted, "helper@1/lookup@1", ts=t + 1, sid=BRIDGE_ORPHANED),
+        ],
+        0,
+    )
+    return BRIDGE_ASKING, BRIDGE_ORPHANED

@@ -186,3 +186,20 @@ def test_a_workflow_of_yours_named_like_a_bundled_one_never_runs_the_bundled_cod
         assert rebuild(log).status == "answered"
     rows = invoke("--db", str(db), "stuck", "--older-than", "0s", "--format", "json")
     assert "flowscope.examples" not in rows.output and "worker MODULE:ATTR" in rows.output, rows.output
+
+
+def test_stuck_says_how_a_bridges_engine_continues_its_session_never_a_flowscope_command(tmp_path):
+    from console_workflows import make_bridge_sessions
+
+    db = tmp_path / "bridged.db"
+    with SqliteEventStore(db) as store:
+        asking, orphaned = make_bridge_sessions(store)
+        rows = {r["session_id"]: r for r in views.stuck_rows(store, 0.0, 60.0, prefix=OTHER)}
+    assert (rows[asking]["state"], rows[orphaned]["state"]) == ("waiting_input", "orphaned")
+    assert rows[asking]["action"].startswith("LangGraph continues it: graph.invoke(Command(resume=")
+    assert rows[orphaned]["action"].startswith("ADK continues it: ")
+    assert rows[asking]["waiting_on"] == ["approve"]
+    printed = invoke("--db", str(db), "stuck", "--older-than", "0s")
+    assert printed.exit_code == 0, printed.output
+    assert "LangGraph continues it" in printed.output and "ADK continues it" in printed.output
+    assert "resume" not in printed.output.replace("Command(resume=", ""), printed.output

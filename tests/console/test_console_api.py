@@ -130,6 +130,7 @@ def test_a_session_waterfall_has_a_row_per_path_and_its_waiting_form(db):
     shown = [r["path"] for r in c.get(f"/api/sessions/{APPROVAL_SESSION}").json()]
     assert [r[0] for r in w["rows"]] == shown  # the same rows, in show's order
     assert w["invocations"] == 2 and w["waiting"][0]["interrupt_id"] == "approval"
+    assert w["session"]["engine"] is None and w["session"]["continued_in"] is None  # flowscope's own
     assert all(0 <= x0 <= x1 <= w["axis"]["width"] for r in w["rows"] for x0, x1 in r[10])
     again = c.get(f"/api/sessions/{APPROVAL_SESSION}/waterfall", params={"since": w["last_seq"]}).json()
     assert again == {"unchanged": True, "last_seq": w["last_seq"], "stuck": []}
@@ -140,6 +141,22 @@ def test_a_session_waterfall_has_a_row_per_path_and_its_waiting_form(db):
         (2, "completed", None),
     ]
     assert c.get("/api/sessions/nobody/waterfall").status_code == 404
+
+
+def test_a_bridges_session_names_its_engine_and_how_it_continues_with_stucks_words(tmp_path):
+    from console_workflows import make_bridge_sessions
+
+    path = tmp_path / "bridged.db"
+    with SqliteEventStore(path) as store:
+        asking, orphaned = make_bridge_sessions(store)
+    c, _ = client(path)
+    w = c.get(f"/api/sessions/{asking}/waterfall").json()
+    assert w["session"]["engine"] == "langgraph" and w["waiting"][0]["interrupt_id"] == "approve"
+    assert w["session"]["continued_in"].startswith("LangGraph continues it: graph.invoke(Command(resume=")
+    w = c.get(f"/api/sessions/{orphaned}/waterfall").json()
+    assert w["session"]["engine"] == "adk"
+    [row] = w["stuck"]
+    assert row["state"] == "orphaned" and row["action"] == w["session"]["continued_in"]
 
 
 def test_nothing_the_cli_redacts_is_shown(db):

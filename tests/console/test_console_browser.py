@@ -399,6 +399,36 @@ async def test_a_read_only_console_shows_no_write_and_serves_none(browser, demo_
         c.stop()
 
 
+async def test_a_bridges_session_page_says_how_its_engine_continues_it_and_offers_no_action(
+    browser, tmp_path
+):
+    from console_workflows import make_bridge_sessions
+    from flowscope.store import SqliteEventStore
+
+    db = tmp_path / "bridged.db"
+    with SqliteEventStore(db) as store:
+        asking, orphaned = make_bridge_sessions(store)
+    c = Console(str(db), tmp_path)
+    try:
+        p = await new_page(browser, c)
+        await p.open(f"{c.base}/sessions/{asking}")
+        note = await p.page.locator("#engine").inner_text()
+        assert "Run by langgraph" in note and "graph.invoke(Command(resume=" in note
+        assert await p.page.locator("#summary button").count() == 0  # no retry, no cancel
+        waiting = p.page.locator("[data-waiting='approve']")
+        assert await waiting.is_visible()  # what it waits on, shown
+        assert await waiting.locator("textarea, button").count() == 0  # but no answer form
+        await p.open(f"{c.base}/sessions/{orphaned}")
+        line = await p.page.locator("#stuck [data-state=orphaned]").inner_text()
+        assert "ADK continues it" in line and "flowscope" not in line
+        assert await p.page.locator("#stuck code").count() == 0  # no command to paste
+        assert await p.page.locator("#summary button").count() == 0
+        assert p.errors == []
+        await p.page.context.close()
+    finally:
+        assert "Traceback" not in c.stop()
+
+
 async def test_a_session_of_ten_thousand_node_runs_keeps_only_the_rows_in_view_and_folds(browser, console):
     """A big session stays usable: only the rows in view are in the page, scrolling to the
     end brings the last row, and folding a nested run hides its 9,999 descendants. How fast

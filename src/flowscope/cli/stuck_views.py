@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..engine.pauses import continued_in
 from ..errors import StoreCorrupt
 from ..fold import OPEN_STATES, WorkflowState, rebuild
 from ..liveness import (
@@ -285,7 +286,10 @@ def stuck_rows(
             continue  # an orphan is known at once; the age is for runs that may still move
         waiting_on: list[str] = []
         payload: Any = None
-        if r.status in ("waiting_input", "waiting_job"):
+        ws: WorkflowState | None = None
+        # the log is read for what a run waits on, and for an orphan's engine: a session a
+        # bridge records is continued by its engine, never by a flowscope command
+        if r.status in ("waiting_input", "waiting_job") or state == ORPHANED:
             ws = states_cache.get(r.session_id)
             if ws is None:
                 try:
@@ -295,6 +299,7 @@ def stuck_rows(
                     if on_skip is not None:
                         on_skip(r.session_id, exc)
                     continue
+        if ws is not None and r.status in ("waiting_input", "waiting_job"):
             ns = ws.nodes.get(r.path)
             if ns is not None:
                 waiting_on = (
@@ -320,7 +325,9 @@ def stuck_rows(
                 else None,
                 "job_deadline_at": r.job_deadline_at,
                 "waiting_on": waiting_on,
-                "action": _action(r, state, waiting_on, beat_age, info, payload, prefix=prefix),
+                "action": continued_in(ws.engine)
+                if ws is not None and ws.engine is not None
+                else _action(r, state, waiting_on, beat_age, info, payload, prefix=prefix),
                 "owner": owner_row(info),
             }
         )

@@ -23,6 +23,7 @@ from ..cli import views
 from ..cli.history import event_rows, request_row, retry_reasons, session_history
 from ..cli.rowparts import open_containers
 from ..cli.waterfall import waterfall_layout
+from ..engine.pauses import continued_in
 from ..errors import UnknownSessionError
 from ..events import TERMINAL_TYPES, Event, NodeRetrying, NodeStarted, RunStarted
 from ..fold import rebuild
@@ -45,6 +46,7 @@ __all__ = [
     "session_query",
     "list_sessions",
     "session_waterfall",
+    "WATERFALL_COLUMNS",
     "run_detail",
     "attempt_rows",
     "session_events",
@@ -347,6 +349,11 @@ def _owner(info: SessionInfo | None) -> dict[str, Any] | None:
     return views.owner_row(info)
 
 
+#: The fields of each row :func:`session_waterfall` gives, in order.
+WATERFALL_COLUMNS: tuple[str, ...] = ("path", "name", "depth", "status", "kind", "attempts", "retries")
+WATERFALL_COLUMNS += ("recoveries", "start_offset_s", "duration_s", "segments", "has_children", "error_code")
+
+
 def session_waterfall(
     store: EventStore, session_id: str, *, width: float = 1000.0, gap_width: float = 40.0
 ) -> dict[str, Any]:
@@ -431,27 +438,16 @@ def session_waterfall(
             "error_code": ws.error_code,
             "error_path": ws.error_path,
             "owner": _owner(info),
+            # a bridge's session: its engine continues it, flowscope's actions are refused
+            "engine": ws.engine,
+            "continued_in": continued_in(ws.engine) if ws.engine is not None else None,
         },
         "status": info.status if info is not None else ws.status,
         "workflow": ws.workflow,
         "last_seq": ws.last_seq,
         # the store's count, as `flowscope runs` shows it: a queued session has run none
         "invocations": info.invocations if info is not None else len(history.windows),
-        "columns": [
-            "path",
-            "name",
-            "depth",
-            "status",
-            "kind",
-            "attempts",
-            "retries",
-            "recoveries",
-            "start_offset_s",
-            "duration_s",
-            "segments",
-            "has_children",
-            "error_code",
-        ],
+        "columns": list(WATERFALL_COLUMNS),
         "rows": compact,
         "axis": layout,
         "waiting": waiting,

@@ -221,7 +221,8 @@ def waiting_on(ws: WorkflowState) -> str:
 _CONTINUED_IN = {
     "langgraph": "LangGraph continues it: graph.invoke(Command(resume=...), config) answers its thread, "
     "graph.invoke(None, config) runs it again",
-    "adk": "ADK continues it: a message to runner.run_async with the function response answers it",
+    "adk": "ADK continues it: a message to runner.run_async with the function response answers it, "
+    "a new message runs the session again",
 }
 
 

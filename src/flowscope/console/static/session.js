@@ -56,7 +56,9 @@ export async function sessionPage(main, sid) {
     const orphaned = (data.stuck || []).some((r) => r.state === "orphaned");
     const cell = (k, v) => h("div", {}, h("span", { class: "k" }, k), v);
     const actions = h("div", { class: "actions" });
-    if (!readOnly) {
+    // a bridge's session: its engine continues it; flowscope's actions would be refused
+    const bridged = s.engine ? h("p", { class: "engine-note", id: "engine" }, `Run by ${s.engine}, whose bridge records it: flowscope does not answer, retry or cancel it. ${s.continued_in}.`) : null;
+    if (!readOnly && !bridged) {
       const fromSel = selected ? selected : null;
       if (data.status === "failed" || data.status === "completed") {
         if (data.status === "failed") actions.append(actionButton("retry", "Retry", `Retry session ${sid}?`, "It runs again from where it failed, on a worker of its workflow; finished runs are kept.", {}));
@@ -77,8 +79,8 @@ export async function sessionPage(main, sid) {
         cell("Updated", fmtTime(s.updated_at)),
         cell("Error code", s.error_code ?? "-"),
         cell("Owner", s.owner ? `${s.owner.worker_id} (${s.owner.host}, pid ${s.owner.pid})` + (orphaned ? ": gone" : "") : "-")),
-      stuckLines(data.stuck || []),
-      actions,
+      stuckLines(data.stuck || [], !!s.engine),
+      bridged || actions,
       h("p", { class: "notice", id: "notice" }));
   }
 
@@ -116,7 +118,8 @@ export async function sessionPage(main, sid) {
     for (const note of waiting.querySelectorAll(".overdue-note")) {
       const row = (data.stuck || []).find((r) => r.state === "overdue" && r.waiting_on.includes(note.dataset.job));
       note.hidden = !row;
-      fill(note, row ? [badge("overdue"), ` past its deadline (${fmtTime(row.job_deadline_at)}); to report its result: `, h("code", { class: "cmd" }, row.action)] : []);
+      const how = (data.session || {}).engine ? `; ${row && row.action}` : "; to report its result: ";
+      fill(note, row ? [badge("overdue"), ` past its deadline (${fmtTime(row.job_deadline_at)})${how}`, (data.session || {}).engine ? null : h("code", { class: "cmd" }, row.action)] : []);
     }
   }
 
@@ -130,7 +133,7 @@ export async function sessionPage(main, sid) {
           + (w.deadline_s !== null && w.deadline_s !== undefined ? `; deadline ${fmtDuration(w.deadline_s)} after dispatch` : "")),
         h("div", { class: "overdue-note", dataset: { job: w.job_id }, hidden: true }));
     box.append(what);
-    if (readOnly) return box;
+    if (readOnly || (data.session || {}).engine) return box;
     const send = async (value) => {
       const body = w.kind === "input" ? { inputs: { [w.interrupt_id]: value } } : { jobs: { [w.job_id]: value } };
       try {
@@ -230,8 +233,10 @@ export async function sessionPage(main, sid) {
 
 // What `flowscope stuck` says of the session that its status hides (orphaned, overdue),
 // each with the command stuck suggests.
-function stuckLines(rows) {
+function stuckLines(rows, bridged) {
   if (!rows.length) return null;
+  // a bridge's session: the action is what its engine does, not a command to paste
+  if (bridged) return h("div", { class: "stuck-state", id: "stuck" }, rows.map((r) => h("div", { dataset: { state: r.state } }, badge(r.state), ` at ${r.path}: ${r.action}`)));
   return h("div", { class: "stuck-state", id: "stuck" }, rows.map((r) => h("div", { dataset: { state: r.state } },
     badge(r.state), ` at ${r.path}: `,
     r.state === "orphaned"
