@@ -247,3 +247,44 @@ async def test_a_job_deadline_of_zero_is_overdue_at_once_and_a_negative_one_is_r
     assert paused.status == "paused"  # its deadline is its dispatch: overdue at once
     with pytest.raises(ValueError, match="deadline_s is a number of seconds, 0 or more"):
         await Runner(Workflow("w", edges=[(START, enrich)]), store=store).run(-5, session_id="neg")
+
+
+async def test_a_node_that_returns_a_call_it_forgot_to_await_fails_saying_the_await_is_missing(recwarn):
+    from flowscope.errors import OutputNotSerializableError
+
+    @node
+    async def forgot(ctx, x):
+        return ctx.request_input("ok?", interrupt_id="ok")  # no await: a coroutine, never run
+
+    store = MemoryEventStore()
+    with pytest.raises(OutputNotSerializableError, match="is a coroutine, not a value: an await is missing"):
+        await Runner(Workflow("w", edges=[(START, forgot)]), store=store).run(None, session_id="s")
+    [error] = [e for e in store.read("s") if isinstance(e, NodeErrorEvent)]
+    assert (error.path, error.error_code) == ("w@1/forgot@1", "OUTPUT_NOT_SERIALIZABLE")
+    assert "await is missing" in error.error_message
+    assert rebuild(store.read("s")).pending == []  # nothing asked: the question was never put
+    import gc
+
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]  # said once, in the error
+
+
+def test_a_node_no_edge_from_start_leads_to_is_refused_where_the_workflow_is_defined():
+    @node
+    async def a(ctx, x):
+        return x
+
+    @node
+    async def b(ctx, x):
+        return x
+
+    @node
+    async def c(ctx, x):
+        return x
+
+    with pytest.raises(WorkflowError, match=r"workflow 'w': no edge from START leads to 'b', 'c'; link it"):
+        Workflow("w", edges=[(START, a), (b, c)])  # (a, b) forgotten: b and c could never run
+    with pytest.raises(WorkflowError, match="no edge from START leads to 'b', 'c'"):
+        Workflow("w", edges=[(START, a), (b, c, b)])  # a loop of its own, entered from nowhere
+    loop = Workflow("w", edges=[(START, a, {"again": b, "done": c}), (b, a)])  # reached through a route
+    assert set(loop.nodes) == {"a", "b", "c"}

@@ -329,6 +329,7 @@ class Workflow(Node):
             self._add_chain(chain)
         if not self.successors[START]:
             raise WorkflowError(f"workflow {name!r} has no edge from START")
+        self._check_reached()
         #: The nodes every edge out of which is labelled: one must return a Route, or its
         #: run would end the branch silently (a forgotten Route reads as a finished workflow).
         self.routed_only = frozenset(
@@ -338,6 +339,26 @@ class Workflow(Node):
         if self.depth > MAX_DEPTH:
             raise WorkflowError(
                 f"workflow {name!r} nests its runs {self.depth} deep; they nest at most {MAX_DEPTH} deep"
+            )
+
+    def _check_reached(self) -> None:
+        """Refuse nodes no path from START reaches: they could never run, and an edge
+        forgotten or mistyped would otherwise read as a workflow that finished early."""
+        seen: set[Any] = {START}
+        todo: list[Any] = [START]
+        while todo:
+            for dst, _label in self.successors[todo.pop()]:
+                if dst not in seen:
+                    seen.add(dst)
+                    todo.append(dst)
+        never = [n.name for n in self.nodes.values() if n not in seen]
+        if never:
+            listed = ", ".join(repr(n) for n in never[:5]) + (
+                f" and {len(never) - 5} more" if len(never) > 5 else ""
+            )
+            raise WorkflowError(
+                f"workflow {self.name!r}: no edge from START leads to {listed}; "
+                "link it from START or from a node that runs, or remove its edges"
             )
 
     def _register(self, n: Any) -> Node:

@@ -24,6 +24,7 @@ timer on the loop at the lease's safe end) or by :meth:`Runner.check_leases
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
@@ -127,6 +128,13 @@ def json_value(value: Any, what: str, error: type[Exception] = OutputNotSerializ
     except _JSON_ERRORS as exc:
         if isinstance(exc, RecursionError):
             raise error(too_deep(what)) from None
+        if inspect.isawaitable(value):  # `return ctx.request_input(...)`: the call was never awaited
+            if inspect.iscoroutine(value):
+                value.close()  # said here, in the error: not again as "never awaited" at exit
+            raise error(
+                f"{what} is a {type(value).__name__}, not a value: an await is missing "
+                "(return await ctx.request_input(...), not return ctx.request_input(...))"
+            ) from None
         raise error(
             f"{what} is a {type(value).__name__} that is not JSON-serialisable ({str(exc):.200}); "
             "return JSON data: dict with str keys, list, str, finite number, bool or None"
