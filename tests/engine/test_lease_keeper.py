@@ -165,3 +165,67 @@ async def test_an_ended_invocation_is_not_kept_alive_by_the_keepers_last_round(t
     assert runner._keeper._thread is not None
     assert [o for o in gc.get_objects() if isinstance(o, Recorder)] == []
     store.close()
+
+
+@pytest.mark.slow
+async def test_a_loop_an_async_body_blocks_is_said_once_with_its_runs_and_a_waiting_one_is_not(caplog):
+    import time
+
+    @node
+    async def blocks(ctx, x):
+        time.sleep(1.6)  # the mistake: a blocking call in an async body
+        return x
+
+    @node
+    async def waits(ctx, x):
+        await asyncio.sleep(1.6)
+        return x
+
+    caplog.set_level("WARNING", logger="flowscope.engine")
+    store = MemoryEventStore()
+    for body in (waits, blocks):
+        runner = Runner(
+            Workflow("w", edges=[(START, body)]), store=store, lease_s=0.9, heartbeat_interval=0.3
+        )
+        assert (await runner.run(1, session_id=body.name)).status == "completed"
+    await asyncio.sleep(0.05)  # the loop's turn that runs the keeper's last callback
+    said = [r.getMessage() for r in caplog.records if "event loop" in r.getMessage()]
+    assert len(said) == 2, said  # blocked once (however many ticks it lasted), then running again
+    assert said[0].startswith("the event loop has not turned for ")
+    assert "(runs in flight: blocks: w@1/blocks@1)" in said[0]  # the innermost: the one whose code runs
+    assert "make it a sync node" in said[0] and "waits" not in said[0]
+    assert said[1].startswith("the event loop runs again, after ")
+
+
+def test_a_process_that_stood_still_is_not_said_to_have_a_blocked_loop(monkeypatch, caplog):
+    """A tick that comes more than two ticks late (SIGSTOP, a suspended VM): the loop stood
+    still with the whole process, so the probe's wait counts from then; a loop that still
+    runs nothing a tick later is blocked."""
+    from types import SimpleNamespace
+
+    from flowscope.engine import lease
+
+    now = [100.0]
+    monkeypatch.setattr(lease.time, "monotonic", lambda: now[0])
+    caplog.set_level("WARNING", logger="flowscope.engine")
+    keeper = lease.LeaseKeeper(MemoryEventStore(), 15.0, 5.0, "t")
+    loop = asyncio.new_event_loop()  # never run: its probes wait, as a blocked loop's do
+    inv: Any = SimpleNamespace(lease=SimpleNamespace(session_id="s"), in_flight={"w@1": 0, "w@1/n@1": 0})
+    keeper._active[1] = lease._Kept(inv, loop)
+    try:
+        said = lambda: [r.getMessage() for r in caplog.records]  # noqa: E731
+        for at in (101.0, 102.0):  # a probe sent, then a tick on time: blocked for 1 s
+            now[0] = at
+            keeper._probe(1.0)
+        assert len(said()) == 1 and "not turned for 1.0 s (runs in flight: s: w@1/n@1)" in said()[0]
+        caplog.clear()
+        keeper._probes.clear()
+        for at in (103.0, 110.0):  # a probe sent, then the next tick 7 s late: the process stood
+            now[0] = at
+            keeper._probe(1.0)
+        assert said() == []
+        now[0] = 111.0  # a tick on time, and the loop still ran nothing
+        keeper._probe(1.0)
+        assert len(said()) == 1 and "not turned for 1.0 s" in said()[0]
+    finally:
+        loop.close()

@@ -22,6 +22,12 @@ safe end (:meth:`LeaseKeeper._watch`), and on every tick of the keeper. A tick t
 ends the invocations whose leases it finds unsafe, and the keeper wakes at the earliest
 such instant, so a lease whose renewals keep failing ends on time.
 The thread starts with the first active invocation and ends after a period with none.
+
+Because the lease outlives a blocked loop, the keeper also says when a loop is blocked: at
+each tick it sends each loop a callback, and one still not run a tick later means the loop
+has run nothing since (an ``async`` body running blocking code). It logs that once per
+stall, with the runs in flight, since neither their timeouts nor any other session of the
+process can move until the loop runs again, and ``stuck`` still sees fresh heartbeats.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ __all__ = [
     "lease_expired",
     "LEASE_MARGIN",
     "MAX_LEASE_MARGIN_S",
+    "MIN_BLOCKED_S",
 ]
 
 log = logging.getLogger("flowscope.engine")
@@ -58,6 +65,9 @@ log = logging.getLogger("flowscope.engine")
 #: clocks, so that it has stopped before another process may take the session over.
 LEASE_MARGIN = 0.1
 MAX_LEASE_MARGIN_S = 1.0
+#: A loop that has not run the keeper's callback for a tick, and at least this long, is
+#: said to be blocked (the tick is the shorter of the renewal and heartbeat periods).
+MIN_BLOCKED_S = 1.0
 
 
 def lease_margin(lease_s: float) -> float:
@@ -172,6 +182,9 @@ class LeaseKeeper:
         # add and the timer itself). A loop closed with its timer armed is dropped at the
         # next add.
         self._watches: dict[asyncio.AbstractEventLoop, tuple[float, asyncio.TimerHandle]] = {}
+        # Per loop, the probe sent and not run yet: [sent at (monotonic), said blocked]
+        self._probes: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        self._probed_at = time.monotonic()  # the keeper's last probe (its thread only)
 
     def add(self, inv: Leased) -> None:
         """Keep ``inv``'s lease from now on (called on the invocation's loop)."""
@@ -255,6 +268,7 @@ class LeaseKeeper:
                     continue
                 idle = False
             now = time.monotonic()
+            self._probe(tick)
             renew = now - last_renew >= self.period * 0.99
             beat = hb > 0 and now - last_beat >= hb * 0.99
             soonest = self._round(renew, beat)
@@ -269,6 +283,50 @@ class LeaseKeeper:
             wait = max(now + tick - done, 0.001)
             if soonest is not None:  # wake when a lease whose renewals failed stops being safe
                 wait = min(wait, max(soonest - done, 0.001))
+
+    def _probe(self, tick: float) -> None:
+        """Send each loop of the kept invocations a callback; say once when one sent a
+        tick ago or more has not run: its loop is blocked."""
+        now = time.monotonic()
+        # A tick this late means the whole process stood still (SIGSTOP, a suspended VM):
+        # the loop did too, not blocked by a body; its probes count from now.
+        stood_still = now - self._probed_at > 2 * tick
+        self._probed_at = now
+        blocked: list[tuple[float, list[_Kept]]] = []
+        with self._lock:
+            by_loop: dict[asyncio.AbstractEventLoop, list[_Kept]] = {}
+            for k in self._active.values():
+                by_loop.setdefault(k.loop, []).append(k)
+            for loop in [lp for lp in self._probes if lp not in by_loop]:  # no invocation left on it
+                del self._probes[loop]
+            for loop, kept in by_loop.items():
+                probe = self._probes.get(loop)
+                if probe is None:
+                    self._probes[loop] = [now, False]
+                    _call_on(loop, self._probed, loop)
+                elif stood_still:
+                    probe[0] = now
+                elif not probe[1] and now - probe[0] >= max(tick * 0.99, MIN_BLOCKED_S):
+                    probe[1] = True
+                    blocked.append((now - probe[0], kept))
+        for waited, kept in blocked:
+            runs = [f"{k.inv.lease.session_id}: {path}" for k in kept for path in _innermost(k.inv.in_flight)]
+            listed = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
+            log.warning(
+                "the event loop has not turned for %.1f s (runs in flight: %s): an async node is likely "
+                "running blocking code (time.sleep, a sync client, a long computation), so no timeout "
+                "fires and no other session of this process moves; make it a sync node (it runs in a "
+                "thread) or await asyncio.to_thread(...) in it",
+                waited,
+                listed or "none",
+            )
+
+    def _probed(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop: the probe ran (and the next tick sends another)."""
+        with self._lock:
+            probe = self._probes.pop(loop, None)
+        if probe is not None and probe[1]:
+            log.warning("the event loop runs again, after %.1f s blocked", time.monotonic() - probe[0])
 
     def _round(self, renew: bool, beat: bool) -> float | None:
         """One round over the invocations kept now; the earliest instant (monotonic) one of
@@ -366,6 +424,12 @@ class LeaseKeeper:
             self.store.heartbeat_many(beats)
         except Exception as exc:  # a missed heartbeat must not kill the run
             log.log(_level(exc), "heartbeats failed for %d sessions: %s", len(beats), describe_exception(exc))
+
+
+def _innermost(in_flight: Mapping[str, Any]) -> list[str]:
+    """The runs in flight that enclose none of the others: the ones whose code runs."""
+    paths = list(in_flight)  # a copy made under the GIL; the loop mutates it
+    return [p for p in paths if not any(q.startswith(p + "/") for q in paths)]
 
 
 def _level(exc: BaseException) -> int:
