@@ -423,6 +423,10 @@ async def test_a_bridges_session_page_says_how_its_engine_continues_it_and_offer
         assert "ADK continues it" in line and "flowscope" not in line
         assert await p.page.locator("#stuck code").count() == 0  # no command to paste
         assert await p.page.locator("#summary button").count() == 0
+        await p.open(f"{c.base}/stuck")  # the stuck page says the same, as text
+        fixes = await p.page.locator("#stuck tbody td:last-child").all_inner_texts()
+        assert sorted(f.split(":", 1)[0] for f in fixes) == ["ADK continues it", "LangGraph continues it"]
+        assert await p.page.locator("#stuck code.cmd").count() == 0
         assert p.errors == []
         await p.page.context.close()
     finally:

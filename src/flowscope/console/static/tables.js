@@ -12,13 +12,21 @@ export async function stuckPage(main) {
         ["Session", (r) => h("a", { href: "/sessions/" + encodeURIComponent(r.session_id) }, r.session_id), "id"],
         ["Workflow", (r) => r.workflow], ["Path", (r) => r.path, "id"], ["State", (r) => badge(r.state)],
         ["Attempt", (r) => r.attempt], ["Age", (r) => fmtDuration(r.age_s)], ["Waiting on", (r) => r.waiting_on.join(", ") || "-"],
-        ["Fix", (r) => h("div", {}, h("code", { class: "cmd" }, r.action), r.state === "waiting_input" || r.state === "waiting_job" || r.state === "overdue"
-          ? h("a", { href: "/sessions/" + encodeURIComponent(r.session_id) }, "answer on its page") : null), "wrap"],
+        ["Fix", (r) => fix(r), "wrap"],
       ], rows, "Nothing is stuck or waiting."));
     } catch (e) { fill(out, h("p", { class: "error" }, e.message)); }
   }
   await refresh();
   return refresh;
+}
+
+// A command to paste is code, with the page that acts on it; anything else (a bridge's
+// session, which its engine continues; a live run to look at) is said as text.
+function fix(r) {
+  if (!r.action.startsWith(`${window.flowscope.info.prefix} `)) return h("div", {}, r.action);
+  const answers = r.state === "waiting_input" || r.state === "waiting_job" || r.state === "overdue";
+  return h("div", {}, h("code", { class: "cmd" }, r.action),
+    answers ? h("a", { href: "/sessions/" + encodeURIComponent(r.session_id) }, "answer on its page") : null);
 }
 
 export async function auditPage(main) {
