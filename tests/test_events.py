@@ -256,3 +256,47 @@ def test_a_fast_init_leaves_a_class_it_cannot_build_for_alone():
     assert (Checked.__init__, Mixed.__init__) == before
     with pytest.raises(ValueError):
         Checked(-1)
+
+
+def test_what_a_log_written_before_final_and_engine_means_by_their_absence():
+    from flowscope.fold import rebuild, restore_state, snapshot_state
+    from flowscope.store import codec
+
+    lg, adk, own = (
+        "1f0e3c1a-2b4d-4c6e-8f00-123456789abc",
+        "e-1f0e3c1a-2b4d-4c6e-8f00-123456789abc#2",
+        "a" * 32,
+    )
+
+    def legacy(e: ev.Event, *dropped: str) -> list[ev.Event]:
+        """``e`` as an earlier version wrote it (without ``dropped``), read back both ways."""
+        d = to_dict(e)
+        for name in dropped:
+            d.pop(name, None)
+        text = json.dumps(d)
+        row = (
+            "run_started" if isinstance(e, ev.RunStarted) else "run_finished",
+            e.ts,
+            e.invocation_id,
+            "",
+            "",
+            text,
+        )
+        return [decode(text), codec.decode("old.db", e.session_id, e.seq - 1, [row])[0]]
+
+    cancelled = ev.RunFinished(session_id="s", invocation_id=own, seq=9, ts=2.0, status="cancelled")
+    assert [e.final for e in legacy(cancelled, "final")] == [True, True]  # every cancel was final then
+    assert [e.final for e in legacy(cancelled)] == [False, False]  # written as not final: not final
+    done = dataclasses.replace(cancelled, status="completed")
+    assert [e.final for e in legacy(done, "final")] == [False, False]
+    for iid, engine in ((lg, "langgraph"), (adk, "adk"), (own, None), ("inv-1", None)):
+        started = ev.RunStarted(session_id="s", invocation_id=iid, seq=1, ts=1.0, workflow="w")
+        assert [e.engine for e in legacy(started)] == [engine, engine], iid
+    ws = rebuild([*legacy(ev.RunStarted(session_id="s", invocation_id=lg, seq=1, ts=1.0), "engine")[:1]])
+    snap = snapshot_state(ws)
+    snap.pop("engine")  # a snapshot an earlier version took of a bridge's session
+    assert restore_state(json.dumps(snap)).engine == "langgraph"
+    ws = rebuild([ev.RunStarted(session_id="s", invocation_id=own, seq=1, ts=1.0), cancelled])
+    snap = snapshot_state(ws)
+    snap.pop("final")  # and of a cancelled one
+    assert ws.final is False and restore_state(json.dumps(snap)).final is True

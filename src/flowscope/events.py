@@ -11,6 +11,8 @@ an old reader can still open a log written by a newer writer.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -41,6 +43,7 @@ __all__ = [
     "TERMINAL_TYPES",
     "to_dict",
     "from_dict",
+    "implied_fields",
     "encode",
     "decode",
     "EventDecodeError",
@@ -382,6 +385,36 @@ def to_dict(event: Event) -> dict[str, Any]:
     return d
 
 
+#: The invocation ids the bridges record, which are their engines' own run ids: LangGraph's
+#: run id (a UUID) and ADK's invocation id (``e-`` and a UUID, ``#k`` for its k-th root
+#: run). flowscope's engine has always written 32 hex digits (``uuid4().hex``, ``new_id``).
+_BRIDGE_IDS = (
+    (re.compile(r"e-[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}(?:#[0-9]+)?"), "adk"),
+    (re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}"), "langgraph"),
+)
+
+
+def implied_fields(cls: type[Event], d: Mapping[str, Any], invocation_id: str) -> dict[str, Any] | None:
+    """What a payload written before a field existed means by its absence, where the
+    field's default would misread it (None when nothing is implied):
+
+    - a ``RunFinished`` of a cancelled run with no ``final``: written when every cancel
+      was final (``flowscope resume`` refused every cancelled session), so it stays final,
+      and nothing revives what an operator may have cancelled;
+    - a ``RunStarted`` with no ``engine`` whose invocation id is a bridge's (LangGraph's or
+      ADK's run id, never flowscope's 32 hex digits): written by a bridge before it named
+      its engine, so that engine, not flowscope, continues the session.
+    """
+    if cls is RunFinished:
+        if "final" not in d and d.get("status") == "cancelled":
+            return {"final": True}
+    elif cls is RunStarted and "engine" not in d and len(invocation_id) != 32:
+        for shape, engine in _BRIDGE_IDS:
+            if shape.fullmatch(invocation_id):
+                return {"engine": engine}
+    return None
+
+
 def from_dict(d: dict[str, Any]) -> Event:
     """Build an event from its dict form; an unknown ``type`` gives an :class:`UnknownEvent`."""
     if not isinstance(d, dict) or not isinstance(d.get("type"), str):
@@ -395,6 +428,9 @@ def from_dict(d: dict[str, Any]) -> Event:
     kwargs = {k: d[k] for k in names if k in d}
     if "interrupt_ids" in kwargs:
         kwargs["interrupt_ids"] = tuple(kwargs["interrupt_ids"])
+    implied = implied_fields(cls, d, str(d.get("invocation_id", "")))
+    if implied is not None:
+        kwargs.update(implied)
     try:
         return cls(**kwargs)
     except TypeError as exc:  # pragma: no cover - kwargs are filtered by name

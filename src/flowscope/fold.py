@@ -38,6 +38,7 @@ from .events import (
     StateUpdated,
     UnknownEvent,
     from_dict,
+    implied_fields,
     to_dict,
 )
 from .jobs import decision_id
@@ -527,8 +528,13 @@ def restore_state(text: str | bytes) -> WorkflowState:
         fmt = d.get("format") if isinstance(d, dict) else None
         if fmt != SNAPSHOT_FORMAT and fmt != _ROWS_FORMAT:
             raise ValueError("unknown snapshot format")
-        # a run-level field added since the snapshot was taken keeps its default
+        # a run-level field added since the snapshot was taken keeps its default, or what
+        # the events it folded imply of it (implied_fields: the last RunStarted, RunFinished)
         ws = WorkflowState(**{f: d[f] for f in _RUN_FIELDS if f in d})
+        for cls, given in ((RunFinished, {"status": ws.status}), (RunStarted, {})):
+            for name, value in (implied_fields(cls, given, ws.invocation_id or "") or {}).items():
+                if name not in d:
+                    setattr(ws, name, value)
         ws.snapshot_seq = ws.last_seq
         nodes = ws.nodes
         ids = d["invocation_ids"]

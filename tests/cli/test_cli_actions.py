@@ -222,3 +222,49 @@ def test_a_dry_run_of_a_resume_a_live_owner_refuses_gives_the_stores_refusal(tmp
         assert dry.exit_code == 0 and "would cancel 1 session(s)" in dry.output, dry.output
         asked = run(db, "cancel", "p0")
         assert asked.exit_code == 0 and "asked w-live" in asked.output
+
+
+@pytest.mark.slow
+def test_sessions_an_earlier_version_cancelled_or_a_bridge_recorded_are_refused_as_they_meant(tmp_path):
+    """Logs written before ``RunFinished.final`` and ``RunStarted.engine``: a cancel was final
+    then, and a bridge's session is its engine's, though neither says so in its payload."""
+    import sqlite3
+    import uuid
+
+    from flowscope.events import InputRequested, NodeStarted, RunFinished, RunStarted
+    from flowscope.store.testing import ev, node_ev
+
+    db = _db(tmp_path)
+    assert run(db, "cancel", "p0").exit_code == 0
+    lg = str(uuid.uuid4())  # what LangGraph's bridge recorded as the invocation id: its run id
+    with SqliteEventStore(db) as store:
+        asking = "ab@1/ask@1"
+        store.append(
+            "lg",
+            [
+                ev(RunStarted, sid="lg", invocation_id=lg, workflow="ab", ts=1.0),
+                node_ev(NodeStarted, asking, ts=2.0, sid="lg", invocation_id=lg),
+                node_ev(InputRequested, asking, ts=3.0, sid="lg", invocation_id=lg, interrupt_id="go"),
+                ev(RunFinished, sid="lg", invocation_id=lg, status="paused", ts=4.0),
+            ],
+            0,
+        )
+    with sqlite3.connect(db) as c:  # p0's cancel as an earlier version wrote it: no "final"
+        changed = c.execute(
+            "UPDATE events SET payload = json_remove(payload, '$.final') WHERE session_id = 'p0' AND type = 'run_finished'"
+        ).rowcount
+        # and the bridge's RunStarted as it wrote it then: no "engine"
+        changed += c.execute(
+            "UPDATE events SET payload = json_remove(payload, '$.engine') WHERE session_id = 'lg' AND type = 'run_started'"
+        ).rowcount
+    assert changed >= 2
+    before = logs(db)
+    done = run(db, "resume", "p0", "--workflow", "test_cli_actions:asking")  # an earlier version ran it again
+    assert done.exit_code == 2 and "cancelled by an operator; it is over for good" in done.output
+    done = run(db, "resume", "--state", "cancelled", "--dry-run")
+    assert "would resume 0 session(s)" in done.output and "p0" in refusals(done.output, "would skip")
+    for args in (("resume", "lg", "--input", "go=true"), ("cancel", "lg")):
+        done = run(db, *args)
+        assert done.exit_code == 2 and "run by langgraph" in done.output, (args, done.output)
+    assert "LangGraph continues it" in run(db, "stuck", "--older-than", "0s").output
+    assert logs(db) == before and statuses(db)["p0"] == "cancelled"

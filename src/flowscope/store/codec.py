@@ -31,6 +31,7 @@ from ..events import (
     NodeStarted,
     UnknownEvent,
     from_dict,
+    implied_fields,
     to_dict,
 )
 from ..fold import gc_paused
@@ -281,8 +282,10 @@ def decode(where: str, session_id: str, after_seq: int, rows: Sequence[Sequence[
             if build is not None and type(d) is dict:
                 try:
                     append(build(session_id, seq, ts, inv, path, node, d))
-                except KeyError:  # a row written before a field was added
-                    append(_TOLERANT_BUILDERS[typ](session_id, seq, ts, inv, path, node, d))
+                except KeyError:  # a row written before a field was added (or without a default one)
+                    e = _TOLERANT_BUILDERS[typ](session_id, seq, ts, inv, path, node, d)
+                    implied = implied_fields(type(e), d, inv)
+                    append(e if implied is None else dataclasses.replace(e, **implied))
             else:
                 text = payloads[seq - after_seq - 1]
                 append(_decode_slow(where, session_id, seq, (typ, ts, inv, path, node, text)))
