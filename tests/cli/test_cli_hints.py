@@ -203,3 +203,35 @@ def test_stuck_says_how_a_bridges_engine_continues_its_session_never_a_flowscope
     assert printed.exit_code == 0, printed.output
     assert "LangGraph continues it" in printed.output and "ADK continues it" in printed.output
     assert "resume" not in printed.output.replace("Command(resume=", ""), printed.output
+
+
+@pytest.mark.parametrize("sid", ["x; touch PWNED", "$(touch PWNED)", "-x", "it's"])
+def test_a_hint_pasted_as_printed_acts_on_its_session_whatever_its_id_and_runs_nothing_else(tmp_path, sid):
+    db = tmp_path / "odd.db"
+    now = time.time()
+    with SqliteEventStore(db) as store:
+        assert Runner(twice, store).run_sync(None, session_id=sid).status == "paused"
+        store.append(  # and an orphan of the same kind of id
+            sid + "!",
+            [
+                ev(RunStarted, sid=sid + "!", workflow="shop", ts=now - 3600),
+                node_ev(NodeStarted, "shop@1/charge@1", ts=now - 3600, sid=sid + "!"),
+            ],
+            0,
+        )
+        rows = {r["session_id"]: r for r in views.stuck_rows(store, 0.0, 60.0, prefix="flowscope")}
+    for session, row in rows.items():
+        argv = shlex.split(row["action"].replace("=JSON", "=true"))  # as a POSIX shell reads it
+        assert argv[0] == "flowscope" and argv[-1 if session.startswith("-") else 2] == session, argv
+        assert not {";", "&&", "|"} & set(argv)  # one command
+        done = invoke("--db", str(db), argv[1], "--dry-run", *argv[2:])
+        said = (
+            f"would resume 1 session(s):\n  {session}  "
+            if row["state"] == "waiting_input"
+            else f"would skip {session}:"
+        )
+        assert said in done.output and "Usage:" not in done.output, (
+            argv,
+            done.output,
+        )  # its session, read whole
+    assert not (tmp_path / "PWNED").exists() and not Path("PWNED").exists()

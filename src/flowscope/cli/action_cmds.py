@@ -24,6 +24,7 @@ from . import views
 from .app import DURATION, command_prefix, db_option, open_store
 from .failures import CliError
 from .render import fmt_time
+from .rowparts import session_command
 from .session_ops import (
     CANCEL_REASON,
     SELECTABLE_STATES,
@@ -313,7 +314,7 @@ def _cancel_one(store: Any, sid: str, reason: str, force: bool) -> None:
     if receipt.pending and receipt.owner is not None:
         click.echo(
             f"asked {receipt.owner.describe()}, which runs {sid} ({receipt.workflow}), to stop it: it cancels the run at "
-            f"its next lease renewal; see: {command_prefix(store.path)} show {sid}"
+            f"its next lease renewal; see: {session_command(command_prefix(store.path), 'show', sid)}"
         )
         return
     after = views.load_session(store, sid)

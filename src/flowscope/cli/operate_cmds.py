@@ -36,6 +36,7 @@ from .app import (
 from .failures import EXIT_FAILED, CliError, failure_line
 from .history import redacted
 from .render import fmt_duration, fmt_time, render_table, zone_name
+from .rowparts import session_command
 from .runtime import SpanFollower, configure_cli_tracing, start_metrics_server, wait_for_signal
 from .session_ops import SELECTABLE_STATES, check_run_here, live_owner, prune_candidates
 from .worker_cmds import cwd_importable, record_answers
@@ -290,7 +291,7 @@ def _resume_one(
         code = after.error_code or classify(exc).code
         line = failure_line(exc, origin.error_message if origin is not None else None)
         click.echo(click.style(f"failed at {after.error_path}: {code}: {line}", fg="red"))
-        click.echo(f"see: {prefix} show {session}")
+        click.echo(f"see: {session_command(prefix, 'show', session)}")
         raise click.exceptions.Exit(EXIT_FAILED) from None
     finally:
         if tracing is not None:

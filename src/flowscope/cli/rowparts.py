@@ -41,6 +41,18 @@ def quoted(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
+def session_command(prefix: str, verb: str, session_id: str, *options: str) -> str:
+    """``prefix verb SESSION options...``, valid shell as printed: the session id quoted
+    (any text may be one: ``x; rm -rf ~`` pasted runs no second command), and one that
+    starts with ``-``, which a command line reads as an option, after ``--`` and the
+    options. ``options`` come quoted already."""
+    sid = shlex.quote(session_id)
+    opts = "".join(f" {o}" for o in options)
+    if session_id.startswith("-"):
+        return f"{prefix} {verb}{opts} -- {sid}"
+    return f"{prefix} {verb} {sid}{opts}"
+
+
 def input_hint(session_id: str, interrupt_id: str, payload: Any = None, *, prefix: str) -> str:
     """The ``resume --input`` that answers ``interrupt_id``, after ``prefix`` (``flowscope``
     and the ``--db`` the hint is for), quoted for a POSIX shell. The
@@ -50,14 +62,14 @@ def input_hint(session_id: str, interrupt_id: str, payload: Any = None, *, prefi
         payload.get("actions") if isinstance(payload, dict) and payload.get("kind") == "job_failed" else None
     )
     value = json.dumps(actions[0]) if actions else "JSON"
-    return f"{prefix} resume {shlex.quote(session_id)} --input {quoted(f'{interrupt_id}={value}')}"
+    return session_command(prefix, "resume", session_id, "--input", quoted(f"{interrupt_id}={value}"))
 
 
 def job_hint(session_id: str, job_id: str, *, prefix: str) -> str:
     """The ``resume --job`` that reports ``job_id``'s result, after ``prefix`` (``flowscope``
     and the ``--db`` the hint is for), quoted for a POSIX shell: pasted, its value is
     :data:`JOB_RESULT_EXAMPLE`, valid JSON."""
-    return f"{prefix} resume {shlex.quote(session_id)} --job {quoted(f'{job_id}={JOB_RESULT_EXAMPLE}')}"
+    return session_command(prefix, "resume", session_id, "--job", quoted(f"{job_id}={JOB_RESULT_EXAMPLE}"))
 
 
 def round_or_none(x: float | None, nd: int = 3) -> float | None:

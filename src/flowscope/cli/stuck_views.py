@@ -31,6 +31,7 @@ from .rowparts import (
     origin_failures,
     owner_row,
     round_or_none,
+    session_command,
 )
 
 __all__ = [
@@ -407,7 +408,7 @@ def _action(
         fresh = (
             owner is None and beat_age is not None and beat_age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S)
         )
-        return f"{prefix} resume {sid}{' --force' if fresh else ''}"
+        return session_command(prefix, "resume", sid, *(["--force"] if fresh else []))
     if state == RUNNING:
         if owner is not None:
             return f"alive ({owner.describe()} holds the lease): check that worker; it is slow, blocked or looping"
@@ -416,4 +417,4 @@ def _action(
         return input_hint(sid, waiting_on[0] if waiting_on else "ID", payload, prefix=prefix)
     if state in (WAITING_JOB, OVERDUE):
         return job_hint(sid, waiting_on[0] if waiting_on else "JOB_ID", prefix=prefix)
-    return f"{prefix} show {sid}"
+    return session_command(prefix, "show", sid)

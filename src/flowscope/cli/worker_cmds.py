@@ -38,6 +38,7 @@ from .app import (
     otlp_protocol_option,
 )
 from .failures import EXIT_STORE_OUTAGE, CliError, to_cli_error
+from .rowparts import session_command
 from .runtime import configure_cli_tracing
 
 if TYPE_CHECKING:
@@ -159,8 +160,11 @@ def record_answers(
     from ..liveness import owner_alive
 
     prefix = command_prefix(store.path)
-    here = f"{prefix} resume {session}" + (
-        "" if bundled_for(ws.workflow, session) else " --workflow MODULE:ATTR"
+    here = session_command(
+        prefix,
+        "resume",
+        session,
+        *([] if bundled_for(ws.workflow, session) else ["--workflow", "MODULE:ATTR"]),
     )
     if not inputs and not jobs:
         info = store.session_info(session)
@@ -237,7 +241,7 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
             click.echo(f"queued {workflow} as session {sid}; {hint}", err=True)
         else:
             click.echo(f"warning: queued {workflow} as session {sid}, but {hint}", err=True)
-        click.echo(f"see: {prefix} show {sid}", err=True)
+        click.echo(f"see: {session_command(prefix, 'show', sid)}", err=True)
 
 
 @click.command("worker")
