@@ -46,6 +46,7 @@ from .errors import (
     OutputNotSerializableError,
     ResumeError,
     SessionCancelledError,
+    StoreCorrupt,
     StoreLocked,
     StoreNotWritable,
     StoreUnavailable,
@@ -427,6 +428,7 @@ class Worker:
                 OutputNotSerializableError,
                 ValueError,
                 TypeError,
+                StoreCorrupt,  # its log cannot be read: held, not claimed again at once
             ) as exc:  # its checks, if nothing ran
                 if isinstance(exc, SessionCancelledError) or self.store.last_seq(sid) != before:
                     raise

@@ -308,6 +308,35 @@ def test_a_worker_marks_a_session_it_can_never_run_failed_and_backs_off_one_that
     assert json.loads(invoke("--db", str(db), "runs", "--status", "queued", "--format", "json").stdout) == []
 
 
+@pytest.mark.slow
+def test_a_worker_holds_a_session_whose_log_cannot_be_read_instead_of_claiming_it_again_at_once(tmp_path):
+    """A corrupt row (a damaged page, a bad write by another tool): its session's log cannot
+    be read. Claimed, backed off for lease_s, then twice that: three claims in two seconds
+    of 50 ms polls, not one per poll; the other sessions are served meanwhile."""
+    import sqlite3
+
+    db = tmp_path / "corrupt.db"
+    claims: list[str] = []
+
+    class Claims(Plugin):
+        def on_worker_claim(self, claim):
+            claims.append(claim.session_id)
+
+    with SqliteEventStore(db) as store:
+        _submit_raw(store, "broken", "asking", 1)
+        _submit_raw(store, "fine", "asking", 2)
+        with sqlite3.connect(db) as c:
+            c.execute("UPDATE events SET payload = '{not json' WHERE session_id = 'broken'")
+        worker = Worker(store, [asking], [Claims()], lease_s=0.3, poll_s=0.05, max_check_failures=9)
+        asyncio.run(_serve_for(worker, 2.0))
+        fine = rebuild(store.read("fine"))
+        epoch = store.session_info("broken").epoch
+    assert 2 <= claims.count("broken") <= 4, claims.count("broken")
+    assert fine.status == "paused" and claims.count("fine") == 1
+    assert worker.outcomes.get("failed") is None and worker.outcomes["backed_off"] == claims.count("broken")
+    assert epoch < 10
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
 
