@@ -157,3 +157,35 @@ def test_show_follow_waits_out_a_restart_and_ends_with_the_session(cluster):
             proc.communicate()
     assert proc.returncode == 0, err
     assert "cancelled" in out and err.count("retrying every") == 1, err
+
+
+def test_the_metrics_server_and_the_console_say_an_outage_without_the_pools_own_retries(cluster):
+    import urllib.request
+
+    from commands import run_cli, start_cli
+
+    url = cluster.new_database("quiet")
+    assert run_cli("--db", url, "start", "nightly_export", "--session", "q-1").returncode == 0
+    procs = [
+        start_cli("--db", url, "serve-metrics", "--port", "0"),
+        start_cli("--db", url, "ui", "--port", "0"),
+    ]
+    try:
+        metrics = procs[0].stdout.readline().split()[1]  # "serving URL (store ...)"
+        assert procs[1].stdout.readline().startswith("http://127.0.0.1:")
+        cluster.stop_server()
+        for _ in range(4):  # scrapes while it is down: the pool tries to connect again
+            try:
+                urllib.request.urlopen(metrics, timeout=5).read()
+            except OSError:
+                pass
+            time.sleep(1.0)
+        cluster.start_server()
+        cluster.wait_ready()
+    finally:
+        for proc in procs:
+            proc.terminate()
+    errs = [proc.communicate(timeout=30)[1] for proc in procs]
+    for err in errs:
+        assert "psycopg" not in err and "error connecting" not in err, err  # the driver's own lines
+    assert len(errs[0].splitlines()) <= 5, errs[0]  # the collector's own line per failed scrape

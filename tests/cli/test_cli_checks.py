@@ -337,6 +337,43 @@ def test_a_worker_holds_a_session_whose_log_cannot_be_read_instead_of_claiming_i
     assert epoch < 10
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--db", "", "runs"],
+        ["runs", "--db", ""],
+        ["ui", "--host", ""],
+        ["serve-metrics", "--host", " "],
+        ["worker", "x:y", "--metrics-port", "0", "--metrics-host", ""],
+        ["deploy-files", ""],
+    ],
+)
+def test_an_empty_value_is_refused_not_taken_for_the_current_folder_or_every_interface(
+    tmp_path, monkeypatch, invoke, args
+):
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(invoke(*args), "is empty: give ")
+    assert list(tmp_path.iterdir()) == []  # no ./flowscope.db, no dashboards/ here
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["runs", "--limit", str(2**63)], "'--limit'"),
+        (["worker", "x:y", "--concurrency", str(10**23)], "'--concurrency'"),
+        (["worker", "x:y", "--max-recoveries", str(10**23)], "'--max-recoveries'"),
+        (["worker", "x:y", "--worker-id", "forged\nline"], "control character"),
+        (["worker", "x:y", "--worker-id", "w" * 300], "300 characters long"),
+    ],
+)
+def test_a_number_past_what_a_store_holds_or_a_worker_id_a_log_line_cannot_is_refused_in_one_line(
+    tmp_path, invoke, args, says
+):
+    db = tmp_path / "x.db"
+    SqliteEventStore(db).close()
+    assert_one_line_error(invoke("--db", str(db), *args), says)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
 

@@ -9,6 +9,7 @@ ever printed through :func:`shown_db` (its password masked). The commands live i
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
@@ -46,6 +47,7 @@ __all__ = [
     "wide_option",
     "otlp_protocol_option",
     "metrics_host_option",
+    "not_empty",
     "resolve_db",
     "open_store",
     "shown_db",
@@ -127,12 +129,26 @@ POSITIVE_DURATION = Duration(positive=True)
 # --------------------------------------------------------------------------- shared options
 
 
+def not_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A text option or argument given as ``''`` (``--db "$DB"`` with ``DB`` unset) is
+    refused: taken as absent it would fall back to the current folder, or, as an address,
+    bind every interface."""
+    if isinstance(value, (str, Path)) and not str(value).strip():
+        if isinstance(param, click.Argument):
+            raise click.BadParameter(f"{param.human_readable_name} is empty: give one")
+        raise click.BadParameter(
+            f"{param.opts[0]} is empty: give a value, or leave the option out for its default"
+        )
+    return value
+
+
 def db_option(f: F) -> F:
     """``--db PATH|URL`` on a command (it overrides the group's ``--db``)."""
     return click.option(
         "--db",
         "db",
         default=None,
+        callback=not_empty,
         metavar="PATH|URL",
         help=f"A SQLite file or a postgresql:// URL (default: ${ENV_DB}, else ./{DEFAULT_DB}).",
     )(f)
@@ -158,6 +174,7 @@ def metrics_host_option(f: F) -> F:
         "--metrics-host",
         default="127.0.0.1",
         show_default=True,
+        callback=not_empty,
         metavar="ADDRESS",
         help="Address the metrics endpoint binds (0.0.0.0 exposes it: nothing there authenticates).",
     )(f)
@@ -253,6 +270,12 @@ def open_store(
             raise StoreUnavailable(
                 f"{shown_db(path)} is a PostgreSQL URL, and psycopg is not installed: pip install 'flowscope[postgres]'"
             ) from None
+        # psycopg and its pool say each lost connection and failed reconnect in lines of
+        # libpq's words; the command says the outage itself, once, redacted (a worker's
+        # --log-level debug keeps theirs).
+        driver_log = logging.getLogger("psycopg")
+        if driver_log.getEffectiveLevel() >= logging.WARNING:  # (psycopg sets WARNING itself)
+            driver_log.setLevel(logging.ERROR)
         return PostgresEventStore(path, readonly=not (write or create))
     from ..store.sqlite import SqliteEventStore
 
@@ -339,6 +362,7 @@ def command_prefix(db: str) -> str:
     envvar=ENV_DB,
     default=DEFAULT_DB,
     show_default=True,
+    callback=not_empty,
     metavar="PATH|URL",
     help=f"The flowscope database: a SQLite file or a postgresql:// URL (also ${ENV_DB}).",
 )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from .app import not_empty
 from .failures import CliError
 
 __all__ = ["deploy_files", "COMMANDS", "FOLDERS", "shipped_files"]
@@ -46,9 +47,9 @@ def shipped_files() -> dict[str, Traversable]:
 
 
 @click.command("deploy-files")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("directory", type=click.Path(file_okay=False), callback=not_empty)
 @click.option("--force", is_flag=True, help="Overwrite files that exist already.")
-def deploy_files(directory: Path, force: bool) -> None:
+def deploy_files(directory: str, force: bool) -> None:
     """Write the dashboards, alert rules and collector configs into DIRECTORY.
 
     DIRECTORY/dashboards holds the Grafana dashboard and provisioning and the Prometheus
@@ -58,7 +59,8 @@ def deploy_files(directory: Path, force: bool) -> None:
     (without --force) or cannot be written.
     """
     files = shipped_files()
-    targets = {rel: directory / rel for rel in files}
+    folder = Path(directory)
+    targets = {rel: folder / rel for rel in files}
     if not force:
         there = [rel for rel, path in targets.items() if path.exists()]
         if there:
@@ -74,7 +76,7 @@ def deploy_files(directory: Path, force: bool) -> None:
     except OSError as exc:
         raise CliError(f"cannot write into {directory}: {exc.strerror or exc}") from None
     click.echo(f"wrote {len(files)} files into {directory}: " + ", ".join(f"{f}/" for f in FOLDERS))
-    click.echo(f"  start them: docker compose -f {directory / 'collectors' / 'docker-compose.yml'} up -d")
+    click.echo(f"  start them: docker compose -f {folder / 'collectors' / 'docker-compose.yml'} up -d")
 
 
 COMMANDS = [deploy_files]

@@ -46,7 +46,7 @@ __all__ = ["runs", "show", "audit", "stuck", "events", "export", "COMMANDS"]
 @wide_option
 @click.option(
     "--limit",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, 2**63 - 1),  # a store's integer: a larger one is a typing slip
     default=50,
     show_default=True,
     help="At most this many sessions (0: all).",

@@ -30,6 +30,7 @@ from .app import (
     emit,
     format_option,
     json_arg,
+    not_empty,
     open_store,
     otlp_protocol_option,
 )
@@ -415,6 +416,7 @@ def prune(db: str | None, fmt: str, older_than: float, statuses: tuple[str, ...]
     "host",
     default="127.0.0.1",
     show_default=True,
+    callback=not_empty,
     help="Address to bind (0.0.0.0 exposes it: nothing here authenticates).",
 )
 @click.option(

@@ -11,7 +11,7 @@ import socket
 
 import click
 
-from .app import POSITIVE_DURATION, command_prefix, db_option, open_store, resolve_db, shown_db
+from .app import POSITIVE_DURATION, command_prefix, db_option, not_empty, open_store, resolve_db, shown_db
 from .failures import CliError
 
 __all__ = ["ui", "COMMANDS"]
@@ -25,6 +25,7 @@ INSTALL_HINT = "the console needs its extra: pip install 'flowscope[ui]' (Starle
     "--host",
     default="127.0.0.1",
     show_default=True,
+    callback=not_empty,
     help="The address to listen on (keep it on loopback unless you know why).",
 )
 @click.option(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..engine.graph import MAX_SESSION_ID, check_name
 from ..engine.submit import check_input, check_session_id, check_workflow_name, submit_run
 from ..errors import OutputNotSerializableError, StoreNotWritable
 from ..fold import WorkflowState
@@ -244,11 +245,31 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
         click.echo(f"see: {session_command(prefix, 'show', sid)}", err=True)
 
 
+#: The most sessions one worker runs at once (and recovers one session), far above what
+#: a process can hold: a larger number is a typing slip, refused in one line.
+MAX_CONCURRENCY = 1_000_000
+
+
+def _worker_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--worker-id`` as a session id is checked (printed in every log line and ``runs``
+    row: no control character, valid UTF-8, at most ``MAX_SESSION_ID`` characters)."""
+    if value is None:
+        return None
+    try:
+        return check_name(value, "--worker-id", MAX_SESSION_ID)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.command("worker")
 @click.argument("specs", nargs=-1, required=True, metavar="MODULE:ATTR...")
 @db_option
 @click.option(
-    "--concurrency", type=click.IntRange(1, None), default=64, show_default=True, help="Sessions run at once."
+    "--concurrency",
+    type=click.IntRange(1, MAX_CONCURRENCY),
+    default=64,
+    show_default=True,
+    help="Sessions run at once.",
 )
 @click.option(
     "--lease",
@@ -274,10 +295,12 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
     show_default=True,
     help="How often to look for work when there was none.",
 )
-@click.option("--worker-id", metavar="ID", help="This worker's id (default: host-pid-random).")
+@click.option(
+    "--worker-id", metavar="ID", callback=_worker_id, help="This worker's id (default: host-pid-random)."
+)
 @click.option(
     "--max-recoveries",
-    type=click.IntRange(0, None),
+    type=click.IntRange(0, MAX_CONCURRENCY),
     default=3,
     show_default=True,
     help="Orphaned sessions recovered more often are left alone.",
@@ -337,10 +360,9 @@ def worker_cmd(
     from ..worker import Worker
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    # The pool says each failed reconnect in two lines of libpq's words; the worker says the
-    # outage itself, once, in one redacted line (unless --log-level debug asks for them).
-    if log_level.upper() != "DEBUG":
-        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+    # psycopg's own lines only at --log-level debug (open_store quiets them else)
+    if log_level.upper() == "DEBUG":
+        logging.getLogger("psycopg").setLevel(logging.DEBUG)
     workflows = load_workflows(specs)
     # The threads started here (the database pool's, the span exporter's) inherit a mask
     # that leaves SIGCONT to the main thread, whose handler checks the leases (threads.py).
