@@ -31,6 +31,14 @@ PLANTED = [
     ("sqlite:////srv/app/sqliteurl-plant.db is locked", "sqliteurl-plant"),
     ("copy at C:/Users/carol/winfwd-plant.txt", "winfwd-plant"),
     ("config path:/etc/app/afteracolon-plant.toml", "afteracolon-plant"),
+    ("read //home/alice/dslash-plant.key failed", "dslash-plant"),
+    ("clone https://ghp_urluserplant@github.com/org/repo", "ghp_urluserplant"),
+    ("ssh passphrase=phrase-plant refused", "phrase-plant"),
+    ("login credentials=cred-plant refused", "cred-plant"),
+    ("proxy auth=auth-plant refused", "auth-plant"),
+    ("header Cookie: sid-cookie-plant", "sid-cookie-plant"),
+    ("cannot open /home/alice/My Secrets/spaced-plant.txt", "spaced-plant"),
+    ("copy at C:\\Program Files\\App\\winspace-plant.txt", "winspace-plant"),
 ]
 #: Every planted message in one.
 SECRETS = " | ".join(text for text, _secret in PLANTED)

@@ -39,6 +39,24 @@ def test_the_redaction_leaves_what_is_no_absolute_path(text):
     assert redact_message(text) == text
 
 
+def test_a_path_after_two_slashes_is_masked():
+    assert redact_message("read //home/alice/.ssh/id_rsa failed") == "read <path> failed"
+
+
+def test_a_url_whose_user_has_no_password_is_masked_whole_for_it_may_be_a_token():
+    assert (
+        redact_message("clone https://ghp_x1y2@github.com/org/repo")
+        == "clone https://***@github.com/org/repo"
+    )
+
+
+def test_a_directory_with_a_space_in_its_name_is_masked_to_the_end_of_the_path():
+    assert redact_message("open /home/alice/My Secrets/bank.txt: gone") == "open <path>: gone"
+    assert redact_message(r"copy C:\Program Files\App\k.txt now") == "copy <path> now"
+    # the part of a file name after its last space reads as the sentence's next word
+    assert redact_message("open /srv/x/bank statement.txt") == "open <path> statement.txt"
+
+
 def test_a_query_secret_is_masked_to_the_next_parameter_whatever_it_holds():
     assert mask_url_credentials("postgresql://bob@h/db?password=se#cret-tail&sslmode=require") == (
         "postgresql://bob@h/db?password=***&sslmode=require"

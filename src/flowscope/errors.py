@@ -254,8 +254,18 @@ def error_qualname(exc: BaseException) -> str:
 #: unencoded ``#``, ``?``, ``/`` or ``@`` in it (libpq takes a ``#`` or ``?``) must not end it
 #: early and let its tail out. Masking a little more of a rare URL is the safe side.
 _URL_CREDENTIALS = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@:]*):\S*@")
+#: A URL's userinfo without a password (``https://ghp_x@github.com``): often a token in
+#: the user's place, so it is masked whole, as pip does.
+_URL_USER = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^\s/@:]+@")
 #: The names of secrets, in every rule below that masks a value by its name.
-_SECRET_NAMES = r"password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key"
+_SECRET_NAMES = (
+    r"password|passwd|passphrase|pwd|secret|token|api[_-]?key|access[_-]?key"
+    r"|credentials?|auth|cookie"
+)
+#: A path's part after a space when a ``/`` (or ``\``) follows it in the same word
+#: (``/srv/My Documents/x``): a directory with a space in its name. A file name's part
+#: after its last space cannot be told from the sentence's next word, and stays.
+_SPACED_DIRS = r"(?: [^\s/\\'\"]+[/\\][^\s'\"]*)*"
 #: A query parameter that names a secret (``?password=``, ``&sslpassword=``, ``?api_key=``,
 #: ``?access_token=``): its value is masked as a URL's password is, to the next ``&`` or
 #: space (libpq takes a ``#`` in it as it is: it must not end the mask early).
@@ -274,6 +284,7 @@ def mask_url_credentials(text: str) -> str:
 # what precedes it so that relative run paths ("w@1/check@1") and URLs' own paths stay.
 _REDACTIONS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
     (_URL_CREDENTIALS, r"\1***:***@"),
+    (_URL_USER, r"\1***@"),
     # An Authorization header's scheme and credentials ("token revoked" is prose, not one).
     (re.compile(r"\b((?i:bearer|basic)|Token)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 ***"),
     (re.compile(r"\bsk-[A-Za-z0-9_-]{6,}"), "sk-***"),
@@ -296,12 +307,13 @@ _REDACTIONS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]],
     ),
     # File URLs (file:///x, sqlite:////x), Windows paths (C:\x, C:/x, \\host\x), then
     # absolute paths, after a colon too (path:/x) but for a URL's "//" (a path's trailing
-    # colon is the sentence's: "/x/flowscope.db: the disk is full"). A path ends at a space.
-    (re.compile(r"(?i)\b(?:file|sqlite):/{2,}[^\s'\"]*"), "<path>"),
-    (re.compile(r"(?<![\w])(?:[A-Za-z]:\\|\\\\)[^\s'\"]+"), "<path>"),
+    # colon is the sentence's: "/x/flowscope.db: the disk is full"). A path ends at a space
+    # but for a directory's (_SPACED_DIRS); one that starts "//" is a path all the same.
+    (re.compile(rf"(?i)\b(?:file|sqlite):/{{2,}}[^\s'\"]*{_SPACED_DIRS}"), "<path>"),
+    (re.compile(rf"(?<![\w])(?:[A-Za-z]:\\|\\\\)[^\s'\"]+{_SPACED_DIRS}"), "<path>"),
     # after a colon (C:/x/y, path:/x/y) a path has two parts at least: "mode r:/w" is none
-    (re.compile(r"(?<=[^/:\s]:)/[^\s/'\"]+/[^\s'\"]*(?<!:)"), "<path>"),
-    (re.compile(r"(?<![\w.@~:/-])~?/[^\s/'\"]+(?:/[^\s/'\"]*)*(?<!:)"), "<path>"),
+    (re.compile(rf"(?<=[^/:\s]:)/[^\s/'\"]+/[^\s'\"]*{_SPACED_DIRS}(?<!:)"), "<path>"),
+    (re.compile(rf"(?<![\w.@~:/-])~?/+[^\s/'\"]+(?:/[^\s/'\"]*)*{_SPACED_DIRS}(?<!:)"), "<path>"),
 )
 
 
