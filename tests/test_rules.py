@@ -272,6 +272,20 @@ async def test_r6_error_code_attribute_mapping_and_fallback(store):
     assert (await code_of(EmptyCode("x"))).error_code == "UNKNOWN_ERROR"
 
 
+async def test_r6_an_error_code_that_does_not_look_like_one_is_recorded_as_invalid(store):
+    class Leaky(Exception):
+        error_code = "password=hunter2 /home/alice/x"
+
+    with pytest.raises(Leaky):
+        await Runner(Workflow("w", edges=[(START, failing(Leaky("x")))]), store=store).run(
+            None, session_id="s"
+        )
+    events = store.read("s")
+    assert of_type(events, "node_error")[0].error_code == "INVALID_ERROR_CODE"
+    assert of_type(events, "run_finished")[0].error_code == "INVALID_ERROR_CODE"
+    assert "hunter2" not in repr(events) and "alice" not in repr(events)
+
+
 async def test_r6_empty_or_raising_str_gives_the_class_name(store):
     class Silent(Exception):
         pass

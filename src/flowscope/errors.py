@@ -56,11 +56,17 @@ __all__ = [
     "MAX_ERROR_MESSAGE",
     "MAX_ERROR_CODE",
     "MAX_ERROR_TYPE",
+    "INVALID_ERROR_CODE",
+    "error_code_or_invalid",
 ]
 
 MAX_ERROR_MESSAGE = 1024
-#: An ``error_code`` longer than this is cut on the event (metrics take codes of 64 at most).
-MAX_ERROR_CODE = 128
+#: The longest ``error_code``: a metric label, so it stays short.
+MAX_ERROR_CODE = 64
+#: What an ``error_code`` that does not look like a code is recorded as, everywhere: its
+#: text is the user's (a message, a path, a secret) and would reach events, spans and labels raw.
+INVALID_ERROR_CODE = "INVALID_ERROR_CODE"
+_CODE_SHAPE = re.compile(rf"[A-Z][A-Z0-9_]{{0,{MAX_ERROR_CODE - 1}}}")
 #: ``error_qualname`` (``module.Qualname``) is cut to this many characters.
 MAX_ERROR_TYPE = 256
 
@@ -378,18 +384,24 @@ def describe_exception(exc: BaseException) -> str:
     return name if message == name else f"{name}: {message}"
 
 
+def error_code_or_invalid(code: str) -> str:
+    """``code`` if it looks like a code (``[A-Z][A-Z0-9_]*``, at most 64 characters), else
+    ``INVALID_ERROR_CODE``: the one rule for what an ``error_code`` may hold."""
+    return code if _CODE_SHAPE.fullmatch(code) else INVALID_ERROR_CODE
+
+
 def _code(exc: BaseException, mapping: Mapping[type, str] | None) -> str:
     try:  # a hostile exception's error_code property may raise: then it has none
         code = getattr(exc, "error_code", None)
         if isinstance(code, str) and code:
-            return str.__str__(code)[:MAX_ERROR_CODE]
+            return error_code_or_invalid(str.__str__(code))
     except Exception:
         pass
     if mapping:
         for klass in type(exc).__mro__:
             mapped = mapping.get(klass)
             if mapped:
-                return mapped
+                return error_code_or_invalid(mapped)
     return UNKNOWN_ERROR
 
 
@@ -399,9 +411,9 @@ def classify(
     """Name a failure (R6, R13, docs/design.md).
 
     The code is the exception's ``error_code`` attribute when it is a non-empty string
-    (cut to ``MAX_ERROR_CODE``; one that raises counts as none), else the first match of
-    ``mapping`` along the MRO, else ``UNKNOWN_ERROR`` (never the class name, which
-    ``type`` already carries). The message is ``str(e)``, or the class name when that is
+    (one that raises counts as none), else the first match of ``mapping`` along the MRO,
+    else ``UNKNOWN_ERROR`` (never the class name, which ``type`` already carries); a code
+    that does not look like one is ``INVALID_ERROR_CODE`` (:func:`error_code_or_invalid`). The message is ``str(e)``, or the class name when that is
     empty or raises, passed through ``redact`` and cut to 1,024 characters. No traceback,
     ever.
     """

@@ -219,6 +219,8 @@ def test_runner_and_workflow_options_of_the_wrong_kind_are_refused_when_made():
     wf = Workflow("w", edges=[(START, node(_fn))])
     with pytest.raises(TypeError, match=r"error_codes maps exception classes to codes"):
         Runner(wf, store=MemoryEventStore(), error_codes={"TimeoutError": "SLOW"})
+    with pytest.raises(ValueError, match="which is no error code"):
+        Runner(wf, store=MemoryEventStore(), error_codes={TimeoutError: "slow upstream"})
     with pytest.raises(ValueError, match="max_recoveries is 0 or more"):
         Runner(wf, store=MemoryEventStore(), max_recoveries=-1)
     with pytest.raises(ValueError, match="max_steps is a whole number of 1 or more"):

@@ -17,7 +17,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import OutputNotSerializableError, WorkflowError, redact_message
+from ..errors import (
+    INVALID_ERROR_CODE,
+    OutputNotSerializableError,
+    WorkflowError,
+    error_code_or_invalid,
+    redact_message,
+)
 from ..events import Event, NodeErrorEvent, NodeStarted, RunFinished, RunStarted, RunSubmitted
 from ..jsontext import lone_surrogate
 from ..store.base import EventStore
@@ -56,10 +62,15 @@ def check_runner_options(max_recoveries: int, error_codes: Mapping[Any, str] | N
     """A ``Runner``'s numbers and mappings of the wrong kind, refused when it is made."""
     if max_recoveries < 0:
         raise ValueError(f"max_recoveries is 0 or more, not {max_recoveries!r}")
-    for key in error_codes or {}:  # matched along an exception's MRO: a name never matches
+    for key, code in (error_codes or {}).items():  # matched along an exception's MRO: a name never matches
         if not (isinstance(key, type) and issubclass(key, BaseException)):
             raise TypeError(
                 f"error_codes maps exception classes to codes, e.g. {{TimeoutError: ...}}, not {key!r}"
+            )
+        if not isinstance(code, str) or not code or error_code_or_invalid(code) == INVALID_ERROR_CODE:
+            raise ValueError(
+                f"error_codes maps {key.__name__} to {code!r}, which is no error code: "
+                "capitals, digits and _, starting with a capital, at most 64 characters"
             )
 
 
