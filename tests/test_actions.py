@@ -72,6 +72,16 @@ def test_cancels_taken_in_together_record_every_reason(tmp_path):
     assert finished.seq == store.last_seq("p")
 
 
+def test_an_operator_reason_is_recorded_through_the_default_redaction(tmp_path):
+    store = failed_session(tmp_path / "r.db")
+    retry(store, "s", reason="key at /home/alice/.ssh/id_rsa password=hunter2")
+    (queued,) = submitted(store)
+    assert queued.reason.startswith("key at <path> password=*** (retry, asked by"), queued.reason
+    cancel(store, "s", reason="see /home/alice/notes token=abc123")
+    recorded = repr(store.read("s"))
+    assert "alice" not in recorded and "hunter2" not in recorded and "abc123" not in recorded
+
+
 def test_merged_reasons_name_each_once_and_count_the_rest():
     from flowscope.engine.inbox import MERGED_REASONS, merged_reasons
 

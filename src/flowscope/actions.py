@@ -19,7 +19,7 @@ from typing import Any
 from .engine.inbox import CANCEL_REASON, RETRY_REASON, take_in
 from .engine.pauses import FINISHED, check_own_engine
 from .engine.submit import check_store
-from .errors import ConcurrencyConflict, ResumeError, UnknownSessionError
+from .errors import ConcurrencyConflict, ResumeError, UnknownSessionError, redact_message
 from .events import RunSubmitted
 from .fold import WorkflowState, rebuild
 from .liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
@@ -115,7 +115,8 @@ def _check_queued(store: EventStore, ws: WorkflowState, seen: int, reason: str) 
 def _reason(reason: str | None, default: str) -> str:
     if reason is not None and not isinstance(reason, str):
         raise TypeError(f"reason must be a str, not {type(reason).__name__}")
-    text = " ".join((reason or "").split()) or default
+    # recorded on every run it touches and printed by the CLI: the default redaction, as a message's
+    text = redact_message(" ".join((reason or "").split())) or default
     return text[:MAX_REASON]
 
 
