@@ -164,3 +164,25 @@ async def test_events_reach_a_plugin_once_per_append_or_once_per_event(store):
     assert runner.plugins.errors[("single", "on_event")] == len(singles)
     d = PluginDispatcher([Batched()])
     assert d.has_on_event and d.wants("on_event") and d.wants("on_events")
+
+
+async def test_an_error_hook_that_raises_is_one_redacted_line_without_a_traceback(store, caplog):
+    class Broken(Plugin):
+        name = "broken"
+
+        def before_run(self, run):
+            raise RuntimeError("reading /home/alice/app.ini password=hunter2")
+
+    class BadReporter(Plugin):
+        name = "bad-reporter"
+
+        def on_plugin_error(self, plugin, hook, error):
+            raise ValueError(f"cannot report {error}")
+
+    wf = Workflow("w", edges=[(START, node(lambda x: x + 1, name="a"))])
+    assert (
+        await Runner(wf, store=store, plugins=[Broken(), BadReporter()]).run(1, session_id="s")
+    ).output == 2
+    assert "plugin 'bad-reporter' raised in on_plugin_error: ValueError: cannot report" in caplog.text
+    assert not any(r.exc_info for r in caplog.records)
+    assert "hunter2" not in caplog.text and "alice" not in caplog.text

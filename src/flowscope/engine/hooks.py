@@ -266,5 +266,6 @@ class PluginDispatcher:
         for other, fn in self._hooks["on_plugin_error"]:
             try:
                 fn(name, hook, exc)
-            except Exception:  # a broken error hook is only logged, never recursed into
-                log.exception("plugin %r raised in on_plugin_error", getattr(other, "name", other))
+            except Exception as broken:  # only logged, never recursed into; one redacted line as above
+                other_name = getattr(other, "name", type(other).__name__)
+                log.warning("plugin %r raised in on_plugin_error: %s", other_name, describe_exception(broken))
