@@ -763,6 +763,18 @@ def test_a_corrupt_row_names_the_file_the_session_and_the_seq(db_path, bad):
         assert len(s.read("other")) == 1
 
 
+@pytest.mark.parametrize("bad", [None, "noon", 1e300, -5.0])
+def test_a_row_whose_time_is_no_time_is_corruption_named_by_its_seq(db_path, bad):
+    with SqliteEventStore(db_path) as s:
+        s.append(
+            SID, [started(), node_ev(NodeStarted, "w@1/a@1", ts=2.0), RunFinished(session_id=SID, ts=3.0)], 0
+        )
+        raw(db_path).execute("UPDATE events SET ts = ? WHERE session_id = ? AND seq = 2", (bad, SID))
+        with pytest.raises(StoreCorrupt, match="seq 2: bad ts .*restore the file from a backup"):
+            s.read(SID)
+        assert [e.seq for e in s.read(SID, after_seq=2)] == [3]
+
+
 def test_a_gap_in_the_log_is_reported(db_path):
     with SqliteEventStore(db_path) as s:
         s.append(
