@@ -75,8 +75,9 @@ class Owner:
         )
 
     def describe(self) -> str:
-        """``worker-id on host pid 1234``, for messages."""
-        return f"{self.worker_id} on {self.host} pid {self.pid}"
+        """``worker-id on host pid 1234``, for messages; an owner of no host (its record
+        could not be read) is its id alone."""
+        return f"{self.worker_id} on {self.host} pid {self.pid}" if self.host else self.worker_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -267,3 +267,21 @@ def test_a_read_only_open_of_an_older_schema_says_a_writing_command_migrates_it(
     assert "readonly" not in r.output  # the API's word, not the CLI user's
     with SqliteEventStore(db_path) as store:  # a writable open migrates it
         assert store.schema_version == 6
+
+
+def test_an_owner_record_that_cannot_be_read_is_an_unreadable_owner_its_lease_speaks_for(db_path):
+    from flowscope.store.appending import UNREADABLE_OWNER
+
+    store = SqliteEventStore(db_path)
+    submit(store, "bad")
+    submit(store, "good")
+    store.acquire("bad", this_process("first"), 60.0)
+    sqlite3.connect(db_path).execute(
+        "UPDATE sessions SET owner = 'not json' WHERE session_id = 'bad'"
+    ).connection.commit()
+    owners = {info.session_id: info.owner for info in store.find_sessions()}
+    assert owners == {"bad": UNREADABLE_OWNER, "good": None}  # one bad row lists, and so do the rest
+    assert UNREADABLE_OWNER.describe() == "(unreadable owner record)"
+    with pytest.raises(ConcurrencyConflict):  # its lease still runs: nobody takes the session
+        store.acquire("bad", this_process("second"), 60.0)
+    store.close()

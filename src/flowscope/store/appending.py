@@ -41,6 +41,7 @@ __all__ = [
     "new_session",
     "node_params",
     "owner_from_column",
+    "UNREADABLE_OWNER",
     "prepare_batches",
     "resumed_state",
     "session_columns",
@@ -68,11 +69,21 @@ FULL_LOAD_MAX = 2000
 KEPT_SESSIONS_MAX = 65536
 
 
+#: An ``owner`` column that cannot be read (not JSON, not an owner's fields). Its host is
+#: none, so its lease alone speaks for it: one bad row neither breaks the listing of every
+#: session nor frees a session whose lease still runs.
+UNREADABLE_OWNER = Owner(worker_id="(unreadable owner record)", host="", pid=0, started_at=None)
+
+
 def owner_from_column(data: OwnerColumn) -> Owner | None:
-    """The ``owner`` column as an :class:`~flowscope.ownership.Owner` (None if NULL or empty)."""
+    """The ``owner`` column as an :class:`~flowscope.ownership.Owner` (None if NULL or
+    empty, :data:`UNREADABLE_OWNER` if it is no owner's record)."""
     if not data:
         return None
-    return Owner.from_dict(json.loads(data) if isinstance(data, str) else data)
+    try:
+        return Owner.from_dict(json.loads(data) if isinstance(data, str) else data)
+    except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
+        return UNREADABLE_OWNER
 
 
 class SessionRow(NamedTuple):
