@@ -61,12 +61,14 @@ __all__ = [
 ]
 
 MAX_ERROR_MESSAGE = 1024
-#: The longest ``error_code``: a metric label, so it stays short.
-MAX_ERROR_CODE = 64
-#: What an ``error_code`` that does not look like a code is recorded as, everywhere: its
-#: text is the user's (a message, a path, a secret) and would reach events, spans and labels raw.
+#: An ``error_code`` longer than this is cut on the event (metrics take codes of 64 at most).
+MAX_ERROR_CODE = 128
+#: What an ``error_code`` that is no identifier is recorded as, everywhere: text with
+#: spaces, ``=``, ``/`` or ``@`` is the user's (a message, a path, a secret), and would
+#: reach events, spans and the CLI raw. A code of another case or with ``.``, ``:`` or
+#: ``-`` (``payment_declined``, ``E-1001``) is kept as the user wrote it (R6).
 INVALID_ERROR_CODE = "INVALID_ERROR_CODE"
-_CODE_SHAPE = re.compile(rf"[A-Z][A-Z0-9_]{{0,{MAX_ERROR_CODE - 1}}}")
+_CODE_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 #: ``error_qualname`` (``module.Qualname``) is cut to this many characters.
 MAX_ERROR_TYPE = 256
 
@@ -385,8 +387,10 @@ def describe_exception(exc: BaseException) -> str:
 
 
 def error_code_or_invalid(code: str) -> str:
-    """``code`` if it looks like a code (``[A-Z][A-Z0-9_]*``, at most 64 characters), else
-    ``INVALID_ERROR_CODE``: the one rule for what an ``error_code`` may hold."""
+    """``code`` (cut to ``MAX_ERROR_CODE``) if it is an identifier (letters, digits and
+    ``_.:-``), else ``INVALID_ERROR_CODE``: the one rule for what an ``error_code`` may hold.
+    (A metric label is stricter still: ``observability.labels.code_label``.)"""
+    code = code[:MAX_ERROR_CODE]
     return code if _CODE_SHAPE.fullmatch(code) else INVALID_ERROR_CODE
 
 
@@ -413,7 +417,7 @@ def classify(
     The code is the exception's ``error_code`` attribute when it is a non-empty string
     (one that raises counts as none), else the first match of ``mapping`` along the MRO,
     else ``UNKNOWN_ERROR`` (never the class name, which ``type`` already carries); a code
-    that does not look like one is ``INVALID_ERROR_CODE`` (:func:`error_code_or_invalid`). The message is ``str(e)``, or the class name when that is
+    that is no identifier is ``INVALID_ERROR_CODE`` (:func:`error_code_or_invalid`). The message is ``str(e)``, or the class name when that is
     empty or raises, passed through ``redact`` and cut to 1,024 characters. No traceback,
     ever.
     """

@@ -5,27 +5,32 @@ A label value comes from user code (an exception's ``error_code``, a node named 
 time), so a metric could grow a series per value. :func:`code_label` keeps codes to
 the shape of a code; :class:`LabelBudget` caps the label sets of each metric, folding
 new ones into one ``_other`` set and counting each fold
-(``flowscope_metrics_overflow_total{metric}``).
+(``flowscope_metrics_overflow_total{metric}``). The event keeps the code (an identifier).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
-from ..errors import INVALID_ERROR_CODE, MAX_ERROR_CODE, error_code_or_invalid
+from ..errors import INVALID_ERROR_CODE
 
 __all__ = ["INVALID_ERROR_CODE", "OTHER", "MAX_CODE_LABEL", "DEFAULT_MAX_SERIES", "code_label", "LabelBudget"]
 
 #: The label value a metric's label sets beyond its budget are folded into.
 OTHER = "_other"
-MAX_CODE_LABEL = MAX_ERROR_CODE
+MAX_CODE_LABEL = 64
+_CODE = re.compile(r"[A-Z][A-Z0-9_]*")
 DEFAULT_MAX_SERIES = 2000
 
 
 def code_label(code: str | None) -> str:
-    """``code`` as a metric label: the classifier's rule (:func:`~flowscope.errors.error_code_or_invalid`)
-    again, for events a flowscope before it recorded."""
-    return error_code_or_invalid(code) if code else INVALID_ERROR_CODE
+    """``code`` as a metric label: itself if it looks like a code (``[A-Z][A-Z0-9_]*``, at
+    most 64 characters), else ``INVALID_ERROR_CODE``. Stricter than what an event keeps
+    (:func:`~flowscope.errors.error_code_or_invalid`): a label is a series of its own."""
+    if code and len(code) <= MAX_CODE_LABEL and _CODE.fullmatch(code):
+        return code
+    return INVALID_ERROR_CODE
 
 
 class LabelBudget:
