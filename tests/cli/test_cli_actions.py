@@ -268,3 +268,22 @@ def test_sessions_an_earlier_version_cancelled_or_a_bridge_recorded_are_refused_
         assert done.exit_code == 2 and "run by langgraph" in done.output, (args, done.output)
     assert "LangGraph continues it" in run(db, "stuck", "--older-than", "0s").output
     assert logs(db) == before and statuses(db)["p0"] == "cancelled"
+
+
+def test_a_bulk_action_skips_a_session_whose_log_cannot_be_read_and_acts_on_the_rest(tmp_path):
+    import sqlite3
+
+    db = _db(tmp_path)
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE events SET payload = 'not json{' WHERE session_id = 'f1' AND seq = 2")
+    dry = run(db, "retry", "--state", "failed", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "would retry 2 session(s)" in dry.output and "restore" in refusals(dry.output, "would skip")["f1"]
+    done = run(db, "retry", "--state", "failed", "--yes")
+    assert done.exit_code == 0, done.output
+    assert "restore" in refusals(done.output, "skipped")["f1"]
+    assert {sid: s for sid, s in statuses(db).items() if sid.startswith("f")} == {
+        "f0": "queued",
+        "f1": "failed",
+        "f2": "queued",
+    }

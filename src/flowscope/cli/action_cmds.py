@@ -18,7 +18,7 @@ import click
 from ..actions import ActionReceipt
 from ..actions import cancel as cancel_action
 from ..actions import retry as retry_action
-from ..errors import OtherEngineError, ResumeError, UnknownSessionError
+from ..errors import OtherEngineError, ResumeError, StoreCorrupt, UnknownSessionError, describe_exception
 from ..store.base import SessionInfo
 from . import views
 from .app import DURATION, command_prefix, db_option, open_store
@@ -128,10 +128,15 @@ def for_each_target(
     for sid in sids:
         try:
             act(store, sid)
-        except CliError as exc:
+        except (CliError, StoreCorrupt) as exc:  # a corrupt session is skipped, not the rest with it
             if session is not None:
                 raise
-            click.echo(f"skipped {sid}: {exc.message}")
+            click.echo(f"skipped {sid}: {_why(exc)}")
+
+
+def _why(exc: CliError | StoreCorrupt) -> str:
+    """Why a session is skipped, in one line."""
+    return exc.message if isinstance(exc, CliError) else describe_exception(exc)
 
 
 def _would_act(
@@ -146,10 +151,10 @@ def _would_act(
             act(DryRunStore(store), sid)
         except WouldAct:
             pass
-        except CliError as exc:
+        except (CliError, StoreCorrupt) as exc:
             if session is not None:
-                raise CliError(f"would skip {sid}: {exc.message}") from None
-            refused.append((sid, exc.message))
+                raise CliError(f"would skip {sid}: {_why(exc)}") from None
+            refused.append((sid, _why(exc)))
             continue
         would.append(sid)  # it wrote nothing, or was stopped at its first write
     return would, refused
