@@ -233,3 +233,23 @@ def test_cli_md_documents_every_option_and_the_exit_codes_of_worker_and_start(na
             if opt.startswith("--") and opt != "--help":
                 assert f"`{opt}" in section, (name, opt)
     assert "Exit code" in section or "exit code" in section
+
+
+def test_a_message_with_terminal_escapes_is_shown_not_obeyed(tmp_path):
+    """An error message is the user's text: ESC (clear the screen, set the window title),
+    a carriage return (overwrite the line) and the other controls are printed as \\xNN."""
+    hostile = "boom\x1b[2J\x1b]0;owned\x07 \rover \x9b31m"
+
+    @node
+    async def explodes(ctx, x):
+        raise ValueError(hostile)
+
+    db = tmp_path / "esc.db"
+    with SqliteEventStore(db) as store:
+        with pytest.raises(ValueError):
+            Runner(Workflow("esc", edges=[(START, explodes)]), store).run_sync(None, session_id="e")
+    shown = CliRunner().invoke(cli, ["--db", str(db), "show", "e", "--wide"]).output
+    assert "boom\\x1b[2J\\x1b]0;owned\\x07 over \\x9b31m" in shown, shown
+    for args in (["show", "e"], ["runs"], ["stuck", "--older-than", "0s"], ["audit"]):
+        out = CliRunner().invoke(cli, ["--db", str(db), *args]).output
+        assert not {"\x1b", "\x07", "\r", "\x9b"} & set(out), (args, out)

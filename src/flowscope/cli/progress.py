@@ -8,6 +8,7 @@ from typing import Any
 from ..plugins import Plugin
 from .app import silence_stdout
 from .history import redacted
+from .render import one_line_text
 
 __all__ = ["ProgressPlugin"]
 
@@ -45,7 +46,7 @@ class ProgressPlugin(Plugin):
         where = f"{_short(e.path):<28}" if e.path else ""
 
         def say(marker: str, text: str) -> str:
-            return f"  {marker:<9} {text}"
+            return f"  {marker:<9} {one_line_text(text)}"  # a message's breaks and escapes, shown
 
         if t == "run_started":
             if e.resumed:
