@@ -448,3 +448,22 @@ def test_text_a_log_holds_that_no_terminal_can_show_is_printed_escaped(tmp_path)
         Runner(Workflow("odd", edges=[(START, odd)]), store).run_sync(None, session_id="o")
     r = run_cli("--db", str(db), "events", "o", "--show-payloads")
     assert r.returncode == 0 and "\\ud800" in r.stdout, (r.returncode, r.stderr)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["export", "s1", "--follow", "--otlp-endpoint", "http://127.0.0.1:9"], "drop 's1'"),
+        (["export", "--follow", "-o", "spans.json", "--otlp-endpoint", "http://127.0.0.1:9"], "drop -o"),
+        (["show", "s1", "--follow", "--interval", "0s"], "'--interval'"),
+    ],
+)
+def test_an_option_a_follower_would_drop_or_spin_on_is_refused_in_one_line(
+    tmp_path, monkeypatch, invoke, args, says
+):
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "x.db"
+    with SqliteEventStore(db) as store:
+        Runner(asking, store).run_sync(None, session_id="s1")
+    assert_one_line_error(invoke("--db", str(db), *args), says)
+    assert not (tmp_path / "spans.json").exists()

@@ -92,7 +92,7 @@ def _session_view(
 )
 @click.option(
     "--interval",
-    type=DURATION,
+    type=POSITIVE_DURATION,
     default="1s",
     show_default=True,
     help="With --follow: how often to look for new events.",
@@ -390,6 +390,12 @@ def export(
     from ..export import ExportError, export_request, send_spans, session_spans, to_otlp_json
 
     if follow:
+        if session is not None or output is not None:  # it sends every session: never dropped unsaid
+            dropped = repr(session) if session is not None else "-o"
+            raise CliError(
+                f"export --follow sends the spans of every session to --otlp-endpoint: drop {dropped} "
+                "(export SESSION without --follow writes or sends one session's)"
+            )
         _export_follow(db, otlp_endpoint, otlp_protocol, service_name, timeout, interval, rounds)
         return
     if session is None:
