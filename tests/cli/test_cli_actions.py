@@ -287,3 +287,43 @@ def test_a_bulk_action_skips_a_session_whose_log_cannot_be_read_and_acts_on_the_
         "f1": "failed",
         "f2": "queued",
     }
+
+
+@pytest.mark.slow
+def test_a_write_command_whose_output_cannot_be_printed_still_makes_its_change(tmp_path):
+    """Its reader gone (``| true``) or its disk full (``> /dev/full``): the answer or the
+    cancel is recorded all the same, exit 0; only a full disk is said, on stderr."""
+    import os
+    import subprocess
+
+    from commands import FLOWSCOPE, cli_env
+
+    db = _db(tmp_path)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader went away before a line was printed
+    try:
+        answered = subprocess.run(
+            [FLOWSCOPE, "--db", str(db), "resume", "p0", "--input", "go=true"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert answered.returncode == 0 and answered.stderr == "", answered.stderr
+    with open(os.devnull if not os.path.exists("/dev/full") else "/dev/full", "w") as full:
+        cancelled = subprocess.run(
+            [FLOWSCOPE, "--db", str(db), "cancel", "p1"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+            timeout=60,
+        )
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "not printed (No space left on device); the command itself completed" in cancelled.stderr
+    with SqliteEventStore(db, readonly=True) as store:
+        assert [e.value for e in store.read("p0") if e.type == "input_received"] == [True]  # recorded
+    assert statuses(db)["p1"] == "cancelled"

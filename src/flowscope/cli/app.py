@@ -80,10 +80,75 @@ def silence_stdout() -> None:
         pass
 
 
+_KEPT = "flowscope.stdout_kept"
+#: Commands that change the store: what they print is a report of the change, so a stdout
+#: that fails (its reader gone, a full disk) must not stop the change halfway.
+WRITE_COMMANDS = frozenset({"resume", "cancel", "retry", "start", "prune"})
+
+
+class _KeepGoing:
+    """A write command's stdout: the first write that fails is kept (``lost``) and the
+    rest are dropped, so the command finishes what it changes."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.lost: OSError | None = None
+
+    def write(self, text: str) -> int:
+        if self.lost is None:
+            try:
+                return int(self._stream.write(text))
+            except OSError as exc:
+                self.lost = exc
+        return len(text)
+
+    def flush(self) -> None:
+        if self.lost is None:
+            try:
+                self._stream.flush()
+            except OSError as exc:
+                self.lost = exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 class FlowscopeGroup(click.Group):
     """Converts any exception escaping a command into a one-line :class:`~.failures.CliError`."""
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """The command, and for a write command a stdout whose failure does not stop it."""
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None and cmd.name in WRITE_COMMANDS and not isinstance(sys.stdout, _KeepGoing):
+            ctx.meta[_KEPT] = (sys.stdout, _KeepGoing(sys.stdout))
+            sys.stdout = ctx.meta[_KEPT][1]
+        return name, cmd, rest
+
     def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return self._invoke(ctx)
+        finally:
+            kept = ctx.meta.pop(_KEPT, None)
+            if kept is not None:
+                self._report_lost(*kept)
+
+    @staticmethod
+    def _report_lost(real: Any, out: _KeepGoing) -> None:
+        """After a write command: a lost reader (``| true``) is silent, as for a read; any
+        other failure of its stdout is said on stderr, after the change, which stands."""
+        sys.stdout = real
+        if out.lost is None:
+            return
+        silence_stdout()
+        if not isinstance(out.lost, BrokenPipeError):
+            why = out.lost.strerror or type(out.lost).__name__
+            click.echo(
+                f"flowscope: its report was not printed ({why}); the command itself completed", err=True
+            )
+
+    def _invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
