@@ -22,6 +22,7 @@ from .engine.submit import check_store
 from .errors import ConcurrencyConflict, ResumeError, UnknownSessionError, redact_message
 from .events import RunSubmitted
 from .fold import WorkflowState, rebuild
+from .jsontext import lone_surrogate
 from .liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
 from .ownership import Owner, this_host, this_process
 from .store.base import EventStore
@@ -115,6 +116,8 @@ def _check_queued(store: EventStore, ws: WorkflowState, seen: int, reason: str) 
 def _reason(reason: str | None, default: str) -> str:
     if reason is not None and not isinstance(reason, str):
         raise TypeError(f"reason must be a str, not {type(reason).__name__}")
+    if reason is not None and lone_surrogate(reason) is not None:  # no store or page can hold it
+        raise ValueError("the reason holds an undecodable byte (a lone surrogate): give it as UTF-8 text")
     # recorded on every run it touches and printed by the CLI: the default redaction, as a message's
     text = redact_message(" ".join((reason or "").split())) or default
     return text[:MAX_REASON]

@@ -467,3 +467,19 @@ def test_an_option_a_follower_would_drop_or_spin_on_is_refused_in_one_line(
         Runner(asking, store).run_sync(None, session_id="s1")
     assert_one_line_error(invoke("--db", str(db), *args), says)
     assert not (tmp_path / "spans.json").exists()
+
+
+@pytest.mark.parametrize("action", ["cancel", "retry"])
+def test_a_reason_with_a_byte_that_is_not_utf8_is_refused_and_records_nothing(tmp_path, invoke, action):
+    from flowscope import actions
+
+    db = tmp_path / "x.db"
+    with SqliteEventStore(db) as store:
+        Runner(asking, store).run_sync(None, session_id="s1")
+        before = store.last_seq("s1")
+    assert_one_line_error(invoke("--db", str(db), action, "s1", "--reason", "why \udcff"), "not UTF-8")
+    with SqliteEventStore(db) as store:
+        if action == "cancel":  # (a retry of a paused session is refused before its reason is read)
+            with pytest.raises(ValueError, match="undecodable byte"):
+                actions.cancel(store, "s1", reason="why \udcff")
+        assert store.last_seq("s1") == before and store.inbox("s1") == []

@@ -19,6 +19,7 @@ from ..actions import ActionReceipt
 from ..actions import cancel as cancel_action
 from ..actions import retry as retry_action
 from ..errors import OtherEngineError, ResumeError, StoreCorrupt, UnknownSessionError, describe_exception
+from ..jsontext import lone_surrogate
 from ..store.base import SessionInfo
 from . import views
 from .app import DURATION, command_prefix, db_option, open_store
@@ -139,6 +140,14 @@ def _why(exc: CliError | StoreCorrupt) -> str:
     return exc.message if isinstance(exc, CliError) else describe_exception(exc)
 
 
+def _utf8_reason(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--reason`` as text the log and every page can hold: an argument with an
+    undecodable byte is refused, as ``--input`` and a session id are."""
+    if value is not None and lone_surrogate(value) is not None:
+        raise click.BadParameter("it holds a byte that is not UTF-8: give the reason as UTF-8 text")
+    return value
+
+
 def _would_act(
     store: Any, session: str | None, sids: list[str], act: Callable[[Any, str], None]
 ) -> tuple[list[str], list[tuple[str, str]]]:
@@ -200,7 +209,9 @@ def _said_retry(store: Any, receipt: ActionReceipt, from_path: str | None) -> st
     metavar="PATH",
     help="Run again from this node run (a path, or a node name with one run): it and what follows it run as new attempts.",
 )
-@click.option("--reason", default=None, help="Why: recorded in the log with who asked.")
+@click.option(
+    "--reason", default=None, callback=_utf8_reason, help="Why: recorded in the log with who asked."
+)
 @bulk_options
 def retry(
     session: str | None,
@@ -250,6 +261,7 @@ def retry(
     "--reason",
     default=CANCEL_REASON,
     show_default=True,
+    callback=_utf8_reason,
     help="Why: recorded on every cancelled run, with who asked.",
 )
 @click.option(
