@@ -126,7 +126,7 @@ TABLE: list[tuple[str, tuple]] = [
     ("error_code raises", exc(lambda: CodeRaises("c"), "UNKNOWN_ERROR", "c")),
     ("error_code int", exc(lambda: Coded(123), "UNKNOWN_ERROR", "coded")),
     ("error_code empty", exc(lambda: Coded(""), "UNKNOWN_ERROR", "coded")),
-    ("error_code not a code", exc(lambda: Coded("not a code!"), "not a code!", "coded")),
+    ("error_code not a code", exc(lambda: Coded("not a code!"), "INVALID_ERROR_CODE", "coded")),
     ("error_code 10,000 chars", exc(lambda: Coded("C" * 10_000), "C" * 128, "coded")),
     (
         "api key in message",
