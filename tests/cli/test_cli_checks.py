@@ -272,6 +272,22 @@ async def _serve_for(worker: Worker, seconds: float) -> None:
     await task
 
 
+def _claims_in(store: SqliteEventStore, seconds: float, max_check_failures: int) -> tuple[Worker, list[str]]:
+    """A worker of ``asking`` (0.3 s leases, 50 ms polls) served for ``seconds``, and the
+    session ids it claimed, in order."""
+    claims: list[str] = []
+
+    class Claims(Plugin):
+        def on_worker_claim(self, claim):
+            claims.append(claim.session_id)
+
+    worker = Worker(
+        store, [asking], [Claims()], lease_s=0.3, poll_s=0.05, max_check_failures=max_check_failures
+    )
+    asyncio.run(_serve_for(worker, seconds))
+    return worker, claims
+
+
 @pytest.mark.slow
 def test_a_worker_marks_a_session_it_can_never_run_failed_and_backs_off_one_that_fails_its_checks(
     tmp_path, invoke
@@ -283,17 +299,10 @@ def test_a_worker_marks_a_session_it_can_never_run_failed_and_backs_off_one_that
     from flowscope.engine.submit import CANNOT_RUN
 
     db = tmp_path / "never.db"
-    claims: list[str] = []
-
-    class Claims(Plugin):
-        def on_worker_claim(self, claim):
-            claims.append(claim.session_id)
-
     with SqliteEventStore(db) as store:
         _submit_raw(store, LONG_ID, "asking", None)
         _submit_raw(store, "nan-input", "asking", math.nan)
-        worker = Worker(store, [asking], [Claims()], lease_s=0.3, poll_s=0.05, max_check_failures=3)
-        asyncio.run(_serve_for(worker, 2.0))
+        worker, claims = _claims_in(store, 2.0, max_check_failures=3)
         long = rebuild(store.read(LONG_ID))
         nan = rebuild(store.read("nan-input"))
     assert claims.count(LONG_ID) == 1
@@ -316,19 +325,12 @@ def test_a_worker_holds_a_session_whose_log_cannot_be_read_instead_of_claiming_i
     import sqlite3
 
     db = tmp_path / "corrupt.db"
-    claims: list[str] = []
-
-    class Claims(Plugin):
-        def on_worker_claim(self, claim):
-            claims.append(claim.session_id)
-
     with SqliteEventStore(db) as store:
         _submit_raw(store, "broken", "asking", 1)
         _submit_raw(store, "fine", "asking", 2)
         with sqlite3.connect(db) as c:
             c.execute("UPDATE events SET payload = '{not json' WHERE session_id = 'broken'")
-        worker = Worker(store, [asking], [Claims()], lease_s=0.3, poll_s=0.05, max_check_failures=9)
-        asyncio.run(_serve_for(worker, 2.0))
+        worker, claims = _claims_in(store, 2.0, max_check_failures=9)
         fine = rebuild(store.read("fine"))
         epoch = store.session_info("broken").epoch
     assert 2 <= claims.count("broken") <= 4, claims.count("broken")
