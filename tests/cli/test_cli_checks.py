@@ -485,3 +485,10 @@ def test_a_reason_with_a_byte_that_is_not_utf8_is_refused_and_records_nothing(tm
             with pytest.raises(ValueError, match="undecodable byte"):
                 actions.cancel(store, "s1", reason="why \udcff")
         assert store.last_seq("s1") == before and store.inbox("s1") == []
+
+
+def test_a_database_in_a_folder_that_does_not_exist_gets_one_piece_of_advice(tmp_path, invoke):
+    nowhere = tmp_path / "gone" / "x.db"
+    line = assert_one_line_error(invoke("--db", str(nowhere), "start", "nightly_export"), "create it first")
+    assert "flowscope demo" not in line and "point --db" not in line, line
+    assert not nowhere.parent.exists()

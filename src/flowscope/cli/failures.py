@@ -108,7 +108,7 @@ ADVICE_GIVEN: dict[type[StoreError], tuple[str, ...]] = {
     StoreSchemaTooNew: ("upgrade",),
     StoreReadOnly: ("make the file", "use a writable", "grant it"),
     StoreDiskFull: ("free space", "free disk space"),
-    StoreUnavailable: ("PostgreSQL", "check the path", "pip install", "point --db"),
+    StoreUnavailable: ("PostgreSQL", "check the path", "pip install", "point --db", "create it first"),
 }
 
 
