@@ -184,3 +184,12 @@ def test_a_job_error_text_is_recorded_redacted_and_shown_so_by_events_and_show(t
         assert "SUCC-SECRET-77" not in out, out
         for _text, secret in PLANTED:
             assert secret not in out, (secret, out)
+
+
+def test_a_log_line_of_an_exception_is_one_line_whose_escapes_are_shown_not_obeyed():
+    """A worker logs a failed session with describe_exception: a line break in the message
+    would forge the next log line, an ESC sequence drive the terminal tailing the log."""
+    forged = "boom\n2026-12-07 10:00:00 flowscope.worker WARNING all is well \x1b]0;owned\x07"
+    assert describe_exception(ValueError(forged)) == (
+        "ValueError: boom 2026-12-07 10:00:00 flowscope.worker WARNING all is well \\x1b]0;owned\\x07"
+    )

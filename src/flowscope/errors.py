@@ -57,6 +57,7 @@ __all__ = [
     "MAX_ERROR_CODE",
     "MAX_ERROR_TYPE",
     "INVALID_ERROR_CODE",
+    "one_line_text",
     "error_code_or_invalid",
 ]
 
@@ -373,6 +374,24 @@ def _message(exc: BaseException, redact: Redactor) -> str:
     return text[:MAX_ERROR_MESSAGE] or type(exc).__name__
 
 
+_BREAKS = re.compile(r"\s*[\r\n\v\f]+\s*")
+
+
+#: What a terminal acts on rather than prints (ESC starts a sequence that clears the
+#: screen, sets the window title or writes the clipboard): C0 (a tab becomes a space), DEL and C1.
+_CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+
+
+def one_line_text(text: str) -> str:
+    """Line breaks (and the blanks around them) as one space: one cell never breaks a
+    table's lines; other spacing (a timeline bar's) is kept. Any other control character
+    is shown as ``\\xNN``: an error message is the user's text, never the terminal's orders."""
+    text = _BREAKS.sub(" ", text)
+    if _CONTROLS.search(text) is None:
+        return text.replace("\t", " ")
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text).replace("\t", " ")
+
+
 def describe_exception(exc: BaseException) -> str:
     """One redacted log line for ``exc``: ``Type: message``, the message through the default
     redaction; an exception whose ``__str__`` raises is said to be one, never a traceback.
@@ -383,7 +402,9 @@ def describe_exception(exc: BaseException) -> str:
     except Exception as broken:  # a hostile __str__: say so in one line
         return f"{name} (its message could not be read: str() raised {error_type_name(broken)})"
     message = _message(exc, redact_message)  # the class name when there is no message
-    return name if message == name else f"{name}: {message}"
+    # one line indeed: a message's line break would forge the next log line, its ESC
+    # sequences drive the terminal of whoever tails the log
+    return name if message == name else f"{name}: {one_line_text(message)}"
 
 
 def error_code_or_invalid(code: str) -> str:

@@ -7,7 +7,6 @@ import io
 import json
 import math
 import os
-import re
 import shutil
 import sys
 import time
@@ -16,6 +15,7 @@ from typing import Any
 
 import click
 
+from ..errors import one_line_text
 from .waterfall import Axis
 
 __all__ = [
@@ -146,24 +146,6 @@ def fmt_time(ts: float | None, *, zone: bool = False) -> str:
         return "-"
     text = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts) if _UTC[0] else time.localtime(ts))
     return f"{text} {zone_name()}" if zone else text
-
-
-_BREAKS = re.compile(r"\s*[\r\n\v\f]+\s*")
-
-
-#: What a terminal acts on rather than prints (ESC starts a sequence that clears the
-#: screen, sets the window title or writes the clipboard): C0 (a tab becomes a space), DEL and C1.
-_CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
-
-
-def one_line_text(text: str) -> str:
-    """Line breaks (and the blanks around them) as one space: one cell never breaks a
-    table's lines; other spacing (a timeline bar's) is kept. Any other control character
-    is shown as ``\\xNN``: an error message is the user's text, never the terminal's orders."""
-    text = _BREAKS.sub(" ", text)
-    if _CONTROLS.search(text) is None:
-        return text.replace("\t", " ")
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text).replace("\t", " ")
 
 
 def fmt_duration(s: float | None) -> str:
