@@ -174,12 +174,11 @@ def test_the_metrics_server_and_the_console_say_an_outage_without_the_pools_own_
         metrics = procs[0].stdout.readline().split()[1]  # "serving URL (store ...)"
         assert procs[1].stdout.readline().startswith("http://127.0.0.1:")
         cluster.stop_server()
-        for _ in range(4):  # scrapes while it is down: the pool tries to connect again
+        for _ in range(2):  # scrapes while it is down: the pool tries to connect again
             try:
                 urllib.request.urlopen(metrics, timeout=5).read()
             except OSError:
                 pass
-            time.sleep(1.0)
         cluster.start_server()
         cluster.wait_ready()
     finally:
@@ -188,4 +187,4 @@ def test_the_metrics_server_and_the_console_say_an_outage_without_the_pools_own_
     errs = [proc.communicate(timeout=30)[1] for proc in procs]
     for err in errs:
         assert "psycopg" not in err and "error connecting" not in err, err  # the driver's own lines
-    assert len(errs[0].splitlines()) <= 5, errs[0]  # the collector's own line per failed scrape
+    assert len(errs[0].splitlines()) <= 3, errs[0]  # the collector's own line per failed scrape
