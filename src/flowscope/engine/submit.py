@@ -18,8 +18,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import (
-    INVALID_ERROR_CODE,
-    MAX_ERROR_CODE,
     OutputNotSerializableError,
     WorkflowError,
     error_code_or_invalid,
@@ -68,11 +66,7 @@ def check_runner_options(max_recoveries: int, error_codes: Mapping[Any, str] | N
             raise TypeError(
                 f"error_codes maps exception classes to codes, e.g. {{TimeoutError: ...}}, not {key!r}"
             )
-        if (
-            not isinstance(code, str)
-            or len(code) > MAX_ERROR_CODE
-            or error_code_or_invalid(code) == INVALID_ERROR_CODE
-        ):
+        if not isinstance(code, str) or error_code_or_invalid(code) != code:  # cut or refused there
             raise ValueError(
                 f"error_codes maps {key.__name__} to {code!r}, which is no error code: "
                 "letters, digits and _.:- (UPSTREAM_TIMEOUT), at most 128 characters"
