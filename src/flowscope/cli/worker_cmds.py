@@ -245,8 +245,8 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
         click.echo(f"see: {session_command(prefix, 'show', sid)}", err=True)
 
 
-#: The most sessions one worker runs at once (and recovers one session), far above what
-#: a process can hold: a larger number is a typing slip, refused in one line.
+#: The largest --concurrency and --max-recoveries, far above what a process holds or a
+#: session survives: a larger number is a typing slip, refused in one line.
 MAX_CONCURRENCY = 1_000_000
 
 
