@@ -29,6 +29,7 @@ from .app import (
 from .history import retry_reasons, session_history
 from .progress import ProgressPlugin
 from .render import waterfall_lines
+from .rowparts import quoted, session_command
 from .runtime import configure_cli_tracing, resolve_otlp_protocol, start_metrics_server, wait_for_signal
 from .tables import audit_table, session_header
 
@@ -135,7 +136,7 @@ def _asking(ask: Callable[[Any], Any], prefix: str) -> Callable[[Any], Any]:
             click.echo("")
             click.echo(
                 click.style(f"stopped at the prompt: session {request.session_id} stays paused", fg="yellow")
-                + f" ({prefix} show {request.session_id}; "
+                + f" ({session_command(prefix, 'show', request.session_id)}; "
                 + f"{views.input_hint(request.session_id, request.interrupt_id, request.payload, prefix=prefix)})",
                 err=True,
             )
@@ -322,7 +323,7 @@ def run_demo(
         if tracing is not None:
             tracing.force_flush(3_000)
 
-        _section(f"the main run, from the event log ({prefix} show {main_session})")
+        _section(f"the main run, from the event log ({session_command(prefix, 'show', main_session)})")
         log = store.read(main_session)
         ws = rebuild(log)
         history = session_history(log)
@@ -344,24 +345,33 @@ def run_demo(
         stale = f"{stale_after:g}s"
         hints = [
             (f"{prefix} runs", "every session in the database"),
-            (f"{prefix} show {main_session}", "the waterfall above"),
-            (f"{prefix} show {failed_session}", "the PAYMENT_DECLINED failure, where it began"),
+            (session_command(prefix, "show", main_session), "the waterfall above"),
+            (session_command(prefix, "show", failed_session), "the PAYMENT_DECLINED failure, where it began"),
             (f"{prefix} audit --format json", "attempts, retries, recoveries, errors per node"),
             (
                 f"{prefix} stuck --older-than 0s --stale-after {stale}",
                 "the killed worker's orphaned run, the overdue job",
             ),
             (
-                f"{prefix} resume {worker_session}",
+                session_command(prefix, "resume", worker_session),
                 "recover the orphaned run (no --force): a new attempt, finished nodes kept",
             ),
-            (f"{prefix} export {main_session} -o spans.json", "its spans as OTLP JSON, rebuilt from the log"),
+            (
+                session_command(prefix, "export", main_session, "-o", "spans.json"),
+                "its spans as OTLP JSON, rebuilt from the log",
+            ),
             (f"{prefix} serve-metrics", "Prometheus metrics over the store on 127.0.0.1:9464"),
         ]
         if lost_jobs:
             result = '{"success": true, "count": 3, "data": {"geocoded": [1, 2, 3]}}'
             hints.insert(
-                6, (f"{prefix} resume {lost_session} --job '{lost_jobs[0]}={result}'", "report the lost job")
+                6,
+                (
+                    session_command(
+                        prefix, "resume", lost_session, "--job", quoted(f"{lost_jobs[0]}={result}")
+                    ),
+                    "report the lost job",
+                ),
             )
         width = min(56, max(len(c) for c, _ in hints))
         for command, what in hints:
@@ -376,7 +386,9 @@ def run_demo(
             "    docker run -d --name jaeger -p 16686:16686 -p 4317:4317 -p 4318:4318 jaegertracing/all-in-one"
         )
         click.echo(f"    {prefix} demo --otlp-endpoint http://localhost:4318")
-        click.echo(f"    {prefix} export {main_session} --otlp-endpoint http://localhost:4318")
+        click.echo(
+            f"    {session_command(prefix, 'export', main_session, '--otlp-endpoint', 'http://localhost:4318')}"
+        )
         click.echo(
             "  The full stack (collector, Jaeger, Tempo, Prometheus, Grafana): flowscope deploy-files DIR writes its configs; docs/operations.md"
         )
