@@ -955,3 +955,22 @@ async def test_a_nested_workflows_retry_config_is_its_retry_of_the_childs_failur
     state = rebuild(log)
     assert state.nodes["outer@1/inner@1"].attempt == 3
     assert state.status == ("completed" if fail_first < 3 else "failed")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+@pytest.mark.parametrize("kind", ["SequentialAgent", "ParallelAgent", "LoopAgent"])
+def test_instrument_refuses_an_agent_as_the_root_and_says_how_to_make_it_a_node(store, kind):
+    import google.adk.agents as agents
+
+    class Say(BaseAgent):
+        async def _run_async_impl(self, ctx: Any) -> AsyncGenerator[Any, None]:
+            yield Event(author=self.name, content=types.Content(role="model", parts=[types.Part(text="hi")]))
+
+    options = {"max_iterations": 1} if kind == "LoopAgent" else {}
+    root = getattr(agents, kind)(name="root", sub_agents=[Say(name="a")], **options)
+    with pytest.raises(
+        UnobservableNodeError,
+        match=f"^{kind} 'root' is not an ADK Workflow: .*edges=\\[\\(START, agent\\)\\]",
+    ):
+        FlowscopeADK(store).instrument(root)
+    FlowscopeADK(store).instrument(Workflow(name="outer", edges=[("START", root)]))  # as a node it is one run

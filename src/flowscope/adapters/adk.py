@@ -239,6 +239,12 @@ class FlowscopeADK:
     def instrument(self, workflow: Workflow) -> Workflow:
         """A copy of ``workflow`` whose function nodes (nested workflows included) are
         :class:`ObservedFunctionNode`\\ s; give it to ADK's ``Runner(node=...)``."""
+        if not isinstance(workflow, Workflow):  # an agent (Sequential, Parallel, Loop...) as the root
+            raise UnobservableNodeError(
+                f"{type(workflow).__name__} {getattr(workflow, 'name', '')!r} is not an ADK Workflow: the bridge "
+                "records a Workflow's node runs; make it a node of one, "
+                "Workflow(name=..., edges=[(START, agent)]), and instrument that"
+            )
         observed = self._instrument(workflow)
         self.workflow = observed
         return observed
