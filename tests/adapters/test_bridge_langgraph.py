@@ -1091,3 +1091,26 @@ def test_new_input_over_an_unanswered_interrupt_supersedes_it_and_the_answer_rea
     assert store.open_runs() == []
     db = str(tmp_path / "lg.db")
     assert "nothing stuck" in cli_ok("--db", db, "stuck", "--older-than", "0s")
+
+
+def test_a_node_named_with_a_slash_or_an_at_sign_is_one_run_at_one_path(store):
+    g = StateGraph(State)
+    g.add_node("search/web", lambda s: {"n": 1})
+    g.add_node("notify@slack", lambda s: {"n": 2})
+    g.add_node("100%", lambda s: {"n": 3})
+    g.add_edge(START, "search/web")
+    g.add_edge("search/web", "notify@slack")
+    g.add_edge("notify@slack", "100%")
+    graph = g.compile(checkpointer=InMemorySaver())
+    handler = FlowscopeCallbackHandler(store, workflow="team/names")
+    graph.invoke({"n": 0}, config(handler, "t1"))
+    handler.close()
+    ws = rebuild(store.read("t1"))
+    # a path is parent/name@k: the names are escaped in it, never split into made-up runs
+    assert {p: (n.node, n.kind, n.parent_path, n.status) for p, n in ws.nodes.items()} == {
+        "team%2Fnames@1": ("team/names", "workflow", "", "completed"),
+        "team%2Fnames@1/search%2Fweb@1": ("search/web", "function", "team%2Fnames@1", "completed"),
+        "team%2Fnames@1/notify%40slack@1": ("notify@slack", "function", "team%2Fnames@1", "completed"),
+        "team%2Fnames@1/100%25@1": ("100%", "function", "team%2Fnames@1", "completed"),
+    }
+    assert ws.workflow == "team/names"

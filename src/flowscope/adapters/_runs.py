@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import unquote
 
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext
 
@@ -28,6 +29,7 @@ __all__ = [
     "parent_of",
     "route_of",
     "name_of",
+    "path_segment",
     "answered",
     "open_runs_below",
     "superseded_runs",
@@ -83,8 +85,19 @@ def parent_of(path: str) -> str:
 
 
 def name_of(path: str) -> str:
-    """The node name of a path's last ``name@k`` segment."""
-    return path.rsplit("/", 1)[-1].rsplit("@", 1)[0]
+    """The node name of a path's last ``name@k`` segment (unescaped: :func:`path_segment`)."""
+    name = path.rsplit("/", 1)[-1].rsplit("@", 1)[0]
+    return unquote(name) if "%" in name else name
+
+
+def path_segment(name: str) -> str:
+    """``name`` as it goes into a path: ``%``, ``/`` and ``@`` escaped as in a URL. Another
+    engine's node may be named ``search/web`` or ``notify@slack`` (flowscope's own refuses
+    both), and a path is ``parent/name@k``: unescaped, such a node would read as a made-up
+    workflow run above it, or a run number of its own."""
+    if "%" in name or "/" in name or "@" in name:
+        return name.replace("%", "%25").replace("/", "%2F").replace("@", "%40")
+    return name
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ from ..plugins import Plugin
 from ..states import RunStatus
 from ..store.base import EventStore
 from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder
-from ._runs import route_of
+from ._runs import path_segment, route_of
 
 try:  # langgraph >= 1.2's graph lifecycle callbacks: the one signal of a breakpoint of the root graph
     from langgraph.callbacks import GraphCallbackHandler as _Handler
@@ -286,6 +286,7 @@ class FlowscopeCallbackHandler(_Handler):
     def _begin(self, run_id: UUID, inputs: Any, md: dict[str, Any], name: Any) -> None:
         session_id = str(md.get("thread_id") or run_id)
         workflow = self.workflow or str(name or "graph")
+        root_path = f"{path_segment(workflow)}@1"
         ws = self.recorder.session(session_id)
         # A resume continues the thread: Command(resume=...)/Command(goto=...), or None
         # (after a failure, a crash or a breakpoint). Other input starts the graph anew.
@@ -294,7 +295,7 @@ class FlowscopeCallbackHandler(_Handler):
             continues or ws.status in ("paused", "running", "failed", "cancelled")
         )
         answers: dict[str, Any] = {}
-        latest = _latest_invocation(ws, f"{workflow}@1") if continues else None
+        latest = _latest_invocation(ws, root_path) if continues else None
         if isinstance(inputs, Command) and inputs.resume is not None:
             open_ids = [e.interrupt_id for e in ws.pending if isinstance(e, InputRequested)]
             value = inputs.resume
@@ -308,7 +309,7 @@ class FlowscopeCallbackHandler(_Handler):
             workflow,
             recorded_input,
             resumed,
-            f"{workflow}@1",
+            root_path,
             answers,
             # new input over an unanswered interrupt: LangGraph drops it and runs anew
             supersede=resumed and not continues,
@@ -491,10 +492,11 @@ class FlowscopeCallbackHandler(_Handler):
             if len(self._counts) > _MAX_PATHS:  # bounded: an evicted thread is counted again
                 del self._counts[next(iter(self._counts))]
         k = counts.get((parent_path, node), 0) + 1
-        while f"{parent_path}/{node}@{k}" in nodes:  # another process recorded this thread too
+        segment = path_segment(node)
+        while f"{parent_path}/{segment}@{k}" in nodes:  # another process recorded this thread too
             k += 1
         counts[(parent_path, node)] = k
-        return f"{parent_path}/{node}@{k}"
+        return f"{parent_path}/{segment}@{k}"
 
     def _task_of(self, run_id: UUID) -> _Task | None:
         seen = self._runs.get(run_id)
