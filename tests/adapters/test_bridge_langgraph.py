@@ -1114,3 +1114,52 @@ def test_a_node_named_with_a_slash_or_an_at_sign_is_one_run_at_one_path(store):
         "team%2Fnames@1/100%25@1": ("100%", "function", "team%2Fnames@1", "completed"),
     }
     assert ws.workflow == "team/names"
+
+
+@pytest.mark.parametrize("handler_fails", [False, True])
+@pytest.mark.parametrize("default", [False, True])
+def test_a_nodes_error_handler_is_a_run_beside_the_node_that_failed_for_good(store, handler_fails, default):
+    def fetch(state: State) -> State:
+        raise ConnectionError("upstream down")
+
+    def fallback(state: State) -> State:
+        if handler_fails:
+            raise KeyError("fallback cache missing")
+        return {"n": 7}
+
+    g = StateGraph(State)
+    if default:  # the graph's default handler: LangGraph's __default_error_handler__ task
+        g.set_node_defaults(error_handler=fallback)
+        g.add_node("fetch", fetch, retry_policy=policy(2, ConnectionError))
+    else:
+        g.add_node("fetch", fetch, retry_policy=policy(2, ConnectionError), error_handler=fallback)
+    g.add_edge(START, "fetch")
+    g.add_edge("fetch", END)
+    graph = g.compile(checkpointer=InMemorySaver())
+    handler = FlowscopeCallbackHandler(store, workflow="eh")
+    if handler_fails:
+        with pytest.raises(KeyError):
+            graph.invoke({"n": 0}, config(handler, "t1"))
+    else:
+        assert graph.invoke({"n": 0}, config(handler, "t1")) == {"n": 7}
+    handler.close()
+    log = store.read("t1")
+    ws = rebuild(log)
+    name = "__default_error_handler__" if default else "__error_handler__fetch"
+    assert {p: n.status for p, n in ws.nodes.items()} == {
+        "eh@1": "failed" if handler_fails else "completed",
+        "eh@1/fetch@1": "failed",  # both attempts, then the graph handed its failure on
+        f"eh@1/{name}@1": "failed" if handler_fails else "completed",
+    }
+    [fetch_error] = [e for e in of(log, "eh@1/fetch@1") if isinstance(e, NodeErrorEvent)]
+    assert (fetch_error.error_type, fetch_error.attempt_count) == ("ConnectionError", 2)
+    # the fetch failed for good before its handler started, not when the graph ended
+    starts = [e.path for e in log if isinstance(e, NodeStarted)]
+    assert log.index(fetch_error) < log.index(next(e for e in of(log, f"eh@1/{name}@1")))
+    assert starts == ["eh@1", "eh@1/fetch@1", f"eh@1/{name}@1"]
+    if handler_fails:  # the failure is the handler's, at its own path
+        assert ws.error_path == f"eh@1/{name}@1"
+        [handler_error] = [e for e in of(log, f"eh@1/{name}@1") if isinstance(e, NodeErrorEvent)]
+        assert handler_error.error_type == "KeyError"
+    else:
+        assert ws.status == "completed"

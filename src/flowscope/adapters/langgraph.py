@@ -14,6 +14,8 @@ every task (a new LangChain run id per attempt, the task id in the metadata's
   same task is a ``NodeRetrying``; the last failed attempt, once the graph gives up, the
   one ``NodeErrorEvent`` at the deepest path with every attempt counted; a final timeout
   is LangGraph's ``NodeTimeoutError``, outcome timeout);
+- a node's error handler as a run beside the node (``graph@1/__error_handler__node@1``):
+  its start is the node's final failure;
 - an interrupt (``GraphInterrupt``) as one ``InputRequested`` at the task that raised it:
   a pause, not an error; the subgraph nodes it passes through, and the graph, pause
   (``NodePaused``); a breakpoint pauses the same way with no request; a
@@ -190,15 +192,24 @@ class FlowscopeCallbackHandler(_Handler):
             node = md.get("langgraph_node")
             depth = _depth(ns)
             parent_depth = task.depth if task is not None else 0
+            # An error handler's task (``add_node(..., error_handler=...)``) nests under the
+            # namespace of the task that failed, one level deeper than its graph's tasks: it
+            # is a run of its own beside the failed node, which failed for good.
+            handler = _is_error_handler(node) and depth == parent_depth + 2
             is_task = (
                 bool(node)
                 and kwargs.get("name") == node
-                and depth == parent_depth + 1
+                and (depth == parent_depth + 1 or handler)
                 and ns.rsplit("|", 1)[-1].startswith(f"{node}:")
             )
             if not is_task or node in _INTERNAL:
                 self._runs[run_id] = seen
                 return
+            if handler:
+                failed = g.tasks.get(ns.rsplit("|", 1)[0])
+                if failed is not None and not failed.done and failed.error is not None:
+                    self._forget(g.inv.run.session_id, failed.ns)
+                    self._end_failed(g, failed, failed.error[0], {})
             self._runs[run_id] = (root, self._task_start(g, task, ns, str(node), depth, run_id, inputs))
 
     def on_chain_end(
@@ -518,6 +529,14 @@ def _depth(ns: str) -> int:
     puts a call counter between them (``outer:id|1|step:id``) when a node calls a
     subgraph again, or a retried subgraph node runs its graph again."""
     return sum(1 for part in ns.split("|") if ":" in part) if ns else 0
+
+
+def _is_error_handler(node: Any) -> bool:
+    """Whether ``node`` is the task LangGraph runs for a node's error handler: its own
+    (``__error_handler__<node>``) or the graph's default (``set_node_defaults``)."""
+    return isinstance(node, str) and (
+        node.startswith("__error_handler__") or node == "__default_error_handler__"
+    )
 
 
 def _stopped(error: BaseException) -> bool:
