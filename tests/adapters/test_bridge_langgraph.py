@@ -1163,3 +1163,38 @@ def test_a_nodes_error_handler_is_a_run_beside_the_node_that_failed_for_good(sto
         assert handler_error.error_type == "KeyError"
     else:
         assert ws.status == "completed"
+
+
+def test_send_branches_that_interrupt_are_resumed_at_their_own_runs_by_any_handler(store):
+    class Items(TypedDict, total=False):
+        items: list
+        out: Annotated[list, operator.add]
+
+    def review(state: dict) -> dict:
+        answer = interrupt({"question": f"approve item {state['x']}?"})
+        return {"out": [f"item{state['x']}={answer}"]}
+
+    g = StateGraph(Items)
+    g.add_node("review", review)
+    g.add_conditional_edges(START, lambda s: [Send("review", {"x": i}) for i in s["items"]], ["review"])
+    graph = g.compile(checkpointer=InMemorySaver())
+
+    def invoke(value: Any) -> Any:  # a handler per request, as a web server makes them
+        handler = FlowscopeCallbackHandler(store, workflow="rv")
+        try:
+            return graph.invoke(value, config(handler, "t1"))
+        finally:
+            handler.close()
+
+    ids = {i.value["question"]: i.id for i in invoke({"items": list(range(1, 7))})["__interrupt__"]}
+    invoke(Command(resume={ids["approve item 2?"]: "yes2"}))
+    rest = {iid: f"yes{q.split()[2].rstrip('?')}" for q, iid in ids.items() if q != "approve item 2?"}
+    assert sorted(invoke(Command(resume=rest))["out"]) == [f"item{i}=yes{i}" for i in range(1, 7)]
+    log = store.read("t1")
+    asked = {e.path: e.prompt for e in log if isinstance(e, InputRequested)}
+    answered = {e.path: e.value for e in log if isinstance(e, InputReceived)}
+    completed = {e.path: e.output["out"] for e in log if isinstance(e, NodeCompleted) and e.path != "rv@1"}
+    assert len(asked) == len(answered) == len(completed) == 6
+    for path, question in asked.items():  # each run: the question it asked, its answer, its output
+        x = question.split()[2].rstrip("?")
+        assert (answered[path], completed[path]) == (f"yes{x}", [f"item{x}=yes{x}"]), path

@@ -40,6 +40,7 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from langgraph.errors import GraphBubbleUp, GraphInterrupt, NodeTimeoutError, ParentCommand
 from langgraph.types import Command
+from xxhash import xxh3_128_hexdigest  # LangGraph's own dependency: its interrupts' ids
 
 from ..errors import ErrorInfo
 from ..events import InputRequested
@@ -445,6 +446,8 @@ class FlowscopeCallbackHandler(_Handler):
             # unfinished run is one it dropped (a failed run before new input started the
             # thread anew), continued by nobody.
             known = self._paths.get((sid, ns))
+            if known not in ws.nodes:  # another handler or process saw it: its interrupt's id
+                known = _asked_by(ws, ns)
             candidates = [ws.nodes[known]] if known in ws.nodes else []
             candidates += sorted(
                 (
@@ -529,6 +532,19 @@ def _depth(ns: str) -> int:
     puts a call counter between them (``outer:id|1|step:id``) when a node calls a
     subgraph again, or a retried subgraph node runs its graph again."""
     return sum(1 for part in ns.split("|") if ":" in part) if ns else 0
+
+
+def _asked_by(ws: WorkflowState, ns: str) -> str | None:
+    """The path of the run that asked the first interrupt of the task ``ns``, or None.
+    LangGraph names a task's first interrupt by the hash of its namespace (``types.
+    _interrupt_id``), and keeps the namespace when it runs the task again: so a re-run of
+    a task that interrupted finds its run exactly, whoever recorded it (a ``Send`` fan-out's
+    branches are runs of one node, which order alone cannot tell apart)."""
+    iid = xxh3_128_hexdigest(ns.encode())
+    for n in ws.nodes.values():
+        if iid in n.requests or iid in n.inputs:
+            return n.path
+    return None
 
 
 def _is_error_handler(node: Any) -> bool:
