@@ -1198,3 +1198,46 @@ def test_send_branches_that_interrupt_are_resumed_at_their_own_runs_by_any_handl
     for path, question in asked.items():  # each run: the question it asked, its answer, its output
         x = question.split()[2].rstrip("?")
         assert (answered[path], completed[path]) == (f"yes{x}", [f"item{x}=yes{x}"]), path
+
+
+async def test_a_task_waiting_out_its_backoff_when_a_sibling_fails_is_cancelled_not_failed(store):
+    calls: dict[str, int] = {}
+
+    async def flaky(state: State) -> State:
+        calls["flaky"] = calls.get("flaky", 0) + 1
+        if calls["flaky"] == 1:
+            raise ConnectionError("transient")
+        return {}
+
+    async def broken(state: State) -> State:
+        calls["broken"] = calls.get("broken", 0) + 1
+        if calls["broken"] == 1:
+            await asyncio.sleep(0.05)  # flaky has failed once and waits out its backoff
+            raise ValueError("hard failure")
+        return {}
+
+    g = StateGraph(State)
+    retry = RetryPolicy(max_attempts=3, initial_interval=5.0, jitter=False, retry_on=ConnectionError)
+    g.add_node("flaky", flaky, retry_policy=retry)
+    g.add_node("broken", broken)
+    g.add_edge(START, "flaky")
+    g.add_edge(START, "broken")
+    graph = g.compile(checkpointer=InMemorySaver())
+    handler = FlowscopeCallbackHandler(store, workflow="par")
+    with pytest.raises(ValueError):
+        await graph.ainvoke({"n": 0}, config(handler, "t1"))
+    log = store.read("t1")
+    # one fault, one failure: LangGraph cancelled flaky's retry, which never ran
+    assert [e.path for e in log if isinstance(e, NodeErrorEvent)] == ["par@1/broken@1"]
+    flaky_events = [type(e).__name__ for e in of(log, "par@1/flaky@1")]
+    assert flaky_events == ["NodeStarted", "NodeRetrying", "NodeCancelled"]
+    assert rebuild(log).error_path == "par@1/broken@1"
+    # a resume runs both again at their runs, the numbering continued as the engine's own
+    # does for a run cancelled in its backoff: attempt 2 was announced, then cancelled
+    await graph.ainvoke(None, config(handler, "t1"))
+    handler.close()
+    ws = rebuild(store.read("t1"))
+    assert {p: (n.status, n.attempt) for p, n in ws.nodes.items() if p != "par@1"} == {
+        "par@1/flaky@1": ("completed", 3),
+        "par@1/broken@1": ("completed", 2),
+    }

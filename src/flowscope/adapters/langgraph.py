@@ -86,10 +86,11 @@ class _Task:
 class _Graph:
     """One graph invocation being recorded."""
 
-    __slots__ = ("inv", "tasks", "interrupted", "continues", "claimed", "latest")
+    __slots__ = ("inv", "tasks", "interrupted", "continues", "claimed", "latest", "on_loop")
 
     def __init__(self, inv: BridgeInvocation, continues: bool, latest: str | None = None) -> None:
         self.inv = inv
+        self.on_loop = _on_loop()  # ainvoke/astream: LangGraph's tasks are asyncio tasks
         self.tasks: dict[str, _Task] = {}  # checkpoint namespace -> task
         self.interrupted = False
         self.continues = continues  # a resume (Command or None input): earlier runs continue
@@ -352,11 +353,28 @@ class FlowscopeCallbackHandler(_Handler):
         # ends in a CancelledError (LangGraph cancels it), or has not ended yet.
         timed_out = error.node if isinstance(error, NodeTimeoutError) else None
         failed: dict[int, str] = {}  # id of an exception -> the deepest path it failed at
+        # On the event loop LangGraph cancels the other tasks when one fails for good, one
+        # waiting out its RetryPolicy's backoff too, and no callback says so. A failed attempt
+        # before the one that ended the run was to be retried: a final one would have ended it.
+        ended_at = (
+            min(
+                (t.error[1] for t in g.tasks.values() if t.error is not None and t.error[0] is error),
+                default=None,
+            )
+            if g.on_loop
+            else None
+        )
         for task in sorted(g.tasks.values(), key=lambda t: -t.depth):
             if task.done:
                 continue
             exc = task.error[0] if task.error is not None else None
             cancelled = exc is not None and _stopped(exc)
+            if task.error is not None and not cancelled and ended_at is not None and task.error[1] < ended_at:
+                exc, failed_at = task.error
+                self.recorder.retrying(task.ctx, task.ctx.attempt, exc, max(0.0, time.time() - failed_at))
+                task.done = True
+                self.recorder.cancel(g.inv, task.ctx)
+                continue
             if timed_out is not None and task.ctx.node_name == timed_out and (exc is None or cancelled):
                 timed_out = None  # one task timed out: the first one open under that name
                 exc, cancelled = error, False
@@ -545,6 +563,15 @@ def _asked_by(ws: WorkflowState, ns: str) -> str | None:
         if iid in n.requests or iid in n.inputs:
             return n.path
     return None
+
+
+def _on_loop() -> bool:
+    """Whether the graph runs on an event loop here (``ainvoke``, ``astream``)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _is_error_handler(node: Any) -> bool:
