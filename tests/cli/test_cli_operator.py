@@ -18,6 +18,7 @@ import pytest
 
 from commands import FLOWSCOPE, cli_env, run_cli
 from flowscope.actions import operator
+from flowscope.cli.demo_cmd import WORKER_HANG_S
 from flowscope.errors import LeaseLost
 from flowscope.events import RunFinished
 from flowscope.ownership import this_process
@@ -376,7 +377,11 @@ def test_ctrl_c_or_ctrl_d_at_an_interactive_prompt_stops_the_demo_at_once(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_demo_longer_than_30s_still_kills_its_worker_mid_run(tmp_path):
+def test_a_demo_with_a_slow_operator_still_kills_its_worker_mid_run(tmp_path):
+    # The doomed worker's node once hung 30 s: an operator who took longer at a prompt
+    # found it finished and nothing orphaned. It hangs for a day now; the run below pauses
+    # a few seconds at the prompt (the suite's time is not an operator's).
+    assert WORKER_HANG_S >= 3600
     proc = subprocess.Popen(
         [FLOWSCOPE, "demo", "--interactive", "--stale-after", "0.5s"],
         cwd=tmp_path,
@@ -387,7 +392,7 @@ def test_a_demo_longer_than_30s_still_kills_its_worker_mid_run(tmp_path):
     )
     try:
         _read_until(proc, b"retry or abort?")
-        time.sleep(31)  # the operator takes his time: the worker's old 30 s hang is over
+        time.sleep(3)  # the operator takes their time: the worker's node still hangs
         out, err = proc.communicate(b"retry\ny\nretry\ny\n", timeout=60)
     finally:
         if proc.poll() is None:
