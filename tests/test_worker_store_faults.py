@@ -486,3 +486,41 @@ def test_a_session_halted_by_a_lock_is_taken_back_ever_more_slowly_then_complete
     assert 1 <= halts[0] <= 7, halts  # 0.05 s doubling: about five in 1 s
     assert w.outcomes.get("failed", 0) == 0 and w.outcomes["completed"] == 1, w.outcomes
     store.close()
+
+
+@pytest.mark.slow
+def test_a_session_halted_by_a_lock_is_taken_back_once_by_its_worker_and_by_no_claim(tmp_path):
+    """The halted invocation released its lease, so the worker's next claim took the session
+    over as orphaned before the take-back's backoff ran out; the take-back then acquired it
+    again and fenced the run the claim started, or found it over and logged a failed check:
+    a third run of the body, a lost lease, a failure and a recovery for one held lock."""
+    store = _Locked(tmp_path / "l.db")
+    ran: list[str] = []
+
+    @node
+    async def slow(ctx: NodeContext, x):
+        ran.append(ctx.path)
+        await asyncio.sleep(0.3)
+        return x
+
+    wf = Workflow("w", edges=[(START, slow, node(lambda x: x, name="after"))])
+    sid = Runner(wf, store).submit(1)
+    w = Worker(store, [wf], poll_s=0.5, lease_s=3.0)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(w.run())
+        await until(lambda: bool(ran), "the first run")
+        store.locked = True  # its completion cannot be appended: the invocation halts
+        await until(lambda: w.outcomes.get("store_fault", 0) >= 1, "the halt")
+        store.locked = False
+        await until(lambda: store.session_info(sid).status == "completed", "the session to complete")
+        await asyncio.sleep(1.2)  # two more rounds: a take-back would come now
+        w.stop()
+        await task
+
+    asyncio.run(main())
+    assert ran == ["w@1/slow@1"] * 2, ran  # cut off once, run once more: never a third time
+    assert w.outcomes == {"store_fault": 1, "completed": 1}, w.outcomes
+    ws = rebuild(store.read(sid))
+    assert ws.nodes["w@1/slow@1"].attempt == 2 and ws.nodes["w@1/slow@1"].recoveries == 0
+    store.close()

@@ -11,18 +11,14 @@ a worker whose lease may have expired by its own clock stops its runs: on SIGCON
 main thread) it checks its leases before the loop resumes any body (:meth:`check_leases`).
 
 ``stop()`` (SIGTERM or SIGINT under ``flowscope worker``) drains: no more claims; the
-sessions in hand run on for up to ``drain_s`` (most complete or pause); those still
-running are handed back, fenced (the epoch is advanced under an already-expired lease,
-so their invocation stops with ``LeaseLost`` and appends nothing) and left for another
-worker to claim at once, their cut-off node runs to be re-executed as new attempts.
-Paused sessions stay paused. See docs/workers.md.
+sessions in hand run on for up to ``drain_s``; those still running are handed back
+(fenced: their invocations append nothing more) for another worker to claim at once.
 
-A store that refuses writes (:class:`~flowscope.errors.StoreNotWritable`: a full disk, a
-read-only store) is an *outage* (:mod:`flowscope.outage`): the worker says so once per
-episode, stops claiming and backs off, probing with one small write; the sessions whose
-appends failed halted (their runner tried once to release the lease) and are taken back
-by this worker, before it claims anything else, when writes go through again. If none has
-for ``max_store_outage_s``, :meth:`Worker.run` drains at once and raises the store's error.
+A store that refuses writes (a full disk, a read-only store) is an *outage*
+(:mod:`flowscope.outage`): said once, no claims, a backoff, one small write as the probe.
+Sessions halted by a store fault are taken back by this worker, before it claims, when
+writes go through again; if none has for ``max_store_outage_s``, :meth:`Worker.run`
+drains at once and raises the store's error. See docs/workers.md.
 """
 
 from __future__ import annotations
@@ -81,6 +77,9 @@ def _by_name(workflows: Iterable[Workflow] | Mapping[str, Workflow]) -> dict[str
     return out
 
 
+_SETTLED = frozenset({"completed", "failed", "cancelled", "paused"})  # a take-back leaves alone
+
+
 class Worker:
     """Serves the sessions of ``workflows`` from ``store`` until :meth:`stop`.
 
@@ -93,12 +92,9 @@ class Worker:
     ``max_check_failures``: a session whose claims fail their resume checks (nothing ran)
     is held for ``lease_s``, then twice that, and so on, and marked failed with the reason
     at the ``max_check_failures``-th failure.
-    ``plugins`` are given to every runner; their ``on_worker_claim``/``on_worker_release``
-    hooks see each claim, and ``on_store_writes`` whether the store takes the worker's
-    writes (``MetricsPlugin`` turns them into ``flowscope_worker_*``).
-    ``max_store_outage_s``: how long the worker goes on while no write of its store goes
-    through (a full disk, a read-only store) before :meth:`run` stops and raises the
-    store's error (the module docstring).
+    ``plugins`` go to every runner; ``on_worker_claim``/``on_worker_release`` see each claim
+    and ``on_store_writes`` whether the store takes writes (``flowscope_worker_*``).
+    ``max_store_outage_s``: how long no write may go through before :meth:`run` raises.
     """
 
     def __init__(
@@ -226,6 +222,7 @@ class Worker:
                 self._retake()
                 claims = self._claim(names)
                 for claim in claims:
+                    self._unpark(claim.session_id)
                     self._start(claim)
                 free = self.concurrency - len(self._active)
                 if claims and free > 0:
@@ -325,18 +322,20 @@ class Worker:
             self._hooks.call_sync("on_store_writes", writable)
 
     def _retake(self) -> None:
-        """Take back, before claiming, the sessions this worker gave up because the store
-        refused their writes: by ``acquire`` under its own owner (no recovery is spent, as
-        for a crash), unless someone else took them meanwhile (then they are theirs)."""
+        """Take back, before claiming, the sessions halted by a store fault: by ``acquire``
+        under its own owner (no recovery spent), unless another took them (then theirs)."""
         now = time.monotonic()
         for sid, claim in list(self._parked.items()):
             if len(self._active) >= self.concurrency:
                 return
+            if sid in self._active:  # a claim took it (a lease shorter than the backoff ran out)
+                self._unpark(sid)
+                continue
             if self._parked_until.get(sid, 0.0) > now:
                 continue
             try:
-                info = self.store.session_info(sid)
-                if info is None or info.owner is None or info.owner.worker_id != self.owner.worker_id:
+                info, me = self.store.session_info(sid), self.owner.worker_id
+                if info is None or info.status in _SETTLED or getattr(info.owner, "worker_id", None) != me:
                     self._unpark(sid)
                     continue
                 lease = self.store.acquire(sid, self.owner, self.lease_s)
@@ -476,7 +475,8 @@ class Worker:
                 "session %s (%s, %s) failed: %s", sid, claim.workflow, claim.reason, describe_exception(exc)
             )
         finally:
-            self._active.pop(sid, None)
+            if self._active.get(sid, (None, None))[1] is asyncio.current_task():
+                del self._active[sid]  # (never another task's entry for the session)
             await self._hooks.call("on_worker_release", claim)
             if self._wake is not None:
                 self._wake.set()

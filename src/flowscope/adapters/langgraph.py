@@ -553,11 +553,9 @@ def _depth(ns: str) -> int:
 
 
 def _asked_by(ws: WorkflowState, ns: str) -> str | None:
-    """The path of the run that asked the first interrupt of the task ``ns``, or None.
-    LangGraph names a task's first interrupt by the hash of its namespace (``types.
-    _interrupt_id``), and keeps the namespace when it runs the task again: so a re-run of
-    a task that interrupted finds its run exactly, whoever recorded it (a ``Send`` fan-out's
-    branches are runs of one node, which order alone cannot tell apart)."""
+    """The run that asked the task ``ns``'s first interrupt, which LangGraph names by the
+    hash of the namespace it keeps on a re-run (``types._interrupt_id``): exact, where order
+    cannot tell a ``Send`` fan-out's runs of one node apart."""
     iid = xxh3_128_hexdigest(ns.encode())
     for n in ws.nodes.values():
         if iid in n.requests or iid in n.inputs:
@@ -575,11 +573,8 @@ def _on_loop() -> bool:
 
 
 def _is_error_handler(node: Any) -> bool:
-    """Whether ``node`` is the task LangGraph runs for a node's error handler: its own
-    (``__error_handler__<node>``) or the graph's default (``set_node_defaults``)."""
-    return isinstance(node, str) and (
-        node.startswith("__error_handler__") or node == "__default_error_handler__"
-    )
+    """Whether ``node`` is a node's error handler task: its own, or the graph's default."""
+    return isinstance(node, str) and node.startswith(("__error_handler__", "__default_error_handler__"))
 
 
 def _stopped(error: BaseException) -> bool:

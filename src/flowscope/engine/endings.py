@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from ..errors import LeaseHandedOff, StoreNotWritable, StoreUnavailable, describe_exception
+from ..errors import LeaseHandedOff, StoreLocked, StoreNotWritable, StoreUnavailable, describe_exception
 from ..ownership import Lease
 from ..store.base import EventStore
 from .inbox import read_inbox, take_in
@@ -63,6 +63,12 @@ async def let_go(store: EventStore, inv: Invocation) -> None:
     a hand-off (:class:`~flowscope.errors.LeaseHandedOff`), nothing."""
     halted = inv.halted
     if isinstance(halted, LeaseHandedOff):  # let go without a call: the lease expires by itself
+        return
+    if isinstance(halted, StoreLocked):
+        # A lock held past the busy timeout: the lease is kept, to expire by itself. Its
+        # owner takes the session back once the lock is gone (a worker, after a backoff);
+        # released, it would read as orphaned at once, and a claim (the owner's own
+        # included) would take it over as a recovery. A release would wait on the lock too.
         return
     if isinstance(halted, StoreUnavailable):  # nothing to take in, and a call may wait it out
         await asyncio.get_running_loop().run_in_executor(None, release, store, inv.lease)
