@@ -17,6 +17,7 @@ from flowscope import START, NodeContext, Runner, Workflow, node
 from flowscope.cli import cli
 from flowscope.errors import OutputNotSerializableError, StoreNotWritable, StoreWalRemoved
 from flowscope.jsontext import MAX_DEPTH, too_deep
+from flowscope.ownership import this_process
 from flowscope.store import SqliteEventStore
 
 
@@ -111,4 +112,20 @@ def test_a_wal_file_deleted_under_a_running_store_stops_its_writes_with_the_advi
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and "its -wal file is missing or empty beside its -shm file" in lines[0], lines
     assert "stop every process using" in lines[0]
+    store.close()
+
+
+def test_a_wal_file_deleted_under_a_store_refuses_every_write_after_it_not_one_a_second(tmp_path):
+    """The check runs at most once a second, and a write right after a refused one went
+    through into the deleted file: a worker read that as the store taking writes again,
+    ran on and never stopped for the outage."""
+    db = tmp_path / "w.db"
+    store = SqliteEventStore(db)
+    asyncio.run(Runner(WF, store).run(1))
+    os.unlink(f"{db}-wal")
+    store._wal.checked = 0.0  # as if the last check were over a second ago
+    owner = this_process("w")
+    for _ in range(3):  # at once, one after another: none goes through
+        with pytest.raises(StoreWalRemoved):
+            store.workers_seen(owner, ["wf"], ts=time.time())
     store.close()

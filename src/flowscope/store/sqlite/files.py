@@ -32,27 +32,34 @@ class WalWatch:
     process, its commits would be lost. ``tracked``: writable and in WAL mode (else there is
     nothing to watch); the file is known once the first transaction makes it."""
 
-    __slots__ = ("path", "tracked", "wal", "checked")
+    __slots__ = ("path", "tracked", "wal", "checked", "removed")
 
     def __init__(self, path: str, tracked: bool) -> None:
         self.path = path
         self.tracked = tracked
         self.wal = identity(path + "-wal") if tracked else None  # None until the first transaction makes it
         self.checked = 0.0
+        #: Once moved, for good: this connection's -wal is unlinked or replaced, and every
+        #: commit into it would be lost (a recreated file beside it is another's).
+        self.removed = False
 
     def moved(self) -> bool:
         """Whether the -wal file this connection writes to is not the one at ``path-wal``."""
         if not self.tracked:
             return False
+        if self.removed:
+            return True
         self.checked = time.monotonic()
         now = identity(self.path + "-wal")
         if self.wal is None:  # the first transaction since open made it: this is ours
             self.wal = now
             return False
-        return now != self.wal
+        self.removed = now != self.wal
+        return self.removed
 
     def check(self) -> None:
-        """Before a commit, at most every :data:`WAL_CHECK_S`: refuse to commit into a removed
-        -wal file (:class:`~flowscope.errors.StoreWalRemoved`; the transaction rolls back)."""
-        if self.tracked and time.monotonic() - self.checked >= WAL_CHECK_S and self.moved():
+        """Before a commit, at most every :data:`WAL_CHECK_S` (at every one once it has
+        moved): refuse to commit into a removed -wal file
+        (:class:`~flowscope.errors.StoreWalRemoved`; the transaction rolls back)."""
+        if self.tracked and (self.removed or time.monotonic() - self.checked >= WAL_CHECK_S) and self.moved():
             raise wal_removed(self.path)
