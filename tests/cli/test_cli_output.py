@@ -253,3 +253,20 @@ def test_a_message_with_terminal_escapes_is_shown_not_obeyed(tmp_path):
     for args in (["show", "e"], ["runs"], ["stuck", "--older-than", "0s"], ["audit"]):
         out = CliRunner().invoke(cli, ["--db", str(db), *args]).output
         assert not {"\x1b", "\x07", "\r", "\x9b"} & set(out), (args, out)
+
+
+def test_csv_encodes_values_inside_a_cell_as_its_top_level_ones_never_as_python_text():
+    from flowscope.cli.render import render_csv
+
+    row = {
+        "owner": {"worker_id": "w-1", "alive": False, "lease_expires_at": None},
+        "segments": [{"invocation_id": "i1", "owner": {"worker_id": "w-1", "pid": 7}, "resumed": True}],
+        "jobs": [{"job_id": "j-1", "dispatch_attempt": 1, "idempotency_key": "k-1", "result": "pending"}],
+        "open": True,
+    }
+    text = render_csv([row], list(row))
+    assert text.splitlines()[1] == (
+        'worker_id=w-1;alive=false;lease_expires_at=,"i1:{""worker_id"":""w-1"",""pid"":7}:true",'
+        "j-1:1:k-1:pending,true"
+    )
+    assert "False" not in text and "'" not in text

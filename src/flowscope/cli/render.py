@@ -232,17 +232,25 @@ def render_json(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
 
 
 def _csv_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        return ";".join(f"{k}={_csv_part(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ";".join(
+            ":".join(_csv_part(x) for x in v.values()) if isinstance(v, dict) else _csv_part(v) for v in value
+        )
+    return _csv_part(value) if value is None or isinstance(value, bool) else value
+
+
+def _csv_part(value: Any) -> str:
+    """A value inside a cell: as at the top (null empty, booleans ``true``/``false``), and
+    one nested deeper as compact JSON, never Python's ``repr``."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, dict):
-        return ";".join(f"{k}={v}" for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return ";".join(
-            ":".join(str(x) for x in v.values()) if isinstance(v, dict) else str(v) for v in value
-        )
-    return value
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, separators=(",", ":"), default=str)
+    return str(value)
 
 
 def render_csv(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
