@@ -97,6 +97,12 @@ def test_tables_fit_the_terminal_and_wide_prints_every_cell(wide_db, name):
     narrow = invoke("--db", str(wide_db), *COMMANDS[name], columns=80)
     assert narrow.exit_code == 0, narrow.output
     lines = table_lines(narrow.stdout)
+    if name == "stuck":  # its NEXT commands are whole: the rest of each row fits
+        rows = json.loads(invoke("--db", str(wide_db), *COMMANDS[name], "--format", "json").stdout)
+        for row in rows:
+            [line] = [line for line in lines if line.endswith(row["action"])]
+            assert len(line) - len(row["action"]) <= 80 - 4, line  # at least 4 columns for NEXT
+        lines = lines[:1]
     assert max(len(line) for line in lines) <= 80, "\n".join(lines)
     assert "…" in narrow.stdout
     wide = invoke("--db", str(wide_db), *COMMANDS[name], "--wide", columns=80)

@@ -176,4 +176,5 @@ def stuck_table(rows: list[dict[str, Any]]) -> str:
         ],
         color_key="STATE",
         empty="nothing stuck",
+        fixed=("NEXT",),  # a command to paste is never cut: the other columns give way
     )
