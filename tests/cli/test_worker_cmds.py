@@ -87,3 +87,19 @@ def test_a_worker_process_collects_generation_0_by_its_concurrency(tmp_path, con
     seen = state.output
     assert seen["threshold"] == [young, *WORKER_GC_THRESHOLDS[1:]]
     assert seen["frozen"] > 0
+
+
+def test_a_worker_started_under_the_id_of_a_live_worker_says_so(tmp_path, capsys):
+    from flowscope.cli.worker_cmds import _warn_if_twin
+    from flowscope.ownership import this_process
+
+    with SqliteEventStore(tmp_path / "w.db") as store:
+        twin = this_process("orders")  # a live process (this one) records itself as "orders"
+        store.workers_seen(twin, ["checkout"])
+        _warn_if_twin(store, "orders", twin.host, twin.pid + 1)
+        err = capsys.readouterr().err
+        assert f"worker id orders is in use by a live worker on {twin.host} pid {twin.pid}" in err
+        assert "give each worker its own --worker-id" in err and err.count("\n") == 1
+        _warn_if_twin(store, "orders", twin.host, twin.pid)  # itself, restarted in place
+        _warn_if_twin(store, "billing", twin.host, twin.pid + 1)  # another id
+        assert capsys.readouterr().err == ""

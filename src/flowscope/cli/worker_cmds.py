@@ -250,6 +250,29 @@ def start(workflow: str, db: str | None, input_json: str, session_id: str | None
 MAX_CONCURRENCY = 1_000_000
 
 
+def _warn_if_twin(store: EventStore, worker_id: str, host: str, pid: int) -> None:
+    """Say it when another live process records itself under this worker id: twins take
+    each other's live sessions (a lease is its worker id's) and overwrite each other's
+    record, so ``start`` and ``stuck`` may say nobody serves what one of them does."""
+    try:
+        records = store.workers()
+    except Exception:  # the worker's own first round says a store that does not answer
+        return
+    now = time.time()
+    for r in records:
+        if (
+            r.worker_id == worker_id
+            and (r.host, r.pid) != (host, pid)
+            and worker_alive(r.host, r.pid, r.seen_at, now)
+        ):
+            click.echo(
+                f"warning: worker id {worker_id} is in use by a live worker on {r.host} pid {r.pid} "
+                f"(seen {max(0.0, now - r.seen_at):.1f}s ago): two workers with one id take each other's "
+                "sessions; give each worker its own --worker-id",
+                err=True,
+            )
+
+
 def _worker_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """``--worker-id`` as a session id is checked (printed in every log line and ``runs``
     row: no control character, valid UTF-8, at most ``MAX_SESSION_ID`` characters)."""
@@ -410,6 +433,7 @@ def worker_cmd(
             f"worker {w.owner.worker_id} (pid {w.owner.pid}) serving {names} from {store.path}; SIGTERM or Ctrl-C drains",
             err=True,
         )
+        _warn_if_twin(store, w.owner.worker_id, w.owner.host, w.owner.pid)
         outage: StoreNotWritable | None = None
         thresholds = tune_gc(concurrency)
         try:
