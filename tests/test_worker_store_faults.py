@@ -95,10 +95,13 @@ _GATES: dict[str, asyncio.Event] = {}
 @pytest.mark.slow
 def test_a_full_sqlite_store_sessions_are_taken_back_by_their_worker_without_a_recovery(tmp_path, caplog):
     """SQLite's size limit (a real SQLITE_FULL) while three sessions are in flight: their
-    appends fail, they halt, their leases are released (a small write that still goes
-    through), the worker says it once and takes them back when the limit is lifted: all
-    complete, no recovery is spent (session or node), the cut-off node ran again as a
-    higher attempt not flagged recovered."""
+    appends fail, they halt and keep their leases (released, a small write that still goes
+    through, they read as orphaned), the worker says it once and takes them back when the
+    limit is lifted, each after a backoff that doubles (the probe's small write goes through
+    while their events do not: it took them back, and they halted, hundreds of times a
+    second): all complete, no recovery is spent (session or node), the cut-off node ran
+    again as a higher attempt not flagged recovered, and the metrics count three claims and
+    three completed runs, no failed one."""
     caplog.set_level(logging.INFO)
     wf = Workflow("bigout", edges=[(START, _big)])
     store = SqliteEventStore(tmp_path / "w.db")
@@ -111,11 +114,13 @@ def test_a_full_sqlite_store_sessions_are_taken_back_by_their_worker_without_a_r
         released.append(lease.session_id)
 
     store.release = release  # type: ignore[method-assign]
+    registry = CollectorRegistry()
+    metrics = MetricsPlugin(registry=registry, job_results=False)
 
     async def main() -> Worker:
         for sid in sids:
             _GATES[sid] = asyncio.Event()
-        w = Worker(store, [wf], poll_s=0.02, lease_s=3.0, max_store_outage_s=30.0)
+        w = Worker(store, [wf], [metrics], poll_s=0.02, lease_s=3.0, max_store_outage_s=30.0)
         task = asyncio.ensure_future(w.run())
         await until(
             lambda: sum(r.path.endswith("_big@1") for r in store.open_runs()) == 3, "three runs in flight"
@@ -135,7 +140,7 @@ def test_a_full_sqlite_store_sessions_are_taken_back_by_their_worker_without_a_r
         w = asyncio.run(main())
     finally:
         _GATES.clear()
-    assert set(sids) <= set(released)  # released at the fault (and after completing)
+    assert released == []  # kept at the fault (a completed session's ends with its last commit)
     for sid in sids:
         info = store.session_info(sid)
         assert info.status == "completed"
@@ -150,6 +155,16 @@ def test_a_full_sqlite_store_sessions_are_taken_back_by_their_worker_without_a_r
     assert "StoreDiskFull: <path>: the disk" in warnings[0].getMessage()  # redacted, its colon kept
     assert warnings[0].exc_info is None
     assert w.outcomes.get("completed") == 3 and w.stopped_by is None
+    assert 3 <= w.outcomes["store_fault"] <= 3 * 8, w.outcomes  # 0.02 s doubling over 0.5 s: about 5 each
+    value = registry.get_sample_value
+    assert value("flowscope_workflow_runs_total", {"workflow": "bigout", "outcome": "completed"}) == 3
+    assert not value("flowscope_workflow_runs_total", {"workflow": "bigout", "outcome": "failed"})
+    claims = {
+        r: value("flowscope_worker_claims_total", {"workflow": "bigout", "reason": r})
+        for r in ("queued", "orphaned")
+    }
+    assert claims == {"queued": 3, "orphaned": 0}, claims  # a take-back is no second claim
+    assert value("flowscope_worker_active_sessions", {"workflow": "bigout"}) == 0
     store.close()
 
 

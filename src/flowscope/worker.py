@@ -352,7 +352,7 @@ class Worker:
                 return
             del self._parked[sid]
             self._parked_until.pop(sid, None)
-            self._start(dataclasses.replace(claim, lease=lease))
+            self._start(dataclasses.replace(claim, lease=lease, taken_back=True))
 
     def _unpark(self, sid: str) -> None:
         """Forget a parked session: someone else holds it now."""
@@ -453,22 +453,22 @@ class Worker:
         except asyncio.CancelledError:
             self._count("handed_back")
             raise
-        except StoreNotWritable as exc:  # it halted, recording nothing more: not its failure
+        except (StoreNotWritable, StoreUnavailable, StoreLocked) as exc:
+            # It halted, recording nothing more: not its failure. Taken back by this worker
+            # (no recovery spent), after a backoff that doubles at each halt in a row: a
+            # store may take the probe's small write and refuse the session's events.
             self._count("store_fault")
             self._parked[sid] = claim
-            self._write_fault(exc)
-        except (StoreUnavailable, StoreLocked) as exc:  # the server went away, or a lock held
-            # on: the same, but no outage of writes (waited out, never an exit 3). Taken back
-            # by this worker, as for a refused write: no recovery spent, no failure counted.
-            self._count("store_fault")
-            self._parked[sid] = claim
-            if isinstance(exc, StoreUnavailable):
-                self._writes(False)
-            else:  # a lock held on: back off, doubling, as for a refused write
-                n = self._locked[sid] = self._locked.get(sid, 0) + 1
-                delay = backoff(self.poll_s, n, self._outage.cap_s)
-                self._parked_until[sid] = time.monotonic() + delay
-            log.info("session %s halted: %s; taken back once the store answers", sid, describe_exception(exc))
+            n = self._locked[sid] = self._locked.get(sid, 0) + 1
+            self._parked_until[sid] = time.monotonic() + backoff(self.poll_s, n, self._outage.cap_s)
+            if isinstance(exc, StoreNotWritable):
+                self._write_fault(exc)
+            elif isinstance(exc, StoreUnavailable):  # the server went away: no outage of
+                self._writes(False)  # writes (waited out, never an exit 3)
+            if not isinstance(exc, StoreNotWritable):
+                log.info(
+                    "session %s halted: %s; taken back once the store answers", sid, describe_exception(exc)
+                )
         except Exception as exc:  # the workflow's own failure, or a session that cannot run
             self._count("failed")
             log.warning(

@@ -54,21 +54,23 @@ def read_mail(store: EventStore, inv: Invocation) -> None:
         inv.abort(cancel, by_request=True)
 
 
-async def let_go(store: EventStore, inv: Invocation) -> None:
+async def let_go(store: EventStore, inv: Invocation, *, keep_on_fault: bool = False) -> None:
     """An invocation that ended takes in what was sent meanwhile (an answer given while
     another branch ran, a cancel it stopped for, a retry of the failure it just recorded),
     so the session is answered, over or queued again, then releases its lease. After a
     server that did not answer, the release alone, off the loop: it may wait out the pool's
     timeout, and a drain of many sessions must not wait for each in turn on the loop; after
-    a hand-off (:class:`~flowscope.errors.LeaseHandedOff`), nothing."""
+    a hand-off (:class:`~flowscope.errors.LeaseHandedOff`), nothing; with ``keep_on_fault``
+    (the lease came with a worker's claim), nothing after a halt by the store either."""
     halted = inv.halted
     if isinstance(halted, LeaseHandedOff):  # let go without a call: the lease expires by itself
         return
-    if isinstance(halted, StoreLocked):
-        # A lock held past the busy timeout: the lease is kept, to expire by itself. Its
-        # owner takes the session back once the lock is gone (a worker, after a backoff);
-        # released, it would read as orphaned at once, and a claim (the owner's own
-        # included) would take it over as a recovery. A release would wait on the lock too.
+    if keep_on_fault and isinstance(halted, (StoreLocked, StoreNotWritable, StoreUnavailable)):
+        # Halted by its store (a lock held on, a full disk, a server away): the lease is
+        # kept, to expire by itself, and the worker takes the session back once the store
+        # takes writes. Released (a full disk still takes that small write), it would read
+        # as orphaned at once, and a claim, the worker's own included, would take it over
+        # as a recovery; and a release would wait on the store too.
         return
     if isinstance(halted, StoreUnavailable):  # nothing to take in, and a call may wait it out
         await asyncio.get_running_loop().run_in_executor(None, release, store, inv.lease)

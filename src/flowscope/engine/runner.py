@@ -382,6 +382,7 @@ class Runner:
         on_event: Callable[[Event], None] | None = None,
     ) -> RunResult:
         check_session_id(session_id)  # before anything is read or appended
+        given = lease is not None  # a worker's claim: a halt by the store keeps it (endings.let_go)
         if session_id in self._active or session_id in self._starting:
             raise ConcurrencyConflict(f"session {session_id!r} is already running in this runner")
         try:
@@ -438,7 +439,7 @@ class Runner:
         if inv.kept:  # _drive stopped before its last flush
             self._keeper.remove(inv.record)
         if not inv.released:  # else the last flush ended the lease: the session had no mail
-            await let_go(store=self.store, inv=inv)
+            await let_go(store=self.store, inv=inv, keep_on_fault=given)
         if isinstance(error, InvocationAbortedError) and inv.cancelled_by_request:
             error = SessionCancelledError(f"session {session_id!r} was cancelled: {inv.abort_reason}")
         plugins = self.plugins

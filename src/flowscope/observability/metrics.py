@@ -302,6 +302,8 @@ class MetricsPlugin(Plugin):
                 status = result.status
             elif error is not None and _is_conflict(error):
                 return  # a lost race: counted once by on_resume_conflict, never as a failure
+            elif error is not None and _is_store_fault(error):
+                return  # halted by its store, not failed: counted when it ends, taken back
             elif error is not None and _is_cancellation(error):
                 status = "cancelled"
             else:
@@ -466,7 +468,8 @@ class MetricsPlugin(Plugin):
 
     def on_worker_claim(self, claim: Any) -> None:
         w = self._worker_instruments(claim.workflow)
-        w["worker_claims"].series((claim.workflow, claim.reason)).add()
+        if not getattr(claim, "taken_back", False):  # a take-back is the same claim again
+            w["worker_claims"].series((claim.workflow, claim.reason)).add()
         w["worker_active"].series((claim.workflow,)).add(1.0)
 
     def on_worker_release(self, claim: Any) -> None:
@@ -513,6 +516,12 @@ def _is_conflict(error: BaseException) -> bool:
     from ..errors import ConcurrencyConflict
 
     return isinstance(error, ConcurrencyConflict)
+
+
+def _is_store_fault(error: BaseException) -> bool:
+    from ..errors import StoreError
+
+    return isinstance(error, StoreError)
 
 
 def _is_cancellation(error: BaseException) -> bool:

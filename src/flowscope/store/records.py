@@ -215,6 +215,9 @@ class Claim:
     workflow: str
     reason: ClaimReason
     lease: Lease
+    #: A worker's take-back of a session a store fault halted in its hands (``reason`` is
+    #: the first claim's): the same claim again, not a new one.
+    taken_back: bool = False
 
 
 @dataclass(frozen=True, slots=True)
