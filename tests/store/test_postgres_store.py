@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from flowscope import Runner, Workflow, node
+from flowscope import START, Runner, Workflow, node
 from flowscope.errors import (
     ConcurrencyConflict,
     LeaseLost,
@@ -306,8 +306,6 @@ STEPS = [_step(f"s{i}") for i in range(1, 6)]
 
 
 def test_a_run_cut_by_a_server_restart_resumes_with_nothing_completed_run_twice(pg_cluster: PgCluster):
-    from flowscope import START
-
     wf = Workflow("pg_restart_chain", edges=[(START, *STEPS)])
     url = pg_cluster.new_database()
     COUNTS.clear()
@@ -424,3 +422,20 @@ def test_two_runners_starting_the_same_sessions_in_opposite_orders_never_deadloc
             s.close()
     assert not failures, f"{len(failures)} of {2 * rounds} batches failed: {failures[0]}"
     assert sorted(won[0] + won[1]) == sorted(f"r{r}-s{k:04d}" for r in range(rounds) for k in range(n))
+
+
+@pytest.mark.slow
+def test_after_a_restart_a_read_takes_a_live_connection_whatever_the_pool_held(pg_cluster: PgCluster):
+    """Every idle connection died with the server, and the pool finds each one only when it
+    hands it out: a read's one retry took the next dead one, and a long-lived store (a
+    worker, the metrics server) failed a call for each connection it had pooled."""
+    url = pg_cluster.new_database()
+    with PostgresEventStore(url, max_size=6) as s:
+        sid = Runner(Workflow("w", edges=[(START, STEPS[0])]), s).submit(1)
+        held = [s._pool.getconn() for _ in range(5)]  # five connections in the pool, idle
+        for conn in held:
+            s._pool.putconn(conn)
+        pg_cluster.restart()
+        pg_cluster.wait_ready()
+        for _ in range(3):
+            assert s.session_info(sid) is not None and s.read(sid)  # the first call already

@@ -179,12 +179,20 @@ class PostgresEventStore(SelectsInSql, EventStore):
             with pool.connection() as conn:
                 yield conn
         except (psycopg.Error, PoolTimeout) as exc:
+            if is_connection_lost(exc):
+                # After a restart every idle connection is dead, and the pool finds each one
+                # only when it hands it out: test them now, so that the next operation (this
+                # one's retry, a worker's next call) gets a live one, not the next dead one.
+                try:
+                    pool.check()
+                except Exception:  # the server is still away: the next call says so
+                    pass
             raise store_error(exc, self.where, action) from exc
 
     def _run(self, action: str, fn: Callable[[Conn], T], *, retry: bool = False) -> T:
         """``fn`` on a pooled connection; with ``retry`` (operations that change nothing, or
-        change it idempotently) once more on a fresh connection if the first was lost, as
-        after a server restart (the pool drops a broken connection when it comes back)."""
+        change it idempotently) once more on a live connection if the first was lost, as
+        after a server restart (:meth:`_op` has the pool test its idle ones)."""
         try:
             with self._op(action) as conn:
                 return fn(conn)
