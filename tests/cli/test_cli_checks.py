@@ -128,6 +128,10 @@ BAD = {
     "start_control_in_session_id": (["start", "wf", "--session", "a\tb"], ["--session", "control character"]),
     "start_empty_workflow": (["start", ""], ["WORKFLOW", "workflow name must not be empty"]),
     "start_control_in_workflow": (["start", "a\tb"], ["WORKFLOW", "control character"]),
+    "start_path_as_workflow": (  # no Workflow has it: never served, and a metric label
+        ["start", "/home/alice/.aws/credentials"],
+        ["WORKFLOW", "invalid workflow name", "without '/' or '@'"],
+    ),
     "ui_stale_after_nan": (["ui", "--stale-after", "nan"], ["--stale-after", "'nan' is not a duration"]),
     "ui_queued_after_zero": (["ui", "--queued-after", "0"], ["--queued-after", "not a positive duration"]),
     "export_timeout_negative": (["export", "p-input", "--timeout", "-5"], ["--timeout", "is not a duration"]),

@@ -101,7 +101,10 @@ def check_session_id(value: object) -> str:
 def check_workflow_name(value: object) -> str:
     """``value`` if a ``Workflow`` can have it as its name (what a worker serves), else
     ``ValueError`` saying why: a session submitted under any other could never run."""
-    return check_name(value, "workflow name", MAX_NODE_NAME)
+    name = check_name(value, "workflow name", MAX_NODE_NAME)
+    if "/" in name or "@" in name:  # a Workflow refuses them (its runs' paths are name@k)
+        raise ValueError(f"invalid workflow name {name[:40]!r}: it must be without '/' or '@'")
+    return name
 
 
 def check_input(value: Any, what: str = "the run input") -> Any:
