@@ -257,15 +257,19 @@ class NodeState:
         if self.jobs is NO_ENTRIES:
             self.jobs = {}
         self.jobs[e.job_id] = e
-        deadline = e.deadline_s
-        self.job_deadline_at = e.ts + deadline if deadline is not None else None
+        self.job_deadline_at = self._first_deadline()
         self.ended_at = e.ts
 
     def _job_result(self, e: JobResultReceived) -> None:
         if self.job_results is NO_ENTRIES:
             self.job_results = {}
         self.job_results[e.job_id] = e
-        self.job_deadline_at = None
+        self.job_deadline_at = self._first_deadline()
+
+    def _first_deadline(self) -> float | None:
+        """The earliest deadline of the jobs still open: the first one overdue is the run's
+        (a run may await several jobs at once)."""
+        return min((j.ts + j.deadline_s for j in self.open_jobs if j.deadline_s is not None), default=None)
 
     @property
     def open_jobs(self) -> list[JobDispatched]:

@@ -296,3 +296,29 @@ async def test_an_unknown_id_says_what_the_session_waits_on(store):
         await runner.resume("s", inputs={job.job_id: True})
     assert "(a job id: give it as a job result)" in str(info.value)
     assert f"it waits on job {job.job_id}" in str(info.value)
+
+
+async def test_a_run_awaiting_two_jobs_is_overdue_by_the_earliest_deadline_still_open(store):
+    import asyncio
+
+    worker = Worker()
+
+    @node
+    async def two(ctx, x):
+        return await asyncio.gather(
+            ctx.await_job(worker.dispatch, payload="fast", deadline_s=1.0),
+            ctx.await_job(worker.dispatch, payload="slow", deadline_s=3600.0),
+        )
+
+    await Runner(Workflow("two", edges=[(START, two)]), store=store).run(1, session_id="s")
+    fast, slow = of_type(store.read("s"), "job_dispatched")
+    assert (fast.deadline_s, slow.deadline_s) == (1.0, 3600.0)
+    (row,) = [r for r in store.open_runs() if r.path == "two@1/two@1"]
+    assert row.job_deadline_at == pytest.approx(fast.ts + 1.0)  # not the last one dispatched
+    result = {"success": True, "count": 1, "data": "done"}
+    paused = await Runner(Workflow("two", edges=[(START, two)]), store=store).resume(
+        "s", jobs={slow.job_id: result}
+    )
+    assert paused.status == "paused"
+    ns = rebuild(store.read("s")).nodes["two@1/two@1"]
+    assert ns.job_deadline_at == pytest.approx(fast.ts + 1.0)  # the slow job reported, not the fast one
