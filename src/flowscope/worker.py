@@ -148,10 +148,10 @@ class Worker:
         #: Sessions whose invocation halted because the store refused its writes: this
         #: worker takes them back (acquire, not claim: no recovery spent) once it can write.
         self._parked: dict[str, Claim] = {}
-        #: When a parked session may be taken back (monotonic), and how many lock halts in
-        #: a row it had: a lock held on is retried ever more slowly, not at every round.
+        #: When a parked session may be taken back (monotonic), and how many store-fault
+        #: halts in a row it had: a fault that lasts is retried ever more slowly.
         self._parked_until: dict[str, float] = {}
-        self._locked: dict[str, int] = {}
+        self._halts: dict[str, int] = {}
         #: Whether the last write went through (None: none tried yet); the plugins hear of
         #: each change (``on_store_writes``).
         self.store_writable: bool | None = None
@@ -358,7 +358,7 @@ class Worker:
         """Forget a parked session: someone else holds it now."""
         self._parked.pop(sid, None)
         self._parked_until.pop(sid, None)
-        self._locked.pop(sid, None)
+        self._halts.pop(sid, None)
 
     # -- claiming --------------------------------------------------------------------------
 
@@ -434,7 +434,7 @@ class Worker:
                 self._back_off(claim, exc)
                 return
             self._check_failures.pop(sid, None)
-            self._locked.pop(sid, None)
+            self._halts.pop(sid, None)
             self._count(result.status)
             log.info("session %s (%s, %s): %s", sid, claim.workflow, claim.reason, result.status)
         except SessionCancelledError as exc:  # an operator's cancel, taken in here
@@ -459,7 +459,7 @@ class Worker:
             # store may take the probe's small write and refuse the session's events.
             self._count("store_fault")
             self._parked[sid] = claim
-            n = self._locked[sid] = self._locked.get(sid, 0) + 1
+            n = self._halts[sid] = self._halts.get(sid, 0) + 1
             self._parked_until[sid] = time.monotonic() + backoff(self.poll_s, n, self._outage.cap_s)
             if isinstance(exc, StoreNotWritable):
                 self._write_fault(exc)
