@@ -22,7 +22,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from operator import attrgetter
 from typing import Any, TypeVar
 
@@ -171,7 +171,9 @@ class PostgresEventStore(SelectsInSql, EventStore):
 
     @contextmanager
     def _op(self, action: str) -> Iterator[Conn]:
-        """A pooled connection for one operation; psycopg's errors become StoreErrors."""
+        """A pooled connection for one operation; psycopg's errors become StoreErrors. A lost
+        connection has the pool test its idle ones (after a restart all are dead, each found
+        only when handed out), so that the next call, this one's retry, gets a live one."""
         pool = self._pool
         if pool is None:
             raise self._closed()
@@ -180,13 +182,8 @@ class PostgresEventStore(SelectsInSql, EventStore):
                 yield conn
         except (psycopg.Error, PoolTimeout) as exc:
             if is_connection_lost(exc):
-                # After a restart every idle connection is dead, and the pool finds each one
-                # only when it hands it out: test them now, so that the next operation (this
-                # one's retry, a worker's next call) gets a live one, not the next dead one.
-                try:
+                with suppress(Exception):  # a server still away: the next call says so
                     pool.check()
-                except Exception:  # the server is still away: the next call says so
-                    pass
             raise store_error(exc, self.where, action) from exc
 
     def _run(self, action: str, fn: Callable[[Conn], T], *, retry: bool = False) -> T:
