@@ -177,7 +177,8 @@ class Runner:
         dispatched jobs by job id; answers recorded by :func:`flowscope.answer` are
         consumed as if given here. Completed runs are fast-forwarded, never re-executed.
         ``lease``: a lease already taken (a worker's ``store.claim()``) to run under,
-        instead of acquiring one; ``force`` takes the session from a live owner.
+        instead of acquiring one, and kept if the store halts the run (its taker takes the
+        session back); ``force`` takes the session from a live owner.
         """
         return await self._invoke(
             session_id, None, resume=True, inputs=inputs, jobs=jobs, force=force, lease=lease
