@@ -461,11 +461,11 @@ class Worker:
             self._parked[sid] = claim
             n = self._halts[sid] = self._halts.get(sid, 0) + 1
             self._parked_until[sid] = time.monotonic() + backoff(self.poll_s, n, self._outage.cap_s)
-            if isinstance(exc, StoreNotWritable):
+            if isinstance(exc, StoreNotWritable):  # an outage of writes: said once, per episode
                 self._write_fault(exc)
-            elif isinstance(exc, StoreUnavailable):  # the server went away: no outage of
-                self._writes(False)  # writes (waited out, never an exit 3)
-            if not isinstance(exc, StoreNotWritable):
+            else:  # a server away or a lock held on: waited out, never an exit 3
+                if isinstance(exc, StoreUnavailable):
+                    self._writes(False)
                 log.info(
                     "session %s halted: %s; taken back once the store answers", sid, describe_exception(exc)
                 )

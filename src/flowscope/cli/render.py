@@ -238,7 +238,7 @@ def _csv_value(value: Any) -> Any:
         return ";".join(
             ":".join(_csv_part(x) for x in v.values()) if isinstance(v, dict) else _csv_part(v) for v in value
         )
-    return _csv_part(value) if value is None or isinstance(value, bool) else value
+    return _csv_part(value)
 
 
 def _csv_part(value: Any) -> str:

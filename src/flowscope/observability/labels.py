@@ -20,8 +20,8 @@ __all__ = ["INVALID_ERROR_CODE", "OTHER", "MAX_CODE_LABEL", "DEFAULT_MAX_SERIES"
 #: The label value a metric's label sets beyond its budget are folded into.
 OTHER = "_other"
 MAX_CODE_LABEL = 64
-_CODE = re.compile(r"[A-Z][A-Z0-9_]*")
 DEFAULT_MAX_SERIES = 2000
+_CODE = re.compile(r"[A-Z][A-Z0-9_]*")
 
 
 def code_label(code: str | None) -> str:
