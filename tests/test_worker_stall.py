@@ -359,7 +359,14 @@ def test_every_thread_of_a_worker_but_the_main_one_leaves_sigcont_to_it(backend,
         assert poll(
             lambda: any(e.type == "node_started" and e.node == "t_wait" for e in store.read(sid)), 30, 0.05
         ), (tmp_path / "worker.log").read_text()[-2000:]
-        masks = thread_masks(worker.pid)
+        # every thread seen over a second: the wait for work is a thread per wait, and a
+        # single look may fall between two of them
+        masks: dict[str, bool] = {}
+        for _ in range(20):
+            masks.update(thread_masks(worker.pid))
+            if len(masks) >= 5:
+                break
+            time.sleep(0.05)
     finally:
         worker.kill()  # its last node waits 30 s: nothing to drain for
         worker.wait(10)
