@@ -18,6 +18,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.utils import floatToGoString
 
 from flowscope import START, Plugin, RetryConfig, Runner, Workflow, node
+from flowscope.errors import StoreDiskFull
 from flowscope.events import UNKNOWN_ERROR
 from flowscope.observability.catalog import READ_INSTRUMENTS, SPECS
 from flowscope.observability.metrics import (
@@ -476,6 +477,58 @@ async def test_paused_run_then_resumed(m):
     assert m.value("flowscope_node_attempts_sum", workflow="orders", node="approve") == 1  # the same attempt
     assert m.value("flowscope_workflow_runs_total", workflow="orders", outcome="completed") == 1
     assert m.value("flowscope_workflow_runs_total", workflow="orders", outcome="paused") == 1
+
+
+class _FullOnce(MemoryEventStore):
+    """Refuses, once, the append that carries ``node``'s completion (a full disk)."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.node: str | None = node
+
+    def append(self, session_id, events, expected_last_seq, *, epoch=None):
+        if any(e.type == "node_completed" and e.node == self.node for e in events):
+            self.node = None
+            raise StoreDiskFull("database or disk is full (injected)")
+        return super().append(session_id, events, expected_last_seq, epoch=epoch)
+
+
+async def test_a_run_is_counted_once_its_end_is_in_the_log_so_a_run_a_store_fault_cut_off_counts_once(m):
+    bodies: dict[str, int] = {}
+
+    @node
+    def first(x):
+        bodies["first"] = bodies.get("first", 0) + 1
+        return x + 1
+
+    @node
+    def second(x):
+        bodies["second"] = bodies.get("second", 0) + 1
+        return x * 2
+
+    m.store = _FullOnce("first")
+    runner = m.runner(chain("orders", first, second))
+    with pytest.raises(StoreDiskFull):
+        await runner.run(1, session_id="s")
+    assert bodies == {"first": 1}
+    # the body ran, its completion is not in the log: it is no outcome (yet)
+    assert m.total("flowscope_node_runs_total") == 0
+    assert m.total("flowscope_node_duration_seconds_count") == 0
+    assert m.value("flowscope_node_attempts_count", workflow="orders", node="first") is None
+    assert m.value("flowscope_nodes_running", workflow="orders", node="first") == 0
+
+    assert (await runner.resume("s")).output == 4
+    assert bodies == {"first": 2, "second": 1}  # the cut-off run ran again
+    for n in ("first", "second"):  # one run each in the log, one outcome each
+        assert m.value("flowscope_node_runs_total", workflow="orders", node=n, outcome="success") == 1
+        assert (
+            m.value("flowscope_node_duration_seconds_count", workflow="orders", node=n, outcome="success")
+            == 1
+        )
+        assert m.value("flowscope_node_attempts_count", workflow="orders", node=n) == 1
+    assert m.total("flowscope_node_runs_total") == 2
+    assert m.value("flowscope_workflow_runs_total", workflow="orders", outcome="completed") == 1
+    assert m.value("flowscope_workflow_runs_total", workflow="orders", outcome="failed") == 0
 
 
 async def test_raising_plugin_is_counted(m):

@@ -117,11 +117,14 @@ class _InvocationLabels:
     """What an invocation's workflow series need, from ``before_run``/``RunStarted`` to
     ``after_run``: events carry only ids, and the label is the workflow's name."""
 
-    __slots__ = ("workflow", "status")
+    __slots__ = ("workflow", "status", "committed", "parked")
 
     def __init__(self, workflow: str) -> None:
         self.workflow = workflow
         self.status: str | None = None  # RunFinished.status, once appended
+        self.committed = 0  # the last seq of this invocation's events in the log
+        #: node outcomes whose terminal event is not in the log yet: counted when it is
+        self.parked: list[tuple[Any, ...]] = []
 
 
 class _NodeSeries:
@@ -381,39 +384,82 @@ class MetricsPlugin(Plugin):
             # (docs/design.md, "Counting once, at the deepest path"); so is a nested
             # workflow's cancellation, which stops it with the children it was running.
             return
+        event = outcome.event
+        counted = (
+            ns,
+            status,
+            outcome.duration_s,
+            exemplar_source(ctx.trace_context),
+            event,
+            outcome.attempt_count,
+        )
+        inv = self._invocations.get(ctx.invocation_id)
+        if inv is not None and event.seq > inv.committed:
+            # The engine appends the run's terminal event after this hook. A run is counted
+            # once that event is in the log: an attempt a store fault cuts off (its event
+            # never committed, the run taken back and run again) is not a second outcome.
+            inv.parked.append(counted)
+            return
+        self._count(*counted)
+
+    def _count(
+        self, ns: _NodeSeries, status: str, duration_s: float, exemplar: Any, event: Event, attempts: int
+    ) -> None:
+        """One node run's outcome, its duration and its attempts."""
         bound = ns.by_outcome.get(status)
         if bound is None:  # once per (workflow, node, outcome)
             bound = self._outcome(ns, status)
         runs, duration, runs_part, duration_part = bound
-        exemplar = exemplar_source(ctx.trace_context)
         if runs_part is not None:
             runs_part.value += 1.0
         else:
             runs.add()
         if duration_part is not None:  # the exemplar's time: the terminal event's
-            duration_part.observe(outcome.duration_s, exemplar, outcome.event.ts)
+            duration_part.observe(duration_s, exemplar, event.ts)
         else:
-            duration.record(outcome.duration_s, exemplar)
+            duration.record(duration_s, exemplar)
         if status == "success" or status == "failure" or status == "timeout":
-            attempts = ns.attempts_part
-            if attempts is not None:
-                attempts.observe(outcome.attempt_count)
+            part = ns.attempts_part
+            if part is not None:
+                part.observe(attempts)
             else:
-                self._attempts(ns).record(outcome.attempt_count)
+                self._attempts(ns).record(attempts)
 
     # -- events ------------------------------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
-        handler = self._on_event.get(event.type)
-        if handler is not None:
-            handler(event)
+        self.on_events((event,))
 
     def on_events(self, events: Sequence[Event]) -> None:
+        """The events of one append, committed: counted, with the node runs they end."""
+        if not events:
+            return
         handlers = self._on_event
         for event in events:
             handler = handlers.get(event.type)
             if handler is not None:
                 handler(event)
+        last = events[-1]
+        if events[0].invocation_id != last.invocation_id:  # not one invocation's append
+            for event in events:
+                self._committed(event)
+        else:
+            self._committed(last)
+
+    def _committed(self, last: Event) -> None:
+        """``last`` and its invocation's events before it are in the log: count the runs they end."""
+        inv = self._invocations.get(last.invocation_id)
+        if inv is None:
+            return
+        if last.seq > inv.committed:
+            inv.committed = last.seq
+        if inv.parked:
+            seq, parked, inv.parked = inv.committed, inv.parked, []
+            for counted in parked:
+                if counted[4].seq <= seq:
+                    self._count(*counted)
+                else:
+                    inv.parked.append(counted)
 
     def _run_started(self, event: Any) -> None:
         inv = self._invocations.get(event.invocation_id)
