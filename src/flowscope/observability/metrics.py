@@ -400,30 +400,30 @@ class MetricsPlugin(Plugin):
             # never committed, the run taken back and run again) is not a second outcome.
             inv.parked.append(counted)
             return
-        self._count(*counted)
+        self._count((counted,))
 
-    def _count(
-        self, ns: _NodeSeries, status: str, duration_s: float, exemplar: Any, event: Event, attempts: int
-    ) -> None:
-        """One node run's outcome, its duration and its attempts."""
-        bound = ns.by_outcome.get(status)
-        if bound is None:  # once per (workflow, node, outcome)
-            bound = self._outcome(ns, status)
-        runs, duration, runs_part, duration_part = bound
-        if runs_part is not None:
-            runs_part.value += 1.0
-        else:
-            runs.add()
-        if duration_part is not None:  # the exemplar's time: the terminal event's
-            duration_part.observe(duration_s, exemplar, event.ts)
-        else:
-            duration.record(duration_s, exemplar)
-        if status == "success" or status == "failure" or status == "timeout":
-            part = ns.attempts_part
-            if part is not None:
-                part.observe(attempts)
+    def _count(self, ended: Sequence[tuple[Any, ...]]) -> None:
+        """Node runs' outcomes, durations and attempts: ``(series, status, duration_s,
+        exemplar, terminal event, attempts)`` each."""
+        for ns, status, duration_s, exemplar, event, attempts in ended:
+            bound = ns.by_outcome.get(status)
+            if bound is None:  # once per (workflow, node, outcome)
+                bound = self._outcome(ns, status)
+            runs, duration, runs_part, duration_part = bound
+            if runs_part is not None:
+                runs_part.value += 1.0
             else:
-                self._attempts(ns).record(attempts)
+                runs.add()
+            if duration_part is not None:  # the exemplar's time: the terminal event's
+                duration_part.observe(duration_s, exemplar, event.ts)
+            else:
+                duration.record(duration_s, exemplar)
+            if status == "success" or status == "failure" or status == "timeout":
+                part = ns.attempts_part
+                if part is not None:
+                    part.observe(attempts)
+                else:
+                    self._attempts(ns).record(attempts)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -441,25 +441,23 @@ class MetricsPlugin(Plugin):
                 handler(event)
         last = events[-1]
         if events[0].invocation_id != last.invocation_id:  # not one invocation's append
-            for event in events:
+            for event in events[:-1]:
                 self._committed(event)
-        else:
-            self._committed(last)
+        self._committed(last)
 
     def _committed(self, last: Event) -> None:
         """``last`` and its invocation's events before it are in the log: count the runs they end."""
         inv = self._invocations.get(last.invocation_id)
         if inv is None:
             return
-        if last.seq > inv.committed:
-            inv.committed = last.seq
-        if inv.parked:
-            seq, parked, inv.parked = inv.committed, inv.parked, []
-            for counted in parked:
-                if counted[4].seq <= seq:
-                    self._count(*counted)
-                else:
-                    inv.parked.append(counted)
+        seq = last.seq
+        if seq > inv.committed:
+            inv.committed = seq
+        parked = inv.parked
+        if parked:
+            ready = [p for p in parked if p[4].seq <= seq]
+            inv.parked = [] if len(ready) == len(parked) else [p for p in parked if p[4].seq > seq]
+            self._count(ready)
 
     def _run_started(self, event: Any) -> None:
         inv = self._invocations.get(event.invocation_id)
