@@ -3,15 +3,20 @@ each recorded (who asked and why), or refused, never told "done" and dropped."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from commands import start_cli
 from flowscope import START, Runner, Workflow, node
-from flowscope.actions import cancel, deliver, load, retry
+from flowscope.actions import SENDER, cancel, deliver, load, retry
+from flowscope.answers import answer
+from flowscope.engine.inbox import answer_body, take_in
 from flowscope.errors import ResumeError
-from flowscope.events import RunFinished, RunSubmitted
+from flowscope.events import InputReceived, NodeCancelled, RunFinished, RunSubmitted
+from flowscope.ownership import this_process
 from flowscope.store import SqliteEventStore
 
 
@@ -70,6 +75,81 @@ def test_cancels_taken_in_together_record_every_reason(tmp_path):
         for e in cancelled
     ), [e.reason for e in cancelled]
     assert finished.seq == store.last_seq("p")
+
+
+def paused_session(db: Path, sid: str = "p") -> SqliteEventStore:
+    store = SqliteEventStore(db)
+    Runner(Workflow("w", edges=[(START, ask)]), store=store).run_sync(None, session_id=sid)
+    return store
+
+
+def inputs_given(store: SqliteEventStore, sid: str = "p") -> list[object]:
+    return [e.value for e in store.read(sid) if isinstance(e, InputReceived)]
+
+
+def test_an_answer_that_arrives_after_another_answered_the_same_request_says_so(tmp_path):
+    store = paused_session(tmp_path / "a.db")
+    seen = load(store, "p")  # this operator saw it waiting ...
+    answer(store, "p", {"go": "bob says no"})  # ... and another answered meanwhile
+    with pytest.raises(ResumeError, match="'go' was answered by another request at the same moment"):
+        deliver(store, seen, "answer", answer_body({"go": "alice says yes"}, {}))
+    assert inputs_given(store) == ["bob says no"] and store.inbox("p") == []
+
+
+def test_an_answer_behind_another_for_the_same_request_in_a_live_owners_inbox_says_so(tmp_path):
+    store = paused_session(tmp_path / "a.db")
+    seen = load(store, "p")
+    store.acquire("p", this_process(), 30.0)  # a live owner: it takes the inbox in later
+    store.send("p", "answer", answer_body({"go": "bob says no"}, {}))  # sent a moment before
+    with pytest.raises(ResumeError, match="its owner takes that answer in, and drops yours"):
+        deliver(store, seen, "answer", answer_body({"go": "alice says yes"}, {}))
+    # a request of another kind behind it is left to the owner, as before
+    receipt = deliver(store, seen, "cancel", {"reason": "late (asked by ana@ops)"})
+    assert receipt.pending
+
+
+def test_a_cancel_that_arrives_after_another_cancelled_the_session_says_so(tmp_path):
+    store = paused_session(tmp_path / "a.db")
+    seen = load(store, "p")
+    cancel(store, "p", reason="first")
+    with pytest.raises(ResumeError, match="cancelled by another request at the same moment"):
+        deliver(store, seen, "cancel", {"reason": "second (asked by bo@ops)"})
+    reasons = [e.reason for e in store.read("p") if isinstance(e, NodeCancelled)]
+    assert reasons and not any("second" in r for r in reasons)
+
+
+def test_a_cancel_of_a_session_that_ended_by_itself_meanwhile_says_so(tmp_path):
+    store = paused_session(tmp_path / "a.db")
+    seen = load(store, "p")
+    answer(store, "p", {"go": "yes"})
+    Runner(Workflow("w", edges=[(START, ask)]), store=store).resume_sync("p")
+    with pytest.raises(ResumeError, match="'p' completed meanwhile; there was nothing left to cancel"):
+        deliver(store, seen, "cancel", {"reason": "too late (asked by bo@ops)"})
+
+
+@pytest.mark.slow
+def test_another_senders_moment_on_the_session_is_waited_out_not_taken_for_its_live_owner(tmp_path):
+    """A sender holds the session only while it takes the inbox in: one sent at that moment
+    is taken in with it (or right after), and recorded, not left "pending" for a process
+    that is no owner of the session."""
+    db = tmp_path / "a.db"
+    store = paused_session(db)
+    other = store.acquire("p", this_process(f"{SENDER}other-console"), 30.0)
+
+    def other_sender_takes_in() -> None:
+        time.sleep(0.3)
+        with SqliteEventStore(db) as own:
+            take_in(own, load(own, "p"), other)
+            own.release(other)
+
+    t = threading.Thread(target=other_sender_takes_in)
+    t.start()
+    try:
+        receipt = answer(store, "p", {"go": "alice says yes"})
+    finally:
+        t.join()
+    assert not receipt.pending and receipt.owner is None
+    assert inputs_given(store) == ["alice says yes"] and store.inbox("p") == []
 
 
 def test_an_operator_reason_is_recorded_through_the_default_redaction(tmp_path):

@@ -11,7 +11,9 @@ rest when its invocation ends), or the next owner when it takes the session. The
 from __future__ import annotations
 
 import getpass
+import os
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +22,7 @@ from .engine.inbox import CANCEL_REASON, RETRY_REASON, take_in
 from .engine.pauses import FINISHED, check_own_engine
 from .engine.submit import check_store
 from .errors import ConcurrencyConflict, ResumeError, UnknownSessionError, redact_message
-from .events import RunSubmitted
+from .events import Event, InputReceived, JobResultReceived, NodeCancelled, RunFinished, RunSubmitted
 from .fold import WorkflowState, rebuild
 from .jsontext import lone_surrogate
 from .liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
@@ -77,40 +79,125 @@ def load(store: EventStore, session_id: str) -> WorkflowState:
     return ws
 
 
+#: The worker id's start of a process that holds a session only for the moment it takes
+#: the session's inbox in (:func:`deliver`): another sender waits that moment out rather
+#: than take it for the session's live owner.
+SENDER = "flowscope-action-"
+#: How long a sender waits out another sender's moment (a busy store's lock wait).
+SENDER_WAIT_S = 5.0
+
+
 def deliver(store: EventStore, ws: WorkflowState, kind: str, body: Mapping[str, Any]) -> ActionReceipt:
     """Send a ``kind`` message to the session's inbox, then take the inbox in at once if no
-    live owner holds the session (through the fence: acquire, append, release)."""
+    live owner holds the session (through the fence: acquire, append, release).
+
+    Raises :class:`~flowscope.errors.ResumeError` when the message was taken in (by this
+    call or another sender's at the same moment) and dropped: another request had already
+    done what it asks (answered the same input, cancelled or queued the session). It is
+    then not on record, and "done" would be untrue."""
     sid = ws.session_id
     was, seen = ws.status, ws.last_seq
-    store.send(sid, kind, body)
-    try:
-        lease = store.acquire(sid, this_process(), resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S))
-    except ConcurrencyConflict:  # a live owner: it takes the message in
-        info = store.session_info(sid)
-        owner = info.owner if info is not None and info.owner is not None else this_process()
-        return ActionReceipt(sid, ws.workflow, kind, ws.last_seq, owner, was)
-    try:
-        if store.last_seq(sid) != ws.last_seq:
-            ws = rebuild(store.read(sid))
-        take_in(store, ws, lease)
-    finally:
-        store.release(lease)
+    sent = store.send(sid, kind, body)
+    me = this_process(f"{SENDER}{this_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    give_up = time.monotonic() + SENDER_WAIT_S
+    while True:
+        try:
+            lease = store.acquire(sid, me, resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S))
+            break
+        except ConcurrencyConflict:
+            if not any(m.message_id == sent.message_id for m in store.inbox(sid)):
+                lease = None  # another sender took it in meanwhile: checked below
+                break
+            info = store.session_info(sid)
+            owner = info.owner if info is not None else None
+            if owner is None or not owner.worker_id.startswith(SENDER) or time.monotonic() >= give_up:
+                # a live owner: it takes the message in (an answer that an earlier one in
+                # the inbox gives already it will drop: say so now)
+                if kind == "answer":
+                    _first_to_answer(store, sid, sent.message_id, body)
+                return ActionReceipt(sid, ws.workflow, kind, ws.last_seq, owner or this_process(), was)
+            time.sleep(0.01)  # another sender's moment
+    if lease is not None:
+        try:
+            if store.last_seq(sid) != ws.last_seq:
+                ws = rebuild(store.read(sid))
+            take_in(store, ws, lease)
+        finally:
+            store.release(lease)
+    after = store.read(sid, seen)
+    _check_recorded(ws, after, kind, body)
+    last = after[-1].seq if after else seen
+    return ActionReceipt(sid, ws.workflow, kind, last, None, was)
+
+
+def _check_recorded(ws: WorkflowState, after: list[Event], kind: str, body: Mapping[str, Any]) -> None:
+    """Raise unless the log's events ``after`` what the operator saw record this message:
+    messages taken in together all are; one that arrives after another request did the
+    same is dropped (the first answer counts, a session is cancelled or queued once)."""
+    sid = ws.session_id
     if kind == "retry":
-        _check_queued(store, ws, seen, str(body["reason"]))
-    return ActionReceipt(sid, ws.workflow, kind, ws.last_seq, None, was)
+        reason = str(body["reason"])
+        if not any(
+            isinstance(e, RunSubmitted) and e.reason is not None and reason in e.reason for e in after
+        ):
+            raise ResumeError(
+                f"session {sid!r} was queued to run again by another request at the same moment; "
+                "yours was not needed, and is not recorded (flowscope events shows who asked)"
+            )
+    elif kind == "cancel":
+        reason = str(body["reason"])
+        ended = {e.invocation_id for e in after if isinstance(e, RunFinished) and e.final}
+        reasons = [e.reason for e in after if isinstance(e, NodeCancelled) and e.invocation_id in ended]
+        if not ended or (reasons and not any(reason in r for r in reasons)):
+            over = [e.status for e in after if isinstance(e, RunFinished)]
+            if over and over[-1] != "cancelled":  # it ended by itself meanwhile
+                raise ResumeError(
+                    f"session {sid!r} {over[-1]} meanwhile; there was nothing left to cancel, "
+                    "and yours is not recorded"
+                )
+            raise ResumeError(
+                f"session {sid!r} was cancelled by another request at the same moment; "
+                "yours is not recorded (flowscope events shows who asked)"
+            )
+    elif kind == "answer":
+        for what, key in _not_recorded(after, body):
+            raise ResumeError(
+                f"session {sid!r}: {what} {key!r} was answered by another request at the same moment; "
+                "yours is not recorded (flowscope events shows the answer recorded)"
+            )
 
 
-def _check_queued(store: EventStore, ws: WorkflowState, seen: int, reason: str) -> None:
-    """A retry sent at the same moment as another operator's is taken in with it (their
-    reasons merged), by either of them; but one that arrives after the other queued the
-    session is dropped, the session no longer failed. Say so rather than "queued"."""
-    for e in store.read(ws.session_id, seen):
-        if isinstance(e, RunSubmitted) and e.reason is not None and reason in e.reason:
-            return
-    raise ResumeError(
-        f"session {ws.session_id!r} was queued to run again by another request at the same moment; "
-        "yours was not needed, and is not recorded (flowscope events shows who asked)"
-    )
+def _not_recorded(after: list[Event], body: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The inputs and jobs of an answer's ``body`` that no event ``after`` records as given."""
+    given = {("input", e.interrupt_id): e.value for e in after if isinstance(e, InputReceived)}
+    results = {("job", e.job_id): e for e in after if isinstance(e, JobResultReceived)}
+    missing = [
+        ("input", i) for i, v in (body.get("inputs") or {}).items() if given.get(("input", i), _NONE) != v
+    ]
+    for j, r in (body.get("jobs") or {}).items():
+        e = results.get(("job", j))
+        if e is None or (isinstance(r, Mapping) and r.get("data") != e.data):
+            missing.append(("job", j))
+    return missing
+
+
+def _first_to_answer(store: EventStore, sid: str, message_id: int, body: Mapping[str, Any]) -> None:
+    """Raise if an answer sent before ``message_id`` and still in the inbox answers one of
+    the same requests: the owner takes the first in and drops this one."""
+    wanted = {("input", i) for i in body.get("inputs") or {}} | {("job", j) for j in body.get("jobs") or {}}
+    for msg in store.inbox(sid):
+        if msg.kind != "answer" or msg.message_id >= message_id:
+            continue
+        earlier = {("input", i) for i in msg.body.get("inputs") or {}}
+        earlier |= {("job", j) for j in msg.body.get("jobs") or {}}
+        for what, key in sorted(wanted & earlier):
+            raise ResumeError(
+                f"session {sid!r}: {what} {key!r} was answered by another request at the same moment; "
+                "its owner takes that answer in, and drops yours (flowscope events shows it then)"
+            )
+
+
+_NONE = object()
 
 
 def _reason(reason: str | None, default: str) -> str:
