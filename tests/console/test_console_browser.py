@@ -311,6 +311,32 @@ async def test_answering_the_approval_from_the_page_lets_a_worker_complete_the_s
     await p.page.context.close()  # and its event stream
 
 
+async def test_an_answer_typed_on_the_page_is_recorded_as_typed_not_rounded(browser, console, demo_db):
+    from console_workflows import asks
+    from flowscope import START, Runner, Workflow
+    from flowscope.events import InputReceived
+    from flowscope.store import SqliteEventStore
+
+    with SqliteEventStore(demo_db) as store:  # a workflow no worker serves: it stays answered
+        await Runner(Workflow("exact_probe", edges=[(START, asks)]), store).run(None, session_id="ops-exact")
+    p = await new_page(browser, console)
+    await p.open(f"{console.base}/sessions/ops-exact")
+    form = p.page.locator("[data-waiting=ship]")
+    await form.locator("textarea").fill('{"order_id": 12345678901234567890, "amount": 1.10}')
+    await form.locator("button[data-submit]").click()
+    await p.page.wait_for_selector("#confirm[open]")
+    # a JavaScript number holds 12345678901234567000 at most: the page sends the text
+    assert "12345678901234567890" in await p.page.locator("#confirm-text").inner_text()
+    assert "12345678901234567890" in await p.page.locator("#confirm-cmd").inner_text()
+    await p.page.click("#confirm-yes")
+    await p.page.wait_for_selector("#notice:has-text('answered')")
+    with SqliteEventStore(demo_db, readonly=True) as store:
+        (given,) = [e.value for e in store.read("ops-exact") if isinstance(e, InputReceived)]
+    assert given == {"order_id": 12345678901234567890, "amount": 1.1}
+    assert p.errors == []
+    await p.page.context.close()
+
+
 async def test_retry_and_cancel_through_the_buttons(browser, console):
     p = await new_page(browser, console)
     await p.open(f"{console.base}/sessions/{FAILED_SESSION}")

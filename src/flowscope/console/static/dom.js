@@ -56,7 +56,8 @@ export class ApiError extends Error {
 
 export async function api(path, body) {
   const init = body === undefined ? {} : {
-    method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
+    // a string is JSON text already (an answer as typed: see session.js)
+    method: "POST", headers: { "content-type": "application/json" }, body: typeof body === "string" ? body : JSON.stringify(body),
   };
   const r = await fetch(path, { credentials: "same-origin", ...init });
   let data = null;

@@ -134,28 +134,30 @@ export async function sessionPage(main, sid) {
         h("div", { class: "overdue-note", dataset: { job: w.job_id }, hidden: true }));
     box.append(what);
     if (readOnly || (data.session || {}).engine) return box;
-    const send = async (value) => {
-      const body = w.kind === "input" ? { inputs: { [w.interrupt_id]: value } } : { jobs: { [w.job_id]: value } };
+    // ``raw``: the value's JSON text as sent, not parsed and encoded again, which would
+    // round an integer past 2**53 (the server parses it exactly, as the CLI does)
+    const send = async (raw) => {
+      const id = JSON.stringify(w.kind === "input" ? w.interrupt_id : w.job_id);
+      const body = (dry) => `{"${w.kind === "input" ? "inputs" : "jobs"}": {${id}: ${raw}}${dry ? ', "dry_run": true' : ""}}`;
       try {
-        const check = await api(`/api/sessions/${encodeURIComponent(sid)}/answer`, { ...body, dry_run: true });
+        const check = await api(`/api/sessions/${encodeURIComponent(sid)}/answer`, body(true));
         const done = await confirmAction({
-          title: `Answer ${w.kind === "input" ? w.interrupt_id : w.job_id}?`, text: `Records ${JSON.stringify(value)} for session ${sid}; a worker of ${data.workflow} then resumes it.`,
-          danger: false, askReason: false, command: () => check.data.command, act: () => api(`/api/sessions/${encodeURIComponent(sid)}/answer`, body),
+          title: `Answer ${w.kind === "input" ? w.interrupt_id : w.job_id}?`, text: `Records ${raw} for session ${sid}; a worker of ${data.workflow} then resumes it.`,
+          danger: false, askReason: false, command: () => check.data.command, act: () => api(`/api/sessions/${encodeURIComponent(sid)}/answer`, body(false)),
         });
         if (done) { await load(); const n = document.getElementById("notice"); if (n) n.textContent = "answered" + (done.data.pending ? " (its live owner takes it in)" : ""); }
       } catch (e) { err.textContent = e.message; }
     };
     if (w.actions && w.actions.length) {
-      box.append(...w.actions.map((a) => h("button", { type: "button", dataset: { answer: a }, on: { click: () => send(a) } }, a)));
+      box.append(...w.actions.map((a) => h("button", { type: "button", dataset: { answer: a }, on: { click: () => send(JSON.stringify(a)) } }, a)));
     } else {
       const text = h("textarea", { name: "value", placeholder: "a JSON value: true, \"yes\", {\"k\": 1}" });
       text.value = w.kind === "input" ? "true" : JSON.stringify(w.expect_count ? { success: true, count: 1, data: {} } : { success: true, data: {} });
       const go = h("button", { type: "button", class: "primary", dataset: { submit: "1" } }, icon("answer"), "Answer…");
       go.addEventListener("click", () => {
         err.textContent = "";
-        let value;
-        try { value = JSON.parse(text.value); } catch (e) { err.textContent = "not JSON: " + e.message; return; }
-        send(value);
+        try { JSON.parse(text.value); } catch (e) { err.textContent = "not JSON: " + e.message; return; }
+        send(text.value.trim());
       });
       box.append(text, go);
     }
