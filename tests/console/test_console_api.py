@@ -143,6 +143,33 @@ def test_a_session_waterfall_has_a_row_per_path_and_its_waiting_form(db):
     assert c.get("/api/sessions/nobody/waterfall").status_code == 404
 
 
+def test_a_session_pruned_and_run_again_under_its_id_to_the_same_seq_is_drawn_anew(tmp_path):
+    from console_workflows import failing
+    from flowscope import Runner
+
+    db = tmp_path / "again.db"
+    with SqliteEventStore(db) as store:
+        with pytest.raises(ValueError):
+            Runner(failing, store).run_sync(None, session_id="nightly")
+    c, cfg = client(db)
+    before = c.get("/api/sessions/nightly/waterfall").json()
+    assert before["session"]["error_code"] is not None
+    time.sleep(0.01)  # another last append time
+    store = cfg.store
+    store.delete_sessions(["nightly"])
+    with pytest.raises(ValueError):  # the same id, the same events, later: another log
+        Runner(failing, store).run_sync(None, session_id="nightly")
+    assert store.last_seq("nightly") == before["last_seq"]
+    seen = {"since": before["last_seq"], "at": before["session"]["updated_at"]}
+    again = c.get("/api/sessions/nightly/waterfall", params=seen).json()
+    assert "unchanged" not in again and again["session"]["updated_at"] > before["session"]["updated_at"]
+    assert c.get("/api/sessions/nightly/waterfall").json() == again  # not the page drawn before
+    now = {"since": again["last_seq"], "at": again["session"]["updated_at"]}
+    assert c.get("/api/sessions/nightly/waterfall", params=now).json()["unchanged"] is True
+    # an unknown session is a 404 whatever seq the page says it drew
+    assert c.get("/api/sessions/nobody/waterfall", params={"since": 0}).status_code == 404
+
+
 def test_a_bridges_session_names_its_engine_and_how_it_continues_with_stucks_words(tmp_path):
     from console_workflows import make_bridge_sessions
 

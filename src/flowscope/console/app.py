@@ -100,6 +100,22 @@ def _seq(text: str) -> int:
         raise ValueError(f"since is a seq (a whole number), not {text!r}") from None
 
 
+def _stamp(updated_at: float | None) -> int | None:
+    """A log's last append time, to the microsecond: with its last seq, which version of a
+    session's log a page drew (a session pruned and run again under its id reaches the
+    same seq with another log)."""
+    return None if updated_at is None else round(updated_at * 1e6)
+
+
+def _at(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return _stamp(float(text))
+    except ValueError:
+        raise ValueError(f"at is the session's updated_at (epoch seconds), not {text!r}") from None
+
+
 def _rows(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
     """Exactly the keys, in order, that ``--format json`` prints (:func:`render_json`)."""
     return [{k: r.get(k) for k in keys} for r in rows]
@@ -190,11 +206,15 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
         return JSONResponse(_rows(await call(rows), views.SHOW_KEYS))
 
-    drawn: OrderedDict[tuple[str, int], bytes] = OrderedDict()  # the last pages drawn, by (session, seq)
+    #: the last pages drawn, by (session, seq, _stamp(updated_at))
+    drawn: OrderedDict[tuple[str, int, int | None], bytes] = OrderedDict()
 
-    def seq_and_stuck(sid: str) -> tuple[int, list[dict[str, Any]]]:
+    def seq_and_stuck(sid: str) -> tuple[int, int | None, list[dict[str, Any]]]:
+        info = store.session_info(sid)
+        if info is None:  # (an unknown session's last seq reads 0, as a ?since=0 would)
+            raise UnknownSessionError(f"no session {sid!r} in the store")
         stuck_rows = session_stuck(store, sid, stale_after_s=config.stale_after_s, prefix=config.prefix)
-        return store.last_seq(sid), _rows(stuck_rows, views.STUCK_KEYS)
+        return info.last_seq, _stamp(info.updated_at), _rows(stuck_rows, views.STUCK_KEYS)
 
     @guarded
     async def waterfall(request: Request) -> Response:
@@ -202,15 +222,15 @@ def create_app(config: ConsoleConfig) -> Starlette:
         session) is asked again at every request, even when the log has not grown: a worker
         dies, or a deadline passes, without an event."""
         sid = session_id(request)
-        since = request.query_params.get("since")
-        seq, stuck_now = await call(seq_and_stuck, sid)
-        if since is not None and _seq(since) == seq:
+        since, at = request.query_params.get("since"), _at(request.query_params.get("at"))
+        seq, stamp, stuck_now = await call(seq_and_stuck, sid)
+        if since is not None and _seq(since) == seq and (at is None or at == stamp):
             return JSONResponse({"unchanged": True, "last_seq": seq, "stuck": stuck_now})
-        body = drawn.get((sid, seq))
+        body = drawn.get((sid, seq, stamp))
         if body is None:
             data = await call(api.session_waterfall, store, sid)
             body = bytes(JSONResponse(data).body)
-            drawn[(sid, data["last_seq"])] = body
+            drawn[(sid, data["last_seq"], _stamp(data["session"]["updated_at"]))] = body
             while len(drawn) > 8:
                 drawn.popitem(last=False)
         # the drawn page is kept by its seq; the stuck rows of now go in as its last key

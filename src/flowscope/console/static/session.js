@@ -24,7 +24,10 @@ export async function sessionPage(main, sid) {
   let view = null;
 
   async function load() {
-    const since = data ? `?since=${data.last_seq}` : "";
+    // the log drawn: its last seq, and its last append's time (a session pruned and run
+    // again under its id may reach the same seq with another log)
+    const at = data && data.session.updated_at !== null ? `&at=${data.session.updated_at}` : "";
+    const since = data ? `?since=${data.last_seq}${at}` : "";
     let res;
     try {
       const early = !data && window.flowscopePrefetch;
