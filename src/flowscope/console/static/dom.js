@@ -81,11 +81,14 @@ export function badge(status) {
   return h("span", { class: `badge s-${status}` }, status ?? "-");
 }
 
-export function fmtTime(ts) {
+// Times are UTC, as the CLI prints them and as the filters read a typed date: a column
+// says so in its header ("Updated (UTC)"), a time in a sentence with ``zone``.
+export function fmtTime(ts, zone = false) {
   if (ts === null || ts === undefined) return "-";
   const d = new Date(ts * 1000);
   const p = (n) => String(n).padStart(2, "0");
-  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+  const text = `${d.getUTCFullYear()}-${p(d.getUTCMonth() + 1)}-${p(d.getUTCDate())} ${p(d.getUTCHours())}:${p(d.getUTCMinutes())}:${p(d.getUTCSeconds())}`;
+  return zone ? `${text} UTC` : text;
 }
 
 export function fmtDuration(s) {

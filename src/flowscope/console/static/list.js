@@ -26,7 +26,7 @@ export async function sessionsPage(main) {
       input = h("select", { name }, h("option", { value: "" }, "any"), info.statuses.map((s) => h("option", { value: s }, s)));
       input.value = params.get(name) || "";
     } else {
-      input = h("input", { type: "text", name, size: name === "q" ? 18 : 12, placeholder: name === "since" || name === "until" ? "1h, 2026-12-01" : "" });
+      input = h("input", { type: "text", name, size: name === "q" ? 18 : 12, placeholder: name === "since" || name === "until" ? "1h, 2026-12-01 (UTC)" : "" });
       input.value = params.get(name) || "";
     }
     form.append(h("label", {}, label, input));
@@ -62,7 +62,7 @@ export async function sessionsPage(main) {
       ["Session", (r) => h("a", { href: "/sessions/" + encodeURIComponent(r.session_id) }, r.session_id), "id"],
       ["Workflow", (r) => r.workflow],
       ["Status", (r) => badge(r.status)],
-      ["Updated", (r) => fmtTime(r.updated_at)],
+      ["Updated (UTC)", (r) => fmtTime(r.updated_at)],
       ["Duration", (r) => fmtDuration(r.duration_s)],
       ["Inv.", (r) => r.invocations],
       ["Runs", (r) => r.node_runs],

@@ -78,8 +78,8 @@ export async function sessionPage(main, sid) {
         cell("Workflow", data.workflow),
         cell("Invocations", String(data.invocations)),
         cell("Node runs", String(data.rows.length)),
-        cell("Started", fmtTime(s.started_at)),
-        cell("Updated", fmtTime(s.updated_at)),
+        cell("Started (UTC)", fmtTime(s.started_at)),
+        cell("Updated (UTC)", fmtTime(s.updated_at)),
         cell("Error code", s.error_code ?? "-"),
         cell("Owner", s.owner ? `${s.owner.worker_id} (${s.owner.host}, pid ${s.owner.pid})` + (orphaned ? ": gone" : "") : "-")),
       stuckLines(data.stuck || [], !!s.engine),
@@ -122,7 +122,7 @@ export async function sessionPage(main, sid) {
       const row = (data.stuck || []).find((r) => r.state === "overdue" && r.waiting_on.includes(note.dataset.job));
       note.hidden = !row;
       const how = (data.session || {}).engine ? `; ${row && row.action}` : "; to report its result: ";
-      fill(note, row ? [badge("overdue"), ` past its deadline (${fmtTime(row.job_deadline_at)})${how}`, (data.session || {}).engine ? null : h("code", { class: "cmd" }, row.action)] : []);
+      fill(note, row ? [badge("overdue"), ` past its deadline (${fmtTime(row.job_deadline_at, true)})${how}`, (data.session || {}).engine ? null : h("code", { class: "cmd" }, row.action)] : []);
     }
   }
 
@@ -186,7 +186,7 @@ export async function sessionPage(main, sid) {
       table([
         ["#", (a) => a.attempt], ["Invocation", (a) => a.invocation_id.slice(0, 8), "id"],
         ["Worker", (a) => (a.owner ? `${a.owner.worker_id} on ${a.owner.host}` : "-"), "worker"],
-        ["Started", (a) => fmtTime(a.started_at)], ["Took", (a) => fmtDuration(a.duration_s)],
+        ["Started (UTC)", (a) => fmtTime(a.started_at)], ["Took", (a) => fmtDuration(a.duration_s)],
         ["Outcome", (a) => a.outcome + (a.recovered ? " (recovered)" : "")],
         ["Error", (a) => (a.error_code ? `${a.error_type} [${a.error_code}] ${a.error_message || ""}` : "-"), "wrap"],
       ], d.attempts, "No attempt started.", (a, tr) => {
@@ -221,7 +221,7 @@ export async function sessionPage(main, sid) {
       try {
         const rows = (await api(`/api/sessions/${encodeURIComponent(sid)}/events?${q}`)).data;
         fill(out, h("p", { class: "muted" }, `${rows.length} event(s)`), table([
-          ["Seq", (e) => e.seq], ["Time", (e) => fmtTime(e.ts)], ["Type", (e) => e.type], ["Inv.", (e) => e.invocation_id.slice(0, 8), "id"],
+          ["Seq", (e) => e.seq], ["Time (UTC)", (e) => fmtTime(e.ts)], ["Type", (e) => e.type], ["Inv.", (e) => e.invocation_id.slice(0, 8), "id"],
           ["Path", (e) => e.path || "-", "id"], ["Fields", (e) => h("div", { class: "ev-fields" }, fieldsText(e.fields)), "wrap"],
         ], rows.slice(0, 500)), rows.length > 500 ? h("p", { class: "muted" }, "first 500 shown: narrow by type or path") : null);
       } catch (e) { fill(out, h("p", { class: "error" }, e.message)); }
@@ -247,7 +247,7 @@ function stuckLines(rows, bridged) {
     r.state === "orphaned"
       ? (r.owner ? `its owner ${r.owner.worker_id} (${r.owner.host}, pid ${r.owner.pid}) is gone`
         : r.heartbeat_age_s !== null ? `its last heartbeat was ${fmtDuration(r.heartbeat_age_s)} ago` : "it never beat a heartbeat") + "; take it over: "
-      : `job ${r.waiting_on.join(", ")} is past its deadline (${fmtTime(r.job_deadline_at)}); report its result: `,
+      : `job ${r.waiting_on.join(", ")} is past its deadline (${fmtTime(r.job_deadline_at, true)}); report its result: `,
     h("code", { class: "cmd" }, r.action))));
 }
 
