@@ -340,20 +340,22 @@ async def test_an_answer_typed_on_the_page_is_recorded_as_typed_not_rounded(brow
 async def test_times_are_shown_in_utc_as_the_filters_read_them_whatever_the_browsers_zone(
     browser, console, demo_db
 ):
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     from flowscope.store import SqliteEventStore
 
     with SqliteEventStore(demo_db, readonly=True) as store:
         info = store.session_info(FAILED_SESSION)
     assert info is not None and info.updated_at is not None
-    utc = datetime.fromtimestamp(info.updated_at, timezone.utc)
+    utc = datetime.fromtimestamp(info.updated_at, UTC)
     context = await browser.new_context(viewport={"width": 1400, "height": 900}, timezone_id="Asia/Tokyo")
     p = Page(await context.new_page())
     await p.open(console.url)
     headers = [t.strip() for t in await p.page.locator("#list th").all_inner_texts()]
     column = headers.index("Updated (UTC)") + 1
-    row = p.page.locator("#list tbody tr").filter(has=p.page.get_by_role("link", name=FAILED_SESSION, exact=True))
+    row = p.page.locator("#list tbody tr").filter(
+        has=p.page.get_by_role("link", name=FAILED_SESSION, exact=True)
+    )
     assert await row.locator(f"td:nth-child({column})").inner_text() == utc.strftime("%Y-%m-%d %H:%M:%S")
     await p.page.fill("input[name=since]", utc.strftime("%Y-%m-%dT%H:%M"))  # the time shown, typed back
     await p.page.click("form.filters button[type=submit]")
