@@ -8,6 +8,7 @@ first line printed is the URL to open, with the per-start token.
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import click
 
@@ -113,9 +114,16 @@ def ui(
     click.echo(config.url())
     mode = "read-only" if read_only else "read-write"
     click.echo(f"flowscope ui: {shown_db(path)} ({mode}); Ctrl-C stops it", err=True)
-    server = uvicorn.Server(
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            config.stopping.set()  # the open pages' change streams end (not cancelled mid-stream)
+            super().handle_exit(sig, frame)
+
+    # the graceful wait outlasts one turn of a change stream (live_interval_s)
+    server = Server(
         uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=1
+            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=3
         )
     )
     try:

@@ -288,6 +288,8 @@ def create_app(config: ConsoleConfig) -> Starlette:
             yield f"retry: 2000\nevent: hello\ndata: {json.dumps({'version': await call(feed.version)})}\n\n"
             quiet = 0.0
             async for v in _changes(feed, config.live_interval_s, call):
+                if config.stopping.is_set():  # the server stops: the page reconnects to the next one
+                    return
                 if v is None:
                     quiet += config.live_interval_s
                     if quiet >= 15:

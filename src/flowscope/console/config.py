@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import threading
 from dataclasses import dataclass, field
 
 from ..store.base import EventStore
@@ -31,6 +32,9 @@ class ConsoleConfig:
     stale_after_s: float = 60.0
     queued_after_s: float = 60.0
     live_interval_s: float = 1.0
+    #: Set when the server is asked to stop: each page's change stream ends within one
+    #: ``live_interval_s``, so that the server stops without cutting one off mid-response.
+    stopping: threading.Event = field(default_factory=threading.Event, compare=False)
 
     @property
     def cookie(self) -> str:
