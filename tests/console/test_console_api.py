@@ -330,6 +330,25 @@ def test_answers_are_validated_before_anything_is_recorded(fresh):
     assert again.status_code == 409 and "already answered" in again.json()["error"]
 
 
+def test_the_command_an_action_shows_for_a_session_id_that_starts_with_a_dash_pastes_as_an_id(tmp_path):
+    from console_workflows import asks, failing
+    from flowscope import START, Runner, Workflow
+
+    db = tmp_path / "dash.db"
+    with SqliteEventStore(db) as store:
+        Runner(Workflow("asking", edges=[(START, asks)]), store).run_sync(None, session_id="-rf")
+        with pytest.raises(ValueError):
+            Runner(failing, store).run_sync(None, session_id="-x")
+    c, cfg = client(db)
+    prefix = cfg.prefix
+    answered = c.post("/api/sessions/-rf/answer", json={"inputs": {"ship": True}, "dry_run": True}).json()
+    assert answered["command"] == f"{prefix} resume --input ship=true -- -rf"
+    retried = c.post("/api/sessions/-x/retry", json={"reason": "fixed"}).json()
+    assert retried["command"] == f"{prefix} retry --reason fixed -- -x"
+    cancelled = c.post("/api/sessions/-x/cancel", json={}).json()
+    assert cancelled["command"] == f"{prefix} cancel -- -x"
+
+
 def test_retry_cancel_and_bulk_go_through_the_operator_actions(fresh):
     c, _ = client(fresh)
     r = c.post(f"/api/sessions/{FAILED_SESSION}/retry", json={"reason": "fixed the export"})

@@ -35,6 +35,7 @@ from ..answers import check_answer
 from ..cli import views
 from ..cli.failures import one_line
 from ..cli.history import EVENT_KEYS
+from ..cli.rowparts import session_command
 from ..cli.session_ops import SELECTABLE_STATES, select_sessions
 from ..errors import (
     OutputNotSerializableError,
@@ -350,6 +351,11 @@ def create_app(config: ConsoleConfig) -> Starlette:
     def cli(*args: str) -> str:
         return config.prefix + " " + " ".join(shlex.quote(a) for a in args)
 
+    def on_session(verb: str, sid: str, *options: str) -> str:
+        """The command acting on one session, as ``stuck`` prints it (an id that starts
+        with ``-`` after ``--``: pasted, it is no option)."""
+        return session_command(config.prefix, verb, sid, *(shlex.quote(o) for o in options))
+
     @guarded
     async def answer(request: Request) -> Response:
         sid = session_id(request)
@@ -358,7 +364,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         jobs = data.get("jobs") or {}
         if not isinstance(inputs, dict) or not isinstance(jobs, dict):
             raise ValueError("inputs and jobs are JSON objects, by interrupt id and by job id")
-        command = cli(
+        command = on_session(
             "resume",
             sid,
             *[a for k, v in inputs.items() for a in ("--input", f"{k}={json.dumps(v)}")],
@@ -390,12 +396,8 @@ def create_app(config: ConsoleConfig) -> Starlette:
         from_path, reason = text(data, "from_path"), text(data, "reason")
         r = await call(retry_action, store, sid, from_path=from_path, reason=reason)
         feed.changed()
-        args = (
-            ["retry", sid]
-            + (["--from", from_path] if from_path else [])
-            + (["--reason", reason] if reason else [])
-        )
-        return JSONResponse(receipt(r, cli(*args)))
+        options = (["--from", from_path] if from_path else []) + (["--reason", reason] if reason else [])
+        return JSONResponse(receipt(r, on_session("retry", sid, *options)))
 
     @guarded
     async def cancel(request: Request) -> Response:
@@ -404,7 +406,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         reason = text(data, "reason")
         r = await call(cancel_action, store, sid, reason=reason)
         feed.changed()
-        return JSONResponse(receipt(r, cli("cancel", sid, *(["--reason", reason] if reason else []))))
+        return JSONResponse(receipt(r, on_session("cancel", sid, *(["--reason", reason] if reason else []))))
 
     @guarded
     async def bulk(request: Request) -> Response:

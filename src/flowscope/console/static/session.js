@@ -87,12 +87,19 @@ export async function sessionPage(main, sid) {
       h("p", { class: "notice", id: "notice" }));
   }
 
+  // The command acting on this session, as the server writes it (rowparts.session_command):
+  // an id that starts with "-" after "--", so that pasted it is no option.
+  function sessionCommand(verb, options) {
+    const prefix = window.flowscope.info.prefix;
+    return sid.startsWith("-") ? `${prefix} ${verb}${options} -- ${shq(sid)}` : `${prefix} ${verb} ${shq(sid)}${options}`;
+  }
+
   function actionButton(kind, label, title, text, extra, disabled = false, id = null) {
     const b = h("button", { type: "button", class: kind === "cancel" ? "danger" : "", id: id || `action-${kind}`, disabled }, icon(kind), label);
     b.addEventListener("click", async () => {
       const done = await confirmAction({
         title, text,
-        command: (reason) => `${window.flowscope.info.prefix} ${kind} ${shq(sid)}` + (extra.from_path ? ` --from ${shq(extra.from_path)}` : "") + (reason ? ` --reason ${shq(reason)}` : ""),
+        command: (reason) => sessionCommand(kind, (extra.from_path ? ` --from ${shq(extra.from_path)}` : "") + (reason ? ` --reason ${shq(reason)}` : "")),
         act: (reason) => api(`/api/sessions/${encodeURIComponent(sid)}/${kind}`, { ...extra, reason }),
       });
       if (done) {
