@@ -522,6 +522,9 @@ def test_resume_recovers_a_killed_worker(tmp_path):
         proc = start_worker(str(db), "demo-crash-1", hang_s=30, heartbeat_s=0.2)
         try:
             assert wait_until_running(store, "demo-crash-1", proc)
+            # the database is in its environment, not its command line (any local user reads
+            # that: a URL's password would be there for anyone)
+            assert str(db) not in Path(f"/proc/{proc.pid}/cmdline").read_text()
         finally:
             kill_worker(proc)
     # its owner's process is gone (same host), so it is orphaned at once and a

@@ -63,18 +63,20 @@ async def publish_report(ctx: NodeContext, exported: Any) -> Any:
 nightly_export = Workflow("nightly_export", edges=[(START, snapshot, export_rows, publish_report)])
 
 HANGING_PATH = "nightly_export@1/export_rows@1"
+#: Where :func:`start_worker` gives its child the database (the CLI's variable).
+DB_ENV = "FLOWSCOPE_DB"
 
 
 def start_worker(
     db: str, session_id: str, hang_s: float = 30.0, heartbeat_s: float = 0.2
 ) -> subprocess.Popen[bytes]:
-    """Start ``python -m flowscope.examples.worker`` on ``db`` (the caller kills it)."""
+    """Start ``python -m flowscope.examples.worker`` on ``db`` (the caller kills it). The
+    database goes in the child's environment, never its command line, which any local user
+    can read (``ps``, ``/proc/PID/cmdline``): a URL's password stays where the caller kept it."""
     cmd = [
         sys.executable,
         "-m",
         "flowscope.examples.worker",
-        "--db",
-        db,
         "--session",
         session_id,
         "--hang",
@@ -84,6 +86,7 @@ def start_worker(
     ]
     return subprocess.Popen(
         cmd,
+        env={**os.environ, DB_ENV: db},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -139,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m flowscope.examples.worker", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--db", required=True, help="the SQLite file, or a postgresql:// URL")
+    parser.add_argument(
+        "--db",
+        default=os.environ.get(DB_ENV),
+        help=f"the SQLite file, or a postgresql:// URL (default: ${DB_ENV}, which keeps a password off the command line)",
+    )
     parser.add_argument("--session", required=True, help="the session id to start")
     parser.add_argument(
         "--hang", type=float, default=30.0, help="seconds the first attempt of export_rows takes"
@@ -148,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         "--heartbeat", type=float, default=0.2, help="the runner's heartbeat interval in seconds"
     )
     args = parser.parse_args(argv)
+    if not args.db:
+        parser.error(f"give --db or set ${DB_ENV}")
 
     store = _open(args.db)
     try:
