@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from flowscope import START, JoinNode, RetryConfig, Runner, Workflow, node
+from flowscope.errors import StoreReadOnly
 from flowscope.examples.demo import DemoDriver, batch_input
 from flowscope.export import (
     INCOMPLETE,
@@ -30,7 +31,7 @@ from flowscope.export import (
     trace_id_for,
 )
 from flowscope.observability import TracingPlugin
-from flowscope.observability.export import IDLE_WAIT_FACTOR, follow
+from flowscope.observability.export import IDLE_WAIT_FACTOR, follow, ship_store
 from flowscope.store import MemoryEventStore
 from flowscope.store.sqlite import SqliteEventStore
 
@@ -525,4 +526,39 @@ def test_a_follower_with_spans_to_send_keeps_its_interval(tmp_path):
     gaps = [b - a for a, b in zip(store.scans, store.scans[1:])]
     assert len(exporter.get_finished_spans()) == 3 * 2  # each pass sent a session's two spans
     assert all(g < 0.05 * (1 + IDLE_WAIT_FACTOR) for g in gaps), gaps
+    store.close()
+
+
+class _NoWatermarks(SqliteEventStore):
+    """A store whose role may not write the span watermarks until ``allow`` is set."""
+
+    allow = False
+
+    def set_exported_seqs(self, seqs):
+        if not self.allow:
+            raise StoreReadOnly(
+                "this role may not advance the span watermarks (42501): grant it the privileges"
+            )
+        return super().set_exported_seqs(seqs)
+
+
+def test_spans_sent_whose_watermark_the_store_refused_are_not_sent_again_by_that_follower(tmp_path):
+    store = _NoWatermarks(tmp_path / "f.db")
+    wf = Workflow("w", edges=[(START, node(lambda x: x + 1, name="a"))])
+    asyncio.run(Runner(wf, store=store).run(0, session_id="s"))
+    exporter = InMemorySpanExporter()
+    shipped: dict[str, int] = {}
+    for _ in range(3):  # each pass: the spans are out, their watermark refused
+        with pytest.raises(StoreReadOnly):
+            ship_store(store, exporter, shipped=shipped)
+    assert len(exporter.get_finished_spans()) == 2  # the session's two spans, once
+    assert shipped == {"s": store.last_seq("s")}
+    asyncio.run(Runner(wf, store=store).run(1, session_id="t"))  # another session: its spans alone
+    with pytest.raises(StoreReadOnly):
+        ship_store(store, exporter, shipped=shipped)
+    assert len(exporter.get_finished_spans()) == 4
+    store.allow = True  # the grant: the watermark goes on record, and the entry goes
+    assert ship_store(store, exporter, shipped=shipped) == 0
+    assert shipped == {} and store.unexported() == []
+    assert len(exporter.get_finished_spans()) == 4
     store.close()

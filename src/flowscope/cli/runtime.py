@@ -245,6 +245,8 @@ class SpanFollower:
         self.store, self.service, self.interval, self.warn = store, service, interval, warn
         self._stop = threading.Event()
         self._said: set[str] = set()
+        #: spans sent whose watermark the store refused: not sent again (ship_store)
+        self._shipped: dict[str, int] = {}
         self._thread = start_thread(self._run, "flowscope-span-follower")
 
     def _run(self) -> None:
@@ -259,6 +261,7 @@ class SpanFollower:
                     service_name=self.service,
                     interval=self.interval,
                     stop=self._stop,
+                    shipped=self._shipped,
                 )
             except (ExportError, StoreError) as exc:  # said once; the watermark keeps what was not sent
                 text = str(exc)

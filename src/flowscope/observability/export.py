@@ -226,6 +226,7 @@ def ship_store(
     sessions: Iterable[str] | None = None,
     *,
     handover_s: float = SPAN_HANDOVER_S,
+    shipped: dict[str, int] | None = None,
 ) -> int:
     """One pass of ``flowscope export --follow``: for every session (or ``sessions``) whose
     log has moved past its shipping watermark, send the spans the log ended since then (a
@@ -240,6 +241,11 @@ def ship_store(
     A session whose live owner ships its own spans is left to it (and for ``handover_s``
     after it lets the session go, while its exporter may still hold the last batch):
     :func:`~flowscope.liveness.ships_own_spans`. Sending them here too would send them twice.
+
+    ``shipped`` (kept by the caller across passes): the seq each session's spans were sent
+    up to whose watermark the store has not recorded yet (it refused the write: a role
+    that may not, a server away). Those spans are not sent again by this process; the
+    watermark is written again each pass, and the entry dropped once it is on record.
     """
     import time
 
@@ -264,7 +270,12 @@ def ship_store(
                 f"the endpoint refused {len(batch)} spans of {len(waiting)} sessions; they are sent again next time"
             )
         if waiting:  # on record before the next request: a kill resends one request's spans at most
+            if shipped is not None:  # sent: not again from this process, whatever the store says
+                shipped.update(waiting)
             store.set_exported_seqs(waiting)
+            if shipped is not None:
+                for sid in waiting:
+                    shipped.pop(sid, None)
         sent += len(batch)
         batch.clear()
         waiting.clear()
@@ -274,6 +285,12 @@ def ship_store(
         now = time.time()
         if ships_own_spans(info.owner, info.lease_expires_at, info.updated_at, now, grace_s=handover_s):
             continue
+        held = shipped.get(sid, 0) if shipped else 0
+        if held > mark:  # sent before, its watermark not on record
+            mark = held
+            if info.last_seq <= held:  # nothing new: its watermark to write again
+                waiting[sid] = held
+                continue
         events = store.read(sid)
         if not events:
             continue
@@ -302,9 +319,11 @@ def follow(
     on_sent: Callable[[int], None] | None = None,
     stop: threading.Event | None = None,
     handover_s: float = SPAN_HANDOVER_S,
+    shipped: dict[str, int] | None = None,
 ) -> None:
     """Tail the store and ship spans as they are appended (``rounds`` passes, or forever,
-    or until ``stop`` is set), a pass every ``interval`` seconds.
+    or until ``stop`` is set), a pass every ``interval`` seconds; ``shipped`` as
+    :func:`ship_store` keeps it (a caller that follows again after an error passes its own).
 
     A pass that sends nothing still reads every session's watermark (a million sessions:
     about 0.4 s on SQLite), so after one the follower waits at least
@@ -316,7 +335,7 @@ def follow(
     n = 0
     while (rounds is None or n < rounds) and not stop.is_set():
         started = time.monotonic()
-        sent = ship_store(store, exporter, service_name, handover_s=handover_s)
+        sent = ship_store(store, exporter, service_name, handover_s=handover_s, shipped=shipped)
         took = time.monotonic() - started
         if sent and on_sent is not None:
             on_sent(sent)
