@@ -121,6 +121,21 @@ def test_concurrent_openers_migrate_once(url: str):
         )
 
 
+def test_a_schema_4_database_keeps_its_messages_when_their_body_becomes_the_text_sent(url: str):
+    with PostgresEventStore(url) as s:
+        s.send("m", "answer", {"inputs": {"ok": True}, "jobs": {}})
+    with psycopg.connect(url, autocommit=True) as c:  # the inbox as schema 4 kept it
+        c.execute("ALTER TABLE messages ALTER COLUMN body TYPE jsonb USING body::jsonb")
+        c.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    with PostgresEventStore(url) as s:
+        assert s.schema_version_found == 4 and s.schema_version == DB_SCHEMA_VERSION
+        assert [dict(m.body) for m in s.inbox("m")] == [{"inputs": {"ok": True}, "jobs": {}}]
+    with psycopg.connect(url) as c:
+        assert c.execute(
+            "SELECT data_type FROM information_schema.columns WHERE table_name = 'messages' AND column_name = 'body'"
+        ).fetchone() == ("text",)
+
+
 def test_a_schema_1_database_is_migrated_to_the_span_watermark_table_keeping_its_log(url: str):
     with PostgresEventStore(url) as s:  # a database as the first release wrote it: schema 1, one session
         s.append("old", [ev(RunSubmitted, sid="old", workflow="w", ts=1.0)], 0)
@@ -130,7 +145,7 @@ def test_a_schema_1_database_is_migrated_to_the_span_watermark_table_keeping_its
         c.execute("DROP INDEX sessions_leased")
         c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     with PostgresEventStore(url) as s:
-        assert s.schema_version_found == 1 and s.schema_version == DB_SCHEMA_VERSION == 4
+        assert s.schema_version_found == 1 and s.schema_version == DB_SCHEMA_VERSION == 5
         assert s.last_seq("old") == 1 and s.exported_seq("old") == 0 and s.inbox("old") == []
         s.set_exported_seq("old", 1)
         s.acquire("old", this_process("w"), 15.0)  # schema 4: the held lease's owner is indexed

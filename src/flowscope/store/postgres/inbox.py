@@ -3,6 +3,7 @@ messages read, the sessions with mail among some."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
@@ -28,7 +29,7 @@ def send(conn: Conn, channel: str, session_id: str, kind: str, text: str, now: f
 def messages(conn: Conn, session_id: str) -> list[Message]:
     """The session's messages not yet taken in, oldest first."""
     rows = conn.execute(q.SQL_INBOX, (session_id,)).fetchall()
-    return [Message(session_id, int(mid), kind, body, sent) for mid, kind, body, sent in rows]
+    return [Message(session_id, int(mid), kind, json.loads(body), sent) for mid, kind, body, sent in rows]
 
 
 def mailed(conn: Conn, ids: list[str]) -> set[str]:

@@ -158,9 +158,15 @@ _MIGRATION_4 = [
     "CREATE INDEX sessions_leased ON sessions (owner) WHERE lease_expires_at > 0",
 ]
 
+#: Schema 5: a message's body as the JSON text sent, as SQLite keeps it: ``jsonb`` sorted
+#: an answer's keys, made ``1e16`` an integer and refused a ``\u0000`` in a string.
+_MIGRATION_5 = [
+    "ALTER TABLE messages ALTER COLUMN body TYPE text USING body::text",
+]
+
 #: ``MIGRATIONS[i]`` takes a database at schema ``i`` to ``i + 1``: statements run in the
 #: transaction that records the new version (PostgreSQL's DDL is transactional).
-MIGRATIONS: list[list[str]] = [_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4]
+MIGRATIONS: list[list[str]] = [_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5]
 #: The version of the tables this code writes.
 DB_SCHEMA_VERSION = len(MIGRATIONS)
 

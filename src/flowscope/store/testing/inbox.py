@@ -65,6 +65,17 @@ class InboxContract(ContractBase):
         assert store.take_in(SID, [], 5, [late.message_id], epoch=lease.epoch) == []
         assert store.inbox(SID) == [] and store.last_seq(SID) == 5
 
+    def test_a_message_body_comes_back_as_sent(self, store: EventStore) -> None:
+        # what an operator typed: the keys in their order, a float past 2**53 and a NUL in a
+        # string (valid JSON) are kept, as the session's answer will record them
+        body = {"inputs": {"ok": {"zeta": 1, "aa": 2, "big": 1e16, "nul": "x\u0000y"}}, "jobs": {}}
+        sent = store.send(SID, "answer", body, ts=11.0)
+        (kept,) = store.inbox(SID)
+        for message in (sent, kept):
+            value = message.body["inputs"]["ok"]
+            assert value == body["inputs"]["ok"] and list(value) == ["zeta", "aa", "big", "nul"]
+            assert type(value["big"]) is float
+
     def test_a_session_with_a_message_is_claimed_paused_as_answered_failed_as_queued(
         self, store: EventStore
     ) -> None:
