@@ -336,3 +336,22 @@ def test_the_demo_refuses_a_foreign_database(tmp_path):
     proc = run_cli("--db", str(other), "demo")
     assert proc.returncode == 2 and "not a flowscope database" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_store_that_refuses_writes_stops_a_batch_rather_than_read_as_its_failure():
+    import asyncio
+
+    from flowscope.errors import StoreReadOnly
+    from flowscope.examples.demo import DemoDriver, batch_input
+    from flowscope.store import MemoryEventStore
+
+    class ReadOnly(MemoryEventStore):  # a role that may read, not write
+        def acquire_new_many(self, session_ids, owner, lease_s):
+            raise StoreReadOnly("this role may not acquire sessions (42501): grant it the privileges")
+
+        def acquire(self, session_id, owner, lease_s, *, force=False, now=None):
+            raise StoreReadOnly("this role may not acquire sessions (42501): grant it the privileges")
+
+    driver = DemoDriver(ReadOnly(), [], echo=lambda _line: None)
+    with pytest.raises(StoreReadOnly):  # not a report of a batch that "failed (as intended)"
+        asyncio.run(driver.run_batch("demo-x-orders", batch_input("B-x", "normal")))

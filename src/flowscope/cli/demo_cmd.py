@@ -251,9 +251,10 @@ def run_demo(
                             + f" after {rep.invocations} invocation(s): {rep.output}"
                         )
                     elif rep.status == "failed":
+                        meant = " (as intended)" if scenario == "card_declined" else ""
                         line = (
                             click.style("failed", fg="red")
-                            + f" (as intended) after {rep.invocations} invocation(s): {rep.error}"
+                            + f"{meant} after {rep.invocations} invocation(s): {rep.error}"
                         )
                     else:
                         line = (

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import START, JoinNode, NodeContext, Plugin, RetryConfig, Route, Runner, Workflow, node
+from ..errors import StoreError
 
 __all__ = [
     "order_fulfilment",
@@ -325,7 +326,9 @@ class DemoDriver:
         self, session_id: str, run_input: dict[str, Any], *, answer: bool = True
     ) -> SessionReport:
         """Run one batch to its end, answering every pause (``answer=False``: stop at the
-        first pause, as if the job's worker lost it). A failure is reported, not raised."""
+        first pause, as if the job's worker lost it). A node's failure is reported, not
+        raised; a store's refusal (a role that may not write, a full disk) is raised: it is
+        no part of the batch's story."""
         report = SessionReport(
             session_id, order_fulfilment.name, run_input.get("scenario", "normal"), "running"
         )
@@ -348,6 +351,8 @@ class DemoDriver:
                 result = await self.runner.resume(session_id, inputs=inputs, jobs=jobs)
             report.status = "completed"
             report.output = result.output
+        except StoreError:
+            raise
         except Exception as exc:  # the node's own exception: the demo shows it, then goes on
             report.status = "failed"
             code = getattr(exc, "error_code", None)
