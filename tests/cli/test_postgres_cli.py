@@ -211,3 +211,28 @@ def test_serve_metrics_on_a_url_scraped_by_prometheus(pg_cluster: PgCluster, tmp
         serve.send_signal(signal.SIGTERM)
         serve.communicate(timeout=20)
     assert serve.returncode == 0
+
+
+def test_a_store_in_its_own_schema_is_reached_by_the_urls_search_path(pg_cluster: PgCluster):
+    import psycopg
+
+    from flowscope import START, Runner, Workflow, node
+    from flowscope.store.postgres import PostgresEventStore
+
+    url = pg_cluster.new_database()
+    with psycopg.connect(url, autocommit=True) as c:  # another application's table beside it
+        c.execute("CREATE TABLE customers (id int)")
+    with PostgresEventStore(url, schema="flowscope") as store:  # as the refusal below advises
+        Runner(Workflow("w", edges=[(START, node(lambda x: x, name="a"))]), store).run_sync(
+            1, session_id="s1"
+        )
+    refused = run("--db", url, "runs")
+    assert refused.returncode == 2 and "PostgresEventStore(schema=...)" in refused.stderr, refused.stderr
+    assert "search_path" in refused.stderr  # and says how the CLI gets there
+    in_schema = f"{url}?options=-csearch_path%3Dflowscope"
+    runs = run("--db", in_schema, "runs", "--format", "json")
+    assert runs.returncode == 0, runs.stderr
+    assert [(r["session_id"], r["status"]) for r in json.loads(runs.stdout)] == [("s1", "completed")]
+    two = run("--db", f"{url}?options=-csearch_path%3Dflowscope,public", "runs")
+    assert two.returncode == 2 and len(two.stderr.strip().splitlines()) == 1, two.stderr
+    assert "give the one schema that holds the flowscope tables" in two.stderr

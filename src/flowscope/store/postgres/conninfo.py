@@ -13,7 +13,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from ...errors import StoreError
 from .dsn import is_postgres_url, redact, unencoded_credentials
 
-__all__ = ["SYNCHRONOUS_COMMIT", "Target", "check_options", "build_conninfo"]
+__all__ = ["SYNCHRONOUS_COMMIT", "Target", "check_options", "build_conninfo", "url_schema"]
 
 #: ``synchronous_commit`` values a store may set for its connections (None: the server's).
 SYNCHRONOUS_COMMIT = ("on", "off", "local", "remote_write", "remote_apply")
@@ -31,6 +31,29 @@ def check_options(schema: str, synchronous_commit: str | None) -> None:
         raise ValueError(
             f"synchronous_commit must be one of {SYNCHRONOUS_COMMIT}, not {synchronous_commit!r}"
         )
+
+
+_SEARCH_PATH = re.compile(r"(?:^|\s)(?:-c\s*|--)search_path=(\S*)")
+
+
+def url_schema(dsn: str) -> str | None:
+    """The schema a URL's ``options`` name as its ``search_path``
+    (``?options=-csearch_path%3Dflowscope``), else None: the store's tables are there, so
+    that the CLI, which takes only a URL, reaches a store made with ``schema=``."""
+    try:
+        options = str(conninfo_to_dict(dsn).get("options") or "")
+    except psycopg.ProgrammingError:
+        return None  # build_conninfo says what is wrong with it
+    found = _SEARCH_PATH.findall(options)
+    if not found:
+        return None
+    schema = found[-1]  # the last one set wins, as the server reads them
+    if not _IDENTIFIER.match(schema):
+        raise StoreError(
+            f"the search_path in the options of {redact(dsn)} is {schema!r}: give the one schema "
+            "that holds the flowscope tables, a lower-case SQL identifier (search_path=flowscope)"
+        )
+    return schema
 
 
 def build_conninfo(

@@ -185,7 +185,8 @@ def read_version(conn: psycopg.Connection[Any], where: str) -> int:
             shown = ", ".join(sorted(tables)[:5])
             raise NotAFlowscopeDatabase(
                 f"PostgreSQL at {where} is not a flowscope database: it holds another application's tables "
-                f"({shown}); use an empty database, or PostgresEventStore(schema=...)"
+                f"({shown}); use an empty database, or a schema of its own: PostgresEventStore(schema=...), "
+                "or in a URL ?options=-csearch_path%3D..."
             )
         return 0
     meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())

@@ -67,7 +67,7 @@ from . import inbox as mail
 from . import maintenance, ownership
 from . import queries as q
 from . import schema as sch
-from .conninfo import SYNCHRONOUS_COMMIT, build_conninfo, check_options
+from .conninfo import SYNCHRONOUS_COMMIT, build_conninfo, check_options, url_schema
 from .dsn import redact, server
 from .faults import connect_error, is_connection_lost, store_error
 from .wakeup import Wakeup
@@ -86,7 +86,8 @@ class PostgresEventStore(SelectsInSql, EventStore):
 
     ``dsn``: a ``postgresql://`` URL or a libpq conninfo string (a password is best kept in
     ``PGPASSWORD`` or ``~/.pgpass``; it never appears in a message either way). ``schema``:
-    the PostgreSQL schema holding the tables (created if missing). ``min_size`` /
+    the PostgreSQL schema holding the tables (created if missing; default: the URL's
+    ``?options=-csearch_path%3D...``, how the CLI reaches one, else public). ``min_size`` /
     ``max_size``: the connection pool. ``timeout``: seconds to connect, or to wait for a
     pooled connection, before :class:`~flowscope.errors.StoreUnavailable`.
     ``synchronous_commit``: set it for these connections (``"off"`` trades the last few
@@ -104,7 +105,7 @@ class PostgresEventStore(SelectsInSql, EventStore):
         self,
         dsn: str,
         *,
-        schema: str = "public",
+        schema: str | None = None,
         readonly: bool = False,
         min_size: int = 1,
         max_size: int = 8,
@@ -112,10 +113,9 @@ class PostgresEventStore(SelectsInSql, EventStore):
         synchronous_commit: str | None = None,
         application_name: str = "flowscope",
     ) -> None:
+        schema = schema or url_schema(dsn) or "public"
         check_options(schema, synchronous_commit)
-        self.schema = schema
-        self.readonly = readonly
-        self.timeout = timeout
+        self.schema, self.readonly, self.timeout = schema, readonly, timeout
         self.where = server(dsn) + ("" if schema == "public" else f" (schema {schema})")
         #: The URL with its password masked: what messages and hints print.
         self.path = redact(dsn)
