@@ -334,9 +334,9 @@ class WorkflowState:
     snapshot_seq: int = field(default=0, compare=False)
 
     @property
-    def pending(self) -> list[Event]:
+    def pending(self) -> list[InputRequested | JobDispatched]:
         """The open ``InputRequested`` and ``JobDispatched`` events the session waits on."""
-        out: list[Event] = []
+        out: list[InputRequested | JobDispatched] = []
         for ns in self.nodes.values():
             if ns.status == "waiting_input" or ns.status == "waiting_job":
                 out.extend(ns.waiting_on)

@@ -19,7 +19,7 @@ from ..states import OutcomeStatus, ResultStatus, Waiting
 from .graph import Node, check_depth, is_number
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..events import Event
+    from ..events import Event, InputRequested, JobDispatched
     from ..store.base import EventStore
 
 __all__ = [
@@ -115,7 +115,9 @@ class RunResult:
     output: Any
     session_id: str
     invocation_id: str
-    pending: list[Event] = field(default_factory=list)
+    #: What a paused invocation waits on: its open input requests and jobs (``interrupt_id``
+    #: and ``job_id`` respectively), in log order.
+    pending: list[InputRequested | JobDispatched] = field(default_factory=list)
     replayed: int = 0
     recovered: int = 0
 

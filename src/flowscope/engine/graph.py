@@ -8,7 +8,7 @@ import random
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from ..errors import WorkflowError
 
@@ -267,13 +267,25 @@ class Node:
         return f"<{type(self).__name__} {self.name}>"
 
 
+@overload
+def node(
+    fn: Callable[..., Any],
+    *,
+    name: str | None = ...,
+    retry: RetryConfig | None = ...,
+    timeout: float | None = ...,
+) -> Node: ...
+@overload
+def node(
+    fn: None = ..., *, name: str | None = ..., retry: RetryConfig | None = ..., timeout: float | None = ...
+) -> Callable[[Callable[..., Any]], Node]: ...
 def node(
     fn: Callable[..., Any] | None = None,
     *,
     name: str | None = None,
     retry: RetryConfig | None = None,
     timeout: float | None = None,
-) -> Any:
+) -> Node | Callable[[Callable[..., Any]], Node]:
     """Decorator making a :class:`Node` of a function: ``@node`` or ``@node(name=..., retry=...)``."""
     if fn is not None:
         return Node(fn, name=name, retry=retry, timeout=timeout)

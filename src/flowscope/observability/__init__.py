@@ -12,7 +12,14 @@ user of one backend does not pay for the other.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers; at run time __getattr__ below imports each on first use
+    from .metrics import MetricsPlugin
+    from .serve import serve_metrics
+    from .setup import configure_tracing
+    from .store_collector import StoreCollector
+    from .tracing import TracingPlugin
 
 __all__ = [
     "TracingPlugin",
