@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from commands import ROOT, cli_env, run_cli, start_cli
+from flowscope.engine.submit import submit_run
 from flowscope.fold import rebuild
 from flowscope.store import SqliteEventStore
 from waiting import wait_for
@@ -30,15 +31,16 @@ pytestmark = pytest.mark.slow
 
 
 def _env(log: Path) -> dict[str, str]:
-    # RACE_SLOW_S: long enough for three CLI starts and answers
-    return cli_env(paths=(ROOT,), CHAOS_LOG=str(log), RACE_SLOW_S="8.0")
+    # RACE_SLOW_S: long enough for three answers through the CLI
+    return cli_env(paths=(ROOT,), CHAOS_LOG=str(log), RACE_SLOW_S="6.0")
 
 
 def _cli(db: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return run_cli("--db", db, *args, cwd=ROOT, env=env)
 
 
-def _race(db: str, open_store: Callable[[], Any], tmp_path: Path) -> None:
+def _race(db: str, open_store: Callable[[bool], Any], tmp_path: Path) -> None:
+    """``open_store(readonly)``: the database as a store."""
     log = tmp_path / "effects.jsonl"
     env = _env(log)
     err = tmp_path / "worker.err"
@@ -50,13 +52,12 @@ def _race(db: str, open_store: Callable[[], Any], tmp_path: Path) -> None:
         stderr=open(err, "wb"),
     )
     try:
-        sids: list[str] = []
+        sids = [f"race-{i}" for i in range(SESSIONS)]
         said: list[str] = []
-        for i in range(SESSIONS):
-            r = _cli(db, env, "start", "chaos_race", "--session", f"race-{i}")
-            assert r.returncode == 0, r.stderr
-            sids.append(f"race-{i}")
-        with open_store() as store:
+        with open_store(False) as store:  # what `flowscope start chaos_race --session ...` records
+            for sid in sids:
+                submit_run(store, "chaos_race", session_id=sid)
+        with open_store(True) as store:
 
             def asked(sid: str) -> bool:
                 ws = rebuild(store.read(sid))
@@ -97,7 +98,7 @@ def _race(db: str, open_store: Callable[[], Any], tmp_path: Path) -> None:
 def test_an_answer_while_another_branch_runs_runs_nothing_twice_on_sqlite(tmp_path: Path):
     db = tmp_path / "race.db"
     SqliteEventStore(db).close()
-    _race(str(db), lambda: SqliteEventStore(db, readonly=True), tmp_path)
+    _race(str(db), lambda readonly: SqliteEventStore(db, readonly=readonly), tmp_path)
 
 
 def test_an_answer_while_another_branch_runs_runs_nothing_twice_on_postgresql(
@@ -106,4 +107,4 @@ def test_an_answer_while_another_branch_runs_runs_nothing_twice_on_postgresql(
     from flowscope.store.postgres import PostgresEventStore
 
     url = pg_cluster.new_database("race")
-    _race(url, lambda: PostgresEventStore(url, readonly=True), tmp_path)
+    _race(url, lambda readonly: PostgresEventStore(url, readonly=readonly), tmp_path)
