@@ -455,6 +455,10 @@ class MetricsPlugin(Plugin):
             inv.committed = seq
         parked = inv.parked
         if parked:
+            if len(parked) == 1 and parked[0][4].seq <= seq:  # one run ended: the chain's case
+                inv.parked = []
+                self._count(parked)
+                return
             ready = [p for p in parked if p[4].seq <= seq]
             inv.parked = [] if len(ready) == len(parked) else [p for p in parked if p[4].seq > seq]
             self._count(ready)
