@@ -919,6 +919,57 @@ async def test_a_caller_that_stops_reading_run_async_ends_the_invocation_cancell
     assert store.open_runs() == []
 
 
+async def test_a_caller_that_stops_reading_during_a_retry_backoff_leaves_the_node_to_run_again(store):
+    ran: list[str] = []
+
+    def flaky(node_input: Any) -> str:
+        ran.append("flaky")
+        if ran.count("flaky") == 1:
+            raise ConnectionError("upstream down")
+        return "fetched"
+
+    def after(node_input: Any) -> str:
+        ran.append(f"after({node_input})")
+        return "done"
+
+    retry = RetryConfig(max_attempts=3, initial_delay=2.0, jitter=0.0)
+    wf = Workflow(
+        name="bk",
+        edges=[
+            (
+                "START",
+                FunctionNode(func=flaky, name="flaky", retry_config=retry),
+                FunctionNode(func=after, name="after"),
+            )
+        ],
+    )
+    d = Driver(wf, FlowscopeADK(store))
+    d.session_id = (await d.sessions.create_session(app_name=APP, user_id=USER)).id
+    events = d.runner.run_async(
+        user_id=USER,
+        session_id=d.session_id,
+        new_message=types.Content(role="user", parts=[types.Part(text="go")]),
+    )
+    async for ev in events:
+        if ev.error_code is not None:
+            adk_invocation = ev.invocation_id
+            break  # a page that shows the first error and moves on, during the backoff
+    await events.aclose()
+    assert ran == ["flaky"]
+    log = store.read(d.session_id)
+    [finished] = [e for e in log if isinstance(e, RunFinished)]
+    assert finished.status == "cancelled"  # not completed: the node never succeeded
+    state = rebuild(log)
+    assert state.nodes["bk@1/flaky@1"].status == "cancelled", state.nodes["bk@1/flaky@1"]
+    assert [e.type for e in log if e.path == "bk@1/flaky@1"][-2:] == ["node_retrying", "node_cancelled"]
+    assert store.open_runs() == []
+    # ADK's resume of that invocation runs the node again, as it does without the bridge
+    [e async for e in d.runner.run_async(user_id=USER, session_id=d.session_id, invocation_id=adk_invocation)]
+    assert ran == ["flaky", "flaky", "after(fetched)"]
+    resumed = rebuild(store.read(d.session_id))
+    assert resumed.status == "completed" and resumed.nodes["bk@1/flaky@1"].status == "completed"
+
+
 @pytest.mark.parametrize("fail_first", [2, 5])
 async def test_a_nested_workflows_retry_config_is_its_retry_of_the_childs_failure(
     store, otel_errors, fail_first
@@ -955,6 +1006,46 @@ async def test_a_nested_workflows_retry_config_is_its_retry_of_the_childs_failur
     state = rebuild(log)
     assert state.nodes["outer@1/inner@1"].attempt == 3
     assert state.status == ("completed" if fail_first < 3 else "failed")
+
+
+async def test_a_sibling_adk_cancelled_and_ran_again_leaves_a_completed_run_completed(store, otel_errors):
+    ran: list[str] = []
+
+    async def flaky(node_input: Any) -> str:
+        ran.append("flaky")
+        await asyncio.sleep(0.05)
+        if ran.count("flaky") == 1:
+            raise ConnectionError("blip")  # ADK cancels its sibling, then retries the workflow
+        return "F"
+
+    async def slow(node_input: Any) -> str:
+        ran.append("slow")
+        await asyncio.sleep(0.3)
+        return "S"
+
+    def tail(node_input: Any) -> None:  # the run's output is None
+        ran.append("tail")
+
+    join = JoinNode(name="join")
+    inner = Workflow(
+        name="inner",
+        retry_config=RETRY,
+        edges=[
+            ("START", FunctionNode(func=flaky, name="flaky"), join),
+            ("START", FunctionNode(func=slow, name="slow"), join),
+        ],
+    )
+    d = Driver(
+        Workflow(name="outer", edges=[("START", inner, FunctionNode(func=tail, name="tail"))]),
+        FlowscopeADK(store),
+    )
+    await d.start()
+    assert sorted(ran) == ["flaky", "flaky", "slow", "slow", "tail"]
+    log = store.read(d.session_id)
+    [finished] = [e for e in log if isinstance(e, RunFinished)]
+    assert finished.status == "completed"  # the cancelled sibling ran again: nobody stopped reading
+    state = rebuild(log)
+    assert state.nodes["outer@1"].status == "completed" and state.nodes["outer@1/inner@1/slow@1"].attempt == 2
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")

@@ -226,7 +226,8 @@ class FlowscopeADK:
         self._runs: dict[tuple[str, str], _Run] = {}  # (ADK invocation id, path) -> run in flight
         self._outputs: dict[str, Any] = {}  # ADK invocation id -> the root workflow's output
         self._errors: dict[str, str] = {}  # ADK invocation id -> path of the failure
-        self._stopped: set[str] = set()  # ADK invocation ids with a run ADK cancelled (no timeout)
+        #: ADK invocation id -> the log paths of runs ADK cancelled (no timeout)
+        self._stopped: dict[str, set[str]] = {}
         self._wf_attempts: dict[tuple[str, str], int] = {}  # (ADK invocation id, path) -> ADK's attempt
         self._messages: dict[str, Any] = {}  # ADK invocation id -> the user message
         self._wf_outputs: dict[
@@ -437,11 +438,8 @@ class FlowscopeADK:
                     key[1],
                     isinstance(error, AdkNodeTimeoutError) and error.node_name == name_of(key[1]),
                 )
-        inv = self._invs.pop(adk_id, None)
-        output = self._outputs.pop(adk_id, None)
-        error_path = self._errors.pop(adk_id, None)
-        stopped = adk_id in self._stopped
-        self._stopped.discard(adk_id)
+        inv, output = self._invs.pop(adk_id, None), self._outputs.pop(adk_id, None)
+        error_path, cancelled = self._errors.pop(adk_id, None), self._stopped.pop(adk_id, ())
         for key in [k for k in self._wf_attempts if k[0] == adk_id]:
             del self._wf_attempts[key]
         for key in [k for k in self._runs if k[0] == adk_id]:
@@ -459,9 +457,11 @@ class FlowscopeADK:
             for e in self.recorder.session(inv.run.session_id).pending
         ):
             self.recorder.finish_run(inv, "paused")
-        elif stopped and output is None:
-            # The caller stopped reading run_async(): ADK cancelled what ran and ends the
-            # invocation as if it were done. Cancellation is not completion.
+        elif output is None and (
+            any(c.kind != "workflow" for c in inv.open.values()) or self._left_cancelled(inv, cancelled)
+        ):
+            # The caller stopped reading run_async(): ADK cancelled what ran (a node in its
+            # retry backoff has no body to cancel: still open) and ends as if done.
             self.recorder.finish_run(inv, "cancelled")
         else:
             self.recorder.finish_run(inv, "completed", output)
@@ -559,8 +559,13 @@ class FlowscopeADK:
 
     def _cancelled(self, run: _Run, ctx: Any) -> None:
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
-        self._stopped.add(ctx.invocation_id)
+        self._stopped.setdefault(ctx.invocation_id, set()).add(run.ctx.path)
         self.recorder.cancel(self._inv(ctx), run.ctx)
+
+    def _left_cancelled(self, inv: BridgeInvocation, paths: Iterable[str]) -> bool:
+        """A run ADK cancelled stayed so (the caller stopped reading; not a sibling run again)."""
+        states = (self.recorder.node_state(inv.run.session_id, p) for p in paths)
+        return any(ns is not None and ns.status == "cancelled" for ns in states)
 
     def _paused(self, run: _Run, ctx: Any) -> None:
         """A dynamic child of this run waits for input: the run pauses, as a workflow does."""
