@@ -1008,6 +1008,40 @@ async def test_a_nested_workflows_retry_config_is_its_retry_of_the_childs_failur
     assert state.status == ("completed" if fail_first < 3 else "failed")
 
 
+@pytest.mark.parametrize("timeout", [None, 20.0], ids=["no-timeout", "timeout"])
+async def test_a_cancelled_task_reading_run_async_ends_the_invocation_cancelled(store, otel_errors, timeout):
+    # ADK calls neither after_run nor on_run_error then: the task's end closes what is open
+    started = asyncio.Event()
+
+    async def a(node_input: Any) -> str:
+        return "A"
+
+    async def slow(node_input: Any) -> str:
+        started.set()
+        await asyncio.sleep(30)
+        return "B"
+
+    slow_node = FunctionNode(func=slow, name="slow", **({"timeout": timeout} if timeout else {}))
+    bridge, metrics = observed(store)
+    d = Driver(Workflow(name="chain", edges=[("START", FunctionNode(func=a, name="a"), slow_node)]), bridge)
+    reading = asyncio.create_task(d.start())
+    await asyncio.wait_for(started.wait(), 10)
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    log = store.read(d.session_id)
+    [finished] = [e for e in log if isinstance(e, RunFinished)]
+    assert finished.status == "cancelled"
+    state = rebuild(log)
+    assert (state.nodes["chain@1"].status, state.nodes["chain@1/slow@1"].status) == ("cancelled", "cancelled")
+    assert store.open_runs() == []  # nothing left "running" with a heartbeat that says it is alive
+    assert set(samples(metrics, "flowscope_nodes_running").values()) == {0.0}
+    assert (
+        samples(metrics, "flowscope_workflow_runs_total")[(("outcome", "cancelled"), ("workflow", "chain"))]
+        == 1
+    )
+
+
 async def test_a_sibling_adk_cancelled_and_ran_again_leaves_a_completed_run_completed(store, otel_errors):
     ran: list[str] = []
 

@@ -37,7 +37,6 @@ from typing import Any
 
 from google.adk.events.event import Event as AdkEvent
 from google.adk.events.request_input import RequestInput
-from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.workflow import FunctionNode, Workflow
 from google.adk.workflow._base_node import START, BaseNode
 from google.adk.workflow._errors import DynamicNodeFailError, NodeInterruptedError
@@ -63,6 +62,7 @@ from ._adk_parts import (
     root_run_of,
     timeout_error,
 )
+from ._adk_plugin import FlowscopeADKPlugin
 from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder, name_of, parent_of
 from ._runs import route_of
 
@@ -172,32 +172,6 @@ def _observed_class(cls: type) -> type:
         return out
 
 
-class FlowscopeADKPlugin(BasePlugin):
-    """The ADK plugin half of the bridge: invocation boundaries and enclosing workflows."""
-
-    def __init__(self, bridge: FlowscopeADK) -> None:
-        super().__init__(name="flowscope")
-        self._bridge = bridge
-
-    async def on_user_message_callback(self, *, invocation_context: Any, user_message: Any) -> None:
-        self._bridge._messages[invocation_context.invocation_id] = user_message
-        return None
-
-    async def before_run_callback(self, *, invocation_context: Any) -> None:
-        self._bridge._begin(invocation_context)
-        return None
-
-    async def on_event_callback(self, *, invocation_context: Any, event: Any) -> None:
-        self._bridge._on_event(invocation_context, event)
-        return None
-
-    async def after_run_callback(self, *, invocation_context: Any) -> None:
-        self._bridge._end(invocation_context, None)
-
-    async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
-        self._bridge._end(invocation_context, error)
-
-
 class FlowscopeADK:
     """Records an ADK workflow's runs in a flowscope store (see the module docstring).
 
@@ -230,6 +204,8 @@ class FlowscopeADK:
         self._stopped: dict[str, set[str]] = {}
         self._wf_attempts: dict[tuple[str, str], int] = {}  # (ADK invocation id, path) -> ADK's attempt
         self._messages: dict[str, Any] = {}  # ADK invocation id -> the user message
+        #: ADK invocation id -> the task reading its run_async() and the callback on its end
+        self._watching: dict[str, tuple[asyncio.Task[Any], Any]] = {}
         self._wf_outputs: dict[
             tuple[str, str], Any
         ] = {}  # (ADK invocation id, path) -> a nested workflow's output
@@ -429,8 +405,21 @@ class FlowscopeADK:
             if ctx is not None:
                 self.recorder.complete(inv, ctx, output, output is not None)
 
+    def _watch(self, ic: Any, task: asyncio.Task[Any]) -> None:
+        """End ``ic``'s invocation cancelled if ``task`` ends with it still open."""
+
+        def ended(_: Any) -> None:
+            if ic.invocation_id in self._invs:
+                self._end(ic, asyncio.CancelledError())
+
+        task.add_done_callback(ended)
+        self._watching[ic.invocation_id] = (task, ended)
+
     def _end(self, ic: Any, error: BaseException | None) -> None:
         adk_id = ic.invocation_id
+        watched = self._watching.pop(adk_id, None)
+        if watched is not None:  # a task that reads many invocations keeps no callback of each
+            watched[0].remove_done_callback(watched[1])
         if adk_id in self._invs:  # attempts cancelled under a timeout that ADK said nothing more about
             for key in [k for k, r in self._runs.items() if k[0] == adk_id and r.cancelled is not None]:
                 self._settle_cancelled(
