@@ -599,6 +599,31 @@ async def test_an_input_request_in_a_parallel_worker_item_pauses_the_worker(stor
     assert otel_errors() == []
 
 
+async def test_a_parallel_worker_item_that_does_not_rerun_on_resume_takes_its_answer_as_its_output(
+    store, otel_errors
+):
+    runs: list[int] = []
+
+    @node(parallel_worker=True)  # ADK's default: rerun_on_resume=False
+    def review(ctx: Any, node_input: int) -> Any:
+        runs.append(node_input)
+        if node_input == 2:
+            return RequestInput(interrupt_id="ok-2", message="approve 2?")
+        return {"i": node_input}
+
+    bridge, _ = observed(store)
+    items = FunctionNode(func=lambda node_input: [1, 2, 3], name="items")
+    d = Driver(Workflow(name="rev", edges=[("START", items, review)]), bridge)
+    await d.start()
+    final = await d.answer("ok-2", {"yes": True})
+    assert final[-1].output == [{"i": 1}, {"yes": True}, {"i": 3}]  # ADK took the answer as item 2's output
+    state = rebuild(store.read(d.session_id))
+    item = state.nodes["rev@1/review@1/review@2"]
+    assert (item.status, item.output) == ("completed", {"yes": True})  # as the log records such a node
+    assert state.status == "completed" and store.open_runs() == []
+    assert otel_errors() == []
+
+
 class FlakyNode(BaseNode):
     """test_workflow_failures.py's _FlakyNode: a BaseNode subclass that overrides run."""
 

@@ -295,10 +295,14 @@ class FlowscopeADK:
         node: Any = self.workflow
         for segment in path.split("/")[1:]:
             graph = getattr(node, "graph", None)
-            if graph is None:
+            worker = node if isinstance(node, _ParallelWorker) else getattr(node, "_inner_node", None)
+            if graph is not None:
+                name = segment.rsplit("@", 1)[0]
+                node = next((n for n in graph.nodes if n.name == name), None)
+            elif isinstance(worker, _ParallelWorker):  # an item of a parallel worker runs its node
+                node = worker._node
+            else:
                 return None
-            name = segment.rsplit("@", 1)[0]
-            node = next((n for n in graph.nodes if n.name == name), None)
         return node
 
     # -- invocations -------------------------------------------------------------------
