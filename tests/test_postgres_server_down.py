@@ -144,13 +144,16 @@ def test_show_follow_waits_out_a_restart_and_ends_with_the_session(cluster):
     assert run_cli("--db", url, "start", "nightly_export", "--session", "f-1").returncode == 0
     proc = start_cli("--db", url, "show", "f-1", "--follow", "--interval", "200ms")
     try:
-        time.sleep(1.0)  # drawn once
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # drawn once (a fixed wait lost to a slow start under load)
+        assert first.startswith("session f-1"), first
         cluster.stop_server()
         time.sleep(1.5)
         cluster.start_server()
         cluster.wait_ready()
         assert run_cli("--db", url, "cancel", "f-1").returncode == 0
-        out, err = proc.communicate(timeout=30)
+        rest, err = proc.communicate(timeout=30)
+        out = first + rest
     finally:
         if proc.poll() is None:
             proc.kill()
