@@ -13,9 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from test_otlp_export import free_port, otelsink
 
 from commands import ROOT, cli_env, run_cli, start_cli
+from flowscope.cli import cli
 from flowscope.fold import rebuild
 from flowscope.store import SqliteEventStore
 from leaky_workflows import PLANTED
@@ -121,8 +123,11 @@ def test_no_planted_secret_reaches_stderr_events_spans_metrics_or_any_command(tm
             ["events", sid, "--format", "json"],
             ["export", sid],
         ]
-    commands += [["resume", "leak"], ["cancel", "job"]]  # refusals and actions print too
-    for args in commands:
+    for args in commands:  # the reads in this process (click's runner: the same command, no start-up)
+        read = CliRunner().invoke(cli, ["--db", str(db), *args], catch_exceptions=False)
+        assert read.exit_code == 0 and read.stdout.strip(), (args, read.exit_code, read.stderr)
+        outputs[" ".join(args)] = read.stdout + read.stderr
+    for args in (["resume", "leak"], ["cancel", "job"]):  # refusals and actions print too
         r = _cli(db, *args)
         assert "Traceback" not in r.stderr, (args, r.stderr)
         outputs[" ".join(args)] = r.stdout + r.stderr
