@@ -127,10 +127,11 @@ def test_no_planted_secret_reaches_stderr_events_spans_metrics_or_any_command(tm
         read = CliRunner().invoke(cli, ["--db", str(db), *args], catch_exceptions=False)
         assert read.exit_code == 0 and read.stdout.strip(), (args, read.exit_code, read.stderr)
         outputs[" ".join(args)] = read.stdout + read.stderr
-    for args in (["resume", "leak"], ["cancel", "job"]):  # refusals and actions print too
+    # as processes too: what a command logs goes to its stderr there (in this process, to pytest's)
+    for args in (["stuck", "--older-than", "0s"], ["show", "leak"], ["resume", "leak"], ["cancel", "job"]):
         r = _cli(db, *args)
         assert "Traceback" not in r.stderr, (args, r.stderr)
-        outputs[" ".join(args)] = r.stdout + r.stderr
+        outputs["process: " + " ".join(args)] = r.stdout + r.stderr
     port = free_port()
     serve = start_cli(
         "--db", str(db), "serve-metrics", "--port", str(port), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL
