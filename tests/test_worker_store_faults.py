@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from commands import cli_ok, run_cli, start_cli
 from conftest import unavailable
 from flowscope import START, NodeContext, Runner, Worker, Workflow, node
+from flowscope.engine.submit import submit_run
 from flowscope.errors import StoreDiskFull, StoreLocked, StoreNotWritable, StoreReadOnly, StoreUnavailable
 from flowscope.observability.metrics import MetricsPlugin
 from flowscope.outage import BACKOFF_CAP_S, StoreOutage
@@ -315,8 +316,9 @@ def test_flowscope_worker_on_a_full_disk_says_it_once_and_exits_3(tmp_path, tiny
     (tmp_path / "flows.py").write_text(FLOWS_PY)
     port = free_port()
     db = tiny_fs / "w.db"
-    for i in range(4):
-        cli_ok("--db", str(db), "start", "looping", "--input", str(i), cwd=tmp_path)
+    with SqliteEventStore(db) as store:  # what `flowscope start looping --input i` records
+        for i in range(4):
+            submit_run(store, "looping", i)
     proc = start_cli(
         "--db",
         str(db),

@@ -437,7 +437,16 @@ def test_no_message_prints_a_piece_of_a_urls_password(invoke, case):
 def test_export_to_an_endpoint_with_credentials_never_prints_them(setup, invoke):
     db, _tag, _job = setup
     line = assert_one_line_error(
-        invoke("--db", str(db), "export", "p-input", "--otlp-endpoint", "http://bob:s3cretpw@127.0.0.1:1"),
+        invoke(
+            "--db",
+            str(db),
+            "export",
+            "p-input",
+            "--otlp-endpoint",
+            "http://bob:s3cretpw@127.0.0.1:1",
+            "--timeout",
+            "1",
+        ),
         "http://bob:***@127.0.0.1:1",
     )
     assert "s3cret" not in line

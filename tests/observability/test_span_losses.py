@@ -299,7 +299,7 @@ def test_export_follow_to_an_endpoint_that_refuses_says_it_in_one_line(tmp_path)
     with refusing_endpoint() as url:
         r = run_cli(
             *("--db", str(db), "export", "--follow", "--otlp-endpoint", url),
-            *("--interval", "0.05", "--rounds", "1"),
+            *("--interval", "0.05", "--rounds", "1", "--timeout", "1"),
             timeout=120,
         )
     lines = r.stderr.strip().splitlines()
