@@ -9,7 +9,7 @@ described in docs/design.md.
 from __future__ import annotations
 
 import ast
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import pytest
@@ -76,9 +76,14 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted((SRC / PACKAGE).rglob("*.py"))}
 
 
+@cache  # a module's tree, parsed once for every check that reads it
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     """Every module ``name`` imports, anywhere in its body, as absolute module names."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parsed(path)
     is_package = path.name == "__init__.py"
     package = name if is_package else name.rpartition(".")[0]
     found: set[str] = set()
@@ -179,7 +184,7 @@ def _private(name: str) -> bool:
 def private_imports(name: str, path: Path) -> list[str]:
     """Private names ``name`` imports from another module: a ``_name`` from any module, or a
     private module (``pkg._mod``) from outside its own package ``pkg``."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parsed(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     bad = []
     for stmt in ast.walk(tree):
