@@ -68,8 +68,16 @@ class Driver:
         self.session_id = ""
 
     async def start(self, text: str = "go") -> list[Any]:
+        return [e async for e in await self.stream(text)]
+
+    async def stream(self, text: str = "go") -> Any:
+        """A new session's ``run_async``, for a caller that reads it as far as it likes."""
         self.session_id = (await self.sessions.create_session(app_name=APP, user_id=USER)).id
-        return await self._send(types.Content(role="user", parts=[types.Part(text=text)]))
+        return self.runner.run_async(
+            user_id=USER,
+            session_id=self.session_id,
+            new_message=types.Content(role="user", parts=[types.Part(text=text)]),
+        )
 
     async def answer(self, interrupt_id: str, response: dict[str, Any]) -> list[Any]:
         return await self._send(
@@ -925,12 +933,7 @@ async def test_a_caller_that_stops_reading_run_async_ends_the_invocation_cancell
         name="chain", edges=[("START", FunctionNode(func=a, name="a"), FunctionNode(func=b, name="b"))]
     )
     d = Driver(wf, FlowscopeADK(store))
-    d.session_id = (await d.sessions.create_session(app_name=APP, user_id=USER)).id
-    events = d.runner.run_async(
-        user_id=USER,
-        session_id=d.session_id,
-        new_message=types.Content(role="user", parts=[types.Part(text="go")]),
-    )
+    events = await d.stream()
     async for ev in events:
         if ev.output is not None:
             break  # a page that shows the first result and moves on
@@ -969,12 +972,7 @@ async def test_a_caller_that_stops_reading_during_a_retry_backoff_leaves_the_nod
         ],
     )
     d = Driver(wf, FlowscopeADK(store))
-    d.session_id = (await d.sessions.create_session(app_name=APP, user_id=USER)).id
-    events = d.runner.run_async(
-        user_id=USER,
-        session_id=d.session_id,
-        new_message=types.Content(role="user", parts=[types.Part(text="go")]),
-    )
+    events = await d.stream()
     async for ev in events:
         if ev.error_code is not None:
             adk_invocation = ev.invocation_id
