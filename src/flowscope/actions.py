@@ -29,7 +29,7 @@ from .liveness import DEFAULT_HEARTBEAT_INTERVAL_S, resume_lease_s
 from .ownership import Owner, this_host, this_process
 from .store.base import EventStore
 
-__all__ = ["ActionReceipt", "deliver", "load", "retry", "cancel", "operator", "MAX_REASON"]
+__all__ = ["ActionReceipt", "deliver", "earlier_answer", "load", "retry", "cancel", "operator", "MAX_REASON"]
 
 #: Longest reason kept (the rest is cut): it is recorded on every run it touches.
 MAX_REASON = 500
@@ -113,8 +113,12 @@ def deliver(store: EventStore, ws: WorkflowState, kind: str, body: Mapping[str, 
             if owner is None or not owner.worker_id.startswith(SENDER) or time.monotonic() >= give_up:
                 # a live owner: it takes the message in (an answer that an earlier one in
                 # the inbox gives already it will drop: say so now)
-                if kind == "answer":
-                    _first_to_answer(store, sid, sent.message_id, body)
+                first = earlier_answer(store, sid, body, sent.message_id) if kind == "answer" else None
+                if first is not None:
+                    raise ResumeError(
+                        f"session {sid!r}: {first[0]} {first[1]!r} was answered by another request at the "
+                        "same moment; its owner takes that answer in, and drops yours (flowscope events shows it then)"
+                    ) from None
                 return ActionReceipt(sid, ws.workflow, kind, ws.last_seq, owner or this_process(), was)
             time.sleep(0.01)  # another sender's moment
     if lease is not None:
@@ -167,37 +171,37 @@ def _check_recorded(ws: WorkflowState, after: list[Event], kind: str, body: Mapp
             )
 
 
+def _requests(body: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The requests an answer's ``body`` answers: ``("input", interrupt id)``, ``("job", job id)``."""
+    return [("input", i) for i in body.get("inputs") or {}] + [("job", j) for j in body.get("jobs") or {}]
+
+
 def _not_recorded(after: list[Event], body: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The inputs and jobs of an answer's ``body`` that no event ``after`` records as given."""
     given = {("input", e.interrupt_id): e.value for e in after if isinstance(e, InputReceived)}
-    results = {("job", e.job_id): e for e in after if isinstance(e, JobResultReceived)}
-    missing = [
-        ("input", i) for i, v in (body.get("inputs") or {}).items() if given.get(("input", i), _NONE) != v
-    ]
-    for j, r in (body.get("jobs") or {}).items():
-        e = results.get(("job", j))
-        if e is None or (isinstance(r, Mapping) and r.get("data") != e.data):
-            missing.append(("job", j))
-    return missing
+    given |= {("job", e.job_id): e.data for e in after if isinstance(e, JobResultReceived)}
+    inputs, jobs = body.get("inputs") or {}, body.get("jobs") or {}
+    # a job's result is told apart by its data (the rest of it is how the guard read it)
+    sent = {("input", i): v for i, v in inputs.items()}
+    sent |= {("job", j): r.get("data") if isinstance(r, Mapping) else None for j, r in jobs.items()}
+    return [k for k in _requests(body) if k not in given or (k in sent and given[k] != sent[k])]
 
 
-def _first_to_answer(store: EventStore, sid: str, message_id: int, body: Mapping[str, Any]) -> None:
-    """Raise if an answer sent before ``message_id`` and still in the inbox answers one of
-    the same requests: the owner takes the first in and drops this one."""
-    wanted = {("input", i) for i in body.get("inputs") or {}} | {("job", j) for j in body.get("jobs") or {}}
+def earlier_answer(
+    store: EventStore, sid: str, body: Mapping[str, Any], before: int | None = None
+) -> tuple[str, str] | None:
+    """The first request of an answer's ``body`` that another answer, still in the inbox
+    (sent before message ``before``), already answers: its owner takes that one in and
+    drops this one."""
+    wanted = _requests(body)
     for msg in store.inbox(sid):
-        if msg.kind != "answer" or msg.message_id >= message_id:
+        if msg.kind != "answer" or (before is not None and msg.message_id >= before):
             continue
-        earlier = {("input", i) for i in msg.body.get("inputs") or {}}
-        earlier |= {("job", j) for j in msg.body.get("jobs") or {}}
-        for what, key in sorted(wanted & earlier):
-            raise ResumeError(
-                f"session {sid!r}: {what} {key!r} was answered by another request at the same moment; "
-                "its owner takes that answer in, and drops yours (flowscope events shows it then)"
-            )
-
-
-_NONE = object()
+        earlier = set(_requests(msg.body))
+        for request in wanted:
+            if request in earlier:
+                return request
+    return None
 
 
 def _reason(reason: str | None, default: str) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .actions import deliver, load
+from .actions import deliver, earlier_answer, load
 from .engine.inbox import answer_body
 from .engine.pauses import FINISHED, validate_answers
 from .engine.submit import check_session_id
@@ -106,14 +106,10 @@ def _not_sent_already(
     """Refuse an answer to a request that another answer, still in the inbox for the live
     owner to take in, already answers: the owner takes the first and drops this one, so
     "sent" would be untrue (the log alone does not show it yet)."""
-    for msg in store.inbox(session_id):
-        if msg.kind != "answer":
-            continue
-        sent = [("input", i) for i in inputs if i in (msg.body.get("inputs") or {})]
-        sent += [("job", j) for j in jobs if j in (msg.body.get("jobs") or {})]
-        if sent:
-            what, key = sent[0]
-            raise ResumeError(
-                f"session {session_id!r}: {what} {key!r} was already answered by another request; "
-                "its owner takes that answer in at its next step (flowscope events shows it then)"
-            )
+    first = earlier_answer(store, session_id, {"inputs": inputs, "jobs": jobs})
+    if first is not None:
+        what, key = first
+        raise ResumeError(
+            f"session {session_id!r}: {what} {key!r} was already answered by another request; "
+            "its owner takes that answer in at its next step (flowscope events shows it then)"
+        )
