@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from commands import start_cli
 from flowscope import START, Runner, Workflow, node
-from flowscope.actions import SENDER, cancel, deliver, load, retry
+from flowscope.actions import cancel, deliver, load, retry
 from flowscope.answers import answer
 from flowscope.engine.inbox import answer_body, take_in
 from flowscope.errors import ResumeError
@@ -134,7 +135,7 @@ def test_another_senders_moment_on_the_session_is_waited_out_not_taken_for_its_l
     that is no owner of the session."""
     db = tmp_path / "a.db"
     store = paused_session(db)
-    other = store.acquire("p", this_process(f"{SENDER}other-console"), 30.0)
+    other = store.acquire("p", replace(this_process("other-console"), sender=True), 30.0)
 
     def other_sender_takes_in() -> None:
         time.sleep(0.3)

@@ -11,11 +11,9 @@ rest when its invocation ends), or the next owner when it takes the session. The
 from __future__ import annotations
 
 import getpass
-import os
 import time
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .engine.inbox import CANCEL_REASON, RETRY_REASON, take_in
@@ -79,10 +77,6 @@ def load(store: EventStore, session_id: str) -> WorkflowState:
     return ws
 
 
-#: The worker id's start of a process that holds a session only for the moment it takes
-#: the session's inbox in (:func:`deliver`): another sender waits that moment out rather
-#: than take it for the session's live owner.
-SENDER = "flowscope-action-"
 #: How long a sender waits out another sender's moment (a busy store's lock wait).
 SENDER_WAIT_S = 5.0
 
@@ -98,7 +92,7 @@ def deliver(store: EventStore, ws: WorkflowState, kind: str, body: Mapping[str, 
     sid = ws.session_id
     was, seen = ws.status, ws.last_seq
     sent = store.send(sid, kind, body)
-    me = this_process(f"{SENDER}{this_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    me = replace(this_process(), sender=True)  # a holder for a moment, not the session's owner
     give_up = time.monotonic() + SENDER_WAIT_S
     while True:
         try:
@@ -110,7 +104,7 @@ def deliver(store: EventStore, ws: WorkflowState, kind: str, body: Mapping[str, 
                 break
             info = store.session_info(sid)
             owner = info.owner if info is not None else None
-            if owner is None or not owner.worker_id.startswith(SENDER) or time.monotonic() >= give_up:
+            if owner is None or not owner.sender or time.monotonic() >= give_up:
                 # a live owner: it takes the message in (an answer that an earlier one in
                 # the inbox gives already it will drop: say so now)
                 first = earlier_answer(store, sid, body, sent.message_id) if kind == "answer" else None

@@ -48,6 +48,10 @@ class Owner:
     #: The process's start as the kernel counts it (:func:`process_start_id`), which no
     #: wall-clock step moves; None in records written before it and where /proc is absent.
     start_id: str | None = None
+    #: The owner holds sessions only for the moment it takes their inbox in (an operator's
+    #: answer, cancel or retry, ``flowscope.actions.deliver``), never to run them: another
+    #: sender waits that moment out rather than take it for the session's live owner.
+    sender: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -60,6 +64,8 @@ class Owner:
             d["ships_spans"] = True
         if self.start_id is not None:
             d["start_id"] = self.start_id
+        if self.sender:  # absent otherwise, as ships_spans
+            d["sender"] = True
         return d
 
     @classmethod
@@ -72,6 +78,7 @@ class Owner:
             started_at=float(started) if started is not None else None,
             ships_spans=bool(data.get("ships_spans", False)),
             start_id=str(data["start_id"]) if data.get("start_id") is not None else None,
+            sender=bool(data.get("sender", False)),
         )
 
     def describe(self) -> str:
