@@ -254,17 +254,36 @@ class NodeState:
 
     def _job_dispatched(self, e: JobDispatched) -> None:
         self.status = "waiting_job"
-        if self.jobs is NO_ENTRIES:
-            self.jobs = {}
-        self.jobs[e.job_id] = e
+        self._note_job(e)
         self.job_deadline_at = self._first_deadline()
         self.ended_at = e.ts
 
     def _job_result(self, e: JobResultReceived) -> None:
-        if self.job_results is NO_ENTRIES:
-            self.job_results = {}
-        self.job_results[e.job_id] = e
+        self._note_job(e)
         self.job_deadline_at = self._first_deadline()
+
+    def _note_job(self, e: JobDispatched | JobResultReceived) -> None:
+        if isinstance(e, JobDispatched):
+            if self.jobs is NO_ENTRIES:
+                self.jobs = {}
+            self.jobs[e.job_id] = e
+        else:
+            if self.job_results is NO_ENTRIES:
+                self.job_results = {}
+            self.job_results[e.job_id] = e
+
+    @property
+    def jobs_unknown(self) -> bool:
+        """A deadline without the jobs it comes from: a state read from a store's projection
+        row, which keeps the first deadline only (:meth:`recall_jobs` gives it the rest)."""
+        return self.job_deadline_at is not None and not self.jobs
+
+    def recall_jobs(self, events: Iterable[JobDispatched | JobResultReceived]) -> None:
+        """Give a state read from its projection row the jobs and results its log holds at
+        its path, so that the next job event moves its deadline as the fold of the log would
+        (one job of two reporting leaves the other's deadline, not none)."""
+        for e in events:
+            self._note_job(e)
 
     def _first_deadline(self) -> float | None:
         """The earliest deadline of the jobs still open: the first one overdue is the run's

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, NamedTuple, Protocol
 
-from ..events import Event, RunSubmitted, UnknownEvent
+from ..events import Event, JobDispatched, JobResultReceived, RunSubmitted, UnknownEvent
 from ..fold import NodeState, WorkflowState
 from ..ownership import Owner
 from ..states import SessionStatus
@@ -43,6 +43,7 @@ __all__ = [
     "owner_from_column",
     "UNREADABLE_OWNER",
     "prepare_batches",
+    "recall_jobs",
     "resumed_state",
     "session_columns",
     "session_row_of",
@@ -252,6 +253,10 @@ class AppendIO(Protocol):
     def nodes(self, session_id: str, paths: list[str]) -> Iterable[NodeState]:
         """The stored states of the runs at ``paths`` (those that exist)."""
 
+    def job_events(self, session_id: str, paths: list[str]) -> Iterable[Event]:
+        """The session's ``JobDispatched`` and ``JobResultReceived`` events at ``paths``, in
+        log order (read only for a run whose row has a job deadline: :func:`recall_jobs`)."""
+
     def insert_events(self, rows: list[tuple[Any, ...]]) -> None:
         """Insert the events' rows (:func:`event_params`)."""
 
@@ -386,6 +391,7 @@ def append_steps(
         ws, complete, finished = cached.ws, cached.complete, cached.finished  # nobody appended since
     else:
         nodes, complete = io.all_nodes(session_id)
+        recall_jobs(io, session_id, nodes.values())
         finished = set()
         _let_go(nodes, finished, list(nodes))  # the runs read that had ended, at once
         ws = resumed_state(session_id, row, nodes)
@@ -405,6 +411,7 @@ def append_steps(
         if missing:
             for ns in io.nodes(session_id, missing):
                 nodes[ns.path] = ns
+            recall_jobs(io, session_id, (nodes[p] for p in missing if p in nodes))
             finished.difference_update(missing)
         for e in numbered:
             apply(e)
@@ -420,6 +427,21 @@ def append_steps(
         cached.session, cached.row_id, cached.complete, cached.finished = written, row_id, complete, finished
         return numbered, cached
     return numbered, Cached(written, row_id, complete, ws, finished)
+
+
+def recall_jobs(io: AppendIO, session_id: str, states: Iterable[NodeState]) -> None:
+    """Give the states read from their rows that wait on a job with a deadline their jobs
+    from the log (a row keeps the first deadline, not the jobs): rare, a read of a run's
+    job events only when it has a deadline, and never on a node step's append."""
+    unknown = {ns.path: ns for ns in states if ns.jobs_unknown}
+    if not unknown:
+        return
+    by_path: dict[str, list[JobDispatched | JobResultReceived]] = {}
+    for e in io.job_events(session_id, list(unknown)):
+        if isinstance(e, (JobDispatched, JobResultReceived)):  # an unknown event type says nothing of a job
+            by_path.setdefault(e.path, []).append(e)
+    for path, ns in unknown.items():
+        ns.recall_jobs(by_path.get(path, ()))
 
 
 def _let_go(nodes: dict[str, NodeState], finished: set[str], paths: Iterable[str]) -> None:

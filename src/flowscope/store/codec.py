@@ -37,7 +37,15 @@ from ..events import (
 from ..fold import gc_paused
 from ..jsontext import dumps
 
-__all__ = ["EventNotSerializableError", "Row", "Builder", "encode", "decode", "builder_source"]
+__all__ = [
+    "EventNotSerializableError",
+    "Row",
+    "Builder",
+    "encode",
+    "decode",
+    "decode_numbered",
+    "builder_source",
+]
 
 
 class EventNotSerializableError(StoreError, TypeError):
@@ -292,6 +300,12 @@ def decode(where: str, session_id: str, after_seq: int, rows: Sequence[Sequence[
                 text = payloads[seq - after_seq - 1]
                 append(_decode_slow(where, session_id, seq, (typ, ts, inv, path, node, text)))
         return out
+
+
+def decode_numbered(where: str, session_id: str, rows: Sequence[Sequence[Any]]) -> list[Event]:
+    """Events from rows of ``(seq, *Row)``: some of a session's events, not a run of seqs
+    (a query by type or path), each decoded as :func:`decode` does."""
+    return [decode(where, session_id, r[0] - 1, (r[1:],))[0] for r in rows]
 
 
 #: The latest ``ts`` a row may hold: the end of year 9999, past which no date can be shown.

@@ -29,6 +29,7 @@ __all__ = [
     "EVENT_KEYS",
     "SQL_LOAD_ALL_NODES",
     "SQL_LOAD_NODES",
+    "SQL_JOB_EVENTS",
     "SQL_NODE_RUNS",
     "SQL_OPEN_RUNS",
     "SQL_OPEN_SUMMARY",
@@ -105,6 +106,11 @@ SQL_UPSERT_NODE = (
 )
 #: Another workflow's run in a session: every node run takes its name.
 SQL_RENAME_WORKFLOW = "UPDATE node_runs SET workflow = %s WHERE session_id = %s"
+#: A session's job events at some paths, in log order.
+SQL_JOB_EVENTS = (
+    "SELECT seq, type, ts, invocation_id, path, node, payload FROM events "
+    "WHERE session_id = %s AND type IN ('job_dispatched', 'job_result') AND path = ANY(%s) ORDER BY seq"
+)
 SQL_LOAD_NODES = (
     f"SELECT {', '.join(NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = %s AND path = ANY(%s)"
 )

@@ -29,7 +29,7 @@ from ..appending import (
     guarded_row,
     session_row_of,
 )
-from ..codec import Row
+from ..codec import Row, decode_numbered
 from . import queries as q
 from . import schema as sch
 
@@ -89,6 +89,10 @@ class Writer:
 
     def nodes(self, session_id: str, paths: list[str]) -> Iterable[NodeState]:
         return [_node_state(r) for r in self.cur.execute(q.SQL_LOAD_NODES, (session_id, paths)).fetchall()]
+
+    def job_events(self, session_id: str, paths: list[str]) -> Iterable[Event]:
+        rows = self.cur.execute(q.SQL_JOB_EVENTS, (session_id, paths)).fetchall()
+        return decode_numbered("the event log", session_id, rows)
 
     def insert_events(self, rows: list[tuple[Any, ...]]) -> None:
         self.cur.executemany(q.SQL_INSERT_EVENT, rows)
@@ -158,6 +162,9 @@ class OneStatement:
 
     def nodes(self, session_id: str, paths: list[str]) -> Iterable[NodeState]:
         raise NeedsLock  # a node state to read first
+
+    def job_events(self, session_id: str, paths: list[str]) -> Iterable[Event]:
+        raise NeedsLock  # not reached: only states read from rows recall their jobs
 
     def insert_events(self, rows: list[tuple[Any, ...]]) -> None:
         self.event_rows = rows

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
+from ...events import Event
 from ...fold import NodeState
 from ...states import SessionStatus
 from ..appending import (
@@ -29,10 +30,12 @@ from ..appending import (
     guarded_row,
     session_row_of,
 )
+from ..codec import decode_numbered
 from . import queries as q
 
 __all__ = ["Writer", "Bulk", "PATHS_PER_QUERY", "session_row", "in_chunks"]
 
+_SEQ = itemgetter(0)
 PATHS_PER_QUERY = 500  # below SQLite's limit on bound parameters
 
 
@@ -95,6 +98,15 @@ class Writer:
         for marks, chunk in in_chunks(paths):
             for r in self.conn.execute(q.SQL_LOAD_NODES + marks, (session_id, *chunk)):
                 yield q.node_state(r)
+
+    def job_events(self, session_id: str, paths: list[str]) -> Iterable[Event]:
+        rows = [
+            r
+            for marks, chunk in in_chunks(paths)
+            for r in self.conn.execute(q.SQL_JOB_EVENTS + marks, (session_id, *chunk))
+        ]
+        rows.sort(key=_SEQ)
+        return decode_numbered("the event log", session_id, rows)
 
     def insert_events(self, rows: list[tuple[Any, ...]]) -> None:
         self.conn.executemany(q.SQL_INSERT_EVENT, rows)

@@ -18,6 +18,7 @@ from ...events import (
     NodePaused,
     NodeRetrying,
     NodeStarted,
+    RunFinished,
     RunStarted,
     UnknownEvent,
 )
@@ -210,6 +211,41 @@ class ProjectionContract(ContractBase):
         assert s.node_runs(SID) == [
             NodeRun.from_state(SID, state.workflow, ns) for ns in state.nodes.values()
         ]
+
+    def test_a_run_awaiting_two_jobs_keeps_the_open_jobs_deadline_when_one_reports(
+        self, store: EventLog
+    ) -> None:
+        # The invocation pauses before the results come (another process, or a resume,
+        # appends them): the store folds them on the run as its row left it.
+        s = store
+        p = "w@1/n@1"
+        s.append(
+            SID,
+            [
+                ev(RunStarted, workflow="w", ts=100.0),
+                node_ev(NodeStarted, "w@1", ts=100.0, kind="workflow"),
+                node_ev(NodeStarted, p, ts=101.0, parent_path="w@1"),
+                node_ev(JobDispatched, p, ts=102.0, job_id="a", deadline_s=10.0),
+                node_ev(JobDispatched, p, ts=103.0, job_id="b", deadline_s=60.0),
+                node_ev(JobDispatched, p, ts=104.0, job_id="c"),  # no deadline
+                node_ev(NodePaused, p, ts=105.0, waiting="job"),
+                node_ev(NodePaused, "w@1", ts=105.0, waiting="job", origin_path=p),
+                ev(RunFinished, ts=105.0, status="waiting_job"),
+            ],
+            0,
+        )
+        assert run_of(s, p).job_deadline_at == 112.0  # a's, the first
+        deadlines = []
+        for job in ("a", "c", "b"):
+            s.append(
+                SID, [node_ev(JobResultReceived, p, ts=110.0, job_id=job, result="success")], s.last_seq(SID)
+            )
+            state = rebuild(s.read(SID))
+            assert s.node_runs(SID) == [
+                NodeRun.from_state(SID, state.workflow, ns) for ns in state.nodes.values()
+            ]
+            deadlines.append(run_of(s, p).job_deadline_at)
+        assert deadlines == [163.0, 163.0, None]  # b's while b is out, then none
 
     def test_a_failed_run_resumed_by_an_operator_keeps_numbering(self, store: EventLog) -> None:
         p = "w@1/a@1"
