@@ -133,12 +133,12 @@ SQL_UPSERT_NODE = (
     + ", heartbeat_at = CASE WHEN node_runs.heartbeat_at IS NULL OR excluded.heartbeat_at > node_runs.heartbeat_at"
     " THEN excluded.heartbeat_at ELSE node_runs.heartbeat_at END"
 )
-#: Followed by ``(?, ?, ...)``, one placeholder per path.
 #: A session's job events at some paths (``?`` marks appended, :func:`~.writer.in_chunks`).
 SQL_JOB_EVENTS = (
     "SELECT seq, type, ts, invocation_id, path, node, payload FROM events "
     "WHERE session_id = ? AND type IN ('job_dispatched', 'job_result') AND path IN "
 )
+#: Followed by ``(?, ?, ...)``, one placeholder per path.
 SQL_LOAD_NODES = f"SELECT {', '.join(NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = ? AND path IN "
 #: Every node run of a session.
 SQL_LOAD_ALL_NODES = f"SELECT {', '.join(NODE_STATE_COLUMNS)} FROM node_runs WHERE session_id = ?"
