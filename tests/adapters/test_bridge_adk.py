@@ -1122,3 +1122,74 @@ def test_instrument_refuses_an_agent_as_the_root_and_says_how_to_make_it_a_node(
     ):
         FlowscopeADK(store).instrument(root)
     FlowscopeADK(store).instrument(Workflow(name="outer", edges=[("START", root)]))  # as a node it is one run
+
+
+@pytest.mark.parametrize(
+    "attempts, child_timeout",
+    [(1, None), (2, None), (2, 20.0)],
+    ids=["final", "retried", "retried-child-timeout"],
+)
+async def test_a_nested_workflow_that_overruns_its_timeout_is_a_timeout_of_its_own_run(
+    store, otel_errors, attempts, child_timeout
+):
+    # ADK cancels the workflow's children, then raises its NodeTimeoutError outside them:
+    # the engine's record (a child cancelled, the workflow's own timeout retried or final,
+    # the root's failure propagated from it), whether or not the child has a timeout too
+    ran = {"work": 0}
+
+    async def work(node_input: Any) -> str:
+        ran["work"] += 1
+        await asyncio.sleep(5)
+        return "W"
+
+    retry = RetryConfig(max_attempts=attempts, initial_delay=0.0, jitter=0.0)
+    child = FunctionNode(func=work, name="work", **({"timeout": child_timeout} if child_timeout else {}))
+    inner = Workflow(name="inner", timeout=0.1, retry_config=retry, edges=[("START", child)])
+    bridge, metrics = observed(store)
+    d = Driver(Workflow(name="outer", edges=[("START", inner)]), bridge)
+    with pytest.raises(Exception) as raised:
+        await d.start()
+    assert type(raised.value).__name__ == "NodeTimeoutError" and ran == {"work": attempts}
+    inner_path, work_path = "outer@1/inner@1", "outer@1/inner@1/work@1"
+    tried: list[tuple[str, str, Any]] = []
+    for attempt in range(1, attempts + 1):
+        tried += [("NodeStarted", work_path, attempt), ("NodeCancelled", work_path, "cancelled")]
+        if attempt < attempts:  # the last attempt's timeout is the run's failure
+            tried.append(("NodeRetrying", inner_path, (attempt, "NodeTimeoutError", "NODE_TIMEOUT")))
+    expected = [
+        ("RunStarted", "", None),
+        ("NodeStarted", "outer@1", 1),
+        ("NodeStarted", inner_path, 1),
+        *tried,
+        ("NodeErrorEvent", inner_path, (attempts, "NodeTimeoutError", "NODE_TIMEOUT")),
+        ("NodeErrorPropagated", "outer@1", (inner_path, "NodeTimeoutError", "NODE_TIMEOUT")),
+        ("RunFinished", "", ("failed", inner_path, "NODE_TIMEOUT")),
+    ]
+
+    def detail(e: Any) -> Any:
+        if isinstance(e, NodeStarted):
+            return e.attempt
+        if isinstance(e, NodeRetrying):
+            return (e.attempt, e.error_type, e.error_code)
+        if isinstance(e, NodeErrorEvent):
+            return (e.attempt_count, e.error_type, e.error_code)
+        if isinstance(e, NodeErrorPropagated):
+            return (e.origin_path, e.error_type, e.error_code)
+        if isinstance(e, RunFinished):
+            return (e.status, e.error_path, e.error_code)
+        return getattr(e, "reason", None)
+
+    log = store.read(d.session_id)
+    assert [(type(e).__name__, getattr(e, "path", ""), detail(e)) for e in log] == expected
+    [err] = [e for e in log if isinstance(e, NodeErrorEvent)]
+    assert err.error_message == str(raised.value)
+    state = rebuild(log)
+    assert {p: n.status for p, n in state.nodes.items()} == {
+        "outer@1": "failed",
+        inner_path: "failed",
+        work_path: "cancelled",
+    }
+    runs = samples(metrics, "flowscope_node_runs_total")
+    assert runs[(("node", "inner"), ("outcome", "timeout"), ("workflow", "outer"))] == 1
+    assert runs[(("node", "work"), ("outcome", "cancellation"), ("workflow", "outer"))] == attempts
+    assert otel_errors() == []

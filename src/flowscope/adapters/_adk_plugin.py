@@ -17,7 +17,6 @@ class InvocationSink(Protocol):
     _messages: dict[str, Any]
 
     def _begin(self, ic: Any) -> Any: ...
-    def _watch(self, ic: Any, task: asyncio.Task[Any]) -> None: ...
     def _on_event(self, ic: Any, event: Any) -> None: ...
     def _end(self, ic: Any, error: BaseException | None) -> None: ...
 
@@ -28,6 +27,8 @@ class FlowscopeADKPlugin(BasePlugin):
     def __init__(self, bridge: InvocationSink) -> None:
         super().__init__(name="flowscope")
         self._bridge = bridge
+        #: ADK invocation id -> the task reading its run_async() and the callback on its end
+        self._watching: dict[str, tuple[asyncio.Task[Any], Any]] = {}
 
     async def on_user_message_callback(self, *, invocation_context: Any, user_message: Any) -> None:
         self._bridge._messages[invocation_context.invocation_id] = user_message
@@ -39,7 +40,7 @@ class FlowscopeADKPlugin(BasePlugin):
         # is cancelled (or stops without closing it): that task's end closes the invocation
         task = asyncio.current_task()
         if task is not None:
-            self._bridge._watch(invocation_context, task)
+            self._watch(invocation_context, task)
         return None
 
     async def on_event_callback(self, *, invocation_context: Any, event: Any) -> None:
@@ -47,7 +48,23 @@ class FlowscopeADKPlugin(BasePlugin):
         return None
 
     async def after_run_callback(self, *, invocation_context: Any) -> None:
-        self._bridge._end(invocation_context, None)
+        self._end(invocation_context, None)
 
     async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
-        self._bridge._end(invocation_context, error)
+        self._end(invocation_context, error)
+
+    def _watch(self, ic: Any, task: asyncio.Task[Any]) -> None:
+        """End ``ic``'s invocation cancelled if ``task`` ends with it still open."""
+
+        def ended(_: Any) -> None:
+            if self._watching.pop(ic.invocation_id, None) is not None:
+                self._bridge._end(ic, asyncio.CancelledError())
+
+        task.add_done_callback(ended)
+        self._watching[ic.invocation_id] = (task, ended)
+
+    def _end(self, ic: Any, error: BaseException | None) -> None:
+        watched = self._watching.pop(ic.invocation_id, None)
+        if watched is not None:  # a task that reads many invocations keeps no callback of each
+            watched[0].remove_done_callback(watched[1])
+        self._bridge._end(ic, error)

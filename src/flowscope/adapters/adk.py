@@ -5,8 +5,8 @@ ADK ``Workflow`` without patching ADK, through the two extension points ADK has:
 
 - ``.plugin``, an ADK plugin for ``App(plugins=[...])``: ``on_user_message`` (the answers
   a resume carries), ``before_run`` (``RunStarted``), ``on_event`` (the outputs of
-  enclosing workflows, ADK's error events of timed-out attempts), ``after_run`` and
-  ``on_run_error`` (``RunFinished``);
+  enclosing workflows, ADK's error events of timed-out attempts and workflows),
+  ``after_run`` and ``on_run_error`` (``RunFinished``);
 - ``instrument(workflow)``, which returns a copy of the workflow in which every node, of
   any kind (function nodes, ``BaseNode``/``Node`` subclasses, joins, tools, agents,
   parallel workers and their items), is an instance of an observing subclass of its own
@@ -204,11 +204,8 @@ class FlowscopeADK:
         self._stopped: dict[str, set[str]] = {}
         self._wf_attempts: dict[tuple[str, str], int] = {}  # (ADK invocation id, path) -> ADK's attempt
         self._messages: dict[str, Any] = {}  # ADK invocation id -> the user message
-        #: ADK invocation id -> the task reading its run_async() and the callback on its end
-        self._watching: dict[str, tuple[asyncio.Task[Any], Any]] = {}
-        self._wf_outputs: dict[
-            tuple[str, str], Any
-        ] = {}  # (ADK invocation id, path) -> a nested workflow's output
+        #: (ADK invocation id, path) -> a nested workflow's output
+        self._wf_outputs: dict[tuple[str, str], Any] = {}
         self._warned: set[str] = set()  # names of unobserved nodes already warned about
 
     # -- instrumenting -----------------------------------------------------------------
@@ -364,9 +361,11 @@ class FlowscopeADK:
         if own and own not in inv.open and self.recorder.node_state(inv.run.session_id, own) is None:
             self._unobserved(own)
         if event.error_code is not None and info.path:
-            self._settle_cancelled(
-                ic.invocation_id, info.path, event.error_code == AdkNodeTimeoutError.__name__
-            )
+            timed_out = event.error_code == AdkNodeTimeoutError.__name__
+            self._settle_cancelled(ic.invocation_id, info.path, timed_out)
+            node = self._node_at(own) if timed_out and own != inv.root_path else None
+            if isinstance(node, Workflow) and node.timeout:
+                self._workflow_timed_out(inv, ic.invocation_id, own, node)
         if not info.output_for:
             return
         for path in (log_path(inv.root_path, p) for p in info.output_for):
@@ -400,37 +399,19 @@ class FlowscopeADK:
     def _settle(self, adk_id: str, inv: BridgeInvocation) -> None:
         """Complete the nested workflows whose output ADK named and whose children ended."""
         for key in [k for k in self._wf_outputs if k[0] == adk_id]:
-            path = key[1]
-            prefix = path + "/"
-            if any(p.startswith(prefix) for p in inv.open):
+            if any(p.startswith(key[1] + "/") for p in inv.open):
                 continue
             output = self._wf_outputs.pop(key)
-            ctx = inv.open.get(path)
+            ctx = inv.open.get(key[1])
             if ctx is not None:
                 self.recorder.complete(inv, ctx, output, output is not None)
 
-    def _watch(self, ic: Any, task: asyncio.Task[Any]) -> None:
-        """End ``ic``'s invocation cancelled if ``task`` ends with it still open."""
-
-        def ended(_: Any) -> None:
-            if ic.invocation_id in self._invs:
-                self._end(ic, asyncio.CancelledError())
-
-        task.add_done_callback(ended)
-        self._watching[ic.invocation_id] = (task, ended)
-
     def _end(self, ic: Any, error: BaseException | None) -> None:
         adk_id = ic.invocation_id
-        watched = self._watching.pop(adk_id, None)
-        if watched is not None:  # a task that reads many invocations keeps no callback of each
-            watched[0].remove_done_callback(watched[1])
         if adk_id in self._invs:  # attempts cancelled under a timeout that ADK said nothing more about
             for key in [k for k, r in self._runs.items() if k[0] == adk_id and r.cancelled is not None]:
-                self._settle_cancelled(
-                    adk_id,
-                    key[1],
-                    isinstance(error, AdkNodeTimeoutError) and error.node_name == name_of(key[1]),
-                )
+                timed_out = isinstance(error, AdkNodeTimeoutError) and error.node_name == name_of(key[1])
+                self._settle_cancelled(adk_id, key[1], timed_out)
         inv, output = self._invs.pop(adk_id, None), self._outputs.pop(adk_id, None)
         error_path, cancelled = self._errors.pop(adk_id, None), self._stopped.pop(adk_id, ())
         for key in [k for k in self._wf_attempts if k[0] == adk_id]:
@@ -517,25 +498,51 @@ class FlowscopeADK:
 
     def _workflow_retry(self, inv: BridgeInvocation, adk_id: str, path: str, error: BaseException) -> None:
         """A run's final failure that an enclosing nested workflow's ``retry_config``
-        retries (ADK runs the workflow again, its completed children replayed): that
-        workflow's ``NodeRetrying``, as the engine records a nested workflow's retry. The
-        bridge sees a nested workflow only through its children, so it asks ADK's own
-        predicate here, for the nearest enclosing workflow that retries the error."""
+        retries (ADK runs it again, its completed children replayed): the NodeRetrying of
+        the nearest enclosing workflow that ADK's own predicate says retries the error."""
         parent = parent_of(path)
-        while parent and parent != inv.root_path:
-            wctx = inv.open.get(parent)
-            config = getattr(self._node_at(parent), "retry_config", None)
-            if wctx is not None and config is not None:
-                key = (adk_id, parent)
-                state = AdkNodeState(attempt_count=self._wf_attempts.get(key, 1))
-                if _should_retry_node(error, config, state):
-                    self._wf_attempts[key] = state.attempt_count + 1
-                    delay = _get_retry_delay(config.model_copy(update={"jitter": 0.0}), state)
-                    self.recorder.retrying(wctx, wctx.attempt, error, delay)
-                    if self._errors.get(adk_id, "").startswith(parent + "/"):
-                        del self._errors[adk_id]  # that failure is now an attempt's, not the run's
-                    return
+        while parent and parent != inv.root_path and not self._retried(inv, adk_id, parent, error):
             parent = parent_of(parent)
+
+    def _retried(self, inv: BridgeInvocation, adk_id: str, path: str, error: BaseException) -> bool:
+        """Nested workflow ``path`` is retried after ``error`` (ADK's predicate, its
+        ``retry_config``, ADK's count of its attempts): its ``NodeRetrying``."""
+        wctx, config = inv.open.get(path), getattr(self._node_at(path), "retry_config", None)
+        if wctx is None or config is None:
+            return False
+        key, prefix = (adk_id, path), path + "/"
+        state = AdkNodeState(attempt_count=self._wf_attempts.get(key, 1))
+        if not _should_retry_node(error, config, state):
+            return False
+        self._wf_attempts[key] = state.attempt_count + 1
+        for below in [k for k in self._wf_attempts if k[0] == adk_id and k[1].startswith(prefix)]:
+            del self._wf_attempts[below]  # ADK counts the attempts of its next run's workflows anew
+        delay = _get_retry_delay(config.model_copy(update={"jitter": 0.0}), state)
+        self.recorder.retrying(wctx, wctx.attempt, error, delay)
+        if self._errors.get(adk_id, "").startswith(prefix):
+            del self._errors[adk_id]  # that failure is now an attempt's, not the run's
+        return True
+
+    def _workflow_timed_out(self, inv: BridgeInvocation, adk_id: str, path: str, node: Workflow) -> None:
+        """Nested workflow ``path`` overran its ``timeout``: ADK cancelled what ran in it,
+        then raised NodeTimeoutError outside it. Its open runs end cancelled; the timeout
+        is its own attempt's, retried or final, as a node's, propagated from there."""
+        prefix = path + "/"
+        for key in [k for k, r in self._runs.items() if k[0] == adk_id and r.ctx.path.startswith(prefix)]:
+            del self._runs[key]
+        for p in sorted((p for p in inv.open if p.startswith(prefix)), key=lambda p: -p.count("/")):
+            self.recorder.cancel(inv, inv.open[p])
+        stopped = self._stopped.get(adk_id, set())  # ADK's timeout stopped these, not the caller
+        stopped.difference_update([p for p in stopped if p.startswith(prefix)])
+        if path not in inv.open:  # it timed out before any node of it started
+            ns = self.recorder.node_state(inv.run.session_id, path)
+            self.recorder.start_node(inv, path, "workflow", max(ns.attempt, 1) if ns else 1, False)
+        error = timeout_error(node)
+        if not self._retried(inv, adk_id, path, error):
+            wctx = inv.open[path]
+            self.recorder.fail(inv, wctx, error, wctx.attempt)
+            self._errors.setdefault(adk_id, path)
+            self._workflow_retry(inv, adk_id, path, error)
 
     def _settle_cancelled(self, adk_id: str, path: str, timed_out: bool) -> None:
         """An attempt cancelled under a timeout, now told apart: ADK's error event says
