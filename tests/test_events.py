@@ -145,7 +145,8 @@ def test_corrupt_input_is_a_clear_decode_error(bad):
 
 
 def test_a_run_started_from_before_the_owner_field_reads_back_with_no_owner():
-    from flowscope.fold import rebuild, restore_state, snapshot_state
+    from flowscope.fold import rebuild
+    from flowscope.snapshot import restore_state, snapshot_state
     from flowscope.store import codec
 
     started = SAMPLES[0]
@@ -167,7 +168,8 @@ def test_a_run_started_from_before_the_owner_field_reads_back_with_no_owner():
 
 
 def test_a_run_started_names_its_engine_only_when_a_bridge_wrote_it():
-    from flowscope.fold import rebuild, restore_state, snapshot_state
+    from flowscope.fold import rebuild
+    from flowscope.snapshot import restore_state, snapshot_state
     from flowscope.store import codec
 
     started = SAMPLES[0]
@@ -259,7 +261,8 @@ def test_a_fast_init_leaves_a_class_it_cannot_build_for_alone():
 
 
 def test_what_a_log_written_before_final_and_engine_means_by_their_absence():
-    from flowscope.fold import rebuild, restore_state, snapshot_state
+    from flowscope.fold import rebuild
+    from flowscope.snapshot import restore_state, snapshot_state
     from flowscope.store import codec
 
     lg, adk, own = (

@@ -767,6 +767,41 @@ def test_stuck_classifies_waiting_input_waiting_job_and_overdue(tmp_path):
     assert "WAITING for go" in table and f"{prefix} resume s-input --input 'go=JSON'" in table
 
 
+def test_stuck_ages_a_resumed_run_from_its_restart_not_its_first_start(tmp_path):
+    from flowscope.events import InputReceived, InputRequested, NodeStarted, RunFinished, RunStarted
+    from flowscope.store.testing import ev, node_ev
+
+    now = time.time()
+    p = "w@1/n@1"
+    db = tmp_path / "resumed.db"
+    with SqliteEventStore(db) as store:  # asked an hour ago, answered a minute ago: running again since
+        store.append(
+            "s-resumed",
+            [
+                ev(RunStarted, sid="s-resumed", workflow="w", ts=now - 3600),
+                node_ev(NodeStarted, "w@1", ts=now - 3600, sid="s-resumed", kind="workflow"),
+                node_ev(NodeStarted, p, ts=now - 3600, sid="s-resumed", parent_path="w@1"),
+                node_ev(InputRequested, p, ts=now - 3599, sid="s-resumed", interrupt_id="ok"),
+                ev(RunFinished, sid="s-resumed", ts=now - 3599, status="waiting_input"),
+                ev(RunStarted, sid="s-resumed", workflow="w", ts=now - 60, invocation_id="i2", resumed=True),
+                node_ev(
+                    NodeStarted, "w@1", ts=now - 60, sid="s-resumed", kind="workflow", invocation_id="i2"
+                ),
+                node_ev(
+                    InputReceived, p, ts=now - 60, sid="s-resumed", interrupt_id="ok", invocation_id="i2"
+                ),
+                node_ev(NodeStarted, p, ts=now - 60, sid="s-resumed", parent_path="w@1", invocation_id="i2"),
+            ],
+            0,
+        )
+    stuck = ("--db", str(db), "stuck", "--stale-after", "1h", "--format", "json")
+    assert json.loads(invoke(*stuck, "--older-than", "15m").stdout) == []
+    [row] = json.loads(invoke(*stuck, "--older-than", "30s").stdout)
+    assert (row["path"], row["state"]) == (p, "running")
+    assert (row["started_at"], row["restarted_at"]) == (now - 3600, now - 60)
+    assert 59 <= row["age_s"] < 120
+
+
 def test_parse_duration():
     assert views.parse_duration("15m") == 900
     assert views.parse_duration("1h30m") == 5400

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from flowscope import START, Runner, Workflow, node
-from flowscope.fold import restore_state, snapshot_state
+from flowscope.snapshot import restore_state, snapshot_state
 from flowscope.store import MemoryEventStore, SqliteEventStore, rebuild
 from fuzz_workflows import Effects, build_workflow, drive
 
@@ -32,9 +32,10 @@ async def test_a_snapshot_restores_exactly_the_fold_at_every_point(seed):
         assert restored.pending == expected.pending
 
 
-def _format_2_as_version_1_wrote_it(ws):
+def _format_2_as_version_1_wrote_it(ws, restarts=True):
     """The snapshot writer of format 2 (every version before format 3), kept here as it
-    was: rows of every scalar field in JSON, the extras last, invocation ids by index."""
+    was: rows of every scalar field in JSON, the extras last, invocation ids by index; and,
+    with ``restarts``, the runs' restarts as this version adds them."""
     from dataclasses import fields
 
     from flowscope.events import to_dict
@@ -62,6 +63,8 @@ def _format_2_as_version_1_wrote_it(ws):
     d["format"] = 2
     d["invocation_ids"] = list(invocations)
     d["nodes"] = rows
+    if restarts:  # since the runs' restarts are kept: those that started more than once
+        d["restarted"] = [[i, ns.restarted_at] for i, ns in enumerate(ws.nodes.values()) if ns.restarted_at]
     return json.dumps(d)
 
 
@@ -80,6 +83,27 @@ async def test_a_format_2_snapshot_of_an_earlier_version_restores_exactly():
             restored = restore_state(_format_2_as_version_1_wrote_it(expected))
             assert restored == expected and restored.pending == expected.pending, (seed, cut)
     assert with_extras  # the extras' path was taken
+
+
+async def test_a_snapshot_without_the_runs_restarts_is_not_used_and_the_log_is_folded(tmp_path, caplog):
+    """A snapshot of an earlier version did not keep which runs started again (a resumed
+    run's ``restarted_at``): not used, rather than restored without them."""
+    from flowscope.engine.snapshots import load_snapshot
+
+    store = SqliteEventStore(tmp_path / "s.db")
+    wf = build_workflow(5003, Effects())
+    await drive(lambda: Runner(wf, store=store, heartbeat_interval=0, seed=1), "s", 3)
+    expected = rebuild(store.read("s"))
+    assert any(ns.restarted_at is not None for ns in expected.nodes.values())  # a run resumed
+    old = _format_2_as_version_1_wrote_it(expected, restarts=False)
+    with pytest.raises(ValueError, match="earlier version"):
+        restore_state(old)
+    store.save_snapshot("s", expected.last_seq, old)
+    caplog.set_level("WARNING", logger="flowscope.engine")
+    assert load_snapshot(store, "s") is None  # the caller folds the whole log
+    assert "ignoring the snapshot of session s" in caplog.text
+    store.save_snapshot("s", expected.last_seq, _format_2_as_version_1_wrote_it(expected))
+    assert load_snapshot(store, "s") == expected
 
 
 def test_a_runs_times_restore_bit_for_bit_and_a_nan_time_falls_back_to_rows():

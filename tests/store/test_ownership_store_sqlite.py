@@ -166,10 +166,10 @@ def make_schema_2_file(path) -> None:
 
 
 def test_a_schema_2_database_migrates_in_place(db_path):
-    assert DB_SCHEMA_VERSION == 6
+    assert DB_SCHEMA_VERSION == 7
     make_schema_2_file(db_path)
     with SqliteEventStore(db_path) as store:
-        assert store.schema_version == 6
+        assert store.schema_version == 7
         # schema 5: the inbox, empty
         assert store.inbox("old") == []
         # schema 4: the open-runs index's predicate is the OR form, with the old open run in it
@@ -259,14 +259,14 @@ def test_a_read_only_open_of_an_older_schema_says_a_writing_command_migrates_it(
     from flowscope.errors import StoreSchemaTooOld
 
     make_schema_2_file(db_path)
-    with pytest.raises(StoreSchemaTooOld, match="schema 2; this version uses schema 6"):
+    with pytest.raises(StoreSchemaTooOld, match="schema 2; this version uses schema 7"):
         SqliteEventStore(db_path, readonly=True)
     r = CliRunner().invoke(cli, ["--db", str(db_path), "runs"], catch_exceptions=False)
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
     assert "run a command that writes to it once" in r.output and "permissions" not in r.output, r.output
     assert "readonly" not in r.output  # the API's word, not the CLI user's
     with SqliteEventStore(db_path) as store:  # a writable open migrates it
-        assert store.schema_version == 6
+        assert store.schema_version == 7
 
 
 def test_an_owner_record_that_cannot_be_read_is_an_unreadable_owner_its_lease_speaks_for(db_path):

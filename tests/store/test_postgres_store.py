@@ -23,7 +23,7 @@ from flowscope.errors import (
 )
 from flowscope.events import NodeStarted, RunSubmitted
 from flowscope.ownership import Owner, this_process
-from flowscope.store import PostgresEventStore, rebuild
+from flowscope.store import NodeRun, PostgresEventStore, rebuild
 from flowscope.store.postgres import DB_SCHEMA_VERSION, redact, server
 from flowscope.store.postgres import queries as q
 from flowscope.store.testing import ev
@@ -121,11 +121,43 @@ def test_concurrent_openers_migrate_once(url: str):
         )
 
 
+def test_a_schema_5_database_gets_each_restarted_runs_last_start_from_its_log(url: str):
+    with PostgresEventStore(url) as s:
+        s.append(
+            "r",
+            [
+                ev(RunSubmitted, sid="r", workflow="w", ts=1.0),
+                node_ev("w@1/a@1", 2.0),
+                node_ev("w@1/b@1", 3.0),
+            ],
+            0,
+        )
+        s.append("r", [node_ev("w@1/a@1", 7.0, attempt=2, recovered=True)], 3)
+        s.append("r", [node_ev("w@1/a@1", 9.0, attempt=3, recovered=True)], 4)
+    with psycopg.connect(url, autocommit=True) as c:  # the database as schema 5 kept it
+        c.execute("ALTER TABLE node_runs DROP COLUMN restarted_at")
+        c.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    with PostgresEventStore(url) as s:
+        assert s.schema_version_found == 5 and s.schema_version == DB_SCHEMA_VERSION
+        runs = {r.path: r for r in s.node_runs("r")}
+        assert (runs["w@1/a@1"].started_at, runs["w@1/a@1"].restarted_at) == (2.0, 9.0)
+        assert (runs["w@1/b@1"].started_at, runs["w@1/b@1"].restarted_at) == (3.0, None)
+        state = rebuild(s.read("r"))
+        assert s.node_runs("r") == [
+            NodeRun.from_state("r", state.workflow, ns) for ns in state.nodes.values()
+        ]
+
+
+def node_ev(path: str, ts: float, **kw) -> NodeStarted:
+    return ev(NodeStarted, sid="r", path=path, node=path.rsplit("/", 1)[-1].split("@")[0], ts=ts, **kw)
+
+
 def test_a_schema_4_database_keeps_its_messages_when_their_body_becomes_the_text_sent(url: str):
     with PostgresEventStore(url) as s:
         s.send("m", "answer", {"inputs": {"ok": True}, "jobs": {}})
     with psycopg.connect(url, autocommit=True) as c:  # the inbox as schema 4 kept it
         c.execute("ALTER TABLE messages ALTER COLUMN body TYPE jsonb USING body::jsonb")
+        c.execute("ALTER TABLE node_runs DROP COLUMN restarted_at")
         c.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
     with PostgresEventStore(url) as s:
         assert s.schema_version_found == 4 and s.schema_version == DB_SCHEMA_VERSION
@@ -143,9 +175,10 @@ def test_a_schema_1_database_is_migrated_to_the_span_watermark_table_keeping_its
         c.execute("DROP TABLE span_exports")
         c.execute("DROP TABLE messages")
         c.execute("DROP INDEX sessions_leased")
+        c.execute("ALTER TABLE node_runs DROP COLUMN restarted_at")
         c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     with PostgresEventStore(url) as s:
-        assert s.schema_version_found == 1 and s.schema_version == DB_SCHEMA_VERSION == 5
+        assert s.schema_version_found == 1 and s.schema_version == DB_SCHEMA_VERSION == 6
         assert s.last_seq("old") == 1 and s.exported_seq("old") == 0 and s.inbox("old") == []
         s.set_exported_seq("old", 1)
         s.acquire("old", this_process("w"), 15.0)  # schema 4: the held lease's owner is indexed

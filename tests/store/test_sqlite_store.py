@@ -874,6 +874,30 @@ def test_an_older_schema_is_migrated_once_and_keeps_the_data(db_path, monkeypatc
     assert meta["schema_version"] == str(len(sqlite_mod.MIGRATIONS))
 
 
+def test_a_schema_6_file_gets_each_restarted_runs_last_start_from_its_log(db_path):
+    with SqliteEventStore(db_path) as s:
+        s.append(
+            SID,
+            [started(), node_ev(NodeStarted, "w@1/a@1", ts=2.0), node_ev(NodeStarted, "w@1/b@1", ts=3.0)],
+            0,
+        )
+        s.append(SID, [node_ev(NodeStarted, "w@1/a@1", ts=7.0, attempt=2, recovered=True)], 3)
+        s.append(SID, [node_ev(NodeStarted, "w@1/a@1", ts=9.0, attempt=3, recovered=True)], 4)
+    c = raw(db_path)  # the file as schema 6 kept it: no restarted_at
+    c.execute("ALTER TABLE node_runs DROP COLUMN restarted_at")
+    c.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+    c.close()
+    with SqliteEventStore(db_path) as s:
+        assert s.schema_version == sqlite_mod.DB_SCHEMA_VERSION
+        runs = {r.path: r for r in s.node_runs(SID)}
+        assert (runs["w@1/a@1"].started_at, runs["w@1/a@1"].restarted_at) == (2.0, 9.0)
+        assert (runs["w@1/b@1"].started_at, runs["w@1/b@1"].restarted_at) == (3.0, None)
+        state = rebuild(s.read(SID))
+        assert s.node_runs(SID) == [
+            NodeRun.from_state(SID, state.workflow, ns) for ns in state.nodes.values()
+        ]
+
+
 def test_a_failing_migration_leaves_the_file_as_it_was(db_path, monkeypatch):
     with SqliteEventStore(db_path) as s:
         s.append(SID, [started()], 0)

@@ -92,6 +92,7 @@ STUCK_KEYS = (
     "status",
     "attempt",
     "started_at",
+    "restarted_at",
     "age_s",
     "heartbeat_at",
     "heartbeat_age_s",
@@ -265,7 +266,8 @@ def stuck_rows(
     for r in runs:
         if r.session_id in skipped:
             continue
-        young = r.started_at is not None and now - r.started_at < older_than_s
+        since = r.last_started_at  # a resumed run is as old as its restart, not its first start
+        young = since is not None and now - since < older_than_s
         if young and r.status != RUNNING:  # only a running run can be an orphan
             continue
         if r.session_id not in infos:
@@ -319,7 +321,8 @@ def stuck_rows(
                 "status": r.status,
                 "attempt": r.attempt,
                 "started_at": r.started_at,
-                "age_s": round_or_none(now - r.started_at) if r.started_at is not None else None,
+                "restarted_at": r.restarted_at,
+                "age_s": round_or_none(now - since) if since is not None else None,
                 "heartbeat_at": r.heartbeat_at if r.status == "running" else None,
                 "heartbeat_age_s": round_or_none(beat_age)
                 if r.status == "running" and beat_age is not None
@@ -376,6 +379,7 @@ def _queued_rows(store: EventStore, older_than_s: float, now: float, *, prefix: 
                 "status": QUEUED,
                 "attempt": 0,
                 "started_at": since,
+                "restarted_at": None,
                 "age_s": round_or_none(now - since) if since is not None else None,
                 "heartbeat_at": None,
                 "heartbeat_age_s": None,

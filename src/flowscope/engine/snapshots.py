@@ -1,5 +1,5 @@
 """A session's snapshot, as the runner reads and keeps it: only ever a cache of the fold
-(:func:`flowscope.fold.snapshot_state`), read with the events after it, ignored (and the
+(:func:`flowscope.snapshot.snapshot_state`), read with the events after it, ignored (and the
 whole log folded) when it cannot be read, never trusted half-way."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import json
 import logging
 
 from ..errors import describe_exception
-from ..fold import WorkflowState, restore_state, snapshot_state
+from ..fold import WorkflowState
+from ..snapshot import restore_state, snapshot_state
 from ..store.base import EventStore
 from .invocation import Invocation
 

@@ -112,13 +112,13 @@ def summarize_open_runs(
         if a is None:
             a = acc[key] = [0, None, 0, 0]
         a[0] += 1
-        started = r.started_at
+        started = r.last_started_at  # a resumed run's age counts from its restart
         if started is not None and (a[1] is None or started < a[1]):
             a[1] = started
         owner, lease = owners.get(r.session_id, (None, None))
         cls = classify_open_run(
             state,
-            started,
+            r.started_at,
             r.heartbeat_at,
             r.job_deadline_at,
             now,

@@ -28,6 +28,7 @@ NODE_STATE_COLUMNS = (
     "error_code",
     "error_type",
     "job_deadline_at",
+    "restarted_at",
 )
 
 

@@ -148,6 +148,14 @@ class NodeRun:
     error_code: str | None
     error_type: str | None
     job_deadline_at: float | None
+    #: the latest start of a run that started more than once (NodeState.restarted_at)
+    restarted_at: float | None = None
+
+    @property
+    def last_started_at(self) -> float | None:
+        """When its current run began: its latest start (a resumed or recovered run's
+        restart), from which its age counts; its first start is ``started_at``."""
+        return self.restarted_at if self.restarted_at is not None else self.started_at
 
     @classmethod
     def from_state(cls, session_id: str, workflow: str, ns: NodeState) -> NodeRun:
@@ -167,6 +175,7 @@ class NodeRun:
             error_code=ns.error_code,
             error_type=ns.error_type,
             job_deadline_at=ns.job_deadline_at,
+            restarted_at=ns.restarted_at,
         )
 
 

@@ -134,6 +134,7 @@ _NODE_STATE_TYPES = {
     "error_code": "text",
     "error_type": "text",
     "job_deadline_at": "float8",
+    "restarted_at": "float8",
 }
 #: The keys of each event object in SQL_APPEND_CACHED's ``events`` (its columns after the session).
 EVENT_KEYS = ("seq", "type", "ts", "invocation_id", "path", "node", "payload")
@@ -181,7 +182,7 @@ _NOT_CONTAINER = (
     f"AND left(c.path, length(n.path) + 1) = n.path || '/' AND {open_where('c.status')})"
 )
 SQL_OPEN_SUMMARY = (
-    "SELECT n.workflow, n.node, n.status, count(*), min(n.started_at), "
+    "SELECT n.workflow, n.node, n.status, count(*), min(coalesce(n.restarted_at, n.started_at)), "
     "count(*) FILTER (WHERE n.status = 'running' AND CASE WHEN s.owner IS NULL "
     f"THEN ({_LAST_BEAT} IS NULL OR {_LAST_BEAT} < %(stale_before)s) "
     "ELSE (s.lease_expires_at IS NULL OR s.lease_expires_at <= %(now)s) END), "

@@ -164,9 +164,27 @@ _MIGRATION_5 = [
     "ALTER TABLE messages ALTER COLUMN body TYPE text USING body::text",
 ]
 
+#: Schema 6: a node run's latest start when it started more than once
+#: (``NodeState.restarted_at``), filled from the log for the runs already restarted.
+_MIGRATION_6 = [
+    "ALTER TABLE node_runs ADD COLUMN restarted_at double precision",
+    "UPDATE node_runs AS n SET restarted_at = r.ts FROM ("
+    "SELECT DISTINCT ON (session_id, path) session_id, path, ts FROM events WHERE type = 'node_started' "
+    "AND (session_id, path) IN (SELECT session_id, path FROM events WHERE type = 'node_started' "
+    "GROUP BY session_id, path HAVING count(*) > 1) ORDER BY session_id, path, seq DESC) AS r "
+    "WHERE n.session_id = r.session_id AND n.path = r.path",
+]
+
 #: ``MIGRATIONS[i]`` takes a database at schema ``i`` to ``i + 1``: statements run in the
 #: transaction that records the new version (PostgreSQL's DDL is transactional).
-MIGRATIONS: list[list[str]] = [_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5]
+MIGRATIONS: list[list[str]] = [
+    _MIGRATION_1,
+    _MIGRATION_2,
+    _MIGRATION_3,
+    _MIGRATION_4,
+    _MIGRATION_5,
+    _MIGRATION_6,
+]
 #: The version of the tables this code writes.
 DB_SCHEMA_VERSION = len(MIGRATIONS)
 

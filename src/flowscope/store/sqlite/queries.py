@@ -169,7 +169,7 @@ _NOT_CONTAINER = (
     "AND o.path > n.path || '/' AND o.path < n.path || '0')"
 )
 SQL_OPEN_SUMMARY = (
-    _OPEN_CTE + "SELECT n.workflow, n.node, n.status, count(*), min(n.started_at), "
+    _OPEN_CTE + "SELECT n.workflow, n.node, n.status, count(*), min(coalesce(n.restarted_at, n.started_at)), "
     "sum(n.status = 'running' AND CASE WHEN s.owner IS NULL "
     f"THEN ({_LAST_BEAT} IS NULL OR {_LAST_BEAT} < :stale_before) "
     "ELSE (s.lease_expires_at IS NULL OR s.lease_expires_at <= :now) END), "

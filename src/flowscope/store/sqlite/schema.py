@@ -218,6 +218,24 @@ def _migrate_5_to_6(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX sessions_leased ON sessions (owner) WHERE lease_expires_at > 0")
 
 
+def _migrate_6_to_7(db: sqlite_utils.Database) -> None:
+    """A node run's latest start when it started more than once (``NodeState.restarted_at``):
+    a run resumed after an hour's wait for an answer is not an hour old. Filled from the
+    log for the runs already restarted (one pass over its ``node_started`` events)."""
+    db.execute("ALTER TABLE node_runs ADD COLUMN restarted_at REAL")
+    db.execute(SQL_FILL_RESTARTED_AT)
+
+
+#: The ``ts`` of each restarted run's last ``NodeStarted`` (SQLite takes the bare column
+#: ``ts`` from the row of ``max(seq)``), written to its row.
+SQL_FILL_RESTARTED_AT = (
+    "WITH r AS (SELECT session_id, path, ts, max(seq) FROM events WHERE type = 'node_started' "
+    "GROUP BY session_id, path HAVING count(*) > 1) "
+    "UPDATE node_runs SET restarted_at = r.ts FROM r "
+    "WHERE node_runs.session_id = r.session_id AND node_runs.path = r.path"
+)
+
+
 #: ``MIGRATIONS[i]`` takes a database at schema ``i`` to schema ``i + 1``; each runs in the
 #: transaction that records the new version, so a failed migration leaves the file as it was.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
@@ -227,6 +245,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migrate_3_to_4,
     _migrate_4_to_5,
     _migrate_5_to_6,
+    _migrate_6_to_7,
 ]
 #: The version of this file format (tables and payloads) that this code writes.
 DB_SCHEMA_VERSION = len(MIGRATIONS)

@@ -31,7 +31,17 @@ import pytest
 pytest.register_assert_rewrite(
     *(
         f"{__name__}.{m}"
-        for m in ("base", "helpers", "inbox", "log", "ownership", "projection", "store", "upkeep")
+        for m in (
+            "base",
+            "helpers",
+            "inbox",
+            "log",
+            "node_runs",
+            "ownership",
+            "projection",
+            "store",
+            "upkeep",
+        )
     )
 )
 
