@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ...events import (
+    Event,
     InputReceived,
     InputRequested,
     JobDispatched,
@@ -192,10 +193,7 @@ class NodeRunStatesContract(ContractBase):
         assert (r.status, r.attempt, r.recoveries, r.heartbeat_at) == ("running", 2, 1, 121.0)
 
         # the projection is the fold of the log
-        state = rebuild(s.read(SID))
-        assert s.node_runs(SID) == [
-            NodeRun.from_state(SID, state.workflow, ns) for ns in state.nodes.values()
-        ]
+        _projection_is_the_fold(s)
 
     def test_a_run_awaiting_two_jobs_keeps_the_open_jobs_deadline_when_one_reports(
         self, store: EventLog
@@ -207,9 +205,7 @@ class NodeRunStatesContract(ContractBase):
         s.append(
             SID,
             [
-                ev(RunStarted, workflow="w", ts=100.0),
-                node_ev(NodeStarted, "w@1", ts=100.0, kind="workflow"),
-                node_ev(NodeStarted, p, ts=101.0, parent_path="w@1"),
+                *_one_run_started(p),
                 node_ev(JobDispatched, p, ts=102.0, job_id="a", deadline_s=10.0),
                 node_ev(JobDispatched, p, ts=103.0, job_id="b", deadline_s=60.0),
                 node_ev(JobDispatched, p, ts=104.0, job_id="c"),  # no deadline
@@ -225,10 +221,7 @@ class NodeRunStatesContract(ContractBase):
             s.append(
                 SID, [node_ev(JobResultReceived, p, ts=110.0, job_id=job, result="success")], s.last_seq(SID)
             )
-            state = rebuild(s.read(SID))
-            assert s.node_runs(SID) == [
-                NodeRun.from_state(SID, state.workflow, ns) for ns in state.nodes.values()
-            ]
+            _projection_is_the_fold(s)
             deadlines.append(run_of(s, p).job_deadline_at)
         assert deadlines == [163.0, 163.0, None]  # b's while b is out, then none
 
@@ -240,9 +233,7 @@ class NodeRunStatesContract(ContractBase):
         s.append(
             SID,
             [
-                ev(RunStarted, workflow="w", ts=100.0),
-                node_ev(NodeStarted, "w@1", ts=100.0, kind="workflow"),
-                node_ev(NodeStarted, p, ts=101.0, parent_path="w@1"),
+                *_one_run_started(p),
                 node_ev(InputRequested, p, ts=102.0, interrupt_id="ok"),
                 node_ev(NodePaused, "w@1", ts=102.0, waiting="input", origin_path=p),
                 ev(RunFinished, ts=102.0, status="waiting_input"),
@@ -271,10 +262,7 @@ class NodeRunStatesContract(ContractBase):
             3702.0,
             3702.0,
         )
-        state = rebuild(s.read(SID))
-        assert s.node_runs(SID) == [
-            NodeRun.from_state(SID, state.workflow, ns) for ns in state.nodes.values()
-        ]
+        _projection_is_the_fold(s)
         [group] = s.open_run_summary(now=3710.0, stale_after_s=60.0)  # the workflow's run contains it
         assert (group.node, group.state, group.count, group.oldest_started_at) == ("n", "running", 1, 3702.0)
 
@@ -296,3 +284,20 @@ class NodeRunStatesContract(ContractBase):
         s.append(SID, [node_ev(NodeStarted, p, ts=6.0, attempt=4)], 5)
         r = run_of(s, p)
         assert (r.status, r.attempt, r.retries, r.error_code, r.error_type) == ("running", 4, 2, None, None)
+
+
+def _one_run_started(path: str) -> list[Event]:
+    """An invocation of workflow ``w`` at 100.0 and the start of its run ``path`` at 101.0."""
+    return [
+        ev(RunStarted, workflow="w", ts=100.0),
+        node_ev(NodeStarted, "w@1", ts=100.0, kind="workflow"),
+        node_ev(NodeStarted, path, ts=101.0, parent_path="w@1"),
+    ]
+
+
+def _projection_is_the_fold(store: EventLog, sid: str = SID) -> None:
+    """The store's node runs of ``sid`` are the fold of its log, field for field."""
+    state = rebuild(store.read(sid))
+    assert store.node_runs(sid) == [
+        NodeRun.from_state(sid, state.workflow, ns) for ns in state.nodes.values()
+    ]
