@@ -293,6 +293,31 @@ async def test_timeout_applies_per_attempt(store):
     assert of_type(store.read("s"), "node_retrying")[0].error_code == "NODE_TIMEOUT"
 
 
+async def test_an_async_body_that_holds_the_loop_past_its_timeout_is_said_and_its_result_counts(
+    store, caplog
+):
+    import time
+
+    @node(timeout=0.02)
+    async def blocks(ctx, x):
+        time.sleep(0.06)  # no await: nothing can cancel it
+        return "late"
+
+    @node(timeout=5)
+    async def in_time(ctx, x):
+        await asyncio.sleep(0)
+        return x
+
+    caplog.set_level("WARNING", logger="flowscope.engine")
+    result = await Runner(Workflow("w", edges=[(START, blocks, in_time)]), store=store).run(
+        None, session_id="s"
+    )
+    assert result.output == "late"  # it ended on its own: a result, not a timeout
+    [said] = [r.getMessage() for r in caplog.records if "past its timeout" in r.getMessage()]
+    assert said.startswith("node blocks (w@1/blocks@1) ended ") and "timeout of 0.02s" in said
+    assert "in_time" not in caplog.text
+
+
 async def test_user_timeout_error_is_not_a_node_timeout(store):
     @node(timeout=10)
     def raises_timeout(x):

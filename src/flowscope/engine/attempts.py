@@ -241,11 +241,28 @@ class Attempts:
         cm = asyncio.timeout(timeout)
         try:
             async with cm:
-                return await body
+                out = await body
         except TimeoutError:
             if cm.expired() and not self._runs.aborting:
                 raise NodeTimeoutError(f"{node.name} timed out after {timeout:g}s") from None
             raise
+        deadline = cm.when()
+        over = asyncio.get_running_loop().time() - deadline if deadline is not None else 0.0
+        if over > 0.0:
+            # The deadline passed and the timeout never ran: the loop was held (a blocking
+            # call, work without an await, in this body or another), and a body that does
+            # not await cannot be cancelled. It ended on its own and its result counts;
+            # said, since the node's timeout did not hold.
+            log.warning(
+                "node %s (%s) ended %.3gs past its timeout of %gs, which could not stop it: the event "
+                "loop was held (a blocking call or work without an await); its result counts. Make the "
+                "blocking work async, or the node sync (a sync node with a timeout runs in a thread)",
+                node.name,
+                ctx.path,
+                over,
+                timeout,
+            )
+        return out
 
     @staticmethod
     def _result(ctx: NodeContext, out: Any) -> NodeResult:
