@@ -17,6 +17,7 @@ from google.adk.events.request_input import RequestInput
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
 from google.adk.workflow import BaseNode, FunctionNode, JoinNode, Node, RetryConfig, Workflow, node
+from google.adk.workflow._errors import NodeTimeoutError as AdkTimeout
 from google.adk.workflow._parallel_worker import _ParallelWorker
 from google.adk.workflow.utils._workflow_hitl_utils import create_request_input_response
 from google.genai import types
@@ -26,10 +27,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 from pydantic import ConfigDict, Field
 
+import flowscope
 from commands import cli_ok
 from flowscope.adapters.adk import FlowscopeADK, UnobservableNodeError
 from flowscope.cli import views
 from flowscope.cli.history import retry_reasons
+from flowscope.errors import NodeTimeoutError as EngineTimeout
 from flowscope.events import (
     InputReceived,
     InputRequested,
@@ -45,7 +48,7 @@ from flowscope.events import (
 from flowscope.export import session_spans
 from flowscope.fold import rebuild
 from flowscope.observability import MetricsPlugin, TracingPlugin
-from flowscope.store import SqliteEventStore
+from flowscope.store import MemoryEventStore, SqliteEventStore
 
 # imports take seconds (tests/conftest.py: SLOW_TO_IMPORT): the whole module is in the slow set
 pytestmark = pytest.mark.slow
@@ -1193,3 +1196,116 @@ async def test_a_nested_workflow_that_overruns_its_timeout_is_a_timeout_of_its_o
     assert runs[(("node", "inner"), ("outcome", "timeout"), ("workflow", "outer"))] == 1
     assert runs[(("node", "work"), ("outcome", "cancellation"), ("workflow", "outer"))] == attempts
     assert otel_errors() == []
+
+
+@pytest.mark.slow  # ADK and the engine each wait out two to four timeouts
+@pytest.mark.parametrize("shape", ["timeout", "failure", "retried-timeout"])
+async def test_a_nested_workflow_run_again_by_an_enclosing_retry_starts_at_its_next_attempt(
+    store, otel_errors, shape
+):
+    # outer -> middle (retry_config) -> inner -> work. The inner workflow's run ends in
+    # each run of middle (its own timeout, final or after its own retry; or work's failure
+    # propagated through it) before middle's NodeRetrying, and ADK's next run of middle
+    # starts it again at its next attempt: the record flowscope's engine makes of the same
+    # graph (checked below), in which a path's attempt numbers never go back
+    async def slow(node_input: Any) -> str:
+        await asyncio.sleep(5)
+        return "W"
+
+    def failing(node_input: Any) -> str:
+        raise ConnectionError("upstream down")
+
+    body, timeout = (failing, None) if shape == "failure" else (slow, 0.05)
+    twice = RetryConfig(max_attempts=2, initial_delay=0.0, jitter=0.0)
+    own_retry = twice if shape == "retried-timeout" else None
+    inner = Workflow(
+        name="inner",
+        timeout=timeout,
+        retry_config=own_retry,
+        edges=[("START", FunctionNode(func=body, name="work"))],
+    )
+    middle = Workflow(name="middle", retry_config=twice, edges=[("START", inner)])
+    bridge, _metrics = observed(store)
+    d = Driver(Workflow(name="outer", edges=[("START", middle)]), bridge)
+    with pytest.raises(ConnectionError if shape == "failure" else AdkTimeout):
+        await d.start()
+
+    m, i, w = "outer@1/middle@1", "outer@1/middle@1/inner@1", "outer@1/middle@1/inner@1/work@1"
+    failed = (
+        ("ConnectionError", "UNKNOWN_ERROR") if shape == "failure" else ("NodeTimeoutError", "NODE_TIMEOUT")
+    )
+    origin = w if shape == "failure" else i
+
+    def inner_run(attempt: int, work: int) -> list[tuple[str, str, Any]]:
+        """Inner's run from ``attempt`` (work's from ``work``), to its end."""
+        if shape == "failure":
+            return [
+                ("NodeStarted", i, attempt),
+                ("NodeStarted", w, work),
+                ("NodeErrorEvent", w, (work, *failed)),
+                ("NodeErrorPropagated", i, (w, attempt, *failed)),
+            ]
+        tries = [("NodeStarted", i, attempt), ("NodeStarted", w, work), ("NodeCancelled", w, "cancelled")]
+        if shape == "retried-timeout":  # inner's own retry: work's attempts go on inside this run
+            tries += [
+                ("NodeRetrying", i, (attempt, *failed)),
+                ("NodeStarted", w, work + 1),
+                ("NodeCancelled", w, "cancelled"),
+            ]
+            attempt += 1
+        return [*tries, ("NodeErrorEvent", i, (attempt, *failed))]
+
+    again = 3 if shape == "retried-timeout" else 2  # the attempt after the last one that ended
+    expected = [
+        ("RunStarted", "", None),
+        ("NodeStarted", "outer@1", 1),
+        ("NodeStarted", m, 1),
+        *inner_run(1, 1),
+        ("NodeRetrying", m, (1, *failed)),
+        *inner_run(again, again),
+        ("NodeErrorPropagated", m, (origin, 2, *failed)),
+        ("NodeErrorPropagated", "outer@1", (origin, 1, *failed)),
+        ("RunFinished", "", ("failed", origin, failed[1])),
+    ]
+
+    def detail(e: Any) -> Any:
+        if isinstance(e, NodeStarted):
+            return e.attempt
+        if isinstance(e, NodeRetrying):
+            return (e.attempt, e.error_type, e.error_code)
+        if isinstance(e, NodeErrorEvent):
+            return (e.attempt_count, e.error_type, e.error_code)
+        if isinstance(e, NodeErrorPropagated):
+            return (e.origin_path, e.attempt_count, e.error_type, e.error_code)
+        if isinstance(e, RunFinished):
+            return (e.status, e.error_path, e.error_code)
+        return getattr(e, "reason", None)
+
+    def record(log: list[Any]) -> list[tuple[str, str, Any]]:
+        return [(type(e).__name__, getattr(e, "path", ""), detail(e)) for e in log]
+
+    log = store.read(d.session_id)
+    assert record(log) == expected
+    last = 2 * again - 2  # inner's (and work's) last attempt
+    assert {p: (n.status, n.attempt) for p, n in rebuild(log).nodes.items()} == {
+        "outer@1": ("failed", 1),
+        m: ("failed", 2),
+        i: ("failed", last),
+        w: ("failed" if shape == "failure" else "cancelled", last),
+    }
+    assert otel_errors() == []
+
+    # the reference: flowscope's own engine running the same graph (the same function)
+    start = flowscope.START
+    engine_twice = flowscope.RetryConfig(max_attempts=2, initial_delay=0.0, jitter=0.0)
+    work = flowscope.node(body, name="work")
+    ref_inner = flowscope.Workflow(
+        "inner", [(start, work)], timeout=timeout, retry=engine_twice if own_retry else None
+    )
+    ref_root = flowscope.Workflow(
+        "outer", [(start, flowscope.Workflow("middle", [(start, ref_inner)], retry=engine_twice))]
+    )
+    ref_store = MemoryEventStore()
+    with pytest.raises(ConnectionError if shape == "failure" else EngineTimeout):
+        await flowscope.Runner(ref_root, ref_store).run(session_id="ref")
+    assert record(ref_store.read("ref")) == expected

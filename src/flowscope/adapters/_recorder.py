@@ -315,8 +315,8 @@ class BridgeRecorder:
         parent_path = parent_of(path)
         parent = inv.open.get(parent_path) if parent_path else None
         if parent_path and parent is None:
-            ns = self.node_state(inv.run.session_id, parent_path)
-            parent = self.start_node(inv, parent_path, "workflow", max(ns.attempt, 1) if ns else 1, False)
+            attempt_of_parent = self.next_attempt(inv.run.session_id, parent_path)
+            parent = self.start_node(inv, parent_path, "workflow", attempt_of_parent, False)
         ctx = BridgeNodeContext(self, inv, path, kind, attempt, recovered, parent, input)
         if self.plugins.wants("before_node"):
             self._start_hooks(ctx)
@@ -340,6 +340,15 @@ class BridgeRecorder:
         if kind != "workflow":
             self._heartbeats.track(inv.run.session_id, path, True)
         return ctx
+
+    def next_attempt(self, session_id: str, path: str) -> int:
+        """The attempt a run of ``path`` that starts (again) has, as the engine numbers it
+        (``Invocation.prepare``): 1 for a path new to the log, the next one after a run that
+        ended failed or cancelled (numbers never go back), else the attempt it holds."""
+        ns = self.node_state(session_id, path)
+        if ns is None:
+            return 1
+        return ns.attempt + 1 if ns.status in ("failed", "cancelled") else max(ns.attempt, 1)
 
     def _start_hooks(self, ctx: BridgeNodeContext) -> None:
         """``before_node`` in a context of the run's own; what it set there is made
@@ -507,22 +516,12 @@ class BridgeRecorder:
             attempt_count=ctx.attempt,
             error_qualname=error_qualname,
         )
-        self._end(
-            inv,
-            ctx,
-            ev,
-            self._outcome(ctx, ev, "failure", origin_path=origin_path),
-        )
+        self._end(inv, ctx, ev, self._outcome(ctx, ev, "failure", origin_path=origin_path))
 
     def cancel(self, inv: BridgeInvocation, ctx: BridgeNodeContext, reason: str = "cancelled") -> None:
         ctx.cancel_reason = reason
         ev = self._event(ctx, NodeCancelled, reason=reason)
-        self._end(
-            inv,
-            ctx,
-            ev,
-            self._outcome(ctx, ev, "cancellation"),
-        )
+        self._end(inv, ctx, ev, self._outcome(ctx, ev, "cancellation"))
 
     def request_input(
         self, inv: BridgeInvocation, ctx: BridgeNodeContext, requests: Sequence[tuple[str, str, Any]]
@@ -554,12 +553,7 @@ class BridgeRecorder:
         ev = self._event(
             ctx, NodePaused, waiting="input", origin_path=origin_path, interrupt_ids=interrupt_ids
         )
-        self._end(
-            inv,
-            ctx,
-            ev,
-            self._outcome(ctx, ev, "waiting", origin_path=origin_path),
-        )
+        self._end(inv, ctx, ev, self._outcome(ctx, ev, "waiting", origin_path=origin_path))
 
     def _outcome(self, ctx: BridgeNodeContext, ev: Event, status: OutcomeStatus, **more: Any) -> NodeOutcome:
         """The outcome the after-node hooks get for ``ctx``'s run ending with ``ev``."""

@@ -63,7 +63,8 @@ from ._adk_parts import (
     timeout_error,
 )
 from ._adk_plugin import FlowscopeADKPlugin
-from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder, name_of, parent_of
+from ._adk_workflows import WorkflowRetries
+from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder, name_of
 from ._runs import route_of
 
 __all__ = ["FlowscopeADK", "ObservedFunctionNode", "FlowscopeADKPlugin", "UnobservableNodeError"]
@@ -202,7 +203,7 @@ class FlowscopeADK:
         self._errors: dict[str, str] = {}  # ADK invocation id -> path of the failure
         #: ADK invocation id -> the log paths of runs ADK cancelled (no timeout)
         self._stopped: dict[str, set[str]] = {}
-        self._wf_attempts: dict[tuple[str, str], int] = {}  # (ADK invocation id, path) -> ADK's attempt
+        self._retries = WorkflowRetries(self.recorder, self._node_at, self._errors)  # of nested workflows
         self._messages: dict[str, Any] = {}  # ADK invocation id -> the user message
         #: (ADK invocation id, path) -> a nested workflow's output
         self._wf_outputs: dict[tuple[str, str], Any] = {}
@@ -414,8 +415,7 @@ class FlowscopeADK:
                 self._settle_cancelled(adk_id, key[1], timed_out)
         inv, output = self._invs.pop(adk_id, None), self._outputs.pop(adk_id, None)
         error_path, cancelled = self._errors.pop(adk_id, None), self._stopped.pop(adk_id, ())
-        for key in [k for k in self._wf_attempts if k[0] == adk_id]:
-            del self._wf_attempts[key]
+        self._retries.forget(adk_id)
         for key in [k for k in self._runs if k[0] == adk_id]:
             del self._runs[key]
         if inv is None:
@@ -482,46 +482,15 @@ class FlowscopeADK:
             self.recorder.retrying(run.ctx, run.ctx.attempt, error, delay)
             return
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
-        child = (
-            log_path(inv.root_path, exc.error_node_path) if isinstance(exc, DynamicNodeFailError) else None
-        )
-        if (
-            child and self.recorder.node_state(inv.run.session_id, child) is not None
-        ):  # the child holds the error event
+        child = log_path(inv.root_path, exc.error_node_path) if isinstance(exc, DynamicNodeFailError) else ""
+        if child and self.recorder.node_state(inv.run.session_id, child) is not None:  # it holds the error
             info = self.recorder.classify(error)
             self.recorder.propagate(inv, run.ctx, child, info.code, info.type, info.qualname)
-            self._errors.setdefault(ctx.invocation_id, child)
         else:
+            child = run.ctx.path
             self.recorder.fail(inv, run.ctx, error, run.ctx.attempt)
-            self._errors.setdefault(ctx.invocation_id, run.ctx.path)
-        self._workflow_retry(inv, ctx.invocation_id, run.ctx.path, error)
-
-    def _workflow_retry(self, inv: BridgeInvocation, adk_id: str, path: str, error: BaseException) -> None:
-        """A run's final failure that an enclosing nested workflow's ``retry_config``
-        retries (ADK runs it again, its completed children replayed): the NodeRetrying of
-        the nearest enclosing workflow that ADK's own predicate says retries the error."""
-        parent = parent_of(path)
-        while parent and parent != inv.root_path and not self._retried(inv, adk_id, parent, error):
-            parent = parent_of(parent)
-
-    def _retried(self, inv: BridgeInvocation, adk_id: str, path: str, error: BaseException) -> bool:
-        """Nested workflow ``path`` is retried after ``error`` (ADK's predicate, its
-        ``retry_config``, ADK's count of its attempts): its ``NodeRetrying``."""
-        wctx, config = inv.open.get(path), getattr(self._node_at(path), "retry_config", None)
-        if wctx is None or config is None:
-            return False
-        key, prefix = (adk_id, path), path + "/"
-        state = AdkNodeState(attempt_count=self._wf_attempts.get(key, 1))
-        if not _should_retry_node(error, config, state):
-            return False
-        self._wf_attempts[key] = state.attempt_count + 1
-        for below in [k for k in self._wf_attempts if k[0] == adk_id and k[1].startswith(prefix)]:
-            del self._wf_attempts[below]  # ADK counts the attempts of its next run's workflows anew
-        delay = _get_retry_delay(config.model_copy(update={"jitter": 0.0}), state)
-        self.recorder.retrying(wctx, wctx.attempt, error, delay)
-        if self._errors.get(adk_id, "").startswith(prefix):
-            del self._errors[adk_id]  # that failure is now an attempt's, not the run's
-        return True
+        self._errors.setdefault(ctx.invocation_id, child)
+        self._retries.after_failure(inv, ctx.invocation_id, run.ctx.path, error, child)
 
     def _workflow_timed_out(self, inv: BridgeInvocation, adk_id: str, path: str, node: Workflow) -> None:
         """Nested workflow ``path`` overran its ``timeout``: ADK cancelled what ran in it,
@@ -535,14 +504,15 @@ class FlowscopeADK:
         stopped = self._stopped.get(adk_id, set())  # ADK's timeout stopped these, not the caller
         stopped.difference_update([p for p in stopped if p.startswith(prefix)])
         if path not in inv.open:  # it timed out before any node of it started
-            ns = self.recorder.node_state(inv.run.session_id, path)
-            self.recorder.start_node(inv, path, "workflow", max(ns.attempt, 1) if ns else 1, False)
+            self.recorder.start_node(
+                inv, path, "workflow", self.recorder.next_attempt(inv.run.session_id, path), False
+            )
         error = timeout_error(node)
-        if not self._retried(inv, adk_id, path, error):
+        if not self._retries.retried(inv, adk_id, path, error, path):
             wctx = inv.open[path]
             self.recorder.fail(inv, wctx, error, wctx.attempt)
             self._errors.setdefault(adk_id, path)
-            self._workflow_retry(inv, adk_id, path, error)
+            self._retries.after_failure(inv, adk_id, path, error, path)
 
     def _settle_cancelled(self, adk_id: str, path: str, timed_out: bool) -> None:
         """An attempt cancelled under a timeout, now told apart: ADK's error event says
