@@ -626,6 +626,41 @@ async def test_a_nested_workflow_is_no_node_running_and_its_cancellation_is_its_
     assert m.total("flowscope_nodes_running") == 0
 
 
+async def test_a_run_cancelled_with_its_dynamic_child_is_one_cancellation_the_childs(m):
+    """A node's dynamic child is cancelled with it (and one inside a nested workflow it
+    runs): one cancellation, at the deepest path, as a nested workflow's is."""
+    started = asyncio.Event()
+
+    @node
+    async def hang(x):
+        started.set()
+        await asyncio.sleep(60)
+
+    @node
+    async def parent(ctx, x):
+        return await ctx.run_node(hang, x)
+
+    @node
+    async def calls_a_workflow(ctx, x):
+        return await ctx.run_node(chain("inner", hang), x)
+
+    for n in (parent, calls_a_workflow):
+        started.clear()
+        task = asyncio.ensure_future(m.runner(chain(f"via_{n.name}", n)).run(1))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert m.total("flowscope_node_runs_total", workflow=f"via_{n.name}", outcome="cancellation") == 1
+        assert (
+            m.value(
+                "flowscope_node_runs_total", workflow=f"via_{n.name}", node="hang", outcome="cancellation"
+            )
+            == 1
+        )
+    assert m.total("flowscope_nodes_running") == 0
+
+
 async def test_a_node_running_a_dynamic_child_is_its_container_while_the_child_runs(m):
     """The rule the store's open runs follow: while a node's dynamic child runs, the child
     is the node running, not both; the parent is counted again once it runs on alone."""

@@ -109,6 +109,8 @@ _KEY = "metrics"  # our slot in ctx.plugin_state
 #: leaves ``_KEY`` meanwhile, so that its after_node (a bridge may end it first) takes it
 #: for uncounted, and the common run pays no lookup for this rule.
 _CONTAINER = "metrics.container"
+#: set on a run when a child of it ended cancelled (its cancellation, if it follows, is theirs)
+_CHILD_CANCELLED = "metrics.child_cancelled"
 #: The node outcomes whose series start at 0 with a node's first run (an error rate's).
 _COUNTED_FROM_0 = ("success", "failure", "timeout")
 
@@ -345,8 +347,10 @@ class MetricsPlugin(Plugin):
             ns.down()
 
     @staticmethod
-    def _child_ended(parent: NodeContext) -> None:
+    def _child_ended(parent: NodeContext, status: str) -> None:
         ps = parent.plugin_state
+        if status == "cancellation":  # the container's own cancellation, if it follows, is this one
+            ps[_CHILD_CANCELLED] = True
         held = ps.get(_CONTAINER)
         if held is None:
             return
@@ -373,16 +377,17 @@ class MetricsPlugin(Plugin):
             else:
                 ns.running.add(-1.0)
         parent = ctx.parent
-        if parent.kind != "workflow":
-            self._child_ended(parent)
         status = outcome.status
+        if parent.kind != "workflow":
+            self._child_ended(parent, status)
         origin = outcome.origin_path
         if (origin is not None and from_descendant(ctx.path, origin)) or (
-            nested and status == "cancellation"
+            status == "cancellation" and (nested or ctx.plugin_state.pop(_CHILD_CANCELLED, False))
         ):
             # A container: the failure or pause is its descendant's, counted once there
-            # (docs/design.md, "Counting once, at the deepest path"); so is a nested
-            # workflow's cancellation, which stops it with the children it was running.
+            # (docs/design.md, "Counting once, at the deepest path"); so is the cancellation
+            # of a nested workflow, or of a run whose child was cancelled (a dynamic child's
+            # parent, a bridge's subgraph node), which stops it with the children it runs.
             return
         event = outcome.event
         counted = (
