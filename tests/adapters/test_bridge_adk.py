@@ -1198,6 +1198,27 @@ async def test_a_nested_workflow_that_overruns_its_timeout_is_a_timeout_of_its_o
     assert otel_errors() == []
 
 
+def record(log: list[Any]) -> list[tuple[str, str, Any]]:
+    """A log as (event, path, what it says), to compare the bridge's with the engine's."""
+
+    def detail(e: Any) -> Any:
+        if isinstance(e, NodeStarted):
+            return e.attempt
+        if isinstance(e, NodeRetrying):
+            return (e.attempt, e.error_type, e.error_code)
+        if isinstance(e, NodeErrorEvent):
+            return (e.attempt_count, e.error_type, e.error_code)
+        if isinstance(e, NodeErrorPropagated):
+            return (e.origin_path, e.attempt_count, e.error_type, e.error_code)
+        if isinstance(e, NodeCompleted):
+            return e.output
+        if isinstance(e, RunFinished):
+            return (e.status, e.error_path, e.error_code)
+        return getattr(e, "reason", None)
+
+    return [(type(e).__name__, getattr(e, "path", ""), detail(e)) for e in log]
+
+
 @pytest.mark.slow  # ADK and the engine each wait out two to four timeouts
 @pytest.mark.parametrize("shape", ["timeout", "failure", "retried-timeout"])
 async def test_a_nested_workflow_run_again_by_an_enclosing_retry_starts_at_its_next_attempt(
@@ -1268,22 +1289,6 @@ async def test_a_nested_workflow_run_again_by_an_enclosing_retry_starts_at_its_n
         ("RunFinished", "", ("failed", origin, failed[1])),
     ]
 
-    def detail(e: Any) -> Any:
-        if isinstance(e, NodeStarted):
-            return e.attempt
-        if isinstance(e, NodeRetrying):
-            return (e.attempt, e.error_type, e.error_code)
-        if isinstance(e, NodeErrorEvent):
-            return (e.attempt_count, e.error_type, e.error_code)
-        if isinstance(e, NodeErrorPropagated):
-            return (e.origin_path, e.attempt_count, e.error_type, e.error_code)
-        if isinstance(e, RunFinished):
-            return (e.status, e.error_path, e.error_code)
-        return getattr(e, "reason", None)
-
-    def record(log: list[Any]) -> list[tuple[str, str, Any]]:
-        return [(type(e).__name__, getattr(e, "path", ""), detail(e)) for e in log]
-
     log = store.read(d.session_id)
     assert record(log) == expected
     last = 2 * again - 2  # inner's (and work's) last attempt
@@ -1308,4 +1313,115 @@ async def test_a_nested_workflow_run_again_by_an_enclosing_retry_starts_at_its_n
     ref_store = MemoryEventStore()
     with pytest.raises(ConnectionError if shape == "failure" else EngineTimeout):
         await flowscope.Runner(ref_root, ref_store).run(session_id="ref")
+    assert record(ref_store.read("ref")) == expected
+
+
+@pytest.mark.parametrize("shape", ["retried", "final"])
+async def test_a_sibling_of_a_retried_failure_ends_cancelled_before_the_retry_and_starts_again(
+    store, otel_errors, shape
+):
+    # outer -> middle (retry_config) -> flaky || side (a nested workflow) -> slow. flaky's
+    # failure makes ADK cancel side and what runs in it, then retry middle: slow and side
+    # end cancelled because a sibling failed, before middle's NodeRetrying, and ADK's next
+    # run of middle starts side again at its next attempt; flaky's second failure ("final")
+    # ends them so again, then middle and outer fail: the engine's record of the same graph
+    calls: list[str] = []
+
+    async def flaky(node_input: Any) -> str:
+        calls.append("flaky")
+        await asyncio.sleep(0.05)
+        if shape == "final" or calls.count("flaky") == 1:
+            raise ConnectionError("upstream down")
+        return "F"
+
+    async def slow(node_input: Any) -> str:
+        await asyncio.sleep(0.5)
+        return "S"
+
+    twice = RetryConfig(max_attempts=2, initial_delay=0.0, jitter=0.0)
+    side = Workflow(name="side", edges=[("START", FunctionNode(func=slow, name="slow"))])
+    join = JoinNode(name="join")
+    middle = Workflow(
+        name="middle",
+        retry_config=twice,
+        edges=[("START", FunctionNode(func=flaky, name="flaky"), join), ("START", side, join)],
+    )
+    bridge, _metrics = observed(store)
+    d = Driver(Workflow(name="outer", edges=[("START", middle)]), bridge)
+    if shape == "final":
+        with pytest.raises(ConnectionError):
+            await d.start()
+    else:
+        await d.start()
+
+    m = "outer@1/middle@1"
+    f, s, sl, j = f"{m}/flaky@1", f"{m}/side@1", f"{m}/side@1/slow@1", f"{m}/join@1"
+    failed = ("ConnectionError", "UNKNOWN_ERROR")
+    first_run = [
+        ("NodeStarted", f, 1),
+        ("NodeStarted", s, 1),
+        ("NodeStarted", sl, 1),
+        ("NodeErrorEvent", f, (1, *failed)),
+        ("NodeCancelled", sl, "sibling_failed"),
+        ("NodeCancelled", s, "sibling_failed"),
+    ]
+    second_start = [("NodeStarted", f, 2), ("NodeStarted", s, 2), ("NodeStarted", sl, 2)]
+    joined = {"flaky": "F", "side": "S"}
+    second_end = (
+        [
+            ("NodeCompleted", f, "F"),
+            ("NodeCompleted", sl, "S"),
+            ("NodeCompleted", s, "S"),
+            ("NodeStarted", j, 1),
+            ("NodeCompleted", j, joined),
+            ("NodeCompleted", m, joined),
+            ("NodeCompleted", "outer@1", joined),
+            ("RunFinished", "", ("completed", None, None)),
+        ]
+        if shape == "retried"
+        else [
+            ("NodeErrorEvent", f, (2, *failed)),
+            ("NodeCancelled", sl, "sibling_failed"),
+            ("NodeCancelled", s, "sibling_failed"),
+            ("NodeErrorPropagated", m, (f, 2, *failed)),
+            ("NodeErrorPropagated", "outer@1", (f, 1, *failed)),
+            ("RunFinished", "", ("failed", f, failed[1])),
+        ]
+    )
+    expected = [
+        ("RunStarted", "", None),
+        ("NodeStarted", "outer@1", 1),
+        ("NodeStarted", m, 1),
+        *first_run,
+        ("NodeRetrying", m, (1, *failed)),
+        *second_start,
+        *second_end,
+    ]
+    log = store.read(d.session_id)
+    assert record(log) == expected
+    ended = "completed" if shape == "retried" else "cancelled"
+    assert {p: (n.status, n.attempt) for p, n in rebuild(log).nodes.items() if p.startswith(s)} == {
+        s: (ended, 2),
+        sl: (ended, 2),
+    }
+    assert otel_errors() == []
+
+    # the reference: flowscope's own engine running the same graph (the same functions)
+    calls.clear()
+    start = flowscope.START
+    ref_side = flowscope.Workflow("side", [(start, flowscope.node(slow, name="slow"))])
+    ref_middle = flowscope.Workflow(
+        "middle",
+        [(start, (flowscope.node(flaky, name="flaky"), ref_side), flowscope.JoinNode("join"))],
+        retry=flowscope.RetryConfig(max_attempts=2, initial_delay=0.0, jitter=0.0),
+    )
+    ref_store = MemoryEventStore()
+    run = flowscope.Runner(flowscope.Workflow("outer", [(start, ref_middle)]), ref_store).run(
+        session_id="ref"
+    )
+    if shape == "final":
+        with pytest.raises(ConnectionError):
+            await run
+    else:
+        await run
     assert record(ref_store.read("ref")) == expected

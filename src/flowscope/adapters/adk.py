@@ -130,12 +130,7 @@ class _Observing(BaseNode):
                     requests.extend(requests_in(item))
                 yield item
         except asyncio.CancelledError:
-            if self.timeout:
-                # ADK cancels an attempt that overruns its timeout, then raises its
-                # NodeTimeoutError outside it: decided by ADK's error event or next attempt
-                run.cancelled = (self, ctx)
-            else:
-                bridge._cancelled(run, ctx)
+            bridge._cancelled(run, ctx, self if self.timeout else None)
             raise
         except GeneratorExit:
             bridge._cancelled(run, ctx)
@@ -203,7 +198,8 @@ class FlowscopeADK:
         self._errors: dict[str, str] = {}  # ADK invocation id -> path of the failure
         #: ADK invocation id -> the log paths of runs ADK cancelled (no timeout)
         self._stopped: dict[str, set[str]] = {}
-        self._retries = WorkflowRetries(self.recorder, self._node_at, self._errors)  # of nested workflows
+        #: failures on their way up, retries of nested workflows
+        self._retries = WorkflowRetries(self.recorder, self._node_at, self._errors, self._runs)
         self._messages: dict[str, Any] = {}  # ADK invocation id -> the user message
         #: (ADK invocation id, path) -> a nested workflow's output
         self._wf_outputs: dict[tuple[str, str], Any] = {}
@@ -415,7 +411,8 @@ class FlowscopeADK:
                 self._settle_cancelled(adk_id, key[1], timed_out)
         inv, output = self._invs.pop(adk_id, None), self._outputs.pop(adk_id, None)
         error_path, cancelled = self._errors.pop(adk_id, None), self._stopped.pop(adk_id, ())
-        self._retries.forget(adk_id)
+        failed = error is not None and not isinstance(error, asyncio.CancelledError)
+        self._retries.end(inv, adk_id, failed, error_path or (inv.root_path if inv else None))
         for key in [k for k in self._runs if k[0] == adk_id]:
             del self._runs[key]
         if inv is None:
@@ -446,6 +443,7 @@ class FlowscopeADK:
         """Begin an ADK attempt; None when the log shows this run already completed."""
         inv = self._inv(ctx)
         path = log_path(inv.root_path, ctx.node_path)
+        self._retries.starting(inv, ctx.invocation_id, path)
         key = (ctx.invocation_id, ctx.node_path)
         run = self._runs.get(key)
         if run is not None:  # ADK's next attempt of a run we follow
@@ -508,7 +506,7 @@ class FlowscopeADK:
                 inv, path, "workflow", self.recorder.next_attempt(inv.run.session_id, path), False
             )
         error = timeout_error(node)
-        if not self._retries.retried(inv, adk_id, path, error, path):
+        if not self._retries.retried(inv, adk_id, path, error):
             wctx = inv.open[path]
             self.recorder.fail(inv, wctx, error, wctx.attempt)
             self._errors.setdefault(adk_id, path)
@@ -527,10 +525,19 @@ class FlowscopeADK:
         else:
             self._cancelled(run, ctx)
 
-    def _cancelled(self, run: _Run, ctx: Any) -> None:
+    def _cancelled(self, run: _Run, ctx: Any, timed: BaseNode | None = None) -> None:
+        """ADK cancelled an attempt (``timed``: of that node, which has a timeout)."""
+        inv = self._inv(ctx)
+        reason = self._retries.cancelling(inv, ctx.invocation_id, run.ctx.path)
+        if timed is not None and reason == "cancelled":
+            # ADK cancels an attempt that overruns its timeout, then raises its
+            # NodeTimeoutError outside it: decided by ADK's error event or next attempt
+            run.cancelled = (timed, ctx)
+            return
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
-        self._stopped.setdefault(ctx.invocation_id, set()).add(run.ctx.path)
-        self.recorder.cancel(self._inv(ctx), run.ctx)
+        if reason == "cancelled":  # not a sibling's failure: the caller may have stopped reading
+            self._stopped.setdefault(ctx.invocation_id, set()).add(run.ctx.path)
+        self.recorder.cancel(inv, run.ctx, reason)
 
     def _left_cancelled(self, inv: BridgeInvocation, paths: Iterable[str]) -> bool:
         """A run ADK cancelled stayed so (the caller stopped reading; not a sibling run again)."""
@@ -561,6 +568,7 @@ class FlowscopeADK:
         self._runs.pop((ctx.invocation_id, ctx.node_path), None)
         inv = self._inv(ctx)
         self.recorder.complete(inv, run.ctx, output, has_output, route=route)
+        self._retries.completed(ctx.invocation_id, run.ctx.path)
         if self._wf_outputs:
             self._settle(ctx.invocation_id, inv)
 
