@@ -11,9 +11,10 @@ every task (a new LangChain run id per attempt, the task id in the metadata's
 - a task as a node run ``graph@1/node@k`` (k counts the runs of that node in the thread;
   LangGraph's internal ``__start__`` task is none), its attempts under a ``RetryPolicy``
   and a ``TimeoutPolicy`` (a failed or abandoned attempt followed by another start of the
-  same task is a ``NodeRetrying``; the last failed attempt, once the graph gives up, the
-  one ``NodeErrorEvent`` at the deepest path with every attempt counted; a final timeout
-  is LangGraph's ``NodeTimeoutError``, outcome timeout);
+  same task is a ``NodeRetrying``, as is one the run ended in its backoff (then cancelled):
+  one its policy retries, by LangGraph's rule; any other failed attempt is final, the one
+  ``NodeErrorEvent`` at the deepest path with every attempt counted; a final timeout is
+  LangGraph's ``NodeTimeoutError``, outcome timeout);
 - a node's error handler as a run beside the node (``graph@1/__error_handler__node@1``):
   its start is the node's final failure;
 - an interrupt (``GraphInterrupt``) as one ``InputRequested`` at the task that raised it:
@@ -49,6 +50,7 @@ from ..liveness import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..plugins import Plugin
 from ..states import RunStatus
 from ..store.base import EventStore
+from ._langgraph_retries import retried, retry_policy_of
 from ._recorder import BridgeInvocation, BridgeNodeContext, BridgeRecorder
 from ._runs import path_segment, route_of
 
@@ -71,7 +73,7 @@ _TIMEOUT_CODE = "NODE_TIMEOUT"
 class _Task:
     """One LangGraph task (one node run) in this invocation."""
 
-    __slots__ = ("ctx", "ns", "run_id", "depth", "error", "done", "started")
+    __slots__ = ("ctx", "ns", "run_id", "depth", "error", "done", "started", "policy", "tries")
 
     def __init__(self, ctx: BridgeNodeContext, ns: str, run_id: UUID, depth: int) -> None:
         self.ctx = ctx
@@ -81,16 +83,17 @@ class _Task:
         self.error: tuple[BaseException, float] | None = None  # failed attempt, retry not yet known
         self.done = False
         self.started = time.monotonic()  # when the current attempt started
+        self.policy = retry_policy_of(ns.rsplit(":", 1)[-1])  # the RetryPolicy LangGraph runs it under
+        self.tries = 1  # its attempts in this invocation (LangGraph counts anew on a resume)
 
 
 class _Graph:
     """One graph invocation being recorded."""
 
-    __slots__ = ("inv", "tasks", "interrupted", "continues", "claimed", "latest", "on_loop")
+    __slots__ = ("inv", "tasks", "interrupted", "continues", "claimed", "latest")
 
     def __init__(self, inv: BridgeInvocation, continues: bool, latest: str | None = None) -> None:
         self.inv = inv
-        self.on_loop = _on_loop()  # ainvoke/astream: LangGraph's tasks are asyncio tasks
         self.tasks: dict[str, _Task] = {}  # checkpoint namespace -> task
         self.interrupted = False
         self.continues = continues  # a resume (Command or None input): earlier runs continue
@@ -353,28 +356,11 @@ class FlowscopeCallbackHandler(_Handler):
         # ends in a CancelledError (LangGraph cancels it), or has not ended yet.
         timed_out = error.node if isinstance(error, NodeTimeoutError) else None
         failed: dict[int, str] = {}  # id of an exception -> the deepest path it failed at
-        # On the event loop LangGraph cancels the other tasks when one fails for good, one
-        # waiting out its RetryPolicy's backoff too, and no callback says so. A failed attempt
-        # before the one that ended the run was to be retried: a final one would have ended it.
-        ended_at = (
-            min(
-                (t.error[1] for t in g.tasks.values() if t.error is not None and t.error[0] is error),
-                default=None,
-            )
-            if g.on_loop
-            else None
-        )
         for task in sorted(g.tasks.values(), key=lambda t: -t.depth):
-            if task.done:
+            if task.done or self._cancelled_in_backoff(g, task):
                 continue
             exc = task.error[0] if task.error is not None else None
             cancelled = exc is not None and _stopped(exc)
-            if task.error is not None and not cancelled and ended_at is not None and task.error[1] < ended_at:
-                exc, failed_at = task.error
-                self.recorder.retrying(task.ctx, task.ctx.attempt, exc, max(0.0, time.time() - failed_at))
-                task.done = True
-                self.recorder.cancel(g.inv, task.ctx)
-                continue
             if timed_out is not None and task.ctx.node_name == timed_out and (exc is None or cancelled):
                 timed_out = None  # one task timed out: the first one open under that name
                 exc, cancelled = error, False
@@ -399,6 +385,8 @@ class FlowscopeCallbackHandler(_Handler):
         failed: dict[int, str] = {}  # id of an exception -> the deepest path it failed at
         open_tasks = [t for t in g.tasks.values() if not t.done and t.ns.startswith(prefix)]
         for task in sorted(open_tasks, key=lambda t: -t.depth):
+            if self._cancelled_in_backoff(g, task):
+                continue
             exc = task.error[0] if task.error is not None else None
             if exc is None or _stopped(exc):
                 if cancel_rest:
@@ -406,6 +394,20 @@ class FlowscopeCallbackHandler(_Handler):
                     self.recorder.cancel(g.inv, task.ctx)
                 continue
             self._end_failed(g, task, exc, failed)
+
+    def _cancelled_in_backoff(self, g: _Graph, task: _Task) -> bool:
+        """A failed attempt LangGraph retries, whose retry never started: the run ended in its
+        backoff (on the event loop LangGraph cancels it there, and no callback says so), a
+        ``NodeRetrying`` then a ``NodeCancelled``. Any other failed attempt is final."""
+        if task.error is None or _stopped(task.error[0]):
+            return False
+        exc, failed_at = task.error
+        if not retried(task.policy, exc, task.tries):
+            return False
+        self.recorder.retrying(task.ctx, task.ctx.attempt, exc, max(0.0, time.time() - failed_at))
+        task.done = True
+        self.recorder.cancel(g.inv, task.ctx)
+        return True
 
     def _end_failed(self, g: _Graph, task: _Task, exc: BaseException, failed: dict[int, str]) -> bool:
         """End ``task`` failed with ``exc``; True if it holds the failure. A subgraph's node
@@ -446,6 +448,7 @@ class FlowscopeCallbackHandler(_Handler):
                         0.0,
                     )
             task.error = None
+            task.tries += 1
             task.run_id = run_id
             task.started = time.monotonic()
             return task
@@ -561,15 +564,6 @@ def _asked_by(ws: WorkflowState, ns: str) -> str | None:
         if iid in n.requests or iid in n.inputs:
             return n.path
     return None
-
-
-def _on_loop() -> bool:
-    """Whether the graph runs on an event loop here (``ainvoke``, ``astream``)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _is_error_handler(node: Any) -> bool:

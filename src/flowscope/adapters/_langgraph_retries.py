@@ -1,0 +1,67 @@
+"""Which failed attempts of a LangGraph task LangGraph retries: its own rule, on its own policy.
+
+LangGraph (``pregel/_retry.py``, ``run_with_retry``/``arun_with_retry``) retries a failed
+attempt when the first policy of the task's ``retry_policy`` (the node's own, else the
+graph's default) whose ``retry_on`` matches the exception allows another attempt: failures
+so far below its ``max_attempts``. No callback names the policy, so the bridge reads it
+where LangGraph runs the task: the ``PregelExecutableTask`` on the stack of the attempt's
+``on_chain_start`` (a local ``task`` of the frame that runs it, the task id checked).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from langgraph.types import PregelExecutableTask, RetryPolicy
+
+__all__ = ["retried", "retry_policy_of"]
+
+#: How far up the stack of a task's ``on_chain_start`` LangGraph's frame is looked for
+#: (it is 4-6 frames up: the callback manager, then the task's ``RunnableSeq``).
+_MAX_FRAMES = 32
+
+
+def retry_policy_of(task_id: str) -> tuple[RetryPolicy, ...]:
+    """The retry policy LangGraph runs the task ``task_id`` under, read from the task it is
+    running on this stack; ``()`` (never retried) if it has none or is not found."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            break
+        code = frame.f_code
+        if "task" in code.co_varnames or "task" in code.co_freevars or "task" in code.co_cellvars:
+            local = frame.f_locals
+            task = local.get("task")
+            if isinstance(task, PregelExecutableTask) and task.id == task_id:
+                # LangGraph's own choice: ``task.retry_policy or retry_policy``
+                policy = task.retry_policy or local.get("retry_policy") or ()
+                return tuple(p for p in policy if isinstance(p, RetryPolicy))
+        frame = frame.f_back
+    return ()
+
+
+def retried(policy: Sequence[RetryPolicy], error: BaseException, attempt: int) -> bool:
+    """Whether LangGraph retries a task whose ``attempt``-th attempt (counted from its
+    first in this run of the graph) failed with ``error``, by its policy ``policy``."""
+    if not isinstance(error, Exception):  # LangGraph retries Exceptions only
+        return False
+    for p in policy:
+        if _retries_on(p, error):
+            return attempt < p.max_attempts
+    return False
+
+
+def _retries_on(policy: RetryPolicy, error: Exception) -> bool:
+    """LangGraph's ``_should_retry_on``: ``retry_on`` is exception classes or a predicate."""
+    retry_on: Any = policy.retry_on
+    try:
+        if isinstance(retry_on, Sequence):
+            return isinstance(error, tuple(retry_on))
+        if isinstance(retry_on, type) and issubclass(retry_on, Exception):
+            return isinstance(error, retry_on)
+        return callable(retry_on) and bool(retry_on(error))
+    except Exception:  # LangGraph raises this error in place of the task's: no retry
+        return False
