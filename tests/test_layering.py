@@ -51,6 +51,8 @@ PRIVATE_IMPORTS_ALLOWED = {
     ("google.adk.workflow._parallel_worker", "_ParallelWorker"),
     ("google.adk.workflow.utils._retry_utils", "_get_retry_delay"),
     ("google.adk.workflow.utils._retry_utils", "_should_retry_node"),
+    # the LangGraph bridge asks LangGraph's own retry rule which failed attempts it retries
+    ("langgraph.pregel._retry", "_should_retry_on"),
     # the metrics server keeps prometheus-client's quiet request handler
     ("prometheus_client.exposition", "_SilentHandler"),
 }
@@ -62,6 +64,8 @@ PRIVATE_MODULES_ALLOWED = (
     "google.adk.utils._function_call_names",
     # the GenAI semantic conventions exist only as incubating attributes
     "opentelemetry.semconv._incubating",
+    # LangGraph keeps its retry rule in a private module (the bridge asks it, not a copy)
+    "langgraph.pregel._retry",
 )
 
 

@@ -299,3 +299,54 @@ async def test_a_resumed_tasks_attempts_count_anew_for_its_retry_policy_as_langg
         ("NodeErrorEvent", "par@1/broken@1", "ValueError"),
         ("NodeErrorEvent", "par@1/broken@1", "ValueError"),
     ]
+
+
+@pytest.mark.parametrize("how", ["caller_timeout", "sibling_failed"])
+def test_subgraph_nodes_cancelled_with_their_child_count_one_cancellation_the_childs(store, how):
+    """Two levels of subgraph nodes around a leaf, cancelled together (the caller's timeout,
+    or a sibling's failure): one ``cancellation``, the leaf's; the subgraph nodes are its
+    containers, as nested workflows are."""
+    from prometheus_client import CollectorRegistry
+
+    from flowscope.observability import MetricsPlugin
+
+    async def leaf(s: State) -> dict[str, Any]:
+        await asyncio.sleep(5)
+        return {"out": ["leaf"]}
+
+    async def boom(s: State) -> dict[str, Any]:
+        await asyncio.sleep(0.05)
+        raise RuntimeError("boom")
+
+    inner = StateGraph(State)
+    inner.add_node("leaf", leaf)
+    inner.add_edge(START, "leaf")
+    mid = StateGraph(State)
+    mid.add_node("inner", inner.compile())
+    mid.add_edge(START, "inner")
+    top = StateGraph(State)
+    top.add_node("mid", mid.compile())
+    top.add_edge(START, "mid")
+    if how == "sibling_failed":
+        top.add_node("boom", boom)
+        top.add_edge(START, "boom")
+    graph = top.compile(checkpointer=InMemorySaver(), name="nest")
+    registry = CollectorRegistry()
+    handler = FlowscopeCallbackHandler(
+        store, plugins=[MetricsPlugin(registry=registry)], heartbeat_interval=0
+    )
+    with pytest.raises((asyncio.TimeoutError, RuntimeError)):
+        asyncio.run(
+            asyncio.wait_for(
+                graph.ainvoke({"out": []}, config(handler, "t")), 0.3 if how == "caller_timeout" else 5
+            )
+        )
+    cancelled = [e.path for e in store.read("t") if isinstance(e, NodeCancelled)]
+    assert cancelled[:3] == ["nest@1/mid@1/inner@1/leaf@1", "nest@1/mid@1/inner@1", "nest@1/mid@1"]
+
+    def runs(node: str, outcome: str) -> float | None:
+        labels = {"workflow": "nest", "node": node, "outcome": outcome}
+        return registry.get_sample_value("flowscope_node_runs_total", labels)
+
+    assert runs("leaf", "cancellation") == 1
+    assert [runs(n, "cancellation") for n in ("inner", "mid")] == [None, None]

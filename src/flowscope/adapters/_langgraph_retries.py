@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any
 
+from langgraph.pregel._retry import _should_retry_on
 from langgraph.types import PregelExecutableTask, RetryPolicy
 
 __all__ = ["retried", "retry_policy_of"]
@@ -45,23 +45,15 @@ def retry_policy_of(task_id: str) -> tuple[RetryPolicy, ...]:
 
 def retried(policy: Sequence[RetryPolicy], error: BaseException, attempt: int) -> bool:
     """Whether LangGraph retries a task whose ``attempt``-th attempt (counted from its
-    first in this run of the graph) failed with ``error``, by its policy ``policy``."""
+    first in this run of the graph) failed with ``error``, by its policy ``policy``: the
+    first policy LangGraph's own ``_should_retry_on`` matches decides."""
     if not isinstance(error, Exception):  # LangGraph retries Exceptions only
         return False
     for p in policy:
-        if _retries_on(p, error):
+        try:
+            matches = _should_retry_on(p, error)
+        except Exception:  # LangGraph raises this error in place of the task's: no retry
+            return False
+        if matches:
             return attempt < p.max_attempts
     return False
-
-
-def _retries_on(policy: RetryPolicy, error: Exception) -> bool:
-    """LangGraph's ``_should_retry_on``: ``retry_on`` is exception classes or a predicate."""
-    retry_on: Any = policy.retry_on
-    try:
-        if isinstance(retry_on, Sequence):
-            return isinstance(error, tuple(retry_on))
-        if isinstance(retry_on, type) and issubclass(retry_on, Exception):
-            return isinstance(error, retry_on)
-        return callable(retry_on) and bool(retry_on(error))
-    except Exception:  # LangGraph raises this error in place of the task's: no retry
-        return False
