@@ -242,7 +242,10 @@ def test_sigterm_drains_a_running_node_keeps_pauses_and_releases_leases(flows):
     with SqliteEventStore(tmp / "w.db", readonly=True) as store:
         for sid in ("d2", "d3"):
             ws = rebuild(store.read(sid))
-            assert ws.nodes["drainable@1/slow@1"].attempt == 2  # cut off, run again higher
+            slow = ws.nodes["drainable@1/slow@1"]
+            assert slow.attempt == 2  # cut off, run again higher
+            # handed back, not crashed: no recovery (enough drains would fail it RECOVERY_LIMIT)
+            assert (slow.recoveries, ws.nodes["drainable@1"].recoveries) == (0, 0)
 
 
 # --------------------------------------------------------------------------- two claimers

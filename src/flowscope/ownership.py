@@ -52,6 +52,10 @@ class Owner:
     #: answer, cancel or retry, ``flowscope.actions.deliver``), never to run them: another
     #: sender waits that moment out rather than take it for the session's live owner.
     sender: bool = False
+    #: The owner handed the session back as it drained (a worker's SIGTERM): the runs it
+    #: left running were cut off, not crashed, and whoever takes it next does not count
+    #: them as recoveries. Written with the released lease, by the owner itself.
+    handed_back: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -66,6 +70,8 @@ class Owner:
             d["start_id"] = self.start_id
         if self.sender:  # absent otherwise, as ships_spans
             d["sender"] = True
+        if self.handed_back:  # absent otherwise, as ships_spans
+            d["handed_back"] = True
         return d
 
     @classmethod
@@ -79,6 +85,7 @@ class Owner:
             ships_spans=bool(data.get("ships_spans", False)),
             start_id=str(data["start_id"]) if data.get("start_id") is not None else None,
             sender=bool(data.get("sender", False)),
+            handed_back=bool(data.get("handed_back", False)),
         )
 
     def describe(self) -> str:

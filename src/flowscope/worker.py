@@ -421,7 +421,7 @@ class Worker:
                 return
             before = self.store.last_seq(sid)
             try:
-                result = await runner.resume(sid, lease=claim.lease)
+                result = await runner.resume(sid, lease=claim.lease, handed_back=claim.handed_back)
             except (
                 ResumeError,
                 OutputNotSerializableError,
@@ -572,8 +572,8 @@ class Worker:
             log.info("session %s: let go, the store does not answer; its lease expires", sid)
             self.runners[claim.workflow].hand_off(sid, "the worker drains while its store does not answer")
             return
-        try:
-            self.store.acquire(sid, self.owner, 0.0, force=True)
+        try:  # released, and said to be handed back: the next taker counts no recovery
+            self.store.acquire(sid, dataclasses.replace(self.owner, handed_back=True), 0.0, force=True)
         except StoreNotWritable as exc:  # said once already; the lease expires by itself
             log.info("could not hand back session %s: %s", sid, describe_exception(exc))
         except Exception as exc:

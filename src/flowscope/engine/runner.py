@@ -40,7 +40,7 @@ from ..store.base import EventStore
 from .commit import GroupCommit
 from .context import NodeContext, PauseSignal, RunResult
 from .endings import let_go, read_mail, release
-from .graph import Node, Workflow
+from .graph import Workflow
 from .hooks import Plugin, PluginDispatcher
 from .ids import new_id
 from .inbox import take_in
@@ -54,6 +54,7 @@ from .submit import (
     check_runner_options,
     check_session_id,
     check_store,
+    check_workflow,
     no_running_loop,
     submit_run,
 )
@@ -88,10 +89,9 @@ class Runner:
     Without a ``store``, a new :attr:`default_store` is used (in-memory unless changed).
     """
 
-    #: Makes the store of a Runner built without one. The engine knows only the
-    #: ``EventStore`` port, never an adapter: the package root (``flowscope/__init__.py``,
-    #: which Python runs before any of its modules) sets this to the in-memory reference
-    #: store, ``flowscope.store.MemoryEventStore``.
+    #: Makes the store of a Runner built without one. The engine knows only the ``EventStore``
+    #: port: the package root (``flowscope/__init__.py``, run before any of its modules) sets
+    #: this to the in-memory reference store, ``flowscope.store.MemoryEventStore``.
     default_store: ClassVar[Callable[[], EventStore] | None] = None
 
     def __init__(
@@ -112,13 +112,7 @@ class Runner:
         if lease_s <= 0:
             raise ValueError("lease_s must be a positive number of seconds")
         check_runner_options(max_recoveries, error_codes)
-        if not isinstance(workflow, Workflow):
-            hint = (
-                f": wrap the node in one, Workflow({workflow.name!r}, edges=[(START, {workflow.name})])"
-                if isinstance(workflow, Node)
-                else ""
-            )
-            raise TypeError(f"Runner needs a Workflow, not {type(workflow).__name__}{hint}")
+        check_workflow(workflow)
         self.workflow = workflow
         #: The store is the default one (in memory): a pause is said to live only here.
         self._store_in_memory = store is None
@@ -169,6 +163,7 @@ class Runner:
         *,
         force: bool = False,
         lease: Lease | None = None,
+        handed_back: bool = False,
     ) -> RunResult:
         """Continue a paused, failed or crashed session from the store alone, or start a
         queued one (:meth:`submit`).
@@ -178,10 +173,19 @@ class Runner:
         consumed as if given here. Completed runs are fast-forwarded, never re-executed.
         ``lease``: a lease already taken (a worker's ``store.claim()``) to run under,
         instead of acquiring one, and kept if the store halts the run (its taker takes the
-        session back); ``force`` takes the session from a live owner.
+        session back); ``force`` takes the session from a live owner. ``handed_back`` (a
+        worker's ``Claim`` says so): its last owner drained, so the runs it left running were
+        cut off, not crashed: they run again at their next attempt, and are no recoveries.
         """
         return await self._invoke(
-            session_id, None, resume=True, inputs=inputs, jobs=jobs, force=force, lease=lease
+            session_id,
+            None,
+            resume=True,
+            inputs=inputs,
+            jobs=jobs,
+            force=force,
+            lease=lease,
+            handed_back=handed_back,
         )
 
     def submit(self, input: Any = None, session_id: str | None = None) -> str:
@@ -381,6 +385,7 @@ class Runner:
         force: bool = False,
         lease: Lease | None = None,
         on_event: Callable[[Event], None] | None = None,
+        handed_back: bool = False,
     ) -> RunResult:
         check_session_id(session_id)  # before anything is read or appended
         given = lease is not None  # a worker's claim: a halt by the store keeps it (endings.let_go)
@@ -423,7 +428,9 @@ class Runner:
             lease=lease,
             lease_s=self.lease_s,
             commits=self._commits,
-            cut_off=self._cut_off.pop(session_id, frozenset()),
+            # cut off by a store fault here or its last owner's hand-back: not crashed
+            cut_off=self._cut_off.pop(session_id, frozenset())
+            | ({ws.invocation_id} if handed_back else set()),
         )
         self._active[session_id] = inv
         self._commits.active += 1

@@ -26,13 +26,14 @@ from ..errors import (
 from ..events import Event, NodeErrorEvent, NodeStarted, RunFinished, RunStarted, RunSubmitted
 from ..jsontext import lone_surrogate
 from ..store.base import EventStore
-from .graph import MAX_NODE_NAME, MAX_SESSION_ID, check_name
+from .graph import MAX_NODE_NAME, MAX_SESSION_ID, Node, Workflow, check_name
 from .ids import new_id
 from .record import json_value
 
 __all__ = [
     "check_store",
     "check_runner_options",
+    "check_workflow",
     "no_running_loop",
     "check_session_id",
     "check_workflow_name",
@@ -55,6 +56,17 @@ def check_store(store: object, who: str) -> EventStore:
             'pass one, e.g. SqliteEventStore("runs.db") (from flowscope.store)'
         )
     return store
+
+
+def check_workflow(workflow: object) -> None:
+    """A Runner's ``workflow`` is a :class:`Workflow`; a bare node is told how to wrap it."""
+    if not isinstance(workflow, Workflow):
+        hint = (
+            f": wrap the node in one, Workflow({workflow.name!r}, edges=[(START, {workflow.name})])"
+            if isinstance(workflow, Node)
+            else ""
+        )
+        raise TypeError(f"Runner needs a Workflow, not {type(workflow).__name__}{hint}")
 
 
 def check_runner_options(max_recoveries: int, error_codes: Mapping[Any, str] | None) -> None:

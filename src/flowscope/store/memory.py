@@ -34,6 +34,7 @@ from .takeover import (
     claim_cut,
     claim_rule,
     claimable_since,
+    handed_back_orphan,
     lost_lease,
 )
 
@@ -259,14 +260,18 @@ class MemoryEventStore(EventStore):
                 if reason is None:
                     continue
                 since = claimable_since(s.status, own.submitted_at, s.updated_at, own.lease_expires_at, now)
-                found.append(ClaimPick(since, sid, s.workflow, reason))
+                found.append(
+                    ClaimPick(since, sid, s.workflow, reason, 0, handed_back_orphan(candidate, reason))
+                )
             out: list[Claim] = []
             for pick in claim_cut(found, limit):
                 own = self._own.setdefault(pick.session_id, _Ownership())
-                if pick.reason == "orphaned":
+                if pick.recovers:
                     own.recoveries += 1
                 lease = self._take(pick.session_id, own, owner, lease_s, now)
-                out.append(Claim(pick.session_id, pick.workflow, pick.reason, lease))
+                out.append(
+                    Claim(pick.session_id, pick.workflow, pick.reason, lease, handed_back=pick.handed_back)
+                )
             return out
 
     # ------------------------------------------------------------------ the inbox

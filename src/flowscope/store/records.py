@@ -227,6 +227,9 @@ class Claim:
     #: A worker's take-back of a session a store fault halted in its hands (``reason`` is
     #: the first claim's): the same claim again, not a new one.
     taken_back: bool = False
+    #: An orphan its owner handed back as it drained (``Owner.handed_back``): the runs it
+    #: left running were cut off, not crashed (``Runner.resume(handed_back=True)``).
+    handed_back: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ __all__ = [
     "lost_lease",
     "claim_rule",
     "claim_picks",
+    "handed_back_orphan",
     "claim_cut",
     "claimable_since",
     "claim_candidates",
@@ -113,6 +114,13 @@ class ClaimPick:
     workflow: str
     reason: ClaimReason
     epoch: int = 0
+    #: an orphan its owner handed back as it drained (``Owner.handed_back``)
+    handed_back: bool = False
+
+    @property
+    def recovers(self) -> bool:
+        """Taking it is a recovery: an orphan whose owner died, not one handed back."""
+        return self.reason == "orphaned" and not self.handed_back
 
 
 def claim_candidates(rows: Iterable[Sequence[Any]], status: str = "") -> Iterator[ClaimCandidate]:
@@ -163,10 +171,19 @@ def claim_picks(
         reason = claim_rule(c, now, host=host, max_recoveries=max_recoveries)
         if reason is None:
             continue
-        out.append(ClaimPick(c.since or 0.0, c.session_id, c.workflow, reason, c.epoch))
+        out.append(
+            ClaimPick(
+                c.since or 0.0, c.session_id, c.workflow, reason, c.epoch, handed_back_orphan(c, reason)
+            )
+        )
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+def handed_back_orphan(c: ClaimCandidate, reason: ClaimReason) -> bool:
+    """Is ``c`` (claimable for ``reason``) an orphan its owner handed back as it drained?"""
+    return reason == "orphaned" and c.owner is not None and c.owner.handed_back
 
 
 def claimable_since(

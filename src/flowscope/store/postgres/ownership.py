@@ -215,11 +215,15 @@ def claim(
         chosen = claim_cut(found, limit)
         if not chosen:
             return []
-        recovered = [c.session_id for c in chosen if c.reason == "orphaned"]
+        recovered = [c.session_id for c in chosen if c.recovers]
         taken = _take(conn, [c.session_id for c in chosen], owner, now + lease_s, now, recovered)
     return [
         Claim(
-            c.session_id, c.workflow, c.reason, Lease(c.session_id, owner, taken[c.session_id], now + lease_s)
+            c.session_id,
+            c.workflow,
+            c.reason,
+            Lease(c.session_id, owner, taken[c.session_id], now + lease_s),
+            handed_back=c.handed_back,
         )
         for c in chosen
     ]

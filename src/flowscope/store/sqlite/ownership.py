@@ -156,15 +156,14 @@ def claim(
         read(conn.execute(q.SQL_CLAIM_HELD_BY_DEAD, {**params, "dead": json.dumps(dead)}), "")
     claims = []
     for pick in claim_cut(found, limit):
-        epoch, _last_seq = _take(
-            conn, pick.session_id, owner, lease_s, now, recovered=pick.reason == "orphaned"
-        )
+        epoch, _last_seq = _take(conn, pick.session_id, owner, lease_s, now, recovered=pick.recovers)
         claims.append(
             Claim(
                 pick.session_id,
                 pick.workflow,
                 pick.reason,
                 Lease(pick.session_id, owner, epoch, now + lease_s),
+                handed_back=pick.handed_back,
             )
         )
     return claims

@@ -86,6 +86,36 @@ class OwnershipContract(ContractBase):
         assert store.session_info(SID) == info
         assert store.session_info("nobody") is None
 
+    def test_a_session_its_owner_handed_back_is_claimed_as_no_recovery(self, store: EventStore) -> None:
+        # A draining worker releases what it still runs, saying so in its owner record: the
+        # next taker gets an orphan, told handed back, and no recovery is counted against
+        # it (max_recoveries=0 would leave an orphan recovered once alone).
+        now = 1000.0
+        store.acquire("h", other_host_owner(), 10.0, now=now)
+        store.append("h", [ev(RunStarted, sid="h", workflow="wf", ts=now)], 0, epoch=1)
+        t = now
+        for i in range(3):
+            holder = other_host_owner(f"w-{i}", pid=10 + i)
+            if i:
+                store.acquire("h", holder, 10.0, now=t, force=True)
+            store.acquire("h", dataclasses.replace(holder, handed_back=True), 0.0, now=t, force=True)
+            info = store.session_info("h")
+            assert info is not None and info.owner is not None and info.owner.handed_back
+            t += 1.0
+            [c] = store.claim(
+                other_host_owner("w-next", pid=99), ["wf"], 10.0, limit=5, max_recoveries=0, now=t
+            )
+            assert (c.session_id, c.reason, c.handed_back) == ("h", "orphaned", True)
+        t += 20.0  # that claimer's lease runs out: an orphan of a dead owner, recovered once
+        [c] = store.claim(other_host_owner("w-last", pid=98), ["wf"], 10.0, limit=5, max_recoveries=0, now=t)
+        assert (c.reason, c.handed_back) == ("orphaned", False)
+        assert (
+            store.claim(
+                other_host_owner("w-more", pid=97), ["wf"], 10.0, limit=5, max_recoveries=0, now=t + 20
+            )
+            == []
+        )
+
     def test_the_owner_record_keeps_whether_it_ships_its_own_spans(self, store: EventStore) -> None:
         shipper = dataclasses.replace(this_process("w-1"), ships_spans=True)
         lease = store.acquire("a", shipper, 15.0, now=1000.0)
