@@ -1165,25 +1165,12 @@ async def test_a_nested_workflow_that_overruns_its_timeout_is_a_timeout_of_its_o
         ("NodeStarted", inner_path, 1),
         *tried,
         ("NodeErrorEvent", inner_path, (attempts, "NodeTimeoutError", "NODE_TIMEOUT")),
-        ("NodeErrorPropagated", "outer@1", (inner_path, "NodeTimeoutError", "NODE_TIMEOUT")),
+        ("NodeErrorPropagated", "outer@1", (inner_path, 1, "NodeTimeoutError", "NODE_TIMEOUT")),
         ("RunFinished", "", ("failed", inner_path, "NODE_TIMEOUT")),
     ]
 
-    def detail(e: Any) -> Any:
-        if isinstance(e, NodeStarted):
-            return e.attempt
-        if isinstance(e, NodeRetrying):
-            return (e.attempt, e.error_type, e.error_code)
-        if isinstance(e, NodeErrorEvent):
-            return (e.attempt_count, e.error_type, e.error_code)
-        if isinstance(e, NodeErrorPropagated):
-            return (e.origin_path, e.error_type, e.error_code)
-        if isinstance(e, RunFinished):
-            return (e.status, e.error_path, e.error_code)
-        return getattr(e, "reason", None)
-
     log = store.read(d.session_id)
-    assert [(type(e).__name__, getattr(e, "path", ""), detail(e)) for e in log] == expected
+    assert record(log) == expected
     [err] = [e for e in log if isinstance(e, NodeErrorEvent)]
     assert err.error_message == str(raised.value)
     state = rebuild(log)

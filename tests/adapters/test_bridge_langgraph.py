@@ -20,6 +20,7 @@ from langgraph.errors import NodeTimeoutError
 from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, RetryPolicy, Send, TimeoutPolicy, interrupt
+from langgraph_testing import config, lg_store  # noqa: F401 (lg_store: the store fixture)
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -61,17 +62,6 @@ class State(TypedDict, total=False):
 
 def policy(attempts: int, on: type[BaseException]) -> RetryPolicy:
     return RetryPolicy(max_attempts=attempts, initial_interval=0.001, jitter=False, retry_on=on)
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    s = SqliteEventStore(str(tmp_path / "lg.db"))
-    yield s
-    s.close()
-
-
-def config(handler: FlowscopeCallbackHandler, thread: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread}, "callbacks": [handler]}
 
 
 def of(log: list, path: str) -> list:

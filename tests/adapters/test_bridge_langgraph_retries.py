@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import operator
-from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import RetryPolicy, Send
+from langgraph_testing import config, lg_store  # noqa: F401 (lg_store: the store fixture)
 
 from flowscope.adapters.langgraph import FlowscopeCallbackHandler
 from flowscope.events import NodeCancelled, NodeErrorEvent, NodeErrorPropagated, NodeRetrying
 from flowscope.fold import rebuild
-from flowscope.store import SqliteEventStore
 
 # imports take seconds (langgraph): the whole module is in the slow set
 pytestmark = pytest.mark.slow
@@ -31,17 +30,6 @@ class State(TypedDict, total=False):
 
 class StepFailed(Exception):
     pass
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    s = SqliteEventStore(str(tmp_path / "lg.db"))
-    yield s
-    s.close()
-
-
-def config(handler: FlowscopeCallbackHandler, thread: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread}, "callbacks": [handler]}
 
 
 def ends(log: list) -> list[tuple[str, str, str]]:

@@ -4,17 +4,16 @@ runs say, and its failure is named in full on every enclosing run."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, TypedDict
 
 import pytest
 from langgraph.graph import START, StateGraph
+from langgraph_testing import lg_store  # noqa: F401 (the store fixture)
 from prometheus_client import CollectorRegistry
 
 from flowscope.adapters.langgraph import FlowscopeCallbackHandler
 from flowscope.events import NodeErrorEvent, NodeErrorPropagated
 from flowscope.observability import MetricsPlugin
-from flowscope.store import SqliteEventStore
 
 # imports take seconds (langgraph): the whole module is in the slow set
 pytestmark = pytest.mark.slow
@@ -26,13 +25,6 @@ class State(TypedDict, total=False):
 
 class CardDeclined(Exception):
     pass
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    s = SqliteEventStore(str(tmp_path / "lg.db"))
-    yield s
-    s.close()
 
 
 def running(metrics: MetricsPlugin) -> dict[str, float]:

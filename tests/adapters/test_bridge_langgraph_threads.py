@@ -17,6 +17,7 @@ import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 from langgraph.types import Command, interrupt
+from langgraph_testing import lg_store  # noqa: F401 (the store fixture)
 
 from commands import cli_ok, run_cli
 from flowscope.adapters.langgraph import FlowscopeCallbackHandler
@@ -31,13 +32,6 @@ pytestmark = pytest.mark.slow
 class State(TypedDict, total=False):
     n: int
     answer: Any
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    s = SqliteEventStore(str(tmp_path / "lg.db"))
-    yield s
-    s.close()
 
 
 def fresh(store: SqliteEventStore, thread: str) -> dict[str, Any]:
