@@ -12,6 +12,8 @@ its answers equal :func:`classify_open_run` on a table of cases.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .ownership import Owner, process_alive, this_host
 
 __all__ = [
@@ -29,7 +31,9 @@ __all__ = [
     "WAITING_INPUT",
     "WAITING_JOB",
     "OVERDUE",
+    "QUEUED",
     "OPEN_RUN_CLASSES",
+    "waits_for_worker",
     "stale_before",
     "is_orphaned",
     "is_overdue",
@@ -45,6 +49,9 @@ WAITING_INPUT = "waiting_input"
 WAITING_JOB = "waiting_job"
 OVERDUE = "overdue"
 OPEN_RUN_CLASSES = (RUNNING, ORPHANED, WAITING_INPUT, WAITING_JOB, OVERDUE)
+#: What ``flowscope stuck`` calls work that waits for a worker to run it: a session
+#: submitted and never started, or a waiting run whose wait is over (:func:`waits_for_worker`).
+QUEUED = "queued"
 
 
 def resume_lease_s(heartbeat_interval: float) -> float:
@@ -160,6 +167,17 @@ def is_overdue(job_deadline_at: float | None, now: float) -> bool:
     return job_deadline_at is not None and job_deadline_at < now
 
 
+def waits_for_worker(state: str, session_status: str | None, waiting_on: Sequence[str] | None = None) -> bool:
+    """Whether a run in ``state`` waiting for a person or a job waits for a worker instead:
+    its session is ``answered`` (its input or job result recorded, for the next invocation to
+    take in) or, ``waiting_on`` known, nothing it waited on is open. An answer is given once,
+    so ``resume --input`` or ``--job`` would be refused: a worker, or ``resume SESSION``,
+    continues it, as it starts a queued session."""
+    if state not in (WAITING_INPUT, WAITING_JOB):
+        return False
+    return session_status == "answered" or (waiting_on is not None and not waiting_on)
+
+
 def classify_open_run(
     state: str,
     started_at: float | None,
@@ -171,15 +189,21 @@ def classify_open_run(
     owner: Owner | None = None,
     lease_expires_at: float | None = None,
     host: str | None = None,
+    session_status: str | None = None,
+    waiting_on: Sequence[str] | None = None,
 ) -> str:
-    """``running``, ``orphaned``, ``waiting_input``, ``waiting_job`` or ``overdue``.
+    """``running``, ``orphaned``, ``waiting_input``, ``waiting_job``, ``overdue`` or ``queued``.
 
     ``state`` is the run's status in the fold (one of ``flowscope.fold.OPEN_STATES``);
     ``deadline`` is its job's ``job_deadline_at``. Any other status is returned as is.
     ``owner`` and ``lease_expires_at`` are its session's: a running run of a session with
     an owner is orphaned exactly when :func:`owner_alive` is false; without an owner, when
-    its heartbeat is older than ``stale_after_s`` (:func:`is_orphaned`).
+    its heartbeat is older than ``stale_after_s`` (:func:`is_orphaned`). A waiting run
+    whose wait is over (:func:`waits_for_worker` of ``session_status``, its session's, and
+    ``waiting_on``, its open request or job ids if known) is ``queued``: a worker resumes it.
     """
+    if waits_for_worker(state, session_status, waiting_on):
+        return QUEUED
     if state == RUNNING:
         if owner is not None:
             return RUNNING if owner_alive(owner, lease_expires_at, now, host=host) else ORPHANED

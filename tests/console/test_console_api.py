@@ -724,6 +724,50 @@ def test_the_session_page_is_given_what_stuck_says_its_status_hides(fresh):
     assert c.get(f"/api/sessions/{APPROVAL_SESSION}/waterfall").json()["stuck"] == []  # waiting, not stuck
 
 
+@pytest.mark.slow  # over 0.15 s: several CLI views of the same store
+def test_a_session_answered_or_reported_waits_for_a_worker_not_a_person_or_a_job(fresh):
+    """Once its input is answered, or its job's result reported, a session is a worker's to
+    resume, and ``resume --input`` or ``--job`` would be refused (an answer is given once):
+    ``stuck``, ``/api/stuck`` and the tabs call its waiting run queued (for a worker, with
+    the worker hint), never waiting for a person, for a job, or overdue."""
+    from console_workflows import OVERDUE_SESSION, make_overdue_session
+
+    with SqliteEventStore(fresh) as store:
+        job = make_overdue_session(store)
+    prefix = command_prefix(str(fresh))
+    c, _ = client(fresh, prefix=prefix, queued_after_s=0.0)
+    answers = {
+        PAUSED_SESSION: {"inputs": {"half": True}},
+        OVERDUE_SESSION: {"jobs": {job: {"success": True}}},
+    }
+    for sid, answer in answers.items():
+        assert c.post(f"/api/sessions/{sid}/answer", json=answer).status_code == 200, sid
+    assert statuses(fresh)[PAUSED_SESSION] == statuses(fresh)[OVERDUE_SESSION] == "answered"
+    for rows in (cli_json(fresh, "stuck", "--older-than", "0s"), c.get("/api/stuck").json()):
+        got = {
+            r["session_id"]: (r["state"], r["waiting_on"], r["action"])
+            for r in rows
+            if r["session_id"] in answers
+        }
+        hint = f"no live worker serves {{!r}}: {prefix} worker "
+        assert {sid: (state, on) for sid, (state, on, _) in got.items()} == {
+            PAUSED_SESSION: ("queued", ["a worker"]),
+            OVERDUE_SESSION: ("queued", ["a worker"]),
+        }, got
+        assert got[PAUSED_SESSION][2].startswith(hint.format("big")), got
+        assert got[OVERDUE_SESSION][2].startswith(hint.format("order_fulfilment")), got
+    assert {
+        r["session_id"] for r in cli_json(fresh, "stuck", "--older-than", "0s", "--state", "queued")
+    } >= set(answers)
+    counts = json.loads(c.get("/api/sessions").headers["x-attention"])
+    tabs = {
+        t: {r["session_id"] for r in c.get("/api/sessions", params={"attention": t}).json()} for t in counts
+    }
+    assert {t for t, ids in tabs.items() if ids & set(answers)} == {"queued_too_long"}, tabs
+    assert counts == {t: len(ids) for t, ids in tabs.items()}
+    assert c.get(f"/api/sessions/{OVERDUE_SESSION}/waterfall").json()["stuck"] == []  # no longer overdue
+
+
 def test_the_session_page_counts_invocations_as_runs_does(fresh):
     with SqliteEventStore(fresh) as store:
         submit(store, "nightly_export", None, session_id="never-started")

@@ -14,6 +14,7 @@ from ..liveness import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     ORPHANED,
     OVERDUE,
+    QUEUED,
     RUNNING,
     WAITING_INPUT,
     WAITING_JOB,
@@ -21,7 +22,7 @@ from ..liveness import (
     resume_lease_s,
     worker_alive,
 )
-from ..store.base import EventLog, EventStore, NodeRun, NodeRunGroup, SessionInfo, SessionQuery
+from ..store.base import EventLog, EventStore, NodeRun, NodeRunGroup, SessionInfo, SessionQuery, WorkerInfo
 from ..store.log import group_node_runs
 from .history import RetryReasons, retry_label, retry_reasons
 from .rowparts import (
@@ -102,8 +103,6 @@ STUCK_KEYS = (
     "owner",
 )
 
-#: What ``stuck`` calls a queued session that no worker has started (not a node run's state).
-QUEUED = "queued"
 #: Every state ``flowscope stuck`` lists: the open runs' classes, and queued sessions.
 STUCK_STATES = (RUNNING, ORPHANED, WAITING_INPUT, WAITING_JOB, OVERDUE, QUEUED)
 
@@ -263,6 +262,7 @@ def stuck_rows(
     states_cache: dict[str, WorkflowState] = {}
     infos: dict[str, SessionInfo | None] = {}
     skipped: set[str] = set()
+    live: list[WorkerInfo] | None = None  # the live workers, read once a run waits for one
     for r in runs:
         if r.session_id in skipped:
             continue
@@ -273,17 +273,10 @@ def stuck_rows(
         if r.session_id not in infos:
             infos[r.session_id] = store.session_info(r.session_id)
         info = infos[r.session_id]
-        state = classify_open_run(
-            r.status,
-            r.started_at,
-            r.heartbeat_at,
-            r.job_deadline_at,
-            now,
-            stale_after_s,
-            owner=info.owner if info is not None else None,
-            lease_expires_at=info.lease_expires_at if info is not None else None,
-        )
-        if wanted is not None and state not in wanted:
+        state = _classify(r, info, now, stale_after_s)
+        waiting = r.status in (WAITING_INPUT, WAITING_JOB)
+        # a waiting run with nothing left open waits for a worker: known once its log is read
+        if wanted is not None and state not in wanted and not (waiting and QUEUED in wanted):
             continue
         if young and state != ORPHANED:
             continue  # an orphan is known at once; the age is for runs that may still move
@@ -292,7 +285,7 @@ def stuck_rows(
         ws: WorkflowState | None = None
         # the log is read for what a run waits on, and for an orphan's engine: a session a
         # bridge records is continued by its engine, never by a flowscope command
-        if r.status in ("waiting_input", "waiting_job") or state == ORPHANED:
+        if waiting or state == ORPHANED:
             ws = states_cache.get(r.session_id)
             if ws is None:
                 try:
@@ -302,7 +295,7 @@ def stuck_rows(
                     if on_skip is not None:
                         on_skip(r.session_id, exc)
                     continue
-        if ws is not None and r.status in ("waiting_input", "waiting_job"):
+        if ws is not None and waiting:
             ns = ws.nodes.get(r.path)
             if ns is not None:
                 waiting_on = (
@@ -310,6 +303,18 @@ def stuck_rows(
                 )
                 if waiting_on and waiting_on[0] in ns.requests:
                     payload = ns.requests[waiting_on[0]].payload
+                state = _classify(r, info, now, stale_after_s, waiting_on)
+            if wanted is not None and state not in wanted:
+                continue
+        action: str | None = None
+        if state == QUEUED:  # its wait is over: it waits for a worker, as a queued session does
+            since = info.updated_at if info is not None and info.updated_at is not None else since
+            if since is not None and now - since < older_than_s:
+                continue
+            waiting_on = ["a worker"]
+            if live is None:
+                live = _live_workers(store, now)
+            action = _worker_hint(live, r.workflow, r.session_id, prefix=prefix)
         beat_age = now - r.heartbeat_at if r.heartbeat_at is not None else None
         rows.append(
             {
@@ -331,7 +336,7 @@ def stuck_rows(
                 "waiting_on": waiting_on,
                 "action": continued_in(ws.engine)
                 if ws is not None and ws.engine is not None
-                else _action(r, state, waiting_on, beat_age, info, payload, prefix=prefix),
+                else action or _action(r, state, waiting_on, beat_age, info, payload, prefix=prefix),
                 "owner": owner_row(info),
             }
         )
@@ -342,13 +347,34 @@ def stuck_rows(
     return rows
 
 
+def _classify(
+    r: NodeRun,
+    info: SessionInfo | None,
+    now: float,
+    stale_after_s: float,
+    waiting_on: list[str] | None = None,
+) -> str:
+    """``r``'s state by :func:`flowscope.liveness.classify_open_run`, given its session and,
+    once its log is read, what it waits on."""
+    return classify_open_run(
+        r.status,
+        r.started_at,
+        r.heartbeat_at,
+        r.job_deadline_at,
+        now,
+        stale_after_s,
+        owner=info.owner if info is not None else None,
+        lease_expires_at=info.lease_expires_at if info is not None else None,
+        session_status=info.status if info is not None else None,
+        waiting_on=waiting_on,
+    )
+
+
 def _queued_rows(store: EventStore, older_than_s: float, now: float, *, prefix: str) -> list[dict[str, Any]]:
     """Sessions submitted longer ago than ``older_than_s`` that no worker has started, with
     what to do: start a worker for the workflow (after ``prefix``: a worker of another
     database would not serve them), or look at the live one's log (its claims fail).
     Workers are alive by :func:`flowscope.liveness.worker_alive`."""
-    from ..examples import bundled_for
-
     cutoff = now - older_than_s
     if not any(
         g.oldest_submitted_at is None or g.oldest_submitted_at <= cutoff for g in store.queued_summary()
@@ -358,17 +384,11 @@ def _queued_rows(store: EventStore, older_than_s: float, now: float, *, prefix: 
     old = [s for s in queued if (s.submitted_at or s.started_at or now) <= cutoff]
     if not old:
         return []
-    live = [w for w in store.workers() if worker_alive(w.host, w.pid, w.seen_at, now)]
+    live = _live_workers(store, now)
     rows = []
     for s in sorted(old, key=lambda s: s.submitted_at or 0.0):
         since = s.submitted_at if s.submitted_at is not None else s.started_at
-        serving = [w for w in live if s.workflow in w.workflows]
-        if serving:
-            w = max(serving, key=lambda w: w.seen_at)
-            action = f"a live worker serves it ({w.worker_id} on {w.host} pid {w.pid}): its log says why it does not start"
-        else:
-            code = bundled_for(s.workflow, s.session_id) or "MODULE:ATTR"
-            action = f"no live worker serves {s.workflow!r}: {prefix} worker {code}"
+        action = _worker_hint(live, s.workflow, s.session_id, prefix=prefix)
         rows.append(
             {
                 "session_id": s.session_id,
@@ -390,6 +410,25 @@ def _queued_rows(store: EventStore, older_than_s: float, now: float, *, prefix: 
             }
         )
     return rows
+
+
+def _live_workers(store: EventStore, now: float) -> list[WorkerInfo]:
+    """The workers alive by :func:`flowscope.liveness.worker_alive`."""
+    return [w for w in store.workers() if worker_alive(w.host, w.pid, w.seen_at, now)]
+
+
+def _worker_hint(live: list[WorkerInfo], workflow: str, session_id: str, *, prefix: str) -> str:
+    """What to do for work of ``workflow`` that waits for a worker: look at the log of the
+    live worker that serves it (its claims fail), or start one (after ``prefix``: a worker
+    of another database would not serve it)."""
+    from ..examples import bundled_for
+
+    serving = [w for w in live if workflow in w.workflows]
+    if serving:
+        w = max(serving, key=lambda w: w.seen_at)
+        return f"a live worker serves it ({w.worker_id} on {w.host} pid {w.pid}): its log says why it does not start"
+    code = bundled_for(workflow, session_id) or "MODULE:ATTR"
+    return f"no live worker serves {workflow!r}: {prefix} worker {code}"
 
 
 def _action(

@@ -2,9 +2,9 @@
 
 Every row is one of :mod:`flowscope.cli.views` or :mod:`flowscope.cli.history`, built by
 the functions the CLI's ``--format json`` prints: ``/api/sessions`` and ``flowscope runs
---format json`` have the same keys. What only the console needs (the attention tabs, a
-waterfall on a compressed axis, a run's attempts) is built here from the same rows, the
-store's projections and the one fold. Nothing here writes (:mod:`.app` calls the writes:
+--format json`` have the same keys. What only the console needs (the attention tabs, from
+:mod:`.attention`; a waterfall on a compressed axis, a run's attempts) is built here from
+the same rows, the store's projections and the one fold. Nothing here writes (:mod:`.app` calls the writes:
 :mod:`flowscope.actions` and :mod:`flowscope.answers`).
 """
 
@@ -21,14 +21,13 @@ from typing import Any
 
 from ..cli import views
 from ..cli.history import event_rows, request_row, retry_reasons, session_history
-from ..cli.rowparts import open_containers
 from ..cli.waterfall import waterfall_layout
 from ..engine.pauses import continued_in
 from ..errors import UnknownSessionError
 from ..events import TERMINAL_TYPES, Event, NodeRetrying, NodeStarted, RunStarted
 from ..fold import rebuild
-from ..liveness import ORPHANED, OVERDUE, RUNNING, WAITING_INPUT, WAITING_JOB, classify_open_run
-from ..store.base import EventStore, NodeRun, SessionInfo, SessionQuery
+from ..store.base import EventStore, SessionInfo, SessionQuery
+from .attention import ATTENTION, TabReads, Tabs, attention_tabs, read_tabs
 from .live import ChangeFeed
 
 __all__ = [
@@ -54,16 +53,6 @@ __all__ = [
     "audit",
 ]
 
-#: The attention tabs, in the order the page shows them, with their labels.
-ATTENTION = {
-    "failed": "Failed",
-    "waiting_input": "Waiting for a person",
-    "waiting_job": "Waiting for a job",
-    "overdue": "Overdue",
-    "orphaned": "Orphaned",
-    "retrying": "Retrying",
-    "queued_too_long": "Queued too long",
-}
 #: A session's statuses (``flowscope runs --status`` plus the worker's).
 STATUSES = ("queued", "running", "paused", "answered", "completed", "failed", "cancelled")
 #: The most rows one page of sessions holds.
@@ -147,97 +136,6 @@ def parse_filter(params: Mapping[str, str], now: float | None = None) -> Session
         limit=limit,
         offset=offset,
     )
-
-
-# --------------------------------------------------------------------------- attention
-
-
-@dataclass(frozen=True, slots=True)
-class Tabs:
-    """The attention tabs at one moment: how many sessions each holds, and the query that
-    selects them (failed sessions and long-queued ones by status and time; the rest by the
-    ids of the sessions whose open runs the liveness rule put there)."""
-
-    queries: Mapping[str, SessionQuery]
-    counts: Mapping[str, int]
-    #: Every session's count per status (the unfiltered list's total is their sum).
-    statuses: Mapping[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class TabReads:
-    """What the attention tabs read from the store, once per store version: every status's
-    count, the open runs, the sessions of the running ones (their owners), and which open
-    runs enclose another (:func:`flowscope.cli.rowparts.open_containers`)."""
-
-    statuses: Mapping[str, int]
-    runs: Sequence[NodeRun]
-    running: Mapping[str, SessionInfo]
-    enclosing: frozenset[tuple[str, str]]
-
-
-def read_tabs(store: EventStore) -> TabReads:
-    """The store's part of :func:`attention_tabs`: only the open runs, never every session."""
-    runs = store.open_runs()
-    ids = frozenset(r.session_id for r in runs if r.status == RUNNING)
-    running = {s.session_id: s for s in store.find_sessions(SessionQuery(session_ids=ids))} if ids else {}
-    return TabReads(store.status_counts(), runs, running, frozenset(open_containers(runs)))
-
-
-def attention_tabs(
-    store: EventStore,
-    *,
-    now: float,
-    stale_after_s: float,
-    queued_after_s: float,
-    reads: TabReads | None = None,
-) -> Tabs:
-    """Every attention tab: failed sessions; sessions with an open run waiting for a
-    person, for a job, overdue, orphaned, or running a retry (by
-    :func:`flowscope.liveness.classify_open_run`, the rule ``stuck`` applies, to the runs
-    ``stuck`` lists: an enclosing run, whose open state is its descendant's, is left out
-    by :func:`flowscope.cli.rowparts.open_containers`, so a session is not also under the
-    enclosing workflow's state, e.g. waiting for a job when its one job is overdue; a
-    retried enclosing run still puts its session under retrying); and queued
-    sessions submitted more than ``queued_after_s`` ago. ``reads`` (:func:`read_tabs`,
-    read now if not given) may be older than ``now``: the rule is applied at ``now``."""
-    reads = read_tabs(store) if reads is None else reads
-    long_queued = SessionQuery(statuses=frozenset({"queued"}), submitted_until=now - queued_after_s)
-    ids: dict[str, set[str]] = {
-        k: set() for k in ("waiting_input", "waiting_job", "overdue", "orphaned", "retrying")
-    }
-    for r in reads.runs:
-        info = reads.running.get(r.session_id)
-        state = classify_open_run(
-            r.status,
-            r.started_at,
-            r.heartbeat_at,
-            r.job_deadline_at,
-            now,
-            stale_after_s,
-            owner=info.owner if info is not None else None,
-            lease_expires_at=info.lease_expires_at if info is not None else None,
-        )
-        if state == RUNNING and r.retries:
-            ids["retrying"].add(r.session_id)
-        elif (
-            state in (WAITING_INPUT, WAITING_JOB, OVERDUE, ORPHANED)
-            and (r.session_id, r.path) not in reads.enclosing
-        ):
-            ids[state].add(r.session_id)  # an enclosing run's state is its descendant's, counted there
-    queries = {
-        "failed": SessionQuery(statuses=frozenset({"failed"})),
-        **{k: SessionQuery(session_ids=frozenset(v)) for k, v in ids.items()},
-        "queued_too_long": long_queued,
-    }
-    counts = {
-        "failed": reads.statuses.get("failed", 0),
-        **{k: len(v) for k, v in ids.items()},
-        "queued_too_long": sum(store.status_counts(long_queued).values())
-        if reads.statuses.get("queued")
-        else 0,
-    }
-    return Tabs({k: queries[k] for k in ATTENTION}, {k: counts[k] for k in ATTENTION}, reads.statuses)
 
 
 # --------------------------------------------------------------------------- the list
