@@ -330,6 +330,22 @@ def test_answers_are_validated_before_anything_is_recorded(fresh):
     assert again.status_code == 409 and "already answered" in again.json()["error"]
 
 
+def test_an_answers_dry_run_is_a_json_boolean_or_absent_anything_else_is_a_400(fresh):
+    """``"dry_run": "false"`` is truthy: taken as a check, it would record nothing and say
+    the answer is valid. Only ``true``, ``false`` or no ``dry_run`` is read; the rest is refused."""
+    c, _ = client(fresh)
+    url = f"/api/sessions/{APPROVAL_SESSION}/answer"
+    for bad in ("false", "true", 0, 1, None, [], {}):
+        refused = c.post(url, json={"inputs": {"approval": True}, "dry_run": bad})
+        assert refused.status_code == 400, (bad, refused.text)
+        assert refused.json()["error"] == "dry_run must be a JSON boolean (true or false), or absent"
+    assert statuses(fresh)[APPROVAL_SESSION] == "paused"
+    assert c.post(url, json={"inputs": {"approval": True}, "dry_run": True}).json()["valid"] is True
+    assert statuses(fresh)[APPROVAL_SESSION] == "paused"
+    assert c.post(url, json={"inputs": {"approval": True}, "dry_run": False}).json()["inputs"] == ["approval"]
+    assert statuses(fresh)[APPROVAL_SESSION] == "answered"
+
+
 def test_the_command_an_action_shows_for_a_session_id_that_starts_with_a_dash_pastes_as_an_id(tmp_path):
     from console_workflows import asks, failing
     from flowscope import START, Runner, Workflow

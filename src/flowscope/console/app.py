@@ -364,13 +364,16 @@ def create_app(config: ConsoleConfig) -> Starlette:
         jobs = data.get("jobs") or {}
         if not isinstance(inputs, dict) or not isinstance(jobs, dict):
             raise ValueError("inputs and jobs are JSON objects, by interrupt id and by job id")
+        dry_run = data.get("dry_run", False)
+        if not isinstance(dry_run, bool):  # "false" is truthy: taken as a check, nothing would be recorded
+            raise ValueError("dry_run must be a JSON boolean (true or false), or absent")
         command = on_session(
             "resume",
             sid,
             *[a for k, v in inputs.items() for a in ("--input", f"{k}={json.dumps(v)}")],
             *[a for k, v in jobs.items() for a in ("--job", f"{k}={json.dumps(v)}")],
         )
-        if data.get("dry_run"):  # every check the answer makes, nothing sent
+        if dry_run:  # every check the answer makes, nothing sent
             await call(check_answer, store, sid, inputs=inputs, jobs=jobs)
             return JSONResponse({"valid": True, "command": command})
         r = await call(answer_action, store, sid, inputs=inputs, jobs=jobs)
