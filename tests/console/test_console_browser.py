@@ -726,3 +726,33 @@ async def test_a_waterfall_row_and_an_attempt_open_from_the_keyboard(browser, co
     assert (await p.page.locator("#attempt-filter").inner_text()).startswith("attempt 1")
     assert p.errors == []
     await p.page.context.close()
+
+
+async def test_an_invocation_is_labelled_by_its_last_hex_digits_with_the_whole_id_in_its_title(
+    browser, console, demo_db
+):
+    """Invocation ids are UUIDv7 (time first): two invocations a minute apart share their
+    first 8 hex digits. The Attempts table and the event log label each by its last 8, so
+    the approval's enrichment (a job, then its result 1.1 s later) reads as two invocations."""
+    from flowscope.store import SqliteEventStore
+
+    node = "order_fulfilment@1/enrich_addresses@1"
+    with SqliteEventStore(demo_db, readonly=True) as store:
+        log = [e for e in store.read(APPROVAL_SESSION) if e.path == node]
+    started = [e.invocation_id for e in log if e.type == "node_started"]
+    assert len(set(started)) == 2
+    p = await new_page(browser, console)
+    await p.open(f"{console.base}/sessions/{APPROVAL_SESSION}")
+    await p.page.locator(f".wf-row[data-path='{node}']").click()
+    await p.page.wait_for_selector("#detail table.rows")
+    labels = p.page.locator("#detail table.rows").first.locator("tbody td.id span")
+    shown = await labels.evaluate_all("els => els.map(e => [e.textContent, e.title])")
+    assert shown == [[i[-8:], i] for i in started]
+    await p.page.fill("#events input[name=ev-path]", node)
+    await p.page.locator("#events button", has_text="Show").click()
+    await p.page.wait_for_selector("#events table.rows")
+    inv = p.page.locator("#events table.rows tbody tr td:nth-child(4) span")
+    shown = await inv.evaluate_all("els => els.map(e => [e.textContent, e.title])")
+    assert shown == [[e.invocation_id[-8:], e.invocation_id] for e in log]
+    assert p.errors == []
+    await p.page.context.close()

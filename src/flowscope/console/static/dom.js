@@ -83,6 +83,12 @@ export function badge(status) {
 
 // Times are UTC, as the CLI prints them and as the filters read a typed date: a column
 // says so in its header ("Updated (UTC)"), a time in a sentence with ``zone``.
+// An invocation's label: its last 8 hex digits, the whole id in its title. Its ids are
+// UUIDv7 (time first), so two invocations within about a minute share their first 8.
+export function invocationLabel(id) {
+  return h("span", { title: id }, id.slice(-8));
+}
+
 export function fmtTime(ts, zone = false) {
   if (ts === null || ts === undefined) return "-";
   const d = new Date(ts * 1000);

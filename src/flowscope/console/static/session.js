@@ -3,7 +3,7 @@
 // idle gaps between invocations compressed with their length written on them; only the
 // rows in view are drawn, so 10,000 runs stay responsive), a run's attempts and events,
 // and the session's event log with filters.
-import { fill, api, badge, confirmAction, fmtDuration, fmtTime, h, icon, shq, table } from "./dom.js";
+import { fill, api, badge, confirmAction, fmtDuration, fmtTime, h, icon, invocationLabel, shq, table } from "./dom.js";
 
 const ROW = 22;
 const C = { path: 0, name: 1, depth: 2, status: 3, kind: 4, attempts: 5, retries: 6, recoveries: 7, start: 8, duration: 9, segments: 10, children: 11, code: 12 };
@@ -191,7 +191,7 @@ export async function sessionPage(main, sid) {
       r.error_code ? h("p", {}, h("b", {}, r.error_code), ` ${r.error_type || ""}: ${r.error_message || ""}`) : null,
       h("h3", {}, "Attempts ", h("span", { class: "muted" }, "(click one for its events alone)")),
       table([
-        ["#", (a) => a.attempt], ["Invocation", (a) => a.invocation_id.slice(0, 8), "id"],
+        ["#", (a) => a.attempt], ["Invocation", (a) => invocationLabel(a.invocation_id), "id"],
         ["Worker", (a) => (a.owner ? `${a.owner.worker_id} on ${a.owner.host}` : "-"), "worker"],
         ["Started (UTC)", (a) => fmtTime(a.started_at)], ["Took", (a) => fmtDuration(a.duration_s)],
         ["Outcome", (a) => a.outcome + (a.recovered ? " (recovered)" : "")],
@@ -228,7 +228,7 @@ export async function sessionPage(main, sid) {
       try {
         const rows = (await api(`/api/sessions/${encodeURIComponent(sid)}/events?${q}`)).data;
         fill(out, h("p", { class: "muted" }, `${rows.length} event(s)`), table([
-          ["Seq", (e) => e.seq], ["Time (UTC)", (e) => fmtTime(e.ts)], ["Type", (e) => e.type], ["Inv.", (e) => e.invocation_id.slice(0, 8), "id"],
+          ["Seq", (e) => e.seq], ["Time (UTC)", (e) => fmtTime(e.ts)], ["Type", (e) => e.type], ["Inv.", (e) => invocationLabel(e.invocation_id), "id"],
           ["Path", (e) => e.path || "-", "id"], ["Fields", (e) => h("div", { class: "ev-fields" }, fieldsText(e.fields)), "wrap"],
         ], rows.slice(0, 500)), rows.length > 500 ? h("p", { class: "muted" }, "first 500 shown: narrow by type or path") : null);
       } catch (e) { fill(out, h("p", { class: "error" }, e.message)); }
