@@ -756,3 +756,24 @@ async def test_an_invocation_is_labelled_by_its_last_hex_digits_with_the_whole_i
     assert shown == [[e.invocation_id[-8:], e.invocation_id] for e in log]
     assert p.errors == []
     await p.page.context.close()
+
+
+async def test_a_list_page_past_the_last_session_says_so_and_links_the_last_page_with_rows(browser, console):
+    """An offset past the end (an old link, sessions pruned) reads no row: the pager says
+    there is none on this page and how many there are, and links the last page that has
+    some, never a range like "1001-1000" nor a "newer" page that is empty too."""
+    p = await new_page(browser, console)
+    await p.open(f"{console.base}/?limit=5&offset=1000")
+    said = await p.page.locator("#count").inner_text()
+    assert said.startswith("No session on this page (") and said.endswith(" in all)"), said
+    total = int(said.split("(")[1].split()[0])
+    assert 5 < total < 1000
+    links = p.page.locator(".pager a")
+    assert await links.all_inner_texts() == ["last page"]
+    last = (total - 1) // 5 * 5
+    assert await links.get_attribute("href") == f"/?limit=5&offset={last}"
+    await p.open(console.base + f"/?limit=5&offset={last}")
+    assert await p.page.locator("#count").inner_text() == f"{last + 1}-{total} of {total}"
+    assert await p.page.locator(".pager a").all_inner_texts() == ["newer"]
+    assert p.errors == []
+    await p.page.context.close()

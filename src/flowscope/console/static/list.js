@@ -73,6 +73,13 @@ export async function sessionsPage(main) {
     ], rows, "No session matches."));
     const offset = Number(params.get("offset") || 0);
     const limit = Number(params.get("limit") || 50);
+    if (total && !rows.length) {  // an offset past the end (an old link, sessions pruned): say so, link the last page
+      fill(pager,
+        h("span", { class: "muted", id: "count" }, `No session on this page (${total} in all)`),
+        h("a", { href: linkWith(params, { offset: Math.floor((total - 1) / limit) * limit || null }) }, "last page"),
+      );
+      return;
+    }
     fill(pager, 
       h("span", { class: "muted", id: "count" }, total ? `${offset + 1}-${offset + rows.length} of ${total}` : "0 sessions"),
       offset > 0 ? h("a", { href: linkWith(params, { offset: Math.max(0, offset - limit) || null }) }, "newer") : null,
