@@ -3,6 +3,7 @@ each recorded (who asked and why), or refused, never told "done" and dropped."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -86,6 +87,18 @@ def paused_session(db: Path, sid: str = "p") -> SqliteEventStore:
 
 def inputs_given(store: SqliteEventStore, sid: str = "p") -> list[object]:
     return [e.value for e in store.read(sid) if isinstance(e, InputReceived)]
+
+
+def test_a_retry_its_owner_takes_in_when_the_session_is_not_retryable_is_dropped_with_an_info_line(
+    tmp_path, caplog
+):
+    store = paused_session(tmp_path / "a.db")
+    lease = store.acquire("p", this_process(), 30.0)  # its owner, taking in what came as it paused
+    store.send("p", "retry", {"from_path": None, "reason": "sent as it paused (retry, asked by ana@ops)"})
+    with caplog.at_level(logging.INFO, logger="flowscope.engine"):
+        assert take_in(store, load(store, "p"), lease) == []
+    assert store.inbox("p") == [] and load(store, "p").status == "paused"
+    assert [r.levelno for r in caplog.records if "retry was dropped" in r.getMessage()] == [logging.INFO]
 
 
 def test_an_answer_that_arrives_after_another_answered_the_same_request_says_so(tmp_path):

@@ -121,6 +121,8 @@ class Attempts:
                 # No body starts, and no retry goes on after its backoff, once the lease
                 # may have expired by this process's clocks (check_lease raises Halted).
                 rec.check_lease()
+                if rec.mail_waiting:  # found while a sync body held the loop: a cancel stops us here
+                    await rec.read_mail()
                 try:
                     try:
                         if plain:

@@ -264,10 +264,14 @@ def intake_events(ws: WorkflowState, intake: Intake) -> list[Event]:
     a retry of a finished session queues it again; otherwise the answers."""
     if intake.cancel is not None:
         if ws.status in FINISHED and not any(ns.is_open for ns in ws.nodes.values()):
-            return []  # over already (the owner stopped it for this very message)
+            if not ws.final:  # else the owner stopped it for this very message
+                log.info("session %s: a cancel was dropped: the session %s first", ws.session_id, ws.status)
+            return []
         return cancel_events(ws, intake.cancel)
-    if intake.retry is not None and ws.status in RETRYABLE:
-        return retry_events(ws, intake.retry.from_path, intake.retry.reason)
+    if intake.retry is not None:
+        if ws.status in RETRYABLE:
+            return retry_events(ws, intake.retry.from_path, intake.retry.reason)
+        log.info("session %s: a retry was dropped: the session is %s", ws.session_id, ws.status)
     return answer_events(ws, intake.answers)
 
 

@@ -151,6 +151,9 @@ class Leased(Protocol):
 
     def lose_lease(self, exc: BaseException) -> None: ...
 
+    def mail_found(self) -> None:
+        """Called from the keeper's thread, before ``mail_arrived`` is sent to the loop."""
+
     def mail_arrived(self) -> None: ...
 
 
@@ -392,6 +395,7 @@ class LeaseKeeper:
             return
         for k in items:
             if k.inv.lease.session_id in mailed:
+                k.inv.mail_found()  # seen by the next body start, should a sync body hold the loop
                 _call_on(k.loop, k.inv.mail_arrived)
 
     def _unsafe(self, items: list[_Kept]) -> list[_Kept]:

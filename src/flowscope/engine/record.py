@@ -315,6 +315,9 @@ class Recorder:
         #: Called on the loop when the lease keeper finds a message in the session's inbox.
         self._on_mail = on_mail
         self._mail_for = mail_for  # what on_mail is called with (the invocation)
+        #: The keeper found mail not read yet: the next body start reads it, since a sync
+        #: body holding the loop keeps the keeper's callback from running before it.
+        self.mail_waiting = False
         self._released = False
 
     # -- what the record holds ---------------------------------------------------------
@@ -543,7 +546,25 @@ class Recorder:
         assert error is not None
         raise Halted(error) from error
 
+    def mail_found(self) -> None:
+        """The keeper's thread found a message in the session's inbox (see :mod:`.inbox`)."""
+        self.mail_waiting = True
+
     def mail_arrived(self) -> None:
-        """Called on the loop when the session's inbox has a message (see :mod:`.inbox`)."""
+        """Called on the loop after :meth:`mail_found`: read the mail, unless a body start
+        read it first (:meth:`read_mail`)."""
+        if not self.mail_waiting:
+            return
+        self.mail_waiting = False
         if self._on_mail is not None and self._halted is None:
             self._on_mail(self._mail_for)
+
+    async def read_mail(self) -> None:
+        """Before a body starts, when :attr:`mail_waiting`: read the mail; a cancel stops
+        this run here, at an await, as it would an async body at its first one."""
+        self.mail_arrived()
+        if self._runs.aborting:
+            task = asyncio.current_task()
+            if task is not None and not task.cancelling():  # a branch: the root's cancel reaches it later
+                task.cancel()
+            await asyncio.sleep(0)
