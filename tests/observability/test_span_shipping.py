@@ -22,10 +22,11 @@ from test_otlp_export import attrs, clean_otel_env, otelsink  # noqa: F401  (the
 
 from commands import cli_env, run_cli, start_cli
 from conftest import asking
-from flowscope import START, Runner, Workflow, node
+from flowscope import START, JoinNode, Runner, Workflow, node
 from flowscope.examples.demo import DemoDriver, batch_input
 from flowscope.export import session_spans
 from flowscope.observability import TracingPlugin
+from flowscope.observability.export import ship_store
 from flowscope.observability.shipping import Ledger, WatermarkExporter
 from flowscope.store import MemoryEventStore
 from flowscope.store.sqlite import SqliteEventStore
@@ -262,6 +263,27 @@ async def test_a_sampled_out_trace_emits_nothing_and_says_so_in_its_traceparent(
     assert store.read("s")[0].trace_context["traceparent"].endswith("-00")
 
 
+async def test_without_a_sampler_the_log_records_the_callers_decision_or_sampled_for_a_follower():
+    # A no-op provider (the API's default) decides nothing: recording "sampled out" made a
+    # span follower drop every span of the runs it is there to ship.
+    store = MemoryEventStore()
+    runner = Runner(
+        Workflow("w", edges=[(START, node(lambda x: x, name="a"))]),
+        store=store,
+        plugins=[TracingPlugin(tracer_provider=trace.NoOpTracerProvider())],
+    )
+    await runner.run(1, session_id="s")
+    assert store.read("s")[0].trace_context["traceparent"].endswith("-01")
+    exporter = InMemorySpanExporter()
+    assert ship_store(store, exporter) == 2
+    caller = trace.SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=trace.TraceFlags(0))
+    with trace.use_span(trace.NonRecordingSpan(caller)):  # a caller that sampled its trace out
+        await runner.run(1, session_id="t")
+    recorded = store.read("t")[0].trace_context["traceparent"]
+    assert recorded.startswith(f"00-{0xABC:032x}-") and recorded.endswith("-00")
+    assert ship_store(store, exporter) == 0
+
+
 # --------------------------------------------------------------------------- live == export, field for field
 
 
@@ -336,6 +358,71 @@ async def test_the_watermark_moves_only_over_spans_an_exporter_accepted(store_ki
     plain = InMemorySpanExporter()
     other = TracingPlugin(tracer_provider=provider_with(plain))
     assert other.shipper.ledger is None
+
+
+def _branches() -> Workflow:
+    """``b`` and ``c`` in parallel, joined: ``b`` completes while ``c`` runs."""
+
+    @node
+    def b(x):
+        return x
+
+    @node
+    async def c(x):
+        await asyncio.sleep(0.01)
+        return x
+
+    j = JoinNode("j")
+    return Workflow("w", edges=[(START, (b, c)), (b, j), (c, j)])
+
+
+def _killed_after_a_shipped_completion(store) -> list:
+    """Leave in ``store`` the log of a process killed while branch ``c`` ran, right after
+    its sibling ``b`` completed, with every span that log ended shipped (its watermark at
+    its last event, ``b``'s completion): only ``c``, the workflow and the invocation are
+    left open. Returns the spans export makes of it as a dead process's (``lost``)."""
+    whole = MemoryEventStore()
+    asyncio.run(Runner(_branches(), store=whole).run(1, session_id="s"))
+    events = whole.read("s")
+    cut = next(i for i, e in enumerate(events) if e.type == "node_completed" and e.node == "b")
+    assert any(e.type == "node_started" and e.node == "c" for e in events[:cut])
+    store.append("s", events[: cut + 1], 0)
+    store.set_exported_seq("s", events[cut].seq)
+    return [sp for sp in session_spans(events[: cut + 1], lost=True) if sp.attributes.get("error.type")]
+
+
+LOST = "flowscope.WorkerLost"
+
+
+def test_a_resume_ships_the_runs_a_kill_cut_off_after_a_completion_it_had_shipped(tmp_path):
+    store = SqliteEventStore(tmp_path / "f.db")
+    cut_off = _killed_after_a_shipped_completion(store)
+    assert sorted(sp.name for sp in cut_off) == ["invoke_node c", "invoke_workflow w"]
+    inner = InMemorySpanExporter()
+    plugin = TracingPlugin(tracer_provider=provider_with(WatermarkExporter(inner, Ledger())))
+    assert asyncio.run(Runner(_branches(), store=store, plugins=[plugin]).resume("s")).status == "completed"
+    assert plugin.force_flush()
+    lost = [sp for sp in inner.get_finished_spans() if sp.attributes.get("error.type") == LOST]
+    assert sorted((sp.name, sp.context.span_id) for sp in lost) == sorted(
+        (sp.name, sp.context.span_id) for sp in cut_off
+    )
+    resumed = next(sp for sp in inner.get_finished_spans() if sp.attributes.get("flowscope.run.resumed"))
+    assert [link.context.span_id for link in resumed.links] == [
+        sp.context.span_id for sp in cut_off if sp.name == "invoke_workflow w"
+    ]
+    assert store.exported_seq("s") == store.last_seq("s")
+
+
+def test_a_follower_ships_the_runs_a_dead_owner_cut_off_after_a_completion_once(tmp_path):
+    store = SqliteEventStore(tmp_path / "f.db")
+    cut_off = _killed_after_a_shipped_completion(store)  # no owner holds it: it is gone
+    exporter = InMemorySpanExporter()
+    assert ship_store(store, exporter) == 2
+    assert ship_store(store, exporter) == 0  # once: its watermark is past them now
+    got = exporter.get_finished_spans()
+    assert sorted((sp.name, sp.context.span_id, sp.attributes["error.type"]) for sp in got) == sorted(
+        (sp.name, sp.context.span_id, LOST) for sp in cut_off
+    )
 
 
 def test_after_a_refused_export_the_watermark_of_that_session_stays_put_in_this_process():

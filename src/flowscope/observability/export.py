@@ -291,10 +291,12 @@ def ship_store(
             if info.last_seq <= held:  # nothing new: its watermark to write again
                 waiting[sid] = held
                 continue
+        ended = not owner_alive(info.owner, info.lease_expires_at, now)
+        if info.last_seq <= mark and not ended:  # a live owner's open runs: nothing new yet
+            continue
         events = store.read(sid)
         if not events:
             continue
-        ended = not owner_alive(info.owner, info.lease_expires_at, now)
         records, _ = unshipped(events, mark, ended, last_heartbeat(store, sid) if ended else None)
         # Every span the log ended up to its last event goes out; the ones still open end later.
         batch.extend(
@@ -302,7 +304,8 @@ def ship_store(
             for r in records
             if r.sampled
         )
-        waiting[sid] = events[-1].seq
+        # past the spans a dead owner left open, which end after its last event: sent once
+        waiting[sid] = max(events[-1].seq, max((r.end_seq for r in records), default=0))
         if len(batch) >= FOLLOW_BATCH_SPANS:
             send()
     send()

@@ -74,12 +74,11 @@ ResourceKey = tuple[tuple[str, AttributeValue], ...]
 class SpanRecord(NamedTuple):
     """One span: what an exporter needs, in plain values (times in epoch seconds).
 
-    ``error`` is the description of an ERROR status (None: UNSET); ``links`` are
-    ``(trace_id, span_id)`` pairs. ``end_seq`` is the ``seq`` of the event that ended the
-    span (the shipping watermark counts in it); ``sampled`` and ``trace_state`` are the
-    sampling decision recorded for the trace when it started. Immutable, and a tuple: the
-    live plugin makes one per span on the event loop, where a frozen dataclass's
-    ``__init__`` costs four times as much.
+    ``error`` describes an ERROR status (None: UNSET); ``links`` are ``(trace_id, span_id)``
+    pairs. ``end_seq`` is the ``seq`` of the event that ended the span, or the one after its
+    invocation's last (:meth:`SpanWalk._abandon`); ``sampled`` and ``trace_state`` are the
+    trace's sampling decision. Immutable, and a tuple: the live plugin makes one per span
+    on the event loop, where a frozen dataclass's ``__init__`` costs four times as much.
     """
 
     name: str
@@ -422,14 +421,16 @@ class SpanWalk:
 
     def _abandon(self, inv: _Invocation, lost: bool = False, alive_at: float | None = None) -> None:
         """End an invocation that has no ``RunFinished``: its runs and itself are
-        incomplete. ``lost``: its process died, so they are errors (``error.type``
-        :data:`~.spans.WORKER_LOST`), ended at the last sign of life: ``alive_at`` (the
-        store's latest heartbeat of its runs) when that is later than its last event."""
+        incomplete, at the ``seq`` after its last event (none ended them: a watermark over
+        what it did end leaves them due). ``lost``: its process died, so they are errors
+        (``error.type`` :data:`~.spans.WORKER_LOST`), ended at the last sign of life:
+        ``alive_at`` (the store's latest heartbeat of its runs) when later than its last event."""
         at = inv.last_ts if alive_at is None or alive_at < inv.last_ts else alive_at
+        seq = inv.last_seq + 1
         for span in list(inv.open.values()):
             if span is not inv.span:
-                self._finish_node(inv, span, inv.last_seq, finished=False, lost=lost, at=at)
-        self._close_invocation(inv, sp.unfinished_invocation_end(lost), at, inv.last_seq, lost)
+                self._finish_node(inv, span, seq, finished=False, lost=lost, at=at)
+        self._close_invocation(inv, sp.unfinished_invocation_end(lost), at, seq, lost)
 
     def _close_invocation(
         self, inv: _Invocation, end: sp.SpanEnd, at: float, seq: int, lost: bool = False

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, TraceState
@@ -450,9 +451,14 @@ class Shipper:
             self._on_end = on_end_of(processor) if processor is not None else None
 
     def sample(self, trace_id: int, name: str, parent: Context) -> tuple[bool, TraceState]:
-        """The provider's sampler's decision for a new invocation's trace."""
+        """The provider's sampler's decision for a new invocation's trace. Without one (a
+        no-op or disabled provider: whoever ships the log's spans later decides nothing
+        more), the SDK's default: the caller's span's decision, else sampled."""
         if self._sampler is None:
-            return False, _EMPTY_STATE
+            caller = trace.get_current_span(parent).get_span_context()
+            if caller.is_valid:
+                return caller.trace_flags.sampled, caller.trace_state
+            return True, _EMPTY_STATE
         result = self._sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL)
         return result.decision.is_sampled(), result.trace_state or _EMPTY_STATE
 
@@ -503,7 +509,7 @@ class Shipper:
             return link
         try:
             mark = store.exported_seq(session_id)
-            if mark >= store.last_seq(session_id):
+            if _all_shipped(store, session_id, mark):
                 return link
             records, last = unshipped(
                 store.read(session_id), mark, ended=True, alive_at=last_heartbeat(store, session_id)
@@ -522,6 +528,16 @@ class Shipper:
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """:func:`flush` of the provider."""
         return flush(self.provider, timeout_millis)
+
+
+def _all_shipped(store: Upkeep, session_id: str, mark: int) -> bool:
+    """Whether a watermark covers every span of the log: past its last event, or at it
+    when that event ended its invocation (else the spans that invocation left open are due)."""
+    last = store.last_seq(session_id)
+    if mark != last:
+        return mark > last
+    tail = store.read(session_id, after_seq=last - 1) if last else []
+    return not tail or tail[-1].type == "run_finished"
 
 
 def _link_of(session_id: str, previous: Mapping[str, str]) -> tuple[int, int] | None:

@@ -23,7 +23,9 @@ the provider's ``_active_span_processor.on_end`` (the processors' ``on_start`` i
 called: the span has ended by the time the log says it existed). The provider's sampler
 decides once per invocation, from the derived trace id, and its decision is stored in
 ``RunStarted.trace_context``: a sampled-out trace emits nothing, live or after a crash.
-A provider that is not the SDK's (the API's no-op one) gets the contexts but no spans.
+A provider that is not the SDK's (the API's no-op one) gets the contexts but no spans; with
+no sampler to ask, the log records the caller's decision, else sampled (the SDK's default),
+so that ``flowscope export --follow`` ships them.
 
 Span tree of one invocation::
 

@@ -42,13 +42,15 @@ class Upkeep(EventLog):
             self.set_exported_seq(session_id, seq)
 
     def unexported(self) -> list[tuple[SessionInfo, int]]:
-        """The sessions whose log has moved past their span watermark, each with it: what a
-        span follower (``flowscope export --follow``) looks at on a pass. This default reads
-        every session; the SQLite and PostgreSQL stores ask for those rows alone."""
+        """The sessions whose log has moved past their span watermark, and those still
+        ``running`` at it (an owner that died there left spans open, due once it is gone),
+        each with it: what a span follower (``flowscope export --follow``) looks at on a
+        pass. This default reads every session; the SQLite and PostgreSQL stores ask for
+        those rows alone."""
         out = []
         for info in self.sessions():
             mark = self.exported_seq(info.session_id)
-            if mark < info.last_seq:
+            if mark < info.last_seq or (mark == info.last_seq and info.status == "running"):
                 out.append((info, mark))
         return out
 

@@ -424,10 +424,12 @@ SQL_STORAGE_BYTES = "SELECT " + " + ".join(
 )
 #: The span-shipping watermark of a session; advancing it never moves it back.
 SQL_EXPORTED_SEQ = "SELECT exported_seq FROM span_exports WHERE session_id = %s"
-#: A span follower's pass: the sessions whose log moved past their watermark, in one query.
+#: A span follower's pass: the sessions whose log moved past their watermark, and those running at
+#: it (spans a dead owner left open are due), in one query.
 SQL_UNEXPORTED = (
     f"SELECT {_INFO_COLUMNS}, coalesce(x.exported_seq, 0) FROM sessions LEFT JOIN span_exports AS x USING (session_id) "
-    "WHERE last_seq > coalesce(x.exported_seq, 0) ORDER BY coalesce(updated_at, 0)"
+    "WHERE last_seq > coalesce(x.exported_seq, 0) OR (last_seq = x.exported_seq AND status = 'running') "
+    "ORDER BY coalesce(updated_at, 0)"
 )
 SQL_SET_EXPORTED_SEQS = (
     "INSERT INTO span_exports (session_id, exported_seq) "

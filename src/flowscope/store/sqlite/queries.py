@@ -355,10 +355,12 @@ def node_state(row: Sequence[Any]) -> NodeState:
 # so that files without it stay valid and the schema version is unchanged.
 SQL_CREATE_SPAN_EXPORTS = "CREATE TABLE IF NOT EXISTS span_exports (session_id TEXT PRIMARY KEY, exported_seq INTEGER NOT NULL) WITHOUT ROWID"
 SQL_EXPORTED_SEQ = "SELECT exported_seq FROM span_exports WHERE session_id = ?"
-#: A span follower's pass: the sessions whose log moved past their watermark, in one query.
+#: A span follower's pass: the sessions whose log moved past their watermark, and those running at
+#: it (spans a dead owner left open are due), in one query.
 SQL_UNEXPORTED = (
     f"SELECT {_INFO_COLUMNS}, coalesce(x.exported_seq, 0) FROM sessions LEFT JOIN span_exports AS x USING (session_id) "
-    "WHERE last_seq > coalesce(x.exported_seq, 0) ORDER BY coalesce(updated_at, 0.0)"
+    "WHERE last_seq > coalesce(x.exported_seq, 0) OR (last_seq = x.exported_seq AND status = 'running') "
+    "ORDER BY coalesce(updated_at, 0.0)"
 )
 SQL_SET_EXPORTED_SEQ = (
     "INSERT INTO span_exports (session_id, exported_seq) VALUES (?, ?) "

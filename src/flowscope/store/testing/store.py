@@ -111,6 +111,23 @@ class EventStoreContract(EventLogContract, OwnershipContract, InboxContract, Upk
         store.acquire("new", this_process("w"), 15.0)  # owned, no event: no session yet
         assert "new" not in {i.session_id for i, _m in store.unexported()}
 
+    def test_unexported_lists_a_running_session_at_its_watermark(self, store: EventStore) -> None:
+        # an invocation that no RunFinished ended: whoever shipped its spans up to its last
+        # event left its open runs' spans, due once its owner is gone
+        finished_session(store, "done", "completed")
+        store.append(
+            "open",
+            [
+                ev(RunStarted, sid="open", workflow="w", ts=1.0),
+                node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid="open"),
+            ],
+            0,
+        )
+        store.set_exported_seqs({"done": 4, "open": 2})
+        assert [(i.session_id, i.status, m) for i, m in store.unexported()] == [("open", "running", 2)]
+        store.set_exported_seq("open", 3)  # past it: its open spans, shipped as cut off
+        assert store.unexported() == []
+
     # ------------------------------------------------------------------ an invocation's first and last steps
 
     def test_acquire_new_takes_a_session_without_events_and_leaves_one_with_events(
