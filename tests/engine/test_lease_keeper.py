@@ -197,6 +197,26 @@ async def test_a_loop_an_async_body_blocks_is_said_once_with_its_runs_and_a_wait
     assert said[1].startswith("the event loop runs again, after ")
 
 
+@pytest.mark.slow
+async def test_a_loop_a_sync_body_blocks_is_said_with_the_advice_for_a_sync_node(caplog):
+    import time
+
+    @node
+    def holds(ctx, x):
+        time.sleep(1.6)  # a sync body without a timeout runs on the loop
+        return x
+
+    caplog.set_level("WARNING", logger="flowscope.engine")
+    runner = Runner(
+        Workflow("w", edges=[(START, holds)]), store=MemoryEventStore(), lease_s=0.9, heartbeat_interval=0.3
+    )
+    assert (await runner.run(1, session_id="s")).status == "completed"
+    said = [r.getMessage() for r in caplog.records if "has not turned" in r.getMessage()]
+    assert len(said) == 1 and "(runs in flight: s: w@1/holds@1)" in said[0], said
+    assert "a sync node without a timeout runs on the loop" in said[0] and "give it a timeout=" in said[0]
+    assert "an async node" not in said[0]
+
+
 def test_a_process_that_stood_still_is_not_said_to_have_a_blocked_loop(monkeypatch, caplog):
     """A tick that comes more than two ticks late (SIGSTOP, a suspended VM): the loop stood
     still with the whole process, so the probe's wait counts from then; a loop that still

@@ -25,9 +25,10 @@ The thread starts with the first active invocation and ends after a period with 
 
 Because the lease outlives a blocked loop, the keeper also says when a loop is blocked: at
 each tick it sends each loop a callback, and one still not run a tick later means the loop
-has run nothing since (an ``async`` body running blocking code). It logs that once per
-stall, with the runs in flight, since neither their timeouts nor any other session of the
-process can move until the loop runs again, and ``stuck`` still sees fresh heartbeats.
+has run nothing since (a sync body without a timeout, or an ``async`` body running blocking
+code). It logs that once per stall, with the runs in flight and advice for their kind of
+body, since neither their timeouts nor any other session of the process can move until the
+loop runs again, and ``stuck`` still sees fresh heartbeats.
 """
 
 from __future__ import annotations
@@ -313,15 +314,18 @@ class LeaseKeeper:
                     probe[1] = True
                     blocked.append((now - probe[0], kept))
         for waited, kept in blocked:
-            runs = [f"{k.inv.lease.session_id}: {path}" for k in kept for path in _innermost(k.inv.in_flight)]
+            runs, inline = [], False
+            for k in kept:
+                in_flight = k.inv.in_flight
+                for path in _innermost(in_flight):
+                    runs.append(f"{k.inv.lease.session_id}: {path}")
+                    inline = inline or _runs_inline(in_flight.get(path))
             listed = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
             log.warning(
-                "the event loop has not turned for %.1f s (runs in flight: %s): an async node is likely "
-                "running blocking code (time.sleep, a sync client, a long computation), so no timeout "
-                "fires and no other session of this process moves; make it a sync node (it runs in a "
-                "thread) or await asyncio.to_thread(...) in it",
+                "the event loop has not turned for %.1f s (runs in flight: %s): %s",
                 waited,
                 listed or "none",
+                _BLOCKED_BY_SYNC if inline else _BLOCKED_BY_ASYNC,
             )
 
     def _probed(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -428,6 +432,24 @@ class LeaseKeeper:
             self.store.heartbeat_many(beats)
         except Exception as exc:  # a missed heartbeat must not kill the run
             log.log(_level(exc), "heartbeats failed for %d sessions: %s", len(beats), describe_exception(exc))
+
+
+_BLOCKED_BY_SYNC = (
+    "a sync node without a timeout runs on the loop, so no timeout fires and no other session of "
+    "this process moves until it returns; give it a timeout= (it then runs in a thread) or make it "
+    "async and await asyncio.to_thread(...) in it"
+)
+_BLOCKED_BY_ASYNC = (
+    "an async node is likely running blocking code (time.sleep, a sync client, a long computation), "
+    "so no timeout fires and no other session of this process moves; await asyncio.to_thread(...) "
+    "in it, or make it a sync node with a timeout= (it then runs in a thread)"
+)
+
+
+def _runs_inline(run: Any) -> bool:
+    """Is ``run`` (a run in flight) a sync body without a timeout: one run on the loop itself?"""
+    node = getattr(run, "node", None)
+    return bool(getattr(node, "is_sync", False)) and getattr(node, "timeout", None) is None
 
 
 def _innermost(in_flight: Mapping[str, Any]) -> list[str]:
