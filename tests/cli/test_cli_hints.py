@@ -19,6 +19,7 @@ from flowscope import START, Runner, Workflow, node
 from flowscope.cli import cli, views
 from flowscope.cli.tables import pending_hint
 from flowscope.events import NodeStarted, RunStarted
+from flowscope.ownership import this_process
 from flowscope.store import SqliteEventStore, rebuild
 from flowscope.store.testing import ev, node_ev
 
@@ -133,8 +134,19 @@ def test_every_command_stuck_suggests_names_the_database_it_was_given(tmp_path):
     actions = {r["session_id"]: r["action"] for r in rows}
     assert actions["asks"] == f"{OTHER} resume asks --input 'first=JSON'"
     assert actions["jobs"].startswith(f"{OTHER} resume jobs --job ")
-    assert actions["gone"] == f"{OTHER} resume gone"
+    # not the demo's: resume runs it with its code, which the log does not name
+    assert actions["gone"] == f"{OTHER} resume gone --workflow MODULE:ATTR"
     assert actions["waits"] == f"no live worker serves 'hints_twice': {OTHER} worker MODULE:ATTR"
+
+
+def test_an_orphan_that_a_live_worker_serves_is_left_to_it(tmp_path):
+    with _stuck_store(tmp_path / "other.db") as store:
+        store.workers_seen(this_process("w-peer"), ["shop"])
+        rows = views.stuck_rows(store, 0.0, 60.0, now=time.time() + 1, prefix=OTHER)
+    (gone,) = [r for r in rows if r["session_id"] == "gone"]
+    assert gone["state"] == "orphaned"
+    assert gone["action"].startswith("a live worker serves it (w-peer on ")
+    assert gone["action"].endswith("it takes it over at its next claim")
 
 
 def test_every_resume_show_lists_under_waiting_on_names_the_database_it_was_given(tmp_path):

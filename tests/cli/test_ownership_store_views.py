@@ -44,7 +44,8 @@ def test_a_dead_owner_is_orphaned_at_once_and_every_listing_names_the_owner(tmp_
         )
         rows = {r["session_id"]: r for r in views.stuck_rows(store, 0.0, 60.0, now=now, prefix="flowscope")}
         assert rows["dead"]["state"] == "orphaned"  # a fresh heartbeat, a current lease: its process is gone
-        assert rows["dead"]["action"] == "flowscope resume dead"  # no --force needed
+        # no --force needed; the code, which the log does not name, is
+        assert rows["dead"]["action"] == "flowscope resume dead --workflow MODULE:ATTR"
         assert rows["dead"]["owner"] == {
             "worker_id": "w-killed",
             "host": gone.host,

@@ -735,7 +735,8 @@ def test_the_session_page_is_given_what_stuck_says_its_status_hides(fresh):
     orphan = c.get("/api/sessions/ops-orphan/waterfall").json()
     assert orphan["status"] == "running" and orphan["session"]["owner"]["alive"] is False
     assert [(r["path"], r["action"]) for r in orphan["stuck"]] == [
-        ("shop@1/charge@1", f"{prefix} resume ops-orphan")  # the innermost run, as stuck lists it
+        # the innermost run, as stuck lists it
+        ("shop@1/charge@1", f"{prefix} resume ops-orphan --workflow MODULE:ATTR")
     ]
     assert c.get(f"/api/sessions/{APPROVAL_SESSION}/waterfall").json()["stuck"] == []  # waiting, not stuck
 

@@ -316,6 +316,10 @@ def stuck_rows(
                 live = _live_workers(store, now)
             action = _worker_hint(live, r.workflow, r.session_id, prefix=prefix)
         beat_age = now - r.heartbeat_at if r.heartbeat_at is not None else None
+        if state == ORPHANED:
+            if live is None:
+                live = _live_workers(store, now)
+            action = _orphan_hint(live, r, info, beat_age, prefix=prefix)
         rows.append(
             {
                 "session_id": r.session_id,
@@ -431,6 +435,29 @@ def _worker_hint(live: list[WorkerInfo], workflow: str, session_id: str, *, pref
     return f"no live worker serves {workflow!r}: {prefix} worker {code}"
 
 
+def _orphan_hint(
+    live: list[WorkerInfo], r: NodeRun, info: SessionInfo | None, beat_age: float | None, *, prefix: str
+) -> str:
+    """What to do about an orphaned run: nothing while a live worker serves its workflow
+    (it takes the session over at its next claim), else the ``resume`` that runs it here,
+    with the ``--workflow`` it needs for code that is not the demo's."""
+    serving = [w for w in live if r.workflow in w.workflows]
+    if serving:
+        w = max(serving, key=lambda w: w.seen_at)
+        return f"a live worker serves it ({w.worker_id} on {w.host} pid {w.pid}): it takes it over at its next claim"
+    # An owned session is free once orphaned; one without an owner is refused to a resume
+    # while its heartbeat looks fresh.
+    from ..examples import bundled_for
+
+    fresh = (
+        (info is None or info.owner is None)
+        and beat_age is not None
+        and beat_age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S)
+    )
+    code = [] if bundled_for(r.workflow, r.session_id) else ["--workflow", "MODULE:ATTR"]
+    return session_command(prefix, "resume", r.session_id, *code, *(["--force"] if fresh else []))
+
+
 def _action(
     r: NodeRun,
     state: str,
@@ -445,13 +472,6 @@ def _action(
     one helps, else what to look at."""
     sid = r.session_id
     owner = info.owner if info is not None else None
-    if state == ORPHANED:
-        # An owned session is free once orphaned; one without an owner is refused to a
-        # resume while its heartbeat looks fresh.
-        fresh = (
-            owner is None and beat_age is not None and beat_age < resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S)
-        )
-        return session_command(prefix, "resume", sid, *(["--force"] if fresh else []))
     if state == RUNNING:
         if owner is not None:
             return f"alive ({owner.describe()} holds the lease): check that worker; it is slow, blocked or looping"
