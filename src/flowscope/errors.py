@@ -52,6 +52,7 @@ __all__ = [
     "error_qualname",
     "redact_message",
     "redact_value",
+    "redacted_traceback",
     "Redactor",
     "MAX_ERROR_MESSAGE",
     "MAX_ERROR_CODE",
@@ -443,3 +444,33 @@ def classify(
     ever.
     """
     return ErrorInfo(_code(exc, mapping), error_type_name(exc), _message(exc, redact), error_qualname(exc))
+
+
+_CAUSED = "\nThe above exception was the direct cause of the following exception:\n\n"
+_DURING = "\nDuring handling of the above exception, another exception occurred:\n\n"
+
+
+def redacted_traceback(exc: BaseException, redact: Redactor = redact_message) -> str:
+    """``exc``'s traceback as Python prints it, the exceptions it was raised from or
+    during included, with each exception's own text through ``redact`` as :func:`classify`
+    passes it (the frames' files and code stay: what a stack trace is asked for)."""
+    import traceback
+
+    blocks: list[str] = []
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None:  # from the last raised back to the first
+        seen.add(id(e))
+        tb = e.__traceback__
+        block = "Traceback (most recent call last):\n" + "".join(traceback.format_tb(tb)) if tb else ""
+        block += f"{error_qualname(e)}: {_message(e, redact)}\n"
+        if e.__cause__ is not None:
+            e, joint = e.__cause__, _CAUSED
+        elif e.__context__ is not None and not e.__suppress_context__:
+            e, joint = e.__context__, _DURING
+        else:
+            e, joint = None, ""
+        if e is not None and id(e) in seen:
+            e, joint = None, ""
+        blocks.append(joint + block)  # printed after the one it came from
+    return "".join(reversed(blocks))

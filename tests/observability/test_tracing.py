@@ -21,6 +21,7 @@ from opentelemetry.trace import StatusCode
 
 from conftest import of_type
 from flowscope import START, JoinNode, Plugin, RetryConfig, Route, Runner, Workflow, node
+from flowscope.errors import redact_message
 from flowscope.observability import TracingPlugin
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -374,6 +375,30 @@ async def test_stack_trace_only_when_asked(store, tracing):
     (exc,) = tracing.node("w@1/bad@1").events
     trace_text = exc.attributes["exception.stacktrace"]
     assert "Traceback" in trace_text and "KeyError" in trace_text and "in bad" in trace_text
+
+
+async def test_a_stack_trace_carries_every_exception_text_as_the_runner_redacts_it(store, tracing):
+    # "spans never see the raw exception text": the opt-in adds frames (files, code), not
+    # the messages the runner masks, of the failure or of the exceptions it came from
+    def bad(x):
+        try:
+            {}["k"]
+        except KeyError as e:
+            url, who = "postgres://bob:s3cret@db/app", "alice"  # not on the line a frame shows
+            raise RuntimeError(f"login failed for {url} customer={who}") from e
+
+    wf = Workflow("w", edges=[(START, node(bad, name="bad"))])
+    hide_customer = lambda text: redact_message(text).replace("alice", "***")  # noqa: E731
+    runner = Runner(wf, store=store, plugins=[tracing.plugin(record_stacktrace=True)], redact=hide_customer)
+    with pytest.raises(RuntimeError):
+        await runner.run(1, session_id="s")
+    (exc,) = tracing.node("w@1/bad@1").events
+    trace_text = exc.attributes["exception.stacktrace"]
+    assert "s3cret" not in trace_text and "alice" not in trace_text
+    last = trace_text.rstrip().splitlines()[-1]
+    assert last == f"RuntimeError: {exc.attributes['exception.message']}"
+    assert "KeyError: 'k'" in trace_text and "direct cause of the following exception" in trace_text
+    assert f"{__file__}" in trace_text and ", in bad" in trace_text  # the frames, as asked for
 
 
 async def test_genuine_timeout_is_an_error_span_with_outcome_timeout(store, tracing):

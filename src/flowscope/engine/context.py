@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import WorkflowError
+from ..errors import Redactor, WorkflowError, redact_message
 from ..events import fast_init
 from ..states import OutcomeStatus, ResultStatus, Waiting
 from .graph import Node, check_depth, is_number
@@ -83,6 +83,9 @@ class RunInfo:
     #: The session's store, for plugins that keep something of their own there (the
     #: tracing plugin's span-shipping watermark).
     store: EventStore | None = None
+    #: The runner's redaction of messages (R13, docs/design.md), for a plugin that shows an
+    #: exception's text the runner did not record (a stack trace's).
+    redact: Redactor = redact_message
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,6 +204,7 @@ class Invocation:
             recovered=self._audit.running_at_start,
             plugins=plugins.names,
             store=store,
+            redact=redact,
         )
 
     # -- what the runner reads ---------------------------------------------------------------
@@ -400,10 +401,9 @@ class Invocation:
                 attempt = ns.attempt or 1  # continuing after a pause is the same attempt (R9, docs/design.md)
             elif status == "running":  # its process died mid-run: a new attempt (R9, docs/design.md)
                 attempt = ns.attempt + 1
-                # unless this process's own halted invocation cut it off (a store fault):
-                # a cancellation it could not record, not a recovery (docs/workers.md); and a
-                # container of a cut-off run is re-entered, not recovered: the recovery is the
-                # run's inside it, counted once at the deepest path (docs/design.md).
+                # unless this process's halted invocation cut it off (a store fault): a cancellation
+                # it could not record, not a recovery (docs/workers.md); and a container of a cut-off
+                # run is re-entered: the recovery is the run's inside it, once at the deepest path.
                 recovered = self._audit.recovers(ns)
             else:  # failed or cancelled: run again, numbering continues
                 attempt = ns.attempt + 1

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -53,6 +52,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TracerProvider, TraceState
 
+from ..errors import Redactor, redacted_traceback
 from ..events import NodeCompleted
 from ..plugins import Plugin
 from . import spans as sp
@@ -160,6 +160,7 @@ class _Run:
         "state",
         "state_header",
         "store",
+        "redact",
         "walk",
         "out",
         "extra",
@@ -179,9 +180,11 @@ class _Run:
         sampled: bool,
         state: TraceState,
         store: Any,
+        redact: Redactor,
     ) -> None:
         self.trace_id = trace_id
         self.store = store  # where the watermark is kept (RunInfo.store)
+        self.redact = redact  # the runner's, for the messages of a stack trace
         self.span_id = span_id
         self.flags = _SAMPLED if sampled else _UNSAMPLED
         self.state = state
@@ -275,7 +278,7 @@ class TracingPlugin(Plugin):
         tc["traceparent"] = traceparent(trace_id, span_id, sampled)
         if state:
             tc["tracestate"] = state.to_header()
-        st = self._runs[iid] = _Run(ids, trace_id, span_id, sampled, state, run.store)
+        st = self._runs[iid] = _Run(ids, trace_id, span_id, sampled, state, run.store, run.redact)
         if sampled and shipper.enabled:
             if (
                 shipper.resource_record
@@ -357,7 +360,7 @@ class TracingPlugin(Plugin):
             self._walk_pending(st)  # the failure's span, to hold for its stack trace
         held = st.held.pop(span_id, None) if st.held else None
         if held is not None:
-            stack = "".join(traceback.format_exception(outcome.error)) if outcome.error is not None else None
+            stack = redacted_traceback(outcome.error, st.redact) if outcome.error is not None else None
             extra = st.extra.pop(span_id, None) if st.extra else None
             self.shipper.ship([held], st.store, {span_id: (extra, stack)})
 
