@@ -276,3 +276,21 @@ def test_csv_encodes_values_inside_a_cell_as_its_top_level_ones_never_as_python_
         "j-1:1:k-1:pending,true"
     )
     assert "False" not in text and "'" not in text
+
+
+def test_two_invocations_of_one_minute_get_two_labels_in_events(tmp_path):
+    # Invocation ids are time-ordered (UUIDv7): their first 8 characters are one minute's
+    @node
+    async def ask(ctx, x):
+        return await ctx.request_input("ok?", interrupt_id="ok")
+
+    db = tmp_path / "two.db"
+    with SqliteEventStore(db) as store:
+        runner = Runner(Workflow("two", edges=[(START, ask)]), store)
+        runner.run_sync(None, session_id="s")
+        runner.resume_sync("s", inputs={"ok": True})
+        ids = sorted({e.invocation_id for e in store.read("s")})
+    assert len(ids) == 2
+    rows = invoke("--db", str(db), "events", "s", columns=200).output.splitlines()[1:]
+    labels = {row.split()[4] for row in rows if row.strip()}
+    assert labels == {i[-8:] for i in ids}

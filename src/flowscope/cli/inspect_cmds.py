@@ -30,7 +30,7 @@ from .app import (
 )
 from .failures import EXIT_FAILED, CliError, one_line, unknown_session
 from .history import EVENT_KEYS, event_rows, retry_reasons, session_history
-from .render import fmt_time, render_table, waterfall_lines, zone_name
+from .render import fmt_time, invocation_label, render_table, waterfall_lines, zone_name
 from .runtime import follower_exporter, quiet_exporter_logs
 from .tables import audit_table, pending_hint, runs_table, session_header, stuck_table
 
@@ -306,7 +306,7 @@ def events(session: str, db: str | None, fmt: str, show_payloads: bool) -> None:
                 ("SEQ", lambda r: r["seq"]),
                 (f"TIME ({zone_name()})", lambda r: fmt_time(r["ts"]) + f".{int(r['ts'] * 1000) % 1000:03d}"),
                 ("TYPE", lambda r: r["type"]),
-                ("INVOCATION", lambda r: r["invocation_id"][:8]),
+                ("INVOCATION", lambda r: invocation_label(r["invocation_id"])),
                 ("PATH", lambda r: r["path"] or "-"),
                 ("FIELDS", lambda r: _fields_cell(r["fields"])),
             ],

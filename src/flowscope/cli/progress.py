@@ -8,7 +8,7 @@ from typing import Any
 from ..plugins import Plugin
 from .app import silence_stdout
 from .history import redacted
-from .render import one_line_text
+from .render import invocation_label, one_line_text
 
 __all__ = ["ProgressPlugin"]
 
@@ -53,9 +53,9 @@ class ProgressPlugin(Plugin):
                 extra = f", {e.recovered} crashed run(s) to re-execute" if e.recovered else ""
                 return say(
                     "resume",
-                    f"invocation {e.invocation_id[:8]}: {e.replayed} finished run(s) kept from the log{extra}",
+                    f"invocation {invocation_label(e.invocation_id)}: {e.replayed} finished run(s) kept from the log{extra}",
                 )
-            return say("run", f"invocation {e.invocation_id[:8]} of {e.workflow}")
+            return say("run", f"invocation {invocation_label(e.invocation_id)} of {e.workflow}")
         if t == "node_completed":
             note = "   returned nothing: completion marker" if not e.has_output else ""
             return say("ok", f"{where} attempt {e.attempt_count}{note}")
@@ -84,5 +84,5 @@ class ProgressPlugin(Plugin):
             value = repr(e.value) if self.show_payloads else redacted(e.value)
             return say("answer", f"{where} {e.interrupt_id!r} = {value}")
         if t == "run_finished":
-            return say(e.status, f"invocation {e.invocation_id[:8]}")
+            return say(e.status, f"invocation {invocation_label(e.invocation_id)}")
         return None

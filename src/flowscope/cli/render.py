@@ -26,6 +26,7 @@ __all__ = [
     "zone_name",
     "fmt_time",
     "fmt_duration",
+    "invocation_label",
     "one_line_text",
     "render_table",
     "render_json",
@@ -138,6 +139,12 @@ def _clip(text: str, width: int) -> str:
 def zone_name() -> str:
     """``UTC`` or the local zone's abbreviation (``CET``), for headers that print times."""
     return "UTC" if _UTC[0] else (time.strftime("%Z") or "local")
+
+
+def invocation_label(invocation_id: str) -> str:
+    """An invocation's short label: the last 8 characters of its id. Ids are time-ordered
+    (UUIDv7), so their first 8 are the same for every invocation of a minute."""
+    return invocation_id[-8:]
 
 
 def fmt_time(ts: float | None, *, zone: bool = False) -> str:
