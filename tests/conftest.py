@@ -10,6 +10,9 @@ from flowscope import Node, node
 from flowscope.store import MemoryEventStore
 
 sys.path.insert(0, str(Path(__file__).parent))
+# Commands run in-process see the environment of the test process, not a terminal's: a
+# table fits $COLUMNS when set (pytest-xdist's workers set it to 80), every cell whole if not.
+os.environ.pop("COLUMNS", None)
 # Test modules are filed in folders mirroring src/flowscope, with unique names; a few share
 # fixtures and helpers by importing each other (test_otlp_export's receiver, say).
 for _folder in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir() and p.name.isidentifier()):

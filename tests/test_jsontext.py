@@ -30,7 +30,7 @@ def test_nan_and_infinity_are_written_by_dumps_and_refused_by_dumps_finite(value
         dumps_finite(value)
 
 
-@pytest.mark.parametrize("value", [object(), {"a": {1, 2}}, {(1, 2): 3}], ids=repr)
+@pytest.mark.parametrize("value", [object(), {"a": {1, 2}}, {(1, 2): 3}], ids=["object", "set", "tuple key"])
 def test_what_json_cannot_hold_is_a_type_error(value):
     with pytest.raises(TypeError):
         dumps(value)
