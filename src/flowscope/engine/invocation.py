@@ -21,7 +21,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 from ..errors import ErrorInfo, Redactor, WorkflowError
 from ..events import Event, InputRequested, NodeCancelled, NodeStarted, RunStarted
@@ -33,7 +33,8 @@ from ..store.base import EventStore
 from .attempts import Attempts
 from .commit import GroupCommit
 from .context import NodeContext, PauseSignal, RunInfo
-from .graph import START, Node, Workflow, label_matches
+from .graph import START, Node, Workflow
+from .handoff import Activation, JoinBuffers, next_activations
 from .hooks import PluginDispatcher
 from .ids import new_id
 from .pauses import Answer, Pauses
@@ -51,13 +52,6 @@ def _too_many_steps(wf: Workflow) -> WorkflowError:
     return WorkflowError(
         f"workflow {wf.name!r} ran more than max_steps={wf.max_steps} steps: a loop that does not end?"
     )
-
-
-class Activation(NamedTuple):
-    """A node activated in a step of a graph, and the input it is activated with."""
-
-    node: Node
-    input: Any
 
 
 class ResumeAudit:
@@ -458,7 +452,7 @@ class Invocation:
         rec = self._rec
         run_prepared = self._attempts.run_prepared
         acts = [_new(Activation, (n, input)) for n, _label in successors[START]]
-        joins: dict[Node, dict[str, Any]] = {}
+        joins = JoinBuffers(wf.predecessors)
         terminals: list[tuple[str, Any]] = []
         steps = 0
         while acts:
@@ -498,29 +492,7 @@ class Invocation:
                 results = (r,)
             else:
                 results = await self._step(acts, ctx)
-            nxt: list[Activation] = []
-            for act, r in zip(acts, results):
-                n = act.node
-                fired = False
-                for target, label in successors[n]:
-                    if label is not None and not label_matches(label, r.route):
-                        continue
-                    fired = True
-                    if target.kind == "join":
-                        buf = joins.setdefault(target, {})
-                        buf[n.name] = r.output
-                        if len(buf) == len(wf.predecessors[target]):
-                            nxt.append(_new(Activation, (target, joins.pop(target))))
-                    else:
-                        nxt.append(_new(Activation, (target, r.output)))
-                if not fired and r.has_output:
-                    terminals.append((n.name, r.output))
-            if not nxt and joins:
-                # Routing skipped some predecessors and nothing else can run: the joins
-                # fire with the inputs they have, in declaration order.
-                for j in sorted(joins, key=wf.order.__getitem__):
-                    nxt.append(_new(Activation, (j, joins.pop(j))))
-            acts = nxt
+            acts = next_activations(wf, acts, results, joins, terminals)
         if len(terminals) > 1:
             names = ", ".join(name for name, _ in terminals)
             raise WorkflowError(

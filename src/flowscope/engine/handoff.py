@@ -1,0 +1,109 @@
+"""How the outputs of one step of a graph become the activations of the next.
+
+**A join runs once per complete set of its predecessors' outputs.** Its inputs wait in
+a queue of buffers ``{predecessor_name: output}``: an output goes to the oldest buffer
+that has none from its predecessor yet, so a second run of a predecessor (a node reached
+by two branches, a loop) starts the next buffer instead of overwriting the first. The
+oldest buffer is the first to fill, and fires; when nothing else can run, each join fires
+its oldest incomplete buffer (routing skipped a predecessor). Outputs are taken in the
+step's declaration order, so the activations are the same whatever the timing
+(docs/concepts.md, joins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from .graph import Node, Workflow, label_matches
+from .record import NodeResult
+
+__all__ = ["Activation", "JoinBuffers", "next_activations"]
+
+_new = tuple.__new__  # a NamedTuple from a tuple, one C call
+
+
+class Activation(NamedTuple):
+    """A node activated in a step of a graph, and the input it is activated with."""
+
+    node: Node
+    input: Any
+
+
+class JoinBuffers:
+    """The inputs of a graph pass's joins that are not complete yet: per join, a queue of
+    buffers, oldest first. Each buffer holds the predecessor names of the one after it
+    (an output goes to the oldest buffer without its name), so the oldest fills first."""
+
+    __slots__ = ("_queues", "_predecessors")
+
+    def __init__(self, predecessors: Mapping[Node, Sequence[Node]]) -> None:
+        self._queues: dict[Node, list[dict[str, Any]]] = {}
+        self._predecessors = predecessors
+
+    def __bool__(self) -> bool:
+        return bool(self._queues)
+
+    def arrive(self, join: Node, name: str, output: Any) -> dict[str, Any] | None:
+        """The output of predecessor ``name`` reaches ``join``: the buffer it completes
+        (the join's next input), or None."""
+        queue = self._queues.get(join)
+        if queue is None:
+            queue = self._queues[join] = []
+        for buf in queue:
+            if name not in buf:
+                break
+        else:
+            buf = {}
+            queue.append(buf)
+        buf[name] = output
+        if len(buf) < len(self._predecessors[join]):
+            return None
+        del queue[0]  # buf: a complete buffer is the oldest (the ones before it would be complete)
+        if not queue:
+            del self._queues[join]
+        return buf
+
+    def flush(self, order: Mapping[Node, int]) -> list[Activation]:
+        """Nothing else can run: each join's oldest buffer, incomplete, in declaration order."""
+        out = []
+        for join in sorted(self._queues, key=order.__getitem__):
+            queue = self._queues[join]
+            out.append(_new(Activation, (join, queue.pop(0))))
+            if not queue:
+                del self._queues[join]
+        return out
+
+
+def next_activations(
+    wf: Workflow,
+    acts: Sequence[Activation],
+    results: Sequence[NodeResult],
+    joins: JoinBuffers,
+    terminals: list[tuple[str, Any]],
+) -> list[Activation]:
+    """The next step of ``wf``'s graph after ``acts`` ended with ``results``; an output no
+    edge takes is added to ``terminals``."""
+    successors = wf.successors
+    nxt: list[Activation] = []
+    for act, r in zip(acts, results):
+        n = act.node
+        out = r.output
+        fired = False
+        for target, label in successors[n]:
+            if label is not None and not label_matches(label, r.route):
+                continue
+            fired = True
+            if target.kind == "join":
+                ready = joins.arrive(target, n.name, out)
+                if ready is not None:
+                    nxt.append(_new(Activation, (target, ready)))
+            else:
+                nxt.append(_new(Activation, (target, out)))
+        if not fired and r.has_output:
+            terminals.append((n.name, out))
+    if not nxt and joins:
+        # Routing skipped some predecessors and nothing else can run: the joins fire with
+        # the inputs they have.
+        nxt = joins.flush(wf.order)
+    return nxt
