@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from flowscope.jsontext import dumps, dumps_finite
+from flowscope.jsontext import copy_json, dumps, dumps_finite
 
 VALUES = [
     "abc", "é\u2028\x00\ud83d", 1, -(2**70), 1.5, 1e300, -0.0, True, None, [], {},
@@ -42,3 +42,20 @@ def test_a_cycle_is_a_recursion_error_and_the_encoder_still_works_after_it():
     with pytest.raises(RecursionError):
         dumps(loop)
     assert dumps({"after": [1]}) == '{"after":[1]}'  # no state left behind by the failed call
+
+
+def test_a_json_copy_shares_no_list_or_dict_with_the_value():
+    value = {"rows": [1, {"a": [2.5, None, True]}], "s": "x"}
+    copy = copy_json(value)
+    assert copy == value and copy is not value
+    assert copy["rows"] is not value["rows"] and copy["rows"][1]["a"] is not value["rows"][1]["a"]
+    assert copy_json("text") == "text" and copy_json(None) is None
+
+
+def test_a_json_copy_of_a_value_marshal_cannot_hold_copies_its_lists_and_dicts():
+    class Tag(str):
+        pass
+
+    inner = [Tag("t")]
+    copy = copy_json({"k": inner})
+    assert copy == {"k": ["t"]} and copy["k"] is not inner and type(copy["k"][0]) is Tag

@@ -1,9 +1,12 @@
 """How outputs reach the next step: a join runs once per complete set of its predecessors'
-outputs, whatever the timing."""
+outputs, whatever the timing; activations never share one value."""
 
 from __future__ import annotations
 
+import asyncio
+
 from flowscope import START, JoinNode, Runner, Workflow, node
+from flowscope.store import SqliteEventStore
 
 
 def _nodes():
@@ -61,3 +64,66 @@ async def test_a_second_output_of_a_predecessor_is_never_dropped(store):
     wf = Workflow("wf", edges=[(START, (x, y, u)), (x, c), (y, c), (u, w), ((c, w), _join(seen))])
     await Runner(wf, store=store).run(1, session_id="s")
     assert seen == [{"c": "c(x)", "w": "w(u)"}, {"c": "c(y)"}]
+
+
+def _appends(name: str):
+    def body(d):
+        d["rows"].append(name)  # edits its input in place
+        return name
+
+    return node(body, name=name)
+
+
+async def test_parallel_branches_never_share_an_input(store):
+    """``a``'s output goes to ``b`` and ``c`` in one step: ``b`` edits its input, and ``c``
+    (reading after it) still gets what ``a`` returned, as it would after a resume."""
+    seen = []
+
+    @node
+    async def c(d):
+        await asyncio.sleep(0)  # b has run
+        seen.append(list(d["rows"]))
+        return "c"
+
+    a, b = node(lambda _: {"rows": [1]}, name="a"), _appends("b")
+    wf = Workflow("w", edges=[(START, a, (b, c)), ((b, c), JoinNode("j"))])
+    result = await Runner(wf, store=store).run(None, session_id="s")
+    assert result.status == "completed" and seen == [[1]]
+
+
+async def test_the_run_input_is_each_first_nodes_own(store):
+    seen = []
+
+    @node
+    async def second(d):
+        await asyncio.sleep(0)
+        seen.append(list(d["rows"]))
+        return "second"
+
+    first = _appends("first")
+    wf = Workflow("w", edges=[(START, (first, second)), ((first, second), JoinNode("j"))])
+    await Runner(wf, store=store).run({"rows": [0]}, session_id="s")
+    assert seen == [[0]]
+
+
+async def test_a_branch_gets_the_same_input_live_and_after_resume(tmp_path):
+    """The value each branch gets from a fan-out, live and after resume (read from the log)."""
+    store = SqliteEventStore(str(tmp_path / "s.db"))
+    seen = []
+
+    @node
+    async def c(ctx, d):
+        await asyncio.sleep(0)
+        seen.append(list(d["rows"]))
+        await ctx.request_input("go?", interrupt_id="go")
+        return "c"
+
+    b = _appends("b")
+    wf = Workflow(
+        "w", edges=[(START, node(lambda _: {"rows": [1]}, name="a"), (b, c)), ((b, c), JoinNode("j"))]
+    )
+    await Runner(wf, store=store).run(None, session_id="s")
+    result = await Runner(wf, store=store).resume("s", inputs={"go": 1})
+    assert result.status == "completed"
+    assert seen == [[1], [1]]
+    store.close()

@@ -1,13 +1,20 @@
 """How the outputs of one step of a graph become the activations of the next.
 
-**A join runs once per complete set of its predecessors' outputs.** Its inputs wait in
-a queue of buffers ``{predecessor_name: output}``: an output goes to the oldest buffer
-that has none from its predecessor yet, so a second run of a predecessor (a node reached
-by two branches, a loop) starts the next buffer instead of overwriting the first. The
-oldest buffer is the first to fill, and fires; when nothing else can run, each join fires
-its oldest incomplete buffer (routing skipped a predecessor). Outputs are taken in the
-step's declaration order, so the activations are the same whatever the timing
-(docs/concepts.md, joins).
+Two rules live here:
+
+- **A join runs once per complete set of its predecessors' outputs.** Its inputs wait in
+  a queue of buffers ``{predecessor_name: output}``: an output goes to the oldest buffer
+  that has none from its predecessor yet, so a second run of a predecessor (a node reached
+  by two branches, a loop) starts the next buffer instead of overwriting the first. The
+  oldest buffer is the first to fill, and fires; when nothing else can run, each join
+  fires its oldest incomplete buffer (routing skipped a predecessor). Outputs are taken in
+  the step's declaration order, so the activations are the same whatever the timing
+  (docs/concepts.md, joins).
+- **One value handed to several activations is copied for each after the first**
+  (:func:`~flowscope.jsontext.copy_json`, for a list or dict): parallel branches never
+  share one, so what a branch does to its input no sibling sees, live or after resume,
+  where each reads its own from the log (R12, docs/design.md). A chain hands the output
+  on as it is, at no cost.
 """
 
 from __future__ import annotations
@@ -15,10 +22,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from .graph import Node, Workflow, label_matches
+from ..jsontext import copy_json
+from .graph import START, Node, Workflow, label_matches
 from .record import NodeResult
 
-__all__ = ["Activation", "JoinBuffers", "next_activations"]
+__all__ = ["Activation", "JoinBuffers", "first_activations", "next_activations"]
 
 _new = tuple.__new__  # a NamedTuple from a tuple, one C call
 
@@ -75,6 +83,14 @@ class JoinBuffers:
         return out
 
 
+def first_activations(wf: Workflow, input: Any) -> list[Activation]:
+    """The first step of ``wf``'s graph: the nodes after ``START``, each with its own input."""
+    return [
+        _new(Activation, (n, copy_json(input) if i else input))
+        for i, (n, _label) in enumerate(wf.successors[START])
+    ]
+
+
 def next_activations(
     wf: Workflow,
     acts: Sequence[Activation],
@@ -93,13 +109,14 @@ def next_activations(
         for target, label in successors[n]:
             if label is not None and not label_matches(label, r.route):
                 continue
+            value = copy_json(out) if fired else out  # each activation its own value
             fired = True
             if target.kind == "join":
-                ready = joins.arrive(target, n.name, out)
+                ready = joins.arrive(target, n.name, value)
                 if ready is not None:
                     nxt.append(_new(Activation, (target, ready)))
             else:
-                nxt.append(_new(Activation, (target, out)))
+                nxt.append(_new(Activation, (target, value)))
         if not fired and r.has_output:
             terminals.append((n.name, out))
     if not nxt and joins:

@@ -33,8 +33,8 @@ from ..store.base import EventStore
 from .attempts import Attempts
 from .commit import GroupCommit
 from .context import NodeContext, PauseSignal, RunInfo
-from .graph import START, Node, Workflow
-from .handoff import Activation, JoinBuffers, next_activations
+from .graph import Node, Workflow
+from .handoff import Activation, JoinBuffers, first_activations, next_activations
 from .hooks import PluginDispatcher
 from .ids import new_id
 from .pauses import Answer, Pauses
@@ -451,7 +451,7 @@ class Invocation:
         nodes = self._nodes
         rec = self._rec
         run_prepared = self._attempts.run_prepared
-        acts = [_new(Activation, (n, input)) for n, _label in successors[START]]
+        acts = first_activations(wf, input)
         joins = JoinBuffers(wf.predecessors)
         terminals: list[tuple[str, Any]] = []
         steps = 0
