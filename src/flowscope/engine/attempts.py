@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable
@@ -45,8 +46,9 @@ from ..threads import start_thread
 from .context import CHILDREN_CLOSED, NodeContext, NodeOutcome, PauseSignal
 from .graph import Node, Route, Workflow, label_matches
 from .hooks import PluginDispatcher
-from .record import Halted, NodeResult, Recorder, is_native, json_value
+from .record import Halted, NodeResult, Recorder
 from .tasks import RunTasks
+from .values import is_native, json_value
 
 __all__ = ["Attempts", "GraphRunner"]
 
@@ -139,7 +141,7 @@ class Attempts:
                     if hooks:  # plugins hear of a success only under a safe lease (else the flush stops it)
                         rec.check_lease()
                     result = self._result(ctx, out)
-                    if state.dirty:
+                    if state.pending:  # a key set, or a value lent that may have changed in place
                         state.check_changes()
                     break
                 except Exception as exc:
@@ -210,7 +212,7 @@ class Attempts:
             return result
         finally:
             self._in_flight.pop(path, None)  # the run ended (RunTasks.ended)
-            if state.dirty:
+            if state.pending:
                 self._emit_state(ctx)
             if hooks and outcome is not None:
                 pending = plugins.start("after_node", ctx, outcome)
@@ -405,14 +407,27 @@ class Attempts:
     # -- after every run -----------------------------------------------------------------
 
     def _emit_state(self, ctx: NodeContext) -> None:
-        """Record the keys of ``ctx.state`` the run changed. A value JSON cannot hold has
-        failed the run already (``STATE_NOT_SERIALIZABLE``); only that key is dropped, the
-        valid changes are kept."""
-        changes, bad = self._rec.state.take_changes()
+        """Record the keys of ``ctx.state`` changed since the last record: set through the
+        dict, or a value changed in place (by this run or one running beside it,
+        ``state.py``). A value JSON cannot hold has failed the run already
+        (``STATE_NOT_SERIALIZABLE``); only that key is dropped, the valid changes are kept."""
+        state = self._state
+        changes, bad = state.take_changes(self._oldest_body() if state.lent else math.inf)
         if bad:
-            log.error("ctx.state keys %s set by %s are not JSON-serialisable; not persisted", bad, ctx.path)
+            log.error(
+                "ctx.state keys %s changed by %s are not JSON-serialisable; not persisted", bad, ctx.path
+            )
         if changes:
             self._rec.emit(StateUpdated, ctx.path, ctx.node_name, values=changes)
+
+    def _oldest_body(self) -> float:
+        """When the earliest node body still running started (``perf_counter``; inf if none
+        runs). A nested workflow's run is not a body: its graph runs no code of the user's."""
+        oldest = math.inf
+        for c in self._in_flight.values():
+            if c.started_at < oldest and not isinstance(c.node, Workflow):
+                oldest = c.started_at
+        return oldest
 
     @staticmethod
     async def _stop_children(ctx: NodeContext, running: AbstractSet[asyncio.Task[Any]]) -> None:

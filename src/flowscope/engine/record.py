@@ -24,18 +24,14 @@ timer on the loop at the lease's safe end) or by :meth:`Runner.check_leases
 from __future__ import annotations
 
 import asyncio
-import inspect
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
-from typing import Any, NamedTuple, TypeVar, overload
+from typing import Any, NamedTuple, TypeVar
 
-from ..errors import ErrorInfo, OutputNotSerializableError, Redactor, StateNotSerializableError, classify
+from ..errors import ErrorInfo, Redactor, classify
 from ..events import Event, RunFinished
 from ..fold import WorkflowState
-from ..jsontext import depth_over, dumps_finite, too_deep
 from ..ownership import Lease
 from ..states import RunStatus
 from ..store.base import EventStore
@@ -43,105 +39,15 @@ from .commit import GroupCommit, TurnWait
 from .context import NodeContext
 from .hooks import PluginDispatcher
 from .lease import SafeUntil, lease_expired, safe_until
+from .state import TrackedState
 from .tasks import RunTasks
+from .values import is_native, json_value
 
 __all__ = ["Recorder", "Halted", "TrackedState", "NodeResult", "Reported", "json_value", "is_native"]
 
 log = logging.getLogger("flowscope.engine")
 
 E = TypeVar("E", bound=Event)
-
-_dumps = dumps_finite  # built once (flowscope.jsontext)
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):  # {1: a, "1": b}: both keys are "1" in JSON, and one value would vanish
-        dup = next(k for i, (k, _v) in enumerate(pairs) if any(k == k2 for k2, _ in pairs[:i]))
-        raise ValueError(f"two keys become {dup!r} in JSON")
-    return out
-
-
-def _loads(text: str) -> Any:
-    return json.loads(text, object_pairs_hook=_unique_keys)
-
-
-_JSON_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
-
-
-_BIG = 1 << 63
-_MAX_NATIVE_DEPTH = 64
-
-
-def _native(v: Any, depth: int) -> bool:
-    """Is ``v`` already what a JSON round trip would give back (same types, same value)?
-
-    Exact types only (a str or int subclass is converted by the round trip), finite floats,
-    ints JSON readers agree on, str keys; shallow enough that a cycle cannot hide. Cheaper
-    than the round trip for the small dicts and lists nodes usually return.
-    """
-    t = type(v)
-    if t is str or t is bool or v is None:
-        return True
-    if t is int:
-        return -_BIG <= v < _BIG
-    if t is float:
-        return v - v == 0.0  # finite: nan - nan and inf - inf are nan
-    if depth >= _MAX_NATIVE_DEPTH:
-        return False
-    if t is dict:
-        d = depth + 1
-        for k, x in v.items():
-            if type(k) is not str or not _native(x, d):
-                return False
-        return True
-    if t is list:
-        d = depth + 1
-        for x in v:
-            if not _native(x, d):
-                return False
-        return True
-    return False
-
-
-def is_native(value: Any) -> bool:
-    """Is ``value`` already what the store keeps (:func:`json_value` would return it as is)?"""
-    return _native(value, 0)
-
-
-def json_value(value: Any, what: str, error: type[Exception] = OutputNotSerializableError) -> Any:
-    """The value as the store keeps it, or ``error`` naming ``what`` (R12, docs/design.md).
-
-    Values pass the JSON boundary once, here, when they are recorded: what a node, a
-    ``RunResult`` or a resumed run sees is this value, live and after resume alike (a
-    tuple is a list, an int key a str key). NaN and ±Infinity are refused (they are not
-    JSON), and so is anything nested deeper than ``MAX_DEPTH`` (flowscope.jsontext: one
-    limit, for every value recorded, whoever records it). JSON scalars are returned as they
-    and containers of them are returned as they are, without a round trip (a type check
-    per element: the common case).
-    """
-    if _native(value, 0):
-        return value
-    try:
-        text = _dumps(value)
-        out = _loads(text)
-    except _JSON_ERRORS as exc:
-        if isinstance(exc, RecursionError):
-            raise error(too_deep(what)) from None
-        if inspect.isawaitable(value):  # `return ctx.request_input(...)`: the call was never awaited
-            if inspect.iscoroutine(value):
-                value.close()  # said here, in the error: not again as "never awaited" at exit
-            raise error(
-                f"{what} is a {type(value).__name__}, not a value: an await is missing "
-                "(return await ctx.request_input(...), not return ctx.request_input(...))"
-            ) from None
-        raise error(
-            f"{what} is a {type(value).__name__} that is not JSON-serialisable ({str(exc):.200}); "
-            "return JSON data: dict with str keys, list, str, finite number, bool or None"
-        ) from None
-    if depth_over(out, text):
-        raise error(too_deep(what))
-    return out
 
 
 class Halted(BaseException):
@@ -171,88 +77,6 @@ class Reported(NamedTuple):
     path: str
     code: str
     message: str
-
-
-_CLEAN: frozenset[str] = frozenset()
-
-
-class TrackedState(dict[str, Any]):
-    """``ctx.state``: a dict that remembers which keys changed since the last event."""
-
-    def __init__(self, initial: Mapping[str, Any]) -> None:
-        super().__init__(initial)
-        #: The keys changed since the last event (none: a shared empty frozenset, so a run
-        #: that changes no state makes no set).
-        self.dirty: AbstractSet[str] = _CLEAN
-
-    def _mark(self, key: str) -> None:
-        dirty = self.dirty
-        if type(dirty) is not set:
-            dirty = self.dirty = set()
-        dirty.add(key)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        # Refused where it is set, so the node that set it fails, naming the key; the
-        # value kept is the one the store will hold (R12, docs/design.md).
-        if type(key) is not str:
-            raise StateNotSerializableError(
-                f"ctx.state key {key!r} is a {type(key).__name__}: state keys are str (JSON object keys)"
-            )
-        super().__setitem__(key, json_value(value, f"ctx.state[{key!r}]", StateNotSerializableError))
-        self._mark(key)
-
-    def __delitem__(self, key: str) -> None:
-        super().__delitem__(key)
-        self._mark(key)
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        for k, v in dict(*args, **kwargs).items():
-            self[k] = v
-
-    def setdefault(self, key: str, default: Any = None) -> Any:
-        if key not in self:
-            self[key] = default
-        return self[key]
-
-    @overload
-    def pop(self, key: str, /) -> Any: ...
-
-    @overload
-    def pop(self, key: str, default: Any, /) -> Any: ...
-
-    def pop(self, key: str, /, *default: Any) -> Any:
-        if key in self:
-            self._mark(key)
-        return super().pop(key, *default)
-
-    def clear(self) -> None:
-        for key in self.keys():
-            self._mark(key)
-        super().clear()
-
-    def check_changes(self) -> None:
-        """Raise ``StateNotSerializableError`` naming the first changed key whose value JSON
-        cannot hold any more (a list mutated after it was set), else keep the changed
-        values as the store will (the same rule as when they were set)."""
-        for k in self.dirty:
-            if k in self:
-                v = dict.__getitem__(self, k)
-                if type(v) is dict or type(v) is list:
-                    dict.__setitem__(self, k, json_value(v, f"ctx.state[{k!r}]", StateNotSerializableError))
-
-    def take_changes(self) -> tuple[dict[str, Any], list[str]]:
-        """The changed keys the store can keep, and the keys it cannot (dropped)."""
-        changes: dict[str, Any] = {}
-        bad: list[str] = []
-        for k in self.dirty:
-            v = self.get(k)
-            try:
-                changes[k] = json_value(v, k, StateNotSerializableError)
-            except StateNotSerializableError:
-                bad.append(k)
-                dict.pop(self, k, None)  # the live state keeps what the log will hold
-        self.dirty = _CLEAN
-        return changes, bad
 
 
 class Recorder:
