@@ -4,6 +4,7 @@ projections in :mod:`.projection`)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -61,6 +62,39 @@ class EventLogContract(ProjectionContract):
         paused = back[8]
         assert isinstance(paused, NodePaused)
         assert paused.interrupt_ids == ("a", "b")  # a tuple again, not a JSON list
+
+    def test_an_event_read_back_is_not_changed_by_later_changes_to_the_objects_appended(
+        self, store: EventLog
+    ) -> None:
+        """Events are immutable: a caller that goes on using a value it appended (a node
+        editing its input, the run input's owner) does not change the log."""
+        run_input = {"todo": [1, 2, 3]}
+        output: dict[str, Any] = {"rows": [1]}
+        answer = [{"ok": True}]
+        store.append(
+            SID,
+            [
+                ev(RunStarted, workflow="wf", input=run_input),
+                node_ev(NodeCompleted, "wf@1/a@1", 1.0, output=output),
+                node_ev(InputRequested, "wf@1/b@1", 2.0, interrupt_id="q", payload=answer),
+            ],
+            0,
+        )
+        run_input["todo"].pop()
+        output["rows"].append(2)
+        output["more"] = True
+        answer[0]["ok"] = False
+        back = store.read(SID)
+        assert back[0].input == {"todo": [1, 2, 3]}  # type: ignore[attr-defined]
+        assert back[1].output == {"rows": [1]}  # type: ignore[attr-defined]
+        assert back[2].payload == [{"ok": True}]  # type: ignore[attr-defined]
+
+    def test_a_change_to_an_event_read_back_is_not_in_the_log(self, store: EventLog) -> None:
+        store.append(SID, [node_ev(NodeCompleted, "wf@1/a@1", 1.0, output={"rows": [1]})], 0)
+        first = store.read(SID)[0]
+        assert isinstance(first, NodeCompleted)
+        first.output["rows"].append(2)
+        assert store.read(SID)[0].output == {"rows": [1]}  # type: ignore[attr-defined]
 
     def test_seq_is_gap_free_from_one_across_batches(self, store: EventLog) -> None:
         events = [node_ev(NodeStarted, f"wf@1/n@{i}", ts=float(i)) for i in range(1, 11)]
