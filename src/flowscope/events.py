@@ -245,10 +245,12 @@ class JobResultReceived(Event):
 
 @dataclass(**_EVENT)
 class StateUpdated(Event):
-    """Keys of ``ctx.state`` a node run changed; the fold merges them in order."""
+    """Keys of ``ctx.state`` a node run changed; the fold merges them in order. ``values``
+    holds the keys set (a value of None is one), ``deleted`` the keys removed."""
 
     type: ClassVar[EventKind] = "state_updated"
     values: dict[str, Any] = field(default_factory=dict)
+    deleted: list[str] = field(default_factory=list)
 
 
 @dataclass(**_EVENT)

@@ -380,7 +380,7 @@ class WorkflowState:
                 ):
                     self.status = "answered"  # recorded by answer(), for the next invocation to consume
             elif type(e) is StateUpdated:
-                self.state.update(e.values)
+                self._merge_state(e)
             return
         if isinstance(e, RunStarted):
             if self.invocations == 0:
@@ -404,7 +404,12 @@ class WorkflowState:
             self.input = e.input
             self.status = "queued"
         elif isinstance(e, StateUpdated):
-            self.state.update(e.values)
+            self._merge_state(e)
+
+    def _merge_state(self, e: StateUpdated) -> None:
+        self.state.update(e.values)
+        for key in e.deleted:
+            self.state.pop(key, None)
 
 
 @contextmanager

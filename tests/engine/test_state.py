@@ -72,6 +72,41 @@ async def test_a_value_changed_in_place_by_a_later_node_is_recorded_and_survives
     assert rebuild(store.read("s")).state == {"items": ["b"], "cfg": {"n": 1}}
 
 
+WRITES = {
+    "|=": lambda s: s.__ior__({"n": 2}),  # ``state |= ...`` on a name bound to ctx.state
+    "popitem": lambda s: s.popitem(),  # the last key set: "cfg"
+    "del": lambda s: s.__delitem__("cfg"),
+    "pop": lambda s: s.pop("cfg"),
+    "set None": lambda s: s.__setitem__("cfg", None),
+}
+
+
+@pytest.mark.parametrize("how", sorted(WRITES))
+async def test_every_write_is_recorded_and_a_deleted_key_stays_deleted_after_resume(make_store, how):
+    seen = []
+
+    @node
+    def write(ctx, x):
+        WRITES[how](ctx.state)
+        return x
+
+    @node
+    async def use(ctx, x):
+        seen.append(dict(ctx.state))
+        await ctx.request_input("go?", interrupt_id="go")
+        return x
+
+    wf = Workflow("w", edges=[(START, setup, write, use)])
+    await Runner(wf, store=make_store()).run(0, session_id="s")
+    store = make_store()
+    await Runner(wf, store=store).resume("s", inputs={"go": True})
+    want = {"items": [], "n": 2, "cfg": {"n": 0}} if how == "|=" else {"items": []}
+    if how == "set None":
+        want = {"items": [], "cfg": None}
+    assert seen == [want, want]  # live, then after resume: the same
+    assert rebuild(store.read("s")).state == want
+
+
 async def test_a_value_changed_in_place_in_a_nested_workflow_is_recorded_under_its_node(store):
     @node
     def change(ctx, x):
@@ -161,10 +196,10 @@ def test_a_lent_value_is_compared_until_no_body_that_could_hold_it_runs():
     state = TrackedState({"items": []})
     assert not state.pending  # nothing read: a run end checks one attribute
     state["items"].append(1)
-    assert state.take_changes(oldest=0.0) == ({"items": [1]}, [])  # a body older than the read runs
+    assert state.take_changes(oldest=0.0) == ({"items": [1]}, [], [])  # a body older than the read runs
     assert "items" in state.lent and state.pending
     dict.__getitem__(state, "items").append(2)  # that body changes it after the first comparison
-    assert state.take_changes() == ({"items": [1, 2]}, [])  # no body runs: compared, then forgotten
+    assert state.take_changes() == ({"items": [1, 2]}, [], [])  # no body runs: compared, then forgotten
     assert state.lent == {} and not state.pending
     dict.__getitem__(state, "items").append(3)  # not lent: the engine's own read
-    assert state.take_changes() == ({}, [])
+    assert state.take_changes() == ({}, [], [])

@@ -412,13 +412,13 @@ class Attempts:
         ``state.py``). A value JSON cannot hold has failed the run already
         (``STATE_NOT_SERIALIZABLE``); only that key is dropped, the valid changes are kept."""
         state = self._state
-        changes, bad = state.take_changes(self._oldest_body() if state.lent else math.inf)
+        changes, bad, deleted = state.take_changes(self._oldest_body() if state.lent else math.inf)
         if bad:
             log.error(
                 "ctx.state keys %s changed by %s are not JSON-serialisable; not persisted", bad, ctx.path
             )
-        if changes:
-            self._rec.emit(StateUpdated, ctx.path, ctx.node_name, values=changes)
+        if changes or deleted:
+            self._rec.emit(StateUpdated, ctx.path, ctx.node_name, values=changes, deleted=deleted)
 
     def _oldest_body(self) -> float:
         """When the earliest node body still running started (``perf_counter``; inf if none

@@ -177,6 +177,15 @@ class TrackedState(dict[str, Any]):
         for k, v in dict(*args, **kwargs).items():
             self[k] = v
 
+    def __ior__(self, other: Any) -> TrackedState:  # type: ignore[override,misc]  # dict's own |= skips __setitem__
+        self.update(other)
+        return self
+
+    def popitem(self) -> tuple[str, Any]:
+        key, value = super().popitem()
+        self._mark(key)
+        return key, value
+
     def setdefault(self, key: str, default: Any = None) -> Any:
         if key not in self:
             self[key] = default
@@ -231,8 +240,9 @@ class TrackedState(dict[str, Any]):
             self._compared = False  # the run fails, and its end comes after an await
             raise
 
-    def take_changes(self, oldest: float = math.inf) -> tuple[dict[str, Any], list[str]]:
-        """The changed keys the store can keep, and the keys it cannot (dropped).
+    def take_changes(self, oldest: float = math.inf) -> tuple[dict[str, Any], list[str], list[str]]:
+        """The changed keys the store can keep, the keys it cannot (dropped), and the keys
+        deleted (not set to None: a value of None is a value).
 
         ``oldest``: when the earliest body still running started (``perf_counter``); a
         value last handed out before it is forgotten (no body running can hold it)."""
@@ -242,8 +252,12 @@ class TrackedState(dict[str, Any]):
         self._compared = False
         changes: dict[str, Any] = {}
         bad: list[str] = []
+        deleted: list[str] = []
         for k in self.dirty:
-            v = dict.get(self, k)
+            v = dict.get(self, k, _ABSENT)
+            if v is _ABSENT:
+                deleted.append(k)
+                continue
             try:
                 changes[k] = json_value(v, k, StateNotSerializableError)
             except StateNotSerializableError:
@@ -257,4 +271,4 @@ class TrackedState(dict[str, Any]):
                 if lent.get(k) is e:  # not lent again meanwhile (a thread)
                     del lent[k]
         self.pending = bool(lent)
-        return changes, bad
+        return changes, bad, sorted(deleted)

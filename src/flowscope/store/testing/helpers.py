@@ -106,7 +106,7 @@ def one_of_each(sid: str = SID) -> list[Event]:
             error_qualname="etl.upstream.TimeoutError",
             **common,
         ),
-        StateUpdated(ts=2.6, values={"cursor": 42, "seen": ["a", "b"]}, **common),
+        StateUpdated(ts=2.6, values={"cursor": 42, "seen": ["a", "b"]}, deleted=["page"], **common),
         InputRequested(ts=3.0, interrupt_id="approve", prompt="Approve?", payload={"amount": 12.5}, **common),
         InputReceived(ts=3.5, interrupt_id="approve", value={"ok": True, "by": "ann"}, **common),
         JobDispatched(
