@@ -122,6 +122,50 @@ def test_an_answer_behind_another_for_the_same_request_in_a_live_owners_inbox_sa
     assert receipt.pending
 
 
+def test_an_answer_dropped_because_another_was_recorded_first_is_refused_even_when_a_worker_holds_the_session(
+    tmp_path,
+):
+    store = paused_session(tmp_path / "a.db")
+    seen = load(store, "p")  # this operator's checks pass: nothing answered yet ...
+    answer(store, "p", {"go": "bob says no"})  # ... another answer is recorded at once ...
+    lease = store.acquire("p", this_process("worker"), 30.0)  # ... and a worker claims the session
+    with pytest.raises(ResumeError, match="'go' was answered by another request at the same moment"):
+        deliver(store, seen, "answer", answer_body({"go": "alice says yes"}, {}))
+    assert take_in(store, load(store, "p"), lease) == []  # the worker drops it, as it said
+    assert inputs_given(store) == ["bob says no"]
+
+
+@pytest.mark.parametrize("meanwhile", ["completed", "cancelled"])
+def test_a_cancel_of_a_session_over_meanwhile_is_refused_even_when_its_owner_still_holds_it(
+    tmp_path, meanwhile
+):
+    store = paused_session(tmp_path / "a.db")
+    seen = load(store, "p")
+    if meanwhile == "completed":
+        answer(store, "p", {"go": "yes"})
+        Runner(Workflow("w", edges=[(START, ask)]), store=store).resume_sync("p")
+        expected = "'p' completed meanwhile; there was nothing left to cancel"
+    else:
+        cancel(store, "p", reason="first")
+        expected = "cancelled by another request at the same moment"
+    lease = store.acquire("p", this_process("worker"), 30.0)  # its owner, before it lets the session go
+    with pytest.raises(ResumeError, match=expected):
+        deliver(store, seen, "cancel", {"reason": "too late (asked by bo@ops)"})
+    assert take_in(store, load(store, "p"), lease) == []  # the owner drops it, as it said
+    assert not any("too late" in e.reason for e in store.read("p") if isinstance(e, NodeCancelled))
+
+
+def test_a_cancel_of_a_session_a_live_owner_still_runs_is_left_to_it(tmp_path):
+    store = paused_session(tmp_path / "a.db")
+    seen = load(store, "p")
+    answer(store, "p", {"go": "yes"})  # answered meanwhile: the session is not over
+    lease = store.acquire("p", this_process("worker"), 30.0)
+    assert deliver(store, seen, "cancel", {"reason": "stop it (asked by bo@ops)"}).pending
+    assert [e.status for e in take_in(store, load(store, "p"), lease) if isinstance(e, RunFinished)] == [
+        "cancelled"
+    ]
+
+
 def test_a_cancel_that_arrives_after_another_cancelled_the_session_says_so(tmp_path):
     store = paused_session(tmp_path / "a.db")
     seen = load(store, "p")

@@ -94,27 +94,24 @@ def deliver(store: EventStore, ws: WorkflowState, kind: str, body: Mapping[str, 
     sent = store.send(sid, kind, body)
     me = replace(this_process(), sender=True)  # a holder for a moment, not the session's owner
     give_up = time.monotonic() + SENDER_WAIT_S
+    holder: Owner | None = None  # the live owner that takes the message in
     while True:
         try:
             lease = store.acquire(sid, me, resume_lease_s(DEFAULT_HEARTBEAT_INTERVAL_S))
             break
         except ConcurrencyConflict:
+            lease = None
             if not any(m.message_id == sent.message_id for m in store.inbox(sid)):
-                lease = None  # another sender took it in meanwhile: checked below
-                break
+                break  # another sender took it in meanwhile: checked below
             info = store.session_info(sid)
             owner = info.owner if info is not None else None
             if owner is None or not owner.sender or time.monotonic() >= give_up:
-                # a live owner: it takes the message in (an answer that an earlier one in
-                # the inbox gives already it will drop: say so now)
-                first = earlier_answer(store, sid, body, sent.message_id) if kind == "answer" else None
-                if first is not None:
-                    raise ResumeError(
-                        f"session {sid!r}: {first[0]} {first[1]!r} was answered by another request at the "
-                        "same moment; its owner takes that answer in, and drops yours (flowscope events shows it then)"
-                    ) from None
-                return ActionReceipt(sid, ws.workflow, kind, ws.last_seq, owner or this_process(), was)
+                holder = owner or this_process()
+                break
             time.sleep(0.01)  # another sender's moment
+    if holder is not None:  # it takes the message in, unless it is bound to drop it: said now
+        _check_pending(store, ws, kind, body, sent.message_id)
+        return ActionReceipt(sid, ws.workflow, kind, ws.last_seq, holder, was)
     if lease is not None:
         try:
             if store.last_seq(sid) != ws.last_seq:
@@ -159,10 +156,40 @@ def _check_recorded(ws: WorkflowState, after: list[Event], kind: str, body: Mapp
             )
     elif kind == "answer":
         for what, key in _not_recorded(after, body):
+            raise _answered_by_another(sid, what, key)
+
+
+def _check_pending(
+    store: EventStore, ws: WorkflowState, kind: str, body: Mapping[str, Any], message_id: int
+) -> None:
+    """Raise when the live owner that takes this message in is bound to drop it, by the rule
+    of :func:`_check_recorded` applied to what is decided already: an answer to a request
+    that an earlier answer in the inbox answers, or that the log recorded another answer to
+    since the operator looked (``ws``); a cancel of a session that is over by now (a finished
+    session's cancel is dropped). A retry is not checked: whether the owner applies it
+    depends on how the session stands when it takes it in, which is not decided yet."""
+    sid = ws.session_id
+    if kind == "answer":
+        first = earlier_answer(store, sid, body, message_id)
+        if first is not None:
             raise ResumeError(
-                f"session {sid!r}: {what} {key!r} was answered by another request at the same moment; "
-                "yours is not recorded (flowscope events shows the answer recorded)"
+                f"session {sid!r}: {first[0]} {first[1]!r} was answered by another request at the "
+                "same moment; its owner takes that answer in, and drops yours (flowscope events shows it then)"
             )
+        for what, key in _answered_otherwise(store.read(sid, ws.last_seq), body):
+            raise _answered_by_another(sid, what, key)
+    elif kind == "cancel":
+        events = store.read(sid)
+        now = rebuild(events)
+        if now.status in FINISHED and not any(ns.is_open for ns in now.nodes.values()):  # as intake_events
+            _check_recorded(now, [e for e in events if e.seq > ws.last_seq], kind, body)
+
+
+def _answered_by_another(sid: str, what: str, key: str) -> ResumeError:
+    return ResumeError(
+        f"session {sid!r}: {what} {key!r} was answered by another request at the same moment; "
+        "yours is not recorded (flowscope events shows the answer recorded)"
+    )
 
 
 def _requests(body: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -170,15 +197,28 @@ def _requests(body: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [("input", i) for i in body.get("inputs") or {}] + [("job", j) for j in body.get("jobs") or {}]
 
 
-def _not_recorded(after: list[Event], body: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The inputs and jobs of an answer's ``body`` that no event ``after`` records as given."""
+def _given(after: list[Event], body: Mapping[str, Any]) -> dict[tuple[str, str], bool]:
+    """The inputs and jobs of an answer's ``body`` that an event ``after`` records as given,
+    each with whether it records this body's value (else another answer's)."""
     given = {("input", e.interrupt_id): e.value for e in after if isinstance(e, InputReceived)}
     given |= {("job", e.job_id): e.data for e in after if isinstance(e, JobResultReceived)}
     inputs, jobs = body.get("inputs") or {}, body.get("jobs") or {}
     # a job's result is told apart by its data (the rest of it is how the guard read it)
     sent = {("input", i): v for i, v in inputs.items()}
     sent |= {("job", j): r.get("data") if isinstance(r, Mapping) else None for j, r in jobs.items()}
-    return [k for k in _requests(body) if k not in given or (k in sent and given[k] != sent[k])]
+    return {k: given[k] == sent[k] for k in _requests(body) if k in given}
+
+
+def _not_recorded(after: list[Event], body: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The inputs and jobs of an answer's ``body`` that no event ``after`` records as given."""
+    given = _given(after, body)
+    return [k for k in _requests(body) if not given.get(k, False)]
+
+
+def _answered_otherwise(after: list[Event], body: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The inputs and jobs of an answer's ``body`` that an event ``after`` records another
+    answer to: the log keeps the first, so an owner taking this one in drops them."""
+    return [k for k, mine in _given(after, body).items() if not mine]
 
 
 def earlier_answer(
