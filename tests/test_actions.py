@@ -101,6 +101,61 @@ def test_a_retry_its_owner_takes_in_when_the_session_is_not_retryable_is_dropped
     assert [r.levelno for r in caplog.records if "retry was dropped" in r.getMessage()] == [logging.INFO]
 
 
+def retry_body(seen, reason: str, from_path: str | None = None) -> dict[str, object]:
+    """A retry message as ``flowscope.retry`` sends it, after its checks read ``seen``."""
+    return {"from_path": from_path, "reason": f"{reason} (retry, asked by bo@ops)", "seen": seen.last_seq}
+
+
+def test_a_retry_behind_another_that_queued_the_session_is_refused_even_when_a_worker_holds_it(tmp_path):
+    store = failed_session(tmp_path / "a.db")
+    seen = load(store, "s")  # this operator's checks pass: the session failed ...
+    retry(store, "s", reason="first")  # ... another retry queues it at once ...
+    store.acquire("s", this_process("worker"), 30.0)  # ... and a worker claims it
+    with pytest.raises(ResumeError, match="retried by another request at the same moment"):
+        deliver(store, seen, "retry", retry_body(seen, "second"))
+
+
+def test_a_retry_whose_sender_saw_the_session_before_another_retry_is_dropped_when_that_run_failed_again(
+    tmp_path, caplog
+):
+    store = failed_session(tmp_path / "a.db")
+    seen = load(store, "s")
+    retry(store, "s", reason="first")
+    with pytest.raises(RuntimeError):  # a worker runs the first retry's run: it fails again ...
+        Runner(Workflow("nightly", edges=[(START, boom)]), store=store).resume_sync("s")
+    store.send("s", "retry", retry_body(seen, "second"))  # ... with the second still in the inbox
+    lease = store.acquire("s", this_process("worker"), 30.0)
+    with caplog.at_level(logging.INFO, logger="flowscope.engine"):
+        assert take_in(store, load(store, "s"), lease) == []  # not run a second time
+    assert load(store, "s").status == "failed" and store.inbox("s") == []
+    assert [r.levelno for r in caplog.records if "retry was dropped" in r.getMessage()] == [logging.INFO]
+    (queued,) = submitted(store)
+    assert "second" not in queued.reason
+
+
+def test_a_retry_with_no_path_of_a_completed_session_is_never_applied(tmp_path):
+    store = paused_session(tmp_path / "a.db")
+    answer(store, "p", {"go": "yes"})
+    Runner(Workflow("w", edges=[(START, ask)]), store=store).resume_sync("p")
+    lease = store.acquire("p", this_process("worker"), 30.0)
+    store.send("p", "retry", {"from_path": None, "reason": "sent before it completed"})  # no seen either
+    store.send("p", "retry", retry_body(load(store, "p"), "from the question", from_path="w@1/ask@1"))
+    (queued,) = [e for e in take_in(store, load(store, "p"), lease) if isinstance(e, RunSubmitted)]
+    assert queued.reason == "from the question (retry, asked by bo@ops)"  # the path given counts
+    assert [e.path for e in store.read("p") if isinstance(e, NodeCancelled)] == ["w@1/ask@1", "w@1"]
+
+
+def test_a_retry_taken_in_with_a_cancel_of_a_session_already_over_is_applied(tmp_path):
+    store = failed_session(tmp_path / "a.db")
+    lease = store.acquire("s", this_process("worker"), 30.0)  # the owner that ran it, not yet let go
+    store.send("s", "cancel", {"reason": "sent while it ran (asked by ana@ops)"})
+    seen = load(store, "s")
+    assert deliver(store, seen, "retry", retry_body(seen, "after it failed")).pending
+    take_in(store, load(store, "s"), lease)
+    (queued,) = submitted(store)
+    assert "after it failed" in queued.reason and load(store, "s").status == "queued"
+
+
 def test_an_answer_that_arrives_after_another_answered_the_same_request_says_so(tmp_path):
     store = paused_session(tmp_path / "a.db")
     seen = load(store, "p")  # this operator saw it waiting ...

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .engine.inbox import CANCEL_REASON, RETRY_REASON, take_in
+from .engine.inbox import CANCEL_REASON, RETRY_REASON, retried_since, take_in
 from .engine.pauses import FINISHED, check_own_engine
 from .engine.submit import check_store
 from .errors import ConcurrencyConflict, ResumeError, UnknownSessionError, redact_message
@@ -166,8 +166,9 @@ def _check_pending(
     of :func:`_check_recorded` applied to what is decided already: an answer to a request
     that an earlier answer in the inbox answers, or that the log recorded another answer to
     since the operator looked (``ws``); a cancel of a session that is over by now (a finished
-    session's cancel is dropped). A retry is not checked: whether the owner applies it
-    depends on how the session stands when it takes it in, which is not decided yet."""
+    session's cancel is dropped); a retry of a session the log shows queued again since the
+    operator looked (:func:`~flowscope.engine.inbox.retry_dropped`: the session it saw is
+    gone). A message taken in meanwhile is checked as :func:`_check_recorded` does."""
     sid = ws.session_id
     if kind == "answer":
         first = earlier_answer(store, sid, body, message_id)
@@ -183,6 +184,13 @@ def _check_pending(
         now = rebuild(events)
         if now.status in FINISHED and not any(ns.is_open for ns in now.nodes.values()):  # as intake_events
             _check_recorded(now, [e for e in events if e.seq > ws.last_seq], kind, body)
+    elif kind == "retry" and retried_since(store.read(sid, ws.last_seq)):
+        if any(m.message_id == message_id for m in store.inbox(sid)):  # read after the log: it drops it
+            raise ResumeError(
+                f"session {sid!r} was retried by another request at the same moment; its owner "
+                "drops yours, and it is not recorded (flowscope events shows who asked)"
+            )
+        _check_recorded(ws, store.read(sid, ws.last_seq), kind, body)  # taken in meanwhile
 
 
 def _answered_by_another(sid: str, what: str, key: str) -> ResumeError:
@@ -291,7 +299,9 @@ def retry(
         )
     where = f" from {path}" if path else ""
     text = f"{_reason(reason, RETRY_REASON)} (retry{where}, asked by {operator()})"
-    return deliver(store, ws, "retry", {"from_path": path, "reason": text})
+    # seen: the log as these checks read it; its owner drops the retry if another one
+    # queued the session again since (engine.inbox.retry_dropped)
+    return deliver(store, ws, "retry", {"from_path": path, "reason": text, "seen": ws.last_seq})
 
 
 def cancel(store: EventStore, session_id: str, reason: str | None = None) -> ActionReceipt:

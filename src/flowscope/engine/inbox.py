@@ -11,14 +11,15 @@ rule ``resume()`` applies (:func:`~flowscope.engine.pauses.validate_answers`), s
 answer that was already recorded, or that another message gave first, is dropped, not
 recorded twice. The operator's requests are messages too: a cancel (the owner of a live
 run stops it at once, :class:`~flowscope.engine.runner.Runner` watches the inbox) and a
-retry (a finished session queued again, the runs from a path reopened).
+retry (a finished session queued again, the runs from a path reopened), applied only to
+the session as its sender saw it (:func:`retry_dropped`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,8 @@ __all__ = [
     "answer_body",
     "cancel_events",
     "merged_reasons",
+    "retried_since",
+    "retry_dropped",
     "retry_events",
     "reopened_paths",
     "read_inbox",
@@ -94,21 +97,35 @@ def answer_events(ws: WorkflowState, answers: Iterable[Answer], now: float | Non
 
 @dataclass(frozen=True, slots=True)
 class RetryRequest:
-    """A retry message read: the path to run again from (None: the failed runs) and why."""
+    """A retry message read: the path to run again from (None: the failed runs), why, and
+    ``seen``: the log's last seq its sender's checks read (None in a message sent before
+    retries carried it: only the session's status counts then)."""
 
     from_path: str | None
     reason: str
+    seen: int | None = None
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> RetryRequest:
+        """The request a retry message's ``body`` makes."""
+        seen = body.get("seen")
+        return cls(
+            body.get("from_path"),
+            str(body.get("reason") or RETRY_REASON),
+            seen if isinstance(seen, int) and not isinstance(seen, bool) else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class Intake:
     """What a session's inbox asks, read against its state: the answers that still apply,
-    a cancel or a retry request (the first retry's path; the reasons of all of a kind,
-    :func:`merged_reasons`), and the ids of every message read, taken in or dropped."""
+    a cancel (the reasons of all, :func:`merged_reasons`), the retry requests in the order
+    sent (:func:`intake_events` applies those :func:`retry_dropped` keeps), and the ids of
+    every message read, taken in or dropped."""
 
     answers: tuple[Answer, ...] = ()
     cancel: str | None = None  # the reason
-    retry: RetryRequest | None = None
+    retries: tuple[RetryRequest, ...] = ()
     ids: tuple[int, ...] = ()
 
 
@@ -118,8 +135,7 @@ def read_inbox(ws: WorkflowState, messages: Iterable[Message]) -> Intake:
     ids: list[int] = []
     given: set[tuple[str, str]] = set()
     cancels: list[str] = []
-    retries: list[str] = []
-    from_path: str | None = None
+    retries: list[RetryRequest] = []
     for msg in messages:
         ids.append(msg.message_id)
         body = msg.body
@@ -127,9 +143,7 @@ def read_inbox(ws: WorkflowState, messages: Iterable[Message]) -> Intake:
             cancels.append(str(body.get("reason") or CANCEL_REASON))
             continue
         if msg.kind == "retry":
-            if not retries:  # the first retry's path counts
-                from_path = body.get("from_path")
-            retries.append(str(body.get("reason") or RETRY_REASON))
+            retries.append(RetryRequest.of(body))
             continue
         if msg.kind != "answer":
             log.warning(
@@ -158,8 +172,7 @@ def read_inbox(ws: WorkflowState, messages: Iterable[Message]) -> Intake:
             given.add((what, key))
             answers.extend(found)
     cancel = merged_reasons(cancels) if cancels else None
-    retry = RetryRequest(from_path, merged_reasons(retries)) if retries else None
-    return Intake(tuple(answers), cancel, retry, tuple(ids))
+    return Intake(tuple(answers), cancel, tuple(retries), tuple(ids))
 
 
 #: How many requests of one kind taken in together the log names one by one.
@@ -259,19 +272,49 @@ def retry_events(
     return out
 
 
-def intake_events(ws: WorkflowState, intake: Intake) -> list[Event]:
+def retried_since(after: Iterable[Event]) -> bool:
+    """Whether the log's events ``after`` what a retry's sender saw queue the session again
+    (a ``RunSubmitted``): another retry did, and the run it asked for is that one's, run or
+    to run; the session it saw is gone."""
+    return any(isinstance(e, RunSubmitted) for e in after)
+
+
+def retry_dropped(ws: WorkflowState, retry: RetryRequest, after: Sequence[Event]) -> str | None:
+    """Why an owner taking ``retry`` in, with the session at ``ws``, drops it (None: it
+    applies): the log moved past what its sender saw by another retry (``after``: the log's
+    events after at least ``retry.seen``), or the session is not one a retry applies to, a
+    failed one or, with a path, a completed one (the checks of :func:`flowscope.retry`)."""
+    if retry.seen is not None and retried_since(e for e in after if e.seq > retry.seen):
+        return "another retry queued the session again since its sender looked"
+    if ws.status not in RETRYABLE:
+        return f"the session is {ws.status}"
+    if ws.status == "completed" and retry.from_path is None:
+        return "the session completed, and it gives no path to run it again from"
+    return None
+
+
+def intake_events(ws: WorkflowState, intake: Intake, after: Sequence[Event] = ()) -> list[Event]:
     """The events that record ``intake`` in ``ws``'s log: a cancel wins over everything;
-    a retry of a finished session queues it again; otherwise the answers."""
+    the retries :func:`retry_dropped` keeps (``after``: the log's events after the earliest
+    retry's ``seen``) queue the session again, from the first one's path, with every one's
+    reason; otherwise the answers. What is dropped is logged at INFO."""
+    sid = ws.session_id
     if intake.cancel is not None:
-        if ws.status in FINISHED and not any(ns.is_open for ns in ws.nodes.values()):
-            if not ws.final:  # else the owner stopped it for this very message
-                log.info("session %s: a cancel was dropped: the session %s first", ws.session_id, ws.status)
-            return []
-        return cancel_events(ws, intake.cancel)
-    if intake.retry is not None:
-        if ws.status in RETRYABLE:
-            return retry_events(ws, intake.retry.from_path, intake.retry.reason)
-        log.info("session %s: a retry was dropped: the session is %s", ws.session_id, ws.status)
+        if ws.status not in FINISHED or any(ns.is_open for ns in ws.nodes.values()):
+            if intake.retries:
+                log.info("session %s: %d retry message(s) dropped: it is cancelled", sid, len(intake.retries))
+            return cancel_events(ws, intake.cancel)
+        if not ws.final:  # else the owner stopped it for this very message
+            log.info("session %s: a cancel was dropped: the session %s first", sid, ws.status)
+    applied: list[RetryRequest] = []
+    for r in intake.retries:
+        why = retry_dropped(ws, r, after)
+        if why is None:
+            applied.append(r)
+        else:
+            log.info("session %s: a retry was dropped: %s (%s)", sid, why, r.reason)
+    if applied:
+        return retry_events(ws, applied[0].from_path, merged_reasons([r.reason for r in applied]))
     return answer_events(ws, intake.answers)
 
 
@@ -283,7 +326,9 @@ def take_in(store: EventStore, ws: WorkflowState, lease: Lease) -> list[Event]:
     if not messages:
         return []
     intake = read_inbox(ws, messages)
-    events = intake_events(ws, intake)
+    seen = [r.seen for r in intake.retries if r.seen is not None and r.seen < ws.last_seq]
+    after = store.read(ws.session_id, min(seen)) if seen else []  # what their senders did not see
+    events = intake_events(ws, intake, after)
     stored = store.take_in(ws.session_id, events, ws.last_seq, intake.ids, epoch=lease.epoch)
     for e in stored:
         ws.apply(e)

@@ -47,7 +47,8 @@ FINISHED_SESSION_STATUSES = ("completed", "failed", "cancelled")
 SESSION_STATUSES = ("queued", "running", "paused", "answered", *FINISHED_SESSION_STATUSES)
 #: What a :class:`Message` may ask of a session's owner: ``answer`` carries input values
 #: (``body["inputs"]``, by interrupt id) and job results (``body["jobs"]``, by job id);
-#: ``cancel`` a ``reason``; ``retry`` a ``from_path`` (or None) and a ``reason``.
+#: ``cancel`` a ``reason``; ``retry`` a ``from_path`` (or None), a ``reason`` and ``seen``, the
+#: log's last seq its sender read (absent in messages sent before retries carried it).
 MESSAGE_KINDS = ("answer", "cancel", "retry")
 #: Statuses in which a message in the inbox makes a session claimable (:func:`claim_reason`).
 MAILED_STATUSES = ("paused", "failed", "completed")
