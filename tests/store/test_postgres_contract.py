@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 
 from flowscope.store import EventStore, PostgresEventStore
@@ -16,3 +19,12 @@ class TestPostgresContract(EventStoreContract):
 
     def create_store(self) -> EventStore:
         return PostgresEventStore(self.pg.url(), schema=self.pg.new_schema(), max_size=4)
+
+    @contextmanager
+    def hold_writes(self, store: EventStore) -> Iterator[None]:
+        assert isinstance(store, PostgresEventStore)
+        with self.pg.admin(self.pg.url().rsplit("/", 1)[1]) as conn, conn.transaction():
+            conn.execute(
+                f"LOCK TABLE {store.schema}.sessions IN ACCESS EXCLUSIVE MODE"
+            )  # as VACUUM FULL takes
+            yield

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from flowscope import START, Runner, Workflow, node
+from flowscope.engine.lease import safe_until
 from flowscope.errors import (
     ConcurrencyConflict,
     LeaseLost,
@@ -21,7 +22,7 @@ from flowscope.errors import (
     StoreSchemaTooNew,
     StoreUnavailable,
 )
-from flowscope.events import NodeStarted, RunSubmitted
+from flowscope.events import NodeStarted, RunStarted, RunSubmitted
 from flowscope.ownership import Owner, this_process
 from flowscope.store import NodeRun, PostgresEventStore, rebuild
 from flowscope.store.postgres import DB_SCHEMA_VERSION, redact, server
@@ -220,6 +221,35 @@ def test_two_workers_claiming_the_same_queued_session_at_once_one_wins(url: str)
     finally:
         for s in stores:
             s.close()
+
+
+def test_a_claim_that_waits_on_a_lock_longer_than_the_lease_still_gets_a_whole_lease(
+    url: str, pg_cluster: PgCluster
+):
+    # an operator's LOCK TABLE (what VACUUM FULL takes) holds the claim up past its lease:
+    # the orphan's one recovery is counted, and its new owner may run it
+    lease_s = 1.0
+    with PostgresEventStore(url, max_size=2) as s:
+        t = time.time() - 100.0
+        s.acquire("o", owner("w-dead", host="host-far"), 10.0, now=t)  # its lease long over
+        s.append("o", [ev(RunStarted, "o", workflow="wf", ts=t)], 0, epoch=1)
+        locked = threading.Event()
+
+        def hold() -> None:
+            with pg_cluster.admin(url.rsplit("/", 1)[1]) as conn, conn.transaction():
+                conn.execute("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+                locked.set()
+                time.sleep(1.5 * lease_s)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert locked.wait(10)
+        [c] = s.claim(owner("w-a"), ["wf"], lease_s, limit=5, max_recoveries=0)
+        holder.join()
+        assert (c.session_id, c.reason, c.lease.epoch) == ("o", "orphaned", 2)
+        assert safe_until(c.lease, lease_s).wall > time.time()  # its taker runs it
+        assert s.claim(owner("w-b"), ["wf"], lease_s, limit=5) == []  # nor is it taken again
+        assert s._rows("read", "SELECT recoveries FROM sessions WHERE session_id = 'o'") == [(1,)]
 
 
 def test_an_append_under_a_superseded_epoch_writes_nothing(url: str):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -21,6 +24,10 @@ class TestMemoryEventStore(EventStoreContract):
     def create_store(self) -> EventStore:
         return MemoryEventStore()
 
+    def hold_writes(self, store: EventStore):
+        assert isinstance(store, MemoryEventStore)
+        return store._lock  # what another thread's call holds
+
 
 class TestSqliteEventStore(EventStoreContract):
     def create_store(self) -> EventStore:
@@ -32,6 +39,16 @@ class TestSqliteEventStore(EventStoreContract):
         from flowscope.store import SqliteEventStore
 
         return SqliteEventStore(self.tmp_path / "x.db")  # a second connection, as another process has
+
+    @contextmanager
+    def hold_writes(self, store: EventStore) -> Iterator[None]:
+        conn = sqlite3.connect(self.tmp_path / "x.db", isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # another process's write transaction
+            yield
+            conn.rollback()
+        finally:
+            conn.close()
 
 
 def test_catalog_sample_covers_every_type_with_non_default_values():

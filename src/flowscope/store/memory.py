@@ -31,6 +31,7 @@ from .base import (
 from .takeover import (
     ClaimCandidate,
     ClaimPick,
+    LeaseClock,
     check_acquire,
     claim_cut,
     claim_rule,
@@ -217,27 +218,30 @@ class MemoryEventStore(EventStore):
     def acquire(
         self, session_id: str, owner: Owner, lease_s: float, *, force: bool = False, now: float | None = None
     ) -> Lease:
-        now = time.time() if now is None else now
         with self._lock:
+            clock = LeaseClock(now)
             own = self._own.setdefault(session_id, _Ownership())
-            check_acquire(session_id, owner, own, now, force=force)
-            return self._take(session_id, own, owner, lease_s, now)
+            check_acquire(session_id, owner, own, clock.now, force=force)
+            return self._take(session_id, own, owner, lease_s, clock)
 
-    def _take(self, session_id: str, own: _Ownership, owner: Owner, lease_s: float, now: float) -> Lease:
+    def _take(
+        self, session_id: str, own: _Ownership, owner: Owner, lease_s: float, clock: LeaseClock
+    ) -> Lease:
+        start = clock.grant()
         own.owner, own.epoch = owner, own.epoch + 1
-        own.lease_expires_at, own.lease_renewed_at = now + lease_s, now
-        return Lease(session_id, owner, own.epoch, now + lease_s)
+        own.lease_expires_at, own.lease_renewed_at = start + lease_s, start
+        return Lease(session_id, owner, own.epoch, start + lease_s)
 
     def acquire_new(
         self, session_id: str, owner: Owner, lease_s: float, *, now: float | None = None
     ) -> Lease | None:
-        now = time.time() if now is None else now
         with self._lock:  # the check and the lease under one lock
+            clock = LeaseClock(now)
             if self._events.get(session_id):
                 return None
             own = self._own.setdefault(session_id, _Ownership())
-            check_acquire(session_id, owner, own, now, force=False)
-            return self._take(session_id, own, owner, lease_s, now)
+            check_acquire(session_id, owner, own, clock.now, force=False)
+            return self._take(session_id, own, owner, lease_s, clock)
 
     def append_and_release(
         self, batches: Sequence[AppendBatch], leases: Mapping[str, Lease]
@@ -279,9 +283,10 @@ class MemoryEventStore(EventStore):
         max_recoveries: int | None = None,
         now: float | None = None,
     ) -> list[Claim]:
-        now = time.time() if now is None else now
         wanted = set(workflows)
         with self._lock:
+            clock = LeaseClock(now)  # once the store is this claim's
+            now = clock.now
             # as the SQL stores do: each holder of a lease not ended is asked about once,
             # and only the sessions of the dead ones among them go on to the rule
             held = {o.owner for o in self._own.values() if lease_held(o.owner, o.lease_expires_at, now)}
@@ -315,7 +320,7 @@ class MemoryEventStore(EventStore):
                 own = self._own.setdefault(pick.session_id, _Ownership())
                 if pick.recovers:
                     own.recoveries += 1
-                lease = self._take(pick.session_id, own, owner, lease_s, now)
+                lease = self._take(pick.session_id, own, owner, lease_s, clock)
                 out.append(
                     Claim(pick.session_id, pick.workflow, pick.reason, lease, handed_back=pick.handed_back)
                 )

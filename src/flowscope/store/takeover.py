@@ -1,5 +1,6 @@
 """Who may take a session, one copy for every adapter: the acquire check, the lost lease,
-and the claim cut (which candidates a claim takes, in which order, how many).
+the claim cut (which candidates a claim takes, in which order, how many), and when a
+lease it grants starts (:class:`LeaseClock`).
 
 A store reads its rows its own way (SQL with ``FOR UPDATE SKIP LOCKED``, a dict under a
 lock) and turns them into the records here; the rules decide. Pure Python: no database
@@ -8,6 +9,7 @@ driver is imported here.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -20,6 +22,7 @@ from .appending import owner_from_column
 from .base import MAILED_STATUSES, ClaimReason, claim_reason, lease_lost, owned_elsewhere
 
 __all__ = [
+    "LeaseClock",
     "HeldLease",
     "LeaseRow",
     "ClaimCandidate",
@@ -33,6 +36,45 @@ __all__ = [
     "claimable_since",
     "claim_candidates",
 ]
+
+
+class LeaseClock:
+    """The clock of one acquire or claim, made when it begins (in a store with a lock or a
+    transaction, once it has it).
+
+    :attr:`now` is the instant it judges the leases it finds by: the caller's ``now``, else
+    the wall clock as it begins. :meth:`grant` is the instant a lease it grants starts from:
+    the caller's ``now`` again, else the wall clock read at that call, which a store makes
+    once the rows are locked, just before the write that takes them. An acquire or a claim
+    may wait longer than the lease (for a row or table lock another transaction holds, a
+    pooled connection, a slow server): a lease counted from when it began would be over
+    when granted, its taker would stop before running anything, and a claim would have
+    counted a recovery for a session nobody runs."""
+
+    #: A write that took the rows and then took longer than this (it waited, for a lock
+    #: it had to take) grants its leases again, from after it (:meth:`regrant`).
+    REGRANT_AFTER_S = 0.05
+
+    __slots__ = ("now", "_given")
+
+    def __init__(self, now: float | None = None) -> None:
+        self._given = now
+        self.now: float = time.time() if now is None else now
+
+    def grant(self) -> float:
+        """When a lease granted now starts: the caller's ``now``, else the wall clock (never
+        before :attr:`now`, should the wall clock have stepped back meanwhile)."""
+        if self._given is not None:
+            return self._given
+        return max(self.now, time.time())
+
+    def regrant(self, start: float) -> float | None:
+        """A later start for leases granted from ``start`` whose write took long enough to
+        have waited (a statement that makes or takes the rows may wait, inside it, for a
+        lock): the wall clock now, read after it; None if it did not wait (or the caller
+        gave ``now``)."""
+        later = self.grant()
+        return later if later - start > self.REGRANT_AFTER_S else None
 
 
 class HeldLease(Protocol):

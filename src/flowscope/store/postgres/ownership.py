@@ -3,6 +3,9 @@ it is given (:class:`~flowscope.store.postgres.store.PostgresEventStore` runs it
 pooled one): the rows read as records, the rules (who may take a session, which a claim
 takes) in :mod:`flowscope.store.takeover`. Rows are locked ``FOR UPDATE``; claims pass
 over locked ones (``SKIP LOCKED``), so concurrent claimers never wait for each other.
+A lease starts from its :class:`~flowscope.store.takeover.LeaseClock`'s grant, read just
+before the statement that takes the rows: a transaction that waited (for a pooled
+connection, a lock an operator holds, a slow server) still grants a whole lease.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ..appending import owner_from_column
 from ..base import Claim, dead_owners, unmailed
 from ..takeover import (
     ClaimPick,
+    LeaseClock,
     LeaseRow,
     check_acquire,
     claim_candidates,
@@ -37,17 +41,31 @@ Conn = psycopg.Connection[Any]
 
 
 def _take(
-    conn: Conn, sids: list[str], owner: Owner, expires: float, now: float, recovered: list[str]
-) -> dict[str, int]:
-    """Record ``owner``'s lease on the (locked) sessions, epoch + 1 each; their new epochs."""
+    conn: Conn, sids: list[str], owner: Owner, lease_s: float, clock: LeaseClock, recovered: list[str]
+) -> dict[str, Lease]:
+    """Record ``owner``'s lease, from ``clock``'s grant, on the (locked) sessions, epoch + 1
+    each; their new leases."""
+    start = clock.grant()
     params = {
         "owner": Jsonb(owner.to_dict()),
-        "expires": expires,
-        "now": now,
+        "expires": start + lease_s,
+        "now": start,
         "sids": sids,
         "recovered": recovered,
     }
-    return {sid: int(epoch) for sid, epoch in conn.execute(q.SQL_TAKE, params).fetchall()}
+    epochs = conn.execute(q.SQL_TAKE, params).fetchall()
+    start = _regranted(conn, sids, lease_s, clock, start)
+    return {sid: Lease(sid, owner, int(epoch), start + lease_s) for sid, epoch in epochs}
+
+
+def _regranted(conn: Conn, sids: list[str], lease_s: float, clock: LeaseClock, start: float) -> float:
+    """When the leases just granted to ``sids`` from ``start`` start: later, and so
+    recorded, if the statement that made or took them waited (for a lock it had to take)."""
+    later = clock.regrant(start)
+    if later is None or not sids:
+        return start
+    conn.execute(q.SQL_LEASE_FROM, {"expires": later + lease_s, "now": later, "sids": sids})
+    return later
 
 
 def _changed(session_id: str) -> ConcurrencyConflict:
@@ -62,25 +80,30 @@ def _check(session_id: str, owner: Owner, row: Sequence[Any], now: float, *, for
     check_acquire(session_id, owner, lease, now, force=force)
 
 
-def acquire(conn: Conn, session_id: str, owner: Owner, expires: float, now: float, *, force: bool) -> int:
-    """:meth:`~flowscope.store.base.EventStore.acquire` in one transaction; the new epoch."""
+def acquire(
+    conn: Conn, session_id: str, owner: Owner, lease_s: float, now: float | None, *, force: bool
+) -> Lease:
+    """:meth:`~flowscope.store.base.EventStore.acquire` in one transaction; the new lease."""
+    clock = LeaseClock(now)
     with conn.transaction():
         row = conn.execute(q.SQL_OWNERSHIP_FOR_UPDATE, (session_id,)).fetchone()
         if row is None:
+            start = clock.grant()
             made = conn.execute(
-                q.SQL_NEW_OWNED, (session_id, Jsonb(owner.to_dict()), expires, now)
+                q.SQL_NEW_OWNED, (session_id, Jsonb(owner.to_dict()), start + lease_s, start)
             ).fetchone()
             if made is not None:
-                return int(made[0])
+                start = _regranted(conn, [session_id], lease_s, clock, start)
+                return Lease(session_id, owner, int(made[0]), start + lease_s)
             row = conn.execute(q.SQL_OWNERSHIP_FOR_UPDATE, (session_id,)).fetchone()  # made meanwhile
             if row is None:
                 raise _changed(session_id)
-        _check(session_id, owner, row, now, force=force)
-        return _take(conn, [session_id], owner, expires, now, [])[session_id]
+        _check(session_id, owner, row, clock.now, force=force)
+        return _take(conn, [session_id], owner, lease_s, clock, [])[session_id]
 
 
 def acquire_new_many(
-    conn: Conn, session_ids: Sequence[str], owner: Owner, lease_s: float, now: float
+    conn: Conn, session_ids: Sequence[str], owner: Owner, lease_s: float, now: float | None
 ) -> tuple[list[Lease | None | ConcurrencyConflict], dict[str, int]]:
     """:meth:`~flowscope.store.base.EventStore.acquire_new_many` of distinct ``session_ids``
     in one transaction: each one's lease, None (it has events: nothing written) or the
@@ -89,15 +112,17 @@ def acquire_new_many(
     one update."""
     if not session_ids:
         return [], {}
-    expires = now + lease_s
+    clock = LeaseClock(now)
     ordered = sorted(session_ids)
-    answers: dict[str, int | None | ConcurrencyConflict] = {}
+    answers: dict[str, Lease | None | ConcurrencyConflict] = {}
     with conn.transaction():
+        start = clock.grant()
         made = conn.execute(
             q.SQL_NEW_OWNED_MANY,
-            {"sids": ordered, "owner": Jsonb(owner.to_dict()), "expires": expires, "now": now},
+            {"sids": ordered, "owner": Jsonb(owner.to_dict()), "expires": start + lease_s, "now": start},
         ).fetchall()
-        answers.update((sid, int(epoch)) for sid, epoch, _id in made)
+        start = _regranted(conn, [sid for sid, _epoch, _id in made], lease_s, clock, start)
+        answers.update((sid, Lease(sid, owner, int(epoch), start + lease_s)) for sid, epoch, _id in made)
         row_ids = {sid: int(row_id) for sid, _epoch, row_id in made}
         rest = [sid for sid in ordered if sid not in answers]
         rows = (
@@ -114,18 +139,15 @@ def acquire_new_many(
                 answers[sid] = None
                 continue
             try:  # a refusal writes nothing (the check comes first) and refuses no other
-                _check(sid, owner, held, now, force=False)
+                _check(sid, owner, held, clock.now, force=False)
             except ConcurrencyConflict as exc:
                 answers[sid] = exc
             else:
                 take.append(sid)
         if take:
-            answers.update(_take(conn, take, owner, expires, now, []))
+            answers.update(_take(conn, take, owner, lease_s, clock, []))
     got = [answers[sid] for sid in session_ids]
-    leased = {sid: row_ids[sid] for sid, g in zip(session_ids, got) if isinstance(g, int)}
-    return [
-        Lease(sid, owner, g, expires) if isinstance(g, int) else g for sid, g in zip(session_ids, got)
-    ], leased
+    return got, {sid: row_ids[sid] for sid, g in zip(session_ids, got) if isinstance(g, Lease)}
 
 
 def release(conn: Conn, channel: str, leases: Sequence[Lease]) -> None:
@@ -180,13 +202,15 @@ def claim(
     *,
     limit: int,
     max_recoveries: int | None,
-    now: float,
+    now: float | None,
     host: str,
 ) -> list[Claim]:
     """:meth:`~flowscope.store.base.EventStore.claim` in one transaction: the free rows (no
     lease, or an ended one) and the held ones of owners whose process is gone from this
     host (the liveness rule asked once per owner, :func:`dead_owners`, not once per
-    session a live worker holds), then the claim cut."""
+    session a live worker holds), then the claim cut; the leases start as they are taken."""
+    clock = LeaseClock(now)
+    now = clock.now
     params = {
         "workflows": sorted(set(workflows)),
         "now": now,
@@ -216,14 +240,8 @@ def claim(
         if not chosen:
             return []
         recovered = [c.session_id for c in chosen if c.recovers]
-        taken = _take(conn, [c.session_id for c in chosen], owner, now + lease_s, now, recovered)
+        taken = _take(conn, [c.session_id for c in chosen], owner, lease_s, clock, recovered)
     return [
-        Claim(
-            c.session_id,
-            c.workflow,
-            c.reason,
-            Lease(c.session_id, owner, taken[c.session_id], now + lease_s),
-            handed_back=c.handed_back,
-        )
+        Claim(c.session_id, c.workflow, c.reason, taken[c.session_id], handed_back=c.handed_back)
         for c in chosen
     ]

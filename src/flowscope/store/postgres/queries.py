@@ -41,6 +41,7 @@ __all__ = [
     "SQL_OWNERSHIP_FOR_UPDATE",
     "SQL_NEW_OWNED",
     "SQL_TAKE",
+    "SQL_LEASE_FROM",
     "SQL_RENEW_MANY",
     "SQL_OWNERSHIP_MANY",
     "SQL_HEARTBEAT_MANY",
@@ -257,6 +258,12 @@ SQL_TAKE = (
     "UPDATE sessions SET owner = %(owner)s, epoch = epoch + 1, lease_expires_at = %(expires)s, "
     "lease_renewed_at = %(now)s, recoveries = recoveries + (session_id = ANY(%(recovered)s))::int "
     "WHERE session_id = ANY(%(sids)s) RETURNING session_id, epoch"
+)
+#: A lease granted again, from later, to sessions this transaction took (its rows, locked):
+#: the statement that took them waited (``LeaseClock.regrant``).
+SQL_LEASE_FROM = (
+    "UPDATE sessions SET lease_expires_at = %(expires)s, lease_renewed_at = %(now)s "
+    "WHERE session_id = ANY(%(sids)s)"
 )
 #: A lease keeper's round (renew() is a round of one): every lease whose epoch still holds, in one statement; the
 #: sessions it returns were renewed, the others' leases are lost.

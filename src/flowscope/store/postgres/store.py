@@ -352,14 +352,10 @@ class PostgresEventStore(SelectsInSql, EventStore):
     def acquire(
         self, session_id: str, owner: Owner, lease_s: float, *, force: bool = False, now: float | None = None
     ) -> Lease:
-        now = time.time() if now is None else now
-        self._writable("acquire a session")
-        expires = now + lease_s
-
-        def take(conn: Conn) -> int:
-            return ownership.acquire(conn, session_id, owner, expires, now, force=force)
-
-        return Lease(session_id, owner, self._run("acquire a session", take), expires)
+        self._writable("acquire a session")  # the lease starts once the row is locked: LeaseClock
+        return self._run(
+            "acquire a session", lambda c: ownership.acquire(c, session_id, owner, lease_s, now, force=force)
+        )
 
     def acquire_new(
         self, session_id: str, owner: Owner, lease_s: float, *, now: float | None = None
@@ -381,7 +377,6 @@ class PostgresEventStore(SelectsInSql, EventStore):
     def _acquire_new(
         self, session_ids: Sequence[str], owner: Owner, lease_s: float, now: float | None
     ) -> list[Lease | None | ConcurrencyConflict]:
-        now = time.time() if now is None else now
         self._writable("acquire a session")
         got, row_ids = self._run(
             "acquire sessions", lambda c: ownership.acquire_new_many(c, session_ids, owner, lease_s, now)
@@ -427,10 +422,9 @@ class PostgresEventStore(SelectsInSql, EventStore):
         max_recoveries: int | None = None,
         now: float | None = None,
     ) -> list[Claim]:
-        now = time.time() if now is None else now
         if limit <= 0 or not workflows:
             return []
-        self._writable("claim sessions")
+        self._writable("claim sessions")  # the clock read in the transaction: LeaseClock
         host = this_host()
 
         def take(conn: Conn) -> list[Claim]:

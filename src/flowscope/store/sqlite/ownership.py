@@ -19,6 +19,7 @@ from ..appending import owner_from_column
 from ..base import Claim, dead_owners
 from ..takeover import (
     ClaimPick,
+    LeaseClock,
     LeaseRow,
     check_acquire,
     claim_candidates,
@@ -50,33 +51,39 @@ def _owner_text(owner: Owner) -> str:
 
 
 def _take(
-    conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float, *, recovered: bool
-) -> tuple[int, int]:
-    """Record ``owner``'s lease on the session (made if missing), epoch + 1; the new epoch
-    and the session's last seq."""
+    conn: sqlite3.Connection,
+    session_id: str,
+    owner: Owner,
+    lease_s: float,
+    clock: LeaseClock,
+    *,
+    recovered: bool,
+) -> tuple[Lease, int]:
+    """Record ``owner``'s lease on the session (made if missing), epoch + 1, from
+    ``clock``'s grant; the lease and the session's last seq."""
+    start = clock.grant()
     params = {
         "sid": session_id,
         "owner": _owner_text(owner),
-        "expires": now + lease_s,
-        "now": now,
+        "expires": start + lease_s,
+        "now": start,
         "recovered": int(recovered),
     }
     epoch, last_seq = conn.execute(q.SQL_TAKE, params).fetchone()
-    return int(epoch), int(last_seq)
+    return Lease(session_id, owner, int(epoch), start + lease_s), int(last_seq)
 
 
 def acquire(
-    conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float, *, force: bool
+    conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, clock: LeaseClock, *, force: bool
 ) -> tuple[Lease, int]:
     """:meth:`~flowscope.store.base.EventStore.acquire` in the open transaction: the lease,
     and the session's last seq (0: no events yet)."""
-    check_acquire(session_id, owner, lease_row(conn, session_id), now, force=force)
-    epoch, last_seq = _take(conn, session_id, owner, lease_s, now, recovered=False)
-    return Lease(session_id, owner, epoch, now + lease_s), last_seq
+    check_acquire(session_id, owner, lease_row(conn, session_id), clock.now, force=force)
+    return _take(conn, session_id, owner, lease_s, clock, recovered=False)
 
 
 def acquire_new(
-    conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, now: float
+    conn: sqlite3.Connection, session_id: str, owner: Owner, lease_s: float, clock: LeaseClock
 ) -> Lease | None:
     """:meth:`~flowscope.store.base.EventStore.acquire_new` in the open transaction: None,
     with nothing written, if the session has events."""
@@ -87,9 +94,8 @@ def acquire_new(
         if last_seq > 0:
             return None
         held = LeaseRow(owner_from_column(stored), epoch, lease_expires_at, lease_renewed_at)
-    check_acquire(session_id, owner, held, now, force=False)
-    epoch, _last_seq = _take(conn, session_id, owner, lease_s, now, recovered=False)
-    return Lease(session_id, owner, epoch, now + lease_s)
+    check_acquire(session_id, owner, held, clock.now, force=False)
+    return _take(conn, session_id, owner, lease_s, clock, recovered=False)[0]
 
 
 def renew(
@@ -124,14 +130,16 @@ def claim(
     *,
     limit: int,
     max_recoveries: int | None,
-    now: float,
+    clock: LeaseClock,
 ) -> list[Claim]:
     """:meth:`~flowscope.store.base.EventStore.claim` in the open transaction: up to
     ``limit`` candidates of each reason, then the claim cut. What it reads grows with
     what it takes, not with the queue or the sessions held: the queued and answered
     sessions of each workflow in their index's order (merged, read until ``limit`` are
     found), the ended leases through their index, and the live leases only of owners
-    the liveness rule finds dead (asked once per owner, :func:`dead_owners`)."""
+    the liveness rule finds dead (asked once per owner, :func:`dead_owners`). Each lease
+    starts from ``clock``'s grant as it is taken."""
+    now = clock.now
     host = this_host()
     names = sorted(set(workflows))
     params = {"now": now, "workflows": json.dumps(names)}
@@ -156,14 +164,6 @@ def claim(
         read(conn.execute(q.SQL_CLAIM_HELD_BY_DEAD, {**params, "dead": json.dumps(dead)}), "")
     claims = []
     for pick in claim_cut(found, limit):
-        epoch, _last_seq = _take(conn, pick.session_id, owner, lease_s, now, recovered=pick.recovers)
-        claims.append(
-            Claim(
-                pick.session_id,
-                pick.workflow,
-                pick.reason,
-                Lease(pick.session_id, owner, epoch, now + lease_s),
-                handed_back=pick.handed_back,
-            )
-        )
+        lease, _last_seq = _take(conn, pick.session_id, owner, lease_s, clock, recovered=pick.recovers)
+        claims.append(Claim(pick.session_id, pick.workflow, pick.reason, lease, handed_back=pick.handed_back))
     return claims

@@ -51,6 +51,7 @@ from ..base import (
 )
 from ..codec import decode, encode
 from ..select_sql import SelectsInSql, session_info_of
+from ..takeover import LeaseClock
 from . import maintenance, ownership, schema
 from . import queries as q
 from .appends import append_group, append_one
@@ -311,9 +312,10 @@ class SqliteEventStore(SelectsInSql, EventStore):
     def acquire(
         self, session_id: str, owner: Owner, lease_s: float, *, force: bool = False, now: float | None = None
     ) -> Lease:
-        now = time.time() if now is None else now
-        with self._write("acquire a session") as conn:
-            lease, last_seq = ownership.acquire(conn, session_id, owner, lease_s, now, force=force)
+        with self._write("acquire a session") as conn:  # the clock read once the write lock is ours
+            lease, last_seq = ownership.acquire(
+                conn, session_id, owner, lease_s, LeaseClock(now), force=force
+            )
             if last_seq == 0:  # no events yet: the first append is guarded on this row, not read
                 self._node_cache[session_id] = new_session(session_id)
             else:
@@ -339,12 +341,12 @@ class SqliteEventStore(SelectsInSql, EventStore):
     def _acquire_new(
         self, session_ids: Sequence[str], owner: Owner, lease_s: float, now: float | None
     ) -> list[Lease | None | ConcurrencyConflict]:
-        now = time.time() if now is None else now
         out: list[Lease | None | ConcurrencyConflict] = []
         with self._write("acquire a session") as conn:
+            clock = LeaseClock(now)  # once the write lock is ours
             for session_id in session_ids:
                 try:  # a refusal writes nothing (the check comes first) and refuses no other
-                    out.append(ownership.acquire_new(conn, session_id, owner, lease_s, now))
+                    out.append(ownership.acquire_new(conn, session_id, owner, lease_s, clock))
                 except ConcurrencyConflict as exc:
                     out.append(exc)
         for got in out:  # no events yet: the first append is guarded on this row
@@ -386,12 +388,17 @@ class SqliteEventStore(SelectsInSql, EventStore):
         max_recoveries: int | None = None,
         now: float | None = None,
     ) -> list[Claim]:
-        now = time.time() if now is None else now
         if limit <= 0 or not workflows:
             return []
-        with self._write("claim sessions") as conn:
+        with self._write("claim sessions") as conn:  # the clock read once the write lock is ours
             return ownership.claim(
-                conn, owner, workflows, lease_s, limit=limit, max_recoveries=max_recoveries, now=now
+                conn,
+                owner,
+                workflows,
+                lease_s,
+                limit=limit,
+                max_recoveries=max_recoveries,
+                clock=LeaseClock(now),
             )
 
     # ------------------------------------------------------------------ the inbox

@@ -35,6 +35,7 @@ pytest.register_assert_rewrite(
             "base",
             "helpers",
             "inbox",
+            "lease_start",
             "log",
             "node_runs",
             "ownership",
@@ -68,6 +69,7 @@ from .helpers import (
     submitted_log,
 )
 from .inbox import InboxContract
+from .lease_start import LeaseStartContract
 from .log import EventLogContract
 from .ownership import OwnershipContract, step_wall_clock
 from .projection import ProjectionContract
@@ -79,6 +81,7 @@ __all__ = [
     "EventLogContract",
     "ProjectionContract",
     "OwnershipContract",
+    "LeaseStartContract",
     "InboxContract",
     "UpkeepContract",
     "ContractBase",

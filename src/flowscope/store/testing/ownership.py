@@ -24,7 +24,6 @@ from ..base import (
     EventStore,
     summarize_open_runs,
 )
-from .base import ContractBase
 from .helpers import (
     SID,
     answer_events,
@@ -38,6 +37,7 @@ from .helpers import (
     run_of,
     submitted_log,
 )
+from .lease_start import LeaseStartContract
 
 __all__ = ["OwnershipContract", "step_wall_clock"]
 
@@ -61,9 +61,11 @@ def step_wall_clock(monkeypatch: pytest.MonkeyPatch, by_s: float) -> None:
     monkeypatch.setattr(ownership, "time", Stepped())
 
 
-class OwnershipContract(ContractBase):
+class OwnershipContract(LeaseStartContract):
     """What every :class:`~flowscope.store.ownership.Ownership` must do (over its event
-    log): leases, the fence on appends, claims, and the workers seen."""
+    log): leases (starting when the session is taken: :class:`LeaseStartContract`, whose
+    :meth:`~LeaseStartContract.hold_writes` an adapter gives), the fence on appends,
+    claims, and the workers seen."""
 
     def create_store(self) -> EventStore:
         """A new, empty store for one test: ownership fences the log, so it is a whole store."""
