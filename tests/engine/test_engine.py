@@ -594,3 +594,20 @@ async def test_a_crash_inside_a_nested_workflow_is_one_recovery_of_the_run_it_cu
     }
     rows = audit_rows(store.node_runs(sid))
     assert {r["node"]: r["recoveries"] for r in rows} == {"outer": 0, "first": 0, "inner": 0, "leaf": 1}
+
+
+async def test_a_retried_attempt_gets_its_input_as_it_came_not_as_the_failed_one_left_it():
+    seen = []
+
+    @node(retry=RetryConfig(max_attempts=2, initial_delay=0, jitter=0))
+    def flaky(inp):
+        seen.append(dict(inp))
+        inp["n"] += 1
+        if len(seen) == 1:
+            raise RuntimeError("first attempt fails")
+        return inp
+
+    wf = Workflow("w", edges=[(START, node(lambda x: {"n": 0}, name="produce"), flaky)])
+    result = await Runner(wf).run(0, session_id="s")
+    assert seen == [{"n": 0}, {"n": 0}]  # as a resume after the failed attempt would give it
+    assert result.output == {"n": 1}

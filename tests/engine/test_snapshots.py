@@ -274,3 +274,28 @@ def test_a_snapshot_ahead_of_the_log_is_refused(tmp_path):
     store = SqliteEventStore(tmp_path / "s.db")
     with pytest.raises(StoreError, match="ahead of its log"):
         store.save_snapshot("nope", 5, "{}")
+
+
+async def test_a_snapshot_holds_a_recorded_value_as_recorded_not_as_a_later_node_changed_it(tmp_path):
+    # the live fold kept the objects a node returned: the next node's in-place edit of its
+    # input reached the fold, and so the snapshot a resume starts from
+    seen = []
+
+    @node
+    def produce(x):
+        return {"n": 0}
+
+    @node
+    async def edit(ctx, inp):
+        seen.append(dict(inp))
+        inp["n"] += 1
+        await ctx.request_input("go?", interrupt_id="go")
+        return inp
+
+    wf = Workflow("w", edges=[(START, produce, edit)])
+    store = SqliteEventStore(tmp_path / "s.db")  # the memory store keeps no snapshot
+    await Runner(wf, store=store, snapshot_every=1).run(0, session_id="s")
+    assert store.load_snapshot("s") is not None
+    result = await Runner(wf, store=store, snapshot_every=1).resume("s", inputs={"go": True})
+    assert seen == [{"n": 0}, {"n": 0}]  # live, then after resume from the snapshot: the same
+    assert result.output == {"n": 1}

@@ -42,6 +42,7 @@ from ..events import (
     NodeRetrying,
     StateUpdated,
 )
+from ..jsontext import copy_json
 from ..threads import start_thread
 from .context import CHILDREN_CLOSED, NodeContext, NodeOutcome, PauseSignal
 from .graph import Node, Route, Workflow, label_matches
@@ -119,6 +120,15 @@ class Attempts:
                     f"{path} was recovered {ns.recoveries} times after its process died "
                     f"(max_recoveries={self._max_recoveries}); it may be killing its worker"
                 )
+            # a retried attempt gets the input as it came, not as the failed attempt left it
+            retry = node.retry
+            kept = (
+                copy_json(input)
+                if retry is not None
+                and retry.max_attempts > 1
+                and (type(input) is dict or type(input) is list)
+                else None
+            )
             while True:
                 # No body starts, and no retry goes on after its backoff, once the lease
                 # may have expired by this process's clocks (check_lease raises Halted).
@@ -152,6 +162,8 @@ class Attempts:
                     await rec.flush()  # the failed attempt is on record before the next one begins
                     await asyncio.sleep(delay)
                     ctx.next_attempt()
+                    if kept is not None:
+                        input = ctx.input = copy_json(kept)
         except PauseSignal as p:
             outcome = self._paused(ctx, p, t0)
             raise

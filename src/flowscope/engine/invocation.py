@@ -27,6 +27,7 @@ from ..errors import ErrorInfo, Redactor, WorkflowError
 from ..events import Event, InputRequested, NodeCancelled, NodeStarted, RunStarted
 from ..fold import OPEN_STATES, NodeState, WorkflowState, containers, from_descendant
 from ..jobs import Job
+from ..jsontext import copy_json
 from ..ownership import Lease, owner_record
 from ..states import RunStatus
 from ..store.base import EventStore
@@ -432,7 +433,8 @@ class Invocation:
     def replay(self, ns: NodeState) -> NodeResult:
         """A completed run's recorded result: resume fast-forwards it, never runs it (R8, docs/design.md)."""
         self._audit.replay()
-        return _new(NodeResult, (ns.output, ns.route, ns.has_output))
+        # the caller's own copy: a node that changes its input must not change the fold
+        return _new(NodeResult, (copy_json(ns.output), ns.route, ns.has_output))
 
     async def execute(self, node: Node, input: Any, parent: NodeContext | None, path: str) -> NodeResult:
         """Prepare and run one node activation inline."""

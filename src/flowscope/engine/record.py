@@ -30,8 +30,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from ..errors import ErrorInfo, Redactor, classify
-from ..events import Event, RunFinished
+from ..events import Event, RunFinished, own_values
 from ..fold import WorkflowState
+from ..jsontext import copy_json
 from ..ownership import Lease
 from ..states import RunStatus
 from ..store.base import EventStore
@@ -123,7 +124,7 @@ class Recorder:
         self._renew_fault: BaseException | None = None
         self._epoch = lease.epoch  # every append is fenced by it
         self._ws = ws
-        self._state = TrackedState(ws.state)
+        self._state = TrackedState(copy_json(ws.state))  # not the fold's own values
         self._snapshot_seq = ws.snapshot_seq
         self._flushed_seq = ws.last_seq
         self._submitted_seq = ws.last_seq  # the last seq handed to the committer
@@ -206,7 +207,9 @@ class Recorder:
         )
         if self._halted is None:
             self._buffer.append(e)
-            self._ws.apply(e)
+            # the live fold keeps its own lists and dicts: a node that changes its input in
+            # place (the value just recorded) changes neither a snapshot nor a replay of it
+            self._ws.apply(own_values(e))
         return e
 
     async def flush(self, release: bool = False) -> None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import COMMON_FIELDS, Event, RunSubmitted
+from ..events import Event, RunSubmitted, own_values
 from ..fold import OPEN_STATES, WorkflowState
-from ..jsontext import copy_json
 from ..liveness import lease_held, owner_alive
 from ..ownership import Lease, Owner, this_host
 from .appending import session_columns
@@ -43,49 +42,6 @@ from .takeover import (
 __all__ = ["MemoryEventStore"]
 
 
-_OWN: dict[type[Event], Callable[[Event], Event]] = {}
-
-
-def _own(e: Event) -> Event:
-    """``e``, or a copy of it with its own lists and dicts (:func:`copy_json`): what the log
-    keeps and what a read hands out, so that no one else's change to a value reaches the
-    log, nor the log's to a reader (events are immutable, as in a durable store, which keeps
-    their text). An event without a list or dict is kept as it is."""
-    own = _OWN.get(type(e))
-    if own is None:
-        own = _OWN[type(e)] = _owner(type(e))
-    return own(e)
-
-
-def _owner(cls: type[Event]) -> Callable[[Event], Event]:
-    """:func:`_own` for the events of ``cls``, generated from its fields, as the events'
-    own constructors are (flowscope.events.fast_init): the fields that may hold a list or
-    dict (typed ``Any``, ``dict`` or ``list``) are checked and copied, the others passed on.
-    ~1.7 us for a ``NodeCompleted`` with a small dict, against ~3.7 us through
-    ``dataclasses.replace``; a ``NodeStarted`` costs one call."""
-    fields = [f for f in dataclasses.fields(cls) if f.init]
-    values = [
-        f.name
-        for f in fields
-        if f.name not in COMMON_FIELDS and any(t in str(f.type) for t in ("Any", "dict", "list"))
-    ]
-    if not values:
-        return _same
-    kept = " and ".join(f"type(e.{n}) not in CONTAINERS" for n in values)
-    args = ", ".join(
-        f"{f.name}=copy(e.{f.name})" if f.name in values else f"{f.name}=e.{f.name}" for f in fields
-    )
-    source = f"def own(e):\n    if {kept}:\n        return e\n    return cls({args})\n"
-    scope: dict[str, Any] = {"cls": cls, "copy": copy_json, "CONTAINERS": (dict, list)}
-    exec(source, scope)  # noqa: S102 - generated from dataclass field names only, no input
-    own: Callable[[Event], Event] = scope["own"]
-    return own
-
-
-def _same(e: Event) -> Event:
-    return e
-
-
 @dataclass(slots=True)
 class _Ownership:
     """What the store keeps beside a session's log: its owner, lease and fence."""
@@ -107,7 +63,7 @@ class MemoryEventStore(EventStore):
     catch the fold up first. A lock makes the ownership calls atomic (a lease is renewed
     from another thread than the event loop's). Its events are immutable as a durable
     store's are: the log keeps its own copy of each list or dict an event holds, and a read
-    hands out copies (:func:`_own`; ~2 us for an event with a small dict, nothing copied
+    hands out copies (:func:`~flowscope.events.own_values`; ~2 us for an event with a small dict, nothing copied
     for one without).
     """
 
@@ -156,7 +112,7 @@ class MemoryEventStore(EventStore):
                 return numbered
             if log is None:
                 log = self._events[session_id] = []
-            log.extend([_own(e) for e in numbered])  # the log's own values (_own)
+            log.extend([own_values(e) for e in numbered])  # the log's own values
             for e in numbered:
                 if type(e) is RunSubmitted:
                     own = self._own.setdefault(session_id, _Ownership())
@@ -164,7 +120,7 @@ class MemoryEventStore(EventStore):
             return numbered
 
     def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
-        return [_own(e) for e in self._events.get(session_id, ())[after_seq:]]
+        return [own_values(e) for e in self._events.get(session_id, ())[after_seq:]]
 
     def last_seq(self, session_id: str) -> int:
         return len(self._events.get(session_id, ()))
