@@ -35,6 +35,7 @@ from flowscope.errors import (
 from flowscope.events import (
     EVENT_TYPES,
     JobDispatched,
+    JobResultReceived,
     NodeCompleted,
     NodeStarted,
     RunFinished,
@@ -1232,4 +1233,37 @@ async def test_the_append_cache_holds_only_sessions_in_the_middle_of_an_invocati
     for i in range(20):
         runner.submit(i, session_id=f"q{i}")
     assert store._node_cache == {}
+    store.close()
+
+
+def test_job_results_appended_after_a_prune_that_emptied_the_log_are_counted(db_path):
+    # a prune that deleted the log's newest rows gave their rowids to the next appends: the
+    # count, which reads the rows after the last rowid it counted, skipped them for good
+    from flowscope.store.records import JobResultGroup
+    from flowscope.store.testing import ev
+
+    def job_session(sid: str) -> None:
+        p = "etl@1/enrich@1"
+        store.append(
+            sid,
+            [
+                ev(RunStarted, sid=sid, workflow="etl", ts=1.0),
+                node_ev(NodeStarted, p, ts=2.0, sid=sid),
+                node_ev(JobResultReceived, p, ts=3.0, sid=sid, job_id="a", success=True, result="success"),
+                node_ev(NodeCompleted, p, ts=4.0, sid=sid),
+                ev(RunFinished, sid=sid, status="completed", ts=5.0),
+            ],
+            0,
+        )
+
+    store = SqliteEventStore(db_path)
+    for sid in ("a", "b", "c"):
+        job_session(sid)
+    assert store.job_result_summary() == [JobResultGroup("etl", "enrich", "success", 3)]
+    assert store.delete_sessions(["a", "b", "c"]) == ["a", "b", "c"]
+    job_session("d")  # rowids the pruned rows had
+    job_session("e")
+    assert store.job_result_summary() == [JobResultGroup("etl", "enrich", "success", 5)]
+    job_session("f")
+    assert store.job_result_summary() == [JobResultGroup("etl", "enrich", "success", 6)]
     store.close()

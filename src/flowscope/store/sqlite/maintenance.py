@@ -83,6 +83,11 @@ def rebuild_projections(conn: sqlite3.Connection, path: str) -> None:
         writer.write_session(session_write(ws, events, None))  # an upsert of every column the log defines
 
 
+#: The ``meta`` key of the last prune: ``"N:ROWID"``, the prune's number and the log's last
+#: rowid after it.
+PRUNE_MARK = "pruned"
+
+
 def delete_sessions(conn: sqlite3.Connection, ids: list[str]) -> list[str]:
     """Delete those of ``ids`` the prune guard allows (finished, no open run, no live
     owner), checked in this transaction: a resume or a takeover that started after the
@@ -100,18 +105,33 @@ def delete_sessions(conn: sqlite3.Connection, ids: list[str]) -> list[str]:
             conn.execute(sql, params)
         if conn.execute(q.SQL_HAS_SPAN_EXPORTS).fetchone() is not None:
             conn.execute(q.SQL_PRUNE_SPAN_EXPORTS, params)
+        # The rowids of rows deleted from the end of the log are used again by the next
+        # appends: a count of the rows after a rowid (job_results_after) reads again from
+        # the last one left, once per prune (the mark's first part tells prunes apart).
+        mark = conn.execute(q.SQL_META, (PRUNE_MARK,)).fetchone()
+        n = int(str(mark[0]).split(":")[0]) + 1 if mark is not None else 1
+        left = int(conn.execute(q.SQL_LAST_EVENT_ROWID).fetchone()[0])
+        conn.execute(q.SQL_SET_META, (PRUNE_MARK, f"{n}:{left}"))
     return deleted
 
 
-def job_results_after(conn: sqlite3.Connection, after: int) -> tuple[list[Any], int]:
+def job_results_after(
+    conn: sqlite3.Connection, after: int, pruned: str | None
+) -> tuple[list[Any], int, str | None]:
     """The job results appended after rowid ``after``, grouped by (workflow, node, result),
-    and the log's last rowid now (the log's rowids grow with each commit, one writer at a
-    time; rows deleted from the end are counted from what is there now)."""
+    the log's last rowid now, and the prune mark now (``pruned``: the one seen at ``after``).
+    The log's rowids grow with each commit, one writer at a time; a prune since ``after``
+    may have deleted rows from the end, whose rowids new rows take again: those are read
+    from the last rowid the prune left."""
+    row = conn.execute(q.SQL_META, (PRUNE_MARK,)).fetchone()
+    mark = None if row is None else str(row[0])
+    if mark != pruned and mark is not None:
+        after = min(after, int(mark.split(":")[1]))
     upto = int(conn.execute(q.SQL_LAST_EVENT_ROWID).fetchone()[0])
     after = min(after, upto)
     if upto == after:
-        return [], upto
-    return conn.execute(q.SQL_JOB_RESULTS_AFTER, {"after": after, "upto": upto}).fetchall(), upto
+        return [], upto, mark
+    return conn.execute(q.SQL_JOB_RESULTS_AFTER, {"after": after, "upto": upto}).fetchall(), upto, mark
 
 
 def exported_seq(conn: sqlite3.Connection, session_id: str) -> int:

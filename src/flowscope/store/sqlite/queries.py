@@ -64,6 +64,8 @@ __all__ = [
     "SQL_QUEUED_SUMMARY",
     "SQL_JOB_RESULTS_AFTER",
     "SQL_LAST_EVENT_ROWID",
+    "SQL_META",
+    "SQL_SET_META",
     "SQL_WORKER_SEEN",
     "SQL_WORKERS_FORGET",
     "SQL_WORKERS",
@@ -306,6 +308,10 @@ SQL_JOB_RESULTS_AFTER = (
     "WHERE e.rowid > :after AND e.rowid <= :upto AND e.type = 'job_result' GROUP BY 1, 2, 3"
 )
 SQL_LAST_EVENT_ROWID = "SELECT coalesce(max(rowid), 0) FROM events"
+SQL_META = "SELECT value FROM meta WHERE key = ?"
+SQL_SET_META = (
+    "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
 SQL_WORKER_SEEN = (
     "INSERT INTO workers (worker_id, host, pid, started_at, workflows, seen_at) VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (worker_id) DO UPDATE SET host = excluded.host, pid = excluded.pid, "

@@ -62,6 +62,9 @@ from .writer import Writer
 
 __all__ = ["SqliteEventStore"]
 
+#: job_result_summary's running count (``SqliteEventStore._job_results``).
+_JobCounts = tuple[dict[tuple[str, str, str], int], int, str | None, tuple[int, int] | None]
+
 
 class SqliteEventStore(SelectsInSql, EventStore):
     """An :class:`EventStore` in one SQLite file, in WAL mode so readers never block the writer.
@@ -100,8 +103,8 @@ class SqliteEventStore(SelectsInSql, EventStore):
         self._conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None
         self._wal = WalWatch(self.path, False)  # the -wal file this connection writes to
-        #: job_result_summary's running count: (counts, last rowid read, file identity).
-        self._job_results: tuple[dict[tuple[str, str, str], int], int, tuple[int, int] | None] = ({}, 0, None)
+        #: job_result_summary's running count: (counts, last rowid read, prune mark then, file identity).
+        self._job_results: _JobCounts = ({}, 0, None, None)
         new_file = self.path == ":memory:" or not os.path.exists(self.path) or os.path.getsize(self.path) == 0
         schema.check_file(self.path, readonly)
         conn = schema.connect(self.path, readonly, busy_timeout)
@@ -469,16 +472,16 @@ class SqliteEventStore(SelectsInSql, EventStore):
         time), so a scrape costs what was appended since the one before, never a scan of
         the log. A file replaced by another (:meth:`refresh`) starts the count again."""
         with self._lock:
-            counts, after, identity = self._job_results
+            counts, after, pruned, identity = self._job_results
             if identity != self._identity:
-                counts, after = {}, 0
+                counts, after, pruned = {}, 0, None
             with self._op("count job results") as conn:
-                rows, upto = maintenance.job_results_after(conn, after)
+                rows, upto, pruned = maintenance.job_results_after(conn, after, pruned)
             counts = dict(counts)
             for workflow, node, result, n in rows:
                 key = (workflow or "", node or "", str(result))
                 counts[key] = counts.get(key, 0) + int(n)
-            self._job_results = (counts, upto, self._identity)
+            self._job_results = (counts, upto, pruned, self._identity)
         return [JobResultGroup(*k, n) for k, n in sorted(counts.items())]
 
     # ------------------------------------------------------------------ snapshots
