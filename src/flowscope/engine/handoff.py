@@ -43,10 +43,13 @@ class JoinBuffers:
     buffers, oldest first. Each buffer holds the predecessor names of the one after it
     (an output goes to the oldest buffer without its name), so the oldest fills first."""
 
-    __slots__ = ("_queues", "_predecessors")
+    __slots__ = ("_queues", "_filled", "_predecessors")
 
     def __init__(self, predecessors: Mapping[Node, Sequence[Node]]) -> None:
         self._queues: dict[Node, list[dict[str, Any]]] = {}
+        #: per join, how many buffers hold each predecessor's output: the first that many
+        #: (buffers fill oldest first), so an output finds its buffer without a scan
+        self._filled: dict[Node, dict[str, int]] = {}
         self._predecessors = predecessors
 
     def __bool__(self) -> bool:
@@ -58,29 +61,36 @@ class JoinBuffers:
         queue = self._queues.get(join)
         if queue is None:
             queue = self._queues[join] = []
-        for buf in queue:
-            if name not in buf:
-                break
+            filled = self._filled[join] = {}
         else:
-            buf = {}
+            filled = self._filled[join]
+        i = filled.get(name, 0)
+        if i == len(queue):
+            buf: dict[str, Any] = {}
             queue.append(buf)
+        else:
+            buf = queue[i]
+        filled[name] = i + 1
         buf[name] = output
         if len(buf) < len(self._predecessors[join]):
             return None
-        del queue[0]  # buf: a complete buffer is the oldest (the ones before it would be complete)
+        return self._take_oldest(join)  # buf: a complete buffer is the oldest (those before it would be)
+
+    def _take_oldest(self, join: Node) -> dict[str, Any]:
+        queue, filled = self._queues[join], self._filled[join]
+        buf = queue.pop(0)
+        for name in buf:
+            filled[name] -= 1
         if not queue:
-            del self._queues[join]
+            del self._queues[join], self._filled[join]
         return buf
 
     def flush(self, order: Mapping[Node, int]) -> list[Activation]:
         """Nothing else can run: each join's oldest buffer, incomplete, in declaration order."""
-        out = []
-        for join in sorted(self._queues, key=order.__getitem__):
-            queue = self._queues[join]
-            out.append(_new(Activation, (join, queue.pop(0))))
-            if not queue:
-                del self._queues[join]
-        return out
+        return [
+            _new(Activation, (join, self._take_oldest(join)))
+            for join in sorted(self._queues, key=order.__getitem__)
+        ]
 
 
 def first_activations(wf: Workflow, input: Any) -> list[Activation]:
