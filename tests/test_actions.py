@@ -145,6 +145,17 @@ def test_a_retry_with_no_path_of_a_completed_session_is_never_applied(tmp_path):
     assert [e.path for e in store.read("p") if isinstance(e, NodeCancelled)] == ["w@1/ask@1", "w@1"]
 
 
+def test_a_retry_message_from_a_path_the_session_has_no_run_at_is_dropped_not_raised(tmp_path):
+    # flowscope.retry checks the path; a message sent another way must not stop the take-in
+    store = paused_session(tmp_path / "a.db")
+    answer(store, "p", {"go": "yes"})
+    Runner(Workflow("w", edges=[(START, ask)]), store=store).resume_sync("p")
+    lease = store.acquire("p", this_process("worker"), 30.0)
+    store.send("p", "retry", {"from_path": "w@1/nowhere@1", "reason": "a hand-made message"})
+    assert take_in(store, load(store, "p"), lease) == []
+    assert store.inbox("p") == [] and load(store, "p").status == "completed"
+
+
 def test_a_retry_taken_in_with_a_cancel_of_a_session_already_over_is_applied(tmp_path):
     store = failed_session(tmp_path / "a.db")
     lease = store.acquire("s", this_process("worker"), 30.0)  # the owner that ran it, not yet let go

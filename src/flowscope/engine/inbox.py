@@ -290,6 +290,8 @@ def retry_dropped(ws: WorkflowState, retry: RetryRequest, after: Sequence[Event]
         return f"the session is {ws.status}"
     if ws.status == "completed" and retry.from_path is None:
         return "the session completed, and it gives no path to run it again from"
+    if retry.from_path is not None and retry.from_path not in ws.nodes:  # a message not made by retry()
+        return f"the session has no run at {retry.from_path!r}"
     return None
 
 
