@@ -20,7 +20,7 @@ from langgraph.errors import NodeTimeoutError
 from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, RetryPolicy, Send, TimeoutPolicy, interrupt
-from langgraph_testing import config, lg_store  # noqa: F401 (lg_store: the store fixture)
+from langgraph_testing import config, flaky_beside_broken, lg_store  # noqa: F401 (lg_store: the store fixture)
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -1206,13 +1206,7 @@ async def test_a_task_waiting_out_its_backoff_when_a_sibling_fails_is_cancelled_
             raise ValueError("hard failure")
         return {}
 
-    g = StateGraph(State)
-    retry = RetryPolicy(max_attempts=3, initial_interval=5.0, jitter=False, retry_on=ConnectionError)
-    g.add_node("flaky", flaky, retry_policy=retry)
-    g.add_node("broken", broken)
-    g.add_edge(START, "flaky")
-    g.add_edge(START, "broken")
-    graph = g.compile(checkpointer=InMemorySaver())
+    graph = flaky_beside_broken(State, flaky, broken, 3, 5.0).compile(checkpointer=InMemorySaver())
     handler = FlowscopeCallbackHandler(store, workflow="par")
     with pytest.raises(ValueError):
         await graph.ainvoke({"n": 0}, config(handler, "t1"))

@@ -13,7 +13,7 @@ import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import RetryPolicy, Send
-from langgraph_testing import config, lg_store  # noqa: F401 (lg_store: the store fixture)
+from langgraph_testing import config, flaky_beside_broken, lg_store  # noqa: F401 (lg_store: the store fixture)
 
 from flowscope.adapters.langgraph import FlowscopeCallbackHandler
 from flowscope.events import NodeCancelled, NodeErrorEvent, NodeErrorPropagated, NodeRetrying
@@ -113,12 +113,7 @@ async def test_a_task_failing_its_last_attempt_beside_a_sibling_failing_for_good
             await all_arrived(arrived, 2)
             raise ValueError("hard failure")
 
-        g = StateGraph(State)
-        retry = RetryPolicy(max_attempts=2, initial_interval=0.001, jitter=False, retry_on=ConnectionError)
-        g.add_node("flaky", flaky, retry_policy=retry)
-        g.add_node("broken", broken)
-        g.add_edge(START, "flaky")
-        g.add_edge(START, "broken")
+        g = flaky_beside_broken(State, flaky, broken, 2, 0.001)
         handler = FlowscopeCallbackHandler(store, workflow="par")
         with pytest.raises((ConnectionError, ValueError)):
             await g.compile(checkpointer=InMemorySaver()).ainvoke({"out": []}, config(handler, thread))
@@ -213,12 +208,7 @@ async def test_a_retried_subgraph_node_ends_a_task_inside_waiting_out_its_backof
             raise ValueError("hard failure")
         return {"out": ["broken"]}
 
-    inner = StateGraph(State)
-    long_backoff = RetryPolicy(max_attempts=3, initial_interval=5.0, jitter=False, retry_on=ConnectionError)
-    inner.add_node("flaky", flaky, retry_policy=long_backoff)
-    inner.add_node("broken", broken)
-    inner.add_edge(START, "flaky")
-    inner.add_edge(START, "broken")
+    inner = flaky_beside_broken(State, flaky, broken, 3, 5.0)
     g = StateGraph(State)
     g.add_node(
         "sub",
@@ -263,13 +253,7 @@ async def test_a_resumed_tasks_attempts_count_anew_for_its_retry_policy_as_langg
         await all_arrived(arrived, 2 * calls["broken"])
         raise ValueError(f"broken ({calls['broken']})")
 
-    g = StateGraph(State)
-    retry = RetryPolicy(max_attempts=2, initial_interval=5.0, jitter=False, retry_on=ConnectionError)
-    g.add_node("flaky", flaky, retry_policy=retry)
-    g.add_node("broken", broken)
-    g.add_edge(START, "flaky")
-    g.add_edge(START, "broken")
-    graph = g.compile(checkpointer=InMemorySaver())
+    graph = flaky_beside_broken(State, flaky, broken, 2, 5.0).compile(checkpointer=InMemorySaver())
     handler = FlowscopeCallbackHandler(store, workflow="par")
     with pytest.raises(ValueError):
         await graph.ainvoke({"out": []}, config(handler, "t1"))
