@@ -15,10 +15,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..fold import OPEN_STATES, containers
-from ..liveness import (
-    owner_alive,
-)
-from ..store.base import NodeRun, SessionInfo
+from ..liveness import classify_open_run, owner_alive
+from ..store.base import NodeRun, SessionInfo, WorkerInfo
 
 __all__ = [
     "JOB_RESULT_EXAMPLE",
@@ -27,6 +25,8 @@ __all__ = [
     "job_hint",
     "round_or_none",
     "owner_row",
+    "classify_run",
+    "serving_worker",
     "open_containers",
     "origin_failures",
     "session_error_codes",
@@ -90,6 +90,37 @@ def owner_row(info: SessionInfo | None) -> dict[str, Any] | None:
         "lease_expires_at": info.lease_expires_at,
         "alive": alive,
     }
+
+
+def classify_run(
+    r: NodeRun,
+    info: SessionInfo | None,
+    now: float,
+    stale_after_s: float,
+    waiting_on: list[str] | None = None,
+) -> str:
+    """``r``'s state by :func:`flowscope.liveness.classify_open_run`, given its session
+    (its owner, its lease, its status) and, once its log is read, what it waits on: what
+    ``stuck`` and the console's tabs call it."""
+    return classify_open_run(
+        r.status,
+        r.started_at,
+        r.heartbeat_at,
+        r.job_deadline_at,
+        now,
+        stale_after_s,
+        owner=info.owner if info is not None else None,
+        lease_expires_at=info.lease_expires_at if info is not None else None,
+        session_status=info.status if info is not None else None,
+        waiting_on=waiting_on,
+    )
+
+
+def serving_worker(live: Iterable[WorkerInfo], workflow: str) -> WorkerInfo | None:
+    """The live worker that serves ``workflow`` and was seen last, or None: the one a hint
+    names as the worker that will take its work."""
+    serving = [w for w in live if workflow in w.workflows]
+    return max(serving, key=lambda w: w.seen_at) if serving else None
 
 
 def open_containers(runs: Iterable[NodeRun]) -> set[tuple[str, str]]:

@@ -18,7 +18,6 @@ from ..liveness import (
     RUNNING,
     WAITING_INPUT,
     WAITING_JOB,
-    classify_open_run,
     resume_lease_s,
     worker_alive,
 )
@@ -26,12 +25,14 @@ from ..store.base import EventLog, EventStore, NodeRun, NodeRunGroup, SessionInf
 from ..store.log import group_node_runs
 from .history import RetryReasons, retry_label, retry_reasons
 from .rowparts import (
+    classify_run,
     input_hint,
     job_hint,
     open_containers,
     origin_failures,
     owner_row,
     round_or_none,
+    serving_worker,
     session_command,
 )
 
@@ -273,7 +274,7 @@ def stuck_rows(
         if r.session_id not in infos:
             infos[r.session_id] = store.session_info(r.session_id)
         info = infos[r.session_id]
-        state = _classify(r, info, now, stale_after_s)
+        state = classify_run(r, info, now, stale_after_s)
         waiting = r.status in (WAITING_INPUT, WAITING_JOB)
         # a waiting run with nothing left open waits for a worker: known once its log is read
         if wanted is not None and state not in wanted and not (waiting and QUEUED in wanted):
@@ -303,7 +304,7 @@ def stuck_rows(
                 )
                 if waiting_on and waiting_on[0] in ns.requests:
                     payload = ns.requests[waiting_on[0]].payload
-                state = _classify(r, info, now, stale_after_s, waiting_on)
+                state = classify_run(r, info, now, stale_after_s, waiting_on)
             if wanted is not None and state not in wanted:
                 continue
         action: str | None = None
@@ -349,29 +350,6 @@ def stuck_rows(
     if wanted is None or QUEUED in wanted:
         rows.extend(_queued_rows(store, older_than_s, now, prefix=prefix))
     return rows
-
-
-def _classify(
-    r: NodeRun,
-    info: SessionInfo | None,
-    now: float,
-    stale_after_s: float,
-    waiting_on: list[str] | None = None,
-) -> str:
-    """``r``'s state by :func:`flowscope.liveness.classify_open_run`, given its session and,
-    once its log is read, what it waits on."""
-    return classify_open_run(
-        r.status,
-        r.started_at,
-        r.heartbeat_at,
-        r.job_deadline_at,
-        now,
-        stale_after_s,
-        owner=info.owner if info is not None else None,
-        lease_expires_at=info.lease_expires_at if info is not None else None,
-        session_status=info.status if info is not None else None,
-        waiting_on=waiting_on,
-    )
 
 
 def _queued_rows(store: EventStore, older_than_s: float, now: float, *, prefix: str) -> list[dict[str, Any]]:
@@ -427,9 +405,8 @@ def _worker_hint(live: list[WorkerInfo], workflow: str, session_id: str, *, pref
     of another database would not serve it)."""
     from ..examples import bundled_for
 
-    serving = [w for w in live if workflow in w.workflows]
-    if serving:
-        w = max(serving, key=lambda w: w.seen_at)
+    w = serving_worker(live, workflow)
+    if w is not None:
         return f"a live worker serves it ({w.worker_id} on {w.host} pid {w.pid}): its log says why it does not start"
     code = bundled_for(workflow, session_id) or "MODULE:ATTR"
     return f"no live worker serves {workflow!r}: {prefix} worker {code}"
@@ -441,9 +418,8 @@ def _orphan_hint(
     """What to do about an orphaned run: nothing while a live worker serves its workflow
     (it takes the session over at its next claim), else the ``resume`` that runs it here,
     with the ``--workflow`` it needs for code that is not the demo's."""
-    serving = [w for w in live if r.workflow in w.workflows]
-    if serving:
-        w = max(serving, key=lambda w: w.seen_at)
+    w = serving_worker(live, r.workflow)
+    if w is not None:
         return f"a live worker serves it ({w.worker_id} on {w.host} pid {w.pid}): it takes it over at its next claim"
     # An owned session is free once orphaned; one without an owner is refused to a resume
     # while its heartbeat looks fresh.

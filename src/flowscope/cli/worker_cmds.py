@@ -39,7 +39,7 @@ from .app import (
     otlp_protocol_option,
 )
 from .failures import EXIT_STORE_OUTAGE, CliError, to_cli_error
-from .rowparts import session_command
+from .rowparts import serving_worker, session_command
 from .runtime import configure_cli_tracing
 
 if TYPE_CHECKING:
@@ -123,9 +123,8 @@ def worker_hint(
     now = time.time() if now is None else now
     records = store.workers()
     alive = [w for w in records if worker_alive(w.host, w.pid, w.seen_at, now)]
-    serving = [w for w in alive if workflow in w.workflows]
-    if serving:
-        w = max(serving, key=lambda w: w.seen_at)
+    w = serving_worker(alive, workflow)
+    if w is not None:
         return True, (
             f"a worker will pick it up: {w.worker_id} on {w.host} pid {w.pid} serves {workflow!r} "
             f"(alive, seen {max(0.0, now - w.seen_at):.1f}s ago)"

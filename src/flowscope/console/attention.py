@@ -11,8 +11,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..cli.rowparts import open_containers
-from ..liveness import ORPHANED, OVERDUE, QUEUED, RUNNING, WAITING_INPUT, WAITING_JOB, classify_open_run
+from ..cli.rowparts import classify_run, open_containers
+from ..liveness import ORPHANED, OVERDUE, QUEUED, RUNNING, WAITING_INPUT, WAITING_JOB
 from ..store.base import EventStore, NodeRun, SessionInfo, SessionQuery
 
 __all__ = ["ATTENTION", "Tabs", "TabReads", "read_tabs", "attention_tabs"]
@@ -95,17 +95,8 @@ def attention_tabs(
         k: set() for k in ("waiting_input", "waiting_job", "overdue", "orphaned", "retrying")
     }
     for r in reads.runs:
-        info = reads.running.get(r.session_id)
-        state = classify_open_run(
-            r.status,
-            r.started_at,
-            r.heartbeat_at,
-            r.job_deadline_at,
-            now,
-            stale_after_s,
-            owner=info.owner if info is not None else None,
-            lease_expires_at=info.lease_expires_at if info is not None else None,
-            session_status="answered" if r.session_id in reads.answered else None,
+        state = classify_run(
+            r, reads.running.get(r.session_id) or reads.answered.get(r.session_id), now, stale_after_s
         )
         if state == QUEUED:
             answered_at = reads.answered[r.session_id].updated_at
