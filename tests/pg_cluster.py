@@ -9,8 +9,10 @@ binaries run as the ``postgres`` user (the server refuses to run as root).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -153,6 +155,28 @@ class PgCluster:
 
     def start_server(self) -> None:
         self._pg_ctl_start()
+
+    def freeze(self) -> list[int]:
+        """SIGSTOP the postmaster and its children, as a frozen host: the open connections
+        stay open and nothing answers on them, nor a new one's startup. :meth:`thaw` them."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        pids = [postmaster]
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()
+            except OSError:
+                continue  # gone meanwhile
+            if int(fields[1]) == postmaster:
+                pids.append(int(stat.parent.name))
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        return pids
+
+    @staticmethod
+    def thaw(pids: list[int]) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     # ------------------------------------------------------------------ connecting
 

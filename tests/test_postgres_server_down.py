@@ -1,12 +1,14 @@
-"""A PostgreSQL server that goes away (stopped, restarted): not a refusal of writes and
-not a crash. The sessions it halts are taken back by the same worker without spending a
-recovery or counting a failure; a drain meanwhile does not wait out the server; a pool
-that gives no connection fails after its timeout, once; ``show --follow`` waits for it.
-A cluster of its own (tests/pg_cluster.py), stopped and started by the tests."""
+"""A PostgreSQL server that goes away (stopped, restarted, frozen): not a refusal of writes
+and not a crash. The sessions it halts are taken back by the same worker without spending
+a recovery or counting a failure; a drain meanwhile does not wait out the server; a pool
+that gives no connection fails after its timeout, once, and a call a frozen server does not
+answer after the call timeout; ``show --follow`` waits for it. A cluster of its own
+(tests/pg_cluster.py), stopped, started, frozen and thawed by the tests."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 
@@ -134,6 +136,86 @@ def test_a_read_while_the_server_is_down_fails_after_the_pool_timeout_once(clust
             assert time.monotonic() - t0 < 1.8  # timeout=1.0, not twice it
     finally:
         cluster.start_server()
+    store.close()
+
+
+def test_a_call_to_a_frozen_server_fails_after_the_call_timeout_and_the_next_one_works(cluster):
+    store = PostgresEventStore(
+        cluster.url(), schema=cluster.new_schema("frozen"), timeout=1.0, call_timeout=1.0
+    )
+    sid = Runner(Workflow("long", edges=[(START, steps)]), store).submit(1)
+    outcome: list[object] = []
+    pids = cluster.freeze()  # the pool's connection is open: nothing answers on it
+    safety = threading.Timer(20.0, cluster.thaw, [pids])  # on code that waits for ever
+    safety.start()
+    try:
+        t0 = time.monotonic()
+        try:
+            outcome.append(store.session_info(sid))
+        except StoreUnavailable as exc:
+            outcome.append(exc)
+        took = time.monotonic() - t0
+    finally:
+        safety.cancel()
+        cluster.thaw(pids)
+    assert isinstance(outcome[0], StoreUnavailable) and "call_timeout" in str(outcome[0]), outcome
+    assert took < 2.5, took  # the call, cut off once: no retry waits it out again
+    assert store.session_info(sid).status == "queued"  # thawed: a new connection answers
+    store.close()
+
+
+def test_a_drain_while_the_server_is_frozen_ends_after_the_call_timeout_and_loses_nothing(cluster):
+    schema = cluster.new_schema("frozendrain")
+    store = PostgresEventStore(cluster.url(), schema=schema, timeout=1.0, call_timeout=1.0)
+    sids = [Runner(CHAIN, store).submit(1) for _ in range(4)]
+    w = Worker(store, [CHAIN], poll_s=0.05, lease_s=3.0, drain_s=1.0)
+    took: list[float] = []
+    pids: list[int] = []
+
+    async def main() -> None:
+        task = asyncio.ensure_future(w.run())
+        deadline = time.monotonic() + 30
+        while len(w._active) < 4:
+            assert time.monotonic() < deadline, "the worker did not take the four sessions"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        pids.extend(cluster.freeze())
+        safety.start()
+        deadline = time.monotonic() + 10
+        while w.store_writable is not False:  # a cut-off call says so
+            assert time.monotonic() < deadline, "the worker never saw the server freeze"
+            await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        w.stop()
+        await task
+        took.append(time.monotonic() - t0)
+
+    safety = threading.Timer(30.0, lambda: cluster.thaw(pids))  # on code that waits for ever
+    try:
+        asyncio.run(main())
+    finally:
+        safety.cancel()
+        cluster.thaw(pids)
+    assert took[0] < 1.0 + 1.0 + 1.0 + 2.0, took  # a call cut off, a wait for a connection, the drain
+    store.close()
+    # thawed: another worker takes the sessions over once their leases run out, and runs
+    # each node the frozen one did not record as completed
+    store = PostgresEventStore(cluster.url(), schema=schema, timeout=1.0)
+    w2 = Worker(store, [CHAIN], poll_s=0.05, lease_s=3.0)
+
+    async def finish() -> None:
+        task = asyncio.ensure_future(w2.run())
+        deadline = time.monotonic() + 60
+        while not all(store.session_info(s).status == "completed" for s in sids):
+            assert time.monotonic() < deadline, [store.session_info(s).status for s in sids]
+            await asyncio.sleep(0.2)
+        w2.stop()
+        await task
+
+    asyncio.run(finish())
+    for sid in sids:
+        ws = rebuild(store.read(sid))
+        assert ws.status == "completed" and all(ns.status == "completed" for ns in ws.nodes.values()), sid
     store.close()
 
 

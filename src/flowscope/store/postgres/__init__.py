@@ -18,6 +18,8 @@ workers on many hosts (``pip install 'flowscope[postgres]'``: psycopg 3 and psyc
     acquiring, renewing and claiming (:mod:`flowscope.store.takeover` decides who);
 :mod:`.wakeup`
     the ``LISTEN`` thread that wakes idle workers;
+:mod:`.deadline`
+    the watchdog that cuts off a call the server does not answer (``call_timeout``);
 :mod:`.store`
     :class:`PostgresEventStore`: appends, fences, claims, reads, snapshots, waking workers.
 

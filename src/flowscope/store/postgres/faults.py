@@ -17,7 +17,7 @@ from psycopg_pool import PoolTimeout
 from ...errors import StoreCorrupt, StoreDiskFull, StoreError, StoreLocked, StoreReadOnly, StoreUnavailable
 from .dsn import redact
 
-__all__ = ["store_error", "connect_error", "is_connection_lost", "one_line"]
+__all__ = ["store_error", "connect_error", "is_connection_lost", "one_line", "not_answered", "closed_store"]
 
 #: Serialization failures, deadlocks, lock timeouts: retry.
 _LOCKED = {"40001", "40P01", "55P03"}
@@ -39,6 +39,19 @@ def is_connection_lost(exc: BaseException) -> bool:
         return False
     state = exc.sqlstate
     return state is None or state[:2] == "08" or state in _GOING_AWAY
+
+
+def closed_store(where: str) -> StoreUnavailable:
+    return StoreUnavailable(f"PostgreSQL at {where}: the store is closed; open a new PostgresEventStore")
+
+
+def not_answered(where: str, seconds: float | None, action: str) -> StoreUnavailable:
+    """The error for a call the store's deadline cut off (:mod:`.deadline`)."""
+    return StoreUnavailable(
+        f"PostgreSQL at {where} did not answer within {seconds:g} s (call_timeout) while trying to "
+        f"{action}: the server is frozen or unreachable, or a lock was held that long; the connection "
+        "was closed; retry (a run resumes where its log ends)"
+    )
 
 
 def store_error(exc: BaseException, where: str, action: str) -> StoreError:

@@ -68,8 +68,9 @@ from . import maintenance, ownership
 from . import queries as q
 from . import schema as sch
 from .conninfo import SYNCHRONOUS_COMMIT, build_conninfo, check_options, url_schema
+from .deadline import CALL_TIMEOUT_S, Deadlines
 from .dsn import redact, server
-from .faults import connect_error, is_connection_lost, store_error
+from .faults import closed_store, connect_error, is_connection_lost, not_answered, store_error
 from .wakeup import Wakeup
 from .writer import Writer, append_cached, append_many_cached, append_many_locking, appended_first
 
@@ -89,7 +90,10 @@ class PostgresEventStore(SelectsInSql, EventStore):
     the PostgreSQL schema holding the tables (created if missing; default: the URL's
     ``?options=-csearch_path%3D...``, how the CLI reaches one, else public). ``min_size`` /
     ``max_size``: the connection pool. ``timeout``: seconds to connect, or to wait for a
-    pooled connection, before :class:`~flowscope.errors.StoreUnavailable`.
+    pooled connection, before :class:`~flowscope.errors.StoreUnavailable`; ``call_timeout``:
+    seconds one call may wait for the server (a frozen host, a lock held that long) before
+    its connection is closed and it raises that (``None``: as long as the server takes), so
+    that no caller, a worker's event loop among them, waits for ever.
     ``synchronous_commit``: set it for these connections (``"off"`` trades the last few
     hundred milliseconds of commits on a server crash for ~40% faster appends; the
     database is never corrupted). ``readonly=True`` opens read-only transactions.
@@ -112,9 +116,11 @@ class PostgresEventStore(SelectsInSql, EventStore):
         timeout: float = 10.0,
         synchronous_commit: str | None = None,
         application_name: str = "flowscope",
+        call_timeout: float | None = CALL_TIMEOUT_S,
     ) -> None:
         schema = schema or url_schema(dsn) or "public"
         check_options(schema, synchronous_commit)
+        self._deadlines = Deadlines(call_timeout)
         self.schema, self.readonly, self.timeout = schema, readonly, timeout
         self.where = server(dsn) + ("" if schema == "public" else f" (schema {schema})")
         #: The URL with its password masked: what messages and hints print.
@@ -164,23 +170,23 @@ class PostgresEventStore(SelectsInSql, EventStore):
             host, port, user = self._target
             raise connect_error(exc, self.where, host, port, user, min(self.timeout, 3.0)) from None
 
-    def _closed(self) -> StoreUnavailable:
-        return StoreUnavailable(
-            f"PostgreSQL at {self.where}: the store is closed; open a new PostgresEventStore"
-        )
-
     @contextmanager
-    def _op(self, action: str) -> Iterator[Conn]:
-        """A pooled connection for one operation; psycopg's errors become StoreErrors. A lost
-        connection has the pool test its idle ones (after a restart all are dead, each found
-        only when handed out), so that the next call, this one's retry, gets a live one."""
+    def _op(self, action: str, *, watched: bool = True) -> Iterator[Conn]:
+        """A pooled connection for one operation, cut off past ``call_timeout`` unless not
+        ``watched``; psycopg's errors become StoreErrors. A lost connection has the pool
+        test its idle ones (after a restart all are dead, each found only when handed out),
+        so that the next call, this one's retry, gets a live one; a call cut off is not
+        retried: the server did not answer it, and would not answer the retry."""
         pool = self._pool
         if pool is None:
-            raise self._closed()
+            raise closed_store(self.where)
+        call = None
         try:
-            with pool.connection() as conn:
+            with pool.connection() as conn, self._deadlines.watch(conn, watched) as call:
                 yield conn
         except (psycopg.Error, PoolTimeout) as exc:
+            if call is not None and call.expired:
+                raise not_answered(self.where, self._deadlines.seconds, action) from None
             if is_connection_lost(exc):
                 with suppress(Exception):  # a server still away: the next call says so
                     pool.check()
@@ -216,6 +222,7 @@ class PostgresEventStore(SelectsInSql, EventStore):
         if pool is not None:
             pool.close()
         self._wakeup.close()
+        self._deadlines.close()
 
     # ------------------------------------------------------------------ appending
 
@@ -524,7 +531,7 @@ class PostgresEventStore(SelectsInSql, EventStore):
         claimable (a ``NOTIFY`` from any host); True if woken. A notification that came
         since the last call returns at once, so none is missed between two waits."""
         if self._pool is None:
-            raise self._closed()
+            raise closed_store(self.where)
         return self._wakeup.wait(timeout)
 
     # ------------------------------------------------------------------ snapshots
@@ -577,11 +584,10 @@ class PostgresEventStore(SelectsInSql, EventStore):
         with self._cache_lock:
             for sid in deleted:
                 self._node_cache.pop(sid, None)
-        if deleted:
-            try:
-                self._run("vacuum the pruned tables", lambda c: c.execute(q.SQL_PRUNE_VACUUM))
-            except StoreError:
-                pass  # the deletion is committed; autovacuum frees the space later instead
+        if deleted:  # committed: if the VACUUM fails, autovacuum frees the space later; not cut
+            # off past call_timeout, as a large table's may rightly take longer
+            with suppress(StoreError), self._op("vacuum the pruned tables", watched=False) as conn:
+                conn.execute(q.SQL_PRUNE_VACUUM)
         return deleted
 
     def storage_bytes(self) -> int | None:
