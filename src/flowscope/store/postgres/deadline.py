@@ -82,14 +82,20 @@ class Deadlines:
 
     def _watch(self) -> None:
         assert self.seconds is not None
-        tick = min(max(self.seconds / 4, 0.05), 1.0)  # cut off within a quarter of the deadline
-        while not self._closed.wait(tick):
+        nap = self.seconds
+        # a call that begins while it naps is due a whole deadline later, after it wakes
+        while not self._closed.wait(nap):
             now = time.monotonic()
+            nap = self.seconds
             with self._lock:
                 for call in self._calls:
-                    if not call.expired and call.due <= now:
+                    if call.expired:
+                        continue
+                    if call.due <= now:
                         call.expired = True
                         _shut(call.fd)
+                    else:
+                        nap = min(nap, call.due - now)
 
     def close(self) -> None:
         self._closed.set()
