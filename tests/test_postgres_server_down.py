@@ -164,6 +164,19 @@ def test_a_call_to_a_frozen_server_fails_after_the_call_timeout_and_the_next_one
     store.close()
 
 
+def test_opening_a_store_on_a_frozen_server_says_it_did_not_answer_not_that_it_refused(cluster):
+    url = cluster.url()
+    pids = cluster.freeze()
+    try:
+        with pytest.raises(StoreUnavailable) as caught:
+            PostgresEventStore(url, timeout=1.0)
+    finally:
+        cluster.thaw(pids)
+    text = str(caught.value)
+    assert "did not answer" in text and "pg_isready" in text, text
+    assert "password" not in text and "refused" not in text, text  # not the advice for a login refused
+
+
 def test_a_drain_while_the_server_is_frozen_ends_after_the_call_timeout_and_loses_nothing(cluster):
     schema = cluster.new_schema("frozendrain")
     store = PostgresEventStore(cluster.url(), schema=schema, timeout=1.0, call_timeout=1.0)

@@ -136,6 +136,12 @@ def connect_error(
                 f"cannot reach PostgreSQL at {where}: nothing answers on {host}:{port}; "
                 "is the server running, and are the host and port right?"
             )
+        if isinstance(exc, psycopg.errors.ConnectionTimeout):  # the port took it; the server said nothing
+            return StoreUnavailable(
+                f"PostgreSQL at {where} took the connection on {host}:{port} but did not answer it within "
+                "connect_timeout: the server is frozen, overloaded or still starting; check that it answers "
+                f"(pg_isready -h {host} -p {port})"
+            )
         who = f" for user {user!r}" if user else ""
         # libpq gives no SQLSTATE here: the server's own words say which (credentials, no
         # free connection slot, a server starting or stopping); the advice names them all
