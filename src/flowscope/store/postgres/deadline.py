@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from ...threads import start_thread
+
 __all__ = ["Deadlines", "Call", "CALL_TIMEOUT_S"]
 
 #: How long one call may wait for the server by default: longer than any one statement of
@@ -77,8 +79,8 @@ class Deadlines:
                 conn.close()
 
     def _start(self) -> None:
-        self._thread = threading.Thread(target=self._watch, name="flowscope-pg-deadlines", daemon=True)
-        self._thread.start()
+        # with SIGCONT blocked, as every thread flowscope starts (threads.py)
+        self._thread = start_thread(self._watch, "flowscope-pg-deadlines")
 
     def _watch(self) -> None:
         assert self.seconds is not None
