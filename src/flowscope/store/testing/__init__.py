@@ -35,6 +35,7 @@ pytest.register_assert_rewrite(
             "base",
             "helpers",
             "inbox",
+            "lease_end",
             "lease_start",
             "log",
             "node_runs",
@@ -69,6 +70,7 @@ from .helpers import (
     submitted_log,
 )
 from .inbox import InboxContract
+from .lease_end import LeaseEndContract
 from .lease_start import LeaseStartContract
 from .log import EventLogContract
 from .ownership import OwnershipContract, step_wall_clock
@@ -82,6 +84,7 @@ __all__ = [
     "ProjectionContract",
     "OwnershipContract",
     "LeaseStartContract",
+    "LeaseEndContract",
     "InboxContract",
     "UpkeepContract",
     "ContractBase",

@@ -37,6 +37,7 @@ from .helpers import (
     run_of,
     submitted_log,
 )
+from .lease_end import LeaseEndContract
 from .lease_start import LeaseStartContract
 
 __all__ = ["OwnershipContract", "step_wall_clock"]
@@ -61,11 +62,11 @@ def step_wall_clock(monkeypatch: pytest.MonkeyPatch, by_s: float) -> None:
     monkeypatch.setattr(ownership, "time", Stepped())
 
 
-class OwnershipContract(LeaseStartContract):
+class OwnershipContract(LeaseStartContract, LeaseEndContract):
     """What every :class:`~flowscope.store.ownership.Ownership` must do (over its event
     log): leases (starting when the session is taken: :class:`LeaseStartContract`, whose
-    :meth:`~LeaseStartContract.hold_writes` an adapter gives), the fence on appends,
-    claims, and the workers seen."""
+    :meth:`~LeaseStartContract.hold_writes` an adapter gives; ending at their expiry:
+    :class:`LeaseEndContract`), the fence on appends, claims, and the workers seen."""
 
     def create_store(self) -> EventStore:
         """A new, empty store for one test: ownership fences the log, so it is a whole store."""
