@@ -13,6 +13,7 @@ from ...events import (
     InputRequested,
     JobDispatched,
     JobResultReceived,
+    NodeCancelled,
     NodeCompleted,
     NodePaused,
     NodeStarted,
@@ -339,6 +340,43 @@ class EventLogContract(ProjectionContract):
             "paused": {"pw@1"},
             "between": set(),
         }
+
+    def test_open_run_summary_counts_a_run_whose_path_only_begins_like_another(self, store: EventLog) -> None:
+        """Only a run at ``path/...`` is below ``path``: open runs at ``a@1``, ``a@1-b`` and
+        ``a@1.c`` (characters that sort below ``/``) contain none of each other."""
+        store.append(
+            SID,
+            [
+                ev(RunStarted, workflow="wf", ts=1.0),
+                *(node_ev(NodeStarted, f"wf@1/{name}", ts=2.0) for name in ("a@1", "a@1-b", "a@1.c")),
+            ],
+            0,
+        )
+        [group] = store.open_run_summary(now=10.0, stale_after_s=60.0)
+        assert (group.node, group.state, group.count, group.orphaned) == ("a", "running", 3, 0)
+        assert [group] == summarize_open_runs(store.open_runs(), 10.0, 60.0)
+
+    def test_a_cancelled_session_is_listed_cancelled(self, store: EventLog) -> None:
+        for sid in ("one-append", "two-appends"):
+            store.append(sid, [ev(RunStarted, sid=sid, workflow="w", ts=1.0)], 0)
+        store.append("one-append", [ev(RunFinished, sid="one-append", status="cancelled", ts=2.0)], 1)
+        store.append("two-appends", [node_ev(NodeStarted, "w@1/a@1", ts=2.0, sid="two-appends")], 1)
+        store.append(
+            "two-appends",
+            [
+                node_ev(NodeCancelled, "w@1/a@1", ts=3.0, sid="two-appends", reason="aborted"),
+                ev(RunFinished, sid="two-appends", status="cancelled", ts=3.0),
+            ],
+            2,
+        )
+        for sid in ("one-append", "two-appends"):
+            info = store.session_info(sid)
+            assert info is not None and info.status == "cancelled", sid
+        assert {s.session_id: s.status for s in store.sessions()} == {
+            "one-append": "cancelled",
+            "two-appends": "cancelled",
+        }
+        assert store.status_counts() == {"cancelled": 2}
 
     def test_job_result_summary_counts_every_result_in_the_log(self, store: EventLog) -> None:
         assert store.job_result_summary() == []
