@@ -101,3 +101,18 @@ class InboxContract(ContractBase):
             ("mailed", "answered"),
         ]
         assert store.claim(this_process("w-other"), ["other"], 15.0, limit=5, now=now) == []
+
+    def test_a_superseded_owner_takes_no_message_in_even_without_events(self, store: EventStore) -> None:
+        # messages that no longer apply are taken in with no event: the fence holds for the
+        # deletion alone too, or a taken-over owner would drop the new owner's mail
+        store.append(SID, paused_log(SID, "orders", 10.0), 0)
+        old = store.acquire(SID, this_process("w-old"), 15.0)
+        msg = store.send(SID, "cancel", {"reason": "stop"}, ts=11.0)
+        new = store.acquire(SID, this_process("w-new"), 15.0, force=True)
+        with pytest.raises(LeaseLost):
+            store.take_in(SID, [], 4, [msg.message_id], epoch=old.epoch)
+        assert [m.message_id for m in store.inbox(SID)] == [msg.message_id]
+        with pytest.raises(LeaseLost):  # nor does anyone on a session nobody acquired
+            store.take_in("nobody", [], 0, [msg.message_id], epoch=1)
+        assert store.take_in(SID, [], 4, [msg.message_id], epoch=new.epoch) == []
+        assert store.inbox(SID) == [] and store.last_seq(SID) == 4
