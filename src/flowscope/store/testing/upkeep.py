@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ...events import (
     InputRequested,
+    JobDispatched,
     NodeErrorEvent,
     NodeStarted,
     RunFinished,
@@ -69,6 +70,16 @@ class UpkeepContract(ContractBase):
         assert store.load_snapshot("s2") == (4, '{"of": "s2", "later": true}')
         assert store.load_snapshot("s1") == (4, '{"of": "s1"}')
 
+    def test_a_snapshot_loads_with_the_seq_it_was_saved_at(self, store: Upkeep) -> None:
+        # the last one saved, whatever its seq: a resume folds the events after that seq
+        # onto that data, so a seq and data of two saves would skip or repeat events
+        finished_session(store, "s1", "completed")
+        store.save_snapshot("s1", 4, '{"at": 4}')
+        if store.load_snapshot("s1") is None:
+            return  # a store that keeps no snapshot
+        store.save_snapshot("s1", 2, '{"at": 2}')
+        assert store.load_snapshot("s1") == (2, '{"at": 2}')
+
     def test_delete_sessions_never_deletes_a_failed_session_with_an_open_run(self, store: Upkeep) -> None:
         store.append(
             "f",
@@ -83,6 +94,36 @@ class UpkeepContract(ContractBase):
         )
         assert store.delete_sessions(["f"]) == []
         assert store.last_seq("f") == 5
+
+    def test_delete_sessions_never_deletes_a_finished_session_with_a_run_waiting(self, store: Upkeep) -> None:
+        # a branch paused for input or a job while a sibling failed, or the run was cancelled
+        for sid, waiting, status in (("f-input", "input", "failed"), ("c-job", "job", "cancelled")):
+            p = "w@1/a@1"
+            pause = (
+                node_ev(InputRequested, p, ts=3.0, sid=sid, interrupt_id="x")
+                if waiting == "input"
+                else node_ev(JobDispatched, p, ts=3.0, sid=sid, job_id="j")
+            )
+            store.append(
+                sid,
+                [
+                    ev(RunStarted, sid=sid, workflow="w", ts=1.0),
+                    node_ev(NodeStarted, p, ts=2.0, sid=sid),
+                    pause,
+                    ev(RunFinished, sid=sid, status=status, ts=4.0),
+                ],
+                0,
+            )
+        assert store.delete_sessions(["f-input", "c-job"]) == []
+        assert [store.last_seq(sid) for sid in ("f-input", "c-job")] == [4, 4]
+
+    def test_delete_sessions_deletes_a_cancelled_session_as_a_completed_or_failed_one(
+        self, store: Upkeep
+    ) -> None:
+        for sid, status in (("done", "completed"), ("bad", "failed"), ("gone", "cancelled")):
+            finished_session(store, sid, status)
+        assert store.delete_sessions(["gone", "bad", "done"]) == ["gone", "bad", "done"]
+        assert store.sessions() == [] and store.read("gone") == []
 
     def test_storage_bytes_shrink_when_sessions_are_deleted(self, store: Upkeep) -> None:
         for i in range(20):
