@@ -16,6 +16,7 @@ from ...events import (
     NodeErrorEvent,
     NodeStarted,
     RunStarted,
+    StateUpdated,
     UnknownEvent,
 )
 from ...fold import OPEN_STATES, rebuild
@@ -111,6 +112,26 @@ class ProjectionContract(NodeRunStatesContract):
         beat = run_of(s, "w@1/run@1").heartbeat_at
         assert beat is not None and t0 - 1 <= beat <= time.time() + 1
         assert s.read(SID)[-1].seq == 8  # heartbeats are not events
+
+    def test_an_append_that_leaves_a_run_running_keeps_its_heartbeat(self, store: EventLog) -> None:
+        # heartbeats are not events: an append that rewrites the run's row (its state set,
+        # an unknown event, a sibling's step) must not take its heartbeat back to its start,
+        # or a live run would read as orphaned
+        p = "w@1/run@1"
+        store.append(SID, [ev(RunStarted, workflow="w", ts=1.0), node_ev(NodeStarted, p, ts=2.0)], 0)
+        store.heartbeat(SID, [p], ts=50.0)
+        store.append(
+            SID,
+            [
+                node_ev(StateUpdated, p, ts=51.0, values={"k": 1}),
+                node_ev(NodeStarted, "w@1/other@1", ts=52.0),
+            ],
+            2,
+        )
+        r = run_of(store, p)
+        assert (r.status, r.heartbeat_at) == ("running", 50.0)
+        [group] = [g for g in store.open_run_summary(now=100.0, stale_after_s=60.0) if g.node == "run"]
+        assert (group.count, group.orphaned) == (1, 0)
 
     def test_heartbeat_many_beats_running_rows_of_several_sessions(self, store: EventLog) -> None:
         s = store
