@@ -111,6 +111,17 @@ class EventStoreContract(EventLogContract, OwnershipContract, InboxContract, Upk
         store.acquire("new", this_process("w"), 15.0)  # owned, no event: no session yet
         assert "new" not in {i.session_id for i, _m in store.unexported()}
 
+    def test_unexported_never_lists_a_session_without_events(self, store: EventStore) -> None:
+        # acquired, or acquired by a run's start, before its first event: no log, no spans,
+        # before any span was shipped from the store as after
+        store.acquire("owned", this_process("w"), 15.0)
+        store.acquire_new("starting", this_process("w"), 15.0)
+        assert store.unexported() == []
+        finished_session(store, "done", "completed")
+        assert [(i.session_id, m) for i, m in store.unexported()] == [("done", 0)]
+        store.set_exported_seq("done", 4)
+        assert store.unexported() == []
+
     def test_unexported_lists_a_running_session_at_its_watermark(self, store: EventStore) -> None:
         # an invocation that no RunFinished ended: whoever shipped its spans up to its last
         # event left its open runs' spans, due once its owner is gone
