@@ -3,6 +3,8 @@ ownership contract."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ...errors import LeaseLost
@@ -11,15 +13,15 @@ from ...liveness import ORPHANED, RUNNING, classify_open_run
 from ...ownership import this_process
 from ..base import EventStore, summarize_open_runs
 from .base import ContractBase
-from .helpers import SID, answer_events, ev, node_ev, other_host_owner, run_of, submitted_log
+from .helpers import SID, answer_events, dead_owner, ev, node_ev, other_host_owner, run_of, submitted_log
 
 __all__ = ["LeaseEndContract"]
 
 
 class LeaseEndContract(ContractBase):
-    """A lease has ended at the instant ``lease_expires_at == now``
-    (:func:`~flowscope.liveness.owner_alive`), for a claim and for the open-run summary
-    alike; an append under the epoch a takeover superseded writes nothing, whatever the
+    """A lease has ended at the instant ``lease_expires_at == now``, or at once when its
+    owner's process on this host is gone (:func:`~flowscope.liveness.owner_alive`), for a
+    claim and for the open-run summary alike; an append under the epoch a takeover superseded writes nothing, whatever the
     handle that appended last under it kept; and an owner's appends move its session's
     status as any append does."""
 
@@ -39,6 +41,24 @@ class LeaseEndContract(ContractBase):
             ("orphan", "orphaned"),
             ("queued", "queued"),
         ]
+
+    def test_a_claim_takes_a_dead_owners_sessions_of_its_own_workflows_only(self, store: EventStore) -> None:
+        now = time.time()
+        gone = dead_owner()
+        for sid, workflow in (("mine", "wf"), ("theirs", "other")):
+            store.acquire(sid, gone, 3600.0, now=now)  # a lease not ended: the process is gone
+            store.append(sid, [ev(RunStarted, sid=sid, workflow=workflow, ts=now)], 0, epoch=1)
+        for sid, workflow in (("mine-q", "wf"), ("theirs-q", "other")):
+            store.append(sid, submitted_log(sid, workflow, now - 10), 0)
+            store.acquire(sid, gone, 3600.0, now=now)
+        claims = store.claim(this_process("w-claimer"), ["wf"], 15.0, limit=10, now=now + 1)
+        assert sorted((c.session_id, c.reason) for c in claims) == [
+            ("mine", "orphaned"),
+            ("mine-q", "queued"),
+        ]
+        for sid in ("theirs", "theirs-q"):
+            info = store.session_info(sid)
+            assert info is not None and (info.owner, info.epoch) == (gone, 1), sid
 
     def test_open_run_summary_orphans_a_run_at_the_instant_its_owners_lease_ends(
         self, store: EventStore
