@@ -116,3 +116,29 @@ class InboxContract(ContractBase):
             store.take_in("nobody", [], 0, [msg.message_id], epoch=1)
         assert store.take_in(SID, [], 4, [msg.message_id], epoch=new.epoch) == []
         assert store.inbox(SID) == [] and store.last_seq(SID) == 4
+
+    def test_a_completed_session_with_a_retry_message_is_claimed_as_queued(self, store: EventStore) -> None:
+        now = time.time()
+        for sid in ("retried", "done"):
+            store.append(
+                sid,
+                [
+                    ev(RunStarted, sid=sid, workflow="wf", ts=now - 30),
+                    ev(RunFinished, sid=sid, status="completed", ts=now - 29),
+                ],
+                0,
+            )
+        store.send("retried", "retry", {"from_path": "wf@1/a@1", "reason": "again"})
+        claims = store.claim(this_process("w-claimer"), ["wf"], 15.0, limit=5, now=now)
+        assert [(c.session_id, c.reason) for c in claims] == [("retried", "queued")]
+
+    def test_sessions_with_mail_names_each_session_with_a_message(self, store: EventStore) -> None:
+        for sid in ("a", "b", "c", "d"):
+            store.append(sid, paused_log(sid, "wf", 10.0), 0)
+        for sid in ("a", "c", "c"):
+            store.send(sid, "answer", {"inputs": {"ok": True}, "jobs": {}}, ts=11.0)
+        assert store.sessions_with_mail([]) == set()
+        assert store.sessions_with_mail(["a", "b", "c", "d", "nobody"]) == {"a", "c"}
+        lease = store.acquire("c", this_process("w-owner"), 15.0)
+        store.take_in("c", [], 4, [m.message_id for m in store.inbox("c")], epoch=lease.epoch)
+        assert store.sessions_with_mail(["d", "c", "a"]) == {"a"}
