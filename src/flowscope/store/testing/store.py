@@ -9,6 +9,8 @@ import pytest
 
 from ...errors import ConcurrencyConflict, LeaseLost
 from ...events import (
+    JobDispatched,
+    JobResultReceived,
     NodeCompleted,
     NodeStarted,
     RunFinished,
@@ -16,7 +18,7 @@ from ...events import (
     RunSubmitted,
 )
 from ...ownership import Lease, this_process
-from ..base import EventStore, SessionQuery
+from ..base import EventStore, JobResultGroup, SessionQuery
 from .helpers import (
     dead_owner,
     ev,
@@ -138,6 +140,33 @@ class EventStoreContract(EventLogContract, OwnershipContract, InboxContract, Upk
         assert [(i.session_id, i.status, m) for i, m in store.unexported()] == [("open", "running", 2)]
         store.set_exported_seq("open", 3)  # past it: its open spans, shipped as cut off
         assert store.unexported() == []
+
+    def test_a_job_result_appended_after_a_prune_is_counted(self, store: EventStore) -> None:
+        # the prune deletes the end of the log: what is appended next is counted all the same
+        p = "etl@1/enrich@1"
+        store.append(
+            "old",
+            [
+                ev(RunStarted, sid="old", workflow="before", ts=1.0),
+                node_ev(NodeStarted, p, ts=2.0, sid="old"),
+                node_ev(JobDispatched, p, ts=3.0, sid="old", job_id="a"),
+                node_ev(JobResultReceived, p, ts=4.0, sid="old", job_id="a", success=True, result="success"),
+                node_ev(NodeCompleted, p, ts=5.0, sid="old"),
+                ev(RunFinished, sid="old", status="completed", ts=6.0),
+            ],
+            0,
+        )
+        assert store.job_result_summary() == [JobResultGroup("before", "enrich", "success", 1)]
+        assert store.delete_sessions(["old"]) == ["old"]
+        store.append(
+            "new",
+            [
+                ev(RunStarted, sid="new", workflow="after", ts=7.0),
+                node_ev(JobResultReceived, p, ts=8.0, sid="new", job_id="b", success=True, result="success"),
+            ],
+            0,
+        )
+        assert JobResultGroup("after", "enrich", "success", 1) in store.job_result_summary()
 
     # ------------------------------------------------------------------ an invocation's first and last steps
 
