@@ -145,6 +145,24 @@ def test_a_retry_with_no_path_of_a_completed_session_is_never_applied(tmp_path):
     assert [e.path for e in store.read("p") if isinstance(e, NodeCancelled)] == ["w@1/ask@1", "w@1"]
 
 
+def test_a_retry_of_a_completed_session_without_a_path_is_refused_and_nothing_is_sent(tmp_path):
+    store = paused_session(tmp_path / "a.db")
+    answer(store, "p", {"go": "yes"})
+    Runner(Workflow("w", edges=[(START, ask)]), store=store).resume_sync("p")
+    before = store.last_seq("p")
+    sent: list[str] = []
+    real_send = store.send
+
+    def send(sid, kind, body):
+        sent.append(kind)
+        return real_send(sid, kind, body)
+
+    store.send = send  # type: ignore[method-assign]
+    with pytest.raises(ResumeError, match="completed; give a path to run it again from"):
+        retry(store, "p")
+    assert sent == [] and store.last_seq("p") == before and load(store, "p").status == "completed"
+
+
 def test_a_retry_message_from_a_path_the_session_has_no_run_at_is_dropped_not_raised(tmp_path):
     # flowscope.retry checks the path; a message sent another way must not stop the take-in
     store = paused_session(tmp_path / "a.db")
