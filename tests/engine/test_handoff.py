@@ -66,6 +66,19 @@ async def test_a_second_output_of_a_predecessor_is_never_dropped(store):
     assert seen == [{"c": "c(x)", "w": "w(u)"}, {"c": "c(y)"}]
 
 
+async def test_an_output_goes_to_the_oldest_set_without_one_from_its_predecessor(store):
+    """``c`` and ``w`` each run twice in one step (both runs of ``c`` first), ``z`` once: the
+    second ``w`` goes to the second set, which already holds the second ``c``, never to the
+    first set in place of the first ``w``; every output reaches the join once."""
+    x, y, u, v, c, w = _nodes()
+    p = node(lambda _: "p", name="p")
+    z = node(lambda s: f"z({s})", name="z")
+    seen: list = []
+    edges = [(START, (x, y, u, v, p)), (x, c), (y, c), (u, w), (v, w), (p, z), ((c, w, z), _join(seen))]
+    await Runner(Workflow("wf", edges=edges), store=store).run(1, session_id="s")
+    assert seen == [{"c": "c(x)", "w": "w(u)", "z": "z(p)"}, {"c": "c(y)", "w": "w(v)"}]
+
+
 def _appends(name: str):
     def body(d):
         d["rows"].append(name)  # edits its input in place
