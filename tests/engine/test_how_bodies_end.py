@@ -4,7 +4,9 @@ is the node's failure, recorded once under its own type and raised on as
 ``NodeExitError``, never the end of the process or of the other sessions it runs; a
 ``CancelledError`` out of a body cancels the run, in a chain and in a step; dynamic
 children still running in tasks of their own when their parent's body ends are stopped
-first, each with its end."""
+first, each with its end. A request for input is recorded only if its run pauses: one
+made beside a call that fails first (``asyncio.gather``), or swallowed by the body, was
+never put to anyone."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import pytest
 from conftest import of_type
 from flowscope import START, JoinNode, Runner, Worker, Workflow, node
 from flowscope.errors import NodeExitError
-from flowscope.store import SqliteEventStore
+from flowscope.export import session_spans
+from flowscope.store import SqliteEventStore, rebuild
 
 
 class Stop(BaseException):
@@ -198,3 +201,59 @@ async def test_a_child_task_the_body_left_before_it_began_is_not_run_after_its_p
     events = store.read("s")
     _ends_once_in_their_invocation(events)
     assert COUNTS == {} and not any("/child@" in e.path for e in events)
+
+
+async def _fails_at_once() -> None:
+    raise ValueError("no stock")
+
+
+@node
+async def asks_beside_a_failure(ctx, x):
+    return await asyncio.gather(_fails_at_once(), ctx.request_input("ship?", interrupt_id="ship"))
+
+
+@node
+async def swallows_its_request(ctx, x):
+    answers = await asyncio.gather(ctx.request_input("ship?", interrupt_id="ship"), return_exceptions=True)
+    return len(answers)
+
+
+@node
+async def asks_twice_at_once(ctx, x):
+    a, b = await asyncio.gather(
+        ctx.request_input("ship?", interrupt_id="ship"), ctx.request_input("bill?", interrupt_id="bill")
+    )
+    return f"{a}+{b}"
+
+
+async def test_a_request_made_beside_a_call_that_fails_first_is_not_recorded(store):
+    with pytest.raises(ValueError):
+        await Runner(Workflow("w", edges=[(START, asks_beside_a_failure)]), store).run(1, session_id="s")
+    events = store.read("s")
+    path = "w@1/asks_beside_a_failure@1"
+    assert [e.type for e in events if e.path == path] == ["node_started", "node_error"]
+    assert rebuild(events).nodes[path].requests == {}  # no request left open on a failed run
+    # its span says what happened to it: a failure, not a pause
+    [span] = [s for s in session_spans(events) if s.name == "invoke_node asks_beside_a_failure"]
+    assert span.attributes["flowscope.node.outcome"] == "failure"
+    assert span.attributes["error.type"] == "ValueError"
+
+
+async def test_a_request_the_body_swallowed_is_not_recorded_and_the_run_completes(store):
+    result = await Runner(Workflow("w", edges=[(START, swallows_its_request)]), store).run(1, session_id="s")
+    assert (result.status, result.output) == ("completed", 1)
+    assert [e.type for e in store.read("s") if e.type == "input_requested"] == []
+
+
+async def test_two_requests_made_at_once_are_both_recorded_when_the_run_pauses(store):
+    wf = Workflow("w", edges=[(START, asks_twice_at_once)])
+    paused = await Runner(wf, store).run(1, session_id="s")
+    assert paused.status == "paused"
+    path = "w@1/asks_twice_at_once@1"
+    assert [(e.type, getattr(e, "interrupt_id", None)) for e in store.read("s") if e.path == path] == [
+        ("node_started", None),
+        ("input_requested", "ship"),
+        ("input_requested", "bill"),
+    ]
+    done = await Runner(wf, store).resume("s", inputs={"ship": "yes", "bill": "later"})
+    assert (done.status, done.output) == ("completed", "yes+later")

@@ -34,6 +34,7 @@ from ..errors import (
     error_qualname,
 )
 from ..events import (
+    InputRequested,
     NodeCancelled,
     NodeCompleted,
     NodeErrorEvent,
@@ -324,10 +325,18 @@ class Attempts:
     # -- how a run ended: each builds the outcome for after_node -------------------------
 
     def _paused(self, ctx: NodeContext, p: PauseSignal, t0: float) -> NodeOutcome:
-        """The run waits: its terminal event is the request it made, or ``NodePaused`` for
-        a run whose descendant asked."""
-        if p.origin == ctx.path and p.event is not None:
+        """The run waits: its requests are recorded now (held until the run paused, not
+        failed); its terminal event is the request or the job dispatch that paused it, or
+        ``NodePaused`` for a run whose descendant asked (or whose job is still out)."""
+        asked = [
+            self._rec.emit(InputRequested, ctx.path, ctx.node_name, **fields)
+            for fields in ctx.held_requests()
+        ]
+        mine = p.origin == ctx.path
+        if mine and p.event is not None:
             ev = p.event
+        elif mine and asked:
+            ev = next((e for e in asked if e.interrupt_id in p.ids), asked[-1])
         else:
             ev = self._rec.emit(
                 NodePaused,

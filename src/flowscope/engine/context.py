@@ -181,6 +181,7 @@ class NodeContext:
         "running_children",
         "_requests",
         "_asked",
+        "_held",
         "_jobs",
     )
 
@@ -217,6 +218,7 @@ class NodeContext:
         self.running_children: set[asyncio.Task[Any]] | frozenset[Any] | None = None
         self._requests = 0
         self._asked: set[str] | None = None  # the interrupt ids this attempt asked for
+        self._held: list[dict[str, Any]] | None = None  # its requests, recorded if it pauses
         self._jobs = 0
 
     @property
@@ -245,8 +247,23 @@ class NodeContext:
         self.attempt += 1
         self._children.clear()
         self._requests = self._jobs = 0
-        self._asked = None
+        self._asked = self._held = None
         self.running_children = None
+
+    def hold_request(self, interrupt_id: str, prompt: str, payload: Any) -> None:
+        """Keep an ``InputRequested``'s fields until the attempt ends: recorded only if the
+        run pauses (:meth:`held_requests`). A request whose attempt then fails, completes
+        or is cancelled (a sibling in ``asyncio.gather`` raised first) was never put to
+        anyone, and would leave its run's span ended as waiting and a request open in the
+        fold of a run that failed."""
+        if self._held is None:
+            self._held = []
+        self._held.append({"interrupt_id": interrupt_id, "prompt": prompt, "payload": payload})
+
+    def held_requests(self) -> list[dict[str, Any]]:
+        """The requests this attempt made, in order, taken once (the run pauses now)."""
+        held, self._held = self._held, None
+        return held or []
 
     def child_path(self, name: str) -> str:
         """The next ``name@k`` path under this run (k counts runs of that name here)."""

@@ -74,15 +74,8 @@ class Pauses:
         if interrupt_id in ns.inputs:
             return ns.inputs[interrupt_id]
         payload = json_value(payload, f"the payload of input request {interrupt_id!r}")
-        ev = self._rec.emit(
-            InputRequested,
-            ctx.path,
-            ctx.node_name,
-            interrupt_id=interrupt_id,
-            prompt=str(prompt),
-            payload=payload,
-        )
-        raise PauseSignal(ctx.path, "input", [interrupt_id], ev)
+        ctx.hold_request(interrupt_id, str(prompt), payload)  # recorded when the run pauses
+        raise PauseSignal(ctx.path, "input", [interrupt_id])
 
     async def await_job(
         self,
@@ -117,15 +110,9 @@ class Pauses:
             iid = decision_id(key, job.dispatch_attempt)
             decision = ns.inputs.get(iid)
             if decision is None:
-                ev = self._rec.emit(
-                    InputRequested,
-                    path,
-                    ctx.node_name,
-                    interrupt_id=iid,
-                    prompt=f"job {job.job_id} {verdict.result}: {verdict.problem}",
-                    payload=job_failed_payload(verdict, job.job_id, job.dispatch_attempt),
-                )
-                raise PauseSignal(path, "input", [iid], ev)
+                prompt = f"job {job.job_id} {verdict.result}: {verdict.problem}"
+                ctx.hold_request(iid, prompt, job_failed_payload(verdict, job.job_id, job.dispatch_attempt))
+                raise PauseSignal(path, "input", [iid])
             if decision == "abort":
                 raise JobFailedError(
                     f"job {job.job_id} {verdict.result}: {verdict.problem}; aborted by the operator"
