@@ -76,7 +76,7 @@ class LeaseStartContract(ContractBase):
         monkeypatch.setattr(time, "time", wall)
         with hold:
             taker.start()
-            read.wait(0.3)  # a store may read no clock before it has the lock: that is the point
+            read.wait(0.1)  # a store may read no clock before it has the lock: that is the point
             time.sleep(0.05)  # it waits for the lock now
             offset[0] = _WAIT_S  # ... for longer than the lease
             taken_after = wall()
