@@ -15,15 +15,15 @@ from typing import Any, TypedDict
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import START, StateGraph
+from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from langgraph_testing import lg_store  # noqa: F401 (the store fixture)
 
 from commands import cli_ok, run_cli
 from flowscope.adapters.langgraph import FlowscopeCallbackHandler
-from flowscope.events import InputReceived, NodeErrorEvent
+from flowscope.events import InputReceived, NodeErrorEvent, NodeStarted, RunStarted
 from flowscope.fold import rebuild
-from flowscope.store import SqliteEventStore
+from flowscope.store import MemoryEventStore, SqliteEventStore
 
 # imports take seconds (langgraph): the whole module is in the slow set
 pytestmark = pytest.mark.slow
@@ -227,3 +227,50 @@ def test_a_thread_a_killed_process_left_ships_its_unsent_spans_from_the_next_pro
     tracing.force_flush()  # the watermark's write, at once
     assert store.exported_seq("t") == store.last_seq("t")  # every span marked shipped: sent once
     provider.shutdown()
+
+
+def test_a_node_run_again_after_a_resume_is_a_new_run_not_its_completed_one_continued(store):
+    def review(s: State) -> State:
+        return {"answer": interrupt("fetch again?")}
+
+    g = StateGraph(State)
+    g.add_node("fetch", lambda s: {"n": s["n"] + 1})
+    g.add_node("review", review)
+    g.add_edge(START, "fetch")
+    g.add_edge("fetch", "review")
+    g.add_conditional_edges("review", lambda s: "fetch" if s["answer"] == "again" else END)
+    graph = g.compile(name="loop", checkpointer=InMemorySaver())
+    graph.invoke({"n": 0}, fresh(store, "t"))
+    assert graph.invoke(Command(resume="again"), fresh(store, "t"))["n"] == 2  # fetch ran twice
+    log = store.read("t")
+    fetched = [(e.path, e.attempt) for e in log if isinstance(e, NodeStarted) and e.node == "fetch"]
+    assert fetched == [("loop@1/fetch@1", 1), ("loop@1/fetch@2", 1)]  # the completed run is not continued
+    state = rebuild(log)
+    assert [state.nodes[p].status for p in ("loop@1/fetch@1", "loop@1/fetch@2")] == ["completed", "completed"]
+
+
+def test_a_run_whose_process_died_is_continued_flagged_recovered_at_its_next_attempt(store):
+    left: list[list[Any]] = []  # the log as the process that died mid-node left it
+
+    def enrich(s: State) -> State:
+        if not left:
+            left.append(store.read("t"))
+            raise ValueError("the process dies here")  # LangGraph keeps no write of the task
+        return {"n": s["n"] * 10}
+
+    g = StateGraph(State)
+    g.add_node("enrich", enrich)
+    g.add_edge(START, "enrich")
+    graph = g.compile(name="etl", checkpointer=InMemorySaver())
+    with pytest.raises(ValueError):
+        graph.invoke({"n": 1}, fresh(store, "t"))
+    after = MemoryEventStore()
+    after.append("t", left[0], expected_last_seq=0)
+    assert [r.path for r in after.open_runs() if r.kind != "workflow"] == ["etl@1/enrich@1"]
+    assert graph.invoke(None, fresh(after, "t")) == {"n": 10}
+    log = after.read("t")
+    [resumed] = [e for e in log if isinstance(e, RunStarted) and e.resumed]
+    assert resumed.recovered == 1
+    [again] = [e for e in log if isinstance(e, NodeStarted) and e.path == "etl@1/enrich@1"][1:]
+    assert (again.attempt, again.recovered) == (2, True)
+    assert rebuild(log).nodes["etl@1/enrich@1"].status == "completed" and after.open_runs() == []
