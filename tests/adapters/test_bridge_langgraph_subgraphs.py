@@ -4,15 +4,19 @@ runs say, and its failure is named in full on every enclosing run."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, TypedDict
 
 import pytest
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
+from langgraph.types import RetryPolicy, interrupt
 from langgraph_testing import lg_store  # noqa: F401 (the store fixture)
 from prometheus_client import CollectorRegistry
 
 from flowscope.adapters.langgraph import FlowscopeCallbackHandler
-from flowscope.events import NodeErrorEvent, NodeErrorPropagated
+from flowscope.events import NodeCancelled, NodeErrorEvent, NodeErrorPropagated
+from flowscope.fold import rebuild
 from flowscope.observability import MetricsPlugin
 
 # imports take seconds (langgraph): the whole module is in the slow set
@@ -77,3 +81,59 @@ def test_a_failure_inside_a_subgraph_is_named_in_full_on_every_enclosing_run(sto
         ("outer@1/sub@1", "CardDeclined", qualname),
         ("outer@1", "CardDeclined", qualname),
     ]
+
+
+def test_new_input_supersedes_a_waiting_subgraphs_runs_deepest_first(store):
+    inner = StateGraph(State)
+    inner.add_node("ask", lambda s: {"n": interrupt("approve?")})
+    inner.add_edge(START, "ask")
+    outer = StateGraph(State)
+    outer.add_node("sub", inner.compile())
+    outer.add_edge(START, "sub")
+    graph = outer.compile(name="outer", checkpointer=InMemorySaver())
+    handler = FlowscopeCallbackHandler(store)
+    graph.invoke({"n": 1}, {"configurable": {"thread_id": "t"}, "callbacks": [handler]})
+    graph.invoke({"n": 2}, {"configurable": {"thread_id": "t"}, "callbacks": [handler]})  # LangGraph drops it
+    dropped = [(e.path, e.reason) for e in store.read("t") if isinstance(e, NodeCancelled)]
+    assert dropped == [("outer@1/sub@1/ask@1", "superseded"), ("outer@1/sub@1", "superseded")]
+
+
+async def test_a_task_cancelled_in_a_retried_subgraph_nodes_attempt_ends_cancelled_not_failed(store):
+    calls = {"boom": 0}
+    finished: list[str] = []
+
+    async def boom(s: State) -> State:
+        calls["boom"] += 1
+        if calls["boom"] == 1:
+            await asyncio.sleep(0.05)
+            raise ConnectionError("upstream down")
+        return {"n": 1}
+
+    async def slow(s: State) -> State:
+        if calls["boom"] == 1:
+            await asyncio.sleep(5)  # LangGraph cancels it when boom fails
+            finished.append("slow")
+        return {}
+
+    inner = StateGraph(State)
+    inner.add_node("boom", boom)
+    inner.add_node("slow", slow)
+    inner.add_edge(START, "boom")
+    inner.add_edge(START, "slow")
+    outer = StateGraph(State)
+    retry = RetryPolicy(max_attempts=2, initial_interval=0.01, jitter=False, retry_on=ConnectionError)
+    outer.add_node("sub", inner.compile(), retry_policy=retry)
+    outer.add_edge(START, "sub")
+    graph = outer.compile(name="outer")
+    handler = FlowscopeCallbackHandler(store)
+    await graph.ainvoke({"n": 0}, {"configurable": {"thread_id": "t"}, "callbacks": [handler]})
+    assert finished == []
+    log = store.read("t")
+    assert [(e.path, e.error_type) for e in log if isinstance(e, NodeErrorEvent)] == [
+        ("outer@1/sub@1/boom@1", "ConnectionError")
+    ]
+    assert [(e.path, e.reason) for e in log if isinstance(e, NodeCancelled)] == [
+        ("outer@1/sub@1/slow@1", "cancelled")
+    ]
+    state = rebuild(log)
+    assert state.status == "completed" and state.nodes["outer@1/sub@1"].attempt == 2
