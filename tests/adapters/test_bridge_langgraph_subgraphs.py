@@ -15,7 +15,7 @@ from langgraph_testing import lg_store  # noqa: F401 (the store fixture)
 from prometheus_client import CollectorRegistry
 
 from flowscope.adapters.langgraph import FlowscopeCallbackHandler
-from flowscope.events import NodeCancelled, NodeErrorEvent, NodeErrorPropagated
+from flowscope.events import NodeCancelled, NodeCompleted, NodeErrorEvent, NodeErrorPropagated
 from flowscope.fold import rebuild
 from flowscope.observability import MetricsPlugin
 
@@ -137,3 +137,52 @@ async def test_a_task_cancelled_in_a_retried_subgraph_nodes_attempt_ends_cancell
     ]
     state = rebuild(log)
     assert state.status == "completed" and state.nodes["outer@1/sub@1"].attempt == 2
+
+
+async def test_a_subgraph_whose_failure_a_node_caught_ends_its_tasks_before_the_node_completes(store):
+    finished: list[str] = []
+
+    async def boom(s: State) -> State:
+        await asyncio.sleep(0.05)
+        raise ConnectionError("upstream down")
+
+    async def slow(s: State) -> State:
+        await asyncio.sleep(5)  # LangGraph cancels it when boom fails
+        finished.append("slow")
+        return {}
+
+    inner = StateGraph(State)
+    inner.add_node("boom", boom)
+    inner.add_node("slow", slow)
+    inner.add_edge(START, "boom")
+    inner.add_edge(START, "slow")
+    sub = inner.compile()
+
+    async def call(s: State) -> State:
+        try:
+            await sub.ainvoke(s)
+        except ConnectionError:
+            return {"n": -1}
+        return {}
+
+    outer = StateGraph(State)
+    outer.add_node("call", call)
+    outer.add_edge(START, "call")
+    graph = outer.compile(name="outer")
+    config: Any = {"configurable": {"thread_id": "t"}, "callbacks": [FlowscopeCallbackHandler(store)]}
+    assert await graph.ainvoke({"n": 0}, config) == {"n": -1}
+    assert finished == []  # slow never returned
+    ends = [
+        (type(e).__name__, e.path)
+        for e in store.read("t")
+        if isinstance(e, (NodeCompleted, NodeErrorEvent, NodeCancelled))
+        and e.path.startswith("outer@1/call@1")
+    ]
+    # the subgraph's tasks end before the node that ran it, as the engine records a node's children
+    assert sorted(ends[:2]) == [
+        ("NodeCancelled", "outer@1/call@1/slow@1"),
+        ("NodeErrorEvent", "outer@1/call@1/boom@1"),
+    ]
+    assert ends[2:] == [("NodeCompleted", "outer@1/call@1")]
+    ws = rebuild(store.read("t"))
+    assert ws.status == "completed" and ws.nodes["outer@1/call@1/slow@1"].status == "cancelled"

@@ -73,7 +73,7 @@ _TIMEOUT_CODE = "NODE_TIMEOUT"
 class _Task:
     """One LangGraph task (one node run) in this invocation."""
 
-    __slots__ = ("ctx", "ns", "run_id", "depth", "error", "done", "started", "policy", "tries")
+    __slots__ = ("ctx", "ns", "run_id", "depth", "error", "done", "started", "policy", "tries", "kids")
 
     def __init__(self, ctx: BridgeNodeContext, ns: str, run_id: UUID, depth: int) -> None:
         self.ctx = ctx
@@ -85,6 +85,7 @@ class _Task:
         self.started = time.monotonic()  # when the current attempt started
         self.policy = retry_policy_of(ns.rsplit(":", 1)[-1])  # the RetryPolicy LangGraph runs it under
         self.tries = 1  # its attempts in this invocation (LangGraph counts anew on a resume)
+        self.kids = 0  # tasks started under it (a subgraph it ran)
 
 
 class _Graph:
@@ -260,7 +261,10 @@ class FlowscopeCallbackHandler(_Handler):
 
     def _complete(self, g: _Graph, task: _Task, outputs: Any) -> None:
         """A task's ``NodeCompleted``: a ``Command`` it returned is its ``update`` (the
-        output) and its ``goto`` (the route), not an object the store cannot keep."""
+        output) and its ``goto`` (the route). The tasks of a subgraph it ran end first, which
+        no callback ends: one whose failure it caught failed, one LangGraph cancelled cancelled."""
+        if task.kids:
+            self._close_tasks(g, task.ns + "|", cancel_rest=True)
         if isinstance(outputs, Command):
             update = outputs.update
             self.recorder.complete(g.inv, task.ctx, update, update is not None, route=route_of(outputs.goto))
@@ -500,6 +504,8 @@ class FlowscopeCallbackHandler(_Handler):
         self._remember(sid, ns, path)
         ctx = self.recorder.start_node(inv, path, "function", attempt, crashed, inputs)
         task = g.tasks[ns] = _Task(ctx, ns, run_id, depth)
+        if parent is not None:
+            parent.kids += 1
         return task
 
     def _remember(self, sid: str, ns: str, path: str) -> None:
