@@ -17,6 +17,8 @@ from click.testing import CliRunner
 
 from flowscope import START, Runner, Workflow, node
 from flowscope.cli import cli
+from flowscope.cli.failures import to_cli_error
+from flowscope.errors import NotAFlowscopeDatabase, StoreCorrupt
 from flowscope.store import SqliteEventStore
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
@@ -294,3 +296,19 @@ def test_two_invocations_of_one_minute_get_two_labels_in_events(tmp_path):
     rows = invoke("--db", str(db), "events", "s", columns=200).output.splitlines()[1:]
     labels = {row.split()[4] for row in rows if row.strip()}
     assert labels == {i[-8:] for i in ids}
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        NotAFlowscopeDatabase("the database has no flowscope meta table"),
+        StoreCorrupt("a row of the log cannot be decoded"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_postgresql_databases_error_gets_postgresql_advice_never_a_sqlite_files(error):
+    url = "postgresql://ops@db.example/flows"
+    pg = to_cli_error(error, url).message
+    assert pg.startswith(str(error) + ": ") and pg != str(error), pg  # advice follows, once
+    assert "flowscope demo" not in pg and "sqlite3" not in pg, pg
+    assert pg != to_cli_error(error, "flowscope.db").message  # the SQLite file's advice differs
