@@ -33,6 +33,7 @@ pytest.register_assert_rewrite(
         f"{__name__}.{m}"
         for m in (
             "base",
+            "claim_limit",
             "helpers",
             "inbox",
             "lease_end",
@@ -48,6 +49,7 @@ pytest.register_assert_rewrite(
 )
 
 from .base import ContractBase
+from .claim_limit import ClaimLimitContract
 from .helpers import (
     INV,
     LIVENESS_CASES,
@@ -85,6 +87,7 @@ __all__ = [
     "OwnershipContract",
     "LeaseStartContract",
     "LeaseEndContract",
+    "ClaimLimitContract",
     "InboxContract",
     "UpkeepContract",
     "ContractBase",

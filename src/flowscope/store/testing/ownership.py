@@ -24,6 +24,7 @@ from ..base import (
     EventStore,
     summarize_open_runs,
 )
+from .claim_limit import ClaimLimitContract
 from .helpers import (
     SID,
     answer_events,
@@ -62,11 +63,12 @@ def step_wall_clock(monkeypatch: pytest.MonkeyPatch, by_s: float) -> None:
     monkeypatch.setattr(ownership, "time", Stepped())
 
 
-class OwnershipContract(LeaseStartContract, LeaseEndContract):
+class OwnershipContract(LeaseStartContract, LeaseEndContract, ClaimLimitContract):
     """What every :class:`~flowscope.store.ownership.Ownership` must do (over its event
     log): leases (starting when the session is taken: :class:`LeaseStartContract`, whose
     :meth:`~LeaseStartContract.hold_writes` an adapter gives; ending at their expiry:
-    :class:`LeaseEndContract`), the fence on appends, claims, and the workers seen."""
+    :class:`LeaseEndContract`), the fence on appends, claims (what one with a limit takes:
+    :class:`ClaimLimitContract`), and the workers seen."""
 
     def create_store(self) -> EventStore:
         """A new, empty store for one test: ownership fences the log, so it is a whole store."""
