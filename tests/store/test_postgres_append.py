@@ -7,7 +7,9 @@ cache."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from contextlib import suppress
 from typing import Any
 
 import psycopg
@@ -25,6 +27,7 @@ from flowscope.events import (
 )
 from flowscope.ownership import Owner
 from flowscope.store import NodeRun, PostgresEventStore, rebuild
+from flowscope.store.postgres import writer
 from flowscope.store.testing import ev
 from pg_cluster import PgCluster
 
@@ -131,17 +134,17 @@ def test_a_cached_append_under_a_superseded_epoch_writes_nothing(url: str):
 def test_a_session_pruned_and_made_again_is_another_row(url: str):
     with PostgresEventStore(url) as a, PostgresEventStore(url) as b:
         last = start(a, "p")
-        last = a.append("p", node_step("p", 0), last)[-1].seq
+        last = a.append("p", node_step("p", 0), last)[-1].seq  # a keeps its state: running, at `last`
         done = node_step("p", 1)[:1] + [ev(RunFinished, "p", status="completed", output=1, ts=12.0)]
-        last = a.append("p", done, last)[-1].seq
-        assert b.delete_sessions(["p"]) == ["p"]  # a keeps its cached state of the old session
-        # the same id again, by another store, up to the seq a's cache holds
-        remade = [ev(RunSubmitted, "p", workflow="wf", input=2, ts=30.0)] + node_step("p", 7)
+        b.append("p", done, last)  # b ends the session behind a's back
+        assert b.delete_sessions(["p"]) == ["p"]
+        # the same id again, by another store, up to the seq a's kept state holds
+        remade = [ev(RunStarted, "p", workflow="wf", input=2, ts=30.0)]
         remade += [ev(NodeStarted, "p", path="wf/x", node="x", ts=31.0)] * (last - len(remade))
         assert b.append("p", remade, 0)[-1].seq == last
-        a.append("p", [ev(RunStarted, "p", workflow="wf", input=2, ts=32.0)], last)
-        projection_matches_the_log(a, "p")
-        assert {r.path for r in a.node_runs("p")} == {"wf/n6", "wf/n7", "wf/x"}  # none of the old n0, n1
+        assert a.append("p", [ev(NodeStarted, "p", path="wf/y", node="y", ts=32.0)], last)[-1].seq == last + 1
+        projection_matches_the_log(a, "p")  # the row's columns are the new session's, not a's fold
+        assert {r.path for r in a.node_runs("p")} == {"wf/x", "wf/y"}  # none of the old n0
 
 
 def test_an_append_notifies_only_when_it_makes_the_session_claimable(url: str):
@@ -353,3 +356,61 @@ def test_an_invocations_last_appends_and_the_end_of_their_leases_commit_together
         with pytest.raises(StoreError):
             s.append_and_release(last(["x1", "x2"]), {sid: leases[sid] for sid in ("x1", "x2")})
         assert [s.last_seq(sid) for sid in ("x1", "x2")] == [1, 1]  # the appends went with the release
+
+
+def test_a_first_append_that_queues_a_session_started_without_events_wakes_the_workers(
+    url: str, statements: list[str]
+):
+    """A session started by ``acquire_new`` is kept as new: its first append is the one
+    statement, and a submission there makes it claimable, so it notifies as the locking path does."""
+    with PostgresEventStore(url) as s, PostgresEventStore(url) as listener:
+        assert listener.wait_for_work(5.0)  # the listener's first look after LISTEN
+        lease = s.acquire_new("n", Owner("w1", "host-x", 999_999, 1.0), 30.0)
+        assert lease is not None and listener.wait_for_work(0.3) is False  # a start wakes nobody
+        before = len(statements)
+        s.append("n", [ev(RunSubmitted, "n", workflow="wf", input=1, ts=5.0)], 0, epoch=lease.epoch)
+        assert [q[:25] for q in statements[before:]] == ["WITH s AS (UPDATE session"]
+        assert s.session_info("n").status == "queued"  # type: ignore[union-attr]
+        assert listener.wait_for_work(5.0) is True
+
+
+def test_a_group_on_the_locking_path_locks_its_rows_in_session_id_order(
+    url: str, monkeypatch: pytest.MonkeyPatch
+):
+    """Two group commits of the same sessions in opposite orders, neither with a kept
+    state: each locks its rows in session-id order, so the second waits for the first
+    rather than both holding one row and waiting for the other (a deadlock)."""
+    with PostgresEventStore(url) as maker:
+        for sid in ("a", "b"):
+            start(maker, sid)
+    real, first_lock, barrier = writer.Writer.session, threading.local(), threading.Barrier(2, timeout=1.0)
+
+    def session(self: writer.Writer, session_id: str) -> Any:
+        row = real(self, session_id)  # the row now locked
+        if not getattr(first_lock, "done", False):
+            first_lock.done = True
+            with suppress(threading.BrokenBarrierError):  # both hold a first row before going on
+                barrier.wait()
+        return row
+
+    monkeypatch.setattr(writer.Writer, "session", session)
+    results: dict[str, Any] = {}
+
+    def group(name: str, order: list[str]) -> None:
+        with PostgresEventStore(url) as s:
+            try:
+                results[name] = s.append_many([(sid, node_step(sid, 0), 1, None) for sid in order])
+            except StoreError as exc:
+                results[name] = exc
+
+    threads = [threading.Thread(target=group, args=(n, o)) for n, o in (("x", ["a", "b"]), ("y", ["b", "a"]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(isinstance(r, list) for r in results.values()), results  # neither group failed
+    outcomes = {
+        n: sorted(sid for sid, x in zip(o, results[n]) if isinstance(x, list))
+        for n, o in (("x", ["a", "b"]), ("y", ["b", "a"]))
+    }
+    assert sorted(outcomes["x"] + outcomes["y"]) == ["a", "b"], outcomes  # each session appended once
