@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psycopg
 import pytest
 
 from flowscope.errors import StoreUnavailable
@@ -88,6 +89,21 @@ def test_the_prunes_vacuum_waits_past_the_call_timeout(url, pg_cluster):
             assert store.delete_sessions(["done"]) == ["done"]
             took = time.monotonic() - t0
         assert took >= 1.2, took  # cut off at 0.5 s, it would have returned then
+
+
+def test_a_connection_cut_off_as_its_call_ended_is_closed_not_reused(url):
+    # the watchdog shut its socket as the answer came: the call succeeded, but the
+    # connection is dead, and the next call on it would fail
+    deadlines = Deadlines(5.0)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            with deadlines.watch(conn) as call:
+                assert call is not None
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+                call.expired = True  # the watchdog's verdict, as it shuts the socket
+            assert conn.closed
+    finally:
+        deadlines.close()
 
 
 def test_a_call_timeout_is_a_positive_number_of_seconds_or_none():
