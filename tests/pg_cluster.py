@@ -168,9 +168,20 @@ class PgCluster:
                 continue  # gone meanwhile
             if int(fields[1]) == postmaster:
                 pids.append(int(stat.parent.name))
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
-        return pids
+        stopped: list[int] = []
+        try:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    if pid == postmaster:
+                        raise
+                    continue  # a backend that exited meanwhile (its connection closed)
+                stopped.append(pid)
+        except BaseException:
+            self.thaw(stopped)  # never leave a cluster half stopped for the teardown to wait on
+            raise
+        return stopped
 
     @staticmethod
     def thaw(pids: list[int]) -> None:
