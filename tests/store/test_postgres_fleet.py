@@ -57,7 +57,7 @@ def start_worker(url: str, log: Path, host: str, out: Path) -> subprocess.Popen[
         "--poll",
         "2s",
         "--concurrency",
-        "32",
+        "128",  # never full (4 x 128 > 500 sessions): a same-host orphan is claimed at the next round
         "--max-recoveries",
         "100",
         "--drain",
