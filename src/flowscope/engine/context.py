@@ -42,8 +42,9 @@ class PauseSignal(BaseException):
 
     A ``BaseException`` so that ``except Exception`` in user code cannot swallow a pause.
     ``origin`` is the path of the run that asked; ``waiting`` is "input" or "job";
-    ``event`` is the event that asked (``InputRequested``, ``JobDispatched``), which is
-    then the asking run's terminal event, or None for a run that keeps waiting.
+    ``event`` is the ``JobDispatched`` that paused it, then the run's terminal event, or
+    None (a request for input, recorded from the context's held requests; a job that keeps
+    waiting).
     """
 
     def __init__(self, origin: str, waiting: Waiting, ids: list[str], event: Event | None = None) -> None:

@@ -1,7 +1,9 @@
 """Pauses: input requests, external jobs, and the answers ``resume()`` brings to them.
 
-A run that waits raises :class:`~flowscope.engine.context.PauseSignal` carrying the event
-that asked; the attempt loop makes that event the run's terminal event. On resume the
+A run that waits raises :class:`~flowscope.engine.context.PauseSignal`. A request for
+input is held on the run's context and recorded when the attempt loop sees the run pause
+(one that fails instead was never asked); a job's dispatch is recorded at once (the job is
+out there) and the signal carries it. Either becomes the run's terminal event. On resume the
 run executes again from its start, and each ``request_input``/``await_job`` call replays
 its answer from the log instead of asking again. :class:`Pauses` is the part of an
 invocation that does it (``invocation.py``), recording through its
