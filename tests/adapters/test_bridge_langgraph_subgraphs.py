@@ -98,6 +98,17 @@ def test_new_input_supersedes_a_waiting_subgraphs_runs_deepest_first(store):
     assert dropped == [("outer@1/sub@1/ask@1", "superseded"), ("outer@1/sub@1", "superseded")]
 
 
+def side_by_side(boom: Any, slow: Any) -> Any:
+    """A subgraph running ``boom`` and ``slow`` at once from its start (LangGraph cancels
+    ``slow`` when ``boom`` fails)."""
+    inner = StateGraph(State)
+    inner.add_node("boom", boom)
+    inner.add_node("slow", slow)
+    inner.add_edge(START, "boom")
+    inner.add_edge(START, "slow")
+    return inner.compile()
+
+
 async def test_a_task_cancelled_in_a_retried_subgraph_nodes_attempt_ends_cancelled_not_failed(store):
     calls = {"boom": 0}
     finished: list[str] = []
@@ -115,14 +126,9 @@ async def test_a_task_cancelled_in_a_retried_subgraph_nodes_attempt_ends_cancell
             finished.append("slow")
         return {}
 
-    inner = StateGraph(State)
-    inner.add_node("boom", boom)
-    inner.add_node("slow", slow)
-    inner.add_edge(START, "boom")
-    inner.add_edge(START, "slow")
     outer = StateGraph(State)
     retry = RetryPolicy(max_attempts=2, initial_interval=0.01, jitter=False, retry_on=ConnectionError)
-    outer.add_node("sub", inner.compile(), retry_policy=retry)
+    outer.add_node("sub", side_by_side(boom, slow), retry_policy=retry)
     outer.add_edge(START, "sub")
     graph = outer.compile(name="outer")
     handler = FlowscopeCallbackHandler(store)
@@ -151,12 +157,7 @@ async def test_a_subgraph_whose_failure_a_node_caught_ends_its_tasks_before_the_
         finished.append("slow")
         return {}
 
-    inner = StateGraph(State)
-    inner.add_node("boom", boom)
-    inner.add_node("slow", slow)
-    inner.add_edge(START, "boom")
-    inner.add_edge(START, "slow")
-    sub = inner.compile()
+    sub = side_by_side(boom, slow)
 
     async def call(s: State) -> State:
         try:
